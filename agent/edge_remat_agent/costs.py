@@ -1,0 +1,83 @@
+"""What each step of a schedule costs: per-node compute time and energy, per-tier paging costs.
+
+One cost model serves the simulator, the solvers and the reports, so that they agree to the joule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .formats import FormatError, Graph, Profile, Tier
+
+# Without a power model, energy is reported as if the board drew 1 W above idle and 0 W idle,
+# so that it equals compute time; reports say so.
+DEFAULT_ACTIVE_W = 1.0
+
+
+@dataclass
+class TierCosts:
+    """Per-node paging costs for one tier (arrays indexed like the graph's nodes)."""
+
+    out_time_s: list[float]
+    out_energy_j: list[float]
+    in_time_s: list[float]
+    in_energy_j: list[float]
+    capacity_bytes: int | None = None
+
+
+@dataclass
+class CostModel:
+    time_s: list[float]
+    energy_j: list[float]  # dynamic compute energy per node (above idle)
+    static_w: float = 0.0  # idle power, charged for the whole step
+    tiers: dict[str, TierCosts] = field(default_factory=dict)
+    power_source: str = "default"  # "profile:<name>" | "graph" | "default"
+    time_source: str = "graph"
+
+    def describe(self) -> dict[str, Any]:
+        return {"static_w": self.static_w, "power_source": self.power_source,
+                "time_source": self.time_source, "tiers": sorted(self.tiers)}
+
+
+def build_costs(graph: Graph, profile: Profile | None = None,
+                tiers: dict[str, Tier] | None = None) -> CostModel:
+    """Costs from the graph, overridden by a profile's measurements (matched by op signature)."""
+    times, energies, from_profile = [], [], 0
+    idle_w = profile.idle_w if profile else 0.0
+    dynamic_w = (profile.active_w - profile.idle_w) if profile else DEFAULT_ACTIVE_W
+    have_time = [n.time_s is not None for n in graph.nodes]
+    unit_costs = not any(have_time)
+    for node, has in zip(graph.nodes, have_time):
+        measured = profile.ops.get(node.signature or node.op) if profile else None
+        if measured is not None:
+            from_profile += 1
+            time = measured.time_s
+            energy = measured.energy_j if measured.energy_j is not None else time * dynamic_w
+        else:
+            if not has and not unit_costs:
+                raise FormatError(graph.name, f"node {node.id!r}.time_s",
+                                  "a cost on every node (other nodes have one)")
+            time = 1.0 if unit_costs else node.time_s
+            energy = node.energy_j if node.energy_j is not None else time * dynamic_w
+        times.append(float(time))
+        energies.append(float(energy))
+    all_tiers = dict(profile.tiers) if profile else {}
+    all_tiers.update(tiers or {})
+    sizes = [n.out_bytes for n in graph.nodes]
+    tier_costs = {name: tier_costs_from(tier, sizes) for name, tier in all_tiers.items()}
+    if profile:
+        power_source = f"profile:{profile.name} ({profile.source})"
+    else:
+        power_source = "graph" if any(n.energy_j is not None for n in graph.nodes) else "default"
+    time_source = ("unit" if unit_costs else
+                   f"profile:{profile.name} for {from_profile}/{len(graph)} nodes" if from_profile
+                   else graph.cost_source)
+    return CostModel(times, energies, idle_w, tier_costs, power_source, time_source)
+
+
+def tier_costs_from(tier: Tier, sizes: list[int]) -> TierCosts:
+    writes = [tier.write_cost(s) for s in sizes]
+    reads = [tier.read_cost(s) for s in sizes]
+    return TierCosts([w[0] for w in writes], [w[1] for w in writes],
+                     [r[0] for r in reads], [r[1] for r in reads], tier.capacity_bytes)

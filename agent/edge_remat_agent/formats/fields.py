@@ -1,0 +1,122 @@
+"""Typed field access for JSON objects, so every format reports bad input the same way."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .errors import FormatError
+
+_MISSING = object()
+
+
+class Reader:
+    """Reads fields of one JSON object; errors name the file and the dotted field path."""
+
+    def __init__(self, obj: Any, source: str, where: str = ""):
+        if not isinstance(obj, dict):
+            raise FormatError(source, where or "<root>", "a JSON object", type(obj).__name__)
+        self.obj = obj
+        self.source = source
+        self.where = where
+
+    def _path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def error(self, key: str, expected: str, got: object = None) -> FormatError:
+        return FormatError(self.source, self._path(key), expected, got)
+
+    def raw(self, key: str, default: Any = _MISSING) -> Any:
+        if key in self.obj:
+            return self.obj[key]
+        if default is _MISSING:
+            raise self.error(key, "a value (the field is missing)")
+        return default
+
+    def str(self, key: str, default: Any = _MISSING, choices: tuple[str, ...] | None = None) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, str):
+            raise self.error(key, "a string", value)
+        if choices is not None and value not in choices:
+            raise self.error(key, "one of " + ", ".join(repr(c) for c in choices), value)
+        return value
+
+    def number(self, key: str, default: Any = _MISSING, minimum: float | None = 0.0) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.error(key, "a finite number", value)
+        if minimum is not None and value < minimum:
+            raise self.error(key, f"a number >= {minimum:g}", value)
+        return value
+
+    def integer(self, key: str, default: Any = _MISSING, minimum: int | None = 0) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, "an integer", value)
+        if minimum is not None and value < minimum:
+            raise self.error(key, f"an integer >= {minimum}", value)
+        return value
+
+    def list(self, key: str, default: Any = _MISSING) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, list):
+            raise self.error(key, "a list", value)
+        return value
+
+    def child(self, key: str, default: Any = _MISSING) -> "Reader | None":
+        value = self.raw(key, default)
+        if value is None and default is not _MISSING:
+            return None
+        return Reader(value, self.source, self._path(key))
+
+    def item(self, key: str, index: int) -> "Reader":
+        return Reader(self.obj[key][index], self.source, f"{self._path(key)}[{index}]")
+
+    def reject_unknown(self, known: set[str]) -> None:
+        unknown = sorted(set(self.obj) - known)
+        if unknown:
+            raise self.error(unknown[0], "no such field (known: " + ", ".join(sorted(known)) + ")")
+
+
+def check_header(reader: Reader, kind: str, supported: tuple[int, ...]) -> int:
+    fmt = reader.str("format")
+    if fmt != f"edge-remat/{kind}":
+        raise reader.error("format", f"'edge-remat/{kind}'", fmt)
+    version = reader.integer("version", minimum=1)
+    if version not in supported:
+        raise reader.error("version", "one of " + ", ".join(map(str, supported)), version)
+    return version
+
+
+def load_json(path: str | Path) -> Any:
+    """Parse a JSON file; a missing, unreadable or truncated file is a FormatError naming it."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise FormatError(str(path), "<file>", "a readable file", exc.strerror) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FormatError(str(path), f"<json line {exc.lineno} col {exc.colno}>",
+                          "valid JSON", exc.msg) from None
+
+
+def dump_json(obj: Any, path: str | Path) -> None:
+    """Write atomically: a crash mid-write never leaves a truncated file behind."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,148 @@
+"""The graph format: a training graph's nodes in a valid execution order.
+
+Node ids are whatever the graph's author chose (ints or strings); plans refer to them as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from .errors import FormatError
+from .fields import Reader, check_header, dump_json, load_json
+
+NodeId = Union[int, str]
+KINDS = ("forward", "loss", "backward", "update")
+VERSIONS = (1,)
+
+
+@dataclass
+class Node:
+    id: NodeId
+    name: str
+    kind: str
+    op: str
+    inputs: list[NodeId]
+    out_bytes: int
+    workspace_bytes: int = 0
+    time_s: float | None = None
+    energy_j: float | None = None
+    signature: str | None = None  # canonical op signature (op + shapes + dtype) for profile lookup
+    attrs: dict[str, Any] = field(default_factory=dict)  # capture details the planner ignores
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "name": self.name, "kind": self.kind, "op": self.op,
+                               "inputs": list(self.inputs), "out_bytes": self.out_bytes,
+                               "workspace_bytes": self.workspace_bytes}
+        for key in ("time_s", "energy_j", "signature"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.attrs:
+            out["attrs"] = self.attrs
+        return out
+
+
+@dataclass
+class Graph:
+    nodes: list[Node]
+    name: str = "graph"
+    fixed_bytes: int = 0  # parameters, gradients, optimizer state: resident for the whole step
+    batch: int | None = None
+    dtype: str | None = None
+    capture: dict[str, Any] = field(default_factory=dict)  # how it was made (tool, source file)
+    cost_source: str = "unknown"  # "profile" | "estimate" | "published" | "unknown"
+    planning_only: bool = False  # true when the executor cannot run it (e.g. imported from ONNX)
+
+    def __post_init__(self) -> None:
+        self.index = {node.id: i for i, node in enumerate(self.nodes)}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def node(self, node_id: NodeId) -> Node:
+        return self.nodes[self.index[node_id]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "edge-remat/graph", "version": 1, "name": self.name,
+                "fixed_bytes": self.fixed_bytes, "batch": self.batch, "dtype": self.dtype,
+                "capture": self.capture, "cost_source": self.cost_source,
+                "planning_only": self.planning_only,
+                "nodes": [node.to_dict() for node in self.nodes]}
+
+    def fingerprint(self) -> str:
+        """Hash of what a plan depends on: structure, sizes, costs and fixed memory."""
+        content = {"fixed": self.fixed_bytes,
+                   "nodes": [[n.id, n.inputs, n.out_bytes, n.workspace_bytes, n.time_s, n.energy_j]
+                             for n in self.nodes]}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+    def save(self, path: str | Path) -> None:
+        dump_json(self.to_dict(), path)
+
+
+_NODE_FIELDS = {"id", "name", "kind", "op", "inputs", "out_bytes", "workspace_bytes", "time_s",
+                "energy_j", "signature", "attrs"}
+_GRAPH_FIELDS = {"format", "version", "name", "fixed_bytes", "batch", "dtype", "capture",
+                 "cost_source", "planning_only", "nodes"}
+
+
+def graph_from_dict(obj: Any, source: str = "<graph>") -> Graph:
+    reader = Reader(obj, source)
+    check_header(reader, "graph", VERSIONS)
+    reader.reject_unknown(_GRAPH_FIELDS)
+    nodes = [_node_from(reader.item("nodes", i)) for i in range(len(reader.list("nodes")))]
+    graph = Graph(nodes=nodes, name=reader.str("name", "graph"),
+                  fixed_bytes=reader.integer("fixed_bytes", 0),
+                  batch=reader.integer("batch", None, minimum=1),
+                  dtype=reader.str("dtype", None),
+                  capture=reader.raw("capture", {}) or {},
+                  cost_source=reader.str("cost_source", "unknown"),
+                  planning_only=bool(reader.raw("planning_only", False)))
+    check_order(graph, source)
+    return graph
+
+
+def _node_from(r: Reader) -> Node:
+    r.reject_unknown(_NODE_FIELDS)
+    node_id = r.raw("id")
+    if isinstance(node_id, bool) or not isinstance(node_id, (int, str)):
+        raise r.error("id", "an integer or a string", node_id)
+    inputs = r.list("inputs", [])
+    for i, dep in enumerate(inputs):
+        if isinstance(dep, bool) or not isinstance(dep, (int, str)):
+            raise r.error(f"inputs[{i}]", "a node id (integer or string)", dep)
+    return Node(id=node_id, name=r.str("name", str(node_id)), kind=r.str("kind", "forward", KINDS),
+                op=r.str("op", "unknown"), inputs=list(inputs), out_bytes=r.integer("out_bytes"),
+                workspace_bytes=r.integer("workspace_bytes", 0), time_s=r.number("time_s", None),
+                energy_j=r.number("energy_j", None), signature=r.str("signature", None),
+                attrs=r.raw("attrs", {}) or {})
+
+
+def check_order(graph: Graph, source: str) -> None:
+    """Ids unique, inputs known and earlier in the order (which also rules out cycles)."""
+    if not graph.nodes:
+        raise FormatError(source, "nodes", "at least one node")
+    seen: set[NodeId] = set()
+    for position, node in enumerate(graph.nodes):
+        where = f"nodes[{position}]"
+        if node.id in seen:
+            raise FormatError(source, f"{where}.id", "a unique node id", node.id)
+        for dep in node.inputs:
+            if dep == node.id:
+                raise FormatError(source, f"{where}.inputs", "no self-loop", dep)
+            if dep not in graph.index:
+                raise FormatError(source, f"{where}.inputs", "ids of nodes in this graph", dep)
+            if dep not in seen:
+                raise FormatError(source, f"{where}.inputs",
+                                  "inputs that come earlier in the node order (a cycle, or nodes "
+                                  "out of execution order)", dep)
+        if len(set(node.inputs)) != len(node.inputs):
+            raise FormatError(source, f"{where}.inputs", "each input once", node.inputs)
+        seen.add(node.id)
+
+
+def load_graph(path: str | Path) -> Graph:
+    return graph_from_dict(load_json(path), str(path))

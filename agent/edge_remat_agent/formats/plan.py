@@ -1,0 +1,104 @@
+"""The plan format: the contract between solvers, the simulator and the executor.
+
+A schedule is a list of stages; each stage a list of instructions
+`{"op": "compute" | "free" | "page_out" | "page_in", "node": <graph node id>, "tier": ...}`
+with `tier` ("flash" | "host") only on paging instructions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .fields import Reader, check_header, dump_json, load_json
+from .graph import NodeId
+from .profile import TIER_NAMES
+
+VERSIONS = (1,)
+OPS = ("compute", "free", "page_out", "page_in")
+PAGING_OPS = ("page_out", "page_in")
+STATUSES = ("optimal", "feasible", "infeasible", "timeout")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    op: str
+    node: NodeId
+    tier: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op, "node": self.node}
+        if self.tier is not None:
+            out["tier"] = self.tier
+        return out
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.node}" + (f" {self.tier}" if self.tier else "")
+
+
+Stages = list[list[Instruction]]
+
+
+@dataclass
+class Plan:
+    stages: Stages
+    graph_fingerprint: str
+    budget_bytes: int
+    objective: str = "time"
+    solver: dict[str, Any] = field(default_factory=dict)  # name, status, lower_bound, gap, ...
+    predicted: dict[str, Any] = field(default_factory=dict)  # the simulator's figures
+    problem: dict[str, Any] = field(default_factory=dict)  # deadline, paging, profile, costs used
+    fingerprint: str = ""  # hash of graph + profile + budgets
+
+    def instructions(self):
+        for stage in self.stages:
+            yield from stage
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "edge-remat/plan", "version": 1, "fingerprint": self.fingerprint,
+                "graph_fingerprint": self.graph_fingerprint, "budget_bytes": self.budget_bytes,
+                "objective": self.objective, "solver": self.solver, "predicted": self.predicted,
+                "problem": self.problem,
+                "stages": [[ins.to_dict() for ins in stage] for stage in self.stages]}
+
+    def save(self, path: str | Path) -> None:
+        dump_json(self.to_dict(), path)
+
+
+_FIELDS = {"format", "version", "fingerprint", "graph_fingerprint", "budget_bytes", "objective",
+           "solver", "predicted", "problem", "stages"}
+
+
+def plan_from_dict(obj: Any, source: str = "<plan>") -> Plan:
+    r = Reader(obj, source)
+    check_header(r, "plan", VERSIONS)
+    r.reject_unknown(_FIELDS)
+    stages: Stages = []
+    for s, stage in enumerate(r.list("stages")):
+        if not isinstance(stage, list):
+            raise r.error(f"stages[{s}]", "a list of instructions", stage)
+        stages.append([_instruction(Reader(ins, source, f"stages[{s}][{k}]"))
+                       for k, ins in enumerate(stage)])
+    return Plan(stages=stages, graph_fingerprint=r.str("graph_fingerprint", ""),
+                budget_bytes=r.integer("budget_bytes"),
+                objective=r.str("objective", "time", ("time", "energy")),
+                solver=r.raw("solver", {}) or {}, predicted=r.raw("predicted", {}) or {},
+                problem=r.raw("problem", {}) or {}, fingerprint=r.str("fingerprint", ""))
+
+
+def _instruction(r: Reader) -> Instruction:
+    r.reject_unknown({"op", "node", "tier"})
+    op = r.str("op", choices=OPS)
+    node = r.raw("node")
+    if isinstance(node, bool) or not isinstance(node, (int, str)):
+        raise r.error("node", "a node id (integer or string)", node)
+    if op in PAGING_OPS:
+        return Instruction(op, node, r.str("tier", choices=TIER_NAMES))
+    if "tier" in r.obj:
+        raise r.error("tier", f"no tier on a '{op}' instruction")
+    return Instruction(op, node)
+
+
+def load_plan(path: str | Path) -> Plan:
+    return plan_from_dict(load_json(path), str(path))

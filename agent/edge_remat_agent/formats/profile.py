@@ -1,0 +1,129 @@
+"""The profile format: what a board's operators, power and storage cost, measured or modelled.
+
+Units: seconds, joules, watts, bytes, bytes per second. An operator's `energy_j` is the energy
+above idle (dynamic); idle power is charged separately for the whole step as static energy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .fields import Reader, check_header, dump_json, load_json
+
+VERSIONS = (1,)
+TIER_NAMES = ("flash", "host")
+
+
+@dataclass
+class Tier:
+    """A place to page tensors to: the board's flash, or the host over the link."""
+
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    latency_s: float = 0.0
+    read_j_per_byte: float = 0.0
+    write_j_per_byte: float = 0.0
+    capacity_bytes: int | None = None
+
+    def write_cost(self, nbytes: int) -> tuple[float, float]:
+        return self.latency_s + nbytes / self.write_bytes_per_s, nbytes * self.write_j_per_byte
+
+    def read_cost(self, nbytes: int) -> tuple[float, float]:
+        return self.latency_s + nbytes / self.read_bytes_per_s, nbytes * self.read_j_per_byte
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class OpCost:
+    time_s: float
+    energy_j: float | None = None
+    out_bytes: int | None = None
+    workspace_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class Profile:
+    source: str  # "measured" | "modelled"
+    device: dict[str, Any]
+    idle_w: float
+    active_w: float
+    tiers: dict[str, Tier] = field(default_factory=dict)
+    ops: dict[str, OpCost] = field(default_factory=dict)
+    ram_total_bytes: int | None = None
+    runtime_baseline_bytes: int | None = None
+    published_sources: list[str] = field(default_factory=list)  # where a modelled figure came from
+    name: str = "profile"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "edge-remat/profile", "version": 1, "name": self.name,
+                "source": self.source, "device": self.device,
+                "power": {"idle_w": self.idle_w, "active_w": self.active_w},
+                "tiers": {k: t.to_dict() for k, t in self.tiers.items()},
+                "ops": {k: c.to_dict() for k, c in self.ops.items()},
+                "ram_total_bytes": self.ram_total_bytes,
+                "runtime_baseline_bytes": self.runtime_baseline_bytes,
+                "published_sources": self.published_sources}
+
+    def save(self, path: str | Path) -> None:
+        dump_json(self.to_dict(), path)
+
+
+_FIELDS = {"format", "version", "name", "source", "device", "power", "tiers", "ops",
+           "ram_total_bytes", "runtime_baseline_bytes", "published_sources"}
+_TIER_FIELDS = {"read_bytes_per_s", "write_bytes_per_s", "latency_s", "read_j_per_byte",
+                "write_j_per_byte", "capacity_bytes"}
+
+
+def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
+    r = Reader(obj, source)
+    check_header(r, "profile", VERSIONS)
+    r.reject_unknown(_FIELDS)
+    power = r.child("power")
+    power.reject_unknown({"idle_w", "active_w"})
+    tiers_r = r.child("tiers", {})
+    tiers = {}
+    for name in tiers_r.obj:
+        if name not in TIER_NAMES:
+            raise tiers_r.error(name, "a tier named " + " or ".join(TIER_NAMES))
+        tiers[name] = tier_from(tiers_r.child(name))
+    ops_r = r.child("ops", {})
+    ops = {}
+    for sig in ops_r.obj:
+        o = ops_r.child(sig)
+        o.reject_unknown({"time_s", "energy_j", "out_bytes", "workspace_bytes"})
+        ops[sig] = OpCost(time_s=o.number("time_s"), energy_j=o.number("energy_j", None),
+                          out_bytes=o.integer("out_bytes", None),
+                          workspace_bytes=o.integer("workspace_bytes", None))
+    device = r.raw("device", {})
+    if not isinstance(device, dict):
+        raise r.error("device", "a JSON object", device)
+    return Profile(source=r.str("source", choices=("measured", "modelled")), device=device,
+                   idle_w=power.number("idle_w"), active_w=power.number("active_w"),
+                   tiers=tiers, ops=ops, ram_total_bytes=r.integer("ram_total_bytes", None),
+                   runtime_baseline_bytes=r.integer("runtime_baseline_bytes", None),
+                   published_sources=list(r.list("published_sources", [])),
+                   name=r.str("name", "profile"))
+
+
+def tier_from(r: Reader) -> Tier:
+    r.reject_unknown(_TIER_FIELDS)
+    tier = Tier(read_bytes_per_s=r.number("read_bytes_per_s"),
+                write_bytes_per_s=r.number("write_bytes_per_s"),
+                latency_s=r.number("latency_s", 0.0), read_j_per_byte=r.number("read_j_per_byte", 0.0),
+                write_j_per_byte=r.number("write_j_per_byte", 0.0),
+                capacity_bytes=r.integer("capacity_bytes", None))
+    for key in ("read_bytes_per_s", "write_bytes_per_s"):
+        if getattr(tier, key) <= 0:
+            raise r.error(key, "a bandwidth > 0 bytes/s", getattr(tier, key))
+    return tier
+
+
+def load_profile(path: str | Path) -> Profile:
+    return profile_from_dict(load_json(path), str(path))

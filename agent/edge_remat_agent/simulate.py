@@ -1,0 +1,159 @@
+"""The exact simulator: replays a plan's instructions, checks them, and adds up what they cost.
+
+Memory model (shared/DESIGN.md): a tensor occupies RAM from the instruction that produces it
+(compute or page_in) until it is freed or paged out. While a node computes, RAM holds every resident
+tensor, the node's output and its workspace, plus fixed memory. Paged-out copies stay on their tier
+until the end of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .costs import CostModel
+from .formats import Graph, Instruction, Stages
+
+
+class PlanError(ValueError):
+    """A plan that cannot run: names the stage, the instruction and what is wrong."""
+
+    def __init__(self, stage: int, position: int, instruction: Instruction | None, problem: str):
+        self.stage, self.position, self.instruction = stage, position, instruction
+        where = f"stage {stage}, instruction {position} ({instruction})" if instruction else \
+            f"after the last stage"
+        super().__init__(f"invalid plan at {where}: {problem}")
+
+
+@dataclass
+class SimResult:
+    peak_bytes: int
+    peak_at: tuple[int, int]  # (stage, instruction) where the peak occurs
+    compute_time_s: float
+    paging_time_s: float
+    energy_compute_j: float
+    energy_paging_j: float
+    energy_static_j: float
+    tdi_percent: float
+    computes: int
+    recomputed: int  # computes beyond the first of each node
+    page_ins: int
+    page_outs: int
+    paged_bytes: int
+    fits_budget: bool | None = None
+    memory_trace: list[int] = field(default_factory=list, repr=False)  # RAM at each instruction
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_time_s + self.paging_time_s
+
+    @property
+    def energy_j(self) -> float:
+        return self.energy_compute_j + self.energy_paging_j + self.energy_static_j
+
+    def summary(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("memory_trace")
+        out["time_s"], out["energy_j"] = self.time_s, self.energy_j
+        return out
+
+
+def simulate(graph: Graph, costs: CostModel, stages: Stages,
+             budget_bytes: int | None = None) -> SimResult:
+    """Replay `stages`; raise PlanError on the first instruction that cannot run."""
+    sizes = [n.out_bytes for n in graph.nodes]
+    deps = [[graph.index[d] for d in n.inputs] for n in graph.nodes]
+    ram: set[int] = set()
+    tiers: dict[str, set[int]] = {name: set() for name in costs.tiers}
+    tier_bytes = {name: 0 for name in costs.tiers}
+    ram_bytes = 0
+    peak, peak_at = graph.fixed_bytes, (0, 0)
+    computed = [0] * len(graph)
+    t_compute = t_paging = e_compute = e_paging = 0.0
+    page_ins = page_outs = paged_bytes = 0
+    trace: list[int] = []
+
+    for s, stage in enumerate(stages):
+        for k, ins in enumerate(stage):
+            def fail(problem: str) -> PlanError:
+                return PlanError(s, k, ins, problem)
+
+            i = graph.index.get(ins.node)
+            if i is None:
+                raise fail(f"node {ins.node!r} is not in graph '{graph.name}'")
+            now = ram_bytes
+            if ins.op == "compute":
+                missing = [graph.nodes[d].id for d in deps[i] if d not in ram]
+                if missing:
+                    raise fail(f"inputs {missing} are not in RAM")
+                if i in ram:
+                    raise fail("the node's output is already in RAM")
+                now = ram_bytes + sizes[i] + graph.nodes[i].workspace_bytes
+                ram.add(i)
+                ram_bytes += sizes[i]
+                computed[i] += 1
+                t_compute += costs.time_s[i]
+                e_compute += costs.energy_j[i]
+            elif ins.op == "free":
+                if i not in ram:
+                    raise fail("freeing a tensor that is not in RAM (freed twice, or never made)")
+                ram.discard(i)
+                ram_bytes -= sizes[i]
+            elif ins.op == "page_out":
+                tier = _tier(costs, ins, fail)
+                if i not in ram:
+                    raise fail("paging out a tensor that is not in RAM")
+                ram.discard(i)
+                ram_bytes -= sizes[i]
+                if i not in tiers[tier]:
+                    tiers[tier].add(i)
+                    tier_bytes[tier] += sizes[i]
+                    capacity = costs.tiers[tier].capacity_bytes
+                    if capacity is not None and tier_bytes[tier] > capacity:
+                        raise fail(f"tier '{tier}' holds {tier_bytes[tier]} bytes, over its "
+                                   f"capacity of {capacity}")
+                t_paging += costs.tiers[tier].out_time_s[i]
+                e_paging += costs.tiers[tier].out_energy_j[i]
+                page_outs += 1
+                paged_bytes += sizes[i]
+            elif ins.op == "page_in":
+                tier = _tier(costs, ins, fail)
+                if i not in tiers[tier]:
+                    raise fail(f"paging in a tensor that was never paged out to '{tier}'")
+                if i in ram:
+                    raise fail("paging in a tensor that is already in RAM")
+                ram.add(i)
+                ram_bytes += sizes[i]
+                now = ram_bytes
+                t_paging += costs.tiers[tier].in_time_s[i]
+                e_paging += costs.tiers[tier].in_energy_j[i]
+                page_ins += 1
+                paged_bytes += sizes[i]
+            else:
+                raise fail(f"unknown op {ins.op!r}")
+            now += graph.fixed_bytes
+            trace.append(now)
+            if now > peak:
+                peak, peak_at = now, (s, k)
+
+    never = [graph.nodes[i].id for i, c in enumerate(computed) if c == 0]
+    if never:
+        raise PlanError(len(stages), 0, None, f"nodes never computed: {never[:10]}"
+                        + (" ..." if len(never) > 10 else ""))
+    total_cost = sum(costs.time_s)
+    tdi = 100.0 * (t_compute / total_cost - 1.0) if total_cost > 0 else 0.0
+    n_computes = sum(computed)
+    return SimResult(
+        peak_bytes=peak, peak_at=peak_at, compute_time_s=t_compute, paging_time_s=t_paging,
+        energy_compute_j=e_compute, energy_paging_j=e_paging,
+        energy_static_j=costs.static_w * (t_compute + t_paging), tdi_percent=tdi,
+        computes=n_computes, recomputed=n_computes - len(graph), page_ins=page_ins,
+        page_outs=page_outs, paged_bytes=paged_bytes,
+        fits_budget=None if budget_bytes is None else peak <= budget_bytes, memory_trace=trace)
+
+
+def _tier(costs: CostModel, ins: Instruction, fail) -> str:
+    if ins.tier not in costs.tiers:
+        known = ", ".join(sorted(costs.tiers)) or "none"
+        raise fail(f"tier {ins.tier!r} is not available (tiers with costs: {known})")
+    return ins.tier

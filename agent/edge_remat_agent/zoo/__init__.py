@@ -1,0 +1,61 @@
+"""A small model zoo written here (no torchvision / transformers on the boards).
+
+Every model is loss-returning: ``module(*example_args)`` gives the scalar training
+loss, because the executor fine-tunes and only ever needs loss.backward().
+
+    module, args = build("resnet18", batch=4)
+    module(*args).backward()
+
+Factories take ``(batch, image, seq, generator, **keywords)``; arguments that do
+not apply to a family (``image`` for text, ``seq`` for images) are ignored.
+"""
+
+import torch
+
+from . import bert, gpt, mlp, mobilenet, resnet, vgg
+
+
+class ZooError(ValueError):
+    """An unknown model name, or a configuration the model cannot take."""
+
+
+MODELS = {
+    "mlp": mlp.mlp,
+    "resnet18": resnet.resnet18,
+    "resnet18-imagenet": resnet.resnet18_imagenet,
+    "resnet50": resnet.resnet50,
+    "resnet50-imagenet": resnet.resnet50_imagenet,
+    "mobilenet_v2": mobilenet.mobilenet_v2,
+    "vgg11": vgg.vgg11,
+    "vgg16": vgg.vgg16,
+    "bert-tiny": bert.bert_tiny,
+    "bert-mini": bert.bert_mini,
+    "bert-base": bert.bert_base,
+    "gpt2-small": gpt.gpt2_small,
+}
+
+
+def build(name, batch=None, image=None, seq=None, seed=0, **keywords):
+    """Return ``(module, example_args)`` for ``name``, reproducible from ``seed``.
+
+    ``keywords`` go to the factory (e.g. ``num_classes=1000``, ``vocab=1000``,
+    ``batch_norm=True``). None for batch/image/seq means the family default.
+    """
+    if name not in MODELS:
+        known = ", ".join(sorted(MODELS))
+        raise ZooError(f"unknown model {name!r}; known models: {known}")
+    # fork_rng so that seeding for the init does not disturb the caller's RNG.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        # The example batch has its own generator: it does not depend on how
+        # many random numbers the init consumed.
+        generator = torch.Generator().manual_seed(seed)
+        try:
+            return MODELS[name](batch=batch, image=image, seq=seq, generator=generator, **keywords)
+        except ZooError:
+            raise
+        except ValueError as exc:
+            raise ZooError(f"{name}: {exc}") from exc
+
+
+__all__ = ["MODELS", "ZooError", "build"]

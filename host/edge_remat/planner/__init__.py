@@ -1,0 +1,1 @@
+"""Planning: from graph + costs + budgets to a validated schedule (plan)."""

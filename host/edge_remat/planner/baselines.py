@@ -1,0 +1,171 @@
+"""Baselines: keep-all, sqrt(n) checkpointing, a DTR-style evictor and Belady paging.
+
+They are the floor every solver must beat, warm starts for the solvers, and the fallback when a
+solver runs out of time. All of them are one greedy engine over the stage model of `stages.py`
+with different policies, so every baseline plan lies inside the space the exact solvers search.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from .problem import Problem
+from .stages import StageDecision, lower_stage
+
+# retain(i, t): may tensor i, which has a later use, stay in RAM after stage t?
+Retain = Callable[[int, int], bool]
+
+
+def greedy(p: Problem, evict: str | None = None, retain: Retain | None = None,
+           page_tier: str | None = None) -> list[StageDecision] | None:
+    """Walk the stages; recompute (or page in) what is missing; evict when over budget.
+
+    evict: None (fail when over budget), "dtr" (drop the tensor with the least
+    cost / (size x staleness), recompute it on demand) or "belady" (page out the tensor whose next
+    use is farthest, to `page_tier`). Returns None when the budget cannot be met this way.
+    """
+    decisions: list[StageDecision] = []
+    ram: set[int] = set()
+    tiers: dict[str, set[int]] = {}
+    last_access = [0] * p.n
+    for t in range(p.n):
+        while True:
+            compute, page_in, used = _plan_stage(p, t, ram, tiers)
+            keep = {i for i in ram | compute | {i for i, _ in page_in}
+                    if p.next_use(i, t) is not None and (retain is None or retain(i, t))}
+            d = StageDecision(sorted(compute), keep, page_in)
+            _, peak = lower_stage(p, t, d, set(ram), {k: set(v) for k, v in tiers.items()})
+            if peak <= p.budget_bytes:
+                break
+            victim = _choose_victim(p, t, ram, ram - used, evict, last_access)
+            if victim is None:
+                return None
+            prev = decisions[t - 1]
+            prev.keep.discard(victim)
+            if evict == "belady" and victim not in tiers.get(page_tier, ()):
+                prev.page_out.append((victim, page_tier))
+                tiers.setdefault(page_tier, set()).add(victim)
+            ram.discard(victim)
+        lower_stage(p, t, d, ram, tiers)
+        for i in used | compute:
+            last_access[i] = t
+        decisions.append(d)
+    return decisions
+
+
+def _plan_stage(p: Problem, t: int, ram: set[int], tiers: dict[str, set[int]]):
+    """What stage t must compute or page in so that node t's inputs are all in RAM."""
+    compute, page_in, used = {t}, [], set()
+    stack = [t]
+    while stack:
+        k = stack.pop()
+        for i in p.deps[k]:
+            used.add(i)
+            if i in ram or i in compute or any(i == j for j, _ in page_in):
+                continue
+            tier = next((name for name, held in tiers.items() if i in held), None)
+            if tier is not None:
+                page_in.append((i, tier))
+            else:
+                compute.add(i)
+                stack.append(i)
+    return compute, sorted(page_in), used
+
+
+def _choose_victim(p: Problem, t: int, ram: set[int], candidates: set[int], evict: str | None,
+                   last_access: list[int]) -> int | None:
+    if evict is None or not candidates:
+        return None
+    if evict == "belady":
+        return max(candidates, key=lambda i: (p.next_use(i, t - 1) or p.n, p.sizes[i], -i))
+    # DTR's heuristic, with what a static planner knows: the cost of bringing the tensor back
+    # (its own cost plus that of its evicted ancestors, DTR's e*), over its size times how long
+    # it would be out of RAM. Staleness breaks ties.
+    def score(i: int) -> tuple[float, int]:
+        distance = (p.next_use(i, t - 1) or p.n) - t + 1
+        return ((_recompute_cost(p, i, ram - {i}) + 1e-12) / (max(p.sizes[i], 1) * distance),
+                last_access[i])
+    return min(candidates, key=score)
+
+
+def _recompute_cost(p: Problem, i: int, ram: set[int]) -> float:
+    seen, stack, total = set(), [i], 0.0
+    while stack:
+        k = stack.pop()
+        if k not in seen:
+            seen.add(k)
+            total += p.costs.time_s[k]
+            stack.extend(d for d in p.deps[k] if d not in ram)
+    return total
+
+
+def keep_all(p: Problem) -> list[StageDecision] | None:
+    return greedy(p)
+
+
+def checkpoint_candidates(p: Problem) -> list[int]:
+    """Forward nodes that split the forward graph: no forward edge jumps over them."""
+    forward = [i for i, node in enumerate(p.graph.nodes) if node.kind == "forward"]
+    fset = set(forward)
+    reach = -1  # the farthest forward node an edge from before the current one reaches
+    candidates = []
+    for i in forward:
+        if reach <= i:
+            candidates.append(i)
+        for j in p.users[i]:
+            if j in fset:
+                reach = max(reach, j)
+    return candidates
+
+
+def checkpointing(p: Problem, count: int) -> list[StageDecision] | None:
+    """Keep `count` evenly spaced articulation points; forward tensors between them are dropped
+    once the forward pass no longer needs them, and recomputed segment by segment in backward."""
+    candidates = checkpoint_candidates(p)
+    if not candidates:
+        return None
+    step = max(1, len(candidates) / max(count, 1))
+    chosen = {candidates[min(len(candidates) - 1, int(round(k * step)))] for k in range(count)}
+    forward = {i for i, node in enumerate(p.graph.nodes) if node.kind == "forward"}
+    first_backward = min((i for i in range(p.n) if i not in forward), default=p.n)
+
+    def retain(i: int, t: int) -> bool:
+        if i in chosen or i not in forward or t >= first_backward:
+            return True
+        return p.next_use(i, t) in forward
+
+    return greedy(p, retain=retain)
+
+
+def sqrt_n(p: Problem) -> list[StageDecision] | None:
+    """The classic sqrt(n) checkpointing, trying counts around sqrt(n) and keeping the cheapest."""
+    from .evaluate import evaluate  # local: evaluate imports the solvers' result type
+    n_forward = sum(1 for node in p.graph.nodes if node.kind == "forward")
+    best, best_value = None, math.inf
+    root = max(1, round(math.sqrt(n_forward)))
+    for count in sorted({max(1, root // 2), root, 2 * root, 4 * root}):
+        decisions = checkpointing(p, count)
+        if decisions is None:
+            continue
+        result = evaluate(p, decisions)
+        if result.feasible and result.objective < best_value:
+            best, best_value = decisions, result.objective
+    return best
+
+
+def dtr(p: Problem) -> list[StageDecision] | None:
+    return greedy(p, evict="dtr")
+
+
+def belady_paging(p: Problem) -> list[StageDecision] | None:
+    if not p.tiers:
+        return None
+    # Page to the tier that moves bytes fastest (read + write time per byte of the largest node).
+    big = max(range(p.n), key=p.sizes.__getitem__)
+    tier = min(p.tiers, key=lambda name: p.costs.tiers[name].out_time_s[big]
+               + p.costs.tiers[name].in_time_s[big])
+    return greedy(p, evict="belady", page_tier=tier)
+
+
+BASELINES = {"keep-all": keep_all, "sqrt-n": sqrt_n, "dtr": dtr, "paging": belady_paging}

@@ -1,0 +1,40 @@
+"""One validation path for every solver: lower the decisions, replay them in the simulator."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from edge_remat_agent.formats import Stages
+from edge_remat_agent.simulate import SimResult, simulate
+
+from .problem import Problem
+from .stages import StageDecision, lower
+
+
+@dataclass
+class Evaluation:
+    stages: Stages
+    sim: SimResult
+    fits_budget: bool
+    meets_deadline: bool
+
+    @property
+    def feasible(self) -> bool:
+        return self.fits_budget and self.meets_deadline
+
+    @property
+    def objective(self) -> float:
+        return self.value if self.feasible else math.inf
+
+    value: float = 0.0
+
+
+def evaluate(p: Problem, decisions: list[StageDecision]) -> Evaluation:
+    stages, _ = lower(p, decisions)
+    sim = simulate(p.graph, p.costs, stages, p.budget_bytes)
+    deadline = p.deadline_s()
+    used = p.deadline_time(sim.compute_time_s, sim.paging_time_s)
+    meets = deadline is None or used <= deadline * (1 + 1e-9)
+    return Evaluation(stages, sim, sim.peak_bytes <= p.budget_bytes, meets,
+                      p.objective_value(sim.time_s, sim.energy_j))

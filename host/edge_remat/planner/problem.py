@@ -1,0 +1,96 @@
+"""The planning problem: a graph, its costs and the limits, in index form for the solvers."""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from edge_remat_agent.costs import CostModel
+from edge_remat_agent.formats import Graph
+
+OBJECTIVES = ("time", "energy")
+PAGING_TIME_MODES = ("counted", "free")
+
+
+class InfeasibleBudget(ValueError):
+    """No schedule fits the budget; carries the smallest budget that has a chance."""
+
+    def __init__(self, message: str, smallest_bytes: int | None):
+        super().__init__(message)
+        self.smallest_bytes = smallest_bytes
+
+
+@dataclass
+class Problem:
+    graph: Graph
+    costs: CostModel
+    budget_bytes: int
+    objective: str = "time"
+    deadline: float | None = None  # a multiple of the plain schedule's time
+    tiers: tuple[str, ...] = ()  # paging tiers the plan may use
+    paging_time: str = "counted"  # "free": paging does not count against the deadline (POET's)
+    profile_name: str | None = None
+    n: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.paging_time not in PAGING_TIME_MODES:
+            raise ValueError(f"paging time must be one of {PAGING_TIME_MODES}")
+        missing = [t for t in self.tiers if t not in self.costs.tiers]
+        if missing:
+            raise ValueError(f"paging to {missing} needs that tier's bandwidth: give a profile "
+                             "with the tier, or --flash-read-bw/--flash-write-bw")
+        g = self.graph
+        self.n = len(g)
+        self.sizes = [node.out_bytes for node in g.nodes]
+        self.workspace = [node.workspace_bytes for node in g.nodes]
+        self.deps = [[g.index[d] for d in node.inputs] for node in g.nodes]
+        self.users: list[list[int]] = [[] for _ in range(self.n)]
+        for k, ds in enumerate(self.deps):
+            for i in ds:
+                self.users[i].append(k)
+        self.fixed = g.fixed_bytes
+        self.plain_time = sum(self.costs.time_s)
+
+    def next_use(self, i: int, t: int) -> int | None:
+        """The first user of node i that comes after stage t, or None."""
+        users = self.users[i]
+        pos = bisect.bisect_right(users, t)
+        return users[pos] if pos < len(users) else None
+
+    def objective_value(self, time_s: float, energy_j: float) -> float:
+        return time_s if self.objective == "time" else energy_j
+
+    def deadline_s(self) -> float | None:
+        return None if self.deadline is None else self.deadline * self.plain_time
+
+    def deadline_time(self, compute_s: float, paging_s: float) -> float:
+        """The time that counts against the deadline under this problem's paging-time mode."""
+        return compute_s + (paging_s if self.paging_time == "counted" else 0.0)
+
+    def smallest_budget(self) -> tuple[int, int]:
+        """(bytes, node index): no schedule fits below a node's inputs + output + workspace."""
+        need = [sum(self.sizes[i] for i in self.deps[k]) + self.sizes[k] + self.workspace[k]
+                for k in range(self.n)]
+        k = max(range(self.n), key=need.__getitem__)
+        return self.fixed + need[k], k
+
+    def check_budget(self) -> None:
+        smallest, k = self.smallest_budget()
+        if self.budget_bytes < smallest:
+            node = self.graph.nodes[k]
+            raise InfeasibleBudget(
+                f"budget {self.budget_bytes} bytes is below the smallest feasible budget, "
+                f"{smallest} bytes: node {node.id!r} ({node.name}) needs its inputs and output in "
+                f"RAM at once" + (f", plus {self.fixed} bytes of fixed memory" if self.fixed else ""),
+                smallest)
+
+    def fingerprint(self) -> str:
+        content = {"graph": self.graph.fingerprint(), "budget": self.budget_bytes,
+                   "objective": self.objective, "deadline": self.deadline, "tiers": self.tiers,
+                   "paging_time": self.paging_time, "profile": self.profile_name,
+                   "static_w": self.costs.static_w}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,96 @@
+"""Stage decisions, and the one lowering step from decisions to a plan's instructions.
+
+Every solver answers in the same shape (Checkmate's "frontier-advancing" stages, extended with
+paging): stage t computes node t for the first time, after recomputing some earlier nodes; it
+pages some tensors in at its start and some out at its end, and keeps a set of tensors in RAM for
+the next stage. Lowering places the instructions exactly where the solvers' memory accounting
+assumes them:
+
+  1. page-ins, at the start of the stage;
+  2. computes in ascending node order, each followed by freeing the tensors that have no later use
+     in this stage and are neither kept nor paged out;
+  3. page-outs, at the end of the stage;
+  4. frees of whatever else is resident and not kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edge_remat_agent.formats import Instruction, Stages
+
+from .problem import Problem
+
+
+class LoweringError(ValueError):
+    """Decisions that do not make a schedule: a bug in the solver that produced them."""
+
+
+@dataclass
+class StageDecision:
+    compute: list[int]  # ascending; the last one is the stage's own node
+    keep: set[int]  # resident at the start of the next stage
+    page_in: list[tuple[int, str]] = field(default_factory=list)
+    page_out: list[tuple[int, str]] = field(default_factory=list)
+
+
+def lower_stage(p: Problem, t: int, d: StageDecision, ram: set[int],
+                tiers: dict[str, set[int]]) -> tuple[list[Instruction], int]:
+    """Instructions of stage t and its peak RAM (with fixed memory). Updates ram and tiers."""
+    ids = [node.id for node in p.graph.nodes]
+    out: list[Instruction] = []
+    resident = sum(p.sizes[i] for i in ram)
+    peak = p.fixed + resident
+    for i, tier in d.page_in:
+        if i not in tiers.get(tier, ()) or i in ram:
+            raise LoweringError(f"stage {t}: page_in {ids[i]!r} from {tier} is not possible")
+        out.append(Instruction("page_in", ids[i], tier))
+        ram.add(i)
+        resident += p.sizes[i]
+        peak = max(peak, p.fixed + resident)
+    computed = set(d.compute)
+    paged_out = {i for i, _ in d.page_out}
+    if not d.compute or d.compute[-1] != t or sorted(computed) != d.compute:
+        raise LoweringError(f"stage {t}: computes {d.compute} must ascend and end with {t}")
+    for k in d.compute:
+        missing = [ids[i] for i in p.deps[k] if i not in ram]
+        if missing or k in ram:
+            raise LoweringError(f"stage {t}: compute {ids[k]!r} with inputs {missing} missing "
+                                f"or its output already resident")
+        out.append(Instruction("compute", ids[k]))
+        ram.add(k)
+        resident += p.sizes[k]
+        peak = max(peak, p.fixed + resident + p.workspace[k])
+        for i in (*p.deps[k], k):
+            later = any(j > k and j in computed for j in p.users[i])
+            if not later and i not in d.keep and i not in paged_out:
+                out.append(Instruction("free", ids[i]))
+                ram.discard(i)
+                resident -= p.sizes[i]
+    for i, tier in d.page_out:
+        if i not in ram:
+            raise LoweringError(f"stage {t}: page_out {ids[i]!r}, which is not in RAM")
+        out.append(Instruction("page_out", ids[i], tier))
+        ram.discard(i)
+        tiers.setdefault(tier, set()).add(i)
+    for i in sorted(ram - d.keep):
+        out.append(Instruction("free", ids[i]))
+        ram.discard(i)
+    if ram != d.keep:
+        raise LoweringError(f"stage {t}: keeps {sorted(ids[i] for i in d.keep - ram)}, "
+                            "which are not in RAM")
+    return out, peak
+
+
+def lower(p: Problem, decisions: list[StageDecision]) -> tuple[Stages, int]:
+    """The whole schedule and its peak RAM."""
+    if len(decisions) != p.n:
+        raise LoweringError(f"{len(decisions)} stages for {p.n} nodes")
+    ram: set[int] = set()
+    tiers: dict[str, set[int]] = {}
+    stages, peak = [], p.fixed
+    for t, d in enumerate(decisions):
+        instructions, stage_peak = lower_stage(p, t, d, ram, tiers)
+        stages.append(instructions)
+        peak = max(peak, stage_peak)
+    return stages, peak

@@ -1,0 +1,44 @@
+"""Short human-readable tables for the terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .units import fmt_bytes
+
+
+def _num(value: Any, fmt: str = "{:.4g}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def plan_table(plan_dict: dict[str, Any]) -> str:
+    s, pr = plan_dict["solver"], plan_dict["predicted"]
+    budget = plan_dict["budget_bytes"]
+    rows = [
+        ("status", f"{s['status']} ({s['name']}" + (f", fallback from {s['fallback_from']}"
+                                                    if s.get("fallback_from") else "") + ")"),
+        ("budget", f"{fmt_bytes(budget)} ({budget} B)"),
+        ("predicted peak", f"{fmt_bytes(pr['peak_bytes'])} ({pr['peak_bytes'] / budget:.1%} "
+                           "of budget)"),
+        ("TDI", f"{pr['tdi_percent']:.2f} %  ({pr['recomputed']} recomputations)"),
+        ("time", f"{_num(pr['time_s'])} s  (paging {_num(pr['paging_time_s'])} s, "
+                 f"{pr['page_outs']} page-outs, {pr['page_ins']} page-ins)"),
+        ("energy", f"{_num(pr['energy_j'])} J  (compute {_num(pr['energy_compute_j'])}, paging "
+                   f"{_num(pr['energy_paging_j'])}, static {_num(pr['energy_static_j'])})"),
+        ("bound", _num(s.get("lower_bound"))),
+        ("gap", _num(None if s.get("gap") is None else 100 * s["gap"], "{:.2f} %")),
+        ("solve time", f"{s['solve_time_s']:.2f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def sim_table(summary: dict[str, Any], budget: int | None) -> str:
+    rows = [("peak", fmt_bytes(summary["peak_bytes"]) + (
+        f" ({summary['peak_bytes'] / budget:.1%} of budget)" if budget else "")),
+            ("TDI", f"{summary['tdi_percent']:.2f} %"),
+            ("time", f"{summary['time_s']:.4g} s"), ("energy", f"{summary['energy_j']:.4g} J"),
+            ("recomputed", str(summary["recomputed"])),
+            ("paged", f"{summary['page_outs']} out, {summary['page_ins']} in")]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

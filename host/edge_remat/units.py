@@ -1,0 +1,57 @@
+"""Human units at the command line (512MiB, 80%, 1.3x); bytes, seconds and fractions inside."""
+
+from __future__ import annotations
+
+import re
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+               "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+               "tib": 2**40}
+# A bare number below this is a fraction of the plain schedule's peak, above it a byte count:
+# no budget is a handful of bytes, and no fraction is this large.
+_FRACTION_LIMIT = 16
+
+
+class UnitError(ValueError):
+    pass
+
+
+def parse_budget(text: str) -> tuple[str, float]:
+    """'0.8' or '80%' -> ('fraction', 0.8); '512MiB' or '736128' -> ('bytes', 536870912)."""
+    s = str(text).strip().lower().replace("_", "")
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z%]*)", s)
+    if not m:
+        raise UnitError(f"cannot read budget {text!r}: use a fraction (0.8), a percentage (80%) "
+                        "or a size (512MiB, 2GB, 736128)")
+    value, unit = float(m.group(1)), m.group(2)
+    if unit == "%":
+        return "fraction", value / 100.0
+    if unit == "" and value < _FRACTION_LIMIT:
+        return "fraction", value
+    if unit not in _SIZE_UNITS:
+        raise UnitError(f"unknown size unit {m.group(2)!r} in budget {text!r} "
+                        "(known: B, kB, MB, GB, KiB, MiB, GiB)")
+    if value <= 0:
+        raise UnitError(f"budget {text!r} must be positive")
+    return "bytes", value * _SIZE_UNITS[unit]
+
+
+def parse_multiplier(text: str) -> float:
+    """'1.3' or '1.3x' -> 1.3 (a deadline, as a multiple of the plain schedule's time)."""
+    s = str(text).strip().lower().rstrip("x×")
+    try:
+        value = float(s)
+    except ValueError:
+        raise UnitError(f"cannot read {text!r}: use a multiple such as 1.3 or 1.3x") from None
+    if value <= 0:
+        raise UnitError(f"{text!r} must be positive")
+    return value
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
