@@ -31,7 +31,7 @@ def friendly_errors(command):
     def wrapper(*args, **kwargs):
         from edge_remat_agent.simulate import PlanError
 
-        from .planner.problem import InfeasibleBudget
+        from .planner.problem import InfeasibleBudget, ProblemError
         from .planner.solve import NoPlan
         from .units import UnitError
         as_json = bool(kwargs.get("as_json"))
@@ -40,7 +40,7 @@ def friendly_errors(command):
         except InfeasibleBudget as exc:
             _fail(str(exc), as_json, status="infeasible",
                   smallest_feasible_budget_bytes=exc.smallest_bytes)
-        except (FormatError, UnitError, NoPlan, PlanError) as exc:
+        except (FormatError, UnitError, NoPlan, PlanError, ProblemError) as exc:
             _fail(str(exc), as_json)
     return wrapper
 
@@ -83,7 +83,7 @@ def plan(
 ) -> None:
     """Solve for the cheapest schedule that fits the memory budget; write it as a plan."""
     from .graph_import import load_graph_file
-    from .planner.build import build_problem
+    from .planner.build import PAGING_CHOICES, build_problem
     from .planner.solve import solve
     from .report import plan_table
     from .units import parse_multiplier
@@ -95,14 +95,11 @@ def plan(
         raise FormatError("command line", "--objective", "time or energy", objective)
     if paging_time not in ("counted", "free"):
         raise FormatError("command line", "--paging-time", "counted or free", paging_time)
-    try:
-        problem = build_problem(g, budget, prof, objective,
-                                parse_multiplier(deadline) if deadline else None, paging, tiers,
-                                paging_time)
-    except ValueError as exc:
-        if isinstance(exc, FormatError):
-            raise
-        raise FormatError("command line", "--paging", str(exc)) from None
+    if paging is not None and paging not in PAGING_CHOICES:
+        raise FormatError("command line", "--paging", " | ".join(PAGING_CHOICES), paging)
+    problem = build_problem(g, budget, prof, objective,
+                            parse_multiplier(deadline) if deadline else None, paging, tiers,
+                            paging_time)
     report = solve(problem, solver, time_limit, backend, threads)
     result = report.plan.to_dict()
     result["problem"]["tier_params"] = {name: tier.to_dict() for name, tier in

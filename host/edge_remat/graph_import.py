@@ -64,7 +64,7 @@ def graph_from_node_link(obj: dict[str, Any], source: str) -> Graph:
         src_key, dst_key = ("source", "target") if "source" in link else ("0", "1")
         src, dst = lr.raw(src_key), lr.raw(dst_key)
         for key, end in ((src_key, src), (dst_key, dst)):
-            if end not in nodes:
+            if not isinstance(end, (int, str)) or isinstance(end, bool) or end not in nodes:
                 raise lr.error(key, "the id of a node in this graph", end)
         if src == dst:
             raise lr.error(dst_key, "an edge between two different nodes (a self-loop)", dst)
@@ -72,7 +72,7 @@ def graph_from_node_link(obj: dict[str, Any], source: str) -> Graph:
             nodes[dst]["inputs"].append(src)
     order = attrs.get("order") if isinstance(attrs, dict) else None
     if order is not None:
-        if sorted(map(repr, order)) != sorted(map(repr, nodes)):
+        if not isinstance(order, list) or sorted(map(repr, order)) != sorted(map(repr, nodes)):
             raise FormatError(source, "graph.order", "every node id exactly once")
     else:
         order = _topological(nodes, source)

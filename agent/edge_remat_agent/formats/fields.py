@@ -67,6 +67,14 @@ class Reader:
             raise self.error(key, f"an integer >= {minimum}", value)
         return value
 
+    def object(self, key: str, default: Any = _MISSING) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, dict):
+            raise self.error(key, "a JSON object", value)
+        return value
+
     def list(self, key: str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
@@ -104,9 +112,12 @@ def load_json(path: str | Path) -> Any:
     """Parse a JSON file; a missing, unreadable or truncated file is a FormatError naming it."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise FormatError(str(path), "<file>", "a readable file", exc.strerror) from None
+    except UnicodeDecodeError as exc:
+        raise FormatError(str(path), f"<byte {exc.start}>", "UTF-8 text (the file is cut short "
+                          "or not JSON)", exc.reason) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

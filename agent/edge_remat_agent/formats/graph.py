@@ -98,7 +98,7 @@ def graph_from_dict(obj: Any, source: str = "<graph>") -> Graph:
                   fixed_bytes=reader.integer("fixed_bytes", 0),
                   batch=reader.integer("batch", None, minimum=1),
                   dtype=reader.str("dtype", None),
-                  capture=reader.raw("capture", {}) or {},
+                  capture=reader.object("capture", None) or {},
                   cost_source=reader.str("cost_source", "unknown"),
                   planning_only=bool(reader.raw("planning_only", False)))
     check_order(graph, source)
@@ -118,7 +118,7 @@ def _node_from(r: Reader) -> Node:
                 op=r.str("op", "unknown"), inputs=list(inputs), out_bytes=r.integer("out_bytes"),
                 workspace_bytes=r.integer("workspace_bytes", 0), time_s=r.number("time_s", None),
                 energy_j=r.number("energy_j", None), signature=r.str("signature", None),
-                attrs=r.raw("attrs", {}) or {})
+                attrs=r.object("attrs", None) or {})
 
 
 def check_order(graph: Graph, source: str) -> None:

@@ -83,8 +83,9 @@ def plan_from_dict(obj: Any, source: str = "<plan>") -> Plan:
     return Plan(stages=stages, graph_fingerprint=r.str("graph_fingerprint", ""),
                 budget_bytes=r.integer("budget_bytes"),
                 objective=r.str("objective", "time", ("time", "energy")),
-                solver=r.raw("solver", {}) or {}, predicted=r.raw("predicted", {}) or {},
-                problem=r.raw("problem", {}) or {}, fingerprint=r.str("fingerprint", ""))
+                solver=r.object("solver", None) or {},
+                predicted=r.object("predicted", None) or {},
+                problem=r.object("problem", None) or {}, fingerprint=r.str("fingerprint", ""))
 
 
 def _instruction(r: Reader) -> Instruction:

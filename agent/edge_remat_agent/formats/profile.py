@@ -101,9 +101,7 @@ def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
         ops[sig] = OpCost(time_s=o.number("time_s"), energy_j=o.number("energy_j", None),
                           out_bytes=o.integer("out_bytes", None),
                           workspace_bytes=o.integer("workspace_bytes", None))
-    device = r.raw("device", {})
-    if not isinstance(device, dict):
-        raise r.error("device", "a JSON object", device)
+    device = r.object("device", None) or {}
     return Profile(source=r.str("source", choices=("measured", "modelled")), device=device,
                    idle_w=power.number("idle_w"), active_w=power.number("active_w"),
                    tiers=tiers, ops=ops, ram_total_bytes=r.integer("ram_total_bytes", None),

@@ -14,7 +14,11 @@ OBJECTIVES = ("time", "energy")
 PAGING_TIME_MODES = ("counted", "free")
 
 
-class InfeasibleBudget(ValueError):
+class ProblemError(ValueError):
+    """Inputs that do not make a planning problem (e.g. paging to a tier with no costs)."""
+
+
+class InfeasibleBudget(ProblemError):
     """No schedule fits the budget; carries the smallest budget that has a chance."""
 
     def __init__(self, message: str, smallest_bytes: int | None):
@@ -36,12 +40,12 @@ class Problem:
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+            raise ProblemError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.paging_time not in PAGING_TIME_MODES:
-            raise ValueError(f"paging time must be one of {PAGING_TIME_MODES}")
+            raise ProblemError(f"paging time must be one of {PAGING_TIME_MODES}")
         missing = [t for t in self.tiers if t not in self.costs.tiers]
         if missing:
-            raise ValueError(f"paging to {missing} needs that tier's bandwidth: give a profile "
+            raise ProblemError(f"paging to {missing} needs that tier's bandwidth: give a profile "
                              "with the tier, or --flash-read-bw/--flash-write-bw")
         g = self.graph
         self.n = len(g)

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Run the planner on the published rematerialization benchmark graphs, next to the published numbers.
+
+For each graph in shared/benchmarks/graphs and each budget (ceil(multiplier x plain peak), the
+published definition; CM1 also at its two absolute budgets), run every baseline and the MILP
+(warm-started from the best feasible baseline), validate every plan with the simulator, and print
+one row per (graph, budget, method): status, TDI %, peak / budget, solve time and, for the MILP,
+its lower bound as a TDI % and the gap.
+
+    python benchmarks/published_graphs.py --time-limit 30
+    python benchmarks/published_graphs.py --graphs rl100,CM1 --budgets 0.9 --backend highs --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from edge_remat.graph_import import load_graph_file
+from edge_remat.planner.baselines import BASELINES
+from edge_remat.planner.build import plain_peak_bytes
+from edge_remat.planner.evaluate import evaluate
+from edge_remat.planner.milp import BACKENDS, solve_milp
+from edge_remat.planner.problem import InfeasibleBudget, Problem
+from edge_remat_agent.costs import build_costs
+
+DEFAULT_SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+# The published graphs' short names (shared/benchmarks/README.md).
+ALIASES = {"RL1": "rl100", "RL2": "rl250", "CM1": "fcn8_vgg_train"}
+
+# Absolute budgets the papers report for some graphs, in bytes, besides the multipliers.
+ABSOLUTE_BUDGETS = {"fcn8_vgg_train": [("11.3 GB", 11.3e9), ("10.0 GB", 10.0e9)]}
+
+# Published results, from the table in shared/benchmarks/README.md (Moccasin, ICML 2023; the
+# Checkmate MILP as run by the Moccasin authors). Key: (graph file stem, budget label);
+# value: (Checkmate MILP, Moccasin CP-SAT), each (TDI %, solve time s) or None (no solution).
+PUBLISHED: dict[tuple[str, str], tuple[tuple[float, float] | None, tuple[float, float] | None]] = {
+    ("rl100", "0.9x"): ((0.8, 18.5), (0.8, 9.3)),
+    ("rl100", "0.8x"): ((2.3, 22.7), (2.3, 9.5)),
+    ("rl250", "0.9x"): ((0.9, 685.0), (0.9, 55.0)),
+    ("rl250", "0.8x"): (None, (4.9, 640.0)),  # Checkmate: no solution within the limit
+    ("fcn8_vgg_train", "11.3 GB"): ((0.0, 6.3), (0.0, 3.1)),
+    ("fcn8_vgg_train", "10.0 GB"): ((0.1, 5.6), (0.1, 3.1)),
+}
+
+COLUMNS = [  # (header, width, align)
+    ("graph", 15, "<"), ("budget", 8, "<"), ("method", 10, "<"), ("status", 12, "<"),
+    ("TDI %", 7, ">"), ("peak/B", 7, ">"), ("time s", 8, ">"), ("LB TDI %", 9, ">"),
+    ("gap %", 7, ">"), ("published: Checkmate | Moccasin / note", 0, "<"),
+]
+
+
+def fmt_row(values: list[str]) -> str:
+    cells = []
+    for (_, width, align), value in zip(COLUMNS, values):
+        cells.append(f"{value:{align}{width}}" if width else value)
+    return "  ".join(cells).rstrip()
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def budget_label(mult: float) -> str:
+    return f"{mult:g}x"
+
+
+def published_text(stem: str, label: str) -> str:
+    entry = PUBLISHED.get((stem, label))
+    if entry is None:
+        return ""
+
+    def one(x):
+        return "no solution" if x is None else f"{x[0]:.1f}% / {x[1]:g} s"
+    return f"{one(entry[0])} | {one(entry[1])}"
+
+
+def parse_graphs(text: str | None, available: list[Path]) -> list[Path]:
+    if not text:
+        return available
+    by_stem = {p.stem: p for p in available}
+    chosen = []
+    for name in (s.strip() for s in text.split(",") if s.strip()):
+        stem = ALIASES.get(name.upper(), name).removesuffix(".json")
+        if stem not in by_stem:
+            raise SystemExit(f"unknown graph {name!r} (have: {', '.join(by_stem)}; "
+                             f"aliases: {', '.join(f'{k}={v}' for k, v in ALIASES.items())})")
+        chosen.append(by_stem[stem])
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--graphs", help="comma-separated subset, by file stem or alias "
+                    "(rl100,rl250,fcn8_vgg_train,vgg16_train or RL1,RL2,CM1); default all")
+    ap.add_argument("--budgets", default="0.9,0.8,0.7",
+                    help="comma-separated multipliers of the plain peak (default 0.9,0.8,0.7)")
+    ap.add_argument("--time-limit", type=float, default=60.0, help="MILP time limit, s (60)")
+    ap.add_argument("--backend", choices=BACKENDS, default="cbc", help="MILP backend (cbc)")
+    ap.add_argument("--threads", type=int, default=None, help="MILP threads (default: all cores)")
+    ap.add_argument("--milp-max-nodes", type=int, default=150,
+                    help="skip the MILP on graphs with more nodes than this (150)")
+    ap.add_argument("--shared", type=Path, default=DEFAULT_SHARED,
+                    help=f"the shared/ folder (default {DEFAULT_SHARED})")
+    ap.add_argument("--json", type=Path, help="also write every row to this JSON file")
+    args = ap.parse_args(argv)
+
+    graph_dir = args.shared / "benchmarks" / "graphs"
+    available = sorted(graph_dir.glob("*.json"))
+    if not available:
+        raise SystemExit(f"no graphs in {graph_dir}")
+    paths = parse_graphs(args.graphs, available)
+    multipliers = [float(x) for x in args.budgets.split(",") if x.strip()]
+
+    started = time.perf_counter()
+    rows: list[dict] = []
+    invalid = 0
+    print(f"# graphs from {graph_dir}; MILP: {args.backend}, time limit {args.time_limit:g} s, "
+          f"skipped above {args.milp_max_nodes} nodes")
+    print("# TDI % = compute of the schedule / sum of node costs - 1; LB TDI % = MILP lower "
+          "bound / sum of node costs - 1; gap = (value - bound) / value")
+    header = fmt_row([h for h, _, _ in COLUMNS])
+    print(header)
+    print("-" * len(header))
+    sys.stdout.flush()
+
+    def emit(row: dict, note: str = "") -> None:
+        rows.append(row)
+        print(fmt_row([row["graph"], row["budget"], row["method"], row["status"],
+                       fmt(row.get("tdi_percent"), ".2f"), fmt(row.get("peak_over_budget"), ".3f"),
+                       fmt(row.get("time_s"), ".2f"),
+                       fmt(row.get("lb_tdi_percent"), ".2f")
+                       + ("*" if row.get("bound_corrected") else ""),
+                       fmt(None if row.get("gap") is None else 100 * row["gap"], ".2f"),
+                       note]))
+        sys.stdout.flush()
+
+    for path in paths:
+        stem = path.stem
+        graph = load_graph_file(path)
+        t0 = time.perf_counter()
+        peak = plain_peak_bytes(graph)
+        costs = build_costs(graph)
+        total_cost = sum(costs.time_s)
+        print(f"# {stem}: {len(graph)} nodes, plain peak {peak} bytes "
+              f"({time.perf_counter() - t0:.2f} s), sum of node costs {total_cost:g}")
+        budgets = [(budget_label(m), math.ceil(m * peak)) for m in multipliers]
+        budgets += [(label, int(b)) for label, b in ABSOLUTE_BUDGETS.get(stem, [])]
+
+        for label, budget in budgets:
+            pub = published_text(stem, label)
+            first = [True]
+
+            def note(extra: str = "") -> str:
+                text = pub if first[0] else ""
+                first[0] = False
+                return " ; ".join(x for x in (text, extra) if x)
+
+            base = {"graph": stem, "budget": label, "budget_bytes": budget,
+                    "budget_multiplier": budget / peak, "plain_peak_bytes": peak,
+                    "nodes": len(graph), "published": PUBLISHED.get((stem, label))}
+            p = Problem(graph, costs, budget)
+            try:
+                p.check_budget()
+            except InfeasibleBudget as e:
+                smallest = e.smallest_bytes
+                mult = smallest / peak if smallest else None
+                emit({**base, "method": "-", "status": "infeasible",
+                      "smallest_budget_bytes": smallest, "smallest_multiplier": mult},
+                     note(f"infeasible: smallest feasible budget {fmt(mult, '.3f')}x plain peak"
+                          f" ({smallest} bytes)"))
+                continue
+
+            best = None  # (objective, decisions) of the best feasible baseline
+            for name, baseline in BASELINES.items():
+                t1 = time.perf_counter()
+                decisions = baseline(p)
+                ev = evaluate(p, decisions) if decisions is not None else None
+                elapsed = time.perf_counter() - t1
+                if ev is None:
+                    emit({**base, "method": name, "status": "no plan", "time_s": elapsed},
+                         note("no tiers to page to" if name == "paging" and not p.tiers else ""))
+                    continue
+                status = "feasible" if ev.feasible else "over budget"
+                emit({**base, "method": name, "status": status,
+                      "tdi_percent": 100 * (ev.sim.compute_time_s / total_cost - 1),
+                      "peak_over_budget": ev.sim.peak_bytes / budget, "time_s": elapsed,
+                      "recomputed": ev.sim.recomputed}, note())
+                if ev.feasible and (best is None or ev.objective < best[0]):
+                    best = (ev.objective, decisions)
+
+            method = f"milp:{args.backend}"
+            if p.n > args.milp_max_nodes:
+                emit({**base, "method": method, "status": "skipped"},
+                     note(f"MILP skipped: {p.n} nodes (use --milp-max-nodes)"))
+                continue
+            t1 = time.perf_counter()
+            out = solve_milp(p, args.time_limit, args.backend,
+                             best[1] if best else None, args.threads)
+            elapsed = time.perf_counter() - t1
+            bound, fixes = out.bound, []
+            if bound is not None and math.isfinite(bound) and bound < total_cost * (1 - 1e-6):
+                # Every node runs at least once, so a true bound is >= the sum of node costs. The
+                # solvers report their bound without the objective's constant term (the plain
+                # schedule's cost, 1.0 after scaling), and milp.py passes it on as is: add it back.
+                fixes.append(f"*bound corrected: solver's bound {bound:.6g} lacks the objective "
+                             f"constant {total_cost:g} (raw LB TDI "
+                             f"{100 * (bound / total_cost - 1):.2f}%)")
+                bound = bound + total_cost
+            lb = None if bound is None else 100 * (bound / total_cost - 1)
+            row = {**base, "method": method, "status": out.status, "time_s": elapsed,
+                   "lower_bound": bound, "lower_bound_raw": out.bound, "lb_tdi_percent": lb,
+                   "bound_corrected": bool(fixes), "warm_start": best is not None}
+            if out.decisions is None:
+                emit(row, note(" ; ".join([f"MILP returned no plan: status {out.status}"]
+                                          + fixes)))
+                continue
+            ev = evaluate(p, out.decisions)
+            value = ev.value
+            gap = None
+            if bound is not None and math.isfinite(bound):
+                gap = 0.0 if value <= 0 else max(0.0, (value - bound) / abs(value))
+            row.update({"tdi_percent": 100 * (ev.sim.compute_time_s / total_cost - 1),
+                        "peak_over_budget": ev.sim.peak_bytes / budget, "gap": gap,
+                        "recomputed": ev.sim.recomputed, "valid": ev.feasible})
+            extra = list(fixes)
+            if not ev.feasible:
+                invalid += 1
+                row["status"] = "INVALID"
+                extra.insert(0, f"!!! INVALID: MILP plan peaks at {ev.sim.peak_bytes} bytes > "
+                             f"budget {budget} (solver said {out.status}) !!!")
+            emit(row, note(" ; ".join(extra)))
+
+    total = time.perf_counter() - started
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "total_wall_s": total,
+                                         "time_limit_s": args.time_limit,
+                                         "backend": args.backend}, indent=2, default=str))
+    if invalid:
+        print(f"!!! {invalid} INVALID MILP plan(s): the simulator rejects them !!!")
+    print(f"total wall time: {total:.1f} s")
+    return 1 if invalid else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

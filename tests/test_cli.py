@@ -1,0 +1,331 @@
+"""The `edge-remat` command line, run for real as a subprocess: answers, exit codes, files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+GRAPHS = SHARED / "benchmarks" / "graphs"
+VGG16 = GRAPHS / "vgg16_train.json"
+needs_shared = pytest.mark.skipif(not VGG16.is_file(),
+                                  reason=f"benchmark graph not found at {VGG16} (shared/ sits "
+                                         "beside the repository root)")
+
+PLAN_KEYS = {"status", "budget_bytes", "peak_bytes", "tdi_percent", "time_s", "energy_j",
+             "lower_bound", "gap", "solve_time_s"}
+
+
+def _command() -> list[str]:
+    probe = subprocess.run([sys.executable, "-m", "edge_remat.cli", "version"],
+                           capture_output=True, text=True)
+    if probe.returncode == 0:
+        return [sys.executable, "-m", "edge_remat.cli"]
+    exe = shutil.which("edge-remat")
+    if exe is None:
+        pytest.skip("neither `python -m edge_remat.cli` nor an `edge-remat` executable works")
+    return [exe]
+
+
+@pytest.fixture(scope="module")
+def cli():
+    command = _command()
+
+    def run(*args, cwd=None, timeout=120) -> subprocess.CompletedProcess:
+        env = dict(os.environ, COLUMNS="100", NO_COLOR="1")
+        return subprocess.run([*command, *map(str, args)], capture_output=True, text=True,
+                              cwd=cwd, timeout=timeout, env=env)
+    return run
+
+
+def one_json(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, stdout
+    obj = json.loads(lines[0])
+    assert isinstance(obj, dict)
+    return obj
+
+
+def clean_error(proc: subprocess.CompletedProcess) -> str:
+    """Exit status 2, one `error:` line on stderr, no traceback anywhere."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def tiny_graph(directory: Path) -> Path:
+    """Five nodes in our own format: plain peak 3.1 MB; at 0.8 `a` must be recomputed or paged."""
+    nodes = [("a", "forward", [], 1_000_000, 1.0), ("b", "forward", ["a"], 1_000_000, 2.0),
+             ("l", "loss", ["b"], 100_000, 0.5), ("gb", "backward", ["l", "b"], 1_000_000, 2.0),
+             ("ga", "backward", ["gb", "a"], 100_000, 1.0)]
+    graph = {"format": "edge-remat/graph", "version": 1, "name": "tiny",
+             "nodes": [{"id": i, "kind": k, "op": k, "inputs": ins, "out_bytes": size,
+                        "time_s": t} for i, k, ins, size, t in nodes]}
+    path = directory / "tiny.json"
+    path.write_text(json.dumps(graph))
+    return path
+
+
+# --- help --------------------------------------------------------------------------------------
+
+def test_help_is_fast(cli):
+    started = time.perf_counter()
+    proc = cli("--help")
+    elapsed = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stderr
+    assert "plan" in proc.stdout and "simulate" in proc.stdout
+    assert elapsed < 2.0, f"--help took {elapsed:.2f} s"
+
+
+def test_plan_help(cli):
+    proc = cli("plan", "--help")
+    assert proc.returncode == 0, proc.stderr
+    for option in ("--graph", "--budget", "--solver", "--paging", "--json"):
+        assert option in proc.stdout
+
+
+# --- planning the VGG16 benchmark --------------------------------------------------------------
+
+@needs_shared
+def test_plan_vgg16_then_simulate(cli, tmp_path):
+    plan_file = tmp_path / "plan.json"
+    proc = cli("plan", "--graph", VGG16, "--budget", "0.9", "-o", plan_file, "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = one_json(proc.stdout)
+    assert PLAN_KEYS <= set(out), PLAN_KEYS - set(out)
+    assert out["status"] in ("optimal", "feasible", "timeout")
+    assert 0 < out["peak_bytes"] <= out["budget_bytes"]
+    assert out["tdi_percent"] >= 0 and out["time_s"] > 0
+    if out["lower_bound"] is not None:
+        assert out["lower_bound"] <= out["time_s"] * (1 + 1e-6)
+    assert plan_file.is_file()
+    saved = json.loads(plan_file.read_text())
+    assert saved["format"] == "edge-remat/plan"
+    assert saved["budget_bytes"] == out["budget_bytes"]
+
+    sim = cli("simulate", plan_file, "--graph", VGG16, "--json")
+    assert sim.returncode == 0, sim.stderr
+    replay = one_json(sim.stdout)
+    assert replay["valid"] is True and replay["fits_budget"] is True
+    assert replay["peak_bytes"] == out["peak_bytes"]
+    assert replay["tdi_percent"] == pytest.approx(out["tdi_percent"])
+
+
+@needs_shared
+def test_infeasible_budget(cli, tmp_path):
+    plan_file = tmp_path / "plan.json"
+    proc = cli("plan", "--graph", VGG16, "--budget", "0.7", "-o", plan_file)
+    line = clean_error(proc)
+    assert "smallest feasible budget" in line
+    assert not plan_file.exists()
+
+    proc = cli("plan", "--graph", VGG16, "--budget", "0.7", "-o", plan_file, "--json")
+    assert proc.returncode == 2
+    out = one_json(proc.stdout)
+    assert out["status"] == "infeasible"
+    smallest = out["smallest_feasible_budget_bytes"]
+    assert isinstance(smallest, int) and smallest > 0
+    assert f"{smallest} bytes" in line  # the text names the same number, in bytes
+    assert not plan_file.exists()
+
+    # The budget asked for (0.7 x the plain peak) is named too, and is below that smallest one.
+    assert out["error"].startswith("budget ")
+    assert int(out["error"].split()[1]) < smallest
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+def test_malformed_graph_file(cli, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "edge-remat/graph", "version": 1, "nodes": [')
+    line = clean_error(cli("plan", "--graph", bad, "--budget", "0.8"))
+    assert str(bad) in line and "valid JSON" in line
+
+
+def test_graph_file_cut_mid_utf8_character(cli, tmp_path):
+    bad = tmp_path / "cut.json"
+    raw = '{"format": "edge-remat/graph", "name": "r\u00e9seau"'.encode()
+    bad.write_bytes(raw[: raw.index("\u00e9".encode()) + 1])  # half of the two-byte character
+    clean_error(cli("plan", "--graph", bad, "--budget", "0.8"))
+
+
+def test_graph_capture_not_an_object(cli, tmp_path):
+    path = tiny_graph(tmp_path)
+    graph = json.loads(path.read_text()) | {"capture": ["torch.fx"]}
+    path.write_text(json.dumps(graph))
+    line = clean_error(cli("plan", "--graph", path, "--budget", "0.8"))
+    assert "capture" in line
+
+
+def test_plan_problem_not_an_object(cli, tmp_path):
+    graph = tiny_graph(tmp_path)
+    plan_file = tmp_path / "plan.json"
+    assert cli("plan", "--graph", graph, "--budget", "1.0", "-o", plan_file).returncode == 0
+    plan = json.loads(plan_file.read_text()) | {"problem": ["flash"]}
+    plan_file.write_text(json.dumps(plan))
+    line = clean_error(cli("simulate", plan_file, "--graph", graph))
+    assert "problem" in line
+
+
+def test_graph_with_cycle(cli, tmp_path):
+    graph = {"directed": True, "graph": {}, "nodes": [{"id": 0, "cost_cpu": 1, "cost_ram": 8},
+                                                      {"id": 1, "cost_cpu": 1, "cost_ram": 8}],
+             "links": [{"source": 0, "target": 1}, {"source": 1, "target": 0}]}
+    path = tmp_path / "cycle.json"
+    path.write_text(json.dumps(graph))
+    line = clean_error(cli("plan", "--graph", path, "--budget", "0.8"))
+    assert "cycle" in line
+
+
+def test_missing_graph_file(cli, tmp_path):
+    line = clean_error(cli("plan", "--graph", tmp_path / "nope.json", "--budget", "0.8"))
+    assert "nope.json" in line
+
+
+def test_bad_budget_text(cli, tmp_path):
+    graph = tiny_graph(tmp_path)
+    line = clean_error(cli("plan", "--graph", graph, "--budget", "lots"))
+    assert "lots" in line and "budget" in line
+
+
+def test_bad_budget_text_blames_the_budget(cli, tmp_path):
+    line = clean_error(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "lots"))
+    assert "--paging" not in line
+
+
+def test_bad_budget_unit(cli, tmp_path):
+    line = clean_error(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "3parsecs"))
+    assert "parsecs" in line
+
+
+def test_budget_in_bytes_with_unit(cli, tmp_path):
+    proc = cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "512MiB", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = one_json(proc.stdout)
+    assert out["budget_bytes"] == 512 * 2**20
+    assert out["peak_bytes"] == 3_100_000  # the plain schedule fits: nothing is recomputed
+    assert out["tdi_percent"] == pytest.approx(0.0)
+
+
+def test_simulate_plan_for_another_graph(cli, tmp_path):
+    graph = tiny_graph(tmp_path)
+    plan_file = tmp_path / "plan.json"
+    assert cli("plan", "--graph", graph, "--budget", "1.0", "-o", plan_file).returncode == 0
+    other = json.loads(graph.read_text())
+    other["nodes"][0]["out_bytes"] += 1
+    other_file = tmp_path / "other.json"
+    other_file.write_text(json.dumps(other))
+    line = clean_error(cli("simulate", plan_file, "--graph", other_file))
+    assert "graph_fingerprint" in line and "another graph" in line
+
+
+def test_simulate_plan_with_unknown_node(cli, tmp_path):
+    graph = tiny_graph(tmp_path)
+    plan_file = tmp_path / "plan.json"
+    assert cli("plan", "--graph", graph, "--budget", "1.0", "-o", plan_file).returncode == 0
+    plan = json.loads(plan_file.read_text())
+    plan["graph_fingerprint"] = ""  # skip the fingerprint check to reach the simulator
+    plan["stages"][0].append({"op": "free", "node": "phantom"})
+    plan_file.write_text(json.dumps(plan))
+    line = clean_error(cli("simulate", plan_file, "--graph", graph))
+    assert "invalid plan" in line and "'phantom'" in line
+
+
+# --- our own format, heuristics and MILP, paging -----------------------------------------------
+
+@pytest.mark.parametrize("solver", ["heuristic:dtr", "milp"])
+def test_small_graph_each_solver(cli, tmp_path, solver):
+    graph = tiny_graph(tmp_path)
+    plan_file = tmp_path / "plan.json"
+    proc = cli("plan", "--graph", graph, "--budget", "0.8", "--solver", solver, "-o", plan_file,
+               "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = one_json(proc.stdout)
+    assert out["budget_bytes"] == 2_480_000  # ceil(0.8 x 3.1 MB)
+    assert out["peak_bytes"] <= out["budget_bytes"]
+    assert out["solver"].startswith(solver.split(":")[0])
+    assert out["recomputed"] >= 1  # at 0.8 without paging, something must be recomputed
+
+    sim = cli("simulate", plan_file, "--graph", graph, "--json")
+    assert sim.returncode == 0, sim.stderr
+    replay = one_json(sim.stdout)
+    assert replay["valid"] is True and replay["fits_budget"] is True
+    assert replay["peak_bytes"] == out["peak_bytes"]
+    assert replay["recomputed"] == out["recomputed"]
+
+    text = cli("simulate", plan_file, "--graph", graph)
+    assert text.returncode == 0 and "valid plan" in text.stdout
+
+
+def test_paging_to_flash(cli, tmp_path):
+    graph = tiny_graph(tmp_path)
+    plan_file = tmp_path / "plan.json"
+    proc = cli("plan", "--graph", graph, "--budget", "0.8", "--paging", "flash",
+               "--flash-read-bw", "90MB", "--flash-write-bw", "40MB", "-o", plan_file, "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = one_json(proc.stdout)
+    assert out["peak_bytes"] <= out["budget_bytes"]
+
+    saved = json.loads(plan_file.read_text())
+    assert saved["problem"]["paging"] == ["flash"]
+    flash = saved["problem"]["tier_params"]["flash"]
+    assert flash["read_bytes_per_s"] == 90e6 and flash["write_bytes_per_s"] == 40e6
+
+    sim = cli("simulate", plan_file, "--graph", graph, "--json")
+    assert sim.returncode == 0, sim.stderr
+    replay = one_json(sim.stdout)
+    assert replay["valid"] is True and replay["fits_budget"] is True
+    assert replay["peak_bytes"] == out["peak_bytes"]
+    assert replay["page_outs"] == out["page_outs"] and replay["page_ins"] == out["page_ins"]
+    assert replay["time_s"] == pytest.approx(out["time_s"])  # paging costs from tier_params
+    if out["page_ins"]:
+        assert replay["paging_time_s"] > 0
+
+
+def test_paging_needs_both_bandwidths(cli, tmp_path):
+    line = clean_error(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.8",
+                           "--paging", "flash", "--flash-read-bw", "90MB"))
+    assert "--flash-write-bw" in line
+
+
+def test_paging_without_tier_costs(cli, tmp_path):
+    line = clean_error(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.8",
+                           "--paging", "flash"))
+    assert "bandwidth" in line
+
+
+# --- planning stays light ----------------------------------------------------------------------
+
+def test_planning_imports_neither_torch_nor_ortools(tmp_path):
+    graph = tiny_graph(tmp_path)
+    plan_file = tmp_path / "plan.json"
+    script = textwrap.dedent(f"""
+        import sys
+        from typer.testing import CliRunner
+        from edge_remat.cli import app
+        runner = CliRunner()
+        result = runner.invoke(app, ["plan", "--graph", {str(graph)!r}, "--budget", "0.8",
+                                     "--solver", "milp", "-o", {str(plan_file)!r}])
+        assert result.exit_code == 0, (result.exit_code, result.output, result.exception)
+        result = runner.invoke(app, ["simulate", {str(plan_file)!r}, "--graph", {str(graph)!r}])
+        assert result.exit_code == 0, (result.exit_code, result.output, result.exception)
+        heavy = sorted(m for m in ("torch", "ortools") if m in sys.modules)
+        assert not heavy, heavy
+        print("light")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith("light")
+    assert plan_file.is_file()
