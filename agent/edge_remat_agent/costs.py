@@ -66,6 +66,7 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     all_tiers.update(tiers or {})
     sizes = [n.out_bytes for n in graph.nodes]
     tier_costs = {name: tier_costs_from(tier, sizes) for name, tier in all_tiers.items()}
+    tier_costs.update(_per_node_tiers(graph, exclude=set(all_tiers)))
     if profile:
         power_source = f"profile:{profile.name} ({profile.source})"
     else:
@@ -74,6 +75,20 @@ def build_costs(graph: Graph, profile: Profile | None = None,
                    f"profile:{profile.name} for {from_profile}/{len(graph)} nodes" if from_profile
                    else graph.cost_source)
     return CostModel(times, energies, idle_w, tier_costs, power_source, time_source)
+
+
+def _per_node_tiers(graph: Graph, exclude: set[str]) -> dict[str, TierCosts]:
+    """Tiers whose costs the graph gives node by node (`attrs.page_costs`, e.g. POET's problems);
+    a profile's or the command line's tier takes precedence."""
+    names = {name for node in graph.nodes for name in node.attrs.get("page_costs", {})} - exclude
+    out = {}
+    for name in sorted(names):
+        rows = [node.attrs.get("page_costs", {}).get(name) for node in graph.nodes]
+        if any(row is None for row in rows):
+            raise FormatError(graph.name, f"attrs.page_costs.{name}", "costs on every node")
+        out[name] = TierCosts(*([float(row[key]) for row in rows] for key in
+                                ("out_time_s", "out_energy_j", "in_time_s", "in_energy_j")))
+    return out
 
 
 def tier_costs_from(tier: Tier, sizes: list[int]) -> TierCosts:

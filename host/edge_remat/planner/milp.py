@@ -61,6 +61,8 @@ def solve_milp(p: Problem, time_limit: float = 60.0, backend: str = "cbc",
             solver = pulp.HiGHS(msg=False, timeLimit=time_limit, threads=threads, gapRel=1e-6)
         model.prob.solve(solver)
         bound = _cbc_bound(log) if backend == "cbc" else _highs_bound(model.prob)
+        if bound is not None:  # solvers report the bound without the objective's constant term
+            bound += model.prob.objective.constant
         stopped_early = _cbc_stopped(log) if backend == "cbc" else _highs_stopped(model.prob)
     elapsed = clock.perf_counter() - started
     scale = model.objective_scale
