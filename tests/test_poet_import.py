@@ -1,0 +1,50 @@
+"""POET's own problems (shared/benchmarks/poet) import with their per-node costs and paging tier."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from edge_remat.graph_import import load_graph_file
+from edge_remat.planner.build import build_problem
+from edge_remat.planner.problem import InfeasibleBudget
+from edge_remat.planner.solve import solve
+
+POET = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks" / "poet"
+pytestmark = pytest.mark.skipif(not POET.is_dir(), reason=f"{POET} not found (shared/ missing)")
+
+
+def test_costs_and_tier_come_from_the_file():
+    raw = json.loads((POET / "linear__m4.json").read_text())
+    graph = load_graph_file(POET / "linear__m4.json")
+    assert len(graph) == raw["n_nodes"]
+    p = build_problem(graph, 0.7, objective="energy", deadline=1.5)
+    assert p.tiers == ("flash",)  # the file carries paging costs, so paging is on by default
+    node = raw["nodes"][3]
+    assert p.costs.time_s[3] == node["runtime_s"]
+    assert p.costs.tiers["flash"].in_energy_j[3] == node["pagein_energy_j"]
+    # a fraction is relative to the file's own plain peak (rounded up, as the published
+    # benchmarks define it; POET's suggested budgets round down)
+    assert p.budget_bytes == math.ceil(0.7 * raw["totals"]["noremat_peak_bytes"])
+    # our smallest feasible budget agrees with the file's own lower bound
+    assert p.smallest_budget()[0] == raw["totals"]["min_budget_lower_bound_bytes"]
+
+
+def test_linear_m4_is_solved_to_optimality():
+    graph = load_graph_file(POET / "linear__m4.json")
+    p = build_problem(graph, 0.5, objective="energy", deadline=1.5)
+    report = solve(p, "milp", time_limit=60, threads=1)
+    assert report.evaluation.feasible
+    solver = report.plan.solver
+    assert solver["status"] == "optimal" and solver["gap"] <= 0.01
+    assert solver["lower_bound"] <= report.evaluation.value * (1 + 1e-6)
+
+
+def test_budget_below_one_layer_is_refused_with_the_smallest():
+    graph = load_graph_file(POET / "linear__m4.json")
+    with pytest.raises(InfeasibleBudget) as err:
+        build_problem(graph, 0.3, objective="energy", deadline=1.5).check_budget()
+    assert err.value.smallest_bytes == 3256 and "3256" in str(err.value)
