@@ -18,6 +18,7 @@ class Evaluation:
     sim: SimResult
     fits_budget: bool
     meets_deadline: bool
+    value: float  # the objective (seconds or joules), whether or not it is feasible
 
     @property
     def feasible(self) -> bool:
@@ -26,8 +27,6 @@ class Evaluation:
     @property
     def objective(self) -> float:
         return self.value if self.feasible else math.inf
-
-    value: float = 0.0
 
 
 def evaluate(p: Problem, decisions: list[StageDecision]) -> Evaluation:
