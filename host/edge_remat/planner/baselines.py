@@ -1,4 +1,4 @@
-"""Baselines: keep-all, sqrt(n) checkpointing, a DTR-style evictor and Belady paging.
+"""Baselines: keep-all, sqrt(n) checkpointing, a DTR-style evictor, peak splitting, Belady paging.
 
 They are the floor every solver must beat, warm starts for the solvers, and the fallback when a
 solver runs out of time. All of them are one greedy engine over the stage model of `stages.py`
@@ -30,15 +30,25 @@ def greedy(p: Problem, evict: str | None = None, retain: Retain | None = None,
     tiers: dict[str, set[int]] = {}
     last_access = [0] * p.n
     for t in range(p.n):
+        dropped: set[int] = set()  # tensors of this stage freed after their last use in it
         while True:
             compute, page_in, used = _plan_stage(p, t, ram, tiers)
             keep = {i for i in ram | compute | {i for i, _ in page_in}
-                    if p.next_use(i, t) is not None and (retain is None or retain(i, t))}
+                    if p.next_use(i, t) is not None and (retain is None or retain(i, t))
+                    and i not in dropped}
             d = StageDecision(sorted(compute), keep, page_in)
             _, peak = lower_stage(p, t, d, set(ram), {k: set(v) for k, v in tiers.items()})
             if peak <= p.budget_bytes:
                 break
             victim = _choose_victim(p, t, ram, ram - used, evict, last_access)
+            if victim is None and evict == "dtr":
+                # Nothing idle is left to evict: stop keeping something this stage uses, so
+                # that it leaves RAM after its last use here and is recomputed when needed.
+                victim = _choose_victim(p, t, ram, keep, evict, last_access)
+                if victim is None:
+                    return None
+                dropped.add(victim)
+                continue
             if victim is None:
                 return None
             prev = decisions[t - 1]
@@ -168,4 +178,10 @@ def belady_paging(p: Problem) -> list[StageDecision] | None:
     return greedy(p, evict="belady", page_tier=tier)
 
 
-BASELINES = {"keep-all": keep_all, "sqrt-n": sqrt_n, "dtr": dtr, "paging": belady_paging}
+def split(p: Problem) -> list[StageDecision] | None:
+    from .splitting import peak_split  # local: splitting needs numpy, the others do not
+    return peak_split(p)
+
+
+BASELINES = {"keep-all": keep_all, "sqrt-n": sqrt_n, "dtr": dtr, "split": split,
+             "paging": belady_paging}

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time as clock
 from dataclasses import dataclass, field
+from typing import Callable
 
 from edge_remat_agent.formats import Plan
 
+from . import isolated
 from .baselines import BASELINES
 from .evaluate import Evaluation, evaluate
 from .problem import InfeasibleBudget, Problem
@@ -15,6 +18,9 @@ from .stages import StageDecision
 
 # Above this many nodes the stage x node MILP (O(n^2) binaries) is not worth starting.
 MILP_MAX_NODES = 300
+SOLVERS = ("auto", "cpsat", "milp")
+
+Progress = Callable[[float, float, float], None]
 
 
 class NoPlan(ValueError):
@@ -33,6 +39,7 @@ class SolveReport:
     plan: Plan
     evaluation: Evaluation
     baselines: dict[str, float | None] = field(default_factory=dict)
+    decisions: list[StageDecision] | None = None  # a hint for a neighbouring problem
 
 
 def run_baselines(p: Problem) -> dict[str, Candidate | None]:
@@ -44,15 +51,35 @@ def run_baselines(p: Problem) -> dict[str, Candidate | None]:
     return out
 
 
+def have_cpsat() -> bool:
+    return importlib.util.find_spec("ortools") is not None
+
+
+def choose_solver(p: Problem) -> str:
+    """auto: CP-SAT where OR-Tools is installed (it scales); else the MILP on graphs it can
+    handle; else the best heuristic."""
+    if have_cpsat():
+        return "cpsat"
+    return "milp" if p.n <= MILP_MAX_NODES else "heuristic"
+
+
 def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: str = "cbc",
-          threads: int | None = None) -> SolveReport:
+          workers: int | None = None, hint: list[StageDecision] | None = None,
+          progress: Progress | None = None) -> SolveReport:
+    """The best plan the chosen solver finds within the time limit, never worse than the best
+    baseline (or than `hint`, a schedule from a neighbouring problem, when it fits this one)."""
     p.check_budget()
     started = clock.perf_counter()
     baselines = run_baselines(p)
-    feasible = [c for c in baselines.values() if c is not None and c.evaluation.feasible]
-    best_baseline = min(feasible, key=lambda c: c.evaluation.objective, default=None)
     summary = {name: (c.evaluation.value if c and c.evaluation.feasible else None)
                for name, c in baselines.items()}
+    candidates = [c for c in baselines.values() if c is not None and c.evaluation.feasible]
+    if hint is not None and len(hint) == p.n:
+        given = Candidate("hint", evaluate(p, hint), hint)
+        if given.evaluation.feasible:
+            candidates.append(given)
+    best_known = min(candidates, key=lambda c: c.evaluation.objective, default=None)
+    first_plan = clock.perf_counter() - started if best_known else None
 
     if solver.startswith("heuristic:"):
         name = solver.split(":", 1)[1]
@@ -62,22 +89,76 @@ def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: s
         if chosen is None or not chosen.evaluation.feasible:
             raise NoPlan(f"heuristic {name!r} finds no schedule within the budget"
                          + (" and deadline" if p.deadline else "")
-                         + "; try --solver milp")
-        return _report(p, chosen, "feasible", None, started, time_limit, summary)
-
-    if solver not in ("auto", "milp"):
-        raise NoPlan(f"unknown solver {solver!r} (use auto, milp or heuristic:NAME)")
-    if solver == "auto" and p.n > MILP_MAX_NODES:
-        if best_baseline is None:
-            raise NoPlan(f"no baseline fits and the graph ({p.n} nodes) is too large for the MILP")
-        return _report(p, best_baseline, "feasible", None, started, time_limit, summary)
-
-    from .milp import solve_milp
+                         + "; try --solver cpsat or milp")
+        return _report(p, chosen, "feasible", None, started, time_limit, summary,
+                       timing={"first_plan_s": first_plan, "best_plan_s": first_plan})
+    if solver not in SOLVERS:
+        raise NoPlan(f"unknown solver {solver!r} (use {', '.join(SOLVERS)} or heuristic:NAME)")
+    if solver == "auto":
+        solver = choose_solver(p)
+    if solver == "heuristic":
+        if best_known is None:
+            raise NoPlan(f"no heuristic fits, and the graph ({p.n} nodes) is too large for the "
+                         "MILP; install OR-Tools for the CP-SAT planner")
+        return _report(p, best_known, "feasible", None, started, time_limit, summary,
+                       timing={"first_plan_s": first_plan, "best_plan_s": first_plan})
     remaining = max(1.0, time_limit - (clock.perf_counter() - started))
+    if solver == "cpsat":
+        return _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit,
+                            summary, progress)
+    return _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
+                       time_limit, summary)
+
+
+def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit, summary,
+                 progress) -> SolveReport:
+    from .cpsat import solve_cpsat
+    offset = clock.perf_counter() - started
+    outcome = isolated.call("ortools", solve_cpsat, p, remaining,
+                            hint=best_known.decisions if best_known else None, workers=workers,
+                            progress=progress)
+    details = {"workers": outcome.workers, "scaling": outcome.scaling,
+               "bound_scope": "stage model" if outcome.exact_model else
+               "schedules with the solver's residency limit per node"}
+    found = None
+    if outcome.decisions is not None:
+        evaluation = evaluate(p, outcome.decisions)
+        if not evaluation.feasible:  # the model and the simulator disagree: a bug, never output
+            raise RuntimeError("CP-SAT returned a plan the simulator rejects "
+                               f"(peak {evaluation.sim.peak_bytes} of {p.budget_bytes} bytes)")
+        found = Candidate("cpsat", evaluation, outcome.decisions)
+    if outcome.first_solution_s is not None:
+        cp_first = offset + outcome.first_solution_s
+        first_plan = cp_first if first_plan is None else min(first_plan, cp_first)
+    if found is not None and (best_known is None or found.evaluation.objective
+                              <= best_known.evaluation.objective * (1 + 1e-9)):
+        best_at = offset + (outcome.best_solution_s or 0.0)
+        if best_known is not None and found.evaluation.objective >= \
+                best_known.evaluation.objective * (1 - 1e-9):
+            best_at = first_plan  # CP-SAT only confirmed the plan known before it started
+        return _report(p, found, outcome.status, outcome.bound, started, time_limit, summary,
+                       timing={"first_plan_s": first_plan, "best_plan_s": best_at}, **details)
+    if best_known is not None:
+        return _report(p, best_known, "optimal" if outcome.status == "optimal" else "timeout",
+                       outcome.bound, started, time_limit, summary,
+                       timing={"first_plan_s": first_plan, "best_plan_s": first_plan},
+                       fallback=f"cpsat {outcome.status}", **details)
+    if outcome.status == "infeasible":
+        raise _infeasible(p, "CP-SAT")
+    raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and CP-SAT "
+                 "found none in time); try a larger --time-limit or budget")
+
+
+def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started, time_limit,
+                summary) -> SolveReport:
+    from .milp import solve_milp
+    library = "highspy"  # PuLP imports highspy whichever backend it runs
     margin, outcome, milp_best = 0, None, None
+    offset = clock.perf_counter() - started
     for _attempt in range(3):
-        outcome = solve_milp(p, remaining, backend, best_baseline.decisions if best_baseline
-                             else None, threads, budget_margin_bytes=margin)
+        outcome = isolated.call(library, solve_milp, p, remaining, backend,
+                                best_known.decisions if best_known else None, workers,
+                                budget_margin_bytes=margin)
         if outcome.decisions is None:
             break
         evaluation = evaluate(p, outcome.decisions)
@@ -87,27 +168,35 @@ def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: s
         # The solver's tolerance let memory or time creep over by a hair: tighten and re-solve.
         margin += max(1, evaluation.sim.peak_bytes - p.budget_bytes) * 2
     bound = outcome.bound if outcome else None
-    if milp_best is not None and (best_baseline is None or milp_best.evaluation.objective
-                                  <= best_baseline.evaluation.objective * (1 + 1e-9)):
-        return _report(p, milp_best, outcome.status, bound, started, time_limit, summary)
-    if best_baseline is not None:
+    done = clock.perf_counter() - started
+    if milp_best is not None and (best_known is None or milp_best.evaluation.objective
+                                  <= best_known.evaluation.objective * (1 + 1e-9)):
+        return _report(p, milp_best, outcome.status, bound, started, time_limit, summary,
+                       timing={"first_plan_s": first_plan if first_plan is not None else done,
+                               "best_plan_s": done})
+    if best_known is not None:
         status = "timeout" if outcome.status != "optimal" else "optimal"
-        return _report(p, best_baseline, status, bound, started, time_limit, summary,
+        return _report(p, best_known, status, bound, started, time_limit, summary,
+                       timing={"first_plan_s": first_plan, "best_plan_s": first_plan},
                        fallback=f"milp:{backend} {outcome.status}")
     if outcome.status == "infeasible":
-        smallest, _ = p.smallest_budget()
-        raise InfeasibleBudget(
-            f"no schedule fits {p.budget_bytes} bytes"
-            + (f" within the deadline ({p.deadline:g}x the plain time)" if p.deadline else "")
-            + f" (proven by the MILP); every node's inputs and output alone need {smallest} "
-            "bytes, and recomputation or the deadline needs more", smallest)
-    raise NoPlan(f"no schedule found within {time_limit:g} s (no baseline fits and the MILP "
+        raise _infeasible(p, "MILP")
+    raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and the MILP "
                  f"found none in time); try a larger --time-limit or budget")
 
 
+def _infeasible(p: Problem, prover: str) -> InfeasibleBudget:
+    smallest, _ = p.smallest_budget()
+    return InfeasibleBudget(
+        f"no schedule fits {p.budget_bytes} bytes"
+        + (f" within the deadline ({p.deadline:g}x the plain time)" if p.deadline else "")
+        + f" (proven by the {prover}); every node's inputs and output alone need {smallest} "
+        "bytes, and recomputation or the deadline needs more", smallest)
+
+
 def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, started: float,
-            time_limit: float, summary: dict[str, float | None],
-            fallback: str | None = None) -> SolveReport:
+            time_limit: float, summary: dict[str, float | None], timing: dict | None = None,
+            fallback: str | None = None, **details) -> SolveReport:
     ev = chosen.evaluation
     value = ev.value
     gap = None
@@ -115,7 +204,7 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
         gap = 0.0 if value <= 0 else max(0.0, (value - bound) / abs(value))
     solver = {"name": chosen.solver, "status": status, "lower_bound": bound, "gap": gap,
               "solve_time_s": clock.perf_counter() - started, "time_limit_s": time_limit,
-              "baselines": summary}
+              "baselines": summary, **(timing or {}), **details}
     if fallback:
         solver["fallback_from"] = fallback
     predicted = ev.sim.summary()
@@ -127,4 +216,4 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
     plan = Plan(stages=ev.stages, graph_fingerprint=p.graph.fingerprint(),
                 budget_bytes=p.budget_bytes, objective=p.objective, solver=solver,
                 predicted=predicted, problem=problem, fingerprint=p.fingerprint())
-    return SolveReport(plan, ev, summary)
+    return SolveReport(plan, ev, summary, chosen.decisions)

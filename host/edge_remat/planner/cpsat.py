@@ -1,0 +1,341 @@
+"""The CP-SAT interval planner: Moccasin's O(n) residency intervals, with paging, energy, deadline.
+
+For node v, residencies j = 0 .. C_v - 1 on the slot timeline of `intervals.Timeline`:
+  x[v,j]   present (x[v,0] = 1: the first compute, in stage v, is mandatory)
+  c[v,j]   opened by a (re)compute in stage T[v,j]:  start = W*T + 1 + v
+  p[v,j,z] opened by a page-in from tier z in stage T[v,j]:  start = W*T
+  o[v,j,z] closed by a page-out to tier z at the end of stage E[v,j]:  end = (W+1)*E + 1
+  start[v,j] <= end[v,j]; residencies of one node are ordered, disjoint, in increasing stages
+Every compute of a consumer lies inside a residency of each of its producers (one Boolean per
+candidate residency, exactly one of them true). One cumulative constraint holds RAM (residencies
+with their tensor's size, computes with their workspace) under the budget less the fixed memory.
+Objective: the recomputations' and paging's time or energy (with static power), integer-scaled
+(see scaling.py); the deadline counts paging unless the problem says paging time is free.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time as clock
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .intervals import COMPUTE, Residency, Timeline, decisions_from_intervals, \
+    intervals_from_decisions
+from .problem import Problem
+from .scaling import Scale, cost_scale, memory_scale
+from .stages import StageDecision
+
+DEFAULT_MAX_RESIDENCIES = 2
+# Up to this many nodes every node gets all the residencies it could ever use, which makes the
+# model exactly the stage model (and its bound a bound of the stage model).
+EXACT_NODES = 40
+
+Progress = Callable[[float, float, float], None]  # (seconds, objective, bound), problem units
+
+
+@dataclass
+class CpsatOutcome:
+    decisions: list[StageDecision] | None
+    status: str  # "optimal" | "timeout" | "infeasible" | "unknown"
+    objective: float | None  # the solver's value, in the problem's units
+    bound: float | None
+    solve_time_s: float
+    first_solution_s: float | None
+    best_solution_s: float | None
+    exact_model: bool  # every node had all the residencies it could use
+    scaling: dict = field(default_factory=dict)
+    workers: int = 1
+    progress: list[tuple[float, float, float]] = field(default_factory=list)
+
+
+def residency_limits(p: Problem, cap: int, hint: list[list[Residency]] | None) -> list[int]:
+    """How many residencies each node may have: never more than it could use (one per stage
+    that holds a consumer, plus one to page out from), at most `cap` unless the hint needs more."""
+    limits = []
+    for v in range(p.n):
+        users = p.users[v]
+        useful = 1 if not users else p.n - users[0] + 1
+        limit = min(useful, cap)
+        if hint is not None:
+            limit = max(limit, len(hint[v]))
+        limits.append(limit)
+    return limits
+
+
+def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] | None = None,
+                workers: int | None = None, max_residencies: int | None = None,
+                progress: Progress | None = None,
+                parameters: dict | None = None) -> CpsatOutcome:
+    started = clock.perf_counter()
+    from ortools.sat.python import cp_model  # heavy, and clashes with highspy (see DESIGN.md)
+
+    workers = workers or os.cpu_count() or 1
+    hint_runs = intervals_from_decisions(p, hint) if hint is not None else None
+    if max_residencies is None:
+        max_residencies = p.n + 1 if p.n <= EXACT_NODES else DEFAULT_MAX_RESIDENCIES
+    limits = residency_limits(p, max_residencies, hint_runs)
+    exact = all(limit >= (1 if not p.users[v] else p.n - p.users[v][0] + 1)
+                for v, limit in enumerate(limits))
+    model = _Model(p, limits, cp_model)
+    if hint_runs is not None:
+        model.add_hint(hint_runs)
+
+    solver = cp_model.CpSolver()
+    # leave time to decode and validate the answer within the limit
+    tail = min(0.25 * time_limit, 0.1 + 0.001 * p.n)
+    solver.parameters.max_time_in_seconds = max(0.05, time_limit - tail
+                                                - (clock.perf_counter() - started))
+    solver.parameters.num_workers = workers
+    for name, value in (parameters or {}).items():
+        setattr(solver.parameters, name, value)
+    listener = _Listener(model, started, progress, cp_model)
+    code = solver.Solve(model.model, listener.callback)
+    elapsed = clock.perf_counter() - started
+
+    status_name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "timeout",
+                   cp_model.INFEASIBLE: "infeasible"}.get(code, "unknown")
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if status_name == "infeasible" and not exact:
+            status_name = "unknown"  # infeasible only with the residency limit
+        return CpsatOutcome(None, status_name, None, None, elapsed, None, None, exact,
+                            model.scaling(), workers, listener.trace)
+    objective = model.to_units(solver.ObjectiveValue())
+    bound = model.to_units(solver.BestObjectiveBound())
+    decisions = decisions_from_intervals(p, model.residencies(solver))
+    return CpsatOutcome(decisions, status_name, objective, min(bound, objective), elapsed,
+                        listener.first, listener.best, exact, model.scaling(), workers,
+                        listener.trace)
+
+
+class _Listener:
+    """Records (and optionally reports) each improving solution with the current bound."""
+
+    def __init__(self, model: "_Model", started: float, progress: Progress | None, cp_model):
+        outer = self
+
+        class Callback(cp_model.CpSolverSolutionCallback):
+            def on_solution_callback(self) -> None:
+                outer.on_solution(self.ObjectiveValue(), self.BestObjectiveBound())
+
+        self.callback = Callback()
+        self.model, self.started, self.progress = model, started, progress
+        self.first: float | None = None
+        self.best: float | None = None
+        self.trace: list[tuple[float, float, float]] = []
+
+    def on_solution(self, objective: float, bound: float) -> None:
+        now = clock.perf_counter() - self.started
+        if self.first is None:
+            self.first = now
+        self.best = now
+        value, low = self.model.to_units(objective), self.model.to_units(bound)
+        self.trace.append((now, value, low))
+        if self.progress is not None:
+            self.progress(now, value, low)
+
+
+class _Model:
+    def __init__(self, p: Problem, limits: list[int], cp_model, peak_phase: bool = False):
+        self.p, self.limits, self.cp = p, limits, cp_model
+        m = self.model = cp_model.CpModel()
+        n, line, tiers = p.n, Timeline(p.n), p.tiers
+        self.line = line
+        W, H = line.width, line.horizon
+        self.mem = memory_scale([*p.sizes, *p.workspace], p.budget_bytes - p.fixed)
+        capacity = self.mem.down(p.budget_bytes - p.fixed)
+
+        self.x, self.c, self.pin, self.out = {}, {}, {}, {}
+        self.start, self.end, self.stage, self.out_stage = {}, {}, {}, {}
+        ram_intervals, ram_demands = [], []
+        for v in range(n):
+            for j in range(limits[v]):
+                first = j == 0
+                x = m.NewConstant(1) if first else m.NewBoolVar(f"x{v}_{j}")
+                start = m.NewConstant(line.compute(v, v)) if first else \
+                    m.NewIntVar(line.base(v + 1), H - 1, f"s{v}_{j}")
+                end = m.NewIntVar(line.compute(v, v), H - 1, f"e{v}_{j}")
+                m.Add(end >= start)
+                size = m.NewIntVar(1, H, f"d{v}_{j}")
+                interval = m.NewOptionalIntervalVar(start, size, end + 1, x, f"r{v}_{j}")
+                self.x[v, j], self.start[v, j], self.end[v, j] = x, start, end
+                demand = self.mem.up(p.sizes[v])
+                if demand:
+                    ram_intervals.append(interval)
+                    ram_demands.append(demand)
+                if first:
+                    self.c[v, j] = m.NewConstant(1)
+                else:
+                    stage = m.NewIntVar(v + 1, n - 1, f"T{v}_{j}")
+                    self.stage[v, j] = stage
+                    c = m.NewBoolVar(f"c{v}_{j}")
+                    m.Add(start == W * stage + 1 + v).OnlyEnforceIf(c)
+                    openers = [c]
+                    for z in tiers:
+                        pin = m.NewBoolVar(f"p{v}_{j}_{z}")
+                        m.Add(start == W * stage).OnlyEnforceIf(pin)
+                        # only what was paged out before can be paged in
+                        m.AddBoolOr([self.out[v, jj, z] for jj in range(j)]).OnlyEnforceIf(pin)
+                        self.pin[v, j, z] = pin
+                        openers.append(pin)
+                    m.Add(sum(openers) == x)
+                    self.c[v, j] = c
+                    previous = (v, j - 1)
+                    m.Add(start >= self.end[previous] + 1).OnlyEnforceIf(x)
+                    if j > 1:
+                        m.AddImplication(x, self.x[previous])
+                        m.Add(stage >= self.stage[previous] + 1).OnlyEnforceIf(x)
+                    m.Add(stage == n - 1).OnlyEnforceIf(x.Not())  # pin down absent ones
+                    m.Add(start == H - 1).OnlyEnforceIf(x.Not())
+                if tiers:
+                    out_stage = m.NewIntVar(v, n - 1, f"E{v}_{j}")
+                    self.out_stage[v, j] = out_stage
+                    outs = []
+                    for z in tiers:
+                        o = m.NewBoolVar(f"o{v}_{j}_{z}")
+                        m.Add(end == (W + 1) * out_stage + 1).OnlyEnforceIf(o)
+                        self.out[v, j, z] = o
+                        outs.append(o)
+                    m.Add(sum(outs) <= x)
+                if p.workspace[v]:
+                    ws = m.NewOptionalFixedSizeIntervalVar(start, 1, self.c[v, j], f"w{v}_{j}")
+                    ram_intervals.append(ws)
+                    ram_demands.append(self.mem.up(p.workspace[v]))
+        self.capacity = capacity
+        if peak_phase:  # the RAM limit becomes a variable to push down (see _peak_phase)
+            top = capacity + sum(ram_demands)
+            self.peak = m.NewIntVar(capacity, top, "peak")
+            m.AddCumulative(ram_intervals, ram_demands, self.peak)
+        else:
+            m.AddCumulative(ram_intervals, ram_demands, capacity)
+
+        # every compute of w finds each input in exactly one residency that covers it
+        self.cover = {}
+        for w in range(n):
+            for jw in range(limits[w]):
+                computed, at = self.c[w, jw], self.start[w, jw]
+                for u in p.deps[w]:
+                    choices = []
+                    for ju in range(limits[u]):
+                        y = m.NewBoolVar(f"y{w}_{jw}_{u}_{ju}")
+                        if ju:
+                            m.AddImplication(y, self.x[u, ju])
+                        m.Add(self.start[u, ju] <= at - 1).OnlyEnforceIf(y)
+                        m.Add(self.end[u, ju] >= at).OnlyEnforceIf(y)
+                        self.cover[w, jw, u, ju] = y
+                        choices.append(y)
+                    m.Add(sum(choices) == computed)
+
+        for z in tiers:
+            capacity_bytes = p.costs.tiers[z].capacity_bytes
+            if capacity_bytes is not None:
+                held = []
+                for v in range(n):
+                    h = m.NewBoolVar(f"h{v}_{z}")
+                    for j in range(limits[v]):
+                        m.AddImplication(self.out[v, j, z], h)
+                    held.append((h, p.sizes[v]))
+                scale = memory_scale([s for _, s in held], capacity_bytes)
+                m.Add(sum(scale.up(s) * h for h, s in held) <= scale.down(capacity_bytes))
+
+        self._objective_and_deadline()
+
+    def _events(self):
+        """(literal, seconds, objective cost, is paging) of every optional event."""
+        p, costs = self.p, self.p.costs
+        energy = p.objective == "energy"
+        per_second = costs.static_w if energy else 1.0  # time costs itself, or static power
+
+        def cost(seconds: float, joules: float) -> float:
+            return seconds * per_second + (joules if energy else 0.0)
+
+        for (v, j), c in self.c.items():
+            if j:
+                yield c, costs.time_s[v], cost(costs.time_s[v], costs.energy_j[v]), False
+        for (v, j, z), lit in self.pin.items():
+            tier = costs.tiers[z]
+            yield lit, tier.in_time_s[v], cost(tier.in_time_s[v], tier.in_energy_j[v]), True
+        for (v, j, z), lit in self.out.items():
+            tier = costs.tiers[z]
+            yield lit, tier.out_time_s[v], cost(tier.out_time_s[v], tier.out_energy_j[v]), True
+
+    def _objective_and_deadline(self) -> None:
+        p, costs, m = self.p, self.p.costs, self.model
+        events = list(self._events())
+        if p.objective == "time":
+            self.constant = p.plain_time
+        else:
+            self.constant = sum(costs.energy_j) + costs.static_w * p.plain_time
+        self.cost = cost_scale([cost for _, _, cost, _ in events], self.constant)
+        m.Minimize(sum(self.cost.down(cost) * lit for lit, _, cost, _ in events if cost))
+        deadline = p.deadline_s()
+        self.time = None
+        if deadline is not None:
+            counted = [(lit, t) for lit, t, _, paging in events
+                       if t and (not paging or p.paging_time == "counted")]
+            slack = deadline - p.plain_time
+            self.time = cost_scale([t for _, t in counted], max(p.plain_time, slack))
+            m.Add(sum(self.time.up(t) * lit for lit, t in counted)
+                  <= max(-1, self.time.down(slack * (1 + 1e-12))))
+
+    def to_units(self, scaled: float) -> float:
+        return scaled * self.cost.unit + self.constant
+
+    def scaling(self) -> dict:
+        out = {"memory": self.mem.describe(), "objective": self.cost.describe()}
+        if self.time is not None:
+            out["deadline"] = self.time.describe()
+        return out
+
+    def add_hint(self, runs: list[list[Residency]]) -> None:
+        m, p, line = self.model, self.p, self.line
+        for v in range(p.n):
+            for j in range(self.limits[v]):
+                present = j < len(runs[v])
+                if j:
+                    m.AddHint(self.x[v, j], present)
+                r = runs[v][j] if present else None
+                if r is None:
+                    continue
+                if j:
+                    m.AddHint(self.start[v, j], r.start)
+                    m.AddHint(self.stage[v, j], line.stage(r.start))
+                    m.AddHint(self.c[v, j], r.opener == COMPUTE)
+                    for z in p.tiers:
+                        m.AddHint(self.pin[v, j, z], r.opener == z)
+                m.AddHint(self.end[v, j], r.end)
+                for z in p.tiers:
+                    m.AddHint(self.out[v, j, z], r.page_out == z)
+                if r.page_out is not None:
+                    m.AddHint(self.out_stage[v, j], line.stage(r.end))
+        for (w, jw, u, ju), y in self.cover.items():
+            if jw < len(runs[w]) and ju < len(runs[u]) and runs[w][jw].opener == COMPUTE:
+                at, r = runs[w][jw].start, runs[u][ju]
+                m.AddHint(y, r.start < at <= r.end)
+            else:
+                m.AddHint(y, False)
+
+    def residencies(self, solver) -> list[list[Residency]]:
+        p, value = self.p, solver.Value
+        runs: list[list[Residency]] = [[] for _ in range(p.n)]
+        for v in range(p.n):
+            for j in range(self.limits[v]):
+                if not value(self.x[v, j]):
+                    continue
+                opener = COMPUTE
+                for z in p.tiers:
+                    if j and value(self.pin[v, j, z]):
+                        opener = z
+                page_out = next((z for z in p.tiers if value(self.out[v, j, z])), None)
+                runs[v].append(Residency(value(self.start[v, j]), value(self.end[v, j]), opener,
+                                         page_out))
+        return runs
+
+
+def print_progress(seconds: float, objective: float, bound: float) -> None:
+    """One status line on a terminal, rewritten in place as the solver improves."""
+    gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / abs(objective))
+    sys.stderr.write(f"\r  cp-sat {seconds:7.1f} s   best {objective:.6g}   bound {bound:.6g}"
+                     f"   gap {100 * gap:6.2f}%   ")
+    sys.stderr.flush()

@@ -1,0 +1,62 @@
+"""`edge-remat plan --sweep 0.3:1.0:0.1`: the cost of training against the memory budget.
+
+Budgets are solved from the smallest up, each hinted with the plan found just below it (a plan
+that fits a budget fits every larger one), so each solve starts from a schedule that is already
+good and spends its time improving it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .planner.problem import InfeasibleBudget, Problem
+from .planner.solve import NoPlan, SolveReport, solve
+from .units import UnitError
+
+
+@dataclass
+class SweepPoint:
+    fraction: float
+    budget_bytes: int | None
+    status: str  # a plan status, or "infeasible" | "no plan"
+    report: SolveReport | None = None
+    message: str = ""
+
+
+def parse_sweep(text: str) -> list[float]:
+    """'0.3:1.0:0.1' -> [0.3, 0.4, ..., 1.0] (fractions of the plain peak; stop included)."""
+    parts = text.replace("%", "").split(":")
+    try:
+        start, stop, step = (float(x) for x in parts)
+    except ValueError:
+        raise UnitError(f"cannot read sweep {text!r}: use START:STOP:STEP, e.g. 0.3:1.0:0.1")\
+            from None
+    if "%" in text:
+        start, stop, step = start / 100, stop / 100, step / 100
+    if not (0 < start <= stop and step > 0):
+        raise UnitError(f"sweep {text!r} needs 0 < START <= STOP and STEP > 0")
+    count = int(round((stop - start) / step + 1e-9)) + 1
+    return [round(start + k * step, 10) for k in range(count) if start + k * step <= stop + 1e-9]
+
+
+def run_sweep(make_problem: Callable[[float], Problem], fractions: list[float], solver: str,
+              time_limit: float, backend: str, workers: int | None) -> list[SweepPoint]:
+    points, hint = [], None
+    for fraction in sorted(fractions):
+        problem = None
+        try:
+            problem = make_problem(fraction)
+            report = solve(problem, solver, time_limit, backend, workers, hint=hint)
+        except InfeasibleBudget as exc:
+            points.append(SweepPoint(fraction, problem.budget_bytes if problem else None,
+                                     "infeasible", message=str(exc)))
+            continue
+        except NoPlan as exc:
+            points.append(SweepPoint(fraction, problem.budget_bytes, "no plan",
+                                     message=str(exc)))
+            continue
+        hint = report.decisions
+        points.append(SweepPoint(fraction, problem.budget_bytes, report.plan.solver["status"],
+                                 report))
+    return points
