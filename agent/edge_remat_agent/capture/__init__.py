@@ -1,0 +1,81 @@
+"""Capture a model's real training graph and coarsen it into planner nodes.
+
+Modules, one job each:
+    models.py     where a model comes from: zoo name or MODULE:FACTORY
+    trace.py      the joint forward + backward ATen graph (AOTAutograd), with what each input and
+                  output means (parameter, buffer, batch, gradient, buffer update, loss)
+    storage.py    which values share a storage (views cost nothing)
+    coarsen.py    ATen nodes -> groups: a layer's forward, its backward, the loss
+    assemble.py   groups -> planner `Graph` nodes (sizes per storage, workspace, dependencies)
+    estimate.py   FLOP/bytes cost estimate (`cost_source: "estimate"` until a profile replaces it)
+    optimizer.py  fixed memory (parameters, gradients, optimizer state) and the update node
+    pipeline.py   capture_model / capture_module / recapture
+    replay.py     StepRunner: runs planner nodes through their ATen nodes (the executor's reference)
+    measure.py    what eager PyTorch saves for backward (saved_tensors_hooks), to check against
+
+This package imports torch lazily: `from edge_remat_agent.capture import CaptureError` is cheap.
+
+Contract for the executor
+-------------------------
+Rebuilding the captured graph on the board. A graph made by `edge-remat graph` records in
+`graph.capture`: `source` (`model`: zoo name or MODULE:FACTORY; `batch`, `image`, `seq`,
+`seed`), `optimizer`, `max_nodes`, `level`, `torch` (version) and `signature` (below). Call
+`recapture(graph)`: it rebuilds the model with the same seed, traces it again and checks that the
+new graph has the same fingerprint (capture is deterministic: node names come from the trace,
+costs are pure functions of shapes). It returns a `Captured` whose `trace.graph_module` is the
+joint FX graph and `trace.node(name)` finds any captured node by name. A different torch version
+or model code gives a different fingerprint, and recapture refuses. A MODULE:FACTORY source must
+be importable on the board under the same name (a file path is relative to the working directory).
+
+Binding the graph's inputs (`graph.capture["signature"]`, also on `Captured.trace`):
+    params        placeholder -> parameter name (module.named_parameters(remove_duplicate=False))
+    buffers       placeholder -> buffer name
+    user_inputs   placeholder -> index into the example arguments (the batch)
+    tangent       placeholder fed with ones of the loss's shape (d loss / d loss)
+    loss          the value holding the loss
+    grads         value -> parameter name: write it to param.grad (assign, not accumulate)
+    buffer_updates value -> buffer name: copy into the buffer once per step
+`replay.bind_inputs` does this.
+
+Each planner node (`graph.nodes`) carries in `attrs`:
+    members   the captured FX node names it stands for, in execution order; run each as
+              `node.target(*args, **kwargs)` with its arguments looked up by name (under
+              torch.no_grad()). Empty for the update node.
+    replays   views this node re-derives before its members (views of parameters, or of another
+              node's output): free, listed so that the node depends only on the owner of the
+              storage behind a view, never on the node that happened to take the view.
+    reads     value -> id of the planner node that produced it: what must be resident when this
+              node runs. The ids are exactly `node.inputs`.
+    outputs   the values this node produces that other nodes read: what `free` / `page_out` /
+              `page_in` act on; `out_bytes` is their storage bytes. Every other value a node
+              computes can be dropped as soon as the node is done.
+    grads / buffer_updates / loss   as in the signature, for the values this node produces.
+    random    true when members draw random numbers (dropout). Save the CPU generator state
+              (torch.get_rng_state()) before the node's first run; on every recompute set it
+              back, run, and restore the generator afterwards. Masks are then identical, and
+              the first runs, which happen in graph order, draw exactly what eager PyTorch draws.
+    scope     the module path the node comes from; flops / bytes_moved: the estimate's inputs.
+    optimizer (update node only) "sgd" or "adamw": run the optimizer step over all trainable
+              parameters (foreach=False, so its temporaries stay one parameter large, as
+              `workspace_bytes` assumes).
+Batch-norm running statistics are functionalized: the node that computes them returns new values
+(`buffer_updates`) instead of mutating buffers, so recomputing it is pure; apply the values from
+the first run only (StepRunner does). Dropout is captured as eager runs it on this machine (on
+CPU: `bernoulli` noise, scaled, multiplied in), so memory and random draws match eager.
+
+Graph-level: `fixed_bytes` = parameters + gradients + optimizer state + buffers + the batch
+(`capture["fixed"]` breaks it down); `capture["saved_bytes"]` = bytes of forward outputs that
+backward reads (what the plain schedule holds after the loss); `capture["captured_nodes"]` ATen
+nodes became `capture["planner_nodes"]` planner nodes.
+"""
+
+from .errors import CaptureError
+
+__all__ = ["CaptureError", "Captured", "capture_model", "capture_module", "recapture"]
+
+
+def __getattr__(name):  # torch-heavy parts load on first use
+    if name in ("Captured", "capture_model", "capture_module", "recapture"):
+        from . import pipeline
+        return getattr(pipeline, name)
+    raise AttributeError(name)

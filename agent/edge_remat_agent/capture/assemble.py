@@ -1,0 +1,219 @@
+"""From captured groups to the planner's graph: sizes per storage, dependencies, workspace, costs.
+
+For each group (planner node):
+  - a value it reads from another group is followed through views back to the value that owns
+    the storage: the group depends on (`reads`) that owner's group and re-derives the views
+    itself (`replays`, free). So a node never depends on a group that merely took a view, and a
+    view of a parameter creates no dependency at all.
+  - `outputs`: values other groups read; `out_bytes` counts their storages once.
+  - `workspace_bytes`: the peak of the group's own transient storages beyond `out_bytes`,
+    replayed op by op, so grouping never hides a memory peak.
+  - storages of parameters, buffers, the batch and parameter gradients are fixed memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import operator
+
+import torch
+from torch import fx, nn
+
+from ..formats import Graph, Node
+from .coarsen import Group, op_name
+from .estimate import DEFAULT_RATES, Rates, op_cost, round_time
+from .optimizer import Optimizer, fixed_memory, largest_trainable_bytes, trainable_elements
+from .storage import Storage, aliased_input, storages
+from .trace import JointTrace
+
+# Ops that draw random numbers: their groups must replay the RNG state when recomputed.
+_RANDOM_OPS = {"native_dropout", "bernoulli", "rand", "rand_like", "randn", "randn_like",
+               "randint", "randint_like", "randperm", "normal", "uniform", "exponential",
+               "multinomial", "poisson", "rrelu_with_noise", "_fused_dropout"}
+
+
+def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_args,
+             optimizer: Optimizer, rates: Rates = DEFAULT_RATES) -> tuple[Graph, dict]:
+    """The planner graph, and figures for reports (saved bytes, fixed-memory breakdown)."""
+    store = storages(trace.graph_module)
+    group_of = {name: i for i, g in enumerate(groups) for name in g.members}
+    fixed_roots = {s.root for name, s in store.items() if trace.node(name).op == "placeholder"}
+    fixed_roots |= {store[name].root for name in trace.grads if name in store}
+    links = [_links(i, g, trace, group_of) for i, g in enumerate(groups)]
+    read_by_others = {name for _, reads, _ in links for name in reads}
+    nodes = []
+    for i, group in enumerate(groups):
+        outputs = [name for name in group.members if name in read_by_others]
+        nodes.append(_planner_node(i, group, links[i], outputs, trace, store, fixed_roots, rates))
+    _name_uniquely(nodes)
+    fixed = fixed_memory(module, example_args, optimizer)
+    nodes.append(_update_node(len(nodes), module, optimizer, fixed["gradients"], rates))
+    saved = saved_bytes(nodes)
+    graph = Graph(nodes=nodes, name=trace.model, fixed_bytes=fixed["total"],
+                  batch=_batch(example_args), dtype=_dtype(module), cost_source="estimate")
+    return graph, {"saved_bytes": saved, "fixed": fixed}
+
+
+def saved_bytes(nodes: list[Node]) -> int:
+    """Activation bytes the backward pass reads from forward and loss nodes: what the plain
+    schedule holds when the loss is done."""
+    backward = [n for n in nodes if n.kind == "backward"]
+    read = {dep for n in backward for dep in n.inputs}
+    return sum(n.out_bytes for n in nodes if n.kind in ("forward", "loss") and n.id in read)
+
+
+def _links(index: int, group: Group, trace: JointTrace, group_of: dict[str, int]
+           ) -> tuple[set[int], dict[str, int], list[str]]:
+    """What a group reads from others: planner inputs, values read (-> producer), views replayed."""
+    member_set = set(group.members)
+    inputs: set[int] = set()
+    reads: dict[str, int] = {}
+    replays: list[str] = []
+    for name in group.members:
+        for dep in trace.node(name).all_input_nodes:
+            if group_of.get(dep.name, index) == index:
+                continue  # our own value, or a placeholder the executor binds
+            # A view is free to re-derive: depend on the group that owns the storage behind it,
+            # not on the group that happened to take the view.
+            chain, base = _view_chain(dep)
+            replays += [n for n in chain if n not in replays and n not in member_set]
+            producer = group_of.get(base.name)
+            if producer is not None and producer != index:
+                inputs.add(producer)
+                reads[base.name] = producer
+    return inputs, reads, replays
+
+
+def _planner_node(index: int, group: Group, links, outputs: list[str], trace: JointTrace,
+                  store: dict[str, Storage], fixed_roots: set[str], rates: Rates) -> Node:
+    inputs, reads, replays = links
+    members = [trace.node(name) for name in group.members]
+    member_set = set(group.members)
+    own_out_roots = {store[name].root for name in outputs
+                     if name in store and store[name].root in member_set
+                     and store[name].root not in fixed_roots}
+    out_bytes = sum(store[root].nbytes for root in own_out_roots)
+    peak = _transient_peak(members, store, member_set, own_out_roots, fixed_roots)
+    costs = [op_cost(n, n.name in store and store[n.name].root != n.name, rates) for n in members]
+    attrs = {
+        "members": list(group.members),
+        "outputs": outputs,
+        "reads": reads,
+        "replays": replays,
+        "scope": group.scope,
+        "flops": sum(c.flops for c in costs),
+        "bytes_moved": sum(c.bytes_moved for c in costs),
+    }
+    grads = {n.name: trace.grads[n.name] for n in members if n.name in trace.grads}
+    updates = {n.name: trace.buffer_updates[n.name] for n in members
+               if n.name in trace.buffer_updates}
+    if grads:
+        attrs["grads"] = grads
+    if updates:
+        attrs["buffer_updates"] = updates
+    if trace.loss in member_set:
+        attrs["loss"] = trace.loss
+    if any(op_name(n) in _RANDOM_OPS for n in members):
+        attrs["random"] = True
+    main = _main_op(members, costs)
+    name = (group.scope or "model") if group.kind == "forward" else \
+        "loss" if group.kind == "loss" else f"{group.scope or 'loss'}.backward"
+    return Node(id=index, name=name, kind=group.kind, op=main, inputs=sorted(inputs),
+                out_bytes=out_bytes, workspace_bytes=max(0, peak - out_bytes),
+                time_s=round_time(sum(c.time_s for c in costs)),
+                signature=f"{main}:{_structure_hash(members)}", attrs=attrs)
+
+
+def _view_chain(node: fx.Node) -> tuple[list[str], fx.Node]:
+    """The view ops leading to `node` from the value that owns its storage, and that value."""
+    chain = []
+    while (base := aliased_input(node)) is not None:
+        chain.append(node.name)
+        if node.target is operator.getitem:  # a view op with several results: replay the op too
+            chain.append(node.args[0].name)
+        node = base
+    return chain[::-1], node
+
+
+def _transient_peak(members: list[fx.Node], store: dict[str, Storage], member_set: set[str],
+                    keep: set[str], fixed_roots: set[str]) -> int:
+    """Peak bytes of storages this group allocates, replaying its ops in order."""
+    position = {n.name: k for k, n in enumerate(members)}
+    last_use: dict[str, int] = {}
+    for k, node in enumerate(members):
+        s = store.get(node.name)
+        if s is not None and s.root in member_set and s.root not in fixed_roots:
+            last_use[s.root] = max(last_use.get(s.root, position[s.root]), k)
+        for dep in node.all_input_nodes:
+            s = store.get(dep.name)
+            if s is not None and s.root in member_set and s.root not in fixed_roots:
+                last_use[s.root] = max(last_use.get(s.root, k), k)
+    live, peak = 0, 0
+    frees: dict[int, int] = {}
+    for root, end in last_use.items():
+        if root not in keep:
+            frees[end] = frees.get(end, 0) + store[root].nbytes
+    for k, node in enumerate(members):
+        if node.name in last_use:  # allocates a new storage
+            live += store[node.name].nbytes
+        peak = max(peak, live)
+        live -= frees.get(k, 0)
+    return peak
+
+
+def _update_node(index: int, module: nn.Module, optimizer: Optimizer, trainable_bytes: int,
+                 rates: Rates) -> Node:
+    elements = trainable_elements(module)
+    flops = optimizer.flops_per_element * elements
+    moved = optimizer.tensors_moved * trainable_bytes
+    time = max(flops / rates.flops_per_s, moved / rates.bytes_per_s) + rates.op_overhead_s
+    return Node(id=index, name="optimizer.step", kind="update", op=f"{optimizer.name}_step",
+                inputs=[], out_bytes=0,
+                workspace_bytes=optimizer.temp_copies * largest_trainable_bytes(module),
+                time_s=round_time(time), signature=f"{optimizer.name}_step:{elements}",
+                attrs={"members": [], "outputs": [], "optimizer": optimizer.name,
+                       "flops": flops, "bytes_moved": moved})
+
+
+def _main_op(members: list[fx.Node], costs) -> str:
+    best = max(range(len(members)), key=lambda k: (costs[k].flops, -k), default=None)
+    return op_name(members[best]) if best is not None else "none"
+
+
+def _structure_hash(members: list[fx.Node]) -> str:
+    """Same ops on the same shapes give the same hash, whatever the node names."""
+    local = {n.name: k for k, n in enumerate(members)}
+
+    def describe(a):
+        if isinstance(a, fx.Node):
+            if a.name in local:
+                return f"%{local[a.name]}"
+            v = a.meta.get("val")
+            return f"{tuple(v.shape)}:{v.dtype}" if isinstance(v, torch.Tensor) else "?"
+        return repr(a)
+
+    rows = [[op_name(n), str(fx.node.map_aggregate(n.args, describe)),
+             str(fx.node.map_aggregate(dict(n.kwargs), describe))] for n in members]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:12]
+
+
+def _name_uniquely(nodes: list[Node]) -> None:
+    seen: dict[str, int] = {}
+    for node in nodes:
+        seen[node.name] = seen.get(node.name, 0) + 1
+        if seen[node.name] > 1:
+            node.name = f"{node.name}#{seen[node.name]}"
+
+
+def _batch(example_args) -> int | None:
+    first = next((a for a in example_args if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+    return int(first.shape[0]) if first is not None else None
+
+
+def _dtype(module: nn.Module) -> str | None:
+    counts: dict[str, int] = {}
+    for p in module.parameters():
+        key = str(p.dtype).replace("torch.", "")
+        counts[key] = counts.get(key, 0) + p.numel()
+    return max(counts, key=counts.get) if counts else None

@@ -1,0 +1,92 @@
+"""Where models come from: the zoo by name, or the user's own code as MODULE:FACTORY.
+
+The whole contract for bringing your own model: `FACTORY()` returns `(module, example_args)` and
+`module(*example_args)` returns the scalar training loss. MODULE is an importable module name
+(`my_pkg.models`) or a path to a Python file (`examples/my_model.py`). A factory that takes
+parameters named `batch`, `image`, `seq` or `seed` receives the command line's values for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CaptureError
+
+FACTORY_OPTIONS = ("batch", "image", "seq", "seed")
+
+
+def load_model(spec: str, batch: int | None = None, image: int | None = None,
+               seq: int | None = None, seed: int = 0) -> tuple[torch.nn.Module, tuple]:
+    """Build `(module, example_args)` for a zoo name or a MODULE:FACTORY spec."""
+    if ":" not in spec:
+        return _from_zoo(spec, batch, image, seq, seed)
+    module_part, _, factory_name = spec.rpartition(":")
+    factory = getattr(_import(module_part, spec), factory_name, None)
+    if factory is None or not callable(factory):
+        raise CaptureError(spec, f"{module_part} has no callable named {factory_name!r}")
+    given = {"batch": batch, "image": image, "seq": seq, "seed": seed}
+    try:
+        accepted = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        accepted = {}
+    kwargs = {k: v for k, v in given.items() if k in accepted and v is not None}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # the same initial weights on the host and on the board
+        result = factory(**kwargs)
+    return _check_result(spec, result)
+
+
+def _from_zoo(name, batch, image, seq, seed):
+    from ..zoo import MODELS, ZooError, build
+    if name not in MODELS:
+        raise CaptureError(name, "not a zoo model and not MODULE:FACTORY; zoo models: "
+                           + ", ".join(sorted(MODELS)))
+    try:
+        return build(name, batch=batch, image=image, seq=seq, seed=seed)
+    except ZooError as exc:
+        raise CaptureError(name, str(exc)) from exc
+
+
+def _import(module_part: str, spec: str):
+    path = Path(module_part)
+    if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
+        if not path.is_file():
+            raise CaptureError(spec, f"no such file: {module_part}")
+        name = "edge_remat_user_" + path.stem
+        loader = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[name] = module  # dataclasses and pickling look modules up by name
+        loader.loader.exec_module(module)
+        return module
+    sys.path.insert(0, os.getcwd())  # `python -m`-like: the current directory is importable
+    try:
+        return importlib.import_module(module_part)
+    except ImportError as exc:
+        raise CaptureError(spec, f"cannot import {module_part}: {exc}") from exc
+    finally:
+        sys.path.remove(os.getcwd())
+
+
+def _check_result(spec: str, result: Any) -> tuple[torch.nn.Module, tuple]:
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise CaptureError(spec, "the factory must return (module, example_args), got "
+                           f"{type(result).__name__}")
+    module, args = result
+    if not isinstance(module, torch.nn.Module):
+        raise CaptureError(spec, f"the factory returned {type(module).__name__} where a "
+                           "torch.nn.Module was expected")
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    if not isinstance(args, (tuple, list)):
+        raise CaptureError(spec, "example_args must be a tuple of the forward's arguments, got "
+                           f"{type(args).__name__}")
+    return module, tuple(args)
+

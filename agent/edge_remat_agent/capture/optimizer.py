@@ -1,0 +1,88 @@
+"""Fixed memory of a training step and the optimizer's update node.
+
+Fixed memory is resident for the whole step whatever the schedule: parameters, their gradients,
+the optimizer's state (SGD momentum: one copy of the trainable parameters; AdamW: two), buffers
+(batch-norm running statistics) and the example batch itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .errors import CaptureError
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    name: str
+    state_copies: int  # optimizer state, in copies of the trainable parameters
+    temp_copies: int  # temporaries of one parameter's size while it is updated (foreach off)
+    flops_per_element: int
+    tensors_moved: int  # parameter-sized tensors read or written per update
+
+
+OPTIMIZERS = {
+    # buf = momentum * buf + grad; param -= lr * buf
+    "sgd": Optimizer("sgd", state_copies=1, temp_copies=0, flops_per_element=4, tensors_moved=5),
+    # m, v moments; denom = sqrt(v) / bias_correction + eps is one temporary
+    "adamw": Optimizer("adamw", state_copies=2, temp_copies=1, flops_per_element=12,
+                       tensors_moved=9),
+}
+
+
+def optimizer_named(name: str, model: str) -> Optimizer:
+    if name not in OPTIMIZERS:
+        raise CaptureError(model, f"unknown optimizer {name!r}; choose one of "
+                           f"{', '.join(sorted(OPTIMIZERS))}")
+    return OPTIMIZERS[name]
+
+
+def fixed_memory(module: nn.Module, example_args, optimizer: Optimizer) -> dict[str, int]:
+    """Bytes resident for the whole step, by kind (tied weights counted once)."""
+    params = _unique(module.parameters())
+    trainable = _unique(p for p in module.parameters() if p.requires_grad)
+    out = {
+        "parameters": sum(_bytes(p) for p in params),
+        "gradients": sum(_bytes(p) for p in trainable),
+        "optimizer_state": optimizer.state_copies * sum(_bytes(p) for p in trainable),
+        "buffers": sum(_bytes(b) for b in _unique(module.buffers())),
+        "inputs": sum(_bytes(t) for t in _unique(_tensors(example_args))),
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def largest_trainable_bytes(module: nn.Module) -> int:
+    return max((_bytes(p) for p in module.parameters() if p.requires_grad), default=0)
+
+
+def trainable_elements(module: nn.Module) -> int:
+    return sum(p.numel() for p in _unique(p for p in module.parameters() if p.requires_grad))
+
+
+def _unique(tensors) -> list[torch.Tensor]:
+    seen, out = set(), []
+    for t in tensors:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)) \
+            if t.untyped_storage().data_ptr() else id(t)
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in _tensors(item)]
+    if isinstance(obj, dict):
+        return [t for item in obj.values() for t in _tensors(item)]
+    return []
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()

@@ -1,0 +1,272 @@
+"""Run planner nodes through their captured ATen nodes: the one engine that executes a graph.
+
+The executor, the op profiler and the tests all run planner nodes through `StepRunner`. It keeps
+one environment of live values (name -> tensor) for one training step. Computing a planner node
+runs its `replays` (free views re-derived from live storages) and `members` in order, drops each
+intermediate value right after its last use inside the node (so that the node's memory follows
+the `workspace_bytes` the graph promises), and keeps only its `outputs`; gradients, buffer
+updates and the loss are collected on the way. Two rules make recomputation exact:
+  - a node with `random` saves the generator state before its first run and replays it on every
+    later run (then restores the generator, so later draws are not disturbed);
+  - `buffer_updates` (batch-norm running statistics) are taken from the first run only; so are
+    gradients and the loss (a recompute gives the same values, keeping one copy is enough).
+
+With a ledger (profiler.LiveTensorLedger, or anything with `register_tensor(key, tensor)` and
+`unregister(key)`), every tensor the runner holds is registered while something holds it: the
+ledger then reads the step's live tensor bytes, each node's workspace included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from ..formats import Graph, NodeId
+from .trace import JointTrace
+
+
+def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
+                device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """Placeholder values: parameters, buffers, the batch, and d(loss)/d(loss) = 1."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    buffers = dict(module.named_buffers(remove_duplicate=False))
+    env = {ph: params[name].detach() for ph, name in trace.params.items()}
+    env.update({ph: buffers[name].detach() for ph, name in trace.buffers.items()})
+    env.update({ph: example_args[i] for ph, i in trace.user_inputs.items()})
+    loss = trace.node(trace.tangent).meta["val"]
+    env[trace.tangent] = torch.ones(loss.shape, dtype=loss.dtype, device=device)
+    return env
+
+
+def rng_state(device: torch.device | None = None) -> tuple:
+    """The generators a node may draw from: the CPU's, and the accelerator's when it runs there."""
+    on_cuda = device is not None and device.type == "cuda"
+    return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if on_cuda else None)
+
+
+def set_rng_state(state: tuple, device: torch.device | None = None) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+@dataclass
+class _Program:
+    """How to run one planner node: its ops in order, and what to drop after each."""
+
+    ops: list[fx.Node]
+    drop_after: list[list[str]]  # local values whose last use is that op
+    keep: set[str]  # outputs, gradients, buffer updates, the loss: they outlive the node
+
+
+class StepRunner:
+    """One training step's forward + backward, planner node by planner node."""
+
+    def __init__(self, trace: JointTrace, graph: Graph, module: nn.Module, example_args,
+                 device: str | torch.device | None = None, ledger: Any = None):
+        self.trace, self.graph, self.ledger = trace, graph, ledger
+        self.device = torch.device(device) if device is not None else None
+        self._programs: dict[NodeId, _Program] = {}
+        self._holds: dict[str, int] = {}  # value name -> how many holders keep it alive
+        self._keys: dict[str, list[tuple]] = {}  # value name -> its ledger keys
+        self.env: dict[str, Any] = {}
+        self.start_step(module, example_args)
+
+    # -- a step's lifetime -------------------------------------------------------------------
+
+    def start_step(self, module: nn.Module, example_args) -> None:
+        """Forget the previous step's values and bind this step's parameters and batch."""
+        self.release_all()
+        self.env = bind_inputs(self.trace, module, tuple(example_args), self.device)
+        for name, value in self.env.items():
+            self._hold(name, value)
+        self.rng_states: dict[NodeId, tuple] = {}
+        self.runs: dict[NodeId, int] = {}
+        self.grads: dict[str, torch.Tensor] = {}  # parameter name -> gradient
+        self.buffer_updates: dict[str, torch.Tensor] = {}  # buffer name -> new value
+        self.loss: torch.Tensor | None = None
+        self._grad_values: dict[str, str] = {}  # parameter name -> value name holding it
+        self._update_values: dict[str, str] = {}
+        self._loss_value: str | None = None
+
+    def release_all(self) -> None:
+        """Drop every value of the step (after the optimizer has used the gradients)."""
+        for name in list(self._holds):
+            self._holds[name] = 1
+            self._release(name)
+        self.env = {}
+        self.grads, self.buffer_updates, self.loss = {}, {}, None
+
+    # -- the instructions ------------------------------------------------------------------
+
+    def compute(self, node_id: NodeId) -> None:
+        node = self.graph.node(node_id)
+        missing = [name for name in node.attrs.get("reads", {}) if name not in self.env]
+        if missing:
+            raise RuntimeError(f"node {node_id} ({node.name}) reads {missing}, which are not in "
+                               "memory: its producers were freed or never computed")
+        first = node_id not in self.runs
+        self.runs[node_id] = self.runs.get(node_id, 0) + 1
+        random = bool(node.attrs.get("random"))
+        if random and first:
+            self.rng_states[node_id] = rng_state(self.device)
+        restore = rng_state(self.device) if random and not first else None
+        if restore is not None:
+            set_rng_state(self.rng_states[node_id], self.device)
+        try:
+            local = self._run(self._program(node_id))
+        finally:
+            if restore is not None:
+                set_rng_state(restore, self.device)
+        try:
+            for name in node.attrs["outputs"]:
+                self._hold(name, local[name])
+                self.env[name] = local[name]
+            for name, param in node.attrs.get("grads", {}).items():
+                if param not in self.grads:
+                    self._hold(name, local[name])
+                    self.grads[param], self._grad_values[param] = local[name], name
+            for name, buffer in node.attrs.get("buffer_updates", {}).items():
+                if buffer not in self.buffer_updates:
+                    self._hold(name, local[name])
+                    self.buffer_updates[buffer], self._update_values[buffer] = local[name], name
+            if "loss" in node.attrs and self.loss is None:
+                self._hold(node.attrs["loss"], local[node.attrs["loss"]])
+                self.loss, self._loss_value = local[node.attrs["loss"]], node.attrs["loss"]
+        finally:
+            for name in local:  # the node's own hold on what it kept
+                self._release(name)
+
+    def free(self, node_id: NodeId) -> None:
+        for name in self.graph.node(node_id).attrs["outputs"]:
+            if self.env.pop(name, None) is not None:
+                self._release(name)
+
+    def outputs(self, node_id: NodeId) -> dict[str, torch.Tensor]:
+        return {name: self.env[name] for name in self.graph.node(node_id).attrs["outputs"]}
+
+    def restore_outputs(self, node_id: NodeId, values: dict[str, torch.Tensor]) -> None:
+        """Put a node's outputs back (paged in) without computing it."""
+        expected = self.graph.node(node_id).attrs["outputs"]
+        if sorted(values) != sorted(expected):
+            raise ValueError(f"node {node_id}: got values {sorted(values)}, its outputs are "
+                             f"{sorted(expected)}")
+        for name in expected:
+            if name in self.env:
+                raise RuntimeError(f"node {node_id}: {name} is already in memory")
+            self._hold(name, values[name])
+            self.env[name] = values[name]
+
+    def release_grads(self) -> None:
+        """The optimizer has the gradients: stop holding them (and the buffer updates, loss)."""
+        for name in list(self._grad_values.values()) + list(self._update_values.values()):
+            self._release(name)
+        if self._loss_value is not None:
+            self._release(self._loss_value)
+        self._grad_values, self._update_values, self._loss_value = {}, {}, None
+        self.grads, self.buffer_updates = {}, {}
+
+    def run_plain(self) -> None:
+        """Every node once, in order, freeing each output after its last reader."""
+        last_reader = {}
+        for node in self.graph.nodes:
+            for dep in node.inputs:
+                last_reader[dep] = node.id
+        for node in self.graph.nodes:
+            if node.kind == "update":
+                continue  # the optimizer step is the caller's
+            self.compute(node.id)
+            for dep in node.inputs:
+                if last_reader[dep] == node.id:
+                    self.free(dep)
+
+    def apply_buffer_updates(self, module: nn.Module) -> None:
+        buffers = dict(module.named_buffers(remove_duplicate=False))
+        with torch.no_grad():
+            for name, value in self.buffer_updates.items():
+                buffers[name].copy_(value)
+
+    # -- running ops -------------------------------------------------------------------------
+
+    def _program(self, node_id: NodeId) -> _Program:
+        program = self._programs.get(node_id)
+        if program is None:
+            node = self.graph.node(node_id)
+            ops = [self.trace.node(name) for name in node.attrs.get("replays", [])
+                   + node.attrs["members"]]
+            keep = set(node.attrs["outputs"]) | set(node.attrs.get("grads", {})) \
+                | set(node.attrs.get("buffer_updates", {}))
+            if "loss" in node.attrs:
+                keep.add(node.attrs["loss"])
+            position = {op.name: k for k, op in enumerate(ops)}
+            last_use = {op.name: k for k, op in enumerate(ops)}  # unused: dropped at once
+            for k, op in enumerate(ops):
+                for arg in op.all_input_nodes:
+                    if arg.name in position:
+                        last_use[arg.name] = max(last_use[arg.name], k)
+            drop_after: list[list[str]] = [[] for _ in ops]
+            for name, k in last_use.items():
+                if name not in keep:
+                    drop_after[k].append(name)
+            program = self._programs[node_id] = _Program(ops, drop_after, keep)
+        return program
+
+    def _run(self, program: _Program) -> dict[str, Any]:
+        local: dict[str, Any] = {}
+
+        def value(arg: fx.Node):
+            return local[arg.name] if arg.name in local else self.env[arg.name]
+
+        on_accelerator = self.device is not None and self.device.type != "cpu"
+        try:
+            with torch.no_grad():
+                for op, dropped in zip(program.ops, program.drop_after):
+                    args = fx.node.map_arg(op.args, value)
+                    kwargs = fx.node.map_arg(op.kwargs, value)
+                    if on_accelerator and kwargs.get("device") is not None:
+                        kwargs = {**kwargs, "device": self.device}  # factories traced on CPU
+                    result = op.target(*args, **kwargs)
+                    self._hold(op.name, result)
+                    local[op.name] = result
+                    for name in dropped:
+                        del local[name]
+                        self._release(name)
+        except BaseException:
+            for name in local:
+                self._release(name)
+            raise
+        return local
+
+    # -- who holds what (the ledger's view) --------------------------------------------------
+
+    def _hold(self, name: str, value: Any) -> None:
+        count = self._holds.get(name, 0)
+        self._holds[name] = count + 1
+        if count or self.ledger is None:
+            return
+        keys = []
+        for i, tensor in enumerate(_tensors(value)):
+            key = ("value", name, i)
+            self.ledger.register_tensor(key, tensor)
+            keys.append(key)
+        self._keys[name] = keys
+
+    def _release(self, name: str) -> None:
+        count = self._holds.get(name, 0) - 1
+        if count > 0:
+            self._holds[name] = count
+            return
+        self._holds.pop(name, None)
+        for key in self._keys.pop(name, []):
+            self.ledger.unregister(key)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    return []

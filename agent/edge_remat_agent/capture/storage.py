@@ -1,0 +1,85 @@
+"""Which captured values share memory: memory is counted per storage, not per tensor.
+
+A view (view, t, transpose, expand, detach, getitem of a view op, ...) costs nothing: it aliases the
+storage of its base. We read aliasing from each ATen op's schema (`Tensor(a) self -> Tensor(a)`),
+the same annotations functionalization relies on, so there is no list of view ops to maintain.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+# Not annotated as a view in its schema, but returns a tensor on its input's storage.
+_ALIASING_WITHOUT_ANNOTATION = {"aten::_unsafe_view"}
+
+
+@dataclass(frozen=True)
+class Storage:
+    """The storage behind one captured value: `root` is the value that allocated it."""
+
+    root: str
+    nbytes: int
+
+
+def storages(gm: fx.GraphModule) -> dict[str, Storage]:
+    """Map every tensor-valued node (placeholders included) to the storage it lives in."""
+    out: dict[str, Storage] = {}
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        base = aliased_input(node)
+        if base is not None and base.name in out:
+            out[node.name] = out[base.name]
+        else:
+            out[node.name] = Storage(node.name, storage_nbytes(val))
+    return out
+
+
+def storage_nbytes(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage().nbytes())
+    except Exception:  # some tensor subclasses have no storage: size it from shape and strides
+        if t.numel() == 0:
+            return 0
+        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+        return int((span + t.storage_offset()) * t.element_size())
+
+
+def aliased_input(node: fx.Node) -> fx.Node | None:
+    """The input node whose storage `node`'s value aliases, or None when it owns new memory."""
+    if node.op != "call_function":
+        return None
+    if node.target is operator.getitem:
+        parent, index = node.args[0], node.args[1]
+        if not isinstance(parent, fx.Node) or not isinstance(parent.target, torch._ops.OpOverload):
+            return None
+        returns = parent.target._schema.returns
+        ret = returns[index] if len(returns) > 1 else returns[0]  # a Tensor[] return: any element
+        return _argument_for(parent, ret.alias_info)
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return None
+    schema = node.target._schema
+    if schema.name in _ALIASING_WITHOUT_ANNOTATION:
+        first = node.args[0] if node.args else None
+        return first if isinstance(first, fx.Node) else None
+    if len(schema.returns) != 1:
+        return None  # tuple results are split by getitem nodes, handled above
+    return _argument_for(node, schema.returns[0].alias_info)
+
+
+def _argument_for(node: fx.Node, alias_info) -> fx.Node | None:
+    if alias_info is None:
+        return None
+    wanted = set(alias_info.before_set)
+    for position, arg in enumerate(node.target._schema.arguments):
+        info = arg.alias_info
+        if info is None or not wanted & set(info.before_set):
+            continue
+        value = node.args[position] if position < len(node.args) else node.kwargs.get(arg.name)
+        return value if isinstance(value, fx.Node) else None
+    return None

@@ -1,0 +1,241 @@
+"""Capture the joint forward + backward graph of a loss-returning module with AOTAutograd.
+
+We use `aot_export_joint_with_descriptors`: it traces forward and backward together with fake
+tensors (no real memory, no real compute), functionalizes the graph (in-place ops become
+out-of-place ops; batch-norm running-stat updates become extra outputs) and labels every input and
+output with what it is (parameter, buffer, user input, gradient, buffer update). Unlike
+`aot_export_module` it does not re-trace the joint graph, so per-node metadata survives: the
+`seq_nr` that ties a backward op to the forward op it differentiates, and the module scope that our
+forward hooks attach (copied by AOTAutograd onto the backward ops as well).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx.traceback as fx_traceback
+from torch import fx, nn
+from torch._C import DispatchKey
+
+from .errors import CaptureError
+
+SCOPE_KEY = "edge_remat_scope"  # our key inside node.meta["custom"]
+
+TOOL = "torch._functorch.aot_autograd.aot_export_joint_with_descriptors"
+
+# Tracing touches process-wide state (fx metadata, the dropout override): one trace at a time.
+_TRACE_LOCK = threading.Lock()
+
+
+@dataclass
+class JointTrace:
+    """The captured joint graph and what its inputs and outputs mean.
+
+    Placeholders are bound by the caller: `params` / `buffers` map placeholder names to the module's
+    parameter / buffer names, `user_inputs` to positions in the example arguments, and `tangent` is
+    d(loss)/d(loss), fed with ones. `grads`, `buffer_updates` and `loss` name the values the step
+    produces for the outside world.
+    """
+
+    model: str
+    graph_module: fx.GraphModule
+    params: dict[str, str]
+    buffers: dict[str, str]
+    user_inputs: dict[str, int]
+    tangent: str
+    loss: str
+    grads: dict[str, str]  # value name -> parameter name
+    buffer_updates: dict[str, str]  # value name -> buffer name
+    input_updates: dict[str, int] = field(default_factory=dict)  # value name -> user input index
+    capture_s: float = 0.0
+    _by_name: dict[str, fx.Node] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def compute_nodes(self) -> list[fx.Node]:
+        return [n for n in self.graph_module.graph.nodes if n.op == "call_function"]
+
+    def node(self, name: str) -> fx.Node:
+        if not self._by_name:
+            self._by_name = {n.name: n for n in self.graph_module.graph.nodes}
+        return self._by_name[name]
+
+    def signature(self) -> dict[str, Any]:
+        """The calling convention, for the graph file (the executor checks it after re-capture)."""
+        return {"params": self.params, "buffers": self.buffers, "user_inputs": self.user_inputs,
+                "tangent": self.tangent, "loss": self.loss, "grads": self.grads,
+                "buffer_updates": self.buffer_updates, "input_updates": self.input_updates}
+
+
+def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTrace:
+    """Trace `module(*example_args)` (the scalar training loss) and its backward, once."""
+    if not isinstance(module, nn.Module):
+        raise CaptureError(model, f"expected a torch.nn.Module, got {type(module).__name__}")
+    if isinstance(example_args, torch.Tensor):
+        example_args = (example_args,)
+    if not isinstance(example_args, (tuple, list)):
+        raise CaptureError(model, "example_args must be a tuple of the forward's arguments, got "
+                           f"{type(example_args).__name__}")
+    scopes: list[str] = []
+    start = time.perf_counter()
+    with _TRACE_LOCK, _eager_dropout(), fx_traceback.preserve_node_meta(), \
+            _scope_hooks(module, scopes), contextlib.ExitStack() as stack:
+        handle = module.register_forward_hook(_loss_check(model))
+        try:
+            joint = _export(stack, module, tuple(example_args), model, scopes)
+        finally:
+            handle.remove()
+    trace = _from_descriptors(model, joint.graph_module)
+    trace.capture_s = time.perf_counter() - start
+    return trace
+
+
+def _export(stack, module, args, model, scopes):
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+    try:
+        return aot_export_joint_with_descriptors(stack, module, args)
+    except CaptureError:
+        raise
+    except Exception as exc:  # anything torch cannot trace: say which op and where
+        raise _explain(exc, model, scopes) from exc
+
+
+def _explain(exc: Exception, model: str, scopes: list[str]) -> CaptureError:
+    from torch._subclasses import fake_tensor as ft
+    func = getattr(exc, "func", None)
+    op = str(func) if func is not None else None
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, ft.DataDependentOutputException):
+        problem = ("it reads a tensor's value in Python (.item(), bool(), if/while on a tensor), "
+                   "which a static training graph cannot capture")
+    elif isinstance(exc, ft.DynamicOutputShapeException):
+        problem = "its output shape depends on tensor values (e.g. nonzero, boolean masking)"
+    elif isinstance(exc, ft.UnsupportedOperatorException):
+        problem = "it has no fake-tensor (meta) implementation, so it cannot be traced"
+    else:
+        problem = f"{type(exc).__name__}: {message}"
+        if op is None:
+            op = _op_from_message(message)
+    return CaptureError(model, problem, op, scopes[-1] if scopes else None)
+
+
+def _op_from_message(message: str) -> str | None:
+    # e.g. ".numpy() is not supported for tensor subclasses."
+    first = message.split()[0] if message.split() else ""
+    return first if first.endswith("()") else None
+
+
+def _loss_check(model: str):
+    def check(_module, _args, out):
+        if not isinstance(out, torch.Tensor):
+            raise CaptureError(model, "the forward must return the scalar training loss (a "
+                               f"tensor), it returned {type(out).__name__}")
+        if out.numel() != 1 or out.dim() > 1:
+            raise CaptureError(model, "the forward must return the scalar training loss, it "
+                               f"returned a tensor of shape {tuple(out.shape)}")
+        if not out.is_floating_point():
+            raise CaptureError(model, f"the loss must be a floating-point scalar, got {out.dtype}")
+        if not out.requires_grad:
+            raise CaptureError(model, "the loss does not depend on any trainable parameter")
+    return check
+
+
+@contextlib.contextmanager
+def _eager_dropout():
+    """Trace dropout as eager PyTorch runs it on this machine.
+
+    While tracing, PyTorch's Python dispatcher replaces `aten.dropout` with `native_dropout`
+    (which keeps a 1-byte mask). Eager CPU runs the C++ composite instead: a float noise tensor
+    from `bernoulli_`, scaled, multiplied in, and kept for backward (4 bytes per element); on
+    CUDA the C++ composite itself picks `native_dropout`. Setting the Python override aside for
+    the trace gives the graph eager's ops, memory and random-number draws.
+    """
+    op = torch.ops.aten.dropout.default
+    saved = {key: op.py_kernels.pop(key) for key in list(op.py_kernels)
+             if key in (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)}
+    getattr(op, "_dispatch_cache", {}).clear()
+    try:
+        yield
+    finally:
+        op.py_kernels.update(saved)
+        getattr(op, "_dispatch_cache", {}).clear()
+
+
+@contextlib.contextmanager
+def _scope_hooks(module: nn.Module, scopes: list[str]):
+    """Label every traced op with the dotted name of the innermost module running it."""
+    saved: list[Any] = []
+
+    def enter(path):
+        def hook(_module, _args):
+            saved.append(fx_traceback.current_meta.get("custom"))
+            custom = dict(saved[-1] or {})
+            custom[SCOPE_KEY] = path
+            fx_traceback.current_meta["custom"] = custom
+            scopes.append(path)
+        return hook
+
+    def leave(_module, _args, _out):
+        previous = saved.pop()
+        scopes.pop()
+        if previous is None:
+            fx_traceback.current_meta.pop("custom", None)
+        else:
+            fx_traceback.current_meta["custom"] = previous
+
+    handles = []
+    for path, sub in module.named_modules():
+        if path:
+            handles.append(sub.register_forward_pre_hook(enter(path)))
+            handles.append(sub.register_forward_hook(leave))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _from_descriptors(model: str, gm: fx.GraphModule) -> JointTrace:
+    from torch._functorch._aot_autograd import descriptors as d
+    params, buffers, user_inputs, tangent = {}, {}, {}, None
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        desc = node.meta.get("desc")
+        if isinstance(desc, d.ParamAOTInput):
+            params[node.name] = desc.target
+        elif isinstance(desc, d.BufferAOTInput):
+            buffers[node.name] = desc.target
+        elif isinstance(desc, d.PlainAOTInput):
+            user_inputs[node.name] = desc.idx
+        elif isinstance(desc, d.TangentAOTInput):
+            tangent = node.name
+        else:
+            raise CaptureError(model, f"unexpected graph input {node.name} ({desc!r})")
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    loss, grads, buffer_updates, input_updates = None, {}, {}, {}
+    for value, desc in zip(output.args[0], output.meta.get("desc") or []):
+        if value is None or desc is None:
+            continue
+        if isinstance(desc, d.PlainAOTOutput):
+            loss = value.name
+        elif isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, d.ParamAOTInput):
+            grads[value.name] = desc.grad_of.target
+        elif isinstance(desc, d.InputMutationAOTOutput):
+            target = desc.mutated_input
+            if isinstance(target, d.BufferAOTInput):
+                buffer_updates[value.name] = target.target
+            elif isinstance(target, d.PlainAOTInput):
+                input_updates[value.name] = target.idx
+            else:
+                raise CaptureError(model, f"the forward mutates {target!r} in place, which a "
+                                   "training graph cannot express (parameters must not be "
+                                   "mutated inside forward)")
+    if loss is None or tangent is None:
+        raise CaptureError(model, "the traced graph has no loss output")
+    return JointTrace(model, gm, params, buffers, user_inputs, tangent, loss, grads,
+                      buffer_updates, input_updates)

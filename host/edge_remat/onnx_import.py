@@ -1,0 +1,286 @@
+"""Read an ONNX model's forward graph (shapes from onnx's shape inference) and add a backward.
+
+ONNX holds no backward, so the graph is for planning only (`planning_only: true`): the executor
+cannot run it. Forward ops are grouped into layers (a heavy op such as Conv or MatMul starts a
+group; the ops after it join it). The backward is the mirror image, under the usual assumptions:
+a layer's backward reads its inputs and its outputs (what conv/matmul and activations save),
+produces gradients the size of its activation inputs, recomputes what it needs inside the layer
+(its workspace) and costs twice the layer's forward. A loss node reads the model's outputs.
+Dimensions that are symbolic or unknown (the batch, usually) are set to `--batch` (default 1).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edge_remat_agent.capture.assemble import saved_bytes
+from edge_remat_agent.capture.estimate import DEFAULT_RATES, round_time
+from edge_remat_agent.capture.optimizer import OPTIMIZERS
+from edge_remat_agent.formats import FormatError, Graph, Node
+from edge_remat_agent.formats.graph import check_order
+
+HEAVY_OPS = {"Conv", "ConvTranspose", "ConvInteger", "Gemm", "MatMul", "MatMulInteger",
+             "Einsum", "Attention", "MultiHeadAttention", "LSTM", "GRU", "RNN"}
+ALIAS_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}  # no new storage
+FLOAT_TYPES = {1, 10, 11, 16}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16: trainable initializers
+
+
+@dataclass
+class _Layer:
+    ops: list = field(default_factory=list)  # onnx NodeProto, in order
+
+
+def graph_from_onnx(path: str | Path, batch: int | None = None, optimizer: str = "sgd",
+                    max_nodes: int = 200) -> Graph:
+    start = time.perf_counter()
+    source = str(path)
+    model = _load(source)
+    g = model.graph
+    sizes, shapes, assumed = _values(g, batch or 1)
+    initializers = {t.name: t for t in g.initializer}
+    ops = [n for n in g.node if n.op_type != "Constant"]
+    constants = {out for n in g.node if n.op_type == "Constant" for out in n.output}
+    if not ops:
+        raise FormatError(source, "graph.node", "at least one operator")
+    if optimizer not in OPTIMIZERS:
+        raise FormatError("command line", "--optimizer", " | ".join(sorted(OPTIMIZERS)), optimizer)
+    root = _storage_roots(ops)
+    layers = _merge_to_fit(_layers(ops), max_nodes)
+    layer_of = {out: i for i, layer in enumerate(layers) for op in layer.ops for out in op.output}
+    graph_outputs = {o.name for o in g.output}
+    missing: set[str] = set()
+
+    def nbytes(name: str) -> int:
+        if name not in sizes:
+            missing.add(name)
+        return sizes.get(name, 0)
+
+    nodes: list[Node] = []
+    forward_outs: list[set[str]] = []
+    for i, layer in enumerate(layers):
+        produced = {out for op in layer.ops for out in op.output if out}
+        read_later = {name for j, other in enumerate(layers) if j != i
+                      for op in other.ops for name in op.input if name in produced}
+        outs = read_later | (produced & graph_outputs)
+        own = {root.get(n, n) for n in outs if layer_of.get(root.get(n, n)) == i}
+        out_bytes = sum(nbytes(r) for r in own)
+        inputs = sorted({layer_of[root.get(n, n)] for op in layer.ops for n in op.input
+                         if n in layer_of and layer_of[root.get(n, n)] != i})
+        flops, moved = _layer_work(layer, sizes, shapes)
+        peak = _transient_peak(layer, root, own, nbytes)
+        nodes.append(Node(id=i, name=f"{layer.ops[0].name or layer.ops[0].op_type}",
+                          kind="forward", op=layer.ops[0].op_type, inputs=inputs,
+                          out_bytes=out_bytes, workspace_bytes=max(0, peak - out_bytes),
+                          time_s=round_time(_time(flops, moved, len(layer.ops))),
+                          signature=f"onnx:{layer.ops[0].op_type}:{flops}:{moved}",
+                          attrs={"onnx_nodes": [op.name or op.op_type for op in layer.ops],
+                                 "flops": flops, "bytes_moved": moved}))
+        forward_outs.append(own)
+    _add_loss_and_backward(nodes, layers, layer_of, root, forward_outs, graph_outputs,
+                           initializers, constants, nbytes)
+    params = sum(nbytes(t.name) for t in initializers.values())
+    trainable = sum(nbytes(t.name) for t in initializers.values() if t.data_type in FLOAT_TYPES)
+    opt = OPTIMIZERS[optimizer]
+    elements = sum(math.prod(t.dims) for t in initializers.values() if t.data_type in FLOAT_TYPES)
+    largest = max((nbytes(t.name) for t in initializers.values()
+                   if t.data_type in FLOAT_TYPES), default=0)
+    nodes.append(_update_node(len(nodes), opt, elements, largest))
+    fixed = {"parameters": params, "gradients": trainable,
+             "optimizer_state": opt.state_copies * trainable, "buffers": 0,
+             "inputs": sum(nbytes(i.name) for i in g.input if i.name not in initializers)}
+    fixed["total"] = sum(fixed.values())
+    graph = Graph(nodes=nodes, name=Path(source).stem, fixed_bytes=fixed["total"],
+                  batch=batch or 1, dtype="float32", cost_source="estimate", planning_only=True)
+    check_order(graph, source)
+    graph.capture = {
+        "tool": f"onnx {_onnx_version()} (shape inference)", "model": source,
+        "source": {"onnx": source, "batch": batch}, "optimizer": optimizer,
+        "opset": [f"{o.domain or 'ai.onnx'}:{o.version}" for o in model.opset_import],
+        "captured_nodes": len(ops), "planner_nodes": len(nodes), "max_nodes": max_nodes,
+        "assumed_dims": assumed, "unknown_shapes": sorted(missing),
+        "saved_bytes": saved_bytes(nodes), "fixed": fixed,
+        "estimate": DEFAULT_RATES.to_dict(),
+        "capture_s": round(time.perf_counter() - start, 4),
+    }
+    return graph
+
+
+def _load(source: str):
+    import onnx
+    try:
+        model = onnx.load(source)
+    except FileNotFoundError:
+        raise FormatError(source, "<file>", "an existing ONNX file") from None
+    except Exception as exc:
+        raise FormatError(source, "<file>", f"an ONNX model ({type(exc).__name__}: {exc})") from exc
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as exc:
+        raise FormatError(source, "graph", f"a model onnx's shape inference accepts ({exc})") \
+            from exc
+
+
+def _onnx_version() -> str:
+    import onnx
+    return onnx.__version__
+
+
+def _values(g, batch: int) -> tuple[dict[str, int], dict[str, list[int]], dict[str, int]]:
+    """Bytes and shape of every value with a known type; symbolic or missing dims -> `batch`."""
+    from onnx import helper
+    sizes: dict[str, int] = {}
+    shapes: dict[str, list[int]] = {}
+    assumed: dict[str, int] = {}
+    for t in g.initializer:
+        shapes[t.name] = list(t.dims)
+        sizes[t.name] = math.prod(t.dims) * _itemsize(helper, t.data_type)
+    for info in [*g.input, *g.value_info, *g.output]:
+        tt = info.type.tensor_type
+        if not tt.HasField("shape") or not tt.elem_type or info.name in sizes:
+            continue
+        dims = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(d.dim_value)
+            else:
+                assumed[d.dim_param or "?"] = batch
+                dims.append(batch)
+        shapes[info.name] = dims
+        sizes[info.name] = math.prod(dims) * _itemsize(helper, tt.elem_type)
+    return sizes, shapes, assumed
+
+
+def _itemsize(helper, elem_type: int) -> int:
+    try:
+        return helper.tensor_dtype_to_np_dtype(elem_type).itemsize
+    except Exception:
+        return 4
+
+
+def _storage_roots(ops) -> dict[str, str]:
+    """Value -> the value whose storage it shares (reshapes and friends allocate nothing)."""
+    root: dict[str, str] = {}
+    for op in ops:
+        if op.op_type in ALIAS_OPS and op.input and op.output:
+            root[op.output[0]] = root.get(op.input[0], op.input[0])
+    return root
+
+
+def _layers(ops) -> list[_Layer]:
+    layers = [_Layer()]
+    for op in ops:
+        if op.op_type in HEAVY_OPS and any(o.op_type in HEAVY_OPS for o in layers[-1].ops):
+            layers.append(_Layer())
+        layers[-1].ops.append(op)
+    return layers
+
+
+def _merge_to_fit(layers: list[_Layer], max_nodes: int) -> list[_Layer]:
+    budget = max(1, (max_nodes - 2) // 2)  # forward + backward per layer, a loss and an update
+    if len(layers) <= budget:
+        return layers
+    size = math.ceil(len(layers) / budget)
+    return [_Layer([op for layer in layers[k:k + size] for op in layer.ops])
+            for k in range(0, len(layers), size)]
+
+
+def _layer_work(layer: _Layer, sizes: dict[str, int], shapes: dict[str, list[int]]
+                ) -> tuple[int, int]:
+    """FLOPs (multiply-adds count two) and bytes read + written by a layer's ops."""
+    flops = moved = 0
+    for op in layer.ops:
+        ins = [sizes.get(n, 0) for n in op.input if n]
+        outs = [n for n in op.output if n]
+        moved += 0 if op.op_type in ALIAS_OPS else sum(ins) + sum(sizes.get(n, 0) for n in outs)
+        out_elems = sum(math.prod(shapes.get(n, [0])) for n in outs)
+        a = shapes.get(op.input[0]) if op.input else None
+        b = shapes.get(op.input[1]) if len(op.input) > 1 else None
+        if op.op_type in ("Conv", "ConvInteger") and b:
+            flops += 2 * out_elems * math.prod(b[1:])  # (input channels / groups) x kernel
+        elif op.op_type == "ConvTranspose" and a and b:
+            flops += 2 * math.prod(a) * math.prod(b[1:])  # each input x (outputs / groups) x kernel
+        elif op.op_type in ("Gemm", "MatMul", "MatMulInteger") and a:
+            trans_a = any(at.name == "transA" and at.i for at in op.attribute)
+            flops += 2 * out_elems * (a[0] if trans_a and len(a) == 2 else a[-1])
+        else:
+            flops += out_elems
+    return flops, moved
+
+
+def _time(flops: int, moved: int, n_ops: int) -> float:
+    r = DEFAULT_RATES
+    return max(flops / r.flops_per_s, moved / r.bytes_per_s) + n_ops * r.op_overhead_s
+
+
+def _transient_peak(layer: _Layer, root: dict[str, str], keep: set[str], nbytes) -> int:
+    """Peak bytes of storages the layer allocates, op by op (kept outputs stay to the end)."""
+    last_use: dict[str, int] = {}
+    allocated_at: dict[str, int] = {}
+    for k, op in enumerate(layer.ops):
+        for out in op.output:
+            if out and root.get(out, out) == out:
+                allocated_at[out] = k
+                last_use.setdefault(out, k)
+        for name in op.input:
+            r = root.get(name, name)
+            if r in allocated_at:
+                last_use[r] = k
+    live = peak = 0
+    for k in range(len(layer.ops)):
+        live += sum(nbytes(r) for r, at in allocated_at.items() if at == k)
+        peak = max(peak, live)
+        live -= sum(nbytes(r) for r, end in last_use.items() if end == k and r not in keep)
+    return peak
+
+
+def _add_loss_and_backward(nodes, layers, layer_of, root, forward_outs, graph_outputs,
+                           initializers, constants, nbytes) -> None:
+    n = len(layers)
+    out_layers = sorted({layer_of[root.get(o, o)] for o in graph_outputs
+                         if root.get(o, o) in layer_of})
+    loss_bytes = sum(nbytes(o) for o in graph_outputs)
+    loss_id = n
+    nodes.append(Node(id=loss_id, name="loss", kind="loss", op="loss (assumed)",
+                      inputs=out_layers, out_bytes=loss_bytes, workspace_bytes=0,
+                      time_s=round_time(_time(loss_bytes // 4 * 4, 2 * loss_bytes, 2)),
+                      attrs={"assumed": "a loss over the model outputs whose backward reads "
+                                        "a tensor of their size (e.g. softmax cross-entropy)"}))
+    backward_of: dict[int, int] = {}
+    consumers: dict[int, set[int]] = {i: set() for i in range(n)}
+    for j, layer in enumerate(layers):
+        for op in layer.ops:
+            for name in op.input:
+                i = layer_of.get(root.get(name, name))
+                if i is not None and i != j:
+                    consumers[i].add(j)
+    for i in reversed(range(n)):
+        layer, fwd = layers[i], nodes[i]
+        act_inputs = {root.get(name, name) for op in layer.ops for name in op.input
+                      if name and name not in initializers and name not in constants
+                      and layer_of.get(root.get(name, name)) not in (None, i)}
+        grads_in = [backward_of[j] for j in sorted(consumers[i])]
+        inputs = set(grads_in) | set(fwd.inputs) | {i}
+        if i in out_layers:
+            inputs.add(loss_id)
+        bid = len(nodes)
+        backward_of[i] = bid
+        nodes.append(Node(id=bid, name=f"{fwd.name}.backward", kind="backward",
+                          op=f"{fwd.op}_backward", inputs=sorted(inputs),
+                          out_bytes=sum(nbytes(r) for r in act_inputs),
+                          workspace_bytes=fwd.workspace_bytes,
+                          time_s=round_time(2 * fwd.time_s),
+                          signature=f"{fwd.signature}:backward",
+                          attrs={"forward": i, "flops": 2 * fwd.attrs["flops"]}))
+
+
+def _update_node(index: int, opt, elements: int, largest: int) -> Node:
+    r = DEFAULT_RATES
+    flops, moved = opt.flops_per_element * elements, opt.tensors_moved * 4 * elements
+    return Node(id=index, name="optimizer.step", kind="update", op=f"{opt.name}_step",
+                inputs=[], out_bytes=0, workspace_bytes=opt.temp_copies * largest,
+                time_s=round_time(max(flops / r.flops_per_s, moved / r.bytes_per_s)
+                                  + r.op_overhead_s),
+                attrs={"optimizer": opt.name, "flops": flops, "bytes_moved": moved})

@@ -1,0 +1,327 @@
+"""Graph capture: the joint graph of real models, checked against what eager PyTorch does.
+
+Sizes are small (32x32 images, 16-token sequences) so that the whole file runs in well under a
+minute on two cores; the structure of the models is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from edge_remat_agent.capture import CaptureError, capture_model, capture_module
+from edge_remat_agent.capture.measure import eager_saved_bytes
+from edge_remat_agent.capture.models import load_model
+from edge_remat_agent.capture.replay import StepRunner
+from edge_remat_agent.formats import load_graph, load_plan
+from edge_remat_agent.zoo import build
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = f"{ROOT / 'examples' / 'my_model.py'}:make_model"
+
+# (zoo name, build keywords) small enough for tests; bert keeps its shape, with a small vocab.
+SMALL = {"resnet18": dict(image=32), "mobilenet_v2": dict(image=32),
+         "bert-mini": dict(seq=16, vocab=512)}
+
+
+def _capture(name: str, batch: int, **kw):
+    module, args = build(name, batch=batch, **SMALL[name])
+    return capture_module(module, args, name, **kw)
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+    return _capture("resnet18", 2)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("batch", [2, 4])
+def test_saved_bytes_match_what_eager_saves_for_backward(name, batch):
+    captured = _capture(name, batch)
+    module, args = build(name, batch=batch, **SMALL[name])
+    measured = eager_saved_bytes(module, args)
+    saved = captured.graph.capture["saved_bytes"]
+    assert 0.9 * measured <= saved <= 1.1 * measured, (name, batch, saved, measured)
+
+
+def test_resnet18_coarsens_to_a_size_the_solvers_like(resnet18):
+    graph, cap = resnet18.graph, resnet18.graph.capture
+    assert 40 <= len(graph) <= 200
+    assert cap["captured_nodes"] > 2 * len(graph)
+    assert cap["captured_nodes"] == sum(len(n.attrs["members"]) for n in graph.nodes)
+    kinds = [n.kind for n in graph.nodes]
+    assert kinds.count("loss") == 1 and kinds[-1] == "update"
+    assert kinds.index("loss") < kinds.index("backward")
+
+
+def test_every_captured_node_is_in_exactly_one_planner_node(resnet18):
+    graph, trace = resnet18.graph, resnet18.trace
+    members = [m for n in graph.nodes for m in n.attrs["members"]]
+    assert sorted(members) == sorted(n.name for n in trace.compute_nodes)
+    producer = {m: n.id for n in graph.nodes for m in n.attrs["members"]}
+    for node in graph.nodes:
+        assert set(node.attrs["outputs"]) <= set(node.attrs["members"])
+        assert {producer[v] for v in node.attrs.get("reads", {})} == set(node.inputs)
+        for value, source in node.attrs.get("reads", {}).items():
+            assert value in graph.node(source).attrs["outputs"]
+
+
+def test_max_nodes_makes_groups_coarser(resnet18):
+    coarse = _capture("resnet18", 2, max_nodes=40).graph
+    assert len(coarse) <= 40 < len(resnet18.graph)
+    assert coarse.capture["captured_nodes"] == resnet18.graph.capture["captured_nodes"]
+
+
+def test_workspace_holds_what_a_group_frees_inside(resnet18):
+    # The stem's batch norm output feeds only the ReLU in the same group: a transient peak.
+    stem_bn = next(n for n in resnet18.graph.nodes if n.name == "stem.0.1")
+    assert stem_bn.workspace_bytes >= 2 * 64 * 32 * 32 * 4
+
+
+def test_views_share_their_base_storage_and_cost_nothing():
+    from edge_remat_agent.capture.storage import storages
+
+    class Views(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.fc(x)  # (4, 8): one new storage
+            z = y.view(2, 2, 8).transpose(0, 1)  # views of it: no new storage
+            return (z * z).sum()
+
+    captured = capture_module(Views(), (torch.ones(4, 8),), "views")
+    trace = captured.trace
+    store = storages(trace.graph_module)
+    forward = [n.name for n in trace.compute_nodes if n.meta.get("partitioner_tag") == "is_forward"]
+    base = next(name for name in forward if name.startswith("addmm"))
+    views = [name for name in forward if name.startswith(("view", "transpose"))]
+    assert views and all(store[name].root == base for name in views)
+    assert store[base].nbytes == 4 * 8 * 4
+    # The transposed view is what backward reads; the graph charges its base once.
+    assert captured.graph.capture["saved_bytes"] == 4 * 8 * 4
+
+
+def test_capture_is_deterministic(resnet18):
+    again = _capture("resnet18", 2).graph
+    assert again.fingerprint() == resnet18.graph.fingerprint()
+    assert [n.attrs["members"] for n in again.nodes] == \
+        [n.attrs["members"] for n in resnet18.graph.nodes]
+
+
+def test_costs_are_an_estimate_until_a_profile_replaces_them(resnet18):
+    graph = resnet18.graph
+    assert graph.cost_source == "estimate"
+    assert all(n.time_s and n.time_s > 0 for n in graph.nodes)
+    conv = next(n for n in graph.nodes if n.op == "convolution" and n.kind == "forward")
+    fc = next(n for n in graph.nodes if n.name == "fc")
+    assert conv.time_s > fc.time_s
+    assert all(n.signature for n in graph.nodes)
+
+
+def test_fixed_memory_counts_parameters_gradients_and_optimizer_state():
+    module, args = build("mlp", batch=2, image=8)
+    params = sum(p.numel() * 4 for p in module.parameters())
+    sgd = capture_module(module, args, "mlp", optimizer="sgd").graph.capture["fixed"]
+    adamw = capture_module(module, args, "mlp", optimizer="adamw").graph.capture["fixed"]
+    assert sgd["parameters"] == sgd["gradients"] == sgd["optimizer_state"] == params
+    assert adamw["optimizer_state"] == 2 * params
+    assert sgd["inputs"] == sum(a.numel() * a.element_size() for a in args)
+
+
+def test_the_graph_round_trips_through_its_file(resnet18, tmp_path):
+    path = tmp_path / "g.json"
+    resnet18.graph.save(path)
+    loaded = load_graph(path)
+    assert loaded.fingerprint() == resnet18.graph.fingerprint()
+    assert loaded.capture["captured_nodes"] == resnet18.graph.capture["captured_nodes"]
+
+
+# --- bring your own model ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def user_model():
+    return capture_model(EXAMPLE, batch=4, image=16)
+
+
+def _eager_step(seed: int):
+    module, args = load_model(EXAMPLE, batch=4, image=16)
+    torch.manual_seed(seed)
+    loss = module(*args)
+    loss.backward()
+    return module, loss.detach(), {k: p.grad for k, p in module.named_parameters()}
+
+
+def _fresh_runner(captured):
+    module, args = load_model(EXAMPLE, batch=4, image=16)  # untouched buffers
+    return module, StepRunner(captured.trace, captured.graph, module, args)
+
+
+def test_user_model_has_a_skip_a_dropout_and_a_batch_norm(user_model):
+    graph = user_model.graph
+    assert any(n.attrs.get("random") for n in graph.nodes)
+    assert any(n.attrs.get("buffer_updates") for n in graph.nodes)
+    assert any(len(n.inputs) > 1 for n in graph.nodes if n.kind == "forward")  # the skip
+    assert not graph.planning_only
+
+
+def test_user_model_replayed_node_by_node_gives_eager_gradients(user_model):
+    eager_module, eager_loss, eager_grads = _eager_step(seed=7)
+    module, runner = _fresh_runner(user_model)
+    torch.manual_seed(7)
+    runner.run_plain()
+    assert torch.equal(runner.loss, eager_loss)
+    assert runner.grads.keys() == eager_grads.keys()
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(runner.grads[name], grad, rtol=1e-5, atol=1e-6)
+    runner.apply_buffer_updates(module)
+    for (name, mine), (_, theirs) in zip(module.named_buffers(), eager_module.named_buffers()):
+        assert torch.equal(mine, theirs), name
+
+
+def test_recomputation_replays_dropout_and_updates_batch_norm_once(user_model):
+    torch.manual_seed(3)
+    module, runner = _fresh_runner(user_model)
+    for node in user_model.graph.nodes:
+        if node.kind == "update":
+            continue
+        runner.compute(node.id)
+        if node.kind == "forward":  # recompute every forward node once: same values
+            first = {k: v.clone() for k, v in runner.outputs(node.id).items()}
+            runner.free(node.id)
+            runner.compute(node.id)
+            for name, value in runner.outputs(node.id).items():
+                assert torch.equal(value, first[name]), (node.name, name)
+    eager_module, _, eager_grads = _eager_step(seed=3)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(runner.grads[name], grad, rtol=1e-5, atol=1e-6)
+    runner.apply_buffer_updates(module)
+    assert module.stem[1].num_batches_tracked.item() == 1
+    torch.testing.assert_close(module.stem[1].running_mean, eager_module.stem[1].running_mean)
+
+
+def test_the_board_recaptures_the_same_graph_from_the_file(user_model, tmp_path):
+    from edge_remat_agent.capture import recapture
+    path = tmp_path / "g.json"
+    user_model.graph.save(path)
+    again = recapture(load_graph(path))
+    assert again.graph.fingerprint() == user_model.graph.fingerprint()
+    assert again.trace.signature() == user_model.trace.signature()
+    changed = load_graph(path)
+    changed.nodes[0].out_bytes += 1
+    with pytest.raises(CaptureError, match="different graph"):
+        recapture(changed)
+
+
+def test_user_model_captures_plans_and_runs_the_plan(tmp_path, user_model):
+    from edge_remat.cli import app
+    graph_file, plan_file = tmp_path / "g.json", tmp_path / "p.json"
+    cli = CliRunner()
+    result = cli.invoke(app, ["graph", "--model", EXAMPLE, "--batch", "4", "--image", "16",
+                              "-o", str(graph_file), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["nodes"] == len(user_model.graph)
+    result = cli.invoke(app, ["plan", "--graph", str(graph_file), "--budget", "0.9",
+                              "--solver", "heuristic:dtr", "-o", str(plan_file), "--json"])
+    assert result.exit_code == 0, result.output
+    plan = load_plan(plan_file)
+    graph = load_graph(graph_file)
+    assert plan.graph_fingerprint in ("", graph.fingerprint())
+    # Run the plan's instructions through the captured graph: gradients as eager's.
+    torch.manual_seed(11)
+    _, runner = _fresh_runner(user_model)
+    paged: dict[str, torch.Tensor] = {}
+    recomputed = 0
+    for stage in plan.stages:
+        for ins in stage:
+            node = graph.node(ins.node)
+            if node.kind == "update":
+                continue
+            if ins.op == "compute":
+                recomputed += ins.node in runner.runs
+                runner.compute(ins.node)
+            elif ins.op == "free":
+                runner.free(ins.node)
+            elif ins.op == "page_out":
+                paged.update(runner.outputs(ins.node))
+                runner.free(ins.node)
+            elif ins.op == "page_in":
+                runner.env.update({k: paged[k] for k in node.attrs["outputs"]})
+    _, _, eager_grads = _eager_step(seed=11)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(runner.grads[name], grad, rtol=1e-5, atol=1e-6)
+    assert recomputed == json.loads(result.stdout)["recomputed"] > 0
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+def _write(tmp_path, body: str) -> str:
+    path = tmp_path / "bad_models.py"
+    path.write_text("import torch\nfrom torch import nn\n\n" + body)
+    return str(path)
+
+
+def test_a_factory_that_returns_no_module_is_named(tmp_path):
+    spec = _write(tmp_path, "def make():\n    return 'not a module', (torch.ones(1),)\n") + ":make"
+    with pytest.raises(CaptureError, match=r"bad_models.py:make.*str.*torch.nn.Module"):
+        capture_model(spec)
+
+
+def test_a_forward_that_does_not_return_a_scalar_is_named(tmp_path):
+    spec = _write(tmp_path, "def make():\n    return nn.Linear(4, 3), (torch.ones(2, 4),)\n")
+    with pytest.raises(CaptureError, match=r"make.*scalar training loss.*shape \(2, 3\)"):
+        capture_model(spec + ":make")
+
+
+def test_an_uncapturable_op_is_named_with_its_module(tmp_path):
+    spec = _write(tmp_path, (
+        "class Gate(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x * 2 if x.sum() > 0 else x\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc, self.gate = nn.Linear(4, 4), Gate()\n"
+        "    def forward(self, x):\n"
+        "        return self.gate(self.fc(x)).sum()\n\n"
+        "def make():\n    return Net(), (torch.ones(2, 4),)\n")) + ":make"
+    with pytest.raises(CaptureError) as info:
+        capture_model(spec)
+    assert info.value.op == "aten._local_scalar_dense.default"
+    assert info.value.module == "gate"
+    assert spec in str(info.value) and "_local_scalar_dense" in str(info.value)
+
+
+def test_the_cli_turns_capture_errors_into_one_line_and_status_2(tmp_path):
+    from edge_remat.cli import app
+    spec = _write(tmp_path, "def make():\n    return nn.Linear(4, 3), (torch.ones(2, 4),)\n")
+    result = CliRunner().invoke(app, ["graph", "--model", spec + ":make"])
+    assert result.exit_code == 2
+    assert result.output.count("error:") == 1 and "scalar training loss" in result.output
+    result = CliRunner().invoke(app, ["graph", "--model", "resnet19"])
+    assert result.exit_code == 2 and "resnet19" in result.output and "resnet18" in result.output
+    result = CliRunner().invoke(app, ["graph", "--model", "mlp", "--optimizer", "lion"])
+    assert result.exit_code == 2 and "lion" in result.output
+
+
+def test_cli_json_reports_the_graph_and_its_plain_peak(tmp_path):
+    from edge_remat.cli import app
+    from edge_remat.planner.build import plain_peak_bytes
+    out = tmp_path / "mlp.json"
+    result = CliRunner().invoke(app, ["graph", "--model", "mlp", "--batch", "4", "--image", "8",
+                                      "--optimizer", "adamw", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    for key in ("captured_nodes", "nodes", "fixed_bytes", "saved_bytes", "plain_peak_bytes",
+                "capture_s"):
+        assert key in summary
+    graph = load_graph(out)
+    assert summary["plain_peak_bytes"] == plain_peak_bytes(graph)
+    assert summary["nodes"] == len(graph) and graph.capture["optimizer"] == "adamw"
+    assert summary["plain_peak_bytes"] >= summary["fixed_bytes"] + summary["saved_bytes"]

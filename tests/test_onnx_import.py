@@ -1,0 +1,114 @@
+"""ONNX import: a forward graph with inferred shapes, a planned backward, planning only."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+from edge_remat.cli import app
+from edge_remat.onnx_import import graph_from_onnx
+from edge_remat.planner.build import plain_peak_bytes
+from edge_remat_agent.formats import FormatError, load_graph
+
+CHANNELS, CLASSES, SIDE = 8, 10, 16
+
+
+@pytest.fixture(scope="module")
+def small_cnn(tmp_path_factory):
+    """conv-bn-relu, conv + skip + relu, pool, flatten, fc; the batch dimension is symbolic."""
+    rng = np.random.default_rng(0)
+
+    def param(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    c = CHANNELS
+    initializers = [param("w1", c, 3, 3, 3), param("scale", c), param("bias", c),
+                    param("mean", c), numpy_helper.from_array(np.ones(c, np.float32), "var"),
+                    param("w2", c, c, 3, 3), param("fc_w", CLASSES, c), param("fc_b", CLASSES)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("BatchNormalization", ["c1", "scale", "bias", "mean", "var"], ["b1"],
+                         name="bn1"),
+        helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Add", ["c2", "r1"], ["s2"], name="skip"),
+        helper.make_node("Relu", ["s2"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["logits"], transB=1, name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes, "small_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, SIDE, SIDE])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", CLASSES])],
+        initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    path = tmp_path_factory.mktemp("onnx") / "small_cnn.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_onnx_graph_has_forward_loss_backward_update_and_is_planning_only(small_cnn):
+    graph = graph_from_onnx(small_cnn, batch=4)
+    kinds = [n.kind for n in graph.nodes]
+    assert graph.planning_only and graph.cost_source == "estimate"
+    assert kinds.count("loss") == 1 and kinds[-1] == "update"
+    assert kinds.count("backward") == kinds.count("forward") == 3  # a layer per conv / gemm
+    assert graph.capture["assumed_dims"] == {"N": 4}
+    assert graph.capture["captured_nodes"] == 9
+
+
+def test_onnx_sizes_come_from_shape_inference(small_cnn):
+    graph = graph_from_onnx(small_cnn, batch=4)
+    conv1 = graph.nodes[0]
+    activation = 4 * CHANNELS * SIDE * SIDE * 4  # float32 relu1 output, read by the next layer
+    assert conv1.out_bytes == activation
+    assert conv1.workspace_bytes >= activation  # conv and batch-norm outputs die inside
+    assert graph.capture["saved_bytes"] >= activation
+    params = (CHANNELS * 27 + 4 * CHANNELS + CHANNELS * CHANNELS * 9 + CLASSES * CHANNELS
+              + CLASSES) * 4
+    fixed = graph.capture["fixed"]
+    assert fixed["parameters"] == params and fixed["optimizer_state"] == params
+    assert fixed["inputs"] == 4 * 3 * SIDE * SIDE * 4
+    # Activations scale with the batch, which replaced the symbolic dimension.
+    assert graph_from_onnx(small_cnn, batch=8).capture["saved_bytes"] == \
+        2 * graph.capture["saved_bytes"]
+
+
+def test_backward_reads_its_layer_and_the_gradient_from_above(small_cnn):
+    graph = graph_from_onnx(small_cnn, batch=2)
+    by_name = {n.name: n for n in graph.nodes}
+    back = by_name["conv2.backward"]
+    assert {by_name["conv2"].id, by_name["conv1"].id, by_name["fc.backward"].id} <= \
+        set(back.inputs)
+    assert back.out_bytes == by_name["conv1"].out_bytes  # gradient of its activation input
+
+
+def test_cli_imports_onnx_and_the_planner_accepts_it(small_cnn, tmp_path):
+    out = tmp_path / "g.json"
+    result = CliRunner().invoke(app, ["graph", "--onnx", str(small_cnn), "--batch", "4",
+                                      "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["planning_only"] is True
+    assert summary["plain_peak_bytes"] == plain_peak_bytes(load_graph(out))
+    result = CliRunner().invoke(app, ["plan", "--graph", str(out), "--budget", "1.0",
+                                      "--solver", "heuristic:dtr", "--json"])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_file_that_is_not_onnx_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf at all")
+    with pytest.raises(FormatError, match="bad.onnx"):
+        graph_from_onnx(bad)
+    result = CliRunner().invoke(app, ["graph", "--onnx", str(bad)])
+    assert result.exit_code == 2 and result.output.startswith("error:")
+    result = CliRunner().invoke(app, ["graph"])
+    assert result.exit_code == 2 and "--model/--onnx" in result.output
