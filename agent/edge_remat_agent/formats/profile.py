@@ -26,15 +26,22 @@ class Tier:
     read_j_per_byte: float = 0.0
     write_j_per_byte: float = 0.0
     capacity_bytes: int | None = None
+    # Per-direction latencies, when measured: a flash write with fsync waits milliseconds, a
+    # read microseconds. Each overrides latency_s for its direction; absent, latency_s serves both.
+    read_latency_s: float | None = None
+    write_latency_s: float | None = None
 
     def write_cost(self, nbytes: int) -> tuple[float, float]:
-        return self.latency_s + nbytes / self.write_bytes_per_s, nbytes * self.write_j_per_byte
+        latency = self.latency_s if self.write_latency_s is None else self.write_latency_s
+        return latency + nbytes / self.write_bytes_per_s, nbytes * self.write_j_per_byte
 
     def read_cost(self, nbytes: int) -> tuple[float, float]:
-        return self.latency_s + nbytes / self.read_bytes_per_s, nbytes * self.read_j_per_byte
+        latency = self.latency_s if self.read_latency_s is None else self.read_latency_s
+        return latency + nbytes / self.read_bytes_per_s, nbytes * self.read_j_per_byte
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items()
+                if v is not None or k not in ("read_latency_s", "write_latency_s")}
 
 
 @dataclass
@@ -60,6 +67,9 @@ class Profile:
     runtime_baseline_bytes: int | None = None
     published_sources: list[str] = field(default_factory=list)  # where a modelled figure came from
     name: str = "profile"
+    # How a measured profile's figures were obtained (raw points, fits, sensor, method). Free
+    # form, for people and reports; nothing plans from it. Written only when non-empty.
+    measurements: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "edge-remat/profile", "version": 1, "name": self.name,
@@ -69,16 +79,17 @@ class Profile:
                 "ops": {k: c.to_dict() for k, c in self.ops.items()},
                 "ram_total_bytes": self.ram_total_bytes,
                 "runtime_baseline_bytes": self.runtime_baseline_bytes,
-                "published_sources": self.published_sources}
+                "published_sources": self.published_sources,
+                **({"measurements": self.measurements} if self.measurements else {})}
 
     def save(self, path: str | Path) -> None:
         dump_json(self.to_dict(), path)
 
 
 _FIELDS = {"format", "version", "name", "source", "device", "power", "tiers", "ops",
-           "ram_total_bytes", "runtime_baseline_bytes", "published_sources"}
+           "ram_total_bytes", "runtime_baseline_bytes", "published_sources", "measurements"}
 _TIER_FIELDS = {"read_bytes_per_s", "write_bytes_per_s", "latency_s", "read_j_per_byte",
-                "write_j_per_byte", "capacity_bytes"}
+                "write_j_per_byte", "capacity_bytes", "read_latency_s", "write_latency_s"}
 
 
 def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
@@ -107,7 +118,8 @@ def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
                    tiers=tiers, ops=ops, ram_total_bytes=r.integer("ram_total_bytes", None),
                    runtime_baseline_bytes=r.integer("runtime_baseline_bytes", None),
                    published_sources=list(r.list("published_sources", [])),
-                   name=r.str("name", "profile"))
+                   name=r.str("name", "profile"),
+                   measurements=r.object("measurements", None) or {})
 
 
 def tier_from(r: Reader) -> Tier:
@@ -116,7 +128,9 @@ def tier_from(r: Reader) -> Tier:
                 write_bytes_per_s=r.number("write_bytes_per_s"),
                 latency_s=r.number("latency_s", 0.0), read_j_per_byte=r.number("read_j_per_byte", 0.0),
                 write_j_per_byte=r.number("write_j_per_byte", 0.0),
-                capacity_bytes=r.integer("capacity_bytes", None))
+                capacity_bytes=r.integer("capacity_bytes", None),
+                read_latency_s=r.number("read_latency_s", None),
+                write_latency_s=r.number("write_latency_s", None))
     for key in ("read_bytes_per_s", "write_bytes_per_s"):
         if getattr(tier, key) <= 0:
             raise r.error(key, "a bandwidth > 0 bytes/s", getattr(tier, key))

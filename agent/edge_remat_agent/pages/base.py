@@ -1,0 +1,68 @@
+"""The interface the executor pages through: `page_out n tier` is put, `page_in n tier` is get."""
+
+from __future__ import annotations
+
+import abc
+from typing import Hashable, Iterator
+
+import torch
+
+
+class PageStore(abc.ABC):
+    """Holds tensors out of RAM, keyed by node id, for one training step at a time.
+
+    put(key, tensor)  store a copy (replacing any page already under `key`); returns the
+                      bytes it occupies in the store
+    get(key)          the tensor back: same dtype, shape and values, detached, on the device
+                      it came from; the page stays until discarded (it may be paged in twice)
+    discard(key)      forget a page; True if there was one
+    clear()           forget every page (end of step)
+    pop(key)          get, then discard
+    close()           clear and release the store's resources; also on `with` exit
+    """
+
+    tier: str = "abstract"  # the plan's tier name: "flash" or "host"
+    capacity_bytes: int | None = None  # None: bounded only by the medium
+
+    @abc.abstractmethod
+    def put(self, key: Hashable, tensor: torch.Tensor) -> int: ...
+
+    @abc.abstractmethod
+    def get(self, key: Hashable) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def discard(self, key: Hashable) -> bool: ...
+
+    @abc.abstractmethod
+    def keys(self) -> list[Hashable]: ...
+
+    @property
+    @abc.abstractmethod
+    def bytes_held(self) -> int: ...
+
+    def clear(self) -> None:
+        for key in self.keys():
+            self.discard(key)
+
+    def pop(self, key: Hashable) -> torch.Tensor:
+        tensor = self.get(key)
+        self.discard(key)
+        return tensor
+
+    def close(self) -> None:
+        self.clear()
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.keys()
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self.keys())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()

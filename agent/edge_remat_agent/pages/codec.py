@@ -1,0 +1,193 @@
+"""Tensor <-> page bytes: one small header, the tensor's raw memory, a CRC32 of that memory.
+
+Layout of a page (little endian):
+
+    b"ERPG" | u8 version | 3 reserved | u32 header length | u32 header CRC32 | header | payload
+
+The header (JSON) holds dtype, shape, stride, device, payload length and the payload's CRC32;
+it has its own CRC32, so a damaged length or shape is caught before anything is allocated. The
+payload is the tensor's memory as it lies: no pickle, no copy when the tensor is dense (a
+transposed or channels-last tensor is dense too, and comes back with the same strides). A
+tensor with gaps (a slice) is made contiguous first and comes back contiguous, same shape.
+
+FlashStore streams pages to and from files; MemoryStore and LinkStore keep them as bytes. All
+three go through this module, so a page written by one can be read by any other.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import BinaryIO, Hashable
+
+import torch
+
+from .errors import PageCorrupted
+
+MAGIC = b"ERPG"
+VERSION = 1
+PREFIX = struct.Struct("<4sB3xII")  # magic, version, header length, header CRC32
+MAX_HEADER_BYTES = 1 << 20  # a header is ~200 bytes; more than this is a corrupted length
+
+
+@dataclass(frozen=True)
+class PageHeader:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    device: str
+    nbytes: int
+    crc32: int
+
+    def to_bytes(self) -> bytes:
+        body = json.dumps({"dtype": str(self.dtype).removeprefix("torch."),
+                           "shape": list(self.shape), "stride": list(self.stride),
+                           "device": self.device, "nbytes": self.nbytes, "crc32": self.crc32},
+                          separators=(",", ":")).encode()
+        return PREFIX.pack(MAGIC, VERSION, len(body), zlib.crc32(body)) + body
+
+
+@dataclass
+class EncodedPage:
+    """A tensor ready to write: `header` bytes, then `payload`, a view of the tensor's memory.
+
+    `payload` points into `owner`'s memory, so keep this object alive while writing it.
+    """
+
+    header: bytes
+    payload: memoryview
+    owner: torch.Tensor
+
+    @property
+    def total_bytes(self) -> int:
+        return len(self.header) + self.payload.nbytes
+
+    def to_bytes(self) -> bytes:
+        return b"".join((self.header, self.payload))
+
+
+def memory_view(tensor: torch.Tensor) -> memoryview:
+    """A writable byte view of a dense CPU tensor's memory (no numpy: bfloat16 has no dtype there)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes == 0:
+        return memoryview(bytearray())
+    # Dense means the elements fill [data_ptr, data_ptr + nbytes) exactly, whatever the strides.
+    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
+def is_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """True when the elements cover one gap-free, overlap-free block of memory."""
+    expected = 1
+    for step, size in sorted((st, sz) for sz, st in zip(shape, stride) if sz != 1):
+        if step != expected:
+            return False
+        expected *= size
+    return True
+
+
+def encode(tensor: torch.Tensor) -> EncodedPage:
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        raise TypeError(f"cannot page a {tensor.layout} {tensor.dtype} tensor: only dense "
+                        "(strided, unquantized) tensors are paged")
+    # A lazily conjugated or negated view holds the other values in memory: apply the bit.
+    value = tensor.detach().resolve_conj().resolve_neg()
+    device = str(value.device)
+    if value.device.type != "cpu":
+        value = value.cpu()
+    if value.numel() == 0 or not is_dense(tuple(value.shape), value.stride()):
+        value = value.contiguous()
+    payload = memory_view(value)
+    header = PageHeader(value.dtype, tuple(value.shape), tuple(value.stride()), device,
+                        payload.nbytes, zlib.crc32(payload))
+    return EncodedPage(header.to_bytes(), payload, value)
+
+
+def parse_prefix(prefix: bytes, key: Hashable, where: str) -> tuple[int, int]:
+    """(header length, header CRC32), from the fixed-size start of a page."""
+    if len(prefix) < PREFIX.size:
+        raise PageCorrupted(key, where, f"truncated: {len(prefix)} bytes, shorter than a page start")
+    magic, version, header_len, header_crc = PREFIX.unpack(prefix[:PREFIX.size])
+    if magic != MAGIC:
+        raise PageCorrupted(key, where, f"not a page (starts with {magic!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise PageCorrupted(key, where, f"page version {version}, this agent reads {VERSION}")
+    if header_len > MAX_HEADER_BYTES:
+        raise PageCorrupted(key, where, f"header length {header_len} is implausible")
+    return header_len, header_crc
+
+
+def parse_header(body: bytes, crc: int, key: Hashable, where: str) -> PageHeader:
+    if zlib.crc32(body) != crc:
+        raise PageCorrupted(key, where, f"header CRC32 {zlib.crc32(body):#010x}, "
+                            f"{crc:#010x} when written")
+    try:
+        fields = json.loads(body)
+        dtype = getattr(torch, fields["dtype"])
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"{fields['dtype']!r} is not a torch dtype")
+        header = PageHeader(dtype, tuple(int(n) for n in fields["shape"]),
+                            tuple(int(n) for n in fields["stride"]), str(fields["device"]),
+                            int(fields["nbytes"]), int(fields["crc32"]))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise PageCorrupted(key, where, f"unreadable header: {error}") from None
+    if len(header.shape) != len(header.stride):
+        raise PageCorrupted(key, where, "header shape and stride differ in length")
+    return header
+
+
+def allocate(header: PageHeader, key: Hashable, where: str) -> tuple[torch.Tensor, memoryview]:
+    """An empty tensor laid out as the header says, and a view of its memory to fill."""
+    if not is_dense(header.shape, header.stride):
+        raise PageCorrupted(key, where, f"header stride {header.stride} is not a dense layout")
+    tensor = torch.empty_strided(header.shape, header.stride, dtype=header.dtype)
+    view = memory_view(tensor)
+    if view.nbytes != header.nbytes:
+        raise PageCorrupted(key, where, f"header says {header.nbytes} payload bytes, but "
+                            f"{header.dtype} {list(header.shape)} holds {view.nbytes}")
+    return tensor, view
+
+
+def finish(tensor: torch.Tensor, view: memoryview, header: PageHeader, key: Hashable,
+           where: str) -> torch.Tensor:
+    """Check the payload's CRC32 and move the tensor back where it came from."""
+    crc = zlib.crc32(view)
+    if crc != header.crc32:
+        raise PageCorrupted(key, where, f"CRC32 {crc:#010x} of the payload, "
+                            f"{header.crc32:#010x} when written")
+    return tensor if header.device == "cpu" else tensor.to(header.device)
+
+
+def decode(data: bytes | bytearray | memoryview, key: Hashable, where: str) -> torch.Tensor:
+    """A tensor from a whole page held in memory (a copy: `data` can be dropped afterwards)."""
+    data = memoryview(data).cast("B")
+    header_len, header_crc = parse_prefix(bytes(data[:PREFIX.size]), key, where)
+    start = PREFIX.size + header_len
+    header = parse_header(bytes(data[PREFIX.size:start]), header_crc, key, where)
+    if data.nbytes != start + header.nbytes:
+        raise PageCorrupted(key, where, f"{data.nbytes} bytes, the header promises "
+                            f"{start + header.nbytes}")
+    tensor, view = allocate(header, key, where)
+    view[:] = data[start:]
+    return finish(tensor, view, header, key, where)
+
+
+def read_from(stream: BinaryIO, key: Hashable, where: str) -> torch.Tensor:
+    """A tensor read from an open page file, straight into the tensor's own memory."""
+    header_len, header_crc = parse_prefix(stream.read(PREFIX.size), key, where)
+    body = stream.read(header_len)
+    if len(body) != header_len:
+        raise PageCorrupted(key, where, "truncated inside the header")
+    header = parse_header(body, header_crc, key, where)
+    tensor, view = allocate(header, key, where)
+    filled = 0
+    while filled < view.nbytes:
+        count = stream.readinto(view[filled:])
+        if not count:
+            raise PageCorrupted(key, where, f"truncated: {filled} of {header.nbytes} payload bytes")
+        filled += count
+    if stream.read(1):
+        raise PageCorrupted(key, where, "longer than its header says")
+    return finish(tensor, view, header, key, where)

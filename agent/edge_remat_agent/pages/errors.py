@@ -1,0 +1,56 @@
+"""What can go wrong with a page store, in words an operator can act on."""
+
+from __future__ import annotations
+
+from typing import Hashable
+
+
+class PageStoreError(RuntimeError):
+    """Base class of every page-store failure."""
+
+
+class PageMissing(PageStoreError, KeyError):
+    """`get` of a key that was never put, or was already discarded."""
+
+    def __init__(self, key: Hashable, where: str):
+        self.key = key
+        self.where = where
+        super().__init__(f"no page for node {key!r} in {where}")
+
+    def __str__(self) -> str:  # KeyError would otherwise print the repr of the message
+        return self.args[0]
+
+
+class PageCorrupted(PageStoreError):
+    """A page whose bytes do not match what was written: checksum, length or header."""
+
+    def __init__(self, key: Hashable, where: str, reason: str):
+        self.key = key
+        self.where = where
+        self.reason = reason
+        super().__init__(f"page of node {key!r} is corrupted ({where}): {reason}")
+
+
+class PageStoreFull(PageStoreError):
+    """A page that does not fit: the store's capacity, or the disk itself (ENOSPC)."""
+
+    def __init__(self, key: Hashable, where: str, needed_bytes: int, *,
+                 free_bytes: int | None = None, capacity_bytes: int | None = None,
+                 held_bytes: int | None = None, cause: str = "", remedy: str = ""):
+        self.key = key
+        self.where = where
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+        self.capacity_bytes = capacity_bytes
+        self.held_bytes = held_bytes
+        parts = [f"cannot page out node {key!r} to {where}: it needs {needed_bytes} bytes"]
+        if capacity_bytes is not None:
+            parts.append(f"the store holds {held_bytes} of its {capacity_bytes}-byte capacity")
+        if free_bytes is not None:
+            parts.append(f"{free_bytes} bytes are free on that filesystem")
+        message = ", ".join(parts)
+        if cause:
+            message += f" ({cause})"
+        if remedy:
+            message += f". Remedy: {remedy}"
+        super().__init__(message)

@@ -1,0 +1,85 @@
+"""The `host` tier over the agent's link, for any transport that can move bytes by key.
+
+    store = LinkStore(send=link.put_page, fetch=link.get_page, drop=link.drop_page)
+
+send(key, data)  store `data` (bytes) under `key` on the host; may raise PageStoreFull
+fetch(key)       the bytes stored under `key`; KeyError if there are none
+drop(key)        forget `key` on the host (no error if it is not there)
+
+Keys are the executor's node ids, passed through unchanged. The bytes are whole pages from the
+codec (header + payload + CRC32), so the host needs no torch to keep them, and a page damaged
+on the way back is caught here.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Hashable
+
+import torch
+
+from .base import PageStore
+from .codec import decode, encode
+from .errors import PageMissing, PageStoreFull
+
+Send = Callable[[Hashable, bytes], object]
+Fetch = Callable[[Hashable], bytes | bytearray | memoryview]
+Drop = Callable[[Hashable], object]
+
+
+class LinkStore(PageStore):
+    tier = "host"
+
+    def __init__(self, send: Send, fetch: Fetch, drop: Drop, capacity_bytes: int | None = None,
+                 where: str = "the host"):
+        self.send, self.fetch, self.drop = send, fetch, drop
+        self.capacity_bytes = capacity_bytes
+        self.where = where
+        self._sizes: dict[Hashable, int] = {}  # what we believe the host holds for us
+        self._held = 0
+        self._lock = threading.Lock()
+
+    @property
+    def bytes_held(self) -> int:
+        return self._held
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._sizes
+
+    def keys(self) -> list[Hashable]:
+        with self._lock:
+            return list(self._sizes)
+
+    def put(self, key: Hashable, tensor: torch.Tensor) -> int:
+        data = encode(tensor).to_bytes()
+        with self._lock:
+            replaced = self._sizes.get(key, 0)
+            if self.capacity_bytes is not None and \
+                    self._held - replaced + len(data) > self.capacity_bytes:
+                raise PageStoreFull(key, self.where, len(data), capacity_bytes=self.capacity_bytes,
+                                    held_bytes=self._held, cause="over the store's capacity",
+                                    remedy="give the host tier more capacity, or plan with less")
+        self.send(key, data)
+        with self._lock:
+            self._held += len(data) - self._sizes.get(key, 0)
+            self._sizes[key] = len(data)
+        return len(data)
+
+    def get(self, key: Hashable) -> torch.Tensor:
+        with self._lock:
+            if key not in self._sizes:
+                raise PageMissing(key, self.where)
+        try:
+            data = self.fetch(key)
+        except KeyError:
+            raise PageMissing(key, self.where) from None
+        return decode(data, key, self.where)
+
+    def discard(self, key: Hashable) -> bool:
+        with self._lock:
+            size = self._sizes.pop(key, None)
+            if size is None:
+                return False
+            self._held -= size
+        self.drop(key)
+        return True

@@ -1,0 +1,309 @@
+"""Memory as the executor will report it: resident set size (current, sampled peak, the kernel's
+own peak), the runtime's baseline footprint, and a ledger of live tensor bytes.
+
+The ledger is what the plan promised (tensor bytes); resident memory is what the board paid
+(plus allocator slack, the interpreter, torch's libraries). The run report shows both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Hashable
+
+import torch
+
+try:
+    import psutil
+except ImportError:  # optional on boards: /proc and `resource` cover Linux
+    psutil = None
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
+
+
+# Resident memory -------------------------------------------------------------------------------
+
+def current_rss_bytes(pid: int | None = None) -> int:
+    """Resident set size of a process (this one by default), in bytes."""
+    pid = os.getpid() if pid is None else pid
+    if psutil is not None:
+        return psutil.Process(pid).memory_info().rss
+    with open(f"/proc/{pid}/statm") as handle:  # pages: size resident shared ...
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def kernel_peak_rss_bytes(pid: int | None = None) -> int | None:
+    """VmHWM from /proc/<pid>/status: the kernel's own resident high-water mark (Linux)."""
+    try:
+        with open(f"/proc/{'self' if pid is None else pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_kernel_peak(pid: int | None = None) -> bool:
+    """Restart VmHWM from the current RSS (Linux >= 4.0: write 5 to clear_refs). True if done."""
+    try:
+        with open(f"/proc/{'self' if pid is None else pid}/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def ru_maxrss_bytes() -> int | None:
+    """getrusage's ru_maxrss for this process (KiB on Linux, bytes on macOS)."""
+    if resource is None:
+        return None
+    value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return value if sys.platform == "darwin" else value * 1024
+
+
+class PeakRssSampler:
+    """The resident peak of a process over a `with` block, two independent ways.
+
+        with PeakRssSampler() as rss:
+            step()
+        rss.peak_bytes, rss.peak_sampled_bytes, rss.peak_kernel_bytes
+
+    A background thread samples RSS every `period_s` (it can miss a spike shorter than that);
+    on Linux the kernel's VmHWM is reset on entry and read on exit, which misses nothing. For
+    this process ru_maxrss is recorded too (Linux takes it from the same high-water mark, so it
+    can be stale from before the reset; it is kept as a cross-check).
+    """
+
+    def __init__(self, pid: int | None = None, period_s: float = 0.002,
+                 reset_kernel: bool = True):
+        if period_s <= 0:
+            raise ValueError(f"period_s must be > 0, got {period_s}")
+        self.pid = pid
+        self.period_s = period_s
+        self.reset_kernel = reset_kernel
+        self.start_bytes = 0
+        self.end_bytes = 0
+        self.peak_sampled_bytes = 0
+        self.peak_kernel_bytes: int | None = None
+        self.ru_maxrss_bytes: int | None = None
+        self.samples = 0
+        self.duration_s = 0.0
+        self.error: BaseException | None = None
+        self._kernel_reset = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start_t = 0.0
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.peak_sampled_bytes, self.peak_kernel_bytes or 0)
+
+    def _sample(self) -> None:
+        rss = current_rss_bytes(self.pid)
+        self.samples += 1
+        if rss > self.peak_sampled_bytes:
+            self.peak_sampled_bytes = rss
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self._sample()
+            except Exception as error:  # the process went away; reported in result()
+                self.error = error
+                return
+
+    def __enter__(self) -> PeakRssSampler:
+        self._kernel_reset = self.reset_kernel and reset_kernel_peak(self.pid)
+        self.start_bytes = self.peak_sampled_bytes = current_rss_bytes(self.pid)
+        self.samples = 1
+        self.error = None
+        self._stop.clear()
+        self._start_t = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="PeakRssSampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.duration_s = time.perf_counter() - self._start_t
+        try:
+            self._sample()
+            self.end_bytes = current_rss_bytes(self.pid)
+        except Exception as error:
+            self.error = self.error or error
+        # Without a reset VmHWM is the lifetime peak, not this window's: do not report it.
+        self.peak_kernel_bytes = kernel_peak_rss_bytes(self.pid) if self._kernel_reset else None
+        self.ru_maxrss_bytes = ru_maxrss_bytes() if self.pid in (None, os.getpid()) else None
+
+    def result(self) -> dict[str, Any]:
+        return {"peak_bytes": self.peak_bytes, "peak_sampled_bytes": self.peak_sampled_bytes,
+                "peak_kernel_bytes": self.peak_kernel_bytes, "ru_maxrss_bytes": self.ru_maxrss_bytes,
+                "start_bytes": self.start_bytes, "end_bytes": self.end_bytes,
+                "samples": self.samples, "period_s": self.period_s,
+                "duration_s": self.duration_s,
+                "error": None if self.error is None else str(self.error)}
+
+
+# The runtime's own footprint -------------------------------------------------------------------
+
+@dataclass
+class RuntimeFootprint:
+    python_bytes: int  # a bare interpreter
+    torch_bytes: int  # after `import torch`
+    model_bytes: int | None = None  # after building the model (and keeping it)
+    model_parameter_bytes: int | None = None  # its parameters and buffers
+    torch_version: str = ""
+
+    @property
+    def baseline_bytes(self) -> int:
+        """What the runtime holds that a graph does not count.
+
+        A graph's fixed memory already counts parameters and buffers, so they are taken out of
+        the after-the-model figure; without a model it is the interpreter plus torch.
+        """
+        if self.model_bytes is None:
+            return self.torch_bytes
+        return max(self.torch_bytes, self.model_bytes - (self.model_parameter_bytes or 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "baseline_bytes": self.baseline_bytes}
+
+
+# Runs in a fresh interpreter: the parent has already imported everything, so its own RSS
+# says nothing about what importing torch costs.
+_PROBE = r"""
+import json, os, pickle, sys
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+out = {"python_bytes": rss()}
+import torch
+out["torch_bytes"] = rss()
+out["torch_version"] = torch.__version__
+build = pickle.loads(sys.stdin.buffer.read() or pickle.dumps(None))
+if build is not None:
+    built = build()
+    out["model_bytes"] = rss()
+    module = built[0] if isinstance(built, tuple) else built
+    if isinstance(module, torch.nn.Module):
+        out["model_parameter_bytes"] = sum(
+            t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
+print(json.dumps(out))
+"""
+
+
+def measure_runtime_footprint(build_model: Callable[[], Any] | None = None,
+                              timeout_s: float = 300.0) -> RuntimeFootprint:
+    """RSS of a fresh interpreter: bare, after `import torch`, after `build_model()`.
+
+    `build_model` runs in that child, so it must be picklable by reference: a module-level
+    function, or functools.partial of one (e.g. partial(zoo.build, "mlp")), not a lambda. It
+    may return a module or (module, example inputs), like the zoo's build.
+    """
+    try:
+        payload = pickle.dumps(build_model)
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        raise ValueError(f"build_model must be importable by name in a fresh interpreter (a "
+                         f"module-level function or a functools.partial of one): {error}") from None
+    if not os.path.exists("/proc/self/statm"):
+        raise RuntimeError("the footprint probe reads /proc/self/statm: Linux only")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, "-c", _PROBE], input=payload, capture_output=True,
+                          timeout=timeout_s, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"footprint probe failed ({done.returncode}): "
+                           f"{done.stderr.decode(errors='replace').strip()[-2000:]}")
+    return RuntimeFootprint(**json.loads(done.stdout.decode().strip().splitlines()[-1]))
+
+
+# Live tensor bytes -----------------------------------------------------------------------------
+
+class LiveTensorLedger:
+    """Bytes of the tensors the executor holds, and their peak: the figure a plan predicts.
+
+        ledger.register(node, nbytes)          or ledger.register_tensor(node, tensor)
+        ledger.unregister(node)                on free / page_out
+        ledger.live_bytes, ledger.peak_bytes
+
+    register_tensor counts a tensor's whole storage, once per storage: two nodes whose outputs
+    are views of one storage (a reshape, a slice) hold its memory once, and it is freed when
+    the last of them goes.
+    """
+
+    def __init__(self):
+        self._entries: dict[Hashable, tuple[int | None, int]] = {}  # key -> (storage id, bytes)
+        self._storage_refs: dict[int, int] = {}
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.peak_key: Hashable | None = None  # the registration that set the peak
+        self._lock = threading.Lock()
+
+    def register(self, key: Hashable, nbytes: int) -> None:
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        self._add(key, None, nbytes)
+
+    def register_tensor(self, key: Hashable, tensor: torch.Tensor) -> int:
+        """Register `tensor`'s storage under `key`; returns the bytes newly counted."""
+        storage = tensor.untyped_storage()
+        before = self.live_bytes
+        self._add(key, storage.data_ptr() or None, storage.nbytes())
+        return self.live_bytes - before
+
+    def _add(self, key: Hashable, storage: int | None, nbytes: int) -> None:
+        with self._lock:
+            if key in self._entries:
+                raise KeyError(f"{key!r} is already registered; unregister it first")
+            self._entries[key] = (storage, nbytes)
+            if storage is not None:
+                refs = self._storage_refs.get(storage, 0)
+                self._storage_refs[storage] = refs + 1
+                if refs:
+                    return  # that memory is already counted
+            self.live_bytes += nbytes
+            if self.live_bytes > self.peak_bytes:
+                self.peak_bytes = self.live_bytes
+                self.peak_key = key
+
+    def unregister(self, key: Hashable) -> int:
+        """Forget `key`; returns the bytes that stopped being live (0 for a shared storage)."""
+        with self._lock:
+            try:
+                storage, nbytes = self._entries.pop(key)
+            except KeyError:
+                raise KeyError(f"{key!r} is not registered") from None
+            if storage is not None:
+                self._storage_refs[storage] -= 1
+                if self._storage_refs[storage]:
+                    return 0
+                del self._storage_refs[storage]
+            self.live_bytes -= nbytes
+            return nbytes
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def reset_peak(self) -> None:
+        """Start a new window (a new step): the peak restarts from what is live now."""
+        with self._lock:
+            self.peak_bytes = self.live_bytes
+            self.peak_key = None
+
+    def result(self) -> dict[str, Any]:
+        return {"live_bytes": self.live_bytes, "peak_bytes": self.peak_bytes,
+                "peak_key": self.peak_key, "entries": len(self._entries)}

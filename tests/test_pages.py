@@ -1,0 +1,302 @@
+"""Page stores: every dtype and layout round-trips bit for bit, damage is caught, nothing is
+left behind, and a full store or a full disk says so clearly."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import uuid
+
+import pytest
+import torch
+
+from edge_remat_agent.pages import (FlashStore, LinkStore, MemoryStore, PageCorrupted, PageMissing,
+                                    PageStoreError, PageStoreFull, decode, encode)
+
+MiB = 2**20
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int8,
+          torch.uint8, torch.bool, torch.complex64]
+
+
+def sample(dtype: torch.dtype, shape=(3, 4, 5)) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=generator) > 0.5
+    if dtype.is_floating_point or dtype.is_complex:
+        values = torch.randn(shape, generator=generator, dtype=torch.float64) * 100
+        flat = values.view(-1)
+        flat[:4] = torch.tensor([float("nan"), float("inf"), -0.0, float("-inf")])[:flat.numel()]
+        return values.to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max, shape, generator=generator, dtype=dtype)
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of the values in logical order, so NaN and -0.0 compare exactly."""
+    return tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_same(original: torch.Tensor, restored: torch.Tensor) -> None:
+    assert restored.dtype == original.dtype
+    assert restored.shape == original.shape
+    assert torch.equal(bits(restored), bits(original))
+    assert not restored.requires_grad
+
+
+@pytest.fixture(params=["flash", "memory", "link"])
+def store(request, tmp_path):
+    if request.param == "flash":
+        with FlashStore(tmp_path / "pages") as flash:
+            yield flash
+    elif request.param == "memory":
+        yield MemoryStore()
+    else:
+        host = MemoryStore()
+        yield LinkStore(host.put_bytes, host.get_bytes, host.drop_bytes)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_dtype_round_trips_bitwise(store, dtype):
+    tensor = sample(dtype)
+    store.put("node", tensor)
+    assert_same(tensor, store.get("node"))
+
+
+LAYOUTS = {
+    "0-dim": lambda: torch.tensor(3.25),
+    "empty": lambda: torch.zeros(0, 3),
+    "transposed": lambda: sample(torch.float32, (4, 6)).t(),
+    "channels_last": lambda: sample(torch.float32, (2, 3, 4, 5)).to(
+        memory_format=torch.channels_last),
+    "sliced": lambda: sample(torch.float32, (6, 8))[1:5:2, ::3],
+    "expanded": lambda: torch.arange(4.0).expand(3, 4),
+    "offset view": lambda: sample(torch.int64, (10,))[3:7],
+    "conjugated": lambda: sample(torch.complex64, (3, 4)).conj(),
+    "negated view": lambda: sample(torch.complex64, (5,)).conj().imag,
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layouts_round_trip(store, layout):
+    tensor = LAYOUTS[layout]()
+    store.put(layout, tensor)
+    restored = store.get(layout)
+    assert_same(tensor, restored)
+    assert not restored.is_conj() and not restored.is_neg()
+    if layout in ("transposed", "channels_last", "conjugated"):  # dense: come back as they were
+        assert restored.stride() == tensor.stride()
+    elif layout != "negated view":  # a tensor with gaps or overlaps comes back contiguous
+        assert restored.is_contiguous()
+
+
+def test_values_detached_and_independent(store):
+    leaf = torch.randn(8, requires_grad=True)
+    store.put(1, leaf)
+    restored = store.get(1)
+    assert_same(leaf, restored)
+    with torch.no_grad():
+        leaf.add_(1.0)  # the page is a copy: changing the original changes nothing
+    assert not torch.equal(store.get(1), leaf.detach())
+
+
+def test_get_keeps_page_until_discarded(store):
+    store.put("a", torch.ones(4))
+    store.put("b", torch.zeros(4))
+    assert sorted(store.keys()) == ["a", "b"] and store.bytes_held > 0
+    assert_same(torch.ones(4), store.pop("a"))
+    assert "a" not in store and store.discard("a") is False
+    with pytest.raises(PageMissing) as missing:
+        store.get("a")
+    assert isinstance(missing.value, KeyError) and "'a'" in str(missing.value)
+    store.put("b", torch.full((100,), 2.0))  # replacing a page frees the old one
+    assert_same(torch.full((100,), 2.0), store.get("b"))
+    assert len(store) == 1
+    store.clear()
+    assert len(store) == 0 and store.bytes_held == 0
+
+
+def test_only_dense_tensors_are_paged(store):
+    with pytest.raises(TypeError, match="sparse"):
+        store.put("s", torch.eye(3).to_sparse())
+    assert len(store) == 0
+
+
+def test_bytes_held_counts_header_and_payload(store):
+    held = store.put("x", torch.zeros(1000, dtype=torch.float16))
+    assert 2000 < held < 2400 and store.bytes_held == held
+
+
+# Corruption ------------------------------------------------------------------------------------
+
+def test_flash_detects_a_flipped_payload_byte(tmp_path):
+    with FlashStore(tmp_path) as flash:
+        flash.put(7, torch.arange(1000, dtype=torch.float32))
+        path = flash.path_of(7)
+        with open(path, "r+b") as page:
+            page.seek(-10, os.SEEK_END)
+            byte = page.read(1)
+            page.seek(-10, os.SEEK_END)
+            page.write(bytes([byte[0] ^ 0x01]))
+        with pytest.raises(PageCorrupted) as error:
+            flash.get(7)
+        assert error.value.key == 7 and path in str(error.value) and "CRC32" in str(error.value)
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda data: data[:-1], "truncated"),
+    (lambda data: data + b"!", "longer"),
+    (lambda data: b"XXXX" + data[4:], "not a page"),
+    (lambda data: data[:16] + b"#" + data[17:], "header CRC32"),
+    (lambda data: data[:8] + b"\xff\xff\xff\x7f" + data[12:], "implausible"),
+    (lambda data: data[:4] + b"\x09" + data[5:], "page version 9"),
+], ids=["truncated", "extended", "magic", "header", "header length", "version"])
+def test_flash_detects_damaged_files(tmp_path, damage, expected):
+    with FlashStore(tmp_path) as flash:
+        flash.put("n", torch.ones(64))
+        path = flash.path_of("n")
+        with open(path, "rb") as page:
+            data = page.read()
+        with open(path, "wb") as page:
+            page.write(damage(data))
+        with pytest.raises(PageCorrupted, match=expected):
+            flash.get("n")
+
+
+def test_flash_reports_a_removed_file(tmp_path):
+    with FlashStore(tmp_path) as flash:
+        flash.put("n", torch.ones(4))
+        os.unlink(flash.path_of("n"))
+        with pytest.raises(PageCorrupted, match="removed"):
+            flash.get("n")
+
+
+def test_link_detects_damage_on_the_way_back():
+    host = MemoryStore()
+
+    def fetch_damaged(key):
+        data = bytearray(host.get_bytes(key))
+        data[-1] ^= 0x80
+        return bytes(data)
+
+    link = LinkStore(host.put_bytes, fetch_damaged, host.drop_bytes, where="host over tcp")
+    link.put(3, torch.randn(16))
+    with pytest.raises(PageCorrupted, match="host over tcp"):
+        link.get(3)
+
+
+def test_codec_is_shared_between_stores(tmp_path):
+    tensor = sample(torch.bfloat16)
+    with FlashStore(tmp_path) as flash:
+        flash.put("k", tensor)
+        with open(flash.path_of("k"), "rb") as page:
+            assert_same(tensor, decode(page.read(), "k", "a flash file"))
+    assert encode(tensor).to_bytes() == open_bytes_of(MemoryStore(), tensor)
+
+
+def open_bytes_of(memory: MemoryStore, tensor: torch.Tensor) -> bytes:
+    memory.put("k", tensor)
+    return memory.get_bytes("k")
+
+
+# Clean-up --------------------------------------------------------------------------------------
+
+def test_flash_cleans_up_after_step_close_and_exception(tmp_path):
+    page_dir = tmp_path / "pages"
+    flash = FlashStore(page_dir)
+    flash.put("a", torch.ones(10))
+    flash.put("b", torch.ones(10))
+    assert len(os.listdir(flash.directory)) == 2
+    flash.discard("a")
+    assert len(os.listdir(flash.directory)) == 1
+    flash.clear()  # end of step
+    assert os.listdir(flash.directory) == [] and flash.bytes_held == 0
+    flash.close()
+    assert os.listdir(page_dir) == []  # the page dir itself is the user's and stays
+    with pytest.raises(PageStoreError, match="closed"):
+        flash.put("c", torch.ones(1))
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with FlashStore(page_dir) as flash:
+            flash.put("a", torch.ones(10))
+            raise RuntimeError("boom")
+    assert os.listdir(page_dir) == []
+
+
+def test_flash_cleans_up_when_forgotten(tmp_path):
+    flash = FlashStore(tmp_path)
+    flash.put("a", torch.ones(10))
+    del flash  # never closed: the finalizer removes its directory
+    assert os.listdir(tmp_path) == []
+
+
+def test_two_stores_share_a_page_dir_without_clashing(tmp_path):
+    with FlashStore(tmp_path) as one, FlashStore(tmp_path) as two:
+        one.put(1, torch.zeros(3))
+        two.put(1, torch.ones(3))
+        assert_same(torch.zeros(3), one.get(1))
+        assert_same(torch.ones(3), two.get(1))
+
+
+# Full ------------------------------------------------------------------------------------------
+
+def test_flash_capacity_exceeded_is_clear(tmp_path):
+    with FlashStore(tmp_path, capacity_bytes=1 * MiB) as flash:
+        flash.put("first", torch.zeros(600 * 1024, dtype=torch.uint8))
+        held = flash.bytes_held
+        with pytest.raises(PageStoreFull) as error:
+            flash.put("second", torch.zeros(600 * 1024, dtype=torch.uint8))
+        message = str(error.value)
+        assert error.value.needed_bytes > 600 * 1024
+        assert str(error.value.needed_bytes) in message and str(tmp_path) in message
+        assert "capacity" in message and "Remedy" in message
+        assert flash.bytes_held == held and flash.keys() == ["first"]
+        assert len(os.listdir(flash.directory)) == 1
+        flash.put("first", torch.zeros(900 * 1024, dtype=torch.uint8))  # a replacement fits
+
+
+def test_memory_and_link_capacity(tmp_path):
+    host = MemoryStore(capacity_bytes=MiB)
+    link = LinkStore(host.put_bytes, host.get_bytes, host.drop_bytes)
+    link.put(1, torch.zeros(MiB // 2, dtype=torch.uint8))
+    with pytest.raises(PageStoreFull, match="host memory"):  # refused by the host's own limit
+        link.put(2, torch.zeros(MiB // 2, dtype=torch.uint8))
+    assert link.keys() == [1] and host.keys() == [1]
+    capped = LinkStore(host.put_bytes, host.get_bytes, host.drop_bytes, capacity_bytes=100)
+    with pytest.raises(PageStoreFull, match="the host"):
+        capped.put(3, torch.zeros(200, dtype=torch.uint8))
+    link.clear()
+    assert host.bytes_held == 0 and host.keys() == []
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path):
+    """A real 1 MiB tmpfs, so the kernel itself answers ENOSPC."""
+    mount_point = tmp_path / f"tiny-{uuid.uuid4().hex[:8]}"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a 1 MiB tmpfs to make a real full disk (needs root and "
+                    f"CAP_SYS_ADMIN): {done.stderr.strip() or done.returncode}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=False)
+
+
+def test_disk_full_is_a_clear_error_and_leaves_nothing(tiny_filesystem):
+    with FlashStore(tiny_filesystem) as flash:
+        flash.put("small", torch.ones(1000))
+        with pytest.raises(PageStoreFull) as error:
+            flash.put("big", torch.zeros(2 * MiB, dtype=torch.uint8))
+        full = error.value
+        assert isinstance(full.__cause__, OSError) and full.__cause__.errno == errno.ENOSPC
+        assert full.free_bytes is not None and full.free_bytes < MiB
+        message = str(full)
+        assert "No space left on device" in message and str(tiny_filesystem) in message
+        assert str(full.needed_bytes) in message and "bytes are free" in message
+        assert sorted(os.listdir(flash.directory)) == [os.path.basename(flash.path_of("small"))]
+        assert flash.keys() == ["small"]
+        assert_same(torch.ones(1000), flash.get("small"))  # the store still works
+    assert os.listdir(tiny_filesystem) == []

@@ -1,0 +1,300 @@
+"""The graph-independent profiler: storage tiers, memory, power, identity, the profile it writes,
+and the `profile-storage` command."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from edge_remat_agent import cli, zoo
+from edge_remat_agent.formats import Profile, Tier, load_profile, profile_from_dict
+from edge_remat_agent.pages import MemoryStore
+from edge_remat_agent.profiler import (LiveTensorLedger, PeakRssSampler, PowerMeasurement,
+                                       ProfileIncomplete, StepMeter, board_identity, measure_flash,
+                                       measure_link, measure_power, measure_runtime_footprint,
+                                       measure_store, measured_profile, sizes_between,
+                                       write_profile)
+from edge_remat_agent.profiler.fit import fit_line
+from edge_remat_agent.profiler.identity import cgroup_memory_limit_bytes, effective_ram_bytes
+from edge_remat_agent.sensors import SensorError, open_sensor
+from edge_remat_agent.units import parse_size
+
+KiB, MiB = 2**10, 2**20
+SMALL_SIZES = (4 * KiB, 64 * KiB, 256 * KiB)
+
+
+def write_tree(root, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+
+# Fitting and tiers -----------------------------------------------------------------------------
+
+def test_fit_recovers_latency_and_bandwidth():
+    sizes = [4 * KiB * 4**i for i in range(8)]
+    times = [2e-4 + n / 50e6 for n in sizes]
+    line = fit_line(sizes, times)
+    assert line.latency_s == pytest.approx(2e-4, rel=1e-6)
+    assert line.bytes_per_s == pytest.approx(50e6, rel=1e-6)
+    assert line.max_relative_error < 1e-9
+
+
+def test_fit_without_an_intercept_falls_back_to_a_line_through_zero():
+    assert fit_line([MiB], [0.01]).latency_s == 0.0
+    assert fit_line([MiB], [0.01]).bytes_per_s == pytest.approx(MiB / 0.01)
+    line = fit_line([KiB, MiB], [1e-3, 1e-4])  # bigger is faster: noise, not a line
+    assert line.latency_s == 0.0 and line.bytes_per_s > 0
+
+
+def test_sizes_between():
+    assert sizes_between(4 * KiB, 64 * MiB) == tuple(4 * KiB * 4**i for i in range(8))
+    assert sizes_between(4 * KiB, 100 * KiB) == (4 * KiB, 16 * KiB, 64 * KiB, 100 * KiB)
+    with pytest.raises(ValueError):
+        sizes_between(0, KiB)
+
+
+def assert_valid_tier(tier: Tier) -> None:
+    assert tier.read_bytes_per_s > 0 and tier.write_bytes_per_s > 0
+    assert tier.latency_s >= 0 and tier.read_latency_s >= 0 and tier.write_latency_s >= 0
+    profile_from_dict(Profile("measured", {}, 1.0, 2.0, tiers={"flash": tier}).to_dict())
+
+
+def test_flash_measurement_on_a_tmp_dir(tmp_path):
+    measurement = measure_flash(tmp_path, SMALL_SIZES, min_window_s=0.002)
+    assert [p.nbytes for p in measurement.points] == list(SMALL_SIZES)
+    assert all(p.write_s > 0 and p.read_s > 0 and p.writes >= 1 for p in measurement.points)
+    assert sum(p.read_s * p.reads for p in measurement.points[:1]) >= 0.002
+    assert "fsync" in measurement.method and "DONTNEED" in measurement.method
+    tier = measurement.fit()
+    assert_valid_tier(tier)
+    assert tier.capacity_bytes > 0  # the free space there
+    assert os.listdir(tmp_path) == []  # the probe pages are gone
+
+
+def test_memory_store_and_link_measurements():
+    host = MemoryStore()
+    local = measure_store(host, SMALL_SIZES, min_window_s=0.001)
+    assert local.name == "host"
+    assert_valid_tier(local.fit())
+    sent = []
+
+    def send(key, data):
+        assert isinstance(key, str)  # transports may carry keys as JSON
+        sent.append(len(data))
+        host.put_bytes(key, data)
+
+    link = measure_link(send, host.get_bytes, host.drop_bytes, SMALL_SIZES, min_window_s=0.001,
+                        capacity_bytes=MiB)
+    assert_valid_tier(link.fit())
+    assert link.fit().capacity_bytes == MiB
+    assert set(sent) >= set(SMALL_SIZES) and host.keys() == []
+
+
+# Memory ----------------------------------------------------------------------------------------
+
+def test_ledger_counts_live_bytes_and_peak():
+    ledger = LiveTensorLedger()
+    ledger.register("a", 100)
+    ledger.register("b", 50)
+    assert ledger.unregister("a") == 100
+    ledger.register("c", 20)
+    assert (ledger.live_bytes, ledger.peak_bytes, ledger.peak_key) == (70, 150, "b")
+    with pytest.raises(KeyError):
+        ledger.register("b", 1)
+    with pytest.raises(KeyError):
+        ledger.unregister("a")
+    ledger.reset_peak()
+    assert ledger.peak_bytes == 70 and ledger.result()["entries"] == 2
+
+
+def test_ledger_counts_a_shared_storage_once():
+    ledger = LiveTensorLedger()
+    base = torch.zeros(1000)
+    assert ledger.register_tensor("x", base) == 4000
+    assert ledger.register_tensor("view", base.view(10, 100)[:2]) == 0
+    assert ledger.live_bytes == 4000
+    assert ledger.unregister("x") == 0  # the view still holds the memory
+    assert ledger.unregister("view") == 4000
+    assert ledger.live_bytes == 0 and ledger.peak_bytes == 4000
+
+
+def test_peak_rss_sampler_sees_a_200_mb_allocation():
+    size = 200 * 10**6
+    with PeakRssSampler(period_s=0.001) as rss:
+        block = torch.ones(size // 4)  # touched, so resident
+        time.sleep(0.05)
+        del block
+    assert rss.peak_sampled_bytes - rss.start_bytes > 0.9 * size
+    if rss.peak_kernel_bytes is not None:  # Linux: VmHWM reset on entry
+        assert rss.peak_kernel_bytes - rss.start_bytes > 0.9 * size
+    assert rss.peak_bytes >= rss.peak_sampled_bytes
+    assert rss.ru_maxrss_bytes is None or rss.ru_maxrss_bytes > size
+    assert rss.result()["samples"] > 5
+
+
+def test_runtime_footprint_in_a_fresh_interpreter():
+    footprint = measure_runtime_footprint(functools.partial(zoo.build, "mlp"))
+    assert 0 < footprint.python_bytes < footprint.torch_bytes <= footprint.model_bytes
+    model, _ = zoo.build("mlp")
+    assert footprint.model_parameter_bytes == sum(p.numel() * 4 for p in model.parameters())
+    assert footprint.baseline_bytes >= footprint.torch_bytes
+    assert footprint.torch_version == torch.__version__
+    with pytest.raises(ValueError, match="importable by name"):
+        measure_runtime_footprint(lambda: torch.nn.Linear(2, 2))
+
+
+def test_step_meter_reports_time_ledger_rss_and_energy(tmp_path):
+    ledger = LiveTensorLedger()
+    ledger.register("weights", 1000)
+    with StepMeter(ledger) as meter:
+        ledger.register("activation", 64 * MiB)
+        block = torch.ones(16 * MiB)  # 64 MiB, resident
+        time.sleep(0.02)
+        del block
+        ledger.unregister("activation")
+    step = meter.result
+    assert step.wall_s >= 0.02 and step.ledger_peak_bytes == 1000 + 64 * MiB
+    assert step.rss_peak_bytes - step.rss_start_bytes > 60 * MiB
+    assert step.energy_j is None and step.sensor is None
+    write_tree(tmp_path, {"/proc/stat": "cpu  100 0 100 800 0 0 0 0 0 0\n"})
+    with StepMeter(ledger, open_sensor("model", tmp_path, idle_w=2.0)) as meter:
+        time.sleep(0.03)
+    step = meter.result
+    assert step.ledger_peak_bytes == 1000  # a new step's peak starts from what is live
+    assert step.sensor == "model" and step.energy_j > 0 and step.energy_method
+    json.dumps(step.to_dict())
+
+
+# Identity and power ----------------------------------------------------------------------------
+
+def test_identity_has_the_fields():
+    identity = board_identity(sensor="rapl")
+    for key in ("board", "machine", "os", "kernel", "cpu", "cpu_count", "ram_physical_bytes",
+                "cgroup_memory_limit_bytes", "torch", "cuda_device", "sensor"):
+        assert key in identity
+    assert identity["torch"] == torch.__version__ and identity["sensor"] == "rapl"
+    assert identity["ram_physical_bytes"] > 0 and identity["cpu"]
+    json.dumps(identity)
+
+
+def test_identity_of_a_raspberry_pi_5_in_a_memory_cgroup(tmp_path):
+    cpuinfo = "".join(f"processor\t: {i}\nCPU implementer\t: 0x41\nCPU part\t: 0xd0b\n\n"
+                      for i in range(4))
+    write_tree(tmp_path, {
+        "/proc/cpuinfo": cpuinfo,
+        "/proc/device-tree/model": "Raspberry Pi 5 Model B Rev 1.0\x00",
+        "/proc/meminfo": "MemTotal:        8245000 kB\n",
+        "/proc/self/cgroup": "0::/board/run\n",
+        "/sys/fs/cgroup/board/memory.max": "536870912\n",
+        "/sys/fs/cgroup/board/run/memory.max": "max\n",
+    })
+    identity = board_identity(root=str(tmp_path))
+    assert identity["board"] == "Raspberry Pi 5 Model B Rev 1.0"
+    assert identity["cpu"] == "Cortex-A76"
+    assert identity["ram_physical_bytes"] == 8245000 * 1024
+    assert identity["cgroup_memory_limit_bytes"] == 512 * MiB
+    assert effective_ram_bytes(identity) == 512 * MiB
+
+
+def test_cgroup_v1_unlimited_is_no_limit(tmp_path):
+    write_tree(tmp_path, {"/proc/meminfo": "MemTotal: 1000 kB\n",
+                          "/proc/self/cgroup": "4:memory:/x\n",
+                          "/sys/fs/cgroup/memory/x/memory.limit_in_bytes": "9223372036854771712\n"})
+    assert cgroup_memory_limit_bytes(str(tmp_path)) is None
+
+
+def test_power_without_any_sensor_says_why(tmp_path):
+    power = measure_power(root=tmp_path, idle_s=0.01, busy_s=0.01)  # an empty tree: nothing
+    assert not power.measured and power.sensor is None
+    reasons = " ".join(power.reasons)
+    assert "rapl" in reasons and "model:" in reasons and "no power figures" in reasons
+    none = measure_power("none", root=tmp_path)
+    assert not none.measured and "--sensor none" in none.reasons[0]
+    with pytest.raises(SensorError):
+        measure_power("rapl", root=tmp_path)  # asked for by name: must exist
+    with pytest.raises(ProfileIncomplete, match="no power sensor|no power figures"):
+        measured_profile({}, power)
+
+
+def test_power_falls_back_to_the_labelled_model(tmp_path):
+    write_tree(tmp_path, {"/proc/stat": "cpu  100 0 100 800 0 0 0 0 0 0\n"})
+    power = measure_power(root=tmp_path, idle_s=0.01, busy_s=0.01)
+    assert power.sensor == "model" and power.estimate and power.measured
+    # A frozen /proc/stat: no utilisation, so both windows read the model's idle figure.
+    assert power.idle_w == pytest.approx(2.0, rel=0.05)
+    assert power.active_w == pytest.approx(2.0, rel=0.05)
+    assert any("labelled CPU-utilisation model" in r for r in power.reasons)
+
+
+# The profile -----------------------------------------------------------------------------------
+
+def test_measured_profile_is_written_and_loads(tmp_path):
+    flash = measure_flash(tmp_path / "pages", SMALL_SIZES, min_window_s=0.001)
+    host = MemoryStore()
+    link = measure_link(host.put_bytes, host.get_bytes, host.drop_bytes, SMALL_SIZES, 0.001)
+    power = PowerMeasurement(3.0, 7.5, "rapl", False, idle_s=1.0, busy_s=1.0)
+    identity = board_identity(sensor="rapl")
+    profile = measured_profile(identity, power, flash=flash, host=link, name="test board")
+    write_profile(profile, tmp_path / "profile.json")
+    loaded = load_profile(tmp_path / "profile.json")
+    assert loaded == profile
+    assert loaded.source == "measured" and set(loaded.tiers) == {"flash", "host"}
+    assert (loaded.idle_w, loaded.active_w) == (3.0, 7.5)
+    assert loaded.device["torch"] == torch.__version__ and loaded.device["sensor"] == "rapl"
+    assert loaded.ram_total_bytes == effective_ram_bytes(identity)
+    assert len(loaded.measurements["tiers"]["flash"]["points"]) == len(SMALL_SIZES)
+
+
+def test_format_extensions_are_backward_compatible(tmp_path):
+    old = {"format": "edge-remat/profile", "version": 1, "source": "modelled", "device": {},
+           "power": {"idle_w": 1.0, "active_w": 2.0},
+           "tiers": {"flash": {"read_bytes_per_s": 100.0, "write_bytes_per_s": 50.0,
+                               "latency_s": 0.5}}}
+    profile = profile_from_dict(old)
+    flash = profile.tiers["flash"]
+    assert flash.read_latency_s is None and profile.measurements == {}
+    assert flash.write_cost(100) == (2.5, 0.0) and flash.read_cost(100) == (1.5, 0.0)
+    assert "read_latency_s" not in flash.to_dict() and "measurements" not in profile.to_dict()
+    split = Tier(100.0, 50.0, latency_s=0.1, read_latency_s=0.1, write_latency_s=2.0)
+    assert split.write_cost(100) == (4.0, 0.0) and split.read_cost(100) == (1.1, 0.0)
+    again = profile_from_dict(Profile("measured", {}, 1.0, 2.0, tiers={"flash": split},
+                                      measurements={"note": "x"}).to_dict())
+    assert again.tiers["flash"] == split and again.measurements == {"note": "x"}
+
+
+def test_profile_storage_command(tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    code = cli.main(["profile-storage", "--page-dir", str(tmp_path / "pages"), "--sizes",
+                     "4KiB,64KiB", "--window-s", "0.001", "--idle-s", "0.01", "--busy-s", "0.01",
+                     "--no-footprint", "-o", str(out)])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    profile = load_profile(out)
+    assert profile.source == "measured" and "flash" in profile.tiers
+    assert summary["flash"]["write_bytes_per_s"] == profile.tiers["flash"].write_bytes_per_s
+    assert profile.device["sensor"] == summary["sensor"]
+    assert os.listdir(tmp_path / "pages") == []
+
+
+def test_profile_storage_command_errors(tmp_path, capsys):
+    code = cli.main(["profile-storage", "--page-dir", str(tmp_path), "--sizes", "4KiB",
+                     "--window-s", "0.001", "--sensor", "no-such-meter", "--no-footprint",
+                     "-o", str(tmp_path / "p.json")])
+    assert code == 2 and "no power sensor named" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["profile-storage", "--page-dir", str(tmp_path), "--sizes", "4 parsecs",
+                  "-o", "x.json"])
+
+
+def test_parse_size():
+    assert parse_size("64MiB") == 64 * MiB and parse_size("4KiB") == 4096
+    assert parse_size("1.5GB") == 1_500_000_000 and parse_size("4096") == 4096
+    with pytest.raises(ValueError, match="64MiB"):
+        parse_size("lots")
