@@ -1,0 +1,61 @@
+"""Jobs every agent build has. They exercise the plumbing (queue, progress, checkpoints,
+resume, output files) without needing torch, except `torch-check`, which proves torch works."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+from .registry import JobCancelled, JobContext
+
+
+def sysinfo_job(ctx: JobContext, params: dict) -> dict:
+    from .sysinfo import collect
+    return collect(ctx.workdir)
+
+
+def echo_job(ctx: JobContext, params: dict) -> dict:
+    """Returns its params; with "file" it also reports that pushed file's size and sha256 and
+    writes echo.json as an output; with "fail" it fails with that message."""
+    if params.get("fail"):
+        raise RuntimeError(str(params["fail"]))
+    result = {"params": params, "files": ["echo.json"]}
+    if params.get("file"):
+        data = ctx.input_path(str(params["file"])).read_bytes()
+        result["file_bytes"] = len(data)
+        result["file_sha256"] = hashlib.sha256(data).hexdigest()
+    ctx.write_json("echo.json", result)
+    ctx.progress(1.0, "echoed")
+    return result
+
+
+def sleep_job(ctx: JobContext, params: dict) -> dict:
+    """Sleeps `seconds` in `steps` steps, checkpointing each step, so it resumes (not restarts)
+    after the agent itself was stopped. `starts` counts how often the job process began it:
+    a dropped link must leave it at 1."""
+    seconds = float(params.get("seconds", 1.0))
+    steps = max(1, int(params.get("steps", 10)))
+    checkpoint = ctx.state_dir / "sleep.json"
+    state = {"step": 0, "starts": 0}
+    if checkpoint.exists():
+        state = json.loads(checkpoint.read_text())
+    resumed_from = state["step"]
+    state["starts"] += 1
+    checkpoint.write_text(json.dumps(state))
+    for step in range(resumed_from, steps):
+        if ctx.cancelled:
+            raise JobCancelled()
+        time.sleep(seconds / steps)
+        state["step"] = step + 1
+        checkpoint.write_text(json.dumps(state))
+        ctx.progress((step + 1) / steps, f"step {step + 1}/{steps}", step=step + 1)
+    return {"steps": steps, "seconds": seconds, "resumed_from": resumed_from,
+            "starts": state["starts"]}
+
+
+def torch_check_job(ctx: JobContext, params: dict) -> dict:
+    import torch
+    a = torch.ones(64, 64)
+    return {"torch": torch.__version__, "matmul_sum": float((a @ a).sum()),
+            "threads": torch.get_num_threads()}

@@ -1,0 +1,47 @@
+"""Which agent code this process runs, and how to start another process of the same code."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import edge_remat_agent
+
+
+def running_archive() -> Optional[Path]:
+    """The .pyz this code was imported from, or None when it runs from a package folder."""
+    for parent in Path(edge_remat_agent.__file__).parents:
+        if parent.is_file():
+            return parent
+    return None
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def build_of(archive: Optional[Path]) -> str:
+    """An archive's build id is its sha256; code run from a folder is "source-<version>"."""
+    if archive is None:
+        return f"source-{edge_remat_agent.__version__}"
+    return file_sha256(archive)
+
+
+def own_build() -> str:
+    return build_of(running_archive())
+
+
+def agent_command(archive: Optional[Path] = None) -> List[str]:
+    """argv that runs `edge-remat-agent` from `archive` (default: the code running now)."""
+    archive = archive or running_archive()
+    if archive is not None:
+        return [sys.executable, str(archive)]
+    return [sys.executable, "-m", "edge_remat_agent"]

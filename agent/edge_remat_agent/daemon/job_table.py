@@ -1,0 +1,23 @@
+"""Every job kind this agent can run, by "module:function" (imported only by the job process).
+
+Add a kind with one line. Keep this module free of heavy imports: the daemon imports it.
+"""
+
+from .registry import register_job
+
+_BUILTIN = "edge_remat_agent.daemon.builtin_jobs"
+
+register_job("sysinfo", f"{_BUILTIN}:sysinfo_job",
+             description="python/torch versions, free RAM and disk")
+register_job("echo", f"{_BUILTIN}:echo_job",
+             description="return the params (and a pushed file's size and sha256)")
+register_job("sleep", f"{_BUILTIN}:sleep_job",
+             description="sleep in checkpointed steps (resume tests)")
+register_job("torch-check", f"{_BUILTIN}:torch_check_job", needs_torch=True,
+             description="import torch and multiply two small matrices")
+
+# The executor and the profiler plug in here, e.g.:
+# register_job("run", "edge_remat_agent.executor.jobs:run_job", needs_torch=True,
+#              description="execute a plan on the board for N steps")
+# register_job("profile", "edge_remat_agent.profiler.jobs:profile_job", needs_torch=True,
+#              description="measure every graph node, the storage tiers and the power sensor")

@@ -1,0 +1,189 @@
+"""Front ends: how `serve --stdio` and `serve --serial` reach the workdir's daemon.
+
+Jobs must outlive the link that started them: an SSH session that drops kills every process it
+started in its session, and a serial cable can be pulled. So the front ends are thin relays.
+`ensure_daemon` connects to the daemon's Unix socket, starting the daemon first (detached in a
+session of its own, so a dying SSH session does not take it along) when none answers. Then the
+relay copies bytes both ways until either side goes. A host that reconnects gets a new relay to
+the same daemon and asks about the same job.
+
+Which code the daemon runs: the archive named by WORKDIR/agent.current (the host writes it
+after pushing a new agent), else the code running this front end. A daemon of another build is
+replaced only while it is idle, never in the middle of someone's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from .. import __version__
+from ..wire.framing import FrameStream, PipeChannel
+from ..wire.protocol import Client, RemoteError
+from .identity import agent_command, build_of, running_archive
+from .layout import Layout, unix_socket_address
+
+_log = logging.getLogger(__name__)
+DAEMON_IDLE_EXIT_S = 3600.0
+
+
+class DaemonUnavailable(RuntimeError):
+    pass
+
+
+def connect_daemon(layout: Layout, timeout: float = 2.0) -> Optional[socket.socket]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(unix_socket_address(layout.socket_path))
+    except OSError:
+        sock.close()
+        return None
+    sock.settimeout(None)
+    return sock
+
+
+def start_daemon(layout: Layout, archive: Optional[Path]) -> subprocess.Popen:
+    log = open(layout.log_path, "ab")
+    if log.tell() > 4 << 20:  # keep the log small on small boards
+        log.truncate(0)
+    try:
+        return subprocess.Popen(
+            agent_command(archive) + ["serve", "--daemon", "--workdir", str(layout.root),
+                                      "--idle-exit", str(DAEMON_IDLE_EXIT_S)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=str(layout.root),
+            start_new_session=True, close_fds=True)
+    finally:
+        log.close()
+
+
+def ensure_daemon(layout: Layout, timeout: float = 30.0) -> socket.socket:
+    """A connection to this workdir's daemon of the wanted build, starting one if needed."""
+    layout.ensure()
+    archive = layout.current_archive() or running_archive()
+    wanted = build_of(archive)
+    deadline = time.monotonic() + timeout
+    started: Optional[subprocess.Popen] = None
+    while time.monotonic() < deadline:
+        sock = connect_daemon(layout)
+        if sock is None:
+            if started is None or started.poll() is not None:
+                if started is not None and started.returncode not in (0, None):
+                    _log.info("daemon exited with %s; retrying", started.returncode)
+                started = start_daemon(layout, archive)
+            time.sleep(0.05)
+            continue
+        client = Client(FrameStream(sock))
+        try:
+            hello = client.hello(f"edge-remat-agent-relay/{__version__}")
+        except (RemoteError, OSError, ValueError):
+            sock.close()
+            time.sleep(0.1)
+            continue
+        if hello.get("build") == wanted or not _replace_if_idle(client):
+            return sock  # the relay's own hello is answered; the rest of the stream is the host's
+        sock.close()
+        _wait_for_exit(layout, deadline)
+    raise DaemonUnavailable(f"no agent daemon answered on {layout.socket_path} within "
+                            f"{timeout:g} s; see {layout.log_path}")
+
+
+def _replace_if_idle(client: Client) -> bool:
+    try:
+        client.call("stop", if_idle=True)
+        return True
+    except RemoteError:
+        return False  # busy: keep using the running daemon
+
+
+def _wait_for_exit(layout: Layout, deadline: float) -> None:
+    """Until the daemon has let go of the workdir's lock: it has finished stopping."""
+    from .runner import lock_is_held
+    while time.monotonic() < deadline and lock_is_held(layout.lock_path):
+        time.sleep(0.05)
+
+
+def relay(a: Any, b: Any) -> None:
+    """Copy bytes both ways between two channels until either side ends, then close both."""
+    done = threading.Event()
+
+    def pump(src: Any, dst: Any) -> None:
+        try:
+            while not done.is_set():
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                dst.sendall(data)
+        except (OSError, ValueError):
+            pass
+        finally:
+            done.set()
+
+    threads = [threading.Thread(target=pump, args=(a, b), daemon=True),
+               threading.Thread(target=pump, args=(b, a), daemon=True)]
+    for thread in threads:
+        thread.start()
+    done.wait()
+    for channel in (a, b):
+        try:
+            if isinstance(channel, socket.socket):
+                channel.shutdown(socket.SHUT_RDWR)
+            channel.close()
+        except OSError:
+            pass
+    for thread in threads:
+        thread.join(1.0)
+
+
+def serve_stdio(layout: Layout) -> int:
+    sock = ensure_daemon(layout)
+    # stdout is the protocol stream now: nothing else may print there.
+    stdio = PipeChannel(sys.stdin.fileno(), sys.stdout.fileno(), close_fds=False)
+    sys.stdout = sys.stderr
+    relay(stdio, sock)
+    return 0
+
+
+def serve_serial(layout: Layout, device: str, baud: int) -> int:
+    from ..wire.serial_link import SerialLink, ack_timeout_for
+    from ..wire.tty import TtyPort
+
+    link = SerialLink(TtyPort(device, baud), role="board", ack_timeout=ack_timeout_for(baud))
+    _log.info("serving on %s at %d baud", device, baud)
+    try:
+        while True:
+            session = link.accept()
+            if session is None:
+                return 0
+            _log.info("host opened serial session %08x", session.id)
+            try:
+                sock = ensure_daemon(layout)
+            except DaemonUnavailable as exc:
+                _log.error("%s", exc)
+                session.close()
+                continue
+            threading.Thread(target=relay, args=(session, sock), daemon=True,
+                             name="serial-relay").start()
+    finally:
+        link.close()
+
+
+def stop_daemon(layout: Layout, if_idle: bool = False) -> str:
+    sock = connect_daemon(layout)
+    if sock is None:
+        return f"no agent daemon runs for {layout.root}"
+    client = Client(FrameStream(sock))
+    try:
+        client.call("stop", if_idle=if_idle)
+    finally:
+        client.close()
+    _wait_for_exit(layout, time.monotonic() + 15)
+    return f"agent daemon for {layout.root} stopped"
+
+

@@ -1,0 +1,227 @@
+"""Device configs: one TOML per board (device_configs/*.toml), found by name or by path.
+
+    name = "rpi4-lab"
+    [connection]
+    kind = "ssh"                    # "local" | "ssh" | "serial"
+    host = "rpi4"                   # an ~/.ssh/config alias works (HostName, User, Port,
+    port = 22                       #   IdentityFile, ProxyJump); fields given here win
+    user = "pi"
+    key = "~/.ssh/id_ed25519"
+    python = "python3"
+    workdir = "~/edge-remat"
+    host_key_policy = "strict"      # or "accept-new"
+    known_hosts = "~/.ssh/known_hosts"
+    # serial: port = "/dev/ttyUSB0", baud = 921600
+    [hardware]
+    ram_bytes = 4294967296
+    page_dir = "/home/pi/edge-remat/pages"
+    sensor = "none"
+    family = "rpi"                  # "jetson" | "rpi" | "android" | "generic": install hints
+    memory_limit_bytes = 629145600  # local only: an emulated board, the agent in a memory cgroup
+
+Every error names the file and the field.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from edge_remat_agent.formats import FormatError
+from edge_remat_agent.formats.fields import Reader
+
+KINDS = ("local", "ssh", "serial")
+HOST_KEY_POLICIES = ("strict", "accept-new")
+FAMILIES = ("generic", "jetson", "rpi", "android")
+ENV_SEARCH_PATH = "EDGE_REMAT_DEVICE_CONFIGS"
+
+
+def sensor_names() -> tuple:
+    from edge_remat_agent.sensors import SENSORS
+    return ("none",) + tuple(sorted(SENSORS))
+
+
+class DeviceError(ValueError):
+    """A device that cannot be found (the message lists the ones that can)."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    kind: str
+    host: Optional[str] = None
+    port: Optional[int] = None
+    user: Optional[str] = None
+    key: Optional[str] = None
+    python: Optional[str] = None
+    workdir: str = "~/edge-remat"
+    host_key_policy: str = "strict"
+    known_hosts: str = "~/.ssh/known_hosts"
+    ssh_config: str = "~/.ssh/config"
+    agent_port: Optional[int] = None
+    device: Optional[str] = None
+    baud: int = 921600
+    keepalive_s: float = 15.0
+    connect_timeout_s: float = 10.0
+    reconnect_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class Hardware:
+    ram_bytes: Optional[int] = None
+    page_dir: Optional[str] = None
+    sensor: str = "none"
+    family: str = "generic"
+    memory_limit_bytes: Optional[int] = None  # an emulated board: a cgroup's hard limit (local)
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    name: str
+    path: Path
+    connection: Connection
+    hardware: Hardware = field(default_factory=Hardware)
+    description: str = ""
+
+    def address(self) -> str:
+        c = self.connection
+        if c.kind == "local":
+            return "this machine"
+        if c.kind == "serial":
+            return f"{c.device} @ {c.baud} baud"
+        user = f"{c.user}@" if c.user else ""
+        port = f":{c.port}" if c.port else ""
+        return f"{user}{c.host}{port}"
+
+
+def _load_toml(path: Path) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise FormatError(str(path), "<file>", "a readable device config", exc.strerror) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FormatError(str(path), "<toml>", "valid TOML", str(exc)) from None
+
+
+def load_device(path: "str | os.PathLike[str]") -> DeviceConfig:
+    path = Path(path)
+    top = Reader(_load_toml(path), str(path))
+    top.reject_unknown({"name", "description", "connection", "hardware"})
+    name = top.str("name", path.stem)
+    conn = _connection(top.child("connection"))
+    hardware = _hardware(top.child("hardware", None))
+    if hardware.memory_limit_bytes and conn.kind != "local":
+        raise FormatError(str(path), "hardware.memory_limit_bytes", "no memory limit on a "
+                          f"{conn.kind} board (it emulates a board on this machine: kind local)")
+    return DeviceConfig(name=name, path=path, connection=conn, hardware=hardware,
+                        description=top.str("description", ""))
+
+
+def _connection(r: Reader) -> Connection:
+    kind = r.str("kind", choices=KINDS)
+    common = {"python", "workdir", "kind", "connect_timeout_s", "reconnect_timeout_s"}
+    values = dict(kind=kind, python=r.str("python", None), workdir=r.str("workdir", "~/edge-remat"),
+                  connect_timeout_s=r.number("connect_timeout_s", 10.0),
+                  reconnect_timeout_s=r.number("reconnect_timeout_s", 120.0))
+    if kind == "ssh":
+        r.reject_unknown(common | {"host", "port", "user", "key", "host_key_policy",
+                                   "known_hosts", "ssh_config", "agent_port", "keepalive_s"})
+        values.update(
+            host=r.str("host"), port=_port(r, "port"), user=r.str("user", None),
+            key=r.str("key", None),
+            host_key_policy=r.str("host_key_policy", "strict", choices=HOST_KEY_POLICIES),
+            known_hosts=r.str("known_hosts", "~/.ssh/known_hosts"),
+            ssh_config=r.str("ssh_config", "~/.ssh/config"), agent_port=_port(r, "agent_port"),
+            keepalive_s=r.number("keepalive_s", 15.0))
+        if not values["host"]:
+            raise r.error("host", "a host name, address or ~/.ssh/config alias", "")
+    elif kind == "serial":
+        r.reject_unknown(common | {"port", "device", "baud"})
+        device = r.str("port", None) or r.str("device", None)
+        if not device:
+            raise r.error("port", 'the serial device, e.g. "/dev/ttyUSB0"')
+        values.update(device=device, baud=r.integer("baud", 921600, minimum=300))
+    else:
+        r.reject_unknown(common)
+    return Connection(**values)
+
+
+def _port(r: Reader, key: str) -> Optional[int]:
+    value = r.integer(key, None, minimum=1)
+    if value is not None and value > 65535:
+        raise r.error(key, "a TCP port (1-65535)", value)
+    return value
+
+
+def _hardware(r: Optional[Reader]) -> Hardware:
+    if r is None:
+        return Hardware()
+    r.reject_unknown({"ram_bytes", "page_dir", "sensor", "family", "memory_limit_bytes"})
+    return Hardware(ram_bytes=r.integer("ram_bytes", None, minimum=1),
+                    page_dir=r.str("page_dir", None),
+                    sensor=r.str("sensor", "none", choices=sensor_names()),
+                    family=r.str("family", "generic", choices=FAMILIES),
+                    memory_limit_bytes=r.integer("memory_limit_bytes", None, minimum=1 << 20))
+
+
+def search_dirs() -> "list[Path]":
+    dirs = [Path(p) for p in os.environ.get(ENV_SEARCH_PATH, "").split(os.pathsep) if p]
+    dirs.append(Path.cwd() / "device_configs")
+    dirs.append(Path(__file__).resolve().parents[2] / "device_configs")  # the repository's
+    seen, unique = set(), []
+    for d in dirs:
+        key = d.resolve()
+        if key not in seen and d.is_dir():
+            seen.add(key)
+            unique.append(d)
+    return unique
+
+
+def config_files() -> "list[Path]":
+    """Every device config on the search path; an earlier folder shadows a later one."""
+    found: dict = {}
+    for directory in search_dirs():
+        for path in sorted(directory.glob("*.toml")):
+            found.setdefault(path.stem, path)
+    return list(found.values())
+
+
+def list_devices() -> "list[DeviceConfig]":
+    return [load_device(path) for path in config_files()]
+
+
+def find_device(name_or_path: str) -> DeviceConfig:
+    """By path (anything ending in .toml or containing a slash), by file name or `name`, or
+    by an unambiguous prefix of either."""
+    if name_or_path.endswith(".toml") or os.sep in name_or_path or "/" in name_or_path:
+        return load_device(name_or_path)
+    files = config_files()
+    by_stem = {p.stem: p for p in files}
+    if name_or_path in by_stem:
+        return load_device(by_stem[name_or_path])
+    devices = [load_device(p) for p in files]
+    exact = [d for d in devices if d.name == name_or_path]
+    if len(exact) == 1:
+        return exact[0]
+    prefixed = [d for d in devices if d.path.stem.startswith(name_or_path)
+                or d.name.startswith(name_or_path)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    known = ", ".join(sorted(by_stem)) or "none"
+    if prefixed:
+        raise DeviceError(f"device {name_or_path!r} is ambiguous: it could be "
+                          + ", ".join(sorted(d.path.stem for d in prefixed)))
+    where = ", ".join(str(d) for d in search_dirs()) or "no device_configs folder"
+    raise DeviceError(f"no device config named {name_or_path!r} (known: {known}; searched "
+                      f"{where}; or pass a path to a .toml)")
+
+
+def local_python(conn: Connection) -> str:
+    return conn.python or sys.executable

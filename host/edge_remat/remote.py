@@ -1,0 +1,194 @@
+"""What the board commands (`devices`, `job`, `job-status`, `deploy`, `profile`, `agent-stop`)
+do, apart from their command-line parsing: checks, tables, parameters, one-line errors."""
+
+from __future__ import annotations
+
+import functools
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import typer
+
+from edge_remat_agent.formats import FormatError
+
+from .devices import DeviceConfig, DeviceError, config_files, load_device
+from .transport import AgentError, Board, JobFailed, TransportError
+from .transport.board import summary
+from .units import fmt_bytes
+
+EXIT_JOB_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_BOARD = 3
+_INPUT_CODES = ("bad_request", "unknown_kind", "unknown_job", "conflict")
+
+
+def _fail(message: str, as_json: bool, code: int, **extra) -> None:
+    if as_json:
+        print(json.dumps({"status": "error" if code != EXIT_JOB_FAILED else "failed",
+                          "error": message, **extra}))
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def board_errors(command):
+    """Bad input exits 2, a board that cannot be reached or used exits 3, a failed job exits 1;
+    always one line, never a traceback."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        as_json = bool(kwargs.get("as_json"))
+        try:
+            return command(*args, **kwargs)
+        except JobFailed as exc:
+            _fail(str(exc), as_json, EXIT_JOB_FAILED, job=exc.record)
+        except (FormatError, DeviceError) as exc:
+            _fail(str(exc), as_json, EXIT_BAD_INPUT)
+        except AgentError as exc:  # the board understood and refused: usually our input
+            _fail(str(exc), as_json, EXIT_BAD_INPUT if exc.code in _INPUT_CODES else EXIT_BOARD)
+        except TransportError as exc:
+            _fail(str(exc), as_json, EXIT_BOARD)
+        except KeyboardInterrupt:
+            _fail("interrupted; jobs already submitted keep running on the board "
+                  "(`edge-remat job-status ID --device NAME` comes back for them)", as_json, 130)
+    return wrapper
+
+
+def to_stderr(message: str) -> None:
+    """Reconnects and progress go to stderr, so stdout stays one result (or one JSON object)."""
+    typer.echo(message, err=True)
+
+
+def show_progress(record: dict) -> None:
+    to_stderr(summary(record))
+
+
+# -- devices -------------------------------------------------------------------------------
+
+def check_device(device: DeviceConfig) -> dict:
+    """Connect and read the board's versions, RAM and disk; never raises."""
+    try:
+        with Board(device, reconnect_timeout_s=0) as board:
+            hello = board.hello()
+            info = board.sysinfo()
+        return {"ok": True, "python": info.get("python"), "torch": info.get("torch"),
+                "ram_total_bytes": info.get("ram_total_bytes"),
+                "ram_free_bytes": info.get("ram_free_bytes"),
+                "disk_free_bytes": info.get("disk_free_bytes"), "board": info.get("board"),
+                "machine": info.get("machine"), "agent_build": hello.get("build"),
+                "job_kinds": sorted(hello.get("job_kinds", {}))}
+    except (TransportError, FormatError, OSError) as exc:
+        return {"ok": False, "error": str(exc)}
+
+
+def device_rows(names: List[str], check: bool) -> List[dict]:
+    from .devices import find_device
+    rows: List[dict] = []
+    targets: List[object] = [find_device(n) for n in names] if names else list(config_files())
+    for target in targets:
+        try:
+            device = target if isinstance(target, DeviceConfig) else load_device(target)
+        except FormatError as exc:
+            rows.append({"name": Path(str(target)).stem, "config": str(target),
+                         "error": str(exc)})
+            continue
+        rows.append({"name": device.name, "kind": device.connection.kind,
+                     "address": device.address(), "ram_bytes": device.hardware.ram_bytes,
+                     "sensor": device.hardware.sensor, "family": device.hardware.family,
+                     "config": str(device.path), "_device": device})
+    if check:
+        checkable = [r for r in rows if "_device" in r]
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(checkable)))) as pool:
+            for row, result in zip(checkable, pool.map(lambda r: check_device(r["_device"]),
+                                                       checkable)):
+                row["check"] = result
+    for row in rows:
+        row.pop("_device", None)
+    return rows
+
+
+def devices_table(rows: List[dict], check: bool) -> str:
+    head = ["NAME", "KIND", "ADDRESS", "RAM", "SENSOR"]
+    if check:
+        head += ["PYTHON", "TORCH", "FREE RAM", "FREE DISK"]
+    lines = [head]
+    notes = []
+    for row in rows:
+        if "error" in row:
+            notes.append(f"{row['name']}: bad config: {row['error']}")
+            continue
+        result = row.get("check")
+        ram = fmt_bytes(row["ram_bytes"]) if row["ram_bytes"] else "(ask board)"
+        if not row["ram_bytes"] and result and result.get("ram_total_bytes"):
+            ram = fmt_bytes(result["ram_total_bytes"]) + " (board)"
+        line = [row["name"], row["kind"], row["address"], ram, row["sensor"]]
+        if result is not None:
+            if result["ok"]:
+                line += [result["python"] or "-", result["torch"] or "MISSING",
+                         fmt_bytes(result["ram_free_bytes"]), fmt_bytes(result["disk_free_bytes"])]
+            else:
+                line += ["-", "-", "-", "-"]
+                notes.append(f"{row['name']}: {result['error']}")
+        lines.append(line)
+    widths = [max(len(str(l[i])) for l in lines) for i in range(len(head))]
+    text = "\n".join("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip()
+                     for l in lines)
+    return text + ("\n" + "\n".join(notes) if notes else "")
+
+
+# -- jobs ----------------------------------------------------------------------------------
+
+def parse_params(params_json: Optional[str], pairs: List[str]) -> dict:
+    params: Dict[str, object] = {}
+    if params_json:
+        try:
+            params = json.loads(params_json)
+        except json.JSONDecodeError as exc:
+            raise FormatError("command line", "--params", "a JSON object", exc.msg) from None
+        if not isinstance(params, dict):
+            raise FormatError("command line", "--params", "a JSON object", params)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise FormatError("command line", "--param", "KEY=VALUE", pair)
+        try:
+            params[key] = json.loads(value)  # 3 -> 3, true -> True, "x" -> "x"
+        except json.JSONDecodeError:
+            params[key] = value  # plain text
+    return params
+
+
+def parse_inputs(pairs: List[str]) -> Dict[str, Path]:
+    inputs: Dict[str, Path] = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name:
+            raise FormatError("command line", "--input", "NAME=PATH (the job gets NAME = the "
+                              "file's path on the board)", pair)
+        if not Path(path).is_file():
+            raise FormatError("command line", f"--input {name}", "an existing file", path)
+        inputs[name] = Path(path)
+    return inputs
+
+
+def print_outcome(record: dict, as_json: bool, board: Board) -> None:
+    if as_json:
+        print(json.dumps({"status": record["state"], "job": record["id"],
+                          "result": record.get("result"), "error": record.get("error"),
+                          "fetched": record.get("fetched", []), "reconnects": board.reconnects,
+                          "device": board.name}, default=str))
+        return
+    typer.echo(summary(record))
+    if record.get("result") is not None:
+        typer.echo(json.dumps(record["result"], indent=1, default=str))
+    for path in record.get("fetched", []):
+        typer.echo(f"fetched {path}")
+
+
+def require_kind(board: Board, kind: str, what: str) -> None:
+    kinds = board.hello().get("job_kinds", {})
+    if kind not in kinds:
+        raise TransportError(f"the agent on {board.name} cannot {what} yet: it has no {kind!r} "
+                             f"job (it has: {', '.join(sorted(kinds))})")
+    if kinds[kind].get("needs_torch"):
+        board.require_torch()

@@ -1,0 +1,221 @@
+"""A board, reached through its device config, that survives a flaky link.
+
+Every request goes through `_retrying`: when the link drops (LinkLost, or the board is briefly
+unreachable) the board is reconnected, with growing pauses, until `reconnect_timeout_s` has
+passed, and the request is made again. Requests are safe to repeat: a job is submitted under an
+id chosen here, so a submit whose answer was lost returns the same job instead of a second one,
+and waiting is a long poll on that id. The job itself never notices: it runs in the board's
+daemon, apart from any connection.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from edge_remat_agent.wire.protocol import TERMINAL_STATES
+
+from ..devices import DeviceConfig
+from .errors import BoardMissingTorch, BoardUnreachable, JobFailed, LinkLost, TransportError
+from .hints import torch_hint
+from .session import AgentSession, file_sha256
+from .zipapp import AgentArchive, build_agent_archive
+
+WAIT_POLL_S = 10.0
+
+
+def make_transport(device: DeviceConfig, archive: Optional[AgentArchive] = None):
+    kind = device.connection.kind
+    if kind == "ssh":
+        from .ssh import SshTransport
+        return SshTransport(device, archive)
+    if kind == "serial":
+        from .serial import SerialTransport
+        return SerialTransport(device, archive)
+    if device.hardware.memory_limit_bytes:
+        from ..emulated import emulated_transport
+        return emulated_transport(device, archive)
+    from .local import LocalTransport
+    return LocalTransport(device, archive)
+
+
+class Board:
+    def __init__(self, device: DeviceConfig, *, transport=None,
+                 archive: Optional[AgentArchive] = None,
+                 reconnect_timeout_s: Optional[float] = None,
+                 on_event: Optional[Callable[[str], None]] = None):
+        self.device = device
+        self.archive = archive
+        self.transport = transport or make_transport(device, archive)
+        self.reconnect_timeout_s = (device.connection.reconnect_timeout_s
+                                    if reconnect_timeout_s is None else reconnect_timeout_s)
+        self.on_event = on_event or (lambda message: None)
+        self.reconnects = 0
+        self.hello_info: dict = {}
+        self._session: Optional[AgentSession] = None
+        self._connected_once = False
+
+    @property
+    def name(self) -> str:
+        return self.device.name
+
+    # -- connection ----------------------------------------------------------------------
+    def session(self) -> AgentSession:
+        if self._session is None:
+            self._session = self.transport.open()
+            self.hello_info = self._session.info
+            self._connected_once = True
+            self._note_build()
+        return self._session
+
+    def _note_build(self) -> None:
+        """An idle daemon of another build is replaced on connect; a busy one is kept."""
+        archive = getattr(self.transport, "archive", None)
+        build = self.hello_info.get("build", "")
+        running = self.hello_info.get("running")
+        if archive is not None and build and build != archive.sha256 and running:
+            self.on_event(f"{self.name}: the board's agent is another build ({build[:12]}), "
+                          f"kept while it runs job {running}; the new one starts when idle")
+
+    def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            try:
+                session.close()
+            except Exception:  # noqa: BLE001 - closing a dead link
+                pass
+        close = getattr(self.transport, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "Board":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _retrying(self, what: str, action: Callable[[AgentSession], object]):
+        deadline: Optional[float] = None
+        pause = 0.2
+        while True:
+            try:
+                return action(self.session())
+            except (LinkLost, BoardUnreachable) as exc:
+                if isinstance(exc, BoardUnreachable) and not self._connected_once:
+                    raise  # never reached it at all: no point in retrying for minutes
+                self.close()
+                now = time.monotonic()
+                deadline = deadline or now + self.reconnect_timeout_s
+                if now >= deadline:
+                    raise LinkLost(f"{exc} (gave up reconnecting after "
+                                   f"{self.reconnect_timeout_s:g} s)") from None
+                self.reconnects += 1
+                self.on_event(f"{self.name}: {exc}; reconnecting to {what}")
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+
+    # -- requests ------------------------------------------------------------------------
+    def hello(self) -> dict:
+        self._retrying("say hello", lambda s: s.info)
+        return self.hello_info
+
+    def sysinfo(self) -> dict:
+        return self._retrying("read its system info", lambda s: s.sysinfo())
+
+    def require_torch(self) -> None:
+        if not self.hello().get("torch"):
+            raise BoardMissingTorch(f"{self.name} has no torch for its Python "
+                                    f"({self.hello_info.get('python')}): "
+                                    f"{torch_hint(self.device.hardware.family)}")
+
+    def push_input(self, local: "str | Path") -> str:
+        """Send a file (plan, graph) unless the board has it; returns its path on the board,
+        named by content so two different plans never collide."""
+        local = Path(local)
+        remote = f"inputs/{file_sha256(local)[:16]}-{local.name}"
+        self._retrying(f"send {local.name}", lambda s: s.put_file(local, remote))
+        return remote
+
+    def submit(self, kind: str, params: dict, job_id: Optional[str] = None) -> dict:
+        job_id = job_id or f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        return self._retrying(f"submit job {job_id}", lambda s: s.submit(kind, params, job_id))
+
+    def job(self, job_id: str) -> dict:
+        return self._retrying(f"read job {job_id}", lambda s: s.job(job_id))
+
+    def jobs(self) -> List[dict]:
+        return self._retrying("list jobs", lambda s: s.jobs())
+
+    def cancel(self, job_id: str) -> dict:
+        return self._retrying(f"cancel job {job_id}", lambda s: s.cancel(job_id))
+
+    def wait(self, job_id: str, on_update: Optional[Callable[[dict], None]] = None,
+             timeout_s: Optional[float] = None) -> dict:
+        """Until the job is finished or failed, through any number of dropped links."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        rev: Optional[int] = None
+        while True:
+            poll = WAIT_POLL_S if deadline is None else max(0.0, min(WAIT_POLL_S,
+                                                                   deadline - time.monotonic()))
+            record = self._retrying(f"wait for job {job_id}",
+                                    lambda s: s.wait(job_id, rev, timeout=poll))
+            if record.get("rev") != rev and on_update is not None:
+                on_update(record)
+            rev = record.get("rev")
+            if record["state"] in TERMINAL_STATES:
+                return record
+            if deadline is not None and time.monotonic() >= deadline:
+                return record
+
+    def fetch_outputs(self, record: dict, dest: "str | Path") -> List[Path]:
+        """The files a finished job lists in result["files"], into dest."""
+        names = (record.get("result") or {}).get("files") or []
+        dest = Path(dest)
+        fetched = []
+        for name in names:
+            if not isinstance(name, str) or "/" in name or name.startswith("."):
+                raise TransportError(f"job {record['id']} lists a bad output name {name!r}")
+            remote = f"jobs/{record['id']}/files/{name}"
+            fetched.append(self._retrying(f"fetch {name}",
+                                          lambda s: s.get_file(remote, dest / name)))
+        return fetched
+
+    def run_job(self, kind: str, params: Optional[dict] = None,
+                inputs: Optional[Dict[str, "str | Path"]] = None,
+                out_dir: "str | Path | None" = None, job_id: Optional[str] = None,
+                on_update: Optional[Callable[[dict], None]] = None) -> dict:
+        """Push inputs (each becomes params[name] = its path on the board), submit, wait
+        through dropped links, fetch the outputs. Raises JobFailed if the job failed."""
+        params = dict(params or {})
+        for name, local in (inputs or {}).items():
+            params[name] = self.push_input(local)
+        record = self.submit(kind, params, job_id)
+        record = self.wait(record["id"], on_update)
+        if record["state"] == "failed":
+            raise JobFailed(f"job {record['id']} ({kind}) failed on {self.name}: "
+                            f"{record.get('error')}", record)
+        if out_dir is not None:
+            record["fetched"] = [str(p) for p in self.fetch_outputs(record, out_dir)]
+        return record
+
+    def stop_agent(self, if_idle: bool = False) -> None:
+        self.session().stop(if_idle=if_idle)
+        self.close()
+
+
+def summary(record: dict) -> str:
+    progress = record.get("progress") or {}
+    fraction = progress.get("fraction")
+    done = f" {fraction * 100:.0f}%" if isinstance(fraction, (int, float)) else ""
+    message = f" {progress.get('message')}" if progress.get("message") else ""
+    return f"job {record['id']} {record['state']}{done}{message}"
+
+
+def dumps(record: dict) -> str:
+    return json.dumps(record, indent=1, default=str)
+
+
+__all__ = ["Board", "make_transport", "summary", "build_agent_archive"]

@@ -1,0 +1,59 @@
+"""Transport errors: each one line, saying what went wrong and what to do about it."""
+
+from __future__ import annotations
+
+
+class TransportError(RuntimeError):
+    """Cannot talk to the board (the message is the whole story, one line)."""
+
+
+class LinkLost(TransportError):
+    """The link dropped or stopped answering; reconnecting may help (and is tried)."""
+
+
+class HostKeyUnknown(TransportError):
+    pass
+
+
+class HostKeyChanged(TransportError):
+    pass
+
+
+class AuthRefused(TransportError):
+    pass
+
+
+class BoardUnreachable(TransportError):
+    pass
+
+
+class BoardMissingPython(TransportError):
+    pass
+
+
+class BoardMissingTorch(TransportError):
+    pass
+
+
+class BoardOutOfDisk(TransportError):
+    pass
+
+
+class AgentError(TransportError):
+    """The agent refused a request (its own message, with the board's name)."""
+
+    def __init__(self, message: str, code: str = "", details: "dict | None" = None):
+        self.code = code
+        self.details = details or {}
+        super().__init__(message)
+
+
+class JobFailed(TransportError):
+    def __init__(self, message: str, record: dict):
+        self.record = record
+        super().__init__(message)
+
+
+# Retrying cannot fix these: a reconnect loop gives up on them at once.
+FATAL = (HostKeyUnknown, HostKeyChanged, AuthRefused, BoardMissingPython, BoardMissingTorch,
+         BoardOutOfDisk)

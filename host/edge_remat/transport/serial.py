@@ -1,0 +1,176 @@
+"""Serial transport (pyserial): the reliable link of edge_remat_agent.wire.serial_link over a
+USB-serial adapter or a USB gadget port, with the agent pushed in chunks over the same link.
+
+The board runs `edge-remat-agent serve --serial /dev/ttyGS0` (from a systemd unit, say). On
+connect the host opens a link session (RESET, with the link version), says hello, and when the
+board's agent is another build than the host's, sends its archive in chunks, points
+agent.current at it and asks the idle daemon to stop; the board's relay then starts the new
+build for the next session.
+"""
+
+from __future__ import annotations
+
+import errno
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from edge_remat_agent.wire.framing import FrameStream
+from edge_remat_agent.wire.protocol import BUSY
+from edge_remat_agent.wire.serial_link import SerialLink, ack_timeout_for
+
+from ..devices import DeviceConfig
+from .errors import AgentError, BoardUnreachable, LinkLost, TransportError
+from .session import AgentSession
+from .zipapp import AgentArchive, build_agent_archive
+
+
+class PySerialPort:
+    """pyserial's Serial as the link's port: read returns what is there, soon."""
+
+    def __init__(self, serial_port):
+        self.serial = serial_port
+
+    def read(self, max_bytes: int) -> bytes:
+        data = self.serial.read(1)  # waits up to the port's timeout for the first byte
+        waiting = self.serial.in_waiting if data else 0
+        if waiting:
+            data += self.serial.read(min(waiting, max_bytes - 1))
+        return data
+
+    def write(self, data: bytes) -> None:
+        self.serial.write(data)
+
+    def close(self) -> None:
+        self.serial.close()
+
+
+def open_serial_port(device: str, baud: int):
+    """Open without resetting the board: DTR and RTS are set low in the settings before
+    open() (pyserial applies them as it opens, and hardware flow control, which would drive
+    them, is off), and HUPCL is cleared so closing does not drop DTR either."""
+    import serial
+
+    port = serial.Serial()  # no port given: nothing is opened yet
+    port.port = device
+    port.baudrate = baud
+    port.bytesize, port.parity, port.stopbits = serial.EIGHTBITS, serial.PARITY_NONE, \
+        serial.STOPBITS_ONE
+    port.timeout = 0.05
+    port.write_timeout = 10
+    port.xonxoff = port.rtscts = port.dsrdtr = False
+    port.dtr = False
+    port.rts = False
+    port.exclusive = True  # two hosts on one port would corrupt each other's sessions
+    for attempt in range(5):
+        try:
+            port.open()
+            break
+        except (serial.SerialException, OSError, ValueError) as exc:
+            message = _open_error(device, exc)
+            if "in use" not in message or attempt == 4:
+                raise BoardUnreachable(message) from None
+            time.sleep(0.1)  # our own previous connection may still be letting go
+    _keep_lines_on_close(port)
+    return port
+
+
+def _keep_lines_on_close(port) -> None:
+    try:
+        import termios
+        attrs = termios.tcgetattr(port.fd)
+        attrs[2] &= ~termios.HUPCL
+        termios.tcsetattr(port.fd, termios.TCSANOW, attrs)
+    except (ImportError, AttributeError, OSError, ValueError):
+        pass  # not a POSIX tty (Windows, a test double): nothing to clear
+
+
+def _open_error(device: str, exc: Exception) -> str:
+    code = getattr(exc, "errno", None)
+    text = str(exc)
+    if code == errno.ENOENT or "No such file" in text:
+        return (f"serial port {device} does not exist: is the board plugged in and powered? "
+                "(look at `ls /dev/ttyUSB* /dev/ttyACM*`)")
+    if code == errno.EACCES or "Permission denied" in text:
+        return (f"no permission to open {device}: add yourself to the dialout group "
+                "(`sudo usermod -aG dialout $USER`, then log in again)")
+    if code in (errno.EBUSY, errno.EAGAIN) or "lock" in text.lower() or "busy" in text.lower():
+        return f"serial port {device} is in use by another program (close it and retry)"
+    return f"cannot open serial port {device}: {text}"
+
+
+class SerialTransport:
+    def __init__(self, device: DeviceConfig, archive: Optional[AgentArchive] = None,
+                 push_agent: bool = True):
+        self.device = device
+        self.archive = archive
+        self.push_agent = push_agent
+        self.pushed_agent = False
+        self.link: Optional[SerialLink] = None
+
+    @property
+    def board(self) -> str:
+        return f"{self.device.name} ({self.device.address()})"
+
+    def open(self) -> AgentSession:
+        session = self._open_session()
+        if not self.push_agent:
+            return session
+        archive = self.archive = self.archive or build_agent_archive()
+        if session.info.get("build") == archive.sha256:
+            return session
+        try:
+            self._upgrade(session, archive)
+        except AgentError as exc:
+            if exc.code != BUSY:
+                session.close()
+                raise
+            return session  # busy with a job: keep the running agent, upgrade next time
+        session.close()
+        return self._open_session()
+
+    def _open_session(self) -> AgentSession:
+        self.close()
+        conn = self.device.connection
+        port = open_serial_port(conn.device, conn.baud)
+        self.link = SerialLink(PySerialPort(port), role="host",
+                               ack_timeout=ack_timeout_for(conn.baud))
+        try:
+            link_session = self.link.connect(timeout=conn.connect_timeout_s)
+        except (TimeoutError, ConnectionError) as exc:
+            self.close()
+            raise BoardUnreachable(
+                f"no agent answers on {conn.device} at {conn.baud} baud ({exc}): start "
+                f"`edge-remat-agent serve --serial DEVICE --baud {conn.baud}` on the board "
+                "(DEVICE is its end of the line, e.g. /dev/ttyGS0 or /dev/ttyAMA0)") from None
+        session = AgentSession(FrameStream(link_session), board=self.board,
+                               family=self.device.hardware.family, on_close=self.close)
+        try:
+            session.hello(timeout=conn.connect_timeout_s + 30)
+        except LinkLost as exc:
+            session.close()
+            raise TransportError(f"the agent on {self.board} did not say hello: {exc}") from None
+        return session
+
+    def _upgrade(self, session: AgentSession, archive: AgentArchive) -> None:
+        self.pushed_agent = session.put_file(archive.path, f"agents/{archive.name}")
+        with tempfile.TemporaryDirectory() as tmp:
+            current = Path(tmp) / "agent.current"
+            current.write_text(archive.name + "\n")
+            session.put_file(current, "agent.current")
+        session.stop(if_idle=True)
+
+    def close(self) -> None:
+        link, self.link = self.link, None
+        if link is not None:
+            if link.session is not None:
+                link.session.close()
+            link.close()
+
+
+def stats(transport: SerialTransport) -> dict:
+    return transport.link.stats.as_dict() if transport.link else {}
+
+
+__all__ = ["SerialTransport", "open_serial_port", "PySerialPort", "stats"]

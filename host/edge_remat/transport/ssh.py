@@ -1,0 +1,477 @@
+"""SSH transport (paramiko): connect (honouring ~/.ssh/config aliases and ProxyJump), check the
+board, push the agent archive over SFTP only when the board lacks that exact archive, and run
+`edge-remat-agent serve --stdio` over an exec channel.
+
+Host keys: "strict" refuses a host whose key is not in known_hosts and says how to add it;
+"accept-new" trusts a first-seen key and appends it to known_hosts; neither accepts a key that
+differs from the recorded one.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import json
+import os
+import shlex
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from ..devices import DeviceConfig
+from .errors import (AuthRefused, BoardMissingPython, BoardOutOfDisk, BoardUnreachable,
+                     HostKeyChanged, HostKeyUnknown, LinkLost, TransportError)
+from .hints import MIN_PYTHON, python_hint
+from .session import AgentSession
+from .zipapp import AgentArchive, build_agent_archive
+
+DISK_MARGIN = 1 << 20
+
+# Runs on the board with whatever Python is there (even 2.7, to report it is too old): the
+# version, torch presence, free disk, and whether agents/NAME already has the wanted hash.
+PROBE = r"""
+import sys, os, json, hashlib
+r = {"python": list(sys.version_info[:3]), "cwd": os.getcwd(), "has_agent": False,
+     "current": None, "torch": None, "free": None}
+try:
+    import importlib.util
+    r["torch"] = importlib.util.find_spec("torch") is not None
+except Exception:
+    pass
+try:
+    st = os.statvfs(".")
+    r["free"] = st.f_bavail * st.f_frsize
+except Exception:
+    pass
+p = os.path.join("agents", sys.argv[1])
+if os.path.isfile(p):
+    h = hashlib.sha256()
+    f = open(p, "rb")
+    h.update(f.read())
+    f.close()
+    r["has_agent"] = h.hexdigest() == sys.argv[2]
+if os.path.isfile("agent.current"):
+    f = open("agent.current")
+    r["current"] = f.read().strip()
+    f.close()
+sys.stdout.write("\nEDGE-REMAT-PROBE " + json.dumps(r) + "\n")
+"""
+
+
+@dataclass
+class Hop:
+    """One SSH server on the way: the board itself, or a ProxyJump host before it."""
+    alias: str
+    hostname: str
+    port: int
+    user: Optional[str]
+    key_files: List[str] = field(default_factory=list)
+
+    def label(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        return f"{user}{self.hostname}:{self.port}"
+
+
+def _ssh_config(path: str):
+    import paramiko
+    expanded = os.path.expanduser(path)
+    if os.path.isfile(expanded):
+        return paramiko.SSHConfig.from_path(expanded)
+    return paramiko.SSHConfig()
+
+
+def _hop(config, alias: str, port: Optional[int] = None, user: Optional[str] = None,
+         key: Optional[str] = None) -> "tuple[Hop, Optional[str]]":
+    """Resolve an alias through ssh_config; explicit values win, as on ssh's command line."""
+    found = config.lookup(alias)
+    keys = [os.path.expanduser(key)] if key else [os.path.expanduser(k) for k in
+                                                  found.get("identityfile", [])]
+    hop = Hop(alias=alias, hostname=found.get("hostname", alias),
+              port=int(port or found.get("port", 22)), user=user or found.get("user"),
+              key_files=keys)
+    jump = found.get("proxyjump")
+    return hop, (None if not jump or jump.lower() == "none" else jump)
+
+
+def _parse_jump(spec: str) -> "tuple[str, Optional[str], Optional[int]]":
+    user, _, rest = spec.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):  # [v6::addr]:port
+        host, _, tail = rest[1:].partition("]")
+        port = int(tail[1:]) if tail.startswith(":") else None
+    elif rest.count(":") == 1:
+        host, port_text = rest.split(":")
+        port = int(port_text)
+    return host, (user or None), port
+
+
+def resolve_route(device: DeviceConfig) -> "list[Hop]":
+    """The hops to the board: jump hosts first (ProxyJump, also a jump host's own), the board
+    last. A jump host without an IdentityFile of its own uses the board's key."""
+    conn = device.connection
+    return _route_to(_ssh_config(conn.ssh_config), conn.host or "", conn.port, conn.user,
+                     conn.key, 0)
+
+
+def _route_to(config, alias: str, port: Optional[int], user: Optional[str],
+              key: Optional[str], depth: int) -> "list[Hop]":
+    target, jump = _hop(config, alias, port, user, key)
+    if not jump:
+        return [target]
+    if depth >= 5:
+        raise TransportError(f"ProxyJump chain to {alias} is longer than 5 hops (a loop in "
+                             "~/.ssh/config?)")
+    route: "list[Hop]" = []
+    for index, spec in enumerate(s.strip() for s in jump.split(",") if s.strip()):
+        host, jump_user, jump_port = _parse_jump(spec)
+        if index == 0:  # the first jump host may need its own jump, as with ssh -J
+            route += _route_to(config, host, jump_port, jump_user, None, depth + 1)
+        else:
+            route.append(_hop(config, host, jump_port, jump_user)[0])
+    for hop in route:
+        if not hop.key_files:
+            hop.key_files = list(target.key_files)
+    return route + [target]
+
+
+def fingerprint(key) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _known_name(hop: Hop) -> str:
+    return hop.hostname if hop.port == 22 else f"[{hop.hostname}]:{hop.port}"
+
+
+class _HostKeyPolicy:
+    """paramiko's missing-host-key hook: raise (strict) or remember (accept-new)."""
+
+    def __init__(self, policy: str, known_hosts: Path, hop: Hop, device: DeviceConfig):
+        self.policy = policy
+        self.known_hosts = known_hosts
+        self.hop = hop
+        self.device = device
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        if self.policy == "accept-new":
+            self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with open(self.known_hosts, "a") as handle:
+                handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            os.chmod(self.known_hosts, 0o600)
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            return
+        port_flag = f"-p {self.hop.port} " if self.hop.port != 22 else ""
+        raise HostKeyUnknown(
+            f"unknown host key for {hostname} ({key.get_name()} {fingerprint(key)}): after "
+            f"checking it is the board's, trust it with `ssh-keyscan {port_flag}"
+            f"{self.hop.hostname} >> {self.known_hosts}`, or set host_key_policy = "
+            f"\"accept-new\" in {self.device.path}")
+
+
+def _connect_hop(hop: Hop, device: DeviceConfig, sock=None):
+    import paramiko
+
+    conn = device.connection
+    known_hosts = Path(os.path.expanduser(conn.known_hosts))
+    client = paramiko.SSHClient()
+    if known_hosts.is_file():
+        try:
+            client.load_host_keys(str(known_hosts))
+        except (OSError, paramiko.SSHException) as exc:
+            raise TransportError(f"cannot read {known_hosts}: {exc}") from None
+    client.set_missing_host_key_policy(
+        _HostKeyPolicy(conn.host_key_policy, known_hosts, hop, device))
+    for key_file in hop.key_files:
+        if not os.path.isfile(key_file):
+            raise AuthRefused(f"SSH key {key_file} (for {hop.label()}) does not exist: create "
+                              "one with `ssh-keygen -t ed25519` or fix `key` in "
+                              f"{device.path}")
+    try:
+        client.connect(hop.hostname, port=hop.port, username=hop.user or None,
+                       key_filename=hop.key_files or None, look_for_keys=not hop.key_files,
+                       allow_agent=True, timeout=conn.connect_timeout_s,
+                       banner_timeout=conn.connect_timeout_s,
+                       auth_timeout=conn.connect_timeout_s, sock=sock)
+    except (HostKeyUnknown, TransportError):
+        client.close()
+        raise
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        port_flag = f"[{hop.hostname}]:{hop.port}" if hop.port != 22 else hop.hostname
+        raise HostKeyChanged(
+            f"the host key of {hop.label()} CHANGED (now {fingerprint(exc.key)}): someone may be "
+            f"intercepting the connection; if the board was reinstalled, remove the old key "
+            f"with `ssh-keygen -R '{port_flag}' -f {known_hosts}` and connect again") from None
+    except paramiko.PasswordRequiredException:
+        client.close()
+        raise AuthRefused(f"the SSH key for {hop.label()} is encrypted: load it into your agent "
+                          "with `ssh-add KEY` first") from None
+    except paramiko.AuthenticationException as exc:
+        client.close()
+        tried = ", ".join(hop.key_files) or "your default keys and ssh-agent"
+        raise AuthRefused(
+            f"{hop.label()} refused authentication ({exc}; tried {tried}): add the public key "
+            f"to the board's ~/.ssh/authorized_keys, e.g. `ssh-copy-id -i KEY.pub -p {hop.port} "
+            f"{hop.user + '@' if hop.user else ''}{hop.hostname}`") from None
+    except socket.gaierror as exc:
+        client.close()
+        raise BoardUnreachable(f"cannot resolve host name {hop.hostname!r} ({exc.strerror}); "
+                               f"check `host` in {device.path} or your ~/.ssh/config") from None
+    except (OSError, paramiko.SSHException, EOFError) as exc:
+        client.close()
+        underlying = list((getattr(exc, "errors", None) or {}).values())  # NoValidConnections
+        first = underlying[0] if underlying else exc
+        reason = getattr(first, "strerror", None) or str(first) or type(first).__name__
+        raise BoardUnreachable(f"cannot reach {hop.label()}: {reason} (is the board on, on the "
+                               "network, and running sshd?)") from None
+    if conn.keepalive_s:
+        client.get_transport().set_keepalive(int(max(conn.keepalive_s, 1)))
+    return client
+
+
+def run_command(client, command: str, timeout: float) -> "tuple[int, str, str]":
+    """(exit status, stdout, stderr) of one command on the board."""
+    chan = client.get_transport().open_session(timeout=timeout)
+    chan.settimeout(timeout)
+    chan.exec_command(command)
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout
+    while True:
+        if chan.recv_ready():
+            out += chan.recv(1 << 16)
+        elif chan.recv_stderr_ready():
+            err += chan.recv_stderr(1 << 16)
+        elif chan.exit_status_ready():
+            while chan.recv_ready():
+                out += chan.recv(1 << 16)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(1 << 16)
+            break
+        elif time.monotonic() > deadline:
+            chan.close()
+            raise LinkLost(f"`{command[:60]}...` did not finish within {timeout:g} s")
+        else:
+            time.sleep(0.01)
+    status = chan.recv_exit_status()
+    chan.close()
+    return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+def shell_path(path: str) -> str:
+    """Quote a path for the board's shell, keeping a leading ~/ expandable."""
+    if path == "~":
+        return "~"
+    if path.startswith("~/"):
+        return "~/" + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+class SshTransport:
+    def __init__(self, device: DeviceConfig, archive: Optional[AgentArchive] = None):
+        self.device = device
+        self.archive = archive
+        self.pushed_agent = False
+        self.probe: dict = {}
+        self._clients: list = []
+
+    @property
+    def board(self) -> str:
+        return f"{self.device.name} ({self.device.address()})"
+
+    @property
+    def python(self) -> str:
+        return self.device.connection.python or "python3"
+
+    def open(self) -> AgentSession:
+        self.close()
+        route = resolve_route(self.device)
+        sock = None
+        for index, hop in enumerate(route):
+            client = _connect_hop(hop, self.device, sock)
+            self._clients.append(client)
+            if index + 1 < len(route):
+                nxt = route[index + 1]
+                try:
+                    sock = client.get_transport().open_channel(
+                        "direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0),
+                        timeout=self.device.connection.connect_timeout_s)
+                except Exception as exc:  # noqa: BLE001 - paramiko.ChannelException and kin
+                    self.close()
+                    raise BoardUnreachable(f"jump host {hop.label()} could not reach "
+                                           f"{nxt.label()}: {exc}") from None
+        client = self._clients[-1]
+        try:
+            archive = self.archive = self.archive or build_agent_archive()
+            self.probe = self._probe(client, archive)
+            if not self.probe["has_agent"] and not self.device.connection.agent_port:
+                self._push(client, archive)
+            return self._start_agent(client, archive)
+        except Exception:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for client in reversed(self._clients):
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection
+                pass
+        self._clients = []
+
+    # -- steps -------------------------------------------------------------------------------
+    def _probe(self, client, archive: AgentArchive) -> dict:
+        conn = self.device.connection
+        workdir = shell_path(conn.workdir)
+        command = (f"mkdir -p {workdir} && cd {workdir} && exec {shlex.quote(self.python)} -c "
+                   f"{shlex.quote(PROBE)} {archive.name} {archive.sha256}")
+        status, out, err = run_command(client, command, timeout=conn.connect_timeout_s + 20)
+        family = self.device.hardware.family
+        if status == 127 or (status != 0 and "not found" in err and self.python in err):
+            raise BoardMissingPython(f"{self.board} has no `{self.python}`: "
+                                     f"{python_hint(family)}")
+        line = next((l for l in out.splitlines() if l.startswith("EDGE-REMAT-PROBE ")), None)
+        if status != 0 or line is None:
+            last = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
+            raise TransportError(f"checking {self.board} failed (exit status {status}): {last}")
+        probe = json.loads(line.split(" ", 1)[1])
+        version = tuple(probe["python"])
+        if version < MIN_PYTHON:
+            raise BoardMissingPython(
+                f"{self.board} runs Python {'.'.join(map(str, version))} as `{self.python}`, "
+                f"the agent needs {'.'.join(map(str, MIN_PYTHON))} or newer: "
+                f"{python_hint(family)}")
+        return probe
+
+    def _push(self, client, archive: AgentArchive) -> None:
+        free = self.probe.get("free")
+        if free is not None and free < archive.size + DISK_MARGIN:
+            raise BoardOutOfDisk(self._disk_message(free, archive.size))
+        cwd = self.probe["cwd"]
+        self._upload(client, archive.path.read_bytes(), f"{cwd}/agents/{archive.name}")
+        self.pushed_agent = True
+
+    def _upload(self, client, data: bytes, final: str) -> None:
+        """Write a file on the board atomically (temp file + rename): over SFTP, or where the
+        server has no SFTP (a bare Dropbear) through `cat` on an exec channel."""
+        tmp = f"{final}.{os.getpid()}.tmp"
+        try:
+            try:
+                sftp = client.open_sftp()
+            except Exception:  # noqa: BLE001 - paramiko.SSHException: no sftp subsystem
+                sftp = None
+            if sftp is None:
+                self._upload_by_exec(client, data, tmp, final)
+                return
+            try:
+                folder = final.rsplit("/", 1)[0]
+                try:
+                    sftp.mkdir(folder)
+                except OSError:
+                    pass  # already there
+                with sftp.open(tmp, "wb") as handle:
+                    handle.set_pipelined(True)
+                    handle.write(data)
+                sftp.posix_rename(tmp, final)
+            except OSError:
+                try:
+                    sftp.remove(tmp)
+                except OSError:
+                    pass
+                raise
+            finally:
+                sftp.close()
+        except OSError as exc:
+            cwd = self.probe.get("cwd", ".")
+            free_now = _remote_free(client, cwd, self.python)
+            if (free_now is not None and free_now < len(data) + DISK_MARGIN) or \
+                    _is_no_space(exc):
+                raise BoardOutOfDisk(self._disk_message(free_now, len(data))) from None
+            raise TransportError(f"copying {final.rsplit('/', 1)[-1]} to {self.board} failed: "
+                                 f"{exc}") from None
+
+    def _upload_by_exec(self, client, data: bytes, tmp: str, final: str) -> None:
+        folder = final.rsplit("/", 1)[0]
+        chan = client.get_transport().open_session(
+            timeout=self.device.connection.connect_timeout_s)
+        chan.exec_command(f"mkdir -p {shlex.quote(folder)} && cat > {shlex.quote(tmp)} && "
+                          f"mv -f {shlex.quote(tmp)} {shlex.quote(final)}")
+        chan.sendall(data)
+        chan.shutdown_write()
+        status = chan.recv_exit_status()
+        err = _channel_stderr(chan)
+        chan.close()
+        if status != 0:
+            raise OSError(errno.EIO, err or f"exit status {status}")
+
+    def _disk_message(self, free: Optional[int], size: int) -> str:
+        free_text = "almost no" if free is None else f"only {free} bytes"
+        return (f"{self.board} is out of disk: {free_text} free in "
+                f"{self.device.connection.workdir}, the agent needs {size} bytes plus 1 MiB: "
+                "free some space (e.g. `sudo apt clean`, `pip cache purge`) or set workdir to "
+                "a larger partition")
+
+    def _start_agent(self, client, archive: AgentArchive) -> AgentSession:
+        conn = self.device.connection
+        transport = client.get_transport()
+        if conn.agent_port:
+            try:
+                chan = transport.open_channel("direct-tcpip", ("127.0.0.1", conn.agent_port),
+                                              ("127.0.0.1", 0), timeout=conn.connect_timeout_s)
+            except Exception as exc:  # noqa: BLE001
+                raise BoardUnreachable(
+                    f"nothing answers on 127.0.0.1:{conn.agent_port} on {self.board} ({exc}): "
+                    f"start `edge-remat-agent serve --tcp 127.0.0.1:{conn.agent_port}` there, "
+                    "or remove agent_port to let the host start the agent") from None
+            return self._hello(chan, None)
+        cwd = self.probe["cwd"]
+        if self.probe.get("current") != archive.name:
+            self._write_current(client, cwd, archive.name)
+        chan = transport.open_session(timeout=conn.connect_timeout_s)
+        chan.exec_command(f"cd {shlex.quote(cwd)} && exec {shlex.quote(self.python)} "
+                          f"agents/{archive.name} serve --stdio --workdir {shlex.quote(cwd)}")
+        return self._hello(chan, chan)
+
+    def _write_current(self, client, cwd: str, name: str) -> None:
+        self._upload(client, (name + "\n").encode(), f"{cwd}/agent.current")
+
+    def _hello(self, chan, exec_chan) -> AgentSession:
+        from edge_remat_agent.wire.framing import FrameStream
+        session = AgentSession(FrameStream(chan, skip_noise=True), board=self.board,
+                               family=self.device.hardware.family)
+        try:
+            session.hello(timeout=self.device.connection.connect_timeout_s + 30)
+        except LinkLost as exc:
+            detail = _channel_stderr(exec_chan) if exec_chan is not None else ""
+            session.close()
+            raise TransportError(f"the agent did not start on {self.board}: "
+                                 f"{detail or exc}") from None
+        return session
+
+
+def _channel_stderr(chan) -> str:
+    err = bytearray()
+    try:
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(1 << 16)
+    except Exception:  # noqa: BLE001
+        pass
+    lines = err.decode("utf-8", "replace").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def _remote_free(client, cwd: str, python: str) -> Optional[int]:
+    """Free bytes in the board's workdir, asked again after a failed upload."""
+    script = "import os; s = os.statvfs('.'); print(s.f_bavail * s.f_frsize)"
+    try:
+        status, out, _ = run_command(client, f"cd {shlex.quote(cwd)} && {shlex.quote(python)} "
+                                     f"-c {shlex.quote(script)}", timeout=20)
+        return int(out.strip()) if status == 0 else None
+    except (TransportError, ValueError, OSError):
+        return None
+
+
+def _is_no_space(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT) or "space" in str(exc).lower()

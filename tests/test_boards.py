@@ -1,0 +1,188 @@
+"""Device configs and the board commands (`devices`, `job`, `job-status`, `agent-stop`,
+`deploy`) against the local transport: the agent as a child process of this machine."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from board_fixtures import stop_agent
+from edge_remat.cli import app
+from edge_remat.devices import DeviceError, find_device, load_device
+from edge_remat_agent.formats import FormatError
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = ["local", "jetson-nano", "jetson-orin-nano", "rpi4", "rpi5", "android-termux"]
+
+
+@pytest.fixture
+def configs(tmp_path, monkeypatch):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    workdir = tmp_path / "board"
+    (folder / "bench.toml").write_text(f"""\
+name = "bench"
+[connection]
+kind = "local"
+workdir = "{workdir}"
+[hardware]
+sensor = "none"
+""")
+    monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(folder))
+    yield folder
+    stop_agent(workdir)
+
+
+def cli(*args):
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+# -- configs ---------------------------------------------------------------------------------
+
+def test_shipped_configs_load_and_cite_their_sources():
+    folder = REPO / "device_configs"
+    assert set(SHIPPED) <= {p.stem for p in folder.glob("*.toml")}
+    for name in SHIPPED:
+        path = folder / f"{name}.toml"
+        device = load_device(path)
+        assert device.name == name
+        text = path.read_text()
+        if device.hardware.ram_bytes is not None:
+            assert re.search(r"#.*Source:", text), f"{path}: ram_bytes without a cited source"
+        else:
+            assert "left out on purpose" in text
+
+
+def test_found_by_name_by_prefix_and_by_path(configs):
+    assert find_device("bench").connection.kind == "local"
+    assert find_device("jetson-orin").name == "jetson-orin-nano"
+    assert find_device(str(configs / "bench.toml")).name == "bench"
+    with pytest.raises(DeviceError, match="ambiguous: it could be jetson-nano, jetson-orin-nano"):
+        find_device("jetson")
+    with pytest.raises(DeviceError, match="no device config named 'nope'.*known: .*rpi4"):
+        find_device("nope")
+
+
+@pytest.mark.parametrize("body, field", [
+    ('[connection]\nkind = "telnet"\n', "connection.kind"),
+    ('[connection]\nkind = "ssh"\n', "connection.host"),
+    ('[connection]\nkind = "ssh"\nhost = "b"\nport = 99999\n', "connection.port"),
+    ('[connection]\nkind = "ssh"\nhost = "b"\nhost_key_policy = "yolo"\n',
+     "connection.host_key_policy"),
+    ('[connection]\nkind = "serial"\n', "connection.port"),
+    ('[connection]\nkind = "local"\n[hardware]\nsensor = "thermometer"\n', "hardware.sensor"),
+    ('[connection]\nkind = "local"\nhots = "typo"\n', "connection.hots"),
+    ('[connection\nkind = "local"\n', "<toml>"),
+])
+def test_bad_configs_name_the_file_and_the_field(tmp_path, body, field):
+    path = tmp_path / "bad.toml"
+    path.write_text(body)
+    with pytest.raises(FormatError) as err:
+        load_device(path)
+    assert str(path) in str(err.value) and f"'{field}'" in str(err.value)
+
+
+def test_serial_config_reads_port_and_baud(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[connection]\nkind = "serial"\nport = "/dev/ttyUSB0"\nbaud = 115200\n')
+    device = load_device(path)
+    assert device.connection.device == "/dev/ttyUSB0" and device.connection.baud == 115200
+    assert device.address() == "/dev/ttyUSB0 @ 115200 baud"
+
+
+# -- commands --------------------------------------------------------------------------------
+
+def test_devices_lists_every_config(configs):
+    code, out, _ = cli("devices")
+    assert code == 0
+    for name in ["bench"] + SHIPPED:
+        assert re.search(rf"^{re.escape(name)}\s", out, re.M), out
+
+
+def test_devices_check_reports_versions_ram_and_disk(configs):
+    code, out, _ = cli("devices", "bench", "--check", "--json")
+    assert code == 0, out
+    (row,) = json.loads(out)["devices"]
+    check = row["check"]
+    assert check["ok"] and check["python"] and check["ram_free_bytes"] > 0
+    assert check["disk_free_bytes"] > 0 and "sleep" in check["job_kinds"]
+
+
+def test_devices_check_of_an_unreachable_board_says_why(configs):
+    (configs / "gone.toml").write_text('[connection]\nkind = "ssh"\nhost = "127.0.0.1"\n'
+                                       'port = 1\nconnect_timeout_s = 2\n')
+    code, out, _ = cli("devices", "gone", "--check")
+    assert code == 1
+    assert re.search(r"^gone: cannot reach 127\.0\.0\.1:1: Connection refused", out, re.M), out
+
+
+def test_job_runs_and_prints_one_json_object(configs, tmp_path):
+    data = tmp_path / "data.txt"
+    data.write_text("hello board")
+    code, out, err = cli("job", "echo", "--device", "bench", "--param", "n=3", "--param",
+                         "name=x", "--input", f"file={data}", "--out", str(tmp_path / "out"),
+                         "--json")
+    assert code == 0, err
+    answer = json.loads(out)
+    assert answer["status"] == "finished"
+    assert answer["result"]["params"]["n"] == 3 and answer["result"]["file_bytes"] == 11
+    assert Path(answer["fetched"][0]).name == "echo.json"
+
+
+def test_detached_job_and_coming_back_for_it(configs):
+    code, out, _ = cli("job", "sleep", "--device", "bench", "--params",
+                       '{"seconds": 0.3, "steps": 3}', "--id", "nap-1", "--detach")
+    assert code == 0 and out.strip() == "nap-1"
+    code, out, _ = cli("job-status", "nap-1", "--device", "bench", "--wait", "--json")
+    assert code == 0
+    assert json.loads(out)["result"]["steps"] == 3
+
+
+def test_failed_job_exits_1_with_its_error(configs):
+    code, out, err = cli("job", "echo", "--device", "bench", "--param", "fail=bad weights",
+                         "--json")
+    assert code == 1
+    assert json.loads(out)["status"] == "failed"
+    assert err.strip().endswith("RuntimeError: bad weights")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["job", "dance", "--device", "bench"], "no job kind 'dance'"),
+    (["job", "echo", "--device", "nowhere"], "no device config named 'nowhere'"),
+    (["job", "echo", "--device", "bench", "--param", "novalue"], "KEY=VALUE"),
+    (["job", "echo", "--device", "bench", "--input", "f=/no/such/file"], "an existing file"),
+    (["job-status", "nope", "--device", "bench"], "no job 'nope'"),
+])
+def test_bad_input_is_one_line_and_exit_2(configs, args, message):
+    code, _, err = cli(*args)
+    assert code == 2, err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_deploy_says_when_the_agent_cannot_run_plans_yet(configs, tmp_path):
+    from edge_remat_agent.daemon.registry import job_kinds
+    if "run" in job_kinds():
+        pytest.skip("this agent build can execute plans: deploy is tested with the executor")
+    plan = REPO / "examples" / "graphs" / "tiny_cnn_train.json"
+    graph = plan
+    planned = tmp_path / "plan.json"
+    code, _, err = cli("plan", "--graph", str(graph), "--budget", "1.0", "--solver",
+                       "heuristic:keep-all", "-o", str(planned))
+    if code != 0:
+        pytest.skip(f"planning is not available here: {err.strip()}")
+    code, _, err = cli("deploy", str(planned), "--device", "bench", "--graph", str(graph))
+    assert code == 3
+    assert "cannot execute plans yet: it has no 'run' job" in err
+
+
+def test_agent_stop_stops_the_daemon(configs, tmp_path):
+    assert cli("job", "echo", "--device", "bench")[0] == 0
+    assert (tmp_path / "board" / "agent.sock").exists()
+    code, out, _ = cli("agent-stop", "--device", "bench")
+    assert code == 0 and "stopped" in out
+    assert not (tmp_path / "board" / "agent.sock").exists()

@@ -1,0 +1,285 @@
+"""The agent daemon, run for real as a process on loopback: jobs survive disconnects, a clean
+stop, a crash of the daemon itself; files move in resumable chunks; bad requests get clear
+errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from board_fixtures import agent_command, stop_agent
+from edge_remat_agent.wire.framing import FrameStream, PipeChannel
+from edge_remat_agent.wire.protocol import Client, RemoteError
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the agent runs on POSIX boards")
+
+
+class DaemonProcess:
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.proc = None
+        self.port = None
+
+    def start(self) -> "DaemonProcess":
+        self.proc = subprocess.Popen(
+            agent_command() + ["serve", "--tcp", "127.0.0.1:0", "--workdir", str(self.workdir)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        assert line.startswith("listening on"), self.proc.stderr.read()
+        self.port = int(line.strip().rsplit(":", 1)[1])
+        return self
+
+    def client(self) -> Client:
+        return Client(FrameStream(socket.create_connection(("127.0.0.1", self.port))))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(15)
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    started = []
+
+    def start():
+        d = DaemonProcess(tmp_path / "board").start()
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def wait_done(client: Client, job_id: str, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    rev = None
+    while time.monotonic() < deadline:
+        job = client.call("wait", job=job_id, after_rev=rev, timeout_s=2)[0]["job"]
+        rev = job["rev"]
+        if job["state"] in ("finished", "failed"):
+            return job
+    raise AssertionError(f"job {job_id} not done within {timeout} s: {job}")
+
+
+def wait_for_step(client: Client, job_id: str, step: int, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    rev = None
+    while time.monotonic() < deadline:
+        job = client.call("wait", job=job_id, after_rev=rev, timeout_s=1)[0]["job"]
+        rev = job["rev"]
+        if ((job.get("progress") or {}).get("data") or {}).get("step", 0) >= step:
+            return job
+    raise AssertionError(f"job {job_id} never reached step {step}")
+
+
+def test_hello_names_the_agent_and_its_job_kinds(daemon):
+    hello = daemon().client().hello("test")
+    assert hello["protocol"] == 1
+    assert {"sysinfo", "echo", "sleep", "torch-check"} <= set(hello["job_kinds"])
+    assert hello["job_kinds"]["torch-check"]["needs_torch"] is True
+
+
+def test_sysinfo_reports_versions_ram_and_disk(daemon):
+    info = daemon().client().call("sysinfo")[0]
+    assert info["python"].count(".") == 2
+    assert info["ram_total_bytes"] > info["ram_free_bytes"] > 0
+    assert info["disk_free_bytes"] > 0
+
+
+def test_job_survives_a_disconnect_and_the_host_fetches_its_result(daemon):
+    d = daemon()
+    first = d.client()
+    job = first.call("submit", kind="sleep", params={"seconds": 1.0, "steps": 10})[0]["job"]
+    wait_for_step(first, job["id"], 2)
+    first.close()  # the host goes away mid-job
+    second = d.client()
+    done = wait_done(second, job["id"])
+    assert done["state"] == "finished"
+    assert done["result"]["starts"] == 1 and done["result"]["resumed_from"] == 0
+
+
+def test_submit_with_the_same_id_is_the_same_job(daemon):
+    client = daemon().client()
+    a = client.call("submit", kind="echo", params={"x": 1}, job="j-1")[0]
+    b = client.call("submit", kind="echo", params={"x": 1}, job="j-1")[0]
+    assert a["created"] and not b["created"] and a["job"]["id"] == b["job"]["id"]
+    with pytest.raises(RemoteError) as err:
+        client.call("submit", kind="echo", params={"x": 2}, job="j-1")
+    assert err.value.code == "conflict"
+
+
+def test_jobs_run_one_after_another(daemon):
+    client = daemon().client()
+    ids = [client.call("submit", kind="sleep", params={"seconds": 0.3, "steps": 3})[0]["job"]["id"]
+           for _ in range(3)]
+    jobs = [wait_done(client, i) for i in ids]
+    for earlier, later in zip(jobs, jobs[1:]):
+        assert earlier["finished_s"] <= later["started_s"]
+
+
+def test_failing_job_reports_its_error(daemon):
+    client = daemon().client()
+    job = client.call("submit", kind="echo", params={"fail": "no such layer: fc9"})[0]["job"]
+    done = wait_done(client, job["id"])
+    assert done["state"] == "failed"
+    assert done["error"] == "RuntimeError: no such layer: fc9"
+
+
+def test_killed_job_process_is_reported_not_hidden(daemon):
+    client = daemon().client()
+    job = client.call("submit", kind="sleep", params={"seconds": 5, "steps": 50})[0]["job"]
+    running = wait_for_step(client, job["id"], 1)
+    os.kill(running["pid"], signal.SIGKILL)  # what the out-of-memory killer does
+    done = wait_done(client, job["id"])
+    assert done["state"] == "failed"
+    assert "SIGKILL" in done["error"] and "out-of-memory" in done["error"]
+
+
+def test_cancel_a_running_job(daemon):
+    client = daemon().client()
+    job = client.call("submit", kind="sleep", params={"seconds": 5, "steps": 50})[0]["job"]
+    wait_for_step(client, job["id"], 1)
+    client.call("cancel", job=job["id"])
+    done = wait_done(client, job["id"])
+    assert done["state"] == "failed" and done["error"] == "cancelled by the host"
+
+
+def test_clean_stop_then_restart_resumes_the_job_and_keeps_results(daemon, tmp_path):
+    d = daemon()
+    client = d.client()
+    finished = client.call("submit", kind="echo", params={"keep": "me"})[0]["job"]
+    wait_done(client, finished["id"])
+    job = client.call("submit", kind="sleep", params={"seconds": 2.0, "steps": 20})[0]["job"]
+    wait_for_step(client, job["id"], 3)
+    assert client.call("stop")[0]["stopping"] is True
+    assert d.proc.wait(15) == 0  # stopped cleanly, not killed
+    record = json.loads((tmp_path / "board" / "jobs" / job["id"] / "job.json").read_text())
+    assert record["state"] == "queued" and "interrupted" in record["note"]
+
+    again = daemon().client()
+    done = wait_done(again, job["id"])
+    assert done["state"] == "finished"
+    assert done["result"]["resumed_from"] >= 3 and done["result"]["starts"] == 2
+    kept = again.call("job", job=finished["id"])[0]["job"]
+    assert kept["state"] == "finished" and kept["result"]["params"] == {"keep": "me"}
+
+
+def test_daemon_killed_mid_job_adopts_the_job_instead_of_rerunning_it(daemon):
+    d = daemon()
+    client = d.client()
+    job = client.call("submit", kind="sleep", params={"seconds": 2.0, "steps": 20})[0]["job"]
+    wait_for_step(client, job["id"], 2)
+    d.proc.kill()
+    d.proc.wait()
+    again = daemon().client()
+    done = wait_done(again, job["id"])
+    assert done["state"] == "finished"
+    assert done["result"]["starts"] == 1 and done["result"]["resumed_from"] == 0
+
+
+def test_file_transfer_is_chunked_checked_and_resumable(daemon, tmp_path):
+    d = daemon()
+    client = d.client()
+    data = os.urandom(600_000)
+    sha = hashlib.sha256(data).hexdigest()
+    first = client.call("put_file", data[:200_000], path="inputs/blob.bin", offset=0,
+                        size=len(data), sha256=sha)[0]
+    assert first == {**first, "have": 200_000, "done": False}
+    client.close()  # the link drops; the host comes back and asks how much the board has
+    client = d.client()
+    state = client.call("stat_file", path="inputs/blob.bin", sha256=sha)[0]
+    assert state["exists"] is False and state["partial"] == 200_000
+    with pytest.raises(RemoteError) as err:
+        client.call("put_file", data[:1000], path="inputs/blob.bin", offset=0, size=len(data),
+                    sha256=sha)
+    assert err.value.code == "offset" and err.value.details["have"] == 200_000
+    last = client.call("put_file", data[200_000:], path="inputs/blob.bin", offset=200_000,
+                       size=len(data), sha256=sha)[0]
+    assert last["done"] is True
+    assert (tmp_path / "board" / "inputs" / "blob.bin").read_bytes() == data
+    header, body = client.call("get_file", path="inputs/blob.bin", offset=100, length=50)
+    assert header["size"] == len(data) and body == data[100:150]
+
+
+def test_tcp_clients_may_not_replace_the_agent_code(daemon):
+    client = daemon().client()  # any local user can reach a loopback port
+    for path in ("agents/evil.pyz", "agent.current"):
+        with pytest.raises(RemoteError, match="only under inputs/"):
+            client.call("put_file", b"x", path=path, offset=0, size=1,
+                        sha256=hashlib.sha256(b"x").hexdigest())
+
+
+def test_damaged_upload_is_refused(daemon, tmp_path):
+    client = daemon().client()
+    with pytest.raises(RemoteError, match="hash to"):
+        client.call("put_file", b"abc", path="inputs/x", offset=0, size=3, sha256="0" * 64)
+    assert not (tmp_path / "board" / "inputs" / "x").exists()
+
+
+@pytest.mark.parametrize("path", ["../outside", "/etc/passwd", "jobs/x/job.json", "~/x"])
+def test_paths_outside_the_inputs_are_refused(daemon, path):
+    client = daemon().client()
+    with pytest.raises(RemoteError) as err:
+        client.call("put_file", b"x", path=path, offset=0, size=1, sha256="0" * 64)
+    assert err.value.code == "bad_request"
+
+
+def test_bad_requests_get_clear_errors(daemon):
+    client = daemon().client()
+    with pytest.raises(RemoteError, match="no job kind 'run'.*sleep"):
+        client.call("submit", kind="run", params={})
+    with pytest.raises(RemoteError, match="no job 'nope'"):
+        client.call("job", job="nope")
+    with pytest.raises(RemoteError, match="unknown request 'dance'"):
+        client.call("dance")
+    with pytest.raises(RemoteError) as err:
+        client.call("hello", protocol=99)
+    assert err.value.code == "protocol" and "protocol 1" in err.value.message
+
+
+def test_refuses_to_listen_on_a_public_interface(tmp_path):
+    result = subprocess.run(agent_command() + ["serve", "--tcp", "0.0.0.0:7070", "--workdir",
+                                               str(tmp_path)], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2
+    assert "loopback only" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_one_daemon_per_workdir(daemon, tmp_path):
+    daemon()
+    result = subprocess.run(agent_command() + ["serve", "--tcp", "127.0.0.1:0", "--workdir",
+                                               str(tmp_path / "board")],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "already runs" in result.stderr
+
+
+def test_stdio_relay_starts_a_daemon_that_outlives_it(tmp_path):
+    workdir = tmp_path / "board"
+    relay = subprocess.Popen(agent_command() + ["serve", "--stdio", "--workdir", str(workdir)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+    try:
+        client = Client(FrameStream(PipeChannel(relay.stdout.fileno(), relay.stdin.fileno(),
+                                                close_fds=False)))
+        assert client.hello("test")["protocol"] == 1
+        job = client.call("submit", kind="sleep", params={"seconds": 0.5, "steps": 5})[0]["job"]
+        relay.stdin.close()  # the SSH session ends
+        assert relay.wait(10) == 0
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(str(workdir / "agent.sock"))  # the daemon is still there ...
+        done = wait_done(Client(FrameStream(sock)), job["id"])
+        assert done["state"] == "finished"  # ... and so is the job
+    finally:
+        stop_agent(workdir)
+    assert not (workdir / "agent.sock").exists()

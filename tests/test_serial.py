@@ -1,0 +1,164 @@
+"""The serial transport over a real pseudo-terminal pair from socat: hello and the agent itself
+pushed over the link, files in chunks, corrupted frames retried, a pulled cable (socat killed
+and restarted) mid-job that reconnects and resumes the same job, and a port opened without
+asserting DTR/RTS."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from board_fixtures import PtyPair, agent_command, needs_socat, stop_agent
+from edge_remat.devices import load_device
+from edge_remat.transport import Board, BoardUnreachable
+from edge_remat.transport.serial import PySerialPort, open_serial_port
+from edge_remat.transport.zipapp import build_agent_archive
+from edge_remat_agent.wire.serial_link import SerialLink, decode_packet, DATA
+from edge_remat_agent.wire.tty import TtyPort
+
+pytestmark = needs_socat
+
+
+@pytest.fixture
+def ptys(tmp_path):
+    pair = PtyPair(tmp_path).start()
+    yield pair
+    pair.kill()
+
+
+@pytest.fixture
+def board_agent(ptys, tmp_path):
+    """`edge-remat-agent serve --serial` on the board's end of the line."""
+    workdir = tmp_path / "board"
+    proc = subprocess.Popen(agent_command() + ["serve", "--serial", ptys.board_end,
+                                               "--workdir", str(workdir)],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agent.log", "wb"))
+    yield workdir
+    proc.terminate()
+    proc.wait(10)
+    stop_agent(workdir)
+
+
+def serial_device(tmp_path, ptys, **fields):
+    conn = {"kind": "serial", "port": ptys.host_end, "baud": 921600, "connect_timeout_s": 5,
+            "reconnect_timeout_s": 30}
+    conn.update(fields)
+    text = 'name = "serial-loop"\n[connection]\n' + "".join(
+        f"{k} = {v!r}\n".replace("'", '"') for k, v in conn.items())
+    path = tmp_path / "serial.toml"
+    path.write_text(text)
+    return load_device(path)
+
+
+def test_hello_then_the_agent_itself_is_pushed_over_the_link(board_agent, ptys, tmp_path):
+    archive = build_agent_archive()
+    with Board(serial_device(tmp_path, ptys)) as board:
+        hello = board.hello()
+        assert board.transport.pushed_agent is True  # the board ran from source: pushed
+        assert hello["build"] == archive.sha256  # and it now runs the pushed archive
+        assert (board_agent / "agents" / archive.name).read_bytes() == archive.path.read_bytes()
+        assert board.sysinfo()["ram_free_bytes"] > 0
+    with Board(serial_device(tmp_path, ptys)) as board:
+        board.hello()
+        assert board.transport.pushed_agent is False  # same build: nothing sent
+
+
+def test_files_travel_in_chunks_and_arrive_intact(board_agent, ptys, tmp_path):
+    data = os.urandom(300_000)
+    local = tmp_path / "plan.bin"
+    local.write_bytes(data)
+    with Board(serial_device(tmp_path, ptys)) as board:
+        board.hello()
+        sent_before = board.transport.link.stats.packets_sent
+        record = board.run_job("echo", {}, inputs={"file": local}, out_dir=tmp_path / "out")
+        assert record["result"]["file_sha256"] == hashlib.sha256(data).hexdigest()
+        assert board.transport.link.stats.packets_sent - sent_before > 300_000 // 1024
+        assert (tmp_path / "out" / "echo.json").exists()
+
+
+def test_pulled_cable_mid_job_reconnects_and_resumes_the_same_job(board_agent, ptys, tmp_path):
+    progressed = threading.Event()
+    events = []
+
+    def on_update(record):
+        if ((record.get("progress") or {}).get("data") or {}).get("step", 0) >= 3:
+            progressed.set()
+
+    with Board(serial_device(tmp_path, ptys), on_event=events.append) as board:
+        board.hello()
+        outcome = {}
+        runner = threading.Thread(target=lambda: outcome.update(board.run_job(
+            "sleep", {"seconds": 2.0, "steps": 20}, on_update=on_update)))
+        runner.start()
+        assert progressed.wait(20), "the job never made progress"
+        ptys.restart()  # socat dies: both ends of the line vanish, then come back
+        runner.join(60)
+        assert outcome.get("state") == "finished", events
+        assert outcome["result"]["starts"] == 1 and outcome["result"]["resumed_from"] == 0
+        assert board.reconnects >= 1
+
+
+class CorruptingPort(PySerialPort):
+    """The host's real pty end, flipping a byte in every 4th DATA packet it sends."""
+
+    def __init__(self, serial_port):
+        super().__init__(serial_port)
+        self.count = 0
+
+    def write(self, data: bytes) -> None:
+        if decode_packet(data[:-1])[0] == DATA:
+            self.count += 1
+            if self.count % 4 == 0:
+                data = data[:5] + bytes([data[5] ^ 0x40]) + data[6:]
+        super().write(data)
+
+
+def test_corrupted_frames_on_a_real_line_are_retried(ptys):
+    host = SerialLink(CorruptingPort(open_serial_port(ptys.host_end, 921600)), role="host",
+                      ack_timeout=0.1)
+    board = SerialLink(TtyPort(ptys.board_end, 921600), role="board", ack_timeout=0.1)
+    try:
+        session = host.connect(timeout=5)
+        board_session = board.accept(timeout=5)
+        payload = os.urandom(40_000)
+        sender = threading.Thread(target=session.sendall, args=(payload,))
+        sender.start()
+        board_session.settimeout(10)
+        got = bytearray()
+        while len(got) < len(payload):
+            got += board_session.recv(len(payload) - len(got))
+        sender.join(10)  # returns only once the last packet was acknowledged
+        assert bytes(got) == payload
+        assert board.stats.corrupt >= 5 and host.stats.resent >= 5
+    finally:
+        host.close()
+        board.close()
+
+
+def test_opening_the_port_does_not_assert_dtr_or_rts(ptys):
+    import termios
+    port = open_serial_port(ptys.host_end, 921600)
+    try:
+        assert port.dtr is False and port.rts is False
+        assert port.dsrdtr is False and port.rtscts is False
+        assert not termios.tcgetattr(port.fd)[2] & termios.HUPCL  # closing keeps DTR as is
+    finally:
+        port.close()
+
+
+def test_no_agent_on_the_line_is_a_clear_error(ptys, tmp_path):
+    started = time.monotonic()
+    with pytest.raises(BoardUnreachable) as err:
+        Board(serial_device(tmp_path, ptys, connect_timeout_s=1)).hello()
+    assert "edge-remat-agent serve --serial" in str(err.value)
+    assert time.monotonic() - started < 5
+
+
+def test_missing_port_is_a_clear_error(tmp_path, ptys):
+    with pytest.raises(BoardUnreachable, match="does not exist: is the board plugged in"):
+        Board(serial_device(tmp_path, ptys, port=str(tmp_path / "ttyUSB9"))).hello()

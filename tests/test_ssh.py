@@ -1,0 +1,271 @@
+"""The SSH transport against a real OpenSSH server on loopback: agent push only when changed,
+hello/sysinfo through it, host-key policies, the usual failures as clear one-line errors, and a
+dropped connection mid-job that reconnects and resumes the same job."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from board_fixtures import SshServer, agent_command, keygen, needs_sshd, stop_agent
+from edge_remat.devices import load_device
+from edge_remat.transport import (AuthRefused, Board, BoardMissingPython, BoardMissingTorch,
+                                  BoardOutOfDisk, BoardUnreachable, HostKeyChanged,
+                                  HostKeyUnknown)
+from edge_remat.transport.zipapp import AgentArchive, archive_bytes
+
+pytestmark = needs_sshd
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = SshServer(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def device(sshd, tmp_path):
+    """Write a device config for the loopback sshd; keyword arguments override fields."""
+    workdirs = []
+
+    def make(**fields):
+        conn = {"kind": "ssh", "host": "127.0.0.1", "port": sshd.port, "user": sshd.user,
+                "key": str(sshd.client_key), "python": sys.executable,
+                "workdir": str(tmp_path / "board"), "host_key_policy": "accept-new",
+                "known_hosts": str(tmp_path / "known_hosts"), "connect_timeout_s": 10,
+                "reconnect_timeout_s": 60, "ssh_config": str(tmp_path / "no_ssh_config")}
+        family = fields.pop("family", "generic")
+        conn.update(fields)
+        lines = ['name = "loopback"', "[connection]"]
+        lines += [f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {v}"
+                  for k, v in conn.items() if v is not None]
+        lines += ["[hardware]", f'family = "{family}"']
+        path = tmp_path / f"loopback{len(workdirs)}.toml"
+        path.write_text("\n".join(lines) + "\n")
+        workdirs.append(Path(conn["workdir"]))
+        return load_device(path)
+
+    yield make
+    for workdir in set(workdirs):
+        if workdir.exists():
+            stop_agent(workdir)
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert "\n" not in text, text
+    return text
+
+
+def test_agent_is_pushed_only_when_it_changed(device, tmp_path):
+    dev = device()
+    with Board(dev) as board:
+        hello = board.hello()
+        assert board.transport.pushed_agent is True
+        assert hello["build"] == board.transport.archive.sha256
+    with Board(dev) as board:
+        board.hello()
+        assert board.transport.pushed_agent is False  # same hash on the board: nothing sent
+
+    # A changed agent is pushed, and the idle daemon is replaced by the new build.
+    package = tmp_path / "pkg" / "edge_remat_agent"
+    shutil.copytree(Path(__import__("edge_remat_agent").__file__).parent, package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(package / "__init__.py", "a") as handle:
+        handle.write("\n# a new build\n")
+    data = archive_bytes(package)
+    archive_path = tmp_path / "new.pyz"
+    archive_path.write_bytes(data)
+    new = AgentArchive(archive_path, __import__("hashlib").sha256(data).hexdigest())
+    with Board(dev, archive=new) as board:
+        assert board.hello()["build"] == new.sha256
+        assert board.transport.pushed_agent is True
+
+
+def test_agent_reaches_a_board_without_sftp(device, monkeypatch):
+    import paramiko
+
+    def no_sftp(self):
+        raise paramiko.SSHException("subsystem request failed")  # what a bare Dropbear says
+
+    monkeypatch.setattr(paramiko.SSHClient, "open_sftp", no_sftp)
+    with Board(device()) as board:
+        assert board.hello()["build"] == board.transport.archive.sha256
+        assert board.transport.pushed_agent is True
+
+
+def test_hello_and_sysinfo_over_ssh(device):
+    with Board(device()) as board:
+        assert board.hello()["protocol"] == 1
+        info = board.sysinfo()
+        assert info["python"] == ".".join(map(str, sys.version_info[:3]))
+        assert info["ram_free_bytes"] > 0 and info["disk_free_bytes"] > 0
+        assert "torch" in info
+
+
+def test_unknown_host_key_with_strict_policy_says_how_to_trust_it(device, sshd):
+    dev = device(host_key_policy="strict")
+    with pytest.raises(HostKeyUnknown) as err:
+        Board(dev).hello()
+    message = one_line(err.value)
+    assert f"ssh-keyscan -p {sshd.port} 127.0.0.1 >>" in message
+    assert 'host_key_policy = "accept-new"' in message and "SHA256:" in message
+
+
+def test_accept_new_records_the_key_and_strict_then_trusts_it(device, sshd, tmp_path):
+    with Board(device(host_key_policy="accept-new")) as board:
+        board.hello()
+    recorded = (tmp_path / "known_hosts").read_text()
+    assert recorded == sshd.host_key_line()
+    with Board(device(host_key_policy="strict")) as board:
+        assert board.hello()["protocol"] == 1
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(device, sshd, tmp_path):
+    other = keygen(tmp_path / "other_host_key")
+    kind, blob = Path(str(other) + ".pub").read_text().split()[:2]
+    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{sshd.port} {kind} {blob}\n")
+    with pytest.raises(HostKeyChanged) as err:
+        Board(device(host_key_policy="accept-new")).hello()
+    message = one_line(err.value)
+    assert "CHANGED" in message and "ssh-keygen -R" in message
+
+
+def test_refused_authentication_is_a_clear_error(device, tmp_path):
+    stranger = keygen(tmp_path / "stranger_key")
+    with pytest.raises(AuthRefused) as err:
+        Board(device(key=str(stranger))).hello()
+    message = one_line(err.value)
+    assert "refused authentication" in message and "ssh-copy-id" in message
+
+
+def test_missing_key_file_is_a_clear_error(device, tmp_path):
+    with pytest.raises(AuthRefused, match="does not exist"):
+        Board(device(key=str(tmp_path / "nope"))).hello()
+
+
+def test_no_python_on_the_board_says_what_to_install(device):
+    with pytest.raises(BoardMissingPython) as err:
+        Board(device(python="/opt/no-such/python3", family="rpi")).hello()
+    assert "sudo apt install python3" in one_line(err.value)
+
+
+def _python_without_torch():
+    for candidate in ("/usr/bin/python3", shutil.which("python3")):
+        if candidate and Path(candidate).exists():
+            probe = subprocess.run([candidate, "-c", "import importlib.util,sys;"
+                                    "sys.exit(importlib.util.find_spec('torch') is not None)"])
+            if probe.returncode == 0:
+                return candidate
+    return None
+
+
+def test_no_torch_on_the_board_says_what_to_install(device):
+    python = _python_without_torch()
+    if python is None:
+        pytest.skip("every Python here has torch; cannot show a board without it")
+    with Board(device(python=python, family="android")) as board:
+        assert board.hello()["torch"] is None
+        with pytest.raises(BoardMissingTorch) as err:
+            board.submit("torch-check", {})
+        assert "pkg install python-torch" in one_line(err.value)
+        with pytest.raises(BoardMissingTorch, match="pkg install python-torch"):
+            board.require_torch()
+        assert board.run_job("sleep", {"seconds": 0.1, "steps": 1})["state"] == "finished"
+
+
+def test_board_out_of_disk_is_a_clear_error(device, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root): "
+                    + mounted.stderr.decode().strip())
+    try:
+        with pytest.raises(BoardOutOfDisk) as err:
+            Board(device(workdir=str(small / "w"))).hello()
+        message = one_line(err.value)
+        assert "out of disk" in message and "larger partition" in message
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+def test_unreachable_board_fails_fast(device):
+    from board_fixtures import free_port
+    started = time.monotonic()
+    with pytest.raises(BoardUnreachable, match="cannot reach .*Connection refused"):
+        Board(device(port=free_port())).hello()
+    assert time.monotonic() - started < 5
+
+
+def test_ssh_config_alias_and_proxy_jump_are_honoured(device, sshd, tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text(f"""\
+Host board-alias
+    HostName 127.0.0.1
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+
+Host jumped-board
+    HostName 127.0.0.1
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+    ProxyJump {sshd.user}@127.0.0.1:{sshd.port}
+""")
+    with Board(device(host="board-alias", port=None, user=None, key=None,
+                      ssh_config=str(config))) as board:
+        assert board.hello()["protocol"] == 1
+    with Board(device(host="jumped-board", port=None, user=None, key=None,
+                      ssh_config=str(config))) as board:
+        assert board.hello()["protocol"] == 1
+        assert len(board.transport._clients) == 2  # through the jump host
+
+
+def test_dropped_connection_mid_job_reconnects_and_resumes_the_same_job(device, sshd):
+    events, updates = [], []
+    progressed = threading.Event()
+
+    def on_update(record):
+        updates.append(record)
+        if ((record.get("progress") or {}).get("data") or {}).get("step", 0) >= 3:
+            progressed.set()
+
+    with Board(device(), on_event=events.append) as board:
+        outcome = {}
+        runner = threading.Thread(target=lambda: outcome.update(board.run_job(
+            "sleep", {"seconds": 2.0, "steps": 20}, on_update=on_update)))
+        runner.start()
+        assert progressed.wait(20), "the job never made progress"
+        assert sshd.drop_connections() >= 1  # the network drops under the host
+        runner.join(60)
+        assert outcome.get("state") == "finished", (outcome, events)
+        assert outcome["result"]["starts"] == 1  # resumed, not started over
+        assert outcome["result"]["resumed_from"] == 0
+        assert board.reconnects >= 1 and any("reconnecting" in e for e in events)
+        assert {u["id"] for u in updates} == {outcome["id"]}
+
+
+def test_agent_port_reaches_a_tcp_daemon_through_a_forward(device, tmp_path):
+    workdir = tmp_path / "tcp-board"
+    daemon = subprocess.Popen(agent_command() + ["serve", "--tcp", "127.0.0.1:0", "--workdir",
+                                                 str(workdir)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = int(daemon.stdout.readline().strip().rsplit(":", 1)[1])
+        with Board(device(agent_port=port)) as board:
+            assert board.hello()["workdir"] == str(workdir)
+            assert board.run_job("echo", {"via": "forward"})["result"]["params"] == \
+                {"via": "forward"}
+    finally:
+        daemon.terminate()
+        daemon.wait(15)
