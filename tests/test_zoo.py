@@ -19,6 +19,7 @@ SMALL = {
     "bert-mini": dict(seq=16, vocab=512),
     "bert-base": dict(seq=16, vocab=512),
     "gpt2-small": dict(seq=16, vocab=512),
+    "digits-cnn": dict(image=16, depth=2),
 }
 
 

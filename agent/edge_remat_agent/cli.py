@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from . import __version__
+from . import __version__, profile_storage
 
 
 def _check_plan(args: argparse.Namespace) -> int:
@@ -28,6 +28,72 @@ def _check_plan(args: argparse.Namespace) -> int:
     return 0 if result.fits_budget else 1
 
 
+def _setup_logging(verbose: bool = False) -> None:
+    import logging
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """`serve`: the daemon itself (--tcp / --daemon) or a relay to it (--stdio / --serial)."""
+    from .daemon.layout import Layout
+    layout = Layout(args.workdir).ensure()
+    if args.stdio:
+        from .daemon.launcher import DaemonUnavailable, serve_stdio
+        _setup_logging(args.verbose)
+        try:
+            return serve_stdio(layout)
+        except DaemonUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 3
+    if args.serial:
+        from .daemon.launcher import serve_serial
+        _setup_logging(args.verbose)
+        try:
+            return serve_serial(layout, args.serial, args.baud)
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot serve on {args.serial}: {exc}", file=sys.stderr)
+            return 2
+    from .daemon.server import AlreadyRunning, Daemon
+    _setup_logging(args.verbose)
+    try:
+        daemon = Daemon(layout, tcp=args.tcp, idle_exit_s=args.idle_exit)
+        daemon.start()
+    except (AlreadyRunning, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if daemon.tcp_address:
+        print(f"listening on {daemon.tcp_address[0]}:{daemon.tcp_address[1]}", flush=True)
+    daemon.serve_forever()
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from .daemon.launcher import stop_daemon
+    from .daemon.layout import Layout
+    from .wire.protocol import RemoteError
+    try:
+        print(stop_daemon(Layout(args.workdir), if_idle=args.if_idle))
+    except RemoteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _sysinfo(args: argparse.Namespace) -> int:
+    from .daemon.identity import own_build
+    from .daemon.layout import Layout
+    from .daemon.sysinfo import collect
+    print(json.dumps(collect(Layout(args.workdir).ensure().root, own_build()), indent=1))
+    return 0
+
+
+def _run_job(args: argparse.Namespace) -> int:
+    from .daemon.layout import Layout
+    from .daemon.runner import run_job_process
+    return run_job_process(Layout(args.workdir), args.job)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edge-remat-agent",
                                      description="The edge-remat agent that runs on the board.")
@@ -36,11 +102,44 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check-plan", help="validate a plan against a graph on this board")
     check.add_argument("plan")
     check.add_argument("--graph", required=True)
+
+    workdir_help = "the agent's working directory (default: $EDGE_REMAT_WORKDIR or ~/edge-remat)"
+    serve = sub.add_parser("serve", help="serve the host's requests and run its jobs")
+    how = serve.add_mutually_exclusive_group(required=True)
+    how.add_argument("--stdio", action="store_true",
+                     help="relay stdin/stdout to this workdir's daemon (started if needed); "
+                          "what the host runs over an SSH exec channel")
+    how.add_argument("--tcp", metavar="127.0.0.1:PORT",
+                     help="run the daemon here, also listening on a loopback TCP port "
+                          "(reach it through an SSH port forward); PORT 0 picks one")
+    how.add_argument("--serial", metavar="DEVICE",
+                     help="serve the host on a serial line (e.g. /dev/ttyGS0), relaying to "
+                          "the daemon")
+    how.add_argument("--daemon", action="store_true",
+                     help="run the daemon here on its Unix socket only")
+    serve.add_argument("--baud", type=int, default=921600, help="serial baud rate")
+    serve.add_argument("--workdir", help=workdir_help)
+    serve.add_argument("--idle-exit", type=float, default=None, metavar="S",
+                       help="exit after S seconds with no job and no connection")
+    serve.add_argument("-v", "--verbose", action="store_true")
+    stop = sub.add_parser("stop", help="stop this workdir's daemon cleanly")
+    stop.add_argument("--workdir", help=workdir_help)
+    stop.add_argument("--if-idle", action="store_true", help="only when no job runs or waits")
+    info = sub.add_parser("sysinfo", help="print python/torch versions, free RAM and disk")
+    info.add_argument("--workdir", help=workdir_help)
+    run_job = sub.add_parser("_run-job", help=argparse.SUPPRESS)
+    run_job.add_argument("--workdir", required=True)
+    run_job.add_argument("--job", required=True)
+    profile_storage.add_parser(sub)
+
     args = parser.parse_args(argv)
     if args.command == "version":
         print(__version__)
         return 0
-    return _check_plan(args)
+    handlers = {"check-plan": _check_plan, "serve": _serve, "stop": _stop,
+                "sysinfo": _sysinfo, "_run-job": _run_job,
+                "profile-storage": profile_storage.run}
+    return handlers[args.command](args)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ def friendly_errors(command):
     """Bad input becomes one clear line and exit status 2, never a traceback."""
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        from edge_remat_agent.capture.errors import CaptureError
         from edge_remat_agent.simulate import PlanError
 
-        from .planner.problem import InfeasibleBudget, ProblemError
+        from .planner.problem import InfeasibleBudget, InfeasibleDeadline, ProblemError
         from .planner.solve import NoPlan
         from .units import UnitError
         as_json = bool(kwargs.get("as_json"))
@@ -40,7 +41,10 @@ def friendly_errors(command):
         except InfeasibleBudget as exc:
             _fail(str(exc), as_json, status="infeasible",
                   smallest_feasible_budget_bytes=exc.smallest_bytes)
-        except (FormatError, UnitError, NoPlan, PlanError, ProblemError) as exc:
+        except InfeasibleDeadline as exc:
+            _fail(str(exc), as_json, status="infeasible_deadline",
+                  smallest_feasible_deadline=exc.smallest_deadline)
+        except (FormatError, UnitError, NoPlan, PlanError, ProblemError, CaptureError) as exc:
             _fail(str(exc), as_json)
     return wrapper
 
@@ -62,18 +66,23 @@ def _tiers(read_bw, write_bw, latency, energy_per_byte) -> dict[str, Tier]:
 @friendly_errors
 def plan(
     graph: str = typer.Option(..., "--graph", help="graph file (ours, node-link, or POET's)"),
-    budget: str = typer.Option(..., "--budget", help="0.8 or 80% of the plain peak, or 512MiB"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="where to write the plan"),
+    budget: Optional[str] = typer.Option(None, "--budget",
+                                         help="0.8 or 80% of the plain peak, or 512MiB"),
+    sweep: Optional[str] = typer.Option(None, "--sweep", help="solve a budget range instead, "
+                                        "START:STOP:STEP of the plain peak, e.g. 0.3:1.0:0.1"),
+    output: Optional[str] = typer.Option(None, "-o", "--output",
+                                         help="where to write the plan (a folder with --sweep)"),
     profile: Optional[str] = typer.Option(None, "--profile", help="device profile JSON"),
     objective: str = typer.Option("time", "--objective", help="time | energy"),
     deadline: Optional[str] = typer.Option(None, "--deadline", help="e.g. 1.3 = 1.3x plain time"),
-    solver: str = typer.Option("auto", "--solver", help="auto | milp | heuristic:NAME"),
+    solver: str = typer.Option("auto", "--solver", help="auto | cpsat | milp | heuristic:NAME"),
     time_limit: float = typer.Option(60.0, "--time-limit", help="seconds for the solver"),
     paging: Optional[str] = typer.Option(None, "--paging", help="none | flash | host | both"),
     paging_time: str = typer.Option("counted", "--paging-time",
                                     help="counted (paging takes time) | free (POET's model)"),
     backend: str = typer.Option("cbc", "--backend", help="MILP backend: cbc | highs"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="solver threads"),
+    workers: Optional[int] = typer.Option(None, "--workers", "--threads",
+                                          help="solver threads (default: all cores)"),
     flash_read_bw: Optional[str] = typer.Option(None, "--flash-read-bw", help="bytes/s, e.g. 90MB"),
     flash_write_bw: Optional[str] = typer.Option(None, "--flash-write-bw", help="bytes/s"),
     flash_latency: Optional[float] = typer.Option(None, "--flash-latency", help="seconds"),
@@ -97,14 +106,28 @@ def plan(
         raise FormatError("command line", "--paging-time", "counted or free", paging_time)
     if paging is not None and paging not in PAGING_CHOICES:
         raise FormatError("command line", "--paging", " | ".join(PAGING_CHOICES), paging)
-    problem = build_problem(g, budget, prof, objective,
-                            parse_multiplier(deadline) if deadline else None, paging, tiers,
-                            paging_time)
-    report = solve(problem, solver, time_limit, backend, threads)
-    result = report.plan.to_dict()
-    result["problem"]["tier_params"] = {name: tier.to_dict() for name, tier in
-                                        ({**(prof.tiers if prof else {}), **tiers}).items()
-                                        if name in problem.tiers}
+    if (budget is None) == (sweep is None):
+        raise FormatError("command line", "--budget", "exactly one of --budget and --sweep")
+
+    def make_problem(budget_text):
+        return build_problem(g, budget_text, prof, objective,
+                             parse_multiplier(deadline) if deadline else None, paging, tiers,
+                             paging_time)
+
+    tier_params = {name: tier.to_dict() for name, tier in
+                   ({**(prof.tiers if prof else {}), **tiers}).items()}
+    if sweep is not None:
+        _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
+                    tier_params, as_json, objective)
+        return
+    problem = make_problem(budget)
+    progress = None
+    if not as_json and sys.stderr.isatty():
+        from .planner.cpsat import print_progress as progress
+    report = solve(problem, solver, time_limit, backend, workers, progress=progress)
+    if progress is not None:
+        typer.echo("", err=True)
+    result = _plan_dict(report, tier_params)
     if output:
         from edge_remat_agent.formats.fields import dump_json
         dump_json(result, output)
@@ -122,6 +145,50 @@ def plan(
         typer.echo(plan_table(result))
         if output:
             typer.echo(f"plan written to {output}")
+
+
+def _plan_dict(report, tier_params: dict) -> dict:
+    """The plan as written, with the paging tiers' parameters so that it replays alone."""
+    result = report.plan.to_dict()
+    used = result["problem"].get("paging") or []
+    result["problem"]["tier_params"] = {name: params for name, params in tier_params.items()
+                                        if name in used}
+    return result
+
+
+def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backend: str,
+                workers: Optional[int], output: Optional[str], tier_params: dict,
+                as_json: bool, objective: str) -> None:
+    from pathlib import Path
+
+    from edge_remat_agent.formats.fields import dump_json
+
+    from .report import sweep_table
+    from .sweep import parse_sweep, run_sweep
+
+    points = run_sweep(make_problem, parse_sweep(sweep), solver, time_limit, backend, workers)
+    rows = []
+    for point in points:
+        row = {"fraction": point.fraction, "budget_bytes": point.budget_bytes,
+               "status": point.status, "message": point.message or None}
+        if point.report is not None:
+            pr, s = point.report.plan.predicted, point.report.plan.solver
+            row.update(solver=s["name"], tdi_percent=pr["tdi_percent"], time_s=pr["time_s"],
+                       energy_j=pr["energy_j"], peak_bytes=pr["peak_bytes"],
+                       lower_bound=s["lower_bound"], gap=s["gap"],
+                       solve_time_s=s["solve_time_s"])
+            if output:
+                path = Path(output) / f"plan-{point.fraction:.2f}.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                dump_json(_plan_dict(point.report, tier_params), path)
+                row["plan"] = str(path)
+        rows.append(row)
+    if as_json:
+        print(json.dumps({"objective": objective, "sweep": rows}))
+    else:
+        typer.echo(sweep_table(points, objective))
+        if output:
+            typer.echo(f"plans written to {output}/")
 
 
 @app.command()
@@ -164,10 +231,220 @@ def simulate(
 
 
 @app.command()
+@friendly_errors
+def graph(
+    model: Optional[str] = typer.Option(
+        None, "--model", help="a zoo model (resnet18, bert-mini, ...) or MODULE:FACTORY, where "
+        "FACTORY() returns (module, example_args) and module(*example_args) is the scalar loss"),
+    onnx_file: Optional[str] = typer.Option(None, "--onnx", help="an ONNX model instead "
+                                            "(forward with shapes + planned backward; planning "
+                                            "only)"),
+    batch: Optional[int] = typer.Option(None, "--batch", min=1, help="batch size"),
+    image: Optional[int] = typer.Option(None, "--image", min=1, help="image height and width"),
+    seq: Optional[int] = typer.Option(None, "--seq", min=1, help="sequence length"),
+    seed: int = typer.Option(0, "--seed", help="seed for the model's initial weights"),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum) | adamw"),
+    max_nodes: int = typer.Option(200, "--max-nodes", min=5,
+                                  help="at most this many planner nodes (coarser groups)"),
+    level: Optional[int] = typer.Option(None, "--level", min=1,
+                                        help="group by this depth of the module tree "
+                                             "(default: the finest within --max-nodes)"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="where to write the graph"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Capture a model's training graph (forward + backward + update) for the planner."""
+    from .graph_report import graph_summary, graph_table
+    from .planner.build import plain_peak_bytes
+
+    if (model is None) == (onnx_file is None):
+        raise FormatError("command line", "--model/--onnx", "exactly one of them")
+    if onnx_file is not None:
+        from .onnx_import import graph_from_onnx
+        g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)
+    else:
+        from edge_remat_agent.capture import capture_model
+        g = capture_model(model, batch, image, seq, seed, optimizer, max_nodes, level).graph
+    if output:
+        g.save(output)
+    summary = graph_summary(g, plain_peak_bytes(g), output)
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        typer.echo(graph_table(summary))
+        if output:
+            typer.echo(f"graph written to {output}")
+
+
+@app.command()
 def version() -> None:
     """Print the version."""
     from . import __version__
     typer.echo(__version__)
+
+
+# -- boards: device configs, jobs on the agent, deploy (logic in remote.py / transport/) -----
+
+@app.command()
+def devices(
+    names: list[str] = typer.Argument(None, metavar="[NAME]...",
+                                      help="device names or config paths (default: all)"),
+    check: bool = typer.Option(False, "--check", help="connect to each board and report python"
+                               "/torch versions, free RAM and disk"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """List the device configs (device_configs/*.toml); --check connects to each board."""
+    from .remote import board_errors, device_rows, devices_table
+
+    @board_errors
+    def run(as_json: bool) -> None:
+        rows = device_rows(names or [], check)
+        if as_json:
+            print(json.dumps({"devices": rows}))
+        else:
+            typer.echo(devices_table(rows, check))
+        if check and any(not r.get("check", {}).get("ok", False) for r in rows):
+            raise typer.Exit(1)
+
+    run(as_json=as_json)
+
+
+@app.command()
+def job(
+    kind: str = typer.Argument(..., help="job kind, e.g. sysinfo, echo, sleep, run, profile"),
+    device: str = typer.Option(..., "--device", help="device name or config path"),
+    param: list[str] = typer.Option([], "--param", help="KEY=VALUE (VALUE read as JSON if it "
+                                    "parses), repeatable"),
+    params: Optional[str] = typer.Option(None, "--params", help="all params as a JSON object"),
+    input_file: list[str] = typer.Option([], "--input", help="NAME=PATH: push PATH, pass its "
+                                         "board path as param NAME; repeatable"),
+    out: Optional[str] = typer.Option(None, "--out", help="folder for the job's output files"),
+    job_id: Optional[str] = typer.Option(None, "--id", help="job id (same id = same job)"),
+    detach: bool = typer.Option(False, "--detach", help="submit and return the job id"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Run a job on the board's agent; survives dropped links (reconnects, same job)."""
+    from .devices import find_device
+    from .remote import (board_errors, parse_inputs, parse_params, print_outcome,
+                         show_progress, to_stderr)
+    from .transport import Board
+
+    @board_errors
+    def run(as_json: bool) -> None:
+        values = parse_params(params, param)
+        inputs = parse_inputs(input_file)
+        with Board(find_device(device), on_event=to_stderr) as board:
+            if detach:
+                for name, local in inputs.items():
+                    values[name] = board.push_input(local)
+                record = board.submit(kind, values, job_id)
+                print(json.dumps({"status": record["state"], "job": record["id"]})
+                      if as_json else record["id"])
+                return
+            record = board.run_job(kind, values, inputs, out, job_id,
+                                   on_update=None if as_json else show_progress)
+            print_outcome(record, as_json, board)
+
+    run(as_json=as_json)
+
+
+@app.command("job-status")
+def job_status(
+    job_id: str = typer.Argument(..., metavar="ID"),
+    device: str = typer.Option(..., "--device", help="device name or config path"),
+    wait: bool = typer.Option(False, "--wait", help="wait until the job is done"),
+    out: Optional[str] = typer.Option(None, "--out", help="fetch its output files here"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Come back for a job: its state, progress and result (the board keeps them)."""
+    from .devices import find_device
+    from .remote import board_errors, print_outcome, show_progress, to_stderr
+    from .transport import Board, JobFailed
+
+    @board_errors
+    def run(as_json: bool) -> None:
+        with Board(find_device(device), on_event=to_stderr) as board:
+            record = (board.wait(job_id, None if as_json else show_progress) if wait
+                      else board.job(job_id))
+            if record["state"] == "failed":
+                raise JobFailed(f"job {job_id} failed on {board.name}: {record.get('error')}",
+                                record)
+            if out and record["state"] == "finished":
+                record["fetched"] = [str(p) for p in board.fetch_outputs(record, out)]
+            print_outcome(record, as_json, board)
+
+    run(as_json=as_json)
+
+
+@app.command("agent-stop")
+def agent_stop(
+    device: str = typer.Option(..., "--device", help="device name or config path"),
+    if_idle: bool = typer.Option(False, "--if-idle", help="only when no job runs or waits"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Stop the agent daemon on the board cleanly (a running job resumes at its next start)."""
+    from .devices import find_device
+    from .remote import board_errors
+    from .transport import Board
+
+    @board_errors
+    def run(as_json: bool) -> None:
+        board = Board(find_device(device), reconnect_timeout_s=0)
+        board.stop_agent(if_idle=if_idle)
+        print(json.dumps({"status": "stopped"}) if as_json else f"agent on {board.name} stopped")
+
+    run(as_json=as_json)
+
+
+@app.command()
+def deploy(
+    plan_file: str = typer.Argument(..., metavar="PLAN"),
+    device: str = typer.Option(..., "--device", help="device name or config path"),
+    graph: str = typer.Option(..., "--graph", help="the graph the plan was made for"),
+    steps: int = typer.Option(10, "--steps", help="training steps to run"),
+    out: str = typer.Option(".", "--out", help="folder for the run report and other outputs"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Push the agent, the plan and the graph; run the plan on the board; fetch the report."""
+    from .devices import find_device
+    from .remote import board_errors, print_outcome, require_kind, show_progress, to_stderr
+    from .transport import Board
+
+    @board_errors
+    def run(as_json: bool) -> None:
+        load_plan(plan_file)  # a bad plan is refused here, not on the board
+        with Board(find_device(device), on_event=to_stderr) as board:
+            require_kind(board, "run", "execute plans")
+            record = board.run_job("run", {"steps": steps}, {"plan": plan_file, "graph": graph},
+                                   out, on_update=None if as_json else show_progress)
+            print_outcome(record, as_json, board)
+
+    run(as_json=as_json)
+
+
+@app.command()
+def profile(
+    device: str = typer.Option(..., "--device", help="device name or config path"),
+    graph: Optional[str] = typer.Option(None, "--graph", help="graph whose nodes to measure"),
+    param: list[str] = typer.Option([], "--param", help="KEY=VALUE for the profiler"),
+    out: str = typer.Option("profiles", "--out", help="folder for the measured profile"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Measure the board (operators, storage tiers, power) with its agent; fetch the profile."""
+    from .devices import find_device
+    from .remote import (board_errors, parse_params, print_outcome, require_kind,
+                         show_progress, to_stderr)
+    from .transport import Board
+
+    @board_errors
+    def run(as_json: bool) -> None:
+        values = parse_params(None, param)
+        with Board(find_device(device), on_event=to_stderr) as board:
+            require_kind(board, "profile", "profile boards")
+            record = board.run_job("profile", values, {"graph": graph} if graph else {}, out,
+                                   on_update=None if as_json else show_progress)
+            print_outcome(record, as_json, board)
+
+    run(as_json=as_json)
 
 
 def main() -> None:

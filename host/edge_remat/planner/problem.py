@@ -26,6 +26,15 @@ class InfeasibleBudget(ProblemError):
         self.smallest_bytes = smallest_bytes
 
 
+class InfeasibleDeadline(ProblemError):
+    """Schedules fit the budget, but none meets the deadline; carries the smallest deadline (a
+    multiple of the plain time) that the fastest schedule found meets."""
+
+    def __init__(self, message: str, smallest_deadline: float):
+        super().__init__(message)
+        self.smallest_deadline = smallest_deadline
+
+
 @dataclass
 class Problem:
     graph: Graph

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import time as clock
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from edge_remat_agent.formats import Plan
@@ -13,7 +13,7 @@ from edge_remat_agent.formats import Plan
 from . import isolated
 from .baselines import BASELINES
 from .evaluate import Evaluation, evaluate
-from .problem import InfeasibleBudget, Problem
+from .problem import InfeasibleBudget, InfeasibleDeadline, Problem
 from .stages import StageDecision
 
 # Above this many nodes the stage x node MILP (O(n^2) binaries) is not worth starting.
@@ -67,9 +67,24 @@ def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: s
           workers: int | None = None, hint: list[StageDecision] | None = None,
           progress: Progress | None = None) -> SolveReport:
     """The best plan the chosen solver finds within the time limit, never worse than the best
-    baseline (or than `hint`, a schedule from a neighbouring problem, when it fits this one)."""
+    baseline (or than `hint`, a schedule from a neighbouring problem, when it fits this one).
+
+    Where no plan meets the deadline, the fastest schedule that fits the budget is sought: if it
+    meets the deadline it is returned, else InfeasibleDeadline names the deadline it does meet."""
     p.check_budget()
     started = clock.perf_counter()
+    try:
+        return _solve(p, solver, time_limit, backend, workers, hint, progress, started)
+    except (InfeasibleBudget, NoPlan):
+        if p.deadline is None:
+            raise
+        left = max(1.0, time_limit - (clock.perf_counter() - started))
+        return _fastest_within_budget(p, solver, left, backend, workers, started, time_limit)
+
+
+def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: int | None,
+           hint: list[StageDecision] | None, progress: Progress | None,
+           started: float) -> SolveReport:
     baselines = run_baselines(p)
     summary = {name: (c.evaluation.value if c and c.evaluation.feasible else None)
                for name, c in baselines.items()}
@@ -183,6 +198,41 @@ def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
         raise _infeasible(p, "MILP")
     raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and the MILP "
                  f"found none in time); try a larger --time-limit or budget")
+
+
+def _fastest_within_budget(p: Problem, solver: str, time_limit: float, backend: str,
+                           workers: int | None, started: float,
+                           total_limit: float) -> SolveReport:
+    """The least deadline-counted time within the budget: a plan, or the smallest deadline."""
+    fast = deadline_free_problem(p)
+    report = _solve(fast, solver, time_limit, backend, workers, None, None,
+                    clock.perf_counter())
+    ev = evaluate(p, report.decisions)  # the real costs and the real deadline
+    achieved = p.deadline_time(ev.sim.compute_time_s, ev.sim.paging_time_s) / p.plain_time
+    if ev.feasible:  # the deadline can be met after all: the fastest plan meets it
+        chosen = Candidate(report.plan.solver["name"], ev, report.decisions)
+        return _report(p, chosen, "feasible", None, started, total_limit, report.baselines,
+                       fallback=f"{solver} found no plan that meets the deadline; this is the "
+                                "fastest plan within the budget")
+    proven = report.plan.solver["status"] == "optimal"
+    raise InfeasibleDeadline(
+        f"no schedule within {p.budget_bytes} bytes meets the deadline of {p.deadline:g}x the "
+        f"plain time; the smallest deadline that can be met is "
+        + (f"{achieved:.4g}x (proven by {report.plan.solver['name']})" if proven else
+           f"at most {achieved:.4g}x (the fastest plan {report.plan.solver['name']} found in "
+           f"{time_limit:.0f} s)") + "; pass a --deadline at least that, or a larger --budget",
+        achieved)
+
+
+def deadline_free_problem(p: Problem) -> Problem:
+    """The same budget with the objective 'the time the deadline counts' and no deadline."""
+    costs = p.costs
+    if p.paging_time == "free":  # the deadline does not count paging: neither may this objective
+        costs = replace(costs, tiers={
+            name: replace(tier, in_time_s=[0.0] * p.n, out_time_s=[0.0] * p.n)
+            for name, tier in costs.tiers.items()})
+    return Problem(p.graph, costs, p.budget_bytes, "time", None, p.tiers, p.paging_time,
+                   p.profile_name)
 
 
 def _infeasible(p: Problem, prover: str) -> InfeasibleBudget:
