@@ -57,7 +57,7 @@ TINY = [
      dict(objective="energy", deadline=1.2, paging=True, static_w=0.1, paging_time="counted")),
     ("paging energy free", training_chain(2, 5), 0.5,
      dict(objective="energy", deadline=1.2, paging=True, static_w=0.1, paging_time="free")),
-    ("paging energy 7 nodes", random_dag(7, 2), 0.55,
+    ("paging energy 6 nodes", random_dag(6, 9), 0.55,
      dict(objective="energy", deadline=1.5, paging=True, static_w=0.3)),
 ]
 

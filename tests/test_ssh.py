@@ -110,6 +110,16 @@ def test_hello_and_sysinfo_over_ssh(device):
         assert "torch" in info
 
 
+def test_requests_are_not_held_back_by_nagle(device):
+    """Request/reply over TCP: without TCP_NODELAY a small request waits for the board's
+    delayed ACK (40 ms a request; see benchmarks/transport.py)."""
+    import socket
+    with Board(device()) as board:
+        board.hello()
+        sock = board.transport._clients[-1].get_transport().sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
 def test_unknown_host_key_with_strict_policy_says_how_to_trust_it(device, sshd):
     dev = device(host_key_policy="strict")
     with pytest.raises(HostKeyUnknown) as err:

@@ -6,6 +6,7 @@ speak the agent's wire protocol, and `Board`, which reconnects and resumes over 
     session.py  requests over one connection, chunked file transfer
     local.py / ssh.py / serial.py   the transports
     board.py    Board: reconnect + resume, run_job (push inputs, submit, wait, fetch outputs)
+    testbed.py  a throwaway loopback sshd and socat pty pairs (tests, benchmarks/transport.py)
 """
 
 from .board import Board, make_transport
