@@ -237,8 +237,8 @@ def test_paths_outside_the_inputs_are_refused(daemon, path):
 
 def test_bad_requests_get_clear_errors(daemon):
     client = daemon().client()
-    with pytest.raises(RemoteError, match="no job kind 'run'.*sleep"):
-        client.call("submit", kind="run", params={})
+    with pytest.raises(RemoteError, match="no job kind 'teleport'.*sleep"):
+        client.call("submit", kind="teleport", params={})
     with pytest.raises(RemoteError, match="no job 'nope'"):
         client.call("job", job="nope")
     with pytest.raises(RemoteError, match="unknown request 'dance'"):

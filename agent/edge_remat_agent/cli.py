@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from . import __version__, profile_storage
+from . import __version__, profile_command, profile_storage, run_command
 
 
 def _check_plan(args: argparse.Namespace) -> int:
@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     run_job.add_argument("--workdir", required=True)
     run_job.add_argument("--job", required=True)
     profile_storage.add_parser(sub)
+    profile_command.add_parser(sub)
+    run_command.add_parser(sub)
 
     args = parser.parse_args(argv)
     if args.command == "version":
@@ -138,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     handlers = {"check-plan": _check_plan, "serve": _serve, "stop": _stop,
                 "sysinfo": _sysinfo, "_run-job": _run_job,
-                "profile-storage": profile_storage.run}
+                "profile-storage": profile_storage.run, "profile": profile_command.run,
+                "run": run_command.run}
     return handlers[args.command](args)
 
 

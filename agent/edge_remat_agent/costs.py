@@ -34,10 +34,14 @@ class CostModel:
     tiers: dict[str, TierCosts] = field(default_factory=dict)
     power_source: str = "default"  # "profile:<name>" | "graph" | "default"
     time_source: str = "graph"
+    # Where node costs come from, in the graph format's words: "profile" when a profile
+    # measured every node, "profile+<graph's source>" when some, else the graph's own.
+    cost_source: str = "unknown"
 
     def describe(self) -> dict[str, Any]:
         return {"static_w": self.static_w, "power_source": self.power_source,
-                "time_source": self.time_source, "tiers": sorted(self.tiers)}
+                "time_source": self.time_source, "cost_source": self.cost_source,
+                "tiers": sorted(self.tiers)}
 
 
 def build_costs(graph: Graph, profile: Profile | None = None,
@@ -74,7 +78,10 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     time_source = ("unit" if unit_costs else
                    f"profile:{profile.name} for {from_profile}/{len(graph)} nodes" if from_profile
                    else graph.cost_source)
-    return CostModel(times, energies, idle_w, tier_costs, power_source, time_source)
+    cost_source = ("profile" if from_profile == len(graph) else
+                   f"profile+{graph.cost_source}" if from_profile else
+                   "unit" if unit_costs else graph.cost_source)
+    return CostModel(times, energies, idle_w, tier_costs, power_source, time_source, cost_source)
 
 
 def _per_node_tiers(graph: Graph, exclude: set[str]) -> dict[str, TierCosts]:

@@ -25,9 +25,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Times FlashStore writes (fsync) and reads (page cache dropped) at sizes "
                     "from --min-size to --max-size (x4 steps), fits latency + bandwidth, measures "
                     "idle and busy power and the runtime's own memory, and writes a profile "
-                    "JSON with \"source\": \"measured\". Operator costs are not measured here.")
+                    "JSON with \"source\": \"measured\". Operator costs are not measured here "
+                    "(`edge-remat-agent profile --graph` measures them too).")
     p.add_argument("--page-dir", required=True, help="directory on the flash to page to")
     p.add_argument("-o", "--output", required=True, help="profile JSON to write")
+    add_board_options(p)
+    return p
+
+
+def add_board_options(p: argparse.ArgumentParser) -> None:
+    """Options of the board-wide measurements (flash, power, runtime footprint, name)."""
     p.add_argument("--sizes", type=_size_list, help="comma-separated sizes, e.g. 4KiB,1MiB,64MiB")
     p.add_argument("--min-size", type=parse_size, default=4 * 2**10, help="default 4KiB")
     p.add_argument("--max-size", type=parse_size, default=64 * 2**20, help="default 64MiB")
@@ -46,7 +53,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-footprint", action="store_true",
                    help="skip the runtime-footprint probe (a fresh interpreter importing torch)")
     p.add_argument("--name", help="profile name (default: the board's model)")
-    return p
 
 
 def _size_list(text: str) -> tuple[int, ...]:
@@ -71,36 +77,50 @@ def model_builder(spec: str) -> Callable[[], Any]:
     return target
 
 
-def run(args: argparse.Namespace) -> int:
-    from .pages import PageStoreError
-    from .profiler import (ProfileIncomplete, board_identity, measure_flash, measure_power,
-                           measure_runtime_footprint, measured_profile, sizes_between,
-                           write_profile)
-    from .sensors import SensorError
-    try:
+def measure_board(args: argparse.Namespace, ops: dict | None = None):
+    """Flash (when args.page_dir), power, runtime footprint and identity, as a measured profile
+    with `ops` (the op profiler's) in it. Raises what `run` below reports."""
+    from .profiler import (board_identity, measure_flash, measure_power,
+                           measure_runtime_footprint, measured_profile, sizes_between)
+    flash = None
+    if args.page_dir:
         sizes = args.sizes or sizes_between(args.min_size, args.max_size)
         print(f"flash: {len(sizes)} sizes, {format_size(sizes[0])} .. {format_size(sizes[-1])} "
               f"in {args.page_dir}", file=sys.stderr)
         flash = measure_flash(args.page_dir, sizes, args.window_s, fsync=not args.no_fsync,
                               capacity_bytes=args.flash_capacity)
-        print(f"power: sensor {args.sensor}, {args.idle_s} s idle, {args.busy_s} s busy",
-              file=sys.stderr)
-        power = measure_power(args.sensor, idle_s=args.idle_s, busy_s=args.busy_s)
-        footprint = None
-        if not args.no_footprint:
-            build = model_builder(args.model) if args.model else None
-            footprint = measure_runtime_footprint(build)
-        profile = measured_profile(board_identity(sensor=power.sensor), power, flash=flash,
-                                   footprint=footprint, name=args.name)
+    print(f"power: sensor {args.sensor}, {args.idle_s} s idle, {args.busy_s} s busy",
+          file=sys.stderr)
+    power = measure_power(args.sensor, idle_s=args.idle_s, busy_s=args.busy_s)
+    footprint = None
+    if not args.no_footprint:
+        build = model_builder(args.model) if args.model else None
+        footprint = measure_runtime_footprint(build)
+    return measured_profile(board_identity(sensor=power.sensor), power, flash=flash,
+                            footprint=footprint, ops=ops, name=args.name)
+
+
+def board_errors() -> tuple[type[BaseException], ...]:
+    """What measuring the board can raise that is the board's or the options' fault."""
+    from .pages import PageStoreError
+    from .profiler import ProfileIncomplete
+    from .sensors import SensorError
+    return (PageStoreError, SensorError, ProfileIncomplete, ValueError, RuntimeError, OSError)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .profiler import write_profile
+    try:
+        profile = measure_board(args)
         write_profile(profile, args.output)
-    except (PageStoreError, SensorError, ProfileIncomplete, ValueError, RuntimeError,
-            OSError) as error:
+    except board_errors() as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     flash_tier = profile.tiers["flash"]
     print(json.dumps({"output": args.output, "flash": flash_tier.to_dict(),
                       "idle_w": profile.idle_w, "active_w": profile.active_w,
-                      "sensor": power.sensor, "power_estimate": power.estimate,
+                      "sensor": profile.device.get("sensor"),
+                      "power_estimate": profile.device.get("power_estimate"),
                       "runtime_baseline_bytes": profile.runtime_baseline_bytes,
                       "ram_total_bytes": profile.ram_total_bytes}))
     return 0

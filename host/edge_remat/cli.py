@@ -447,6 +447,153 @@ def profile(
     run(as_json=as_json)
 
 
+# -- end to end: `run` (logic in run/, run_report.py, plots.py, emulated.py) ---------------
+
+EXIT_KILLED = 3
+
+
+@app.command("run")
+@friendly_errors
+def run_command(
+    device: str = typer.Option(..., "--device", help="device name or config path (local: this "
+                               "machine; emulated-board: this machine in a memory cgroup)"),
+    model: str = typer.Option(..., "--model", help="a zoo model (digits-cnn, resnet18, ...) or "
+                              "MODULE:FACTORY"),
+    budget: Optional[str] = typer.Option(None, "--budget", help="30% of the plain peak, or "
+                                         "512MiB (default with --memory-limit: what the "
+                                         "runtime leaves of it)"),
+    objective: str = typer.Option("time", "--objective", help="time | energy"),
+    deadline: Optional[str] = typer.Option(None, "--deadline", help="e.g. 1.3 = 1.3x plain time"),
+    steps: int = typer.Option(10, "--steps", min=1, help="training steps"),
+    data: Optional[str] = typer.Option(None, "--data", help="example | digits | MODULE:FUNCTION "
+                                       "(default: digits for digits-cnn, else example)"),
+    memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="emulate a board "
+                                               "with this much RAM, e.g. 600MiB (a memory "
+                                               "cgroup; local devices, root)"),
+    plain: bool = typer.Option(False, "--plain", help="ordinary PyTorch training instead of the "
+                               "plan (the comparison)"),
+    batch: Optional[int] = typer.Option(None, "--batch", min=1),
+    image: Optional[int] = typer.Option(None, "--image", min=1),
+    seq: Optional[int] = typer.Option(None, "--seq", min=1),
+    seed: int = typer.Option(0, "--seed"),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum) | adamw"),
+    lr: Optional[float] = typer.Option(None, "--lr", help="learning rate (sgd 0.1, adamw 1e-3)"),
+    max_nodes: int = typer.Option(200, "--max-nodes", min=5),
+    profile_file: Optional[str] = typer.Option(None, "--profile", help="plan with this profile "
+                                               "instead of measuring the board"),
+    reprofile: bool = typer.Option(False, "--reprofile", help="measure again, ignoring the cache"),
+    paging: Optional[str] = typer.Option(None, "--paging", help="none | flash | host | both"),
+    solver: str = typer.Option("auto", "--solver", help="auto | cpsat | milp | heuristic:NAME"),
+    time_limit: float = typer.Option(10.0, "--time-limit", help="seconds for the solver"),
+    sweep: Optional[str] = typer.Option(None, "--sweep", help="also plan a budget sweep, e.g. "
+                                        "0.2:1.0:0.1, and plot it"),
+    out: str = typer.Option("edge-remat-run", "--out", help="folder for graph, plan, report, "
+                            "plots"),
+    no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Fine-tune MODEL on DEVICE within a memory budget: capture, profile, plan, deploy, train,
+    and report planned against measured. Exit status 3: the run was killed (out of memory)."""
+    from .remote import board_errors, to_stderr
+    from .run import RunOptions, RunProblem, run
+    from .run_report import report_text
+    from .units import parse_budget
+
+    limit = None
+    if memory_limit:
+        kind, value = parse_budget(memory_limit)
+        if kind != "bytes":
+            raise FormatError("command line", "--memory-limit", "a size such as 600MiB",
+                              memory_limit)
+        limit = int(value)
+    if objective not in ("time", "energy"):
+        raise FormatError("command line", "--objective", "time or energy", objective)
+    options = RunOptions(
+        device=device, model=model, budget=budget, objective=objective,
+        deadline=_multiplier(deadline), steps=steps, data=data,
+        memory_limit=limit, plain=plain, batch=batch, image=image, seq=seq, seed=seed,
+        optimizer=optimizer, lr=lr, max_nodes=max_nodes, profile=profile_file,
+        reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
+        out=out, plots=not no_plots)
+
+    @board_errors
+    def go(as_json: bool) -> None:
+        try:
+            report = run(options, say=to_stderr)
+        except RunProblem as exc:
+            _fail(str(exc), as_json)
+        killed = report["status"] == "killed"
+        if as_json:
+            print(json.dumps(report, default=str))
+        elif killed:
+            typer.echo(_killed_line(report))
+        else:
+            typer.echo(report_text(report))
+        if killed:
+            raise typer.Exit(EXIT_KILLED)
+
+    go(as_json=as_json)
+
+
+@app.command("plot")
+@friendly_errors
+def plot_command(
+    plan_file: Optional[str] = typer.Option(None, "--plan", help="a plan: schedule.png and "
+                                            "memory.png"),
+    graph: Optional[str] = typer.Option(None, "--graph", help="the graph the plan was made for"),
+    sweep_file: Optional[str] = typer.Option(None, "--sweep", help="the output of `edge-remat "
+                                             "plan --sweep ... --json`: sweep.png"),
+    out: str = typer.Option(".", "--out", help="folder for the PNG files"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Draw a plan (stage x node schedule; memory over one step against the budget) and a
+    budget sweep (energy and time per step against memory) as PNG files."""
+    from pathlib import Path
+
+    from . import plots
+    from .graph_import import load_graph_file
+
+    if plan_file is None and sweep_file is None:
+        raise FormatError("command line", "--plan/--sweep", "at least one of them")
+    written = []
+    if plan_file is not None:
+        if graph is None:
+            raise FormatError("command line", "--graph", "the graph the plan was made for")
+        g, p = load_graph_file(graph), load_plan(plan_file)
+        planned, plain = plots.memory_traces(g, p)
+        written += [plots.plot_schedule(g, p, Path(out) / "schedule.png"),
+                    plots.plot_memory(planned, p.budget_bytes, Path(out) / "memory.png",
+                                      plain=plain)]
+    if sweep_file is not None:
+        try:
+            rows = json.loads(Path(sweep_file).read_text())["sweep"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise FormatError(sweep_file, "sweep", "the JSON `edge-remat plan --sweep ... "
+                              "--json` prints", str(exc)) from None
+        written.append(plots.plot_sweep(rows, Path(out) / "sweep.png"))
+    if as_json:
+        print(json.dumps({"plots": [str(p) for p in written]}))
+    else:
+        typer.echo("\n".join(f"wrote {p}" for p in written))
+
+
+def _multiplier(text: Optional[str]) -> Optional[float]:
+    from .units import parse_multiplier
+    return parse_multiplier(text) if text else None
+
+
+def _killed_line(report: dict) -> str:
+    from .units import fmt_bytes
+    what = "plain PyTorch training" if report["mode"] == "plain" else "the planned run"
+    limit = report.get("memory_limit_bytes")
+    figures = [f"{fmt_bytes(limit)} limit" if limit else "",
+               f"kernel peak {fmt_bytes(report['kernel_peak_bytes'])}"
+               if report.get("kernel_peak_bytes") else ""]
+    detail = "; ".join(f for f in figures if f)
+    return (f"{report['message']}: {what} of {report['model']} on {report['device']} needs more "
+            f"memory than it has" + (f" ({detail})" if detail else ""))
+
+
 def main() -> None:
     app(prog_name="edge-remat")
 

@@ -17,7 +17,7 @@
     page_dir = "/home/pi/edge-remat/pages"
     sensor = "none"
     family = "rpi"                  # "jetson" | "rpi" | "android" | "generic": install hints
-    memory_limit_bytes = 629145600  # local only: an emulated board, the agent in a memory cgroup
+    memory_limit_bytes = 608174080  # local only: an emulated board, the agent in a memory cgroup
 
 Every error names the file and the field.
 """

@@ -10,7 +10,10 @@ Modules, one job each:
     estimate.py   FLOP/bytes cost estimate (`cost_source: "estimate"` until a profile replaces it)
     optimizer.py  fixed memory (parameters, gradients, optimizer state) and the update node
     pipeline.py   capture_model / capture_module / recapture
-    replay.py     StepRunner: runs planner nodes through their ATen nodes (the executor's reference)
+    replay.py     StepRunner: runs planner nodes through their ATen nodes (the one engine the
+                  executor, the op profiler and the tests run graphs with)
+    program.py    a captured joint graph as plain data (ops, calling convention, storage roots)
+    isolated.py   capture_isolated: recapture in a child process, run here from its Program
     measure.py    what eager PyTorch saves for backward (saved_tensors_hooks), to check against
 
 This package imports torch lazily: `from edge_remat_agent.capture import CaptureError` is cheap.
@@ -25,7 +28,10 @@ new graph has the same fingerprint (capture is deterministic: node names come fr
 costs are pure functions of shapes). It returns a `Captured` whose `trace.graph_module` is the
 joint FX graph and `trace.node(name)` finds any captured node by name. A different torch version
 or model code gives a different fingerprint, and recapture refuses. A MODULE:FACTORY source must
-be importable on the board under the same name (a file path is relative to the working directory).
+be importable on the board under the same name (a file path is relative to the working directory;
+the daemon's jobs run in the agent's workdir). `capture_isolated(graph)` does the same in a child
+process and returns a `Captured` whose trace is rebuilt from a `Program`: tracing imports
+AOTAutograd (~90 MB resident on top of torch), which then never enters the training process.
 
 Binding the graph's inputs (`graph.capture["signature"]`, also on `Captured.trace`):
     params        placeholder -> parameter name (module.named_parameters(remove_duplicate=False))

@@ -150,16 +150,27 @@ def _transient_peak(members: list[fx.Node], store: dict[str, Storage], member_se
             if s is not None and s.root in member_set and s.root not in fixed_roots:
                 last_use[s.root] = max(last_use.get(s.root, k), k)
     live, peak = 0, 0
+    allocs: dict[int, int] = {}
     frees: dict[int, int] = {}
     for root, end in last_use.items():
+        born = _allocated_at(members[position[root]], position, store)
+        allocs[born] = allocs.get(born, 0) + store[root].nbytes
         if root not in keep:
             frees[end] = frees.get(end, 0) + store[root].nbytes
-    for k, node in enumerate(members):
-        if node.name in last_use:  # allocates a new storage
-            live += store[node.name].nbytes
+    for k in range(len(members)):
+        live += allocs.get(k, 0)
         peak = max(peak, live)
         live -= frees.get(k, 0)
     return peak
+
+
+def _allocated_at(node: fx.Node, position: dict[str, int], store: dict[str, Storage]) -> int:
+    """Where a storage comes into being: the results of an op with several outputs exist from
+    that op on, while its inputs are still alive, not from the getitem that picks one later."""
+    parent = node.args[0] if node.target is operator.getitem else None
+    if isinstance(parent, fx.Node) and parent.name in position and parent.name not in store:
+        return position[parent.name]
+    return position[node.name]
 
 
 def _update_node(index: int, module: nn.Module, optimizer: Optimizer, trainable_bytes: int,

@@ -9,3 +9,7 @@ class CaptureError(ValueError):
         where = f" in module '{module}'" if module else ""
         what = f": op {op}{where}" if op else where
         super().__init__(f"cannot capture model '{model}'{what}: {problem}")
+
+
+class GraphMismatch(CaptureError):
+    """Capturing again on this machine gave another graph than the file (torch, model code)."""

@@ -86,3 +86,20 @@ def _tensors(obj) -> list[torch.Tensor]:
 
 def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+# What the executor trains with, and the eager reference too: one place, so that both take
+# exactly the same steps. foreach=False keeps temporaries one parameter large (temp_copies).
+TORCH_OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9, "foreach": False}),
+    "adamw": (torch.optim.AdamW, {"lr": 1e-3, "foreach": False}),
+}
+
+
+def torch_optimizer(name: str, module: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer a captured graph's update node stands for, over the trainable parameters."""
+    if name not in TORCH_OPTIMIZERS:
+        raise CaptureError(name, f"unknown optimizer {name!r}; choose one of "
+                           f"{', '.join(sorted(TORCH_OPTIMIZERS))}")
+    cls, options = TORCH_OPTIMIZERS[name]
+    return cls([p for p in module.parameters() if p.requires_grad], **options)

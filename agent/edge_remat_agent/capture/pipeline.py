@@ -73,7 +73,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
 def recapture(graph: Graph) -> Captured:
     """Capture again from what `graph.capture` recorded (on the board, before executing a plan)
     and check that it is the same graph the plan was made for."""
-    from .errors import CaptureError
+    from .errors import CaptureError, GraphMismatch
     info = graph.capture
     source = info.get("source") or {}
     if "model" not in source:
@@ -82,7 +82,7 @@ def recapture(graph: Graph) -> Captured:
                           source.get("seq"), source.get("seed", 0), info.get("optimizer", "sgd"),
                           info.get("max_nodes", DEFAULT_MAX_NODES), info.get("level"))
     if again.graph.fingerprint() != graph.fingerprint():
-        raise CaptureError(graph.name, "re-capturing gave a different graph (fingerprint "
+        raise GraphMismatch(graph.name, "re-capturing gave a different graph (fingerprint "
                            f"{again.graph.fingerprint()} instead of {graph.fingerprint()}): "
                            "another torch version or model code?")
     return again

@@ -18,6 +18,7 @@ ledger then reads the step's live tensor bytes, each node's workspace included.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,12 +55,12 @@ def set_rng_state(state: tuple, device: torch.device | None = None) -> None:
 
 
 @dataclass
-class _Program:
+class _NodeOps:
     """How to run one planner node: its ops in order, and what to drop after each."""
 
     ops: list[fx.Node]
-    drop_after: list[list[str]]  # local values whose last use is that op
-    keep: set[str]  # outputs, gradients, buffer updates, the loss: they outlive the node
+    drop_after: list[list[str]]  # local values whose last use is that op (never what the
+    # node keeps: its outputs, gradients, buffer updates, the loss)
 
 
 class StepRunner:
@@ -69,9 +70,10 @@ class StepRunner:
                  device: str | torch.device | None = None, ledger: Any = None):
         self.trace, self.graph, self.ledger = trace, graph, ledger
         self.device = torch.device(device) if device is not None else None
-        self._programs: dict[NodeId, _Program] = {}
+        self._node_ops: dict[NodeId, _NodeOps] = {}
         self._holds: dict[str, int] = {}  # value name -> how many holders keep it alive
         self._keys: dict[str, list[tuple]] = {}  # value name -> its ledger keys
+        self._gradient_values, self._gradient_elements = _gradient_storages(trace)
         self.env: dict[str, Any] = {}
         self.start_step(module, example_args)
 
@@ -88,9 +90,6 @@ class StepRunner:
         self.grads: dict[str, torch.Tensor] = {}  # parameter name -> gradient
         self.buffer_updates: dict[str, torch.Tensor] = {}  # buffer name -> new value
         self.loss: torch.Tensor | None = None
-        self._grad_values: dict[str, str] = {}  # parameter name -> value name holding it
-        self._update_values: dict[str, str] = {}
-        self._loss_value: str | None = None
 
     def release_all(self) -> None:
         """Drop every value of the step (after the optimizer has used the gradients)."""
@@ -117,7 +116,7 @@ class StepRunner:
         if restore is not None:
             set_rng_state(self.rng_states[node_id], self.device)
         try:
-            local = self._run(self._program(node_id))
+            local = self._run(self._ops_of(node_id))
         finally:
             if restore is not None:
                 set_rng_state(restore, self.device)
@@ -126,16 +125,16 @@ class StepRunner:
                 self._hold(name, local[name])
                 self.env[name] = local[name]
             for name, param in node.attrs.get("grads", {}).items():
-                if param not in self.grads:
-                    self._hold(name, local[name])
-                    self.grads[param], self._grad_values[param] = local[name], name
+                # Not held in the ledger: gradients are fixed memory (a trainer's .grad
+                # buffers), which the caller accounts for at their full size.
+                self.grads.setdefault(param, local[name])
             for name, buffer in node.attrs.get("buffer_updates", {}).items():
                 if buffer not in self.buffer_updates:
                     self._hold(name, local[name])
-                    self.buffer_updates[buffer], self._update_values[buffer] = local[name], name
+                    self.buffer_updates[buffer] = local[name]
             if "loss" in node.attrs and self.loss is None:
                 self._hold(node.attrs["loss"], local[node.attrs["loss"]])
-                self.loss, self._loss_value = local[node.attrs["loss"]], node.attrs["loss"]
+                self.loss = local[node.attrs["loss"]]
         finally:
             for name in local:  # the node's own hold on what it kept
                 self._release(name)
@@ -160,15 +159,6 @@ class StepRunner:
             self._hold(name, values[name])
             self.env[name] = values[name]
 
-    def release_grads(self) -> None:
-        """The optimizer has the gradients: stop holding them (and the buffer updates, loss)."""
-        for name in list(self._grad_values.values()) + list(self._update_values.values()):
-            self._release(name)
-        if self._loss_value is not None:
-            self._release(self._loss_value)
-        self._grad_values, self._update_values, self._loss_value = {}, {}, None
-        self.grads, self.buffer_updates = {}, {}
-
     def run_plain(self) -> None:
         """Every node once, in order, freeing each output after its last reader."""
         last_reader = {}
@@ -191,9 +181,9 @@ class StepRunner:
 
     # -- running ops -------------------------------------------------------------------------
 
-    def _program(self, node_id: NodeId) -> _Program:
-        program = self._programs.get(node_id)
-        if program is None:
+    def _ops_of(self, node_id: NodeId) -> _NodeOps:
+        node_ops = self._node_ops.get(node_id)
+        if node_ops is None:
             node = self.graph.node(node_id)
             ops = [self.trace.node(name) for name in node.attrs.get("replays", [])
                    + node.attrs["members"]]
@@ -211,10 +201,10 @@ class StepRunner:
             for name, k in last_use.items():
                 if name not in keep:
                     drop_after[k].append(name)
-            program = self._programs[node_id] = _Program(ops, drop_after, keep)
-        return program
+            node_ops = self._node_ops[node_id] = _NodeOps(ops, drop_after)
+        return node_ops
 
-    def _run(self, program: _Program) -> dict[str, Any]:
+    def _run(self, node_ops: _NodeOps) -> dict[str, Any]:
         local: dict[str, Any] = {}
 
         def value(arg: fx.Node):
@@ -223,7 +213,7 @@ class StepRunner:
         on_accelerator = self.device is not None and self.device.type != "cpu"
         try:
             with torch.no_grad():
-                for op, dropped in zip(program.ops, program.drop_after):
+                for op, dropped in zip(node_ops.ops, node_ops.drop_after):
                     args = fx.node.map_arg(op.args, value)
                     kwargs = fx.node.map_arg(op.kwargs, value)
                     if on_accelerator and kwargs.get("device") is not None:
@@ -247,8 +237,13 @@ class StepRunner:
         self._holds[name] = count + 1
         if count or self.ledger is None:
             return
+        if name in self._gradient_values:
+            return  # a gradient's storage: fixed memory, see the module docstring
+        skip = self._gradient_elements.get(name, ())
         keys = []
-        for i, tensor in enumerate(_tensors(value)):
+        for i, tensor in _tensors(value):
+            if i in skip:
+                continue
             key = ("value", name, i)
             self.ledger.register_tensor(key, tensor)
             keys.append(key)
@@ -264,9 +259,25 @@ class StepRunner:
             self.ledger.unregister(key)
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def _tensors(value: Any) -> list[tuple[int, torch.Tensor]]:
+    """The tensors in an op's result, by their position in it (None results are skipped)."""
     if isinstance(value, torch.Tensor):
-        return [value]
+        return [(0, value)]
     if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
+        return [(i, item) for i, item in enumerate(value) if isinstance(item, torch.Tensor)]
     return []
+
+
+def _gradient_storages(trace: JointTrace) -> tuple[set[str], dict[str, set[int]]]:
+    """Values that live in a gradient's storage, and for ops with several results (convolution
+    backward), which result positions do: the ledger leaves them to the caller's fixed memory."""
+    roots = trace.storage_roots()
+    gradient_roots = {roots[name] for name in trace.grads if name in roots}
+    values = {name for name, root in roots.items() if root in gradient_roots}
+    elements: dict[str, set[int]] = {}
+    for name in values:
+        node = trace.node(name)
+        parent = node.args[0] if node.target is operator.getitem else None
+        if isinstance(parent, fx.Node) and parent.name not in roots:
+            elements.setdefault(parent.name, set()).add(node.args[1])
+    return values, elements

@@ -53,6 +53,7 @@ class JointTrace:
     buffer_updates: dict[str, str]  # value name -> buffer name
     input_updates: dict[str, int] = field(default_factory=dict)  # value name -> user input index
     capture_s: float = 0.0
+    roots: dict[str, str] | None = field(default=None, repr=False)  # see storage_roots
     _by_name: dict[str, fx.Node] = field(default_factory=dict, init=False, repr=False)
 
     @property
@@ -63,6 +64,14 @@ class JointTrace:
         if not self._by_name:
             self._by_name = {n.name: n for n in self.graph_module.graph.nodes}
         return self._by_name[name]
+
+    def storage_roots(self) -> dict[str, str]:
+        """Tensor value name -> the value that owns its storage (storage.py; kept as given when
+        the graph was rebuilt from a Program, whose nodes carry no fake values)."""
+        if self.roots is None:
+            from .storage import storages
+            self.roots = {name: s.root for name, s in storages(self.graph_module).items()}
+        return self.roots
 
     def signature(self) -> dict[str, Any]:
         """The calling convention, for the graph file (the executor checks it after re-capture)."""

@@ -16,8 +16,10 @@ register_job("sleep", f"{_BUILTIN}:sleep_job",
 register_job("torch-check", f"{_BUILTIN}:torch_check_job", needs_torch=True,
              description="import torch and multiply two small matrices")
 
-# The executor and the profiler plug in here, e.g.:
-# register_job("run", "edge_remat_agent.executor.jobs:run_job", needs_torch=True,
-#              description="execute a plan on the board for N steps")
-# register_job("profile", "edge_remat_agent.profiler.jobs:profile_job", needs_torch=True,
-#              description="measure every graph node, the storage tiers and the power sensor")
+register_job("train-plain", "edge_remat_agent.plain_train:plain_train_job", needs_torch=True,
+             description="train a model with plain PyTorch for N steps (the comparison)")
+
+register_job("run", "edge_remat_agent.executor.jobs:run_job", needs_torch=True,
+             description="execute a plan on the board for N training steps and measure it")
+register_job("profile", "edge_remat_agent.profiler.jobs:profile_job", needs_torch=True,
+             description="measure every graph node, the flash, power and memory")

@@ -1,6 +1,7 @@
 """The board-side profiler: storage tiers, memory, power and identity, written as a profile.
 
-The per-operator profiler (which runs captured graph nodes) will build on these parts.
+The per-operator profiler is ops.py (imported on its own: it runs captured graph nodes);
+`edge-remat-agent profile --graph G` puts all of it into one measured profile.
 """
 
 from .identity import board_identity, effective_ram_bytes

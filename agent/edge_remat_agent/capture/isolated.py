@@ -1,0 +1,72 @@
+"""Capture a graph's model again in a child process, and run it here without tracing.
+
+    captured = capture_isolated(graph)   # a Captured, like recapture(graph)
+
+The child runs `recapture(graph)` (which refuses a graph that differs from what this machine
+captures) and sends back the captured graph and its `Program` (program.py). This process then
+builds the model itself (same factory, same seed: same weights) and rebuilds the FX graph
+from the program, so it never imports AOTAutograd: what tracing costs in resident memory stays
+in the child, which has exited before training starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+from ..formats import Graph, graph_from_dict
+from .errors import CaptureError, GraphMismatch
+
+
+def capture_isolated(graph: Graph, timeout_s: float = 1800.0):
+    """`recapture(graph)`, traced in a child process; raises what recapture raises."""
+    from .models import load_model
+    from .pipeline import Captured
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    with tempfile.TemporaryDirectory(prefix="edge-remat-capture-") as folder:
+        answer_file = os.path.join(folder, "answer.pickle")  # not stdout: libraries print
+        try:
+            done = subprocess.run([sys.executable, "-m", __name__, answer_file],
+                                  input=json.dumps(graph.to_dict()).encode(),
+                                  capture_output=True, env=env, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"capturing '{graph.name}' in a child process took more than "
+                               f"{timeout_s:g} s") from None
+        if done.returncode != 0 or not os.path.exists(answer_file):
+            lines = done.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
+            raise RuntimeError(f"capturing '{graph.name}' in a child process failed (exit "
+                               f"status {done.returncode}): {lines[-1]}")
+        with open(answer_file, "rb") as handle:
+            answer = pickle.load(handle)
+    if "error" in answer:
+        error = answer["error"]
+        cls = GraphMismatch if error.pop("mismatch") else CaptureError
+        raise cls(**error)
+    again = graph_from_dict(answer["graph"], "the graph captured on this machine")
+    source = graph.capture["source"]
+    module, args = load_model(source["model"], source.get("batch"), source.get("image"),
+                              source.get("seq"), source.get("seed", 0))
+    return Captured(again, answer["program"].trace(), [], module, args)
+
+
+def _child(answer_file: str) -> int:
+    from .pipeline import recapture
+    from .program import program_of
+    graph = graph_from_dict(json.loads(sys.stdin.buffer.read()), "the graph given")
+    try:
+        captured = recapture(graph)
+        answer = {"graph": captured.graph.to_dict(), "program": program_of(captured.trace)}
+    except CaptureError as error:
+        answer = {"error": {"mismatch": isinstance(error, GraphMismatch), "model": error.model,
+                            "problem": error.problem, "op": error.op, "module": error.module}}
+    with open(answer_file, "wb") as handle:
+        pickle.dump(answer, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

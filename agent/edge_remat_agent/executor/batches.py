@@ -1,0 +1,65 @@
+"""Where each step's batch comes from: the capture's example batch, a callable, or an iterable.
+
+A batch is the model's example_args for that step: `module(*batch)` is the loss. The graph was
+captured for fixed shapes and dtypes, so every batch must have exactly those.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .errors import BadBatch
+
+BatchSource = Callable[[int], tuple]
+
+
+def batch_source(data: Any, example_args: tuple, device: torch.device) -> BatchSource:
+    """data: None (the example batch every step), a callable step -> batch, or an iterable."""
+    if data is None:
+        fixed = _to_device(tuple(example_args), device)
+        return lambda step: fixed
+    if callable(data):
+        return lambda step: check_batch(data(step), example_args, step, device)
+    try:
+        iterator = iter(data)
+    except TypeError:
+        raise BadBatch(f"data must be None, a callable (step -> batch) or an iterable of "
+                       f"batches, got {type(data).__name__}") from None
+
+    def next_batch(step: int) -> tuple:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            raise BadBatch(f"data ran out of batches at step {step + 1}") from None
+        return check_batch(batch, example_args, step, device)
+    return next_batch
+
+
+def check_batch(batch: Any, example_args: tuple, step: int, device: torch.device) -> tuple:
+    if isinstance(batch, torch.Tensor):
+        batch = (batch,)
+    if not isinstance(batch, (tuple, list)) or len(batch) != len(example_args):
+        raise BadBatch(f"batch of step {step + 1}: expected {len(example_args)} arguments like "
+                       f"the captured example, got {_describe(batch)}")
+    for i, (got, want) in enumerate(zip(batch, example_args)):
+        if isinstance(want, torch.Tensor):
+            if not isinstance(got, torch.Tensor) or got.shape != want.shape \
+                    or got.dtype != want.dtype:
+                raise BadBatch(f"batch of step {step + 1}, argument {i}: the graph was captured "
+                               f"for {_describe(want)}, got {_describe(got)}; capture again "
+                               "for other shapes")
+    return _to_device(tuple(batch), device)
+
+
+def _to_device(batch: tuple, device: torch.device) -> tuple:
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in batch)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"{len(value)} arguments"
+    return type(value).__name__

@@ -1,0 +1,104 @@
+"""The first step's check: every gradient of the planned step against plain eager PyTorch.
+
+The reference runs before the planned step, on the same parameters, batch and generator state,
+and leaves the module, its buffers and the generators exactly as they were. Under
+`torch.use_deterministic_algorithms(True)` on the CPU the two must agree bit for bit: the plan
+runs the very ATen ops eager runs, recomputation replays the random state, and paging moves raw
+bytes. (On an accelerator, kernels may differ run to run; the report then shows the largest
+difference.) The reference costs a plain step's memory once, and holds one set of gradients
+while the planned step runs: on a board too small for plain training, turn the check off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..capture.replay import rng_state, set_rng_state
+from .errors import ExecutorError, first_line, is_out_of_memory
+from .step import eager_forward_backward
+
+
+@dataclass
+class EagerReference:
+    loss: torch.Tensor
+    grads: dict[str, torch.Tensor]  # parameter name (duplicates included) -> gradient
+
+    @property
+    def nbytes(self) -> int:
+        unique = {id(g): g for g in self.grads.values()}
+        return sum(g.numel() * g.element_size() for g in unique.values())
+
+
+def eager_reference(module: nn.Module, batch: tuple,
+                    device: torch.device | None = None) -> EagerReference:
+    state = rng_state(device)
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+    try:
+        loss = eager_forward_backward(module, batch)
+        grads = {name: p.grad for name, p in module.named_parameters(remove_duplicate=False)
+                 if p.grad is not None}
+    except Exception as error:
+        if is_out_of_memory(error):
+            raise ExecutorError(f"the gradient check's plain eager step ran out of memory "
+                                f"({first_line(error)}): this board cannot hold plain "
+                                "training; run without the gradient check") from error
+        raise
+    finally:
+        for p in module.parameters():
+            p.grad = None
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                b.copy_(buffers[name])  # eager batch norm updated its statistics in place
+        set_rng_state(state, device)
+    return EagerReference(loss, grads)
+
+
+def compare(reference: EagerReference, loss: torch.Tensor, grads: dict[str, torch.Tensor],
+            module: nn.Module) -> dict:
+    """Bitwise comparison of the loss and of every gradient; the largest absolute difference."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    covered = {id(params[name]) for name in grads}
+    missing = sorted(name for name in reference.grads if id(params[name]) not in covered)
+    extra = sorted(name for name in grads if name not in reference.grads)
+    differing, max_diff = [], 0.0
+    for name, grad in grads.items():
+        ref = reference.grads.get(name)
+        if ref is None:
+            continue
+        if ref.shape != grad.shape or ref.dtype != grad.dtype:
+            differing.append(name)
+            max_diff = float("inf")
+            continue
+        if not torch.equal(ref, grad):
+            differing.append(name)
+            max_diff = max(max_diff, _max_abs_diff(ref, grad))
+    loss_equal = torch.equal(reference.loss, loss.detach())
+    return {"bitwise_equal": not differing and not missing and not extra and loss_equal,
+            "max_abs_diff": max_diff, "compared": len(grads) - len(extra),
+            "loss_equal": loss_equal, "eager_loss": float(reference.loss),
+            "differing": differing[:20], "missing": missing[:20], "extra": extra[:20],
+            "reference_bytes": reference.nbytes}
+
+
+def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    diff = (a.double() - b.double()).abs()
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+@contextlib.contextmanager
+def deterministic(device: torch.device):
+    """torch.use_deterministic_algorithms(True) for the run, then as it was. On the CPU an op
+    without a deterministic kernel raises; elsewhere it only warns (CUDA needs more settings,
+    e.g. CUBLAS_WORKSPACE_CONFIG, that a library should not set behind the user's back)."""
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=device.type != "cpu")
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+

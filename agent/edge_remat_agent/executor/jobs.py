@@ -1,0 +1,48 @@
+"""The daemon's "run" job: what `edge-remat deploy PLAN --graph G --steps N` starts on the board.
+
+params: plan, graph (board paths of the pushed files), steps (default 10); optional page_dir
+(default: <workdir>/pages), check_gradients (default true), sensor (default "auto": the
+board's own sensor if it has one), device (default "cpu"), seed.
+Writes run_report.json (fetched by the host) and returns its summary.
+"""
+
+from __future__ import annotations
+
+from ..daemon.registry import JobContext
+
+
+def run_job(ctx: JobContext, params: dict) -> dict:
+    from ..formats import load_graph, load_plan
+    from .run import run_plan
+    for name in ("plan", "graph"):
+        if not params.get(name):
+            raise ValueError(f"the run job needs a {name} file (param {name!r})")
+    graph = load_graph(ctx.input_path(str(params["graph"])))
+    plan = load_plan(ctx.input_path(str(params["plan"])))
+    steps = int(params.get("steps", 10))
+    page_dir = str(params.get("page_dir") or ctx.workdir / "pages")
+
+    def progress(index: int, total: int, record: dict) -> None:
+        ctx.check_cancelled()
+        ctx.progress((index + 1) / total,
+                     f"step {index + 1}/{total}: loss {record['loss']:.4g}, "
+                     f"{record['step_time_s']:.3g} s, peak {record['ledger_peak_bytes']} B",
+                     step=index + 1, loss=record["loss"], step_time_s=record["step_time_s"],
+                     ledger_peak_bytes=record["ledger_peak_bytes"],
+                     rss_peak_bytes=record["rss_peak_bytes"])
+
+    ctx.progress(0.0, "capturing the graph on the board")
+    report = run_plan(graph, plan, steps, page_dir,
+                      check_gradients=_flag(params.get("check_gradients", True)),
+                      progress=progress, sensor=params.get("sensor", "auto"),
+                      device=params.get("device", "cpu"),
+                      seed=None if params.get("seed") is None else int(params["seed"]))
+    ctx.write_json("run_report.json", report)
+    return {"files": ["run_report.json"], "summary": report["summary"],
+            "grad_check": report["grad_check"], "steps": len(report["steps"])}
+
+
+def _flag(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() not in ("0", "false", "no", "off")
+    return bool(value)

@@ -1,0 +1,74 @@
+"""The run report: one record per step, and a summary of measured against predicted.
+
+Every figure is in bytes, seconds or joules. `ledger_peak_bytes` is what the plan's memory model
+predicts (its own live-tensor ledger); `rss_peak_bytes` is what the process really held,
+measured independently (sampled RSS and the kernel's high-water mark, the larger).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from ..profiler import StepMeasurement
+from .interpreter import StepCounts
+
+FORMAT = "edge-remat/run-report"
+# Besides what the plan's memory model counts, the executor holds, while a step runs, the new
+# batch-norm statistics from each node's first run until the step's end (the model drops them
+# with the node), plus the loss and d(loss)/d(loss) scalars. The tolerance is those bytes.
+SCALAR_SLACK_BYTES = 64
+
+
+def ledger_tolerance_bytes(buffer_bytes: int) -> int:
+    return buffer_bytes + SCALAR_SLACK_BYTES
+
+
+def step_record(step: int, loss: float, measured: StepMeasurement, counts: StepCounts | None,
+                device_peak_bytes: int | None = None) -> dict[str, Any]:
+    record = {"step": step, "loss": loss, "step_time_s": measured.wall_s,
+              "ledger_peak_bytes": measured.ledger_peak_bytes if counts is not None else None,
+              "rss_peak_bytes": measured.rss_peak_bytes,
+              "rss_start_bytes": measured.rss_start_bytes,
+              "rss_peak_kernel_bytes": measured.rss_peak_kernel_bytes,
+              "device_peak_bytes": device_peak_bytes,  # CUDA's allocator peak; None on the CPU
+              "energy_j": measured.energy_j, "energy_method": measured.energy_method}
+    if counts is not None:
+        record.update(counts.to_dict())
+    return record
+
+
+def summarize(records: list[dict[str, Any]], predicted: dict[str, Any] | None = None,
+              tolerance_bytes: int | None = None) -> dict[str, Any]:
+    """Steady-state figures (the first step warms caches and allocators: medians skip it when
+    there are more steps) and, for a plan, measured against predicted."""
+    steady = records[1:] if len(records) > 1 else records
+    energies = [r["energy_j"] for r in records]
+    out: dict[str, Any] = {
+        "steps": len(records),
+        "step_time_s": statistics.median(r["step_time_s"] for r in steady),
+        "first_step_time_s": records[0]["step_time_s"],
+        "rss_peak_bytes": max(r["rss_peak_bytes"] for r in records),
+        "energy_j": None if any(e is None for e in energies) else sum(energies),
+        "final_loss": records[-1]["loss"],
+    }
+    if predicted is None:
+        return out
+    ledger_peak = max(r["ledger_peak_bytes"] for r in records)
+    compute = statistics.median(r["compute_s"] for r in steady)
+    recompute = statistics.median(r["recompute_s"] for r in steady)
+    paging = statistics.median(r["page_out_s"] + r["page_in_s"] for r in steady)
+    out.update({
+        "ledger_peak_bytes": ledger_peak,
+        "predicted_peak_bytes": predicted["peak_bytes"],
+        "ledger_over_predicted_bytes": ledger_peak - predicted["peak_bytes"],
+        "ledger_tolerance_bytes": tolerance_bytes,
+        "ledger_within_tolerance": ledger_peak <= predicted["peak_bytes"] + (tolerance_bytes or 0),
+        "predicted_time_s": predicted.get("time_s"),
+        "compute_s": compute, "recompute_s": recompute, "paging_s": paging,
+        "predicted_paging_s": predicted.get("paging_time_s"),
+        # Time spent recomputing, as a share of computing each node once: the plan's TDI.
+        "recompute_overhead_percent": 100.0 * recompute / compute if compute > 0 else 0.0,
+        "predicted_recompute_overhead_percent": predicted.get("tdi_percent"),
+    })
+    return out

@@ -1,0 +1,235 @@
+"""A whole run: check the plan against the graph captured here, then N measured training steps.
+
+run_plan   the plan's schedule (recomputation, paging), with the first step's gradients checked
+           against plain eager PyTorch
+run_plain  plain eager training, measured the same way (the baseline a plan is compared with)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..capture import CaptureError, Captured
+from ..capture.errors import GraphMismatch
+from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
+from ..capture.replay import StepRunner
+from ..costs import build_costs
+from ..formats import Graph, Plan, Tier
+from ..formats.fields import Reader
+from ..formats.profile import tier_from
+from ..pages import PageStore
+from ..profiler import LiveTensorLedger, StepMeter
+from ..sensors import PowerSensor
+from ..simulate import PlanError, SimResult, simulate
+from .batches import batch_source
+from .errors import BadInput, ExecutorError, PlanMismatch, first_line, is_out_of_memory
+from .allocator import give_back_freed_memory, map_large_blocks
+from .gradcheck import compare, deterministic, eager_reference
+from .report import FORMAT, ledger_tolerance_bytes, step_record, summarize
+from .step import PlannedStep, plain_step
+from .stores import describe_stores, open_stores
+
+Progress = Callable[[int, int, dict], None]  # (step index from 0, steps, that step's record)
+
+
+def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, data: Any = None,
+             check_gradients: bool = True, progress: Progress | None = None,
+             sensor: PowerSensor | str | None = None, *, device: str | torch.device = "cpu",
+             captured: Captured | None = None, stores: dict[str, PageStore] | None = None,
+             seed: int | None = None, flash_fsync: bool = False,
+             flash_capacity_bytes: int | None = None,
+             map_large_allocations: bool = True) -> dict[str, Any]:
+    """Run `plan` for `steps` training steps; return the run report (see executor/__init__)."""
+    if steps < 1:
+        raise BadInput(f"steps must be at least 1, got {steps}")
+    if graph.planning_only:
+        raise BadInput(f"graph '{graph.name}' is for planning only (imported, not captured): "
+                       "capture the model with `edge-remat graph` to run it")
+    check_plan_is_for(graph, plan, "the graph file")
+    if captured is None:
+        captured = capture_here(graph)
+    check_plan_is_for(captured.graph, plan, "the graph captured on this machine")
+    sim = validate(captured.graph, plan)
+    device = torch.device(device)
+    module = captured.module.to(device)
+    optimizer = torch_optimizer(captured.graph.capture.get("optimizer", "sgd"), module)
+    power = open_power_sensor(sensor)
+    batches = batch_source(data, captured.example_args, device)
+    ledger = LiveTensorLedger()
+    allocator = map_large_blocks() if map_large_allocations else None
+    records: list[dict] = []
+    grad_check: dict | None = None
+    if seed is not None:
+        torch.manual_seed(seed)
+    with deterministic(device), open_stores(plan, captured.graph, page_dir, stores,
+                                            flash_fsync, flash_capacity_bytes) as opened:
+        runner = StepRunner(captured.trace, captured.graph, module,
+                            batches(0) if data is None else captured.example_args, device,
+                            ledger)
+        planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger)
+        for i in range(steps):
+            batch = batches(i)
+            check = None
+            if check_gradients and i == 0:
+                reference = eager_reference(module, batch, device)
+
+                def check(loss, grads, reference=reference):
+                    nonlocal grad_check
+                    grad_check = compare(reference, loss, grads, module)
+            _reset_device_peak(device)
+            with StepMeter(ledger, power) as meter:
+                result = planned.run(batch, check)
+            if check is not None:
+                check = reference = None  # the reference's gradients go before step 2
+                give_back_freed_memory()
+            records.append(step_record(i + 1, result.loss, meter.result, result.counts,
+                                       _device_peak(device)))
+            if progress is not None:
+                progress(i, steps, records[-1])
+        tiers = describe_stores(opened)
+    buffers = sum(b.numel() * b.element_size() for b in module.buffers())
+    predicted = {**sim.summary(), **{k: v for k, v in plan.predicted.items()
+                                     if k in ("time_s", "tdi_percent", "paging_time_s",
+                                              "energy_j")}}
+    predicted["peak_at"] = list(predicted["peak_at"])  # JSON has no tuples
+    first = records[0]
+    return {
+        "format": FORMAT, "version": 1, "mode": "plan", "model": captured.graph.name,
+        "graph_fingerprint": captured.graph.fingerprint(), "plan_fingerprint": plan.fingerprint,
+        "device": str(device), "torch": torch.__version__, "deterministic": True, "seed": seed,
+        "optimizer": _optimizer_description(captured.graph),
+        "sensor": getattr(power, "name", None), "tiers": tiers, "allocator": allocator,
+        "budget_bytes": plan.budget_bytes, "fixed_bytes": captured.graph.fixed_bytes,
+        "predicted_peak_bytes": sim.peak_bytes, "predicted_time_s": predicted["time_s"],
+        "predicted": predicted,
+        "recomputed": first["recomputed"], "page_ins": first["page_ins"],
+        "page_outs": first["page_outs"],
+        "grad_check": grad_check, "steps": records,
+        "summary": summarize(records, predicted, ledger_tolerance_bytes(buffers)),
+    }
+
+
+def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | None = None,
+              sensor: PowerSensor | str | None = None, *, device: str | torch.device = "cpu",
+              model: tuple | None = None, seed: int | None = None,
+              map_large_allocations: bool = True) -> dict[str, Any]:
+    """Plain eager training of the graph's model (rebuilt from `graph.capture`, or `model` as
+    (module, example_args)), measured like run_plan; the ledger is not kept (None)."""
+    if steps < 1:
+        raise BadInput(f"steps must be at least 1, got {steps}")
+    if model is None:
+        from ..capture.models import load_model
+        source = graph.capture.get("source") or {}
+        if "model" not in source:
+            raise BadInput(f"graph '{graph.name}' does not say which model it was "
+                           "captured from")
+        try:
+            model = load_model(source["model"], source.get("batch"), source.get("image"),
+                               source.get("seq"), source.get("seed", 0))
+        except CaptureError as error:
+            raise BadInput(str(error)) from error
+    device = torch.device(device)
+    module, example_args = model[0].to(device), tuple(model[1])
+    optimizer = torch_optimizer(graph.capture.get("optimizer", "sgd"), module)
+    power = open_power_sensor(sensor)
+    batches = batch_source(data, example_args, device)
+    ledger = LiveTensorLedger()  # StepMeter wants one; eager tensors are not registered
+    allocator = map_large_blocks() if map_large_allocations else None
+    records: list[dict] = []
+    if seed is not None:
+        torch.manual_seed(seed)
+    with deterministic(device):
+        for i in range(steps):
+            batch = batches(i)
+            _reset_device_peak(device)
+            try:
+                with StepMeter(ledger, power) as meter:
+                    loss = plain_step(module, optimizer, batch)
+            except Exception as error:
+                if is_out_of_memory(error):
+                    raise ExecutorError(f"plain training ran out of memory at step {i + 1} "
+                                        f"({first_line(error)})") from error
+                raise
+            records.append(step_record(i + 1, loss, meter.result, None, _device_peak(device)))
+            if progress is not None:
+                progress(i, steps, records[-1])
+    return {"format": FORMAT, "version": 1, "mode": "plain", "model": graph.name,
+            "graph_fingerprint": graph.fingerprint(), "device": str(device),
+            "torch": torch.__version__, "deterministic": True, "seed": seed,
+            "optimizer": _optimizer_description(graph), "sensor": getattr(power, "name", None),
+            "allocator": allocator, "fixed_bytes": graph.fixed_bytes, "steps": records,
+            "summary": summarize(records)}
+
+
+# -- before the first step ---------------------------------------------------------------------
+
+def check_plan_is_for(graph: Graph, plan: Plan, what: str) -> None:
+    if not plan.graph_fingerprint:
+        raise PlanMismatch("the plan does not say which graph it was made for (no "
+                           "graph_fingerprint): make it with `edge-remat plan --graph`")
+    if plan.graph_fingerprint != graph.fingerprint():
+        raise PlanMismatch(f"the plan was made for graph {plan.graph_fingerprint}, but {what} "
+                           f"('{graph.name}') is {graph.fingerprint()}: refusing to run it. "
+                           "Remedy: plan again from this graph (`edge-remat plan --graph`)")
+
+
+def capture_here(graph: Graph) -> Captured:
+    """The graph's model captured again on this machine (in a child process, so that tracing's
+    memory is not this process's); refused when it differs from the graph file."""
+    from ..capture.isolated import capture_isolated
+    if "model" not in (graph.capture.get("source") or {}):
+        raise BadInput(f"graph '{graph.name}' does not say which model it was captured from: "
+                       "capture it with `edge-remat graph`")
+    try:
+        return capture_isolated(graph)
+    except GraphMismatch as error:
+        raise PlanMismatch(f"{error}. Remedy: capture the graph with the same torch and model "
+                           "code as this board, and plan again") from error
+    except CaptureError as error:
+        raise BadInput(str(error)) from error
+    except RuntimeError as error:
+        raise ExecutorError(str(error)) from error
+
+
+def validate(graph: Graph, plan: Plan) -> SimResult:
+    """The simulator's replay of the plan (its reference semantics) on the captured graph."""
+    tiers: dict[str, Tier] = {}
+    for name, params in (plan.problem.get("tier_params") or {}).items():
+        tiers[name] = tier_from(Reader(params, "plan", f"problem.tier_params.{name}"))
+    for ins in plan.instructions():  # a tier without figures: still checkable, costs unknown
+        if ins.tier is not None and ins.tier not in tiers:
+            tiers[ins.tier] = Tier(read_bytes_per_s=1e9, write_bytes_per_s=1e9)
+    try:
+        return simulate(graph, build_costs(graph, None, tiers), plan.stages, plan.budget_bytes)
+    except PlanError as error:
+        raise BadInput(f"the plan cannot run: {error}") from error
+
+
+def open_power_sensor(sensor: PowerSensor | str | None) -> PowerSensor | None:
+    """A sensor object, a name, "auto" (the board's own sensor if it has one), or None/"none"."""
+    if sensor is None or isinstance(sensor, PowerSensor):
+        return sensor
+    from ..profiler import choose_sensor
+    from ..sensors import SensorError
+    try:
+        return choose_sensor(sensor, fallback="none")[0]
+    except SensorError as error:
+        raise BadInput(str(error)) from error
+
+
+def _reset_device_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _device_peak(device: torch.device) -> int | None:
+    """The accelerator's own allocator peak (its memory is not in the process's RSS)."""
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def _optimizer_description(graph: Graph) -> dict[str, Any]:
+    name = graph.capture.get("optimizer", "sgd")
+    cls, options = TORCH_OPTIMIZERS.get(name, (None, {}))
+    return {"name": name, **options}

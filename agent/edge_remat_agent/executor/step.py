@@ -1,0 +1,120 @@
+"""One training step: as the plan says (PlannedStep), or plain eager PyTorch (plain_step).
+
+A planned step binds the batch, runs the plan's instructions, hands the gradients to the
+optimizer (assigned, not accumulated), steps it, applies the batch-norm statistics from each
+node's first run (once), and drops every value of the step and every page.
+
+The ledger's fixed part follows the graph's `fixed_bytes`: parameters, buffers and the batch as
+the tensors they are; gradients at their full size for the whole step (a trainer's .grad
+buffers; the runner does not count gradient values again); optimizer state as its real tensors
+once the optimizer has made them, and at the size the graph assumes before that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..capture.replay import StepRunner
+from ..formats import Graph, Plan
+from ..pages import PageStore
+from .errors import OOM_REMEDY, ExecutorError, first_line, is_out_of_memory
+from .interpreter import Interpreter, StepCounts
+
+GradientCheck = Callable[[torch.Tensor, dict[str, torch.Tensor]], None]
+
+
+@dataclass
+class StepResult:
+    loss: float
+    counts: StepCounts
+
+
+class FixedMemory:
+    """Registers what the graph counts as fixed memory (besides parameters, buffers and the
+    batch, which the runner binds) in the ledger, and keeps it registered across steps."""
+
+    GRADIENTS = ("fixed", "gradients")
+    STATE_PENDING = ("fixed", "optimizer_state (not yet made)")
+
+    def __init__(self, ledger, module: nn.Module, optimizer: torch.optim.Optimizer,
+                 graph: Graph):
+        self.ledger, self.optimizer = ledger, optimizer
+        trainable = {id(p): p for p in module.parameters() if p.requires_grad}
+        ledger.register(self.GRADIENTS, sum(p.numel() * p.element_size()
+                                            for p in trainable.values()))
+        ledger.register(self.STATE_PENDING,
+                        int(graph.capture.get("fixed", {}).get("optimizer_state", 0)))
+        self._state_keys: list[tuple] = []
+        self.sync()
+
+    def sync(self) -> None:
+        """Count the optimizer's state tensors once they exist (after its first step)."""
+        if self._state_keys:
+            return
+        tensors = [t for state in self.optimizer.state.values() for t in state.values()
+                   if isinstance(t, torch.Tensor)]
+        if not tensors:
+            return
+        self.ledger.unregister(self.STATE_PENDING)
+        for i, tensor in enumerate(tensors):
+            key = ("fixed", "optimizer_state", i)
+            self.ledger.register_tensor(key, tensor)
+            self._state_keys.append(key)
+
+
+class PlannedStep:
+    def __init__(self, runner: StepRunner, graph: Graph, plan: Plan, module: nn.Module,
+                 optimizer: torch.optim.Optimizer, stores: dict[str, PageStore], ledger):
+        self.runner, self.graph, self.plan = runner, graph, plan
+        self.module, self.optimizer, self.stores = module, optimizer, stores
+        self.interpreter = Interpreter(runner, graph, stores)
+        self.params = dict(module.named_parameters(remove_duplicate=False))
+        self.fixed = FixedMemory(ledger, module, optimizer, graph)
+
+    def run(self, batch: tuple, check: GradientCheck | None = None) -> StepResult:
+        self.runner.start_step(self.module, batch)
+        try:
+            counts = self.interpreter.run(self.plan.stages)
+            loss = self.runner.loss
+            if loss is None:
+                raise ExecutorError("the plan never computed the loss node")
+            if check is not None:
+                check(loss, self.runner.grads)
+            for name, grad in self.runner.grads.items():
+                self.params[name].grad = grad
+            try:
+                self.optimizer.step()
+            except Exception as error:
+                if is_out_of_memory(error):
+                    raise ExecutorError(f"out of memory in the optimizer step "
+                                        f"({first_line(error)}). Remedy: {OOM_REMEDY}") from error
+                raise
+            self.optimizer.zero_grad(set_to_none=True)
+            self.runner.apply_buffer_updates(self.module)
+            value = float(loss)
+        finally:
+            self.runner.release_all()
+            for store in self.stores.values():
+                store.clear()
+        self.fixed.sync()
+        return StepResult(value, counts)
+
+
+def eager_forward_backward(module: nn.Module, batch: tuple) -> torch.Tensor:
+    """Plain PyTorch: the loss, with every trainable parameter's .grad filled in."""
+    loss = module(*batch)
+    loss.backward()
+    return loss.detach()
+
+
+def plain_step(module: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple) -> float:
+    """One plain eager training step (what a `--plain` run does, and what the plan must match)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = eager_forward_backward(module, batch)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss)

@@ -1,0 +1,86 @@
+"""The page stores a plan needs, opened for a run and closed (pages removed) after it.
+
+flash  FlashStore in the page directory: checksummed files, the page cache dropped after each
+       write and read so that paging really frees RAM (inside a memory cgroup the cache is
+       charged to the run).
+host   the caller's store for the link (a LinkStore); without one, a MemoryStore in this
+       process, and the report says so: it moves bytes but frees no RAM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from ..formats import Graph, Plan
+from ..pages import FlashStore, MemoryStore, PageStore, PageStoreError, PageStoreFull
+from .errors import BadInput, ExecutorError
+
+
+def tiers_used(plan: Plan) -> set[str]:
+    return {ins.tier for ins in plan.instructions() if ins.op == "page_out"}
+
+
+def paged_bytes_by_tier(plan: Plan, graph: Graph) -> dict[str, int]:
+    """The most each tier holds in a step: pages stay until the step ends."""
+    nodes: dict[str, set] = {}
+    for ins in plan.instructions():
+        if ins.op == "page_out":
+            nodes.setdefault(ins.tier, set()).add(ins.node)
+    return {tier: sum(graph.node(n).out_bytes for n in ids) for tier, ids in nodes.items()}
+
+
+@contextlib.contextmanager
+def open_stores(plan: Plan, graph: Graph, page_dir: str | None,
+                given: dict[str, PageStore] | None = None, fsync: bool = False,
+                flash_capacity_bytes: int | None = None) -> Iterator[dict[str, PageStore]]:
+    given = dict(given or {})
+    stores: dict[str, PageStore] = {}
+    opened: list[PageStore] = []
+    try:
+        for tier in sorted(tiers_used(plan)):
+            if tier in given:
+                stores[tier] = given[tier]
+            elif tier == "flash":
+                if page_dir is None:
+                    raise BadInput("the plan pages to flash: give a page directory on the "
+                                        "board's flash (--page-dir)")
+                try:
+                    store = FlashStore(page_dir, flash_capacity_bytes, fsync=fsync,
+                                       drop_cache=True)
+                except PageStoreError as error:
+                    raise ExecutorError(str(error)) from error
+                opened.append(store)
+                _check_room(store, paged_bytes_by_tier(plan, graph)["flash"])
+                stores[tier] = store
+            else:
+                store = MemoryStore(None)
+                opened.append(store)
+                stores[tier] = store
+        yield stores
+    finally:
+        for store in opened:
+            store.close()
+
+
+def describe_stores(stores: dict[str, PageStore]) -> dict[str, dict]:
+    out = {}
+    for tier, store in stores.items():
+        row = {"store": type(store).__name__, "capacity_bytes": store.capacity_bytes}
+        if isinstance(store, FlashStore):
+            row.update(page_dir=store.page_dir, fsync=store.fsync, drop_cache=store.drop_cache)
+        if isinstance(store, MemoryStore):
+            row["note"] = "held in this process's memory (no link to a host given): frees no RAM"
+        out[tier] = row
+    return out
+
+
+def _check_room(store: FlashStore, needed: int) -> None:
+    """Refuse before the first step when the plan's pages cannot fit on that filesystem."""
+    free = store.free_bytes()
+    if free is not None and needed > free:
+        raise ExecutorError(str(PageStoreFull(
+            "(all pages of a step)", store.page_dir, needed, free_bytes=free,
+            cause="checked before the first step",
+            remedy="free space on that filesystem, point --page-dir at a larger one, or plan "
+                   "with less paging")))

@@ -1,0 +1,85 @@
+"""Plain PyTorch training, the comparison: what a user runs without edge-remat.
+
+Eager autograd and a torch optimizer over the same model, weights and data as a planned run;
+each step is reported (loss, time, resident peak) the moment it is done, so that a run the
+kernel kills for memory still says how far it got. The daemon runs it as the job kind
+"train-plain" with params `model`, `steps` and optionally `batch`, `image`, `seq`, `seed`,
+`optimizer`, `lr`, `data` (a data spec, see edge_remat_agent.data).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+def make_optimizer(name: str, module, lr: Optional[float] = None):
+    """The optimizer a planned run steps with (capture.optimizer.torch_optimizer), so that both
+    runs take the same steps; `lr` overrides its learning rate."""
+    from .capture.optimizer import torch_optimizer
+    optimizer = torch_optimizer(name, module)
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = float(lr)
+    return optimizer
+
+
+def train_plain(model: str, steps: int, batch: Optional[int] = None,
+                image: Optional[int] = None, seq: Optional[int] = None, seed: int = 0,
+                optimizer: str = "sgd", lr: Optional[float] = None, data: Optional[str] = None,
+                on_step: Optional[Callable[[dict], None]] = None) -> dict[str, Any]:
+    """Train `steps` steps eagerly; `on_step(report so far)` after each."""
+    import torch
+
+    from .capture.models import load_model
+    from .data import batches
+    from .profiler.memory import PeakRssSampler, current_rss_bytes
+
+    module, example_args = load_model(model, batch, image, seq, seed)
+    module.train()
+    opt = make_optimizer(optimizer, module, lr)
+    feed = batches(data, example_args, seed)
+    report: dict[str, Any] = {"model": model, "optimizer": optimizer,
+                              "lr": opt.param_groups[0]["lr"], "data": data or "example",
+                              "steps": 0, "loss": [], "step_time_s": [], "rss_peak_bytes": [],
+                              "rss_start_bytes": current_rss_bytes()}
+    for step in range(1, steps + 1):
+        args = next(feed)
+        with PeakRssSampler(period_s=0.005) as rss:
+            start = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = module(*args)
+            loss.backward()
+            opt.step()
+            elapsed = time.perf_counter() - start
+        report["steps"] = step
+        report["loss"].append(float(loss.detach()))
+        report["step_time_s"].append(elapsed)
+        report["rss_peak_bytes"].append(rss.peak_bytes)
+        del loss
+        if on_step is not None:
+            on_step(report)
+    report["torch_threads"] = torch.get_num_threads()
+    return report
+
+
+def plain_train_job(ctx, params: dict) -> dict:
+    from .daemon.registry import JobCancelled
+    steps = int(params.get("steps", 10))
+
+    def on_step(report: dict) -> None:
+        step = report["steps"]
+        ctx.progress(step / steps, f"step {step}/{steps}: loss {report['loss'][-1]:.4f}",
+                     step=step, loss=report["loss"], step_time_s=report["step_time_s"],
+                     rss_peak_bytes=report["rss_peak_bytes"])
+        ctx.flush()  # now, not in 0.2 s: the next step may be killed before then
+        if ctx.cancelled:
+            raise JobCancelled()
+
+    def optional(name: str, kind=int):
+        value = params.get(name)
+        return None if value is None else kind(value)
+
+    return train_plain(str(params["model"]), steps, optional("batch"), optional("image"),
+                       optional("seq"), int(params.get("seed", 0)),
+                       str(params.get("optimizer", "sgd")), optional("lr", float),
+                       params.get("data"), on_step)

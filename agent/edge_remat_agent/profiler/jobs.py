@@ -1,0 +1,32 @@
+"""The daemon's "profile" job: what `edge-remat profile --device NAME [--graph G]` starts.
+
+params: graph (optional, the pushed graph's board path) and any option of
+`edge-remat-agent profile` by its long name (page_dir, sensor, idle_s, busy_s, op_window_s,
+sizes, no_footprint, ...). page_dir defaults to <workdir>/pages. Writes profile.json (fetched
+by the host into its --out folder) and returns the profile's summary.
+"""
+
+from __future__ import annotations
+
+from ..daemon.registry import JobContext
+
+
+def profile_job(ctx: JobContext, params: dict) -> dict:
+    from ..profile_command import measure, options_from_params, summary
+    from .profile_writer import write_profile
+    options = dict(params)
+    if options.get("graph"):
+        options["graph"] = str(ctx.input_path(str(options["graph"])))
+    options.setdefault("page_dir", str(ctx.workdir / "pages"))
+    options["output"] = str(ctx.files_dir / "profile.json")
+    args = options_from_params(options)
+
+    def progress(index: int, total: int, node) -> None:
+        ctx.check_cancelled()
+        ctx.progress((index + 1) / total, f"node {index + 1}/{total} {node.name}: "
+                     f"{node.time_s:.3g} s x {node.runs}")
+
+    ctx.progress(0.0, "measuring the board (flash, power, footprint)")
+    profile = measure(args, progress)
+    write_profile(profile, args.output)
+    return {"files": ["profile.json"], **summary(profile, "profile.json")}

@@ -1,0 +1,158 @@
+"""The op profiler: every planner node of a captured graph, timed on real inputs on this board.
+
+One plain training step runs node by node (capture.replay.StepRunner, the executor's engine).
+After a node's first run, while its inputs are still in memory, it is run again and again until
+the timed runs add up to a window the clock and the power sensor can resolve (10 ms at least;
+with a sensor, at least 10 sensor periods), exactly as the executor recomputes it (random state
+replayed, batch-norm statistics not applied again); of three such windows the fastest counts. Its output and workspace bytes come from
+the real tensors, through a live-tensor ledger. The update node times the optimizer's step.
+
+Measurements become the profile's `ops`, keyed the way `costs.build_costs` looks them up
+(`node.signature or node.op`); nodes that share a signature (identical layers) share the mean.
+An op's `energy_j` is its energy above idle (the profile format's convention), and is only
+given when a sensor and the idle power are.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..capture import Captured
+from ..capture.optimizer import torch_optimizer
+from ..capture.replay import StepRunner
+from ..formats import Node
+from ..formats.profile import OpCost
+from ..sensors import EnergyMeter, PowerSensor
+from .memory import LiveTensorLedger
+from .tiers import MIN_WINDOW_S, time_repeated
+
+SENSOR_PERIODS = 10  # a window spans at least this many sensor samples
+SENSOR_PERIOD_S = 0.01
+WINDOWS = 3  # each node is timed in this many windows; the fastest counts
+
+
+@dataclass
+class NodeMeasurement:
+    id: Any
+    name: str
+    kind: str
+    key: str  # the profile key: node.signature or node.op
+    time_s: float  # seconds per run, in the fastest window
+    runs: int  # runs timed, all windows
+    out_bytes: int
+    workspace_bytes: int
+    energy_j: float | None = None  # per run, above idle
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def profile_key(node: Node) -> str:
+    return node.signature or node.op
+
+
+def window_s(min_window_s: float = MIN_WINDOW_S, sensor: PowerSensor | None = None) -> float:
+    if sensor is None:
+        return max(min_window_s, MIN_WINDOW_S)
+    return max(min_window_s, MIN_WINDOW_S, SENSOR_PERIODS * SENSOR_PERIOD_S)
+
+
+def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
+                  sensor: PowerSensor | None = None, idle_w: float | None = None,
+                  device: str | torch.device | None = None,
+                  progress: Callable[[int, int, NodeMeasurement], None] | None = None
+                  ) -> list[NodeMeasurement]:
+    """Time every node of `captured.graph` (the module's parameters change: the update node
+    steps the optimizer; profile a throwaway copy)."""
+    graph, module = captured.graph, captured.module
+    if device is not None:
+        module = module.to(device)
+    window = window_s(min_window_s, sensor)
+    ledger = LiveTensorLedger()
+    runner = StepRunner(captured.trace, graph, module, captured.example_args, device, ledger)
+    last_reader = {}
+    for node in graph.nodes:
+        for dep in node.inputs:
+            last_reader[dep] = node.id
+    out: list[NodeMeasurement] = []
+    for index, node in enumerate(graph.nodes):
+        if node.kind == "update":
+            measured = _measure_update(node, runner, module, graph, window, sensor, idle_w)
+        else:
+            measured = _measure_node(node, runner, ledger, window, sensor, idle_w)
+            for dep in node.inputs:
+                if last_reader[dep] == node.id:
+                    runner.free(dep)
+        out.append(measured)
+        if progress is not None:
+            progress(index, len(graph), measured)
+    runner.release_all()
+    return out
+
+
+def ops_from(measurements: list[NodeMeasurement]) -> dict[str, OpCost]:
+    """Profile `ops`: one entry per key, the mean over the nodes that share it."""
+    groups: dict[str, list[NodeMeasurement]] = {}
+    for m in measurements:
+        groups.setdefault(m.key, []).append(m)
+    ops = {}
+    for key, rows in groups.items():
+        energies = [r.energy_j for r in rows]
+        ops[key] = OpCost(
+            time_s=statistics.fmean(r.time_s for r in rows),
+            energy_j=None if any(e is None for e in energies) else statistics.fmean(energies),
+            out_bytes=max(r.out_bytes for r in rows),
+            workspace_bytes=max(r.workspace_bytes for r in rows))
+    return ops
+
+
+def _measure_node(node: Node, runner: StepRunner, ledger: LiveTensorLedger, window: float,
+                  sensor: PowerSensor | None, idle_w: float | None) -> NodeMeasurement:
+    ledger.reset_peak()
+    runner.compute(node.id)  # the first run: sizes, and a warm-up for the timed runs
+    held_after = ledger.live_bytes
+    workspace = max(0, ledger.peak_bytes - held_after)
+    outputs = runner.outputs(node.id)
+    out_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                     for t in outputs.values() if isinstance(t, torch.Tensor)}.values())
+    runner.free(node.id)
+    time_s, runs, energy = _timed(lambda i: runner.compute(node.id), window, sensor, idle_w,
+                                  after=lambda i: runner.free(node.id))
+    runner.compute(node.id)  # its outputs, for the nodes after it
+    return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,
+                           out_bytes, workspace, energy)
+
+
+def _measure_update(node: Node, runner: StepRunner, module: torch.nn.Module, graph,
+                    window: float, sensor: PowerSensor | None,
+                    idle_w: float | None) -> NodeMeasurement:
+    optimizer = torch_optimizer(node.attrs.get("optimizer", "sgd"), module)
+    params = dict(module.named_parameters(remove_duplicate=False))
+    for name, grad in runner.grads.items():
+        params[name].grad = grad
+    optimizer.step()  # makes the optimizer's state: a warm-up, not a step's cost
+    time_s, runs, energy = _timed(lambda i: optimizer.step(), window, sensor, idle_w)
+    optimizer.zero_grad(set_to_none=True)
+    return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,
+                           0, node.workspace_bytes, energy)
+
+
+def _timed(operation, window: float, sensor: PowerSensor | None, idle_w: float | None,
+           after=None) -> tuple[float, int, float | None]:
+    """(seconds per run, runs, joules per run above idle): the best of WINDOWS windows, since
+    whatever else runs on the board can only add time; energy over all of them."""
+    def windows() -> tuple[float, int]:
+        timed = [time_repeated(operation, window, after) for _ in range(WINDOWS)]
+        return min(t for t, _ in timed), sum(n for _, n in timed)
+
+    if sensor is None:
+        return (*windows(), None)
+    with EnergyMeter(sensor, SENSOR_PERIOD_S) as meter:
+        time_s, runs = windows()
+    if idle_w is None:
+        return time_s, runs, None
+    return time_s, runs, max(0.0, meter.energy_j - idle_w * meter.duration_s) / runs

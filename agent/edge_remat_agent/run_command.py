@@ -1,0 +1,117 @@
+"""`edge-remat-agent run PLAN --graph G --steps N [--page-dir D] [--json]`: execute a plan here.
+
+Kept outside the executor package so the agent's CLI starts without importing torch.
+Exit status: 0 done (and, when checked, the gradients were bitwise equal to eager);
+1 the run failed on the board (out of memory, a full or corrupted page store) or the gradients
+differ; 2 bad input (a plan for another graph, an invalid plan, unreadable files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .units import format_size
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "run", help="execute a plan on this board for N training steps and measure it",
+        description="Captures the plan's graph again here, refuses a plan made for another "
+                    "graph, then trains for --steps steps following the plan (recompute, page "
+                    "out, page in), measuring per step the wall time, the live-tensor ledger's "
+                    "peak, the resident memory peak and energy (with a sensor). The first "
+                    "step's gradients are compared with plain eager PyTorch, bit for bit.")
+    p.add_argument("plan", help="plan JSON (edge-remat plan)")
+    p.add_argument("--graph", required=True, help="the graph JSON the plan was made for")
+    p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    p.add_argument("--page-dir", help="directory on the flash for paged tensors (needed when "
+                                      "the plan pages to flash)")
+    p.add_argument("--no-grad-check", action="store_true",
+                   help="skip the eager reference on step 1 (it needs plain training's memory)")
+    p.add_argument("--sensor", default="auto",
+                   help="power sensor name, 'auto' (the board's own, if any) or 'none'")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--seed", type=int, help="seed the generator before the first step")
+    p.add_argument("--fsync", action="store_true", help="fsync every page written to flash")
+    p.add_argument("-o", "--output", help="also write the whole run report here (JSON)")
+    p.add_argument("--json", action="store_true", help="print the run report as one JSON object")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from .formats import FormatError, load_graph, load_plan
+    try:
+        graph, plan = load_graph(args.graph), load_plan(args.plan)
+    except (FormatError, OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    from .executor import BadInput, ExecutorError, run_plan
+
+    def progress(index: int, total: int, record: dict) -> None:
+        if not args.json:
+            print(_step_line(record, total), file=sys.stderr, flush=True)
+
+    try:
+        report = run_plan(graph, plan, args.steps, args.page_dir,
+                          check_gradients=not args.no_grad_check, progress=progress,
+                          sensor=args.sensor, device=args.device, seed=args.seed,
+                          flash_fsync=args.fsync)
+    except BadInput as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except ExecutorError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print("error: the board ran out of memory outside the plan's instructions (capturing "
+              "the graph, building the model, or the gradient check's eager step); "
+              "try --no-grad-check", file=sys.stderr)
+        return 1
+    if args.output:
+        from .formats.fields import dump_json
+        dump_json(report, args.output)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(summary_text(report))
+    check = report["grad_check"]
+    return 0 if check is None or check["bitwise_equal"] else 1
+
+
+def _step_line(record: dict, total: int) -> str:
+    return (f"step {record['step']}/{total}: loss {record['loss']:.6g}, "
+            f"{record['step_time_s']:.3f} s, ledger peak {format_size(record['ledger_peak_bytes'])}"
+            f", RSS peak {format_size(record['rss_peak_bytes'])}"
+            + (f", {record['energy_j']:.3g} J" if record.get("energy_j") is not None else ""))
+
+
+def summary_text(report: dict) -> str:
+    s = report["summary"]
+    lines = [
+        f"model {report['model']}: {s['steps']} steps on {report['device']}, "
+        f"final loss {s['final_loss']:.6g}",
+        f"  step time    {s['step_time_s']:.3f} s measured (median), "
+        f"{s['predicted_time_s']:.3f} s predicted",
+        f"  ledger peak  {format_size(s['ledger_peak_bytes'])} measured, "
+        f"{format_size(s['predicted_peak_bytes'])} predicted "
+        f"({'within' if s['ledger_within_tolerance'] else 'OVER'} the tolerance of "
+        f"{format_size(s['ledger_tolerance_bytes'])})",
+        f"  RSS peak     {format_size(s['rss_peak_bytes'])} (the whole process)",
+        f"  recompute    {s['recompute_overhead_percent']:.1f}% measured, "
+        f"{s['predicted_recompute_overhead_percent']:.1f}% predicted; "
+        f"{report['recomputed']} recomputes, {report['page_outs']} page-outs, "
+        f"{report['page_ins']} page-ins per step",
+    ]
+    if s["energy_j"] is not None:
+        lines.append(f"  energy       {s['energy_j']:.3g} J over the run ({report['sensor']})")
+    check = report["grad_check"]
+    if check is not None:
+        lines.append("  gradients    " + (
+            f"bitwise equal to eager PyTorch ({check['compared']} compared)"
+            if check["bitwise_equal"] else
+            f"DIFFER from eager PyTorch: max |diff| {check['max_abs_diff']:.3g} "
+            f"({', '.join(check['differing'] + check['missing']) or 'loss'})"))
+    return "\n".join(lines)

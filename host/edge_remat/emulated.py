@@ -1,0 +1,129 @@
+"""An emulated board: this machine, with the agent inside a memory cgroup as small as a board.
+
+The relay that LocalTransport starts joins the cgroup before it runs, so the daemon it starts and
+every job process that daemon runs are inside it: the kernel enforces the limit on all of them,
+kills the largest when they go over, and keeps its own peak reading. The cgroup is named after the
+device and its workdir, so two emulated boards (or two test runs) never share one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+
+from edge_remat_agent.cgroup import CgroupUnavailable, MemoryCgroup
+
+from .devices import DeviceConfig
+from .transport.errors import TransportError
+from .transport.local import LocalTransport
+
+EMULATED_WORKDIR = "~/.cache/edge-remat/local-limited"
+
+
+def emulated_device(device: DeviceConfig, memory_limit_bytes: int) -> DeviceConfig:
+    """`device` (kind local) as an emulated board with this limit. A device that had no limit
+    moves to a workdir of its own: a daemon already running there outside any limit must not
+    be reused."""
+    if device.connection.kind != "local":
+        raise TransportError(f"--memory-limit emulates a board on this machine; {device.name} "
+                             f"is reached over {device.connection.kind} (its own RAM is its "
+                             "limit): use --device local or emulated-board")
+    connection = device.connection
+    if not device.hardware.memory_limit_bytes:
+        connection = dataclasses.replace(connection, workdir=EMULATED_WORKDIR)
+    hardware = dataclasses.replace(device.hardware, memory_limit_bytes=int(memory_limit_bytes))
+    return dataclasses.replace(device, connection=connection, hardware=hardware)
+
+
+def unlimited_twin(device: DeviceConfig) -> DeviceConfig:
+    """The same machine without the limit (its own workdir): where an emulated board's hardware
+    is measured, since measuring may need more memory than the board is given."""
+    connection = dataclasses.replace(device.connection,
+                                     workdir=device.connection.workdir.rstrip("/") + "-unlimited")
+    hardware = dataclasses.replace(device.hardware, memory_limit_bytes=None)
+    return dataclasses.replace(device, name=f"{device.name}-unlimited", connection=connection,
+                               hardware=hardware)
+
+
+def cgroup_name(device: DeviceConfig) -> str:
+    workdir = os.path.realpath(os.path.expanduser(device.connection.workdir))
+    return f"{device.name}-{hashlib.sha256(workdir.encode()).hexdigest()[:8]}"
+
+
+def board_cgroup(device: DeviceConfig) -> MemoryCgroup:
+    """The emulated board's cgroup, made (or its limit set) now."""
+    try:
+        return MemoryCgroup.ensure(cgroup_name(device), device.hardware.memory_limit_bytes)
+    except CgroupUnavailable as exc:
+        raise TransportError(f"cannot emulate {device.name}: {exc}") from None
+
+
+class EmulatedTransport(LocalTransport):
+    """LocalTransport whose relay starts inside the board's memory cgroup."""
+
+    def __init__(self, device: DeviceConfig, archive=None):
+        super().__init__(device, archive)
+        self.cgroup: MemoryCgroup | None = None
+
+    @property
+    def board(self) -> str:
+        limit = self.device.hardware.memory_limit_bytes
+        return f"{self.device.name} (this machine, {limit / 2**20:.0f} MiB memory cgroup)"
+
+    def open(self):
+        self.cgroup = board_cgroup(self.device)
+        self.wrap = self.cgroup.exec_prefix()
+        session = super().open()
+        daemon = session.info.get("pid")
+        if isinstance(daemon, int) and not self.cgroup.holds(daemon):
+            self.close()
+            raise TransportError(
+                f"an agent daemon (pid {daemon}) already runs for {self.workdir} outside the "
+                f"memory limit; stop it (`edge-remat-agent stop --workdir {self.workdir}`) and "
+                "try again")
+        return session
+
+
+def emulated_transport(device: DeviceConfig, archive=None) -> EmulatedTransport:
+    return EmulatedTransport(device, archive)
+
+
+def remove_board_cgroup(device: DeviceConfig) -> None:
+    try:
+        group = MemoryCgroup.existing(cgroup_name(device))
+    except CgroupUnavailable:
+        return
+    if group is not None:
+        group.remove()
+
+
+class KernelWatch:
+    """The kernel's view of one job on an emulated board: its out-of-memory kills and the
+    cgroup's peak. Made just before the job (v1 restarts the peak there); no-op elsewhere."""
+
+    def __init__(self, group: MemoryCgroup | None):
+        self.group = group
+        self.kills_before = group.oom_kills() if group else 0
+        self.peak_reset = group.reset_peak() if group else False
+
+    @classmethod
+    def for_device(cls, device: DeviceConfig) -> "KernelWatch":
+        if not device.hardware.memory_limit_bytes:
+            return cls(None)
+        try:
+            return cls(MemoryCgroup.existing(cgroup_name(device)))
+        except CgroupUnavailable:
+            return cls(None)
+
+    def killed(self) -> bool:
+        return self.group is not None and self.group.oom_kills() > self.kills_before
+
+    def readings(self) -> dict:
+        if self.group is None:
+            return {}
+        name = "memory.peak" if self.group.version == 2 else "memory.max_usage_in_bytes"
+        scope = "since the job started" if self.peak_reset else "since the board started"
+        return {"kernel_peak_bytes": self.group.peak_bytes(),
+                "kernel_peak_source": f"cgroup v{self.group.version} {name}, {scope}; the "
+                                      "whole board: agent, job and page cache"}

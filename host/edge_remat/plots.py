@@ -1,0 +1,163 @@
+"""Pictures of a plan and a run (PNG, matplotlib's Agg backend, imported only when drawing).
+
+    schedule.png  stage x node: computed / kept in RAM / paged to flash or host
+    memory.png    RAM over one step's instructions, planned and plain, against the budget, with
+                  what the board measured (tensor peak, process peak, the kernel's peak, limit)
+    sweep.png     a budget sweep (`edge-remat plan --sweep ... --json`): energy and time
+                  against the memory budget
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+from edge_remat_agent.formats import Graph, Plan
+
+MIB = 2**20
+# Cell codes of the schedule matrix, drawn in this order of colours.
+EMPTY, IN_RAM, ON_FLASH, ON_HOST, COMPUTED = range(5)
+CELL_LABELS = ("not held", "kept in RAM", "on flash", "on host", "computed")
+CELL_COLOURS = ("#ffffff", "#9ecae1", "#fd8d3c", "#9e9ac8", "#08306b")
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display on a board or in CI
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def schedule_matrix(graph: Graph, plan: Plan) -> list[list[int]]:
+    """One row per stage, one column per node: what the stage did with the node's output."""
+    ram: set[int] = set()
+    tiers: dict[str, set[int]] = {"flash": set(), "host": set()}
+    rows = []
+    for stage in plan.stages:
+        computed = set()
+        for ins in stage:
+            i = graph.index[ins.node]
+            if ins.op == "compute":
+                ram.add(i)
+                computed.add(i)
+            elif ins.op == "free":
+                ram.discard(i)
+            elif ins.op == "page_out":
+                ram.discard(i)
+                tiers[ins.tier].add(i)
+            elif ins.op == "page_in":
+                ram.add(i)
+        row = []
+        for i in range(len(graph)):
+            row.append(COMPUTED if i in computed else IN_RAM if i in ram else
+                       ON_FLASH if i in tiers["flash"] else ON_HOST if i in tiers["host"]
+                       else EMPTY)
+        rows.append(row)
+    return rows
+
+
+def plot_schedule(graph: Graph, plan: Plan, path: "str | Path", title: str = "") -> Path:
+    plt = _pyplot()
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    matrix = schedule_matrix(graph, plan)
+    fig, ax = plt.subplots(figsize=(max(6, len(graph) * 0.12 + 2), max(4, len(matrix) * 0.1 + 2)))
+    ax.imshow(matrix, cmap=ListedColormap(CELL_COLOURS), vmin=0, vmax=len(CELL_COLOURS) - 1,
+              aspect="auto", interpolation="nearest")
+    ax.set_xlabel("node (graph order)")
+    ax.set_ylabel("stage")
+    ax.set_title(title or f"schedule: {len(matrix)} stages x {len(graph)} nodes")
+    used = {cell for row in matrix for cell in row} | {COMPUTED, IN_RAM}
+    ax.legend(handles=[Patch(facecolor=CELL_COLOURS[c], edgecolor="grey", label=CELL_LABELS[c])
+                       for c in sorted(used) if c != EMPTY],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    return _save(fig, path)
+
+
+def memory_traces(graph: Graph, plan: Plan) -> tuple[list[int], list[int]]:
+    """RAM at each instruction (tensors + fixed memory) of the plan and of the plain schedule."""
+    from edge_remat_agent.costs import build_costs
+    from edge_remat_agent.formats.fields import Reader
+    from edge_remat_agent.formats.profile import tier_from
+    from edge_remat_agent.simulate import simulate
+
+    from .planner.baselines import keep_all
+    from .planner.evaluate import evaluate
+    from .planner.problem import Problem
+    tiers = {name: tier_from(Reader(obj, "plan", f"problem.tier_params.{name}"))
+             for name, obj in (plan.problem.get("tier_params") or {}).items()}
+    planned = simulate(graph, build_costs(graph, None, tiers), plan.stages).memory_trace
+    unlimited = Problem(graph, build_costs(graph), budget_bytes=2**62)
+    plain = evaluate(unlimited, keep_all(unlimited)).sim.memory_trace
+    return planned, plain
+
+
+def plot_memory(planned: Sequence[int], budget_bytes: int, path: "str | Path",
+                plain: Optional[Sequence[int]] = None,
+                measured_trace: Optional[Sequence[int]] = None,
+                measured: Optional[dict] = None, title: str = "") -> Path:
+    """`measured` may hold tensor_peak_bytes, process_peak_bytes, kernel_peak_bytes and
+    limit_bytes: each becomes a labelled horizontal line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    if plain:
+        ax.plot(_fraction_axis(plain), [b / MIB for b in plain], color="#bdbdbd",
+                label=f"plain schedule (peak {max(plain) / MIB:.0f} MiB)")
+    ax.plot(_fraction_axis(planned), [b / MIB for b in planned], color="#08519c",
+            label=f"planned (peak {max(planned) / MIB:.0f} MiB)")
+    if measured_trace:
+        ax.plot(_fraction_axis(measured_trace), [b / MIB for b in measured_trace],
+                color="#d94801", linestyle=":", label="measured tensors")
+    ax.axhline(budget_bytes / MIB, color="#cb181d", linestyle="--",
+               label=f"budget {budget_bytes / MIB:.0f} MiB")
+    styles = {"tensor_peak_bytes": ("measured tensor peak", "#d94801", "-."),
+              "process_peak_bytes": ("measured process peak (RSS)", "#6a51a3", "-."),
+              "kernel_peak_bytes": ("kernel's peak (cgroup)", "#000000", ":"),
+              "limit_bytes": ("memory limit", "#67000d", "-")}
+    for key, (label, colour, style) in styles.items():
+        value = (measured or {}).get(key)
+        if value:
+            ax.axhline(value / MIB, color=colour, linestyle=style,
+                       label=f"{label} {value / MIB:.0f} MiB")
+    ax.set_xlabel("progress through one training step (instructions)")
+    ax.set_ylabel("MiB")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title or "memory over one step")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    return _save(fig, path)
+
+
+def plot_sweep(rows: Sequence[dict], path: "str | Path", title: str = "") -> Path:
+    """Rows as `edge-remat plan --sweep --json` prints them (budget_bytes, energy_j, time_s)."""
+    plt = _pyplot()
+    solved = [r for r in rows if r.get("energy_j") is not None and r.get("budget_bytes")]
+    infeasible = [r for r in rows if r.get("energy_j") is None and r.get("budget_bytes")]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for ax, key, label in ((top, "energy_j", "energy per step (J)"),
+                           (bottom, "time_s", "time per step (s)")):
+        ax.plot([r["budget_bytes"] / MIB for r in solved], [r[key] for r in solved],
+                marker="o", color="#08519c")
+        for r in infeasible:
+            ax.axvline(r["budget_bytes"] / MIB, color="#cb181d", linestyle=":", alpha=0.6)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    if infeasible:
+        top.plot([], [], color="#cb181d", linestyle=":", label="no plan fits")
+        top.legend(fontsize="small")
+    bottom.set_xlabel("memory budget (MiB)")
+    top.set_title(title or "cost of training against the memory budget")
+    return _save(fig, path)
+
+
+def _fraction_axis(values: Sequence) -> list[float]:
+    n = max(1, len(values) - 1)
+    return [k / n for k in range(len(values))]
+
+
+def _save(fig, path: "str | Path") -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path

@@ -1,0 +1,328 @@
+"""`edge-remat run`: capture, profile (or reuse), plan, deploy, train, report, in one go.
+
+    report = run(RunOptions(device="local", model="digits-cnn", budget="30%", steps=10))
+
+A planned run sends the plan and the graph to the board's "run" job (the executor); `plain=True`
+sends the model to the "train-plain" job instead, for comparison. On an emulated board (a
+memory cgroup: `memory_limit`, or a device config with `memory_limit_bytes`) the kernel's peak
+reading and its out-of-memory kills are read from the cgroup, and the gradient check runs on the
+host, outside the limit: comparing with eager PyTorch needs the plain schedule's memory, which
+the board by design does not have.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from edge_remat_agent.formats.fields import dump_json
+
+from ..devices import DeviceConfig, find_device
+from ..transport import Board, JobFailed
+from .profiles import ChosenProfile, choose_profile
+
+# Data a zoo model trains on when --data is not given (the rest repeat their example batch).
+DEFAULT_DATA = {"digits-cnn": "digits"}
+# With a memory limit and no --budget, the plan gets what is left after the runtime's own memory
+# (interpreter + torch, from the profile) and this headroom: the agent daemon and its relay, the
+# executor's re-capture of the graph, and allocator slack, none of which the plan models.
+RUNTIME_HEADROOM_BYTES = 160 * 2**20
+DEFAULT_RUNTIME_BYTES = 300 * 2**20
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class RunOptions:
+    device: str
+    model: str
+    budget: Optional[str] = None
+    objective: str = "time"
+    deadline: Optional[float] = None
+    steps: int = 10
+    data: Optional[str] = None
+    memory_limit: Optional[int] = None
+    plain: bool = False
+    batch: Optional[int] = None
+    image: Optional[int] = None
+    seq: Optional[int] = None
+    seed: int = 0
+    optimizer: str = "sgd"
+    lr: Optional[float] = None
+    max_nodes: int = 200
+    profile: Optional[str] = None
+    reprofile: bool = False
+    paging: Optional[str] = None
+    solver: str = "auto"
+    time_limit: float = 10.0
+    sweep: Optional[str] = None
+    out: str = "edge-remat-run"
+    plots: bool = True
+    check_gradients: bool = True
+    extra: dict = field(default_factory=dict)  # more params for the board's job
+
+    @property
+    def model_info(self) -> dict:
+        return {"model": self.model, "batch": self.batch, "image": self.image, "seq": self.seq,
+                "seed": self.seed, "optimizer": self.optimizer}
+
+
+class RunProblem(ValueError):
+    """Options that cannot make a run (e.g. a budget nothing is left for); exit status 2."""
+
+
+def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
+    """Do the whole run; returns the report (also written to OUT/report.json)."""
+    from ..emulated import emulated_device
+
+    device = find_device(opts.device)
+    if opts.memory_limit:
+        device = emulated_device(device, opts.memory_limit)
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = opts.data or DEFAULT_DATA.get(opts.model, "example")
+    if opts.optimizer not in ("sgd", "adamw"):
+        raise RunProblem(f"unknown optimizer {opts.optimizer!r} (sgd | adamw)")
+    # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
+    # 0.9); --lr overrides it for both.
+    lr = {} if opts.lr is None else {"lr": opts.lr}
+    with Board(device, on_event=say) as board:
+        try:
+            if opts.plain:
+                report = _run_plain(board, device, opts, data, lr, out, say)
+            else:
+                report = _run_planned(board, device, opts, data, lr, out, say)
+        finally:
+            if device.hardware.memory_limit_bytes:
+                _retire_emulated(board, device)
+    report["reconnects"] = board.reconnects
+    report["report"] = str(out / "report.json")
+    dump_json(report, out / "report.json")
+    from ..run_report import report_text
+    (out / "report.txt").write_text(report_text(report) + "\n")
+    return report
+
+
+# -- the two kinds of run ------------------------------------------------------------------
+
+def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, lr: dict,
+               out: Path, say: Say) -> dict:
+    from ..remote import require_kind
+    from ..run_report import build_report
+    require_kind(board, "train-plain", "train plainly")
+    params = {k: v for k, v in opts.model_info.items() if v is not None}
+    params.update(steps=opts.steps, data=data, **lr)
+    say(f"{board.name}: plain PyTorch training of {opts.model}, {opts.steps} steps")
+    outcome = _train(board, device, "train-plain", params, None, out, opts.steps, say)
+    return build_report(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
+                        data=data, memory_limit_bytes=device.hardware.memory_limit_bytes,
+                        **outcome)
+
+
+def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str, lr: dict,
+                 out: Path, say: Say) -> dict:
+    from edge_remat_agent.capture import capture_model
+
+    from ..planner.build import plain_peak_bytes
+    from ..remote import require_kind
+    from ..run_report import build_report
+
+    say(f"capturing {opts.model}'s training step")
+    captured = capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
+                             opts.optimizer, opts.max_nodes)
+    graph = captured.graph
+    graph_path = out / "graph.json"
+    graph.save(graph_path)
+    plain_peak = plain_peak_bytes(graph)
+    twin = None
+    if device.hardware.memory_limit_bytes:
+        from ..emulated import unlimited_twin
+
+        def twin() -> Board:
+            return Board(unlimited_twin(device), on_event=say)
+    chosen = choose_profile(board, device, opts.model_info, graph_path, out, opts.profile,
+                            opts.reprofile, twin, say)
+    say(f"profile: {chosen.describe()}")
+    plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say)
+    require_kind(board, "run", "execute plans")
+    limited = bool(device.hardware.memory_limit_bytes)
+    params = {"steps": opts.steps, "data": data, "seed": opts.seed, **lr,
+              "check_gradients": opts.check_gradients and not limited, **opts.extra}
+    if device.hardware.page_dir:
+        params["page_dir"] = device.hardware.page_dir
+    say(f"{board.name}: running the plan for {opts.steps} steps")
+    outcome = _train(board, device, "run", params, {"plan": plan_path, "graph": graph_path},
+                     out, opts.steps, say)
+    if limited and opts.check_gradients and outcome["status"] == "finished":
+        say("checking the plan's gradients against eager PyTorch on the host")
+        outcome["grad_check"] = host_gradient_check(graph, plan_path)
+    report = build_report(mode="planned", device=device.name, model=opts.model,
+                          steps=opts.steps, data=data, plan=plan_dict,
+                          memory_limit_bytes=device.hardware.memory_limit_bytes,
+                          plain_peak_bytes=plain_peak, profile=chosen.summary(),
+                          paths={"graph": str(graph_path), "plan": str(plan_path)}, **outcome)
+    if opts.plots:
+        report["plots"] = _draw(graph, plan_path, report, out)
+    return report
+
+
+# -- planning ------------------------------------------------------------------------------
+
+def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) -> str:
+    """--budget as given; else, under a memory limit, what the runtime leaves of it."""
+    if opts.budget:
+        return opts.budget
+    limit = device.hardware.memory_limit_bytes
+    if not limit:
+        raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
+    runtime = (chosen.profile.runtime_baseline_bytes if chosen.profile and
+               chosen.profile.runtime_baseline_bytes else DEFAULT_RUNTIME_BYTES)
+    left = limit - runtime - RUNTIME_HEADROOM_BYTES
+    if left <= 0:
+        raise RunProblem(f"the memory limit ({limit / 2**20:.0f} MiB) leaves nothing for "
+                         f"training after the runtime's own {runtime / 2**20:.0f} MiB and "
+                         f"{RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB headroom")
+    return str(left)
+
+
+def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
+          plain_peak: int, out: Path, say: Say) -> tuple[dict, Path]:
+    from ..planner.build import build_problem
+    from ..planner.solve import solve
+
+    def make_problem(budget):
+        return build_problem(graph, budget, chosen.profile, opts.objective, opts.deadline,
+                             opts.paging)
+
+    problem = make_problem(run_budget(opts, device, chosen))
+    say(f"planning: budget {problem.budget_bytes / 2**20:.1f} MiB "
+        f"({problem.budget_bytes / plain_peak:.0%} of the plain peak), {opts.objective}")
+    solved = solve(problem, opts.solver, opts.time_limit)
+    tiers = chosen.profile.tiers if chosen.profile else {}
+    plan_dict = solved.plan.to_dict()
+    used = plan_dict["problem"].get("paging") or []
+    plan_dict["problem"]["tier_params"] = {name: tier.to_dict() for name, tier in tiers.items()
+                                           if name in used}
+    plan_path = out / "plan.json"
+    dump_json(plan_dict, plan_path)
+    if opts.sweep:
+        _sweep(make_problem, opts, out, say)
+    return plan_dict, plan_path
+
+
+def _sweep(make_problem, opts: RunOptions, out: Path, say: Say) -> None:
+    from ..sweep import parse_sweep, run_sweep
+    say(f"budget sweep {opts.sweep}")
+    rows = []
+    for point in run_sweep(make_problem, parse_sweep(opts.sweep), opts.solver,
+                           opts.time_limit, "cbc", None):
+        row = {"fraction": point.fraction, "budget_bytes": point.budget_bytes,
+               "status": point.status}
+        if point.report is not None:
+            predicted = point.report.plan.predicted
+            row.update(energy_j=predicted["energy_j"], time_s=predicted["time_s"],
+                       peak_bytes=predicted["peak_bytes"])
+        rows.append(row)
+    dump_json({"objective": opts.objective, "sweep": rows}, out / "sweep.json")
+
+
+# -- training on the board -----------------------------------------------------------------
+
+def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
+           inputs: Optional[dict], out: Path, steps: int, say: Say) -> dict:
+    """Run the training job; a job the kernel killed becomes a report, not an exception."""
+    from ..emulated import KernelWatch
+    from ..transport.board import summary
+    watch = KernelWatch.for_device(device)
+    try:
+        record = board.run_job(kind, params, inputs, out / "board",
+                               on_update=lambda record: say(summary(record)))
+        return {"status": "finished", "message": f"finished {steps} steps",
+                "result": full_result(record), **watch.readings()}
+    except JobFailed as exc:
+        error = str(exc.record.get("error"))
+        if not (watch.killed() or "SIGKILL" in error or "OutOfMemory" in error):
+            raise
+        progress = exc.record.get("progress") or {}
+        at = completed_steps(progress, steps) + 1
+        why = ("killed by the memory limit" if watch.killed() else
+               "killed by SIGKILL (the board's out-of-memory killer?)" if "SIGKILL" in error
+               else "out of memory")
+        return {"status": "killed", "killed_at_step": at, "message": f"{why} at step {at}",
+                "result": progress.get("data") or {}, **watch.readings()}
+
+
+def full_result(record: dict) -> dict:
+    """The job's result; where it names a report file it fetched (the executor's
+    run_report.json), that file, which holds every step."""
+    result = record.get("result") or {}
+    for path in record.get("fetched", []):
+        if Path(path).name == "run_report.json":
+            import json
+            return json.loads(Path(path).read_text())
+    return result
+
+
+def completed_steps(progress: dict, steps: int) -> int:
+    data = progress.get("data") or {}
+    if isinstance(data.get("step"), int):
+        return data["step"]
+    fraction = progress.get("fraction")
+    return int(fraction * steps) if isinstance(fraction, (int, float)) else 0
+
+
+def host_gradient_check(graph, plan_path: Path) -> dict:
+    """One step of the plan through the executor on this host, against eager PyTorch."""
+    from edge_remat_agent.formats import load_plan
+    try:
+        from edge_remat_agent.executor import ExecutorError, run_plan
+    except ImportError as exc:
+        return {"status": "not checked", "why": f"no executor on this host ({exc})"}
+    try:
+        with tempfile.TemporaryDirectory(prefix="edge-remat-gradcheck-") as pages:
+            result = run_plan(graph, load_plan(plan_path), 1, pages, check_gradients=True)
+    except ExecutorError as exc:  # e.g. another torch here than on the board
+        return {"status": "not checked", "why": f"the host cannot run the plan: {exc}"}
+    check = result.get("grad_check")
+    where = "on the host, outside the memory limit: the same plan, the example batch"
+    return dict(check, where=where) if isinstance(check, dict) else \
+        {"result": check, "where": where}
+
+
+def _retire_emulated(board: Board, device: DeviceConfig) -> None:
+    """Stop the emulated board's agent and remove its cgroup: the next run starts afresh."""
+    from ..transport import TransportError
+    from ..emulated import remove_board_cgroup
+    try:
+        board.stop_agent()
+    except (TransportError, OSError):
+        pass  # the cgroup's removal ends it anyway
+    remove_board_cgroup(device)
+
+
+# -- plots ---------------------------------------------------------------------------------
+
+def _draw(graph, plan_path: Path, report: dict, out: Path) -> list[str]:
+    from edge_remat_agent.formats import load_plan
+
+    from .. import plots
+    plan = load_plan(plan_path)
+    planned, plain = plots.memory_traces(graph, plan)
+    measured = {"tensor_peak_bytes": report.get("tensor_peak_bytes"),
+                "process_peak_bytes": report.get("measured_peak_bytes"),
+                "kernel_peak_bytes": report.get("kernel_peak_bytes"),
+                "limit_bytes": report.get("memory_limit_bytes")}
+    paths = [plots.plot_schedule(graph, plan, out / "schedule.png",
+                                 f"{report['model']}: schedule at "
+                                 f"{plan.budget_bytes / 2**20:.0f} MiB"),
+             plots.plot_memory(planned, plan.budget_bytes, out / "memory.png", plain=plain,
+                               measured=measured, title=f"{report['model']} on "
+                               f"{report['device']}: memory over one step")]
+    sweep = out / "sweep.json"
+    if sweep.is_file():
+        import json
+        rows = json.loads(sweep.read_text())["sweep"]
+        paths.append(plots.plot_sweep(rows, out / "sweep.png", f"{report['model']}: budget sweep"))
+    return [str(p) for p in paths]

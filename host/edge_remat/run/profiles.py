@@ -1,0 +1,122 @@
+"""Which device profile a run plans with: given, cached, measured now, or modelled.
+
+In that order: `--profile FILE`; a profile this host measured earlier on the same board for the
+same model (cached under ~/.cache/edge-remat/profiles, keyed by the board's identity and the
+model); a fresh measurement by the board's agent (its "profile" job: every graph node, flash,
+power, the runtime's memory); and where the agent cannot measure, the modelled profile shipped
+for the board's kind (profiles/NAME.json), which every report then calls modelled.
+
+An emulated board is this machine with less RAM: its hardware is measured outside the memory
+limit (the operator profiler runs nodes on real inputs and may need more than the limit) by
+`measuring_board`, and the profile's RAM is then the limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from edge_remat_agent.formats import Profile, load_profile
+
+from ..devices import DeviceConfig
+
+PROFILES_DIR = Path(__file__).resolve().parents[3] / "profiles"
+# Small and quick: a few sizes and short power windows keep the first run well under a minute.
+QUICK_PARAMS = {"sizes": [64 * 2**10, 2**20, 8 * 2**20], "idle_s": 0.5, "busy_s": 0.5}
+
+
+@dataclass
+class ChosenProfile:
+    profile: Optional[Profile]
+    path: Optional[Path]
+    how: str  # "given" | "cached" | "measured" | "modelled" | "none"
+
+    def describe(self) -> str:
+        if self.profile is None:
+            return "none: costs are the graph's FLOP/byte estimate"
+        p = self.profile
+        power = " (power: model estimate, no sensor)" if p.device.get("power_estimate") else ""
+        return f"{p.name} — {p.source.upper() if p.source == 'modelled' else p.source}" \
+               f"{power}, {self.how}"
+
+    def summary(self) -> dict:
+        p = self.profile
+        return {"name": p.name if p else None, "source": p.source if p else None,
+                "modelled": bool(p and p.source == "modelled"), "how": self.how,
+                "path": str(self.path) if self.path else None,
+                "power_estimate": bool(p and p.device.get("power_estimate"))}
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "edge-remat" / "profiles"
+
+
+def cache_key(board: dict, model: dict) -> str:
+    """The same board (its identity, not an emulated memory limit) and model share a profile."""
+    identity = {k: board.get(k) for k in ("hostname", "board", "machine", "system", "cpu_count",
+                                           "ram_total_bytes", "torch", "python")}
+    content = {"board": identity, "model": model}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+MODELLED_FOR = {"android-termux": "android-phone"}  # device config -> modelled profile
+
+
+def modelled_profile_for(device: DeviceConfig) -> Optional[Path]:
+    path = PROFILES_DIR / f"{MODELLED_FOR.get(device.name, device.name)}.json"
+    return path if path.is_file() else None
+
+
+def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, out_dir: Path,
+                   given: Optional[str] = None, reprofile: bool = False,
+                   measuring_board: Optional[Callable[[], object]] = None,
+                   say: Callable[[str], None] = lambda message: None) -> ChosenProfile:
+    """`board` is the connected transport.Board the run trains on; `measuring_board()` opens
+    the one that measures it, when that is another (an emulated board's unlimited twin)."""
+    if given:
+        return _limited(ChosenProfile(load_profile(given), Path(given), "given"), device)
+    key = cache_key(board.sysinfo(), model)
+    cached = cache_dir() / f"{key}.json"
+    if cached.is_file() and not reprofile:
+        return _limited(ChosenProfile(load_profile(cached), cached, "cached"), device)
+    if "profile" in board.hello().get("job_kinds", {}):
+        if measuring_board is None:
+            fetched = _measure(board, model, graph_path, out_dir, say)
+        else:
+            with measuring_board() as twin:
+                fetched = _measure(twin, model, graph_path, out_dir, say)
+                twin.stop_agent()
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(fetched, cached)
+        return _limited(ChosenProfile(load_profile(fetched), fetched, "measured"), device)
+    modelled = modelled_profile_for(device)
+    if modelled is not None:
+        say(f"{device.name}: its agent cannot measure; planning with the modelled {modelled.name}")
+        return ChosenProfile(load_profile(modelled), modelled, "modelled")
+    return ChosenProfile(None, None, "none")
+
+
+def _limited(chosen: ChosenProfile, device: DeviceConfig) -> ChosenProfile:
+    """On an emulated board the RAM is the memory limit, whatever the machine has."""
+    limit = device.hardware.memory_limit_bytes
+    if chosen.profile is not None and limit:
+        chosen.profile.ram_total_bytes = limit
+    return chosen
+
+
+def _measure(board, model: dict, graph_path: Path, out_dir: Path,
+             say: Callable[[str], None]) -> Path:
+    say(f"{board.name}: profiling every graph node, the flash, power and memory")
+    spec = model["model"]  # the footprint probe builds zoo models only
+    params = dict(QUICK_PARAMS, model=None if ":" in spec else spec)
+    record = board.run_job("profile", params, {"graph": graph_path}, out_dir / "profile")
+    fetched = [Path(p) for p in record.get("fetched", []) if str(p).endswith(".json")]
+    if not fetched:
+        raise RuntimeError(f"the profile job on {board.name} returned no profile file")
+    return fetched[0]

@@ -1,0 +1,209 @@
+"""The run report: what the plan promised against what the board measured, step by step.
+
+`build_report` turns a run's facts into one JSON-able dict (what `edge-remat run --json`
+prints); `report_text` renders it as a table with the misses spelled out. Step figures come
+from the executor's result or from plain training, in whichever of two shapes they arrive:
+lists per field (`{"loss": [...], "step_time_s": [...]}`) or one record per step
+(`{"steps": [{"loss": ..., "step_time_s": ...}, ...]}`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .units import fmt_bytes
+
+STEP_FIELDS = ("loss", "step_time_s", "ledger_peak_bytes", "rss_peak_bytes", "energy_j")
+_ALIASES = {"wall_s": "step_time_s", "time_s": "step_time_s", "rss_peak": "rss_peak_bytes",
+            "ledger_peak": "ledger_peak_bytes"}
+PLAN_FIGURES = ("predicted_peak_bytes", "predicted_time_s", "recomputed", "page_ins",
+                "page_outs")
+
+
+def steps_from(result: Optional[dict]) -> dict[str, list]:
+    """Per-step lists of STEP_FIELDS (missing ones empty) from a job's result."""
+    result = result or {}
+    rows = result.get("steps") if isinstance(result.get("steps"), list) else \
+        result.get("per_step") if isinstance(result.get("per_step"), list) else None
+    out: dict[str, list] = {name: [] for name in STEP_FIELDS}
+    if rows is not None:
+        for row in rows:
+            row = {_ALIASES.get(k, k): v for k, v in dict(row).items()}
+            for name in STEP_FIELDS:
+                out[name].append(row.get(name))
+    else:
+        for key, value in result.items():
+            name = _ALIASES.get(key, key)
+            if name in out and isinstance(value, list):
+                out[name] = list(value)
+    width = max((len(v) for v in out.values()), default=0)
+    return {name: values + [None] * (width - len(values)) if values else [None] * width
+            for name, values in out.items()}
+
+
+def _max(values: list) -> Optional[float]:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return max(numbers) if numbers else None
+
+
+def _total(values: list) -> Optional[float]:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return sum(numbers) if numbers and len(numbers) == len(values) else None
+
+
+def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
+                 result: Optional[dict], plan: Optional[dict] = None,
+                 killed_at_step: Optional[int] = None, message: str = "",
+                 memory_limit_bytes: Optional[int] = None,
+                 kernel_peak_bytes: Optional[int] = None, kernel_peak_source: str = "",
+                 plain_peak_bytes: Optional[int] = None, profile: Optional[dict] = None,
+                 grad_check: Any = None, data: str = "example",
+                 paths: Optional[dict] = None) -> dict[str, Any]:
+    """One object with everything the run showed; `plots` and `report` are filled in later."""
+    per_step = steps_from(result)
+    predicted = (plan or {}).get("predicted", {})
+    figures = {name: (result or {}).get(name) for name in PLAN_FIGURES}
+    report: dict[str, Any] = {
+        "status": status, "mode": mode, "message": message, "killed_at_step": killed_at_step,
+        "device": device, "model": model, "steps": steps,
+        # What the board says it trained on; a board whose job does not say gets the request.
+        "data": (result or {}).get("data") or f"{data} (requested; the board does not say)",
+        "steps_done": sum(1 for v in per_step["loss"] if v is not None),
+        **per_step,
+        "measured_peak_bytes": _max(per_step["rss_peak_bytes"]),
+        "tensor_peak_bytes": _max(per_step["ledger_peak_bytes"]),
+        "memory_limit_bytes": memory_limit_bytes,
+        "kernel_peak_bytes": kernel_peak_bytes, "kernel_peak_source": kernel_peak_source,
+        "budget_bytes": (plan or {}).get("budget_bytes"),
+        "plain_peak_bytes": plain_peak_bytes,
+        "predicted_peak_bytes": figures["predicted_peak_bytes"] or predicted.get("peak_bytes"),
+        "predicted_time_s": figures["predicted_time_s"] or predicted.get("time_s"),
+        "predicted_energy_j": predicted.get("energy_j"),
+        "energy_total_j": _total(per_step["energy_j"]),
+        "recomputed": _first(figures["recomputed"], predicted.get("recomputed")),
+        "page_ins": _first(figures["page_ins"], predicted.get("page_ins")),
+        "page_outs": _first(figures["page_outs"], predicted.get("page_outs")),
+        "paged_bytes": predicted.get("paged_bytes"),
+        "solver": (plan or {}).get("solver", {}).get("name"),
+        "profile": profile or {"name": None, "source": None, "modelled": False},
+        "grad_check": (result or {}).get("grad_check") if grad_check is None else grad_check,
+        "plots": [],
+        **(paths or {}),
+    }
+    report["misses"] = misses(report)
+    return report
+
+
+def _first(*values):
+    return next((v for v in values if v is not None), None)
+
+
+def misses(report: dict) -> list[str]:
+    """Where the prediction missed, and by how much (plain runs have no prediction)."""
+    out = []
+    predicted_peak, ledger = report.get("predicted_peak_bytes"), report.get("tensor_peak_bytes")
+    if predicted_peak and ledger:
+        out.append(f"tensor peak: measured {fmt_bytes(ledger)} against {fmt_bytes(predicted_peak)}"
+                   f" predicted ({(ledger / predicted_peak - 1) * 100:+.1f}%)")
+    measured = report.get("measured_peak_bytes")
+    if measured and ledger:
+        out.append(f"resident peak {fmt_bytes(measured)} is {fmt_bytes(measured - ledger)} above "
+                   "the tensors: interpreter, torch, allocator slack (not in the plan's model)")
+    times = [t for t in report.get("step_time_s", []) if isinstance(t, (int, float))]
+    predicted_time = report.get("predicted_time_s")
+    if times and predicted_time:
+        typical = sorted(times)[len(times) // 2]
+        source = "" if (report.get("profile") or {}).get("name") else \
+            " (no operator profile: times are the graph's FLOP estimate)"
+        out.append(f"step time: median {typical:.3g} s against {predicted_time:.3g} s predicted "
+                   f"({typical / predicted_time:.2f}x){source}")
+    energy, predicted_energy = report.get("energy_j") or [], report.get("predicted_energy_j")
+    joules = [e for e in energy if isinstance(e, (int, float))]
+    if joules and predicted_energy:
+        typical = sorted(joules)[len(joules) // 2]
+        out.append(f"energy: median {typical:.3g} J a step against {predicted_energy:.3g} J "
+                   f"predicted ({typical / predicted_energy:.2f}x)")
+    return out
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None:
+        return "-"
+    return fmt.format(value)
+
+
+def _mib(value) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f}"
+
+
+def report_text(report: dict) -> str:
+    """The table a person reads: header, one line per step, the kernel's peak, the misses."""
+    limit = report.get("memory_limit_bytes")
+    where = report["device"] + (f" ({fmt_bytes(limit)} memory limit)" if limit else "")
+    what = "plain PyTorch" if report["mode"] == "plain" else "planned"
+    lines = [f"{what} run of {report['model']} on {where}: {report['message'] or report['status']}"]
+    profile = report.get("profile") or {}
+    if profile.get("name"):
+        label = "MODELLED (published figures, not measured on this board)" \
+            if profile.get("modelled") else profile.get("source")
+        lines.append(f"profile   {profile['name']}: {label}"
+                     + ("; power is a model estimate" if profile.get("power_estimate") else ""))
+    if report["mode"] == "planned" and report.get("budget_bytes"):
+        plain = report.get("plain_peak_bytes")
+        share = f" ({report['budget_bytes'] / plain:.0%} of plain {fmt_bytes(plain)})" \
+            if plain else ""
+        lines.append(f"plan      budget {fmt_bytes(report['budget_bytes'])}{share}, solver "
+                     f"{report.get('solver')}, {report.get('recomputed')} recomputations, "
+                     f"{report.get('page_outs')} page-outs / {report.get('page_ins')} page-ins")
+    pred_t, pred_p = report.get("predicted_time_s"), report.get("predicted_peak_bytes")
+    pred_e = report.get("predicted_energy_j")
+    head = (f"{'step':>4}  {'loss':>8}  {'time s':>15}  {'tensor peak MiB':>17}  "
+            f"{'RSS peak MiB':>12}  {'energy J':>15}")
+    lines += ["", head, f"{'':>4}  {'':>8}  {'plan / meas':>15}  {'plan / meas':>17}  "
+                        f"{'meas':>12}  {'plan / meas':>15}"]
+    for k in range(len(report.get("loss", []))):
+        lines.append(
+            f"{k + 1:>4}  {_cell(report['loss'][k], '{:.4f}'):>8}  "
+            f"{_cell(pred_t, '{:.3g}') + ' / ' + _cell(report['step_time_s'][k], '{:.3g}'):>15}  "
+            f"{_mib(pred_p) + ' / ' + _mib(report['ledger_peak_bytes'][k]):>17}  "
+            f"{_mib(report['rss_peak_bytes'][k]):>12}  "
+            f"{_cell(pred_e, '{:.3g}') + ' / ' + _cell(report['energy_j'][k], '{:.3g}'):>15}")
+    if report.get("killed_at_step"):
+        lines.append(f"{report['killed_at_step']:>4}  killed by the memory limit")
+    lines.append("")
+    if report.get("kernel_peak_bytes") is not None:
+        share = f" of the {fmt_bytes(limit)} limit" if limit else ""
+        lines.append(f"kernel peak   {fmt_bytes(report['kernel_peak_bytes'])}{share} "
+                     f"({report.get('kernel_peak_source')})")
+    if report.get("measured_peak_bytes") is not None:
+        lines.append(f"process peak  {fmt_bytes(report['measured_peak_bytes'])} resident "
+                     "(the training process alone)")
+    if report.get("grad_check") is not None:
+        lines.append(f"gradients     {_grad_text(report['grad_check'])}")
+    losses = [v for v in report.get("loss", []) if isinstance(v, (int, float))]
+    if len(losses) >= 2:
+        trend = "down" if losses[-1] < losses[0] else "NOT down"
+        lines.append(f"loss          {losses[0]:.4f} -> {losses[-1]:.4f} ({trend}, "
+                     f"data: {report.get('data')})")
+    for miss in report.get("misses", []):
+        lines.append(f"miss          {miss}")
+    for path in report.get("plots", []):
+        lines.append(f"plot          {path}")
+    if report.get("report"):
+        lines.append(f"report        {report['report']}")
+    return "\n".join(lines)
+
+
+def _grad_text(check: Any) -> str:
+    if not isinstance(check, dict):
+        return str(check)
+    verdict = next((check[k] for k in ("bitwise_equal", "ok", "equal") if k in check), None)
+    words = {True: "equal to eager PyTorch" + (" bit for bit" if "bitwise_equal" in check
+                                               else ""),
+             False: "DIFFERENT from eager PyTorch",
+             None: check.get("status", "not checked")}[verdict if verdict in (True, False)
+                                                       else None]
+    detail = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                       for k, v in check.items() if k in ("max_abs_diff", "compared", "where",
+                                                          "why"))
+    return words + (f" ({detail})" if detail else "")

@@ -1,0 +1,92 @@
+"""The emulated board's memory cgroup against the real kernel: a child that allocates past the
+limit is killed and counted, one within it finishes, and the kernel's peak is read. Needs root
+(or a delegated cgroup subtree) and a memory cgroup; elsewhere these tests skip and say why.
+The parsing of /proc/self/mountinfo is tested everywhere."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from edge_remat_agent.cgroup import (CgroupUnavailable, MemoryCgroup, find_memory_hierarchy,
+                                     unavailable_reason)
+
+REASON = unavailable_reason()
+needs_cgroup = pytest.mark.skipif(REASON is not None, reason=f"no memory cgroup: {REASON}")
+MIB = 2**20
+ALLOCATE = "import sys; chunks = [bytearray({chunk}) for _ in range({count})]; print('done')"
+
+
+@pytest.fixture
+def group():
+    made = MemoryCgroup.ensure(f"test-{uuid.uuid4().hex[:8]}", 96 * MIB)
+    yield made
+    made.remove()
+    assert not made.path.exists()
+
+
+def allocate(group: MemoryCgroup, mib: int) -> subprocess.CompletedProcess:
+    code = ALLOCATE.format(chunk=MIB, count=mib)
+    return subprocess.run(group.exec_prefix() + [sys.executable, "-S", "-c", code],
+                          capture_output=True, text=True, timeout=60)
+
+
+@needs_cgroup
+def test_a_child_over_the_limit_is_killed_and_counted(group):
+    assert group.limit_bytes() == 96 * MIB
+    done = allocate(group, 200)
+    assert done.returncode == -9, done  # SIGKILL from the kernel's OOM killer
+    assert "done" not in done.stdout
+    assert group.oom_kills() == 1
+    assert group.peak_bytes() is None or 90 * MIB <= group.peak_bytes() <= 96 * MIB
+
+
+@needs_cgroup
+def test_a_child_within_the_limit_finishes_and_its_peak_is_read(group):
+    done = allocate(group, 40)
+    assert done.returncode == 0 and "done" in done.stdout
+    assert group.oom_kills() == 0
+    peak = group.peak_bytes()
+    if peak is not None:  # cgroup v2 before Linux 5.19 has no memory.peak
+        assert 40 * MIB <= peak <= 96 * MIB
+
+
+@needs_cgroup
+def test_an_empty_group_made_again_has_a_fresh_peak(group):
+    allocate(group, 40)
+    again = MemoryCgroup.ensure(group.path.name, 64 * MIB)
+    assert again.limit_bytes() == 64 * MIB
+    assert (again.peak_bytes() or 0) < 40 * MIB
+    assert again.oom_kills() == 0
+
+
+@needs_cgroup
+def test_remove_kills_what_still_runs_inside(group):
+    proc = subprocess.Popen(group.exec_prefix() + ["sleep", "60"])
+    for _ in range(100):
+        if group.pids():
+            break
+        __import__("time").sleep(0.02)
+    assert group.holds(proc.pid)
+    group.remove()
+    assert proc.wait(10) == -9
+    assert not group.path.exists()
+
+
+def test_the_memory_hierarchy_is_found_in_mountinfo(tmp_path):
+    v2 = tmp_path / "unified"
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        f"30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n"
+        f"31 25 0:27 / {v2} rw,relatime shared:10 - cgroup2 cgroup2 rw\n")
+    assert find_memory_hierarchy(str(mountinfo)) == (2, v2)  # v2 wins where it has memory
+    (v2 / "cgroup.controllers").write_text("cpu pids\n")
+    assert find_memory_hierarchy(str(mountinfo))[0] == 1
+    mountinfo.write_text(f"31 25 0:27 / {v2} rw - cgroup2 cgroup2 rw\n")
+    with pytest.raises(CgroupUnavailable, match="no memory cgroup mounted"):
+        find_memory_hierarchy(str(mountinfo))

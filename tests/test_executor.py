@@ -1,0 +1,369 @@
+"""The executor against eager PyTorch: plans with recomputation and paging to flash train to the
+same bits, batch-norm statistics and dropout masks included; what can go wrong on a board
+(a plan for another graph, a damaged page, a full disk, out of memory) is one clear error.
+
+Models are tiny (batch 2, 32x32 images, sequences of 16) so the file stays fast on a small CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from board_fixtures import stop_agent
+from edge_remat_agent import cli as agent_cli
+from edge_remat_agent.capture import Captured, capture_model, capture_module
+from edge_remat_agent.capture.models import load_model
+from edge_remat_agent.costs import build_costs
+from edge_remat_agent.executor import (BadBatch, InstructionFailed, OutOfMemory, PlanMismatch,
+                                       plain_step, run_plain, run_plan, torch_optimizer)
+from edge_remat_agent.formats import Graph, Instruction, Plan, Tier
+from edge_remat_agent.pages import FlashStore
+from edge_remat_agent.simulate import simulate
+from edge_remat_agent.zoo import build
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = f"{ROOT / 'examples' / 'my_model.py'}:make_model"
+SMALL = {"resnet18": dict(image=32), "mobilenet_v2": dict(image=32),
+         "bert-mini": dict(seq=16, vocab=512)}
+FLASH = Tier(read_bytes_per_s=1e9, write_bytes_per_s=1e9)
+STEPS = 3
+
+
+# -- models and plans ----------------------------------------------------------------------------
+
+def zoo_model(name):
+    return lambda: build(name, batch=2, **SMALL[name])
+
+
+def example_model():
+    return load_model(EXAMPLE, batch=4, image=16)
+
+
+def fresh(captured: Captured, make) -> Captured:
+    """The same capture with a newly built module (same seed, same weights): runs train the
+    module, so each run starts from its own."""
+    module, args = make()
+    return dataclasses.replace(captured, module=module, example_args=tuple(args))
+
+
+@pytest.fixture(scope="module")
+def zoo_captures():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            module, args = zoo_model(name)()
+            cache[name] = capture_module(module, args, name)
+        return fresh(cache[name], zoo_model(name))
+    return get
+
+
+@pytest.fixture(scope="module")
+def user_capture():
+    captured = capture_model(EXAMPLE, batch=4, image=16)
+    return lambda: fresh(captured, example_model)
+
+
+def activation_budget(graph: Graph, fraction: float) -> int:
+    """`fraction` of the plain schedule's activation memory, on top of fixed memory (at 60% of
+    the whole plain peak, fixed memory alone would not fit)."""
+    from edge_remat.planner.build import plain_peak_bytes
+    return int(graph.fixed_bytes + fraction * (plain_peak_bytes(graph) - graph.fixed_bytes))
+
+
+def dtr_plan(graph: Graph, fraction: float = 0.6) -> Plan:
+    from edge_remat.planner.build import build_problem
+    from edge_remat.planner.solve import solve
+    problem = build_problem(graph, activation_budget(graph, fraction), None, "time", None,
+                            "flash", {"flash": FLASH})
+    return solve(problem, "heuristic:dtr").plan
+
+
+def with_paging(plan: Plan, graph: Graph, every: int = 2) -> Plan:
+    """Every `every`-th recomputation becomes a page round trip to flash: the free before it a
+    page_out, the recompute a page_in. Same memory, a deterministic mix of both mechanisms."""
+    stages = [list(stage) for stage in plan.stages]
+    computed, last_free, seen = set(), {}, 0
+    for s, stage in enumerate(stages):
+        for k, ins in enumerate(stage):
+            if ins.op == "free":
+                last_free[ins.node] = (s, k)
+            elif ins.op == "compute":
+                if ins.node in computed and ins.node in last_free:
+                    seen += 1
+                    if seen % every == 1 or every == 1:
+                        fs, fk = last_free.pop(ins.node)
+                        stages[fs][fk] = Instruction("page_out", ins.node, "flash")
+                        stage[k] = Instruction("page_in", ins.node, "flash")
+                computed.add(ins.node)
+    return _validated(plan, graph, stages)
+
+
+def every_forward_recomputed(graph: Graph) -> Plan:
+    """The plain order, each forward node computed, freed and computed again at once."""
+    last_reader = {dep: node.id for node in graph.nodes for dep in node.inputs}
+    stages = []
+    for node in graph.nodes:
+        stage = [Instruction("compute", node.id)]
+        if node.kind == "forward":
+            stage += [Instruction("free", node.id), Instruction("compute", node.id)]
+        stage += [Instruction("free", d) for d in node.inputs if last_reader[d] == node.id]
+        stages.append(stage)
+    return _validated(Plan(stages, graph.fingerprint(), 2**62), graph, stages)
+
+
+def _validated(plan: Plan, graph: Graph, stages) -> Plan:
+    sim = simulate(graph, build_costs(graph, None, {"flash": FLASH}), stages)
+    problem = {**plan.problem, "tier_params": {"flash": FLASH.to_dict()}}
+    return dataclasses.replace(plan, stages=stages, predicted=sim.summary(), problem=problem)
+
+
+def eager_run(make, steps: int, seed: int):
+    module, args = make()
+    optimizer = torch_optimizer("sgd", module)
+    torch.manual_seed(seed)
+    losses = [plain_step(module, optimizer, args) for _ in range(steps)]
+    return module, losses
+
+
+def assert_same_model(mine: torch.nn.Module, theirs: torch.nn.Module) -> None:
+    for (name, a), (_, b) in zip(mine.state_dict().items(), theirs.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def trainable_count(module: torch.nn.Module) -> int:
+    return sum(1 for p in module.parameters() if p.requires_grad)
+
+
+# -- the plan trains exactly like eager PyTorch ---------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_recompute_and_paging_to_flash_train_bitwise_like_eager(name, zoo_captures, tmp_path):
+    captured = zoo_captures(name)
+    plan = with_paging(dtr_plan(captured.graph), captured.graph)
+    report = run_plan(captured.graph, plan, STEPS, str(tmp_path / "pages"), captured=captured,
+                      seed=11)
+    assert report["recomputed"] > 0 and report["page_outs"] > 0 and report["page_ins"] > 0
+
+    check = report["grad_check"]
+    assert check["bitwise_equal"], check
+    assert check["max_abs_diff"] == 0.0
+    assert check["compared"] == trainable_count(captured.module)
+
+    reference, losses = eager_run(zoo_model(name), STEPS, seed=11)
+    assert [r["loss"] for r in report["steps"]] == losses  # the same optimizer trajectory
+    assert_same_model(captured.module, reference)  # parameters and batch-norm buffers
+
+    summary = report["summary"]
+    assert summary["ledger_within_tolerance"], summary
+    assert abs(summary["ledger_over_predicted_bytes"]) <= summary["ledger_tolerance_bytes"]
+    for record in report["steps"]:
+        assert record["rss_peak_bytes"] > record["ledger_peak_bytes"] > report["fixed_bytes"] // 2
+        assert record["energy_j"] is None and record["step_time_s"] > 0
+    assert json.loads(json.dumps(report)) == report
+    assert not list((tmp_path / "pages").iterdir())  # every page file removed
+
+
+def test_dropout_masks_and_batch_norm_statistics_survive_recomputation(user_capture, tmp_path):
+    captured = user_capture()
+    graph = captured.graph
+    random_nodes = [n.id for n in graph.nodes if n.attrs.get("random")]
+    assert random_nodes and any(n.attrs.get("buffer_updates") for n in graph.nodes)
+    plan = with_paging(every_forward_recomputed(graph), graph, every=3)
+    report = run_plan(graph, plan, STEPS, str(tmp_path), captured=captured, seed=5)
+
+    forward = sum(1 for n in graph.nodes if n.kind == "forward")
+    assert report["recomputed"] + report["page_ins"] == forward
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]
+    reference, losses = eager_run(example_model, STEPS, seed=5)
+    assert [r["loss"] for r in report["steps"]] == losses
+    assert_same_model(captured.module, reference)  # running statistics updated once per step
+    assert int(captured.module.stem[1].num_batches_tracked) == STEPS
+
+
+def test_each_step_takes_its_batch_from_data(user_capture, tmp_path):
+    captured = user_capture()
+    images, labels = captured.example_args
+    batches = [(images * (i + 1), labels) for i in range(2)]
+    report = run_plan(captured.graph, every_forward_recomputed(captured.graph), 2, None,
+                      data=batches, captured=captured, seed=1)
+    module, _ = example_model()
+    optimizer = torch_optimizer("sgd", module)
+    torch.manual_seed(1)
+    assert [r["loss"] for r in report["steps"]] == [plain_step(module, optimizer, b)
+                                                     for b in batches]
+    with pytest.raises(BadBatch, match="ran out of batches at step 3"):
+        run_plan(captured.graph, every_forward_recomputed(captured.graph), 3, None,
+                 data=iter(batches), captured=user_capture(), check_gradients=False)
+    with pytest.raises(BadBatch, match=r"captured for a float32 tensor of shape \[4, 3, 16, 16\]"):
+        run_plan(captured.graph, every_forward_recomputed(captured.graph), 1, None,
+                 data=lambda step: (torch.randn(2, 3, 16, 16), labels), captured=user_capture())
+
+
+def test_plain_run_reports_the_same_losses_as_eager(user_capture):
+    captured = user_capture()
+    report = run_plain(captured.graph, 2, model=example_model(), seed=3)
+    _, losses = eager_run(example_model, 2, seed=3)
+    assert report["mode"] == "plain" and [r["loss"] for r in report["steps"]] == losses
+    assert all(r["ledger_peak_bytes"] is None and r["rss_peak_bytes"] > 0
+               for r in report["steps"])
+
+
+# -- refusing, detecting, explaining -------------------------------------------------------------
+
+def test_a_plan_for_another_graph_is_refused(user_capture, tmp_path):
+    captured = user_capture()
+    plan = every_forward_recomputed(captured.graph)
+    wrong = dataclasses.replace(plan, graph_fingerprint="0123456789abcdef")
+    with pytest.raises(PlanMismatch, match="made for graph 0123456789abcdef.*refusing"):
+        run_plan(captured.graph, wrong, 1, str(tmp_path), captured=captured)
+
+    # The graph file says something else than what this machine captures.
+    other = dataclasses.replace(captured.graph, fixed_bytes=captured.graph.fixed_bytes + 1)
+    with pytest.raises(PlanMismatch, match="the graph captured on this machine"):
+        run_plan(other, dataclasses.replace(plan, graph_fingerprint=other.fingerprint()), 1,
+                 str(tmp_path), captured=captured)
+
+
+def test_a_corrupted_page_is_detected(user_capture, tmp_path):
+    class Damaging(FlashStore):
+        def put(self, key, tensor):
+            size = super().put(key, tensor)
+            with open(self.path_of(key), "r+b") as page:
+                page.seek(-1, 2)
+                last = page.read(1)
+                page.seek(-1, 2)
+                page.write(bytes([last[0] ^ 0xFF]))
+            return size
+
+    captured = user_capture()
+    plan = with_paging(every_forward_recomputed(captured.graph), captured.graph, every=1)
+    with Damaging(tmp_path) as store, pytest.raises(InstructionFailed) as failed:
+        run_plan(captured.graph, plan, 1, None, captured=captured, stores={"flash": store})
+    message = str(failed.value)
+    assert "page_in" in message and "corrupted" in message and "CRC32" in message
+
+
+def test_a_full_page_store_is_a_clear_error(user_capture, tmp_path):
+    captured = user_capture()
+    plan = with_paging(every_forward_recomputed(captured.graph), captured.graph, every=1)
+    with pytest.raises(InstructionFailed) as failed:
+        run_plan(captured.graph, plan, 1, str(tmp_path), captured=captured,
+                 flash_capacity_bytes=4096)
+    message = str(failed.value)
+    assert "page_out" in message and "needs" in message and "4096-byte capacity" in message
+    assert "Remedy" in message and not list(tmp_path.iterdir())
+
+
+def test_too_little_disk_is_refused_before_the_first_step(user_capture, tmp_path, monkeypatch):
+    from edge_remat_agent.executor import ExecutorError
+    monkeypatch.setattr(FlashStore, "free_bytes", lambda self: 100)
+    captured = user_capture()
+    plan = with_paging(every_forward_recomputed(captured.graph), captured.graph, every=1)
+    with pytest.raises(ExecutorError, match="100 bytes are free.*checked before the first step"):
+        run_plan(captured.graph, plan, 1, str(tmp_path), captured=captured)
+
+
+def test_running_out_of_memory_names_the_instruction(user_capture, monkeypatch):
+    from edge_remat_agent.capture.replay import StepRunner
+    captured = user_capture()
+    graph = captured.graph
+    victim = next(n for n in graph.nodes if n.kind == "backward")
+    compute = StepRunner.compute
+
+    def failing(self, node_id):
+        if node_id == victim.id:
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't "
+                               "allocate memory: you tried to allocate 1048576 bytes.")
+        return compute(self, node_id)
+
+    monkeypatch.setattr(StepRunner, "compute", failing)
+    with pytest.raises(OutOfMemory) as failed:
+        run_plan(graph, every_forward_recomputed(graph), 1, None, captured=captured,
+                 check_gradients=False)
+    message = str(failed.value)
+    assert f"compute {victim.id}" in message and victim.name in message
+    assert "out of memory" in message and "Remedy: plan with a smaller budget" in message
+
+
+# -- the command line and the daemon -------------------------------------------------------------
+
+def test_agent_run_command_captures_again_and_checks_the_plan(tmp_path, capsys):
+    captured = capture_model("resnet18", batch=2, image=32)
+    graph_file, plan_file = tmp_path / "graph.json", tmp_path / "plan.json"
+    captured.graph.save(graph_file)
+    from edge_remat.cli import app
+    budget = activation_budget(captured.graph, 0.6)
+    result = CliRunner().invoke(app, [
+        "plan", "--graph", str(graph_file), "--budget", str(budget), "--paging", "flash",
+        "--flash-read-bw", "2GB", "--flash-write-bw", "2GB", "--time-limit", "3",
+        "--workers", "1", "-o", str(plan_file)])
+    assert result.exit_code == 0, result.output
+
+    code = agent_cli.main(["run", str(plan_file), "--graph", str(graph_file), "--steps", "2",
+                           "--page-dir", str(tmp_path / "pages"), "--sensor", "none", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["grad_check"]["bitwise_equal"]
+    assert len(report["steps"]) == 2 and report["summary"]["ledger_within_tolerance"]
+
+    plan = json.loads(plan_file.read_text())
+    plan["graph_fingerprint"] = "ffffffffffffffff"
+    plan_file.write_text(json.dumps(plan))
+    code = agent_cli.main(["run", str(plan_file), "--graph", str(graph_file), "--steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: the plan was made for graph ffffffffffffffff")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def local_board(tmp_path, monkeypatch):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    workdir = tmp_path / "board"
+    (folder / "bench.toml").write_text(f"""\
+name = "bench"
+[connection]
+kind = "local"
+workdir = "{workdir}"
+[hardware]
+sensor = "none"
+""")
+    monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(folder))
+    yield "bench"
+    stop_agent(workdir)
+
+
+def test_deploy_runs_the_plan_on_the_board_through_the_daemon(user_capture, local_board,
+                                                               tmp_path):
+    from edge_remat.cli import app
+    captured = user_capture()
+    graph_file, plan_file = tmp_path / "graph.json", tmp_path / "plan.json"
+    captured.graph.save(graph_file)
+    with_paging(every_forward_recomputed(captured.graph), captured.graph).save(plan_file)
+    result = CliRunner().invoke(app, ["deploy", str(plan_file), "--device", local_board,
+                                      "--graph", str(graph_file), "--steps", "2",
+                                      "--out", str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer["status"] == "finished" and answer["result"]["steps"] == 2
+    assert answer["result"]["grad_check"]["bitwise_equal"]
+    report = json.loads((tmp_path / "out" / "run_report.json").read_text())
+    assert [r["step"] for r in report["steps"]] == [1, 2]
+    assert report["page_outs"] > 0 and report["tiers"]["flash"]["page_dir"].startswith(
+        str(tmp_path / "board"))
+
+
+def test_a_graph_this_machine_does_not_capture_is_refused(user_capture, tmp_path):
+    graph = user_capture().graph
+    nodes = [dataclasses.replace(n) for n in graph.nodes]
+    nodes[0].time_s *= 2  # as if captured with another torch: another graph
+    graph = dataclasses.replace(graph, nodes=nodes)
+    plan = every_forward_recomputed(graph)
+    with pytest.raises(PlanMismatch, match="re-capturing gave a different graph.*Remedy"):
+        run_plan(graph, plan, 1, str(tmp_path))

@@ -1,0 +1,59 @@
+"""The run's pictures: a schedule, memory over a step, and a budget sweep, as non-empty PNGs."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from edge_remat import plots  # noqa: E402
+from edge_remat.planner.build import build_problem  # noqa: E402
+from edge_remat.planner.solve import solve  # noqa: E402
+from edge_remat_agent.formats import Tier  # noqa: E402
+from small_graphs import training_chain  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def planned():
+    graph = training_chain(6, seed=3)
+    flash = {"flash": Tier(read_bytes_per_s=10.0, write_bytes_per_s=10.0)}
+    report = solve(build_problem(graph, 0.75, tiers=flash), "heuristic:paging")
+    plan = report.plan
+    plan.problem["tier_params"] = {"flash": flash["flash"].to_dict()}
+    return graph, plan
+
+
+def is_png(path) -> bool:
+    data = path.read_bytes()
+    return data.startswith(PNG) and len(data) > 2000
+
+
+def test_schedule_matrix_marks_computed_kept_and_paged(planned):
+    graph, plan = planned
+    matrix = plots.schedule_matrix(graph, plan)
+    assert len(matrix) == len(plan.stages) and all(len(row) == len(graph) for row in matrix)
+    cells = {cell for row in matrix for cell in row}
+    assert {plots.COMPUTED, plots.IN_RAM} <= cells
+    assert any(ins.op == "page_out" for ins in plan.instructions())
+    assert plots.ON_FLASH in cells
+
+
+def test_schedule_and_memory_plots_are_written(planned, tmp_path):
+    graph, plan = planned
+    assert is_png(plots.plot_schedule(graph, plan, tmp_path / "schedule.png"))
+    planned_trace, plain_trace = plots.memory_traces(graph, plan)
+    assert max(planned_trace) <= plan.budget_bytes < max(plain_trace)
+    path = plots.plot_memory(planned_trace, plan.budget_bytes, tmp_path / "memory.png",
+                             plain=plain_trace, measured={"tensor_peak_bytes": 30,
+                                                          "kernel_peak_bytes": 60,
+                                                          "limit_bytes": 64})
+    assert is_png(path)
+
+
+def test_sweep_plot_takes_the_plan_commands_json(tmp_path):
+    rows = [{"fraction": 0.2, "budget_bytes": 20 * 2**20, "status": "infeasible"}]
+    rows += [{"fraction": f, "budget_bytes": int(f * 100 * 2**20), "status": "optimal",
+              "energy_j": 2.0 / f, "time_s": 1.0 / f} for f in (0.4, 0.6, 0.8, 1.0)]
+    assert is_png(plots.plot_sweep(rows, tmp_path / "sweep.png"))

@@ -1,0 +1,143 @@
+"""`edge-remat run` end to end, as a user runs it.
+
+On an emulated board (this machine in a memory cgroup) whose limit plain PyTorch training of the
+zoo's digits-cnn cannot meet: the plain run is killed by the kernel and says so in one line
+(exit status 3), the planned run finishes under the same limit, its loss goes down and its
+gradients equal eager PyTorch's bit for bit; the JSON report's fields are checked. Over SSH (a
+real sshd on loopback) a connection dropped mid-run is reconnected and the same run finishes.
+Needs root and a memory cgroup for the first, sshd for the second; each skips and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from board_fixtures import SshServer, needs_sshd, stop_agent
+from edge_remat.cli import app
+from edge_remat_agent.cgroup import unavailable_reason
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = str(REPO / "profiles" / "this-machine.json")  # measured: no profiling in the test
+LIMIT_MIB = 580  # plain digits-cnn (batch 256) needs ~690 MiB in the cgroup, its plan ~460
+REASON = unavailable_reason()
+needs_cgroup = pytest.mark.skipif(REASON is not None, reason=f"no memory cgroup: {REASON}")
+pytest.importorskip("edge_remat_agent.executor.jobs", reason="needs the executor")
+
+
+def cli(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory, request):
+    """A device config for an emulated board of LIMIT_MIB, in a folder of its own."""
+    root = tmp_path_factory.mktemp("emulated")
+    (root / "configs").mkdir()
+    (root / "configs" / "bench-emulated.toml").write_text(f"""\
+name = "bench-emulated"
+[connection]
+kind = "local"
+workdir = "{root / 'board'}"
+[hardware]
+memory_limit_bytes = {LIMIT_MIB * 2**20}
+sensor = "none"
+""")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(root / "configs"))
+    patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
+    yield root
+    patch.undo()
+    stop_agent(root / "board")
+
+
+@needs_cgroup
+def test_plain_training_is_killed_by_the_limit_and_says_so_in_one_line(emulated):
+    code, out, err = cli("run", "--device", "bench-emulated", "--model", "digits-cnn",
+                         "--plain", "--steps", 3, "--out", emulated / "plain")
+    assert code == 3, (out, err)
+    assert out.strip().count("\n") == 0, out
+    assert out.startswith("killed by the memory limit at step 1: plain PyTorch training"), out
+    assert "Traceback" not in out + err
+    report = json.loads((emulated / "plain" / "report.json").read_text())
+    assert report["status"] == "killed" and report["killed_at_step"] == 1
+    assert report["kernel_peak_bytes"] >= (LIMIT_MIB - 8) * 2**20
+
+
+@needs_cgroup
+def test_the_planned_run_finishes_under_the_same_limit(emulated):
+    code, out, err = cli("run", "--device", "bench-emulated", "--model", "digits-cnn",
+                         "--budget", "25%", "--paging", "none", "--steps", 3,
+                         "--time-limit", 5, "--profile", PROFILE, "--out", emulated / "planned",
+                         "--json")
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    limit = LIMIT_MIB * 2**20
+    assert report["status"] == "finished" and report["killed_at_step"] is None
+    assert report["steps"] == 3 and len(report["loss"]) == len(report["step_time_s"]) == 3
+    assert report["loss"][-1] < report["loss"][0]  # real data, real learning
+    assert report["grad_check"]["bitwise_equal"] is True
+    assert report["memory_limit_bytes"] == limit
+    assert 0 < report["kernel_peak_bytes"] < limit
+    assert 0 < report["measured_peak_bytes"] < limit
+    assert report["predicted_peak_bytes"] <= report["budget_bytes"] < report["plain_peak_bytes"]
+    assert report["predicted_time_s"] > 0 and report["recomputed"] > 0
+    assert "energy_j" in report and report["profile"]["source"] == "measured"
+    assert len(report["plots"]) == 2 and all(Path(p).stat().st_size > 2000
+                                             for p in report["plots"])
+    assert Path(report["report"]).is_file()
+
+
+@needs_sshd
+def test_over_ssh_a_dropped_connection_mid_run_reconnects_and_the_run_finishes(tmp_path):
+    from edge_remat.run import RunOptions, run
+    (tmp_path / "sshd").mkdir()
+    sshd = SshServer(tmp_path / "sshd").start()
+    config = tmp_path / "loopback.toml"
+    config.write_text(f"""\
+name = "loopback"
+[connection]
+kind = "ssh"
+host = "127.0.0.1"
+port = {sshd.port}
+user = "{sshd.user}"
+key = "{sshd.client_key}"
+python = "{sys.executable}"
+workdir = "{tmp_path / 'board'}"
+host_key_policy = "accept-new"
+known_hosts = "{tmp_path / 'known_hosts'}"
+ssh_config = "{tmp_path / 'no_ssh_config'}"
+reconnect_timeout_s = 60
+""")
+    running = threading.Event()
+    dropped = []
+
+    def say(message: str) -> None:
+        if "step 2/" in message and not dropped:
+            running.set()
+
+    def drop_once() -> None:
+        if running.wait(120):
+            dropped.append(sshd.drop_connections())
+
+    dropper = threading.Thread(target=drop_once, daemon=True)
+    dropper.start()
+    try:
+        report = run(RunOptions(device=str(config), model="digits-cnn", batch=128,
+                                budget="40%", paging="none", steps=8, time_limit=3,
+                                profile=PROFILE, out=str(tmp_path / "out"), plots=False),
+                     say=say)
+    finally:
+        running.set()
+        stop_agent(tmp_path / "board")
+        sshd.stop()
+    assert dropped and dropped[0] >= 1, "the connection was never dropped"
+    assert report["status"] == "finished" and report["steps_done"] == 8
+    assert report["reconnects"] >= 1
+    assert report["grad_check"]["bitwise_equal"] is True  # checked on the board itself

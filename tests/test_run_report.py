@@ -1,0 +1,98 @@
+"""The run report's pieces without a board: step figures in either shape, the misses, the text,
+and how a run picks its profile (given, cached, measured, modelled)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edge_remat.devices import load_device
+from edge_remat.run import profiles as run_profiles
+from edge_remat.run_report import build_report, report_text, steps_from
+from edge_remat_agent.formats import load_profile
+
+REPO = Path(__file__).resolve().parents[1]
+MODELLED = ["jetson-nano", "jetson-orin-nano", "rpi4", "rpi5", "android-phone", "cortex-m4"]
+
+
+def test_step_figures_come_from_lists_or_from_records():
+    as_lists = steps_from({"loss": [2.0, 1.5], "step_time_s": [0.5, 0.4], "steps": 2})
+    as_records = steps_from({"steps": [{"loss": 2.0, "step_time_s": 0.5, "rss_peak_bytes": 9},
+                                       {"loss": 1.5, "step_time_s": 0.4, "rss_peak_bytes": 8}]})
+    assert as_lists["loss"] == as_records["loss"] == [2.0, 1.5]
+    assert as_lists["rss_peak_bytes"] == [None, None] and as_records["rss_peak_bytes"] == [9, 8]
+
+
+def test_report_says_where_the_prediction_missed():
+    plan = {"budget_bytes": 100 * 2**20, "predicted": {"peak_bytes": 90 * 2**20, "time_s": 1.0,
+                                                       "energy_j": 2.0, "recomputed": 3,
+                                                       "page_ins": 1, "page_outs": 1}}
+    result = {"steps": [{"loss": 2.0, "step_time_s": 2.0, "ledger_peak_bytes": 99 * 2**20,
+                         "rss_peak_bytes": 400 * 2**20, "energy_j": None}] * 3}
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=3,
+                          result=result, plan=plan, memory_limit_bytes=500 * 2**20,
+                          kernel_peak_bytes=450 * 2**20, kernel_peak_source="test",
+                          profile={"name": "rpi4", "source": "modelled", "modelled": True})
+    assert report["predicted_peak_bytes"] == 90 * 2**20 and report["recomputed"] == 3
+    assert report["measured_peak_bytes"] == 400 * 2**20
+    assert any("+10.0%" in miss for miss in report["misses"])
+    assert any("2.00x" in miss for miss in report["misses"])
+    text = report_text(report)
+    assert "MODELLED" in text and "kernel peak" in text and "450.00 MiB" in text
+    json.dumps(report)
+
+
+@pytest.mark.parametrize("name", MODELLED)
+def test_modelled_profiles_say_so_and_cite_every_figure(name):
+    profile = load_profile(REPO / "profiles" / f"{name}.json")
+    assert profile.source == "modelled" and "modelled" in profile.name
+    text = " ".join(profile.published_sources)
+    for figure in ("idle_w", "active_w", "ram_total_bytes", "tiers.flash"):
+        assert figure in text, f"{name}: no source for {figure}"
+    assert profile.ram_total_bytes and profile.tiers["flash"].read_bytes_per_s > 0
+
+
+def test_this_machine_is_measured():
+    profile = load_profile(REPO / "profiles" / "this-machine.json")
+    assert profile.source == "measured" and profile.ops and "flash" in profile.tiers
+
+
+class FakeBoard:
+    """Just what choose_profile asks a board: identity, job kinds, a profile job."""
+
+    def __init__(self, kinds, profile_path=None):
+        self.name, self.kinds, self.profile_path, self.jobs = "fake", kinds, profile_path, []
+
+    def sysinfo(self):
+        return {"hostname": "fake", "machine": "aarch64", "ram_total_bytes": 4 << 30}
+
+    def hello(self):
+        return {"job_kinds": {kind: {} for kind in self.kinds}}
+
+    def run_job(self, kind, params, inputs, out_dir):
+        self.jobs.append(kind)
+        return {"fetched": [str(self.profile_path)]}
+
+
+def test_a_measured_profile_is_cached_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    device = load_device(REPO / "device_configs" / "rpi4.toml")
+    board = FakeBoard(["profile"], REPO / "profiles" / "this-machine.json")
+    model = {"model": "digits-cnn", "batch": None}
+    first = run_profiles.choose_profile(board, device, model, tmp_path / "g.json", tmp_path)
+    again = run_profiles.choose_profile(board, device, model, tmp_path / "g.json", tmp_path)
+    assert (first.how, again.how) == ("measured", "cached") and board.jobs == ["profile"]
+    other = run_profiles.choose_profile(board, device, dict(model, batch=64),
+                                        tmp_path / "g.json", tmp_path)
+    assert other.how == "measured"  # another model: measured again
+
+
+def test_a_board_that_cannot_measure_plans_with_its_modelled_profile(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    device = load_device(REPO / "device_configs" / "android-termux.toml")
+    chosen = run_profiles.choose_profile(FakeBoard(["sysinfo"]), device, {"model": "mlp"},
+                                         tmp_path / "g.json", tmp_path)
+    assert chosen.how == "modelled" and chosen.summary()["modelled"] is True
+    assert "MODELLED" in chosen.describe()
