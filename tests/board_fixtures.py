@@ -37,4 +37,22 @@ class PtyPair(testbed.PtyPair):
 
 
 __all__ = ["SshServer", "PtyPair", "needs_sshd", "needs_socat", "free_port", "keygen",
-           "agent_command", "stop_agent"]
+           "agent_command", "stop_agent", "local_bench_device"]
+
+
+def local_bench_device(tmp_path, monkeypatch):
+    """A device config "bench" for the local machine, its workdir under tmp_path, found through
+    EDGE_REMAT_DEVICE_CONFIGS. Returns (config folder, workdir); stop_agent(workdir) after."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    workdir = tmp_path / "board"
+    (folder / "bench.toml").write_text(f"""\
+name = "bench"
+[connection]
+kind = "local"
+workdir = "{workdir}"
+[hardware]
+sensor = "none"
+""")
+    monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(folder))
+    return folder, workdir

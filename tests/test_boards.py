@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from board_fixtures import stop_agent
+from board_fixtures import local_bench_device, stop_agent
 from edge_remat.cli import app
 from edge_remat.devices import DeviceError, find_device, load_device
 from edge_remat_agent.formats import FormatError
@@ -21,18 +21,7 @@ SHIPPED = ["local", "jetson-nano", "jetson-orin-nano", "rpi4", "rpi5", "android-
 
 @pytest.fixture
 def configs(tmp_path, monkeypatch):
-    folder = tmp_path / "configs"
-    folder.mkdir()
-    workdir = tmp_path / "board"
-    (folder / "bench.toml").write_text(f"""\
-name = "bench"
-[connection]
-kind = "local"
-workdir = "{workdir}"
-[hardware]
-sensor = "none"
-""")
-    monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(folder))
+    folder, workdir = local_bench_device(tmp_path, monkeypatch)
     yield folder
     stop_agent(workdir)
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from board_fixtures import stop_agent
+from board_fixtures import local_bench_device, stop_agent
 from edge_remat_agent import cli as agent_cli
 from edge_remat_agent.capture import Captured, capture_model, capture_module
 from edge_remat_agent.capture.models import load_model
@@ -323,18 +323,7 @@ def test_agent_run_command_captures_again_and_checks_the_plan(tmp_path, capsys):
 
 @pytest.fixture
 def local_board(tmp_path, monkeypatch):
-    folder = tmp_path / "configs"
-    folder.mkdir()
-    workdir = tmp_path / "board"
-    (folder / "bench.toml").write_text(f"""\
-name = "bench"
-[connection]
-kind = "local"
-workdir = "{workdir}"
-[hardware]
-sensor = "none"
-""")
-    monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(folder))
+    folder, workdir = local_bench_device(tmp_path, monkeypatch)
     yield "bench"
     stop_agent(workdir)
 
