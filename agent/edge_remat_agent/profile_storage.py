@@ -77,9 +77,9 @@ def model_builder(spec: str) -> Callable[[], Any]:
     return target
 
 
-def measure_board(args: argparse.Namespace, ops: dict | None = None):
+def measure_board(args: argparse.Namespace):
     """Flash (when args.page_dir), power, runtime footprint and identity, as a measured profile
-    with `ops` (the op profiler's) in it. Raises what `run` below reports."""
+    (no op costs: profile_command adds them). Raises what `board_errors()` names."""
     from .profiler import (board_identity, measure_flash, measure_power,
                            measure_runtime_footprint, measured_profile, sizes_between)
     flash = None
@@ -97,7 +97,7 @@ def measure_board(args: argparse.Namespace, ops: dict | None = None):
         build = model_builder(args.model) if args.model else None
         footprint = measure_runtime_footprint(build)
     return measured_profile(board_identity(sensor=power.sensor), power, flash=flash,
-                            footprint=footprint, ops=ops, name=args.name)
+                            footprint=footprint, name=args.name)
 
 
 def board_errors() -> tuple[type[BaseException], ...]:

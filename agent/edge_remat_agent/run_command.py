@@ -36,6 +36,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--seed", type=int, help="seed the generator before the first step")
     p.add_argument("--fsync", action="store_true", help="fsync every page written to flash")
+    p.add_argument("--keep-malloc-defaults", action="store_true",
+                   help="leave glibc's mmap threshold alone: faster steps, but freed tensors "
+                        "stay resident (see edge_remat_agent/allocator.py)")
     p.add_argument("-o", "--output", help="also write the whole run report here (JSON)")
     p.add_argument("--json", action="store_true", help="print the run report as one JSON object")
     return p
@@ -58,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         report = run_plan(graph, plan, args.steps, args.page_dir,
                           check_gradients=not args.no_grad_check, progress=progress,
                           sensor=args.sensor, device=args.device, seed=args.seed,
-                          flash_fsync=args.fsync)
+                          flash_fsync=args.fsync,
+                          map_large_allocations=not args.keep_malloc_defaults)
     except BadInput as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

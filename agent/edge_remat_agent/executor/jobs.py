@@ -2,7 +2,7 @@
 
 params: plan, graph (board paths of the pushed files), steps (default 10); optional page_dir
 (default: <workdir>/pages), check_gradients (default true), sensor (default "auto": the
-board's own sensor if it has one), device (default "cpu"), seed.
+board's own sensor if it has one), device (default "cpu"), seed, keep_malloc_defaults.
 Writes run_report.json (fetched by the host) and returns its summary.
 """
 
@@ -36,7 +36,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                       check_gradients=_flag(params.get("check_gradients", True)),
                       progress=progress, sensor=params.get("sensor", "auto"),
                       device=params.get("device", "cpu"),
-                      seed=None if params.get("seed") is None else int(params["seed"]))
+                      seed=None if params.get("seed") is None else int(params["seed"]),
+                      map_large_allocations=not _flag(params.get("keep_malloc_defaults", False)))
     ctx.write_json("run_report.json", report)
     return {"files": ["run_report.json"], "summary": report["summary"],
             "grad_check": report["grad_check"], "steps": len(report["steps"])}

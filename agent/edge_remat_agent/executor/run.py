@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..allocator import give_back_freed_memory, map_large_blocks
 from ..capture import CaptureError, Captured
 from ..capture.errors import GraphMismatch
 from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
@@ -25,7 +26,6 @@ from ..sensors import PowerSensor
 from ..simulate import PlanError, SimResult, simulate
 from .batches import batch_source
 from .errors import BadInput, ExecutorError, PlanMismatch, first_line, is_out_of_memory
-from .allocator import give_back_freed_memory, map_large_blocks
 from .gradcheck import compare, deterministic, eager_reference
 from .report import FORMAT, ledger_tolerance_bytes, step_record, summarize
 from .step import PlannedStep, plain_step

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..allocator import map_large_blocks
 from ..capture import Captured
 from ..capture.optimizer import torch_optimizer
 from ..capture.replay import StepRunner
@@ -64,10 +65,13 @@ def window_s(min_window_s: float = MIN_WINDOW_S, sensor: PowerSensor | None = No
 def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
                   sensor: PowerSensor | None = None, idle_w: float | None = None,
                   device: str | torch.device | None = None,
-                  progress: Callable[[int, int, NodeMeasurement], None] | None = None
-                  ) -> list[NodeMeasurement]:
+                  progress: Callable[[int, int, NodeMeasurement], None] | None = None,
+                  map_large_allocations: bool = True) -> list[NodeMeasurement]:
     """Time every node of `captured.graph` (the module's parameters change: the update node
-    steps the optimizer; profile a throwaway copy)."""
+    steps the optimizer; profile a throwaway copy). `map_large_allocations`: the allocator
+    setting the executor runs with (allocator.py), so that the times are the executor's."""
+    if map_large_allocations:
+        map_large_blocks()
     graph, module = captured.graph, captured.module
     if device is not None:
         module = module.to(device)
