@@ -2,7 +2,8 @@
 
 flash  FlashStore in the page directory: checksummed files, the page cache dropped after each
        write and read so that paging really frees RAM (inside a memory cgroup the cache is
-       charged to the run).
+       charged to the run). Opening it removes the page files of runs that were killed there;
+       the report's tiers.flash.cleaned_stale says how many and how large.
 host   the caller's store for the link (a LinkStore); without one, a MemoryStore in this
        process, and the report says so: it moves bytes but frees no RAM.
 """
@@ -68,7 +69,8 @@ def describe_stores(stores: dict[str, PageStore]) -> dict[str, dict]:
     for tier, store in stores.items():
         row = {"store": type(store).__name__, "capacity_bytes": store.capacity_bytes}
         if isinstance(store, FlashStore):
-            row.update(page_dir=store.page_dir, fsync=store.fsync, drop_cache=store.drop_cache)
+            row.update(page_dir=store.page_dir, fsync=store.fsync, drop_cache=store.drop_cache,
+                       cleaned_stale=dict(store.cleaned_stale))  # what killed runs had left
         if isinstance(store, MemoryStore):
             row["note"] = "held in this process's memory (no link to a host given): frees no RAM"
         out[tier] = row

@@ -3,6 +3,15 @@
 Each store works in its own fresh subdirectory of the page directory (two runs, or two stores,
 never touch each other's files) and removes it on close, on `with` exit (exception or not),
 and, as a last resort, when the store is garbage collected or the interpreter exits.
+
+A killed run (SIGKILL, the OOM killer, a power cut) removes nothing, so each store holds an
+exclusive flock on its own subdirectory for its whole life, and a new store opened on the same
+page directory removes the subdirectories named like a store's (`edge-remat-pages-PID-XXXXXXXX`)
+whose lock it can take: the kernel drops a process's locks when it dies, so their owner is gone.
+A live store's directory (another run, or another store in this process) stays locked and is
+left alone, and so is everything not named like a store's directory: the rest is the user's.
+Where the filesystem cannot lock (e.g. some network mounts), nothing is locked and nothing
+removed. `FlashStore.cleaned_stale` says what was removed.
 """
 
 from __future__ import annotations
@@ -12,7 +21,6 @@ import itertools
 import os
 import re
 import shutil
-import tempfile
 import threading
 import weakref
 from typing import Hashable
@@ -23,9 +31,17 @@ from .base import PageStore
 from .codec import EncodedPage, encode, read_from
 from .errors import PageCorrupted, PageMissing, PageStoreError, PageStoreFull
 
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): nothing is locked, so nothing is ever removed
+    fcntl = None
+
 DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 FULL_REMEDY = ("free space on that filesystem, point --page-dir at a larger one, or plan with a "
                "smaller flash capacity")
+STORE_PREFIX = "edge-remat-pages-"
+# The only names a store gives its directory, and the only ones a store ever removes.
+STORE_DIRECTORY = re.compile(re.escape(STORE_PREFIX) + r"[0-9]+-[0-9a-f]{8}")
 
 
 class FlashStore(PageStore):
@@ -39,6 +55,9 @@ class FlashStore(PageStore):
         drop its cached copy. The page cache is RAM, the very thing paging frees, and inside a
         memory cgroup it is charged to the run; it also makes reads come from the device, so
         timings are the flash's, not RAM's.
+
+        Opening a store removes what dead runs left in `page_dir` (see the module's docstring);
+        `cleaned_stale` is {"directories", "files", "bytes"} removed.
         """
         if capacity_bytes is not None and capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
@@ -48,11 +67,13 @@ class FlashStore(PageStore):
         self.drop_cache = drop_cache
         try:
             os.makedirs(self.page_dir, exist_ok=True)
-            self.directory = tempfile.mkdtemp(prefix="edge-remat-pages-", dir=self.page_dir)
+            self.directory, lock = _new_locked_directory(self.page_dir)
         except OSError as error:
             raise PageStoreError(f"cannot create a page directory under {self.page_dir}: "
                                  f"{error.strerror or error}") from error
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self.directory, True)
+        self._finalizer = weakref.finalize(self, _remove_directory, self.directory, lock,
+                                           os.getpid())
+        self.cleaned_stale = remove_dead_stores(self.page_dir, keep=self.directory)
         self._pages: dict[Hashable, tuple[str, int]] = {}  # key -> (file, bytes)
         self._held = 0
         self._serial = itertools.count()
@@ -180,6 +201,97 @@ class FlashStore(PageStore):
     def __repr__(self) -> str:
         return (f"FlashStore({self.directory!r}, pages={len(self._pages)}, "
                 f"bytes_held={self._held}, capacity_bytes={self.capacity_bytes})")
+
+
+def remove_dead_stores(page_dir: str | os.PathLike, keep: str | None = None) -> dict[str, int]:
+    """Remove the store directories in `page_dir` whose owner is dead (their lock can be taken)
+    other than `keep`; return {"directories", "files", "bytes"} removed."""
+    cleaned = {"directories": 0, "files": 0, "bytes": 0}
+    try:
+        entries = list(os.scandir(page_dir))
+    except OSError:
+        return cleaned
+    for entry in entries:
+        if (entry.path == keep or not STORE_DIRECTORY.fullmatch(entry.name)
+                or not entry.is_dir(follow_symlinks=False)):
+            continue
+        lock = _lock(entry.path, blocking=False)
+        if lock is None:
+            continue  # alive, or no lock can be had here: not ours to remove
+        try:
+            files, size = _files_and_bytes(entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+            if not os.path.lexists(entry.path):
+                cleaned["directories"] += 1
+                cleaned["files"] += files
+                cleaned["bytes"] += size
+        finally:
+            os.close(lock)
+    return cleaned
+
+
+def _new_locked_directory(page_dir: str) -> tuple[str, int | None]:
+    """A fresh store directory and the descriptor that holds its lock (None where this
+    filesystem cannot lock)."""
+    while True:
+        path = os.path.join(page_dir, f"{STORE_PREFIX}{os.getpid()}-{os.urandom(4).hex()}")
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        # Another store may take the lock first, in the instant before ours, and remove the
+        # directory as a dead run's: it then holds the lock until the directory is gone, so
+        # waiting for the lock and checking that the directory is still there is enough.
+        lock = _lock(path, blocking=True)
+        if lock is None:
+            if os.path.isdir(path):
+                return path, None  # no locks on this filesystem: run unlocked
+            continue
+        try:
+            if os.path.samestat(os.fstat(lock), os.stat(path)):
+                return path, lock
+        except FileNotFoundError:
+            pass
+        os.close(lock)
+
+
+def _lock(path: str, blocking: bool) -> int | None:
+    """A descriptor of directory `path` holding an exclusive flock on it, or None."""
+    if fcntl is None:
+        return None
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove_directory(path: str, lock: int | None, owner_pid: int) -> None:
+    """The directory first, then its lock: no other store takes it while files remain. A
+    process forked from the owner inherits the finalizer at exit, but not the store."""
+    if os.getpid() != owner_pid:
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    if lock is not None:
+        os.close(lock)
+
+
+def _files_and_bytes(path: str) -> tuple[int, int]:
+    files = size = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                size += os.lstat(os.path.join(folder, name)).st_size
+                files += 1
+            except OSError:
+                pass
+    return files, size
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
