@@ -1,5 +1,6 @@
-"""Device configs and the board commands (`devices`, `job`, `job-status`, `agent-stop`,
-`deploy`) against the local transport: the agent as a child process of this machine."""
+"""Device configs and the board commands (`devices`, `job`, `job-status`, `agent-stop`) against
+the local transport: the agent as a child process of this machine. `profile` and `deploy` are
+tested end to end through a real sshd in test_ssh_deploy.py."""
 
 from __future__ import annotations
 
@@ -151,22 +152,6 @@ def test_bad_input_is_one_line_and_exit_2(configs, args, message):
     code, _, err = cli(*args)
     assert code == 2, err
     assert message in err and len(err.strip().splitlines()) == 1
-
-
-def test_deploy_says_when_the_agent_cannot_run_plans_yet(configs, tmp_path):
-    from edge_remat_agent.daemon.registry import job_kinds
-    if "run" in job_kinds():
-        pytest.skip("this agent build can execute plans: deploy is tested with the executor")
-    plan = REPO / "examples" / "graphs" / "tiny_cnn_train.json"
-    graph = plan
-    planned = tmp_path / "plan.json"
-    code, _, err = cli("plan", "--graph", str(graph), "--budget", "1.0", "--solver",
-                       "heuristic:keep-all", "-o", str(planned))
-    if code != 0:
-        pytest.skip(f"planning is not available here: {err.strip()}")
-    code, _, err = cli("deploy", str(planned), "--device", "bench", "--graph", str(graph))
-    assert code == 3
-    assert "cannot execute plans yet: it has no 'run' job" in err
 
 
 def test_agent_stop_stops_the_daemon(configs, tmp_path):

@@ -234,7 +234,9 @@ def test_link_delivers_exactly_once_through_corruption_loss_and_repeats():
         sender.join()
         assert host.stats.resent >= 3  # two corrupted, one dropped
         assert board.stats.corrupt >= 2
-        assert board.stats.duplicates >= 2  # lost ACKs and the repeat: re-acked, not re-delivered
+        # The repeat is re-acked, not re-delivered. (A lost ACK is usually covered by the next,
+        # cumulative one, so it need not cause a repeat of its own.)
+        assert board.stats.duplicates >= 1
         assert host.stats.corrupt >= 1
     finally:
         host.close()

@@ -6,9 +6,17 @@ Packets on the wire:
 
 - The 0x00 delimiter (which COBS keeps out of the packet) lets a receiver find the next packet
   after garbage; the CRC32 rejects corrupted packets, which are dropped and so retried.
-- DATA packets are sent stop-and-wait: each waits for the ACK of its sequence number and is
-  resent after `ack_timeout`. A receiver delivers only the next expected sequence number and
-  acknowledges repeats again (their ACK was the thing lost), so nothing is delivered twice.
+- DATA packets are sent with a sliding window: up to `window` packets in flight, each kept
+  until acknowledged. An ACK is cumulative: ACK n says every packet up to n has been delivered
+  (the receiver sends one after each batch of packets it reads, and again for a repeat, whose
+  ACK was the thing lost). A receiver delivers bytes strictly in sequence order, keeping packets
+  that arrive ahead of a gap (a corrupted or lost one) until the gap is filled, so nothing is
+  delivered twice or out of order. The sender resends the oldest unacknowledged packet when
+  two ACKs in a row repeat the same number (the receiver is holding packets past a gap), and
+  every unacknowledged packet when no ACK has advanced for `ack_timeout`; after `retries` such
+  timeouts without progress the session is lost. A window of 1 is stop-and-wait, which is what
+  a peer of link version ERs1 before windows did; both kinds interoperate, since their ACKs
+  mean the same.
 - RESET starts a session (a fresh random number chosen by the host, with the link version as
   payload) and RESET_ACK confirms it. Sequence numbers restart with every session, and packets
   of an older session are ignored, so a host that reconnects after a dropped link never mixes
@@ -27,7 +35,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import Any, Deque, Optional
+from typing import Any, Callable, Deque, Dict, Optional
 
 from . import cobs
 from .framing import ConnectionClosed
@@ -37,6 +45,8 @@ LINK_VERSION = b"ERs1"
 _HEAD = struct.Struct(">BII")
 _CRC = struct.Struct(">I")
 DEFAULT_PAYLOAD = 1024
+DEFAULT_WINDOW = 16  # packets in flight: 16 KiB, ~180 ms of a 921600-baud line
+RX_AHEAD = 256  # packets a receiver keeps past a gap (more are dropped, and resent later)
 
 _log = logging.getLogger(__name__)
 
@@ -91,10 +101,20 @@ class LinkSession:
         self.link = link
         self.id = session_id
         self.closed_reason: Optional[str] = None
+        # receiving (the reader thread, under link.cond)
         self._rx = bytearray()
         self._rx_expected = 0
+        self._rx_ahead: Dict[int, bytes] = {}
+        self._ack_due = False
+        # sending (the sender thread and the reader's _on_ack, under link.cond)
         self._tx_next = 0
-        self._acked = -1
+        self._acked = -1  # every packet up to this one is delivered
+        self._unacked: Dict[int, bytes] = {}  # in flight, in sequence order
+        self._timer_start = 0.0  # when the oldest unacknowledged packet's clock started
+        self._timeouts = 0  # in a row, without an ACK advancing
+        self._dup_acks = 0
+        self._fast_resend = False
+        self._fast_resent = -1  # the packet last resent on repeated ACKs (once each)
         self._timeout: Optional[float] = None
         self._send_lock = threading.Lock()
 
@@ -116,10 +136,22 @@ class LinkSession:
             return data
 
     def sendall(self, data: bytes) -> None:
+        """Returns once every byte is acknowledged; raises ConnectionClosed when the link
+        gives up or the session ends first."""
         link = self.link
+        window = max(1, link.window)
         with self._send_lock:
             for start in range(0, len(data), link.payload_bytes):
-                self._send_packet(data[start:start + link.payload_bytes])
+                self._wait_until(lambda: len(self._unacked) < window)
+                payload = data[start:start + link.payload_bytes]
+                with link.cond:
+                    seq = self._tx_next
+                    self._tx_next += 1
+                    if not self._unacked:
+                        self._timer_start = time.monotonic()
+                    self._unacked[seq] = payload
+                link._write_packet(DATA, self.id, seq, payload)
+            self._wait_until(lambda: not self._unacked)
 
     def close(self) -> None:
         if self.closed_reason is None:
@@ -127,29 +159,44 @@ class LinkSession:
         self._mark_closed("closed here")
 
     # -- internals -------------------------------------------------------------------------
-    def _send_packet(self, payload: bytes) -> None:
+    def _wait_until(self, ready: Callable[[], bool]) -> None:
+        """Wait (under link.cond) for `ready`, resending what the ACKs, or their absence,
+        say was lost."""
         link = self.link
-        with link.cond:
-            seq = self._tx_next
-        for attempt in range(link.retries + 1):
-            if self.closed_reason is not None:
-                raise ConnectionClosed(f"serial session closed ({self.closed_reason})")
-            if attempt:
-                link.stats.resent += 1
-            link._write_packet(DATA, self.id, seq, payload)
-            deadline = time.monotonic() + link.ack_timeout
+        while True:
             with link.cond:
-                while self._acked < seq and self.closed_reason is None:
-                    left = deadline - time.monotonic()
+                while True:
+                    if self.closed_reason is not None:
+                        raise ConnectionClosed(f"serial session closed ({self.closed_reason})")
+                    if ready():
+                        return
+                    oldest = next(iter(self._unacked))  # not ready: something is in flight
+                    now = time.monotonic()
+                    if self._fast_resend:
+                        self._fast_resend = False
+                        self._fast_resent = oldest
+                        self._timer_start = now
+                        resend = [(oldest, self._unacked[oldest])]
+                        break
+                    left = self._timer_start + link.ack_timeout - now
                     if left <= 0:
+                        self._timeouts += 1
+                        if self._timeouts > link.retries:
+                            self._give_up(oldest)
+                        self._timer_start = now
+                        resend = list(self._unacked.items())
                         break
                     link.cond.wait(left)
-                if self._acked >= seq:
-                    self._tx_next = seq + 1
-                    return
-        self._mark_closed(f"no acknowledgement after {link.retries + 1} tries")
+            for seq, payload in resend:
+                link.stats.resent += 1
+                link._write_packet(DATA, self.id, seq, payload)
+
+    def _give_up(self, seq: int) -> None:
+        # Called with link.cond held.
+        tries = self.link.retries + 1
+        self._mark_closed(f"no acknowledgement after {tries} tries")
         raise ConnectionClosed(f"serial link lost: packet {seq} was not acknowledged after "
-                               f"{link.retries + 1} tries")
+                               f"{tries} tries")
 
     def _mark_closed(self, reason: str) -> None:
         with self.link.cond:
@@ -158,28 +205,54 @@ class LinkSession:
             self.link.cond.notify_all()
 
     def _on_data(self, seq: int, payload: bytes) -> None:
-        # Called with link.cond held.
+        # Called with link.cond held; the ACK goes out after the batch (_take_ack).
         if seq == self._rx_expected:
             self._rx += payload
             self._rx_expected += 1
+            while self._rx_expected in self._rx_ahead:
+                self._rx += self._rx_ahead.pop(self._rx_expected)
+                self._rx_expected += 1
             self.link.cond.notify_all()
-        elif seq < self._rx_expected:
+        elif seq < self._rx_expected or seq in self._rx_ahead:
             self.link.stats.duplicates += 1
+        elif seq < self._rx_expected + RX_AHEAD:
+            self._rx_ahead[seq] = payload  # past a gap: kept until the gap is filled
         else:
-            return  # from the future: cannot happen with stop-and-wait; never acknowledge it
-        self.link._write_packet(ACK, self.id, seq)
+            return  # too far ahead to keep: the sender resends it
+        self._ack_due = True
+
+    def _take_ack(self) -> Optional[int]:
+        """The cumulative ACK owed after a batch of packets (None: none owed or nothing
+        delivered yet). Called with link.cond held."""
+        if not self._ack_due or self._rx_expected == 0:
+            return None
+        self._ack_due = False
+        return self._rx_expected - 1
 
     def _on_ack(self, seq: int) -> None:
+        # Called with link.cond held.
+        if seq >= self._tx_next:
+            return  # acknowledges a packet never sent: not ours to believe
         if seq > self._acked:
+            for done in range(self._acked + 1, seq + 1):
+                self._unacked.pop(done, None)
             self._acked = seq
+            self._timer_start = time.monotonic()
+            self._timeouts = self._dup_acks = 0
             self.link.cond.notify_all()
+        elif seq == self._acked and self._unacked:
+            self._dup_acks += 1
+            if self._dup_acks >= 2 and self._fast_resent != seq + 1:
+                self._fast_resend = True
+                self.link.cond.notify_all()
 
 
 class SerialLink:
     """Owns the port and a reader thread. The host calls connect(); the board calls accept()."""
 
     def __init__(self, port: Any, *, role: str, payload_bytes: int = DEFAULT_PAYLOAD,
-                 ack_timeout: float = 0.25, retries: int = 20, version: bytes = LINK_VERSION):
+                 ack_timeout: float = 0.25, retries: int = 20, version: bytes = LINK_VERSION,
+                 window: int = DEFAULT_WINDOW):
         if role not in ("host", "board"):
             raise ValueError("role must be 'host' or 'board'")
         self.port = port
@@ -187,6 +260,7 @@ class SerialLink:
         self.payload_bytes = payload_bytes
         self.ack_timeout = ack_timeout
         self.retries = retries
+        self.window = window
         self.version = version
         self.stats = LinkStats()
         self.cond = threading.Condition()
@@ -276,6 +350,15 @@ class SerialLink:
                 del buffer[:end + 1]
                 if packet:
                     self._on_packet(packet)
+            self._send_ack()
+
+    def _send_ack(self) -> None:
+        """One cumulative ACK for the packets of the batch just read, if any are owed."""
+        with self.cond:
+            session = self.session
+            seq = session._take_ack() if session is not None else None
+        if seq is not None:
+            self._write_packet(ACK, session.id, seq)
 
     def _fail(self, reason: str) -> None:
         with self.cond:
