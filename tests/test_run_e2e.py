@@ -1,11 +1,25 @@
 """`edge-remat run` end to end, as a user runs it.
 
-On an emulated board (this machine in a memory cgroup) whose limit plain PyTorch training of the
-zoo's digits-cnn cannot meet: the plain run is killed by the kernel and says so in one line
-(exit status 3), the planned run finishes under the same limit, its loss goes down and its
-gradients equal eager PyTorch's bit for bit; the JSON report's fields are checked. Over SSH (a
-real sshd on loopback) a connection dropped mid-run is reconnected and the same run finishes.
-Needs root and a memory cgroup for the first, sshd for the second; each skips and says why.
+The issue's CI test: ResNet-18 (zoo `resnet18`, 32x32 images, batch 48) on an emulated board (this
+machine in a 600 MiB memory cgroup). Plain PyTorch training is killed by the kernel at step 1 and
+says so in one line (exit status 3); the planned run (65% of the plain peak, recomputation only)
+finishes 5 steps under the same limit, the kernel's peak stays under it, the first step's
+gradients equal eager PyTorch's bit for bit and the loss goes down; the JSON report's fields are
+checked. Over SSH (a real sshd on loopback) a connection dropped mid-run is reconnected and the
+same run finishes. Needs root and a memory cgroup for the first, sshd for the second; each skips
+and says why.
+
+Measured here (torch 2.13 CPU, 2 shared cores): plain ResNet-18 at batch 48 peaks at ~833 MiB
+resident without a limit (the interpreter and torch ~230 MiB, parameters + gradients + momentum
+128 MiB, activations ~215 MiB and autograd's temporaries), so 600 MiB kills its first step. The
+smallest budget the planner can meet is ~61% of the plain peak (stage 0's coarsened batch-norm
+backward needs its inputs and output at once), so "30%" is infeasible for this model; at 65% the
+plan's tensors peak at ~225 MiB and the kernel's peak reads ~500 MiB. The profile is
+this-machine.json (measured here: tiers, power, runtime) but it has no operator costs keyed for
+ResNet-18's nodes, so the planner uses the graph's FLOP-based estimate; that is all the test
+needs. The digits-cnn version of this test (the README's model, real data) was replaced: the
+ResNet one covers the same path under the issue's numbers, and the run job's use of real data
+(--data digits) is checked in test_executor.py without the cost of a second cgroup run.
 """
 
 from __future__ import annotations
@@ -24,7 +38,11 @@ from edge_remat_agent.cgroup import unavailable_reason
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = str(REPO / "profiles" / "this-machine.json")  # measured: no profiling in the test
-LIMIT_MIB = 580  # plain digits-cnn (batch 256) needs ~690 MiB in the cgroup, its plan ~460
+LIMIT_MIB = 600
+# Plain ResNet-18 at batch 48 needs ~833 MiB; the plan at 65% ~500 MiB in the cgroup.
+MODEL = ("--model", "resnet18", "--batch", 48, "--image", 32)
+BUDGET = "65%"
+STEPS = 5
 REASON = unavailable_reason()
 needs_cgroup = pytest.mark.skipif(REASON is not None, reason=f"no memory cgroup: {REASON}")
 pytest.importorskip("edge_remat_agent.executor.jobs", reason="needs the executor")
@@ -59,8 +77,8 @@ sensor = "none"
 
 @needs_cgroup
 def test_plain_training_is_killed_by_the_limit_and_says_so_in_one_line(emulated):
-    code, out, err = cli("run", "--device", "bench-emulated", "--model", "digits-cnn",
-                         "--plain", "--steps", 3, "--out", emulated / "plain")
+    code, out, err = cli("run", "--device", "bench-emulated", *MODEL, "--plain",
+                         "--steps", 2, "--out", emulated / "plain")
     assert code == 3, (out, err)
     assert out.strip().count("\n") == 0, out
     assert out.startswith("killed by the memory limit at step 1: plain PyTorch training"), out
@@ -72,16 +90,21 @@ def test_plain_training_is_killed_by_the_limit_and_says_so_in_one_line(emulated)
 
 @needs_cgroup
 def test_the_planned_run_finishes_under_the_same_limit(emulated):
-    code, out, err = cli("run", "--device", "bench-emulated", "--model", "digits-cnn",
-                         "--budget", "25%", "--paging", "none", "--steps", 3,
+    # Data: the model's example batch every step (ResNet-18 has no bundled data set; digits are
+    # 1x8x8). Five SGD steps (lr 0.01, momentum 0.9) on one fixed batch fit it: the loss falls
+    # every step here (2.46 -> 0.32), deterministically (the executor runs with
+    # torch.use_deterministic_algorithms), so "down by half" holds with room to spare.
+    code, out, err = cli("run", "--device", "bench-emulated", *MODEL, "--data", "example",
+                         "--budget", BUDGET, "--paging", "none", "--steps", STEPS,
                          "--time-limit", 5, "--profile", PROFILE, "--out", emulated / "planned",
                          "--json")
     assert code == 0, (out, err)
     report = json.loads(out)
     limit = LIMIT_MIB * 2**20
     assert report["status"] == "finished" and report["killed_at_step"] is None
-    assert report["steps"] == 3 and len(report["loss"]) == len(report["step_time_s"]) == 3
-    assert report["loss"][-1] < report["loss"][0]  # real data, real learning
+    assert report["steps"] == STEPS and len(report["loss"]) == len(report["step_time_s"]) == STEPS
+    assert report["loss"][-1] < report["loss"][0] / 2, report["loss"]
+    assert report["data"] == "example"  # what the board says it trained on
     assert report["grad_check"]["bitwise_equal"] is True
     assert report["memory_limit_bytes"] == limit
     assert 0 < report["kernel_peak_bytes"] < limit

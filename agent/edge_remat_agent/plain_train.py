@@ -12,16 +12,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
-def make_optimizer(name: str, module, lr: Optional[float] = None):
-    """The optimizer a planned run steps with (capture.optimizer.torch_optimizer), so that both
-    runs take the same steps; `lr` overrides its learning rate."""
-    from .capture.optimizer import torch_optimizer
-    optimizer = torch_optimizer(name, module)
-    if lr is not None:
-        for group in optimizer.param_groups:
-            group["lr"] = float(lr)
-    return optimizer
-
 
 def train_plain(model: str, steps: int, batch: Optional[int] = None,
                 image: Optional[int] = None, seq: Optional[int] = None, seed: int = 0,
@@ -31,12 +21,15 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
     import torch
 
     from .capture.models import load_model
+    from .capture.optimizer import torch_optimizer
     from .data import batches
     from .profiler.memory import PeakRssSampler, current_rss_bytes
 
     module, example_args = load_model(model, batch, image, seq, seed)
     module.train()
-    opt = make_optimizer(optimizer, module, lr)
+    # The optimizer (and --lr) and the batches a planned run uses too (executor/run.py):
+    # both runs take the same steps on the same data.
+    opt = torch_optimizer(optimizer, module, lr)
     feed = batches(data, example_args, seed)
     report: dict[str, Any] = {"model": model, "optimizer": optimizer,
                               "lr": opt.param_groups[0]["lr"], "data": data or "example",

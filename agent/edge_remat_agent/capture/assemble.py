@@ -48,11 +48,22 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
         nodes.append(_planner_node(i, group, links[i], outputs, trace, store, fixed_roots, rates))
     _name_uniquely(nodes)
     fixed = fixed_memory(module, example_args, optimizer)
+    fixed["step_state"] = _step_state_bytes(trace)
+    fixed["total"] += fixed["step_state"]
     nodes.append(_update_node(len(nodes), module, optimizer, fixed["gradients"], rates))
     saved = saved_bytes(nodes)
     graph = Graph(nodes=nodes, name=trace.model, fixed_bytes=fixed["total"],
                   batch=_batch(example_args), dtype=_dtype(module), cost_source="estimate")
     return graph, {"saved_bytes": saved, "fixed": fixed}
+
+
+def _step_state_bytes(trace: JointTrace) -> int:
+    """Bytes the executor holds from a node's first run to the step's end whatever the
+    schedule: the new batch-norm statistics (applied once, after the optimizer step), the loss
+    and d(loss)/d(loss). Fixed memory, so that the plan's peak is the executor's."""
+    names = [*trace.buffer_updates, trace.loss, trace.tangent]
+    values = [trace.node(name).meta.get("val") for name in names]
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
 def saved_bytes(nodes: list[Node]) -> int:

@@ -96,10 +96,16 @@ TORCH_OPTIMIZERS = {
 }
 
 
-def torch_optimizer(name: str, module: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer a captured graph's update node stands for, over the trainable parameters."""
+def torch_optimizer(name: str, module: nn.Module, lr: float | None = None
+                    ) -> torch.optim.Optimizer:
+    """The optimizer a captured graph's update node stands for, over the trainable parameters;
+    `lr` overrides its learning rate (the update node's memory and cost do not depend on it).
+    Plain training (plain_train.py) and the executor both build theirs here, so that a plain
+    run and a planned run take the same steps."""
     if name not in TORCH_OPTIMIZERS:
         raise CaptureError(name, f"unknown optimizer {name!r}; choose one of "
                            f"{', '.join(sorted(TORCH_OPTIMIZERS))}")
     cls, options = TORCH_OPTIMIZERS[name]
+    if lr is not None:
+        options = {**options, "lr": float(lr)}
     return cls([p for p in module.parameters() if p.requires_grad], **options)

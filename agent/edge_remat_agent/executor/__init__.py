@@ -11,14 +11,16 @@ Modules, one job each:
     stores.py       the page stores a plan needs (flash: FlashStore; host: given, or in memory)
     report.py       per-step records and the summary
     run.py          run_plan / run_plain: checks, the step loop, the report
-    jobs.py         the daemon's "run" job (`edge-remat deploy`)
+    jobs.py         the daemon's "run" job (`edge-remat deploy`, `edge-remat run`): params
+                    plan, graph, steps, data, seed, lr, optimizer, page_dir, ...
 Planner nodes run through capture.replay.StepRunner, the one engine that executes a graph.
 
 API
 ---
 run_plan(graph, plan, steps, page_dir=None, data=None, check_gradients=True, progress=None,
          sensor=None, *, device="cpu", captured=None, stores=None, seed=None,
-         flash_fsync=False, flash_capacity_bytes=None, map_large_allocations=True) -> dict
+         flash_fsync=True, flash_capacity_bytes=None, map_large_allocations=True,
+         lr=None) -> dict
 
     graph     the `Graph` the plan was made for (a file from `edge-remat graph`). Its model is
               captured again here (`capture.recapture`) unless `captured` (a `Captured` for this
@@ -28,10 +30,15 @@ run_plan(graph, plan, steps, page_dir=None, data=None, check_gradients=True, pro
     plan      a `Plan`; replayed by the simulator first (`ExecutorError` if it cannot run).
     steps     training steps (>= 1); the optimizer (graph.capture["optimizer"]: SGD with
               momentum 0.9, lr 0.01, or AdamW lr 1e-3; foreach=False) steps after each.
+    lr        overrides the optimizer's learning rate (capture.optimizer.torch_optimizer, the
+              same helper plain training uses).
     page_dir  directory on the board's flash for `flash` pages (required when the plan pages
-              to flash). Pages are checksummed files, removed after each step and on exit.
-    data      None: the capture's example batch every step; a callable step -> batch; or an
-              iterable of batches. A batch is the model's example_args (same shapes, dtypes).
+              to flash). Pages are checksummed files, removed after each step and on exit;
+              a killed run's are removed by the next run there (tiers.flash.cleaned_stale).
+    data      None or "example": the capture's example batch every step; a data spec
+              ("digits", "MODULE:FUNCTION": edge_remat_agent.data, shuffled with `seed` or 0,
+              as plain training shuffles it); a callable step -> batch; or an iterable of
+              batches. A batch is the model's example_args (same shapes, dtypes).
     check_gradients  on the first step, run plain eager PyTorch on the same parameters, batch
               and generator state first, and compare every gradient and the loss bit for bit
               (`torch.use_deterministic_algorithms(True)` for the whole run). Costs one plain
@@ -44,7 +51,10 @@ run_plan(graph, plan, steps, page_dir=None, data=None, check_gradients=True, pro
               defaults to a MemoryStore in this process (the report says it frees no RAM).
     seed      torch.manual_seed(seed) before the first step (None: the generator as it is).
     flash_capacity_bytes / flash_fsync   FlashStore options (a capacity makes a full store
-              fail with `InstructionFailed` naming the bytes needed and held).
+              fail with `InstructionFailed` naming the bytes needed and held). fsync is on
+              by default: a page written without it stays in the page cache, which is RAM
+              (charged to the board's memory cgroup) until writeback, and the profiler times
+              the flash with fsync, so the plan's paging costs are fsync's.
     map_large_allocations  fix glibc's mmap threshold at 1 MiB for the process
               (edge_remat_agent/allocator.py), so that a freed tensor leaves the resident set
               at once; without it glibc keeps freed activations resident and the RSS hides what
@@ -60,13 +70,16 @@ Returns a JSON-serialisable report:
     grad_check  {"bitwise_equal", "max_abs_diff", "compared", "loss_equal", "differing",
               "missing", "reference_bytes", ...}, or None when not checked
     predicted_peak_bytes, predicted_time_s, predicted{...}, budget_bytes, fixed_bytes,
-    recomputed, page_ins, page_outs (per step), tiers, device, optimizer, sensor
-    summary   steady-state medians, ledger vs predicted peak and the tolerance (the batch-norm
-              statistics held until the step's end + 64 bytes of scalars), measured recompute
-              overhead vs the plan's TDI, paging time vs predicted
+    recomputed, page_ins, page_outs (per step), tiers, device, sensor,
+    data (what it trained on: "example", the data spec, or "given by the caller (...)"),
+    optimizer ({"name", its options, "lr" as it stepped})
+    summary   steady-state medians, ledger vs predicted peak (never above it: the graph's
+              fixed memory counts the batch-norm statistics and the loss the executor holds
+              to the step's end), measured recompute overhead vs the plan's TDI, paging time
+              vs predicted
 
 run_plain(graph, steps, data=None, progress=None, sensor=None, *, device="cpu", model=None,
-          seed=None, map_large_allocations=True) -> dict
+          seed=None, map_large_allocations=True, lr=None) -> dict
     Plain eager training (`plain_step`) measured the same way, for a `--plain` run: the same
     report shape with "mode": "plain", ledger_peak_bytes None and no plan figures.
 plain_step(module, optimizer, batch) -> float   one eager step (zero grads, forward, backward,

@@ -1,7 +1,11 @@
-"""Where each step's batch comes from: the capture's example batch, a callable, or an iterable.
+"""Where each step's batch comes from: the capture's example batch, a data spec, a callable, or
+an iterable.
 
 A batch is the model's example_args for that step: `module(*batch)` is the loss. The graph was
-captured for fixed shapes and dtypes, so every batch must have exactly those.
+captured for fixed shapes and dtypes, so every batch must have exactly those. A data spec
+("example", "digits", "MODULE:FUNCTION") is what a run job gets from the host; it is read by
+edge_remat_agent.data, the same code plain training (plain_train.py) reads it with, so that a
+plain and a planned run see the same batches.
 """
 
 from __future__ import annotations
@@ -15,17 +19,41 @@ from .errors import BadBatch
 BatchSource = Callable[[int], tuple]
 
 
-def batch_source(data: Any, example_args: tuple, device: torch.device) -> BatchSource:
-    """data: None (the example batch every step), a callable step -> batch, or an iterable."""
-    if data is None:
+def is_example(data: Any) -> bool:
+    """Whether `data` means the capture's example batch every step (None or "example")."""
+    return data is None or (isinstance(data, str) and data.strip() in ("", "example"))
+
+
+def data_name(data: Any) -> str:
+    """What a run report says it trained on."""
+    if is_example(data):
+        return "example"
+    if isinstance(data, str):
+        return data.strip()
+    return f"given by the caller ({'a callable' if callable(data) else type(data).__name__})"
+
+
+def batch_source(data: Any, example_args: tuple, device: torch.device,
+                 seed: int = 0) -> BatchSource:
+    """data: None or "example" (the example batch every step), a data spec such as "digits" or
+    "MODULE:FUNCTION" (edge_remat_agent.data, shuffled with `seed`), a callable step -> batch,
+    or an iterable of batches."""
+    if is_example(data):
         fixed = _to_device(tuple(example_args), device)
         return lambda step: fixed
+    if isinstance(data, str):
+        from ..data import DataError, batches
+        try:
+            data = _data_errors(batches(data.strip(), tuple(example_args), seed), DataError)
+        except DataError as error:
+            raise BadBatch(str(error)) from None
     if callable(data):
         return lambda step: check_batch(data(step), example_args, step, device)
     try:
         iterator = iter(data)
     except TypeError:
-        raise BadBatch(f"data must be None, a callable (step -> batch) or an iterable of "
+        raise BadBatch(f"data must be None, a data spec (\"example\", \"digits\", "
+                       f"\"MODULE:FUNCTION\"), a callable (step -> batch) or an iterable of "
                        f"batches, got {type(data).__name__}") from None
 
     def next_batch(step: int) -> tuple:
@@ -35,6 +63,14 @@ def batch_source(data: Any, example_args: tuple, device: torch.device) -> BatchS
             raise BadBatch(f"data ran out of batches at step {step + 1}") from None
         return check_batch(batch, example_args, step, device)
     return next_batch
+
+
+def _data_errors(source, error_type):
+    """A data spec's batches, its errors (raised as it yields) as BadBatch."""
+    try:
+        yield from source
+    except error_type as error:
+        raise BadBatch(str(error)) from None
 
 
 def check_batch(batch: Any, example_args: tuple, step: int, device: torch.device) -> tuple:

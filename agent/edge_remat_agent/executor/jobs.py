@@ -2,8 +2,13 @@
 
 params: plan, graph (board paths of the pushed files), steps (default 10); optional page_dir
 (default: <workdir>/pages), check_gradients (default true), sensor (default "auto": the
-board's own sensor if it has one), device (default "cpu"), seed, keep_malloc_defaults.
-Writes run_report.json (fetched by the host) and returns its summary.
+board's own sensor if it has one), device (default "cpu"), seed, keep_malloc_defaults,
+data (a data spec, see edge_remat_agent.data: "example" (default), "digits",
+"MODULE:FUNCTION"; shuffled with `seed`, as plain training shuffles it), lr (overrides the
+optimizer's learning rate), optimizer (checked against the one the graph was captured for:
+its update node stands for that optimizer, so the run cannot change it).
+Writes run_report.json (fetched by the host) and returns its summary; both say which data the
+run trained on and with which optimizer settings.
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     graph = load_graph(ctx.input_path(str(params["graph"])))
     plan = load_plan(ctx.input_path(str(params["plan"])))
     steps = int(params.get("steps", 10))
+    captured_for = graph.capture.get("optimizer", "sgd")
+    if params.get("optimizer") and str(params["optimizer"]) != captured_for:
+        raise ValueError(f"the graph was captured for the {captured_for} optimizer, not "
+                         f"{params['optimizer']}: its update node (memory, cost) is that "
+                         "optimizer's. Capture again with that optimizer and plan again")
+    seed = None if params.get("seed") is None else int(params["seed"])
+    lr = None if params.get("lr") is None else float(params["lr"])
     page_dir = str(params.get("page_dir") or ctx.workdir / "pages")
 
     def progress(index: int, total: int, record: dict) -> None:
@@ -35,12 +47,13 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     report = run_plan(graph, plan, steps, page_dir,
                       check_gradients=_flag(params.get("check_gradients", True)),
                       progress=progress, sensor=params.get("sensor", "auto"),
-                      device=params.get("device", "cpu"),
-                      seed=None if params.get("seed") is None else int(params["seed"]),
+                      device=params.get("device", "cpu"), seed=seed,
+                      data=params.get("data"), lr=lr,
                       map_large_allocations=not _flag(params.get("keep_malloc_defaults", False)))
     ctx.write_json("run_report.json", report)
     return {"files": ["run_report.json"], "summary": report["summary"],
-            "grad_check": report["grad_check"], "steps": len(report["steps"])}
+            "grad_check": report["grad_check"], "steps": len(report["steps"]),
+            "data": report["data"], "optimizer": report["optimizer"]}
 
 
 def _flag(value) -> bool:

@@ -24,10 +24,10 @@ from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
 from ..sensors import PowerSensor
 from ..simulate import PlanError, SimResult, simulate
-from .batches import batch_source
+from .batches import batch_source, data_name, is_example
 from .errors import BadInput, ExecutorError, PlanMismatch, first_line, is_out_of_memory
 from .gradcheck import compare, deterministic, eager_reference
-from .report import FORMAT, ledger_tolerance_bytes, step_record, summarize
+from .report import FORMAT, step_record, summarize
 from .step import PlannedStep, plain_step
 from .stores import describe_stores, open_stores
 
@@ -38,9 +38,9 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              check_gradients: bool = True, progress: Progress | None = None,
              sensor: PowerSensor | str | None = None, *, device: str | torch.device = "cpu",
              captured: Captured | None = None, stores: dict[str, PageStore] | None = None,
-             seed: int | None = None, flash_fsync: bool = False,
+             seed: int | None = None, flash_fsync: bool = True,
              flash_capacity_bytes: int | None = None,
-             map_large_allocations: bool = True) -> dict[str, Any]:
+             map_large_allocations: bool = True, lr: float | None = None) -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__)."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
@@ -54,9 +54,9 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     sim = validate(captured.graph, plan)
     device = torch.device(device)
     module = captured.module.to(device)
-    optimizer = torch_optimizer(captured.graph.capture.get("optimizer", "sgd"), module)
+    optimizer = torch_optimizer(captured.graph.capture.get("optimizer", "sgd"), module, lr)
     power = open_power_sensor(sensor)
-    batches = batch_source(data, captured.example_args, device)
+    batches = batch_source(data, captured.example_args, device, 0 if seed is None else seed)
     ledger = LiveTensorLedger()
     allocator = map_large_blocks() if map_large_allocations else None
     records: list[dict] = []
@@ -66,8 +66,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     with deterministic(device), open_stores(plan, captured.graph, page_dir, stores,
                                             flash_fsync, flash_capacity_bytes) as opened:
         runner = StepRunner(captured.trace, captured.graph, module,
-                            batches(0) if data is None else captured.example_args, device,
-                            ledger)
+                            batches(0) if is_example(data) else captured.example_args,
+                            device, ledger)
         planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger)
         for i in range(steps):
             batch = batches(i)
@@ -89,7 +89,6 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             if progress is not None:
                 progress(i, steps, records[-1])
         tiers = describe_stores(opened)
-    buffers = sum(b.numel() * b.element_size() for b in module.buffers())
     predicted = {**sim.summary(), **{k: v for k, v in plan.predicted.items()
                                      if k in ("time_s", "tdi_percent", "paging_time_s",
                                               "energy_j")}}
@@ -99,7 +98,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "format": FORMAT, "version": 1, "mode": "plan", "model": captured.graph.name,
         "graph_fingerprint": captured.graph.fingerprint(), "plan_fingerprint": plan.fingerprint,
         "device": str(device), "torch": torch.__version__, "deterministic": True, "seed": seed,
-        "optimizer": _optimizer_description(captured.graph),
+        "data": data_name(data), "optimizer": _optimizer_description(captured.graph, optimizer),
         "sensor": getattr(power, "name", None), "tiers": tiers, "allocator": allocator,
         "budget_bytes": plan.budget_bytes, "fixed_bytes": captured.graph.fixed_bytes,
         "predicted_peak_bytes": sim.peak_bytes, "predicted_time_s": predicted["time_s"],
@@ -107,14 +106,14 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "recomputed": first["recomputed"], "page_ins": first["page_ins"],
         "page_outs": first["page_outs"],
         "grad_check": grad_check, "steps": records,
-        "summary": summarize(records, predicted, ledger_tolerance_bytes(buffers)),
+        "summary": summarize(records, predicted),
     }
 
 
 def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | None = None,
               sensor: PowerSensor | str | None = None, *, device: str | torch.device = "cpu",
               model: tuple | None = None, seed: int | None = None,
-              map_large_allocations: bool = True) -> dict[str, Any]:
+              map_large_allocations: bool = True, lr: float | None = None) -> dict[str, Any]:
     """Plain eager training of the graph's model (rebuilt from `graph.capture`, or `model` as
     (module, example_args)), measured like run_plan; the ledger is not kept (None)."""
     if steps < 1:
@@ -132,9 +131,9 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
             raise BadInput(str(error)) from error
     device = torch.device(device)
     module, example_args = model[0].to(device), tuple(model[1])
-    optimizer = torch_optimizer(graph.capture.get("optimizer", "sgd"), module)
+    optimizer = torch_optimizer(graph.capture.get("optimizer", "sgd"), module, lr)
     power = open_power_sensor(sensor)
-    batches = batch_source(data, example_args, device)
+    batches = batch_source(data, example_args, device, 0 if seed is None else seed)
     ledger = LiveTensorLedger()  # StepMeter wants one; eager tensors are not registered
     allocator = map_large_blocks() if map_large_allocations else None
     records: list[dict] = []
@@ -158,7 +157,8 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
     return {"format": FORMAT, "version": 1, "mode": "plain", "model": graph.name,
             "graph_fingerprint": graph.fingerprint(), "device": str(device),
             "torch": torch.__version__, "deterministic": True, "seed": seed,
-            "optimizer": _optimizer_description(graph), "sensor": getattr(power, "name", None),
+            "data": data_name(data), "optimizer": _optimizer_description(graph, optimizer),
+            "sensor": getattr(power, "name", None),
             "allocator": allocator, "fixed_bytes": graph.fixed_bytes, "steps": records,
             "summary": summarize(records)}
 
@@ -229,7 +229,8 @@ def _device_peak(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
-def _optimizer_description(graph: Graph) -> dict[str, Any]:
+def _optimizer_description(graph: Graph, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's name and options as it steps (an `lr` given to the run included)."""
     name = graph.capture.get("optimizer", "sgd")
     cls, options = TORCH_OPTIMIZERS.get(name, (None, {}))
-    return {"name": name, **options}
+    return {"name": name, **options, "lr": optimizer.param_groups[0]["lr"]}

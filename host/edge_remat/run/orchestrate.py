@@ -148,7 +148,11 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say)
     require_kind(board, "run", "execute plans")
     limited = bool(device.hardware.memory_limit_bytes)
+    # The board builds the batches from `data` with `seed` and the optimizer with `lr` the way
+    # plain training does (edge_remat_agent.data, capture.optimizer.torch_optimizer), and checks
+    # `optimizer` against the one the graph was captured for; its report names the data.
     params = {"steps": opts.steps, "data": data, "seed": opts.seed, **lr,
+              "optimizer": opts.optimizer,
               "check_gradients": opts.check_gradients and not limited, **opts.extra}
     if device.hardware.page_dir:
         params["page_dir"] = device.hardware.page_dir
@@ -157,7 +161,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                      out, opts.steps, say)
     if limited and opts.check_gradients and outcome["status"] == "finished":
         say("checking the plan's gradients against eager PyTorch on the host")
-        outcome["grad_check"] = host_gradient_check(graph, plan_path)
+        outcome["grad_check"] = host_gradient_check(graph, plan_path, captured)
     report = build_report(mode="planned", device=device.name, model=opts.model,
                           steps=opts.steps, data=data, plan=plan_dict,
                           memory_limit_bytes=device.hardware.memory_limit_bytes,
@@ -273,8 +277,10 @@ def completed_steps(progress: dict, steps: int) -> int:
     return int(fraction * steps) if isinstance(fraction, (int, float)) else 0
 
 
-def host_gradient_check(graph, plan_path: Path) -> dict:
-    """One step of the plan through the executor on this host, against eager PyTorch."""
+def host_gradient_check(graph, plan_path: Path, captured=None) -> dict:
+    """One step of the plan through the executor on this host, against eager PyTorch. With
+    `captured` (this host's capture of the graph, as planned) the executor uses it instead of
+    capturing the model again (seconds for a ResNet); it trains that capture's module."""
     from edge_remat_agent.formats import load_plan
     try:
         from edge_remat_agent.executor import ExecutorError, run_plan
@@ -282,7 +288,8 @@ def host_gradient_check(graph, plan_path: Path) -> dict:
         return {"status": "not checked", "why": f"no executor on this host ({exc})"}
     try:
         with tempfile.TemporaryDirectory(prefix="edge-remat-gradcheck-") as pages:
-            result = run_plan(graph, load_plan(plan_path), 1, pages, check_gradients=True)
+            result = run_plan(graph, load_plan(plan_path), 1, pages, check_gradients=True,
+                              captured=captured)
     except ExecutorError as exc:  # e.g. another torch here than on the board
         return {"status": "not checked", "why": f"the host cannot run the plan: {exc}"}
     check = result.get("grad_check")
