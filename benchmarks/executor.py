@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
-"""The executor against plain eager PyTorch: step time and peak RSS, recompute overhead.
+"""The executor against its plans and against plain eager PyTorch.
 
-For each model: capture its training graph, time its nodes (the op profiler) and this machine's
-flash (FlashStore, as the executor pages), plan with those costs at a budget of fixed memory +
-60% of the plain schedule's activation memory with paging to flash (the solver's plan, and a
-paging-only plan so that both mechanisms are measured), then run plain eager training and each
-plan for --steps steps, each in a fresh process (so that none inherits another's allocator
-state). Printed per run: step time (the best of the steps after the first: the first warms
-caches, and on a shared machine other work only ever adds time) against plain and against the
-plan's prediction; peak RSS (the largest after the first step: the planned run's first step also
-holds the eager gradient check's reference) and what it saves against plain; the ledger's peak
-against the plan's; recompute overhead and paging time, measured vs predicted; and whether the
-first step's gradients were bitwise equal to eager.
+Default (the issue's check): ResNet-18, batch 16, 64x64, its nodes and this machine's flash
+measured by the profiler, planned at budgets of fixed memory + 1.0, 0.5 and 0.3 of the plain
+schedule's activation memory (paging to flash allowed). In one process, in rounds, plain eager
+training and each plan run --steps steps (each round in the same order, so that the machine's
+drift hits all alike); per configuration the median of the steps after each run's first. Printed:
+measured step time against the plan's prediction (target: within 15%), the ledger's peak against
+the budget (target: never above), and at budget 1.0 the executor against plain eager (target:
+at most 1.10x), plus the first round's gradient check against eager.
 
-    python benchmarks/executor.py                 # resnet18, mobilenet_v2, bert-mini
-    python benchmarks/executor.py --quick         # CIFAR-size batches of 8, a minute or so
+--rss (the resident-memory comparison): resnet18, mobilenet_v2 and bert-mini at fixed memory +
+60% of the plain activation memory, the solver's plan and a paging-only one, each run in a fresh
+process (so that none inherits another's allocator state): step time, peak RSS and what it saves
+against plain, the ledger against the plan, recompute and paging time measured vs predicted.
+
+    python benchmarks/executor.py                  # the issue's table, a few minutes
+    python benchmarks/executor.py --quick          # ResNet-18 batch 8 at 32x32
+    python benchmarks/executor.py --rss [--quick]  # resident peaks, fresh processes
 """
 
 from __future__ import annotations
@@ -29,18 +32,23 @@ from pathlib import Path
 
 # Activations large enough against fixed memory (and the allocator's noise) for the resident
 # peak to show what the plan saves; --quick runs the sizes the tests use.
-MODELS = [("resnet18", dict(batch=64, image=32)), ("mobilenet_v2", dict(batch=32, image=64)),
+RSS_MODELS = [("resnet18", dict(batch=64, image=32)), ("mobilenet_v2", dict(batch=32, image=64)),
           ("bert-mini", dict(batch=16, seq=256))]
-QUICK = [("resnet18", dict(batch=8, image=32)), ("mobilenet_v2", dict(batch=8, image=32)),
+RSS_QUICK = [("resnet18", dict(batch=8, image=32)), ("mobilenet_v2", dict(batch=8, image=32)),
          ("bert-mini", dict(batch=8, seq=128))]
-FRACTION = 0.6
+FRACTION = 0.6  # --rss budget
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller batches")
-    parser.add_argument("--models", help="comma-separated subset, e.g. resnet18,bert-mini")
-    parser.add_argument("--steps", type=int, default=4, help="training steps per run")
+    parser.add_argument("--rss", action="store_true",
+                        help="resident peaks of three models, each run in a fresh process")
+    parser.add_argument("--models", help="--rss: comma-separated subset, e.g. resnet18,bert-mini")
+    parser.add_argument("--budgets", default="1.0,0.5,0.3",
+                        help="fractions of the plain activation memory (default 1.0,0.5,0.3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of runs (default 3)")
+    parser.add_argument("--steps", type=int, default=3, help="training steps per run")
     parser.add_argument("--page-dir", default=tempfile.gettempdir())
     parser.add_argument("--time-limit", type=float, default=10.0, help="solver seconds")
     parser.add_argument("--worker", choices=("plain", "plan"), help=argparse.SUPPRESS)
@@ -49,24 +57,143 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         return _worker(args)
+    flash = _flash_and_header(args)
+    return rss_main(args, flash) if args.rss else prediction_main(args, flash)
 
+
+def _flash_and_header(args):
     from edge_remat_agent.profiler import board_identity, measure_flash
     identity = board_identity()
     print(f"# {identity['cpu']}, {identity['cpu_usable']} cores, torch {identity['torch']}, "
           f"{torch_threads()} threads; {args.steps} steps per run")
-    flash = measure_flash(args.page_dir, (64 * 2**10, 2**20, 16 * 2**20), fsync=False).fit()
-    print(f"# flash tier measured in {args.page_dir} (no fsync, cache dropped): read "
+    # fsync: as the executor writes pages (so that they leave RAM), and as the profiler times
+    flash = measure_flash(args.page_dir, (64 * 2**10, 2**20, 16 * 2**20), fsync=True).fit()
+    print(f"# flash tier measured in {args.page_dir} (fsync, cache dropped): read "
           f"{flash.read_bytes_per_s / 1e6:.0f} MB/s, write {flash.write_bytes_per_s / 1e6:.0f} "
           f"MB/s")
+    return flash
+
+
+def measured_profile(captured, flash):
+    """This machine's op costs (the op profiler) and flash: the plan's predictions are then
+    this machine's, not the capture's FLOP estimate. Power is not measured (time objective)."""
+    from edge_remat_agent.formats import Profile
+    from edge_remat_agent.profiler.ops import measure_nodes, ops_from
+    ops = ops_from(measure_nodes(captured))
+    return Profile("measured", {}, idle_w=0.0, active_w=1.0, tiers={"flash": flash}, ops=ops)
+
+
+def activation_budget(graph, plain_peak: int, fraction: float) -> int:
+    return int(graph.fixed_bytes + fraction * (plain_peak - graph.fixed_bytes))
+
+
+def with_tier_params(plan, flash):
+    """The plan as the executor reads it: the flash figures it was costed with travel along."""
+    from edge_remat_agent.formats.plan import plan_from_dict
+    data = plan.to_dict()
+    data["problem"]["tier_params"] = {"flash": flash.to_dict()}
+    return plan_from_dict(data)
+
+
+# -- the issue's check: predictions, budgets, the executor against eager ----------------------
+
+SPEC = ("resnet18", dict(batch=16, image=64))
+SPEC_QUICK = ("resnet18", dict(batch=8, image=32))
+PREDICTION_TOLERANCE = 0.15
+EAGER_RATIO_TARGET = 1.10
+
+
+def prediction_main(args, flash) -> int:
+    import statistics
+
+    from edge_remat.planner.build import build_problem, plain_peak_bytes
+    from edge_remat.planner.problem import InfeasibleBudget
+    from edge_remat.planner.solve import solve
+    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.executor import run_plain, run_plan
+
+    name, options = SPEC_QUICK if args.quick else SPEC
+    captured = capture_model(name, **options)
+    graph = captured.graph
+    plain_peak = plain_peak_bytes(graph)
+    print(f"# {name} {_options(options)}: plain peak {_mib(plain_peak)}, fixed "
+          f"{_mib(graph.fixed_bytes)}; profiling its {len(graph)} nodes (in context)")
+    profile = measured_profile(captured, flash)
+    plans = {}
+    for fraction in (float(f) for f in args.budgets.split(",")):
+        budget = activation_budget(graph, plain_peak, fraction)
+        try:
+            report = solve(build_problem(graph, budget, profile, "time", None, "flash"),
+                           "auto", time_limit=args.time_limit)
+        except InfeasibleBudget as error:
+            print(f"# budget {fraction:g} ({_mib(budget)}): infeasible; {error}")
+            continue
+        plans[fraction] = with_tier_params(report.plan, flash)
+    module_args = (captured.module, captured.example_args)
+    times: dict[str, list[float]] = {"eager": []}
+    reports: dict[float, dict] = {}
+    with tempfile.TemporaryDirectory(dir=args.page_dir) as pages:
+        for round_index in range(args.rounds):
+            plain = run_plain(graph, args.steps, model=module_args, seed=round_index)
+            times["eager"] += [r["step_time_s"] for r in plain["steps"][1:]]
+            for fraction, plan in plans.items():
+                run = run_plan(graph, plan, args.steps, pages, captured=captured,
+                               seed=round_index, check_gradients=round_index == 0)
+                times.setdefault(fraction, []).extend(r["step_time_s"]
+                                                      for r in run["steps"][1:])
+                previous = reports.get(fraction)
+                run["ledger_max"] = max([r["ledger_peak_bytes"] for r in run["steps"]]
+                                        + ([previous["ledger_max"]] if previous else []))
+                run["grad_check"] = previous["grad_check"] if previous else run["grad_check"]
+                reports[fraction] = run
+    eager = statistics.median(times["eager"])
+    print(f"# {args.rounds} rounds x {args.steps} steps; step time: median of the steps after "
+          f"each run's first ({len(times['eager'])} per configuration); predicted: the "
+          "simulator with the profile's costs")
+    print(f"\n  {'run':<22} {'budget MiB':>10} {'ledger peak':>11} {'<= budget':>9} "
+          f"{'recomp':>6} {'pages':>5} {'predicted s':>11} {'measured s':>10} {'miss':>7} "
+          f"{'x eager':>7}  gradients")
+    print(f"  {'plain eager':<22} {'':>10} {'':>11} {'':>9} {'':>6} {'':>5} {'':>11} "
+          f"{eager:10.3f} {'':>7} {1:7.2f}")
+    verdicts = []
+    for fraction, run in reports.items():
+        measured = statistics.median(times[fraction])
+        predicted = run["predicted_time_s"]
+        miss = measured / predicted - 1
+        fits = run["ledger_max"] <= run["budget_bytes"]
+        check = run["grad_check"]
+        label = f"plan @ {fraction:g} ({plans[fraction].solver.get('name')})"
+        print(f"  {label:<22} {_mib(run['budget_bytes']):>10} {_mib(run['ledger_max']):>11} "
+              f"{'yes' if fits else 'NO':>9} {run['recomputed']:>6} {run['page_outs']:>5} "
+              f"{predicted:11.3f} {measured:10.3f} {miss:+7.1%} {measured / eager:7.2f}  "
+              f"{'bitwise equal' if check['bitwise_equal'] else 'DIFFER'} "
+              f"({check['compared']})")
+        met = abs(miss) <= PREDICTION_TOLERANCE
+        verdicts.append(f"budget {fraction:g}: prediction {'met' if met else 'MISSED'} "
+                        f"({miss:+.1%}, target within {PREDICTION_TOLERANCE:.0%}), ledger peak "
+                        f"{'within' if fits else 'ABOVE'} the budget")
+        if fraction == 1.0:
+            verdicts.append(f"budget 1: executor {measured / eager:.2f}x plain eager "
+                            f"({'met' if measured / eager <= EAGER_RATIO_TARGET else 'MISSED'}"
+                            f", target <= {EAGER_RATIO_TARGET:.2f}x)")
+    print()
+    for line in verdicts:
+        print(f"# {line}")
+    return 0
+
+
+# -- resident peaks: each run in a fresh process ---------------------------------------------
+
+def rss_main(args, flash) -> int:
     print(f"# budget: fixed memory + {FRACTION:.0%} of the plain schedule's activation memory;"
           " RSS and time: steps after the first")
     print("# overhead: recompute time / first-compute time, measured/predicted; paging ms: "
           "measured/predicted per step; ledger - predicted: the executor's live-tensor peak "
-          "against the plan's (tolerance: batch-norm statistics + 64 B); predicted s: the "
+          "against the plan's; predicted s: the "
           "simulator with the op profiler's costs")
     rows = []
     with tempfile.TemporaryDirectory() as work:
-        for name, options in (QUICK if args.quick else MODELS):
+        for name, options in (RSS_QUICK if args.quick else RSS_MODELS):
             if args.models and name not in args.models.split(","):
                 continue
             rows.append(_bench(name, options, flash, Path(work), args))
@@ -78,16 +205,11 @@ def _bench(name: str, options: dict, flash, work: Path, args) -> dict:
     from edge_remat.planner.build import build_problem, plain_peak_bytes
     from edge_remat.planner.solve import solve
     from edge_remat_agent.capture import capture_model
-    from edge_remat_agent.formats import Profile
-    from edge_remat_agent.profiler.ops import measure_nodes, ops_from
     captured = capture_model(name, **options)
     graph = captured.graph
     plain_peak = plain_peak_bytes(graph)
-    budget = int(graph.fixed_bytes + FRACTION * (plain_peak - graph.fixed_bytes))
-    # This machine's op costs (the op profiler) and flash: the plan's predictions are then this
-    # machine's, not the capture's FLOP estimate. Power is not measured (time objective).
-    ops = ops_from(measure_nodes(captured))
-    profile = Profile("measured", {}, idle_w=0.0, active_w=1.0, tiers={"flash": flash}, ops=ops)
+    budget = activation_budget(graph, plain_peak, FRACTION)
+    profile = measured_profile(captured, flash)
     problem = build_problem(graph, budget, profile, "time", None, "flash")
     graph_file = work / f"{name}.graph.json"
     graph.save(graph_file)
@@ -99,9 +221,7 @@ def _bench(name: str, options: dict, flash, work: Path, args) -> dict:
     for solver in ("auto", "heuristic:paging"):
         plan = solve(problem, solver, time_limit=args.time_limit).plan
         plan_file = work / f"{name}.{solver.replace(':', '-')}.plan.json"
-        plan_dict = plan.to_dict()
-        plan_dict["problem"]["tier_params"] = {"flash": flash.to_dict()}
-        plan_file.write_text(json.dumps(plan_dict))
+        plan_file.write_text(json.dumps(with_tier_params(plan, flash).to_dict()))
         label = f"{plan.solver.get('name')} ({plan.solver.get('status')})"
         row["plans"].append((label, _run_worker("plan", graph_file, plan_file, args)))
     return row

@@ -91,8 +91,11 @@ def measure(args: argparse.Namespace, progress=None):
     profile.ops = ops_from(nodes)
     profile.measurements["ops"] = {
         "graph": graph.name, "graph_fingerprint": graph.fingerprint(),
-        "method": "each planner node re-run on real inputs (StepRunner) until the window "
-                  "is measured; bytes from the real tensors",
+        "method": "time_s: each planner node's median over plain steps run node by node "
+                  "(StepRunner, the executor's engine); isolated_time_s: the node re-run on "
+                  "real inputs until the window is measured (best of 3 windows); energy from "
+                  "the isolated windows; bytes from the real tensors",
+        "context_steps": nodes[0].context_runs if nodes else 0,
         "window_s": window_s(args.op_window_s, sensor), "device": args.device,
         "energy": "above idle, from sensor " + sensor_name if sensor is not None else
                   "not measured (no sensor): the planner uses time x (active - idle) power",
