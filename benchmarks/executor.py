@@ -101,6 +101,7 @@ SPEC = ("resnet18", dict(batch=16, image=64))
 SPEC_QUICK = ("resnet18", dict(batch=8, image=32))
 PREDICTION_TOLERANCE = 0.15
 EAGER_RATIO_TARGET = 1.10
+FLOOR_TRIES, FLOOR_STEP = 4, 0.02  # below the planner's floor: plan 2% above it, then 4%, ...
 
 
 def prediction_main(args, flash) -> int:
@@ -115,18 +116,29 @@ def prediction_main(args, flash) -> int:
     name, options = SPEC_QUICK if args.quick else SPEC
     captured = capture_model(name, **options)
     graph = captured.graph
-    plain_peak = plain_peak_bytes(graph)
-    print(f"# {name} {_options(options)}: plain peak {_mib(plain_peak)}, fixed "
-          f"{_mib(graph.fixed_bytes)}; profiling its {len(graph)} nodes (in context)")
+    print(f"# {name} {_options(options)}: profiling its {len(graph)} nodes (in context)")
     profile = measured_profile(captured, flash)
+    # Plain peak with the profile's workspaces (kernel scratch the allocator saw), as planned.
+    plain_peak = plain_peak_bytes(graph, profile)
+    print(f"# plain peak {_mib(plain_peak)} (with the graph's own workspaces "
+          f"{_mib(plain_peak_bytes(graph))}), fixed {_mib(graph.fixed_bytes)}")
     plans = {}
     for fraction in (float(f) for f in args.budgets.split(",")):
         budget = activation_budget(graph, plain_peak, fraction)
-        try:
-            report = solve(build_problem(graph, budget, profile, "time", None, "flash"),
-                           "auto", time_limit=args.time_limit)
-        except InfeasibleBudget as error:
-            print(f"# budget {fraction:g} ({_mib(budget)}): infeasible; {error}")
+        for _ in range(FLOOR_TRIES):
+            try:
+                report = solve(build_problem(graph, budget, profile, "time", None, "flash"),
+                               "auto", time_limit=args.time_limit)
+                break
+            except InfeasibleBudget as error:
+                # The planner names the smallest budget with a chance; no plan need exist at
+                # exactly that bound, so step up from it until one does.
+                floor = max(error.smallest_bytes or budget, budget)
+                budget = int(floor * (1 + FLOOR_STEP))
+                share = (budget - graph.fixed_bytes) / (plain_peak - graph.fixed_bytes)
+                print(f"# budget {fraction:g}: infeasible ({error}); planning at "
+                      f"{_mib(budget)} = {share:.0%} of the activation memory instead")
+        else:
             continue
         plans[fraction] = with_tier_params(report.plan, flash)
     module_args = (captured.module, captured.example_args)
@@ -207,9 +219,9 @@ def _bench(name: str, options: dict, flash, work: Path, args) -> dict:
     from edge_remat_agent.capture import capture_model
     captured = capture_model(name, **options)
     graph = captured.graph
-    plain_peak = plain_peak_bytes(graph)
-    budget = activation_budget(graph, plain_peak, FRACTION)
     profile = measured_profile(captured, flash)
+    plain_peak = plain_peak_bytes(graph, profile)
+    budget = activation_budget(graph, plain_peak, FRACTION)
     problem = build_problem(graph, budget, profile, "time", None, "flash")
     graph_file = work / f"{name}.graph.json"
     graph.save(graph_file)

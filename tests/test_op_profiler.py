@@ -1,5 +1,6 @@
 """The op profiler: every planner node timed on real inputs for a window the clock can resolve,
-its bytes read from the real tensors, written as a measured profile that the planner takes
+its bytes read from the real tensors (and its workspace from the allocator, scratch inside
+kernels included), written as a measured profile that the planner takes
 (`edge-remat plan --profile`: cost_source "profile"), on this machine and through the daemon."""
 
 from __future__ import annotations
@@ -8,13 +9,17 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from board_fixtures import stop_agent
 from edge_remat.cli import app
 from edge_remat_agent import cli as agent_cli
 from edge_remat_agent.capture import capture_model
+from edge_remat_agent.costs import build_costs
 from edge_remat_agent.formats import load_graph, load_profile
+from edge_remat_agent.formats.profile import Profile
+from edge_remat_agent.profiler.allocations import AllocatorPeak
 from edge_remat_agent.profiler.ops import CONTEXT_STEPS, measure_nodes, ops_from, profile_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,10 +35,14 @@ def graph_file(tmp_path_factory):
     return path
 
 
-def test_every_node_is_timed_for_a_measurable_window_with_its_real_bytes():
+@pytest.fixture(scope="module")
+def measured():
     captured = capture_model(EXAMPLE, batch=4, image=16)
-    nodes = measure_nodes(captured, min_window_s=0.01)
-    graph = captured.graph
+    return captured.graph, measure_nodes(captured, min_window_s=0.01)
+
+
+def test_every_node_is_timed_for_a_measurable_window_with_its_real_bytes(measured):
+    graph, nodes = measured
     assert [m.id for m in nodes] == [n.id for n in graph.nodes]
     for m, node in zip(nodes, graph.nodes):
         # The isolated window is long enough for the clock; time_s is the in-context median.
@@ -42,10 +51,48 @@ def test_every_node_is_timed_for_a_measurable_window_with_its_real_bytes():
         assert m.key == profile_key(node)
         if node.kind in ("forward", "backward"):  # real storages, as the capture sized them
             assert m.out_bytes == node.out_bytes, (node.name, m.out_bytes, node.out_bytes)
-            assert m.workspace_bytes == node.workspace_bytes, node.name
+            assert m.ledger_workspace_bytes == node.workspace_bytes, node.name
     ops = ops_from(nodes)
     assert set(ops) == {profile_key(n) for n in graph.nodes}
     assert len(ops) < len(nodes)  # the two residual blocks' twin layers share a signature
+
+
+def test_allocator_peak_counts_scratch_a_call_frees_before_returning():
+    def kernel():  # 1 MiB of scratch, 4 KiB kept
+        scratch = torch.empty(2**18)
+        return scratch[:1024].clone()
+
+    kernel()
+    with AllocatorPeak() as meter:
+        kept = kernel()
+    assert meter.measured and meter.retained_bytes == kept.untyped_storage().nbytes() == 4096
+    assert meter.peak_bytes == 2**20 + 4096
+
+
+def test_workspace_includes_the_scratch_kernels_allocate_inside_themselves(measured):
+    """convolution_backward allocates scratch inside ATen, which no ledger of the runner's
+    tensors sees: the allocator pass does, and the profile's op carries the larger figure."""
+    graph, nodes = measured
+    by_id = {n.id: n for n in graph.nodes}
+    conv_backward = [m for m in nodes if by_id[m.id].op == "convolution_backward"]
+    assert conv_backward
+    for m in conv_backward:
+        assert m.allocator_workspace_bytes > m.ledger_workspace_bytes, m
+        assert m.workspace_bytes == m.allocator_workspace_bytes, m
+    for m in nodes:
+        if m.kind != "update":  # the optimizer step is not metered: the graph's workspace
+            assert m.allocator_peak_bytes is not None, m
+            assert m.workspace_bytes == max(m.ledger_workspace_bytes,
+                                            m.allocator_workspace_bytes), m
+    ops = ops_from(nodes)
+    for key in {m.key for m in conv_backward}:
+        assert ops[key].workspace_bytes == max(m.workspace_bytes for m in nodes if m.key == key)
+    # The planner takes it: a node's workspace in the cost model is the profile's.
+    profile = Profile("measured", {}, idle_w=0.0, active_w=1.0, ops=ops)
+    costs = build_costs(graph, profile)
+    assert costs.workspace_source == f"profile:profile for {len(graph)}/{len(graph)} nodes"
+    for node, workspace in zip(graph.nodes, costs.workspace(graph)):
+        assert workspace == ops[profile_key(node)].workspace_bytes >= node.workspace_bytes
 
 
 def test_measured_profile_changes_the_planners_costs(graph_file, tmp_path, capsys):

@@ -1,6 +1,11 @@
-"""What each step of a schedule costs: per-node compute time and energy, per-tier paging costs.
+"""What each step of a schedule costs: per-node compute time and energy, per-tier paging costs,
+and the workspace each node needs while it computes.
 
-One cost model serves the simulator, the solvers and the reports, so that they agree to the joule.
+One cost model serves the simulator, the solvers and the reports, so that they agree to the joule
+and to the byte: build_costs is the one place where a profile's measurements override the
+graph's figures (time, energy, workspace), and the simulator (simulate.py) and the planner's
+Problem (host planner/problem.py, which every solver reads) take each node's workspace from
+`CostModel.workspace_bytes`, never from the graph's nodes.
 """
 
 from __future__ import annotations
@@ -37,23 +42,44 @@ class CostModel:
     # Where node costs come from, in the graph format's words: "profile" when a profile
     # measured every node, "profile+<graph's source>" when some, else the graph's own.
     cost_source: str = "unknown"
+    # Bytes each node needs while it computes beyond its output (indexed like the graph's
+    # nodes): a profile's measured workspace (the allocator's peak: scratch inside kernels
+    # included) where its op has one, else the graph's. None: the graph's, node by node.
+    workspace_bytes: list[int] | None = None
+    workspace_source: str = "graph"  # "graph" | "profile:<name> for k/n nodes"
+
+    def workspace(self, graph: Graph) -> list[int]:
+        """Each node's workspace bytes (the graph's where this model has none)."""
+        if self.workspace_bytes is None:
+            return [node.workspace_bytes for node in graph.nodes]
+        if len(self.workspace_bytes) != len(graph):
+            raise ValueError(f"the cost model has workspace for {len(self.workspace_bytes)} "
+                             f"nodes, graph '{graph.name}' has {len(graph)}")
+        return list(self.workspace_bytes)
 
     def describe(self) -> dict[str, Any]:
         return {"static_w": self.static_w, "power_source": self.power_source,
                 "time_source": self.time_source, "cost_source": self.cost_source,
-                "tiers": sorted(self.tiers)}
+                "workspace_source": self.workspace_source, "tiers": sorted(self.tiers)}
 
 
 def build_costs(graph: Graph, profile: Profile | None = None,
                 tiers: dict[str, Tier] | None = None) -> CostModel:
-    """Costs from the graph, overridden by a profile's measurements (matched by op signature)."""
+    """Costs from the graph, overridden by a profile's measurements (matched by op signature:
+    `node.signature or node.op`): time, energy, and workspace where the profile's op has one."""
     times, energies, from_profile = [], [], 0
+    workspaces, workspace_from_profile = [], 0
     idle_w = profile.idle_w if profile else 0.0
     dynamic_w = (profile.active_w - profile.idle_w) if profile else DEFAULT_ACTIVE_W
     have_time = [n.time_s is not None for n in graph.nodes]
     unit_costs = not any(have_time)
     for node, has in zip(graph.nodes, have_time):
         measured = profile.ops.get(node.signature or node.op) if profile else None
+        if measured is not None and measured.workspace_bytes is not None:
+            workspace_from_profile += 1
+            workspaces.append(int(measured.workspace_bytes))
+        else:
+            workspaces.append(int(node.workspace_bytes))
         if measured is not None:
             from_profile += 1
             time = measured.time_s
@@ -81,7 +107,10 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     cost_source = ("profile" if from_profile == len(graph) else
                    f"profile+{graph.cost_source}" if from_profile else
                    "unit" if unit_costs else graph.cost_source)
-    return CostModel(times, energies, idle_w, tier_costs, power_source, time_source, cost_source)
+    workspace_source = (f"profile:{profile.name} for {workspace_from_profile}/{len(graph)} "
+                        "nodes" if workspace_from_profile else "graph")
+    return CostModel(times, energies, idle_w, tier_costs, power_source, time_source, cost_source,
+                     workspaces, workspace_source)
 
 
 def _per_node_tiers(graph: Graph, exclude: set[str]) -> dict[str, TierCosts]:

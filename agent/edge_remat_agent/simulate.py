@@ -2,7 +2,8 @@
 
 Memory model (shared/DESIGN.md): a tensor occupies RAM from the instruction that produces it
 (compute or page_in) until it is freed or paged out. While a node computes, RAM holds every resident
-tensor, the node's output and its workspace, plus fixed memory. Paged-out copies stay on their tier
+tensor, the node's output and its workspace (the cost model's: a profile's measured workspace
+where it has one, else the graph's), plus fixed memory. Paged-out copies stay on their tier
 until the end of the step.
 """
 
@@ -62,6 +63,7 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
              budget_bytes: int | None = None) -> SimResult:
     """Replay `stages`; raise PlanError on the first instruction that cannot run."""
     sizes = [n.out_bytes for n in graph.nodes]
+    workspace = costs.workspace(graph)  # a profile's where it measured one (costs.build_costs)
     deps = [[graph.index[d] for d in n.inputs] for n in graph.nodes]
     ram: set[int] = set()
     tiers: dict[str, set[int]] = {name: set() for name in costs.tiers}
@@ -88,7 +90,7 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
                     raise fail(f"inputs {missing} are not in RAM")
                 if i in ram:
                     raise fail("the node's output is already in RAM")
-                now = ram_bytes + sizes[i] + graph.nodes[i].workspace_bytes
+                now = ram_bytes + sizes[i] + workspace[i]
                 ram.add(i)
                 ram_bytes += sizes[i]
                 computed[i] += 1

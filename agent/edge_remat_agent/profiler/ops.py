@@ -9,6 +9,15 @@ Two passes, both through capture.replay.StepRunner (the executor's engine):
    statistics not applied again); of three such windows the fastest counts. Its output and
    workspace bytes come from the real tensors, through a live-tensor ledger; its energy from
    the sensor. The update node times the optimizer's step.
+   The ledger sees only the tensors the step runner holds, not the scratch an ATen kernel
+   allocates inside itself and frees before returning (convolution_backward on the CPU: ~9 MiB
+   at ResNet-18 batch 8 32x32, ~27 MiB at batch 16 64x64, so a plan made with the ledger's
+   workspace used 58-69% of eager's allocator peak at a budget of 50%). So each node runs once
+   more, untimed, under the allocator's own meter (allocations.AllocatorPeak: torch.profiler's
+   memory events on the CPU, the caching allocator's peak on CUDA): the bytes it allocated at
+   its peak, above what was allocated when it started, less its outputs and the gradients it
+   makes (fixed memory), are its allocator workspace. `workspace_bytes` is the larger of that
+   and the ledger's (`ledger_workspace_bytes`); the profile's op carries it to the planner.
 2. In context. CONTEXT_STEPS whole plain steps run node by node, each node timed once per
    step; the median counts as the node's `time_s`. A node repeated on its own finds its inputs,
    weights and workspace hot in the caches; in a step it follows other nodes that evicted
@@ -39,6 +48,7 @@ from ..capture.replay import StepRunner
 from ..formats import Node
 from ..formats.profile import OpCost
 from ..sensors import EnergyMeter, PowerSensor
+from .allocations import AllocatorPeak
 from .memory import LiveTensorLedger
 from .tiers import MIN_WINDOW_S, time_repeated
 
@@ -57,10 +67,15 @@ class NodeMeasurement:
     time_s: float  # seconds per run inside plain steps (median), else the isolated time
     runs: int  # isolated runs timed, all windows
     out_bytes: int
-    workspace_bytes: int
+    workspace_bytes: int  # transient bytes beyond its outputs: max(ledger's, allocator's)
     energy_j: float | None = None  # per run, above idle
     isolated_time_s: float | None = None  # seconds per run, in the fastest isolated window
     context_runs: int = 0  # plain steps it was timed in
+    ledger_workspace_bytes: int | None = None  # peak of the tensors the runner holds, beyond
+    # what it holds after the node (its outputs)
+    allocator_peak_bytes: int | None = None  # allocator bytes at the node's peak above its
+    # start (None: not measured, e.g. no allocator meter for the device, or the update node)
+    allocator_workspace_bytes: int | None = None  # that peak less its outputs and gradients
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,11 +96,14 @@ def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
                   device: str | torch.device | None = None,
                   progress: Callable[[int, int, NodeMeasurement], None] | None = None,
                   map_large_allocations: bool = True,
-                  context_steps: int = CONTEXT_STEPS) -> list[NodeMeasurement]:
+                  context_steps: int = CONTEXT_STEPS,
+                  allocator_pass: bool = True) -> list[NodeMeasurement]:
     """Time every node of `captured.graph` (the module's parameters change: the update node
     steps the optimizer; profile a throwaway copy). `map_large_allocations`: the allocator
     setting the executor runs with (allocator.py), so that the times are the executor's.
-    `context_steps`: plain steps for the in-context pass (0: isolated times only)."""
+    `context_steps`: plain steps for the in-context pass (0: isolated times only).
+    `allocator_pass`: one more untimed run of each node under the allocator's meter, for the
+    scratch its kernels allocate inside themselves (False: the ledger's workspace only)."""
     if map_large_allocations:
         map_large_blocks()
     graph, module = captured.graph, captured.module
@@ -96,12 +114,13 @@ def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
     runner = StepRunner(captured.trace, graph, module, captured.example_args, device, ledger)
     optimizer = torch_optimizer(graph.capture.get("optimizer", "sgd"), module)
     last_reader = _last_readers(graph)
+    meter = AllocatorPeak(device) if allocator_pass and AllocatorPeak.supported(device) else None
     out: list[NodeMeasurement] = []
     for index, node in enumerate(graph.nodes):
         if node.kind == "update":
             measured = _measure_update(node, runner, module, optimizer, window, sensor, idle_w)
         else:
-            measured = _measure_node(node, runner, ledger, window, sensor, idle_w)
+            measured = _measure_node(node, runner, ledger, window, sensor, idle_w, meter)
             for dep in node.inputs:
                 if last_reader[dep] == node.id:
                     runner.free(dep)
@@ -163,7 +182,7 @@ def ops_from(measurements: list[NodeMeasurement]) -> dict[str, OpCost]:
     for m in measurements:
         groups.setdefault(m.key, []).append(m)
     ops = {}
-    for key, rows in groups.items():
+    for key, rows in groups.items():  # workspace: the larger of ledger's and allocator's
         energies = [r.energy_j for r in rows]
         ops[key] = OpCost(
             time_s=statistics.fmean(r.time_s for r in rows),
@@ -174,20 +193,42 @@ def ops_from(measurements: list[NodeMeasurement]) -> dict[str, OpCost]:
 
 
 def _measure_node(node: Node, runner: StepRunner, ledger: LiveTensorLedger, window: float,
-                  sensor: PowerSensor | None, idle_w: float | None) -> NodeMeasurement:
+                  sensor: PowerSensor | None, idle_w: float | None,
+                  meter: AllocatorPeak | None = None) -> NodeMeasurement:
     ledger.reset_peak()
     runner.compute(node.id)  # the first run: sizes, and a warm-up for the timed runs
     held_after = ledger.live_bytes
-    workspace = max(0, ledger.peak_bytes - held_after)
+    ledger_workspace = max(0, ledger.peak_bytes - held_after)
     outputs = runner.outputs(node.id)
-    out_bytes = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                     for t in outputs.values() if isinstance(t, torch.Tensor)}.values())
+    out_bytes = _storage_bytes(outputs.values())
+    # The gradients this node makes: fixed memory in the planner's model (the first run keeps
+    # them; a later run makes them again and drops them at its end).
+    grad_bytes = _storage_bytes(runner.grads[param] for param in
+                                set(node.attrs.get("grads", {}).values()) if param in runner.grads)
     runner.free(node.id)
+    allocator_peak = allocator_workspace = None
+    if meter is not None:  # untimed: the profiler costs time
+        with meter:
+            runner.compute(node.id)
+        if meter.measured:
+            allocator_peak = meter.peak_bytes
+            kept = max(meter.retained_bytes, out_bytes + grad_bytes)
+            allocator_workspace = max(0, allocator_peak - kept)
+        runner.free(node.id)
     time_s, runs, energy = _timed(lambda i: runner.compute(node.id), window, sensor, idle_w,
                                   after=lambda i: runner.free(node.id))
     runner.compute(node.id)  # its outputs, for the nodes after it
     return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,
-                           out_bytes, workspace, energy)
+                           out_bytes, max(ledger_workspace, allocator_workspace or 0), energy,
+                           ledger_workspace_bytes=ledger_workspace,
+                           allocator_peak_bytes=allocator_peak,
+                           allocator_workspace_bytes=allocator_workspace)
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (non-tensors skipped)."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors if isinstance(t, torch.Tensor)}.values())
 
 
 def _measure_update(node: Node, runner: StepRunner, module: torch.nn.Module,
@@ -200,7 +241,8 @@ def _measure_update(node: Node, runner: StepRunner, module: torch.nn.Module,
     time_s, runs, energy = _timed(lambda i: optimizer.step(), window, sensor, idle_w)
     optimizer.zero_grad(set_to_none=True)
     return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,
-                           0, node.workspace_bytes, energy)
+                           0, node.workspace_bytes, energy,
+                           ledger_workspace_bytes=node.workspace_bytes)
 
 
 def _timed(operation, window: float, sensor: PowerSensor | None, idle_w: float | None,

@@ -15,17 +15,19 @@ from .problem import Problem
 PAGING_CHOICES = {"none": (), "flash": ("flash",), "host": ("host",), "both": ("flash", "host")}
 
 
-def plain_peak_bytes(graph: Graph) -> int:
-    """Peak RAM of the plain schedule: every node once, in order, nothing paged (fixed included)."""
-    p = Problem(graph, build_costs(graph), budget_bytes=2**62)
+def plain_peak_bytes(graph: Graph, profile: Profile | None = None) -> int:
+    """Peak RAM of the plain schedule: every node once, in order, nothing paged (fixed included).
+    With a profile, each node's workspace is the profile's where it measured one (build_costs)."""
+    p = Problem(graph, build_costs(graph, profile), budget_bytes=2**62)
     return evaluate(p, keep_all(p)).sim.peak_bytes
 
 
-def resolve_budget(text: str | float, graph: Graph, reference_peak: int | None = None) -> int:
+def resolve_budget(text: str | float, graph: Graph, reference_peak: int | None = None,
+                   profile: Profile | None = None) -> int:
     kind, value = parse_budget(str(text))
     if kind == "bytes":
         return int(value)
-    peak = reference_peak if reference_peak is not None else plain_peak_bytes(graph)
+    peak = reference_peak if reference_peak is not None else plain_peak_bytes(graph, profile)
     return math.ceil(value * peak)  # the published benchmarks' definition
 
 
@@ -41,5 +43,5 @@ def build_problem(graph: Graph, budget: str | float, profile: Profile | None = N
     else:
         raise ValueError(f"--paging must be one of {', '.join(PAGING_CHOICES)}, got {paging!r}")
     reference = graph.capture.get("reference_peak_bytes")
-    return Problem(graph, costs, resolve_budget(budget, graph, reference), objective, deadline,
-                   chosen, paging_time, profile.name if profile else None)
+    return Problem(graph, costs, resolve_budget(budget, graph, reference, profile), objective,
+                   deadline, chosen, paging_time, profile.name if profile else None)

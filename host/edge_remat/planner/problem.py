@@ -59,7 +59,9 @@ class Problem:
         g = self.graph
         self.n = len(g)
         self.sizes = [node.out_bytes for node in g.nodes]
-        self.workspace = [node.workspace_bytes for node in g.nodes]
+        # The cost model's workspace (a profile's where it measured one), as the simulator
+        # takes it: every solver reads self.workspace.
+        self.workspace = self.costs.workspace(g)
         self.deps = [[g.index[d] for d in node.inputs] for node in g.nodes]
         self.users: list[list[int]] = [[] for _ in range(self.n)]
         for k, ds in enumerate(self.deps):

@@ -135,7 +135,6 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     graph = captured.graph
     graph_path = out / "graph.json"
     graph.save(graph_path)
-    plain_peak = plain_peak_bytes(graph)
     twin = None
     if device.hardware.memory_limit_bytes:
         from ..emulated import unlimited_twin
@@ -145,6 +144,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     chosen = choose_profile(board, device, opts.model_info, graph_path, out, opts.profile,
                             opts.reprofile, twin, say)
     say(f"profile: {chosen.describe()}")
+    # With the profile's measured workspaces (kernel scratch included), as the planner sees it.
+    plain_peak = plain_peak_bytes(graph, chosen.profile)
     plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say)
     require_kind(board, "run", "execute plans")
     limited = bool(device.hardware.memory_limit_bytes)
@@ -156,9 +157,11 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
               "check_gradients": opts.check_gradients and not limited, **opts.extra}
     if device.hardware.page_dir:
         params["page_dir"] = device.hardware.page_dir
-    say(f"{board.name}: running the plan for {opts.steps} steps")
-    outcome = _train(board, device, "run", params, {"plan": plan_path, "graph": graph_path},
-                     out, opts.steps, say)
+    from ..transport.host_pages import host_pages, plan_uses_host
+    with host_pages(board, plan_uses_host(plan_dict), say) as page_params:
+        say(f"{board.name}: running the plan for {opts.steps} steps")
+        outcome = _train(board, device, "run", {**params, **page_params},
+                         {"plan": plan_path, "graph": graph_path}, out, opts.steps, say)
     if limited and opts.check_gradients and outcome["status"] == "finished":
         say("checking the plan's gradients against eager PyTorch on the host")
         outcome["grad_check"] = host_gradient_check(graph, plan_path, captured)
