@@ -411,11 +411,14 @@ def deploy(
 
     @board_errors
     def run(as_json: bool) -> None:
-        load_plan(plan_file)  # a bad plan is refused here, not on the board
+        from .transport.host_pages import host_pages, plan_uses_host
+        plan = load_plan(plan_file)  # a bad plan is refused here, not on the board
         with Board(find_device(device), on_event=to_stderr) as board:
             require_kind(board, "run", "execute plans")
-            record = board.run_job("run", {"steps": steps}, {"plan": plan_file, "graph": graph},
-                                   out, on_update=None if as_json else show_progress)
+            with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
+                record = board.run_job("run", {"steps": steps, **page_params},
+                                       {"plan": plan_file, "graph": graph}, out,
+                                       on_update=None if as_json else show_progress)
             print_outcome(record, as_json, board)
 
     run(as_json=as_json)

@@ -48,7 +48,9 @@ run_plan(graph, plan, steps, page_dir=None, data=None, check_gradients=True, pro
     device    "cpu" (default) or e.g. "cuda": the module, batch, factories and generators go
               there; pages still go through the CPU. Bitwise equality is promised on the CPU.
     stores    {"flash": PageStore, "host": PageStore} to use instead of the defaults; "host"
-              defaults to a MemoryStore in this process (the report says it frees no RAM).
+              defaults to a MemoryStore in this process (the report says it frees no RAM);
+              stores.host_link_store(plan, "HOST:PORT") is one over the host's page service
+              (pages/service.py), which the run job makes from its `host_pages` param.
     seed      torch.manual_seed(seed) before the first step (None: the generator as it is).
     flash_capacity_bytes / flash_fsync   FlashStore options (a capacity makes a full store
               fail with `InstructionFailed` naming the bytes needed and held). fsync is on

@@ -6,7 +6,9 @@ board's own sensor if it has one), device (default "cpu"), seed, keep_malloc_def
 data (a data spec, see edge_remat_agent.data: "example" (default), "digits",
 "MODULE:FUNCTION"; shuffled with `seed`, as plain training shuffles it), lr (overrides the
 optimizer's learning rate), optimizer (checked against the one the graph was captured for:
-its update node stands for that optimizer, so the run cannot change it).
+its update node stands for that optimizer, so the run cannot change it), host_pages
+("HOST:PORT" of the host's page service, seen from the board: a plan's `host` pages go there
+instead of staying in this process; the host starts the service and passes this).
 Writes run_report.json (fetched by the host) and returns its summary; both say which data the
 run trained on and with which optimizer settings.
 """
@@ -19,6 +21,7 @@ from ..daemon.registry import JobContext
 def run_job(ctx: JobContext, params: dict) -> dict:
     from ..formats import load_graph, load_plan
     from .run import run_plan
+    from .stores import host_link_store
     for name in ("plan", "graph"):
         if not params.get(name):
             raise ValueError(f"the run job needs a {name} file (param {name!r})")
@@ -43,13 +46,20 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                      ledger_peak_bytes=record["ledger_peak_bytes"],
                      rss_peak_bytes=record["rss_peak_bytes"])
 
+    host = host_link_store(plan, params.get("host_pages"))
     ctx.progress(0.0, "capturing the graph on the board")
-    report = run_plan(graph, plan, steps, page_dir,
-                      check_gradients=_flag(params.get("check_gradients", True)),
-                      progress=progress, sensor=params.get("sensor", "auto"),
-                      device=params.get("device", "cpu"), seed=seed,
-                      data=params.get("data"), lr=lr,
-                      map_large_allocations=not _flag(params.get("keep_malloc_defaults", False)))
+    try:
+        report = run_plan(graph, plan, steps, page_dir,
+                          check_gradients=_flag(params.get("check_gradients", True)),
+                          progress=progress, sensor=params.get("sensor", "auto"),
+                          device=params.get("device", "cpu"), seed=seed,
+                          data=params.get("data"), lr=lr,
+                          stores=None if host is None else {"host": host},
+                          map_large_allocations=not _flag(params.get("keep_malloc_defaults",
+                                                                     False)))
+    finally:
+        if host is not None:
+            host.close()
     ctx.write_json("run_report.json", report)
     return {"files": ["run_report.json"], "summary": report["summary"],
             "grad_check": report["grad_check"], "steps": len(report["steps"]),

@@ -4,7 +4,8 @@ flash  FlashStore in the page directory: checksummed files, the page cache dropp
        write and read so that paging really frees RAM (inside a memory cgroup the cache is
        charged to the run). Opening it removes the page files of runs that were killed there;
        the report's tiers.flash.cleaned_stale says how many and how large.
-host   the caller's store for the link (a LinkStore); without one, a MemoryStore in this
+host   the caller's store for the link (a LinkStore; the run job's `host_pages` param makes one
+       over the host's page service, see host_link_store); without one, a MemoryStore in this
        process, and the report says so: it moves bytes but frees no RAM.
 """
 
@@ -14,7 +15,8 @@ import contextlib
 from typing import Iterator
 
 from ..formats import Graph, Plan
-from ..pages import FlashStore, MemoryStore, PageStore, PageStoreError, PageStoreFull
+from ..pages import (FlashStore, LinkStore, MemoryStore, PageStore, PageStoreError,
+                     PageStoreFull)
 from .errors import BadInput, ExecutorError
 
 
@@ -73,8 +75,31 @@ def describe_stores(stores: dict[str, PageStore]) -> dict[str, dict]:
                        cleaned_stale=dict(store.cleaned_stale))  # what killed runs had left
         if isinstance(store, MemoryStore):
             row["note"] = "held in this process's memory (no link to a host given): frees no RAM"
+        if isinstance(store, LinkStore):
+            row["where"] = store.where
+            row["note"] = f"sent to the {store.where}: out of this process's memory"
+            stats = getattr(getattr(store, "client", None), "stats", None)
+            if stats is not None:
+                try:
+                    row["service"] = stats()  # what the host saw: peak_bytes, puts, gets
+                except PageStoreError as error:
+                    row["service"] = {"error": str(error)}
         out[tier] = row
     return out
+
+
+def host_link_store(plan: Plan, address: str | None) -> PageStore | None:
+    """The `host` store over the page service at `address` (HOST:PORT, as the host passes it
+    in the run job's `host_pages` param), connected now; None when the plan does not page to
+    host or no address is given (open_stores then keeps host pages in this process)."""
+    if not address or "host" not in tiers_used(plan):
+        return None
+    from ..pages.service import connect_store
+    try:
+        return connect_store(str(address))
+    except (PageStoreError, ValueError) as error:
+        raise ExecutorError(f"{error}. Remedy: run the plan through `edge-remat deploy` or "
+                            "`edge-remat run`, which start the host's page service") from error
 
 
 def _check_room(store: FlashStore, needed: int) -> None:

@@ -6,7 +6,8 @@
         flash.discard(node_id)          # the plan is done with it
         flash.clear()                   # end of step
 
-`host` is MemoryStore in the local case and LinkStore over a transport otherwise. All stores
+`host` is a LinkStore over the host's page service (service.py) when the run is given one, else
+a MemoryStore in this process. All stores
 share one page encoding (codec.py): a header, the raw tensor bytes, and a CRC32 checked on read.
 """
 
@@ -16,7 +17,9 @@ from .errors import PageCorrupted, PageMissing, PageStoreError, PageStoreFull
 from .flash import FlashStore
 from .link import LinkStore
 from .memory import MemoryStore
+from .service import PageClient, PageService, PageServiceError, ServiceStore, connect_store
 
 __all__ = ["PageStore", "FlashStore", "MemoryStore", "LinkStore", "PageStoreError",
            "PageStoreFull", "PageCorrupted", "PageMissing", "EncodedPage", "PageHeader", "encode",
-           "decode"]
+           "decode", "PageService", "PageClient", "PageServiceError", "ServiceStore",
+           "connect_store"]

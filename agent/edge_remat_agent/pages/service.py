@@ -1,0 +1,325 @@
+"""The `host` tier's other end: a tiny page service that keeps opaque page bytes by key in its
+own process (standard library only), and the client that a LinkStore on the board sends through.
+
+    with PageService(capacity_bytes=2**30) as service:     # on the host, in a thread
+        address = service.address                           # "127.0.0.1:PORT" (ephemeral)
+        store = connect_store(address)                      # on the board (after forwarding)
+        store.put(node_id, tensor); store.get(node_id)
+
+It listens on 127.0.0.1 only; over SSH the host forwards a board-side port to it. The bytes are
+whole codec pages (header + payload + CRC32), so the service needs no torch, and a page damaged
+on the way back is caught by the LinkStore that decodes it.
+
+Frames (little endian), one request then one reply per round trip:
+
+    request  u8 op | u32 key length | u64 body length | key (UTF-8) | body
+    reply    u8 status | u64 body length | body
+    op       1 put (body: the page) | 2 get | 3 drop | 4 clear | 5 stats
+    status   0 ok (get: the page; stats: JSON) | 1 missing | 2 full (body: why) | 3 error (why)
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from typing import Hashable
+
+from .errors import PageMissing, PageStoreError, PageStoreFull
+from .link import LinkStore
+
+REQUEST = struct.Struct("<BIQ")
+REPLY = struct.Struct("<BQ")
+PUT, GET, DROP, CLEAR, STATS = 1, 2, 3, 4, 5
+OK, MISSING, FULL, ERROR = 0, 1, 2, 3
+MAX_KEY_BYTES = 4096
+
+
+class PageServiceError(PageStoreError):
+    """The page service cannot be reached, or answered something that is not a reply."""
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if not k:
+            raise ConnectionError("the other end closed the connection")
+        got += k
+    return bytes(buf)
+
+
+def _no_delay(sock: socket.socket) -> None:
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
+
+
+# -- the service (host side) ----------------------------------------------------------------------
+
+class PageService:
+    """Pages by key in this process's memory, served on 127.0.0.1:PORT (0: an ephemeral port).
+
+    bytes_held / peak_bytes / puts / gets say what it saw; close() (or `with` exit) stops it,
+    closes every connection and forgets every page."""
+
+    def __init__(self, capacity_bytes: int | None = None, host: str = "127.0.0.1",
+                 port: int = 0):
+        if capacity_bytes is not None and capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self._pages: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self.bytes_held = self.peak_bytes = self.puts = self.gets = 0
+        self._listener = socket.create_server((host, port))
+        self.host, self.port = self._listener.getsockname()[:2]
+        self._conns: set[socket.socket] = set()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name="page-service", daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            _no_delay(conn)
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._conns.add(conn)
+            threading.Thread(target=self.serve, args=(conn,), name="page-service-conn",
+                             daemon=True).start()
+
+    def serve(self, conn) -> None:
+        """Answer requests on one connected socket (or socket-like object with sendall,
+        recv_into and close) until it closes."""
+        try:
+            while True:
+                try:
+                    op, key_len, body_len = REQUEST.unpack(_recv_exact(conn, REQUEST.size))
+                except (ConnectionError, OSError):
+                    return
+                if key_len > MAX_KEY_BYTES:
+                    return  # not a client of ours: drop the connection
+                key = _recv_exact(conn, key_len).decode("utf-8", "replace")
+                body = _recv_exact(conn, body_len) if body_len else b""
+                status, reply = self._handle(op, key, body)
+                head = REPLY.pack(status, len(reply))
+                if len(reply) < 65536:
+                    conn.sendall(head + reply)  # one segment for small replies
+                else:
+                    conn.sendall(head)
+                    conn.sendall(reply)
+        except (ConnectionError, OSError):
+            return
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def _handle(self, op: int, key: str, body: bytes) -> tuple[int, bytes]:
+        with self._lock:
+            if op == PUT:
+                replaced = len(self._pages.get(key, b""))
+                held = self.bytes_held - replaced + len(body)
+                if self.capacity_bytes is not None and held > self.capacity_bytes:
+                    return FULL, (f"the host page service holds {self.bytes_held} of its "
+                                  f"{self.capacity_bytes}-byte capacity").encode()
+                self._pages[key] = body
+                self.bytes_held = held
+                self.peak_bytes = max(self.peak_bytes, held)
+                self.puts += 1
+                return OK, b""
+            if op == GET:
+                data = self._pages.get(key)
+                if data is None:
+                    return MISSING, b""
+                self.gets += 1
+                return OK, data
+            if op == DROP:
+                data = self._pages.pop(key, None)
+                if data is not None:
+                    self.bytes_held -= len(data)
+                return OK, b""
+            if op == CLEAR:
+                self._pages.clear()
+                self.bytes_held = 0
+                return OK, b""
+            if op == STATS:
+                return OK, json.dumps(self.stats_locked()).encode()
+        return ERROR, f"unknown operation {op}".encode()
+
+    def stats_locked(self) -> dict:
+        return {"pages": len(self._pages), "bytes_held": self.bytes_held,
+                "peak_bytes": self.peak_bytes, "puts": self.puts, "gets": self.gets,
+                "capacity_bytes": self.capacity_bytes}
+
+    def stats(self) -> dict:
+        with self._lock:
+            return self.stats_locked()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            conns, self._conns = list(self._conns), set()
+            self._pages.clear()
+            self.bytes_held = 0
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "PageService":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# -- the client (board side) ----------------------------------------------------------------------
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = str(address).rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"a page service address is HOST:PORT, got {address!r}")
+    return host or "127.0.0.1", int(port)
+
+
+class PageClient:
+    """One connection to a PageService; send / fetch / drop plug into LinkStore. A broken
+    connection is reopened once per request; a second failure is a PageServiceError."""
+
+    def __init__(self, address: str, timeout_s: float = 60.0):
+        self.address = address
+        self.host, self.port = parse_address(address)
+        self.timeout_s = timeout_s
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def connect(self) -> "PageClient":
+        with self._lock:
+            self._connect()
+        return self
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+            except OSError as exc:
+                raise PageServiceError(f"cannot reach the host page service at {self.address}: "
+                                       f"{exc}") from exc
+            _no_delay(sock)
+            self._sock = sock
+        return self._sock
+
+    def _drop_socket(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
+    def request(self, op: int, key: Hashable = "", body: bytes | memoryview = b"") \
+            -> tuple[int, bytes]:
+        raw_key = str(key).encode()
+        head = REQUEST.pack(op, len(raw_key), len(body)) + raw_key
+        with self._lock:
+            for attempt in (1, 2):
+                sock = self._connect()
+                try:
+                    sock.sendall(head)
+                    if len(body):
+                        sock.sendall(body)
+                    status, length = REPLY.unpack(_recv_exact(sock, REPLY.size))
+                    return status, _recv_exact(sock, length) if length else b""
+                except (ConnectionError, OSError) as exc:
+                    self._drop_socket()
+                    if attempt == 2:
+                        raise PageServiceError(f"lost the host page service at {self.address}: "
+                                               f"{exc}") from exc
+        raise AssertionError("unreachable")
+
+    def send(self, key: Hashable, data: bytes) -> None:
+        status, reply = self.request(PUT, key, data)
+        if status == FULL:
+            raise PageStoreFull(key, f"the host page service at {self.address}", len(data),
+                                cause=reply.decode(errors="replace"),
+                                remedy="give the host page service more capacity, or plan "
+                                       "with less paging to host")
+        self._check(status, reply, key)
+
+    def fetch(self, key: Hashable) -> bytes:
+        status, reply = self.request(GET, key)
+        if status == MISSING:
+            raise KeyError(key)
+        self._check(status, reply, key)
+        return reply
+
+    def drop(self, key: Hashable) -> None:
+        self._check(*self.request(DROP, key), key)
+
+    def clear(self) -> None:
+        self._check(*self.request(CLEAR), "")
+
+    def stats(self) -> dict:
+        status, reply = self.request(STATS)
+        self._check(status, reply, "")
+        return json.loads(reply)
+
+    def _check(self, status: int, reply: bytes, key: Hashable) -> None:
+        if status == MISSING:
+            raise PageMissing(key, f"the host page service at {self.address}")
+        if status != OK:
+            raise PageServiceError(f"the host page service at {self.address} refused: "
+                                   f"{reply.decode(errors='replace')}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_socket()
+
+
+class ServiceStore(LinkStore):
+    """A LinkStore over a PageClient: close() forgets this run's pages and closes the socket."""
+
+    def __init__(self, client: PageClient, capacity_bytes: int | None = None):
+        super().__init__(client.send, client.fetch, client.drop, capacity_bytes,
+                         where=f"host page service at {client.address}")
+        self.client = client
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.client.close()
+
+
+def connect_store(address: str, capacity_bytes: int | None = None,
+                  timeout_s: float = 60.0) -> ServiceStore:
+    """A `host` store over the page service at HOST:PORT, connected now (so that an unreachable
+    service is one clear error before the first step)."""
+    return ServiceStore(PageClient(address, timeout_s).connect(), capacity_bytes)

@@ -1,0 +1,117 @@
+"""The `host` page tier for a run: the host keeps the board's pages in a PageService thread for
+the duration of the run job, and tells the job where to find it (param `host_pages`).
+
+    with host_pages(board, plan_uses_host, say) as params:   # {} or {"host_pages": "..."}
+        board.run_job("run", {**base, **params}, ...)
+
+local / emulated  the board is this machine: the service's own 127.0.0.1 port
+ssh               a reverse port forward over the board's SSH connection: the board connects to
+                  127.0.0.1:PORT on its side, each channel is bridged to the service here
+serial            refused: a serial link carries the agent's frames only, not a page stream
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from typing import Callable, Iterator
+
+from edge_remat_agent.pages.service import PageService
+
+from .errors import TransportError
+
+
+def plan_uses_host(plan) -> bool:
+    """Whether a plan (a Plan, or the dict of a plan file) pages anything out to `host`."""
+    if isinstance(plan, dict):
+        return any(ins.get("op") == "page_out" and ins.get("tier") == "host"
+                   for stage in plan.get("stages") or [] for ins in stage)
+    return any(ins.op == "page_out" and ins.tier == "host" for ins in plan.instructions())
+
+
+@contextlib.contextmanager
+def host_pages(board, uses_host: bool, say: Callable[[str], None] = lambda m: None,
+               capacity_bytes: int | None = None) -> Iterator[dict]:
+    if not uses_host:
+        yield {}
+        return
+    kind = board.device.connection.kind
+    if kind == "serial":
+        raise TransportError(f"{board.name} is reached over a serial link, which cannot carry "
+                             "the host page tier: plan with --paging flash (or none), or reach "
+                             "the board over SSH")
+    with PageService(capacity_bytes) as service:
+        if kind == "ssh":
+            with _reverse_forward(board, service) as board_port:
+                say(f"host pages: page service at {service.address}, reached from "
+                    f"{board.name} at 127.0.0.1:{board_port} (SSH reverse forward)")
+                yield {"host_pages": f"127.0.0.1:{board_port}"}
+        else:
+            say(f"host pages: page service at {service.address}")
+            yield {"host_pages": service.address}
+
+
+@contextlib.contextmanager
+def _reverse_forward(board, service: PageService) -> Iterator[int]:
+    board.session()  # connected, so that the SSH client exists
+    clients = getattr(board.transport, "_clients", None)
+    if not clients:
+        raise TransportError(f"no SSH connection to {board.name} to forward the host page "
+                             "service over")
+    transport = clients[-1].get_transport()
+
+    def bridge(channel, origin, server) -> None:
+        threading.Thread(target=_pump, args=(channel, service), daemon=True,
+                         name="host-pages-forward").start()
+
+    try:
+        port = transport.request_port_forward("127.0.0.1", 0, handler=bridge)
+    except Exception as exc:  # noqa: BLE001 - paramiko.SSHException: forwarding refused
+        raise TransportError(f"{board.name}'s SSH server refused a reverse port forward for "
+                             f"the host page tier ({exc}): allow it (AllowTcpForwarding) or "
+                             "plan with --paging flash") from exc
+    try:
+        yield port
+    finally:
+        try:
+            transport.cancel_port_forward("127.0.0.1", port)
+        except Exception:  # noqa: BLE001 - the connection may be gone already
+            pass
+
+
+def _pump(channel, service: PageService) -> None:
+    """Bridge one forwarded channel to the service's socket, both ways, until either closes."""
+    try:
+        sock = socket.create_connection((service.host, service.port))
+    except OSError:
+        channel.close()
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def copy(read, write, done) -> None:
+        try:
+            while True:
+                data = read(1 << 16)
+                if not data:
+                    break
+                write(data)
+        except (OSError, EOFError):
+            pass
+        finally:
+            done()
+
+    back = threading.Thread(target=copy, daemon=True, args=(
+        sock.recv, channel.sendall, lambda: channel.close()))
+    back.start()
+    copy(channel.recv, sock.sendall, lambda: _shut(sock))
+    back.join(timeout=5)
+    sock.close()
+    channel.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass

@@ -1,0 +1,240 @@
+"""The `host` page tier through the host's page service (edge_remat_agent.pages.service): the
+service and a LinkStore over its client round-trip pages bitwise, refuse what does not fit and
+catch damaged pages; the executor pages a plan's `host` pages out of its own process into the
+service and trains to the same bits; `deploy` starts the service for the run job on a local
+board; over SSH the board reaches it through a reverse port forward of the real sshd; a serial
+board is refused in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from board_fixtures import (SshServer, local_bench_device, needs_sshd, ssh_device_config,
+                            stop_agent)
+from edge_remat_agent.pages import PageCorrupted, PageMissing, PageStoreFull
+from edge_remat_agent.pages.service import (PageClient, PageService, PageServiceError,
+                                            connect_store)
+
+
+# -- the service and its client -----------------------------------------------------------------
+
+def test_pages_round_trip_bitwise_through_the_service():
+    tensors = {7: torch.randn(3, 5), "12": torch.arange(10, dtype=torch.int64),
+               3: torch.randn(4, 6).t(), 9: torch.tensor([True, False])}
+    with PageService() as service:
+        assert service.host == "127.0.0.1" and service.port > 0
+        store = connect_store(service.address)
+        for key, tensor in tensors.items():
+            assert store.put(key, tensor) > tensor.numel()
+        assert service.stats()["pages"] == 4 and service.bytes_held == store.bytes_held > 0
+        for key, tensor in tensors.items():
+            back = store.get(key)
+            assert back.dtype == tensor.dtype and back.stride() == tensor.stride()
+            assert torch.equal(back, tensor)
+        assert torch.equal(store.get(7), tensors[7])  # read twice: still there
+        assert store.discard(7) and not store.discard(7)
+        with pytest.raises(PageMissing):
+            store.get(7)
+        assert service.stats()["pages"] == 3
+        store.put("12", torch.zeros(2))  # replacing a page
+        assert torch.equal(store.get("12"), torch.zeros(2))
+        peak = service.peak_bytes
+        store.clear()
+        assert service.bytes_held == 0 and service.peak_bytes == peak > 0
+        store.close()
+    with pytest.raises(PageServiceError, match="cannot reach the host page service"):
+        connect_store(service.address)  # closed: nothing listens there any more
+
+
+def test_a_full_service_and_a_damaged_page_are_clear_errors():
+    with PageService(capacity_bytes=600) as service:
+        store = connect_store(service.address)
+        store.put(1, torch.zeros(16))
+        with pytest.raises(PageStoreFull, match="600-byte capacity"):
+            store.put(2, torch.zeros(1000))
+        assert 2 not in store and service.stats()["pages"] == 1
+        # the page changes on the way back: the codec's CRC32 catches it
+        key = next(iter(service._pages))
+        data = bytearray(service._pages[key])
+        data[-1] ^= 0xFF
+        service._pages[key] = bytes(data)
+        with pytest.raises(PageCorrupted, match="CRC32"):
+            store.get(1)
+        store.close()
+
+
+def test_the_client_reconnects_once_after_a_broken_connection():
+    with PageService() as service:
+        client = PageClient(service.address).connect()
+        client.send("a", b"x" * 100_000)
+        for conn in list(service._conns):  # the host side drops the connection
+            conn.shutdown(socket.SHUT_RDWR)
+        assert client.fetch("a") == b"x" * 100_000
+        with pytest.raises(KeyError):
+            client.fetch("b")
+        client.close()
+
+
+# -- the executor pages to host through the service ---------------------------------------------
+
+def host_plan(captured):
+    """Every forward node recomputed, each recomputation a page round trip to `host`."""
+    from test_executor import FLASH, every_forward_recomputed, with_paging
+    from edge_remat_agent.costs import build_costs
+    from edge_remat_agent.formats import Instruction
+    from edge_remat_agent.simulate import simulate
+    graph = captured.graph
+    plan = with_paging(every_forward_recomputed(graph), graph, every=1)
+    stages = [[Instruction(i.op, i.node, "host") if i.tier == "flash" else i for i in stage]
+              for stage in plan.stages]
+    sim = simulate(graph, build_costs(graph, None, {"host": FLASH}), stages)
+    return dataclasses.replace(plan, stages=stages, predicted=sim.summary(),
+                               problem={**plan.problem, "tier_params": {"host": FLASH.to_dict()}})
+
+
+@pytest.fixture(scope="module")
+def captured():
+    from test_executor import EXAMPLE
+    from edge_remat_agent.capture import capture_model
+    return capture_model(EXAMPLE, batch=4, image=16)
+
+
+def test_the_executor_pages_to_the_host_service_and_trains_bitwise(captured):
+    from edge_remat_agent.executor import run_plan
+    from edge_remat_agent.executor.stores import host_link_store
+    plan = host_plan(captured)
+    assert host_link_store(plan, None) is None  # no service given: pages stay in-process
+    with PageService() as service:
+        store = host_link_store(plan, service.address)
+        try:
+            report = run_plan(captured.graph, plan, 2, None, captured=captured, seed=3,
+                              stores={"host": store})
+        finally:
+            store.close()
+        seen = service.stats()
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]
+    assert report["page_outs"] > 0 and report["page_ins"] > 0
+    assert seen["peak_bytes"] > 0 and seen["puts"] >= report["page_outs"] and seen["gets"] > 0
+    assert seen["bytes_held"] == 0 and seen["pages"] == 0  # every page dropped after the run
+    tier = report["tiers"]["host"]
+    assert tier["store"] == "ServiceStore" and service.address in tier["where"]
+    assert tier["service"]["peak_bytes"] == seen["peak_bytes"]
+    # the training process kept sizes only, never page bytes
+    assert all(isinstance(size, int) for size in store._index.values())
+
+
+def test_without_a_service_the_report_says_pages_stayed_in_process(captured):
+    from edge_remat_agent.executor import run_plan
+    report = run_plan(captured.graph, host_plan(captured), 1, None, captured=captured,
+                      check_gradients=False)
+    assert report["tiers"]["host"]["store"] == "MemoryStore"
+    assert "frees no RAM" in report["tiers"]["host"]["note"]
+
+
+# -- the host starts the service for the run job ------------------------------------------------
+
+@pytest.fixture
+def local_board(tmp_path, monkeypatch):
+    folder, workdir = local_bench_device(tmp_path, monkeypatch)
+    yield "bench"
+    stop_agent(workdir)
+
+
+def test_deploy_pages_to_the_host_service_on_a_local_board(captured, local_board, tmp_path):
+    from edge_remat.cli import app
+    graph_file, plan_file = tmp_path / "graph.json", tmp_path / "plan.json"
+    captured.graph.save(graph_file)
+    host_plan(captured).save(plan_file)
+    result = CliRunner().invoke(app, ["deploy", str(plan_file), "--device", local_board,
+                                      "--graph", str(graph_file), "--steps", "1",
+                                      "--out", str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer["status"] == "finished" and answer["result"]["grad_check"]["bitwise_equal"]
+    assert "host pages: page service at 127.0.0.1:" in result.stderr
+    report = json.loads((tmp_path / "out" / "run_report.json").read_text())
+    tier = report["tiers"]["host"]
+    assert report["page_outs"] > 0 and tier["store"] == "ServiceStore"
+    assert tier["where"].startswith("host page service at 127.0.0.1:")
+    assert tier["service"]["peak_bytes"] > 0
+
+
+def test_a_serial_board_refuses_the_host_tier_in_one_line():
+    from edge_remat.transport import TransportError
+    from edge_remat.transport.host_pages import host_pages
+
+    class Serial:
+        name = "uart"
+        device = type("D", (), {"connection": type("C", (), {"kind": "serial"})()})()
+
+    with host_pages(Serial(), False) as params:
+        assert params == {}  # a plan that does not page to host needs nothing
+    with pytest.raises(TransportError, match="serial link.*--paging flash") as refused:
+        with host_pages(Serial(), True):
+            pass
+    assert "\n" not in str(refused.value)
+
+
+@needs_sshd
+def test_the_board_reaches_the_service_through_an_ssh_reverse_forward(tmp_path):
+    from edge_remat.devices import find_device
+    from edge_remat.transport import Board
+    from edge_remat.transport.host_pages import host_pages
+    (tmp_path / "sshd").mkdir()
+    sshd = SshServer(tmp_path / "sshd").start()
+    workdir = tmp_path / "board"
+    config = ssh_device_config(tmp_path / "loopback.toml", sshd, workdir,
+                               "connect_timeout_s = 10\n[hardware]\nsensor = \"none\"\n")
+    said = []
+    try:
+        with Board(find_device(str(config))) as board:
+            with host_pages(board, True, said.append) as params:
+                address = params["host_pages"]
+                assert address.startswith("127.0.0.1:") and "SSH reverse forward" in said[0]
+                # the board's side of the forward is loopback on the same machine here
+                store = connect_store(address)
+                tensor = torch.randn(300, 100)
+                store.put(5, tensor)
+                assert torch.equal(store.get(5), tensor)
+                store.close()
+            with pytest.raises(PageServiceError):  # the forward is gone with the service
+                connect_store(address, timeout_s=5).get(5)
+    finally:
+        stop_agent(workdir)
+        sshd.stop()
+
+
+@needs_sshd
+def test_deploy_over_ssh_pages_to_the_host_through_the_reverse_forward(captured, tmp_path):
+    from edge_remat.cli import app
+    (tmp_path / "sshd").mkdir()
+    sshd = SshServer(tmp_path / "sshd").start()
+    workdir = tmp_path / "board"
+    config = ssh_device_config(tmp_path / "loopback.toml", sshd, workdir,
+                               "connect_timeout_s = 10\nreconnect_timeout_s = 30\n"
+                               "[hardware]\nsensor = \"none\"\n")
+    graph_file, plan_file = tmp_path / "graph.json", tmp_path / "plan.json"
+    captured.graph.save(graph_file)
+    host_plan(captured).save(plan_file)
+    try:
+        result = CliRunner().invoke(app, ["deploy", str(plan_file), "--device", str(config),
+                                          "--graph", str(graph_file), "--steps", "1",
+                                          "--out", str(tmp_path / "out"), "--json"])
+    finally:
+        stop_agent(workdir)
+        sshd.stop()
+    assert result.exit_code == 0, result.output
+    assert "SSH reverse forward" in result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["status"] == "finished" and answer["result"]["grad_check"]["bitwise_equal"]
+    report = json.loads((tmp_path / "out" / "run_report.json").read_text())
+    tier = report["tiers"]["host"]
+    assert report["page_outs"] > 0 and tier["store"] == "ServiceStore"
+    assert tier["service"]["peak_bytes"] > 0 and tier["service"]["gets"] > 0
