@@ -5,6 +5,9 @@ too); here they skip the test, saying what to install, when they cannot start.""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from edge_remat.transport import testbed
@@ -37,7 +40,7 @@ class PtyPair(testbed.PtyPair):
 
 
 __all__ = ["SshServer", "PtyPair", "needs_sshd", "needs_socat", "free_port", "keygen",
-           "agent_command", "stop_agent", "local_bench_device"]
+           "agent_command", "stop_agent", "local_bench_device", "ssh_device_config"]
 
 
 def local_bench_device(tmp_path, monkeypatch):
@@ -56,3 +59,25 @@ sensor = "none"
 """)
     monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(folder))
     return folder, workdir
+
+
+def ssh_device_config(path: Path, sshd: SshServer, workdir: Path, extra: str = "") -> Path:
+    """A device config "loopback" of kind ssh at `path` for a running `sshd`: this Python on the
+    board, trust on first use into a known_hosts beside it, no ~/.ssh/config. `extra`: more
+    TOML lines, e.g. timeouts in [connection] (appended there) or a [hardware] table."""
+    folder = path.parent
+    path.write_text(f"""\
+name = "loopback"
+[connection]
+kind = "ssh"
+host = "127.0.0.1"
+port = {sshd.port}
+user = "{sshd.user}"
+key = "{sshd.client_key}"
+python = "{sys.executable}"
+workdir = "{workdir}"
+host_key_policy = "accept-new"
+known_hosts = "{folder / 'known_hosts'}"
+ssh_config = "{folder / 'no_ssh_config'}"
+{extra}""")
+    return path

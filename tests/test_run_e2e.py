@@ -25,14 +25,13 @@ ResNet one covers the same path under the issue's numbers, and the run job's use
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from board_fixtures import SshServer, needs_sshd, stop_agent
+from board_fixtures import SshServer, needs_sshd, ssh_device_config, stop_agent
 from edge_remat.cli import app
 from edge_remat_agent.cgroup import unavailable_reason
 
@@ -122,22 +121,8 @@ def test_over_ssh_a_dropped_connection_mid_run_reconnects_and_the_run_finishes(t
     from edge_remat.run import RunOptions, run
     (tmp_path / "sshd").mkdir()
     sshd = SshServer(tmp_path / "sshd").start()
-    config = tmp_path / "loopback.toml"
-    config.write_text(f"""\
-name = "loopback"
-[connection]
-kind = "ssh"
-host = "127.0.0.1"
-port = {sshd.port}
-user = "{sshd.user}"
-key = "{sshd.client_key}"
-python = "{sys.executable}"
-workdir = "{tmp_path / 'board'}"
-host_key_policy = "accept-new"
-known_hosts = "{tmp_path / 'known_hosts'}"
-ssh_config = "{tmp_path / 'no_ssh_config'}"
-reconnect_timeout_s = 60
-""")
+    config = ssh_device_config(tmp_path / "loopback.toml", sshd, tmp_path / "board",
+                               "reconnect_timeout_s = 60\n")
     running = threading.Event()
     dropped = []
 

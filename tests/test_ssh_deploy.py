@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from board_fixtures import SshServer, needs_sshd, stop_agent
+from board_fixtures import SshServer, needs_sshd, ssh_device_config, stop_agent
 from edge_remat.cli import app
 
 pytestmark = needs_sshd
@@ -41,25 +40,9 @@ def ssh_board(tmp_path):
     (tmp_path / "sshd").mkdir()
     sshd = SshServer(tmp_path / "sshd").start()
     workdir = tmp_path / "board"
-    config = tmp_path / "loopback.toml"
-    config.write_text(f"""\
-name = "loopback"
-[connection]
-kind = "ssh"
-host = "127.0.0.1"
-port = {sshd.port}
-user = "{sshd.user}"
-key = "{sshd.client_key}"
-python = "{sys.executable}"
-workdir = "{workdir}"
-host_key_policy = "accept-new"
-known_hosts = "{tmp_path / 'known_hosts'}"
-ssh_config = "{tmp_path / 'no_ssh_config'}"
-connect_timeout_s = 10
-reconnect_timeout_s = 30
-[hardware]
-sensor = "none"
-""")
+    config = ssh_device_config(tmp_path / "loopback.toml", sshd, workdir,
+                               "connect_timeout_s = 10\nreconnect_timeout_s = 30\n"
+                               "[hardware]\nsensor = \"none\"\n")
     yield config, sshd, workdir
     stop_agent(workdir)
     sshd.stop()

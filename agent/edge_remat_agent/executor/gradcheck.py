@@ -93,12 +93,20 @@ def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def deterministic(device: torch.device):
     """torch.use_deterministic_algorithms(True) for the run, then as it was. On the CPU an op
     without a deterministic kernel raises; elsewhere it only warns (CUDA needs more settings,
-    e.g. CUBLAS_WORKSPACE_CONFIG, that a library should not set behind the user's back)."""
+    e.g. CUBLAS_WORKSPACE_CONFIG, that a library should not set behind the user's back).
+
+    Deterministic mode also fills every new tensor's memory with NaN by default, a guard
+    against ops that read memory they never wrote; no kernel we run does, and the fill cost
+    5-25% of a step here (benchmarks/end_to_end.py probes), so it is off for the run."""
+    fill = torch.utils.deterministic
     before = (torch.are_deterministic_algorithms_enabled(),
-              torch.is_deterministic_algorithms_warn_only_enabled())
+              torch.is_deterministic_algorithms_warn_only_enabled(),
+              fill.fill_uninitialized_memory)
     torch.use_deterministic_algorithms(True, warn_only=device.type != "cpu")
+    fill.fill_uninitialized_memory = False
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        fill.fill_uninitialized_memory = before[2]
 

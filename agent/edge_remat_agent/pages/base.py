@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import abc
-from typing import Hashable, Iterator
+import threading
+from typing import Any, Hashable, Iterator
 
 import torch
 
@@ -66,3 +67,24 @@ class PageStore(abc.ABC):
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
+
+
+class IndexedPageStore(PageStore):
+    """A store that keeps its own index (key -> what it needs to find the page) and the bytes
+    it holds, both guarded by one lock."""
+
+    def _init_index(self) -> None:
+        self._index: dict[Hashable, Any] = {}
+        self._held = 0
+        self._lock = threading.Lock()
+
+    @property
+    def bytes_held(self) -> int:
+        return self._held
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._index
+
+    def keys(self) -> list[Hashable]:
+        with self._lock:
+            return list(self._index)

@@ -21,13 +21,12 @@ import itertools
 import os
 import re
 import shutil
-import threading
 import weakref
 from typing import Hashable
 
 import torch
 
-from .base import PageStore
+from .base import IndexedPageStore
 from .codec import EncodedPage, encode, read_from
 from .errors import PageCorrupted, PageMissing, PageStoreError, PageStoreFull
 
@@ -44,7 +43,7 @@ STORE_PREFIX = "edge-remat-pages-"
 STORE_DIRECTORY = re.compile(re.escape(STORE_PREFIX) + r"[0-9]+-[0-9a-f]{8}")
 
 
-class FlashStore(PageStore):
+class FlashStore(IndexedPageStore):
     tier = "flash"
 
     def __init__(self, page_dir: str | os.PathLike, capacity_bytes: int | None = None, *,
@@ -74,26 +73,13 @@ class FlashStore(PageStore):
         self._finalizer = weakref.finalize(self, _remove_directory, self.directory, lock,
                                            os.getpid())
         self.cleaned_stale = remove_dead_stores(self.page_dir, keep=self.directory)
-        self._pages: dict[Hashable, tuple[str, int]] = {}  # key -> (file, bytes)
-        self._held = 0
+        self._init_index()  # key -> (file, bytes); the lock guards it, file I/O runs outside
         self._serial = itertools.count()
-        self._lock = threading.Lock()  # guards the index; file I/O runs outside it
         self._closed = False
-
-    @property
-    def bytes_held(self) -> int:
-        return self._held
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._pages
-
-    def keys(self) -> list[Hashable]:
-        with self._lock:
-            return list(self._pages)
 
     def path_of(self, key: Hashable) -> str:
         try:
-            return self._pages[key][0]
+            return self._index[key][0]
         except KeyError:
             raise PageMissing(key, self.directory) from None
 
@@ -110,7 +96,7 @@ class FlashStore(PageStore):
         page = encode(tensor)
         needed = page.total_bytes
         with self._lock:
-            replaced = self._pages.get(key, (None, 0))[1]
+            replaced = self._index.get(key, (None, 0))[1]
             held_after = self._held - replaced + needed
             if self.capacity_bytes is not None and held_after > self.capacity_bytes:
                 raise PageStoreFull(key, self.page_dir, needed, free_bytes=self.free_bytes(),
@@ -125,8 +111,8 @@ class FlashStore(PageStore):
                 self._held -= needed
             raise
         with self._lock:
-            old = self._pages.pop(key, None)
-            self._pages[key] = (path, needed)
+            old = self._index.pop(key, None)
+            self._index[key] = (path, needed)
             if old is not None:
                 self._held -= old[1]
         if old is not None:
@@ -173,7 +159,7 @@ class FlashStore(PageStore):
 
     def discard(self, key: Hashable) -> bool:
         with self._lock:
-            entry = self._pages.pop(key, None)
+            entry = self._index.pop(key, None)
             if entry is None:
                 return False
             self._held -= entry[1]
@@ -182,7 +168,7 @@ class FlashStore(PageStore):
 
     def clear(self) -> None:
         with self._lock:
-            self._pages.clear()
+            self._index.clear()
             self._held = 0
         # Every file in our own directory, so a stray partial page goes too.
         try:
@@ -199,7 +185,7 @@ class FlashStore(PageStore):
             self._finalizer()  # removes the directory
 
     def __repr__(self) -> str:
-        return (f"FlashStore({self.directory!r}, pages={len(self._pages)}, "
+        return (f"FlashStore({self.directory!r}, pages={len(self._index)}, "
                 f"bytes_held={self._held}, capacity_bytes={self.capacity_bytes})")
 
 

@@ -13,12 +13,11 @@ on the way back is caught here.
 
 from __future__ import annotations
 
-import threading
 from typing import Callable, Hashable
 
 import torch
 
-from .base import PageStore
+from .base import IndexedPageStore
 from .codec import decode, encode
 from .errors import PageMissing, PageStoreFull
 
@@ -27,7 +26,7 @@ Fetch = Callable[[Hashable], bytes | bytearray | memoryview]
 Drop = Callable[[Hashable], object]
 
 
-class LinkStore(PageStore):
+class LinkStore(IndexedPageStore):
     tier = "host"
 
     def __init__(self, send: Send, fetch: Fetch, drop: Drop, capacity_bytes: int | None = None,
@@ -35,25 +34,12 @@ class LinkStore(PageStore):
         self.send, self.fetch, self.drop = send, fetch, drop
         self.capacity_bytes = capacity_bytes
         self.where = where
-        self._sizes: dict[Hashable, int] = {}  # what we believe the host holds for us
-        self._held = 0
-        self._lock = threading.Lock()
-
-    @property
-    def bytes_held(self) -> int:
-        return self._held
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._sizes
-
-    def keys(self) -> list[Hashable]:
-        with self._lock:
-            return list(self._sizes)
+        self._init_index()  # key -> bytes: what we believe the host holds for us
 
     def put(self, key: Hashable, tensor: torch.Tensor) -> int:
         data = encode(tensor).to_bytes()
         with self._lock:
-            replaced = self._sizes.get(key, 0)
+            replaced = self._index.get(key, 0)
             if self.capacity_bytes is not None and \
                     self._held - replaced + len(data) > self.capacity_bytes:
                 raise PageStoreFull(key, self.where, len(data), capacity_bytes=self.capacity_bytes,
@@ -61,13 +47,13 @@ class LinkStore(PageStore):
                                     remedy="give the host tier more capacity, or plan with less")
         self.send(key, data)
         with self._lock:
-            self._held += len(data) - self._sizes.get(key, 0)
-            self._sizes[key] = len(data)
+            self._held += len(data) - self._index.get(key, 0)
+            self._index[key] = len(data)
         return len(data)
 
     def get(self, key: Hashable) -> torch.Tensor:
         with self._lock:
-            if key not in self._sizes:
+            if key not in self._index:
                 raise PageMissing(key, self.where)
         try:
             data = self.fetch(key)
@@ -77,7 +63,7 @@ class LinkStore(PageStore):
 
     def discard(self, key: Hashable) -> bool:
         with self._lock:
-            size = self._sizes.pop(key, None)
+            size = self._index.pop(key, None)
             if size is None:
                 return False
             self._held -= size

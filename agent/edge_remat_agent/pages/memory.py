@@ -4,65 +4,51 @@ on a real link this is what the host side keeps (it serves put_bytes / get_bytes
 
 from __future__ import annotations
 
-import threading
 from typing import Hashable
 
 import torch
 
-from .base import PageStore
+from .base import IndexedPageStore
 from .codec import decode, encode
 from .errors import PageMissing, PageStoreFull
 
 WHERE = "host memory"
 
 
-class MemoryStore(PageStore):
+class MemoryStore(IndexedPageStore):
     tier = "host"
 
     def __init__(self, capacity_bytes: int | None = None):
         if capacity_bytes is not None and capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
-        self._pages: dict[Hashable, bytes] = {}
-        self._held = 0
-        self._lock = threading.Lock()
-
-    @property
-    def bytes_held(self) -> int:
-        return self._held
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._pages
-
-    def keys(self) -> list[Hashable]:
-        with self._lock:
-            return list(self._pages)
+        self._init_index()  # key -> the encoded page
 
     # Pages as opaque bytes (already encoded, checksummed): the host side of a link.
 
     def put_bytes(self, key: Hashable, data: bytes | bytearray | memoryview) -> int:
         data = bytes(data)
         with self._lock:
-            replaced = len(self._pages.get(key, b""))
+            replaced = len(self._index.get(key, b""))
             if self.capacity_bytes is not None and \
                     self._held - replaced + len(data) > self.capacity_bytes:
                 raise PageStoreFull(key, WHERE, len(data), capacity_bytes=self.capacity_bytes,
                                     held_bytes=self._held, cause="over the store's capacity",
                                     remedy="give the host tier more capacity, or plan with less")
-            self._pages[key] = data
+            self._index[key] = data
             self._held += len(data) - replaced
         return len(data)
 
     def get_bytes(self, key: Hashable) -> bytes:
         with self._lock:
             try:
-                return self._pages[key]
+                return self._index[key]
             except KeyError:
                 raise PageMissing(key, WHERE) from None
 
     def drop_bytes(self, key: Hashable) -> bool:
         with self._lock:
-            data = self._pages.pop(key, None)
+            data = self._index.pop(key, None)
             if data is None:
                 return False
             self._held -= len(data)
@@ -81,5 +67,5 @@ class MemoryStore(PageStore):
 
     def clear(self) -> None:
         with self._lock:
-            self._pages.clear()
+            self._index.clear()
             self._held = 0

@@ -79,18 +79,22 @@ class PeakRssSampler:
         rss.peak_bytes, rss.peak_sampled_bytes, rss.peak_kernel_bytes
 
     A background thread samples RSS every `period_s` (it can miss a spike shorter than that);
-    on Linux the kernel's VmHWM is reset on entry and read on exit, which misses nothing. For
+    on Linux the kernel's VmHWM is reset on entry and read on exit, which misses nothing.
+    `always_sample=False` starts the thread only where that reset fails: a Python thread waking
+    every 2 ms takes the GIL from the step it measures (10-50% of a step on 2 cores, measured by
+    benchmarks/end_to_end.py), so the executor's StepMeter leaves it to the kernel. For
     this process ru_maxrss is recorded too (Linux takes it from the same high-water mark, so it
     can be stale from before the reset; it is kept as a cross-check).
     """
 
     def __init__(self, pid: int | None = None, period_s: float = 0.002,
-                 reset_kernel: bool = True):
+                 reset_kernel: bool = True, always_sample: bool = True):
         if period_s <= 0:
             raise ValueError(f"period_s must be > 0, got {period_s}")
         self.pid = pid
         self.period_s = period_s
         self.reset_kernel = reset_kernel
+        self.always_sample = always_sample
         self.start_bytes = 0
         self.end_bytes = 0
         self.peak_sampled_bytes = 0
@@ -129,8 +133,11 @@ class PeakRssSampler:
         self.error = None
         self._stop.clear()
         self._start_t = time.perf_counter()
-        self._thread = threading.Thread(target=self._run, name="PeakRssSampler", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if self.always_sample or not self._kernel_reset:
+            self._thread = threading.Thread(target=self._run, name="PeakRssSampler",
+                                            daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -39,7 +39,8 @@ class StepMeter:
                  rss_period_s: float = 0.002, energy_period_s: float = 0.01):
         self.ledger = ledger
         self.sensor = sensor
-        self._rss = PeakRssSampler(period_s=rss_period_s)
+        # The kernel's high-water mark where it can be reset, a sampling thread elsewhere.
+        self._rss = PeakRssSampler(period_s=rss_period_s, always_sample=False)
         self._energy = EnergyMeter(sensor, energy_period_s) if sensor is not None else None
         self._start = 0.0
         self.result: StepMeasurement | None = None

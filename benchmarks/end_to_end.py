@@ -1,0 +1,796 @@
+#!/usr/bin/env python3
+"""Our planned schedule against checkpoint_sequential and torch.compile, at equal measured memory.
+
+For ResNet-18 and BERT-mini, at budgets of 50% and 30% of plain eager PyTorch's activation peak:
+our plan's step time against `torch.utils.checkpoint.checkpoint_sequential` and against
+`torch.compile` with `torch._functorch.config.activation_memory_budget`, each tuned to the
+activation peak our plan measured, all timed in the same invocation, interleaved.
+
+Activation peak (one measure, applied identically to every method)
+------------------------------------------------------------------
+Over one steady-state training step (zero grads, forward, backward, optimizer step, zero grads),
+the largest number of bytes that the CPU allocator handed out *during the step* and had not yet
+taken back, leaving out the storages that end up as parameter gradients. What exists before the
+step (parameters, buffers, optimizer state, the batch) is not counted; neither are the gradients,
+which the planner counts as fixed memory (a trainer's .grad buffers) and every method must
+produce. Everything else is: saved activations, recomputed ones, backward temporaries, kernel
+workspaces, inductor's buffers, the optimizer's temporaries.
+
+It is read with torch.profiler's memory events (profile_memory=True): c10's CPU allocator
+reports every allocation and free, with a running total, whoever asked for the memory (eager
+ops, inductor's generated code, our executor) — a dispatch-mode ledger would miss inductor's
+buffers, which are not allocated through the dispatcher. Gradient storages are recognised by
+pointer: a global optimizer step pre-hook records every parameter's .grad storage when the
+optimizer steps, and drops one marker allocation so that the profile shows when that was; the
+last allocation at each such pointer before the marker is that gradient, excluded while live.
+The column "+grads MiB" is the same peak with gradients counted. Memory taken without c10's
+allocator (glibc's slack, the Python heap, a library allocating on its own) is in no column.
+Our executor also reports its own ledger (the tensors it holds: what the plan predicts); the
+allocator sees more where an ATen op allocates scratch inside itself (convolution_backward on
+the CPU: measured here, tens of MiB at the full ResNet size), so ours can measure above its
+budget: the baselines are tuned to what ours measured, not to the budget.
+
+The profiled step is a separate step, not a timed one (the profiler costs time).
+
+Methods
+-------
+ours         capture the zoo model (capture_model), time every planner node on this machine
+             (profiler.ops), plan at budget = fixed + f x (eager activation peak) with the time
+             objective (solve "auto": CP-SAT; below the planner's smallest feasible budget, at
+             that budget, said so), run it with run_plan (check_gradients=False;
+             map_large_allocations=False, so glibc is as the other methods have it; its step
+             meter reads the kernel's RSS high-water mark, no sampling thread, so ours is
+             timed like the other methods). Each timed sample is the second step of a
+             two-step run_plan call (the first makes the optimizer's momentum). Its gradients
+             are checked bit for bit against eager in a separate one-step run_plan.
+ours, no limit
+             the plan of an unlimited budget (nothing recomputed) through the same executor:
+             the executor's own cost, apart from what a plan recomputes.
+checkpoint_sequential
+             the zoo model as a sequence (ResNet: stem, 8 blocks, pool+fc; BERT: embeddings, 4
+             layers or 8 half-layers (attention, feed-forward), pooler+classifier), verified to
+             give the zoo model's loss and gradients bit for bit. Configurations: c checkpointed
+             segments of `size` modules each, `checkpoint_sequential(modules[:(c+1)size], c+1)`
+             (its last segment runs plain) then the remaining modules plain: every prefix and
+             segment size, use_reentrant=False. Each configuration's peak is measured; those at
+             or under ours are ranked by their recompute (the forward time of the checkpointed
+             modules) and the best --candidates go into the timed rounds.
+torch.compile
+             the loss function compiled (fullgraph; inductor, or aot_eager_decomp_partition when
+             inductor cannot build here) under activation_memory_budget = knob, one compilation
+             per knob (a fresh code object each, so no knob reuses another's graph). The knob is
+             searched for each target: 1.0, then 0.0, 0.5, 0.25, 0.75 until one fits (the peak
+             is not monotone in the knob: measured here, 0.5-0.75 beat both ends), then
+             bisection towards larger knobs --knob-steps times; at most --max-compiles per
+             model. Compile time is excluded (two warm-up steps). The largest knobs that fit
+             (least recompute) go into the timed rounds; if none fits, the lowest peak's.
+eager        plain eager PyTorch, no memory limit: the reference the budgets are fractions of.
+
+Timing: --rounds rounds; in each, every method runs one step, in an order rotated each round,
+so that drift on a shared machine hits all alike. Reported: the median step time, and the ratio
+to ours as the median of the per-round ratios (method / ours, so > 1 means ours is faster) and
+in how many rounds ours was faster. For each method the candidate with the lowest median wins.
+
+    python benchmarks/end_to_end.py --quick       # small sizes, fewer compilations
+    python benchmarks/end_to_end.py               # ResNet-18 b16 64x64, BERT-mini b16 seq 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MODELS = [("resnet18", {"batch": 16, "image": 64}), ("bert-mini", {"batch": 16, "seq": 128})]
+QUICK = [("resnet18", {"batch": 8, "image": 32}), ("bert-mini", {"batch": 8, "seq": 64})]
+FRACTIONS = (0.5, 0.3)
+MARKER_BYTES = 999_983  # a prime-sized allocation marks "the optimizer step starts" in a profile
+MiB = 2**20
+CONFIG_WIDTH = 50
+
+
+# -- the activation peak ------------------------------------------------------------------------
+
+@dataclass
+class Peak:
+    activation: int  # bytes: the measure above (gradients left out)
+    with_grads: int  # the same peak with gradient storages counted
+    grads: int  # bytes of gradient storages recognised
+    events: int  # allocator events in the window
+
+
+class ActivationMeter:
+    """`with ActivationMeter() as meter: step()` then `meter.peak` (see the module docstring)."""
+
+    active: ActivationMeter | None = None
+    _hook = None
+
+    def __init__(self):
+        self.grad_storages: dict[int, int] = {}  # data_ptr -> nbytes, at the optimizer step
+        self.markers: list[int] = []
+        self.peak: Peak | None = None
+        self._profile = None
+        self._marker_tensors: list[torch.Tensor] = []
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+        if ActivationMeter._hook is None:
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+            ActivationMeter._hook = register_optimizer_step_pre_hook(_before_optimizer_step)
+        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profile.__enter__()
+        ActivationMeter.active = self
+
+    def stop(self) -> Peak:
+        ActivationMeter.active = None
+        self._profile.__exit__(None, None, None)
+        self.peak = self._analyse()
+        return self.peak
+
+    def __enter__(self) -> ActivationMeter:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            ActivationMeter.active = None
+            self._profile.__exit__(exc_type, exc, tb)
+            return
+        self.stop()
+
+    def _analyse(self) -> Peak:
+        events: list[tuple[int, int, int, int]] = []  # (time ns, ptr, +-bytes, running total)
+
+        def walk(event) -> None:
+            extra = event.extra_fields
+            if type(extra).__name__ == "_ExtraFields_Allocation" and extra.device.type == "cpu":
+                events.append((event.start_time_ns, extra.ptr, extra.alloc_size,
+                               extra.total_allocated))
+            for child in event.children:
+                walk(child)
+
+        for root in self._profile.profiler.kineto_results.experimental_event_tree():
+            walk(root)
+        if not events:
+            return Peak(0, 0, 0, 0)
+        events.sort(key=lambda e: e[0])
+        base = events[0][3] - events[0][2]  # the total before the window's first event
+        marker_ptrs = set(self.markers)
+        marker = next((i for i, e in enumerate(events)
+                       if e[2] == MARKER_BYTES and e[1] in marker_ptrs), len(events))
+        excluded: set[int] = set()  # indices of allocation events left out while live
+        last_alloc: dict[int, int] = {}
+        for i, (_, ptr, size, _) in enumerate(events[:marker]):
+            if size > 0:
+                last_alloc[ptr] = i
+        grads = 0
+        for ptr, nbytes in self.grad_storages.items():
+            if ptr in last_alloc:
+                excluded.add(last_alloc[ptr])
+                grads += events[last_alloc[ptr]][2]
+        excluded.update(i for i, e in enumerate(events)
+                        if e[2] == MARKER_BYTES and e[1] in marker_ptrs)
+        open_excluded: dict[int, int] = {}
+        live_excluded = peak = peak_all = 0
+        for i, (_, ptr, size, total) in enumerate(events):
+            if i in excluded:
+                open_excluded[ptr] = size
+                live_excluded += size
+            elif size < 0 and ptr in open_excluded:
+                live_excluded -= open_excluded.pop(ptr)
+            live = total - base
+            peak_all = max(peak_all, live)
+            peak = max(peak, live - live_excluded)
+        return Peak(peak, peak_all, grads, len(events))
+
+
+def _before_optimizer_step(optimizer, args, kwargs) -> None:
+    meter = ActivationMeter.active
+    if meter is None:
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                storage = p.grad.untyped_storage()
+                meter.grad_storages[storage.data_ptr()] = storage.nbytes()
+    marker = torch.empty(MARKER_BYTES, dtype=torch.uint8)
+    meter.markers.append(marker.data_ptr())
+    del marker
+
+
+# -- models as sequences (for checkpoint_sequential) ------------------------------------------
+
+class _ResNetHead(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.fc = model.fc
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class _BertEmbeddings(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.m = model  # shares the model's modules (not copied)
+
+    def forward(self, input_ids):
+        m = self.m
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = m.word(input_ids) + m.position(positions) + m.token_type(torch.zeros_like(input_ids))
+        return m.drop(m.embed_norm(x))
+
+
+class _BertAttention(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        layer = self.layer
+        return layer.attention_norm(x + layer.drop(layer.attention(x)))
+
+
+class _BertFeedForward(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        layer = self.layer
+        return layer.output_norm(x + layer.drop(layer.output(F.gelu(layer.intermediate(x)))))
+
+
+class _BertHead(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.m = model
+
+    def forward(self, x):
+        return self.m.classifier(self.m.drop(torch.tanh(self.m.pooler(x[:, 0]))))
+
+
+@dataclass
+class SequentialForm:
+    unit: str  # what one module of the sequence is
+    modules: list[nn.Module]
+
+    def loss(self, batch: tuple, size: int = 0, checkpointed: int = 0) -> torch.Tensor:
+        """The training loss; `checkpointed` segments of `size` modules through
+        checkpoint_sequential (0: plain)."""
+        from torch.utils.checkpoint import checkpoint_sequential
+        x, rest = batch[0], self.modules
+        if checkpointed:
+            k = (checkpointed + 1) * size
+            x = checkpoint_sequential(self.modules[:k], checkpointed + 1, x,
+                                      use_reentrant=False)
+            rest = self.modules[k:]
+        for module in rest:
+            x = module(x)
+        return F.cross_entropy(x, batch[1])
+
+
+def sequential_forms(name: str, model: nn.Module) -> list[SequentialForm]:
+    if name.startswith("resnet"):
+        return [SequentialForm("blocks", [model.stem, *model.stages, _ResNetHead(model)])]
+    if name.startswith("bert"):
+        layers = [_BertEmbeddings(model), *model.layers, _BertHead(model)]
+        halves = [_BertEmbeddings(model)]
+        for layer in model.layers:
+            halves += [_BertAttention(layer), _BertFeedForward(layer)]
+        return [SequentialForm("layers", layers),
+                SequentialForm("half-layers", halves + [_BertHead(model)])]
+    raise SystemExit(f"no sequential form for {name}")
+
+
+def check_forms(name: str, options: dict) -> str:
+    """Each sequential form gives the zoo model's loss and gradients bit for bit."""
+    from edge_remat_agent.capture.models import load_model
+    model, batch = load_model(name, **options)
+    reference = copy.deepcopy(model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        reference(*batch).backward()
+    want = {n: p.grad for n, p in reference.named_parameters()}
+    bad = []
+    for index in range(len(sequential_forms(name, model))):
+        copied = copy.deepcopy(model)
+        form = sequential_forms(name, copied)[index]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(1)
+            form.loss(batch).backward()
+        if not all(torch.equal(p.grad, want[n]) for n, p in copied.named_parameters()):
+            bad.append(form.unit)
+    return "bitwise equal" if not bad else f"DIFFER ({', '.join(bad)})"
+
+
+# -- methods ------------------------------------------------------------------------------------
+
+@dataclass
+class Method:
+    kind: str  # "ours", "checkpoint_sequential", "torch.compile", "eager"
+    config: str
+    run: Callable[[], float]  # one timed step -> seconds
+    measure: Callable[[], Peak]  # one profiled step -> its peak
+    peak: Peak | None = None
+    times: list[float] = field(default_factory=list)
+    rank: float = 0.0  # lower is expected faster (candidate selection)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+
+def training_step(module: nn.Module, optimizer, loss_fn: Callable[[], torch.Tensor]) -> float:
+    start = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    float(loss.detach())
+    return time.perf_counter() - start
+
+
+def eager_like(kind: str, config: str, module, optimizer, loss_fn) -> Method:
+    def run() -> float:
+        return training_step(module, optimizer, loss_fn)
+
+    def measure() -> Peak:
+        with ActivationMeter() as meter:
+            run()
+        return meter.peak
+    return Method(kind, config, run, measure)
+
+
+def new_model(name: str, options: dict, optimizer_name: str):
+    from edge_remat_agent.capture.models import load_model
+    from edge_remat_agent.capture.optimizer import torch_optimizer
+    module, batch = load_model(name, **options)
+    return module, batch, torch_optimizer(optimizer_name, module)
+
+
+def ours(graph, plan, captured, page_dir: str, label: str) -> Method:
+    from edge_remat_agent.executor import run_plan
+
+    def run() -> float:
+        report = run_plan(graph, plan, 2, page_dir, check_gradients=False,
+                          captured=captured, map_large_allocations=False)
+        return report["steps"][1]["step_time_s"]
+
+    def measure() -> Peak:
+        meter = ActivationMeter()
+
+        def progress(i, steps, record):  # profile the second step only
+            if i == 0:
+                meter.start()
+            elif i == 1:
+                meter.stop()
+        report = run_plan(graph, plan, 2, page_dir, check_gradients=False, captured=captured,
+                          map_large_allocations=False, progress=progress)
+        method.info["ledger_peak"] = report["steps"][1]["ledger_peak_bytes"] - graph.fixed_bytes
+        return meter.peak
+    method = Method("ours", label, run, measure)
+    return method
+
+
+def gradient_check(graph, plan, captured, page_dir: str) -> str:
+    from edge_remat_agent.executor import run_plan
+    report = run_plan(graph, plan, 1, page_dir, check_gradients=True, captured=captured,
+                      map_large_allocations=False)
+    check = report["grad_check"]
+    if check["bitwise_equal"]:
+        return f"bitwise equal to eager ({check['compared']} gradients and the loss)"
+    return (f"DIFFER from eager: max |diff| {check['max_abs_diff']:.3g}, "
+            f"{len(check['differing'])} gradients, loss equal {check['loss_equal']}")
+
+
+# -- torch.compile ------------------------------------------------------------------------------
+
+def _compiled_loss(module, *batch):
+    return module(*batch)
+
+
+class CompileSweep:
+    """Compiled variants by knob, made on demand (each compilation is minutes on a small CPU)."""
+
+    def __init__(self, name: str, options: dict, optimizer_name: str, backend: str,
+                 max_compiles: int, log: Callable[[str], None]):
+        self.name, self.options, self.optimizer_name = name, options, optimizer_name
+        self.backend, self.max_compiles, self.log = backend, max_compiles, log
+        self.methods: dict[float, Method] = {}
+        self.notes: list[str] = []
+
+    def get(self, knob: float) -> Method | None:
+        if knob in self.methods:
+            return self.methods[knob]
+        if len(self.methods) >= self.max_compiles:
+            return None
+        import torch._functorch.config as functorch_config
+        module, batch, optimizer = new_model(self.name, self.options, self.optimizer_name)
+        code = _compiled_loss.__code__.replace(co_name=f"loss_{len(self.methods)}")
+        function = types.FunctionType(code, globals(), code.co_name)
+        start = time.perf_counter()
+        while True:
+            compiled = torch.compile(function, backend=self.backend, fullgraph=True)
+
+            def loss_fn(compiled=compiled):
+                return compiled(module, *batch)
+            try:
+                with functorch_config.patch(activation_memory_budget=knob):
+                    for _ in range(2):  # compiles forward and backward; the second is warm
+                        training_step(module, optimizer, loss_fn)
+                break
+            except Exception as error:  # noqa: BLE001 - inductor cannot build: say so, fall back
+                if self.backend != "inductor":
+                    raise
+                message = str(error).strip().splitlines()[0][:200] if str(error) else ""
+                self.notes.append(f"inductor failed here ({type(error).__name__}: {message}); "
+                                  "fell back to backend aot_eager_decomp_partition (the same "
+                                  "min-cut partitioner and knob, no code generation)")
+                self.backend = "aot_eager_decomp_partition"
+                torch._dynamo.reset()
+        compile_s = time.perf_counter() - start
+        method = eager_like("torch.compile", f"{self.backend}, budget knob {knob:.3f}", module,
+                            optimizer, loss_fn)
+        method.peak = method.measure()
+        method.rank = -knob  # less recompute first
+        method.info.update(knob=knob, compile_s=compile_s, backend=self.backend)
+        self.methods[knob] = method
+        self.log(f"  torch.compile knob {knob:.3f}: compiled in {compile_s:.0f} s, activation "
+                 f"peak {method.peak.activation / MiB:.1f} MiB")
+        return method
+
+    def search(self, target: int, steps: int) -> list[Method]:
+        """Evaluate knobs until one's peak is at most `target`: 1.0 (no recompute), then 0.0,
+        0.5, 0.25, 0.75 (the peak need not fall with the knob); then bisect between the largest
+        knob that fits and the next larger one tried, `steps` times. All evaluated knobs."""
+        for knob in (1.0, 0.0, 0.5, 0.25, 0.75):
+            if self._fitting(target) or self.get(knob) is None:
+                break
+        for _ in range(steps):
+            fits = self._fitting(target)
+            if not fits:
+                break
+            low = max(fits)
+            higher = [k for k in self.methods if k > low]
+            if not higher:
+                break
+            if self.get((low + min(higher)) / 2) is None:
+                break
+        return list(self.methods.values())
+
+    def _fitting(self, target: int) -> list[float]:
+        return [k for k, m in self.methods.items() if m.peak.activation <= target]
+
+
+# -- one model ----------------------------------------------------------------------------------
+
+@dataclass
+class Budget:
+    fraction: float
+    budget_bytes: int
+    ours: Method | None = None
+    plan_note: str = ""
+    grad_check: str = ""
+    candidates: dict[str, list[Method]] = field(default_factory=dict)
+    closest: dict[str, bool] = field(default_factory=dict)  # kind -> none fits: closest shown
+
+
+def bench_model(name: str, options: dict, args, log) -> dict:
+    from edge_remat.planner.build import build_problem, plain_peak_bytes
+    from edge_remat.planner.problem import InfeasibleBudget, ProblemError
+    from edge_remat.planner.solve import NoPlan, solve
+    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.formats import Profile
+    from edge_remat_agent.profiler.ops import measure_nodes, ops_from
+
+    title = f"{name} ({', '.join(f'{k} {v}' for k, v in options.items())})"
+    log(f"\n== {title}")
+    captured = capture_model(name, **options)
+    graph = captured.graph
+    optimizer_name = graph.capture.get("optimizer", "sgd")
+
+    # Plain eager: the reference peak.
+    module, batch, optimizer = new_model(name, options, optimizer_name)
+    eager = eager_like("eager", "no memory limit", module, optimizer, lambda: module(*batch))
+    eager.run()
+    eager.peak = eager.measure()
+    plain = eager.peak.activation
+    model_plain = plain_peak_bytes(graph) - graph.fixed_bytes
+    log(f"  eager activation peak {plain / MiB:.1f} MiB (planner's model of the plain schedule: "
+        f"{model_plain / MiB:.1f} MiB); fixed memory {graph.fixed_bytes / MiB:.1f} MiB")
+
+    # Ours: this machine's op costs, a plan per budget, its measured peak.
+    start = time.perf_counter()
+    ops = ops_from(measure_nodes(captured, map_large_allocations=False,
+                                 context_steps=args.context_steps))
+    tiers = {}
+    if args.paging == "flash":
+        from edge_remat_agent.profiler import measure_flash
+        tiers["flash"] = measure_flash(args.page_dir, (64 * 2**10, 2**20, 16 * 2**20),
+                                       fsync=False).fit()
+    profile = Profile("measured", {}, idle_w=0.0, active_w=1.0, tiers=tiers, ops=ops)
+    log(f"  op profiler: {len(graph)} planner nodes timed in {time.perf_counter() - start:.0f} s")
+    # The executor without a memory limit (every node once, nothing recomputed): what running
+    # through our executor costs by itself, apart from what the plan recomputes.
+    unlimited = solve(build_problem(graph, f"{2**50}B", profile, "time", None, "none"), "auto",
+                      time_limit=args.time_limit).plan
+    keep_all = ours(graph, unlimited, captured, args.page_dir, "no memory limit")
+    keep_all.kind = "ours, no limit"
+    keep_all.config = f"{_recomputes(unlimited)} recomputes (the executor's own overhead)"
+    keep_all.run()
+    keep_all.peak = keep_all.measure()
+    budgets: list[Budget] = []
+    for fraction in args.fractions:
+        budget = Budget(fraction, int(graph.fixed_bytes + fraction * plain))
+        budgets.append(budget)
+        fallback = ""
+        try:
+            try:
+                solved = solve(build_problem(graph, f"{budget.budget_bytes}B", profile, "time",
+                                             None, args.paging), "auto", time_limit=args.time_limit)
+            except InfeasibleBudget as error:
+                if error.smallest_bytes is None:
+                    raise
+                # Below what any schedule of this graph can do (one node's inputs, output and
+                # workspace at once): plan at the smallest budget that is feasible, and say so.
+                smallest = error.smallest_bytes
+                fallback = (f"{fraction:.0%} is below the planner's smallest feasible budget "
+                            f"(fixed + {(smallest - graph.fixed_bytes) / MiB:.1f} MiB = "
+                            f"{(smallest - graph.fixed_bytes) / plain:.0%} of eager's peak: "
+                            f"{str(error).split(': ', 1)[-1].split(' needs')[0]} needs it); "
+                            "planned at that budget instead. ")
+                solved = None
+                for extra in (0.0, 0.05, 0.1, 0.2):  # that bound is necessary, not sufficient
+                    budget.budget_bytes = int(smallest + extra * (smallest - graph.fixed_bytes))
+                    try:
+                        solved = solve(build_problem(graph, f"{budget.budget_bytes}B", profile,
+                                                     "time", None, args.paging), "auto",
+                                       time_limit=args.time_limit)
+                        break
+                    except (ProblemError, NoPlan):
+                        if extra == 0.2:
+                            raise
+                if extra:
+                    fallback += f"(+{extra:.0%}: nothing fits at the bound itself) "
+        except (ProblemError, NoPlan) as error:
+            budget.plan_note = f"no plan: {str(error).splitlines()[0]}"
+            log(f"  {fraction:.0%}: {budget.plan_note}")
+            continue
+        plan = solved.plan
+        predicted = plan.predicted
+        budget.plan_note = (f"{fallback}plan: {plan.solver.get('name')} "
+                            f"({plan.solver.get('status')}), predicted "
+                            f"{predicted.get('tdi_percent', 0.0):+.1f}% recompute time")
+        method = ours(graph, plan, captured, args.page_dir, f"plan at {fraction:.0%}")
+        method.run()  # warm-up
+        method.peak = method.measure()
+        budget.ours = method
+        budget.grad_check = gradient_check(graph, plan, captured, args.page_dir)
+        method.config = (f"{plan.solver.get('name')} {plan.solver.get('status')}, "
+                         f"{_recomputes(plan)} recomputes"
+                         + (f", {_count(plan, 'page_out')} page-outs" if args.paging != "none"
+                            else ""))
+        allowed = budget.budget_bytes - graph.fixed_bytes
+        log(f"  {fraction:.0%}: budget fixed + {allowed / MiB:.1f} MiB; {budget.plan_note}; "
+            f"measured activation peak "
+            f"{method.peak.activation / MiB:.1f} MiB (executor's ledger "
+            f"{method.info['ledger_peak'] / MiB:.1f} MiB); gradients {budget.grad_check}")
+
+    # checkpoint_sequential: every configuration's peak.
+    ck_module, ck_batch, ck_optimizer = new_model(name, options, optimizer_name)
+    forms_ok = check_forms(name, options)
+    checkpoints: list[Method] = []
+    for form in sequential_forms(name, ck_module):
+        forward_s = _forward_times(form, ck_batch)
+        n = len(form.modules)
+        for size in range(1, n):
+            for c in range(1, n):
+                if (c + 1) * size > n:
+                    break
+                config = f"{c}x{size} of {n} {form.unit} (first {(c + 1) * size}, segments={c + 1})"
+                method = eager_like("checkpoint_sequential", config, ck_module, ck_optimizer,
+                                    lambda form=form, size=size, c=c:
+                                    form.loss(ck_batch, size, c))
+                method.rank = sum(forward_s[: c * size])
+                checkpoints.append(method)
+    checkpoints[0].run()  # warm-up (and the optimizer's momentum)
+    for method in checkpoints:
+        method.peak = method.measure()
+    low = min(checkpoints, key=lambda m: m.peak.activation)
+    log(f"  checkpoint_sequential: {len(checkpoints)} configurations (sequential forms: loss and "
+        f"gradients {forms_ok} vs the zoo model); lowest activation peak "
+        f"{low.peak.activation / MiB:.1f} MiB ({low.config})")
+
+    # torch.compile: the knob searched per target.
+    sweep = CompileSweep(name, options, optimizer_name, args.compile_backend, args.max_compiles,
+                         log)
+    for budget in budgets:
+        if budget.ours is None:
+            continue
+        target = budget.ours.peak.activation
+        evaluated = sweep.search(target, args.knob_steps)
+        for kind, pool in (("checkpoint_sequential", checkpoints),
+                           ("torch.compile", evaluated)):
+            fits = sorted((m for m in pool if m.peak.activation <= target),
+                          key=lambda m: m.rank)
+            budget.closest[kind] = not fits
+            if not fits:
+                fits = [min(pool, key=lambda m: m.peak.activation)] if pool else []
+            budget.candidates[kind] = fits[: args.candidates]
+    for note in sweep.notes:
+        log(f"  note: {note}")
+    knobs = ", ".join(f"{k:.3f}: {m.peak.activation / MiB:.1f}"
+                      for k, m in sorted(sweep.methods.items()))
+    log(f"  torch.compile ({sweep.backend}) knob: activation peak MiB -- {knobs}")
+
+    # Timed rounds, interleaved.
+    methods: list[Method] = [eager, keep_all]
+    for budget in budgets:
+        if budget.ours is not None:
+            methods.append(budget.ours)
+        for pool in budget.candidates.values():
+            methods.extend(m for m in pool if all(m is not o for o in methods))
+    log(f"  timing {len(methods)} methods x {args.rounds} rounds ...")
+    for r in range(args.rounds):
+        order = methods[r % len(methods):] + methods[: r % len(methods)]
+        for method in order:
+            method.times.append(method.run())
+    return _report(title, graph, plain, model_plain, budgets, eager, [keep_all],
+                   forms_ok, sweep, args)
+
+
+def _count(plan, op: str) -> int:
+    return sum(1 for stage in plan.stages for ins in stage if ins.op == op)
+
+
+def _recomputes(plan) -> int:
+    computes: dict = {}
+    for stage in plan.stages:
+        for ins in stage:
+            if ins.op == "compute":
+                computes[ins.node] = computes.get(ins.node, 0) + 1
+    return sum(n - 1 for n in computes.values())
+
+
+def _forward_times(form: SequentialForm, batch: tuple, repeats: int = 3) -> list[float]:
+    """Each module's forward time (grad mode, as a checkpoint recomputes it): the median."""
+    times: list[list[float]] = [[] for _ in form.modules]
+    for _ in range(repeats):
+        x = batch[0]
+        for i, module in enumerate(form.modules):
+            start = time.perf_counter()
+            x = module(x)
+            times[i].append(time.perf_counter() - start)
+        del x
+    return [statistics.median(t) for t in times]
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+def _report(title, graph, plain, model_plain, budgets, eager, references, forms_ok, sweep,
+            args) -> dict:
+    out = {"model": title, "eager_activation_peak_bytes": plain,
+           "model_plain_activation_bytes": model_plain, "fixed_bytes": graph.fixed_bytes,
+           "compile_backend": sweep.backend, "compile_notes": sweep.notes,
+           "sequential_forms": forms_ok, "budgets": []}
+    print(f"\n{title}: eager activation peak {plain / MiB:.1f} MiB, fixed memory "
+          f"{graph.fixed_bytes / MiB:.1f} MiB, {args.rounds} rounds")
+    for budget in budgets:
+        row = {"fraction": budget.fraction, "budget_bytes": budget.budget_bytes,
+               "plan": budget.plan_note, "grad_check": budget.grad_check, "methods": []}
+        out["budgets"].append(row)
+        print(f"\n  budget {budget.fraction:.0%} of eager's activation peak "
+              f"({budget.fraction * plain / MiB:.1f} MiB): {budget.plan_note}")
+        if budget.ours is None:
+            continue
+        ours_m = budget.ours
+        target = ours_m.peak.activation
+        print(f"  ours measured: activation peak {target / MiB:.1f} MiB = {target / plain:.0%} "
+              f"of eager's (the executor's own ledger: {ours_m.info['ledger_peak'] / MiB:.1f} "
+              f"MiB); gradients {budget.grad_check}")
+        print(f"  {'method':<22} {'configuration':<{CONFIG_WIDTH}} {'act. MiB':>9} {'/ours':>5} "
+              f"{'+grads MiB':>10} {'step s':>7} {'ratio':>6} {'ours faster':>11}")
+        rows = [("ours", ours_m, False)]
+        for kind in ("checkpoint_sequential", "torch.compile"):
+            pool = budget.candidates.get(kind, [])
+            if pool:
+                rows.append((kind, min(pool, key=lambda m: m.median),
+                             budget.closest.get(kind, False)))
+        rows += [(m.kind, m, False) for m in references] + [("eager", eager, False)]
+        for kind, method, closest in rows:
+            ratios = [t / o for t, o in zip(method.times, ours_m.times)]
+            ratio = statistics.median(ratios)
+            wins = sum(1 for t, o in zip(method.times, ours_m.times) if o < t)
+            over = method.peak.activation > target
+            config = method.config + (" [none fits: closest]" if closest else "")
+            lines = textwrap.wrap(config, CONFIG_WIDTH) or [""]
+            print(f"  {kind:<22} {lines[0]:<{CONFIG_WIDTH}} "
+                  f"{method.peak.activation / MiB:>8.1f}{'!' if over else ' '} "
+                  f"{method.peak.activation / target:>5.2f} "
+                  f"{method.peak.with_grads / MiB:>10.1f} {method.median:>7.3f} {ratio:>6.2f} "
+                  f"{'-' if method is ours_m else f'{wins}/{len(ratios)}':>11}")
+            for line in lines[1:]:
+                print(f"  {'':<22} {line}")
+            row["methods"].append({
+                "kind": kind, "config": config, "activation_peak_bytes": method.peak.activation,
+                "peak_with_grads_bytes": method.peak.with_grads, "over_ours": over,
+                "step_times_s": method.times, "median_s": method.median,
+                "ratio_to_ours": ratio, "ours_faster_rounds": wins, **{
+                    k: v for k, v in method.info.items() if isinstance(v, (int, float, str))}})
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, fewer compilations")
+    parser.add_argument("--models", help="comma-separated subset: resnet18,bert-mini")
+    parser.add_argument("--fractions", help="budget fractions, e.g. 0.5,0.3 (the default)")
+    parser.add_argument("--rounds", type=int, help="timed rounds (default 7; --quick 5)")
+    parser.add_argument("--candidates", type=int, default=2,
+                        help="configurations per baseline that are timed in the rounds")
+    parser.add_argument("--knob-steps", type=int,
+                        help="bisection steps of the compile knob (default 2; --quick 1)")
+    parser.add_argument("--max-compiles", type=int,
+                        help="compilations per model at most (default 5; --quick 3)")
+    parser.add_argument("--compile-backend", default="inductor",
+                        choices=("inductor", "aot_eager_decomp_partition"))
+    parser.add_argument("--time-limit", type=float, help="solver seconds (default 20; quick 5)")
+    parser.add_argument("--context-steps", type=int, help="op profiler steps (default 3)")
+    parser.add_argument("--paging", default="none", choices=("none", "flash"),
+                        help="let our plan page to flash too (default: recompute only)")
+    parser.add_argument("--page-dir", default=tempfile.gettempdir())
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    quick = args.quick
+    args.fractions = ([float(f) for f in args.fractions.split(",")] if args.fractions
+                      else list(FRACTIONS))
+    args.rounds = args.rounds or (5 if quick else 7)
+    args.knob_steps = args.knob_steps if args.knob_steps is not None else (1 if quick else 2)
+    if args.max_compiles is None:
+        args.max_compiles = 3 if quick else 5
+    args.time_limit = args.time_limit or (5.0 if quick else 20.0)
+    args.context_steps = args.context_steps or (2 if quick else 3)
+    import torch._dynamo  # noqa: F401 - torch.compile's configuration
+    import torch._functorch.config  # noqa: F401
+
+    from edge_remat_agent.profiler import board_identity
+    identity = board_identity()
+    log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731 - progress
+    print(f"# {identity['cpu']}, {identity['cpu_usable']} cores, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; budgets "
+          f"{', '.join(f'{f:.0%}' for f in args.fractions)} of eager's activation peak")
+    print("# activation peak: bytes the CPU allocator handed out during one steady-state "
+          "training step and still held, at the step's worst moment, gradients left out "
+          "(profiler memory events; see the docstring); +grads: with them")
+    print("# step s: median over the rounds; ratio: median over rounds of method / ours (> 1: "
+          "ours faster); ours faster: rounds where ours was faster; ! over our peak")
+    print("# checkpoint_sequential cxs of n: c checkpointed segments of s modules = "
+          "checkpoint_sequential(first (c+1)s modules, segments=c+1), the rest plain")
+    results = []
+    for name, options in (QUICK if quick else MODELS):
+        if args.models and name not in args.models.split(","):
+            continue
+        results.append(bench_model(name, options, args, log))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
