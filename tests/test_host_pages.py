@@ -166,6 +166,23 @@ def test_deploy_pages_to_the_host_service_on_a_local_board(captured, local_board
     assert tier["service"]["peak_bytes"] > 0
 
 
+def test_profile_measures_the_link_to_the_host_page_service(local_board, tmp_path):
+    """`edge-remat profile` starts the page service for the profile job, which times page round
+    trips to it: the profile's `host` tier, as a run's host pages would travel."""
+    from edge_remat.cli import app
+    from edge_remat_agent.formats import load_profile
+    result = CliRunner().invoke(app, ["profile", "--device", local_board, "--out",
+                                      str(tmp_path / "prof"), "--json", "--param",
+                                      "sizes=64KiB,1MiB", "--param", "idle_s=0.1", "--param",
+                                      "busy_s=0.1", "--param", "no_footprint=true"])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(tmp_path / "prof" / "profile.json")
+    host = profile.tiers["host"]
+    assert host.read_bytes_per_s > 0 and host.write_bytes_per_s > 0
+    method = profile.measurements["tiers"]["host"]["method"]
+    assert "page service (127.0.0.1:" in method and method.startswith("ServiceStore")
+
+
 def test_a_serial_board_refuses_the_host_tier_in_one_line():
     from edge_remat.transport import TransportError
     from edge_remat.transport.host_pages import host_pages

@@ -53,6 +53,9 @@ def add_board_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-footprint", action="store_true",
                    help="skip the runtime-footprint probe (a fresh interpreter importing torch)")
     p.add_argument("--name", help="profile name (default: the board's model)")
+    p.add_argument("--host-pages", metavar="HOST:PORT",
+                   help="the host's page service (what `edge-remat profile` and `run` start): "
+                        "measure the link to it as the profile's `host` tier")
 
 
 def _size_list(text: str) -> tuple[int, ...]:
@@ -89,6 +92,9 @@ def measure_board(args: argparse.Namespace):
               f"in {args.page_dir}", file=sys.stderr)
         flash = measure_flash(args.page_dir, sizes, args.window_s, fsync=not args.no_fsync,
                               capacity_bytes=args.flash_capacity)
+    host = measure_host_link(args.host_pages, args.sizes or sizes_between(args.min_size,
+                                                                          args.max_size),
+                             args.window_s) if args.host_pages else None
     print(f"power: sensor {args.sensor}, {args.idle_s} s idle, {args.busy_s} s busy",
           file=sys.stderr)
     power = measure_power(args.sensor, idle_s=args.idle_s, busy_s=args.busy_s)
@@ -96,8 +102,20 @@ def measure_board(args: argparse.Namespace):
     if not args.no_footprint:
         build = model_builder(args.model) if args.model else None
         footprint = measure_runtime_footprint(build)
-    return measured_profile(board_identity(sensor=power.sensor), power, flash=flash,
+    return measured_profile(board_identity(sensor=power.sensor), power, flash=flash, host=host,
                             footprint=footprint, name=args.name)
+
+
+def measure_host_link(address: str, sizes, window_s: float):
+    """The `host` tier: tensors paged to the host's page service and back through the store a
+    run uses (encoding and CRC32 included, as for the flash), over the agent's link."""
+    from .pages.service import connect_store
+    from .profiler.tiers import measure_store
+    print(f"host link: {len(sizes)} sizes to the page service at {address}", file=sys.stderr)
+    with connect_store(address) as store:
+        return measure_store(store, sizes, window_s,
+                             method=f"ServiceStore put/get to the host's page service "
+                                    f"({address})")
 
 
 def board_errors() -> tuple[type[BaseException], ...]:

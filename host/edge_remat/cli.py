@@ -437,14 +437,17 @@ def profile(
     from .remote import (board_errors, parse_params, print_outcome, require_kind,
                          show_progress, to_stderr)
     from .transport import Board
+    from .transport.host_pages import link_pages
 
     @board_errors
     def run(as_json: bool) -> None:
         values = parse_params(None, param)
         with Board(find_device(device), on_event=to_stderr) as board:
             require_kind(board, "profile", "profile boards")
-            record = board.run_job("profile", values, {"graph": graph} if graph else {}, out,
-                                   on_update=None if as_json else show_progress)
+            with link_pages(board, to_stderr) as page_params:
+                record = board.run_job("profile", {**page_params, **values},
+                                       {"graph": graph} if graph else {}, out,
+                                       on_update=None if as_json else show_progress)
             print_outcome(record, as_json, board)
 
     run(as_json=as_json)

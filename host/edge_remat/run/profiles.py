@@ -24,6 +24,7 @@ from typing import Callable, Optional
 from edge_remat_agent.formats import Profile, load_profile
 
 from ..devices import DeviceConfig
+from ..transport.host_pages import link_pages
 
 PROFILES_DIR = Path(__file__).resolve().parents[3] / "profiles"
 # Small and quick: a few sizes and short power windows keep the first run well under a minute.
@@ -115,7 +116,9 @@ def _measure(board, model: dict, graph_path: Path, out_dir: Path,
     say(f"{board.name}: profiling every graph node, the flash, power and memory")
     spec = model["model"]  # the footprint probe builds zoo models only
     params = dict(QUICK_PARAMS, model=None if ":" in spec else spec)
-    record = board.run_job("profile", params, {"graph": graph_path}, out_dir / "profile")
+    with link_pages(board, say) as page_params:
+        record = board.run_job("profile", {**params, **page_params}, {"graph": graph_path},
+                               out_dir / "profile")
     fetched = [Path(p) for p in record.get("fetched", []) if str(p).endswith(".json")]
     if not fetched:
         raise RuntimeError(f"the profile job on {board.name} returned no profile file")

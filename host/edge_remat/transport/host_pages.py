@@ -53,6 +53,14 @@ def host_pages(board, uses_host: bool, say: Callable[[str], None] = lambda m: No
 
 
 @contextlib.contextmanager
+def link_pages(board, say: Callable[[str], None] = lambda m: None) -> Iterator[dict]:
+    """For a profile job: the page service where the board's link can carry host pages (its
+    `host_pages` param, so the profile measures the `host` tier), nothing over serial."""
+    with host_pages(board, board.device.connection.kind != "serial", say) as params:
+        yield params
+
+
+@contextlib.contextmanager
 def _reverse_forward(board, service: PageService) -> Iterator[int]:
     board.session()  # connected, so that the SSH client exists
     clients = getattr(board.transport, "_clients", None)
