@@ -5,6 +5,7 @@ too); here they skip the test, saying what to install, when they cannot start.""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -40,7 +41,8 @@ class PtyPair(testbed.PtyPair):
 
 
 __all__ = ["SshServer", "PtyPair", "needs_sshd", "needs_socat", "free_port", "keygen",
-           "agent_command", "stop_agent", "local_bench_device", "ssh_device_config"]
+           "agent_command", "stop_agent", "local_bench_device", "ssh_device_config",
+           "loopback_ssh_board"]
 
 
 def local_bench_device(tmp_path, monkeypatch):
@@ -81,3 +83,20 @@ known_hosts = "{folder / 'known_hosts'}"
 ssh_config = "{folder / 'no_ssh_config'}"
 {extra}""")
     return path
+
+
+@contextlib.contextmanager
+def loopback_ssh_board(tmp_path: Path):
+    """A fresh sshd on loopback and a device config of kind ssh for it (no power sensor);
+    yields (config path, sshd, board workdir), then stops the agent and sshd."""
+    (tmp_path / "sshd").mkdir()
+    sshd = SshServer(tmp_path / "sshd").start()
+    workdir = tmp_path / "board"
+    config = ssh_device_config(tmp_path / "loopback.toml", sshd, workdir,
+                               "connect_timeout_s = 10\nreconnect_timeout_s = 30\n"
+                               "[hardware]\nsensor = \"none\"\n")
+    try:
+        yield config, sshd, workdir
+    finally:
+        stop_agent(workdir)
+        sshd.stop()

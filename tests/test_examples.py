@@ -29,7 +29,7 @@ def load(name: str):
 
 def test_the_examples_are_found():
     assert {"finetune_digits.py", "finetune_resnet18_emulated.py",
-            "bert_mini_paging_to_flash.py"} <= set(SCRIPTS)
+            "bert_mini_paging_to_flash.py", "plan_for_jetson.py"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -59,3 +59,14 @@ def test_the_bert_example_pages_to_flash_with_its_options():
     assert args.objective == "energy" and args.profile is None
     with pytest.raises(SystemExit):
         example.parse_args(["--objective", "speed"])
+
+
+def test_the_jetson_example_plans_the_users_model_and_an_onnx_file(tmp_path):
+    """Planning only, no training: it runs in seconds, so it runs whole."""
+    result = subprocess.run([sys.executable, str(EXAMPLES / "plan_for_jetson.py"), "--out",
+                             str(tmp_path), "--time-limit", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stdout.count("valid plan") == 2
+    for name in ("my_model", "small_cnn_onnx"):
+        assert (tmp_path / f"{name}.plan.json").exists()

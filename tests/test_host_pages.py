@@ -16,8 +16,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from board_fixtures import (SshServer, local_bench_device, needs_sshd, ssh_device_config,
-                            stop_agent)
+from board_fixtures import (SshServer, local_bench_device, loopback_ssh_board, needs_sshd,
+                            ssh_device_config, stop_agent)
 from edge_remat_agent.pages import PageCorrupted, PageMissing, PageStoreFull
 from edge_remat_agent.pages.service import (PageClient, PageService, PageServiceError,
                                             connect_store)
@@ -231,22 +231,13 @@ def test_the_board_reaches_the_service_through_an_ssh_reverse_forward(tmp_path):
 @needs_sshd
 def test_deploy_over_ssh_pages_to_the_host_through_the_reverse_forward(captured, tmp_path):
     from edge_remat.cli import app
-    (tmp_path / "sshd").mkdir()
-    sshd = SshServer(tmp_path / "sshd").start()
-    workdir = tmp_path / "board"
-    config = ssh_device_config(tmp_path / "loopback.toml", sshd, workdir,
-                               "connect_timeout_s = 10\nreconnect_timeout_s = 30\n"
-                               "[hardware]\nsensor = \"none\"\n")
     graph_file, plan_file = tmp_path / "graph.json", tmp_path / "plan.json"
     captured.graph.save(graph_file)
     host_plan(captured).save(plan_file)
-    try:
+    with loopback_ssh_board(tmp_path) as (config, _, _):
         result = CliRunner().invoke(app, ["deploy", str(plan_file), "--device", str(config),
                                           "--graph", str(graph_file), "--steps", "1",
                                           "--out", str(tmp_path / "out"), "--json"])
-    finally:
-        stop_agent(workdir)
-        sshd.stop()
     assert result.exit_code == 0, result.output
     assert "SSH reverse forward" in result.stderr
     answer = json.loads(result.stdout)

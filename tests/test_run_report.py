@@ -60,10 +60,12 @@ def test_this_machine_is_measured():
 
 
 class FakeBoard:
-    """Just what choose_profile asks a board: identity, job kinds, a profile job."""
+    """Just what choose_profile asks a board: identity, job kinds, a profile job, and its
+    connection (local: the profile job is offered the host's page service on loopback)."""
 
     def __init__(self, kinds, profile_path=None):
         self.name, self.kinds, self.profile_path, self.jobs = "fake", kinds, profile_path, []
+        self.device = load_device(REPO / "device_configs" / "local.toml")
 
     def sysinfo(self):
         return {"hostname": "fake", "machine": "aarch64", "ram_total_bytes": 4 << 30}
@@ -73,6 +75,7 @@ class FakeBoard:
 
     def run_job(self, kind, params, inputs, out_dir):
         self.jobs.append(kind)
+        assert params["host_pages"].startswith("127.0.0.1:")
         return {"fetched": [str(self.profile_path)]}
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from board_fixtures import SshServer, needs_sshd, ssh_device_config, stop_agent
+from board_fixtures import loopback_ssh_board, needs_sshd
 from edge_remat.cli import app
 
 pytestmark = needs_sshd
@@ -37,15 +37,8 @@ def cli(*args):
 @pytest.fixture
 def ssh_board(tmp_path):
     """A device config of kind ssh for a fresh loopback sshd; (config path, sshd, workdir)."""
-    (tmp_path / "sshd").mkdir()
-    sshd = SshServer(tmp_path / "sshd").start()
-    workdir = tmp_path / "board"
-    config = ssh_device_config(tmp_path / "loopback.toml", sshd, workdir,
-                               "connect_timeout_s = 10\nreconnect_timeout_s = 30\n"
-                               "[hardware]\nsensor = \"none\"\n")
-    yield config, sshd, workdir
-    stop_agent(workdir)
-    sshd.stop()
+    with loopback_ssh_board(tmp_path) as board:
+        yield board
 
 
 def test_profile_then_deploy_through_sshd(ssh_board, tmp_path):
