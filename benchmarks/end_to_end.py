@@ -151,21 +151,10 @@ class ActivationMeter:
         self.stop()
 
     def _analyse(self) -> Peak:
-        events: list[tuple[int, int, int, int]] = []  # (time ns, ptr, +-bytes, running total)
-
-        def walk(event) -> None:
-            extra = event.extra_fields
-            if type(extra).__name__ == "_ExtraFields_Allocation" and extra.device.type == "cpu":
-                events.append((event.start_time_ns, extra.ptr, extra.alloc_size,
-                               extra.total_allocated))
-            for child in event.children:
-                walk(child)
-
-        for root in self._profile.profiler.kineto_results.experimental_event_tree():
-            walk(root)
+        from edge_remat_agent.profiler.allocations import allocation_events
+        events = allocation_events(self._profile)  # (time ns, ptr, +-bytes, running total)
         if not events:
             return Peak(0, 0, 0, 0)
-        events.sort(key=lambda e: e[0])
         base = events[0][3] - events[0][2]  # the total before the window's first event
         marker_ptrs = set(self.markers)
         marker = next((i for i, e in enumerate(events)

@@ -89,10 +89,9 @@ def activation_budget(graph, plain_peak: int, fraction: float) -> int:
 
 def with_tier_params(plan, flash):
     """The plan as the executor reads it: the flash figures it was costed with travel along."""
+    from edge_remat.planner.build import plan_dict_with_tiers
     from edge_remat_agent.formats.plan import plan_from_dict
-    data = plan.to_dict()
-    data["problem"]["tier_params"] = {"flash": flash.to_dict()}
-    return plan_from_dict(data)
+    return plan_from_dict(plan_dict_with_tiers(plan, {"flash": flash}))
 
 
 # -- the issue's check: predictions, budgets, the executor against eager ----------------------

@@ -92,7 +92,7 @@ def plan(
 ) -> None:
     """Solve for the cheapest schedule that fits the memory budget; write it as a plan."""
     from .graph_import import load_graph_file
-    from .planner.build import PAGING_CHOICES, build_problem
+    from .planner.build import PAGING_CHOICES, build_problem, plan_dict_with_tiers
     from .planner.solve import solve
     from .report import plan_table
     from .units import parse_multiplier
@@ -114,8 +114,7 @@ def plan(
                              parse_multiplier(deadline) if deadline else None, paging, tiers,
                              paging_time)
 
-    tier_params = {name: tier.to_dict() for name, tier in
-                   ({**(prof.tiers if prof else {}), **tiers}).items()}
+    tier_params = {**(prof.tiers if prof else {}), **tiers}
     if sweep is not None:
         _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
                     tier_params, as_json, objective)
@@ -127,7 +126,7 @@ def plan(
     report = solve(problem, solver, time_limit, backend, workers, progress=progress)
     if progress is not None:
         typer.echo("", err=True)
-    result = _plan_dict(report, tier_params)
+    result = plan_dict_with_tiers(report.plan, tier_params)
     if output:
         from edge_remat_agent.formats.fields import dump_json
         dump_json(result, output)
@@ -147,22 +146,14 @@ def plan(
             typer.echo(f"plan written to {output}")
 
 
-def _plan_dict(report, tier_params: dict) -> dict:
-    """The plan as written, with the paging tiers' parameters so that it replays alone."""
-    result = report.plan.to_dict()
-    used = result["problem"].get("paging") or []
-    result["problem"]["tier_params"] = {name: params for name, params in tier_params.items()
-                                        if name in used}
-    return result
-
-
 def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backend: str,
-                workers: Optional[int], output: Optional[str], tier_params: dict,
+                workers: Optional[int], output: Optional[str], tier_params: dict[str, Tier],
                 as_json: bool, objective: str) -> None:
     from pathlib import Path
 
     from edge_remat_agent.formats.fields import dump_json
 
+    from .planner.build import plan_dict_with_tiers
     from .report import sweep_table
     from .sweep import parse_sweep, run_sweep
 
@@ -180,7 +171,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
             if output:
                 path = Path(output) / f"plan-{point.fraction:.2f}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
-                dump_json(_plan_dict(point.report, tier_params), path)
+                dump_json(plan_dict_with_tiers(point.report.plan, tier_params), path)
                 row["plan"] = str(path)
         rows.append(row)
     if as_json:

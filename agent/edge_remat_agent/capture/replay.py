@@ -74,6 +74,7 @@ class StepRunner:
         self._holds: dict[str, int] = {}  # value name -> how many holders keep it alive
         self._keys: dict[str, list[tuple]] = {}  # value name -> its ledger keys
         self._gradient_values, self._gradient_elements = _gradient_storages(trace)
+        self._read_last_by: dict[NodeId, list[NodeId]] | None = None  # reader -> inputs
         self.env: dict[str, Any] = {}
         self.start_step(module, example_args)
 
@@ -161,17 +162,21 @@ class StepRunner:
 
     def run_plain(self) -> None:
         """Every node once, in order, freeing each output after its last reader."""
-        last_reader = {}
-        for node in self.graph.nodes:
-            for dep in node.inputs:
-                last_reader[dep] = node.id
         for node in self.graph.nodes:
             if node.kind == "update":
                 continue  # the optimizer step is the caller's
             self.compute(node.id)
-            for dep in node.inputs:
-                if last_reader[dep] == node.id:
-                    self.free(dep)
+            self.free_inputs_read_last(node.id)
+
+    def free_inputs_read_last(self, node_id: NodeId) -> None:
+        """In the plain schedule's order: free the inputs no node after this one reads."""
+        if self._read_last_by is None:
+            self._read_last_by = {}
+            last_reader = {dep: node.id for node in self.graph.nodes for dep in node.inputs}
+            for dep, reader in last_reader.items():
+                self._read_last_by.setdefault(reader, []).append(dep)
+        for dep in self._read_last_by.get(node_id, ()):
+            self.free(dep)
 
     def apply_buffer_updates(self, module: nn.Module) -> None:
         buffers = dict(module.named_buffers(remove_duplicate=False))

@@ -110,21 +110,10 @@ def _profiler_enabled() -> bool:
 def cpu_peak(profile) -> tuple[int, int, int]:
     """(peak bytes, bytes still allocated at the end, events) of a finished torch.profiler
     window with profile_memory=True, CPU allocations only, counted from the window's start."""
-    events: list[tuple[int, int, int]] = []  # (time ns, ptr, +-bytes)
-
-    def walk(event) -> None:
-        extra = event.extra_fields
-        if type(extra).__name__ == "_ExtraFields_Allocation" and extra.device.type == "cpu":
-            events.append((event.start_time_ns, extra.ptr, extra.alloc_size))
-        for child in event.children:
-            walk(child)
-
-    for root in profile.profiler.kineto_results.experimental_event_tree():
-        walk(root)
-    events.sort(key=lambda e: e[0])
+    events = allocation_events(profile)
     live: dict[int, int] = {}  # ptr -> bytes, allocated in the window and not yet freed
     total = peak = 0
-    for _, ptr, size in events:
+    for _, ptr, size, _ in events:
         if size > 0:
             total += size - live.get(ptr, 0)  # a pointer reused without a free seen: replaced
             live[ptr] = size
@@ -132,3 +121,22 @@ def cpu_peak(profile) -> tuple[int, int, int]:
         elif ptr in live:
             total -= live.pop(ptr)
     return peak, total, len(events)
+
+
+def allocation_events(profile) -> list[tuple[int, int, int, int]]:
+    """The CPU allocator's events of a finished torch.profiler window (profile_memory=True),
+    in time order: (time ns, pointer, +bytes allocated / -bytes freed, c10's running total)."""
+    events: list[tuple[int, int, int, int]] = []
+
+    def walk(event) -> None:
+        extra = event.extra_fields
+        if type(extra).__name__ == "_ExtraFields_Allocation" and extra.device.type == "cpu":
+            events.append((event.start_time_ns, extra.ptr, extra.alloc_size,
+                           extra.total_allocated))
+        for child in event.children:
+            walk(child)
+
+    for root in profile.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    events.sort(key=lambda e: e[0])
+    return events

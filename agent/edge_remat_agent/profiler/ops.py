@@ -113,7 +113,6 @@ def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
     ledger = LiveTensorLedger()
     runner = StepRunner(captured.trace, graph, module, captured.example_args, device, ledger)
     optimizer = torch_optimizer(graph.capture.get("optimizer", "sgd"), module)
-    last_reader = _last_readers(graph)
     meter = AllocatorPeak(device) if allocator_pass and AllocatorPeak.supported(device) else None
     out: list[NodeMeasurement] = []
     for index, node in enumerate(graph.nodes):
@@ -121,9 +120,7 @@ def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
             measured = _measure_update(node, runner, module, optimizer, window, sensor, idle_w)
         else:
             measured = _measure_node(node, runner, ledger, window, sensor, idle_w, meter)
-            for dep in node.inputs:
-                if last_reader[dep] == node.id:
-                    runner.free(dep)
+            runner.free_inputs_read_last(node.id)
         out.append(measured)
         if progress is not None:
             progress(index, len(graph), measured)
@@ -146,7 +143,6 @@ def time_in_context(runner: StepRunner, module: torch.nn.Module,
     """Each node's median seconds over `steps` plain steps run node by node, its frees (and,
     for the update node, handing the gradients to the optimizer) included, as in the executor."""
     graph = runner.graph
-    last_reader = _last_readers(graph)
     params = dict(module.named_parameters(remove_duplicate=False))
     times: dict[Any, list[float]] = {node.id: [] for node in graph.nodes}
     for _ in range(steps):
@@ -160,20 +156,10 @@ def time_in_context(runner: StepRunner, module: torch.nn.Module,
                 optimizer.zero_grad(set_to_none=True)
             else:
                 runner.compute(node.id)
-                for dep in node.inputs:
-                    if last_reader[dep] == node.id:
-                        runner.free(dep)
+                runner.free_inputs_read_last(node.id)
             times[node.id].append(time.perf_counter() - start)
         runner.release_all()
     return {node_id: statistics.median(runs) for node_id, runs in times.items()}
-
-
-def _last_readers(graph) -> dict[Any, Any]:
-    last_reader = {}
-    for node in graph.nodes:
-        for dep in node.inputs:
-            last_reader[dep] = node.id
-    return last_reader
 
 
 def ops_from(measurements: list[NodeMeasurement]) -> dict[str, OpCost]:

@@ -196,7 +196,7 @@ def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) ->
 
 def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
           plain_peak: int, out: Path, say: Say) -> tuple[dict, Path]:
-    from ..planner.build import build_problem
+    from ..planner.build import build_problem, plan_dict_with_tiers
     from ..planner.solve import solve
 
     def make_problem(budget):
@@ -207,11 +207,8 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
     say(f"planning: budget {problem.budget_bytes / 2**20:.1f} MiB "
         f"({problem.budget_bytes / plain_peak:.0%} of the plain peak), {opts.objective}")
     solved = solve(problem, opts.solver, opts.time_limit)
-    tiers = chosen.profile.tiers if chosen.profile else {}
-    plan_dict = solved.plan.to_dict()
-    used = plan_dict["problem"].get("paging") or []
-    plan_dict["problem"]["tier_params"] = {name: tier.to_dict() for name, tier in tiers.items()
-                                           if name in used}
+    plan_dict = plan_dict_with_tiers(solved.plan,
+                                     chosen.profile.tiers if chosen.profile else {})
     plan_path = out / "plan.json"
     dump_json(plan_dict, plan_path)
     if opts.sweep:
