@@ -125,13 +125,55 @@ def test_costs_are_an_estimate_until_a_profile_replaces_them(resnet18):
 
 
 def test_fixed_memory_counts_parameters_gradients_and_optimizer_state():
+    # One optimizer step after the backward: all of it is fixed memory.
     module, args = build("mlp", batch=2, image=8)
     params = sum(p.numel() * 4 for p in module.parameters())
-    sgd = capture_module(module, args, "mlp", optimizer="sgd").graph.capture["fixed"]
-    adamw = capture_module(module, args, "mlp", optimizer="adamw").graph.capture["fixed"]
-    assert sgd["parameters"] == sgd["gradients"] == sgd["optimizer_state"] == params
-    assert adamw["optimizer_state"] == 2 * params
-    assert sgd["inputs"] == sum(a.numel() * a.element_size() for a in args)
+    sgd = capture_module(module, args, "mlp", optimizer="sgd", update="step").graph
+    adamw = capture_module(module, args, "mlp", optimizer="adamw", update="step").graph
+    fixed = sgd.capture["fixed"]
+    assert fixed["parameters"] == fixed["gradients"] == fixed["optimizer_state"] == params
+    assert adamw.capture["fixed"]["optimizer_state"] == 2 * params
+    assert fixed["inputs"] == sum(a.numel() * a.element_size() for a in args)
+    assert sgd.fixed_bytes == fixed["total"] == sum(v for k, v in fixed.items() if k != "total")
+
+
+def test_fused_updates_plan_gradients_and_homed_parameters_plan_everything():
+    module, args = build("mlp", batch=2, image=8)
+    params = sum(p.numel() * 4 for p in module.parameters())
+    step = capture_module(module, args, "mlp", optimizer="adamw", update="step").graph
+    fused = capture_module(module, args, "mlp", optimizer="adamw").graph
+    homed = capture_module(module, args, "mlp", optimizer="adamw", params_home="flash").graph
+    assert fused.capture["fixed"]["gradients"] == 0
+    assert fused.capture["planned_state"] == {"parameters": 0, "gradients": params,
+                                              "optimizer_state": 0}
+    assert fused.fixed_bytes == step.fixed_bytes - params
+    # Gradients are node outputs now: each update node reads its group's gradients.
+    updates = [n for n in fused.nodes if n.kind == "update"]
+    assert updates and all(n.inputs for n in updates)
+    assert sum(n.attrs["grad_bytes"] for n in fused.nodes if "grad_bytes" in n.attrs) == params
+    fixed = homed.capture["fixed"]
+    assert fixed["parameters"] == fixed["gradients"] == fixed["optimizer_state"] == 0
+    assert homed.capture["planned_state"] == {"parameters": params, "gradients": params,
+                                              "optimizer_state": 2 * params}
+    loads = [n for n in homed.nodes if n.kind == "param"]
+    assert sum(n.out_bytes for n in loads) == params and all(not n.inputs for n in loads)
+    # Every update comes after every reader of its parameters and after their readers' users.
+    for update in (n for n in homed.nodes if n.kind == "update"):
+        [load] = [homed.node(d) for d in update.inputs if homed.node(d).kind == "param"]
+        readers = [n for n in homed.nodes if load.id in n.inputs and n.kind != "update"]
+        later = [u for r in readers for u in homed.nodes if r.id in u.inputs]
+        assert all(homed.index[n.id] < homed.index[update.id] for n in readers + later
+                   if n.kind != "update")
+
+
+def test_train_patterns_freeze_the_rest_and_bad_patterns_are_refused():
+    captured = capture_model("mlp", batch=2, image=8, train=["net.4.*"])
+    trainable = [n for n, p in captured.module.named_parameters() if p.requires_grad]
+    assert trainable and all(n.startswith("net.4.") for n in trainable)
+    updates = [n for n in captured.graph.nodes if n.kind == "update"]
+    assert {p for n in updates for p in n.attrs["params"]} == set(trainable)
+    with pytest.raises(CaptureError, match="match no parameter"):
+        capture_model("mlp", batch=2, image=8, train=["nope.*"])
 
 
 def test_the_graph_round_trips_through_its_file(resnet18, tmp_path):

@@ -71,17 +71,23 @@ def user_capture():
 
 
 def activation_budget(graph: Graph, fraction: float) -> int:
-    """`fraction` of the plain schedule's activation memory, on top of fixed memory (at 60% of
-    the whole plain peak, fixed memory alone would not fit)."""
-    from edge_remat.planner.build import plain_peak_bytes
-    return int(graph.fixed_bytes + fraction * (plain_peak_bytes(graph) - graph.fixed_bytes))
+    """`fraction` of the graph's own keep-all schedule's planned memory, on top of fixed
+    memory (at 60% of the whole plain peak, fixed memory alone would not fit)."""
+    from edge_remat.planner.build import keep_all_peak_bytes
+    return int(graph.fixed_bytes + fraction * (keep_all_peak_bytes(graph) - graph.fixed_bytes))
 
 
 def dtr_plan(graph: Graph, fraction: float = 0.6) -> Plan:
     from edge_remat.planner.build import build_problem
     from edge_remat.planner.solve import solve
-    problem = build_problem(graph, activation_budget(graph, fraction), None, "time", None,
-                            "flash", {"flash": FLASH})
+    from edge_remat.planner.problem import InfeasibleBudget
+    budget = activation_budget(graph, fraction)
+    try:
+        problem = build_problem(graph, budget, None, "time", None, "flash", {"flash": FLASH})
+        problem.check_budget()
+    except InfeasibleBudget as below_the_floor:  # the graph's floor, with a little room
+        problem = build_problem(graph, int(below_the_floor.smallest_bytes * 1.02), None,
+                                "time", None, "flash", {"flash": FLASH})
     return solve(problem, "heuristic:dtr").plan
 
 

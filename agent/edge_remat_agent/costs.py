@@ -15,6 +15,14 @@ from typing import Any
 
 from .formats import FormatError, Graph, Profile, Tier
 
+# Modelled page tiers for a parameter home when no profile or command line gives figures:
+# a board's eMMC / SD card (reads ~100 MB/s, writes ~40 MB/s) and a USB 2 link to a host
+# (~35 MB/s each way). Only for costing param and update nodes; a profile replaces them.
+ESTIMATED_TIERS = {
+    "flash": Tier(read_bytes_per_s=100e6, write_bytes_per_s=40e6, latency_s=1e-4),
+    "host": Tier(read_bytes_per_s=35e6, write_bytes_per_s=35e6, latency_s=1e-3),
+}
+
 # Without a power model, energy is reported as if the board drew 1 W above idle and 0 W idle,
 # so that it equals compute time; reports say so.
 DEFAULT_ACTIVE_W = 1.0
@@ -73,6 +81,8 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     dynamic_w = (profile.active_w - profile.idle_w) if profile else DEFAULT_ACTIVE_W
     have_time = [n.time_s is not None for n in graph.nodes]
     unit_costs = not any(have_time)
+    all_tiers = dict(profile.tiers) if profile else {}
+    all_tiers.update(tiers or {})
     for node, has in zip(graph.nodes, have_time):
         measured = profile.ops.get(node.signature or node.op) if profile else None
         if measured is not None and measured.workspace_bytes is not None:
@@ -90,10 +100,9 @@ def build_costs(graph: Graph, profile: Profile | None = None,
                                   "a cost on every node (other nodes have one)")
             time = 1.0 if unit_costs else node.time_s
             energy = node.energy_j if node.energy_j is not None else time * dynamic_w
-        times.append(float(time))
-        energies.append(float(energy))
-    all_tiers = dict(profile.tiers) if profile else {}
-    all_tiers.update(tiers or {})
+        io_time, io_energy = home_io_cost(node, all_tiers)
+        times.append(float(time) + io_time)
+        energies.append(float(energy) + io_energy)
     sizes = [n.out_bytes for n in graph.nodes]
     tier_costs = {name: tier_costs_from(tier, sizes) for name, tier in all_tiers.items()}
     tier_costs.update(_per_node_tiers(graph, exclude=set(all_tiers)))
@@ -111,6 +120,21 @@ def build_costs(graph: Graph, profile: Profile | None = None,
                         "nodes" if workspace_from_profile else "graph")
     return CostModel(times, energies, idle_w, tier_costs, power_source, time_source, cost_source,
                      workspaces, workspace_source)
+
+
+def home_io_cost(node, tiers: dict[str, Tier]) -> tuple[float, float]:
+    """What a node's reads and writes of its parameters' home cost (param nodes read a group,
+    update nodes read and write its optimizer state and write the new parameters): the tier's
+    measured figures, else the modelled ones (capture/estimate.py)."""
+    io = node.attrs.get("io")
+    if not io:
+        return 0.0, 0.0
+    tier = tiers.get(io["tier"]) or ESTIMATED_TIERS.get(io["tier"])
+    if tier is None:
+        raise FormatError(f"node {node.id!r}", "attrs.io.tier", "flash or host", io["tier"])
+    read_s, read_j = tier.read_cost(io["read_bytes"]) if io["read_bytes"] else (0.0, 0.0)
+    write_s, write_j = tier.write_cost(io["write_bytes"]) if io["write_bytes"] else (0.0, 0.0)
+    return read_s + write_s, read_j + write_j
 
 
 def _per_node_tiers(graph: Graph, exclude: set[str]) -> dict[str, TierCosts]:

@@ -24,6 +24,7 @@ from ..formats import Graph, Node
 from .coarsen import Group, op_name
 from .estimate import DEFAULT_RATES, Rates, op_cost, round_time
 from .optimizer import Optimizer, fixed_memory, largest_trainable_bytes, trainable_elements
+from .state import param_groups, plan_state
 from .storage import Storage, aliased_input, storages
 from .trace import JointTrace
 
@@ -34,27 +35,48 @@ _RANDOM_OPS = {"native_dropout", "bernoulli", "rand", "rand_like", "randn", "ran
 
 
 def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_args,
-             optimizer: Optimizer, rates: Rates = DEFAULT_RATES) -> tuple[Graph, dict]:
-    """The planner graph, and figures for reports (saved bytes, fixed-memory breakdown)."""
+             optimizer: Optimizer, rates: Rates = DEFAULT_RATES, update: str = "fused",
+             params_home: str = "ram") -> tuple[Graph, dict]:
+    """The planner graph, and figures for reports (saved bytes, fixed-memory breakdown, the
+    bytes that are planned tensors instead of fixed memory). `update`: "fused" (gradients and,
+    with `params_home` a tier, parameters and optimizer state are planned tensors: state.py)
+    or "step" (one optimizer step after the backward; they are all fixed memory)."""
+    fused = update == "fused"
     store = storages(trace.graph_module)
     group_of = {name: i for i, g in enumerate(groups) for name in g.members}
     fixed_roots = {s.root for name, s in store.items() if trace.node(name).op == "placeholder"}
-    fixed_roots |= {store[name].root for name in trace.grads if name in store}
+    if not fused:
+        fixed_roots |= {store[name].root for name in trace.grads if name in store}
     links = [_links(i, g, trace, group_of) for i, g in enumerate(groups)]
     read_by_others = {name for _, reads, _ in links for name in reads}
+    if fused:
+        read_by_others |= set(trace.grads)  # the update nodes read them
     nodes = []
     for i, group in enumerate(groups):
         outputs = [name for name in group.members if name in read_by_others]
         nodes.append(_planner_node(i, group, links[i], outputs, trace, store, fixed_roots, rates))
     _name_uniquely(nodes)
+    saved = saved_bytes(nodes)
     fixed = fixed_memory(module, example_args, optimizer)
     fixed["step_state"] = _step_state_bytes(trace)
     fixed["total"] += fixed["step_state"]
-    nodes.append(_update_node(len(nodes), module, optimizer, fixed["gradients"], rates))
-    saved = saved_bytes(nodes)
+    planned = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
+    if fused:
+        for node in nodes:  # the plain reference holds these as .grad buffers (planner/build)
+            roots = {store[v].root for v in node.attrs.get("grads", {}) if v in store}
+            if roots:
+                node.attrs["grad_bytes"] = sum(store[root].nbytes for root in roots)
+        state = plan_state(nodes, param_groups(trace, module, nodes), optimizer, params_home,
+                           rates)
+        nodes, planned = state.nodes, state.planned
+        for kind, nbytes in planned.items():
+            fixed[kind] -= nbytes
+            fixed["total"] -= nbytes
+    else:
+        nodes.append(_update_node(len(nodes), module, optimizer, fixed["gradients"], rates))
     graph = Graph(nodes=nodes, name=trace.model, fixed_bytes=fixed["total"],
                   batch=_batch(example_args), dtype=_dtype(module), cost_source="estimate")
-    return graph, {"saved_bytes": saved, "fixed": fixed}
+    return graph, {"saved_bytes": saved, "fixed": fixed, "planned": planned}
 
 
 def _step_state_bytes(trace: JointTrace) -> int:

@@ -20,6 +20,7 @@ import tempfile
 
 from ..formats import Graph, graph_from_dict
 from .errors import CaptureError, GraphMismatch
+from .freeze import freeze_except
 
 
 def capture_isolated(graph: Graph, timeout_s: float = 1800.0):
@@ -50,6 +51,8 @@ def capture_isolated(graph: Graph, timeout_s: float = 1800.0):
     source = graph.capture["source"]
     module, args = load_model(source["model"], source.get("batch"), source.get("image"),
                               source.get("seq"), source.get("seed", 0))
+    if source.get("train") is not None:
+        freeze_except(module, source["train"], graph.name)
     return Captured(again, answer["program"].trace(), [], module, args)
 
 

@@ -102,10 +102,18 @@ def torch_optimizer(name: str, module: nn.Module, lr: float | None = None
     `lr` overrides its learning rate (the update node's memory and cost do not depend on it).
     Plain training (plain_train.py) and the executor both build theirs here, so that a plain
     run and a planned run take the same steps."""
+    return torch_optimizer_over(name, [p for p in module.parameters() if p.requires_grad], lr)
+
+
+def torch_optimizer_over(name: str, params: list[torch.Tensor], lr: float | None = None
+                         ) -> torch.optim.Optimizer:
+    """The same optimizer over `params` only (a fused update node's parameter group). With
+    foreach off, each parameter's step is computed on its own, so stepping groups one by one
+    gives bit for bit what one step over all parameters gives."""
     if name not in TORCH_OPTIMIZERS:
         raise CaptureError(name, f"unknown optimizer {name!r}; choose one of "
                            f"{', '.join(sorted(TORCH_OPTIMIZERS))}")
     cls, options = TORCH_OPTIMIZERS[name]
     if lr is not None:
         options = {**options, "lr": float(lr)}
-    return cls([p for p in module.parameters() if p.requires_grad], **options)
+    return cls(params, **options)

@@ -15,7 +15,10 @@ from .assemble import assemble
 from .coarsen import Group, coarsen
 from .estimate import DEFAULT_RATES
 from .models import load_model
+from .errors import CaptureError
+from .freeze import freeze_except
 from .optimizer import optimizer_named
+from .state import PARAM_HOMES, UPDATE_MODES
 from .trace import TOOL, JointTrace, trace_joint
 
 DEFAULT_MAX_NODES = 200
@@ -32,23 +35,41 @@ class Captured:
 
 def capture_model(spec: str, batch: int | None = None, image: int | None = None,
                   seq: int | None = None, seed: int = 0, optimizer: str = "sgd",
-                  max_nodes: int = DEFAULT_MAX_NODES, level: int | None = None) -> Captured:
-    """Build a zoo model or MODULE:FACTORY and capture it (what `edge-remat graph` runs)."""
+                  max_nodes: int = DEFAULT_MAX_NODES, level: int | None = None,
+                  update: str = "fused", params_home: str = "ram",
+                  train: list[str] | None = None) -> Captured:
+    """Build a zoo model or MODULE:FACTORY and capture it (what `edge-remat graph` runs).
+    `train`: name patterns of the parameters to train (the rest are frozen); None: as the
+    model comes."""
     start = time.perf_counter()
     module, args = load_model(spec, batch, image, seq, seed)
     source = {"model": spec, "batch": batch, "image": image, "seq": seq, "seed": seed}
-    return capture_module(module, args, spec, optimizer, max_nodes, level, source, start)
+    if train is not None:
+        freeze_except(module, train, spec)
+        source["train"] = list(train)
+    return capture_module(module, args, spec, optimizer, max_nodes, level, source, start,
+                          update, params_home)
 
 
 def capture_module(module: nn.Module, example_args, model: str = "model",
                    optimizer: str = "sgd", max_nodes: int = DEFAULT_MAX_NODES,
                    level: int | None = None, source: dict[str, Any] | None = None,
-                   start: float | None = None) -> Captured:
+                   start: float | None = None, update: str = "fused",
+                   params_home: str = "ram") -> Captured:
     start = time.perf_counter() if start is None else start
     opt = optimizer_named(optimizer, model)
+    if update not in UPDATE_MODES:
+        raise CaptureError(model, f"update must be one of {', '.join(UPDATE_MODES)}, "
+                           f"got {update!r}")
+    if params_home not in PARAM_HOMES:
+        raise CaptureError(model, f"the parameters' home must be one of "
+                           f"{', '.join(PARAM_HOMES)}, got {params_home!r}")
+    if params_home != "ram" and update != "fused":
+        raise CaptureError(model, "parameters can live on a page tier only with fused updates")
     trace = trace_joint(module, example_args, model)
-    groups, level_used = coarsen(trace, max_nodes, level)
-    graph, figures = assemble(trace, groups, module, tuple(example_args), opt)
+    groups, level_used = coarsen(trace, activation_nodes(max_nodes, update, params_home), level)
+    graph, figures = assemble(trace, groups, module, tuple(example_args), opt,
+                              update=update, params_home=params_home)
     check_order(graph, model)
     graph.capture = {
         "tool": TOOL,
@@ -64,10 +85,21 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
         "capture_s": round(time.perf_counter() - start, 4),
         "saved_bytes": figures["saved_bytes"],
         "fixed": figures["fixed"],
+        "planned_state": figures["planned"],
+        "update": update,
+        "params_home": params_home,
         "estimate": DEFAULT_RATES.to_dict(),
         "signature": trace.signature(),
     }
     return Captured(graph, trace, groups, module, tuple(example_args))
+
+
+def activation_nodes(max_nodes: int, update: str, params_home: str) -> int:
+    """The node budget coarsening may spend on forward, loss and backward nodes: besides its
+    backward, each forward node may bring an update node (fused) and a param node (parameters
+    homed on a tier), so that the whole graph stays within `max_nodes`."""
+    per_forward = 2 + (update == "fused") + (params_home != "ram")
+    return max(3, 2 * ((max_nodes - 1) // per_forward) + 1)
 
 
 def recapture(graph: Graph) -> Captured:
@@ -80,7 +112,9 @@ def recapture(graph: Graph) -> Captured:
         raise CaptureError(graph.name, "the graph does not say which model it was captured from")
     again = capture_model(source["model"], source.get("batch"), source.get("image"),
                           source.get("seq"), source.get("seed", 0), info.get("optimizer", "sgd"),
-                          info.get("max_nodes", DEFAULT_MAX_NODES), info.get("level"))
+                          info.get("max_nodes", DEFAULT_MAX_NODES), info.get("level"),
+                          info.get("update", "step"), info.get("params_home", "ram"),
+                          source.get("train"))
     if again.graph.fingerprint() != graph.fingerprint():
         raise GraphMismatch(graph.name, "re-capturing gave a different graph (fingerprint "
                            f"{again.graph.fingerprint()} instead of {graph.fingerprint()}): "

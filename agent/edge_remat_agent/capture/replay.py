@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import fx, nn
@@ -30,11 +30,13 @@ from .trace import JointTrace
 
 
 def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
-                device: torch.device | None = None) -> dict[str, torch.Tensor]:
-    """Placeholder values: parameters, buffers, the batch, and d(loss)/d(loss) = 1."""
+                device: torch.device | None = None,
+                loaded: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Placeholder values: parameters, buffers, the batch, and d(loss)/d(loss) = 1.
+    `loaded`: the placeholders of parameters that param nodes load (not bound here)."""
     params = dict(module.named_parameters(remove_duplicate=False))
     buffers = dict(module.named_buffers(remove_duplicate=False))
-    env = {ph: params[name].detach() for ph, name in trace.params.items()}
+    env = {ph: params[name].detach() for ph, name in trace.params.items() if ph not in loaded}
     env.update({ph: buffers[name].detach() for ph, name in trace.buffers.items()})
     env.update({ph: example_args[i] for ph, i in trace.user_inputs.items()})
     loss = trace.node(trace.tangent).meta["val"]
@@ -67,13 +69,26 @@ class StepRunner:
     """One training step's forward + backward, planner node by planner node."""
 
     def __init__(self, trace: JointTrace, graph: Graph, module: nn.Module, example_args,
-                 device: str | torch.device | None = None, ledger: Any = None):
+                 device: str | torch.device | None = None, ledger: Any = None,
+                 load_parameter: Callable[[str], torch.Tensor] | None = None):
         self.trace, self.graph, self.ledger = trace, graph, ledger
         self.device = torch.device(device) if device is not None else None
         self._node_ops: dict[NodeId, _NodeOps] = {}
         self._holds: dict[str, int] = {}  # value name -> how many holders keep it alive
         self._keys: dict[str, list[tuple]] = {}  # value name -> its ledger keys
-        self._gradient_values, self._gradient_elements = _gradient_storages(trace)
+        # Fused graphs plan gradients as node outputs; "step" graphs hold them as fixed memory.
+        self.fused = graph.capture.get("update") == "fused"
+        self._gradient_values, self._gradient_elements = (set(), {}) if self.fused else \
+            _gradient_storages(trace)
+        # Keep every gradient to the step's end (self.grads): what an optimizer step after the
+        # backward needs, and the gradient check. A planned fused step turns this off: its
+        # update nodes consume the gradients as they go (executor/step.py).
+        self.keep_grads = True
+        # Param nodes load parameters: from their home (the executor's), else the module's own.
+        params = dict(module.named_parameters(remove_duplicate=False))
+        self.load_parameter = load_parameter or (lambda name: params[name].detach())
+        self._loaded = frozenset(ph for node in graph.nodes if node.kind == "param"
+                                 for ph in node.attrs["outputs"])
         self._read_last_by: dict[NodeId, list[NodeId]] | None = None  # reader -> inputs
         self.env: dict[str, Any] = {}
         self.start_step(module, example_args)
@@ -83,7 +98,8 @@ class StepRunner:
     def start_step(self, module: nn.Module, example_args) -> None:
         """Forget the previous step's values and bind this step's parameters and batch."""
         self.release_all()
-        self.env = bind_inputs(self.trace, module, tuple(example_args), self.device)
+        self.env = bind_inputs(self.trace, module, tuple(example_args), self.device,
+                               self._loaded)
         for name, value in self.env.items():
             self._hold(name, value)
         self.rng_states: dict[NodeId, tuple] = {}
@@ -104,6 +120,9 @@ class StepRunner:
 
     def compute(self, node_id: NodeId) -> None:
         node = self.graph.node(node_id)
+        if node.kind == "param":
+            self._load_parameters(node)
+            return
         missing = [name for name in node.attrs.get("reads", {}) if name not in self.env]
         if missing:
             raise RuntimeError(f"node {node_id} ({node.name}) reads {missing}, which are not in "
@@ -125,10 +144,11 @@ class StepRunner:
             for name in node.attrs["outputs"]:
                 self._hold(name, local[name])
                 self.env[name] = local[name]
-            for name, param in node.attrs.get("grads", {}).items():
-                # Not held in the ledger: gradients are fixed memory (a trainer's .grad
-                # buffers), which the caller accounts for at their full size.
-                self.grads.setdefault(param, local[name])
+            if self.keep_grads:
+                for name, param in node.attrs.get("grads", {}).items():
+                    # A "step" graph's gradients are not in the ledger: they are fixed memory
+                    # (a trainer's .grad buffers), which the caller counts at full size.
+                    self.grads.setdefault(param, local[name])
             for name, buffer in node.attrs.get("buffer_updates", {}).items():
                 if buffer not in self.buffer_updates:
                     self._hold(name, local[name])
@@ -139,6 +159,13 @@ class StepRunner:
         finally:
             for name in local:  # the node's own hold on what it kept
                 self._release(name)
+
+    def _load_parameters(self, node) -> None:
+        self.runs[node.id] = self.runs.get(node.id, 0) + 1
+        for placeholder, name in zip(node.attrs["outputs"], node.attrs["params"]):
+            value = self.load_parameter(name)
+            self._hold(placeholder, value)
+            self.env[placeholder] = value
 
     def free(self, node_id: NodeId) -> None:
         for name in self.graph.node(node_id).attrs["outputs"]:
@@ -161,10 +188,11 @@ class StepRunner:
             self.env[name] = values[name]
 
     def run_plain(self) -> None:
-        """Every node once, in order, freeing each output after its last reader."""
+        """Every node once, in order, freeing each output after its last reader (the
+        optimizer's steps are the caller's: update nodes are skipped)."""
         for node in self.graph.nodes:
             if node.kind == "update":
-                continue  # the optimizer step is the caller's
+                continue
             self.compute(node.id)
             self.free_inputs_read_last(node.id)
 

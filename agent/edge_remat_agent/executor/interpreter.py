@@ -5,20 +5,22 @@ paged-out values live in page stores keyed by (node id, value name). The interpr
 nothing the simulator already checked before the run (inputs resident, pages present); what it
 adds is what only a real run can hit: out of memory, a full or damaged page store.
 
-The update node's `compute` is not run here: the optimizer steps once the step's instructions
-are done (step.py), whatever position the plan gives it.
+A fused graph's update nodes step their parameter group's optimizer where the plan computes
+them (`step_group`, executor/updates.py). A "step" graph's one update node is not run here: the
+optimizer steps once the step's instructions are done (step.py), whatever position the plan
+gives it.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ..capture.replay import StepRunner
-from ..formats import Graph, Instruction, Stages
+from ..formats import Graph, Instruction, Node, Stages
 from ..pages import PageStore, PageStoreError
 from .errors import OOM_REMEDY, InstructionFailed, OutOfMemory, first_line, is_out_of_memory
 
@@ -43,8 +45,10 @@ class StepCounts:
 
 
 class Interpreter:
-    def __init__(self, runner: StepRunner, graph: Graph, stores: dict[str, PageStore]):
+    def __init__(self, runner: StepRunner, graph: Graph, stores: dict[str, PageStore],
+                 step_group: Callable[[Node, StepRunner], None] | None = None):
         self.runner, self.graph, self.stores = runner, graph, stores
+        self.step_group = step_group
         self.handlers = {"compute": self._compute, "free": self._free,
                          "page_out": self._page_out, "page_in": self._page_in}
         self.counts = StepCounts()
@@ -69,10 +73,15 @@ class Interpreter:
                                  f"{type(error).__name__}: {first_line(error)}")
 
     def _compute(self, ins: Instruction) -> None:
-        if self.graph.node(ins.node).kind == "update":
-            return  # the optimizer steps after the last instruction
+        node = self.graph.node(ins.node)
         start = time.perf_counter()
-        self.runner.compute(ins.node)
+        if node.kind != "update":
+            self.runner.compute(ins.node)
+        elif self.step_group is not None:
+            self.runner.runs[ins.node] = self.runner.runs.get(ins.node, 0) + 1
+            self.step_group(node, self.runner)
+        else:
+            return  # the optimizer steps after the last instruction
         elapsed = time.perf_counter() - start
         self.counts.computes += 1
         if self.runner.runs[ins.node] > 1:

@@ -29,7 +29,8 @@ from .errors import BadInput, ExecutorError, PlanMismatch, first_line, is_out_of
 from .gradcheck import compare, deterministic, eager_reference
 from .report import FORMAT, step_record, summarize
 from .step import PlannedStep, plain_step
-from .stores import describe_stores, open_stores
+from .stores import describe_stores, open_parameter_home, open_stores
+from .updates import ParameterHome, make_optimizer
 
 Progress = Callable[[int, int, dict], None]  # (step index from 0, steps, that step's record)
 
@@ -40,8 +41,12 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              captured: Captured | None = None, stores: dict[str, PageStore] | None = None,
              seed: int | None = None, flash_fsync: bool = True,
              flash_capacity_bytes: int | None = None,
-             map_large_allocations: bool = True, lr: float | None = None) -> dict[str, Any]:
-    """Run `plan` for `steps` training steps; return the run report (see executor/__init__)."""
+             map_large_allocations: bool = True, lr: float | None = None,
+             keep_parameters: bool = False) -> dict[str, Any]:
+    """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
+    `keep_parameters`: afterwards, read the parameters homed on a page tier back into
+    `captured.module` (it then holds the trained model; a board too small for the whole model
+    leaves this off)."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
     if graph.planning_only:
@@ -54,7 +59,6 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     sim = validate(captured.graph, plan)
     device = torch.device(device)
     module = captured.module.to(device)
-    optimizer = torch_optimizer(captured.graph.capture.get("optimizer", "sgd"), module, lr)
     power = open_power_sensor(sensor)
     batches = batch_source(data, captured.example_args, device, 0 if seed is None else seed)
     ledger = LiveTensorLedger()
@@ -64,16 +68,18 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     if seed is not None:
         torch.manual_seed(seed)
     with deterministic(device), open_stores(plan, captured.graph, page_dir, stores,
-                                            flash_fsync, flash_capacity_bytes) as opened:
+                                            flash_fsync, flash_capacity_bytes) as opened, \
+            open_parameter_home(captured.graph, module, page_dir, flash_fsync) as home:
+        optimizer = make_optimizer(captured.graph, module, lr, home, ledger)
         runner = StepRunner(captured.trace, captured.graph, module,
                             batches(0) if is_example(data) else captured.example_args,
-                            device, ledger)
+                            device, ledger, home.load if home else None)
         planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger)
         for i in range(steps):
             batch = batches(i)
             check = None
             if check_gradients and i == 0:
-                reference = eager_reference(module, batch, device)
+                reference = eager_reference_with(home, module, batch, device)
 
                 def check(loss, grads, reference=reference):
                     nonlocal grad_check
@@ -89,6 +95,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             if progress is not None:
                 progress(i, steps, records[-1])
         tiers = describe_stores(opened)
+        if keep_parameters and home is not None:
+            home.bring_back()
     predicted = {**sim.summary(), **{k: v for k, v in plan.predicted.items()
                                      if k in ("time_s", "tdi_percent", "paging_time_s",
                                               "energy_j")}}
@@ -98,7 +106,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "format": FORMAT, "version": 1, "mode": "plan", "model": captured.graph.name,
         "graph_fingerprint": captured.graph.fingerprint(), "plan_fingerprint": plan.fingerprint,
         "device": str(device), "torch": torch.__version__, "deterministic": True, "seed": seed,
-        "data": data_name(data), "optimizer": _optimizer_description(captured.graph, optimizer),
+        "data": data_name(data), "optimizer": _optimizer_description(captured.graph, lr),
         "sensor": getattr(power, "name", None), "tiers": tiers, "allocator": allocator,
         "budget_bytes": plan.budget_bytes, "fixed_bytes": captured.graph.fixed_bytes,
         "predicted_peak_bytes": sim.peak_bytes, "predicted_time_s": predicted["time_s"],
@@ -157,13 +165,25 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
     return {"format": FORMAT, "version": 1, "mode": "plain", "model": graph.name,
             "graph_fingerprint": graph.fingerprint(), "device": str(device),
             "torch": torch.__version__, "deterministic": True, "seed": seed,
-            "data": data_name(data), "optimizer": _optimizer_description(graph, optimizer),
+            "data": data_name(data), "optimizer": _optimizer_description(graph, lr),
             "sensor": getattr(power, "name", None),
             "allocator": allocator, "fixed_bytes": graph.fixed_bytes, "steps": records,
             "summary": summarize(records)}
 
 
 # -- before the first step ---------------------------------------------------------------------
+
+def eager_reference_with(home: ParameterHome | None, module: torch.nn.Module, batch,
+                         device: torch.device):
+    """The gradient check's eager step, with parameters homed on a tier read back for it."""
+    if home is None:
+        return eager_reference(module, batch, device)
+    home.bring_back()
+    try:
+        return eager_reference(module, batch, device)
+    finally:
+        home.release()
+
 
 def check_plan_is_for(graph: Graph, plan: Plan, what: str) -> None:
     if not plan.graph_fingerprint:
@@ -229,8 +249,10 @@ def _device_peak(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
-def _optimizer_description(graph: Graph, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's name and options as it steps (an `lr` given to the run included)."""
+def _optimizer_description(graph: Graph, lr: float | None) -> dict[str, Any]:
+    """The optimizer's name and options as it steps (an `lr` given to the run included), and
+    whether it steps group by group as gradients complete (fused) or once after the backward."""
     name = graph.capture.get("optimizer", "sgd")
     cls, options = TORCH_OPTIMIZERS.get(name, (None, {}))
-    return {"name": name, **options, "lr": optimizer.param_groups[0]["lr"]}
+    return {"name": name, **options, "lr": float(lr) if lr is not None else options.get("lr"),
+            "update": graph.capture.get("update", "step")}

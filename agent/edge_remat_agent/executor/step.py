@@ -2,7 +2,9 @@
 
 A planned step binds the batch, runs the plan's instructions, hands the gradients to the
 optimizer (assigned, not accumulated), steps it, applies the batch-norm statistics from each
-node's first run (once), and drops every value of the step and every page.
+node's first run (once), and drops every value of the step and every page. In a fused graph
+the update nodes among the instructions step the optimizer group by group (updates.py), and
+nothing is left to do after them.
 
 The ledger's fixed part follows the graph's `fixed_bytes`: parameters, buffers and the batch as
 the tensors they are; gradients at their full size for the whole step (a trainer's .grad
@@ -23,6 +25,7 @@ from ..formats import Graph, Plan
 from ..pages import PageStore
 from .errors import OOM_REMEDY, ExecutorError, first_line, is_out_of_memory
 from .interpreter import Interpreter, StepCounts
+from .updates import FusedUpdates
 
 GradientCheck = Callable[[torch.Tensor, dict[str, torch.Tensor]], None]
 
@@ -40,12 +43,13 @@ class FixedMemory:
     GRADIENTS = ("fixed", "gradients")
     STATE_PENDING = ("fixed", "optimizer_state (not yet made)")
 
-    def __init__(self, ledger, module: nn.Module, optimizer: torch.optim.Optimizer,
-                 graph: Graph):
+    def __init__(self, ledger, module: nn.Module,
+                 optimizer: torch.optim.Optimizer | FusedUpdates, graph: Graph):
         self.ledger, self.optimizer = ledger, optimizer
-        trainable = {id(p): p for p in module.parameters() if p.requires_grad}
-        ledger.register(self.GRADIENTS, sum(p.numel() * p.element_size()
-                                            for p in trainable.values()))
+        if not isinstance(optimizer, FusedUpdates):  # fused: gradients are node outputs
+            trainable = {id(p): p for p in module.parameters() if p.requires_grad}
+            ledger.register(self.GRADIENTS, sum(p.numel() * p.element_size()
+                                                for p in trainable.values()))
         ledger.register(self.STATE_PENDING,
                         int(graph.capture.get("fixed", {}).get("optimizer_state", 0)))
         self._state_keys: list[tuple] = []
@@ -55,8 +59,11 @@ class FixedMemory:
         """Count the optimizer's state tensors once they exist (after its first step)."""
         if self._state_keys:
             return
-        tensors = [t for state in self.optimizer.state.values() for t in state.values()
-                   if isinstance(t, torch.Tensor)]
+        if isinstance(self.optimizer, FusedUpdates):
+            tensors = self.optimizer.state_tensors()  # RAM-homed groups' state only
+        else:
+            tensors = [t for state in self.optimizer.state.values() for t in state.values()
+                       if isinstance(t, torch.Tensor)]
         if not tensors:
             return
         self.ledger.unregister(self.STATE_PENDING)
@@ -68,15 +75,33 @@ class FixedMemory:
 
 class PlannedStep:
     def __init__(self, runner: StepRunner, graph: Graph, plan: Plan, module: nn.Module,
-                 optimizer: torch.optim.Optimizer, stores: dict[str, PageStore], ledger):
+                 optimizer: torch.optim.Optimizer | FusedUpdates,
+                 stores: dict[str, PageStore], ledger):
         self.runner, self.graph, self.plan = runner, graph, plan
         self.module, self.optimizer, self.stores = module, optimizer, stores
-        self.interpreter = Interpreter(runner, graph, stores)
+        self.fused = isinstance(optimizer, FusedUpdates)
+        self.interpreter = Interpreter(runner, graph, stores,
+                                       optimizer.step if self.fused else None)
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.fixed = FixedMemory(ledger, module, optimizer, graph)
 
+    def _step_optimizer(self) -> None:
+        """A "step" graph's one optimizer step after the backward."""
+        for name, grad in self.runner.grads.items():
+            self.params[name].grad = grad
+        try:
+            self.optimizer.step()
+        except Exception as error:
+            if is_out_of_memory(error):
+                raise ExecutorError(f"out of memory in the optimizer step "
+                                    f"({first_line(error)}). Remedy: {OOM_REMEDY}") from error
+            raise
+        self.optimizer.zero_grad(set_to_none=True)
+
     def run(self, batch: tuple, check: GradientCheck | None = None) -> StepResult:
         self.runner.start_step(self.module, batch)
+        # A fused step keeps its gradients only for the check (they cost a plain step's worth).
+        self.runner.keep_grads = not self.fused or check is not None
         try:
             counts = self.interpreter.run(self.plan.stages)
             loss = self.runner.loss
@@ -84,16 +109,8 @@ class PlannedStep:
                 raise ExecutorError("the plan never computed the loss node")
             if check is not None:
                 check(loss, self.runner.grads)
-            for name, grad in self.runner.grads.items():
-                self.params[name].grad = grad
-            try:
-                self.optimizer.step()
-            except Exception as error:
-                if is_out_of_memory(error):
-                    raise ExecutorError(f"out of memory in the optimizer step "
-                                        f"({first_line(error)}). Remedy: {OOM_REMEDY}") from error
-                raise
-            self.optimizer.zero_grad(set_to_none=True)
+            if not self.fused:  # fused: the update nodes among the instructions stepped
+                self._step_optimizer()
             self.runner.apply_buffer_updates(self.module)
             value = float(loss)
         finally:

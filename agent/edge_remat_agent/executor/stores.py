@@ -18,6 +18,7 @@ from ..formats import Graph, Plan
 from ..pages import (FlashStore, LinkStore, MemoryStore, PageStore, PageStoreError,
                      PageStoreFull)
 from .errors import BadInput, ExecutorError
+from .updates import ParameterHome, homed_parameters
 
 
 def tiers_used(plan: Plan) -> set[str]:
@@ -64,6 +65,40 @@ def open_stores(plan: Plan, graph: Graph, page_dir: str | None,
     finally:
         for store in opened:
             store.close()
+
+
+@contextlib.contextmanager
+def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool = True) -> Iterator[ParameterHome | None]:
+    """The home of the parameters the graph's param nodes load (a flash store of its own, kept
+    across steps), with the parameters moved out of RAM; None when every parameter lives in
+    RAM. Closing it removes what it wrote."""
+    homes = homed_parameters(graph)
+    if not homes:
+        yield None
+        return
+    if set(homes.values()) != {"flash"}:
+        raise BadInput(f"parameters homed on {sorted(set(homes.values()) - {'flash'})}: this "
+                       "executor homes parameters on flash only; capture with "
+                       "--params-home flash")
+    if page_dir is None:
+        raise BadInput("the graph keeps parameters on flash: give a page directory on the "
+                       "board's flash (--page-dir)")
+    try:
+        store = FlashStore(page_dir, None, fsync=fsync, drop_cache=True)
+    except PageStoreError as error:
+        raise ExecutorError(str(error)) from error
+    try:
+        needed = sum(n.out_bytes for n in graph.nodes if n.kind == "param") + \
+            sum(n.attrs.get("state_bytes", 0) for n in graph.nodes if "home" in n.attrs
+                and n.kind == "update")
+        _check_room(store, needed)
+        home = ParameterHome(store, module, list(homes))
+        home.move_out()
+        yield home
+    except PageStoreError as error:
+        raise ExecutorError(str(error)) from error
+    finally:
+        store.close()
 
 
 def describe_stores(stores: dict[str, PageStore]) -> dict[str, dict]:

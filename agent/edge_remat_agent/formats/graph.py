@@ -15,7 +15,7 @@ from .errors import FormatError
 from .fields import Reader, check_header, dump_json, load_json
 
 NodeId = Union[int, str]
-KINDS = ("forward", "loss", "backward", "update")
+KINDS = ("forward", "loss", "backward", "update", "param")
 VERSIONS = (1,)
 
 

@@ -43,8 +43,8 @@ import torch
 
 from ..allocator import map_large_blocks
 from ..capture import Captured
-from ..capture.optimizer import torch_optimizer
 from ..capture.replay import StepRunner
+from ..executor.updates import FusedUpdates, make_optimizer
 from ..formats import Node
 from ..formats.profile import OpCost
 from ..sensors import EnergyMeter, PowerSensor
@@ -112,7 +112,7 @@ def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
     window = window_s(min_window_s, sensor)
     ledger = LiveTensorLedger()
     runner = StepRunner(captured.trace, graph, module, captured.example_args, device, ledger)
-    optimizer = torch_optimizer(graph.capture.get("optimizer", "sgd"), module)
+    optimizer = make_optimizer(graph, module, None, None, None)
     meter = AllocatorPeak(device) if allocator_pass and AllocatorPeak.supported(device) else None
     out: list[NodeMeasurement] = []
     for index, node in enumerate(graph.nodes):
@@ -143,17 +143,17 @@ def time_in_context(runner: StepRunner, module: torch.nn.Module,
     """Each node's median seconds over `steps` plain steps run node by node, its frees (and,
     for the update node, handing the gradients to the optimizer) included, as in the executor."""
     graph = runner.graph
-    params = dict(module.named_parameters(remove_duplicate=False))
     times: dict[Any, list[float]] = {node.id: [] for node in graph.nodes}
     for _ in range(steps):
         runner.start_step(module, example_args)
         for node in graph.nodes:
             start = time.perf_counter()
             if node.kind == "update":
-                for name, grad in runner.grads.items():
-                    params[name].grad = grad
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                _update_step(node, runner, module, optimizer)()
+                if isinstance(optimizer, FusedUpdates):
+                    runner.free_inputs_read_last(node.id)
+                else:
+                    optimizer.zero_grad(set_to_none=True)
             else:
                 runner.compute(node.id)
                 runner.free_inputs_read_last(node.id)
@@ -187,10 +187,12 @@ def _measure_node(node: Node, runner: StepRunner, ledger: LiveTensorLedger, wind
     ledger_workspace = max(0, ledger.peak_bytes - held_after)
     outputs = runner.outputs(node.id)
     out_bytes = _storage_bytes(outputs.values())
-    # The gradients this node makes: fixed memory in the planner's model (the first run keeps
-    # them; a later run makes them again and drops them at its end).
-    grad_bytes = _storage_bytes(runner.grads[param] for param in
-                                set(node.attrs.get("grads", {}).values()) if param in runner.grads)
+    # The gradients this node makes: fixed memory in a "step" graph (the first run keeps
+    # them; a later run makes them again and drops them at its end); a fused graph's are
+    # among the outputs already.
+    grad_bytes = 0 if runner.fused else _storage_bytes(
+        runner.grads[param] for param in set(node.attrs.get("grads", {}).values())
+        if param in runner.grads)
     runner.free(node.id)
     allocator_peak = allocator_workspace = None
     if meter is not None:  # untimed: the profiler costs time
@@ -218,17 +220,28 @@ def _storage_bytes(tensors) -> int:
 
 
 def _measure_update(node: Node, runner: StepRunner, module: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, window: float, sensor: PowerSensor | None,
-                    idle_w: float | None) -> NodeMeasurement:
-    params = dict(module.named_parameters(remove_duplicate=False))
-    for name, grad in runner.grads.items():
-        params[name].grad = grad
-    optimizer.step()  # makes the optimizer's state: a warm-up, not a step's cost
-    time_s, runs, energy = _timed(lambda i: optimizer.step(), window, sensor, idle_w)
-    optimizer.zero_grad(set_to_none=True)
+                    optimizer: torch.optim.Optimizer | FusedUpdates, window: float,
+                    sensor: PowerSensor | None, idle_w: float | None) -> NodeMeasurement:
+    step = _update_step(node, runner, module, optimizer)
+    step()  # makes the optimizer's state: a warm-up, not a step's cost
+    time_s, runs, energy = _timed(lambda i: step(), window, sensor, idle_w)
+    if not isinstance(optimizer, FusedUpdates):
+        optimizer.zero_grad(set_to_none=True)
     return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,
                            0, node.workspace_bytes, energy,
                            ledger_workspace_bytes=node.workspace_bytes)
+
+
+def _update_step(node: Node, runner: StepRunner, module: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer | FusedUpdates):
+    """What the node's compute does: its group's step (fused), or the one optimizer step with
+    every gradient the runner kept."""
+    if isinstance(optimizer, FusedUpdates):
+        return lambda: optimizer.step(node, runner)
+    params = dict(module.named_parameters(remove_duplicate=False))
+    for name, grad in runner.grads.items():
+        params[name].grad = grad
+    return optimizer.step
 
 
 def _timed(operation, window: float, sensor: PowerSensor | None, idle_w: float | None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.formats import Graph, Profile, Tier
@@ -16,10 +17,44 @@ PAGING_CHOICES = {"none": (), "flash": ("flash",), "host": ("host",), "both": ("
 
 
 def plain_peak_bytes(graph: Graph, profile: Profile | None = None) -> int:
-    """Peak RAM of the plain schedule: every node once, in order, nothing paged (fixed included).
-    With a profile, each node's workspace is the profile's where it measured one (build_costs)."""
+    """Peak RAM of the plain schedule: every node once, in order, nothing paged (fixed
+    included), as plain PyTorch trains (`plain_reference`). With a profile, each node's
+    workspace is the profile's where it measured one (build_costs)."""
+    return keep_all_peak_bytes(plain_reference(graph), profile)
+
+
+def keep_all_peak_bytes(graph: Graph, profile: Profile | None = None) -> int:
+    """Peak RAM of this graph's nodes run once each, in order, nothing paged: for a fused
+    graph, less than plain PyTorch's (its gradients live only until their update)."""
     p = Problem(graph, build_costs(graph, profile), budget_bytes=2**62)
     return evaluate(p, keep_all(p)).sim.peak_bytes
+
+
+def plain_reference(graph: Graph) -> Graph:
+    """The graph as plain PyTorch trains it, the reference of fractional budgets: every
+    parameter and its optimizer state resident for the whole step (param nodes become fixed
+    memory), every gradient a `.grad` buffer kept to the end, and one `optimizer.step()` after
+    the backward (the update nodes become one, last). The same graph captured with
+    `update="step"` has this peak."""
+    params = [n for n in graph.nodes if n.kind == "param"]
+    updates = [n for n in graph.nodes if n.kind == "update"]
+    if not params and len(updates) <= 1:
+        return graph  # nothing planned beyond activations: the graph is its own reference
+    param_ids = {n.id for n in params}
+    fixed = graph.fixed_bytes + sum(n.out_bytes for n in params)
+    fixed += sum(n.attrs.get("state_bytes", 0) for n in updates if "home" in n.attrs)
+    nodes = []
+    for node in graph.nodes:
+        if node.kind in ("param", "update"):
+            continue
+        grad_bytes = node.attrs.get("grad_bytes", 0)
+        fixed += grad_bytes
+        nodes.append(replace(node, inputs=[d for d in node.inputs if d not in param_ids],
+                             out_bytes=node.out_bytes - grad_bytes))
+    nodes.append(replace(updates[-1], id="optimizer.step", name="optimizer.step", inputs=[],
+                         workspace_bytes=max(n.attrs.get("temp_bytes", 0) for n in updates)))
+    return Graph(nodes=nodes, name=graph.name, fixed_bytes=fixed, batch=graph.batch,
+                 dtype=graph.dtype, capture=graph.capture, cost_source=graph.cost_source)
 
 
 def resolve_budget(text: str | float, graph: Graph, reference_peak: int | None = None,

@@ -1,0 +1,201 @@
+"""Parameters, gradients and optimizer state as planned tensors (fused updates, parameter homes).
+
+With `update="fused"` (the default) every byte of a training step that can move is a planner
+tensor:
+  - a parameter's gradient is an output of the backward node that completes it, and lives until
+    its parameter group's **update node** (kind "update") consumes it: the optimizer steps that
+    group as soon as its gradients are complete, instead of once after the whole backward, so
+    gradients never all exist at once;
+  - a parameter group whose home is a page tier (`params_home="flash"|"host"`) is a **param
+    node** (kind "param", no inputs): computing it reads the group from its home, freeing it
+    drops the RAM copy (the home keeps the value), and recomputing it reads it again. Its
+    trainable groups' optimizer state lives at home too: the update node reads it, steps, and
+    writes state and parameters back (new version first, then switch). Frozen groups are
+    read-only pages: read back, never written.
+What stays fixed is the RAM-homed parameters and their optimizer state, buffers, the batch and the
+step state (graph.capture["fixed"] says how much of each).
+
+A parameter group is the parameters one module owns directly, split by trainability. Its update
+node is placed after every node that reads the group *and* every node that reads their outputs:
+an update modifies parameters in place, and this placement makes any later recompute of a
+reader harmless (nobody reads its result), so every schedule of the graph is exact without the
+solvers knowing about updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ..formats import Node
+from .estimate import Rates, round_time
+from .optimizer import Optimizer
+from .trace import JointTrace
+
+UPDATE_MODES = ("fused", "step")
+PARAM_HOMES = ("ram", "flash")  # the executor homes parameters on flash (not yet the host)
+
+
+@dataclass
+class ParamGroup:
+    name: str  # the first reader's name, "(frozen)" added when frozen
+    params: list[str]  # parameter names (the first name of each tensor)
+    placeholders: list[str]  # the joint graph's placeholders for them
+    nbytes: int
+    elements: int
+    trainable: bool
+    largest_bytes: int
+    readers: set[int] = field(default_factory=set)  # planner node indices
+    grads: dict[str, int] = field(default_factory=dict)  # gradient value -> producing node
+
+
+def param_groups(trace: JointTrace, module: nn.Module, nodes: list[Node]) -> list[ParamGroup]:
+    """The parameters grouped by the planner node that reads them first, and by trainability:
+    as coarse as the graph (a node that runs a whole block loads and updates the block's
+    parameters together), so that state nodes never outnumber the forward nodes. Parameters
+    no node reads (unused by the forward) are left out: they have no gradient and stay put."""
+    readers: dict[str, set[int]] = {}
+    for index, node in enumerate(nodes):
+        for op_name in node.attrs.get("replays", []) + node.attrs.get("members", []):
+            for dep in trace.node(op_name).all_input_nodes:
+                if dep.name in trace.params:
+                    readers.setdefault(dep.name, set()).add(index)
+    producers = {value: index for index, node in enumerate(nodes)
+                 for value in node.attrs.get("grads", {})}
+    grads_of: dict[str, list[str]] = {}
+    for value, name in trace.grads.items():
+        grads_of.setdefault(name, []).append(value)
+    tensors = dict(module.named_parameters(remove_duplicate=False))
+    groups: dict[tuple[int, bool], ParamGroup] = {}
+    seen: set[int] = set()
+    for placeholder, name in trace.params.items():
+        tensor = tensors[name]
+        if id(tensor) in seen or placeholder not in readers:
+            continue
+        seen.add(id(tensor))
+        key = (min(readers[placeholder]), tensor.requires_grad)
+        group = groups.get(key)
+        if group is None:
+            label = nodes[key[0]].name + ("" if tensor.requires_grad else " (frozen)")
+            group = groups[key] = ParamGroup(label, [], [], 0, 0, tensor.requires_grad, 0)
+        nbytes = tensor.numel() * tensor.element_size()
+        group.params.append(name)
+        group.placeholders.append(placeholder)
+        group.nbytes += nbytes
+        group.elements += tensor.numel()
+        group.largest_bytes = max(group.largest_bytes, nbytes)
+        group.readers |= readers[placeholder]
+        for value in grads_of.get(name, []):
+            if value in producers:
+                group.grads[value] = producers[value]
+    return sorted(groups.values(), key=lambda g: min(g.readers))
+
+
+@dataclass
+class StatePlan:
+    """What `plan_state` decided: the nodes in execution order and the bytes that moved out of
+    fixed memory into planned tensors, by class."""
+
+    nodes: list[Node]
+    planned: dict[str, int]
+
+
+def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer,
+               params_home: str, rates: Rates) -> StatePlan:
+    """Insert param nodes (for groups homed on a tier) and fused update nodes into `nodes`
+    (planner nodes without an update node, ids = positions), renumbering ids to positions."""
+    paged = params_home != "ram"
+    users: list[set[int]] = [set() for _ in nodes]
+    for index, node in enumerate(nodes):
+        for dep in node.inputs:
+            users[dep].add(index)
+    before: dict[int, list[Node]] = {}  # insert before node index
+    after: dict[int, list[Node]] = {}  # insert after node index
+    planned = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
+    key = 0
+    for group in groups:
+        param_key = None
+        if paged and group.readers:
+            param_key = f"param:{key}"
+            key += 1
+            before.setdefault(min(group.readers), []).append(
+                _param_node(param_key, group, params_home))
+            for index in group.readers:
+                reads = nodes[index].attrs.setdefault("reads", {})
+                for ph in group.placeholders:
+                    reads[ph] = param_key
+                nodes[index].inputs.append(param_key)
+            planned["parameters"] += group.nbytes
+        if not group.trainable or not group.grads:
+            continue
+        last = max(group.grads.values())
+        for index in group.readers:
+            last = max(last, index, *users[index])
+        update_key = f"update:{key}"
+        key += 1
+        after.setdefault(last, []).append(
+            _update_node(update_key, group, optimizer, param_key, params_home if paged else None,
+                         nodes, rates))
+        planned["gradients"] += group.nbytes
+        if paged:
+            planned["optimizer_state"] += optimizer.state_copies * group.nbytes
+    ordered: list[Node] = []
+    for index, node in enumerate(nodes):
+        ordered += before.get(index, [])
+        ordered.append(node)
+        ordered += after.get(index, [])
+    _renumber(ordered)
+    return StatePlan(ordered, planned)
+
+
+def _param_node(key: str, group: ParamGroup, home: str) -> Node:
+    return Node(id=key, name=f"{group.name}.params", kind="param", op="load_params",
+                inputs=[], out_bytes=group.nbytes, workspace_bytes=0, time_s=0.0,
+                signature=f"load_params:{group.nbytes}",
+                attrs={"members": [], "outputs": list(group.placeholders), "reads": {},
+                       "params": list(group.params), "home": home,
+                       "io": {"tier": home, "read_bytes": group.nbytes, "write_bytes": 0}})
+
+
+def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: str | None,
+                 home: str | None, nodes: list[Node], rates: Rates) -> Node:
+    flops = optimizer.flops_per_element * group.elements
+    moved = optimizer.tensors_moved * group.nbytes
+    time = max(flops / rates.flops_per_s, moved / rates.bytes_per_s) + rates.op_overhead_s
+    state_bytes = optimizer.state_copies * group.nbytes
+    reads = {value: nodes[index].id for value, index in group.grads.items()}
+    inputs = sorted({nodes[index].id for index in group.grads.values()}, key=str)
+    # gradient value -> parameter name, as the producing node's `grads` say
+    update_grads = {value: nodes[index].attrs["grads"][value]
+                    for value, index in group.grads.items()}
+    attrs = {"members": [], "outputs": [], "reads": reads, "params": list(group.params),
+             "update_grads": update_grads, "optimizer": optimizer.name, "flops": flops,
+             "bytes_moved": moved, "state_bytes": state_bytes}
+    workspace = optimizer.temp_copies * group.largest_bytes
+    attrs["temp_bytes"] = workspace
+    if param_key is not None:
+        inputs.append(param_key)
+        for ph in group.placeholders:
+            reads[ph] = param_key
+        attrs["home"] = home
+        # Reads the state; writes the state and the new parameters back (new version, switch).
+        attrs["io"] = {"tier": home, "read_bytes": state_bytes,
+                       "write_bytes": state_bytes + group.nbytes}
+        workspace += state_bytes
+    return Node(id=key, name=f"{group.name}.update", kind="update",
+                op=f"{optimizer.name}_update", inputs=inputs, out_bytes=0,
+                workspace_bytes=workspace, time_s=round_time(time),
+                signature=f"{optimizer.name}_update:{group.elements}:{home or 'ram'}",
+                attrs=attrs)
+
+
+def _renumber(nodes: list[Node]) -> None:
+    """Ids become positions (the graph format's convention for captured graphs)."""
+    new_id = {node.id: position for position, node in enumerate(nodes)}
+    for node in nodes:
+        node.id = new_id[node.id]
+        node.inputs = sorted({new_id[dep] for dep in node.inputs})
+        reads = node.attrs.get("reads")
+        if reads:
+            node.attrs["reads"] = {value: new_id[producer] for value, producer in reads.items()}

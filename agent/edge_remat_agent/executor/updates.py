@@ -1,0 +1,154 @@
+"""Fused parameter updates and the parameters' home: what a fused graph's update and param
+nodes do at run time (capture/state.py builds them).
+
+ParameterHome  the page store where parameter groups homed on a tier live between uses, with
+               their optimizer state: moved out once before the first step, read by param
+               nodes, written back by update nodes (a new version first, then the switch: a
+               store's put replaces a page atomically, so a failed write leaves the old one),
+               and read back into the module at the end of a run when asked.
+FusedUpdates   one torch optimizer per update node, over that node's parameter group: stepping
+               the groups one by one as their gradients complete gives bit for bit the one
+               `optimizer.step()` of plain training (foreach off: every parameter's step is
+               computed on its own; capture/optimizer.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..capture.optimizer import torch_optimizer, torch_optimizer_over
+from ..capture.replay import StepRunner
+from ..formats import Graph, Node
+from ..pages import PageStore
+
+
+def homed_parameters(graph: Graph) -> dict[str, str]:
+    """Parameter name -> its home tier, for the parameters the graph's param nodes load."""
+    return {name: node.attrs["home"] for node in graph.nodes if node.kind == "param"
+            for name in node.attrs["params"]}
+
+
+class ParameterHome:
+    def __init__(self, store: PageStore, module: nn.Module, names: list[str]):
+        self.store = store
+        self.params = dict(module.named_parameters(remove_duplicate=False))
+        self.names = list(names)
+
+    def move_out(self) -> None:
+        """Write every homed parameter to the store and release its RAM."""
+        for name in self.names:
+            param = self.params[name]
+            self.store.put(("param", name), param.detach())
+            param.data = _empty_like(param)
+
+    def load(self, name: str) -> torch.Tensor:
+        return self.store.get(("param", name))
+
+    def save(self, name: str, value: torch.Tensor) -> None:
+        self.store.put(("param", name), value)
+
+    def bring_back(self) -> None:
+        """The stored values into the module (for the gradient check's eager reference, and
+        at the end of a run that keeps its trained parameters)."""
+        for name in self.names:
+            self.params[name].data = self.load(name)
+
+    def release(self) -> None:
+        for name in self.names:
+            self.params[name].data = _empty_like(self.params[name])
+
+
+class FusedUpdates:
+    def __init__(self, graph: Graph, module: nn.Module, optimizer: str, lr: float | None,
+                 home: ParameterHome | None = None, ledger: Any = None):
+        self.home, self.ledger = home, ledger
+        self.params = dict(module.named_parameters(remove_duplicate=False))
+        self.optimizers: dict[Any, torch.optim.Optimizer] = {}
+        for node in graph.nodes:
+            if node.kind == "update" and "update_grads" in node.attrs:
+                group = _unique(self.params[name] for name in node.attrs["params"])
+                self.optimizers[node.id] = torch_optimizer_over(optimizer, group, lr)
+        self._state_keys: dict[str, list[str]] = {}  # homed parameter -> its state's keys
+        self._in_ledger: list[tuple] = []  # ledger keys of state loaded for this update
+        self._placeholder = {}  # parameter name -> the placeholder its param node loads into
+        for node in graph.nodes:
+            if node.kind == "param":
+                self._placeholder.update(zip(node.attrs["params"], node.attrs["outputs"]))
+
+    def step(self, node: Node, runner: StepRunner) -> None:
+        """The optimizer's step for the node's parameter group, with the gradients the runner
+        holds; a homed group's parameters are the values its param node loaded, and its state
+        comes from and goes back to the home."""
+        optimizer = self.optimizers[node.id]
+        homed = "home" in node.attrs
+        names = node.attrs["params"]
+        if homed:
+            for name in names:
+                self.params[name].data = runner.env[self._placeholder[name]]
+            self._load_state(optimizer, names)
+        for value, name in node.attrs["update_grads"].items():
+            self.params[name].grad = runner.env[value]
+        try:
+            optimizer.step()
+        finally:
+            for name in names:
+                self.params[name].grad = None
+        if homed:
+            for name in names:
+                self.home.save(name, self.params[name].detach())
+            self._save_state(optimizer, names)
+            for name in names:
+                self.params[name].data = _empty_like(self.params[name])
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The optimizer state held in RAM (groups whose home is RAM)."""
+        return [t for opt in self.optimizers.values() for state in opt.state.values()
+                for t in state.values() if isinstance(t, torch.Tensor)]
+
+    def _load_state(self, optimizer: torch.optim.Optimizer, names: list[str]) -> None:
+        for name in names:
+            keys = self._state_keys.get(name)
+            if not keys:
+                continue  # before the group's first step: the optimizer makes its state
+            state = {key: self.home.store.get(("state", name, key)) for key in keys}
+            optimizer.state[self.params[name]] = state
+            if self.ledger is not None:  # in RAM for the update: the node's workspace
+                for key, value in state.items():
+                    self.ledger.register_tensor(("state", name, key), value)
+                    self._in_ledger.append(("state", name, key))
+
+    def _save_state(self, optimizer: torch.optim.Optimizer, names: list[str]) -> None:
+        for name in names:
+            state = optimizer.state.pop(self.params[name], {})
+            for key, value in state.items():
+                self.home.store.put(("state", name, key), value)
+            self._state_keys[name] = list(state)
+        for key in self._in_ledger:
+            self.ledger.unregister(key)
+        self._in_ledger.clear()
+
+
+def make_optimizer(graph: Graph, module: torch.nn.Module, lr: float | None,
+                   home: ParameterHome | None, ledger) -> torch.optim.Optimizer | FusedUpdates:
+    """What steps the parameters: a fused graph's update nodes, group by group, or one
+    optimizer step after the backward."""
+    name = graph.capture.get("optimizer", "sgd")
+    if graph.capture.get("update") == "fused":
+        return FusedUpdates(graph, module, name, lr, home, ledger)
+    return torch_optimizer(name, module, lr)
+
+
+def _empty_like(param: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=param.dtype, device=param.device)
+
+
+def _unique(params) -> list[torch.Tensor]:
+    seen, out = set(), []
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
