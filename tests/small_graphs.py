@@ -37,3 +37,25 @@ def training_chain(layers: int, seed: int) -> Graph:
                           time_s=float(rng.randint(1, 6))))
         prev = f"b{k}"
     return Graph(nodes, name=f"chain-{layers}-{seed}")
+
+
+def state_chain(seed: int) -> Graph:
+    """A training step whose parameters, gradient and update are planned tensors (as a fused
+    capture with parameters on flash makes them): a param node loads the weights (costing a
+    flash read), the backward's output holds the gradient, the update reads it and the
+    weights, and frees the gradient's last use."""
+    rng = random.Random(seed)
+
+    def node(id_, kind, inputs, out_bytes, time_s, **attrs):
+        return Node(id=id_, name=id_, kind=kind, op=kind, inputs=inputs, out_bytes=out_bytes,
+                    time_s=time_s, attrs=attrs)
+    weights = rng.randint(3, 8)
+    nodes = [node("params", "param", [], weights, float(rng.randint(1, 3))),
+             node("f0", "forward", [], rng.randint(2, 6), float(rng.randint(1, 3))),
+             node("f1", "forward", ["f0", "params"], rng.randint(2, 6), float(rng.randint(1, 4))),
+             node("loss", "loss", ["f1"], 1, 1.0),
+             node("b1", "backward", ["loss", "f0", "params"], weights + rng.randint(1, 4),
+                  float(rng.randint(2, 5))),
+             node("update", "update", ["b1", "params"], 0, float(rng.randint(1, 2)))]
+    nodes[-1].workspace_bytes = weights  # the optimizer state read from flash
+    return Graph(nodes, name=f"state-chain-{seed}")

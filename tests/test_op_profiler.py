@@ -140,6 +140,7 @@ def test_profile_job_on_the_board_through_the_daemon(graph_file, tmp_path, monke
         stop_agent(workdir)
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)
-    assert answer["status"] == "finished" and answer["result"]["nodes"] == 27
+    assert answer["status"] == "finished"
+    assert answer["result"]["nodes"] == len(load_graph(graph_file))
     profile = load_profile(tmp_path / "out" / "profile.json")
     assert profile.source == "measured" and profile.ops and "flash" in profile.tiers

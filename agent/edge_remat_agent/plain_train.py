@@ -16,8 +16,10 @@ from typing import Any, Callable, Optional
 def train_plain(model: str, steps: int, batch: Optional[int] = None,
                 image: Optional[int] = None, seq: Optional[int] = None, seed: int = 0,
                 optimizer: str = "sgd", lr: Optional[float] = None, data: Optional[str] = None,
-                on_step: Optional[Callable[[dict], None]] = None) -> dict[str, Any]:
-    """Train `steps` steps eagerly; `on_step(report so far)` after each."""
+                on_step: Optional[Callable[[dict], None]] = None,
+                train: Optional[list[str]] = None) -> dict[str, Any]:
+    """Train `steps` steps eagerly; `on_step(report so far)` after each. `train`: parameter
+    name patterns to train (the rest frozen), as the planned run's graph was captured."""
     import torch
 
     from .capture.models import load_model
@@ -26,6 +28,9 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
     from .profiler.memory import PeakRssSampler, current_rss_bytes
 
     module, example_args = load_model(model, batch, image, seq, seed)
+    if train is not None:
+        from .capture.freeze import freeze_except
+        freeze_except(module, list(train), model)
     module.train()
     # The optimizer (and --lr) and the batches a planned run uses too (executor/run.py):
     # both runs take the same steps on the same data.
@@ -75,4 +80,4 @@ def plain_train_job(ctx, params: dict) -> dict:
     return train_plain(str(params["model"]), steps, optional("batch"), optional("image"),
                        optional("seq"), int(params.get("seed", 0)),
                        str(params.get("optimizer", "sgd")), optional("lr", float),
-                       params.get("data"), on_step)
+                       params.get("data"), on_step, params.get("train"))

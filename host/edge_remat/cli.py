@@ -240,6 +240,15 @@ def graph(
     level: Optional[int] = typer.Option(None, "--level", min=1,
                                         help="group by this depth of the module tree "
                                              "(default: the finest within --max-nodes)"),
+    params_home: str = typer.Option("ram", "--params-home", help="ram | flash: where "
+                                    "parameters and optimizer state live between uses (flash: "
+                                    "loaded and written back by planned nodes)"),
+    train: Optional[list[str]] = typer.Option(None, "--train", help="train only parameters "
+                                              "matching this pattern (repeatable, e.g. "
+                                              "'fc.*'); the rest are frozen"),
+    update: str = typer.Option("fused", "--update", help="fused (each group's optimizer step "
+                               "as soon as its gradients are complete) | step (one step after "
+                               "the backward; gradients are fixed memory)"),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="where to write the graph"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -254,7 +263,8 @@ def graph(
         g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)
     else:
         from edge_remat_agent.capture import capture_model
-        g = capture_model(model, batch, image, seq, seed, optimizer, max_nodes, level).graph
+        g = capture_model(model, batch, image, seq, seed, optimizer, max_nodes, level,
+                          update, params_home, train).graph
     if output:
         g.save(output)
     summary = graph_summary(g, plain_peak_bytes(g), output)
@@ -476,6 +486,11 @@ def run_command(
     optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum) | adamw"),
     lr: Optional[float] = typer.Option(None, "--lr", help="learning rate (sgd 0.1, adamw 1e-3)"),
     max_nodes: int = typer.Option(200, "--max-nodes", min=5),
+    params_home: str = typer.Option("auto", "--params-home", help="ram | flash | auto (flash "
+                                    "when the budget is below what RAM-homed parameters allow)"),
+    train: Optional[list[str]] = typer.Option(None, "--train", help="train only parameters "
+                                              "matching this pattern (repeatable); the rest "
+                                              "are frozen"),
     profile_file: Optional[str] = typer.Option(None, "--profile", help="plan with this profile "
                                                "instead of measuring the board"),
     reprofile: bool = typer.Option(False, "--reprofile", help="measure again, ignoring the cache"),
@@ -509,7 +524,8 @@ def run_command(
         device=device, model=model, budget=budget, objective=objective,
         deadline=_multiplier(deadline), steps=steps, data=data,
         memory_limit=limit, plain=plain, batch=batch, image=image, seq=seq, seed=seed,
-        optimizer=optimizer, lr=lr, max_nodes=max_nodes, profile=profile_file,
+        optimizer=optimizer, lr=lr, max_nodes=max_nodes, params_home=params_home, train=train,
+        profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
         out=out, plots=not no_plots)
 

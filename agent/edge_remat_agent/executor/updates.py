@@ -32,23 +32,47 @@ def homed_parameters(graph: Graph) -> dict[str, str]:
 
 
 class ParameterHome:
+    """Values kept under versioned keys: ("param", name) and ("state", name, key). An update
+    writes the group's new versions beside the old ones and switches only when every write
+    succeeded, so a store that fills up mid-update leaves the whole group as it was."""
+
     def __init__(self, store: PageStore, module: nn.Module, names: list[str]):
         self.store = store
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.names = list(names)
+        self.versions: dict[tuple, int] = {}
 
     def move_out(self) -> None:
         """Write every homed parameter to the store and release its RAM."""
         for name in self.names:
-            param = self.params[name]
-            self.store.put(("param", name), param.detach())
-            param.data = _empty_like(param)
+            self.commit({("param", name): self.params[name].detach()})
+            self.params[name].data = _empty_like(self.params[name])
 
     def load(self, name: str) -> torch.Tensor:
-        return self.store.get(("param", name))
+        return self.get(("param", name))
 
-    def save(self, name: str, value: torch.Tensor) -> None:
-        self.store.put(("param", name), value)
+    def get(self, key: tuple) -> torch.Tensor:
+        return self.store.get((*key, self.versions[key]))
+
+    def has(self, key: tuple) -> bool:
+        return key in self.versions
+
+    def commit(self, values: dict[tuple, torch.Tensor]) -> None:
+        written = []
+        try:
+            for key, value in values.items():
+                version = self.versions.get(key, -1) + 1
+                self.store.put((*key, version), value)
+                written.append((key, version))
+        except BaseException:
+            for key, version in written:
+                self.store.discard((*key, version))
+            raise
+        for key, version in written:
+            old = self.versions.get(key)
+            self.versions[key] = version
+            if old is not None:
+                self.store.discard((*key, old))
 
     def bring_back(self) -> None:
         """The stored values into the module (for the gradient check's eager reference, and
@@ -97,11 +121,17 @@ class FusedUpdates:
             for name in names:
                 self.params[name].grad = None
         if homed:
+            new = {("param", name): self.params[name].detach() for name in names}
             for name in names:
-                self.home.save(name, self.params[name].detach())
-            self._save_state(optimizer, names)
-            for name in names:
-                self.params[name].data = _empty_like(self.params[name])
+                state = optimizer.state.pop(self.params[name], {})
+                new.update({("state", name, key): value for key, value in state.items()})
+                self._state_keys[name] = list(state)
+            try:
+                self.home.commit(new)  # all or nothing: the old versions stay on failure
+            finally:
+                self._forget_loaded_state()
+                for name in names:
+                    self.params[name].data = _empty_like(self.params[name])
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The optimizer state held in RAM (groups whose home is RAM)."""
@@ -113,19 +143,14 @@ class FusedUpdates:
             keys = self._state_keys.get(name)
             if not keys:
                 continue  # before the group's first step: the optimizer makes its state
-            state = {key: self.home.store.get(("state", name, key)) for key in keys}
+            state = {key: self.home.get(("state", name, key)) for key in keys}
             optimizer.state[self.params[name]] = state
             if self.ledger is not None:  # in RAM for the update: the node's workspace
                 for key, value in state.items():
                     self.ledger.register_tensor(("state", name, key), value)
                     self._in_ledger.append(("state", name, key))
 
-    def _save_state(self, optimizer: torch.optim.Optimizer, names: list[str]) -> None:
-        for name in names:
-            state = optimizer.state.pop(self.params[name], {})
-            for key, value in state.items():
-                self.home.store.put(("state", name, key), value)
-            self._state_keys[name] = list(state)
+    def _forget_loaded_state(self) -> None:
         for key in self._in_ledger:
             self.ledger.unregister(key)
         self._in_ledger.clear()

@@ -32,6 +32,9 @@ MODELS = {
     "bert-mini": bert.bert_mini,
     "bert-base": bert.bert_base,
     "gpt2-small": gpt.gpt2_small,
+    "gpt2-small-lora": gpt.with_lora(gpt.gpt2_small),
+    "gpt-tiny": gpt.gpt_tiny,
+    "gpt-tiny-lora": gpt.with_lora(gpt.gpt_tiny),
     "digits-cnn": digits.digits_cnn,  # real data: the bundled handwritten digits
 }
 

@@ -77,3 +77,23 @@ def gpt2_small(batch=None, image=None, seq=None, generator=None, *, vocab=50257,
     # labels are the inputs shifted by one: the loss is next-token prediction.
     tokens = torch.randint(0, vocab, (batch, seq + 1), generator=generator)
     return model, (tokens[:, :-1].clone(), tokens[:, 1:].clone())
+
+
+def gpt_tiny(batch=None, image=None, seq=None, generator=None, *, vocab=1000):
+    """A two-layer GPT of the same code (hidden 64), for fast tests."""
+    batch, seq = batch or 4, seq or 32
+    model = GPT(layers=2, hidden=64, heads=4, vocab=vocab, n_ctx=seq)
+    tokens = torch.randint(0, vocab, (batch, seq + 1), generator=generator)
+    return model, (tokens[:, :-1].clone(), tokens[:, 1:].clone())
+
+
+def with_lora(factory, rank=8):
+    """The factory's model with LoRA adapters (rank `rank`) on every attention projection
+    (qkv and its output), everything else frozen: the usual language-model LoRA."""
+    from .lora import add_lora
+
+    def build(batch=None, image=None, seq=None, generator=None, **keywords):
+        model, args = factory(batch, image, seq, generator, **keywords)
+        return add_lora(model, ("attention.qkv", "attention.proj"), rank), args
+    build.__doc__ = f"{factory.__name__} with rank-{rank} LoRA adapters on attention."
+    return build

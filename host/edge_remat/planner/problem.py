@@ -100,8 +100,18 @@ class Problem:
             raise InfeasibleBudget(
                 f"budget {self.budget_bytes} bytes is below the smallest feasible budget, "
                 f"{smallest} bytes: node {node.id!r} ({node.name}) needs its inputs and output in "
-                f"RAM at once" + (f", plus {self.fixed} bytes of fixed memory" if self.fixed else ""),
+                f"RAM at once ({self._largest_parts(k)})"
+                + (f", plus {self.fixed} bytes of fixed memory" if self.fixed else ""),
                 smallest)
+
+    def _largest_parts(self, k: int) -> str:
+        """What a node's working set is made of, largest first: its inputs (activations,
+        gradients, parameter groups), its output and its workspace."""
+        g = self.graph
+        parts = [(self.sizes[i], f"input {g.nodes[i].name}") for i in self.deps[k]]
+        parts += [(self.sizes[k], "its output"), (self.workspace[k], "its workspace")]
+        parts = sorted((p for p in parts if p[0] > 0), reverse=True)[:3]
+        return "largest: " + ", ".join(f"{label} {size} bytes" for size, label in parts)
 
     def fingerprint(self) -> str:
         content = {"graph": self.graph.fingerprint(), "budget": self.budget_bytes,

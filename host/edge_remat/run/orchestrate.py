@@ -52,6 +52,8 @@ class RunOptions:
     optimizer: str = "sgd"
     lr: Optional[float] = None
     max_nodes: int = 200
+    params_home: str = "auto"  # ram | flash | auto (decided against the budget)
+    train: Optional[list] = None  # parameter name patterns to train; None: as the model comes
     profile: Optional[str] = None
     reprofile: bool = False
     paging: Optional[str] = None
@@ -66,7 +68,7 @@ class RunOptions:
     @property
     def model_info(self) -> dict:
         return {"model": self.model, "batch": self.batch, "image": self.image, "seq": self.seq,
-                "seed": self.seed, "optimizer": self.optimizer}
+                "seed": self.seed, "optimizer": self.optimizer, "train": self.train}
 
 
 class RunProblem(ValueError):
@@ -129,9 +131,12 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     from ..remote import require_kind
     from ..run_report import build_report
 
+    def capture(home: str):
+        return capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
+                             opts.optimizer, opts.max_nodes, None, "fused", home, opts.train)
+
     say(f"capturing {opts.model}'s training step")
-    captured = capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
-                             opts.optimizer, opts.max_nodes)
+    captured = capture("ram" if opts.params_home == "auto" else opts.params_home)
     graph = captured.graph
     graph_path = out / "graph.json"
     graph.save(graph_path)
@@ -146,6 +151,12 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     say(f"profile: {chosen.describe()}")
     # With the profile's measured workspaces (kernel scratch included), as the planner sees it.
     plain_peak = plain_peak_bytes(graph, chosen.profile)
+    if opts.params_home == "auto" and _below_floor(graph, chosen, opts, device):
+        say("the budget is below what parameters in RAM allow: capturing again with "
+            "parameters and optimizer state homed on flash (--params-home flash)")
+        captured = capture("flash")
+        graph = captured.graph
+        graph.save(graph_path)
     plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say)
     require_kind(board, "run", "execute plans")
     limited = bool(device.hardware.memory_limit_bytes)
@@ -192,6 +203,14 @@ def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) ->
                          f"training after the runtime's own {runtime / 2**20:.0f} MiB and "
                          f"{RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB headroom")
     return str(left)
+
+
+def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig) -> bool:
+    """Whether the budget is below the smallest one this graph can meet."""
+    from ..planner.build import build_problem
+    problem = build_problem(graph, run_budget(opts, device, chosen), chosen.profile,
+                            opts.objective, opts.deadline, opts.paging)
+    return problem.budget_bytes < problem.smallest_budget()[0]
 
 
 def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,

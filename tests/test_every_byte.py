@@ -1,0 +1,174 @@
+"""Every byte of a training step planned: gradients, parameters and optimizer state.
+
+Fused updates (each parameter group steps as soon as its gradients are complete) and parameters
+homed on flash (param nodes load them; update nodes write them back) must give exactly what
+plain `loss.backward(); optimizer.step()` gives, step after step; the solvers must reach the
+exhaustive optimum on graphs with such nodes; and what goes wrong says so in one line.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from brute_force import brute_force
+from small_graphs import state_chain
+from test_optimal import assert_matches_brute_force, problem
+
+from edge_remat_agent.capture import capture_model
+from edge_remat_agent.capture.optimizer import torch_optimizer
+from edge_remat_agent.executor import ExecutorError
+from edge_remat_agent.executor.batches import batch_source
+from edge_remat_agent.executor.gradcheck import deterministic
+from edge_remat_agent.executor.run import run_plan
+from edge_remat_agent.executor.step import plain_step
+from edge_remat_agent.executor.updates import ParameterHome
+from edge_remat_agent.formats import Tier
+from edge_remat_agent.pages import FlashStore, PageStoreFull
+from edge_remat.planner import isolated
+from edge_remat.planner.build import build_problem, plain_peak_bytes
+from edge_remat.planner.cpsat import solve_cpsat
+from edge_remat.planner.evaluate import evaluate
+from edge_remat.planner.problem import InfeasibleBudget
+from edge_remat.planner.solve import solve
+
+USER_MODEL = str(Path(__file__).resolve().parents[1] / "examples" / "my_model.py") + ":make_model"
+FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
+STEPS = 3
+
+
+# --- the solvers on graphs with parameter, gradient and update nodes --------------------------
+
+@pytest.mark.parametrize("seed,fraction,paging", [(1, 0.6, False), (2, 0.5, False),
+                                                  (3, 0.7, True), (4, 0.5, True)])
+def test_solvers_reach_the_exhaustive_optimum_with_state_nodes(seed, fraction, paging):
+    p = problem(state_chain(seed), fraction, paging=paging)
+    assert_matches_brute_force(p)  # the MILP
+    expected = brute_force(p)
+    outcome = isolated.call("ortools", solve_cpsat, p, 30, workers=2)
+    if expected is None:
+        assert outcome.status == "infeasible"
+        return
+    assert outcome.status == "optimal"
+    assert evaluate(p, outcome.decisions).value == pytest.approx(expected[0], rel=1e-6)
+
+
+# --- the executor: parameters after the steps equal plain PyTorch's, bit for bit ---------------
+
+def _eager_parameters(spec: str, optimizer: str, train, example_args, **shape):
+    """Plain eager training of the same model, weights, data and generator state."""
+    module = capture_model(spec, optimizer=optimizer, train=train, **shape).module
+    opt = torch_optimizer(optimizer, module)
+    batches = batch_source(None, example_args, torch.device("cpu"), 0)
+    torch.manual_seed(0)
+    with deterministic(torch.device("cpu")):
+        for i in range(STEPS):
+            plain_step(module, opt, batches(i))
+    return module.state_dict()
+
+
+def _planned(spec, optimizer, params_home, fraction, tmp_path, train=None, paging="none",
+             **shape):
+    captured = capture_model(spec, optimizer=optimizer, params_home=params_home, train=train,
+                             **shape)
+    graph = captured.graph
+    try:
+        p = build_problem(graph, fraction, None, "time", None, paging, FLASH)
+        p.check_budget()
+    except InfeasibleBudget as floor:
+        p = build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None, paging,
+                          FLASH)
+    plan = solve(p, "heuristic:split" if paging == "none" else "heuristic:paging").plan
+    report = run_plan(graph, plan, STEPS, str(tmp_path / "pages"), captured=captured, seed=0,
+                      keep_parameters=True)
+    return captured, plan, report
+
+
+CASES = [
+    # dropout and batch norm (examples/my_model.py), SGD with momentum, gradients planned
+    ("sgd-fused", USER_MODEL, "sgd", "ram", 0.6, None, "none"),
+    # AdamW, parameters and optimizer state on flash, activations recomputed
+    ("adamw-flash", USER_MODEL, "adamw", "flash", 0.3, None, "none"),
+    # AdamW on flash with activations paged to flash too
+    ("adamw-flash-paging", USER_MODEL, "adamw", "flash", 0.5, None, "flash"),
+    # partial fine-tuning: frozen parameters are read-only pages
+    ("frozen-flash", USER_MODEL, "sgd", "flash", 0.4, ["head.*", "block2.*"], "none"),
+]
+
+
+@pytest.mark.parametrize("label,spec,optimizer,home,fraction,train,paging", CASES,
+                         ids=[c[0] for c in CASES])
+def test_parameters_after_the_steps_equal_plain_pytorch(label, spec, optimizer, home, fraction,
+                                                        train, paging, tmp_path):
+    captured, plan, report = _planned(spec, optimizer, home, fraction, tmp_path, train, paging,
+                                      batch=8, image=16)
+    assert report["grad_check"]["bitwise_equal"] and report["grad_check"]["loss_equal"]
+    expected = _eager_parameters(spec, optimizer, train, captured.example_args, batch=8,
+                                 image=16)
+    actual = captured.module.state_dict()
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    assert all(s["ledger_peak_bytes"] <= report["predicted_peak_bytes"] for s in report["steps"])
+    assert report["predicted_peak_bytes"] <= plan.budget_bytes
+    if home == "flash":
+        kinds = {n.kind for n in captured.graph.nodes}
+        assert {"param", "update"} <= kinds
+    if paging != "none":
+        assert report["page_outs"] > 0
+    if train is not None:  # frozen parameters never change
+        initial = capture_model(spec, batch=8, image=16).module.state_dict()
+        frozen = [n for n, p in captured.module.named_parameters() if not p.requires_grad]
+        assert frozen and all(torch.equal(initial[n], actual[n]) for n in frozen)
+
+
+def test_lora_on_a_language_model_with_the_base_paged_read_only(tmp_path):
+    captured, plan, report = _planned("gpt-tiny-lora", "adamw", "flash", 0.5, tmp_path)
+    expected = _eager_parameters("gpt-tiny-lora", "adamw", None, captured.example_args)
+    actual = captured.module.state_dict()
+    assert all(torch.equal(expected[n], actual[n]) for n in expected)
+    trained = {n for n, p in captured.module.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n for n in trained)
+    updated = {p for n in captured.graph.nodes if n.kind == "update" for p in n.attrs["params"]}
+    assert updated == trained  # frozen groups have no update node: never written
+
+
+# --- the memory floor, and what goes wrong -----------------------------------------------------
+
+def test_planned_state_lowers_the_floor_and_the_floor_names_its_node():
+    floors = {}
+    for home, update in (("ram", "step"), ("ram", "fused"), ("flash", "fused")):
+        graph = capture_model("resnet18", batch=16, image=32, params_home=home,
+                              update=update).graph
+        with pytest.raises(InfeasibleBudget) as caught:
+            build_problem(graph, 1000).check_budget()
+        floors[(home, update)] = caught.value.smallest_bytes / plain_peak_bytes(graph)
+        assert "needs its inputs and output in RAM at once" in str(caught.value)
+        assert "largest:" in str(caught.value)
+    assert floors[("flash", "fused")] < floors[("ram", "fused")] < floors[("ram", "step")]
+
+
+def test_a_full_flash_home_fails_clearly_and_keeps_the_old_parameters(tmp_path):
+    weight = torch.nn.Parameter(torch.arange(1024, dtype=torch.float32))
+    module = torch.nn.Module()
+    module.weight = weight
+    old = weight.detach().clone()
+    store = FlashStore(tmp_path, capacity_bytes=6000, fsync=False)
+    home = ParameterHome(store, module, ["weight"])
+    home.move_out()
+    with pytest.raises(PageStoreFull, match="capacity"):
+        home.commit({("param", "weight"): old + 1})  # the new version beside the old: no room
+    assert torch.equal(home.load("weight"), old)  # never half-updated
+    store.close()
+
+
+def test_a_run_whose_flash_cannot_hold_the_parameters_is_refused_before_training(tmp_path):
+    captured = capture_model("mlp", batch=2, image=8, params_home="flash")
+    p = build_problem(captured.graph, 0.9)
+    plan = solve(p, "heuristic:split").plan
+    with pytest.raises(ExecutorError):
+        run_plan(captured.graph, plan, 1, None, captured=captured)
+    # A copy of the module is untouched by the refusal.
+    assert all(p.numel() for p in copy.deepcopy(captured.module).parameters())
