@@ -16,9 +16,10 @@ from .coarsen import Group, coarsen
 from .estimate import DEFAULT_RATES
 from .models import load_model
 from .optimizer import optimizer_named
+from .refine import name_ops, refine
 from .trace import TOOL, JointTrace, trace_joint
 
-DEFAULT_MAX_NODES = 200
+from . import DEFAULT_MAX_NODES
 
 
 @dataclass
@@ -47,8 +48,13 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
     start = time.perf_counter() if start is None else start
     opt = optimizer_named(optimizer, model)
     trace = trace_joint(module, example_args, model)
-    groups, level_used = coarsen(trace, max_nodes, level)
+    # Module-level groups in half the node budget; refinement spends the rest where memory is
+    # decided (capture/refine.py).
+    groups, level_used = coarsen(trace, max(1, max_nodes // 2), level)
+    groups = refine(trace, groups, max_nodes,
+                    lambda gs: assemble(trace, gs, module, tuple(example_args), opt)[0])
     graph, figures = assemble(trace, groups, module, tuple(example_args), opt)
+    name_ops(trace, graph)
     check_order(graph, model)
     graph.capture = {
         "tool": TOOL,
