@@ -19,11 +19,6 @@ import sys
 import time
 
 from edge_remat_agent.capture import DEFAULT_MAX_NODES, capture_model
-from edge_remat_agent.capture.assemble import assemble
-from edge_remat_agent.capture.coarsen import coarsen
-from edge_remat_agent.capture.models import load_model
-from edge_remat_agent.capture.optimizer import optimizer_named
-from edge_remat_agent.capture.trace import trace_joint
 from edge_remat_agent.floor import floor_node
 from edge_remat.planner.build import plain_peak_bytes
 
@@ -33,20 +28,10 @@ QUICK = [("resnet18", dict(batch=4, image=32)), ("mobilenet_v2", dict(batch=4, i
          ("bert-mini", dict(batch=2, seq=32))]
 
 
-def module_level_graph(model: str, sizes: dict):
-    """What capture made before refinement: the finest module level within 200 nodes."""
-    module, args = load_model(model, sizes.get("batch"), sizes.get("image"), sizes.get("seq"), 0)
-    trace = trace_joint(module, args, model)
-    groups, _ = coarsen(trace, 200)
-    graph, figures = assemble(trace, groups, module, tuple(args), optimizer_named("sgd", model))
-    graph.capture["captured_nodes"] = len(trace.compute_nodes)
-    return graph
-
-
 def row(model: str, sizes: dict, max_nodes: int | None) -> dict:
     start = time.perf_counter()
     if max_nodes is None:
-        graph = module_level_graph(model, sizes)
+        graph = capture_model(model, refined=False, **sizes).graph
     else:
         graph = capture_model(model, max_nodes=max_nodes, **sizes).graph
     seconds = time.perf_counter() - start

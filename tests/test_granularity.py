@@ -15,9 +15,6 @@ from typer.testing import CliRunner
 from edge_remat.cli import app
 from edge_remat.planner.build import build_problem
 from edge_remat_agent.capture import capture_model, capture_module
-from edge_remat_agent.capture.assemble import assemble
-from edge_remat_agent.capture.coarsen import coarsen
-from edge_remat_agent.capture.optimizer import optimizer_named
 from edge_remat_agent.executor import run_plan
 from edge_remat_agent.floor import floor_node
 from edge_remat_agent.zoo import build
@@ -35,9 +32,7 @@ def resnet(max_nodes: int):
 def module_level(name: str, **sizes):
     """The graph capture made before refinement: module-level groups only."""
     module, args = build(name, batch=2, **sizes)
-    trace = capture_module(module, args, name, max_nodes=5).trace
-    groups, _ = coarsen(trace, 200)
-    return assemble(trace, groups, module, tuple(args), optimizer_named("sgd", name))[0]
+    return capture_module(module, args, name, refined=False).graph
 
 
 def test_max_nodes_controls_the_node_count():

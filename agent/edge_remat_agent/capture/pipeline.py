@@ -33,26 +33,30 @@ class Captured:
 
 def capture_model(spec: str, batch: int | None = None, image: int | None = None,
                   seq: int | None = None, seed: int = 0, optimizer: str = "sgd",
-                  max_nodes: int = DEFAULT_MAX_NODES, level: int | None = None) -> Captured:
-    """Build a zoo model or MODULE:FACTORY and capture it (what `edge-remat graph` runs)."""
+                  max_nodes: int = DEFAULT_MAX_NODES, level: int | None = None,
+                  refined: bool = True) -> Captured:
+    """Build a zoo model or MODULE:FACTORY and capture it (what `edge-remat graph` runs);
+    `refined=False` keeps module-level groups only."""
     start = time.perf_counter()
     module, args = load_model(spec, batch, image, seq, seed)
     source = {"model": spec, "batch": batch, "image": image, "seq": seq, "seed": seed}
-    return capture_module(module, args, spec, optimizer, max_nodes, level, source, start)
+    return capture_module(module, args, spec, optimizer, max_nodes, level, source, start, refined)
 
 
 def capture_module(module: nn.Module, example_args, model: str = "model",
                    optimizer: str = "sgd", max_nodes: int = DEFAULT_MAX_NODES,
                    level: int | None = None, source: dict[str, Any] | None = None,
-                   start: float | None = None) -> Captured:
+                   start: float | None = None, refined: bool = True) -> Captured:
     start = time.perf_counter() if start is None else start
     opt = optimizer_named(optimizer, model)
     trace = trace_joint(module, example_args, model)
-    # Module-level groups in half the node budget; refinement spends the rest where memory is
-    # decided (capture/refine.py).
-    groups, level_used = coarsen(trace, max(1, max_nodes // 2), level)
-    groups = refine(trace, groups, max_nodes,
-                    lambda gs: assemble(trace, gs, module, tuple(example_args), opt)[0])
+    if refined:  # module-level groups in half the node budget; refinement spends the rest
+        # where memory is decided (capture/refine.py)
+        groups, level_used = coarsen(trace, max(1, max_nodes // 2), level)
+        groups = refine(trace, groups, max_nodes,
+                        lambda gs: assemble(trace, gs, module, tuple(example_args), opt)[0])
+    else:
+        groups, level_used = coarsen(trace, max_nodes, level)
     graph, figures = assemble(trace, groups, module, tuple(example_args), opt)
     name_ops(trace, graph)
     check_order(graph, model)
@@ -66,6 +70,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
         "planner_nodes": len(graph),
         "level": level_used,
         "max_nodes": max_nodes,
+        "refined": refined,
         "trace_s": round(trace.capture_s, 4),
         "capture_s": round(time.perf_counter() - start, 4),
         "saved_bytes": figures["saved_bytes"],
@@ -86,7 +91,8 @@ def recapture(graph: Graph) -> Captured:
         raise CaptureError(graph.name, "the graph does not say which model it was captured from")
     again = capture_model(source["model"], source.get("batch"), source.get("image"),
                           source.get("seq"), source.get("seed", 0), info.get("optimizer", "sgd"),
-                          info.get("max_nodes", DEFAULT_MAX_NODES), info.get("level"))
+                          info.get("max_nodes", DEFAULT_MAX_NODES), info.get("level"),
+                          refined=info.get("refined", False))
     if again.graph.fingerprint() != graph.fingerprint():
         raise GraphMismatch(graph.name, "re-capturing gave a different graph (fingerprint "
                            f"{again.graph.fingerprint()} instead of {graph.fingerprint()}): "
