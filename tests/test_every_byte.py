@@ -71,8 +71,10 @@ def _eager_parameters(spec: str, optimizer: str, train, example_args, **shape):
 
 def _planned(spec, optimizer, params_home, fraction, tmp_path, train=None, paging="none",
              **shape):
+    # Module-level groups (refined=False): the split heuristic reaches their floor; refined
+    # graphs' exactness is tests/test_granularity.py's.
     captured = capture_model(spec, optimizer=optimizer, params_home=params_home, train=train,
-                             **shape)
+                             refined=False, **shape)
     graph = captured.graph
     try:
         p = build_problem(graph, fraction, None, "time", None, paging, FLASH)
@@ -145,8 +147,7 @@ def test_planned_state_lowers_the_floor_and_the_floor_names_its_node():
         with pytest.raises(InfeasibleBudget) as caught:
             build_problem(graph, 1000).check_budget()
         floors[(home, update)] = caught.value.smallest_bytes / plain_peak_bytes(graph)
-        assert "needs its inputs and output in RAM at once" in str(caught.value)
-        assert "largest:" in str(caught.value)
+        assert "at once: inputs" in str(caught.value)
     assert floors[("flash", "fused")] < floors[("ram", "fused")] < floors[("ram", "step")]
 
 

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from edge_remat_agent.capture import DEFAULT_MAX_NODES
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -235,11 +236,13 @@ def graph(
     seq: Optional[int] = typer.Option(None, "--seq", min=1, help="sequence length"),
     seed: int = typer.Option(0, "--seed", help="seed for the model's initial weights"),
     optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum) | adamw"),
-    max_nodes: int = typer.Option(200, "--max-nodes", min=5,
-                                  help="at most this many planner nodes (coarser groups)"),
+    max_nodes: int = typer.Option(DEFAULT_MAX_NODES, "--max-nodes", min=5,
+                                  help="at most this many planner nodes: module-level groups, "
+                                  "split down to single ops where memory is decided"),
     level: Optional[int] = typer.Option(None, "--level", min=1,
-                                        help="group by this depth of the module tree "
-                                             "(default: the finest within --max-nodes)"),
+                                        help="start from this depth of the module tree "
+                                             "(default: the finest within half of "
+                                             "--max-nodes)"),
     params_home: str = typer.Option("ram", "--params-home", help="ram | flash: where "
                                     "parameters and optimizer state live between uses (flash: "
                                     "loaded and written back by planned nodes)"),
@@ -485,7 +488,8 @@ def run_command(
     seed: int = typer.Option(0, "--seed"),
     optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum) | adamw"),
     lr: Optional[float] = typer.Option(None, "--lr", help="learning rate (sgd 0.1, adamw 1e-3)"),
-    max_nodes: int = typer.Option(200, "--max-nodes", min=5),
+    max_nodes: int = typer.Option(DEFAULT_MAX_NODES, "--max-nodes", min=5,
+                                  help="at most this many planner nodes in the captured graph"),
     params_home: str = typer.Option("auto", "--params-home", help="ram | flash | auto (flash "
                                     "when the budget is below what RAM-homed parameters allow)"),
     train: Optional[list[str]] = typer.Option(None, "--train", help="train only parameters "

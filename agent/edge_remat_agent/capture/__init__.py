@@ -77,7 +77,10 @@ nodes became `capture["planner_nodes"]` planner nodes.
 
 from .errors import CaptureError
 
-__all__ = ["CaptureError", "Captured", "capture_model", "capture_module", "recapture"]
+# Planner nodes a capture makes by default: the solvers handle a few hundred well.
+DEFAULT_MAX_NODES = 200
+
+__all__ = ["CaptureError", "DEFAULT_MAX_NODES", "Captured", "capture_model", "capture_module", "recapture"]
 
 
 def __getattr__(name):  # torch-heavy parts load on first use

@@ -150,8 +150,8 @@ def _planner_node(index: int, group: Group, links, outputs: list[str], trace: Jo
     if any(op_name(n) in _RANDOM_OPS for n in members):
         attrs["random"] = True
     main = _main_op(members, costs)
-    name = (group.scope or "model") if group.kind == "forward" else \
-        "loss" if group.kind == "loss" else f"{group.scope or 'loss'}.backward"
+    name = group.label or ((group.scope or "model") if group.kind == "forward" else
+                           "loss" if group.kind == "loss" else f"{group.scope or 'loss'}.backward")
     return Node(id=index, name=name, kind=group.kind, op=main, inputs=sorted(inputs),
                 out_bytes=out_bytes, workspace_bytes=max(0, peak - out_bytes),
                 time_s=round_time(sum(c.time_s for c in costs)),

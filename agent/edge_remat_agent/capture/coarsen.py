@@ -43,6 +43,7 @@ class Group:
     kind: str  # forward | loss | backward
     scope: str  # module path ("" = the top-level module)
     members: list[str] = field(default_factory=list)  # captured node names, in execution order
+    label: str | None = None  # the planner node's name, where refinement named a single op
 
 
 @dataclass

@@ -19,9 +19,10 @@ from .errors import CaptureError
 from .freeze import freeze_except
 from .optimizer import optimizer_named
 from .state import PARAM_HOMES, UPDATE_MODES
+from .refine import name_ops, refine
 from .trace import TOOL, JointTrace, trace_joint
 
-DEFAULT_MAX_NODES = 200
+from . import DEFAULT_MAX_NODES
 
 
 @dataclass
@@ -37,10 +38,10 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
                   seq: int | None = None, seed: int = 0, optimizer: str = "sgd",
                   max_nodes: int = DEFAULT_MAX_NODES, level: int | None = None,
                   update: str = "fused", params_home: str = "ram",
-                  train: list[str] | None = None) -> Captured:
+                  train: list[str] | None = None, refined: bool = True) -> Captured:
     """Build a zoo model or MODULE:FACTORY and capture it (what `edge-remat graph` runs).
     `train`: name patterns of the parameters to train (the rest are frozen); None: as the
-    model comes."""
+    model comes. `refined=False` keeps module-level groups only."""
     start = time.perf_counter()
     module, args = load_model(spec, batch, image, seq, seed)
     source = {"model": spec, "batch": batch, "image": image, "seq": seq, "seed": seed}
@@ -48,14 +49,14 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
         freeze_except(module, train, spec)
         source["train"] = list(train)
     return capture_module(module, args, spec, optimizer, max_nodes, level, source, start,
-                          update, params_home)
+                          update, params_home, refined)
 
 
 def capture_module(module: nn.Module, example_args, model: str = "model",
                    optimizer: str = "sgd", max_nodes: int = DEFAULT_MAX_NODES,
                    level: int | None = None, source: dict[str, Any] | None = None,
                    start: float | None = None, update: str = "fused",
-                   params_home: str = "ram") -> Captured:
+                   params_home: str = "ram", refined: bool = True) -> Captured:
     start = time.perf_counter() if start is None else start
     opt = optimizer_named(optimizer, model)
     if update not in UPDATE_MODES:
@@ -67,9 +68,21 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
     if params_home != "ram" and update != "fused":
         raise CaptureError(model, "parameters can live on a page tier only with fused updates")
     trace = trace_joint(module, example_args, model)
-    groups, level_used = coarsen(trace, activation_nodes(max_nodes, update, params_home), level)
-    graph, figures = assemble(trace, groups, module, tuple(example_args), opt,
-                              update=update, params_home=params_home)
+
+    def build(groups: list[Group]) -> tuple[Graph, dict]:
+        return assemble(trace, groups, module, tuple(example_args), opt, update=update,
+                        params_home=params_home)
+
+    if refined:  # module-level groups in half the node budget; refinement spends the rest
+        # where memory is decided (capture/refine.py)
+        groups, level_used = coarsen(
+            trace, activation_nodes(max(5, max_nodes // 2), update, params_home), level)
+        groups = refine(trace, groups, max_nodes, lambda gs: build(gs)[0])
+    else:
+        groups, level_used = coarsen(trace, activation_nodes(max_nodes, update, params_home),
+                                     level)
+    graph, figures = build(groups)
+    name_ops(trace, graph)
     check_order(graph, model)
     graph.capture = {
         "tool": TOOL,
@@ -81,6 +94,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
         "planner_nodes": len(graph),
         "level": level_used,
         "max_nodes": max_nodes,
+        "refined": refined,
         "trace_s": round(trace.capture_s, 4),
         "capture_s": round(time.perf_counter() - start, 4),
         "saved_bytes": figures["saved_bytes"],
@@ -114,7 +128,7 @@ def recapture(graph: Graph) -> Captured:
                           source.get("seq"), source.get("seed", 0), info.get("optimizer", "sgd"),
                           info.get("max_nodes", DEFAULT_MAX_NODES), info.get("level"),
                           info.get("update", "step"), info.get("params_home", "ram"),
-                          source.get("train"))
+                          source.get("train"), info.get("refined", False))
     if again.graph.fingerprint() != graph.fingerprint():
         raise GraphMismatch(graph.name, "re-capturing gave a different graph (fingerprint "
                            f"{again.graph.fingerprint()} instead of {graph.fingerprint()}): "

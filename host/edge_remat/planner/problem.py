@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 
 from edge_remat_agent.costs import CostModel
+from edge_remat_agent.floor import describe_floor, floor_node
 from edge_remat_agent.formats import Graph
 
 OBJECTIVES = ("time", "energy")
@@ -88,30 +89,17 @@ class Problem:
 
     def smallest_budget(self) -> tuple[int, int]:
         """(bytes, node index): no schedule fits below a node's inputs + output + workspace."""
-        need = [sum(self.sizes[i] for i in self.deps[k]) + self.sizes[k] + self.workspace[k]
-                for k in range(self.n)]
-        k = max(range(self.n), key=need.__getitem__)
-        return self.fixed + need[k], k
+        need, k = floor_node(self.graph, self.workspace)
+        return self.fixed + need, k
 
     def check_budget(self) -> None:
         smallest, k = self.smallest_budget()
         if self.budget_bytes < smallest:
-            node = self.graph.nodes[k]
             raise InfeasibleBudget(
                 f"budget {self.budget_bytes} bytes is below the smallest feasible budget, "
-                f"{smallest} bytes: node {node.id!r} ({node.name}) needs its inputs and output in "
-                f"RAM at once ({self._largest_parts(k)})"
+                f"{smallest} bytes: {describe_floor(self.graph, k, self.workspace)}"
                 + (f", plus {self.fixed} bytes of fixed memory" if self.fixed else ""),
                 smallest)
-
-    def _largest_parts(self, k: int) -> str:
-        """What a node's working set is made of, largest first: its inputs (activations,
-        gradients, parameter groups), its output and its workspace."""
-        g = self.graph
-        parts = [(self.sizes[i], f"input {g.nodes[i].name}") for i in self.deps[k]]
-        parts += [(self.sizes[k], "its output"), (self.workspace[k], "its workspace")]
-        parts = sorted((p for p in parts if p[0] > 0), reverse=True)[:3]
-        return "largest: " + ", ".join(f"{label} {size} bytes" for size, label in parts)
 
     def fingerprint(self) -> str:
         content = {"graph": self.graph.fingerprint(), "budget": self.budget_bytes,

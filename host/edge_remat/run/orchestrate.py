@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from edge_remat_agent.capture import DEFAULT_MAX_NODES
 from edge_remat_agent.formats.fields import dump_json
 
 from ..devices import DeviceConfig, find_device
@@ -51,7 +52,7 @@ class RunOptions:
     seed: int = 0
     optimizer: str = "sgd"
     lr: Optional[float] = None
-    max_nodes: int = 200
+    max_nodes: int = DEFAULT_MAX_NODES
     params_home: str = "auto"  # ram | flash | auto (decided against the budget)
     train: Optional[list] = None  # parameter name patterns to train; None: as the model comes
     profile: Optional[str] = None

@@ -1,0 +1,108 @@
+"""Granularity: `max_nodes` controls how fine the captured graph is, refinement splits the
+groups that set the memory floor down to single ATen ops, the planner's floor names the op that
+sets it, and a fine-grained graph still trains bit for bit like eager PyTorch.
+
+Models are tiny (batch 2, 32x32 images; examples/my_model.py at batch 4, 16x16)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from edge_remat.cli import app
+from edge_remat.planner.build import build_problem
+from edge_remat_agent.capture import capture_model, capture_module
+from edge_remat_agent.executor import run_plan
+from edge_remat_agent.floor import floor_node
+from edge_remat_agent.zoo import build
+from test_executor import (EXAMPLE, assert_same_model, eager_run, example_model, fresh,
+                           with_paging)
+
+STEPS = 3
+
+
+def resnet(max_nodes: int):
+    module, args = build("resnet18", batch=2, image=32)
+    return capture_module(module, args, "resnet18", max_nodes=max_nodes)
+
+
+def module_level(name: str, **sizes):
+    """The graph capture made before refinement: module-level groups only."""
+    module, args = build(name, batch=2, **sizes)
+    return capture_module(module, args, name, refined=False, update="step").graph
+
+
+def test_max_nodes_controls_the_node_count():
+    counts = [len(resnet(n).graph) for n in (30, 60, 100)]
+    assert counts[0] <= 30 < counts[1] <= 60 < counts[2] <= 100, counts
+    fine = resnet(1000).graph
+    assert len(fine) > 100  # finer than any module-level grouping (73 nodes)
+    members = [m for n in fine.nodes for m in n.attrs["members"]]
+    assert len(members) == len(set(members)) == fine.capture["captured_nodes"]
+
+
+@pytest.mark.parametrize("name, sizes", [("resnet18", dict(image=32)),
+                                         ("mobilenet_v2", dict(image=32))])
+def test_refinement_lowers_the_floor(name, sizes):
+    coarse = module_level(name, **sizes)
+    module, args = build(name, batch=2, **sizes)
+    # Gradients as fixed memory ("step"), so that the floor is the activations' alone: at batch
+    # 2 a fused graph's floor is a large weight's gradient and update, which no split changes.
+    refined = capture_module(module, args, name, update="step").graph
+    coarse_floor, refined_floor = floor_node(coarse)[0], floor_node(refined)[0]
+    assert refined_floor < 0.9 * coarse_floor, (coarse_floor, refined_floor)
+    # The planner's smallest budget is that floor on top of fixed memory.
+    smallest, k = build_problem(refined, "1000").smallest_budget()
+    assert smallest == refined.fixed_bytes + refined_floor
+
+
+def test_the_floor_names_the_single_op_that_sets_it(tmp_path):
+    module, args = build("mobilenet_v2", batch=2, image=32)
+    graph = capture_module(module, args, "mobilenet_v2", update="step").graph
+    path = tmp_path / "g.json"
+    graph.save(path)
+    result = CliRunner().invoke(app, ["plan", "--graph", str(path), "--budget", "1000"])
+    assert result.exit_code == 2
+    line = result.output.strip()
+    assert line.startswith("error:") and "\n" not in line
+    node = graph.node(int(re.search(r"node (\d+) \(", line).group(1)))
+    assert len(node.attrs["ops"]) == 1 and node.attrs["ops"][0] in line, line
+    assert f"({node.name})" in line and ":" in node.name  # e.g. ...backward:native_batch_norm_...
+    smallest = build_problem(graph, "1000").smallest_budget()[0]
+    assert f"smallest feasible budget, {smallest} bytes" in line
+
+
+def split_plan_near_the_floor(graph):
+    """The split heuristic's plan halfway between the smallest budget and the plain peak."""
+    from edge_remat.planner.build import plain_peak_bytes
+    from edge_remat.planner.solve import solve
+    smallest = build_problem(graph, "1000").smallest_budget()[0]
+    budget = (smallest + plain_peak_bytes(graph)) // 2
+    return solve(build_problem(graph, str(int(budget)), paging="none"), "heuristic:split").plan
+
+
+def test_a_graph_of_single_ops_trains_bitwise_like_eager(tmp_path):
+    captured = capture_model(EXAMPLE, batch=4, image=16, max_nodes=1000)
+    graph = captured.graph
+    single = sum(1 for n in graph.nodes if len(n.attrs.get("ops", [])) == 1)
+    assert single > 0.6 * len(graph), (single, len(graph))
+    captured = fresh(captured, example_model)
+    plan = with_paging(split_plan_near_the_floor(graph), graph)
+    report = run_plan(graph, plan, STEPS, str(tmp_path / "pages"), captured=captured, seed=7)
+    assert report["recomputed"] > 0 and report["page_ins"] > 0
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]
+    reference, losses = eager_run(example_model, STEPS, seed=7)
+    assert [r["loss"] for r in report["steps"]] == losses
+    assert_same_model(captured.module, reference)
+    assert report["summary"]["ledger_within_prediction"], report["summary"]
+
+
+def test_recapture_on_the_board_gives_the_same_refined_graph():
+    from edge_remat_agent.capture import recapture
+    graph = capture_model("resnet18", batch=2, image=32, max_nodes=90).graph
+    again = recapture(graph).graph
+    assert again.fingerprint() == graph.fingerprint()
+    assert [n.name for n in again.nodes] == [n.name for n in graph.nodes]
