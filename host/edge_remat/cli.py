@@ -617,16 +617,28 @@ def main() -> None:
     """Every command's failures end in cli_errors; what escapes them (typer's own machinery)
     still ends in one line here, never a traceback, unless --debug."""
     from .errors import last_resort, quiet_libraries, take_debug_flag
+    from .errors import EXIT_INTERRUPTED, is_cli_machinery
+
     debug = take_debug_flag(sys.argv)
     quiet_libraries()
     try:
-        app(prog_name="edge-remat")
+        code = app(prog_name="edge-remat", standalone_mode=False)
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001
+        if type(exc).__name__ == "NoArgsIsHelpError":  # the help is already shown
+            sys.exit(getattr(exc, "exit_code", 2))
+        if is_cli_machinery(exc) and hasattr(exc, "format_message"):  # a usage error
+            where = getattr(getattr(exc, "ctx", None), "command_path", None) or "edge-remat"
+            typer.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)
+            sys.exit(getattr(exc, "exit_code", 2))
+        if is_cli_machinery(exc) and type(exc).__name__ == "Abort":  # Ctrl-C at a prompt
+            typer.echo("error: interrupted (Ctrl-C)", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         if debug:
             raise
         sys.exit(last_resort(exc))
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -122,18 +122,19 @@ def cli_errors(command):
     """Decorate a command: any exception becomes `fail(...)`; --debug re-raises it."""
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        import click
         try:
             return command(*args, **kwargs)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException,
-                SystemExit):
-            raise
         except BaseException as exc:  # noqa: BLE001 - the one place every failure ends
-            if debug_enabled() and not isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, SystemExit) or is_cli_machinery(exc) or debug_enabled():
                 raise
             code, message, extra = classify(exc)
             fail(message, code, bool(kwargs.get("as_json")), **extra)
     return wrapper
+
+
+def is_cli_machinery(exc: BaseException) -> bool:
+    """typer's (and click's) own exceptions: an exit status, a usage error, help shown."""
+    return type(exc).__module__.split(".")[0] in ("typer", "click")
 
 
 def quiet_libraries() -> None:

@@ -121,21 +121,26 @@ def solve_interruptibly(solver, model, callback) -> int:
     handler = signal.getsignal(signal.SIGINT) \
         if threading.current_thread() is threading.main_thread() else None
     outcome: dict = {}
+    done = threading.Event()
 
     def search() -> None:
         try:
             outcome["code"] = solver.Solve(model, callback)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             outcome["error"] = exc
+        finally:
+            done.set()
 
-    thread = threading.Thread(target=search, name="cp-sat", daemon=True)
-    thread.start()
+    # Waiting on an Event, not on Thread.join: a join that Ctrl-C interrupts can leave the
+    # thread looking finished while CP-SAT's threads still run, and the exit then aborts.
+    threading.Thread(target=search, name="cp-sat", daemon=True).start()
     try:
-        while thread.is_alive():
-            thread.join(0.1)
+        while not done.wait(0.1):
+            pass
     except KeyboardInterrupt:
         solver.StopSearch()
-        thread.join()
+        while not done.wait(0.1):
+            pass
         raise
     finally:
         if handler is not None and signal.getsignal(signal.SIGINT) is not handler:
