@@ -89,6 +89,12 @@ def plan(
     from .checks import check_solver_options
     check_solver_options(solver, time_limit, workers, backend)
     target_deadline = parse_multiplier(deadline) if deadline else None
+    if sweep is not None:
+        from .sweep import parse_sweep
+        parse_sweep(sweep)
+    else:
+        from .units import parse_budget
+        parse_budget(budget)
     if output:
         (output_folder(output, "-o") if sweep is not None else output_file(output, force))
     g = load_graph_file(graph)
