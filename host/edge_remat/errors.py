@@ -65,6 +65,7 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
     from .planner.problem import InfeasibleBudget, InfeasibleDeadline, ProblemError
     from .planner.solve import NoPlan
     from .transport import AgentError, JobFailed, TransportError
+    from .transport.errors import SshConfigError
     from .units import UnitError
 
     if isinstance(exc, Interrupted):
@@ -81,6 +82,8 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
         killed = killed_by_memory(str((exc.record or {}).get("error")))
         return (EXIT_KILLED if killed else EXIT_JOB_FAILED), str(exc), \
             {"status": "killed" if killed else "failed", "job": exc.record}
+    if isinstance(exc, SshConfigError):
+        return EXIT_BAD_INPUT, str(exc), {}
     if isinstance(exc, AgentError):
         return (EXIT_BAD_INPUT if exc.code in _INPUT_CODES else EXIT_UNREACHABLE), str(exc), {}
     if isinstance(exc, TransportError):
