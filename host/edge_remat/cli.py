@@ -420,7 +420,6 @@ def deploy(
     from .outputs import output_folder
     from .remote import print_outcome, require_kind, show_progress, to_stderr
     from .transport import Board
-    from .transport.host_pages import host_pages, plan_uses_host
 
     # Everything the host can check, before anything is sent (the board checks again).
     if steps < 1:
@@ -434,6 +433,7 @@ def deploy(
     params: dict = {"steps": steps}
     if config.hardware.page_dir:  # the board's flash, as its device config says
         params["page_dir"] = config.hardware.page_dir
+    from .transport.host_pages import host_pages, plan_uses_host  # imports torch: after checks
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
         require_kind(board, "run", "execute plans")
         with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
@@ -460,7 +460,6 @@ def profile(
     from .outputs import output_folder
     from .remote import parse_params, print_outcome, require_kind, show_progress, to_stderr
     from .transport import Board
-    from .transport.host_pages import link_pages
 
     values = parse_params(None, param)
     if graph:
@@ -469,6 +468,7 @@ def profile(
     config = find_device(device)
     if config.hardware.page_dir and "page_dir" not in values:
         values["page_dir"] = config.hardware.page_dir
+    from .transport.host_pages import link_pages  # imports torch: after the checks
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
         require_kind(board, "profile", "profile boards")
         with link_pages(board, to_stderr) as page_params:
