@@ -15,7 +15,7 @@ import pytest
 
 from bad_inputs import (BAD_INPUT, COMMAND, INTERRUPTED, JOB_FAILED, cli, env, refused,
                         tiny_graph)
-from board_fixtures import local_bench_device, stop_agent
+from board_fixtures import local_bench_device, needs_sshd, stop_agent
 from small_graphs import random_dag
 
 
@@ -159,3 +159,34 @@ def test_plan_survives_a_tiny_graph_with_cp_sat(tmp_path):
                "--time-limit", "5", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["status"] in ("optimal", "timeout")
+
+
+@needs_sshd
+def test_ssh_reconnect_keeps_the_host_pages_forward(tmp_path):
+    """A link dropped mid-run: the board reconnects, and the reverse forward the run job was
+    told about (127.0.0.1:PORT on the board) is asked for again on the same port."""
+    import torch
+
+    from board_fixtures import loopback_ssh_board
+    from edge_remat.devices import find_device
+    from edge_remat.transport import Board
+    from edge_remat.transport.host_pages import host_pages
+    from edge_remat_agent.pages.service import connect_store
+
+    said = []
+    with loopback_ssh_board(tmp_path) as (config, _, _):
+        with Board(find_device(str(config)), on_event=said.append) as board:
+            with host_pages(board, True, said.append) as params:
+                address = params["host_pages"]
+                page = torch.arange(1000, dtype=torch.float32)
+                store = connect_store(address)
+                store.put(1, page)
+                store.close()
+                board.transport.close()  # the link drops: its forward goes with it
+                board._session = None
+                board.sysinfo()  # the next request reconnects
+                assert any("forwarded again" in message for message in said), said
+                store = connect_store(address, timeout_s=10)  # the board's side, port unchanged
+                store.put(2, page * 2)
+                assert torch.equal(store.get(2), page * 2)
+                store.close()

@@ -65,6 +65,9 @@ class Board:
         self.hello_info: dict = {}
         self._session: Optional[AgentSession] = None
         self._connected_once = False
+        # Called after each reconnect, to restore what lived on the old connection (the host
+        # page tier's SSH reverse forward); a hook may raise TransportError.
+        self.reconnect_hooks: List[Callable[[], None]] = []
 
     @property
     def name(self) -> str:
@@ -75,8 +78,11 @@ class Board:
         if self._session is None:
             self._session = self.transport.open()
             self.hello_info = self._session.info
-            self._connected_once = True
+            reconnected, self._connected_once = self._connected_once, True
             self._note_build()
+            if reconnected:
+                for hook in list(self.reconnect_hooks):
+                    hook()
         return self._session
 
     def _note_build(self) -> None:
