@@ -87,9 +87,9 @@ def main() -> None:
     }
     for name, source in graphs.items():
         graph, plan = out / f"{name}.graph.json", out / f"{name}.plan.json"
-        edge_remat("graph", *source, "--batch", args.batch, "-o", graph)
+        edge_remat("graph", *source, "--batch", args.batch, "-o", graph, "--force")
         edge_remat("plan", "--graph", graph, "--profile", args.profile, "--budget", args.budget,
-                   "--time-limit", args.time_limit, "-o", plan)
+                   "--time-limit", args.time_limit, "-o", plan, "--force")
         edge_remat("simulate", plan, "--graph", graph, "--profile", args.profile)
 
 

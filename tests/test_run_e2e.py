@@ -78,7 +78,7 @@ sensor = "none"
 def test_plain_training_is_killed_by_the_limit_and_says_so_in_one_line(emulated):
     code, out, err = cli("run", "--device", "bench-emulated", *MODEL, "--plain",
                          "--steps", 2, "--out", emulated / "plain")
-    assert code == 3, (out, err)
+    assert code == 4, (out, err)
     assert out.strip().count("\n") == 0, out
     assert out.startswith("killed by the memory limit at step 1: plain PyTorch training"), out
     assert "Traceback" not in out + err

@@ -12,42 +12,18 @@ import typer
 from edge_remat_agent.capture import DEFAULT_MAX_NODES
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
+from .errors import EXIT_KILLED, UserError, cli_errors
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Fine-tune PyTorch models on boards whose RAM is too small: "
-                       "profile, plan (rematerialization + paging), deploy.")
+                       "profile, plan (rematerialization + paging), deploy. Exit status: 0 done, "
+                       "1 a job failed, 2 bad input, 3 board unreachable, 4 killed by memory, "
+                       "70 internal error, 130 interrupted; --debug (any command) shows "
+                       "tracebacks.")
 
-EXIT_BAD_INPUT = 2
-
-
-def _fail(message: str, as_json: bool, status: str = "error", **extra) -> None:
-    if as_json:
-        print(json.dumps({"status": status, "error": message, **extra}))
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(EXIT_BAD_INPUT)
-
-
-def friendly_errors(command):
-    """Bad input becomes one clear line and exit status 2, never a traceback."""
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        from edge_remat_agent.capture.errors import CaptureError
-        from edge_remat_agent.simulate import PlanError
-
-        from .planner.problem import InfeasibleBudget, InfeasibleDeadline, ProblemError
-        from .planner.solve import NoPlan
-        from .units import UnitError
-        as_json = bool(kwargs.get("as_json"))
-        try:
-            return command(*args, **kwargs)
-        except InfeasibleBudget as exc:
-            _fail(str(exc), as_json, status="infeasible",
-                  smallest_feasible_budget_bytes=exc.smallest_bytes)
-        except InfeasibleDeadline as exc:
-            _fail(str(exc), as_json, status="infeasible_deadline",
-                  smallest_feasible_deadline=exc.smallest_deadline)
-        except (FormatError, UnitError, NoPlan, PlanError, ProblemError, CaptureError) as exc:
-            _fail(str(exc), as_json)
-    return wrapper
+FORCE_HELP = "overwrite an existing output file"
+KEEP_RUNNING_HELP = ("on Ctrl-C leave the board's job running (default: cancel it) and say "
+                     "how to come back for it")
 
 
 def _tiers(read_bw, write_bw, latency, energy_per_byte) -> dict[str, Tier]:
@@ -64,7 +40,7 @@ def _tiers(read_bw, write_bw, latency, energy_per_byte) -> dict[str, Tier]:
 
 
 @app.command()
-@friendly_errors
+@cli_errors
 def plan(
     graph: str = typer.Option(..., "--graph", help="graph file (ours, node-link, or POET's)"),
     budget: Optional[str] = typer.Option(None, "--budget",
@@ -89,18 +65,20 @@ def plan(
     flash_latency: Optional[float] = typer.Option(None, "--flash-latency", help="seconds"),
     flash_energy_per_byte: Optional[float] = typer.Option(None, "--flash-energy-per-byte",
                                                           help="joules per byte moved"),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Solve for the cheapest schedule that fits the memory budget; write it as a plan."""
+    from .checks import note_profile_fit
     from .graph_import import load_graph_file
+    from .outputs import output_file, output_folder
     from .planner.build import PAGING_CHOICES, build_problem, plan_dict_with_tiers
     from .planner.solve import solve
+    from .remote import to_stderr
     from .report import plan_table
     from .units import parse_multiplier
 
-    g = load_graph_file(graph)
-    prof = load_profile(profile) if profile else None
-    tiers = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
+    # The options first, then the files: nothing slow happens before all of them are checked.
     if objective not in ("time", "energy"):
         raise FormatError("command line", "--objective", "time or energy", objective)
     if paging_time not in ("counted", "free"):
@@ -109,10 +87,24 @@ def plan(
         raise FormatError("command line", "--paging", " | ".join(PAGING_CHOICES), paging)
     if (budget is None) == (sweep is None):
         raise FormatError("command line", "--budget", "exactly one of --budget and --sweep")
+    from .checks import check_solver_options
+    check_solver_options(solver, time_limit, workers, backend)
+    target_deadline = parse_multiplier(deadline) if deadline else None
+    if sweep is not None:
+        from .sweep import parse_sweep
+        parse_sweep(sweep)
+    else:
+        from .units import parse_budget
+        parse_budget(budget)
+    if output:
+        (output_folder(output, "-o") if sweep is not None else output_file(output, force))
+    g = load_graph_file(graph)
+    prof = load_profile(profile) if profile else None
+    note_profile_fit(prof, g, str(profile), to_stderr)
+    tiers = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
 
     def make_problem(budget_text):
-        return build_problem(g, budget_text, prof, objective,
-                             parse_multiplier(deadline) if deadline else None, paging, tiers,
+        return build_problem(g, budget_text, prof, objective, target_deadline, paging, tiers,
                              paging_time)
 
     tier_params = {**(prof.tiers if prof else {}), **tiers}
@@ -184,7 +176,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
 
 
 @app.command()
-@friendly_errors
+@cli_errors
 def simulate(
     plan_file: str = typer.Argument(..., metavar="PLAN"),
     graph: str = typer.Option(..., "--graph", help="the graph the plan was made for"),
@@ -192,25 +184,16 @@ def simulate(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Replay a plan: check every instruction and add up peak RAM, time, energy and TDI."""
-    from edge_remat_agent.costs import build_costs
-    from edge_remat_agent.formats.profile import tier_from
-    from edge_remat_agent.formats.fields import Reader
-    from edge_remat_agent.simulate import simulate as run
-
+    from .checks import note_profile_fit, replay
     from .graph_import import load_graph_file
+    from .remote import to_stderr
     from .report import sim_table
 
     g = load_graph_file(graph)
     p = load_plan(plan_file)
-    if p.graph_fingerprint and p.graph_fingerprint != g.fingerprint():
-        raise FormatError(plan_file, "graph_fingerprint", f"the fingerprint of {graph} "
-                          f"({g.fingerprint()}): the plan was made for another graph",
-                          p.graph_fingerprint)
-    tier_params = p.problem.get("tier_params", {}) or {}
-    tiers = {name: tier_from(Reader(obj, plan_file, f"problem.tier_params.{name}"))
-             for name, obj in tier_params.items()}
-    costs = build_costs(g, load_profile(profile) if profile else None, tiers)
-    result = run(g, costs, p.stages, p.budget_bytes)
+    prof = load_profile(profile) if profile else None
+    note_profile_fit(prof, g, str(profile), to_stderr)
+    result = replay(p, g, plan_file, graph, prof)
     summary = result.summary()
     if as_json:
         print(json.dumps({"valid": True, "budget_bytes": p.budget_bytes, **summary}))
@@ -223,7 +206,7 @@ def simulate(
 
 
 @app.command()
-@friendly_errors
+@cli_errors
 def graph(
     model: Optional[str] = typer.Option(
         None, "--model", help="a zoo model (resnet18, bert-mini, ...) or MODULE:FACTORY, where "
@@ -253,14 +236,20 @@ def graph(
                                "as soon as its gradients are complete) | step (one step after "
                                "the backward; gradients are fixed memory)"),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="where to write the graph"),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Capture a model's training graph (forward + backward + update) for the planner."""
     from .graph_report import graph_summary, graph_table
+    from .outputs import output_file
     from .planner.build import plain_peak_bytes
 
     if (model is None) == (onnx_file is None):
         raise FormatError("command line", "--model/--onnx", "exactly one of them")
+    if optimizer not in ("sgd", "adamw"):
+        raise UserError(f"unknown --optimizer {optimizer!r}: use sgd or adamw")
+    if output:
+        output_file(output, force)
     if onnx_file is not None:
         from .onnx_import import graph_from_onnx
         g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)
@@ -289,6 +278,7 @@ def version() -> None:
 # -- boards: device configs, jobs on the agent, deploy (logic in remote.py / transport/) -----
 
 @app.command()
+@cli_errors
 def devices(
     names: list[str] = typer.Argument(None, metavar="[NAME]...",
                                       help="device names or config paths (default: all)"),
@@ -297,22 +287,19 @@ def devices(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """List the device configs (device_configs/*.toml); --check connects to each board."""
-    from .remote import board_errors, device_rows, devices_table
+    from .remote import device_rows, devices_table
 
-    @board_errors
-    def run(as_json: bool) -> None:
-        rows = device_rows(names or [], check)
-        if as_json:
-            print(json.dumps({"devices": rows}))
-        else:
-            typer.echo(devices_table(rows, check))
-        if check and any(not r.get("check", {}).get("ok", False) for r in rows):
-            raise typer.Exit(1)
-
-    run(as_json=as_json)
+    rows = device_rows(names or [], check)
+    if as_json:
+        print(json.dumps({"devices": rows}))
+    else:
+        typer.echo(devices_table(rows, check))
+    if check and any(not r.get("check", {}).get("ok", False) for r in rows):
+        raise typer.Exit(1)
 
 
 @app.command()
+@cli_errors
 def job(
     kind: str = typer.Argument(..., help="job kind, e.g. sysinfo, echo, sleep, run, profile"),
     device: str = typer.Option(..., "--device", help="device name or config path"),
@@ -324,34 +311,34 @@ def job(
     out: Optional[str] = typer.Option(None, "--out", help="folder for the job's output files"),
     job_id: Optional[str] = typer.Option(None, "--id", help="job id (same id = same job)"),
     detach: bool = typer.Option(False, "--detach", help="submit and return the job id"),
+    keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Run a job on the board's agent; survives dropped links (reconnects, same job)."""
     from .devices import find_device
-    from .remote import (board_errors, parse_inputs, parse_params, print_outcome,
-                         show_progress, to_stderr)
+    from .outputs import output_folder
+    from .remote import parse_inputs, parse_params, print_outcome, show_progress, to_stderr
     from .transport import Board
 
-    @board_errors
-    def run(as_json: bool) -> None:
-        values = parse_params(params, param)
-        inputs = parse_inputs(input_file)
-        with Board(find_device(device), on_event=to_stderr) as board:
-            if detach:
-                for name, local in inputs.items():
-                    values[name] = board.push_input(local)
-                record = board.submit(kind, values, job_id)
-                print(json.dumps({"status": record["state"], "job": record["id"]})
-                      if as_json else record["id"])
-                return
-            record = board.run_job(kind, values, inputs, out, job_id,
-                                   on_update=None if as_json else show_progress)
-            print_outcome(record, as_json, board)
-
-    run(as_json=as_json)
+    values = parse_params(params, param)
+    inputs = parse_inputs(input_file)
+    if out:
+        output_folder(out)
+    with Board(find_device(device), on_event=to_stderr, keep_running=keep_running) as board:
+        if detach:
+            for name, local in inputs.items():
+                values[name] = board.push_input(local)
+            record = board.submit(kind, values, job_id)
+            print(json.dumps({"status": record["state"], "job": record["id"]})
+                  if as_json else record["id"])
+            return
+        record = board.run_job(kind, values, inputs, out, job_id,
+                               on_update=None if as_json else show_progress)
+        print_outcome(record, as_json, board)
 
 
 @app.command("job-status")
+@cli_errors
 def job_status(
     job_id: str = typer.Argument(..., metavar="ID"),
     device: str = typer.Option(..., "--device", help="device name or config path"),
@@ -361,25 +348,59 @@ def job_status(
 ) -> None:
     """Come back for a job: its state, progress and result (the board keeps them)."""
     from .devices import find_device
-    from .remote import board_errors, print_outcome, show_progress, to_stderr
+    from .errors import Interrupted
+    from .outputs import output_folder
+    from .remote import print_outcome, show_progress, to_stderr
     from .transport import Board, JobFailed
 
-    @board_errors
-    def run(as_json: bool) -> None:
-        with Board(find_device(device), on_event=to_stderr) as board:
+    if out:
+        output_folder(out)
+    with Board(find_device(device), on_event=to_stderr) as board:
+        try:
             record = (board.wait(job_id, None if as_json else show_progress) if wait
                       else board.job(job_id))
-            if record["state"] == "failed":
-                raise JobFailed(f"job {job_id} failed on {board.name}: {record.get('error')}",
-                                record)
-            if out and record["state"] == "finished":
-                record["fetched"] = [str(p) for p in board.fetch_outputs(record, out)]
-            print_outcome(record, as_json, board)
+        except KeyboardInterrupt:  # someone else's job, maybe: waiting stops, the job goes on
+            raise Interrupted(f"stopped waiting; job {job_id} keeps running on {board.name} "
+                              f"(`edge-remat job-cancel {job_id} --device {device}` stops it)",
+                              job=job_id, cancelled=False) from None
+        if record["state"] == "failed":
+            raise JobFailed(f"job {job_id} failed on {board.name}: {record.get('error')}",
+                            record)
+        if out and record["state"] == "finished":
+            record["fetched"] = [str(p) for p in board.fetch_outputs(record, out)]
+        print_outcome(record, as_json, board)
 
-    run(as_json=as_json)
+
+@app.command("job-cancel")
+@cli_errors
+def job_cancel(
+    job_id: str = typer.Argument(..., metavar="ID"),
+    device: str = typer.Option(..., "--device", help="device name or config path"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Cancel a job on the board (queued: dropped; running: stopped, its files kept)."""
+    from .devices import find_device
+    from .remote import to_stderr
+    from .transport import Board
+    from .transport.board import CANCEL_WAIT_S
+    from edge_remat_agent.wire.protocol import TERMINAL_STATES
+
+    with Board(find_device(device), on_event=to_stderr) as board:
+        record = board.cancel(job_id)
+        if record["state"] not in TERMINAL_STATES:
+            record = board.wait(job_id, timeout_s=CANCEL_WAIT_S)
+    if record["state"] == "finished":
+        what = f"job {job_id} had already finished on {board.name}; nothing to cancel"
+    elif record["state"] in TERMINAL_STATES:
+        what = f"job {job_id} on {board.name}: {record.get('error') or record['state']}"
+    else:
+        what = f"job {job_id} on {board.name} was asked to stop and is still {record['state']}"
+    print(json.dumps({"status": record["state"], "job": job_id, "error": record.get("error")})
+          if as_json else what)
 
 
 @app.command("agent-stop")
+@cli_errors
 def agent_stop(
     device: str = typer.Option(..., "--device", help="device name or config path"),
     if_idle: bool = typer.Option(False, "--if-idle", help="only when no job runs or waits"),
@@ -387,83 +408,93 @@ def agent_stop(
 ) -> None:
     """Stop the agent daemon on the board cleanly (a running job resumes at its next start)."""
     from .devices import find_device
-    from .remote import board_errors
     from .transport import Board
 
-    @board_errors
-    def run(as_json: bool) -> None:
-        board = Board(find_device(device), reconnect_timeout_s=0)
-        board.stop_agent(if_idle=if_idle)
-        print(json.dumps({"status": "stopped"}) if as_json else f"agent on {board.name} stopped")
-
-    run(as_json=as_json)
+    board = Board(find_device(device), reconnect_timeout_s=0)
+    board.stop_agent(if_idle=if_idle)
+    print(json.dumps({"status": "stopped"}) if as_json else f"agent on {board.name} stopped")
 
 
 @app.command()
+@cli_errors
 def deploy(
     plan_file: str = typer.Argument(..., metavar="PLAN"),
     device: str = typer.Option(..., "--device", help="device name or config path"),
     graph: str = typer.Option(..., "--graph", help="the graph the plan was made for"),
-    steps: int = typer.Option(10, "--steps", help="training steps to run"),
+    steps: int = typer.Option(10, "--steps", help="training steps to run (at least 1)"),
     out: str = typer.Option(".", "--out", help="folder for the run report and other outputs"),
+    keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Push the agent, the plan and the graph; run the plan on the board; fetch the report."""
+    from .checks import check_plan, check_runnable
     from .devices import find_device
-    from .remote import board_errors, print_outcome, require_kind, show_progress, to_stderr
+    from .graph_import import load_graph_file
+    from .outputs import output_folder
+    from .remote import print_outcome, require_kind, show_progress, to_stderr
     from .transport import Board
 
-    @board_errors
-    def run(as_json: bool) -> None:
-        from .transport.host_pages import host_pages, plan_uses_host
-        plan = load_plan(plan_file)  # a bad plan is refused here, not on the board
-        with Board(find_device(device), on_event=to_stderr) as board:
-            require_kind(board, "run", "execute plans")
-            with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
-                record = board.run_job("run", {"steps": steps, **page_params},
-                                       {"plan": plan_file, "graph": graph}, out,
-                                       on_update=None if as_json else show_progress)
-            print_outcome(record, as_json, board)
-
-    run(as_json=as_json)
+    # Everything the host can check, before anything is sent (the board checks again).
+    if steps < 1:
+        raise UserError(f"--steps must be at least 1, not {steps}")
+    plan = load_plan(plan_file)
+    g = load_graph_file(graph)
+    check_runnable(g, graph)
+    check_plan(plan, g, plan_file, graph)
+    output_folder(out)
+    config = find_device(device)
+    params: dict = {"steps": steps}
+    if config.hardware.page_dir:  # the board's flash, as its device config says
+        params["page_dir"] = config.hardware.page_dir
+    from .transport.host_pages import host_pages, plan_uses_host  # imports torch: after checks
+    with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
+        require_kind(board, "run", "execute plans")
+        with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
+            record = board.run_job("run", {**params, **page_params},
+                                   {"plan": plan_file, "graph": graph}, out,
+                                   on_update=None if as_json else show_progress)
+        print_outcome(record, as_json, board)
 
 
 @app.command()
+@cli_errors
 def profile(
     device: str = typer.Option(..., "--device", help="device name or config path"),
     graph: Optional[str] = typer.Option(None, "--graph", help="graph whose nodes to measure"),
     param: list[str] = typer.Option([], "--param", help="KEY=VALUE for the profiler"),
     out: str = typer.Option("profiles", "--out", help="folder for the measured profile"),
+    keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Measure the board (operators, storage tiers, power) with its agent; fetch the profile."""
+    from .checks import check_runnable
     from .devices import find_device
-    from .remote import (board_errors, parse_params, print_outcome, require_kind,
-                         show_progress, to_stderr)
+    from .graph_import import load_graph_file
+    from .outputs import output_folder
+    from .remote import parse_params, print_outcome, require_kind, show_progress, to_stderr
     from .transport import Board
-    from .transport.host_pages import link_pages
 
-    @board_errors
-    def run(as_json: bool) -> None:
-        values = parse_params(None, param)
-        with Board(find_device(device), on_event=to_stderr) as board:
-            require_kind(board, "profile", "profile boards")
-            with link_pages(board, to_stderr) as page_params:
-                record = board.run_job("profile", {**page_params, **values},
-                                       {"graph": graph} if graph else {}, out,
-                                       on_update=None if as_json else show_progress)
-            print_outcome(record, as_json, board)
-
-    run(as_json=as_json)
+    values = parse_params(None, param)
+    if graph:
+        check_runnable(load_graph_file(graph), graph)
+    output_folder(out)
+    config = find_device(device)
+    if config.hardware.page_dir and "page_dir" not in values:
+        values["page_dir"] = config.hardware.page_dir
+    from .transport.host_pages import link_pages  # imports torch: after the checks
+    with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
+        require_kind(board, "profile", "profile boards")
+        with link_pages(board, to_stderr) as page_params:
+            record = board.run_job("profile", {**page_params, **values},
+                                   {"graph": graph} if graph else {}, out,
+                                   on_update=None if as_json else show_progress)
+        print_outcome(record, as_json, board)
 
 
 # -- end to end: `run` (logic in run/, run_report.py, plots.py, emulated.py) ---------------
 
-EXIT_KILLED = 3
-
-
 @app.command("run")
-@friendly_errors
+@cli_errors
 def run_command(
     device: str = typer.Option(..., "--device", help="device name or config path (local: this "
                                "machine; emulated-board: this machine in a memory cgroup)"),
@@ -506,12 +537,13 @@ def run_command(
     out: str = typer.Option("edge-remat-run", "--out", help="folder for graph, plan, report, "
                             "plots"),
     no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
+    keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Fine-tune MODEL on DEVICE within a memory budget: capture, profile, plan, deploy, train,
-    and report planned against measured. Exit status 3: the run was killed (out of memory)."""
-    from .remote import board_errors, to_stderr
-    from .run import RunOptions, RunProblem, run
+    and report planned against measured. Exit status 4: the run was killed (out of memory)."""
+    from .remote import to_stderr
+    from .run import RunOptions, run
     from .run_report import report_text
     from .units import parse_budget
 
@@ -531,29 +563,21 @@ def run_command(
         optimizer=optimizer, lr=lr, max_nodes=max_nodes, params_home=params_home, train=train,
         profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
-        out=out, plots=not no_plots)
-
-    @board_errors
-    def go(as_json: bool) -> None:
-        try:
-            report = run(options, say=to_stderr)
-        except RunProblem as exc:
-            _fail(str(exc), as_json)
-        killed = report["status"] == "killed"
-        if as_json:
-            print(json.dumps(report, default=str))
-        elif killed:
-            typer.echo(_killed_line(report))
-        else:
-            typer.echo(report_text(report))
-        if killed:
-            raise typer.Exit(EXIT_KILLED)
-
-    go(as_json=as_json)
+        out=out, plots=not no_plots, keep_running=keep_running)
+    report = run(options, say=to_stderr)
+    killed = report["status"] == "killed"
+    if as_json:
+        print(json.dumps(report, default=str))
+    elif killed:
+        typer.echo(_killed_line(report))
+    else:
+        typer.echo(report_text(report))
+    if killed:
+        raise typer.Exit(EXIT_KILLED)
 
 
 @app.command("plot")
-@friendly_errors
+@cli_errors
 def plot_command(
     plan_file: Optional[str] = typer.Option(None, "--plan", help="a plan: schedule.png and "
                                             "memory.png"),
@@ -568,15 +592,19 @@ def plot_command(
     from pathlib import Path
 
     from . import plots
+    from .checks import replay
     from .graph_import import load_graph_file
+    from .outputs import output_folder
 
     if plan_file is None and sweep_file is None:
         raise FormatError("command line", "--plan/--sweep", "at least one of them")
+    output_folder(out)
     written = []
     if plan_file is not None:
         if graph is None:
             raise FormatError("command line", "--graph", "the graph the plan was made for")
         g, p = load_graph_file(graph), load_plan(plan_file)
+        replay(p, g, plan_file, graph)  # a plan for another graph draws nonsense: refused
         planned, plain = plots.memory_traces(g, p)
         written += [plots.plot_schedule(g, p, Path(out) / "schedule.png"),
                     plots.plot_memory(planned, p.budget_bytes, Path(out) / "memory.png",
@@ -612,7 +640,31 @@ def _killed_line(report: dict) -> str:
 
 
 def main() -> None:
-    app(prog_name="edge-remat")
+    """Every command's failures end in cli_errors; what escapes them (typer's own machinery)
+    still ends in one line here, never a traceback, unless --debug."""
+    from .errors import last_resort, quiet_libraries, take_debug_flag
+    from .errors import EXIT_INTERRUPTED, is_cli_machinery
+
+    debug = take_debug_flag(sys.argv)
+    quiet_libraries()
+    try:
+        code = app(prog_name="edge-remat", standalone_mode=False)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        if type(exc).__name__ == "NoArgsIsHelpError":  # the help is already shown
+            sys.exit(getattr(exc, "exit_code", 2))
+        if is_cli_machinery(exc) and hasattr(exc, "format_message"):  # a usage error
+            where = getattr(getattr(exc, "ctx", None), "command_path", None) or "edge-remat"
+            typer.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)
+            sys.exit(getattr(exc, "exit_code", 2))
+        if is_cli_machinery(exc) and type(exc).__name__ == "Abort":  # Ctrl-C at a prompt
+            typer.echo("error: interrupted (Ctrl-C)", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        if debug:
+            raise
+        sys.exit(last_resort(exc))
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,14 @@ _SIZE_KEYS = ("out_cost", "cost_ram")
 
 
 def load_graph_file(path: str | Path) -> Graph:
+    """The graph in `path`, whatever its dialect, with sizes a board can hold (checks.py)."""
+    from .checks import check_sizes
+    graph = _load_any(path)
+    check_sizes(graph, str(path))
+    return graph
+
+
+def _load_any(path: str | Path) -> Graph:
     source = str(path)
     obj = load_json(path)
     if not isinstance(obj, dict):

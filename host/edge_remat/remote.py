@@ -3,7 +3,6 @@ do, apart from their command-line parsing: checks, tables, parameters, one-line 
 
 from __future__ import annotations
 
-import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,45 +13,9 @@ import typer
 from edge_remat_agent.formats import FormatError
 
 from .devices import DeviceConfig, DeviceError, config_files, load_device
-from .transport import AgentError, Board, JobFailed, TransportError
+from .transport import Board, TransportError
 from .transport.board import summary
 from .units import fmt_bytes
-
-EXIT_JOB_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_BOARD = 3
-_INPUT_CODES = ("bad_request", "unknown_kind", "unknown_job", "conflict")
-
-
-def _fail(message: str, as_json: bool, code: int, **extra) -> None:
-    if as_json:
-        print(json.dumps({"status": "error" if code != EXIT_JOB_FAILED else "failed",
-                          "error": message, **extra}))
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def board_errors(command):
-    """Bad input exits 2, a board that cannot be reached or used exits 3, a failed job exits 1;
-    always one line, never a traceback."""
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        as_json = bool(kwargs.get("as_json"))
-        try:
-            return command(*args, **kwargs)
-        except JobFailed as exc:
-            _fail(str(exc), as_json, EXIT_JOB_FAILED, job=exc.record)
-        except (FormatError, DeviceError) as exc:
-            _fail(str(exc), as_json, EXIT_BAD_INPUT)
-        except AgentError as exc:  # the board understood and refused: usually our input
-            _fail(str(exc), as_json, EXIT_BAD_INPUT if exc.code in _INPUT_CODES else EXIT_BOARD)
-        except TransportError as exc:
-            _fail(str(exc), as_json, EXIT_BOARD)
-        except KeyboardInterrupt:
-            _fail("interrupted; jobs already submitted keep running on the board "
-                  "(`edge-remat job-status ID --device NAME` comes back for them)", as_json, 130)
-    return wrapper
-
 
 def to_stderr(message: str) -> None:
     """Reconnects and progress go to stderr, so stdout stays one result (or one JSON object)."""

@@ -7,6 +7,7 @@ good and spends its time improving it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,6 +25,10 @@ class SweepPoint:
     message: str = ""
 
 
+MAX_FRACTION = 15.0  # a bare number above this would be read as bytes (units.py)
+MAX_POINTS = 1000
+
+
 def parse_sweep(text: str) -> list[float]:
     """'0.3:1.0:0.1' -> [0.3, 0.4, ..., 1.0] (fractions of the plain peak; stop included)."""
     parts = text.replace("%", "").split(":")
@@ -34,8 +39,11 @@ def parse_sweep(text: str) -> list[float]:
             from None
     if "%" in text:
         start, stop, step = start / 100, stop / 100, step / 100
-    if not (0 < start <= stop and step > 0):
+    if not (0 < start <= stop and step > 0) or not math.isfinite(stop):
         raise UnitError(f"sweep {text!r} needs 0 < START <= STOP and STEP > 0")
+    if stop > MAX_FRACTION or (stop - start) / step > MAX_POINTS:
+        raise UnitError(f"sweep {text!r} is too wide: fractions up to {MAX_FRACTION:g} of the "
+                        f"plain peak, at most {MAX_POINTS} budgets")
     count = int(round((stop - start) / step + 1e-9)) + 1
     return [round(start + k * step, 10) for k in range(count) if start + k * step <= stop + 1e-9]
 

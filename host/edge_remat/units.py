@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
@@ -10,6 +11,8 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, 
 # A bare number below this is a fraction of the plain schedule's peak, above it a byte count:
 # no budget is a handful of bytes, and no fraction is this large.
 _FRACTION_LIMIT = 16
+# No board has an exabyte; above this, integer arithmetic in the solvers would overflow.
+MAX_BYTES = 2**60
 
 
 class UnitError(ValueError):
@@ -25,14 +28,23 @@ def parse_budget(text: str) -> tuple[str, float]:
                         "or a size (512MiB, 2GB, 736128)")
     value, unit = float(m.group(1)), m.group(2)
     if unit == "%":
-        return "fraction", value / 100.0
-    if unit == "" and value < _FRACTION_LIMIT:
+        value /= 100.0
+        unit = "fraction"
+    if unit in ("", "fraction") and value < _FRACTION_LIMIT:
+        if value <= 0:
+            raise UnitError(f"budget {text!r} must be positive")
         return "fraction", value
+    if unit == "fraction":
+        raise UnitError(f"budget {text!r} is {value:g} times the plain peak: give at most "
+                        f"{_FRACTION_LIMIT - 1}00%, or a size such as 512MiB")
     if unit not in _SIZE_UNITS:
         raise UnitError(f"unknown size unit {m.group(2)!r} in budget {text!r} "
                         "(known: B, kB, MB, GB, KiB, MiB, GiB)")
     if value <= 0:
         raise UnitError(f"budget {text!r} must be positive")
+    if not math.isfinite(value) or value * _SIZE_UNITS[unit] > MAX_BYTES:
+        raise UnitError(f"budget {text!r} is larger than any board's memory (at most "
+                        f"{MAX_BYTES} bytes, 1 EiB)")
     return "bytes", value * _SIZE_UNITS[unit]
 
 
@@ -43,8 +55,8 @@ def parse_multiplier(text: str) -> float:
         value = float(s)
     except ValueError:
         raise UnitError(f"cannot read {text!r}: use a multiple such as 1.3 or 1.3x") from None
-    if value <= 0:
-        raise UnitError(f"{text!r} must be positive")
+    if not math.isfinite(value) or value <= 0:
+        raise UnitError(f"{text!r} must be a positive finite multiple such as 1.3")
     return value
 
 

@@ -40,8 +40,19 @@ def load_model(spec: str, batch: int | None = None, image: int | None = None,
     kwargs = {k: v for k, v in given.items() if k in accepted and v is not None}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # the same initial weights on the host and on the board
-        result = factory(**kwargs)
+        try:
+            result = factory(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - the user's code: say what it raised
+            raise CaptureError(spec, f"the factory raised {_raised(exc)}") from exc
     return _check_result(spec, result)
+
+
+def _raised(exc: BaseException) -> str:
+    """`ValueError: message (my_model.py line 12)`: the user's own line, where it was."""
+    import traceback
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({Path(frames[-1].filename).name} line {frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def _from_zoo(name, batch, image, seq, seed):
@@ -64,13 +75,18 @@ def _import(module_part: str, spec: str):
         loader = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(loader)
         sys.modules[name] = module  # dataclasses and pickling look modules up by name
-        loader.loader.exec_module(module)
+        try:
+            loader.loader.exec_module(module)
+        except Exception as exc:  # noqa: BLE001 - a SyntaxError or a raise in the user's file
+            raise CaptureError(spec, f"importing {module_part} raised {_raised(exc)}") from exc
         return module
     sys.path.insert(0, os.getcwd())  # `python -m`-like: the current directory is importable
     try:
         return importlib.import_module(module_part)
     except ImportError as exc:
         raise CaptureError(spec, f"cannot import {module_part}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - the module raised while it was imported
+        raise CaptureError(spec, f"importing {module_part} raised {_raised(exc)}") from exc
     finally:
         sys.path.remove(os.getcwd())
 

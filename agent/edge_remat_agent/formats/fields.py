@@ -126,8 +126,23 @@ def load_json(path: str | Path) -> Any:
 
 
 def dump_json(obj: Any, path: str | Path) -> None:
-    """Write atomically: a crash mid-write never leaves a truncated file behind."""
+    """Write atomically: a temporary file beside the target (same filesystem) renamed over it,
+    so a crash mid-write never leaves a truncated file; on failure the temporary file goes."""
+    import os
+    import tempfile
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    tmp.replace(path)
+    text = json.dumps(obj, indent=1) + "\n"
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary write would make it, not mkstemp's 0600
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

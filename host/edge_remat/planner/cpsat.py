@@ -16,7 +16,9 @@ Objective: the recomputations' and paging's time or energy (with static power), 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time as clock
 from dataclasses import dataclass, field
 from typing import Callable
@@ -90,8 +92,9 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
     solver.parameters.num_workers = workers
     for name, value in (parameters or {}).items():
         setattr(solver.parameters, name, value)
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is the caller's: see below
     listener = _Listener(model, started, progress, cp_model)
-    code = solver.Solve(model.model, listener.callback)
+    code = solve_interruptibly(solver, model.model, listener.callback)
     elapsed = clock.perf_counter() - started
 
     status_name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "timeout",
@@ -107,6 +110,44 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
     return CpsatOutcome(decisions, status_name, objective, min(bound, objective), elapsed,
                         listener.first, listener.best, exact, model.scaling(), workers,
                         listener.trace)
+
+
+def solve_interruptibly(solver, model, callback) -> int:
+    """solver.Solve in a thread while this one waits in Python, so that Ctrl-C raises
+    KeyboardInterrupt here at once (a thread blocked inside Solve would only see it when the
+    time limit ends the search): the search is stopped and the interrupt goes on. CP-SAT's own
+    SIGINT catching, which would put the C default handler in Python's place for good, is off;
+    the handler is put back all the same, in case a library set another."""
+    handler = signal.getsignal(signal.SIGINT) \
+        if threading.current_thread() is threading.main_thread() else None
+    outcome: dict = {}
+    done = threading.Event()
+
+    def search() -> None:
+        try:
+            outcome["code"] = solver.Solve(model, callback)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    # Waiting on an Event, not on Thread.join: a join that Ctrl-C interrupts can leave the
+    # thread looking finished while CP-SAT's threads still run, and the exit then aborts.
+    threading.Thread(target=search, name="cp-sat", daemon=True).start()
+    try:
+        while not done.wait(0.1):
+            pass
+    except KeyboardInterrupt:
+        solver.StopSearch()
+        while not done.wait(0.1):
+            pass
+        raise
+    finally:
+        if handler is not None and signal.getsignal(signal.SIGINT) is not handler:
+            signal.signal(signal.SIGINT, handler)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["code"]
 
 
 class _Listener:

@@ -70,6 +70,10 @@ def _receive(stream: BinaryIO) -> Any:
 
 
 def _serve() -> None:
+    # Ctrl-C reaches the whole process group: the parent handles it (and kills this child),
+    # so the child must not die first with a traceback of its own.
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # anything the solver prints must not corrupt the reply stream
     module, qualname, args, kwargs, with_progress = _receive(sys.stdin.buffer)

@@ -21,6 +21,7 @@ from edge_remat_agent.capture import DEFAULT_MAX_NODES
 from edge_remat_agent.formats.fields import dump_json
 
 from ..devices import DeviceConfig, find_device
+from ..errors import Interrupted, UserError
 from ..transport import Board, JobFailed
 from .profiles import ChosenProfile, choose_profile
 
@@ -64,6 +65,7 @@ class RunOptions:
     out: str = "edge-remat-run"
     plots: bool = True
     check_gradients: bool = True
+    keep_running: bool = False  # Ctrl-C leaves the board's job running instead of cancelling
     extra: dict = field(default_factory=dict)  # more params for the board's job
 
     @property
@@ -72,31 +74,67 @@ class RunOptions:
                 "seed": self.seed, "optimizer": self.optimizer, "train": self.train}
 
 
-class RunProblem(ValueError):
+class RunProblem(UserError):
     """Options that cannot make a run (e.g. a budget nothing is left for); exit status 2."""
 
 
+def check_options(opts: RunOptions, device: DeviceConfig) -> None:
+    """Every option that can be checked before the capture, the profile and the solve (each
+    of which takes seconds to minutes) is checked here."""
+    import math
+
+    from ..checks import check_solver_options
+    from ..planner.build import PAGING_CHOICES
+    from ..sweep import parse_sweep
+    from ..units import parse_budget
+
+    if opts.optimizer not in ("sgd", "adamw"):
+        raise RunProblem(f"unknown optimizer {opts.optimizer!r} (sgd | adamw)")
+    if opts.steps < 1:
+        raise RunProblem(f"--steps must be at least 1, not {opts.steps}")
+    if opts.lr is not None and not (math.isfinite(opts.lr) and opts.lr > 0):
+        raise RunProblem(f"--lr must be a positive number, not {opts.lr:g}")
+    if opts.paging is not None and opts.paging not in PAGING_CHOICES:
+        raise RunProblem(f"unknown --paging {opts.paging!r}: use one of "
+                         f"{', '.join(PAGING_CHOICES)}")
+    if opts.plain:
+        return
+    check_solver_options(opts.solver, opts.time_limit, None)
+    if opts.budget:
+        parse_budget(opts.budget)
+    elif not device.hardware.memory_limit_bytes:
+        raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
+    if opts.sweep:
+        parse_sweep(opts.sweep)
+    if opts.profile:
+        from edge_remat_agent.formats import load_profile
+        load_profile(opts.profile)
+
+
 def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
-    """Do the whole run; returns the report (also written to OUT/report.json)."""
+    """Do the whole run; returns the report (also written to OUT/report.json). Ctrl-C cancels
+    the board's job (unless opts.keep_running), writes OUT/report.json saying so and raises
+    errors.Interrupted."""
     from ..emulated import emulated_device
+    from ..outputs import output_folder
 
     device = find_device(opts.device)
     if opts.memory_limit:
         device = emulated_device(device, opts.memory_limit)
-    out = Path(opts.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_options(opts, device)
+    out = output_folder(opts.out)
     data = opts.data or DEFAULT_DATA.get(opts.model, "example")
-    if opts.optimizer not in ("sgd", "adamw"):
-        raise RunProblem(f"unknown optimizer {opts.optimizer!r} (sgd | adamw)")
     # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
     # 0.9); --lr overrides it for both.
     lr = {} if opts.lr is None else {"lr": opts.lr}
-    with Board(device, on_event=say) as board:
+    with Board(device, on_event=say, keep_running=opts.keep_running) as board:
         try:
             if opts.plain:
                 report = _run_plain(board, device, opts, data, lr, out, say)
             else:
                 report = _run_planned(board, device, opts, data, lr, out, say)
+        except (KeyboardInterrupt, Interrupted) as exc:
+            raise _interrupted(exc, opts, out) from None
         finally:
             if device.hardware.memory_limit_bytes:
                 _retire_emulated(board, device)
@@ -106,6 +144,22 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     from ..run_report import report_text
     (out / "report.txt").write_text(report_text(report) + "\n")
     return report
+
+
+def _interrupted(exc: BaseException, opts: RunOptions, out: Path) -> Interrupted:
+    """Ctrl-C: OUT/report.json says so and lists what was written before it."""
+    stopped = exc if isinstance(exc, Interrupted) else \
+        Interrupted("interrupted before anything ran on the board")
+    written = sorted(str(p) for p in out.iterdir() if p.is_file() and p.name != "report.json")
+    report = {"status": "interrupted", "message": str(stopped), "model": opts.model,
+              "device": opts.device, "written": written, **stopped.extra}
+    try:
+        dump_json(report, out / "report.json")
+    except OSError:
+        pass
+    where = f"; wrote {out / 'report.json'}" + (f" ({len(written)} files before it)"
+                                                   if written else "")
+    return Interrupted(str(stopped) + where, **stopped.extra)
 
 
 # -- the two kinds of run ------------------------------------------------------------------
@@ -150,6 +204,9 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     chosen = choose_profile(board, device, opts.model_info, graph_path, out, opts.profile,
                             opts.reprofile, twin, say)
     say(f"profile: {chosen.describe()}")
+    if chosen.how == "given":
+        from ..checks import note_profile_fit
+        note_profile_fit(chosen.profile, graph, str(chosen.path), say)
     # With the profile's measured workspaces (kernel scratch included), as the planner sees it.
     plain_peak = plain_peak_bytes(graph, chosen.profile)
     if opts.params_home == "auto" and _below_floor(graph, chosen, opts, device):

@@ -93,8 +93,12 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
             with measuring_board() as twin:
                 fetched = _measure(twin, model, graph_path, out_dir, say)
                 twin.stop_agent()
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(fetched, cached)
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(fetched, cached)
+        except OSError as exc:  # an unwritable HOME: measured again next time, no worse
+            say(f"warning: cannot cache the profile in {cached.parent} "
+                f"({exc.strerror or exc}); set XDG_CACHE_HOME to a writable folder")
         return _limited(ChosenProfile(load_profile(fetched), fetched, "measured"), device)
     modelled = modelled_profile_for(device)
     if modelled is not None:

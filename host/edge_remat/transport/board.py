@@ -19,12 +19,16 @@ from typing import Callable, Dict, List, Optional
 from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
 from ..devices import DeviceConfig
-from .errors import BoardMissingTorch, BoardUnreachable, JobFailed, LinkLost, TransportError
+from ..errors import Interrupted
+from .errors import (AgentError, BoardMissingTorch, BoardUnreachable, JobFailed, LinkLost,
+                     TransportError)
 from .hints import torch_hint
 from .session import AgentSession, file_sha256
 from .zipapp import AgentArchive, build_agent_archive
 
 WAIT_POLL_S = 10.0
+CANCEL_RECONNECT_S = 10.0  # after Ctrl-C, how long to try to reach the board to cancel
+CANCEL_WAIT_S = 10.0  # and how long to wait for the cancelled job to end
 
 
 def make_transport(device: DeviceConfig, archive: Optional[AgentArchive] = None):
@@ -46,8 +50,12 @@ class Board:
     def __init__(self, device: DeviceConfig, *, transport=None,
                  archive: Optional[AgentArchive] = None,
                  reconnect_timeout_s: Optional[float] = None,
-                 on_event: Optional[Callable[[str], None]] = None):
+                 on_event: Optional[Callable[[str], None]] = None,
+                 keep_running: bool = False):
         self.device = device
+        # Ctrl-C while waiting on a job this Board submitted: cancel it (the default, so that
+        # the next run does not queue behind it) or leave it running and say how to come back.
+        self.keep_running = keep_running
         self.archive = archive
         self.transport = transport or make_transport(device, archive)
         self.reconnect_timeout_s = (device.connection.reconnect_timeout_s
@@ -57,6 +65,9 @@ class Board:
         self.hello_info: dict = {}
         self._session: Optional[AgentSession] = None
         self._connected_once = False
+        # Called after each reconnect, to restore what lived on the old connection (the host
+        # page tier's SSH reverse forward); a hook may raise TransportError.
+        self.reconnect_hooks: List[Callable[[], None]] = []
 
     @property
     def name(self) -> str:
@@ -67,8 +78,11 @@ class Board:
         if self._session is None:
             self._session = self.transport.open()
             self.hello_info = self._session.info
-            self._connected_once = True
+            reconnected, self._connected_once = self._connected_once, True
             self._note_build()
+            if reconnected:
+                for hook in list(self.reconnect_hooks):
+                    hook()
         return self._session
 
     def _note_build(self) -> None:
@@ -140,7 +154,7 @@ class Board:
         return remote
 
     def submit(self, kind: str, params: dict, job_id: Optional[str] = None) -> dict:
-        job_id = job_id or f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        job_id = job_id or new_job_id(kind)
         return self._retrying(f"submit job {job_id}", lambda s: s.submit(kind, params, job_id))
 
     def job(self, job_id: str) -> dict:
@@ -192,8 +206,12 @@ class Board:
         params = dict(params or {})
         for name, local in (inputs or {}).items():
             params[name] = self.push_input(local)
-        record = self.submit(kind, params, job_id)
-        record = self.wait(record["id"], on_update)
+        job_id = job_id or new_job_id(kind)
+        try:
+            record = self.submit(kind, params, job_id)
+            record = self.wait(record["id"], on_update)
+        except KeyboardInterrupt:
+            raise self.interrupted(job_id) from None
         if record["state"] == "failed":
             raise JobFailed(f"job {record['id']} ({kind}) failed on {self.name}: "
                             f"{record.get('error')}", record)
@@ -201,9 +219,41 @@ class Board:
             record["fetched"] = [str(p) for p in self.fetch_outputs(record, out_dir)]
         return record
 
+    def interrupted(self, job_id: str) -> Interrupted:
+        """What Ctrl-C while waiting on `job_id` did: the job cancelled (and waited out for a
+        few seconds, so that nothing queues behind it), or left running with the way back."""
+        again = (f"`edge-remat job-status {job_id} --device {self.device.name} --wait` comes "
+                 f"back for it, `edge-remat job-cancel {job_id} --device {self.device.name}` "
+                 "stops it")
+        if self.keep_running:
+            return Interrupted(f"interrupted; job {job_id} keeps running on {self.name}: "
+                               + again, job=job_id, cancelled=False)
+        self.reconnect_timeout_s = min(self.reconnect_timeout_s, CANCEL_RECONNECT_S)
+        try:
+            record = self.cancel(job_id)
+            if record["state"] not in TERMINAL_STATES:
+                record = self.wait(job_id, timeout_s=CANCEL_WAIT_S)
+        except AgentError as exc:
+            if exc.code == "unknown_job":
+                return Interrupted(f"interrupted before job {job_id} reached {self.name}; "
+                                   "nothing runs there", job=job_id, cancelled=True)
+            return Interrupted(f"interrupted; could not cancel job {job_id} on {self.name} "
+                               f"({exc}): " + again, job=job_id, cancelled=False)
+        except (TransportError, KeyboardInterrupt) as exc:
+            why = "interrupted again" if isinstance(exc, KeyboardInterrupt) else str(exc)
+            return Interrupted(f"interrupted; could not cancel job {job_id} on {self.name} "
+                               f"({why}): " + again, job=job_id, cancelled=False)
+        state = "cancelled" if record["state"] in TERMINAL_STATES else "asked to cancel"
+        return Interrupted(f"interrupted; {state} job {job_id} on {self.name}", job=job_id,
+                           cancelled=True)
+
     def stop_agent(self, if_idle: bool = False) -> None:
         self.session().stop(if_idle=if_idle)
         self.close()
+
+
+def new_job_id(kind: str) -> str:
+    return f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 def summary(record: dict) -> str:

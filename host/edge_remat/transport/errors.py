@@ -27,6 +27,10 @@ class BoardUnreachable(TransportError):
     pass
 
 
+class SshConfigError(TransportError):
+    """~/.ssh/config (or the device's ssh_config) cannot be read: bad input, exit 2."""
+
+
 class BoardMissingPython(TransportError):
     pass
 
@@ -56,4 +60,4 @@ class JobFailed(TransportError):
 
 # Retrying cannot fix these: a reconnect loop gives up on them at once.
 FATAL = (HostKeyUnknown, HostKeyChanged, AuthRefused, BoardMissingPython, BoardMissingTorch,
-         BoardOutOfDisk)
+         BoardOutOfDisk, SshConfigError)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from typing import Callable, Iterator
 
 from edge_remat_agent.pages.service import PageService
@@ -62,30 +63,56 @@ def link_pages(board, say: Callable[[str], None] = lambda m: None) -> Iterator[d
 
 @contextlib.contextmanager
 def _reverse_forward(board, service: PageService) -> Iterator[int]:
-    board.session()  # connected, so that the SSH client exists
-    clients = getattr(board.transport, "_clients", None)
-    if not clients:
-        raise TransportError(f"no SSH connection to {board.name} to forward the host page "
-                             "service over")
-    transport = clients[-1].get_transport()
-
+    """A reverse forward to the service on the board's SSH connection; after a reconnect
+    (a dropped link) it is asked for again on the same port, which the job already knows."""
     def bridge(channel, origin, server) -> None:
         threading.Thread(target=_pump, args=(channel, service), daemon=True,
                          name="host-pages-forward").start()
 
-    try:
-        port = transport.request_port_forward("127.0.0.1", 0, handler=bridge)
-    except Exception as exc:  # noqa: BLE001 - paramiko.SSHException: forwarding refused
-        raise TransportError(f"{board.name}'s SSH server refused a reverse port forward for "
-                             f"the host page tier ({exc}): allow it (AllowTcpForwarding) or "
-                             "plan with --paging flash") from exc
+    board.session()  # connected, so that the SSH client exists
+    port = _forward(board, 0, bridge)
+
+    def again() -> None:
+        _forward(board, port, bridge)
+        board.on_event(f"{board.name}: host pages forwarded again at 127.0.0.1:{port}")
+
+    board.reconnect_hooks.append(again)
     try:
         yield port
     finally:
+        board.reconnect_hooks.remove(again)
         try:
-            transport.cancel_port_forward("127.0.0.1", port)
+            _ssh_transport(board).cancel_port_forward("127.0.0.1", port)
         except Exception:  # noqa: BLE001 - the connection may be gone already
             pass
+
+
+def _ssh_transport(board):
+    clients = getattr(board.transport, "_clients", None)
+    if not clients:
+        raise TransportError(f"no SSH connection to {board.name} to forward the host page "
+                             "service over")
+    return clients[-1].get_transport()
+
+
+def _forward(board, port: int, bridge, tries: int = 5) -> int:
+    """request_port_forward on the board's current connection. A given port may still be
+    held for a moment by the sshd session of the link that just dropped: tried a few times."""
+    for attempt in range(tries):
+        try:
+            return _ssh_transport(board).request_port_forward("127.0.0.1", port,
+                                                              handler=bridge)
+        except TransportError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - paramiko.SSHException: forwarding refused
+            if port and attempt + 1 < tries:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            what = f"port {port} again after a reconnect" if port else "a reverse port forward"
+            raise TransportError(f"{board.name}'s SSH server refused {what} for the host page "
+                                 f"tier ({exc}): allow it (AllowTcpForwarding) or plan with "
+                                 "--paging flash") from exc
+    raise AssertionError("unreachable")
 
 
 def _pump(channel, service: PageService) -> None:

@@ -23,7 +23,7 @@ from typing import List, Optional
 
 from ..devices import DeviceConfig
 from .errors import (AuthRefused, BoardMissingPython, BoardOutOfDisk, BoardUnreachable,
-                     HostKeyChanged, HostKeyUnknown, LinkLost, TransportError)
+                     HostKeyChanged, HostKeyUnknown, LinkLost, SshConfigError, TransportError)
 from .hints import MIN_PYTHON, python_hint
 from .session import AgentSession
 from .zipapp import AgentArchive, build_agent_archive
@@ -75,12 +75,31 @@ class Hop:
         return f"{user}{self.hostname}:{self.port}"
 
 
-def _ssh_config(path: str):
+def _ssh_config(path: str, alias: str = ""):
+    """The ssh_config file, parsed. One paramiko cannot parse is an error for a device whose
+    host it names; for any other device it is skipped (its settings are not needed there)."""
     import paramiko
     expanded = os.path.expanduser(path)
-    if os.path.isfile(expanded):
+    if not os.path.isfile(expanded):
+        return paramiko.SSHConfig()
+    try:
         return paramiko.SSHConfig.from_path(expanded)
-    return paramiko.SSHConfig()
+    except (paramiko.ssh_exception.ConfigParseError, OSError, ValueError) as exc:
+        if not _names_host(expanded, alias):
+            return paramiko.SSHConfig()
+        raise SshConfigError(f"cannot read {path} ({exc}), which names {alias!r}: fix that "
+                             "line (`ssh -G HOST` shows how OpenSSH reads it), or give host, "
+                             "port, user and key in the device config and set ssh_config = "
+                             "\"none\"") from None
+
+
+def _names_host(path: str, alias: str) -> bool:
+    try:
+        text = open(path, errors="replace").read()
+    except OSError:
+        return True
+    return bool(alias) and any(alias in line.split() for line in text.splitlines()
+                               if line.strip().lower().startswith(("host ", "host=", "match")))
 
 
 def _hop(config, alias: str, port: Optional[int] = None, user: Optional[str] = None,
@@ -112,8 +131,8 @@ def resolve_route(device: DeviceConfig) -> "list[Hop]":
     """The hops to the board: jump hosts first (ProxyJump, also a jump host's own), the board
     last. A jump host without an IdentityFile of its own uses the board's key."""
     conn = device.connection
-    return _route_to(_ssh_config(conn.ssh_config), conn.host or "", conn.port, conn.user,
-                     conn.key, 0)
+    return _route_to(_ssh_config(conn.ssh_config, conn.host or ""), conn.host or "", conn.port,
+                     conn.user, conn.key, 0)
 
 
 def _route_to(config, alias: str, port: Optional[int], user: Optional[str],
@@ -222,6 +241,11 @@ def _connect_hop(hop: Hop, device: DeviceConfig, sock=None):
                                f"check `host` in {device.path} or your ~/.ssh/config") from None
     except (OSError, paramiko.SSHException, EOFError) as exc:
         client.close()
+        if _not_ssh(exc):
+            raise BoardUnreachable(
+                f"{hop.hostname}:{hop.port} accepted the connection but did not speak SSH "
+                f"within {conn.connect_timeout_s:g} s ({exc}): is that the board's sshd? "
+                f"check host and port in {device.path}") from None
         underlying = list((getattr(exc, "errors", None) or {}).values())  # NoValidConnections
         first = underlying[0] if underlying else exc
         reason = getattr(first, "strerror", None) or str(first) or type(first).__name__
@@ -231,6 +255,13 @@ def _connect_hop(hop: Hop, device: DeviceConfig, sock=None):
         client.get_transport().set_keepalive(int(max(conn.keepalive_s, 1)))
     _no_delay(client.get_transport().sock)
     return client
+
+
+def _not_ssh(exc: BaseException) -> bool:
+    """paramiko's words for a port that answers with something other than an SSH greeting
+    (or stays silent): its banner check, or a session that never began."""
+    text = str(exc)
+    return "protocol banner" in text or "No existing session" in text
 
 
 def _no_delay(sock) -> None:

@@ -79,7 +79,17 @@ def build_agent_archive(dest_dir: "Path | None" = None) -> AgentArchive:
     """The agent archive for the code installed on this host (built once per process)."""
     data = archive_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    dest = Path(dest_dir) if dest_dir else cache_dir()
+    if dest_dir:
+        return _write_archive(Path(dest_dir), data, sha)
+    try:
+        return _write_archive(cache_dir(), data, sha)
+    except OSError:  # an unwritable HOME (a read-only container, a service user): use /tmp
+        import tempfile
+        return _write_archive(Path(tempfile.gettempdir()) / f"edge-remat-{os.getuid()}" /
+                              "agents", data, sha)
+
+
+def _write_archive(dest: Path, data: bytes, sha: str) -> AgentArchive:
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / f"{sha[:16]}.pyz"
     if not path.exists() or path.stat().st_size != len(data):

@@ -1,0 +1,116 @@
+"""What the host checks before anything goes to the board (the board checks again, as a second
+line): a plan against its graph (fingerprint, every instruction, peak against its own budget),
+a graph the executor can run, a profile against the graph it costs, sizes no board can hold."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from edge_remat_agent.formats import Graph, Plan, Profile
+
+from .errors import UserError
+from .units import MAX_BYTES, fmt_bytes
+
+
+def check_sizes(graph: Graph, source: str) -> None:
+    """Byte counts no board can hold would overflow the solvers' integer arithmetic."""
+    for node in graph.nodes:
+        for what, value in (("out_bytes", node.out_bytes),
+                            ("workspace_bytes", node.workspace_bytes)):
+            if value > MAX_BYTES:
+                raise UserError(f"{source}: node {node.id!r} has {what} = {value}, larger than "
+                                f"any board's memory (at most {MAX_BYTES} bytes): fix the graph")
+    if graph.fixed_bytes > MAX_BYTES:
+        raise UserError(f"{source}: fixed_bytes = {graph.fixed_bytes} is larger than any "
+                        f"board's memory (at most {MAX_BYTES} bytes): fix the graph")
+
+
+def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
+           profile: Optional[Profile] = None):
+    """The simulator's replay of `plan` on `graph` (PlanError names a bad instruction); a plan
+    made for another graph is refused first, by fingerprint."""
+    from edge_remat_agent.costs import build_costs
+    from edge_remat_agent.formats.fields import Reader
+    from edge_remat_agent.formats.profile import tier_from
+    from edge_remat_agent.simulate import simulate
+
+    if plan.graph_fingerprint and plan.graph_fingerprint != graph.fingerprint():
+        raise UserError(f"{plan_name} was made for another graph (its graph_fingerprint is "
+                        f"{plan.graph_fingerprint}), not for {graph_name} "
+                        f"({graph.fingerprint()}): give the graph it was planned for, or plan "
+                        f"again with `edge-remat plan --graph {graph_name}`")
+    tier_params = plan.problem.get("tier_params", {}) or {}
+    if not isinstance(tier_params, dict):
+        raise UserError(f"{plan_name}: problem.tier_params must be a JSON object")
+    tiers = {name: tier_from(Reader(obj, plan_name, f"problem.tier_params.{name}"))
+             for name, obj in tier_params.items()}
+    costs = build_costs(graph, profile, tiers)
+    return simulate(graph, costs, plan.stages, plan.budget_bytes)
+
+
+def check_plan(plan: Plan, graph: Graph, plan_name: str, graph_name: str) -> None:
+    """Refuse, on the host, a plan the board would refuse or that would break its promise:
+    made for another graph, an invalid instruction, a peak over its own budget."""
+    check_sizes(graph, graph_name)
+    if not plan.graph_fingerprint:
+        raise UserError(f"{plan_name} does not say which graph it was made for (no "
+                        f"graph_fingerprint): make it with `edge-remat plan --graph "
+                        f"{graph_name}`")
+    result = replay(plan, graph, plan_name, graph_name)
+    if result.fits_budget is False:
+        raise UserError(f"{plan_name} peaks at {fmt_bytes(result.peak_bytes)} "
+                        f"({result.peak_bytes} bytes), over its own budget of "
+                        f"{fmt_bytes(plan.budget_bytes)}: the board would run out of the "
+                        f"memory it was promised; plan again with `edge-remat plan --graph "
+                        f"{graph_name} --budget ...`")
+
+
+def check_runnable(graph: Graph, graph_name: str) -> None:
+    """The executor runs graphs captured from a PyTorch model it can build again (the board
+    captures the model once more and compares)."""
+    if graph.planning_only:
+        raise UserError(f"{graph_name} is for planning only (imported from ONNX: it has no "
+                        "PyTorch ops to run): capture the model with `edge-remat graph --model "
+                        "MODULE:FACTORY` to run it on a board")
+    if "model" not in (graph.capture.get("source") or {}):
+        raise UserError(f"{graph_name} does not say which model it was captured from (a "
+                        "benchmark or hand-written graph plans, but cannot run): capture the "
+                        "model with `edge-remat graph --model NAME|MODULE:FACTORY`")
+
+
+def profile_coverage(profile: Profile, graph: Graph) -> "tuple[int, int]":
+    """(nodes whose op the profile measured, nodes)."""
+    covered = sum(1 for node in graph.nodes if (node.signature or node.op) in profile.ops)
+    return covered, len(graph.nodes)
+
+
+def note_profile_fit(profile: Optional[Profile], graph: Graph, profile_name: str,
+                     say: Callable[[str], None]) -> None:
+    """A profile whose operators are none of the graph's was measured for another model: its
+    hardware figures (power, tiers, runtime memory) still serve, the node times are
+    estimates. Said once, so that it is never silent."""
+    if profile is None or not profile.ops:
+        return
+    covered, total = profile_coverage(profile, graph)
+    if covered * 2 < total:
+        say(f"warning: {profile_name} measured {covered} of the {total} nodes of "
+            f"{graph.name!r} (it was measured for another model or shapes): their times are "
+            "estimates, its power, tiers and runtime memory are used; for measured times, "
+            "profile this graph (`edge-remat profile --device NAME --graph GRAPH`)")
+
+
+def check_solver_options(solver: str, time_limit: float, workers: Optional[int],
+                         backend: str = "cbc") -> None:
+    """The solver's options, before any graph is read or solver loaded."""
+    import math
+
+    from .planner.baselines import BASELINES
+    known = ["auto", "cpsat", "milp"] + [f"heuristic:{name}" for name in BASELINES]
+    if solver not in known:
+        raise UserError(f"unknown --solver {solver!r}: use one of {', '.join(known)}")
+    if not math.isfinite(time_limit) or time_limit <= 0:
+        raise UserError(f"--time-limit must be a positive number of seconds, not {time_limit:g}")
+    if workers is not None and workers < 1:
+        raise UserError(f"--workers must be at least 1, not {workers}")
+    if backend not in ("cbc", "highs"):
+        raise UserError(f"unknown --backend {backend!r}: use cbc or highs")

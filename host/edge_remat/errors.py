@@ -1,0 +1,157 @@
+"""The command line's one error path: every failure becomes one `error:` line and a documented
+exit status (README, "Exit statuses"); a traceback only with `--debug`.
+
+    0    done
+    1    a job failed on the board
+    2    bad input: a file, an option, a model, a path to write (nothing was sent or written)
+    3    the board or its link cannot be reached or used
+    4    killed: the run ran out of memory (the memory limit, the board's OOM killer)
+    70   an internal error (a bug): rerun with --debug and report the traceback
+    130  interrupted (Ctrl-C); the board's job was cancelled unless --keep-running
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+
+EXIT_JOB_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_UNREACHABLE = 3
+EXIT_KILLED = 4
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+DEBUG_ENV = "EDGE_REMAT_DEBUG"
+# The agent's refusals that mean "your request was wrong", not "the board is broken".
+_INPUT_CODES = ("bad_request", "unknown_kind", "unknown_job", "conflict")
+
+
+class UserError(ValueError):
+    """Bad input found by the host (an option, a path, a plan for another graph): exit 2."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C, with what was done about it (the board's job cancelled or left running)."""
+
+    def __init__(self, message: str, **extra):
+        self.extra = extra
+        super().__init__(message)
+
+
+def debug_enabled() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def take_debug_flag(argv: list) -> bool:
+    """Remove `--debug` (anywhere before a `--`) from argv; it works with every command."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    found = "--debug" in argv[:end]
+    if found:
+        argv[:] = [a for i, a in enumerate(argv) if i >= end or a != "--debug"]
+        os.environ[DEBUG_ENV] = "1"
+    return found
+
+
+def classify(exc: BaseException) -> "tuple[int, str, dict]":
+    """(exit status, the one line without `error: `, extra JSON fields) for any exception."""
+    from edge_remat_agent.capture.errors import CaptureError
+    from edge_remat_agent.formats import FormatError
+    from edge_remat_agent.simulate import PlanError
+
+    from .devices import DeviceError
+    from .planner.problem import InfeasibleBudget, InfeasibleDeadline, ProblemError
+    from .planner.solve import NoPlan
+    from .transport import AgentError, JobFailed, TransportError
+    from .transport.errors import SshConfigError
+    from .units import UnitError
+
+    if isinstance(exc, Interrupted):
+        return EXIT_INTERRUPTED, str(exc), {"status": "interrupted", **exc.extra}
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted (Ctrl-C)", {"status": "interrupted"}
+    if isinstance(exc, InfeasibleBudget):
+        return EXIT_BAD_INPUT, str(exc), {"status": "infeasible",
+                                          "smallest_feasible_budget_bytes": exc.smallest_bytes}
+    if isinstance(exc, InfeasibleDeadline):
+        return EXIT_BAD_INPUT, str(exc), {"status": "infeasible_deadline",
+                                          "smallest_feasible_deadline": exc.smallest_deadline}
+    if isinstance(exc, JobFailed):
+        killed = killed_by_memory(str((exc.record or {}).get("error")))
+        return (EXIT_KILLED if killed else EXIT_JOB_FAILED), str(exc), \
+            {"status": "killed" if killed else "failed", "job": exc.record}
+    if isinstance(exc, SshConfigError):
+        return EXIT_BAD_INPUT, str(exc), {}
+    if isinstance(exc, AgentError):
+        return (EXIT_BAD_INPUT if exc.code in _INPUT_CODES else EXIT_UNREACHABLE), str(exc), {}
+    if isinstance(exc, TransportError):
+        return EXIT_UNREACHABLE, str(exc), {}
+    if isinstance(exc, (UserError, FormatError, UnitError, NoPlan, PlanError, ProblemError,
+                        CaptureError, DeviceError)):
+        return EXIT_BAD_INPUT, str(exc), {}
+    if isinstance(exc, OverflowError):
+        return EXIT_BAD_INPUT, f"a number is too large ({exc}): give sizes in bytes below " \
+                               "2^60 and finite figures", {}
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return EXIT_BAD_INPUT, f"{where}{exc.strerror or exc} (check the path and its " \
+                               "permissions)", {}
+    if isinstance(exc, MemoryError):
+        return EXIT_BAD_INPUT, "this machine ran out of memory (the input is too large for " \
+                               "it?)", {}
+    return EXIT_INTERNAL, (f"internal error ({type(exc).__name__}: {exc}); rerun with --debug "
+                           "for the traceback and report it"), {}
+
+
+def killed_by_memory(error: str) -> bool:
+    """Whether a failed job's error says the memory ran out (the executor's OutOfMemory, the
+    kernel's SIGKILL)."""
+    return "OutOfMemory" in error or "SIGKILL" in error or "out of memory" in error.lower()
+
+
+def fail(message: str, code: int, as_json: bool = False, **extra) -> None:
+    """Print the one line (and, with --json, one object on stdout); exit with `code`."""
+    import typer
+    if as_json:
+        obj = {"status": "error", "error": message, **extra}
+        print(json.dumps(obj, default=str))
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def cli_errors(command):
+    """Decorate a command: any exception becomes `fail(...)`; --debug re-raises it."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - the one place every failure ends
+            if isinstance(exc, SystemExit) or is_cli_machinery(exc) or debug_enabled():
+                raise
+            code, message, extra = classify(exc)
+            fail(message, code, bool(kwargs.get("as_json")), **extra)
+    return wrapper
+
+
+def is_cli_machinery(exc: BaseException) -> bool:
+    """typer's (and click's) own exceptions: an exit status, a usage error, help shown."""
+    return type(exc).__module__.split(".")[0] in ("typer", "click")
+
+
+def quiet_libraries() -> None:
+    """paramiko logs a traceback from its own thread when a port does not speak SSH; the
+    one-line error says it all (with --debug, the log stays)."""
+    if debug_enabled():
+        return
+    import logging
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    logging.getLogger("paramiko").propagate = False
+
+
+def last_resort(exc: BaseException) -> int:
+    """For what escapes every command (typer itself): one line, an exit status."""
+    code, message, _ = classify(exc)
+    print(f"error: {message}", file=sys.stderr)
+    return code

@@ -1,0 +1,60 @@
+"""Where the commands write: checked before any work is done (a folder where a file is wanted,
+an existing file without --force, a folder that cannot be written), so that a long solve or
+capture never ends in "cannot write". The writes themselves are atomic (formats.fields.dump_json:
+a temporary file beside the target, renamed over it, removed on failure)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import UserError
+
+
+def output_file(path: "str | os.PathLike[str]", force: bool, option: str = "-o") -> Path:
+    """A file the command will write: not a folder, not someone's existing file unless
+    `force`, in a folder that exists (made here) and can be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{option} {path} is a folder: give a file name, e.g. "
+                        f"{path / 'out.json'}")
+    if path.exists() and not force:
+        raise UserError(f"{option} {path} already exists: add --force to overwrite it, or "
+                        "choose another name")
+    writable_folder(path.parent if str(path.parent) else Path("."), option)
+    return path
+
+
+def output_folder(path: "str | os.PathLike[str]", option: str = "--out") -> Path:
+    """A folder the command will write its files into (made here when missing)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{option} {path} is a file, not a folder: give a folder name")
+    writable_folder(path, option)
+    return path
+
+
+def writable_folder(folder: Path, option: str) -> None:
+    """Make `folder` (and its parents) and prove it can be written by writing into it:
+    permission bits say nothing to root, and nothing about a read-only filesystem."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{option}: {_first_file(folder)} is a file, not a folder") from None
+    except OSError as exc:
+        raise UserError(f"{option}: cannot make the folder {folder}: "
+                        f"{exc.strerror or exc}") from None
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".edge-remat-probe-"):
+            pass
+    except OSError as exc:
+        raise UserError(f"{option}: cannot write in {folder}: {exc.strerror or exc} (choose "
+                        "a folder you can write)") from None
+
+
+def _first_file(folder: Path) -> Path:
+    for parent in [folder, *folder.parents]:
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return folder

@@ -1,0 +1,260 @@
+"""Bad-input catalogue, boards: device configs, SSH configs and ports that are not what they
+claim, plans and graphs the board would refuse (refused on the host: nothing is sent, the
+board's workdir is never even made), model factories that fail, an unwritable HOME."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from bad_inputs import (BAD_INPUT, UNREACHABLE, cli, env, no_new_files, refused, tiny_graph,
+                        tiny_plan, tree)
+from board_fixtures import local_bench_device, stop_agent
+
+
+# --- device configs ------------------------------------------------------------------------
+
+DEVICE_CASES = [
+    ("TOML syntax", "name = \"x\"\n[connection\nkind = \"local\"\n", ["x.toml"]),
+    ("unknown kind", "name = \"x\"\n[connection]\nkind = \"carrier-pigeon\"\n",
+     ["carrier-pigeon"]),
+    ("port as text", "name = \"x\"\n[connection]\nkind = \"ssh\"\nhost = \"h\"\nport = \"abc\"\n",
+     ["port"]),
+    ("unknown field", "name = \"x\"\n[connection]\nkind = \"local\"\nspeed = 3\n", ["speed"]),
+    ("negative RAM", "name = \"x\"\n[connection]\nkind = \"local\"\n[hardware]\nram_bytes = -1\n",
+     ["ram_bytes"]),
+]
+
+
+@pytest.mark.parametrize("case,text,words", DEVICE_CASES, ids=[c[0] for c in DEVICE_CASES])
+def test_broken_device_config(tmp_path, case, text, words):
+    config = tmp_path / "x.toml"
+    config.write_text(text)
+    refused(cli("job", "sysinfo", "--device", config), BAD_INPUT, *words)
+
+
+def test_unknown_device_name(tmp_path):
+    refused(cli("job", "sysinfo", "--device", "no-such-board"), BAD_INPUT, "no-such-board")
+
+
+# --- SSH: ports that are not sshd, configs paramiko cannot read ----------------------------
+
+class FakeServer:
+    """A loopback port that answers HTTP (not SSH), or accepts and stays silent."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        self.held: list = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.mode == "http":
+                conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+                conn.close()
+            else:
+                self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def _ssh_config(tmp_path, port: int, host: str = "127.0.0.1", ssh_config: str = "none") -> str:
+    key = tmp_path / "key"
+    key.write_text("not a key")
+    path = tmp_path / "board.toml"
+    path.write_text(f"""name = "board"
+[connection]
+kind = "ssh"
+host = "{host}"
+port = {port}
+user = "nobody"
+key = "{key}"
+connect_timeout_s = 2
+reconnect_timeout_s = 0
+known_hosts = "{tmp_path / 'known_hosts'}"
+ssh_config = "{ssh_config}"
+""")
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", ["http", "silent"])
+def test_port_that_does_not_speak_ssh(tmp_path, mode):
+    server = FakeServer(mode)
+    try:
+        started = time.monotonic()
+        refused(cli("job", "sysinfo", "--device", _ssh_config(tmp_path, server.port)),
+                UNREACHABLE, "did not speak SSH", str(server.port))
+        assert time.monotonic() - started < 10  # the config's 2 s, not paramiko's 15
+    finally:
+        server.close()
+
+
+def test_closed_port(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    refused(cli("job", "sysinfo", "--device", _ssh_config(tmp_path, port)), UNREACHABLE,
+            "cannot reach")
+
+
+def test_host_name_that_does_not_resolve(tmp_path):
+    refused(cli("job", "sysinfo", "--device", _ssh_config(tmp_path, 22, "no-such-host.invalid")),
+            UNREACHABLE, "no-such-host.invalid")
+
+
+def test_unparsable_ssh_config_naming_the_board(tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host myboard\n  HostName\n")
+    refused(cli("job", "sysinfo", "--device",
+                _ssh_config(tmp_path, 22, "myboard", str(config))), BAD_INPUT,
+            str(config), "myboard")
+
+
+def test_unparsable_ssh_config_does_not_break_other_boards(tmp_path):
+    """A broken entry for another host: this board's own settings still connect (and here
+    meet a closed port, exit 3, not a parse error)."""
+    config = tmp_path / "ssh_config"
+    config.write_text("Host elsewhere\n  HostName\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    refused(cli("job", "sysinfo", "--device",
+                _ssh_config(tmp_path, port, ssh_config=str(config))), UNREACHABLE,
+            "cannot reach")
+
+
+# --- refused on the host before deploy sends anything ----------------------------------------
+
+CAPTURED = {"source": {"model": "mlp"}}  # says which model: what the executor needs
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    folder, workdir = local_bench_device(tmp_path, monkeypatch)
+    yield workdir
+    stop_agent(workdir)
+
+
+def _deploy_refused(tmp_path, workdir, plan, graph, *words, extra=()):
+    before = tree(tmp_path)
+    refused(cli("deploy", plan, "--device", "bench", "--graph", graph,
+                "--out", tmp_path / "out", *extra, environ=env()), BAD_INPUT, *words)
+    assert not workdir.exists(), "something was sent to the board"
+    no_new_files(before, tmp_path)
+
+
+def test_deploy_steps_zero(tmp_path, bench):
+    graph = tiny_graph(tmp_path, capture=CAPTURED)
+    _deploy_refused(tmp_path, bench, tiny_plan(tmp_path, graph), graph, "--steps",
+                    extra=["--steps", "0"])
+
+
+def test_deploy_plan_for_another_graph(tmp_path, bench):
+    graph = tiny_graph(tmp_path, capture=CAPTURED)
+    other = tiny_graph(tmp_path, "other.json", capture=CAPTURED, fixed_bytes=7)
+    _deploy_refused(tmp_path, bench, tiny_plan(tmp_path, graph), other, "another graph")
+
+
+def test_deploy_plan_over_its_own_budget(tmp_path, bench):
+    graph = tiny_graph(tmp_path, capture=CAPTURED)
+    plan = tiny_plan(tmp_path, graph)
+    obj = json.loads(plan.read_text())
+    obj["budget_bytes"] = 1000
+    plan.write_text(json.dumps(obj))
+    _deploy_refused(tmp_path, bench, plan, graph, "over its own budget")
+
+
+def test_deploy_plan_freeing_twice(tmp_path, bench):
+    graph = tiny_graph(tmp_path, capture=CAPTURED)
+    plan = tiny_plan(tmp_path, graph)
+    obj = json.loads(plan.read_text())
+    obj["stages"][-1] += [{"op": "free", "node": "a"}, {"op": "free", "node": "a"}]
+    plan.write_text(json.dumps(obj))
+    _deploy_refused(tmp_path, bench, plan, graph, "invalid plan")
+
+
+def test_deploy_planning_only_graph(tmp_path, bench):
+    graph = tiny_graph(tmp_path, planning_only=True)
+    _deploy_refused(tmp_path, bench, tiny_plan(tmp_path, graph), graph, "planning only")
+
+
+def test_deploy_hand_written_graph(tmp_path, bench):
+    graph = tiny_graph(tmp_path)
+    _deploy_refused(tmp_path, bench, tiny_plan(tmp_path, graph), graph, "which model")
+
+
+def test_deploy_plan_without_graph_fingerprint(tmp_path, bench):
+    graph = tiny_graph(tmp_path, capture=CAPTURED)
+    plan = tiny_plan(tmp_path, graph)
+    obj = json.loads(plan.read_text())
+    obj["graph_fingerprint"] = ""
+    plan.write_text(json.dumps(obj))
+    _deploy_refused(tmp_path, bench, plan, graph, "graph_fingerprint")
+
+
+def test_deploy_out_is_a_file(tmp_path, bench):
+    graph = tiny_graph(tmp_path, capture=CAPTURED)
+    plan = tiny_plan(tmp_path, graph)
+    (tmp_path / "out").write_text("x")
+    refused(cli("deploy", plan, "--device", "bench", "--graph", graph, "--out",
+                tmp_path / "out"), BAD_INPUT, "not a folder")
+    assert not bench.exists()
+
+
+def test_job_kind_the_agent_lacks(tmp_path, bench):
+    refused(cli("job", "teleport", "--device", "bench", timeout=120), BAD_INPUT, "teleport")
+
+
+def test_unwritable_home_still_reaches_the_board(tmp_path, bench):
+    """The agent archive is cached under HOME; where HOME cannot be written, under /tmp."""
+    home = "/sys" if os.geteuid() == 0 else str(tmp_path / "locked-home")
+    if os.geteuid() != 0:
+        os.mkdir(home, 0o555)
+    environ = {k: v for k, v in env(HOME=home).items() if k != "XDG_CACHE_HOME"}
+    proc = cli("job", "sysinfo", "--device", "bench", "--json", environ=environ)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "finished"
+
+
+# --- model factories that fail ---------------------------------------------------------------
+
+FACTORY = '''
+import torch
+def raises():
+    raise RuntimeError("no weights here")
+def not_a_tuple():
+    return 3
+'''
+
+FACTORY_CASES = [
+    ("raises", "factory.py:raises", ["RuntimeError", "no weights here", "factory.py line"]),
+    ("returns 3", "factory.py:not_a_tuple", ["(module, example_args)"]),
+    ("no such function", "factory.py:missing", ["missing"]),
+    ("no such file", "nofile.py:make", ["no such file"]),
+    ("import raises", "broken.py:make", ["ZeroDivisionError"]),
+]
+
+
+@pytest.mark.parametrize("case,spec,words", FACTORY_CASES, ids=[c[0] for c in FACTORY_CASES])
+def test_model_factory_fails(tmp_path, case, spec, words):
+    (tmp_path / "factory.py").write_text(FACTORY)
+    (tmp_path / "broken.py").write_text("x = 1 / 0\n")
+    before = tree(tmp_path)
+    refused(cli("graph", "--model", spec, "-o", "g.json", cwd=tmp_path), BAD_INPUT, *words)
+    no_new_files(before, tmp_path, allowed=["__pycache__"])

@@ -1,0 +1,192 @@
+"""Bad-input catalogue, interrupts and faults: Ctrl-C (SIGINT) while a board job runs cancels
+it, or with --keep-running leaves it and says how to come back; `job-cancel` stops it; Ctrl-C
+during a CP-SAT solve ends at once; no solver library keeps the signal for itself; a job that
+fails is exit 1. All through the real CLI, with the real agent daemon on this machine."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bad_inputs import (BAD_INPUT, COMMAND, INTERRUPTED, JOB_FAILED, cli, env, refused,
+                        tiny_graph)
+from board_fixtures import local_bench_device, needs_sshd, stop_agent
+from small_graphs import random_dag
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    folder, workdir = local_bench_device(tmp_path, monkeypatch)
+    yield workdir
+    stop_agent(workdir)
+
+
+def _start(*args) -> subprocess.Popen:
+    return subprocess.Popen([*COMMAND, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env())
+
+
+def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 60) -> list:
+    """stderr lines until one holds `needle` (the job's progress: it runs on the board)."""
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return seen
+    proc.kill()
+    raise AssertionError(f"never saw {needle!r}: {seen}")
+
+
+def _interrupt(proc: subprocess.Popen, seen: list) -> subprocess.CompletedProcess:
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)
+
+
+def _state(job_id: str) -> dict:
+    proc = cli("job-status", job_id, "--device", "bench", "--json", environ=env())
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_ctrl_c_cancels_the_board_job(tmp_path, bench):
+    proc = _start("job", "sleep", "--device", "bench", "--id", "nap-1", "--param", "seconds=60",
+                  "--param", "steps=60")
+    seen = _wait_for_line(proc, "step 1/60")
+    started = time.monotonic()
+    line = refused(_interrupt(proc, seen), INTERRUPTED, "cancelled job nap-1")
+    assert time.monotonic() - started < 20
+    state = _state("nap-1")
+    assert state["status"] == "failed" and "cancelled" in state["error"], (line, state)
+
+
+def test_ctrl_c_with_keep_running_then_job_cancel(tmp_path, bench):
+    proc = _start("job", "sleep", "--device", "bench", "--id", "nap-2", "--param", "seconds=60",
+                  "--param", "steps=60", "--keep-running")
+    seen = _wait_for_line(proc, "step 1/60")
+    refused(_interrupt(proc, seen), INTERRUPTED, "keeps running",
+            "job-status nap-2", "job-cancel nap-2")
+    assert _state("nap-2")["status"] in ("running", "queued")
+    cancel = cli("job-cancel", "nap-2", "--device", "bench", environ=env())
+    assert cancel.returncode == 0, cancel.stderr
+    assert "cancelled" in cancel.stdout
+    assert _state("nap-2")["status"] == "failed"
+
+
+def test_ctrl_c_while_waiting_for_someone_elses_job(tmp_path, bench):
+    submit = cli("job", "sleep", "--device", "bench", "--id", "nap-3", "--detach",
+                 "--param", "seconds=60", "--param", "steps=60", environ=env())
+    assert submit.returncode == 0, submit.stderr
+    proc = _start("job-status", "nap-3", "--device", "bench", "--wait")
+    seen = _wait_for_line(proc, "step 1/60")
+    refused(_interrupt(proc, seen), INTERRUPTED, "stopped waiting", "keeps running")
+    assert _state("nap-3")["status"] == "running"  # not ours to cancel
+    assert cli("job-cancel", "nap-3", "--device", "bench", environ=env()).returncode == 0
+
+
+def test_job_cancel_unknown_id(tmp_path, bench):
+    refused(cli("job-cancel", "no-such-job", "--device", "bench", environ=env()), BAD_INPUT,
+            "no-such-job")
+
+
+def test_failed_job_is_exit_1(tmp_path, bench):
+    refused(cli("job", "echo", "--device", "bench", "--param", "fail=boom", environ=env()),
+            JOB_FAILED, "boom")
+
+
+def test_ctrl_c_during_a_cp_sat_solve(tmp_path):
+    graph = tmp_path / "big.json"
+    random_dag(120, 3, max_inputs=3, max_size=50).save(graph)
+    plan = tmp_path / "plan.json"
+    proc = _start("plan", "--graph", graph, "--budget", "0.5", "--solver", "cpsat",
+                  "--time-limit", "120", "-o", plan)
+    time.sleep(4)  # heuristics, then CP-SAT searching
+    started = time.monotonic()
+    refused(_interrupt(proc, []), INTERRUPTED, "interrupted")
+    assert time.monotonic() - started < 10  # not the 120 s time limit
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.json"]  # no plan, no temp file
+
+
+SIGINT_AFTER_SOLVE = """
+import os, signal, sys, time
+sys.path[:0] = {paths!r}
+from small_graphs import training_chain
+from edge_remat.planner.build import build_problem
+from edge_remat.planner.cpsat import solve_cpsat
+solve_cpsat(build_problem(training_chain(6, 1), "0.7"), time_limit=2.0)
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(2)
+    print("the signal was lost")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+"""
+
+
+def test_cp_sat_leaves_sigint_to_python():
+    """OR-Tools' default (catch_sigint_signal) puts the C handler in Python's place for good:
+    Ctrl-C after a CP-SAT plan would kill the host silently, mid-run, with no cancel."""
+    from bad_inputs import REPO
+    paths = [str(REPO / "host"), str(REPO / "agent"), str(REPO / "tests")]
+    proc = subprocess.run([sys.executable, "-c", SIGINT_AFTER_SOLVE.format(paths=paths)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "KeyboardInterrupt", \
+        (proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_ctrl_c_in_run_before_the_board_writes_a_report(tmp_path, bench):
+    """`run` interrupted while it captures: exit 130, and OUT/report.json says so."""
+    out = tmp_path / "run"
+    proc = _start("run", "--device", "bench", "--model", "mlp", "--budget", "0.9",
+                  "--steps", "2", "--out", out)
+    _wait_for_line(proc, "capturing")
+    refused(_interrupt(proc, []), INTERRUPTED, "report.json")
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "interrupted"
+
+
+def test_plan_survives_a_tiny_graph_with_cp_sat(tmp_path):
+    """The threaded CP-SAT solve still returns plans (and exits 0) when nobody interrupts."""
+    graph = tiny_graph(tmp_path)
+    proc = cli("plan", "--graph", graph, "--budget", "0.8", "--solver", "cpsat",
+               "--time-limit", "5", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"] in ("optimal", "timeout")
+
+
+@needs_sshd
+def test_ssh_reconnect_keeps_the_host_pages_forward(tmp_path):
+    """A link dropped mid-run: the board reconnects, and the reverse forward the run job was
+    told about (127.0.0.1:PORT on the board) is asked for again on the same port."""
+    import torch
+
+    from board_fixtures import loopback_ssh_board
+    from edge_remat.devices import find_device
+    from edge_remat.transport import Board
+    from edge_remat.transport.host_pages import host_pages
+    from edge_remat_agent.pages.service import connect_store
+
+    said = []
+    with loopback_ssh_board(tmp_path) as (config, _, _):
+        with Board(find_device(str(config)), on_event=said.append) as board:
+            with host_pages(board, True, said.append) as params:
+                address = params["host_pages"]
+                page = torch.arange(1000, dtype=torch.float32)
+                store = connect_store(address)
+                store.put(1, page)
+                store.close()
+                board.transport.close()  # the link drops: its forward goes with it
+                board._session = None
+                board.sysinfo()  # the next request reconnects
+                assert any("forwarded again" in message for message in said), said
+                store = connect_store(address, timeout_s=10)  # the board's side, port unchanged
+                store.put(2, page * 2)
+                assert torch.equal(store.get(2), page * 2)
+                store.close()

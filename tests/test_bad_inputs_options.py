@@ -1,0 +1,190 @@
+"""Bad-input catalogue, options and numbers, and where outputs go: every case is refused
+before any graph is solved or captured, in one line, and leaves no file behind (no half-written
+plan, no `plan.json.tmp`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bad_inputs import BAD_INPUT, cli, no_new_files, refused, tiny_graph, tiny_plan, tree
+
+# (case, plan's extra arguments, words the error line must hold)
+PLAN_OPTION_CASES = [
+    ("budget 1e400", ["--budget", "1e400"], ["larger than any board"]),
+    ("budget as words", ["--budget", "lots"], ["lots"]),
+    ("budget negative", ["--budget", "-5MiB"], ["budget"]),
+    ("budget zero", ["--budget", "0"], ["positive"]),
+    ("budget 2000%", ["--budget", "2000%"], ["times the plain peak"]),
+    ("budget and sweep", ["--budget", "0.8", "--sweep", "0.5:1:0.1"], ["exactly one"]),
+    ("neither budget nor sweep", [], ["exactly one"]),
+    ("sweep of 10^300 budgets", ["--sweep", "0.1:1e300:1e-300"], ["too wide"]),
+    ("sweep as words", ["--sweep", "a:b:c"], ["START:STOP:STEP"]),
+    ("deadline zero", ["--budget", "0.8", "--deadline", "0"], ["positive"]),
+    ("deadline infinite", ["--budget", "0.8", "--deadline", "inf"], ["finite"]),
+    ("time limit negative", ["--budget", "0.8", "--time-limit", "-1"], ["--time-limit"]),
+    ("time limit nan", ["--budget", "0.8", "--time-limit", "nan"], ["--time-limit"]),
+    ("no workers", ["--budget", "0.8", "--workers", "0"], ["--workers"]),
+    ("unknown backend", ["--budget", "0.8", "--backend", "gurobi"], ["gurobi"]),
+    ("unknown solver", ["--budget", "0.8", "--solver", "magic"], ["magic", "heuristic:split"]),
+    ("unknown objective", ["--budget", "0.8", "--objective", "speed"], ["objective"]),
+    ("unknown paging", ["--budget", "0.8", "--paging", "sideways"], ["paging"]),
+    ("one flash bandwidth", ["--budget", "0.8", "--flash-read-bw", "90MB"], ["both"]),
+    ("unknown option", ["--budget", "0.8", "--budjet", "1"], ["--budjet", "--help"]),
+    ("workers not a number", ["--budget", "0.8", "--workers", "many"], ["--workers"]),
+    ("infeasible budget", ["--budget", "0.1"], ["smallest feasible budget"]),
+]
+
+
+@pytest.mark.parametrize("case,args,words", PLAN_OPTION_CASES,
+                         ids=[c[0] for c in PLAN_OPTION_CASES])
+def test_plan_options(tmp_path, case, args, words):
+    graph = tiny_graph(tmp_path)
+    before = tree(tmp_path)
+    refused(cli("plan", "--graph", graph, *args, "-o", tmp_path / "plan.json"), BAD_INPUT,
+            *words)
+    no_new_files(before, tmp_path)
+
+
+def test_missing_required_option_is_one_line(tmp_path):
+    refused(cli("plan", "--budget", "0.8"), BAD_INPUT, "--graph", "edge-remat plan --help")
+
+
+def test_unknown_command_is_one_line():
+    refused(cli("plna"), BAD_INPUT, "plna")
+
+
+# (case, command line, words): each refused before anything is captured or run.
+OTHER_OPTION_CASES = [
+    ("graph: both model and onnx", ["graph", "--model", "mlp", "--onnx", "m.onnx"],
+     ["exactly one"]),
+    ("graph: unknown optimizer", ["graph", "--model", "mlp", "--optimizer", "lion"], ["lion"]),
+    ("graph: batch 0", ["graph", "--model", "mlp", "--batch", "0"], ["--batch"]),
+    ("run: no budget, no limit", ["run", "--device", "local", "--model", "mlp"],
+     ["--budget"]),
+    ("run: steps 0", ["run", "--device", "local", "--model", "mlp", "--budget", "0.5",
+                      "--steps", "0"], ["--steps"]),
+    ("run: budget as words", ["run", "--device", "local", "--model", "mlp", "--budget", "half"],
+     ["half"]),
+    ("run: unknown solver", ["run", "--device", "local", "--model", "mlp", "--budget", "0.5",
+                             "--solver", "magic"], ["magic"]),
+    ("run: negative lr", ["run", "--device", "local", "--model", "mlp", "--budget", "0.5",
+                          "--lr", "-1"], ["--lr"]),
+    ("run: memory limit as fraction", ["run", "--device", "local", "--model", "mlp",
+                                       "--memory-limit", "50%"], ["memory-limit"]),
+    ("run: missing profile", ["run", "--device", "local", "--model", "mlp", "--budget", "0.5",
+                              "--profile", "nope.json"], ["nope.json"]),
+    ("run: unknown device", ["run", "--device", "no-such-board", "--model", "mlp",
+                             "--budget", "0.5"], ["no-such-board"]),
+    ("job: bad --param", ["job", "echo", "--device", "local", "--param", "novalue"],
+     ["KEY=VALUE"]),
+    ("job: --params not an object", ["job", "echo", "--device", "local", "--params", "[1]"],
+     ["JSON object"]),
+    ("job: missing input file", ["job", "echo", "--device", "local", "--input", "x=nope.bin"],
+     ["nope.bin"]),
+]
+
+
+@pytest.mark.parametrize("case,args,words", OTHER_OPTION_CASES,
+                         ids=[c[0] for c in OTHER_OPTION_CASES])
+def test_other_options(tmp_path, case, args, words):
+    before = tree(tmp_path)
+    refused(cli(*args, cwd=tmp_path, timeout=60), BAD_INPUT, *words)
+    no_new_files(before, tmp_path)
+
+
+# --- where outputs go ------------------------------------------------------------------------
+
+def _unwritable_folder(tmp_path):
+    """A folder this user cannot write in: /sys as root (mode bits do not stop root)."""
+    if os.geteuid() == 0:
+        return "/sys"
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
+
+
+def test_plan_output_is_an_existing_file(tmp_path):
+    graph = tiny_graph(tmp_path)
+    mine = tmp_path / "plan.json"
+    mine.write_text("my notes")
+    refused(cli("plan", "--graph", graph, "--budget", "0.8", "-o", mine), BAD_INPUT,
+            "already exists", "--force")
+    assert mine.read_text() == "my notes"
+    proc = cli("plan", "--graph", graph, "--budget", "0.8", "-o", mine, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert '"edge-remat/plan"' in mine.read_text()
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_plan_output_is_a_folder(tmp_path):
+    graph = tiny_graph(tmp_path)
+    (tmp_path / "out").mkdir()
+    before = tree(tmp_path)
+    refused(cli("plan", "--graph", graph, "--budget", "0.8", "-o", tmp_path / "out"),
+            BAD_INPUT, "is a folder")
+    no_new_files(before, tmp_path)
+
+
+def test_plan_output_in_unwritable_folder(tmp_path):
+    graph = tiny_graph(tmp_path)
+    folder = _unwritable_folder(tmp_path)
+    refused(cli("plan", "--graph", graph, "--budget", "0.8", "-o", f"{folder}/plan.json"),
+            BAD_INPUT, "cannot")
+
+
+def test_plan_output_under_a_file(tmp_path):
+    graph = tiny_graph(tmp_path)
+    before = tree(tmp_path)
+    refused(cli("plan", "--graph", graph, "--budget", "0.8", "-o", graph / "plan.json"),
+            BAD_INPUT, "not a folder")
+    no_new_files(before, tmp_path)
+
+
+def test_plan_output_in_new_folders_is_made(tmp_path):
+    graph = tiny_graph(tmp_path)
+    target = tmp_path / "a" / "b" / "plan.json"
+    proc = cli("plan", "--graph", graph, "--budget", "0.8", "-o", target)
+    assert proc.returncode == 0, proc.stderr
+    assert target.is_file()
+
+
+def test_sweep_output_is_a_file(tmp_path):
+    graph = tiny_graph(tmp_path)
+    refused(cli("plan", "--graph", graph, "--sweep", "0.8:1:0.1", "-o", graph), BAD_INPUT,
+            "not a folder")
+
+
+def test_graph_output_is_a_folder_refused_before_capture(tmp_path):
+    before = tree(tmp_path)
+    refused(cli("graph", "--model", "mlp", "-o", tmp_path), BAD_INPUT, "is a folder")
+    no_new_files(before, tmp_path)
+
+
+def test_run_out_is_a_file(tmp_path):
+    target = tmp_path / "run"
+    target.write_text("x")
+    refused(cli("run", "--device", "local", "--model", "mlp", "--budget", "0.5", "--out",
+                target), BAD_INPUT, "not a folder")
+
+
+def test_plot_out_unwritable(tmp_path):
+    graph = tiny_graph(tmp_path)
+    plan = tiny_plan(tmp_path, graph)
+    refused(cli("plot", "--plan", plan, "--graph", graph, "--out",
+                f"{_unwritable_folder(tmp_path)}/plots"), BAD_INPUT, "--out")
+
+
+def test_job_out_is_a_file(tmp_path):
+    target = tmp_path / "f"
+    target.write_text("x")
+    refused(cli("job", "echo", "--device", "local", "--out", target), BAD_INPUT,
+            "not a folder")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    graph = tiny_graph(tmp_path)
+    proc = cli("plan", "--debug", "--graph", graph, "--budget", "lots")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
