@@ -24,7 +24,7 @@ from ..formats import Graph, Node
 from .coarsen import Group, op_name
 from .estimate import DEFAULT_RATES, Rates, op_cost, round_time
 from .optimizer import Optimizer, fixed_memory, largest_trainable_bytes, trainable_elements
-from .storage import Storage, aliased_input, storages
+from .storage import Storage, aliased_input, storage_nbytes, storages
 from .trace import JointTrace
 
 # Ops that draw random numbers: their groups must replay the RNG state when recomputed.
@@ -49,7 +49,8 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
     _name_uniquely(nodes)
     fixed = fixed_memory(module, example_args, optimizer)
     fixed["step_state"] = _step_state_bytes(trace)
-    fixed["total"] += fixed["step_state"]
+    fixed["constants"] = sum(storage_nbytes(t) for t in trace.constants().values())
+    fixed["total"] += fixed["step_state"] + fixed["constants"]
     nodes.append(_update_node(len(nodes), module, optimizer, fixed["gradients"], rates))
     saved = saved_bytes(nodes)
     graph = Graph(nodes=nodes, name=trace.model, fixed_bytes=fixed["total"],

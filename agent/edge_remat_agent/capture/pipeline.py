@@ -14,6 +14,7 @@ from ..formats.graph import check_order
 from .assemble import assemble
 from .coarsen import Group, coarsen
 from .estimate import DEFAULT_RATES
+from .hf import canonical_spec
 from .models import load_model
 from .optimizer import optimizer_named
 from .trace import TOOL, JointTrace, trace_joint
@@ -35,6 +36,7 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
                   max_nodes: int = DEFAULT_MAX_NODES, level: int | None = None) -> Captured:
     """Build a zoo model or MODULE:FACTORY and capture it (what `edge-remat graph` runs)."""
     start = time.perf_counter()
+    spec = canonical_spec(spec)  # the board rebuilds the model from it, in another directory
     module, args = load_model(spec, batch, image, seq, seed)
     source = {"model": spec, "batch": batch, "image": image, "seq": seq, "seed": seed}
     return capture_module(module, args, spec, optimizer, max_nodes, level, source, start)

@@ -31,12 +31,15 @@ from .trace import JointTrace
 
 def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
                 device: torch.device | None = None) -> dict[str, torch.Tensor]:
-    """Placeholder values: parameters, buffers, the batch, and d(loss)/d(loss) = 1."""
+    """Placeholder values: parameters, buffers, the batch, lifted constants, and
+    d(loss)/d(loss) = 1."""
     params = dict(module.named_parameters(remove_duplicate=False))
     buffers = dict(module.named_buffers(remove_duplicate=False))
     env = {ph: params[name].detach() for ph, name in trace.params.items()}
     env.update({ph: buffers[name].detach() for ph, name in trace.buffers.items()})
     env.update({ph: example_args[i] for ph, i in trace.user_inputs.items()})
+    env.update({name: t.to(device) if device is not None else t
+                for name, t in trace.constants().items()})
     loss = trace.node(trace.tangent).meta["val"]
     env[trace.tangent] = torch.ones(loss.shape, dtype=loss.dtype, device=device)
     return env

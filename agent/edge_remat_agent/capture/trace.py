@@ -65,6 +65,13 @@ class JointTrace:
             self._by_name = {n.name: n for n in self.graph_module.graph.nodes}
         return self._by_name[name]
 
+    def constants(self) -> dict[str, torch.Tensor]:
+        """Tensor constants the trace lifted out of the model's code (e.g. `torch.tensor(...)`
+        inside a forward, as transformers' attention masks make): get_attr nodes whose real
+        values the graph module holds. The executor binds them like the placeholders."""
+        gm = self.graph_module
+        return {n.name: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+
     def storage_roots(self) -> dict[str, str]:
         """Tensor value name -> the value that owns its storage (storage.py; kept as given when
         the graph was rebuilt from a Program, whose nodes carry no fake values)."""
@@ -99,6 +106,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
         finally:
             handle.remove()
     trace = _from_descriptors(model, joint.graph_module)
+    _sum_tied_gradients(trace, module)
     trace.capture_s = time.perf_counter() - start
     return trace
 
@@ -130,6 +138,44 @@ def _explain(exc: Exception, model: str, scopes: list[str]) -> CaptureError:
         if op is None:
             op = _op_from_message(message)
     return CaptureError(model, problem, op, scopes[-1] if scopes else None)
+
+
+def _sum_tied_gradients(trace: JointTrace, module: nn.Module) -> None:
+    """One gradient per parameter object, as eager's `.grad` holds it.
+
+    AOTAutograd lists a parameter shared by two modules (tied embeddings: GPT-2's `wte` and
+    `lm_head`) once per name, and returns one partial gradient per name; eager autograd adds the
+    partial gradients up, in the order backward produces them, into the one `.grad`. We add the
+    same `add` ops to the graph (right after each partial gradient, so the sum lives no longer
+    than eager's), and the sum becomes the gradient of the parameter's first name."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    graph = trace.graph_module.graph
+    order = {node.name: k for k, node in enumerate(graph.nodes)}
+    by_param: dict[int, list[str]] = {}
+    for value, name in trace.grads.items():
+        by_param.setdefault(id(params[name]), []).append(value)
+    output = next(n for n in graph.nodes if n.op == "output")
+    first_name = {id(p): name for name, p in reversed(list(params.items()))}
+    for key, values in by_param.items():
+        if len(values) < 2:
+            continue
+        values.sort(key=order.__getitem__)
+        total = trace.node(values[0])
+        for value in values[1:]:
+            part = trace.node(value)
+            with graph.inserting_after(part):
+                added = graph.call_function(torch.ops.aten.add.Tensor, (total, part))
+            added.meta.update(val=total.meta["val"] + part.meta["val"],
+                              partitioner_tag="is_backward", is_gradient_acc=True,
+                              custom=part.meta.get("custom"))
+            total = added
+        for value in values:
+            output.replace_input_with(trace.node(value), total)
+            del trace.grads[value]
+        trace.grads[total.name] = first_name[key]
+    if trace._by_name:
+        trace._by_name = {}
+    trace.graph_module.recompile()
 
 
 def _op_from_message(message: str) -> str | None:
