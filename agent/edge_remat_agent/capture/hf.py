@@ -12,7 +12,7 @@ inline JSON object) of config fields to change, e.g. `{"n_layer": 2, "n_embd": 6
 `{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}`) or a local adapter
 directory (its config and weights). `task` names the head and loss when `architectures` does not:
 causal-lm, masked-lm, seq-cls, image-cls, speech-seq2seq (default: the first of these the model
-type has).
+type has, in the order speech-seq2seq, image-cls, masked-lm, causal-lm, seq-cls).
 
 The module returned computes the task's training loss from positional arguments (transformers'
 own `labels` loss), and the example batch matches the task: token ids, an attention mask (the
@@ -43,6 +43,9 @@ TASKS = {  # task -> (Auto class, inputs the example batch gives, in order)
     "image-cls": ("AutoModelForImageClassification", ("pixel_values", "labels")),
     "speech-seq2seq": ("AutoModelForSpeechSeq2Seq", ("input_features", "labels")),
 }
+# Without `architectures`: the first head the model type has, most specific first (BERT has a
+# causal-LM head too, Whisper a decoder-only one; their own training heads come before).
+_DEFAULT_ORDER = ("speech-seq2seq", "image-cls", "masked-lm", "causal-lm", "seq-cls")
 _OPTIONS = ("config", "adapter", "task")
 _READABLE = "/:,{}[]\" "  # left as they are in a canonical spec: paths and inline JSON
 
@@ -211,7 +214,8 @@ def _task(spec: str, config, asked: str | None) -> str:
             if suffix in arch:
                 return task
     import transformers
-    for task, (auto_name, _) in TASKS.items():
+    for task in _DEFAULT_ORDER:
+        auto_name = TASKS[task][0]
         mapping = getattr(transformers, auto_name)._model_mapping
         if type(config) in mapping:
             return task

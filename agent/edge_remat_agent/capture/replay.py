@@ -26,7 +26,7 @@ import torch
 from torch import fx, nn
 
 from ..formats import Graph, NodeId
-from .trace import JointTrace
+from .trace import GRAD_MODE_OPS, JointTrace
 
 
 def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
@@ -78,6 +78,9 @@ class StepRunner:
         self._keys: dict[str, list[tuple]] = {}  # value name -> its ledger keys
         self._gradient_values, self._gradient_elements = _gradient_storages(trace)
         self._read_last_by: dict[NodeId, list[NodeId]] | None = None  # reader -> inputs
+        self._grad_mode_ops = {n.name for n in trace.compute_nodes
+                               if getattr(n.target, "__name__", "").split(".")[0]
+                               in GRAD_MODE_OPS}
         self.env: dict[str, Any] = {}
         self.start_step(module, example_args)
 
@@ -226,7 +229,11 @@ class StepRunner:
                     kwargs = fx.node.map_arg(op.kwargs, value)
                     if on_accelerator and kwargs.get("device") is not None:
                         kwargs = {**kwargs, "device": self.device}  # factories traced on CPU
-                    result = op.target(*args, **kwargs)
+                    if op.name in self._grad_mode_ops:
+                        with torch.enable_grad():  # see trace.GRAD_MODE_OPS
+                            result = op.target(*args, **kwargs)
+                    else:
+                        result = op.target(*args, **kwargs)
                     self._hold(op.name, result)
                     local[op.name] = result
                     for name in dropped:

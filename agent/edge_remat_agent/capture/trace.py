@@ -12,6 +12,7 @@ forward hooks attach (copied by AOTAutograd onto the backward ops as well).
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import time
 from dataclasses import dataclass, field
@@ -98,7 +99,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
                            f"{type(example_args).__name__}")
     scopes: list[str] = []
     start = time.perf_counter()
-    with _TRACE_LOCK, _eager_dropout(), fx_traceback.preserve_node_meta(), \
+    with _TRACE_LOCK, _eager_composites(), fx_traceback.preserve_node_meta(), \
             _scope_hooks(module, scopes), contextlib.ExitStack() as stack:
         handle = module.register_forward_hook(_loss_check(model))
         try:
@@ -107,6 +108,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
             handle.remove()
     trace = _from_descriptors(model, joint.graph_module)
     _sum_tied_gradients(trace, module)
+    _size_opaque_workspaces(trace)
     trace.capture_s = time.perf_counter() - start
     return trace
 
@@ -178,6 +180,45 @@ def _sum_tied_gradients(trace: JointTrace, module: nn.Module) -> None:
     trace.graph_module.recompile()
 
 
+# Ops whose result depends on autograd's grad mode (the kernel asks it, not an argument): oneDNN's
+# LSTM layer returns its workspace, which backward reads, only with grad mode on. The executor
+# runs these ops with grad mode on (their inputs never require grad there, so nothing records).
+GRAD_MODE_OPS = ("mkldnn_rnn_layer",)
+
+
+def _size_opaque_workspaces(trace: JointTrace) -> None:
+    """Give the oneDNN LSTM workspace its real size. Its meta kernel says 0 bytes, but eager
+    keeps it for backward (86 KiB for 8 steps of a batch-2, 64-wide layer): the only way to
+    know how big oneDNN makes it is to ask oneDNN, once per shape, on zeros of those shapes."""
+    sizes: dict[str, Any] = {}
+    for node in trace.compute_nodes:
+        if node.target is not operator.getitem or node.args[1] != 3:
+            continue
+        parent = node.args[0]
+        if getattr(parent.target, "overloadpacket", None) is not torch.ops.aten.mkldnn_rnn_layer:
+            continue
+        key = str(fx.node.map_aggregate(parent.args, _shape_of))
+        if key not in sizes:
+            real = fx.node.map_arg(parent.args, _zeros_like_val)
+            with torch.enable_grad():
+                workspace = parent.target(*real)[3]
+            sizes[key] = (workspace.shape, workspace.dtype)
+        shape, dtype = sizes[key]
+        node.meta["val"] = torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _shape_of(value):
+    if isinstance(value, fx.Node):
+        val = value.meta.get("val")
+        return (tuple(val.shape), str(val.dtype)) if isinstance(val, torch.Tensor) else None
+    return value
+
+
+def _zeros_like_val(node: fx.Node):
+    val = node.meta["val"]
+    return torch.zeros(tuple(val.shape), dtype=val.dtype)
+
+
 def _op_from_message(message: str) -> str | None:
     # e.g. ".numpy() is not supported for tensor subclasses."
     first = message.split()[0] if message.split() else ""
@@ -199,25 +240,39 @@ def _loss_check(model: str):
     return check
 
 
+# Composite ops that PyTorch's Python dispatcher replaces with decompositions while tracing, but
+# that eager PyTorch runs as their C++ composites: dropout (see _eager_composites) and the
+# recurrent layers (the C++ LSTM/GRU precomputes, saves and accumulates differently from the
+# Python decomposition: other memory, other bits, other random draws for inter-layer dropout).
+_EAGER_COMPOSITES = ("dropout.default", "lstm.input", "lstm.data", "gru.input", "gru.data",
+                     "rnn_tanh.input", "rnn_tanh.data", "rnn_relu.input", "rnn_relu.data")
+
+
 @contextlib.contextmanager
-def _eager_dropout():
-    """Trace dropout as eager PyTorch runs it on this machine.
+def _eager_composites():
+    """Trace dropout and recurrent layers as eager PyTorch runs them on this machine.
 
     While tracing, PyTorch's Python dispatcher replaces `aten.dropout` with `native_dropout`
     (which keeps a 1-byte mask). Eager CPU runs the C++ composite instead: a float noise tensor
     from `bernoulli_`, scaled, multiplied in, and kept for backward (4 bytes per element); on
-    CUDA the C++ composite itself picks `native_dropout`. Setting the Python override aside for
-    the trace gives the graph eager's ops, memory and random-number draws.
+    CUDA the C++ composite itself picks `native_dropout`. Likewise `aten.lstm` / `aten.gru`:
+    eager runs the C++ composite op by op. Setting the Python overrides aside for the trace
+    gives the graph eager's ops, memory and random-number draws.
     """
-    op = torch.ops.aten.dropout.default
-    saved = {key: op.py_kernels.pop(key) for key in list(op.py_kernels)
-             if key in (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)}
-    getattr(op, "_dispatch_cache", {}).clear()
+    saved = []
+    for name in _EAGER_COMPOSITES:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        kernels = {key: op.py_kernels.pop(key) for key in list(op.py_kernels)
+                   if key in (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)}
+        getattr(op, "_dispatch_cache", {}).clear()
+        saved.append((op, kernels))
     try:
         yield
     finally:
-        op.py_kernels.update(saved)
-        getattr(op, "_dispatch_cache", {}).clear()
+        for op, kernels in saved:
+            op.py_kernels.update(kernels)
+            getattr(op, "_dispatch_cache", {}).clear()
 
 
 @contextlib.contextmanager
@@ -254,6 +309,20 @@ def _scope_hooks(module: nn.Module, scopes: list[str]):
             h.remove()
 
 
+def _copy_for_second_parameter(gm: fx.GraphModule, output: fx.Node, position: int) -> fx.Node:
+    """A copy of the output at `position` as the second parameter's gradient, as eager's
+    AccumulateGrad copies a gradient another parameter still holds."""
+    values = list(output.args[0])
+    value = values[position]
+    with gm.graph.inserting_after(value):
+        copy = gm.graph.call_function(torch.ops.aten.clone.default, (value,))
+    copy.meta.update(val=value.meta["val"].clone(), partitioner_tag="is_backward",
+                     is_gradient_acc=True, custom=value.meta.get("custom"))
+    values[position] = copy
+    output.args = (type(output.args[0])(values),)
+    return copy
+
+
 def _from_descriptors(model: str, gm: fx.GraphModule) -> JointTrace:
     from torch._functorch._aot_autograd import descriptors as d
     params, buffers, user_inputs, tangent = {}, {}, {}, None
@@ -273,12 +342,14 @@ def _from_descriptors(model: str, gm: fx.GraphModule) -> JointTrace:
             raise CaptureError(model, f"unexpected graph input {node.name} ({desc!r})")
     output = next(n for n in gm.graph.nodes if n.op == "output")
     loss, grads, buffer_updates, input_updates = None, {}, {}, {}
-    for value, desc in zip(output.args[0], output.meta.get("desc") or []):
+    for position, (value, desc) in enumerate(zip(output.args[0], output.meta.get("desc") or [])):
         if value is None or desc is None:
             continue
         if isinstance(desc, d.PlainAOTOutput):
             loss = value.name
         elif isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, d.ParamAOTInput):
+            if value.name in grads:  # one value is two parameters' gradient (an LSTM's biases)
+                value = _copy_for_second_parameter(gm, output, position)
             grads[value.name] = desc.grad_of.target
         elif isinstance(desc, d.InputMutationAOTOutput):
             target = desc.mutated_input

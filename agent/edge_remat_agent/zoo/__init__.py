@@ -12,7 +12,7 @@ not apply to a family (``image`` for text, ``seq`` for images) are ignored.
 
 import torch
 
-from . import bert, digits, gpt, mlp, mobilenet, resnet, vgg
+from . import bert, digits, gpt, mlp, mobilenet, recurrent, resnet, vgg
 
 
 class ZooError(ValueError):
@@ -32,6 +32,8 @@ MODELS = {
     "bert-mini": bert.bert_mini,
     "bert-base": bert.bert_base,
     "gpt2-small": gpt.gpt2_small,
+    "conv-gru": recurrent.conv_gru,
+    "lstm-lm": recurrent.lstm_lm,
     "digits-cnn": digits.digits_cnn,  # real data: the bundled handwritten digits
 }
 
