@@ -196,9 +196,9 @@ def _config(transformers, spec: str, model_name: str, overrides: dict[str, Any])
         raise
     except ValueError as exc:
         raise CaptureError(spec, f"transformers does not know the model type {model_name!r} "
-                           f"({str(exc).splitlines()[0][:160]}); give a model type such as "
-                           "gpt2, llama, bert, vit, whisper, or a local checkpoint directory"
-                           ) from None
+                           "(or a config field is wrong: " + str(exc).splitlines()[0][:80]
+                           + "); give a model type such as gpt2, llama, bert, vit, whisper, "
+                           "or a local checkpoint directory") from None
 
 
 def _task(spec: str, config, asked: str | None) -> str:
