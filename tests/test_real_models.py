@@ -149,3 +149,47 @@ def test_a_local_checkpoint_directory_loads_its_weights(configs, tmp_path):
     module, _ = load_model(f"hf:{tmp_path / 'ckpt'}", batch=1, seq=8, seed=0)
     assert torch.equal(module.model.transformer.h[0].attn.c_attn.weight,
                        saved.transformer.h[0].attn.c_attn.weight)
+
+
+class AttentionBlock(torch.nn.Module):
+    """nn.MultiheadAttention (with dropout), F.scaled_dot_product_attention on views of one
+    projection, and in-place ops, as users write them."""
+
+    def __init__(self, width=32, heads=4):
+        super().__init__()
+        self.mha = torch.nn.MultiheadAttention(width, heads, dropout=0.1, batch_first=True)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.ff = torch.nn.Linear(width, width)
+        self.norm = torch.nn.LayerNorm(width)
+        self.heads = heads
+
+    def forward(self, x):
+        x = x + self.mha(x, x, x, need_weights=False)[0]
+        b, length, width = x.shape
+        q, k, v = self.qkv(x).view(b, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + y.transpose(1, 2).reshape(b, length, width)
+        h = self.ff(self.norm(x))
+        h.add_(0.1).relu_()
+        return x + h * 0.5
+
+
+class AttentionModel(torch.nn.Module):
+    def __init__(self, vocab=64, width=32):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.blocks = torch.nn.Sequential(AttentionBlock(width), AttentionBlock(width))
+        self.out = torch.nn.Linear(width, vocab)
+
+    def forward(self, ids, targets):
+        logits = self.out(self.blocks(self.embed(ids)))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def make_attention_model(batch: int = 4, seq: int = 16):
+    return AttentionModel(), (torch.randint(0, 64, (batch, seq)),
+                              torch.randint(0, 64, (batch, seq)))
+
+
+def test_multihead_attention_sdpa_views_and_in_place_ops(tmp_path):
+    check_capture_and_plan(f"{__file__}:make_attention_model", tmp_path, batch=4, seq=16)
