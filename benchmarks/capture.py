@@ -7,6 +7,12 @@ by `saved_tensors_hooks`, parameters/buffers/batch left out), their ratio, and t
 
     python benchmarks/capture.py            # the issue's list
     python benchmarks/capture.py --quick    # small sizes, a few seconds
+    python benchmarks/capture.py --real     # models as users bring them (below)
+
+`--real` runs zoo, transformers (tiny configs, no download), PEFT and recurrent models and adds,
+per model, a planned 2-step run at 50% of the plain peak (activation memory only where fixed
+memory alone is over that: then the budget is fixed + 50% of the activations), its first step's
+gradients compared with eager PyTorch bit for bit. transformers/peft rows need `.[hf]`.
 """
 
 from __future__ import annotations
@@ -38,7 +44,12 @@ RESNET50_LIMIT_S = 10.0
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes")
+    parser.add_argument("--real", action="store_true",
+                        help="zoo + transformers + PEFT + recurrent models, with planned runs")
     args = parser.parse_args()
+    if args.real:
+        from real_models import run_real_models
+        return run_real_models()
     rows = QUICK if args.quick else FULL
     header = (f"{'model':<14}{'batch':>6}{'size':>10}{'captured':>10}{'planner':>9}"
               f"{'saved MiB':>11}{'hooks MiB':>11}{'ratio':>7}{'capture s':>11}")

@@ -20,6 +20,8 @@ SMALL = {
     "bert-base": dict(seq=16, vocab=512),
     "gpt2-small": dict(seq=16, vocab=512),
     "digits-cnn": dict(image=16, depth=2),
+    "conv-gru": dict(seq=16),
+    "lstm-lm": dict(seq=8, vocab=64),
 }
 
 

@@ -25,7 +25,7 @@ from .coarsen import Group, op_name
 from .estimate import DEFAULT_RATES, Rates, op_cost, round_time
 from .optimizer import Optimizer, fixed_memory, largest_trainable_bytes, trainable_elements
 from .state import param_groups, plan_state
-from .storage import Storage, aliased_input, storages
+from .storage import Storage, aliased_input, storage_nbytes, storages
 from .trace import JointTrace
 
 # Ops that draw random numbers: their groups must replay the RNG state when recomputed.
@@ -59,7 +59,8 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
     saved = saved_bytes(nodes)
     fixed = fixed_memory(module, example_args, optimizer)
     fixed["step_state"] = _step_state_bytes(trace)
-    fixed["total"] += fixed["step_state"]
+    fixed["constants"] = sum(storage_nbytes(t) for t in trace.constants().values())
+    fixed["total"] += fixed["step_state"] + fixed["constants"]
     planned = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
     if fused:
         for node in nodes:  # the plain reference holds these as .grad buffers (planner/build)

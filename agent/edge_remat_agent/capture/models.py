@@ -1,4 +1,5 @@
-"""Where models come from: the zoo by name, or the user's own code as MODULE:FACTORY.
+"""Where models come from: the zoo by name, a transformers model as hf:MODEL (hf.py), or the
+user's own code as MODULE:FACTORY.
 
 The whole contract for bringing your own model: `FACTORY()` returns `(module, example_args)` and
 `module(*example_args)` returns the scalar training loss. MODULE is an importable module name
@@ -25,7 +26,10 @@ FACTORY_OPTIONS = ("batch", "image", "seq", "seed")
 
 def load_model(spec: str, batch: int | None = None, image: int | None = None,
                seq: int | None = None, seed: int = 0) -> tuple[torch.nn.Module, tuple]:
-    """Build `(module, example_args)` for a zoo name or a MODULE:FACTORY spec."""
+    """Build `(module, example_args)` for a zoo name, an hf: spec (hf.py) or MODULE:FACTORY."""
+    from .hf import is_hf_spec, load_hf
+    if is_hf_spec(spec):
+        return _check_result(spec, load_hf(spec, batch, image, seq, seed))
     if ":" not in spec:
         return _from_zoo(spec, batch, image, seq, seed)
     module_part, _, factory_name = spec.rpartition(":")

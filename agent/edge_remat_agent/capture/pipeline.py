@@ -14,6 +14,7 @@ from ..formats.graph import check_order
 from .assemble import assemble
 from .coarsen import Group, coarsen
 from .estimate import DEFAULT_RATES
+from .hf import canonical_spec
 from .models import load_model
 from .errors import CaptureError
 from .freeze import freeze_except
@@ -43,6 +44,7 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
     `train`: name patterns of the parameters to train (the rest are frozen); None: as the
     model comes. `refined=False` keeps module-level groups only."""
     start = time.perf_counter()
+    spec = canonical_spec(spec)  # the board rebuilds the model from it, in another directory
     module, args = load_model(spec, batch, image, seq, seed)
     source = {"model": spec, "batch": batch, "image": image, "seq": seq, "seed": seed}
     if train is not None:

@@ -3,15 +3,15 @@
 Tracing imports AOTAutograd and builds fake tensors: some 90 MB of resident memory on top of
 torch, and more while it traces. On a board that is the very memory a plan saves, so the
 executor captures in a child process (isolated.py) and takes back a `Program`: every captured
-op as (name, target, args, kwargs), the placeholders, the calling convention and which value
-owns which storage. `Program.trace()` rebuilds the FX graph from it, names unchanged, without
+op as (name, target, args, kwargs), the placeholders, the tensor constants the trace lifted (real
+values, a few bytes each), the calling convention and which value owns which storage. `Program.trace()` rebuilds the FX graph from it, names unchanged, without
 tracing; the result runs through StepRunner like the trace itself.
 """
 
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,12 +36,17 @@ class Program:
     tangent_shape: tuple[int, ...]
     tangent_dtype: torch.dtype
     storage_roots: dict[str, str]
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # JointTrace.constants()
 
     def trace(self) -> JointTrace:
         graph = fx.Graph()
+        root = torch.nn.Module()
         nodes: dict[str, fx.Node] = {}
         for name in self.placeholders:
             nodes[name] = graph.placeholder(name)
+        for name, value in self.constants.items():
+            setattr(root, name, value)
+            nodes[name] = graph.create_node("get_attr", name, name=name)
         nodes[self.signature["tangent"]].meta["val"] = torch.empty(
             self.tangent_shape, dtype=self.tangent_dtype, device="meta")
 
@@ -62,7 +67,7 @@ class Program:
             nodes[name] = node
         graph.output(None)
         sig = self.signature
-        return JointTrace(self.model, fx.GraphModule(torch.nn.Module(), graph), sig["params"],
+        return JointTrace(self.model, fx.GraphModule(root, graph), sig["params"],
                           sig["buffers"], sig["user_inputs"], sig["tangent"], sig["loss"],
                           sig["grads"], sig["buffer_updates"], sig.get("input_updates", {}),
                           roots=dict(self.storage_roots))
@@ -84,7 +89,7 @@ def program_of(trace: JointTrace) -> Program:
            for n in trace.compute_nodes]
     tangent = trace.node(trace.tangent).meta["val"]
     return Program(trace.model, placeholders, ops, trace.signature(), tuple(tangent.shape),
-                   tangent.dtype, trace.storage_roots())
+                   tangent.dtype, trace.storage_roots(), trace.constants())
 
 
 def _target_name(target) -> str:

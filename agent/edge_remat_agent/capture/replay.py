@@ -26,19 +26,22 @@ import torch
 from torch import fx, nn
 
 from ..formats import Graph, NodeId
-from .trace import JointTrace
+from .trace import GRAD_MODE_OPS, JointTrace
 
 
 def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
                 device: torch.device | None = None,
                 loaded: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
-    """Placeholder values: parameters, buffers, the batch, and d(loss)/d(loss) = 1.
-    `loaded`: the placeholders of parameters that param nodes load (not bound here)."""
+    """Placeholder values: parameters, buffers, the batch, lifted constants, and
+    d(loss)/d(loss) = 1. `loaded`: the placeholders of parameters that param nodes load (not
+    bound here)."""
     params = dict(module.named_parameters(remove_duplicate=False))
     buffers = dict(module.named_buffers(remove_duplicate=False))
     env = {ph: params[name].detach() for ph, name in trace.params.items() if ph not in loaded}
     env.update({ph: buffers[name].detach() for ph, name in trace.buffers.items()})
     env.update({ph: example_args[i] for ph, i in trace.user_inputs.items()})
+    env.update({name: t.to(device) if device is not None else t
+                for name, t in trace.constants().items()})
     loss = trace.node(trace.tangent).meta["val"]
     env[trace.tangent] = torch.ones(loss.shape, dtype=loss.dtype, device=device)
     return env
@@ -90,6 +93,9 @@ class StepRunner:
         self._loaded = frozenset(ph for node in graph.nodes if node.kind == "param"
                                  for ph in node.attrs["outputs"])
         self._read_last_by: dict[NodeId, list[NodeId]] | None = None  # reader -> inputs
+        self._grad_mode_ops = {n.name for n in trace.compute_nodes
+                               if getattr(n.target, "__name__", "").split(".")[0]
+                               in GRAD_MODE_OPS}
         self.env: dict[str, Any] = {}
         self.start_step(module, example_args)
 
@@ -251,7 +257,11 @@ class StepRunner:
                     kwargs = fx.node.map_arg(op.kwargs, value)
                     if on_accelerator and kwargs.get("device") is not None:
                         kwargs = {**kwargs, "device": self.device}  # factories traced on CPU
-                    result = op.target(*args, **kwargs)
+                    if op.name in self._grad_mode_ops:
+                        with torch.enable_grad():  # see trace.GRAD_MODE_OPS
+                            result = op.target(*args, **kwargs)
+                    else:
+                        result = op.target(*args, **kwargs)
                     self._hold(op.name, result)
                     local[op.name] = result
                     for name in dropped:

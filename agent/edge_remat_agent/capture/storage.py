@@ -15,6 +15,9 @@ from torch import fx
 
 # Not annotated as a view in its schema, but returns a tensor on its input's storage.
 _ALIASING_WITHOUT_ANNOTATION = {"aten::_unsafe_view"}
+# The same for each tensor of the list they return (the C++ GRU splits its gates with these).
+_LIST_ALIASING_WITHOUT_ANNOTATION = {"aten::unsafe_split", "aten::unsafe_split_with_sizes",
+                                     "aten::unsafe_chunk"}
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,18 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
         parent, index = node.args[0], node.args[1]
         if not isinstance(parent, fx.Node) or not isinstance(parent.target, torch._ops.OpOverload):
             return None
-        returns = parent.target._schema.returns
-        ret = returns[index] if len(returns) > 1 else returns[0]  # a Tensor[] return: any element
+        schema = parent.target._schema
+        if schema.name in _LIST_ALIASING_WITHOUT_ANNOTATION:
+            first = parent.args[0] if parent.args else None
+            return first if isinstance(first, fx.Node) else None
+        returns = schema.returns
+        if len(returns) == 1 and str(returns[0].type).startswith("List"):
+            # `Tensor(a)[]` (unbind, split, chunk): the alias set sits on the element type,
+            # which the schema object does not expose; the list aliases the `(a -> *)` input.
+            if returns[0].alias_info is None:
+                return None
+            return _argument_for(parent, None, wildcard=True)
+        ret = returns[index] if len(returns) > 1 else returns[0]
         return _argument_for(parent, ret.alias_info)
     if not isinstance(node.target, torch._ops.OpOverload):
         return None
@@ -72,13 +85,17 @@ def aliased_input(node: fx.Node) -> fx.Node | None:
     return _argument_for(node, schema.returns[0].alias_info)
 
 
-def _argument_for(node: fx.Node, alias_info) -> fx.Node | None:
-    if alias_info is None:
+def _argument_for(node: fx.Node, alias_info, wildcard: bool = False) -> fx.Node | None:
+    """The argument whose alias set the result shares (`wildcard`: the argument annotated
+    `(a -> *)`, whose storage a list of views shares)."""
+    if alias_info is None and not wildcard:
         return None
-    wanted = set(alias_info.before_set)
+    wanted = set(alias_info.before_set) if alias_info is not None else set()
     for position, arg in enumerate(node.target._schema.arguments):
         info = arg.alias_info
-        if info is None or not wanted & set(info.before_set):
+        if info is None:
+            continue
+        if not (wanted & set(info.before_set) or wildcard and "*" in set(info.after_set)):
             continue
         value = node.args[position] if position < len(node.args) else node.kwargs.get(arg.name)
         return value if isinstance(value, fx.Node) else None

@@ -12,6 +12,7 @@ forward hooks attach (copied by AOTAutograd onto the backward ops as well).
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,6 +66,13 @@ class JointTrace:
             self._by_name = {n.name: n for n in self.graph_module.graph.nodes}
         return self._by_name[name]
 
+    def constants(self) -> dict[str, torch.Tensor]:
+        """Tensor constants the trace lifted out of the model's code (e.g. `torch.tensor(...)`
+        inside a forward, as transformers' attention masks make): get_attr nodes whose real
+        values the graph module holds. The executor binds them like the placeholders."""
+        gm = self.graph_module
+        return {n.name: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+
     def storage_roots(self) -> dict[str, str]:
         """Tensor value name -> the value that owns its storage (storage.py; kept as given when
         the graph was rebuilt from a Program, whose nodes carry no fake values)."""
@@ -91,7 +99,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
                            f"{type(example_args).__name__}")
     scopes: list[str] = []
     start = time.perf_counter()
-    with _TRACE_LOCK, _eager_dropout(), fx_traceback.preserve_node_meta(), \
+    with _TRACE_LOCK, _eager_composites(), fx_traceback.preserve_node_meta(), \
             _scope_hooks(module, scopes), contextlib.ExitStack() as stack:
         handle = module.register_forward_hook(_loss_check(model))
         try:
@@ -99,6 +107,8 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
         finally:
             handle.remove()
     trace = _from_descriptors(model, joint.graph_module)
+    _sum_tied_gradients(trace, module)
+    _size_opaque_workspaces(trace)
     trace.capture_s = time.perf_counter() - start
     return trace
 
@@ -132,6 +142,83 @@ def _explain(exc: Exception, model: str, scopes: list[str]) -> CaptureError:
     return CaptureError(model, problem, op, scopes[-1] if scopes else None)
 
 
+def _sum_tied_gradients(trace: JointTrace, module: nn.Module) -> None:
+    """One gradient per parameter object, as eager's `.grad` holds it.
+
+    AOTAutograd lists a parameter shared by two modules (tied embeddings: GPT-2's `wte` and
+    `lm_head`) once per name, and returns one partial gradient per name; eager autograd adds the
+    partial gradients up, in the order backward produces them, into the one `.grad`. We add the
+    same `add` ops to the graph (right after each partial gradient, so the sum lives no longer
+    than eager's), and the sum becomes the gradient of the parameter's first name."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    graph = trace.graph_module.graph
+    order = {node.name: k for k, node in enumerate(graph.nodes)}
+    by_param: dict[int, list[str]] = {}
+    for value, name in trace.grads.items():
+        by_param.setdefault(id(params[name]), []).append(value)
+    output = next(n for n in graph.nodes if n.op == "output")
+    first_name = {id(p): name for name, p in reversed(list(params.items()))}
+    for key, values in by_param.items():
+        if len(values) < 2:
+            continue
+        values.sort(key=order.__getitem__)
+        total = trace.node(values[0])
+        for value in values[1:]:
+            part = trace.node(value)
+            with graph.inserting_after(part):
+                added = graph.call_function(torch.ops.aten.add.Tensor, (total, part))
+            added.meta.update(val=total.meta["val"] + part.meta["val"],
+                              partitioner_tag="is_backward", is_gradient_acc=True,
+                              custom=part.meta.get("custom"))
+            total = added
+        for value in values:
+            output.replace_input_with(trace.node(value), total)
+            del trace.grads[value]
+        trace.grads[total.name] = first_name[key]
+    if trace._by_name:
+        trace._by_name = {}
+    trace.graph_module.recompile()
+
+
+# Ops whose result depends on autograd's grad mode (the kernel asks it, not an argument): oneDNN's
+# LSTM layer returns its workspace, which backward reads, only with grad mode on. The executor
+# runs these ops with grad mode on (their inputs never require grad there, so nothing records).
+GRAD_MODE_OPS = ("mkldnn_rnn_layer",)
+
+
+def _size_opaque_workspaces(trace: JointTrace) -> None:
+    """Give the oneDNN LSTM workspace its real size. Its meta kernel says 0 bytes, but eager
+    keeps it for backward (86 KiB for 8 steps of a batch-2, 64-wide layer): the only way to
+    know how big oneDNN makes it is to ask oneDNN, once per shape, on zeros of those shapes."""
+    sizes: dict[str, Any] = {}
+    for node in trace.compute_nodes:
+        if node.target is not operator.getitem or node.args[1] != 3:
+            continue
+        parent = node.args[0]
+        if getattr(parent.target, "overloadpacket", None) is not torch.ops.aten.mkldnn_rnn_layer:
+            continue
+        key = str(fx.node.map_aggregate(parent.args, _shape_of))
+        if key not in sizes:
+            real = fx.node.map_arg(parent.args, _zeros_like_val)
+            with torch.enable_grad():
+                workspace = parent.target(*real)[3]
+            sizes[key] = (workspace.shape, workspace.dtype)
+        shape, dtype = sizes[key]
+        node.meta["val"] = torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _shape_of(value):
+    if isinstance(value, fx.Node):
+        val = value.meta.get("val")
+        return (tuple(val.shape), str(val.dtype)) if isinstance(val, torch.Tensor) else None
+    return value
+
+
+def _zeros_like_val(node: fx.Node):
+    val = node.meta["val"]
+    return torch.zeros(tuple(val.shape), dtype=val.dtype)
+
+
 def _op_from_message(message: str) -> str | None:
     # e.g. ".numpy() is not supported for tensor subclasses."
     first = message.split()[0] if message.split() else ""
@@ -153,25 +240,39 @@ def _loss_check(model: str):
     return check
 
 
+# Composite ops that PyTorch's Python dispatcher replaces with decompositions while tracing, but
+# that eager PyTorch runs as their C++ composites: dropout (see _eager_composites) and the
+# recurrent layers (the C++ LSTM/GRU precomputes, saves and accumulates differently from the
+# Python decomposition: other memory, other bits, other random draws for inter-layer dropout).
+_EAGER_COMPOSITES = ("dropout.default", "lstm.input", "lstm.data", "gru.input", "gru.data",
+                     "rnn_tanh.input", "rnn_tanh.data", "rnn_relu.input", "rnn_relu.data")
+
+
 @contextlib.contextmanager
-def _eager_dropout():
-    """Trace dropout as eager PyTorch runs it on this machine.
+def _eager_composites():
+    """Trace dropout and recurrent layers as eager PyTorch runs them on this machine.
 
     While tracing, PyTorch's Python dispatcher replaces `aten.dropout` with `native_dropout`
     (which keeps a 1-byte mask). Eager CPU runs the C++ composite instead: a float noise tensor
     from `bernoulli_`, scaled, multiplied in, and kept for backward (4 bytes per element); on
-    CUDA the C++ composite itself picks `native_dropout`. Setting the Python override aside for
-    the trace gives the graph eager's ops, memory and random-number draws.
+    CUDA the C++ composite itself picks `native_dropout`. Likewise `aten.lstm` / `aten.gru`:
+    eager runs the C++ composite op by op. Setting the Python overrides aside for the trace
+    gives the graph eager's ops, memory and random-number draws.
     """
-    op = torch.ops.aten.dropout.default
-    saved = {key: op.py_kernels.pop(key) for key in list(op.py_kernels)
-             if key in (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)}
-    getattr(op, "_dispatch_cache", {}).clear()
+    saved = []
+    for name in _EAGER_COMPOSITES:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        kernels = {key: op.py_kernels.pop(key) for key in list(op.py_kernels)
+                   if key in (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)}
+        getattr(op, "_dispatch_cache", {}).clear()
+        saved.append((op, kernels))
     try:
         yield
     finally:
-        op.py_kernels.update(saved)
-        getattr(op, "_dispatch_cache", {}).clear()
+        for op, kernels in saved:
+            op.py_kernels.update(kernels)
+            getattr(op, "_dispatch_cache", {}).clear()
 
 
 @contextlib.contextmanager
@@ -208,6 +309,20 @@ def _scope_hooks(module: nn.Module, scopes: list[str]):
             h.remove()
 
 
+def _copy_for_second_parameter(gm: fx.GraphModule, output: fx.Node, position: int) -> fx.Node:
+    """A copy of the output at `position` as the second parameter's gradient, as eager's
+    AccumulateGrad copies a gradient another parameter still holds."""
+    values = list(output.args[0])
+    value = values[position]
+    with gm.graph.inserting_after(value):
+        copy = gm.graph.call_function(torch.ops.aten.clone.default, (value,))
+    copy.meta.update(val=value.meta["val"].clone(), partitioner_tag="is_backward",
+                     is_gradient_acc=True, custom=value.meta.get("custom"))
+    values[position] = copy
+    output.args = (type(output.args[0])(values),)
+    return copy
+
+
 def _from_descriptors(model: str, gm: fx.GraphModule) -> JointTrace:
     from torch._functorch._aot_autograd import descriptors as d
     params, buffers, user_inputs, tangent = {}, {}, {}, None
@@ -227,12 +342,14 @@ def _from_descriptors(model: str, gm: fx.GraphModule) -> JointTrace:
             raise CaptureError(model, f"unexpected graph input {node.name} ({desc!r})")
     output = next(n for n in gm.graph.nodes if n.op == "output")
     loss, grads, buffer_updates, input_updates = None, {}, {}, {}
-    for value, desc in zip(output.args[0], output.meta.get("desc") or []):
+    for position, (value, desc) in enumerate(zip(output.args[0], output.meta.get("desc") or [])):
         if value is None or desc is None:
             continue
         if isinstance(desc, d.PlainAOTOutput):
             loss = value.name
         elif isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, d.ParamAOTInput):
+            if value.name in grads:  # one value is two parameters' gradient (an LSTM's biases)
+                value = _copy_for_second_parameter(gm, output, position)
             grads[value.name] = desc.grad_of.target
         elif isinstance(desc, d.InputMutationAOTOutput):
             target = desc.mutated_input

@@ -12,7 +12,7 @@ not apply to a family (``image`` for text, ``seq`` for images) are ignored.
 
 import torch
 
-from . import bert, digits, gpt, mlp, mobilenet, resnet, vgg
+from . import bert, digits, gpt, mlp, mobilenet, recurrent, resnet, vgg
 
 
 class ZooError(ValueError):
@@ -35,6 +35,8 @@ MODELS = {
     "gpt2-small-lora": gpt.with_lora(gpt.gpt2_small),
     "gpt-tiny": gpt.gpt_tiny,
     "gpt-tiny-lora": gpt.with_lora(gpt.gpt_tiny),
+    "conv-gru": recurrent.conv_gru,
+    "lstm-lm": recurrent.lstm_lm,
     "digits-cnn": digits.digits_cnn,  # real data: the bundled handwritten digits
 }
 

@@ -1,0 +1,292 @@
+"""Hugging Face `transformers` models, with an optional PEFT adapter, named by a model spec.
+
+    hf:MODEL[?config=FILE][&adapter=FILE|DIR][&task=TASK]
+
+MODEL is a model type transformers knows (`gpt2`, `llama`, `qwen2`, `bert`, `vit`, `whisper`,
+...), built from that type's default config with random weights (seeded): nothing is
+downloaded. Or MODEL is a local checkpoint directory (a `config.json`, and its weights when
+they are there: `from_pretrained` on a local path reads no hub). `config` is a JSON file (or an
+inline JSON object) of config fields to change, e.g. `{"n_layer": 2, "n_embd": 64}`; its
+`architectures` field (transformers' own) picks the head, e.g. `["BertForSequenceClassification"]`.
+`adapter` is a PEFT config (an `adapter_config.json` file or inline JSON, e.g.
+`{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}`) or a local adapter
+directory (its config and weights). `task` names the head and loss when `architectures` does not:
+causal-lm, masked-lm, seq-cls, image-cls, speech-seq2seq (default: the first of these the model
+type has, in the order speech-seq2seq, image-cls, masked-lm, causal-lm, seq-cls).
+
+The module returned computes the task's training loss from positional arguments (transformers'
+own `labels` loss), and the example batch matches the task: token ids, an attention mask (the
+last sequence padded by a quarter, so masks are exercised) and labels; pixel values and class
+labels; log-mel features and decoder labels. `example_input_names(module)` names them.
+
+Relative paths are made absolute (`canonical_spec`), because the board rebuilds the model from
+the same spec, in another working directory: the files must be there on the board too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.parse
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import CaptureError
+
+PREFIX = "hf:"
+TASKS = {  # task -> (Auto class, inputs the example batch gives, in order)
+    "causal-lm": ("AutoModelForCausalLM", ("input_ids", "attention_mask", "labels")),
+    "masked-lm": ("AutoModelForMaskedLM", ("input_ids", "attention_mask", "labels")),
+    "seq-cls": ("AutoModelForSequenceClassification", ("input_ids", "attention_mask", "labels")),
+    "image-cls": ("AutoModelForImageClassification", ("pixel_values", "labels")),
+    "speech-seq2seq": ("AutoModelForSpeechSeq2Seq", ("input_features", "labels")),
+}
+# Without `architectures`: the first head the model type has, most specific first (BERT has a
+# causal-LM head too, Whisper a decoder-only one; their own training heads come before).
+_DEFAULT_ORDER = ("speech-seq2seq", "image-cls", "masked-lm", "causal-lm", "seq-cls")
+_OPTIONS = ("config", "adapter", "task")
+_READABLE = "/:,{}[]\" "  # left as they are in a canonical spec: paths and inline JSON
+
+
+class TrainingLoss(nn.Module):
+    """`model(**dict(zip(input_names, args))).loss`: a transformers model as the executor wants
+    it, a module whose positional arguments are the batch and whose result is the loss.
+
+    A 2D padding mask becomes the 4D boolean mask transformers itself would build (`causal`:
+    key j visible from query i when j <= i and j is not padding; otherwise: when j is not
+    padding). Given a 2D mask, transformers first asks whether the batch has any padding at all
+    (`mask.sum() == mask.numel()`) to skip the mask: a branch on tensor values, which no static
+    graph holds; a 4D mask is used as it is, in eager PyTorch as in the captured graph."""
+
+    def __init__(self, model: nn.Module, input_names: tuple[str, ...], causal: bool = True):
+        super().__init__()
+        self.model = model
+        self.input_names = tuple(input_names)
+        self.causal = causal
+
+    def forward(self, *args):
+        inputs = dict(zip(self.input_names, args))
+        mask = inputs.get("attention_mask")
+        if mask is not None and mask.dim() == 2:
+            inputs["attention_mask"] = attention_mask_4d(mask, self.causal)
+        out = self.model(**inputs)
+        return out.loss if hasattr(out, "loss") else out[0]
+
+
+def attention_mask_4d(padding: torch.Tensor, causal: bool) -> torch.Tensor:
+    """[batch, seq] padding mask (1 = token) -> [batch, 1, seq, seq] boolean attention mask."""
+    keys = padding.bool()[:, None, None, :]
+    if not causal:
+        return keys.expand(-1, 1, padding.shape[1], -1)
+    seq = padding.shape[1]
+    visible = torch.ones(seq, seq, dtype=torch.bool, device=padding.device).tril()
+    return visible[None, None] & keys
+
+
+def is_hf_spec(spec: str) -> bool:
+    return spec.startswith(PREFIX)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """`hf:MODEL?k=v&...` -> (MODEL, options); unknown options are an error."""
+    body = spec[len(PREFIX):]
+    model, _, query = body.partition("?")
+    options = dict(urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=False)) \
+        if query else {}
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if not model:
+        raise CaptureError(spec, "name the model after hf: (a model type such as gpt2, or a "
+                           "local checkpoint directory)")
+    if unknown:
+        raise CaptureError(spec, f"unknown option {', '.join(unknown)}; an hf: spec takes "
+                           + ", ".join(_OPTIONS))
+    return model, options
+
+
+def canonical_spec(spec: str) -> str:
+    """The spec with local paths made absolute (the board rebuilds from it elsewhere)."""
+    if not is_hf_spec(spec):
+        return spec
+    model, options = parse_spec(spec)
+    if _is_path(model):
+        model = os.path.abspath(model)
+    for key in ("config", "adapter"):
+        if key in options and not options[key].lstrip().startswith("{"):
+            options[key] = os.path.abspath(options[key])
+    query = "&".join(f"{k}={urllib.parse.quote(options[k], safe=_READABLE)}"
+                     for k in _OPTIONS if k in options)
+    return PREFIX + model + (f"?{query}" if query else "")
+
+
+def load_hf(spec: str, batch: int | None = None, image: int | None = None,
+            seq: int | None = None, seed: int = 0) -> tuple[nn.Module, tuple]:
+    """Build `(module, example_args)` for an hf: spec (weights from `seed` unless a checkpoint
+    directory has them)."""
+    transformers = _require("transformers", spec)
+    model_name, options = parse_spec(spec)
+    overrides = _json_option(spec, options, "config")
+    if image is not None:
+        overrides.setdefault("image_size", image)  # vision models: the patch grid follows
+    config = _config(transformers, spec, model_name, overrides)
+    task = _task(spec, config, options.get("task"))
+    auto_name, input_names = TASKS[task]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _model(transformers, spec, model_name, config, auto_name)
+        if "adapter" in options:
+            model = _with_adapter(spec, model, options["adapter"])
+    model.train()
+    generator = torch.Generator().manual_seed(seed)
+    args = _example_batch(spec, task, config, batch or 2, seq or 32, generator)
+    return TrainingLoss(model, input_names, causal=task == "causal-lm"), args
+
+
+def example_input_names(module: nn.Module) -> tuple[str, ...] | None:
+    return getattr(module, "input_names", None)
+
+
+# -- the parts ------------------------------------------------------------------------------
+
+def _require(package: str, spec: str):
+    try:
+        return __import__(package)
+    except ImportError:
+        raise CaptureError(spec, f"needs the Python package {package!r}: pip install -e "
+                           "'.[hf]' (or pip install transformers peft)") from None
+
+
+def _is_path(model: str) -> bool:
+    return os.sep in model or "/" in model or model.startswith(".") or os.path.isdir(model)
+
+
+def _json_option(spec: str, options: dict[str, str], key: str) -> dict[str, Any]:
+    value = options.get(key)
+    if value is None:
+        return {}
+    text = value
+    if not value.lstrip().startswith("{"):
+        path = os.path.join(value, "adapter_config.json") if os.path.isdir(value) else value
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise CaptureError(spec, f"cannot read the {key} file {path}: "
+                               f"{exc.strerror or exc}") from None
+    try:
+        loaded = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CaptureError(spec, f"the {key} is not valid JSON ({exc.msg} at line {exc.lineno})"
+                           ) from None
+    if not isinstance(loaded, dict):
+        raise CaptureError(spec, f"the {key} must be a JSON object of fields")
+    return loaded
+
+
+def _config(transformers, spec: str, model_name: str, overrides: dict[str, Any]):
+    try:
+        if _is_path(model_name):
+            if not os.path.isfile(os.path.join(model_name, "config.json")):
+                raise CaptureError(spec, f"{model_name} is not a checkpoint directory (no "
+                                   "config.json in it)")
+            return transformers.AutoConfig.from_pretrained(model_name, **overrides)
+        return transformers.AutoConfig.for_model(model_name, **overrides)
+    except CaptureError:
+        raise
+    except ValueError as exc:
+        raise CaptureError(spec, f"transformers does not know the model type {model_name!r} "
+                           "(or a config field is wrong: " + str(exc).splitlines()[0][:80]
+                           + "); give a model type such as gpt2, llama, bert, vit, whisper, "
+                           "or a local checkpoint directory") from None
+
+
+def _task(spec: str, config, asked: str | None) -> str:
+    if asked is not None:
+        if asked not in TASKS:
+            raise CaptureError(spec, f"unknown task {asked!r}; tasks: {', '.join(TASKS)}")
+        return asked
+    for arch in getattr(config, "architectures", None) or []:
+        for task, suffix in (("causal-lm", "ForCausalLM"), ("causal-lm", "LMHeadModel"),
+                             ("masked-lm", "ForMaskedLM"), ("seq-cls", "ForSequenceClassif"),
+                             ("image-cls", "ForImageClassification"),
+                             ("speech-seq2seq", "ForConditionalGeneration")):
+            if suffix in arch:
+                return task
+    import transformers
+    for task in _DEFAULT_ORDER:
+        auto_name = TASKS[task][0]
+        mapping = getattr(transformers, auto_name)._model_mapping
+        if type(config) in mapping:
+            return task
+    raise CaptureError(spec, f"no training head for model type {config.model_type!r}; set "
+                       f"task to one of {', '.join(TASKS)}")
+
+
+def _model(transformers, spec: str, model_name: str, config, auto_name: str) -> nn.Module:
+    arch = next(iter(getattr(config, "architectures", None) or []), None)
+    cls = getattr(transformers, arch, None) if arch else None
+    auto = getattr(transformers, auto_name)
+    try:
+        if _is_path(model_name) and _has_weights(model_name):
+            return (cls or auto).from_pretrained(model_name, config=config)
+        if cls is not None:
+            return cls(config)
+        return auto.from_config(config)
+    except (ValueError, TypeError, OSError) as exc:
+        raise CaptureError(spec, f"cannot build the model: {str(exc).splitlines()[0][:200]}"
+                           ) from None
+
+
+def _has_weights(folder: str) -> bool:
+    return any(name.endswith((".safetensors", ".bin")) for name in os.listdir(folder))
+
+
+def _with_adapter(spec: str, model: nn.Module, adapter: str) -> nn.Module:
+    peft = _require("peft", spec)
+    if not adapter.lstrip().startswith("{") and os.path.isdir(adapter) \
+            and _has_weights(adapter):
+        return peft.PeftModel.from_pretrained(model, adapter, is_trainable=True)
+    fields = _json_option(spec, {"adapter": adapter}, "adapter")
+    try:
+        config = peft.get_peft_config(fields)
+        return peft.get_peft_model(model, config)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CaptureError(spec, f"cannot apply the adapter: {str(exc).splitlines()[0][:200]}"
+                           ) from None
+
+
+def _example_batch(spec: str, task: str, config, batch: int, seq: int,
+                   generator: torch.Generator) -> tuple:
+    if task == "image-cls":
+        size = _pair(getattr(config, "image_size", 224))
+        pixels = torch.randn(batch, getattr(config, "num_channels", 3), *size,
+                             generator=generator)
+        return pixels, _class_labels(config, batch, generator)
+    if task == "speech-seq2seq":
+        frames = 2 * getattr(config, "max_source_positions", 1500)  # two convs, stride 2
+        features = torch.randn(batch, getattr(config, "num_mel_bins", 80), frames,
+                               generator=generator)
+        return features, torch.randint(0, config.vocab_size, (batch, seq), generator=generator)
+    vocab = getattr(config, "vocab_size", None)
+    if not vocab:
+        raise CaptureError(spec, "the config has no vocab_size to draw token ids from")
+    ids = torch.randint(0, vocab, (batch, seq), generator=generator)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[-1, seq - seq // 4:] = 0  # the last sequence is padded: masks matter
+    if task == "seq-cls":
+        return ids, mask, _class_labels(config, batch, generator)
+    labels = ids.masked_fill(mask == 0, -100)
+    if task == "masked-lm":  # predict 15% of the tokens, as BERT's pre-training does
+        chosen = torch.rand(batch, seq, generator=generator) < 0.15
+        chosen[:, 0] = True
+        labels = labels.masked_fill(~chosen, -100)
+    return ids, mask, labels
+
+
+def _class_labels(config, batch: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, getattr(config, "num_labels", 2), (batch,), generator=generator)
+
+
+def _pair(value) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else tuple(value)
