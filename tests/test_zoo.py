@@ -19,6 +19,9 @@ SMALL = {
     "bert-mini": dict(seq=16, vocab=512),
     "bert-base": dict(seq=16, vocab=512),
     "gpt2-small": dict(seq=16, vocab=512),
+    "gpt2-small-lora": dict(seq=16, vocab=512),
+    "gpt-tiny": dict(seq=16),
+    "gpt-tiny-lora": dict(seq=16),
     "digits-cnn": dict(image=16, depth=2),
     "conv-gru": dict(seq=16),
     "lstm-lm": dict(seq=8, vocab=64),
@@ -40,6 +43,9 @@ def test_forward_backward(name):
     assert loss.dim() == 0 and loss.requires_grad and torch.isfinite(loss)
     loss.backward()
     for pname, p in model.named_parameters():
+        if not p.requires_grad:  # a LoRA model's frozen base
+            assert p.grad is None and "lora" in name
+            continue
         assert p.grad is not None, f"{name}: {pname} got no gradient"
         assert torch.isfinite(p.grad).all(), f"{name}: {pname} has a non-finite gradient"
 

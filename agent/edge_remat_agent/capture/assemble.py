@@ -63,10 +63,19 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
     fixed["total"] += fixed["step_state"] + fixed["constants"]
     planned = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
     if fused:
-        for node in nodes:  # the plain reference holds these as .grad buffers (planner/build)
-            roots = {store[v].root for v in node.attrs.get("grads", {}) if v in store}
-            if roots:
-                node.attrs["grad_bytes"] = sum(store[root].nbytes for root in roots)
+        # The storages behind gradients, by the node that allocates them: the plain
+        # reference holds these as .grad buffers (planner/build).
+        grad_roots = {store[v].root for v in trace.grads if v in store}
+        for index, node in enumerate(nodes):
+            own = [root for root in grad_roots if group_of.get(root) == index]
+            if own:
+                node.attrs["grad_bytes"] = sum(store[root].nbytes for root in own)
+            # A gradient that is a view of another node's value (the transpose of a mm, once
+            # refinement split them) keeps that node's storage alive until the update.
+            owners = {v: group_of[store[v].root] for v in node.attrs.get("grads", {})
+                      if v in store and group_of.get(store[v].root, index) != index}
+            if owners:
+                node.attrs["grad_owners"] = owners
         state = plan_state(nodes, param_groups(trace, module, nodes), optimizer, params_home,
                            rates)
         nodes, planned = state.nodes, state.planned
