@@ -12,6 +12,7 @@ from edge_remat_agent.formats import Plan
 
 from . import isolated
 from .baselines import BASELINES
+from .bounds import SCOPE as BOUND_SCOPE, stage_lower_bound
 from .evaluate import Evaluation, evaluate
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem
 from .stages import StageDecision
@@ -249,6 +250,14 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
             fallback: str | None = None, **details) -> SolveReport:
     ev = chosen.evaluation
     value = ev.value
+    # A bound always: the combinatorial stage-model bound where the solver has none, and the
+    # better of the two where the solver's bound is for the stage model too.
+    stage_bound = stage_lower_bound(p)
+    if bound is None or not math.isfinite(bound):
+        bound, details["bound_scope"] = stage_bound, BOUND_SCOPE
+    elif details.get("bound_scope", "stage model") == "stage model":
+        bound = max(bound, stage_bound)
+    details["stage_model_bound"] = stage_bound
     gap = None
     if bound is not None and math.isfinite(bound):
         gap = 0.0 if value <= 0 else max(0.0, (value - bound) / abs(value))
