@@ -28,8 +28,10 @@ from .stages import StageDecision
 
 # (cheapest-per-byte splits scored at one over-budget event, highest events tried): a step
 # widens its search level by level only when the narrower one finds no split that helps
-SEARCH_LEVELS = ((16, 4), (150, 30), (100_000, 400))
-MAX_CASCADE = 48  # recomputations one split may chain
+# and the most recomputations one split may chain (longer chains are rarely worth their cost
+# and take long to build)
+SEARCH_LEVELS = ((16, 4, 8), (64, 8, 16), (150, 30, 48), (100_000, 400, 48))
+BATCH, BATCH_GAIN = 8, 0.5  # runners-up applied after a step's best, if nearly as good
 
 
 def node_costs(p: Problem) -> list[float]:
@@ -171,36 +173,49 @@ def feasible_schedule(p: Problem, time_limit: float = 60.0) -> list[StageDecisio
     while excess > 0:
         if clock.perf_counter() - started > time_limit:
             return None
-        for candidates, events in SEARCH_LEVELS:
-            best = _best_move(sched, capacity, excess, candidates, events)
-            if best is not None:
+        for level in SEARCH_LEVELS:
+            helpful = _helpful_moves(sched, capacity, excess, *level)
+            if helpful:
                 break
         else:
             return None
-        sched.apply(best[2], best[3])
-        added.append(best[1])
-        excess = best[4]
+        best_gain, move, computes, runs, excess = helpful[0]
+        sched.apply(computes, runs)
+        added.append(move)
+        # The runners-up at the same event usually still help: re-score each on the new state
+        # (any set of recomputations is a schedule) and take it while it stays nearly as good.
+        for _, move, _, _, _ in helpful[1:BATCH]:
+            if excess <= 0:
+                break
+            at, computes, runs = sched.trial(move)
+            after = sched.excess(capacity, at)
+            gain = (excess - after) / (sum(sched.cost[v] for v, _ in move) + 1e-12)
+            if after < excess and gain >= BATCH_GAIN * best_gain:
+                sched.apply(computes, runs)
+                added.append(move)
+                excess = after
     _drop_unneeded(sched, added, capacity)
     return decisions_from_intervals(p, sched.residencies())
 
 
-def _best_move(sched: EventSchedule, capacity: int, excess: int, candidates: int, events: int):
-    """(gain, move, computes, runs, excess after) of the split that removes the most excess
-    per unit of cost at the highest event where one helps, or None."""
-    best = None
+def _helpful_moves(sched: EventSchedule, capacity: int, excess: int, candidates: int,
+                   events: int, cascade: int) -> list:
+    """(gain, move, computes, runs, excess after) of the splits that remove excess at the
+    highest event where any does, best gain (excess removed per unit of cost) first."""
     for q in np.argsort(-sched.at, kind="stable")[:events]:
         if sched.at[q] <= capacity:
             break
-        for move in _candidate_moves(sched, int(sched.keys[q]), candidates):
+        helpful = []
+        for move in _candidate_moves(sched, int(sched.keys[q]), candidates, cascade):
             at, computes, runs = sched.trial(move)
             after = sched.excess(capacity, at)
             if after < excess:
                 gain = (excess - after) / (sum(sched.cost[v] for v, _ in move) + 1e-12)
-                if best is None or gain > best[0]:
-                    best = (gain, move, computes, runs, after)
-        if best is not None:
-            return best
-    return None
+                helpful.append((gain, move, computes, runs, after))
+        if helpful:
+            helpful.sort(key=lambda h: -h[0])
+            return helpful
+    return []
 
 
 def _drop_unneeded(sched: EventSchedule, added: list[list[tuple[int, int]]],
@@ -218,7 +233,8 @@ def _drop_unneeded(sched: EventSchedule, added: list[list[tuple[int, int]]],
             sched.rebuild()
 
 
-def _candidate_moves(sched: EventSchedule, q: int, limit: int) -> list[list[tuple[int, int]]]:
+def _candidate_moves(sched: EventSchedule, q: int, limit: int,
+                     cascade: int) -> list[list[tuple[int, int]]]:
     """Splits that take an idle tensor out of RAM at event key q: the `limit` cheapest-per-byte
     idle tensors, each with its inputs kept or recomputed."""
     p, width = sched.p, sched.width
@@ -239,7 +255,7 @@ def _candidate_moves(sched: EventSchedule, q: int, limit: int) -> list[list[tupl
     for _, u, stage in idle[:limit]:
         seen = set()
         for mode in ("keep", "cascade", "full"):
-            move = _with_inputs(sched, u, stage, q, mode)
+            move = _with_inputs(sched, u, stage, q, mode, cascade)
             if move is None or tuple(sorted(move)) in seen:
                 continue
             seen.add(tuple(sorted(move)))
@@ -250,11 +266,11 @@ def _candidate_moves(sched: EventSchedule, q: int, limit: int) -> list[list[tupl
 
 
 def _with_inputs(sched: EventSchedule, u: int, stage: int, q: int,
-                 mode: str) -> list[tuple[int, int]] | None:
+                 mode: str, cascade: int) -> list[tuple[int, int]] | None:
     """Recompute u in `stage`. Its inputs missing there are kept until then ("keep"),
     recomputed there unless keeping them costs nothing at the peak ("cascade"), or recomputed
     there whenever they are not resident there already ("full"). None: a cascade longer than
-    MAX_CASCADE (such chains are never worth their cost and would take long to score)."""
+    `cascade` recomputations."""
     p = sched.p
     move, pending, seen = [], [u], {u}
     while pending:
@@ -262,7 +278,7 @@ def _with_inputs(sched: EventSchedule, u: int, stage: int, q: int,
         if stage in sched.computes[v]:
             continue
         move.append((v, stage))
-        if len(move) > MAX_CASCADE:
+        if len(move) > cascade:
             return None
         at = sched.key(stage, v)
         for x in p.deps[v]:
