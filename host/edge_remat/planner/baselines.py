@@ -178,10 +178,22 @@ def belady_paging(p: Problem) -> list[StageDecision] | None:
     return greedy(p, evict="belady", page_tier=tier)
 
 
+# Peak splitting keeps RAM on all n x (n + 1) slots: above this size peak-search (the same
+# moves on compute events only) replaces it.
+SPLIT_MAX_NODES = 1200
+
+
 def split(p: Problem) -> list[StageDecision] | None:
+    if p.n > SPLIT_MAX_NODES:
+        return None
     from .splitting import peak_split  # local: splitting needs numpy, the others do not
     return peak_split(p)
 
 
+def peak_search(p: Problem) -> list[StageDecision] | None:
+    from .feasible import feasible_schedule  # local: needs numpy, like splitting
+    return feasible_schedule(p)
+
+
 BASELINES = {"keep-all": keep_all, "sqrt-n": sqrt_n, "dtr": dtr, "split": split,
-             "paging": belady_paging}
+             "peak-search": peak_search, "paging": belady_paging}

@@ -12,12 +12,19 @@ from edge_remat_agent.formats import Plan
 
 from . import isolated
 from .baselines import BASELINES
+from .bounds import SCOPE as BOUND_SCOPE, stage_lower_bound
+from .feasible import feasible_schedule
 from .evaluate import Evaluation, evaluate
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem
 from .stages import StageDecision
 
 # Above this many nodes the stage x node MILP (O(n^2) binaries) is not worth starting.
 MILP_MAX_NODES = 300
+# Above this many nodes auto does not start CP-SAT: its model (a horizon of n (n + 1) slots,
+# residencies x edges cover literals) takes longer to build and more memory than the time limit
+# and the host allow; the feasibility phase's plan is returned with the combinatorial bound.
+CPSAT_MAX_NODES = 1500
+FEASIBILITY_SHARE = 0.6  # of the time limit, for the feasibility phase (peak-search)
 SOLVERS = ("auto", "cpsat", "milp")
 
 Progress = Callable[[float, float, float], None]
@@ -42,10 +49,13 @@ class SolveReport:
     decisions: list[StageDecision] | None = None  # a hint for a neighbouring problem
 
 
-def run_baselines(p: Problem) -> dict[str, Candidate | None]:
+def run_baselines(p: Problem, time_limit: float | None = None) -> dict[str, Candidate | None]:
     out: dict[str, Candidate | None] = {}
     for name, baseline in BASELINES.items():
-        decisions = baseline(p)
+        if name == "peak-search" and time_limit is not None:  # the one search that can run long
+            decisions = feasible_schedule(p, time_limit=FEASIBILITY_SHARE * time_limit)
+        else:
+            decisions = baseline(p)
         out[name] = None if decisions is None else Candidate(
             f"heuristic:{name}", evaluate(p, decisions), decisions)
     return out
@@ -56,9 +66,9 @@ def have_cpsat() -> bool:
 
 
 def choose_solver(p: Problem) -> str:
-    """auto: CP-SAT where OR-Tools is installed (it scales); else the MILP on graphs it can
-    handle; else the best heuristic."""
-    if have_cpsat():
+    """auto: CP-SAT where OR-Tools is installed, up to CPSAT_MAX_NODES; else the MILP on graphs
+    it can handle; else the best heuristic (the feasibility phase's plan on large graphs)."""
+    if have_cpsat() and p.n <= CPSAT_MAX_NODES:
         return "cpsat"
     return "milp" if p.n <= MILP_MAX_NODES else "heuristic"
 
@@ -85,7 +95,7 @@ def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: s
 def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: int | None,
            hint: list[StageDecision] | None, progress: Progress | None,
            started: float) -> SolveReport:
-    baselines = run_baselines(p)
+    baselines = run_baselines(p, time_limit)
     summary = {name: (c.evaluation.value if c and c.evaluation.feasible else None)
                for name, c in baselines.items()}
     candidates = [c for c in baselines.values() if c is not None and c.evaluation.feasible]
@@ -113,8 +123,9 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
         solver = choose_solver(p)
     if solver == "heuristic":
         if best_known is None:
-            raise NoPlan(f"no heuristic fits, and the graph ({p.n} nodes) is too large for the "
-                         "MILP; install OR-Tools for the CP-SAT planner")
+            raise NoPlan(f"no heuristic fits within {time_limit:g} s, and the graph ({p.n} "
+                         "nodes) is too large for the exact solvers; try a larger --time-limit "
+                         "or budget")
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
                        timing={"first_plan_s": first_plan, "best_plan_s": first_plan})
     remaining = max(1.0, time_limit - (clock.perf_counter() - started))
@@ -249,6 +260,12 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
             fallback: str | None = None, **details) -> SolveReport:
     ev = chosen.evaluation
     value = ev.value
+    # A bound always: the combinatorial stage-model bound where it is the stronger one (it also
+    # bounds a solver's restricted model, whose schedules are stage-model schedules).
+    stage_bound = stage_lower_bound(p)
+    if bound is None or not math.isfinite(bound) or stage_bound > bound:
+        bound, details["bound_scope"] = stage_bound, BOUND_SCOPE
+    details["stage_model_bound"] = stage_bound
     gap = None
     if bound is not None and math.isfinite(bound):
         gap = 0.0 if value <= 0 else max(0.0, (value - bound) / abs(value))

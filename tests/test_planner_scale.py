@@ -1,0 +1,93 @@
+"""The planner at scale: the random layered generator, the feasibility phase and the bound."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+from brute_force import brute_force
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from small_graphs import random_dag, training_chain
+
+from edge_remat.graph_import import load_graph_file
+from edge_remat.planner.bounds import stage_lower_bound
+from edge_remat.planner.build import build_problem, plain_peak_bytes
+from edge_remat.planner.evaluate import evaluate
+from edge_remat.planner.feasible import feasible_schedule
+from edge_remat.planner.problem import Problem
+from edge_remat.planner.solve import solve
+from edge_remat.synthetic import layered_stats, random_layered
+from edge_remat_agent.costs import build_costs
+from edge_remat_agent.simulate import simulate
+
+GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "graphs"
+
+
+@pytest.mark.skipif(not (GRAPHS / "rl250.json").is_file(), reason="no shared rl250.json")
+@pytest.mark.parametrize("name,w", [("rl100", 0.27), ("rl250", 0.43)])
+def test_generator_matches_the_published_graphs(name, w):
+    published = layered_stats(load_graph_file(GRAPHS / f"{name}.json"))
+    n = published["nodes"]
+    ours = [layered_stats(random_layered(n, seed=seed, w=w)) for seed in range(6)]
+    mean = {key: sum(s[key] for s in ours) / len(ours) for key in published}
+    assert mean["long_edge_share"] == pytest.approx(published["long_edge_share"], abs=0.02)
+    assert mean["edges_per_node"] == pytest.approx(published["edges_per_node"], rel=0.2)
+    assert mean["depth"] == pytest.approx(published["depth"], rel=0.25)
+    assert mean["size_mean"] == pytest.approx(published["size_mean"], rel=0.15)
+    assert mean["size_p90"] == pytest.approx(published["size_p90"], rel=0.15)
+    assert mean["cost_mean"] == pytest.approx(published["cost_mean"], rel=0.1)
+
+
+def test_generator_is_a_deterministic_dag_in_execution_order():
+    g = random_layered(2000, seed=3)
+    assert len(g) == 2000 and g.to_dict() == random_layered(2000, seed=3).to_dict()
+    position = {node.id: k for k, node in enumerate(g.nodes)}
+    assert all(position[i] < position[node.id] for node in g.nodes for i in node.inputs)
+    assert sum(1 for node in g.nodes if not node.inputs) == 1  # one source, as published
+
+
+def small_problem(graph, fraction: float) -> Problem:
+    p = Problem(graph, build_costs(graph), max(1, math.ceil(fraction * plain_peak_bytes(graph))))
+    p.budget_bytes = max(p.budget_bytes, p.smallest_budget()[0])
+    return p
+
+
+graphs = st.one_of(
+    st.builds(random_dag, st.integers(3, 7), st.integers(0, 10**6), st.integers(1, 3)),
+    st.builds(training_chain, st.integers(1, 2), st.integers(0, 10**6)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs, fraction=st.floats(0.3, 1.0))
+def test_fast_phase_finds_a_plan_whenever_one_exists(graph, fraction):
+    """Against exhaustive search: the pipeline's first phase (heuristics, then the exact model on
+    small graphs) finds a plan whenever one exists; every plan validates in the simulator; the
+    combinatorial bound never exceeds the optimum."""
+    p = small_problem(graph, fraction)
+    optimum = brute_force(p)
+    direct = feasible_schedule(p)
+    if direct is not None:
+        ev = evaluate(p, direct)
+        assert simulate(p.graph, p.costs, ev.stages, p.budget_bytes).fits_budget
+    if optimum is None:
+        assert direct is None
+        return
+    assert stage_lower_bound(p) <= optimum[0] * (1 + 1e-9)
+    report = solve(p, "auto", time_limit=10)
+    assert report.evaluation.feasible
+    assert report.plan.solver["lower_bound"] <= optimum[0] * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("n", [500, 1000])
+def test_random_layered_at_08_gets_a_plan_within_seconds(n):
+    p = build_problem(random_layered(n, seed=1), "0.8")
+    started = time.perf_counter()
+    decisions = feasible_schedule(p, time_limit=30)
+    assert decisions is not None, "no plan"
+    elapsed = time.perf_counter() - started
+    ev = evaluate(p, decisions)
+    assert ev.fits_budget and elapsed < 30
+    assert p.plain_time <= stage_lower_bound(p) <= ev.value
