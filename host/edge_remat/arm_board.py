@@ -50,6 +50,7 @@ TORCH = "torch==2.13.0"
 WHEEL_PLATFORMS = (["linux_aarch64", "manylinux2014_aarch64"]
                    + [f"manylinux_2_{minor}_aarch64" for minor in range(17, 37)])
 USER = "board"
+USER_ID = 4242  # its processes show as this uid on the host: one no host account is likely to use
 BUILD_VERSION = 1  # bump when the recipe changes: an older cached board is rebuilt
 SSH_READY_TIMEOUT_S = 90.0
 
@@ -239,8 +240,10 @@ class ArmBoard:
         say(f"arm64 board: user {USER!r}, its SSH key and sshd's configuration")
         if subprocess.run(["chroot", str(self.rootfs), "id", USER],
                           capture_output=True).returncode != 0:
-            _run(["chroot", str(self.rootfs), "useradd", "--create-home", "--shell",
-                  "/bin/sh", USER], f"add the user {USER} on the board")
+            _run(["chroot", str(self.rootfs), "useradd", "--create-home", "--shell", "/bin/sh",
+                  "--uid", str(USER_ID), USER], f"add the user {USER} on the board")
+        # "*": no password, yet not locked (sshd without PAM refuses a locked account)
+        _run(["chroot", str(self.rootfs), "usermod", "-p", "*", USER], f"unlock {USER}")
         self.client.mkdir(mode=0o700, exist_ok=True)
         if not self.client_key.exists():
             _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "edge-remat arm-board",
@@ -393,15 +396,23 @@ class ArmBoard:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# What the board's device tree calls it (as a Pi's says "Raspberry Pi 4 Model B"): the agent's
+# profile names the board by it, so every profile and report says the timings are qemu's.
+BOARD_MODEL = "edge-remat emulated arm64 board (qemu-user on this x86_64 machine: timings are qemu's)"
+
 # The board's mounts, made inside its own mount namespace, then a command in the chroot:
 # sh -c BOARD_SCRIPT arm-board ROOTFS PORT CGROUP_HIERARCHY PATH_INSIDE CPUINFO|"" COMMAND...
 BOARD_SCRIPT = r"""
 set -e
+BOARD_MODEL="{model}"
 R="$1"; PORT="$2"; CG_HOST="$3"; CG_IN="$4"; CPUINFO="$5"; shift 5
 mount -t proc proc "$R/proc"
 [ -n "$CPUINFO" ] && mount --bind "$CPUINFO" "$R/proc/cpuinfo"
 mount -t sysfs -o ro sysfs "$R/sys"
 mount -t tmpfs -o mode=755,size=64k tmpfs "$R/sys/fs/cgroup"
+mount -t tmpfs -o mode=755,size=64k tmpfs "$R/sys/firmware"
+mkdir -p "$R/sys/firmware/devicetree/base"
+printf '%s' "$BOARD_MODEL" > "$R/sys/firmware/devicetree/base/model"
 mkdir -p "$R$CG_IN"
 mount --bind "$CG_HOST" "$R$CG_IN"
 mount -o remount,bind,ro "$R$CG_IN"
@@ -419,7 +430,7 @@ mount -t tmpfs -o mode=755 tmpfs "$R/run"
 mkdir -m 755 "$R/run/sshd"
 [ "$1" = sshd ] && exec chroot "$R" /usr/sbin/sshd -D -e -p "$PORT"
 exec chroot "$R" "$@"
-"""
+""".replace("{model}", BOARD_MODEL)
 
 
 # qemu 7.2 (Debian 12) passes the host's x86 /proc/cpuinfo through to aarch64 programs (qemu
@@ -443,6 +454,24 @@ def cpuinfo_text(features: list, cpus: int) -> str:
              + "\nCPU implementer\t: 0x00\nCPU architecture: 8\nCPU variant\t: 0x0\n"
              "CPU part\t: 0x051\nCPU revision\t: 0\n\n")
     return "".join(block.format(n=n) for n in range(cpus))
+
+
+def attach(device, say: Say = print):
+    """`device` (a config with [emulator]) with the running board's port, user and keys;
+    builds and starts the board first when it is not running."""
+    import dataclasses
+
+    from .transport.errors import TransportError
+    board = ArmBoard()
+    try:
+        state = board.start(say, device.emulator.memory_limit_bytes)
+    except ArmBoardError as exc:
+        raise TransportError(f"cannot start {device.name}: {exc}") from None
+    connection = dataclasses.replace(
+        device.connection, port=state["port"], user=state["user"], key=state["key"],
+        known_hosts=state["known_hosts"], host_key_policy="strict",
+        ssh_config=str(board.dir / "no_ssh_config"))
+    return dataclasses.replace(device, connection=connection)
 
 
 # -- small helpers ---------------------------------------------------------------------------

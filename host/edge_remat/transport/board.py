@@ -27,8 +27,12 @@ from .zipapp import AgentArchive, build_agent_archive
 WAIT_POLL_S = 10.0
 
 
-def make_transport(device: DeviceConfig, archive: Optional[AgentArchive] = None):
+def make_transport(device: DeviceConfig, archive: Optional[AgentArchive] = None,
+                   on_event: Callable[[str], None] = lambda message: None):
     kind = device.connection.kind
+    if device.emulator is not None:  # a board this machine emulates: start it (build first)
+        from ..arm_board import attach
+        device = attach(device, on_event)
     if kind == "ssh":
         from .ssh import SshTransport
         return SshTransport(device, archive)
@@ -49,10 +53,10 @@ class Board:
                  on_event: Optional[Callable[[str], None]] = None):
         self.device = device
         self.archive = archive
-        self.transport = transport or make_transport(device, archive)
+        self.on_event = on_event or (lambda message: None)
+        self.transport = transport or make_transport(device, archive, self.on_event)
         self.reconnect_timeout_s = (device.connection.reconnect_timeout_s
                                     if reconnect_timeout_s is None else reconnect_timeout_s)
-        self.on_event = on_event or (lambda message: None)
         self.reconnects = 0
         self.hello_info: dict = {}
         self._session: Optional[AgentSession] = None
