@@ -28,6 +28,7 @@ from edge_remat import arm_board
 from edge_remat.arm_board import ArmBoard, cpu_features, cpuinfo_text
 from edge_remat.cli import app
 from edge_remat.devices import find_device, load_device
+from edge_remat_agent.cgroup import MemoryCgroup
 from edge_remat_agent.formats import FormatError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,10 +102,10 @@ def arm64_board():
           f"({facts['build_s']:.0f} s when it was built)", file=sys.stderr)
     yield board
     if not was_running:
-        group = board._group()
-        board.stop(say)
+        assert board.stop(say)
         assert board.state() is None
-        assert group is None or not group.path.exists()  # every process gone, group removed
+        # every process gone and its cgroup removed (its mounts lived in its own namespace)
+        assert MemoryCgroup.existing(board.cgroup_name) is None
 
 
 @pytest.mark.arm
