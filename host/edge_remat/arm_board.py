@@ -194,7 +194,7 @@ class ArmBoard:
             "minutes")
         command = ["debootstrap", "--arch=arm64", "--variant=minbase",
                    f"--include={','.join(PACKAGES)}", SUITE, str(partial), MIRROR]
-        _stream(command, self.dir / "debootstrap.log", say, _debootstrap_progress)
+        _stream(command, self.dir / "debootstrap.log", say, _debootstrap_progress())
         partial.rename(self.rootfs)
 
     def _python_name(self) -> str:
@@ -476,14 +476,20 @@ def attach(device, say: Say = print):
 
 # -- small helpers ---------------------------------------------------------------------------
 
-def _debootstrap_progress(line: str) -> Optional[str]:
-    stages = ("I: Retrieving Release", "I: Resolving dependencies", "I: Retrieving packages",
-              "I: Validating packages", "I: Extracting", "I: Installing", "I: Unpacking the base",
+def _debootstrap_progress():
+    """Picks debootstrap's stage lines, each stage once (not one line per package)."""
+    stages = ("I: Retrieving Release", "I: Resolving dependencies of base", "I: Retrieving packages",
+              "I: Extracting", "I: Installing core", "I: Unpacking the base",
               "I: Configuring the base", "I: Base system installed")
-    for stage in stages:
-        if line.startswith(stage):
-            return "arm64 board: debootstrap: " + line[3:].strip()
-    return None
+    seen = set()
+
+    def pick(line: str) -> Optional[str]:
+        for stage in stages:
+            if line.startswith(stage) and stage not in seen:
+                seen.add(stage)
+                return "arm64 board: debootstrap: " + line[3:].strip()
+        return None
+    return pick
 
 
 def _stream(command: list, log_path: Path, say: Say, progress) -> None:
