@@ -467,6 +467,9 @@ def attach(device, say: Say = print):
         state = board.start(say, device.emulator.memory_limit_bytes)
     except ArmBoardError as exc:
         raise TransportError(f"cannot start {device.name}: {exc}") from None
+    except OSError as exc:  # e.g. a cache folder that cannot be made
+        raise TransportError(f"cannot start {device.name}: {exc.strerror}: {exc.filename} "
+                             f"(set ${ENV_CACHE} to a writable folder)") from None
     connection = dataclasses.replace(
         device.connection, port=state["port"], user=state["user"], key=state["key"],
         known_hosts=state["known_hosts"], host_key_policy="strict",

@@ -62,6 +62,10 @@ def main(argv: "list[str] | None" = None) -> int:
     except ArmBoardError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        print(f"error: {exc.strerror}: {exc.filename} (--dir or $EDGE_REMAT_ARM_BOARD: a "
+              "writable folder)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("error: interrupted (run the same command again: finished stages are kept)",
               file=sys.stderr)
