@@ -18,6 +18,9 @@
     sensor = "none"
     family = "rpi"                  # "jetson" | "rpi" | "android" | "generic": install hints
     memory_limit_bytes = 608174080  # local only: an emulated board, the agent in a memory cgroup
+    [emulator]                      # ssh only: a board this machine emulates (tools/arm-board),
+    kind = "arm64"                  #   built and started on first use; port and keys are its own
+    memory_limit_bytes = 2147483648 #   its RAM: a memory cgroup around the board's sshd
 
 Every error names the file and the field.
 """
@@ -78,12 +81,19 @@ class Hardware:
 
 
 @dataclass(frozen=True)
+class Emulator:
+    kind: str = "arm64"
+    memory_limit_bytes: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class DeviceConfig:
     name: str
     path: Path
     connection: Connection
     hardware: Hardware = field(default_factory=Hardware)
     description: str = ""
+    emulator: Optional[Emulator] = None
 
     def address(self) -> str:
         c = self.connection
@@ -91,6 +101,8 @@ class DeviceConfig:
             return "this machine"
         if c.kind == "serial":
             return f"{c.device} @ {c.baud} baud"
+        if self.emulator and not c.port:
+            return f"{c.user}@{c.host} ({self.emulator.kind} under qemu; port chosen at start)"
         user = f"{c.user}@" if c.user else ""
         port = f":{c.port}" if c.port else ""
         return f"{user}{c.host}{port}"
@@ -113,15 +125,30 @@ def _load_toml(path: Path) -> dict:
 def load_device(path: "str | os.PathLike[str]") -> DeviceConfig:
     path = Path(path)
     top = Reader(_load_toml(path), str(path))
-    top.reject_unknown({"name", "description", "connection", "hardware"})
+    top.reject_unknown({"name", "description", "connection", "hardware", "emulator"})
     name = top.str("name", path.stem)
     conn = _connection(top.child("connection"))
     hardware = _hardware(top.child("hardware", None))
     if hardware.memory_limit_bytes and conn.kind != "local":
         raise FormatError(str(path), "hardware.memory_limit_bytes", "no memory limit on a "
                           f"{conn.kind} board (it emulates a board on this machine: kind local)")
+    emulator = _emulator(top.child("emulator", None))
+    if emulator and conn.kind != "ssh":
+        raise FormatError(str(path), "emulator", "an emulated board reached over ssh "
+                          f"(connection.kind = \"ssh\", host = \"127.0.0.1\")", conn.kind)
     return DeviceConfig(name=name, path=path, connection=conn, hardware=hardware,
-                        description=top.str("description", ""))
+                        description=top.str("description", ""), emulator=emulator)
+
+
+EMULATOR_KINDS = ("arm64",)
+
+
+def _emulator(r: Optional[Reader]) -> Optional[Emulator]:
+    if r is None:
+        return None
+    r.reject_unknown({"kind", "memory_limit_bytes"})
+    return Emulator(kind=r.str("kind", "arm64", choices=EMULATOR_KINDS),
+                    memory_limit_bytes=r.integer("memory_limit_bytes", None, minimum=1 << 20))
 
 
 def _connection(r: Reader) -> Connection:

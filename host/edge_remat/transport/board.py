@@ -31,8 +31,12 @@ CANCEL_RECONNECT_S = 10.0  # after Ctrl-C, how long to try to reach the board to
 CANCEL_WAIT_S = 10.0  # and how long to wait for the cancelled job to end
 
 
-def make_transport(device: DeviceConfig, archive: Optional[AgentArchive] = None):
+def make_transport(device: DeviceConfig, archive: Optional[AgentArchive] = None,
+                   on_event: Callable[[str], None] = lambda message: None):
     kind = device.connection.kind
+    if device.emulator is not None:  # a board this machine emulates: start it (build first)
+        from ..arm_board import attach
+        device = attach(device, on_event)
     if kind == "ssh":
         from .ssh import SshTransport
         return SshTransport(device, archive)
@@ -57,10 +61,10 @@ class Board:
         # the next run does not queue behind it) or leave it running and say how to come back.
         self.keep_running = keep_running
         self.archive = archive
-        self.transport = transport or make_transport(device, archive)
+        self.on_event = on_event or (lambda message: None)
+        self.transport = transport or make_transport(device, archive, self.on_event)
         self.reconnect_timeout_s = (device.connection.reconnect_timeout_s
                                     if reconnect_timeout_s is None else reconnect_timeout_s)
-        self.on_event = on_event or (lambda message: None)
         self.reconnects = 0
         self.hello_info: dict = {}
         self._session: Optional[AgentSession] = None

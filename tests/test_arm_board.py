@@ -1,0 +1,153 @@
+"""The ARM64 board: an arm64 Debian userland under qemu-user, reached over a real sshd.
+
+The marked test (`-m arm`) builds the board (tools/arm-board: debootstrap, PyPI's aarch64 torch
+2.13.0 wheel, openssh-server; cached in /var/cache/edge-remat/arm-board, so only a fresh machine
+pays for the build), then, through the command line as a user would, `profile`s a tiny
+digits-cnn on `--device emulated-arm64` and `run`s its plan for 2 steps there, gradients checked
+against eager PyTorch on the same board. Under emulation every torch import takes ~30 s, so the
+profile's board-wide measurements are cut short (--param). It stops the board afterwards unless
+it was already running, and checks that nothing of it is left. Needs root, debootstrap and
+qemu-user-static (`.ci/run` installs them); skips saying which is missing.
+
+The other tests check the pieces that need no board: the device config, the emulated CPU's
+/proc/cpuinfo and the command line's bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from edge_remat import arm_board
+from edge_remat.arm_board import ArmBoard, cpu_features, cpuinfo_text
+from edge_remat.cli import app
+from edge_remat.devices import find_device, load_device
+from edge_remat_agent.cgroup import MemoryCgroup
+from edge_remat_agent.formats import FormatError
+
+REPO = Path(__file__).resolve().parents[1]
+FAST_PROFILE = ["idle_s=0.1", "busy_s=0.1", "sizes=4KiB", "no_footprint=true"]
+
+
+def cli(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+# -- without a board -----------------------------------------------------------------------
+
+def test_emulated_arm64_config_is_an_ssh_board_with_an_emulator():
+    device = find_device("emulated-arm64")
+    assert device.connection.kind == "ssh" and device.connection.host == "127.0.0.1"
+    assert device.emulator is not None and device.emulator.kind == "arm64"
+    assert device.emulator.memory_limit_bytes == device.hardware.ram_bytes
+    assert device.hardware.memory_limit_bytes is None  # not a local cgroup board
+    code, out, _ = cli("devices")
+    assert code == 0 and "emulated-arm64" in out and "qemu" in out
+
+
+def test_emulator_needs_an_ssh_connection(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "bad"\n[connection]\nkind = "local"\n[emulator]\nkind = "arm64"\n')
+    with pytest.raises(FormatError, match="emulator"):
+        load_device(path)
+    path.write_text('name = "bad"\n[connection]\nkind = "ssh"\nhost = "127.0.0.1"\n'
+                    '[emulator]\nkind = "riscv"\n')
+    with pytest.raises(FormatError, match="kind"):
+        load_device(path)
+
+
+def test_cpuinfo_is_what_an_arm64_kernel_writes_for_the_emulated_cpu():
+    features = cpu_features(0b1011, 0b10)  # fp asimd aes; sve2
+    assert features == ["fp", "asimd", "aes", "sve2"]
+    text = cpuinfo_text(features, 2)
+    blocks = [b for b in text.split("\n\n") if b]
+    assert len(blocks) == 2 and blocks[1].startswith("processor\t: 1\n")
+    assert "Features\t: fp asimd aes sve2\n" in blocks[0]
+    assert "CPU implementer\t: 0x00\n" in blocks[0] and "CPU part\t: 0x051" in blocks[0]
+
+
+def test_arm_board_command_bad_input_is_one_error_line(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO / "tools" / "arm-board"), "--dir",
+                             str(tmp_path), "start", "--memory-limit", "lots"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --memory-limit") and "Traceback" not in result.stderr
+    result = subprocess.run([sys.executable, str(REPO / "tools" / "arm-board"), "--dir",
+                             str(tmp_path), "status"], capture_output=True, text=True)
+    assert result.returncode == 0 and "built:   no" in result.stdout
+    assert "running: no" in result.stdout
+
+
+# -- on the board --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def arm64_board():
+    """The built board (built now if missing); stopped afterwards unless it already ran."""
+    reason = arm_board.unavailable_reason()
+    if reason:
+        pytest.skip(f"no arm64 board here: {reason}")
+    board = ArmBoard()
+    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    was_running = board.state() is not None
+    started = time.monotonic()
+    facts = board.build(say)
+    print(f"arm64 board build: {time.monotonic() - started:.0f} s here "
+          f"({facts['build_s']:.0f} s when it was built)", file=sys.stderr)
+    yield board
+    if not was_running:
+        assert board.stop(say)
+        assert board.state() is None
+        # every process gone and its cgroup removed (its mounts lived in its own namespace)
+        assert MemoryCgroup.existing(board.cgroup_name) is None
+
+
+@pytest.mark.arm
+def test_profile_and_run_on_the_emulated_arm64_board(arm64_board, tmp_path):
+    graph = tmp_path / "graph.json"
+    code, out, err = cli("graph", "--model", "digits-cnn", "--batch", 4, "--image", 8,
+                         "--level", 2, "-o", graph, "--json")
+    assert code == 0, (out, err)
+
+    started = time.monotonic()
+    code, out, err = cli("profile", "--device", "emulated-arm64", "--graph", graph,
+                         *[a for p in FAST_PROFILE for a in ("--param", p)],
+                         "--out", tmp_path / "profiles", "--json")
+    profile_s = time.monotonic() - started
+    assert code == 0, (out, err)
+    answer = json.loads(out)
+    assert answer["status"] == "finished" and answer["device"] == "emulated-arm64"
+    profile_path = tmp_path / "profiles" / "profile.json"
+    profile = json.loads(profile_path.read_text())
+    assert profile["source"] == "measured"
+    device = profile["device"]
+    assert device["machine"] == "aarch64"  # the agent ran as aarch64 code
+    assert "emulated" in device["board"] and "qemu" in device["board"]
+    limit = find_device("emulated-arm64").emulator.memory_limit_bytes
+    assert device["cgroup_memory_limit_bytes"] == limit == profile["ram_total_bytes"]
+    assert all(op["time_s"] > 0 for op in profile["ops"].values())
+
+    started = time.monotonic()
+    code, out, err = cli("run", "--device", "emulated-arm64", "--model", "digits-cnn",
+                         "--batch", 4, "--image", 8, "--budget", "60%", "--steps", 2,
+                         "--profile", profile_path, "--paging", "none", "--time-limit", 3,
+                         "--out", tmp_path / "run", "--no-plots", "--json")
+    run_s = time.monotonic() - started
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    assert report["status"] == "finished" and len(report["step_time_s"]) == 2
+    assert report["recomputed"] > 0  # 60% of the plain peak needs recomputation
+    # the plan's gradients against eager PyTorch, both computed on the arm64 board
+    assert report["grad_check"]["bitwise_equal"] is True
+    board_report = json.loads((tmp_path / "run" / "board" / "run_report.json").read_text())
+    assert board_report["grad_check"]["bitwise_equal"] is True
+    text = (tmp_path / "run" / "report.txt").read_text()
+    assert "emulated arm64 board" in text and "timings are qemu's" in text
+    print(f"arm64 board: profile {profile_s:.0f} s, run {run_s:.0f} s, steps "
+          f"{', '.join(f'{s:.2f}' for s in report['step_time_s'])} s", file=sys.stderr)
