@@ -93,10 +93,11 @@ def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool 
                 and n.kind == "update")
         _check_room(store, needed)
         home = ParameterHome(store, module, list(homes))
-        home.move_out()
+        try:  # the move out is set-up: the steps' own store errors are the interpreter's
+            home.move_out()
+        except PageStoreError as error:
+            raise ExecutorError(str(error)) from error
         yield home
-    except PageStoreError as error:
-        raise ExecutorError(str(error)) from error
     finally:
         store.close()
 
