@@ -65,6 +65,10 @@ def plan(
     flash_latency: Optional[float] = typer.Option(None, "--flash-latency", help="seconds"),
     flash_energy_per_byte: Optional[float] = typer.Option(None, "--flash-energy-per-byte",
                                                           help="joules per byte moved"),
+    arena: str = typer.Option("best-fit", "--arena", help="lay every planned tensor out in one "
+                              "arena: best-fit | cpsat (exact, within --arena-time-limit) | none"),
+    arena_time_limit: float = typer.Option(10.0, "--arena-time-limit",
+                                           help="seconds for the cpsat arena layout"),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -89,6 +93,12 @@ def plan(
         raise FormatError("command line", "--budget", "exactly one of --budget and --sweep")
     from .checks import check_solver_options
     check_solver_options(solver, time_limit, workers, backend)
+    from .planner.arena import ARENA_METHODS
+    if arena not in ARENA_METHODS:
+        raise FormatError("command line", "--arena", " | ".join(ARENA_METHODS), arena)
+    if not arena_time_limit > 0:
+        raise FormatError("command line", "--arena-time-limit", "seconds above 0",
+                          arena_time_limit)
     target_deadline = parse_multiplier(deadline) if deadline else None
     if sweep is not None:
         from .sweep import parse_sweep
@@ -119,6 +129,9 @@ def plan(
     report = solve(problem, solver, time_limit, backend, workers, progress=progress)
     if progress is not None:
         typer.echo("", err=True)
+    from .planner.arena import plan_arena
+    report.plan.arena = plan_arena(g, report.plan, problem.costs, arena, arena_time_limit,
+                                   workers)
     result = plan_dict_with_tiers(report.plan, tier_params)
     if output:
         from edge_remat_agent.formats.fields import dump_json
@@ -132,11 +145,21 @@ def plan(
             "energy_compute_j": pr["energy_compute_j"], "energy_paging_j": pr["energy_paging_j"],
             "recomputed": pr["recomputed"], "page_ins": pr["page_ins"],
             "page_outs": pr["page_outs"], "lower_bound": s["lower_bound"], "gap": s["gap"],
-            "solve_time_s": s["solve_time_s"], "baselines": s["baselines"], "plan": output}))
+            "solve_time_s": s["solve_time_s"], "baselines": s["baselines"],
+            "arena": _arena_summary(result.get("arena")), "plan": output}))
     else:
         typer.echo(plan_table(result))
         if output:
             typer.echo(f"plan written to {output}")
+
+
+def _arena_summary(arena: Optional[dict]) -> Optional[dict]:
+    if arena is None:
+        return None
+    return {"method": arena["method"], "size_bytes": arena["size_bytes"], **{
+        key: arena["details"].get(key) for key in ("status", "lower_bound_bytes",
+                                                   "planned_tensor_peak_bytes",
+                                                   "over_tensor_peak")}}
 
 
 def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backend: str,

@@ -29,6 +29,13 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
         ("gap", _num(None if s.get("gap") is None else 100 * s["gap"], "{:.2f} %")),
         ("solve time", f"{s['solve_time_s']:.2f} s"),
     ]
+    arena = plan_dict.get("arena")
+    if arena is not None:
+        d = arena["details"]
+        over = d.get("over_tensor_peak")
+        rows.append(("arena", f"{fmt_bytes(arena['size_bytes'])} ({arena['method']}, "
+                              f"{d.get('status')}; " + (f"{over:.3f}x " if over else "")
+                              + "the planned tensor peak)"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

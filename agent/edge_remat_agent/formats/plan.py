@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .arena import ArenaLayout, arena_from_dict
 from .fields import Reader, check_header, dump_json, load_json
 from .graph import NodeId
 from .profile import TIER_NAMES
@@ -50,6 +51,7 @@ class Plan:
     predicted: dict[str, Any] = field(default_factory=dict)  # the simulator's figures
     problem: dict[str, Any] = field(default_factory=dict)  # deadline, paging, profile, costs used
     fingerprint: str = ""  # hash of graph + profile + budgets
+    arena: ArenaLayout | None = None  # optional: each planned tensor's offset (formats/arena.py)
 
     def instructions(self):
         for stage in self.stages:
@@ -60,14 +62,15 @@ class Plan:
                 "graph_fingerprint": self.graph_fingerprint, "budget_bytes": self.budget_bytes,
                 "objective": self.objective, "solver": self.solver, "predicted": self.predicted,
                 "problem": self.problem,
-                "stages": [[ins.to_dict() for ins in stage] for stage in self.stages]}
+                "stages": [[ins.to_dict() for ins in stage] for stage in self.stages],
+                **({"arena": self.arena.to_dict()} if self.arena is not None else {})}
 
     def save(self, path: str | Path) -> None:
         dump_json(self.to_dict(), path)
 
 
 _FIELDS = {"format", "version", "fingerprint", "graph_fingerprint", "budget_bytes", "objective",
-           "solver", "predicted", "problem", "stages"}
+           "solver", "predicted", "problem", "stages", "arena"}
 
 
 def plan_from_dict(obj: Any, source: str = "<plan>") -> Plan:
@@ -85,7 +88,8 @@ def plan_from_dict(obj: Any, source: str = "<plan>") -> Plan:
                 objective=r.str("objective", "time", ("time", "energy")),
                 solver=r.object("solver", None) or {},
                 predicted=r.object("predicted", None) or {},
-                problem=r.object("problem", None) or {}, fingerprint=r.str("fingerprint", ""))
+                problem=r.object("problem", None) or {}, fingerprint=r.str("fingerprint", ""),
+                arena=arena_from_dict(obj["arena"], source) if "arena" in obj else None)
 
 
 def _instruction(r: Reader) -> Instruction:
