@@ -97,6 +97,8 @@ class StepRunner:
                                if getattr(n.target, "__name__", "").split(".")[0]
                                in GRAD_MODE_OPS}
         self.env: dict[str, Any] = {}
+        # Optional: runs ops as .out variants into planned memory (executor/arena.OutWriter).
+        self.writer: Any = None
         self.start_step(module, example_args)
 
     # -- a step's lifetime -------------------------------------------------------------------
@@ -193,6 +195,27 @@ class StepRunner:
             self._hold(name, values[name])
             self.env[name] = values[name]
 
+    def rebind(self, name: str, value: torch.Tensor) -> None:
+        """The same value, moved (the arena executor copied it into its slot)."""
+        self.env[name] = value
+        keys = self._keys.get(name)
+        if keys and self.ledger is not None:
+            tensors = dict(_tensors(value))
+            for key in keys:
+                self.ledger.unregister(key)
+                self.ledger.register_tensor(key, tensors[key[2]])
+
+    def fixed_values(self) -> set[str]:
+        """Values in a gradient's storage that the caller counts as fixed memory."""
+        return self._gradient_values
+
+    def storages_held(self) -> set[int]:
+        """The storages of every value this step holds now (what a node did not make)."""
+        held = {t.untyped_storage().data_ptr() for value in self.env.values()
+                for _, t in _tensors(value)}
+        held.update(t.untyped_storage().data_ptr() for t in self.grads.values())
+        return held
+
     def run_plain(self) -> None:
         """Every node once, in order, freeing each output after its last reader (the
         optimizer's steps are the caller's: update nodes are skipped)."""
@@ -261,7 +284,10 @@ class StepRunner:
                         with torch.enable_grad():  # see trace.GRAD_MODE_OPS
                             result = op.target(*args, **kwargs)
                     else:
-                        result = op.target(*args, **kwargs)
+                        result = None if self.writer is None else \
+                            self.writer.call(op, args, kwargs)
+                        if result is None:
+                            result = op.target(*args, **kwargs)
                     self._hold(op.name, result)
                     local[op.name] = result
                     for name in dropped:

@@ -46,8 +46,10 @@ class StepCounts:
 
 class Interpreter:
     def __init__(self, runner: StepRunner, graph: Graph, stores: dict[str, PageStore],
-                 step_group: Callable[[Node, StepRunner], None] | None = None):
+                 step_group: Callable[[Node, StepRunner], None] | None = None,
+                 placement: Any = None):
         self.runner, self.graph, self.stores = runner, graph, stores
+        self.placement = placement  # the arena executor's hooks (executor/arena.py), or None
         self.step_group = step_group
         self.handlers = {"compute": self._compute, "free": self._free,
                          "page_out": self._page_out, "page_in": self._page_in}
@@ -55,13 +57,27 @@ class Interpreter:
 
     def run(self, stages: Stages) -> StepCounts:
         self.counts = StepCounts()
+        t = -1
         for s, stage in enumerate(stages):
             for k, ins in enumerate(stage):
+                t += 1
                 try:
-                    self.handlers[ins.op](ins)
+                    if self.placement is None:
+                        self.handlers[ins.op](ins)
+                    else:
+                        self._placed(t, ins)
                 except Exception as error:  # noqa: BLE001 - each becomes one clear line
                     raise self._explain(error, s, k, ins) from error
         return self.counts
+
+    def _placed(self, t: int, ins: Instruction) -> None:
+        self.placement.before(t, ins)
+        try:
+            self.handlers[ins.op](ins)
+        except BaseException:
+            self.placement.after(ins, failed=True)
+            raise
+        self.placement.after(ins)
 
     def _explain(self, error: Exception, s: int, k: int, ins: Instruction) -> Exception:
         if is_out_of_memory(error):

@@ -25,13 +25,17 @@ from ..profiler import LiveTensorLedger, StepMeter
 from ..sensors import PowerSensor
 from ..simulate import PlanError, SimResult, simulate
 from .batches import batch_source, data_name, is_example
-from .errors import BadInput, ExecutorError, PlanMismatch, first_line, is_out_of_memory
+from .arena import Arena, ArenaPlacement
+from .baseline import runtime_baseline
+from .errors import OOM_REMEDY, BadInput, ExecutorError, PlanMismatch, first_line, \
+    is_out_of_memory
 from .gradcheck import compare, deterministic, eager_reference
 from .report import FORMAT, step_record, summarize
 from .step import PlannedStep, plain_step
 from .stores import describe_stores, open_parameter_home, open_stores
 from .updates import ParameterHome, make_optimizer
 
+ALLOCATORS = ("glibc", "arena")
 Progress = Callable[[int, int, dict], None]  # (step index from 0, steps, that step's record)
 
 
@@ -42,8 +46,10 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              seed: int | None = None, flash_fsync: bool = True,
              flash_capacity_bytes: int | None = None,
              map_large_allocations: bool = True, lr: float | None = None,
-             keep_parameters: bool = False) -> dict[str, Any]:
+             keep_parameters: bool = False, allocator: str = "glibc") -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
+    `allocator`: "glibc" (tensors from the CPU allocator) or "arena" (every planned tensor in
+    the plan's arena layout, executor/arena.py).
     `keep_parameters`: afterwards, read the parameters homed on a page tier back into
     `captured.module` (it then holds the trained model; a board too small for the whole model
     leaves this off)."""
@@ -53,6 +59,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         raise BadInput(f"graph '{graph.name}' is for planning only (imported, not captured): "
                        "capture the model with `edge-remat graph` to run it")
     check_plan_is_for(graph, plan, "the graph file")
+    check_allocator(plan, allocator)
     if captured is None:
         captured = capture_here(graph)
     check_plan_is_for(captured.graph, plan, "the graph captured on this machine")
@@ -62,7 +69,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     power = open_power_sensor(sensor)
     batches = batch_source(data, captured.example_args, device, 0 if seed is None else seed)
     ledger = LiveTensorLedger()
-    allocator = map_large_blocks() if map_large_allocations else None
+    malloc = map_large_blocks() if map_large_allocations else None
     records: list[dict] = []
     grad_check: dict | None = None
     if seed is not None:
@@ -74,7 +81,12 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         runner = StepRunner(captured.trace, captured.graph, module,
                             batches(0) if is_example(data) else captured.example_args,
                             device, ledger, home.load if home else None)
-        planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger)
+        # What the kernel charges before the first step, before the arena exists.
+        baseline = runtime_baseline(module)
+        arena = open_arena(plan, captured.graph, device) if allocator == "arena" else None
+        placement = None if arena is None else ArenaPlacement(arena, runner, captured.graph)
+        planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger,
+                              placement)
         for i in range(steps):
             batch = batches(i)
             check = None
@@ -85,6 +97,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                     nonlocal grad_check
                     grad_check = compare(reference, loss, grads, module)
             _reset_device_peak(device)
+            if arena is not None:
+                arena.start_step()
             with StepMeter(ledger, power) as meter:
                 result = planned.run(batch, check)
             if check is not None:
@@ -92,6 +106,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                 give_back_freed_memory()
             records.append(step_record(i + 1, result.loss, meter.result, result.counts,
                                        _device_peak(device)))
+            if arena is not None:
+                records[-1]["arena"] = arena.counts.to_dict()
             if progress is not None:
                 progress(i, steps, records[-1])
         tiers = describe_stores(opened)
@@ -107,7 +123,9 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "graph_fingerprint": captured.graph.fingerprint(), "plan_fingerprint": plan.fingerprint,
         "device": str(device), "torch": torch.__version__, "deterministic": True, "seed": seed,
         "data": data_name(data), "optimizer": _optimizer_description(captured.graph, lr),
-        "sensor": getattr(power, "name", None), "tiers": tiers, "allocator": allocator,
+        "sensor": getattr(power, "name", None), "tiers": tiers, "allocator": malloc,
+        "executor_allocator": allocator, "arena": describe_arena(arena, plan),
+        "runtime_baseline_bytes": baseline["bytes"], "runtime_baseline": baseline,
         "budget_bytes": plan.budget_bytes, "fixed_bytes": captured.graph.fixed_bytes,
         "predicted_peak_bytes": sim.peak_bytes, "predicted_time_s": predicted["time_s"],
         "predicted": predicted,
@@ -183,6 +201,34 @@ def eager_reference_with(home: ParameterHome | None, module: torch.nn.Module, ba
         return eager_reference(module, batch, device)
     finally:
         home.release()
+
+
+def check_allocator(plan: Plan, allocator: str) -> None:
+    if allocator not in ALLOCATORS:
+        raise BadInput(f"unknown allocator {allocator!r}: use {' or '.join(ALLOCATORS)}")
+    if allocator == "arena" and plan.arena is None:
+        raise BadInput("the plan has no arena layout, so it cannot run with the arena "
+                       "allocator: plan it with `edge-remat plan --arena best-fit` (or cpsat)")
+
+
+def open_arena(plan: Plan, graph: Graph, device: torch.device) -> Arena:
+    try:
+        return Arena(plan.arena, graph, plan, device)
+    except ValueError as error:
+        raise BadInput(str(error)) from error
+    except RuntimeError as error:
+        if is_out_of_memory(error):
+            raise ExecutorError(f"cannot allocate the plan's arena of {plan.arena.size_bytes} "
+                                f"bytes ({first_line(error)}). Remedy: {OOM_REMEDY}") from error
+        raise
+
+
+def describe_arena(arena: Arena | None, plan: Plan) -> dict[str, Any] | None:
+    if arena is None:
+        return None
+    return {"size_bytes": arena.nbytes, "method": plan.arena.method, "device": str(arena.device),
+            # Measured on the CPU; on CUDA the path runs but nothing here has measured it.
+            "measured": arena.device.type == "cpu", **plan.arena.details}
 
 
 def check_plan_is_for(graph: Graph, plan: Plan, what: str) -> None:

@@ -16,8 +16,10 @@ three go through this module, so a page written by one can be read by any other.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
+import threading
 import struct
 import zlib
 from dataclasses import dataclass
@@ -138,11 +140,29 @@ def parse_header(body: bytes, crc: int, key: Hashable, where: str) -> PageHeader
     return header
 
 
+# Where pages are read into: a function (nbytes, dtype, shape, stride) -> tensor or None, set
+# per thread by the arena executor (executor/arena.py) so that a page lands in its planned slot.
+_placement = threading.local()
+
+
+@contextlib.contextmanager
+def reading_into(place):
+    previous = getattr(_placement, "place", None)
+    _placement.place = place
+    try:
+        yield
+    finally:
+        _placement.place = previous
+
+
 def allocate(header: PageHeader, key: Hashable, where: str) -> tuple[torch.Tensor, memoryview]:
     """An empty tensor laid out as the header says, and a view of its memory to fill."""
     if not is_dense(header.shape, header.stride):
         raise PageCorrupted(key, where, f"header stride {header.stride} is not a dense layout")
-    tensor = torch.empty_strided(header.shape, header.stride, dtype=header.dtype)
+    place = getattr(_placement, "place", None)
+    tensor = place(header.nbytes, header.dtype, header.shape, header.stride) if place else None
+    if tensor is None:
+        tensor = torch.empty_strided(header.shape, header.stride, dtype=header.dtype)
     view = memory_view(tensor)
     if view.nbytes != header.nbytes:
         raise PageCorrupted(key, where, f"header says {header.nbytes} payload bytes, but "

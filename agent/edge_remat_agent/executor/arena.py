@@ -1,0 +1,302 @@
+"""The arena executor's memory: one block allocated once per run, every planned tensor in the
+slot the plan's arena layout gives it (formats/arena.py, lifetimes.py).
+
+At a `compute` or `page_in` at flat instruction index t, the node's output storages go into
+slot t's output range, one after another, each aligned:
+  - an op whose results are all the node's own outputs runs as its ATen `.out` variant, writing
+    into views of the slot (`OutWriter`, called by the StepRunner for every op);
+  - pages read from a store (page_in, parameters loaded from their home, optimizer state)
+    are read straight into the slot (pages/codec.reading_into); state read by an update node
+    goes to its workspace range;
+  - any other output storage the node made (an op without an `.out` variant, a view of an
+    intermediate) is copied into the slot afterwards, and counted (`copies`, `copied_bytes`).
+What the ops allocate inside a node (intermediates, kernel scratch) still comes from the CPU
+allocator: the plan counts it as the node's workspace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ..formats import Graph, Plan
+from ..formats.arena import ArenaLayout, Slot
+from ..lifetimes import LayoutError, check_layout
+
+
+@dataclass
+class ArenaCounts:
+    """What one step did in the arena."""
+
+    out_writes: int = 0  # op results written in place by an .out variant
+    out_bytes: int = 0
+    page_reads: int = 0  # pages read straight into a slot
+    page_read_bytes: int = 0
+    copies: int = 0  # storages copied into a slot after the op made them elsewhere
+    copied_bytes: int = 0
+    outside: int = 0  # storages that did not fit their slot and stayed where ATen put them
+    outside_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Cursor:
+    """The next free aligned byte of one slot range."""
+
+    def __init__(self, offset: int | None, nbytes: int, alignment: int):
+        self.next, self.end, self.alignment = offset or 0, (offset or 0) + nbytes, alignment
+
+    def take(self, nbytes: int) -> int | None:
+        if self.next + nbytes > self.end:
+            return None
+        at = self.next
+        self.next = -(-(at + nbytes) // self.alignment) * self.alignment
+        return at
+
+
+class Arena:
+    def __init__(self, layout: ArenaLayout, graph: Graph, plan: Plan,
+                 device: torch.device | None = None):
+        try:
+            check_layout(graph, plan.stages, layout)
+        except LayoutError as error:
+            raise ValueError(f"the plan's arena layout does not fit its schedule: {error}. "
+                             "Remedy: plan again (`edge-remat plan --arena best-fit`)") from error
+        self.layout, self.graph = layout, graph
+        self.slots = layout.by_instruction()
+        self.device = device or torch.device("cpu")
+        self.memory = torch.empty(max(layout.size_bytes, 1), dtype=torch.uint8,
+                                  device=self.device)
+        self.storage = self.memory.untyped_storage()
+        self.base = self.memory.data_ptr()
+        self.counts = ArenaCounts()
+        self._output: _Cursor | None = None
+        self._workspace: _Cursor | None = None
+        self._writable: set[str] = set()  # op names whose results this instruction places
+
+    @property
+    def nbytes(self) -> int:
+        return self.layout.size_bytes
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        ptr = tensor.untyped_storage().data_ptr()
+        return tensor.device == self.device and self.base <= ptr < self.base + self.nbytes
+
+    def start_step(self) -> None:
+        self.counts = ArenaCounts()
+
+    # -- one instruction ---------------------------------------------------------------------
+
+    def open(self, instruction: int, writable: set[str] = frozenset()) -> None:
+        """Slot `instruction` is where what comes next goes; `writable`: the op results that
+        are the node's own outputs (candidates for .out)."""
+        slot = self.slots.get(instruction) or Slot(instruction, None, 0, None, 0)
+        self._output = _Cursor(slot.output_offset, slot.output_bytes, self.layout.alignment)
+        self._workspace = _Cursor(slot.workspace_offset, slot.workspace_bytes,
+                                  self.layout.alignment)
+        self._writable = writable
+
+    def close(self) -> None:
+        self._output = self._workspace = None
+        self._writable = set()
+
+    def tensor_at(self, offset: int, dtype: torch.dtype, shape, stride) -> torch.Tensor:
+        size = torch.empty((), dtype=dtype).element_size()
+        return torch.empty(0, dtype=dtype, device=self.device).set_(
+            self.storage, offset // size, tuple(shape), tuple(stride))
+
+    def page_slot(self, nbytes: int, dtype: torch.dtype, shape, stride) -> torch.Tensor | None:
+        """Where a page being read goes (pages/codec.reading_into): the output range, else
+        the workspace range (an update's optimizer state), else None (ATen allocates)."""
+        if self._output is None:
+            return None
+        offset = self._output.take(nbytes)
+        if offset is None:
+            offset = self._workspace.take(nbytes)
+        if offset is None:
+            return None
+        self.counts.page_reads += 1
+        self.counts.page_read_bytes += nbytes
+        return self.tensor_at(offset, dtype, shape, stride)
+
+    def out_buffers(self, name: str, metas: list) -> list[torch.Tensor] | None:
+        """Views of the output range for an op's results (None: let the op allocate)."""
+        if self._output is None or name not in self._writable:
+            return None
+        saved = self._output.next
+        buffers = []
+        for meta in metas:
+            offset = self._output.take(_storage_bytes(meta))
+            if offset is None:
+                self._output.next = saved
+                return None
+            buffers.append(self.tensor_at(offset, meta.dtype, meta.shape, meta.stride()))
+        return buffers
+
+    def settle(self, values: dict[str, Any], skip: set[int]) -> dict[str, Any]:
+        """The node's output values, with every storage it made that is not in the arena
+        copied into the output range (views re-made on the copy). `skip`: storages not the
+        node's own (inputs', parameters', gradients held as fixed memory)."""
+        moved: dict[int, torch.Tensor] = {}
+        out = {}
+        for name, value in values.items():
+            if not isinstance(value, torch.Tensor) or self.holds(value):
+                out[name] = value
+                continue
+            storage = value.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr in skip or storage.nbytes() == 0:
+                out[name] = value
+                continue
+            if ptr not in moved:
+                offset = self._output.take(storage.nbytes()) if self._output else None
+                if offset is None:
+                    self.counts.outside += 1
+                    self.counts.outside_bytes += storage.nbytes()
+                    out[name] = value
+                    skip.add(ptr)
+                    continue
+                target = self.memory[offset:offset + storage.nbytes()]
+                target.copy_(torch.empty(0, dtype=torch.uint8, device=value.device).set_(
+                    storage, 0, (storage.nbytes(),), (1,)))
+                moved[ptr] = target
+                self.counts.copies += 1
+                self.counts.copied_bytes += storage.nbytes()
+            base = moved[ptr]
+            out[name] = torch.empty(0, dtype=value.dtype, device=self.device).set_(
+                base.untyped_storage(),
+                base.storage_offset() // value.element_size() + value.storage_offset(),
+                value.shape, value.stride())
+        return out
+
+
+def _storage_bytes(meta) -> int:
+    """Bytes of a dense result laid out as `meta` (a traced value)."""
+    if meta.numel() == 0:
+        return 0
+    span = 1 + sum((size - 1) * stride for size, stride in zip(meta.shape, meta.stride()))
+    return span * meta.element_size()
+
+
+def _out_variant(target) -> tuple | None:
+    packet = getattr(target, "overloadpacket", None)
+    schema = getattr(target, "_schema", None)
+    if packet is None or schema is None:
+        return None
+    wanted = [a.name for a in schema.arguments]
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        arguments = candidate._schema.arguments
+        outs = [a.name for a in arguments if a.is_out]
+        if outs and [a.name for a in arguments if not a.is_out] == wanted:
+            return candidate, outs
+    return None
+
+
+class OutWriter:
+    """Runs an op as its `.out` variant into the arena when the arena has room for its results
+    (StepRunner calls `call` for every op; None means: run it as traced)."""
+
+    def __init__(self, arena: Arena):
+        self.arena = arena
+        self._variants: dict[Any, tuple | None] = {}
+
+    def variant(self, target) -> tuple | None:
+        """(the out overload that takes exactly `target`'s arguments, names of its out
+        arguments), or None where there is none."""
+        if target not in self._variants:
+            self._variants[target] = _out_variant(target)
+        return self._variants[target]
+
+    def call(self, op, args, kwargs):
+        meta = op.meta.get("val")
+        metas = list(meta) if isinstance(meta, (tuple, list)) else [meta]
+        if not metas or not all(isinstance(m, torch.Tensor) and m.storage_offset() == 0
+                                for m in metas):
+            return None
+        found = self.variant(op.target)
+        if found is None or len(found[1]) != len(metas):
+            return None
+        saved = self.arena._output.next if self.arena._output is not None else 0
+        buffers = self.arena.out_buffers(op.name, metas)
+        if buffers is None:
+            return None
+        variant, names = found
+        try:
+            result = variant(*args, **kwargs, **dict(zip(names, buffers)))
+        except (RuntimeError, TypeError):  # an out variant this op's arguments do not fit
+            self._variants[op.target] = None
+            self.arena._output.next = saved  # its buffers are free again
+            return None
+        counts = self.arena.counts
+        counts.out_writes += len(buffers)
+        counts.out_bytes += sum(b.numel() * b.element_size() for b in buffers)
+        return tuple(result) if isinstance(meta, (tuple, list)) else result
+
+
+class ArenaPlacement:
+    """The interpreter's hooks: open instruction t's slot before it runs (pages and .out
+    results land there), settle the node's outputs into it after."""
+
+    def __init__(self, arena: Arena, runner, graph: Graph):
+        from ..pages.codec import reading_into
+        self.arena, self.runner, self.graph = arena, runner, graph
+        self.writer = OutWriter(arena)
+        self._reading_into = reading_into
+        self._reading = None
+        self._writable: dict[Any, set[str]] = {}
+        runner.writer = self.writer
+
+    def writable(self, node_id) -> set[str]:
+        """Ops of the node whose every result is one of the node's own outputs."""
+        found = self._writable.get(node_id)
+        if found is None:
+            node = self.graph.node(node_id)
+            outputs = set(node.attrs.get("outputs", ())) - self.runner.fixed_values()
+            found = set()
+            for name in node.attrs.get("members", ()):
+                op = self.runner.trace.node(name)
+                if name in outputs:
+                    found.add(name)
+                elif isinstance(op.meta.get("val"), (tuple, list)):
+                    users = [u for u in op.users if u.name in outputs or u.users]
+                    if users and all(u.name in outputs for u in users) and \
+                            len(users) == len(op.meta["val"]):
+                        found.add(name)
+            self._writable[node_id] = found
+        return found
+
+    def _keep_gradients(self) -> None:
+        """Gradients kept to the step's end (for the gradient check) must outlive their
+        slots, which later tensors reuse: those in the arena are copied out (a checked step
+        holds a plain step's gradients anyway)."""
+        for param, grad in self.runner.grads.items():
+            if self.arena.holds(grad):
+                self.runner.grads[param] = grad.clone()
+
+    def before(self, t: int, ins) -> None:
+        if ins.op in ("compute", "page_in"):
+            self.arena.open(t, self.writable(ins.node) if ins.op == "compute" else set())
+            self._skip = self.runner.storages_held()
+            self._reading = self._reading_into(self.arena.page_slot)
+            self._reading.__enter__()
+
+    def after(self, ins, failed: bool = False) -> None:
+        if ins.op not in ("compute", "page_in"):
+            return
+        self._reading.__exit__(None, None, None)
+        self._reading = None
+        try:
+            if not failed and self.graph.node(ins.node).kind != "update":
+                outputs = self.runner.outputs(ins.node)
+                fixed = self.runner.fixed_values()
+                own = {k: v for k, v in outputs.items() if k not in fixed}
+                for name, value in self.arena.settle(own, self._skip).items():
+                    if value is not outputs[name]:
+                        self.runner.rebind(name, value)
+            self._keep_gradients()
+        finally:
+            self.arena.close()

@@ -1,0 +1,49 @@
+"""The runtime baseline: what the kernel charges the agent before the first step.
+
+Interpreter, torch, model code, the agent daemon beside it: memory no plan can move. Read from
+the memory cgroup the agent runs in (an emulated board's, or a board's own) just before the
+first step; without one, the process's resident set. The model's parameters and buffers
+already in RAM then are planned memory (the plan's fixed bytes), so they are taken out. The
+physical memory of training is then (kernel peak - runtime baseline), held against the plan's
+predicted peak.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..cgroup import own_memory_group
+
+
+def runtime_baseline(module: torch.nn.Module) -> dict[str, Any]:
+    group = own_memory_group()
+    charged = group.usage_bytes() if group is not None else None
+    source = f"cgroup v{group.version} {group.path.name}" if charged is not None else None
+    if charged is None:
+        charged, source = _rss_bytes(), "process resident set (no memory cgroup)"
+    model = _resident_model_bytes(module)
+    return {"bytes": None if charged is None else max(0, charged - model),
+            "charged_bytes": charged, "resident_model_bytes": model, "source": source}
+
+
+def _resident_model_bytes(module: torch.nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*module.parameters(), *module.buffers()]:
+        storage = tensor.untyped_storage()
+        if tensor.device.type != "cpu" or storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
+    return total
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as statm:
+            import os
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -1,0 +1,73 @@
+"""The arena executor against eager PyTorch: every planned tensor in the plan's arena layout,
+and parameters after N steps bitwise equal to plain training (recomputation, paging to flash,
+dropout and batch-norm statistics included); a plan without a layout, or with a layout that
+does not fit its schedule, is one clear error."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from edge_remat.planner.arena import plan_arena
+from edge_remat_agent.executor import BadInput, run_plan
+from edge_remat_agent.formats.arena import Slot
+
+from test_executor import (STEPS, assert_same_model, dtr_plan, eager_run, every_forward_recomputed,
+                           example_model, trainable_count, with_paging, zoo_captures,  # noqa: F401
+                           user_capture, zoo_model)
+
+
+def with_arena(plan, graph, method="best-fit"):
+    return dataclasses.replace(plan, arena=plan_arena(graph, plan, None, method, 5.0))
+
+
+@pytest.mark.parametrize("name", ["resnet18", "bert-mini", "mobilenet_v2"])
+def test_arena_plans_train_bitwise_like_eager(name, zoo_captures, tmp_path):
+    captured = zoo_captures(name)
+    plan = with_arena(with_paging(dtr_plan(captured.graph), captured.graph), captured.graph)
+    report = run_plan(captured.graph, plan, STEPS, str(tmp_path / "pages"), captured=captured,
+                      seed=11, allocator="arena")
+    assert report["recomputed"] > 0 and report["page_ins"] > 0
+    check = report["grad_check"]
+    assert check["bitwise_equal"] and check["compared"] == trainable_count(captured.module)
+    reference, losses = eager_run(zoo_model(name), STEPS, seed=11)
+    assert [r["loss"] for r in report["steps"]] == losses
+    assert_same_model(captured.module, reference)
+    assert report["executor_allocator"] == "arena"
+    assert report["arena"]["size_bytes"] == plan.arena.size_bytes
+    counts = report["steps"][-1]["arena"]
+    # Outputs reach their slots by .out writes, page reads or copies; none stays outside.
+    assert counts["outside"] == 0, counts
+    assert counts["out_writes"] > 0 and counts["page_reads"] > 0, counts
+
+
+def test_dropout_and_batch_norm_in_the_arena(user_capture, tmp_path):
+    captured = user_capture()
+    graph = captured.graph
+    plan = with_arena(with_paging(every_forward_recomputed(graph), graph, every=3), graph,
+                      "cpsat")
+    report = run_plan(graph, plan, STEPS, str(tmp_path), captured=captured, seed=5,
+                      allocator="arena")
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]
+    reference, losses = eager_run(example_model, STEPS, seed=5)
+    assert [r["loss"] for r in report["steps"]] == losses
+    assert_same_model(captured.module, reference)
+
+
+def test_a_plan_without_a_layout_or_with_a_bad_one_is_refused(user_capture):
+    captured = user_capture()
+    graph = captured.graph
+    plan = every_forward_recomputed(graph)
+    with pytest.raises(BadInput, match="no arena layout.*edge-remat plan --arena"):
+        run_plan(graph, plan, 1, None, captured=captured, allocator="arena")
+    with pytest.raises(BadInput, match="unknown allocator"):
+        run_plan(graph, plan, 1, None, captured=captured, allocator="jemalloc")
+    layout = plan_arena(graph, plan)
+    first, second = [s for s in layout.slots if s.output_bytes][:2]
+    clash = [dataclasses.replace(s, output_offset=first.output_offset)
+             if s is second else s for s in layout.slots]
+    bad = dataclasses.replace(plan, arena=dataclasses.replace(layout, slots=clash))
+    with pytest.raises(BadInput, match="arena layout does not fit its schedule.*overlap"):
+        run_plan(graph, bad, 1, None, captured=captured, allocator="arena")
+    assert isinstance(first, Slot)
