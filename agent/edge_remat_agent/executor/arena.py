@@ -111,8 +111,8 @@ class Arena:
     def page_slot(self, nbytes: int, dtype: torch.dtype, shape, stride) -> torch.Tensor | None:
         """Where a page being read goes (pages/codec.reading_into): the output range, else
         the workspace range (an update's optimizer state), else None (ATen allocates)."""
-        if self._output is None:
-            return None
+        if self._output is None or self.device.type != "cpu":
+            return None  # pages are read on the CPU; on CUDA settle() copies them in
         offset = self._output.take(nbytes)
         if offset is None:
             offset = self._workspace.take(nbytes)

@@ -7,6 +7,7 @@ run_plain  plain eager training, measured the same way (the baseline a plan is c
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -22,6 +23,7 @@ from ..formats.fields import Reader
 from ..formats.profile import tier_from
 from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
+from ..profiler.allocations import AllocatorPeak
 from ..sensors import PowerSensor
 from ..simulate import PlanError, SimResult, simulate
 from .batches import batch_source, data_name, is_example
@@ -46,10 +48,13 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              seed: int | None = None, flash_fsync: bool = True,
              flash_capacity_bytes: int | None = None,
              map_large_allocations: bool = True, lr: float | None = None,
-             keep_parameters: bool = False, allocator: str = "glibc") -> dict[str, Any]:
+             keep_parameters: bool = False, allocator: str = "glibc",
+             count_allocations: bool = False) -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
     `allocator`: "glibc" (tensors from the CPU allocator) or "arena" (every planned tensor in
-    the plan's arena layout, executor/arena.py).
+    the plan's arena layout, executor/arena.py). `count_allocations`: run the last step under
+    the CPU allocator's event stream and record what it allocated (the profiler slows that
+    step: leave it out of timings).
     `keep_parameters`: afterwards, read the parameters homed on a page tier back into
     `captured.module` (it then holds the trained model; a board too small for the whole model
     leaves this off)."""
@@ -99,7 +104,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             _reset_device_peak(device)
             if arena is not None:
                 arena.start_step()
-            with StepMeter(ledger, power) as meter:
+            counted = AllocatorPeak(device) if count_allocations and i == steps - 1 else None
+            with StepMeter(ledger, power) as meter, counted or contextlib.nullcontext():
                 result = planned.run(batch, check)
             if check is not None:
                 check = reference = None  # the reference's gradients go before step 2
@@ -108,6 +114,10 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                                        _device_peak(device)))
             if arena is not None:
                 records[-1]["arena"] = arena.counts.to_dict()
+            if counted is not None and counted.measured:
+                records[-1]["cpu_allocations"] = {
+                    "count": counted.allocations, "bytes": counted.allocated_bytes,
+                    "peak_bytes": counted.peak_bytes}
             if progress is not None:
                 progress(i, steps, records[-1])
         tiers = describe_stores(opened)

@@ -41,6 +41,8 @@ class AllocatorPeak:
         self.peak_bytes = 0
         self.retained_bytes = 0
         self.events = 0  # allocation and free events seen (CPU)
+        self.allocations = 0  # of those, allocations, and the bytes they asked for (CPU)
+        self.allocated_bytes = 0
         self.measured = False
         self._profile = None
         self._start = 0
@@ -73,6 +75,8 @@ class AllocatorPeak:
                 profile.__exit__(exc_type, exc, tb)
             if exc_type is None:
                 self.peak_bytes, self.retained_bytes, self.events = cpu_peak(profile)
+                sizes = [size for _, _, size, _ in allocation_events(profile) if size > 0]
+                self.allocations, self.allocated_bytes = len(sizes), sum(sizes)
                 self.measured = True
         elif self.device.type == "cuda" and torch.cuda.is_available() and exc_type is None:
             torch.cuda.synchronize(self.device)

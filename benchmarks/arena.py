@@ -1,0 +1,180 @@
+"""The arena executor against the glibc executor: physical memory under a memory cgroup, and
+step time.
+
+For each model and budget (50% of the plain peak, and the model's floor with 2% room) it plans
+(recomputation only: pages would put the page cache in the cgroup's figures), lays the plan's
+tensors out in one arena (CP-SAT, started from the best fit), and runs the plan twice, once per
+executor, each in a fresh process inside a fresh memory cgroup (root, cgroup v1 or v2). The
+child captures the model, resets the cgroup's peak, then runs the steps; the run report states
+the runtime baseline (what the kernel charged before the first step, less the model's resident
+parameters) and the child reads the cgroup's peak afterwards. It prints, per row:
+
+  planned   the plan's predicted peak (tensors + fixed memory)
+  arena     the arena's size (+ fixed memory) and its size over the planned tensor peak
+  phys      kernel peak - runtime baseline, per executor, and over the planned peak
+  step      median step time (steps after the first, the counted step left out), per executor
+  allocs    CPU allocator events in one step (count, MiB), per executor; copied MiB (arena)
+
+    python benchmarks/arena.py                    # the issue's shapes (slow on 2 cores)
+    python benchmarks/arena.py --quick            # small shapes, a few minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "host"), str(ROOT / "agent")]
+
+MODELS = {"resnet18": dict(batch=64, image=32), "mobilenet_v2": dict(batch=32, image=64),
+          "bert-mini": dict(batch=16, seq=128)}
+QUICK = {"resnet18": dict(batch=16, image=32), "mobilenet_v2": dict(batch=8, image=32),
+         "bert-mini": dict(batch=4, seq=64)}
+MIB = 2 ** 20
+
+
+def plan_row(name: str, shape: dict, budget: str, work: Path, time_limit: float) -> dict:
+    from edge_remat.planner.arena import plan_arena
+    from edge_remat.planner.build import build_problem, plain_peak_bytes
+    from edge_remat.planner.problem import InfeasibleBudget
+    from edge_remat.planner.solve import solve
+    from edge_remat_agent.capture import capture_model
+    graph = capture_model(name, **shape).graph
+    plain = plain_peak_bytes(graph)
+    if budget == "floor":
+        smallest, _ = build_problem(graph, 2 ** 50, paging="none").smallest_budget()
+        problem = build_problem(graph, int(smallest * 1.02), paging="none")
+    else:
+        problem = build_problem(graph, float(budget), paging="none")
+    try:
+        problem.check_budget()
+    except InfeasibleBudget as below:
+        problem = build_problem(graph, int(below.smallest_bytes * 1.02), paging="none")
+    plan = solve(problem, "auto", time_limit).plan
+    plan.arena = plan_arena(graph, plan, problem.costs, "cpsat", time_limit)
+    stem = f"{name}-{budget}"
+    graph.save(work / f"{stem}.graph.json")
+    plan.save(work / f"{stem}.plan.json")
+    return {"model": name, "budget": budget, "plain_peak": plain, "stem": stem,
+            "budget_bytes": plan.budget_bytes, "planned_peak": plan.predicted["peak_bytes"],
+            "fixed": graph.fixed_bytes, "arena": plan.arena.size_bytes,
+            "arena_over": plan.arena.details["over_tensor_peak"],
+            "arena_status": plan.arena.details["status"]}
+
+
+def run_child(row: dict, shape: dict, allocator: str, steps: int, work: Path) -> dict:
+    """One run in a fresh memory cgroup; the child's JSON result."""
+    from edge_remat_agent.cgroup import MemoryCgroup
+    group = MemoryCgroup.ensure(f"arena-bench-{os.getpid()}", 16 * 2 ** 30)
+    try:
+        command = [*group.exec_prefix(), sys.executable, __file__, "--child", json.dumps(
+            {"work": str(work), "stem": row["stem"], "model": row["model"], "shape": shape,
+             "allocator": allocator, "steps": steps})]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{row['stem']} {allocator}: {done.stderr.strip()[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        group.kill_all()
+        group.remove()
+
+
+def child_main(spec: dict) -> None:
+    import gc
+
+    from edge_remat_agent.allocator import give_back_freed_memory
+    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.cgroup import own_memory_group
+    from edge_remat_agent.executor.run import run_plan
+    from edge_remat_agent.formats import load_graph, load_plan
+    work = Path(spec["work"])
+    graph = load_graph(work / f"{spec['stem']}.graph.json")
+    plan = load_plan(work / f"{spec['stem']}.plan.json")
+    captured = capture_model(spec["model"], **spec["shape"])
+    gc.collect()
+    give_back_freed_memory()
+    group = own_memory_group()
+    group.reset_peak()
+    report = run_plan(graph, plan, spec["steps"], None, captured=captured, seed=0,
+                      check_gradients=False, allocator=spec["allocator"],
+                      count_allocations=True)
+    peak = group.peak_bytes()
+    timed = [r["step_time_s"] for r in report["steps"][1:-1]] or \
+        [report["steps"][-1]["step_time_s"]]
+    last = report["steps"][-1]
+    print(json.dumps({"kernel_peak": peak, "baseline": report["runtime_baseline_bytes"],
+                      "step_s": statistics.median(timed),
+                      "allocations": last.get("cpu_allocations"), "arena": last.get("arena"),
+                      "ledger_peak": max(r["ledger_peak_bytes"] for r in report["steps"])}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--budgets", default="0.5,floor")
+    parser.add_argument("--steps", type=int, default=5, help="steps per run (>= 3)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per executor, alternating")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="planner seconds")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child_main(json.loads(args.child))
+        return 0
+    from edge_remat_agent.cgroup import unavailable_reason
+    reason = unavailable_reason()
+    if reason:
+        print(f"error: this benchmark measures under a memory cgroup: {reason}",
+              file=sys.stderr)
+        return 2
+    shapes = QUICK if args.quick else MODELS
+    header = (f"{'model':<13}{'budget':>7}{'planned':>9}{'arena':>9}{'/tens':>6}"
+              f"{'phys glibc':>12}{'phys arena':>12}{'step glibc':>11}{'step arena':>11}"
+              f"{'arena/glibc':>12}{'allocs glibc':>16}{'allocs arena':>16}{'copied':>8}")
+    print("MiB; phys = kernel peak - runtime baseline (x planned peak); allocs = CPU "
+          "allocator events in one step (count / MiB)")
+    print(header)
+    with tempfile.TemporaryDirectory(prefix="arena-bench-") as tmp:
+        work = Path(tmp)
+        for name in args.models.split(","):
+            for budget in args.budgets.split(","):
+                row = plan_row(name, shapes[name], budget, work, args.time_limit)
+                runs: dict[str, list[dict]] = {"glibc": [], "arena": []}
+                for r in range(args.rounds):
+                    order = ("glibc", "arena") if r % 2 == 0 else ("arena", "glibc")
+                    for allocator in order:
+                        runs[allocator].append(run_child(row, shapes[name], allocator,
+                                                         args.steps, work))
+                print(_line(row, runs), flush=True)
+    return 0
+
+
+def _line(row: dict, runs: dict[str, list[dict]]) -> str:
+    def phys(a):
+        best = min(r["kernel_peak"] - r["baseline"] for r in runs[a])
+        return f"{best / MIB:.1f} ({best / row['planned_peak']:.2f}x)"
+
+    def step(a):
+        return statistics.median(r["step_s"] for r in runs[a])
+
+    def allocs(a):
+        counted = runs[a][-1]["allocations"] or {}
+        return f"{counted.get('count', 0)} / {counted.get('bytes', 0) / MIB:.0f}"
+    copied = (runs["arena"][-1]["arena"] or {}).get("copied_bytes", 0) / MIB
+    budget = row["budget"] if row["budget"] == "floor" else f"{float(row['budget']):.0%}"
+    return (f"{row['model']:<13}{budget:>7}{row['planned_peak'] / MIB:>9.1f}"
+            f"{(row['arena'] + row['fixed']) / MIB:>9.1f}{row['arena_over']:>6.3f}"
+            f"{phys('glibc'):>12}{phys('arena'):>12}{step('glibc'):>11.3f}"
+            f"{step('arena'):>11.3f}{step('arena') / step('glibc'):>12.3f}"
+            f"{allocs('glibc'):>16}{allocs('arena'):>16}{copied:>8.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
