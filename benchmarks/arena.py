@@ -1,7 +1,8 @@
 """The arena executor against the glibc executor: physical memory under a memory cgroup, and
 step time.
 
-For each model and budget (50% of the plain peak, and the model's floor with 2% room) it plans
+For each model and budget (50% of plain training's memory beyond fixed memory, and the model's
+floor with 2% room) it plans
 (recomputation only: pages would put the page cache in the cgroup's figures), lays the plan's
 tensors out in one arena (CP-SAT, started from the best fit), and runs the plan twice, once per
 executor, each in a fresh process inside a fresh memory cgroup (root, cgroup v1 or v2). The
@@ -52,7 +53,11 @@ def plan_row(name: str, shape: dict, budget: str, work: Path, time_limit: float)
         smallest, _ = build_problem(graph, 2 ** 50, paging="none").smallest_budget()
         problem = build_problem(graph, int(smallest * 1.02), paging="none")
     else:
-        problem = build_problem(graph, float(budget), paging="none")
+        # A fraction of what plain training holds beyond fixed memory (parameters, gradients,
+        # optimizer state stay in RAM here: a fraction of the whole would not fit them).
+        fixed = graph.fixed_bytes
+        problem = build_problem(graph, int(fixed + float(budget) * (plain - fixed)),
+                                paging="none")
     try:
         problem.check_budget()
     except InfeasibleBudget as below:
@@ -122,7 +127,7 @@ def main() -> int:
     parser.add_argument("--budgets", default="0.5,floor")
     parser.add_argument("--steps", type=int, default=5, help="steps per run (>= 3)")
     parser.add_argument("--rounds", type=int, default=1, help="runs per executor, alternating")
-    parser.add_argument("--time-limit", type=float, default=10.0, help="planner seconds")
+    parser.add_argument("--time-limit", type=float, default=30.0, help="planner seconds")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

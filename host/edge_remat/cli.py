@@ -561,6 +561,9 @@ def run_command(
                             "plots"),
     no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
     keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
+    allocator: str = typer.Option("glibc", "--allocator", help="glibc (tensors from the C "
+                                  "library's malloc) | arena (every planned tensor at its "
+                                  "planned offset in one arena)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Fine-tune MODEL on DEVICE within a memory budget: capture, profile, plan, deploy, train,
@@ -579,6 +582,8 @@ def run_command(
         limit = int(value)
     if objective not in ("time", "energy"):
         raise FormatError("command line", "--objective", "time or energy", objective)
+    if allocator not in ("glibc", "arena"):
+        raise FormatError("command line", "--allocator", "glibc or arena", allocator)
     options = RunOptions(
         device=device, model=model, budget=budget, objective=objective,
         deadline=_multiplier(deadline), steps=steps, data=data,
@@ -586,7 +591,7 @@ def run_command(
         optimizer=optimizer, lr=lr, max_nodes=max_nodes, params_home=params_home, train=train,
         profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
-        out=out, plots=not no_plots, keep_running=keep_running)
+        out=out, plots=not no_plots, keep_running=keep_running, allocator=allocator)
     report = run(options, say=to_stderr)
     killed = report["status"] == "killed"
     if as_json:

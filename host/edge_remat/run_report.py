@@ -74,6 +74,13 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "tensor_peak_bytes": _max(per_step["ledger_peak_bytes"]),
         "memory_limit_bytes": memory_limit_bytes,
         "kernel_peak_bytes": kernel_peak_bytes, "kernel_peak_source": kernel_peak_source,
+        # What the kernel charged before the first step (interpreter, torch, model code):
+        # kernel peak - runtime baseline is the physical memory of training.
+        "runtime_baseline_bytes": (result or {}).get("runtime_baseline_bytes"),
+        "training_physical_bytes": _difference(kernel_peak_bytes,
+                                               (result or {}).get("runtime_baseline_bytes")),
+        "executor_allocator": (result or {}).get("executor_allocator"),
+        "arena_bytes": ((result or {}).get("arena") or {}).get("size_bytes"),
         "budget_bytes": (plan or {}).get("budget_bytes"),
         "plain_peak_bytes": plain_peak_bytes,
         "predicted_peak_bytes": figures["predicted_peak_bytes"] or predicted.get("peak_bytes"),
@@ -94,6 +101,10 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
     return report
 
 
+def _difference(a, b):
+    return a - b if isinstance(a, int) and isinstance(b, int) else None
+
+
 def _first(*values):
     return next((v for v in values if v is not None), None)
 
@@ -105,6 +116,13 @@ def misses(report: dict) -> list[str]:
     if predicted_peak and ledger:
         out.append(f"tensor peak: measured {fmt_bytes(ledger)} against {fmt_bytes(predicted_peak)}"
                    f" predicted ({(ledger / predicted_peak - 1) * 100:+.1f}%)")
+    physical = report.get("training_physical_bytes")
+    if physical and predicted_peak:
+        out.append(f"physical memory of training (kernel peak - runtime baseline of "
+                   f"{fmt_bytes(report['runtime_baseline_bytes'])}): {fmt_bytes(physical)} "
+                   f"against {fmt_bytes(predicted_peak)} predicted "
+                   f"({physical / predicted_peak:.2f}x, {report.get('executor_allocator')} "
+                   "executor)")
     measured = report.get("measured_peak_bytes")
     if measured and ledger:
         out.append(f"resident peak {fmt_bytes(measured)} is {fmt_bytes(measured - ledger)} above "

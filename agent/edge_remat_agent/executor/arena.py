@@ -75,7 +75,8 @@ class Arena:
         self.counts = ArenaCounts()
         self._output: _Cursor | None = None
         self._workspace: _Cursor | None = None
-        self._writable: set[str] = set()  # op names whose results this instruction places
+        # op name -> for each of its results, whether it goes into this instruction's slot
+        self._writable: dict[str, list[bool]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -90,18 +91,18 @@ class Arena:
 
     # -- one instruction ---------------------------------------------------------------------
 
-    def open(self, instruction: int, writable: set[str] = frozenset()) -> None:
+    def open(self, instruction: int, writable: dict[str, list[bool]] | None = None) -> None:
         """Slot `instruction` is where what comes next goes; `writable`: the op results that
         are the node's own outputs (candidates for .out)."""
         slot = self.slots.get(instruction) or Slot(instruction, None, 0, None, 0)
         self._output = _Cursor(slot.output_offset, slot.output_bytes, self.layout.alignment)
         self._workspace = _Cursor(slot.workspace_offset, slot.workspace_bytes,
                                   self.layout.alignment)
-        self._writable = writable
+        self._writable = writable or {}
 
     def close(self) -> None:
         self._output = self._workspace = None
-        self._writable = set()
+        self._writable = {}
 
     def tensor_at(self, offset: int, dtype: torch.dtype, shape, stride) -> torch.Tensor:
         size = torch.empty((), dtype=dtype).element_size()
@@ -123,12 +124,18 @@ class Arena:
         return self.tensor_at(offset, dtype, shape, stride)
 
     def out_buffers(self, name: str, metas: list) -> list[torch.Tensor] | None:
-        """Views of the output range for an op's results (None: let the op allocate)."""
-        if self._output is None or name not in self._writable:
+        """Buffers for an op's results: views of the output range for those that are the
+        node's own outputs, fresh tensors for the rest (None: let the op allocate)."""
+        placed = self._writable.get(name) if self._output is not None else None
+        if placed is None:
             return None
         saved = self._output.next
         buffers = []
-        for meta in metas:
+        for meta, in_slot in zip(metas, placed):
+            if not in_slot:
+                buffers.append(torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype,
+                                                   device=self.device))
+                continue
             offset = self._output.take(_storage_bytes(meta))
             if offset is None:
                 self._output.next = saved
@@ -232,8 +239,9 @@ class OutWriter:
             self.arena._output.next = saved  # its buffers are free again
             return None
         counts = self.arena.counts
-        counts.out_writes += len(buffers)
-        counts.out_bytes += sum(b.numel() * b.element_size() for b in buffers)
+        written = [b for b in buffers if self.arena.holds(b)]
+        counts.out_writes += len(written)
+        counts.out_bytes += sum(b.numel() * b.element_size() for b in written)
         return tuple(result) if isinstance(meta, (tuple, list)) else result
 
 
@@ -250,22 +258,26 @@ class ArenaPlacement:
         self._writable: dict[Any, set[str]] = {}
         runner.writer = self.writer
 
-    def writable(self, node_id) -> set[str]:
-        """Ops of the node whose every result is one of the node's own outputs."""
+    def writable(self, node_id) -> dict[str, list[bool]]:
+        """The node's ops with a result among its own outputs: for each result, whether it
+        is one (it goes into the slot; the others are the op's scratch)."""
         found = self._writable.get(node_id)
         if found is None:
             node = self.graph.node(node_id)
             outputs = set(node.attrs.get("outputs", ())) - self.runner.fixed_values()
-            found = set()
+            found = {}
             for name in node.attrs.get("members", ()):
                 op = self.runner.trace.node(name)
-                if name in outputs:
-                    found.add(name)
-                elif isinstance(op.meta.get("val"), (tuple, list)):
-                    users = [u for u in op.users if u.name in outputs or u.users]
-                    if users and all(u.name in outputs for u in users) and \
-                            len(users) == len(op.meta["val"]):
-                        found.add(name)
+                meta = op.meta.get("val")
+                if isinstance(meta, (tuple, list)):
+                    placed = [False] * len(meta)
+                    for user in op.users:
+                        if user.name in outputs and isinstance(user.args[1], int):
+                            placed[user.args[1]] = True
+                    if any(placed):
+                        found[name] = placed
+                elif name in outputs:
+                    found[name] = [True]
             self._writable[node_id] = found
         return found
 
@@ -279,7 +291,7 @@ class ArenaPlacement:
 
     def before(self, t: int, ins) -> None:
         if ins.op in ("compute", "page_in"):
-            self.arena.open(t, self.writable(ins.node) if ins.op == "compute" else set())
+            self.arena.open(t, self.writable(ins.node) if ins.op == "compute" else None)
             self._skip = self.runner.storages_held()
             self._reading = self._reading_into(self.arena.page_slot)
             self._reading.__enter__()

@@ -8,7 +8,8 @@ data (a data spec, see edge_remat_agent.data: "example" (default), "digits",
 optimizer's learning rate), optimizer (checked against the one the graph was captured for:
 its update node stands for that optimizer, so the run cannot change it), host_pages
 ("HOST:PORT" of the host's page service, seen from the board: a plan's `host` pages go there
-instead of staying in this process; the host starts the service and passes this).
+instead of staying in this process; the host starts the service and passes this), allocator
+("glibc" (default) or "arena": every planned tensor at its offset in the plan's arena layout).
 Writes run_report.json (fetched by the host) and returns its summary; both say which data the
 run trained on and with which optimizer settings.
 """
@@ -55,6 +56,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                           device=params.get("device", "cpu"), seed=seed,
                           data=params.get("data"), lr=lr,
                           stores=None if host is None else {"host": host},
+                          allocator=str(params.get("allocator") or "glibc"),
                           map_large_allocations=not _flag(params.get("keep_malloc_defaults",
                                                                      False)))
     finally:

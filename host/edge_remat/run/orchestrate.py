@@ -67,6 +67,7 @@ class RunOptions:
     check_gradients: bool = True
     keep_running: bool = False  # Ctrl-C leaves the board's job running instead of cancelling
     extra: dict = field(default_factory=dict)  # more params for the board's job
+    allocator: str = "glibc"  # the executor's: glibc | arena (the plan's arena layout)
 
     @property
     def model_info(self) -> dict:
@@ -223,7 +224,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     # `optimizer` against the one the graph was captured for; its report names the data.
     params = {"steps": opts.steps, "data": data, "seed": opts.seed, **lr,
               "optimizer": opts.optimizer,
-              "check_gradients": opts.check_gradients and not limited, **opts.extra}
+              "check_gradients": opts.check_gradients and not limited,
+              "allocator": opts.allocator, **opts.extra}
     if device.hardware.page_dir:
         params["page_dir"] = device.hardware.page_dir
     from ..transport.host_pages import host_pages, plan_uses_host
@@ -284,6 +286,8 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
     say(f"planning: budget {problem.budget_bytes / 2**20:.1f} MiB "
         f"({problem.budget_bytes / plain_peak:.0%} of the plain peak), {opts.objective}")
     solved = solve(problem, opts.solver, opts.time_limit)
+    from ..planner.arena import plan_arena
+    solved.plan.arena = plan_arena(graph, solved.plan, problem.costs)  # best fit, milliseconds
     plan_dict = plan_dict_with_tiers(solved.plan,
                                      chosen.profile.tiers if chosen.profile else {})
     plan_path = out / "plan.json"
