@@ -132,6 +132,9 @@ class Arena:
         saved = self._output.next
         buffers = []
         for meta, in_slot in zip(metas, placed):
+            if meta is None:  # a result the op will not make (convolution_backward's mask)
+                buffers.append(torch.empty(0, device=self.device))
+                continue
             if not in_slot:
                 buffers.append(torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype,
                                                    device=self.device))
@@ -221,28 +224,59 @@ class OutWriter:
     def call(self, op, args, kwargs):
         meta = op.meta.get("val")
         metas = list(meta) if isinstance(meta, (tuple, list)) else [meta]
-        if not metas or not all(isinstance(m, torch.Tensor) and m.storage_offset() == 0
-                                for m in metas):
+        if not metas or not all(m is None or isinstance(m, torch.Tensor) and
+                                m.storage_offset() == 0 for m in metas) or metas[0] is None:
             return None
-        found = self.variant(op.target)
-        if found is None or len(found[1]) != len(metas):
+        special = _FUNCTIONAL_AS_OUT.get(op.target)
+        found = special or self.variant(op.target)
+        if found is None or (special is None and len(found[1]) != len(metas)):
             return None
         saved = self.arena._output.next if self.arena._output is not None else 0
         buffers = self.arena.out_buffers(op.name, metas)
         if buffers is None:
             return None
-        variant, names = found
         try:
-            result = variant(*args, **kwargs, **dict(zip(names, buffers)))
+            if special is not None:
+                result = special[2](args, kwargs, buffers)
+            else:
+                variant, names = found
+                result = variant(*args, **kwargs, **dict(zip(names, buffers)))
         except (RuntimeError, TypeError):  # an out variant this op's arguments do not fit
             self._variants[op.target] = None
+            _FUNCTIONAL_AS_OUT.pop(op.target, None)
             self.arena._output.next = saved  # its buffers are free again
             return None
         counts = self.arena.counts
         written = [b for b in buffers if self.arena.holds(b)]
         counts.out_writes += len(written)
         counts.out_bytes += sum(b.numel() * b.element_size() for b in written)
-        return tuple(result) if isinstance(meta, (tuple, list)) else result
+        if isinstance(meta, (tuple, list)):  # results the op does not make stay None
+            return tuple(None if m is None else r for m, r in zip(metas, result))
+        return result
+
+
+def _batch_norm_functional_into(args, kwargs, buffers):
+    """aten._native_batch_norm_legit_functional (functionalization's batch norm, which has
+    no out variant) as the in-place op's out variant on the new running statistics'
+    buffers, filled with the old ones first:
+    the same kernel, the same results."""
+    op = torch.ops.aten._native_batch_norm_legit
+    bound = op.default._schema.arguments
+    values = dict(zip([a.name for a in bound], args))
+    values.update(kwargs)
+    buffers[3].copy_(values["running_mean"])
+    buffers[4].copy_(values["running_var"])
+    out, mean, invstd = op.out(values["input"], values["weight"], values["bias"], buffers[3],
+                               buffers[4], values["training"], values["momentum"], values["eps"],
+                               out=buffers[0], save_mean=buffers[1], save_invstd=buffers[2])
+    return out, mean, invstd, buffers[3], buffers[4]
+
+
+# Functional ops without an out variant, run through an equivalent one: (_, _, function).
+_FUNCTIONAL_AS_OUT = {
+    torch.ops.aten._native_batch_norm_legit_functional.default:
+        (None, None, _batch_norm_functional_into),
+}
 
 
 class ArenaPlacement:
@@ -282,12 +316,16 @@ class ArenaPlacement:
         return found
 
     def _keep_gradients(self) -> None:
-        """Gradients kept to the step's end (for the gradient check) must outlive their
-        slots, which later tensors reuse: those in the arena are copied out (a checked step
-        holds a plain step's gradients anyway)."""
-        for param, grad in self.runner.grads.items():
-            if self.arena.holds(grad):
-                self.runner.grads[param] = grad.clone()
+        """What the runner keeps to the step's end (gradients for the check, new batch-norm
+        statistics, the loss) must outlive its slot, which later tensors reuse: what is in
+        the arena is copied out (fixed memory in the plan; gradients only on a checked step,
+        which holds a plain step's gradients anyway)."""
+        for kept in (self.runner.grads, self.runner.buffer_updates):
+            for name, value in kept.items():
+                if self.arena.holds(value):
+                    kept[name] = value.clone()
+        if self.runner.loss is not None and self.arena.holds(self.runner.loss):
+            self.runner.loss = self.runner.loss.clone()
 
     def before(self, t: int, ins) -> None:
         if ins.op in ("compute", "page_in"):
