@@ -34,6 +34,7 @@ MODELS = {
     "gpt2-small": gpt.gpt2_small,
     "gpt2-small-lora": gpt.with_lora(gpt.gpt2_small),
     "gpt-tiny": gpt.gpt_tiny,
+    "gpt-mini": gpt.gpt_mini,
     "gpt-tiny-lora": gpt.with_lora(gpt.gpt_tiny),
     "conv-gru": recurrent.conv_gru,
     "lstm-lm": recurrent.lstm_lm,
