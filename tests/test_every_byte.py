@@ -115,6 +115,13 @@ def test_parameters_after_the_steps_equal_plain_pytorch(label, spec, optimizer, 
         assert torch.equal(expected[name], actual[name]), name
     assert all(s["ledger_peak_bytes"] <= report["predicted_peak_bytes"] for s in report["steps"])
     assert report["predicted_peak_bytes"] <= plan.budget_bytes
+    # Where the memory went: the classes add up to the plan's peak and to the ledger's.
+    split = report["memory_by_class"]
+    assert sum(split["planned"].values()) == report["predicted_peak_bytes"]
+    step = report["steps"][split["measured_step"] - 1]
+    assert sum(split["measured"].values()) == step["ledger_peak_bytes"]
+    assert split["planned"]["parameters"] > 0 and split["measured"]["parameters"] > 0
+    assert split["planned"]["activations"] > 0 and split["measured"]["activations"] > 0
     if home == "flash":
         kinds = {n.kind for n in captured.graph.nodes}
         assert {"param", "update"} <= kinds

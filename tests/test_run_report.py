@@ -44,6 +44,24 @@ def test_report_says_where_the_prediction_missed():
     json.dumps(report)
 
 
+def test_report_says_where_the_memory_went_by_class():
+    mib = 2**20
+    split = {"classes": ["parameters", "gradients", "optimizer_state", "activations",
+                         "workspace", "inputs"],
+             "planned": {"parameters": 8 * mib, "activations": 20 * mib, "workspace": mib},
+             "measured": {"parameters": 8 * mib, "activations": 19 * mib}, "measured_step": 1}
+    result = {"steps": [{"loss": 2.0, "step_time_s": 1.0, "ledger_peak_bytes": 27 * mib,
+                         "rss_peak_bytes": 300 * mib, "energy_j": None}],
+              "memory_by_class": split}
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
+                          result=result, plan={"budget_bytes": 30 * mib, "predicted": {}})
+    assert report["memory_by_class"] == split
+    line = next(x for x in report_text(report).splitlines() if x.startswith("memory"))
+    assert "parameters 8.0 / 8.0" in line and "activations 20.0 / 19.0" in line
+    assert "gradients" not in line  # classes with nothing in them are left out
+    assert "runtime and allocator slack 273.0" in report_text(report)
+
+
 @pytest.mark.parametrize("name", MODELLED)
 def test_modelled_profiles_say_so_and_cite_every_figure(name):
     profile = load_profile(REPO / "profiles" / f"{name}.json")

@@ -20,6 +20,7 @@ from ..costs import build_costs
 from ..formats import Graph, Plan, Tier
 from ..formats.fields import Reader
 from ..formats.profile import tier_from
+from ..memory_classes import CLASSES, ledger_classifier, planned_at
 from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
 from ..sensors import PowerSensor
@@ -61,7 +62,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     module = captured.module.to(device)
     power = open_power_sensor(sensor)
     batches = batch_source(data, captured.example_args, device, 0 if seed is None else seed)
-    ledger = LiveTensorLedger()
+    ledger = LiveTensorLedger(classify=ledger_classifier(captured.trace))
     allocator = map_large_blocks() if map_large_allocations else None
     records: list[dict] = []
     grad_check: dict | None = None
@@ -92,6 +93,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                 give_back_freed_memory()
             records.append(step_record(i + 1, result.loss, meter.result, result.counts,
                                        _device_peak(device)))
+            records[-1]["ledger_peak_by_class"] = dict(ledger.peak_by_class)
             if progress is not None:
                 progress(i, steps, records[-1])
         tiers = describe_stores(opened)
@@ -114,6 +116,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "recomputed": first["recomputed"], "page_ins": first["page_ins"],
         "page_outs": first["page_outs"],
         "grad_check": grad_check, "steps": records,
+        "memory_by_class": memory_by_class(captured.graph, plan, sim, records),
         "summary": summarize(records, predicted),
     }
 
@@ -212,6 +215,18 @@ def capture_here(graph: Graph, traced: bytes | None = None) -> Captured:
         raise BadInput(str(error)) from error
     except RuntimeError as error:
         raise ExecutorError(str(error)) from error
+
+
+def memory_by_class(graph: Graph, plan: Plan, sim: SimResult, records: list[dict]) -> dict:
+    """Where the memory went: the plan's peak and the ledger's highest step peak, by class
+    (memory_classes). The runtime is the kernel's figure (the host's report), not a tensor."""
+    workspace = [node.workspace_bytes for node in graph.nodes]  # as validate's cost model
+    top = max(records, key=lambda r: r.get("ledger_peak_bytes") or 0)
+    measured = top.get("ledger_peak_by_class") or {}
+    return {"classes": list(CLASSES),
+            "planned": planned_at(graph, plan.stages, sim.peak_at, workspace),
+            "measured": {name: measured.get(name, 0) for name in CLASSES},
+            "measured_step": top["step"]}
 
 
 def validate(graph: Graph, plan: Plan) -> SimResult:
