@@ -99,23 +99,28 @@ def _wasteful_producers(graph: Graph, node) -> list:
 
 
 def _split_group(groups: list[Group], i: int, splitter: "_Splitter") -> list[Group] | None:
-    """The groups with group i split one step finer, or None when that gains no node."""
-    parts = splitter.split(groups[i])
-    if len(parts) < 2:
-        return None
-    if groups[i].kind == "backward":
-        return groups[:i] + parts + groups[i + 1:]
-    following = []
-    for group in groups[i + 1:i + 1 + MAX_MERGE_SPAN]:
-        if group.kind == "backward":
-            break
-        following.append(group)
-    # A part must not hold a forward-only tensor alive until backward: merge as coarsening
-    # does. Values read outside this window count as read by backward, which only ever merges
-    # more than coarsening would.
-    window = _merge_forward_only_outputs(parts + following, splitter.trace)
-    candidate = groups[:i] + window + groups[i + 1 + len(following):]
-    return candidate if len(candidate) > len(groups) else None
+    """The groups with group i split one step finer, or None when that gains no node. When the
+    one-step split is merged back (a norm's part holds both its forward-only output and the
+    statistics backward reads, until they are apart), single ops are tried."""
+    for finest in (False, True):
+        parts = splitter.split(groups[i], finest)
+        if len(parts) < 2:
+            continue
+        if groups[i].kind == "backward":
+            return groups[:i] + parts + groups[i + 1:]
+        following = []
+        for group in groups[i + 1:i + 1 + MAX_MERGE_SPAN]:
+            if group.kind == "backward":
+                break
+            following.append(group)
+        # A part must not hold a forward-only tensor alive until backward: merge as coarsening
+        # does. Values read outside this window count as read by backward, which only ever
+        # merges more than coarsening would.
+        window = _merge_forward_only_outputs(parts + following, splitter.trace)
+        candidate = groups[:i] + window + groups[i + 1 + len(following):]
+        if len(candidate) > len(groups):
+            return candidate
+    return None
 
 
 def name_ops(trace: JointTrace, graph: Graph) -> None:
@@ -142,9 +147,11 @@ class _Splitter:
                 if isinstance(parent, fx.Node):
                     self.allocates.add(parent.name)
 
-    def split(self, group: Group) -> list[Group]:
+    def split(self, group: Group, finest: bool = False) -> list[Group]:
         ops = sorted((self.ops[name] for name in group.members), key=lambda op: op.position)
-        for strategy in (self._by_submodule, _split_at_heavy_ops, self._single_ops):
+        strategies = (self._single_ops,) if finest else \
+            (self._by_submodule, _split_at_heavy_ops, self._single_ops)
+        for strategy in strategies:
             runs = [run for run in strategy(ops) if run]
             if len(runs) > 1:
                 parts = self._rehome(ops, runs)
