@@ -135,6 +135,16 @@ def name_ops(trace: JointTrace, graph: Graph) -> None:
                                  and trace.node(m).target is not operator.getitem]
 
 
+# Ops that allocate without writing (dropout's empty_like before its bernoulli): apart from the
+# op that fills them they would be nodes whose recomputation gives other (garbage) values.
+UNINITIALIZED = ("empty", "empty_like", "new_empty", "empty_strided")
+
+
+def _uninitialized(op) -> bool:
+    packet = getattr(op.node.target, "overloadpacket", None)
+    return packet is not None and packet.__name__ in UNINITIALIZED
+
+
 class _Splitter:
     def __init__(self, trace: JointTrace):
         self.trace = trace
@@ -182,8 +192,8 @@ class _Splitter:
         return [[op] for op in ops]
 
     def _rehome(self, ops: list, runs: list[list]) -> list[list]:
-        """Getitems join the op they unpack; ops that allocate nothing (views) join the first
-        part that reads them; parts left with nothing that allocates join their neighbour."""
+        """Getitems join the op they unpack; ops that allocate nothing (views) or allocate
+        without writing (empty_like) join the first part that reads them; parts left with nothing that allocates join their neighbour."""
         part_of = {op.node.name: k for k, run in enumerate(runs) for op in run}
 
         def parent(op):
@@ -195,7 +205,7 @@ class _Splitter:
                 part_of[op.node.name] = part_of[parent(op)]
         for op in reversed(ops):
             name = op.node.name
-            if parent(op) is not None or name in self.allocates:
+            if parent(op) is not None or (name in self.allocates and not _uninitialized(op)):
                 continue
             readers = [u for u in op.node.users if u.name in part_of]
             # A view op with several results (split) is read through its getitems.
