@@ -21,8 +21,6 @@ from ..pages import (FlashStore, LinkStore, MemoryStore, PageStore, PageStoreErr
 from .errors import BadInput, ExecutorError
 from .updates import ParameterHome, homed_parameters
 
-WEIGHTS_FOLDER = "edge-remat-weights"  # in the page directory: the weight page store, kept
-
 
 def tiers_used(plan: Plan) -> set[str]:
     return {ins.tier for ins in plan.instructions() if ins.op == "page_out"}
@@ -123,16 +121,13 @@ def _frozen_from_weight_store(graph: Graph, module, page_dir: str | None,
     make_missing(module, keep_on_meta=set(served) if page_dir is not None else set())
     if not served or page_dir is None:
         return None
+    from ..weights import WEIGHTS_FOLDER, WeightFile, ensure_model_weights
     from ..weights.paged import PagedWeights
-    from ..weights.store import WeightFile, ensure_weight_file
-    from ..weights.deferred import weight_maker
     source = graph.capture.get("source") or {}
-    tensors = [(name, tuple(params[name].shape), params[name].dtype) for name in served]
     try:
-        path, written = ensure_weight_file(os.path.join(page_dir, WEIGHTS_FOLDER),
-                                           str(source.get("model", graph.name)),
-                                           int(source.get("seed") or 0), tensors,
-                                           weight_maker(module))
+        path, written = ensure_model_weights(module, str(source.get("model", graph.name)),
+                                             int(source.get("seed") or 0),
+                                             os.path.join(page_dir, WEIGHTS_FOLDER))
         file = WeightFile(path)
     except WeightStoreError as error:
         raise ExecutorError(str(error)) from error

@@ -10,7 +10,11 @@ paged      the frozen parameters read from that file by param nodes, the next gr
 """
 
 from .deferred import deferred_weights, deferring, is_deferred, make_missing
-from .store import WeightFile, WeightStoreError, ensure_weight_file, write_weight_file
+from .store import (WeightFile, WeightStoreError, ensure_model_weights, ensure_weight_file,
+                    write_weight_file)
+
+WEIGHTS_FOLDER = "edge-remat-weights"  # in a board's page directory: kept across runs
 
 __all__ = ["deferred_weights", "deferring", "is_deferred", "make_missing", "WeightFile",
-           "WeightStoreError", "ensure_weight_file", "write_weight_file"]
+           "WeightStoreError", "ensure_model_weights", "ensure_weight_file", "write_weight_file",
+           "WEIGHTS_FOLDER"]

@@ -3,8 +3,9 @@
     [16 B magic][8 B header length][JSON header][padding] [tensor 0][pad] [tensor 1][pad] ...
 
 Every tensor starts at a multiple of 4 KiB and its region is padded to one, so that it can be
-read with O_DIRECT straight into an aligned buffer: the bytes go from the device into the
-tensor and never through the page cache, which a memory cgroup would charge to the board. The
+read with O_DIRECT: the bytes go from the device into an aligned 8 MiB staging buffer and are
+copied into a tensor of exactly their size, never through the page cache, which a memory cgroup
+would charge to the board (the copy costs a memcpy, far faster than flash). The
 header indexes each tensor (offset, bytes, dtype, shape) and names what the file was made from
 (`key`: model, seed, and the shapes), so a file made for another model is never read.
 
@@ -31,6 +32,7 @@ MAGIC = b"EDGE-REMAT-WTS1\n"
 ALIGN = 4096
 FORMAT = "edge-remat/weights"
 MAX_READ = 1 << 30  # one read call at most (Linux caps a read near 2 GiB)
+STAGING = 8 << 20  # per reading thread: O_DIRECT reads land here, then are copied out
 
 
 class WeightStoreError(RuntimeError):
@@ -112,6 +114,15 @@ def ensure_weight_file(folder: str, model: str, seed: int,
     return path, write_weight_file(path, key, tensors, make)
 
 
+def ensure_model_weights(module, model: str, seed: int, folder: str) -> tuple[str, dict | None]:
+    """The weight file of a meta-built model's frozen parameters (all of them, by name) in
+    `folder`, written there once from the model's own per-tensor init (deferred.py)."""
+    from .deferred import weight_maker
+    tensors = sorted((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters()
+                     if not p.requires_grad)
+    return ensure_weight_file(folder, model, seed, tensors, weight_maker(module))
+
+
 class WeightFile:
     """Read-only access to a weight file: `read(name)` returns a new tensor holding the
     stored value. Thread-safe (positional reads); counts bytes and seconds read."""
@@ -148,6 +159,7 @@ class WeightFile:
             except OSError:  # the filesystem refuses O_DIRECT: pread + drop the cache
                 pass
         self._lock = threading.Lock()
+        self._local = threading.local()
         self.bytes_read = 0
         self.read_s = 0.0
         self.reads = 0
@@ -159,29 +171,46 @@ class WeightFile:
         return self.index[name]["nbytes"]
 
     def read(self, name: str) -> torch.Tensor:
+        """A new tensor of exactly the stored bytes (its storage is what the plan counts):
+        O_DIRECT reads land in a small aligned staging buffer of this thread, copied out."""
         row = self.index[name]
-        nbytes, padded = row["nbytes"], _padded(row["nbytes"])
+        nbytes = row["nbytes"]
         start = time.perf_counter()
-        raw = torch.empty(padded + ALIGN, dtype=torch.uint8)
-        skip = (-raw.data_ptr()) % ALIGN  # O_DIRECT wants an aligned buffer
-        buffer = raw[skip:skip + padded]
+        value = torch.empty(nbytes, dtype=torch.uint8)
+        target = value.numpy()
         try:
             if self.direct:
-                _read_all(self.fd, buffer.numpy().data, row["offset"])
+                staging = self._staging()
+                done = 0
+                while done < nbytes:
+                    chunk = min(STAGING, _padded(nbytes - done))
+                    _read_all(self.fd, staging.data[:chunk], row["offset"] + done)
+                    take = min(chunk, nbytes - done)
+                    target[done:done + take] = staging[:take]
+                    done += take
             else:
-                _read_all(self.fd, buffer.numpy().data[:nbytes], row["offset"])
+                _read_all(self.fd, target.data, row["offset"])
                 _drop(self.fd, row["offset"], nbytes)
         except OSError as error:
             raise WeightStoreError(f"reading {name} from {self.path} failed: "
                                    f"{error.strerror or error}") from error
-        dtype = getattr(torch, row["dtype"])
-        value = buffer[:nbytes].view(dtype).view(row["shape"])
+        value = value.view(getattr(torch, row["dtype"])).view(row["shape"])
         seconds = time.perf_counter() - start
         with self._lock:
             self.bytes_read += nbytes
             self.read_s += seconds
             self.reads += 1
         return value
+
+    def _staging(self):
+        """This thread's aligned staging buffer (O_DIRECT wants aligned memory)."""
+        buffer = getattr(self._local, "staging", None)
+        if buffer is None:
+            raw = torch.empty(STAGING + ALIGN, dtype=torch.uint8)
+            skip = (-raw.data_ptr()) % ALIGN
+            self._local.raw = raw
+            buffer = self._local.staging = raw[skip:skip + STAGING].numpy()
+        return buffer
 
     def figures(self) -> dict:
         return {"path": self.path, "direct_io": self.direct, "reads": self.reads,
