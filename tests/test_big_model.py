@@ -198,3 +198,15 @@ def test_the_two_layer_llama_trains_under_the_limit_from_its_weight_page_store(l
     assert weights["bytes_read"] >= 2 * weights["written"]["bytes"]  # every step reads it
     assert weights["path"].startswith(str(llama_board / "pages"))
     assert all(s["ledger_peak_bytes"] <= board["predicted_peak_bytes"] for s in board["steps"])
+
+
+def test_the_full_size_model_is_tinyllamas_shape_and_is_built_without_memory():
+    from edge_remat_agent.weights import deferred_weights
+    with deferred_weights():
+        module, (tokens, labels) = load_model("tinyllama-1.1b-lora")
+    params = list(module.named_parameters())
+    assert all(p.device.type == "meta" for _, p in params)
+    # TinyLlama-1.1B has 1,100,048,384 parameters; LoRA r=8 on q and v adds 1,126,400
+    assert sum(p.numel() for _, p in params) == 1_100_048_384 + 1_126_400
+    assert sum(p.numel() for _, p in params if p.requires_grad) == 1_126_400
+    assert tokens.shape == labels.shape == (1, 128)

@@ -156,10 +156,11 @@ def adapt(model: nn.Module, rank: int) -> None:
 
 
 def tinyllama_lora(batch=None, image=None, seq=None, generator=None, *, seed=0, deferred=None,
-                   layers=None):
+                   layers=None, vocab=None):
     """TinyLlama-1.1B's shape (22 layers, hidden 2048) with r=8 LoRA on q and v, ~4.4 GB of
-    fp32 weights; `layers` scales it down (the CI's variant)."""
-    shape = dict(TINYLLAMA, layers=layers or TINYLLAMA["layers"])
+    fp32 weights; `layers` (the CI's variant) and `vocab` scale it down."""
+    shape = dict(TINYLLAMA, layers=layers or TINYLLAMA["layers"],
+                 vocab=vocab or TINYLLAMA["vocab"])
     return build_llama(shape, 8, batch or 1, seq or 128, generator, seed, deferred)
 
 
