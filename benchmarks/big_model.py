@@ -27,6 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "this-machine.json"
 MiB, GiB = 2**20, 2**30
+# At the default 200 nodes coarsening puts all 22 layers in one node, whose 3.9 GB of frozen
+# weights no 2 GiB plan can hold; 400 gives one node (and one weight group) per layer.
+MAX_NODES = 400
 
 
 def board_config(root: Path) -> str:
@@ -64,7 +67,8 @@ def main() -> int:
     root = Path(args.root)
     device = board_config(root)
     common = dict(device=device, model=args.model, memory_limit=limit, seq=args.seq,
-                  optimizer="adamw", steps=args.steps, data="text", plots=False)
+                  optimizer="adamw", steps=args.steps, data="text", plots=False,
+                  max_nodes=MAX_NODES)
     profile = json.loads(PROFILE.read_text())
     print(f"{args.model}, seq {args.seq}, AdamW on the LoRA parameters, {args.steps} steps, "
           f"limit {limit / GiB:.2f} GiB ({PROFILE.name})")
@@ -137,7 +141,8 @@ def exact(args) -> None:
     from edge_remat_agent.executor.step import plain_step
     from edge_remat_agent.formats import load_profile
 
-    captured = capture_model(args.model, seq=args.seq, optimizer="adamw", params_home="flash")
+    captured = capture_model(args.model, seq=args.seq, optimizer="adamw", params_home="flash",
+                             max_nodes=MAX_NODES)
     problem = build_problem(captured.graph, 1536 * MiB, load_profile(str(PROFILE)), "time",
                             None, None)
     plan = solve(problem, "heuristic:split").plan
