@@ -25,6 +25,9 @@ SMALL = {
     "digits-cnn": dict(image=16, depth=2),
     "conv-gru": dict(seq=16),
     "lstm-lm": dict(seq=8, vocab=64),
+    "tinyllama-1.1b-lora": dict(seq=8, layers=1, vocab=512),
+    "tinyllama-2l-lora": dict(seq=8, layers=1, vocab=512),
+    "llama-tiny-lora": dict(seq=8),
 }
 
 

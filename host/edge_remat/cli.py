@@ -538,6 +538,9 @@ def run_command(
                             "plots"),
     no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
     keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
+    no_grad_check: bool = typer.Option(False, "--no-grad-check", help="skip the gradient "
+                                       "check against eager PyTorch (it needs plain "
+                                       "training's memory once, on the board or the host)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Fine-tune MODEL on DEVICE within a memory budget: capture, profile, plan, deploy, train,
@@ -563,7 +566,8 @@ def run_command(
         optimizer=optimizer, lr=lr, max_nodes=max_nodes, params_home=params_home, train=train,
         profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
-        out=out, plots=not no_plots, keep_running=keep_running)
+        out=out, plots=not no_plots, keep_running=keep_running,
+        check_gradients=not no_grad_check)
     report = run(options, say=to_stderr)
     killed = report["status"] == "killed"
     if as_json:

@@ -59,7 +59,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     check_plan_is_for(captured.graph, plan, "the graph captured on this machine")
     sim = validate(captured.graph, plan)
     device = torch.device(device)
-    module = captured.module.to(device)
+    module = _on_device(captured.module, device)
     power = open_power_sensor(sensor)
     batches = batch_source(data, captured.example_args, device, 0 if seed is None else seed)
     ledger = LiveTensorLedger(classify=ledger_classifier(captured.trace))
@@ -70,7 +70,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         torch.manual_seed(seed)
     with deterministic(device), open_stores(plan, captured.graph, page_dir, stores,
                                             flash_fsync, flash_capacity_bytes) as opened, \
-            open_parameter_home(captured.graph, module, page_dir, flash_fsync) as home:
+            open_parameter_home(captured.graph, module, page_dir, flash_fsync, plan) as home:
         optimizer = make_optimizer(captured.graph, module, lr, home, ledger)
         runner = StepRunner(captured.trace, captured.graph, module,
                             batches(0) if is_example(data) else captured.example_args,
@@ -97,6 +97,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             if progress is not None:
                 progress(i, steps, records[-1])
         tiers = describe_stores(opened)
+        weights = _weight_figures(home)
         if keep_parameters and home is not None:
             home.bring_back()
     predicted = {**sim.summary(), **{k: v for k, v in plan.predicted.items()
@@ -118,7 +119,28 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "grad_check": grad_check, "steps": records,
         "memory_by_class": memory_by_class(captured.graph, plan, sim, records),
         "summary": summarize(records, predicted),
+        **({"weights": weights} if weights else {}),
     }
+
+
+def _on_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The module on `device`; a model built on `meta` (its weights made or read from the
+    weight page store when the parameter home opens) stays as it is, on the CPU only."""
+    from ..weights import is_deferred
+    if not is_deferred(module):
+        return module.to(device)
+    if device.type != "cpu":
+        raise BadInput(f"'{type(module).__name__}' reads its weights from a weight page store, "
+                       "which this executor does on the CPU only: run it with --device cpu")
+    return module
+
+
+def _weight_figures(home: ParameterHome | None) -> dict | None:
+    """The weight page store's figures (frozen parameters read from flash), when it served."""
+    paged = getattr(home, "frozen", None)
+    if paged is None:
+        return None
+    return {**paged.figures(), "written": paged.written}
 
 
 def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | None = None,

@@ -26,7 +26,8 @@ from ..transport import Board, JobFailed
 from .profiles import ChosenProfile, choose_profile
 
 # Data a zoo model trains on when --data is not given (the rest repeat their example batch).
-DEFAULT_DATA = {"digits-cnn": "digits"}
+DEFAULT_DATA = {"digits-cnn": "digits", "tinyllama-1.1b-lora": "text",
+                "tinyllama-2l-lora": "text", "llama-tiny-lora": "text"}
 # With a memory limit and no --budget, the plan gets what is left after the runtime's own memory
 # (interpreter + torch, from the profile) and this headroom: the agent daemon and its relay, the
 # executor's re-capture of the graph, and allocator slack, none of which the plan models.
@@ -215,7 +216,11 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         captured = capture("flash")
         graph = captured.graph
         graph.save(graph_path)
-    plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say)
+    reserve = read_ahead_reserve(captured)
+    if reserve and not opts.budget:
+        say(f"keeping {reserve / 2**20:.0f} MiB out of the budget for reading the next "
+            "weights ahead from the weight page store")
+    plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say, reserve)
     require_kind(board, "run", "execute plans")
     limited = bool(device.hardware.memory_limit_bytes)
     # The board builds the batches from `data` with `seed` and the optimizer with `lr` the way
@@ -246,8 +251,10 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
 
 # -- planning ------------------------------------------------------------------------------
 
-def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) -> str:
-    """--budget as given; else, under a memory limit, what the runtime leaves of it."""
+def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile,
+               reserve_bytes: int = 0) -> str:
+    """--budget as given; else, under a memory limit, what the runtime leaves of it (less
+    `reserve_bytes`: the weight store's read-ahead, which the plan does not model)."""
     if opts.budget:
         return opts.budget
     limit = device.hardware.memory_limit_bytes
@@ -255,7 +262,7 @@ def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) ->
         raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
     runtime = (chosen.profile.runtime_baseline_bytes if chosen.profile and
                chosen.profile.runtime_baseline_bytes else DEFAULT_RUNTIME_BYTES)
-    left = limit - runtime - RUNTIME_HEADROOM_BYTES
+    left = limit - runtime - RUNTIME_HEADROOM_BYTES - reserve_bytes
     if left <= 0:
         raise RunProblem(f"the memory limit ({limit / 2**20:.0f} MiB) leaves nothing for "
                          f"training after the runtime's own {runtime / 2**20:.0f} MiB and "
@@ -263,16 +270,31 @@ def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) ->
     return str(left)
 
 
-def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig) -> bool:
+def read_ahead_reserve(captured) -> int:
+    """RAM the weight store's read-ahead may hold beyond the plan: for a model built on meta
+    (its frozen base read from the weight page store), the largest frozen group, which is
+    read while the group before it computes (weights/paged.py)."""
+    from edge_remat_agent.weights import is_deferred
+    if not is_deferred(captured.module):
+        return 0
+    updated = {name for node in captured.graph.nodes if node.kind == "update"
+               for name in node.attrs.get("params", [])}
+    return max((node.out_bytes for node in captured.graph.nodes if node.kind == "param"
+                and not set(node.attrs["params"]) & updated), default=0)
+
+
+def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
+                 reserve_bytes: int = 0) -> bool:
     """Whether the budget is below the smallest one this graph can meet."""
     from ..planner.build import build_problem
-    problem = build_problem(graph, run_budget(opts, device, chosen), chosen.profile,
+    problem = build_problem(graph, run_budget(opts, device, chosen, reserve_bytes),
+                            chosen.profile,
                             opts.objective, opts.deadline, opts.paging)
     return problem.budget_bytes < problem.smallest_budget()[0]
 
 
 def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
-          plain_peak: int, out: Path, say: Say) -> tuple[dict, Path]:
+          plain_peak: int, out: Path, say: Say, reserve_bytes: int = 0) -> tuple[dict, Path]:
     from ..planner.build import build_problem, plan_dict_with_tiers
     from ..planner.solve import solve
 
@@ -280,7 +302,7 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
         return build_problem(graph, budget, chosen.profile, opts.objective, opts.deadline,
                              opts.paging)
 
-    problem = make_problem(run_budget(opts, device, chosen))
+    problem = make_problem(run_budget(opts, device, chosen, reserve_bytes))
     say(f"planning: budget {problem.budget_bytes / 2**20:.1f} MiB "
         f"({problem.budget_bytes / plain_peak:.0%} of the plain peak), {opts.objective}")
     solved = solve(problem, opts.solver, opts.time_limit)
