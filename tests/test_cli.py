@@ -314,7 +314,7 @@ def test_paging_to_flash(cli, tmp_path):
 
     saved = json.loads(plan_file.read_text())
     assert saved["problem"]["paging"] == ["flash"]
-    flash = saved["problem"]["tier_params"]["flash"]
+    flash = saved["tiers"]["flash"]
     assert flash["read_bytes_per_s"] == 90e6 and flash["write_bytes_per_s"] == 40e6
 
     sim = cli("simulate", plan_file, "--graph", graph, "--json")
@@ -323,7 +323,7 @@ def test_paging_to_flash(cli, tmp_path):
     assert replay["valid"] is True and replay["fits_budget"] is True
     assert replay["peak_bytes"] == out["peak_bytes"]
     assert replay["page_outs"] == out["page_outs"] and replay["page_ins"] == out["page_ins"]
-    assert replay["time_s"] == pytest.approx(out["time_s"])  # paging costs from tier_params
+    assert replay["time_s"] == pytest.approx(out["time_s"])  # paging costs from the plan's tiers
     if out["page_ins"]:
         assert replay["paging_time_s"] > 0
 

@@ -20,7 +20,7 @@ from edge_remat_agent import cli as agent_cli
 from edge_remat_agent.capture import Captured, capture_model, capture_module
 from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.costs import build_costs
-from edge_remat_agent.executor import (BadBatch, InstructionFailed, OutOfMemory, PlanMismatch,
+from edge_remat_agent.executor import (BadBatch, BadInput, InstructionFailed, OutOfMemory, PlanMismatch,
                                        plain_step, run_plain, run_plan, torch_optimizer)
 from edge_remat_agent.formats import Graph, Instruction, Plan, Tier
 from edge_remat_agent.pages import FlashStore
@@ -126,8 +126,8 @@ def every_forward_recomputed(graph: Graph) -> Plan:
 
 def _validated(plan: Plan, graph: Graph, stages) -> Plan:
     sim = simulate(graph, build_costs(graph, None, {"flash": FLASH}), stages)
-    problem = {**plan.problem, "tier_params": {"flash": FLASH.to_dict()}}
-    return dataclasses.replace(plan, stages=stages, predicted=sim.summary(), problem=problem)
+    return dataclasses.replace(plan, stages=stages, predicted=sim.summary(),
+                               tiers={"flash": FLASH})
 
 
 def eager_run(make, steps: int, seed: int):
@@ -278,6 +278,14 @@ def test_a_plan_for_another_graph_is_refused(user_capture, tmp_path):
     with pytest.raises(PlanMismatch, match="the graph captured on this machine"):
         run_plan(other, dataclasses.replace(plan, graph_fingerprint=other.fingerprint()), 1,
                  str(tmp_path), captured=captured)
+
+
+def test_a_plan_that_pages_without_its_tier_figures_is_refused(user_capture, tmp_path):
+    captured = user_capture()
+    plan = with_paging(every_forward_recomputed(captured.graph), captured.graph, every=1)
+    with pytest.raises(BadInput, match="pages to flash but carries no figures for it"):
+        run_plan(captured.graph, dataclasses.replace(plan, tiers={}), 1, str(tmp_path),
+                 captured=captured)
 
 
 def test_a_corrupted_page_is_detected(user_capture, tmp_path):

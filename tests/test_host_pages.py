@@ -96,7 +96,7 @@ def host_plan(captured):
               for stage in plan.stages]
     sim = simulate(graph, build_costs(graph, None, {"host": FLASH}), stages)
     return dataclasses.replace(plan, stages=stages, predicted=sim.summary(),
-                               problem={**plan.problem, "tier_params": {"host": FLASH.to_dict()}})
+                               tiers={"host": FLASH})
 
 
 @pytest.fixture(scope="module")

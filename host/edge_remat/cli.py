@@ -72,7 +72,7 @@ def plan(
     from .checks import note_profile_fit
     from .graph_import import load_graph_file
     from .outputs import output_file, output_folder
-    from .planner.build import PAGING_CHOICES, build_problem, plan_dict_with_tiers
+    from .planner.build import PAGING_CHOICES, build_problem
     from .planner.solve import solve
     from .remote import to_stderr
     from .report import plan_table
@@ -107,10 +107,9 @@ def plan(
         return build_problem(g, budget_text, prof, objective, target_deadline, paging, tiers,
                              paging_time)
 
-    tier_params = {**(prof.tiers if prof else {}), **tiers}
     if sweep is not None:
         _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
-                    tier_params, as_json, objective)
+                    as_json, objective)
         return
     problem = make_problem(budget)
     progress = None
@@ -119,10 +118,9 @@ def plan(
     report = solve(problem, solver, time_limit, backend, workers, progress=progress)
     if progress is not None:
         typer.echo("", err=True)
-    result = plan_dict_with_tiers(report.plan, tier_params)
+    result = report.plan.to_dict()
     if output:
-        from edge_remat_agent.formats.fields import dump_json
-        dump_json(result, output)
+        report.plan.save(output)
     if as_json:
         pr, s = result["predicted"], result["solver"]
         print(json.dumps({
@@ -140,13 +138,10 @@ def plan(
 
 
 def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backend: str,
-                workers: Optional[int], output: Optional[str], tier_params: dict[str, Tier],
-                as_json: bool, objective: str) -> None:
+                workers: Optional[int], output: Optional[str], as_json: bool,
+                objective: str) -> None:
     from pathlib import Path
 
-    from edge_remat_agent.formats.fields import dump_json
-
-    from .planner.build import plan_dict_with_tiers
     from .report import sweep_table
     from .sweep import parse_sweep, run_sweep
 
@@ -164,7 +159,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
             if output:
                 path = Path(output) / f"plan-{point.fraction:.2f}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
-                dump_json(plan_dict_with_tiers(point.report.plan, tier_params), path)
+                point.report.plan.save(path)
                 row["plan"] = str(path)
         rows.append(row)
     if as_json:

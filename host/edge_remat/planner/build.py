@@ -81,12 +81,3 @@ def build_problem(graph: Graph, budget: str | float, profile: Profile | None = N
     return Problem(graph, costs, resolve_budget(budget, graph, reference, profile), objective,
                    deadline, chosen, paging_time, profile.name if profile else None)
 
-
-def plan_dict_with_tiers(plan, tiers: dict[str, Tier]) -> dict:
-    """The plan as written: with the figures of the tiers it pages to (`problem.tier_params`),
-    so that it replays, and the executor checks it, without the profile it was costed with."""
-    result = plan.to_dict()
-    used = result["problem"].get("paging") or []
-    result["problem"]["tier_params"] = {name: tier.to_dict() for name, tier in tiers.items()
-                                        if name in used}
-    return result

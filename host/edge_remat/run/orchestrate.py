@@ -273,7 +273,7 @@ def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceC
 
 def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
           plain_peak: int, out: Path, say: Say) -> tuple[dict, Path]:
-    from ..planner.build import build_problem, plan_dict_with_tiers
+    from ..planner.build import build_problem
     from ..planner.solve import solve
 
     def make_problem(budget):
@@ -284,10 +284,9 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
     say(f"planning: budget {problem.budget_bytes / 2**20:.1f} MiB "
         f"({problem.budget_bytes / plain_peak:.0%} of the plain peak), {opts.objective}")
     solved = solve(problem, opts.solver, opts.time_limit)
-    plan_dict = plan_dict_with_tiers(solved.plan,
-                                     chosen.profile.tiers if chosen.profile else {})
+    plan_dict = solved.plan.to_dict()
     plan_path = out / "plan.json"
-    dump_json(plan_dict, plan_path)
+    solved.plan.save(plan_path)
     if opts.sweep:
         _sweep(make_problem, opts, out, say)
     return plan_dict, plan_path
