@@ -298,3 +298,10 @@ def test_parse_size():
     assert parse_size("1.5GB") == 1_500_000_000 and parse_size("4096") == 4096
     with pytest.raises(ValueError, match="64MiB"):
         parse_size("lots")
+
+
+def test_host_and_agent_read_sizes_with_one_table():
+    from edge_remat.units import parse_budget
+    for text in ("600M", "600MB", "512MiB", "2g", "1_000_000", "1.5TiB"):
+        assert parse_budget(text) == ("bytes", parse_size(text)), text
+    assert parse_size("600M") == 600 * 10**6
