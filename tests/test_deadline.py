@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from brute_force import brute_force
-from small_graphs import training_chain
+from helpers.brute_force import brute_force
+from helpers.small_graphs import training_chain
 from test_optimal import problem
 
 from edge_remat.planner.evaluate import evaluate

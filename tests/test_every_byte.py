@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from brute_force import brute_force
-from small_graphs import state_chain
+from helpers.brute_force import brute_force
+from helpers.small_graphs import state_chain
 from test_optimal import assert_matches_brute_force, problem
 
 from edge_remat_agent.capture import capture_model

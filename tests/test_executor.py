@@ -15,13 +15,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from board_fixtures import local_bench_device, stop_agent
+from helpers.board_fixtures import local_bench_device, stop_agent
 from edge_remat_agent import cli as agent_cli
 from edge_remat_agent.capture import Captured, capture_model, capture_module
 from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.costs import build_costs
-from edge_remat_agent.executor import (BadBatch, BadInput, InstructionFailed, OutOfMemory, PlanMismatch,
-                                       plain_step, run_plain, run_plan, torch_optimizer)
+from edge_remat_agent.executor import (BadBatch, BadInput, InstructionFailed, OutOfMemory,
+                                       PlanMismatch, plain_step, run_plain, run_plan,
+                                       torch_optimizer)
 from edge_remat_agent.formats import Graph, Instruction, Plan, Tier
 from edge_remat_agent.pages import FlashStore
 from edge_remat_agent.simulate import simulate

@@ -16,7 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from board_fixtures import (SshServer, local_bench_device, loopback_ssh_board, needs_sshd,
+from helpers.board_fixtures import (SshServer, local_bench_device, loopback_ssh_board, needs_sshd,
                             ssh_device_config, stop_agent)
 from edge_remat_agent.pages import PageCorrupted, PageMissing, PageStoreFull
 from edge_remat_agent.pages.service import (PageClient, PageService, PageServiceError,

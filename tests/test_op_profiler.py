@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from board_fixtures import stop_agent
+from helpers.board_fixtures import stop_agent
 from edge_remat.cli import app
 from edge_remat_agent import cli as agent_cli
 from edge_remat_agent.capture import capture_model

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from brute_force import brute_force
-from small_graphs import random_dag, training_chain
+from helpers.brute_force import brute_force
+from helpers.small_graphs import random_dag, training_chain
 
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.formats import Tier

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-from brute_force import brute_force
+from helpers.brute_force import brute_force
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from small_graphs import random_dag, training_chain
+from helpers.small_graphs import random_dag, training_chain
 
 from edge_remat.graph_import import load_graph_file
 from edge_remat.planner.bounds import stage_lower_bound

@@ -10,7 +10,7 @@ from edge_remat import plots  # noqa: E402
 from edge_remat.planner.build import build_problem  # noqa: E402
 from edge_remat.planner.solve import solve  # noqa: E402
 from edge_remat_agent.formats import Tier  # noqa: E402
-from small_graphs import training_chain  # noqa: E402
+from helpers.small_graphs import training_chain  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -6,7 +6,7 @@ import math
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from small_graphs import random_dag, training_chain
+from helpers.small_graphs import random_dag, training_chain
 
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.formats import Tier

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from board_fixtures import SshServer, needs_sshd, ssh_device_config, stop_agent
+from helpers.board_fixtures import SshServer, needs_sshd, ssh_device_config, stop_agent
 from edge_remat.cli import app
 from edge_remat_agent.cgroup import unavailable_reason
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from board_fixtures import PtyPair, agent_command, needs_socat, stop_agent
+from helpers.board_fixtures import PtyPair, agent_command, needs_socat, stop_agent
 from edge_remat.devices import load_device
 from edge_remat.transport import Board, BoardUnreachable
 from edge_remat.transport.serial import PySerialPort, open_serial_port
