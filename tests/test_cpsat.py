@@ -14,7 +14,7 @@ from helpers.brute_force import brute_force
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from helpers.small_graphs import random_dag, training_chain
-from test_optimal import problem
+from helpers.exact_problems import problem
 
 from edge_remat.graph_import import load_graph_file
 from edge_remat.planner import isolated

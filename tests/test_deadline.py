@@ -9,7 +9,7 @@ import sys
 import pytest
 from helpers.brute_force import brute_force
 from helpers.small_graphs import training_chain
-from test_optimal import problem
+from helpers.exact_problems import problem
 
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.problem import InfeasibleDeadline

@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers.brute_force import brute_force
 from helpers.small_graphs import state_chain
-from test_optimal import assert_matches_brute_force, problem
+from helpers.exact_problems import assert_matches_brute_force, problem
 
 from edge_remat_agent.capture import capture_model
 from edge_remat_agent.capture.optimizer import torch_optimizer

@@ -86,7 +86,7 @@ def test_the_client_reconnects_once_after_a_broken_connection():
 
 def host_plan(captured):
     """Every forward node recomputed, each recomputation a page round trip to `host`."""
-    from test_executor import FLASH, every_forward_recomputed, with_paging
+    from helpers.executor_plans import FLASH, every_forward_recomputed, with_paging
     from edge_remat_agent.costs import build_costs
     from edge_remat_agent.formats import Instruction
     from edge_remat_agent.simulate import simulate
@@ -101,7 +101,7 @@ def host_plan(captured):
 
 @pytest.fixture(scope="module")
 def captured():
-    from test_executor import EXAMPLE
+    from helpers.executor_plans import EXAMPLE
     from edge_remat_agent.capture import capture_model
     return capture_model(EXAMPLE, batch=4, image=16)
 
