@@ -72,7 +72,7 @@ def plan(
     from .checks import note_profile_fit
     from .graph_import import load_graph_file
     from .outputs import output_file, output_folder
-    from .planner.build import PAGING_CHOICES, build_problem
+    from .planner.build import PAGING_CHOICES, build_problem, plain_peak_bytes
     from .planner.solve import solve
     from .remote import to_stderr
     from .report import plan_table
@@ -94,8 +94,8 @@ def plan(
         from .sweep import parse_sweep
         parse_sweep(sweep)
     else:
-        from .units import parse_budget
-        parse_budget(budget)
+        from .units import Budget
+        budget_value = Budget.parse(budget)
     if output:
         (output_folder(output, "-o") if sweep is not None else output_file(output, force))
     g = load_graph_file(graph)
@@ -103,15 +103,17 @@ def plan(
     note_profile_fit(prof, g, str(profile), to_stderr)
     tiers = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
 
-    def make_problem(budget_text):
-        return build_problem(g, budget_text, prof, objective, target_deadline, paging, tiers,
-                             paging_time)
+    plain_peak = functools.cache(lambda: plain_peak_bytes(g, prof))  # once, for fractions
+
+    def make_problem(budget):
+        return build_problem(g, budget, prof, objective, target_deadline, paging, tiers,
+                             paging_time, plain_peak() if budget.fraction is not None else None)
 
     if sweep is not None:
         _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
                     as_json, objective)
         return
-    problem = make_problem(budget)
+    problem = make_problem(budget_value)
     progress = None
     if not as_json and sys.stderr.isatty():
         from .planner.cpsat import print_progress as progress
@@ -540,7 +542,7 @@ def run_command(
     from .remote import to_stderr
     from .run import RunOptions, run
     from .run_report import report_text
-    from .units import parse_budget
+    from .units import Budget, parse_budget
 
     limit = None
     if memory_limit:
@@ -552,7 +554,8 @@ def run_command(
     if objective not in ("time", "energy"):
         raise FormatError("command line", "--objective", "time or energy", objective)
     options = RunOptions(
-        device=device, model=model, budget=budget, objective=objective,
+        device=device, model=model, budget=Budget.parse(budget) if budget else None,
+        objective=objective,
         deadline=_multiplier(deadline), steps=steps, data=data,
         memory_limit=limit, plain=plain, batch=batch, image=image, seq=seq, seed=seed,
         optimizer=optimizer, lr=lr, max_nodes=max_nodes, params_home=params_home, train=train,

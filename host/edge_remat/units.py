@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from edge_remat_agent.units import KNOWN_UNITS, SIZE_UNITS, split_quantity
 
@@ -42,6 +43,37 @@ def parse_budget(text: str) -> tuple[str, float]:
         raise UnitError(f"budget {text!r} is larger than any board's memory (at most "
                         f"{MAX_BYTES} bytes, 1 EiB)")
     return "bytes", value * SIZE_UNITS[unit]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A memory budget, read once from the command line: a byte count, or a fraction of the
+    plain schedule's peak (resolved against it by the planner)."""
+
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.bytes is None) == (self.fraction is None):
+            raise ValueError("a Budget is either bytes or a fraction of the plain peak")
+
+    @classmethod
+    def parse(cls, text: "str | float | int | Budget") -> "Budget":
+        """'30%' or '0.3' -> a fraction; '512MiB' or '736128' -> bytes (parse_budget)."""
+        if isinstance(text, Budget):
+            return text
+        kind, value = parse_budget(str(text))
+        return cls(bytes=int(value)) if kind == "bytes" else cls(fraction=value)
+
+    def resolve(self, plain_peak_bytes: int) -> int:
+        """Bytes; a fraction rounds up, as the published benchmarks define it."""
+        if self.bytes is not None:
+            return self.bytes
+        return math.ceil(self.fraction * plain_peak_bytes)
+
+    def __str__(self) -> str:
+        return f"{self.fraction:.4g} of the plain peak" if self.bytes is None else \
+            fmt_bytes(self.bytes)
 
 
 def parse_multiplier(text: str) -> float:

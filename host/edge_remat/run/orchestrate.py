@@ -1,6 +1,7 @@
 """`edge-remat run`: capture, profile (or reuse), plan, deploy, train, report, in one go.
 
-    report = run(RunOptions(device="local", model="digits-cnn", budget="30%", steps=10))
+    report = run(RunOptions(device="local", model="digits-cnn", budget=Budget.parse("30%"),
+                            steps=10))
 
 A planned run sends the plan and the graph to the board's "run" job (the executor); `plain=True`
 sends the model to the "train-plain" job instead, for comparison. On an emulated board (a
@@ -23,6 +24,7 @@ from edge_remat_agent.formats.fields import dump_json
 from ..devices import DeviceConfig, find_device
 from ..errors import Interrupted, UserError
 from ..transport import Board, JobFailed
+from ..units import Budget
 from .profiles import ChosenProfile, choose_profile
 
 # Data a zoo model trains on when --data is not given (the rest repeat their example batch).
@@ -40,7 +42,7 @@ Say = Callable[[str], None]
 class RunOptions:
     device: str
     model: str
-    budget: Optional[str] = None
+    budget: Optional[Budget] = None  # text is read once, here (Budget.parse)
     objective: str = "time"
     deadline: Optional[float] = None
     steps: int = 10
@@ -68,6 +70,10 @@ class RunOptions:
     keep_running: bool = False  # Ctrl-C leaves the board's job running instead of cancelling
     extra: dict = field(default_factory=dict)  # more params for the board's job
 
+    def __post_init__(self) -> None:
+        if self.budget is not None:
+            self.budget = Budget.parse(self.budget)
+
     @property
     def model_info(self) -> dict:
         return {"model": self.model, "batch": self.batch, "image": self.image, "seq": self.seq,
@@ -86,7 +92,6 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     from ..checks import check_solver_options
     from ..planner.build import PAGING_CHOICES
     from ..sweep import parse_sweep
-    from ..units import parse_budget
 
     if opts.optimizer not in ("sgd", "adamw"):
         raise RunProblem(f"unknown optimizer {opts.optimizer!r} (sgd | adamw)")
@@ -100,9 +105,7 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     if opts.plain:
         return
     check_solver_options(opts.solver, opts.time_limit, None)
-    if opts.budget:
-        parse_budget(opts.budget)
-    elif not device.hardware.memory_limit_bytes:
+    if opts.budget is None and not device.hardware.memory_limit_bytes:
         raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
     if opts.sweep:
         parse_sweep(opts.sweep)
@@ -209,7 +212,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         note_profile_fit(chosen.profile, graph, str(chosen.path), say)
     # With the profile's measured workspaces (kernel scratch included), as the planner sees it.
     plain_peak = plain_peak_bytes(graph, chosen.profile)
-    if opts.params_home == "auto" and _below_floor(graph, chosen, opts, device):
+    if opts.params_home == "auto" and _below_floor(graph, chosen, opts, device, plain_peak):
         say("the budget is below what parameters in RAM allow: capturing again with "
             "parameters and optimizer state homed on flash (--params-home flash)")
         captured = capture("flash")
@@ -246,9 +249,9 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
 
 # -- planning ------------------------------------------------------------------------------
 
-def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) -> str:
+def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) -> Budget:
     """--budget as given; else, under a memory limit, what the runtime leaves of it."""
-    if opts.budget:
+    if opts.budget is not None:
         return opts.budget
     limit = device.hardware.memory_limit_bytes
     if not limit:
@@ -260,14 +263,15 @@ def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) ->
         raise RunProblem(f"the memory limit ({limit / 2**20:.0f} MiB) leaves nothing for "
                          f"training after the runtime's own {runtime / 2**20:.0f} MiB and "
                          f"{RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB headroom")
-    return str(left)
+    return Budget(bytes=left)
 
 
-def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig) -> bool:
+def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
+                 plain_peak: int) -> bool:
     """Whether the budget is below the smallest one this graph can meet."""
     from ..planner.build import build_problem
     problem = build_problem(graph, run_budget(opts, device, chosen), chosen.profile,
-                            opts.objective, opts.deadline, opts.paging)
+                            opts.objective, opts.deadline, opts.paging, plain_peak=plain_peak)
     return problem.budget_bytes < problem.smallest_budget()[0]
 
 
@@ -276,9 +280,9 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
     from ..planner.build import build_problem
     from ..planner.solve import solve
 
-    def make_problem(budget):
+    def make_problem(budget):  # a fraction is of plain PyTorch's peak, parameters in RAM
         return build_problem(graph, budget, chosen.profile, opts.objective, opts.deadline,
-                             opts.paging)
+                             opts.paging, plain_peak=plain_peak)
 
     problem = make_problem(run_budget(opts, device, chosen))
     say(f"planning: budget {problem.budget_bytes / 2**20:.1f} MiB "
