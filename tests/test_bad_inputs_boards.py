@@ -16,6 +16,8 @@ from helpers.bad_inputs import (BAD_INPUT, UNREACHABLE, cli, env, no_new_files, 
                         tiny_plan, tree)
 from helpers.board_fixtures import local_bench_device, stop_agent
 
+pytestmark = pytest.mark.loopback
+
 
 # --- device configs ------------------------------------------------------------------------
 

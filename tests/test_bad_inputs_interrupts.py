@@ -18,6 +18,8 @@ from helpers.bad_inputs import (BAD_INPUT, COMMAND, INTERRUPTED, JOB_FAILED, cli
 from helpers.board_fixtures import local_bench_device, needs_sshd, stop_agent
 from helpers.small_graphs import random_dag
 
+pytestmark = [pytest.mark.slow, pytest.mark.loopback]
+
 
 @pytest.fixture
 def bench(tmp_path, monkeypatch):

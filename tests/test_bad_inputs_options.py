@@ -10,6 +10,8 @@ import pytest
 
 from helpers.bad_inputs import BAD_INPUT, cli, no_new_files, refused, tiny_graph, tiny_plan, tree
 
+pytestmark = pytest.mark.slow
+
 # (case, plan's extra arguments, words the error line must hold)
 PLAN_OPTION_CASES = [
     ("budget 1e400", ["--budget", "1e400"], ["larger than any board"]),

@@ -14,6 +14,8 @@ import pytest
 from edge_remat_agent.cgroup import (CgroupUnavailable, MemoryCgroup, find_memory_hierarchy,
                                      unavailable_reason)
 
+pytestmark = pytest.mark.cgroup
+
 REASON = unavailable_reason()
 needs_cgroup = pytest.mark.skipif(REASON is not None, reason=f"no memory cgroup: {REASON}")
 MIB = 2**20

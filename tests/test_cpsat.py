@@ -28,6 +28,8 @@ from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
 from edge_remat.synthetic import random_layered
 
+pytestmark = pytest.mark.slow
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 

@@ -15,6 +15,8 @@ from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.problem import InfeasibleDeadline
 from edge_remat.planner.solve import deadline_free_problem, solve
 
+pytestmark = pytest.mark.slow
+
 
 def smallest_deadline_by_brute_force(p) -> float:
     fastest = brute_force(deadline_free_problem(p))

@@ -34,6 +34,8 @@ from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
 
+pytestmark = pytest.mark.slow
+
 USER_MODEL = str(Path(__file__).resolve().parents[1] / "examples" / "my_model.py") + ":make_model"
 FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
 STEPS = 3

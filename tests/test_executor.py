@@ -28,6 +28,8 @@ from edge_remat_agent.formats import Graph, Plan
 from edge_remat_agent.pages import FlashStore
 from edge_remat_agent.zoo import build
 
+pytestmark = pytest.mark.slow
+
 SMALL = {"resnet18": dict(image=32), "mobilenet_v2": dict(image=32),
          "bert-mini": dict(seq=16, vocab=512)}
 STEPS = 3

@@ -45,6 +45,8 @@ from edge_remat_agent.zoo import build
 from helpers.executor_plans import (FLASH, assert_same_model, eager_run, example_model,
                                     with_paging)
 
+pytestmark = pytest.mark.slow
+
 STEPS = 2
 MODELS = {"my_model": example_model,
           "digits-cnn": lambda: build("digits-cnn", batch=4, image=16, depth=4, width=8)}

@@ -21,6 +21,8 @@ from edge_remat_agent.zoo import build
 from helpers.executor_plans import (EXAMPLE, assert_same_model, eager_run, example_model,
                                     fresh, with_paging)
 
+pytestmark = pytest.mark.slow
+
 STEPS = 3
 
 

@@ -22,6 +22,8 @@ from edge_remat_agent.pages import PageCorrupted, PageMissing, PageStoreFull
 from edge_remat_agent.pages.service import (PageClient, PageService, PageServiceError,
                                             connect_store)
 
+pytestmark = [pytest.mark.slow, pytest.mark.loopback]
+
 
 # -- the service and its client -----------------------------------------------------------------
 

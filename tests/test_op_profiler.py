@@ -22,6 +22,8 @@ from edge_remat_agent.formats.profile import Profile
 from edge_remat_agent.profiler.allocations import AllocatorPeak
 from edge_remat_agent.profiler.ops import CONTEXT_STEPS, measure_nodes, ops_from, profile_key
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = f"{ROOT / 'examples' / 'my_model.py'}:make_model"
 QUICK_BOARD = ["--sensor", "model", "--idle-s", "0.1", "--busy-s", "0.1", "--no-footprint",

@@ -6,6 +6,8 @@ import pytest
 from helpers.exact_problems import assert_matches_brute_force, problem
 from helpers.small_graphs import random_dag, training_chain
 
+pytestmark = pytest.mark.slow
+
 CASES = [(random_dag(n, seed), frac) for n, seed, frac in
          [(4, 1, 0.6), (5, 2, 0.7), (6, 3, 0.6), (7, 4, 0.7), (7, 5, 0.5), (6, 6, 0.8)]]
 CHAINS = [(training_chain(2, seed), frac) for seed, frac in [(1, 0.6), (2, 0.7), (3, 0.5)]]

@@ -23,6 +23,8 @@ from edge_remat.synthetic import layered_stats, random_layered
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.simulate import simulate
 
+pytestmark = pytest.mark.slow
+
 GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "graphs"
 
 

@@ -19,6 +19,8 @@ from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.executor import run_plan
 from helpers.executor_plans import every_forward_recomputed, trainable_count, with_paging
 
+pytestmark = pytest.mark.slow
+
 needs_transformers = pytest.mark.skipif(
     not __import__("importlib").util.find_spec("transformers"),
     reason="transformers is not installed (pip install -e '.[hf]')")

@@ -35,6 +35,8 @@ from helpers.board_fixtures import SshServer, needs_sshd, ssh_device_config, sto
 from edge_remat.cli import app
 from edge_remat_agent.cgroup import unavailable_reason
 
+pytestmark = [pytest.mark.slow, pytest.mark.loopback, pytest.mark.cgroup]
+
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = str(REPO / "profiles" / "this-machine.json")  # measured: no profiling in the test
 LIMIT_MIB = 600

@@ -21,7 +21,7 @@ from edge_remat.transport.zipapp import build_agent_archive
 from edge_remat_agent.wire.serial_link import SerialLink, decode_packet, DATA
 from edge_remat_agent.wire.tty import TtyPort
 
-pytestmark = needs_socat
+pytestmark = [needs_socat, pytest.mark.loopback]
 
 
 @pytest.fixture

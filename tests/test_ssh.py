@@ -20,7 +20,7 @@ from edge_remat.transport import (AuthRefused, Board, BoardMissingPython, BoardM
                                   HostKeyUnknown)
 from edge_remat.transport.zipapp import AgentArchive, archive_bytes
 
-pytestmark = needs_sshd
+pytestmark = [needs_sshd, pytest.mark.loopback]
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """`profile` then `deploy` end to end through a real OpenSSH server, as a user runs them.
 
-A Debian sshd on a free loopback port (its own host key, an authorized key:
-helpers/board_fixtures) is the board. Through the command line only: `graph` captures the zoo's
-digits-cnn (batch 4, 8x8 images, 41 planner nodes), `profile --device <ssh config>` pushes the agent over SSH, times
+A Debian sshd on a free loopback port (its own host key, an authorized key: helpers) is
+the board. Through the command line only: `graph` captures the zoo's digits-cnn (batch 4, 8x8
+images, 41 planner nodes), `profile --device <ssh config>` pushes the agent over SSH, times
 every node there and brings back a measured profile, `plan` solves a 60% budget with it, and
 `deploy` runs the plan on the board for 2 steps and brings back the run report. The profiler's
 board-wide measurements are shortened with --param (0.1 s idle/busy power, one 4 KiB flash
@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from helpers.board_fixtures import loopback_ssh_board, needs_sshd
 from edge_remat.cli import app
 
-pytestmark = needs_sshd
+pytestmark = [needs_sshd, pytest.mark.slow, pytest.mark.loopback]
 pytest.importorskip("edge_remat_agent.executor.jobs", reason="needs the executor")
 
 FAST_PROFILE = ["idle_s=0.1", "busy_s=0.1", "sizes=4KiB", "no_footprint=true"]
