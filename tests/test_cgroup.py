@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from edge_remat_agent.cgroup import (CgroupUnavailable, MemoryCgroup, find_memory_hierarchy,
+from edge_remat.cgroup import (CgroupUnavailable, MemoryCgroup, find_memory_hierarchy,
                                      unavailable_reason)
 
 pytestmark = pytest.mark.cgroup

@@ -33,7 +33,7 @@ from typer.testing import CliRunner
 
 from helpers.board_fixtures import SshServer, needs_sshd, ssh_device_config, stop_agent
 from edge_remat.cli import app
-from edge_remat_agent.cgroup import unavailable_reason
+from edge_remat.cgroup import unavailable_reason
 
 pytestmark = [pytest.mark.slow, pytest.mark.loopback, pytest.mark.cgroup]
 

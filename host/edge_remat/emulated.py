@@ -12,8 +12,7 @@ import dataclasses
 import hashlib
 import os
 
-from edge_remat_agent.cgroup import CgroupUnavailable, MemoryCgroup
-
+from .cgroup import CgroupUnavailable, MemoryCgroup
 from .devices import DeviceConfig
 from .transport.errors import TransportError
 from .transport.local import LocalTransport
