@@ -118,7 +118,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     """Do the whole run; returns the report (also written to OUT/report.json). Ctrl-C cancels
     the board's job (unless opts.keep_running), writes OUT/report.json saying so and raises
     errors.Interrupted."""
-    from ..emulated import emulated_device
+    from ..transport.emulated import emulated_device
     from ..outputs import output_folder
 
     device = find_device(opts.device)
@@ -200,7 +200,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     graph.save(graph_path)
     twin = None
     if device.hardware.memory_limit_bytes:
-        from ..emulated import unlimited_twin
+        from ..transport.emulated import unlimited_twin
 
         def twin() -> Board:
             return Board(unlimited_twin(device), on_event=say)
@@ -317,7 +317,7 @@ def _sweep(make_problem, opts: RunOptions, out: Path, say: Say) -> None:
 def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
            inputs: Optional[dict], out: Path, steps: int, say: Say) -> dict:
     """Run the training job; a job the kernel killed becomes a report, not an exception."""
-    from ..emulated import KernelWatch
+    from ..transport.emulated import KernelWatch
     from ..transport.board import summary
     watch = KernelWatch.for_device(device)
     try:
@@ -381,7 +381,7 @@ def host_gradient_check(graph, plan_path: Path, captured=None) -> dict:
 def _retire_emulated(board: Board, device: DeviceConfig) -> None:
     """Stop the emulated board's agent and remove its cgroup: the next run starts afresh."""
     from ..transport import TransportError
-    from ..emulated import remove_board_cgroup
+    from ..transport.emulated import remove_board_cgroup
     try:
         board.stop_agent()
     except (TransportError, OSError):
