@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from helpers.small_graphs import random_dag, training_chain
 from helpers.exact_problems import problem
 
-from edge_remat.graph_import import load_graph_file
+from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner import isolated
 from edge_remat.planner.baselines import BASELINES
 from edge_remat.planner.build import build_problem

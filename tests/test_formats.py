@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_remat.graph_import import load_graph_file
+from edge_remat.importers.graph_import import load_graph_file
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.formats import (FormatError, Graph, Instruction, Node, OpCost, Plan, Profile,
                                       Tier, graph_from_dict, load_graph, load_plan, load_profile,

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from helpers.small_graphs import random_dag, training_chain
 
-from edge_remat.graph_import import load_graph_file
+from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner.bounds import stage_lower_bound
 from edge_remat.planner.build import build_problem, plain_peak_bytes
 from edge_remat.planner.evaluate import evaluate

@@ -70,7 +70,7 @@ def plan(
 ) -> None:
     """Solve for the cheapest schedule that fits the memory budget; write it as a plan."""
     from .checks import note_profile_fit
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_file, output_folder
     from .planner.build import PAGING_CHOICES, build_problem, plain_peak_bytes
     from .planner.solve import solve
@@ -182,7 +182,7 @@ def simulate(
 ) -> None:
     """Replay a plan: check every instruction and add up peak RAM, time, energy and TDI."""
     from .checks import note_profile_fit, replay
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .remote import to_stderr
     from .report import sim_table
 
@@ -248,7 +248,7 @@ def graph(
     if output:
         output_file(output, force)
     if onnx_file is not None:
-        from .onnx_import import graph_from_onnx
+        from .importers.onnx_import import graph_from_onnx
         g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)
     else:
         from edge_remat_agent.capture import capture_model
@@ -426,7 +426,7 @@ def deploy(
     """Push the agent, the plan and the graph; run the plan on the board; fetch the report."""
     from .checks import check_plan, check_runnable
     from .devices import find_device
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_folder
     from .remote import print_outcome, require_kind, show_progress, to_stderr
     from .transport import Board
@@ -466,7 +466,7 @@ def profile(
     """Measure the board (operators, storage tiers, power) with its agent; fetch the profile."""
     from .checks import check_runnable
     from .devices import find_device
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_folder
     from .remote import parse_params, print_outcome, require_kind, show_progress, to_stderr
     from .transport import Board
@@ -591,7 +591,7 @@ def plot_command(
 
     from . import plots
     from .checks import replay
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_folder
 
     if plan_file is None and sweep_file is None:
