@@ -149,7 +149,7 @@ def test_the_run_job_trains_on_the_data_and_lr_the_host_sends(tmp_path):
     """What `edge-remat run --data digits --lr 0.05` sends the board's run job: each step takes
     the next digits batch (the very batches plain training draws with that seed), the optimizer
     steps with that lr, and the report names the data, so the host's report can state it."""
-    from edge_remat.run_report import build_report
+    from edge_remat.reports.run_report import build_report
     from edge_remat_agent.daemon.registry import JobContext
     from edge_remat_agent.data import batches
     from edge_remat_agent.executor.jobs import run_job

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from edge_remat import plots  # noqa: E402
+from edge_remat.reports import plots  # noqa: E402
 from edge_remat.planner.build import build_problem  # noqa: E402
 from edge_remat.planner.solve import solve  # noqa: E402
 from edge_remat_agent.formats import Tier  # noqa: E402

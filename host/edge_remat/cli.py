@@ -75,7 +75,7 @@ def plan(
     from .planner.build import PAGING_CHOICES, build_problem, plain_peak_bytes
     from .planner.solve import solve
     from .remote import to_stderr
-    from .report import plan_table
+    from .reports.report import plan_table
     from .units import parse_multiplier
 
     # The options first, then the files: nothing slow happens before all of them are checked.
@@ -144,7 +144,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
                 objective: str) -> None:
     from pathlib import Path
 
-    from .report import sweep_table
+    from .reports.report import sweep_table
     from .sweep import parse_sweep, run_sweep
 
     points = run_sweep(make_problem, parse_sweep(sweep), solver, time_limit, backend, workers)
@@ -184,7 +184,7 @@ def simulate(
     from .checks import note_profile_fit, replay
     from .importers.graph_import import load_graph_file
     from .remote import to_stderr
-    from .report import sim_table
+    from .reports.report import sim_table
 
     g = load_graph_file(graph)
     p = load_plan(plan_file)
@@ -237,7 +237,7 @@ def graph(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Capture a model's training graph (forward + backward + update) for the planner."""
-    from .graph_report import graph_summary, graph_table
+    from .reports.graph_report import graph_summary, graph_table
     from .outputs import output_file
     from .planner.build import plain_peak_bytes
 
@@ -541,7 +541,7 @@ def run_command(
     and report planned against measured. Exit status 4: the run was killed (out of memory)."""
     from .remote import to_stderr
     from .run import RunOptions, run
-    from .run_report import report_text
+    from .reports.run_report import report_text
     from .units import Budget, parse_budget
 
     limit = None
@@ -589,7 +589,7 @@ def plot_command(
     budget sweep (energy and time per step against memory) as PNG files."""
     from pathlib import Path
 
-    from . import plots
+    from .reports import plots
     from .checks import replay
     from .importers.graph_import import load_graph_file
     from .outputs import output_folder

@@ -144,7 +144,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     report["reconnects"] = board.reconnects
     report["report"] = str(out / "report.json")
     dump_json(report, out / "report.json")
-    from ..run_report import report_text
+    from ..reports.run_report import report_text
     (out / "report.txt").write_text(report_text(report) + "\n")
     return report
 
@@ -170,7 +170,7 @@ def _interrupted(exc: BaseException, opts: RunOptions, out: Path) -> Interrupted
 def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, lr: dict,
                out: Path, say: Say) -> dict:
     from ..remote import require_kind
-    from ..run_report import build_report
+    from ..reports.run_report import build_report
     require_kind(board, "train-plain", "train plainly")
     params = {k: v for k, v in opts.model_info.items() if v is not None}
     params.update(steps=opts.steps, data=data, **lr)
@@ -187,7 +187,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
 
     from ..planner.build import plain_peak_bytes
     from ..remote import require_kind
-    from ..run_report import build_report
+    from ..reports.run_report import build_report
 
     def capture(home: str):
         return capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
@@ -394,7 +394,7 @@ def _retire_emulated(board: Board, device: DeviceConfig) -> None:
 def _draw(graph, plan_path: Path, report: dict, out: Path) -> list[str]:
     from edge_remat_agent.formats import load_plan
 
-    from .. import plots
+    from ..reports import plots
     plan = load_plan(plan_path)
     planned, plain = plots.memory_traces(graph, plan)
     measured = {"tensor_peak_bytes": report.get("tensor_peak_bytes"),
