@@ -87,13 +87,6 @@ def activation_budget(graph, plain_peak: int, fraction: float) -> int:
     return int(graph.fixed_bytes + fraction * (plain_peak - graph.fixed_bytes))
 
 
-def with_tier_params(plan, flash):
-    """The plan as the executor reads it: the flash figures it was costed with travel along."""
-    from edge_remat.planner.build import plan_dict_with_tiers
-    from edge_remat_agent.formats.plan import plan_from_dict
-    return plan_from_dict(plan_dict_with_tiers(plan, {"flash": flash}))
-
-
 # -- the issue's check: predictions, budgets, the executor against eager ----------------------
 
 SPEC = ("resnet18", dict(batch=16, image=64))
@@ -139,7 +132,7 @@ def prediction_main(args, flash) -> int:
                       f"{_mib(budget)} = {share:.0%} of the activation memory instead")
         else:
             continue
-        plans[fraction] = with_tier_params(report.plan, flash)
+        plans[fraction] = report.plan  # carries the flash figures it was costed with
     module_args = (captured.module, captured.example_args)
     times: dict[str, list[float]] = {"eager": []}
     reports: dict[float, dict] = {}
@@ -232,7 +225,7 @@ def _bench(name: str, options: dict, flash, work: Path, args) -> dict:
     for solver in ("auto", "heuristic:paging"):
         plan = solve(problem, solver, time_limit=args.time_limit).plan
         plan_file = work / f"{name}.{solver.replace(':', '-')}.plan.json"
-        plan_file.write_text(json.dumps(with_tier_params(plan, flash).to_dict()))
+        plan.save(plan_file)
         label = f"{plan.solver.get('name')} ({plan.solver.get('status')})"
         row["plans"].append((label, _run_worker("plan", graph_file, plan_file, args)))
     return row

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from edge_remat.graph_import import load_graph_file
+from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.problem import InfeasibleBudget, InfeasibleDeadline
 from edge_remat.planner.solve import NoPlan, solve

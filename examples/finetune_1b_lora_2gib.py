@@ -46,7 +46,7 @@ def main() -> int:
 
     from edge_remat.devices import find_device
     from edge_remat.run import RunOptions, run
-    from edge_remat.run_report import report_text
+    from edge_remat.reports.run_report import report_text
     from edge_remat.units import parse_budget
     from edge_remat_agent.capture.models import load_model
     from edge_remat_agent.weights import WEIGHTS_FOLDER, deferred_weights, ensure_model_weights

@@ -130,7 +130,7 @@ def test_lora_llama_built_on_meta_trains_bit_for_bit_like_plain_pytorch(tmp_path
 # (measured here: kernel peak ~0.9 GiB). 1 GiB is not 2 GiB x 2/22: the runtime and the two
 # 250 MiB vocabulary matrices do not shrink with the layers.
 
-from edge_remat_agent.cgroup import unavailable_reason  # noqa: E402
+from edge_remat.cgroup import unavailable_reason  # noqa: E402
 
 CGROUP = unavailable_reason()
 LIMIT = "1GiB"

@@ -20,6 +20,8 @@ from edge_remat_agent.capture.replay import StepRunner
 from edge_remat_agent.formats import load_graph, load_plan
 from edge_remat_agent.zoo import build
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = f"{ROOT / 'examples' / 'my_model.py'}:make_model"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from brute_force import brute_force
-from small_graphs import state_chain
-from test_optimal import assert_matches_brute_force, problem
+from helpers.brute_force import brute_force
+from helpers.small_graphs import state_chain
+from helpers.exact_problems import assert_matches_brute_force, problem
 
 from edge_remat_agent.capture import capture_model
 from edge_remat_agent.capture.optimizer import torch_optimizer
@@ -33,6 +33,8 @@ from edge_remat.planner.cpsat import solve_cpsat
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
+
+pytestmark = pytest.mark.slow
 
 USER_MODEL = str(Path(__file__).resolve().parents[1] / "examples" / "my_model.py") + ":make_model"
 FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}

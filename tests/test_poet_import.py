@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_remat.graph_import import load_graph_file
+from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve

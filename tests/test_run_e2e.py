@@ -31,9 +31,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from board_fixtures import SshServer, needs_sshd, ssh_device_config, stop_agent
+from helpers.board_fixtures import SshServer, needs_sshd, ssh_device_config, stop_agent
 from edge_remat.cli import app
-from edge_remat_agent.cgroup import unavailable_reason
+from edge_remat.cgroup import unavailable_reason
+
+pytestmark = [pytest.mark.slow, pytest.mark.loopback, pytest.mark.cgroup]
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = str(REPO / "profiles" / "this-machine.json")  # measured: no profiling in the test

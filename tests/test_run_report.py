@@ -10,7 +10,7 @@ import pytest
 
 from edge_remat.devices import load_device
 from edge_remat.run import profiles as run_profiles
-from edge_remat.run_report import build_report, report_text, steps_from
+from edge_remat.reports.run_report import build_report, report_text, steps_from
 from edge_remat_agent.formats import load_profile
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,6 +5,8 @@ import torch
 
 from edge_remat_agent.zoo import MODELS, ZooError, build
 
+pytestmark = pytest.mark.slow
+
 # Small but real variants: the architecture is unchanged, only the data and vocab shrink.
 SMALL = {
     "mlp": dict(image=32),

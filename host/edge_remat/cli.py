@@ -70,12 +70,12 @@ def plan(
 ) -> None:
     """Solve for the cheapest schedule that fits the memory budget; write it as a plan."""
     from .checks import note_profile_fit
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_file, output_folder
-    from .planner.build import PAGING_CHOICES, build_problem, plan_dict_with_tiers
+    from .planner.build import PAGING_CHOICES, build_problem, plain_peak_bytes
     from .planner.solve import solve
     from .remote import to_stderr
-    from .report import plan_table
+    from .reports.report import plan_table
     from .units import parse_multiplier
 
     # The options first, then the files: nothing slow happens before all of them are checked.
@@ -94,8 +94,8 @@ def plan(
         from .sweep import parse_sweep
         parse_sweep(sweep)
     else:
-        from .units import parse_budget
-        parse_budget(budget)
+        from .units import Budget
+        budget_value = Budget.parse(budget)
     if output:
         (output_folder(output, "-o") if sweep is not None else output_file(output, force))
     g = load_graph_file(graph)
@@ -103,26 +103,26 @@ def plan(
     note_profile_fit(prof, g, str(profile), to_stderr)
     tiers = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
 
-    def make_problem(budget_text):
-        return build_problem(g, budget_text, prof, objective, target_deadline, paging, tiers,
-                             paging_time)
+    plain_peak = functools.cache(lambda: plain_peak_bytes(g, prof))  # once, for fractions
 
-    tier_params = {**(prof.tiers if prof else {}), **tiers}
+    def make_problem(budget):
+        return build_problem(g, budget, prof, objective, target_deadline, paging, tiers,
+                             paging_time, plain_peak() if budget.fraction is not None else None)
+
     if sweep is not None:
         _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
-                    tier_params, as_json, objective)
+                    as_json, objective)
         return
-    problem = make_problem(budget)
+    problem = make_problem(budget_value)
     progress = None
     if not as_json and sys.stderr.isatty():
         from .planner.cpsat import print_progress as progress
     report = solve(problem, solver, time_limit, backend, workers, progress=progress)
     if progress is not None:
         typer.echo("", err=True)
-    result = plan_dict_with_tiers(report.plan, tier_params)
+    result = report.plan.to_dict()
     if output:
-        from edge_remat_agent.formats.fields import dump_json
-        dump_json(result, output)
+        report.plan.save(output)
     if as_json:
         pr, s = result["predicted"], result["solver"]
         print(json.dumps({
@@ -140,14 +140,11 @@ def plan(
 
 
 def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backend: str,
-                workers: Optional[int], output: Optional[str], tier_params: dict[str, Tier],
-                as_json: bool, objective: str) -> None:
+                workers: Optional[int], output: Optional[str], as_json: bool,
+                objective: str) -> None:
     from pathlib import Path
 
-    from edge_remat_agent.formats.fields import dump_json
-
-    from .planner.build import plan_dict_with_tiers
-    from .report import sweep_table
+    from .reports.report import sweep_table
     from .sweep import parse_sweep, run_sweep
 
     points = run_sweep(make_problem, parse_sweep(sweep), solver, time_limit, backend, workers)
@@ -164,7 +161,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
             if output:
                 path = Path(output) / f"plan-{point.fraction:.2f}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
-                dump_json(plan_dict_with_tiers(point.report.plan, tier_params), path)
+                point.report.plan.save(path)
                 row["plan"] = str(path)
         rows.append(row)
     if as_json:
@@ -185,9 +182,9 @@ def simulate(
 ) -> None:
     """Replay a plan: check every instruction and add up peak RAM, time, energy and TDI."""
     from .checks import note_profile_fit, replay
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .remote import to_stderr
-    from .report import sim_table
+    from .reports.report import sim_table
 
     g = load_graph_file(graph)
     p = load_plan(plan_file)
@@ -240,7 +237,7 @@ def graph(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Capture a model's training graph (forward + backward + update) for the planner."""
-    from .graph_report import graph_summary, graph_table
+    from .reports.graph_report import graph_summary, graph_table
     from .outputs import output_file
     from .planner.build import plain_peak_bytes
 
@@ -251,7 +248,7 @@ def graph(
     if output:
         output_file(output, force)
     if onnx_file is not None:
-        from .onnx_import import graph_from_onnx
+        from .importers.onnx_import import graph_from_onnx
         g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)
     else:
         from edge_remat_agent.capture import capture_model
@@ -429,7 +426,7 @@ def deploy(
     """Push the agent, the plan and the graph; run the plan on the board; fetch the report."""
     from .checks import check_plan, check_runnable
     from .devices import find_device
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_folder
     from .remote import print_outcome, require_kind, show_progress, to_stderr
     from .transport import Board
@@ -469,7 +466,7 @@ def profile(
     """Measure the board (operators, storage tiers, power) with its agent; fetch the profile."""
     from .checks import check_runnable
     from .devices import find_device
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_folder
     from .remote import parse_params, print_outcome, require_kind, show_progress, to_stderr
     from .transport import Board
@@ -547,8 +544,8 @@ def run_command(
     and report planned against measured. Exit status 4: the run was killed (out of memory)."""
     from .remote import to_stderr
     from .run import RunOptions, run
-    from .run_report import report_text
-    from .units import parse_budget
+    from .reports.run_report import report_text
+    from .units import Budget, parse_budget
 
     limit = None
     if memory_limit:
@@ -560,7 +557,8 @@ def run_command(
     if objective not in ("time", "energy"):
         raise FormatError("command line", "--objective", "time or energy", objective)
     options = RunOptions(
-        device=device, model=model, budget=budget, objective=objective,
+        device=device, model=model, budget=Budget.parse(budget) if budget else None,
+        objective=objective,
         deadline=_multiplier(deadline), steps=steps, data=data,
         memory_limit=limit, plain=plain, batch=batch, image=image, seq=seq, seed=seed,
         optimizer=optimizer, lr=lr, max_nodes=max_nodes, params_home=params_home, train=train,
@@ -595,9 +593,9 @@ def plot_command(
     budget sweep (energy and time per step against memory) as PNG files."""
     from pathlib import Path
 
-    from . import plots
+    from .reports import plots
     from .checks import replay
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_folder
 
     if plan_file is None and sweep_file is None:

@@ -36,6 +36,8 @@ from typing import Optional
 from edge_remat_agent.formats import FormatError
 from edge_remat_agent.formats.fields import Reader
 
+from .shipped import shipped_dir
+
 KINDS = ("local", "ssh", "serial")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 FAMILIES = ("generic", "jetson", "rpi", "android")
@@ -201,7 +203,7 @@ def _hardware(r: Optional[Reader]) -> Hardware:
 def search_dirs() -> "list[Path]":
     dirs = [Path(p) for p in os.environ.get(ENV_SEARCH_PATH, "").split(os.pathsep) if p]
     dirs.append(Path.cwd() / "device_configs")
-    dirs.append(Path(__file__).resolve().parents[2] / "device_configs")  # the repository's
+    dirs.append(shipped_dir("device_configs"))  # the wheel's, or the repository's
     seen, unique = set(), []
     for d in dirs:
         key = d.resolve()

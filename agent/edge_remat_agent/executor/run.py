@@ -17,9 +17,7 @@ from ..capture.errors import GraphMismatch
 from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
 from ..capture.replay import StepRunner
 from ..costs import build_costs
-from ..formats import Graph, Plan, Tier
-from ..formats.fields import Reader
-from ..formats.profile import tier_from
+from ..formats import Graph, Plan
 from ..memory_classes import CLASSES, ledger_classifier, planned_at
 from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
@@ -253,14 +251,15 @@ def memory_by_class(graph: Graph, plan: Plan, sim: SimResult, records: list[dict
 
 def validate(graph: Graph, plan: Plan) -> SimResult:
     """The simulator's replay of the plan (its reference semantics) on the captured graph."""
-    tiers: dict[str, Tier] = {}
-    for name, params in (plan.problem.get("tier_params") or {}).items():
-        tiers[name] = tier_from(Reader(params, "plan", f"problem.tier_params.{name}"))
-    for ins in plan.instructions():  # a tier without figures: still checkable, costs unknown
-        if ins.tier is not None and ins.tier not in tiers:
-            tiers[ins.tier] = Tier(read_bytes_per_s=1e9, write_bytes_per_s=1e9)
+    missing = sorted({ins.tier for ins in plan.instructions()
+                      if ins.tier is not None and ins.tier not in plan.tiers})
+    if missing:  # its figures are what the plan's time was costed with: never made up here
+        raise BadInput(f"the plan pages to {' and '.join(missing)} but carries no figures for "
+                       "it (the plan's `tiers`): plan again with `edge-remat plan`, which "
+                       "writes the figures of every tier it pages to")
     try:
-        return simulate(graph, build_costs(graph, None, tiers), plan.stages, plan.budget_bytes)
+        return simulate(graph, build_costs(graph, None, plan.tiers), plan.stages,
+                        plan.budget_bytes)
     except PlanError as error:
         raise BadInput(f"the plan cannot run: {error}") from error
 

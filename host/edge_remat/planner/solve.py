@@ -282,5 +282,6 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
                "fixed_bytes": p.fixed}
     plan = Plan(stages=ev.stages, graph_fingerprint=p.graph.fingerprint(),
                 budget_bytes=p.budget_bytes, objective=p.objective, solver=solver,
-                predicted=predicted, problem=problem, fingerprint=p.fingerprint())
+                predicted=predicted, problem=problem, fingerprint=p.fingerprint(),
+                tiers={z: p.costs.tier_figures[z] for z in p.tiers if z in p.costs.tier_figures})
     return SolveReport(plan, ev, summary, chosen.decisions)

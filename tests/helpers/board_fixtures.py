@@ -1,6 +1,6 @@
 """Real servers for transport tests: an OpenSSH sshd on a loopback port (its own host key,
 authorized_keys and config in a temp dir) and socat pseudo-terminal pairs for serial links.
-The servers themselves live in edge_remat.transport.testbed (benchmarks/transport.py uses them
+The servers themselves live in helpers/testbed.py (benchmarks/transport.py uses them
 too); here they skip the test, saying what to install, when they cannot start."""
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from edge_remat.transport import testbed
-from edge_remat.transport.testbed import (SOCAT, SOCAT_MISSING, SSH_KEYGEN, SSHD, SSHD_MISSING,
-                                          LinkUnavailable, agent_command, free_port, keygen,
-                                          stop_agent)
+from helpers import testbed
+from helpers.testbed import (SOCAT, SOCAT_MISSING, SSH_KEYGEN, SSHD, SSHD_MISSING,
+                             LinkUnavailable, agent_command, free_port, keygen, stop_agent)
 
 needs_sshd = pytest.mark.skipif(SSHD is None or SSH_KEYGEN is None, reason=SSHD_MISSING)
 needs_socat = pytest.mark.skipif(SOCAT is None, reason=SOCAT_MISSING)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .units import fmt_bytes
+from ..units import fmt_bytes
 
 
 def _num(value: Any, fmt: str = "{:.4g}") -> str:
