@@ -28,6 +28,8 @@ from edge_remat_agent.zoo.llama import init_tensor
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.solve import solve
 
+pytestmark = pytest.mark.slow
+
 FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
 STEPS = 3
 
@@ -170,6 +172,7 @@ PROFILE = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "profi
               "this-machine.json")
 
 
+@pytest.mark.cgroup
 @pytest.mark.skipif(CGROUP is not None, reason=f"no memory cgroup: {CGROUP}")
 def test_plain_pytorch_of_the_two_layer_llama_is_killed_by_the_limit(llama_board):
     code, out, err = _cli("run", "--device", "llama-board", "--memory-limit", LIMIT, *MODEL,
@@ -179,6 +182,7 @@ def test_plain_pytorch_of_the_two_layer_llama_is_killed_by_the_limit(llama_board
     assert "Traceback" not in out + err
 
 
+@pytest.mark.cgroup
 @pytest.mark.skipif(CGROUP is not None, reason=f"no memory cgroup: {CGROUP}")
 def test_the_two_layer_llama_trains_under_the_limit_from_its_weight_page_store(llama_board):
     code, out, err = _cli("run", "--device", "llama-board", "--memory-limit", LIMIT, *MODEL,
