@@ -72,8 +72,8 @@ def plan(
     from .checks import note_profile_fit
     from .graph_import import load_graph_file
     from .outputs import output_file, output_folder
-    from .planner.build import PAGING_CHOICES, build_problem, plan_dict_with_tiers
-    from .planner.solve import solve
+    from .planner.build import PAGING_CHOICES, build_problem
+    from .planner.plan_file import make_plan
     from .remote import to_stderr
     from .report import plan_table
     from .units import parse_multiplier
@@ -112,14 +112,13 @@ def plan(
         _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
                     tier_params, as_json, objective)
         return
-    problem = make_problem(budget)
     progress = None
     if not as_json and sys.stderr.isatty():
         from .planner.cpsat import print_progress as progress
-    report = solve(problem, solver, time_limit, backend, workers, progress=progress)
+    result, _ = make_plan(g, budget, prof, objective, target_deadline, paging, tiers,
+                          paging_time, solver, time_limit, backend, workers, progress)
     if progress is not None:
         typer.echo("", err=True)
-    result = plan_dict_with_tiers(report.plan, tier_params)
     if output:
         from edge_remat_agent.formats.fields import dump_json
         dump_json(result, output)
@@ -266,6 +265,10 @@ def graph(
         typer.echo(graph_table(summary))
         if output:
             typer.echo(f"graph written to {output}")
+
+
+from .fleet.cli import app as fleet_app  # noqa: E402 - `edge-remat fleet plan` (fleet/)
+app.add_typer(fleet_app, name="fleet")
 
 
 @app.command()

@@ -1,0 +1,25 @@
+"""One budget's plan as `edge-remat plan` writes it: build the problem, solve, and add the
+figures of the tiers it pages to. The `plan` command and each fleet task call this, so that a
+fleet's plan file is the plan the command gives for the same inputs."""
+
+from __future__ import annotations
+
+from edge_remat_agent.formats import Graph, Profile, Tier
+
+from .build import build_problem, plan_dict_with_tiers
+from .solve import Progress, SolveReport, solve
+
+
+def make_plan(graph: Graph, budget: "str | float", profile: Profile | None = None,
+              objective: str = "time", deadline: float | None = None,
+              paging: str | None = None, tiers: dict[str, Tier] | None = None,
+              paging_time: str = "counted", solver: str = "auto", time_limit: float = 60.0,
+              backend: str = "cbc", workers: int | None = None,
+              progress: Progress | None = None) -> "tuple[dict, SolveReport]":
+    """(the plan as written, the solver's report). Raises InfeasibleBudget,
+    InfeasibleDeadline or NoPlan where no plan can be had."""
+    problem = build_problem(graph, budget, profile, objective, deadline, paging, tiers,
+                            paging_time)
+    report = solve(problem, solver, time_limit, backend, workers, progress=progress)
+    tier_params = {**(profile.tiers if profile else {}), **(tiers or {})}
+    return plan_dict_with_tiers(report.plan, tier_params), report
