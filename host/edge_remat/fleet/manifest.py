@@ -31,12 +31,11 @@ Paths are relative to the manifest's folder. Every mistake is reported, each on 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from edge_remat_agent.capture import DEFAULT_MAX_NODES
-from edge_remat_agent.formats import FormatError, Graph, Profile, load_profile
+from edge_remat_agent.formats import FormatError, Profile, load_profile
 
 from ..errors import UserError
 from ..units import UnitError, parse_budget, parse_multiplier
@@ -96,7 +95,6 @@ class Manifest:
     plan: PlanSettings
     threads: Optional[int] = None
     out: Optional[Path] = None
-    graphs: dict[str, Graph] = field(default_factory=dict)  # loaded graph files, by model name
 
 
 def load_manifest(path: "str | Path") -> Manifest:
@@ -284,8 +282,18 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
 
 
 def _local_spec(spec: str, here: Path) -> str:
-    """MODULE:FACTORY with a file path: relative to the manifest's folder."""
-    if spec.startswith("hf:") or ":" not in spec:
+    """Paths in a spec (MODULE:FACTORY with a file, hf: checkpoints, configs, adapters) are
+    relative to the manifest's folder; made absolute here, as the tasks run elsewhere."""
+    if spec.startswith("hf:"):
+        import os
+        from edge_remat_agent.capture.hf import canonical_spec
+        cwd = os.getcwd()
+        os.chdir(here)  # canonical_spec resolves against the working folder
+        try:
+            return canonical_spec(spec)
+        finally:
+            os.chdir(cwd)
+    if ":" not in spec:
         return spec
     module, factory = spec.rsplit(":", 1)
     if module.endswith(".py") or "/" in module:

@@ -63,7 +63,6 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
               live: Optional[bool] = None) -> FleetResult:
     started = time.perf_counter()
     out = Path(out)
-    models = {m.name: m for m in manifest.models}
     boards = {b.name: b for b in manifest.boards}
     tasks = [PlanTask(m.name, b.name, budget, deadline) for m in manifest.models
              for b in manifest.boards for budget in manifest.budgets
