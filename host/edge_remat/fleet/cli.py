@@ -77,16 +77,17 @@ def summary_text(result, folder) -> str:
              f"before), {len(result.failed)} failed, in {result.seconds:.1f} s "
              f"({result.in_flight} at a time, {result.workers} solver thread"
              f"{'s' if result.workers != 1 else ''} each)"]
-    header = f"{'model':<16} {'board':<18} {'budget':>8} {'status':<12} {'peak':>10} " \
+    # budget @deadline: a deadline as a multiple of the plain time
+    header = f"{'model':<16} {'board':<18} {'budget':>14} {'status':<12} {'peak':>10} " \
              f"{'time/step':>10} {'energy':>9}"
     lines += ["", header]
     for row in rows:
+        budget = row["budget"] + (f" @{row['deadline']:g}x" if row["deadline"] else "")
+        start = f"{row['model']:<16} {row['board']:<18} {budget:>14} {row['status']:<12}"
         if row["error"] is not None:
-            lines.append(f"{row['model']:<16} {row['board']:<18} {row['budget']:>8} "
-                         f"{row['status']:<12} {row['error']}")
+            lines.append(f"{start} {row['error']}")
             continue
-        lines.append(f"{row['model']:<16} {row['board']:<18} {row['budget']:>8} "
-                     f"{row['status']:<12} {fmt_bytes(row['peak_bytes']):>10} "
+        lines.append(f"{start} {fmt_bytes(row['peak_bytes']):>10} "
                      f"{row['time_s']:>9.4g}s {row['energy_j']:>8.4g}J")
     if result.slowest:
         lines += ["", "slowest: " + "; ".join(f"{label} {seconds:.1f} s"
