@@ -250,3 +250,24 @@ profile = "no-such-profile.json"
         assert sum(word in line for line in errors) == 1, (word, errors)
     assert len(errors) == 5
     assert not (tmp_path / "out").exists()  # nothing made before the manifest is right
+
+
+def test_a_ray_address_nobody_answers_on_is_one_line(tmp_path):
+    import socket
+
+    from bad_inputs import refused
+
+    with socket.socket() as probe:  # a port that was free a moment ago: nobody listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (tmp_path / "fleet.toml").write_text(f"""
+budgets = ["80%"]
+[[models]]
+model = "mlp"
+[[boards]]
+profile = "{PROFILES['rpi4']}"
+""")
+    line = refused(cli("fleet", "plan", tmp_path / "fleet.toml", "--out", tmp_path / "out",
+                       "--ray-address", f"127.0.0.1:{port}", timeout=120), BAD_INPUT,
+                   "cannot reach the Ray cluster", f"127.0.0.1:{port}")
+    assert "--ray-address" in line and not (tmp_path / "out").exists()

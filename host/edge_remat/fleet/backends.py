@@ -71,6 +71,8 @@ class RayBackend:
         self.ray = ray
         self._started = False
         if not ray.is_initialized():
+            if address:
+                _check_reachable(address)
             try:
                 if address:
                     ray.init(address=address, logging_level="warning",
@@ -124,6 +126,20 @@ class RayBackend:
     def close(self) -> None:
         if self._started:
             self.ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """A HOST:PORT nobody answers on: said at once (Ray itself retries for minutes)."""
+    import socket
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return  # "auto", "ray://...": Ray resolves them
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} "
+                        "(check the address `ray status` prints on the head node, or leave "
+                        "out --ray-address for a local Ray instance)") from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -45,14 +45,14 @@ def plan_command(
     if no_ray and ray_address:
         raise UserError("--no-ray and --ray-address contradict each other: give one of them")
     manifest = load_manifest(manifest_file)
-    folder = output_folder(out or manifest.out or "edge-remat-fleet")
     if no_ray:
         from .backends import InProcess
         backend = InProcess()
     else:
         from .backends import RayBackend
-        backend = RayBackend(ray_address)
+        backend = RayBackend(ray_address)  # a cluster that cannot be reached: nothing made
     try:
+        folder = output_folder(out or manifest.out or "edge-remat-fleet")
         result = run_fleet(manifest, Path(folder), backend, threads, say=to_stderr)
     finally:
         backend.close()
