@@ -74,8 +74,9 @@ name = "orin-nano"
 
 @pytest.fixture(scope="module")
 def local_ray():
+    # Graphs and plans of these models are kilobytes: a small object store is plenty.
     context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                       logging_level="error")
+                       logging_level="error", object_store_memory=256 * 2**20)
     yield context
     ray.shutdown()
 
@@ -271,3 +272,13 @@ profile = "{PROFILES['rpi4']}"
                        "--ray-address", f"127.0.0.1:{port}", timeout=120), BAD_INPUT,
                    "cannot reach the Ray cluster", f"127.0.0.1:{port}")
     assert "--ray-address" in line and not (tmp_path / "out").exists()
+
+
+def test_the_example_manifest_is_valid():
+    from edge_remat.fleet.manifest import load_manifest
+
+    manifest = load_manifest(REPO / "examples" / "fleet.toml")
+    assert [m.name for m in manifest.models] == ["mlp", "digits-cnn", "my-model"]
+    assert [b.name for b in manifest.boards] == ["rpi4", "orin-nano"]
+    assert manifest.boards[0].profile_path == REPO / "profiles" / "rpi4.json"
+    assert manifest.models[2].spec == f"{REPO / 'examples' / 'my_model.py'}:make_model"
