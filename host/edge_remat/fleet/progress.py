@@ -24,6 +24,10 @@ class Progress:
         self.running[label] = time.perf_counter()
         self.redraw()
 
+    def stopped(self, label: str) -> None:
+        """A task that is not counted (a model's capture) is no longer running."""
+        self.running.pop(label, None)
+
     def finished_task(self, label: str, seconds: float, error: Optional[str] = None) -> None:
         self.running.pop(label, None)
         self.finished.append((seconds, label))

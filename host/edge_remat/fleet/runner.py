@@ -106,7 +106,7 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
         progress.started(label)
 
     def captured(model: ModelEntry, outcome: dict) -> None:
-        progress.running.pop(f"capturing {model.name}", None)
+        progress.stopped(f"capturing {model.name}")
         mine = [t for t in tasks if t.model == model.name]
         if not outcome["ok"]:
             for task in mine:
