@@ -73,7 +73,7 @@ def plan(
     from .importers.graph_import import load_graph_file
     from .outputs import output_file, output_folder
     from .planner.build import PAGING_CHOICES, build_problem, plain_peak_bytes
-    from .planner.solve import solve
+    from .planner.plan_file import make_plan
     from .remote import to_stderr
     from .reports.report import plan_table
     from .units import parse_multiplier
@@ -113,14 +113,15 @@ def plan(
         _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
                     as_json, objective)
         return
-    problem = make_problem(budget_value)
     progress = None
     if not as_json and sys.stderr.isatty():
         from .planner.cpsat import print_progress as progress
-    report = solve(problem, solver, time_limit, backend, workers, progress=progress)
+    result, report = make_plan(g, budget_value, prof, objective, target_deadline, paging,
+                               tiers, paging_time, solver, time_limit, backend, workers,
+                               progress, plain_peak() if budget_value.fraction is not None
+                               else None)
     if progress is not None:
         typer.echo("", err=True)
-    result = report.plan.to_dict()
     if output:
         report.plan.save(output)
     if as_json:
@@ -263,6 +264,10 @@ def graph(
         typer.echo(graph_table(summary))
         if output:
             typer.echo(f"graph written to {output}")
+
+
+from .fleet.cli import app as fleet_app  # noqa: E402 - `edge-remat fleet plan` (fleet/)
+app.add_typer(fleet_app, name="fleet")
 
 
 @app.command()
