@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bad_inputs import BAD_INPUT, JOB_FAILED, cli, env
+from helpers.bad_inputs import BAD_INPUT, JOB_FAILED, cli, env
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[fleet]'")
 pytestmark = pytest.mark.slow  # a local Ray instance and real solves: a minute or two
