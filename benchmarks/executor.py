@@ -8,7 +8,7 @@ training and each plan run --steps steps (each round in the same order, so that 
 drift hits all alike); per configuration the median of the steps after each run's first. Printed:
 measured step time against the plan's prediction (target: within 15%), the ledger's peak against
 the budget (target: never above), and at budget 1.0 the executor against plain eager (target:
-at most 1.10x), plus the first round's gradient check against eager.
+at most 1.03x), plus the first round's gradient check against eager.
 
 --rss (the resident-memory comparison): resnet18, mobilenet_v2 and bert-mini at fixed memory +
 60% of the plain activation memory, the solver's plan and a paging-only one, each run in a fresh
@@ -92,7 +92,7 @@ def activation_budget(graph, plain_peak: int, fraction: float) -> int:
 SPEC = ("resnet18", dict(batch=16, image=64))
 SPEC_QUICK = ("resnet18", dict(batch=8, image=32))
 PREDICTION_TOLERANCE = 0.15
-EAGER_RATIO_TARGET = 1.10
+EAGER_RATIO_TARGET = 1.03  # issue 18: the executor's own overhead
 FLOOR_TRIES, FLOOR_STEP = 4, 0.02  # below the planner's floor: plan 2% above it, then 4%, ...
 
 
