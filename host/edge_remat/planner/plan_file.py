@@ -5,8 +5,8 @@ this, so that a fleet's plan file is the plan the command gives for the same inp
 from __future__ import annotations
 
 from edge_remat_agent.formats import Graph, Profile, Tier
-from edge_remat_agent.units import Budget
 
+from ..units import Budget
 from .build import build_problem
 from .solve import Progress, SolveReport, solve
 
