@@ -69,7 +69,7 @@ def resolve_budget(text: str | float, graph: Graph, reference_peak: int | None =
 def build_problem(graph: Graph, budget: str | float, profile: Profile | None = None,
                   objective: str = "time", deadline: float | None = None,
                   paging: str | None = None, tiers: dict[str, Tier] | None = None,
-                  paging_time: str = "counted") -> Problem:
+                  paging_time: str = "counted", io: str = "overlap") -> Problem:
     costs = build_costs(graph, profile, tiers)
     if paging is None:  # default: page wherever the inputs say what paging costs
         chosen = tuple(t for t in ("flash", "host") if t in costs.tiers)
@@ -79,7 +79,7 @@ def build_problem(graph: Graph, budget: str | float, profile: Profile | None = N
         raise ValueError(f"--paging must be one of {', '.join(PAGING_CHOICES)}, got {paging!r}")
     reference = graph.capture.get("reference_peak_bytes")
     return Problem(graph, costs, resolve_budget(budget, graph, reference, profile), objective,
-                   deadline, chosen, paging_time, profile.name if profile else None)
+                   deadline, chosen, paging_time, profile.name if profile else None, io)
 
 
 def plan_dict_with_tiers(plan, tiers: dict[str, Tier]) -> dict:
