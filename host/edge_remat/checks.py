@@ -45,7 +45,8 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
     tiers = {name: tier_from(Reader(obj, plan_name, f"problem.tier_params.{name}"))
              for name, obj in tier_params.items()}
     costs = build_costs(graph, profile, tiers)
-    return simulate(graph, costs, plan.stages, plan.budget_bytes)
+    io = "overlap" if plan.problem.get("io") == "overlap" else "sync"  # as it was planned
+    return simulate(graph, costs, plan.stages, plan.budget_bytes, io=io)
 
 
 def check_plan(plan: Plan, graph: Graph, plan_name: str, graph_name: str) -> None:
