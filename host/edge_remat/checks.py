@@ -38,7 +38,8 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
                         f"({graph.fingerprint()}): give the graph it was planned for, or plan "
                         f"again with `edge-remat plan --graph {graph_name}`")
     costs = build_costs(graph, profile, plan.tiers)
-    return simulate(graph, costs, plan.stages, plan.budget_bytes)
+    io = "overlap" if plan.problem.get("io") == "overlap" else "sync"  # as it was planned
+    return simulate(graph, costs, plan.stages, plan.budget_bytes, io=io)
 
 
 def check_plan(plan: Plan, graph: Graph, plan_name: str, graph_name: str) -> None:

@@ -57,6 +57,9 @@ def plan(
     paging: Optional[str] = typer.Option(None, "--paging", help="none | flash | host | both"),
     paging_time: str = typer.Option("counted", "--paging-time",
                                     help="counted (paging takes time) | free (POET's model)"),
+    paging_io: str = typer.Option("overlap", "--paging-io",
+                                  help="overlap (prefetch and write-behind beside compute) | "
+                                       "sync (paging stops compute)"),
     backend: str = typer.Option("cbc", "--backend", help="MILP backend: cbc | highs"),
     workers: Optional[int] = typer.Option(None, "--workers", "--threads",
                                           help="solver threads (default: all cores)"),
@@ -83,6 +86,8 @@ def plan(
         raise FormatError("command line", "--objective", "time or energy", objective)
     if paging_time not in ("counted", "free"):
         raise FormatError("command line", "--paging-time", "counted or free", paging_time)
+    if paging_io not in ("overlap", "sync"):
+        raise FormatError("command line", "--paging-io", "overlap or sync", paging_io)
     if paging is not None and paging not in PAGING_CHOICES:
         raise FormatError("command line", "--paging", " | ".join(PAGING_CHOICES), paging)
     if (budget is None) == (sweep is None):
@@ -107,7 +112,8 @@ def plan(
 
     def make_problem(budget):
         return build_problem(g, budget, prof, objective, target_deadline, paging, tiers,
-                             paging_time, plain_peak() if budget.fraction is not None else None)
+                             paging_time, plain_peak() if budget.fraction is not None else None,
+                             io=paging_io)
 
     if sweep is not None:
         _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
@@ -119,7 +125,7 @@ def plan(
     result, report = make_plan(g, budget_value, prof, objective, target_deadline, paging,
                                tiers, paging_time, solver, time_limit, backend, workers,
                                progress, plain_peak() if budget_value.fraction is not None
-                               else None)
+                               else None, io=paging_io)
     if progress is not None:
         typer.echo("", err=True)
     if output:

@@ -22,7 +22,7 @@ from ..memory_classes import CLASSES, ledger_classifier, planned_at
 from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
 from ..sensors import PowerSensor
-from ..simulate import PlanError, SimResult, simulate
+from ..simulate import IO_MODES, PlanError, SimResult, simulate
 from .batches import batch_source, data_name, is_example
 from .errors import BadInput, ExecutorError, PlanMismatch, first_line, is_out_of_memory
 from .gradcheck import compare, deterministic, eager_reference
@@ -41,13 +41,17 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              seed: int | None = None, flash_fsync: bool = True,
              flash_capacity_bytes: int | None = None,
              map_large_allocations: bool = True, lr: float | None = None,
-             keep_parameters: bool = False) -> dict[str, Any]:
+             keep_parameters: bool = False, paging_io: str | None = None) -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
     `keep_parameters`: afterwards, read the parameters homed on a page tier back into
     `captured.module` (it then holds the trained model; a board too small for the whole model
-    leaves this off)."""
+    leaves this off). `paging_io`: "overlap" (page on an IO thread beside compute) or "sync";
+    None: as the plan was planned (`problem.io`)."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
+    paging_io = paging_io or plan.problem.get("io") or "sync"
+    if paging_io not in IO_MODES:
+        raise BadInput(f"paging IO must be one of {', '.join(IO_MODES)}, got {paging_io!r}")
     if graph.planning_only:
         raise BadInput(f"graph '{graph.name}' is for planning only (imported, not captured): "
                        "capture the model with `edge-remat graph` to run it")
@@ -56,6 +60,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         captured = capture_here(graph)
     check_plan_is_for(captured.graph, plan, "the graph captured on this machine")
     sim = validate(captured.graph, plan)
+    pages = sim.page_ins + sim.page_outs > 0
+    overlap = (sim.memory_trace, sim.peak_bytes) if paging_io == "overlap" and pages else None
     device = torch.device(device)
     module = _on_device(captured.module, device)
     power = open_power_sensor(sensor)
@@ -73,7 +79,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         runner = StepRunner(captured.trace, captured.graph, module,
                             batches(0) if is_example(data) else captured.example_args,
                             device, ledger, home.load if home else None)
-        planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger)
+        planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger,
+                              overlap)
         for i in range(steps):
             batch = batches(i)
             check = None
@@ -100,7 +107,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             home.bring_back()
     predicted = {**sim.summary(), **{k: v for k, v in plan.predicted.items()
                                      if k in ("time_s", "tdi_percent", "paging_time_s",
-                                              "energy_j")}}
+                                              "energy_j", "io", "step_time_s", "io_busy_s",
+                                              "io_wait_s", "paging_hidden_share")}}
     predicted["peak_at"] = list(predicted["peak_at"])  # JSON has no tuples
     first = records[0]
     return {
@@ -109,6 +117,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "device": str(device), "torch": torch.__version__, "deterministic": True, "seed": seed,
         "data": data_name(data), "optimizer": _optimizer_description(captured.graph, lr),
         "sensor": getattr(power, "name", None), "tiers": tiers, "allocator": allocator,
+        "paging_io": "overlap" if overlap else "sync",
         "budget_bytes": plan.budget_bytes, "fixed_bytes": captured.graph.fixed_bytes,
         "predicted_peak_bytes": sim.peak_bytes, "predicted_time_s": predicted["time_s"],
         "predicted": predicted,

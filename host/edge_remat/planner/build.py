@@ -70,9 +70,11 @@ def resolve_budget(budget: Budget | str | float, graph: Graph,
 def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile | None = None,
                   objective: str = "time", deadline: float | None = None,
                   paging: str | None = None, tiers: dict[str, Tier] | None = None,
-                  paging_time: str = "counted", plain_peak: int | None = None) -> Problem:
+                  paging_time: str = "counted", plain_peak: int | None = None,
+                  io: str = "overlap") -> Problem:
     """`plain_peak`: the plain schedule's peak when the caller has it (a fraction's
-    reference, unless the graph brings its own)."""
+    reference, unless the graph brings its own). `io`: paging overlapped with compute
+    (planner/overlap.py) or stop-the-world ("sync")."""
     costs = build_costs(graph, profile, tiers)
     if paging is None:  # default: page wherever the inputs say what paging costs
         chosen = tuple(t for t in ("flash", "host") if t in costs.tiers)
@@ -82,5 +84,5 @@ def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile |
         raise ValueError(f"--paging must be one of {', '.join(PAGING_CHOICES)}, got {paging!r}")
     reference = graph.capture.get("reference_peak_bytes", plain_peak)
     return Problem(graph, costs, resolve_budget(budget, graph, reference, profile), objective,
-                   deadline, chosen, paging_time, profile.name if profile else None)
+                   deadline, chosen, paging_time, profile.name if profile else None, io)
 

@@ -16,12 +16,12 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
               paging: str | None = None, tiers: dict[str, Tier] | None = None,
               paging_time: str = "counted", solver: str = "auto", time_limit: float = 60.0,
               backend: str = "cbc", workers: int | None = None,
-              progress: Progress | None = None, plain_peak: int | None = None
-              ) -> "tuple[dict, SolveReport]":
+              progress: Progress | None = None, plain_peak: int | None = None,
+              io: str = "overlap") -> "tuple[dict, SolveReport]":
     """(the plan as written, the solver's report). Raises InfeasibleBudget,
     InfeasibleDeadline or NoPlan where no plan can be had. `plain_peak`: a fraction's
     reference when the caller has it already."""
     problem = build_problem(graph, budget, profile, objective, deadline, paging, tiers,
-                            paging_time, plain_peak)
+                            paging_time, plain_peak, io)
     report = solve(problem, solver, time_limit, backend, workers, progress=progress)
     return report.plan.to_dict(), report
