@@ -15,8 +15,10 @@ graph stays within `max_nodes`:
 A single op that cannot be split any more may still read a producer that holds more than it
 reads (a node's outputs are one planner tensor): that producer is split next. Groups that would
 hold a forward-only tensor alive until backward are merged back as coarsening does
-(`_merge_forward_only_outputs`). The result is the grouping with the lowest floor seen (the
-finest among equals), so max_nodes controls granularity and memory decides where it goes.
+(`_merge_forward_only_outputs`). The result is the grouping with the lowest floor seen, the
+first (coarsest) that reaches it: max_nodes bounds granularity and memory decides where it
+goes, and a graph no finer than its floor needs keeps the solvers fast (splitting on to
+max_nodes once made digits-cnn 200 nodes that CP-SAT could not prove optimal in 20 s).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def refine(trace: JointTrace, groups: list[Group], max_nodes: int, build: BuildG
             break
         groups, graph = step
         floor = floor_node(graph)[0]
-        if floor <= best[0]:
+        if floor < best[0]:
             best = (floor, groups)
     return best[1]
 
