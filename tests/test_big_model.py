@@ -156,7 +156,7 @@ sensor = "none"
     patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
     yield root
     patch.undo()
-    from board_fixtures import stop_agent
+    from helpers.board_fixtures import stop_agent
     stop_agent(root / "board")
 
 

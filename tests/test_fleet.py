@@ -257,7 +257,7 @@ profile = "no-such-profile.json"
 def test_a_ray_address_nobody_answers_on_is_one_line(tmp_path):
     import socket
 
-    from bad_inputs import refused
+    from helpers.bad_inputs import refused
 
     with socket.socket() as probe:  # a port that was free a moment ago: nobody listens
         probe.bind(("127.0.0.1", 0))

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from small_graphs import training_chain
+from helpers.small_graphs import training_chain
 from edge_remat.planner.build import build_problem, keep_all_peak_bytes
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.overlap import schedule_io
