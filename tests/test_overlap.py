@@ -145,6 +145,7 @@ def _hoisted(plan) -> int:
     return count
 
 
+@pytest.mark.slow  # trains ResNet-18
 @pytest.mark.parametrize("paging_io", ["overlap", "sync"])
 def test_overlapped_paging_trains_bitwise_like_eager(resnet_plan, paging_io, tmp_path):
     captured, plan = resnet_plan
@@ -174,6 +175,7 @@ def test_overlapped_paging_trains_bitwise_like_eager(resnet_plan, paging_io, tmp
         assert summary["predicted_paging_hidden_share"] is not None
 
 
+@pytest.mark.slow
 def test_the_post_pass_issues_page_ins_ahead_of_their_use(resnet_plan):
     _, plan = resnet_plan
     assert _hoisted(plan) > 0
