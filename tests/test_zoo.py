@@ -23,6 +23,7 @@ SMALL = {
     "gpt2-small": dict(seq=16, vocab=512),
     "gpt2-small-lora": dict(seq=16, vocab=512),
     "gpt-tiny": dict(seq=16),
+    "gpt-mini": dict(seq=16, vocab=512),
     "gpt-tiny-lora": dict(seq=16),
     "digits-cnn": dict(image=16, depth=2),
     "conv-gru": dict(seq=16),

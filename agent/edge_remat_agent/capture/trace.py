@@ -205,7 +205,9 @@ def _copy_small_saved_outputs(trace: JointTrace) -> None:
             continue
         for item in items:
             readers = [u for u in item.users if u.op == "call_function" and _is_backward(u)]
-            if not readers or sizes[item] * SMALL_SAVED_OUTPUT_RATIO > max(sizes.values()):
+            # Size 0: not known yet (oneDNN's LSTM workspace, sized below): left as it is.
+            if not readers or not sizes[item] or \
+                    sizes[item] * SMALL_SAVED_OUTPUT_RATIO > max(sizes.values()):
                 continue
             with graph.inserting_after(item):
                 copy = graph.call_function(torch.ops.aten.clone.default, (item,))
