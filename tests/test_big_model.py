@@ -15,11 +15,7 @@ import torch
 
 from edge_remat_agent.capture import capture_model
 from edge_remat_agent.capture.models import load_model
-from edge_remat_agent.capture.optimizer import torch_optimizer
-from edge_remat_agent.executor.batches import batch_source
-from edge_remat_agent.executor.gradcheck import deterministic
 from edge_remat_agent.executor.run import run_plan
-from edge_remat_agent.executor.step import plain_step
 from edge_remat_agent.formats import Tier
 from edge_remat_agent.weights import WeightFile, WeightStoreError, ensure_weight_file
 from edge_remat_agent.weights.paged import PagedWeights
@@ -27,6 +23,8 @@ from edge_remat_agent.weights.store import ALIGN
 from edge_remat_agent.zoo.llama import init_tensor
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.solve import solve
+from helpers.board_fixtures import local_device_config, stop_agent
+from helpers.executor_plans import eager_parameters
 
 pytestmark = pytest.mark.slow
 
@@ -91,14 +89,7 @@ def test_prefetch_reads_the_next_group_in_the_background(tmp_path):
 
 
 def _plain_parameters(spec: str, example_args) -> dict:
-    module, _ = load_model(spec)
-    opt = torch_optimizer("adamw", module)
-    batches = batch_source(None, example_args, torch.device("cpu"), 0)
-    torch.manual_seed(0)
-    with deterministic(torch.device("cpu")):
-        for i in range(STEPS):
-            plain_step(module, opt, batches(i))
-    return module.state_dict()
+    return eager_parameters(load_model(spec)[0], "adamw", example_args, STEPS)
 
 
 def test_lora_llama_built_on_meta_trains_bit_for_bit_like_plain_pytorch(tmp_path):
@@ -141,22 +132,12 @@ LIMIT = "1GiB"
 @pytest.fixture(scope="module")
 def llama_board(tmp_path_factory):
     root = tmp_path_factory.mktemp("llama-board")
-    (root / "configs").mkdir()
-    (root / "configs" / "llama-board.toml").write_text(f"""\
-name = "llama-board"
-[connection]
-kind = "local"
-workdir = "{root / 'board'}"
-[hardware]
-page_dir = "{root / 'pages'}"
-sensor = "none"
-""")
+    local_device_config(root / "configs", "llama-board", root / "board", page_dir=root / "pages")
     patch = pytest.MonkeyPatch()
     patch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(root / "configs"))
     patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
     yield root
     patch.undo()
-    from helpers.board_fixtures import stop_agent
     stop_agent(root / "board")
 
 

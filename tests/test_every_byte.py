@@ -16,14 +16,11 @@ import torch
 from helpers.brute_force import brute_force
 from helpers.small_graphs import state_chain
 from helpers.exact_problems import assert_matches_brute_force, problem
+from helpers.executor_plans import eager_parameters
 
 from edge_remat_agent.capture import capture_model
-from edge_remat_agent.capture.optimizer import torch_optimizer
 from edge_remat_agent.executor import ExecutorError
-from edge_remat_agent.executor.batches import batch_source
-from edge_remat_agent.executor.gradcheck import deterministic
 from edge_remat_agent.executor.run import run_plan
-from edge_remat_agent.executor.step import plain_step
 from edge_remat_agent.executor.updates import ParameterHome
 from edge_remat_agent.formats import Tier
 from edge_remat_agent.pages import FlashStore, PageStoreFull
@@ -62,13 +59,7 @@ def test_solvers_reach_the_exhaustive_optimum_with_state_nodes(seed, fraction, p
 def _eager_parameters(spec: str, optimizer: str, train, example_args, **shape):
     """Plain eager training of the same model, weights, data and generator state."""
     module = capture_model(spec, optimizer=optimizer, train=train, **shape).module
-    opt = torch_optimizer(optimizer, module)
-    batches = batch_source(None, example_args, torch.device("cpu"), 0)
-    torch.manual_seed(0)
-    with deterministic(torch.device("cpu")):
-        for i in range(STEPS):
-            plain_step(module, opt, batches(i))
-    return module.state_dict()
+    return eager_parameters(module, optimizer, example_args, STEPS)
 
 
 def _planned(spec, optimizer, params_home, fraction, tmp_path, train=None, paging="none",

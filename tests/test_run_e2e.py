@@ -31,7 +31,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers.board_fixtures import SshServer, needs_sshd, ssh_device_config, stop_agent
+from helpers.board_fixtures import (SshServer, local_device_config, needs_sshd,
+                                    ssh_device_config, stop_agent)
 from edge_remat.cli import app
 from edge_remat.cgroup import unavailable_reason
 
@@ -58,16 +59,8 @@ def cli(*args):
 def emulated(tmp_path_factory, request):
     """A device config for an emulated board of LIMIT_MIB, in a folder of its own."""
     root = tmp_path_factory.mktemp("emulated")
-    (root / "configs").mkdir()
-    (root / "configs" / "bench-emulated.toml").write_text(f"""\
-name = "bench-emulated"
-[connection]
-kind = "local"
-workdir = "{root / 'board'}"
-[hardware]
-memory_limit_bytes = {LIMIT_MIB * 2**20}
-sensor = "none"
-""")
+    local_device_config(root / "configs", "bench-emulated", root / "board",
+                        memory_limit_bytes=LIMIT_MIB * 2**20)
     patch = pytest.MonkeyPatch()
     patch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(root / "configs"))
     patch.setenv("XDG_CACHE_HOME", str(root / "cache"))

@@ -6,6 +6,7 @@ too); here they skip the test, saying what to install, when they cannot start.""
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -44,20 +45,24 @@ __all__ = ["SshServer", "PtyPair", "needs_sshd", "needs_socat", "free_port", "ke
            "loopback_ssh_board"]
 
 
+def local_device_config(folder: Path, name: str, workdir: Path, **hardware) -> Path:
+    """A device config `name` for the local machine in `folder` (made if missing), its workdir
+    `workdir`, no power sensor; `hardware`: more [hardware] keys (memory_limit_bytes,
+    page_dir). Returns the file; EDGE_REMAT_DEVICE_CONFIGS=folder finds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = "".join(f"{key} = {json.dumps(str(value)) if isinstance(value, (str, Path)) else value}\n"
+                   for key, value in hardware.items())
+    path = folder / f"{name}.toml"
+    path.write_text(f'name = "{name}"\n[connection]\nkind = "local"\nworkdir = "{workdir}"\n'
+                    f'[hardware]\n{keys}sensor = "none"\n')
+    return path
+
+
 def local_bench_device(tmp_path, monkeypatch):
     """A device config "bench" for the local machine, its workdir under tmp_path, found through
     EDGE_REMAT_DEVICE_CONFIGS. Returns (config folder, workdir); stop_agent(workdir) after."""
-    folder = tmp_path / "configs"
-    folder.mkdir()
-    workdir = tmp_path / "board"
-    (folder / "bench.toml").write_text(f"""\
-name = "bench"
-[connection]
-kind = "local"
-workdir = "{workdir}"
-[hardware]
-sensor = "none"
-""")
+    folder, workdir = tmp_path / "configs", tmp_path / "board"
+    local_device_config(folder, "bench", workdir)
     monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(folder))
     return folder, workdir
 

@@ -13,6 +13,8 @@ from edge_remat_agent.capture import Captured
 from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.executor import plain_step, torch_optimizer
+from edge_remat_agent.executor.batches import batch_source
+from edge_remat_agent.executor.gradcheck import deterministic
 from edge_remat_agent.formats import Graph, Instruction, Plan, Tier
 from edge_remat_agent.simulate import simulate
 
@@ -77,6 +79,18 @@ def eager_run(make, steps: int, seed: int):
     torch.manual_seed(seed)
     losses = [plain_step(module, optimizer, args) for _ in range(steps)]
     return module, losses
+
+
+def eager_parameters(module: torch.nn.Module, optimizer: str, example_args, steps: int) -> dict:
+    """`module` trained by plain eager PyTorch for `steps` steps on the batches a run takes
+    (executor.batches, seed 0, deterministic): its state dict, what a plan's must equal."""
+    opt = torch_optimizer(optimizer, module)
+    batches = batch_source(None, example_args, torch.device("cpu"), 0)
+    torch.manual_seed(0)
+    with deterministic(torch.device("cpu")):
+        for i in range(steps):
+            plain_step(module, opt, batches(i))
+    return module.state_dict()
 
 
 def assert_same_model(mine: torch.nn.Module, theirs: torch.nn.Module) -> None:
