@@ -381,3 +381,14 @@ def test_planning_imports_neither_torch_nor_ortools(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith("light")
     assert plan_file.is_file()
+
+
+def test_host_page_service_imports_without_torch():
+    # The host keeps a board's `host` pages as opaque bytes: its service must not pull torch in.
+    script = ("import sys; import edge_remat.transport.host_pages; "
+              "from edge_remat_agent.pages import PageService; "
+              "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

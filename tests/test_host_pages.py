@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from helpers.board_fixtures import (SshServer, local_bench_device, loopback_ssh_board, needs_sshd,
                             ssh_device_config, stop_agent)
 from edge_remat_agent.pages import PageCorrupted, PageMissing, PageStoreFull
-from edge_remat_agent.pages.service import (PageClient, PageService, PageServiceError,
-                                            connect_store)
+from edge_remat_agent.pages.link import connect_store
+from edge_remat_agent.pages.service import PageClient, PageService, PageServiceError
 
 pytestmark = [pytest.mark.slow, pytest.mark.loopback]
 

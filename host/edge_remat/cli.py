@@ -454,7 +454,7 @@ def deploy(
     params: dict = {"steps": steps}
     if config.hardware.page_dir:  # the board's flash, as its device config says
         params["page_dir"] = config.hardware.page_dir
-    from .transport.host_pages import host_pages, plan_uses_host  # imports torch: after checks
+    from .transport.host_pages import host_pages, plan_uses_host
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
         require_kind(board, "run", "execute plans")
         with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
@@ -489,7 +489,7 @@ def profile(
     config = find_device(device)
     if config.hardware.page_dir and "page_dir" not in values:
         values["page_dir"] = config.hardware.page_dir
-    from .transport.host_pages import link_pages  # imports torch: after the checks
+    from .transport.host_pages import link_pages
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
         require_kind(board, "profile", "profile boards")
         with link_pages(board, to_stderr) as page_params:
@@ -499,7 +499,10 @@ def profile(
         print_outcome(record, as_json, board)
 
 
-# -- end to end: `run` (logic in run/, run_report.py, plots.py, emulated.py) ---------------
+# -- end to end: `run` (logic in run/, reports/, transport/emulated.py) -------------------
+
+from .run.orchestrate import run_default  # noqa: E402 - light (no torch); the CLI's defaults
+
 
 @app.command("run")
 @cli_errors
@@ -511,9 +514,9 @@ def run_command(
     budget: Optional[str] = typer.Option(None, "--budget", help="30% of the plain peak, or "
                                          "512MiB (default with --memory-limit: what the "
                                          "runtime leaves of it)"),
-    objective: str = typer.Option("time", "--objective", help="time | energy"),
+    objective: str = typer.Option(run_default("objective"), "--objective", help="time | energy"),
     deadline: Optional[str] = typer.Option(None, "--deadline", help="e.g. 1.3 = 1.3x plain time"),
-    steps: int = typer.Option(10, "--steps", min=1, help="training steps"),
+    steps: int = typer.Option(run_default("steps"), "--steps", min=1, help="training steps"),
     data: Optional[str] = typer.Option(None, "--data", help="example | digits | MODULE:FUNCTION "
                                        "(default: digits for digits-cnn, else example)"),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="emulate a board "
@@ -524,12 +527,12 @@ def run_command(
     batch: Optional[int] = typer.Option(None, "--batch", min=1),
     image: Optional[int] = typer.Option(None, "--image", min=1),
     seq: Optional[int] = typer.Option(None, "--seq", min=1),
-    seed: int = typer.Option(0, "--seed"),
-    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum) | adamw"),
+    seed: int = typer.Option(run_default("seed"), "--seed"),
+    optimizer: str = typer.Option(run_default("optimizer"), "--optimizer", help="sgd (momentum) | adamw"),
     lr: Optional[float] = typer.Option(None, "--lr", help="learning rate (sgd 0.1, adamw 1e-3)"),
-    max_nodes: int = typer.Option(DEFAULT_MAX_NODES, "--max-nodes", min=5,
+    max_nodes: int = typer.Option(run_default("max_nodes"), "--max-nodes", min=5,
                                   help="at most this many planner nodes in the captured graph"),
-    params_home: str = typer.Option("auto", "--params-home", help="ram | flash | auto (flash "
+    params_home: str = typer.Option(run_default("params_home"), "--params-home", help="ram | flash | auto (flash "
                                     "when the budget is below what RAM-homed parameters allow)"),
     train: Optional[list[str]] = typer.Option(None, "--train", help="train only parameters "
                                               "matching this pattern (repeatable); the rest "
@@ -538,11 +541,11 @@ def run_command(
                                                "instead of measuring the board"),
     reprofile: bool = typer.Option(False, "--reprofile", help="measure again, ignoring the cache"),
     paging: Optional[str] = typer.Option(None, "--paging", help="none | flash | host | both"),
-    solver: str = typer.Option("auto", "--solver", help="auto | cpsat | milp | heuristic:NAME"),
-    time_limit: float = typer.Option(10.0, "--time-limit", help="seconds for the solver"),
+    solver: str = typer.Option(run_default("solver"), "--solver", help="auto | cpsat | milp | heuristic:NAME"),
+    time_limit: float = typer.Option(run_default("time_limit"), "--time-limit", help="seconds for the solver"),
     sweep: Optional[str] = typer.Option(None, "--sweep", help="also plan a budget sweep, e.g. "
                                         "0.2:1.0:0.1, and plot it"),
-    out: str = typer.Option("edge-remat-run", "--out", help="folder for graph, plan, report, "
+    out: str = typer.Option(run_default("out"), "--out", help="folder for graph, plan, report, "
                             "plots"),
     no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
     keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),

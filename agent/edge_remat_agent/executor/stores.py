@@ -168,7 +168,7 @@ def host_link_store(plan: Plan, address: str | None) -> PageStore | None:
     host or no address is given (open_stores then keeps host pages in this process)."""
     if not address or "host" not in tiers_used(plan):
         return None
-    from ..pages.service import connect_store
+    from ..pages.link import connect_store
     try:
         return connect_store(str(address))
     except (PageStoreError, ValueError) as error:

@@ -152,7 +152,7 @@ def measure_board(options: ProfileOptions) -> Profile:
 def measure_host_link(address: str, sizes, window_s: float):
     """The `host` tier: tensors paged to the host's page service and back through the store a
     run uses (encoding and CRC32 included, as for the flash), over the agent's link."""
-    from ..pages.service import connect_store
+    from ..pages.link import connect_store
     from .tiers import measure_store
     print(f"host link: {len(sizes)} sizes to the page service at {address}", file=sys.stderr)
     with connect_store(address) as store:

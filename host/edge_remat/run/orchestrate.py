@@ -81,6 +81,11 @@ class RunOptions:
                 "seed": self.seed, "optimizer": self.optimizer, "train": self.train}
 
 
+def run_default(name: str):
+    """A RunOptions field's default: `edge-remat run` shows and uses this one value."""
+    return RunOptions.__dataclass_fields__[name].default
+
+
 class RunProblem(UserError):
     """Options that cannot make a run (e.g. a budget nothing is left for); exit status 2."""
 
