@@ -37,6 +37,7 @@ from edge_remat_agent.formats import FormatError
 from edge_remat_agent.formats.fields import Reader
 
 from .shipped import shipped_dir
+from .tomlfile import read_toml
 
 KINDS = ("local", "ssh", "serial")
 HOST_KEY_POLICIES = ("strict", "accept-new")
@@ -110,23 +111,9 @@ class DeviceConfig:
         return f"{user}{c.host}{port}"
 
 
-def _load_toml(path: Path) -> dict:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except OSError as exc:
-        raise FormatError(str(path), "<file>", "a readable device config", exc.strerror) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise FormatError(str(path), "<toml>", "valid TOML", str(exc)) from None
-
-
 def load_device(path: "str | os.PathLike[str]") -> DeviceConfig:
     path = Path(path)
-    top = Reader(_load_toml(path), str(path))
+    top = Reader(read_toml(path, "device config"), str(path))
     top.reject_unknown({"name", "description", "connection", "hardware", "emulator"})
     name = top.str("name", path.stem)
     conn = _connection(top.child("connection"))

@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 from edge_remat_agent.formats import FormatError, Profile, load_profile
 
 from ..errors import UserError
+from ..tomlfile import read_toml
 from ..units import UnitError, parse_budget, parse_multiplier
 
 TOP_KEYS = {"budgets", "deadlines", "threads", "out", "plan", "models", "boards"}
@@ -99,7 +100,7 @@ class Manifest:
 
 def load_manifest(path: "str | Path") -> Manifest:
     path = Path(path)
-    data = _read_toml(path)
+    data = read_toml(path, "fleet manifest")
     mistakes: list[str] = []
     here = path.parent
 
@@ -148,20 +149,6 @@ def load_manifest(path: "str | Path") -> Manifest:
         raise ManifestError(mistakes)
     return Manifest(path, models, boards, budgets, deadlines, settings, threads,
                     here / out if out else None)
-
-
-def _read_toml(path: Path) -> dict:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except OSError as exc:
-        raise UserError(f"cannot read the manifest {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"{path} is not valid TOML: {exc}") from None
 
 
 def _strings(data: dict, key: str, note, required: bool = False) -> list[str]:
