@@ -84,12 +84,13 @@ def plan_row(name: str, shape: dict, budget: str, work: Path, time_limit: float)
 
 def run_child(row: dict, shape: dict, allocator: str, steps: int, work: Path) -> dict:
     """One run in a fresh memory cgroup; the child's JSON result."""
-    from edge_remat_agent.cgroup import MemoryCgroup
-    group = MemoryCgroup.ensure(f"arena-bench-{os.getpid()}", 16 * 2 ** 30)
+    from edge_remat.cgroup import MemoryCgroup
+    name = f"arena-bench-{os.getpid()}"
+    group = MemoryCgroup.ensure(name, 16 * 2 ** 30)
     try:
         command = [*group.exec_prefix(), sys.executable, __file__, "--child", json.dumps(
             {"work": str(work), "stem": row["stem"], "model": row["model"], "shape": shape,
-             "allocator": allocator, "steps": steps})]
+             "allocator": allocator, "steps": steps, "group": name})]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{row['stem']} {allocator}: {done.stderr.strip()[-2000:]}")
@@ -104,7 +105,7 @@ def child_main(spec: dict) -> None:
 
     from edge_remat_agent.allocator import give_back_freed_memory
     from edge_remat_agent.capture import capture_model
-    from edge_remat_agent.cgroup import own_memory_group
+    from edge_remat.cgroup import MemoryCgroup
     from edge_remat_agent.executor.run import run_plan
     from edge_remat_agent.formats import load_graph, load_plan
     work = Path(spec["work"])
@@ -113,7 +114,7 @@ def child_main(spec: dict) -> None:
     captured = capture_model(spec["model"], **spec["shape"])
     gc.collect()
     give_back_freed_memory()
-    group = own_memory_group()
+    group = MemoryCgroup.existing(spec["group"])
     group.reset_peak()
     report = run_plan(graph, plan, spec["steps"], None, captured=captured, seed=0,
                       check_gradients=False, allocator=spec["allocator"],
@@ -141,7 +142,7 @@ def main() -> int:
     if args.child:
         child_main(json.loads(args.child))
         return 0
-    from edge_remat_agent.cgroup import unavailable_reason
+    from edge_remat.cgroup import unavailable_reason
     reason = unavailable_reason()
     if reason:
         print(f"error: this benchmark measures under a memory cgroup: {reason}",

@@ -13,9 +13,23 @@ from edge_remat.planner.arena import plan_arena
 from edge_remat_agent.executor import BadInput, run_plan
 from edge_remat_agent.formats.arena import Slot
 
-from test_executor import (STEPS, assert_same_model, dtr_plan, eager_run, every_forward_recomputed,
-                           example_model, trainable_count, with_paging, zoo_captures,  # noqa: F401
-                           user_capture, zoo_model)
+from helpers.executor_plans import (assert_same_model, dtr_plan, eager_run,
+                                    every_forward_recomputed, example_model, trainable_count,
+                                    user_capturer, with_paging, zoo_capturer, zoo_model)
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def zoo_captures():
+    return zoo_capturer()
+
+
+@pytest.fixture(scope="module")
+def user_capture():
+    return user_capturer()
 
 
 def with_arena(plan, graph, method="best-fit"):

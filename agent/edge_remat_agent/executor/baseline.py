@@ -14,15 +14,12 @@ from typing import Any
 
 import torch
 
-from ..cgroup import own_memory_group
+from ..profiler.identity import cgroup_memory_usage
 
 
 def runtime_baseline(module: torch.nn.Module) -> dict[str, Any]:
-    group = own_memory_group()
-    charged = group.usage_bytes() if group is not None else None
-    source = f"cgroup v{group.version} {group.path.name}" if charged is not None else None
-    if charged is None:
-        charged, source = _rss_bytes(), "process resident set (no memory cgroup)"
+    charged, source = cgroup_memory_usage() or \
+        (_rss_bytes(), "process resident set (no memory cgroup)")
     model = _resident_model_bytes(module)
     return {"bytes": None if charged is None else max(0, charged - model),
             "charged_bytes": charged, "resident_model_bytes": model, "source": source}

@@ -76,12 +76,17 @@ class FixedMemory:
 class PlannedStep:
     def __init__(self, runner: StepRunner, graph: Graph, plan: Plan, module: nn.Module,
                  optimizer: torch.optim.Optimizer | FusedUpdates,
-                 stores: dict[str, PageStore], ledger, placement=None):
+                 stores: dict[str, PageStore], ledger,
+                 overlap: tuple[list[int], int] | None = None, placement=None):
+        """`overlap`: (the simulator's RAM at each instruction, the plan's peak) to page on an
+        IO thread beside compute (executor/paging.py); None pages synchronously. `placement`:
+        the arena executor's hooks (executor/arena.py); None leaves tensors to the allocator."""
         self.runner, self.graph, self.plan = runner, graph, plan
         self.module, self.optimizer, self.stores = module, optimizer, stores
         self.fused = isinstance(optimizer, FusedUpdates)
         self.interpreter = Interpreter(runner, graph, stores,
-                                       optimizer.step if self.fused else None, placement)
+                                       optimizer.step if self.fused else None, overlap,
+                                       placement)
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.fixed = FixedMemory(ledger, module, optimizer, graph)
 

@@ -100,6 +100,29 @@ def cgroup_memory_limit_bytes(root: str = "/") -> int | None:
     return min(real) if real else None
 
 
+def cgroup_memory_usage(root: str = "/") -> tuple[int, str] | None:
+    """(bytes the kernel charges this process's own memory cgroup now, which group), or None
+    where the process is in the root group (whose figure is the whole machine's) or there is
+    none. The runtime baseline of a run (executor/baseline.py) reads it."""
+    for line in (_read(root, "/proc/self/cgroup") or "").splitlines():
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if path.rstrip("/") == "":
+            continue
+        if hierarchy == "0" and controllers == "":
+            files = [(f"/sys/fs/cgroup{path.rstrip('/')}/memory.current", 2)]
+        elif "memory" in controllers.split(","):
+            # Inside a container the hierarchy may be mounted at the group itself.
+            files = [(f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.usage_in_bytes", 1),
+                     ("/sys/fs/cgroup/memory/memory.usage_in_bytes", 1)]
+        else:
+            continue
+        for file, version in files:
+            value = _read(root, file)
+            if value and value.isdigit():
+                return int(value), f"cgroup v{version} {os.path.basename(path.rstrip('/'))}"
+    return None
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -230,22 +230,3 @@ def _read(path: Path) -> str | None:
 
 def _int(text: str | None) -> int | None:
     return int(text) if text and text.isdigit() else None
-
-
-def own_memory_group(proc_cgroup: str = "/proc/self/cgroup") -> MemoryCgroup | None:
-    """The memory cgroup this process is charged to, where it is not the root (the root's
-    figures are the whole machine's); None where there is none or it cannot be found."""
-    try:
-        version, mount = find_memory_hierarchy()
-        lines = Path(proc_cgroup).read_text().splitlines()
-    except (CgroupUnavailable, OSError):
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if (version == 1 and "memory" in controllers.split(",")) or \
-                (version == 2 and controllers == ""):
-            if path in ("", "/"):
-                return None
-            group = MemoryCgroup(mount / path.lstrip("/"), version)
-            return group if group.usage_bytes() is not None else None
-    return None
