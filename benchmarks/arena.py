@@ -120,13 +120,27 @@ def child_main(spec: dict) -> None:
                       check_gradients=False, allocator=spec["allocator"],
                       count_allocations=True)
     peak = group.peak_bytes()
+    stat = _memory_stat(group.path)
     timed = [r["step_time_s"] for r in report["steps"][1:-1]] or \
         [report["steps"][-1]["step_time_s"]]
     last = report["steps"][-1]
     print(json.dumps({"kernel_peak": peak, "baseline": report["runtime_baseline_bytes"],
                       "step_s": statistics.median(timed),
                       "allocations": last.get("cpu_allocations"), "arena": last.get("arena"),
-                      "ledger_peak": max(r["ledger_peak_bytes"] for r in report["steps"])}))
+                      "ledger_peak": max(r["ledger_peak_bytes"] for r in report["steps"]),
+                      # Where the charged bytes are at the end: anonymous memory against page
+                      # cache (files read or written), and what the runtime baseline was.
+                      "anon_end": stat.get("total_rss", stat.get("anon")),
+                      "file_end": stat.get("total_cache", stat.get("file")),
+                      "usage_end": group.usage_bytes()}))
+
+
+def _memory_stat(path: Path) -> dict[str, int]:
+    try:
+        lines = (path / "memory.stat").read_text().splitlines()
+    except OSError:
+        return {}
+    return {k: int(v) for k, v in (line.split() for line in lines) if v.isdigit()}
 
 
 def main() -> int:
@@ -167,7 +181,22 @@ def main() -> int:
                         runs[allocator].append(run_child(row, shapes[name], allocator,
                                                          args.steps, work))
                 print(_line(row, runs), flush=True)
+                print(_where(runs), flush=True)
     return 0
+
+
+def _where(runs: dict[str, list[dict]]) -> str:
+    """Where the bytes beyond the plan went, per executor (the last run): the runtime
+    baseline, anonymous memory and page cache charged at the end, and the CPU allocator's own
+    peak of live bytes within one step (what ATen allocated outside the arena)."""
+    parts = []
+    for a in ("glibc", "arena"):
+        r = runs[a][-1]
+        mib = [(r.get(k) or 0) / MIB for k in ("baseline", "anon_end", "file_end")]
+        cpu = ((r.get("allocations") or {}).get("peak_bytes") or 0) / MIB
+        parts.append(f"{a}: baseline {mib[0]:.1f}, anon {mib[1]:.1f} + file {mib[2]:.1f} at "
+                     f"the end, CPU allocator peak {cpu:.1f}")
+    return "    " + "; ".join(parts)
 
 
 def _line(row: dict, runs: dict[str, list[dict]]) -> str:

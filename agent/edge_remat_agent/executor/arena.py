@@ -238,6 +238,9 @@ class OutWriter:
         try:
             if special is not None:
                 result = special[2](args, kwargs, buffers)
+                if result is None:  # not for these arguments: run the op as traced
+                    self.arena._output.next = saved
+                    return None
             else:
                 variant, names = found
                 result = variant(*args, **kwargs, **dict(zip(names, buffers)))
@@ -272,10 +275,34 @@ def _batch_norm_functional_into(args, kwargs, buffers):
     return out, mean, invstd, buffers[3], buffers[4]
 
 
+def _convolution_backward_into(args, kwargs, buffers):
+    """aten.convolution_backward.out where the bias gradient is not asked for (a convolution
+    without bias): the out variant refuses any tensor for a result it does not make, so the
+    bias gradient (out_channels values) is computed too, into scratch, and dropped. The input
+    and weight gradients are bitwise those of the traced call (tests/test_arena_executor.py).
+    None where the input gradient is not asked for either (the first layer: computing it would
+    cost a whole convolution)."""
+    op = torch.ops.aten.convolution_backward
+    values = dict(zip([a.name for a in op.default._schema.arguments], args))
+    values.update(kwargs)
+    mask = list(values.pop("output_mask"))
+    if not (mask[0] and mask[1]):
+        return None
+    if not mask[2]:
+        buffers = [buffers[0], buffers[1],
+                   torch.empty(values["weight"].shape[0], dtype=values["grad_output"].dtype,
+                               device=values["grad_output"].device)]
+    grad_input, grad_weight, grad_bias = op.out(**values, output_mask=[True, True, True],
+                                                out0=buffers[0], out1=buffers[1],
+                                                out2=buffers[2])
+    return grad_input, grad_weight, grad_bias if mask[2] else None
+
+
 # Functional ops without an out variant, run through an equivalent one: (_, _, function).
 _FUNCTIONAL_AS_OUT = {
     torch.ops.aten._native_batch_norm_legit_functional.default:
         (None, None, _batch_norm_functional_into),
+    torch.ops.aten.convolution_backward.default: (None, None, _convolution_backward_into),
 }
 
 
