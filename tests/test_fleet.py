@@ -103,6 +103,8 @@ def without_timings(plan: dict) -> dict:
     plan = json.loads(json.dumps(plan))
     for key in TIMINGS:
         plan["solver"].pop(key, None)
+    if "arena" in plan:  # the address layout's time too
+        plan["arena"]["details"].pop("plan_time_s", None)
     return plan
 
 

@@ -17,7 +17,7 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
               paging_time: str = "counted", solver: str = "auto", time_limit: float = 60.0,
               backend: str = "cbc", workers: int | None = None,
               progress: Progress | None = None, plain_peak: int | None = None,
-              io: str = "overlap", arena: str = "none",
+              io: str = "overlap", arena: str = "best-fit",
               arena_time_limit: float = 10.0) -> "tuple[dict, SolveReport]":
     """(the plan as written, the solver's report). Raises InfeasibleBudget,
     InfeasibleDeadline or NoPlan where no plan can be had. `plain_peak`: a fraction's
