@@ -573,7 +573,7 @@ def run_command(
     no_grad_check: bool = typer.Option(False, "--no-grad-check", help="skip the gradient "
                                        "check against eager PyTorch (it needs plain "
                                        "training's memory once, on the board or the host)"),
-    allocator: str = typer.Option("glibc", "--allocator", help="glibc (tensors from the C "
+    allocator: str = typer.Option(run_default("allocator"), "--allocator", help="glibc (tensors from the C "
                                   "library's malloc) | arena (every planned tensor at its "
                                   "planned offset in one arena)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
