@@ -4,6 +4,7 @@ whose layers would otherwise share one group, and one load node holding all thei
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,19 +51,21 @@ def make_stack():
     return Stack(), (torch.randn(8, WIDTH), torch.randint(0, 4, (8,)))
 
 
-def _capture(params_home: str, max_nodes: int = 80):
+def _capture(params_home: str, max_nodes: int = 80, refined: bool = True, level=None):
     module, args = make_stack()
     source = {"model": f"{__file__}:make_stack"}
     return capture_module(module, args, source["model"], optimizer="adamw",
-                          max_nodes=max_nodes, params_home=params_home, source=source)
+                          max_nodes=max_nodes, level=level, params_home=params_home,
+                          source=source, refined=refined)
 
 
-def test_no_load_node_holds_more_than_one_block():
+# Refined: coarsening's half of the node budget chooses level 1 (all blocks in one group).
+# Level 1 fixed: no refinement to split them afterwards.
+@pytest.mark.parametrize("refined,level", [(True, None), (False, 1)])
+def test_no_load_node_holds_more_than_one_block(refined, level):
     block = sum(p.numel() * p.element_size() for p in Block().parameters())
-    ram = _capture("ram")  # parameters fixed in RAM: coarsening keeps all blocks in one group
-    assert ram.graph.capture["level"] == 1
-    captured = _capture("flash")
-    graph = captured.graph
+    graph = _capture("flash", 80, refined, level).graph
+    assert graph.capture["level"] == 1
     loads = [n.out_bytes for n in graph.nodes if n.kind == "param"]
     assert len(graph) <= 80
     assert max(loads) <= block, (max(loads), block)  # was all twelve blocks' weights at once
