@@ -194,8 +194,8 @@ def write_local_device(folder: Path, name: str, workdir: Path, **hardware) -> Pa
     memory_limit_bytes). Returns the file; EDGE_REMAT_DEVICE_CONFIGS=folder finds it."""
     folder.mkdir(parents=True, exist_ok=True)
     # JSON's string escapes are valid in TOML basic strings
-    keys = "".join(f"{key} = {json.dumps(str(value)) if isinstance(value, (str, Path)) else value}\n"
-                   for key, value in hardware.items())
+    keys = "".join(f"{key} = {json.dumps(str(v)) if isinstance(v, (str, Path)) else v}\n"
+                   for key, v in hardware.items())
     path = folder / f"{name}.toml"
     path.write_text(f'name = {json.dumps(name)}\n[connection]\nkind = "local"\n'
                     f'workdir = {json.dumps(str(workdir))}\n[hardware]\n{keys}sensor = "none"\n')

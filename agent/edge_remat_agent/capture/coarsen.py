@@ -19,9 +19,10 @@ Parameters homed on a page tier (`paged_params`) are read into RAM whole for the
 reads them, so a forward group's parameter bytes are part of its floor whatever the budget: a
 group reading more than the heaviest group at the finest level does (the part of the floor no
 grouping can lower) is replaced by its groups one level finer, down to the finest, as far as
-the node budget allows (`_cap_parameter_bytes`); merges that would exceed it are refused. Backward groups and parameter groups follow the forward groups, so
-this keeps every planner node's parameters near the irreducible (a 22-layer Llama's layers stay
-apart at any node budget instead of one node of 3.9 GB of weights).
+the node budget allows (`_cap_parameter_bytes`); merges that would exceed it are refused.
+Backward groups and parameter groups follow the forward groups, so this keeps every planner
+node's parameters near the irreducible (a 22-layer Llama's layers stay apart instead of one
+node of 3.9 GB of weights).
 """
 
 from __future__ import annotations
@@ -81,10 +82,7 @@ def coarsen(trace: JointTrace, max_nodes: int = 200, level: int | None = None,
         cap = _parameter_cap(forward, nbytes)
         fwd_groups = _cap_parameter_bytes(fwd_groups, forward, level, nbytes, cap,
                                           split_nodes or max_nodes)
-
-        def may_merge(parts: list[Group]) -> bool:  # a merge must not raise the floor either
-            merged = Group("forward", "", [m for g in parts for m in g.members])
-            return nbytes(merged) <= max(cap, *(nbytes(g) for g in parts))
+        may_merge = _within_cap(nbytes, cap)  # a merge must not raise the floor either
     fwd_groups = _merge_forward_only_outputs(fwd_groups, trace, may_merge)
     bwd_groups = _backward_groups(ops, fwd_groups)
     return fwd_groups + bwd_groups, level
@@ -182,6 +180,15 @@ def _cap_parameter_bytes(groups: list[Group], forward: list[_Op], level: int, nb
                 at = groups.index(group)
                 groups[at:at + 1] = parts
     return groups
+
+
+def _within_cap(nbytes, cap: int):
+    """A function: whether merging these groups keeps their parameters within the cap (or
+    within the largest of theirs, where one alone exceeds it)."""
+    def may_merge(parts: list[Group]) -> bool:
+        merged = Group("forward", "", [m for g in parts for m in g.members])
+        return nbytes(merged) <= max(cap, *(nbytes(g) for g in parts))
+    return may_merge
 
 
 def _parameter_bytes(trace: JointTrace):
