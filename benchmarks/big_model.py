@@ -25,25 +25,18 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "host"), str(REPO / "agent")]
+
+from edge_remat.devices import write_local_device  # noqa: E402
+
 PROFILE = REPO / "profiles" / "this-machine.json"
 MiB, GiB = 2**20, 2**30
-# At the default 200 nodes coarsening puts all 22 layers in one node, whose 3.9 GB of frozen
-# weights no 2 GiB plan can hold; 400 gives one node (and one weight group) per layer.
-MAX_NODES = 400
 
 
 def board_config(root: Path) -> str:
     """A local device of its own (workdir, page directory): its weight store is kept there."""
-    (root / "configs").mkdir(parents=True, exist_ok=True)
-    (root / "configs" / "big-model-board.toml").write_text(f"""\
-name = "big-model-board"
-[connection]
-kind = "local"
-workdir = "{root / 'board'}"
-[hardware]
-page_dir = "{root / 'pages'}"
-sensor = "none"
-""")
+    write_local_device(root / "configs", "big-model-board", root / "board",
+                       page_dir=root / "pages")
     os.environ["EDGE_REMAT_DEVICE_CONFIGS"] = str(root / "configs")
     return "big-model-board"
 
@@ -67,8 +60,7 @@ def main() -> int:
     root = Path(args.root)
     device = board_config(root)
     common = dict(device=device, model=args.model, memory_limit=limit, seq=args.seq,
-                  optimizer="adamw", steps=args.steps, data="text", plots=False,
-                  max_nodes=MAX_NODES)
+                  optimizer="adamw", steps=args.steps, data="text", plots=False)
     profile = json.loads(PROFILE.read_text())
     print(f"{args.model}, seq {args.seq}, AdamW on the LoRA parameters, {args.steps} steps, "
           f"limit {limit / GiB:.2f} GiB ({PROFILE.name})")
@@ -141,8 +133,7 @@ def exact(args) -> None:
     from edge_remat_agent.executor.step import plain_step
     from edge_remat_agent.formats import load_profile
 
-    captured = capture_model(args.model, seq=args.seq, optimizer="adamw", params_home="flash",
-                             max_nodes=MAX_NODES)
+    captured = capture_model(args.model, seq=args.seq, optimizer="adamw", params_home="flash")
     problem = build_problem(captured.graph, 1536 * MiB, load_profile(str(PROFILE)), "time",
                             None, None)
     plan = solve(problem, "heuristic:split").plan

@@ -16,7 +16,7 @@ What it does, on this machine as an emulated board (a memory cgroup; needs root)
 The same from the command line:
 
     edge-remat run --device local --memory-limit 2GiB --model tinyllama-1.1b-lora --seq 128 \\
-        --optimizer adamw --params-home flash --max-nodes 400 --steps 3 --no-grad-check \\
+        --optimizer adamw --params-home flash --steps 3 --no-grad-check \\
         --profile profiles/this-machine.json
 
 (--no-grad-check: the gradient check needs plain training's memory, 4.4 GB, on the host;
@@ -31,7 +31,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MAX_NODES = 400  # one weight group per layer (at 200 coarsening merges all 22 layers)
 
 
 def main() -> int:
@@ -69,8 +68,7 @@ def main() -> int:
         print(f"weight page store already there: {path}")
 
     common = dict(device=args.device, model=args.model, memory_limit=limit, seq=128,
-                  optimizer="adamw", steps=args.steps, data="text", plots=False,
-                  max_nodes=MAX_NODES)
+                  optimizer="adamw", steps=args.steps, data="text", plots=False)
     if not args.no_plain:
         plain = run(RunOptions(**common, plain=True, out=f"{args.out}/plain"))
         peak = plain.get("kernel_peak_bytes") or 0

@@ -27,6 +27,7 @@ Every error names the file and the field.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -185,6 +186,20 @@ def _hardware(r: Optional[Reader]) -> Hardware:
                     sensor=r.str("sensor", "none", choices=sensor_names()),
                     family=r.str("family", "generic", choices=FAMILIES),
                     memory_limit_bytes=r.integer("memory_limit_bytes", None, minimum=1 << 20))
+
+
+def write_local_device(folder: Path, name: str, workdir: Path, **hardware) -> Path:
+    """Write a device config `name` for this machine into `folder` (made if missing): workdir
+    `workdir`, no power sensor, `hardware` as more [hardware] keys (page_dir,
+    memory_limit_bytes). Returns the file; EDGE_REMAT_DEVICE_CONFIGS=folder finds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    # JSON's string escapes are valid in TOML basic strings
+    keys = "".join(f"{key} = {json.dumps(str(v)) if isinstance(v, (str, Path)) else v}\n"
+                   for key, v in hardware.items())
+    path = folder / f"{name}.toml"
+    path.write_text(f'name = {json.dumps(name)}\n[connection]\nkind = "local"\n'
+                    f'workdir = {json.dumps(str(workdir))}\n[hardware]\n{keys}sensor = "none"\n')
+    return path
 
 
 def search_dirs() -> "list[Path]":

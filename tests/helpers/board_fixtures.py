@@ -6,12 +6,12 @@ too); here they skip the test, saying what to install, when they cannot start.""
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from edge_remat.devices import write_local_device
 from helpers import testbed
 from helpers.testbed import (SOCAT, SOCAT_MISSING, SSH_KEYGEN, SSHD, SSHD_MISSING,
                              LinkUnavailable, agent_command, free_port, keygen, stop_agent)
@@ -46,16 +46,9 @@ __all__ = ["SshServer", "PtyPair", "needs_sshd", "needs_socat", "free_port", "ke
 
 
 def local_device_config(folder: Path, name: str, workdir: Path, **hardware) -> Path:
-    """A device config `name` for the local machine in `folder` (made if missing), its workdir
-    `workdir`, no power sensor; `hardware`: more [hardware] keys (memory_limit_bytes,
-    page_dir). Returns the file; EDGE_REMAT_DEVICE_CONFIGS=folder finds it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    keys = "".join(f"{key} = {json.dumps(str(value)) if isinstance(value, (str, Path)) else value}\n"
-                   for key, value in hardware.items())
-    path = folder / f"{name}.toml"
-    path.write_text(f'name = "{name}"\n[connection]\nkind = "local"\nworkdir = "{workdir}"\n'
-                    f'[hardware]\n{keys}sensor = "none"\n')
-    return path
+    """A device config `name` for the local machine in `folder`: the host's writer
+    (devices.write_local_device); `hardware`: memory_limit_bytes, page_dir."""
+    return write_local_device(folder, name, workdir, **hardware)
 
 
 def local_bench_device(tmp_path, monkeypatch):

@@ -14,6 +14,15 @@ group. Backward groups that feed each other in both directions (interleaved bran
 so the planner nodes always have a valid execution order.
 
 `choose_level` picks the finest level whose graph stays within `max_nodes` planner nodes.
+
+Parameters homed on a page tier (`paged_params`) are read into RAM whole for the node that
+reads them, so a forward group's parameter bytes are part of its floor whatever the budget: a
+group reading more than the heaviest group at the finest level does (the part of the floor no
+grouping can lower) is replaced by its groups one level finer, down to the finest, as far as
+the node budget allows (`_cap_parameter_bytes`); merges that would exceed it are refused.
+Backward groups and parameter groups follow the forward groups, so this keeps every planner
+node's parameters near the irreducible (a 22-layer Llama's layers stay apart instead of one
+node of 3.9 GB of weights).
 """
 
 from __future__ import annotations
@@ -54,16 +63,27 @@ class _Op:
     scope: str
 
 
-def coarsen(trace: JointTrace, max_nodes: int = 200, level: int | None = None
+def coarsen(trace: JointTrace, max_nodes: int = 200, level: int | None = None,
+            paged_params: bool = False, split_nodes: int | None = None
             ) -> tuple[list[Group], int]:
-    """Planner groups in execution order (forward, loss, backward) and the level used."""
+    """Planner groups in execution order (forward, loss, backward) and the level used.
+    `paged_params`: parameters are planner tensors read from a page tier (their bytes count in
+    the floor), so groups reading more of them than the finest grouping does are split, within
+    `split_nodes` (default max_nodes) planner nodes for forward, loss and backward."""
     ops = _ops(trace)
     forward = [op for op in ops if not op.backward]
     if level is None:
         level = choose_level(forward, max_nodes)
     fwd_groups = _forward_groups(forward, level)
     fwd_groups = _merge_to_fit(fwd_groups, max_nodes)
-    fwd_groups = _merge_forward_only_outputs(fwd_groups, trace)
+    may_merge = None
+    if paged_params:
+        nbytes = _parameter_bytes(trace)
+        cap = _parameter_cap(forward, nbytes)
+        fwd_groups = _cap_parameter_bytes(fwd_groups, forward, level, nbytes, cap,
+                                          split_nodes or max_nodes)
+        may_merge = _within_cap(nbytes, cap)  # a merge must not raise the floor either
+    fwd_groups = _merge_forward_only_outputs(fwd_groups, trace, may_merge)
     bwd_groups = _backward_groups(ops, fwd_groups)
     return fwd_groups + bwd_groups, level
 
@@ -133,6 +153,58 @@ def _forward_groups(forward: list[_Op], level: int) -> list[Group]:
     return groups
 
 
+def _parameter_cap(forward: list[_Op], nbytes) -> int:
+    """The parameter bytes of the heaviest group at the finest level."""
+    finest = max((len(op.scope.split(".")) for op in forward if op.scope), default=0) + 1
+    return max((nbytes(g) for g in _forward_groups(forward, finest)), default=0)
+
+
+def _cap_parameter_bytes(groups: list[Group], forward: list[_Op], level: int, nbytes,
+                         cap: int, max_nodes: int) -> list[Group]:
+    """Replace forward groups that read more than `cap` parameter bytes by their groups at the
+    next finer level (the heaviest first), until none does, the finest level is reached, or
+    a split would take the graph (forward groups doubled for backward, plus one) past
+    max_nodes."""
+    finest = max((len(op.scope.split(".")) for op in forward if op.scope), default=0) + 1
+    for finer in range(level + 1, finest + 1):
+        heavy = [g for g in groups if g.kind == "forward" and nbytes(g) > cap]
+        if not heavy:
+            break
+        children = [g for g in _forward_groups(forward, finer) if g.kind == "forward"]
+        for group in sorted(heavy, key=lambda g: -nbytes(g)):
+            members = set(group.members)
+            parts = [c for c in children if members.issuperset(c.members)]
+            if 2 * (len(groups) + len(parts) - 1) + 1 > max_nodes:
+                continue
+            if len(parts) > 1 and sum(len(c.members) for c in parts) == len(members):
+                at = groups.index(group)
+                groups[at:at + 1] = parts
+    return groups
+
+
+def _within_cap(nbytes, cap: int):
+    """A function: whether merging these groups keeps their parameters within the cap (or
+    within the largest of theirs, where one alone exceeds it)."""
+    def may_merge(parts: list[Group]) -> bool:
+        merged = Group("forward", "", [m for g in parts for m in g.members])
+        return nbytes(merged) <= max(cap, *(nbytes(g) for g in parts))
+    return may_merge
+
+
+def _parameter_bytes(trace: JointTrace):
+    """A function: the bytes of the distinct parameters a group's ops read."""
+    sizes = {}
+    for name in trace.params:
+        value = trace.node(name).meta.get("val")
+        sizes[name] = value.numel() * value.element_size() if value is not None else 0
+    reads = {op.name: [d.name for d in op.all_input_nodes if d.name in sizes]
+             for op in trace.compute_nodes}
+
+    def nbytes(group: Group) -> int:
+        return sum(sizes[p] for p in {p for m in group.members for p in reads.get(m, ())})
+    return nbytes
+
+
 def _split_at_heavy_ops(run: list[_Op]) -> list[list[_Op]]:
     parts: list[list[_Op]] = [[]]
     seen_heavy = False
@@ -167,11 +239,13 @@ def _merge_to_fit(groups: list[Group], max_nodes: int) -> list[Group]:
     return merged + [g for g in groups if g.kind == "loss"]
 
 
-def _merge_forward_only_outputs(groups: list[Group], trace: JointTrace) -> list[Group]:
+def _merge_forward_only_outputs(groups: list[Group], trace: JointTrace,
+                                may_merge=None) -> list[Group]:
     """Merge a group with the next ones when it produces both a tensor that backward reads and a
     tensor that only those next forward groups read (a batch norm's output feeding a separate
     ReLU module): a planner node's output lives until its last reader, so leaving the boundary
     there would keep the forward-only tensor alive until backward, which eager PyTorch does not.
+    `may_merge(groups)`, where given, may refuse a merge.
     """
     store = storages(trace.graph_module)
     aliases: dict[str, list[fx.Node]] = {}
@@ -192,7 +266,8 @@ def _merge_forward_only_outputs(groups: list[Group], trace: JointTrace) -> list[
         read_by_backward = any("backward" in p for p in readers_after)
         forward_only = [max(p) for p in readers_after if p and "backward" not in p]
         end = max(forward_only, default=k)
-        if read_by_backward and forward_only and end - k <= MAX_MERGE_SPAN:
+        if read_by_backward and forward_only and end - k <= MAX_MERGE_SPAN and \
+                (may_merge is None or may_merge(groups[k:end + 1])):
             merged = groups[k:end + 1]
             kind = "loss" if any(g.kind == "loss" for g in merged) else "forward"
             groups[k:end + 1] = [Group(kind, merged[0].scope,

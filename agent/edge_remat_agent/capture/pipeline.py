@@ -80,11 +80,13 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
     if refined:  # module-level groups in half the node budget; refinement spends the rest
         # where memory is decided (capture/refine.py)
         groups, level_used = coarsen(
-            trace, activation_nodes(max(5, max_nodes // 2), update, params_home), level)
+            trace, activation_nodes(max(5, max_nodes // 2), update, params_home), level,
+            paged_params=params_home != "ram",  # heavy parameters may use the whole budget
+            split_nodes=activation_nodes(max_nodes, update, params_home))
         groups = refine(trace, groups, max_nodes, lambda gs: build(gs)[0])
     else:
         groups, level_used = coarsen(trace, activation_nodes(max_nodes, update, params_home),
-                                     level)
+                                     level, paged_params=params_home != "ram")
     graph, figures = build(groups)
     name_ops(trace, graph)
     check_order(graph, model)
