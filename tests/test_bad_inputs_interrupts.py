@@ -173,7 +173,7 @@ def test_ssh_reconnect_keeps_the_host_pages_forward(tmp_path):
     from edge_remat.devices import find_device
     from edge_remat.transport import Board
     from edge_remat.transport.host_pages import host_pages
-    from edge_remat_agent.pages.service import connect_store
+    from edge_remat_agent.pages.link import connect_store
 
     said = []
     with loopback_ssh_board(tmp_path) as (config, _, _):
