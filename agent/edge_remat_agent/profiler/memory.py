@@ -267,6 +267,7 @@ class LiveTensorLedger:
         self._lock = threading.Lock()
         self._classify = classify
         self._counted_as: dict[Hashable, str] = {}  # storage (or key) -> the class it counts in
+        self._class_of: dict[Hashable, str] = {}  # key -> its class (keys recur every step)
         self.live_by_class: dict[str, int] = {}
         self.peak_by_class: dict[str, int] = {}
 
@@ -278,30 +279,34 @@ class LiveTensorLedger:
     def register_tensor(self, key: Hashable, tensor: torch.Tensor) -> int:
         """Register `tensor`'s storage under `key`; returns the bytes newly counted."""
         storage = tensor.untyped_storage()
-        before = self.live_bytes
-        self._add(key, storage.data_ptr() or None, storage.nbytes())
-        return self.live_bytes - before
+        return self._add(key, storage.data_ptr() or None, storage.nbytes())
 
-    def _add(self, key: Hashable, storage: int | None, nbytes: int) -> None:
+    # register_tensor and unregister run for every value the executor makes and drops (a few
+    # thousand per step): kept to plain dict work, with each key's class looked up once.
+    def _add(self, key: Hashable, storage: int | None, nbytes: int) -> int:
         with self._lock:
-            if key in self._entries:
+            entries = self._entries
+            if key in entries:
                 raise KeyError(f"{key!r} is already registered; unregister it first")
-            self._entries[key] = (storage, nbytes)
+            entries[key] = (storage, nbytes)
             if storage is not None:
                 refs = self._storage_refs.get(storage, 0)
                 self._storage_refs[storage] = refs + 1
                 if refs:
-                    return  # that memory is already counted
-            self.live_bytes += nbytes
+                    return 0  # that memory is already counted
+            live = self.live_bytes = self.live_bytes + nbytes
             if self._classify is not None:
-                name = self._classify(key)
+                name = self._class_of.get(key)
+                if name is None:
+                    name = self._class_of[key] = self._classify(key)
                 self._counted_as[key if storage is None else storage] = name
                 self.live_by_class[name] = self.live_by_class.get(name, 0) + nbytes
-            if self.live_bytes > self.peak_bytes:
-                self.peak_bytes = self.live_bytes
+            if live > self.peak_bytes:
+                self.peak_bytes = live
                 self.peak_key = key
                 if self._classify is not None:
                     self.peak_by_class = dict(self.live_by_class)
+            return nbytes
 
     def unregister(self, key: Hashable) -> int:
         """Forget `key`; returns the bytes that stopped being live (0 for a shared storage)."""
@@ -311,8 +316,9 @@ class LiveTensorLedger:
             except KeyError:
                 raise KeyError(f"{key!r} is not registered") from None
             if storage is not None:
-                self._storage_refs[storage] -= 1
-                if self._storage_refs[storage]:
+                refs = self._storage_refs[storage] - 1
+                if refs:
+                    self._storage_refs[storage] = refs
                     return 0
                 del self._storage_refs[storage]
             self.live_bytes -= nbytes
