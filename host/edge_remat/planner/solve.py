@@ -13,7 +13,6 @@ from edge_remat_agent.formats import Plan
 from . import isolated
 from .baselines import BASELINES
 from .bounds import SCOPE as BOUND_SCOPE, stage_lower_bound
-from .feasible import feasible_schedule
 from .evaluate import Evaluation, evaluate
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem
 from .stages import StageDecision
@@ -24,7 +23,7 @@ MILP_MAX_NODES = 300
 # residencies x edges cover literals) takes longer to build and more memory than the time limit
 # and the host allow; the feasibility phase's plan is returned with the combinatorial bound.
 CPSAT_MAX_NODES = 1500
-FEASIBILITY_SHARE = 0.6  # of the time limit, for the feasibility phase (peak-search)
+FEASIBILITY_SHARE = 0.6  # of the time limit, for the baselines and the feasibility phase
 SOLVERS = ("auto", "cpsat", "milp")
 
 Progress = Callable[[float, float, float], None]
@@ -50,12 +49,13 @@ class SolveReport:
 
 
 def run_baselines(p: Problem, time_limit: float | None = None) -> dict[str, Candidate | None]:
+    """Every baseline, all of them within FEASIBILITY_SHARE of the time limit (if one is given):
+    one that runs out of time has no plan."""
     out: dict[str, Candidate | None] = {}
+    deadline = None if time_limit is None else \
+        clock.perf_counter() + FEASIBILITY_SHARE * time_limit
     for name, baseline in BASELINES.items():
-        if name == "peak-search" and time_limit is not None:  # the one search that can run long
-            decisions = feasible_schedule(p, time_limit=FEASIBILITY_SHARE * time_limit)
-        else:
-            decisions = baseline(p)
+        decisions = baseline(p, deadline)
         out[name] = None if decisions is None else Candidate(
             f"heuristic:{name}", evaluate(p, decisions), decisions)
     return out
