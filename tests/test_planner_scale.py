@@ -91,3 +91,36 @@ def test_random_layered_at_08_gets_a_plan_within_seconds(n):
     ev = evaluate(p, decisions)
     assert ev.fits_budget and elapsed < 30
     assert p.plain_time <= stage_lower_bound(p) <= ev.value
+
+
+def test_window_lns_keeps_the_budget_never_worsens_and_is_deterministic():
+    """Ruin and recreate over windows: every kept state fits the budget (checked by the
+    simulator on the final plan), its recompute cost never rises, and a seed fixes the run."""
+    from edge_remat.planner.events import EventSchedule, drop_unneeded
+    from edge_remat.planner.feasible import peak_search
+    from edge_remat.planner.intervals import decisions_from_intervals
+    from edge_remat.planner.lns import improve, recompute_cost
+
+    p = build_problem(random_layered(300, seed=2), "0.8")
+    capacity = p.budget_bytes - p.fixed
+    start, added = EventSchedule(p), []
+    assert peak_search(start, capacity, added, time.perf_counter() + 30)
+    drop_unneeded(start, added, capacity)
+    runs = [improve(start, capacity, time.perf_counter() + 60, seed=5, window=40, rounds=25)
+            for _ in range(2)]
+    (best, info), (again, _) = runs
+    assert info["windows_tried"] == 25
+    assert best.computes == again.computes
+    assert recompute_cost(best) <= recompute_cost(start)
+    ev = evaluate(p, decisions_from_intervals(p, best.residencies()))
+    assert ev.fits_budget
+    assert ev.value == pytest.approx(p.plain_time + recompute_cost(best))
+
+
+def test_baselines_stop_at_the_deadline():
+    from edge_remat.planner.baselines import dtr, sqrt_n
+    p = build_problem(random_layered(1000, seed=1), "0.8")
+    for baseline in (dtr, sqrt_n):
+        started = time.perf_counter()
+        assert baseline(p, deadline=started) is None
+        assert time.perf_counter() - started < 2.0

@@ -24,6 +24,9 @@ MILP_MAX_NODES = 300
 # and the host allow; the feasibility phase's plan is returned with the combinatorial bound.
 CPSAT_MAX_NODES = 1500
 FEASIBILITY_SHARE = 0.6  # of the time limit, for the baselines and the feasibility phase
+# From this many nodes auto improves the best heuristic plan by window LNS (lns.py) for this
+# share of the time limit before CP-SAT starts from it (or instead of it, above CPSAT_MAX_NODES).
+LNS_MIN_NODES, LNS_SHARE = 300, 0.25
 SOLVERS = ("auto", "cpsat", "milp")
 
 Progress = Callable[[float, float, float], None]
@@ -105,6 +108,13 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
             candidates.append(given)
     best_known = min(candidates, key=lambda c: c.evaluation.objective, default=None)
     first_plan = clock.perf_counter() - started if best_known else None
+    best_at = first_plan
+    if solver == "auto" and best_known is not None and p.n >= LNS_MIN_NODES:
+        improved = _improve_by_lns(p, best_known, min(LNS_SHARE * time_limit, max(
+            0.0, time_limit - (clock.perf_counter() - started))))
+        if improved is not None:
+            candidates.append(improved)
+            best_known, best_at = improved, clock.perf_counter() - started
 
     if solver.startswith("heuristic:"):
         name = solver.split(":", 1)[1]
@@ -127,13 +137,25 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
                          "nodes) is too large for the exact solvers; try a larger --time-limit "
                          "or budget")
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
-                       timing={"first_plan_s": first_plan, "best_plan_s": first_plan})
+                       timing={"first_plan_s": first_plan, "best_plan_s": best_at})
     remaining = max(1.0, time_limit - (clock.perf_counter() - started))
     if solver == "cpsat":
         return _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit,
                             summary, progress)
     return _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
                        time_limit, summary)
+
+
+def _improve_by_lns(p: Problem, start: Candidate, seconds: float) -> Candidate | None:
+    """The window LNS's plan from `start`, if it is better (None otherwise)."""
+    from .lns import improve_decisions
+    decisions, info = improve_decisions(p, start.decisions, seconds)
+    if decisions is start.decisions:
+        return None
+    evaluation = evaluate(p, decisions)
+    if not evaluation.feasible or evaluation.objective >= start.evaluation.objective:
+        return None
+    return Candidate(f"{start.solver}+lns", evaluation, decisions)
 
 
 def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit, summary,
