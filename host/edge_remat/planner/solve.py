@@ -141,7 +141,7 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
     remaining = max(1.0, time_limit - (clock.perf_counter() - started))
     if solver == "cpsat":
         return _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit,
-                            summary, progress)
+                            summary, progress, best_at)
     return _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
                        time_limit, summary)
 
@@ -159,7 +159,7 @@ def _improve_by_lns(p: Problem, start: Candidate, seconds: float) -> Candidate |
 
 
 def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit, summary,
-                 progress) -> SolveReport:
+                 progress, known_at=None) -> SolveReport:
     from .cpsat import solve_cpsat
     offset = clock.perf_counter() - started
     outcome = isolated.call("ortools", solve_cpsat, p, remaining,
@@ -183,13 +183,15 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
         best_at = offset + (outcome.best_solution_s or 0.0)
         if best_known is not None and found.evaluation.objective >= \
                 best_known.evaluation.objective * (1 - 1e-9):
-            best_at = first_plan  # CP-SAT only confirmed the plan known before it started
+            best_at = known_at if known_at is not None else first_plan  # CP-SAT only
+            # confirmed the plan known before it started
         return _report(p, found, outcome.status, outcome.bound, started, time_limit, summary,
                        timing={"first_plan_s": first_plan, "best_plan_s": best_at}, **details)
     if best_known is not None:
         return _report(p, best_known, "optimal" if outcome.status == "optimal" else "timeout",
                        outcome.bound, started, time_limit, summary,
-                       timing={"first_plan_s": first_plan, "best_plan_s": first_plan},
+                       timing={"first_plan_s": first_plan,
+                               "best_plan_s": known_at if known_at is not None else first_plan},
                        fallback=f"cpsat {outcome.status}", **details)
     if outcome.status == "infeasible":
         raise _infeasible(p, "CP-SAT")
