@@ -35,6 +35,7 @@ class EventSchedule:
         self.cost = node_costs(p)
         self.computes: list[list[int]] = [list(c) for c in computes] if computes is not None \
             else [[v] for v in range(p.n)]
+        self._uses: dict[int, list[int]] = {}  # use_keys, dropped when a user's computes change
         self.runs: list[list[tuple[int, int]]] = [self._derive(v) for v in range(p.n)]
         self.rebuild()
 
@@ -43,16 +44,29 @@ class EventSchedule:
         return stage * self.width + 1 + v
 
     def use_keys(self, v: int) -> list[int]:
-        return sorted(self.key(t, k) for k in self.p.users[v] for t in self.computes[k])
+        uses = self._uses.get(v)
+        if uses is None:
+            width = self.width
+            uses = self._uses[v] = sorted(t * width + 1 + k for k in self.p.users[v]
+                                          for t in self.computes[k])
+        return uses
+
+    def _computes_changed(self, nodes) -> None:
+        for v in nodes:
+            for x in self.p.deps[v]:
+                self._uses.pop(x, None)
 
     def _derive(self, v: int, computes: list[int] | None = None,
                 user_computes: dict[int, list[int]] | None = None) -> list[tuple[int, int]]:
         """The stays of v: each copy from its compute to its last use before the next copy."""
         computes = self.computes[v] if computes is None else computes
-        uses = sorted(self.key(t, k) for k in self.p.users[v]
-                      for t in (user_computes.get(k, self.computes[k]) if user_computes
-                                else self.computes[k]))
-        starts = [self.key(t, v) for t in computes]
+        width = self.width
+        if user_computes and any(k in user_computes for k in self.p.users[v]):
+            uses = sorted(t * width + 1 + k for k in self.p.users[v]
+                          for t in user_computes.get(k, self.computes[k]))
+        else:
+            uses = self.use_keys(v)
+        starts = [t * width + 1 + v for t in computes]
         runs = []
         for i, start in enumerate(starts):
             limit = starts[i + 1] if i + 1 < len(starts) else 1 << 62
@@ -106,7 +120,10 @@ class EventSchedule:
         return int(np.maximum(at - capacity, 0).sum())
 
     def resident_at(self, v: int, key: int) -> bool:
-        return any(s <= key <= e for s, e in self.runs[v])
+        for start, end in self.runs[v]:
+            if start <= key <= end:
+                return True
+        return False
 
     def trial(self, move: list[tuple[int, int]]):
         """RAM at every event (old and new) if `move` (recomputations) were applied."""
@@ -134,6 +151,7 @@ class EventSchedule:
         return at, computes, new_runs
 
     def apply(self, computes: dict[int, list[int]], new_runs: dict[int, list]) -> None:
+        self._computes_changed(computes)
         for v, c in computes.items():
             self.computes[v] = c
         for x, runs in new_runs.items():
@@ -152,6 +170,7 @@ class EventSchedule:
         at = np.delete(self.at - at_old + at_new, gone)
         if at.size and int(at.max()) > capacity:
             return False
+        self._computes_changed([v])
         self.computes[v] = computes[v]
         for x, runs in new_runs.items():
             self.runs[x] = runs

@@ -29,7 +29,8 @@ from .stages import StageDecision
 # and the most recomputations one split may chain (longer chains are rarely worth their cost
 # and take long to build)
 SEARCH_LEVELS = ((16, 4, 8), (64, 8, 16), (150, 30, 48), (100_000, 400, 48))
-BATCH, BATCH_GAIN = 8, 0.5  # runners-up applied after a step's best, if nearly as good
+BATCH, BATCH_GAIN = 48, 0.2  # runners-up applied after a step's best while they keep a fifth of its gain
+# (an over-budget event often needs dozens of tensors out: rescoring a runner-up is cheap, finding it is not)
 
 class Deadline(Exception):
     """The time limit ran out mid-search."""
@@ -141,22 +142,32 @@ def _with_inputs(sched: EventSchedule, u: int, stage: int, q: int,
     recomputed there unless keeping them costs nothing at the peak ("cascade"), or recomputed
     there whenever they are not resident there already ("full"). None: a cascade longer than
     `cascade` recomputations."""
-    p = sched.p
+    p, runs, computes = sched.p, sched.runs, sched.computes
+    base = stage * sched.width + 1
+
+    def resident(x: int, key: int) -> bool:
+        for start, end in runs[x]:
+            if start <= key <= end:
+                return True
+        return False
+
     move, pending, seen = [], [u], {u}
     while pending:
         v = pending.pop()
-        if stage in sched.computes[v]:
+        if stage in computes[v]:
             continue
         move.append((v, stage))
         if len(move) > cascade:
             return None
-        at = sched.key(stage, v)
+        if mode == "keep":
+            continue
+        at = base + v
         for x in p.deps[v]:
-            if mode == "keep" or x in seen or sched.resident_at(x, at):
+            if x in seen or resident(x, at):
                 continue
-            if mode == "cascade" and sched.resident_at(x, q):
+            if mode == "cascade" and resident(x, q):
                 continue  # its stay already covers the peak: extending it is free there
-            if sched.key(stage, x) <= q:
+            if base + x <= q:
                 continue  # cannot be made after the peak: keep it instead
             seen.add(x)
             pending.append(x)
