@@ -4,7 +4,8 @@ The state of peak splitting (splitting.py) on the event model of events.py: memo
 at the compute events that exist, so a 5,000-node graph costs megabytes, and a move is scored
 exactly in O(events) numpy work.
 
-A move takes a tensor that sits idle at the peak event out of RAM until just before its next
+Rounds of many splits at once, ranked over the whole over-budget stretch (batch.py), open the
+search; then a move takes a tensor that sits idle at the peak event out of RAM until just before its next
 use, recomputing it there; its inputs are kept until then, or recomputed there too (recursively)
 where they are gone. Each step scores the candidate moves at the highest events by the RAM over
 the budget they remove (summed over events) per unit of recompute cost, and applies the best.
@@ -19,6 +20,7 @@ import time as clock
 
 import numpy as np
 
+from .batch import batch_splits
 from .events import EventSchedule, drop_unneeded
 from .intervals import decisions_from_intervals
 from .problem import Problem
@@ -42,7 +44,8 @@ def feasible_schedule(p: Problem, time_limit: float = 60.0) -> list[StageDecisio
     capacity = p.budget_bytes - p.fixed
     sched, added = EventSchedule(p), []
     try:
-        if not peak_search(sched, capacity, added, deadline):
+        if batch_splits(sched, capacity, added, deadline) > 0 and \
+                not peak_search(sched, capacity, added, deadline):
             return None
     except Deadline:
         return None
