@@ -23,6 +23,7 @@ from .events import EventSchedule
 # rounds stop when one removes less than this share of the excess left
 MIN_ROUND_GAIN = 0.02
 MAX_KEPT = 32  # inputs a split may keep in RAM longer for its recomputation
+REMAKE_DEPTH, MAX_CHAIN = 2, 24  # how deep and how long a chain of recomputations may be
 
 
 def batch_splits(sched: EventSchedule, capacity: int, added: list[list[tuple[int, int]]],
@@ -35,11 +36,11 @@ def batch_splits(sched: EventSchedule, capacity: int, added: list[list[tuple[int
         moves = _choose_round(sched, capacity, deadline)
         if not moves:
             break
-        computes = {u: sorted([*sched.computes[u], stage]) for u, stage in moves}
-        touched = set(computes) | {x for u in computes for x in sched.p.deps[u]}
+        computes = {v: sorted([*sched.computes[v], stage]) for move in moves for v, stage in move}
+        touched = set(computes) | {x for v in computes for x in sched.p.deps[v]}
         runs = {x: sched._derive(x, computes.get(x), computes) for x in touched}
         sched.apply(computes, runs)
-        added.extend([move] for move in moves)
+        added.extend(moves)
         after = sched.excess(capacity)
         if after > excess - MIN_ROUND_GAIN * excess:
             excess = after
@@ -48,8 +49,9 @@ def batch_splits(sched: EventSchedule, capacity: int, added: list[list[tuple[int
     return excess
 
 
-def _choose_round(sched: EventSchedule, capacity: int, deadline: float) -> list[tuple[int, int]]:
-    """Splits chosen greedily by excess removed per unit of cost: (node, stage) pairs."""
+def _choose_round(sched: EventSchedule, capacity: int,
+                  deadline: float) -> list[list[tuple[int, int]]]:
+    """Splits chosen greedily by excess removed per unit of cost: moves, (node, stage) pairs."""
     p, width, keys = sched.p, sched.width, sched.keys
     level = sched.at - capacity  # RAM over (> 0) or under the budget at each event
     over_count = np.concatenate(([0], np.cumsum(level > 0)))
@@ -70,51 +72,93 @@ def _choose_round(sched: EventSchedule, capacity: int, deadline: float) -> list[
                     lo = int(np.searchsorted(keys, a, side="right"))
                     hi = int(np.searchsorted(keys, recompute, side="left"))
                     if over_count[hi] > over_count[lo] and stage not in sched.computes[u]:
-                        split = _split(sched, u, lo, hi, recompute, across, level)
-                        if split is not None and split[0] > 0:
-                            heap.append((-split[0] / (sched.cost[u] + 1e-9), u, stage, split[1]))
+                        for remake in (False, True):
+                            split = _split(sched, u, stage, lo, hi, across, level, remake)
+                            if split is not None and split[0] > 0:
+                                cost = sum(sched.cost[v] for v, _ in split[1]) + 1e-9
+                                heap.append((-split[0] / cost, u, cost, split[1], split[2]))
                 a = b
     heapq.heapify(heap)
     chosen, taken, blocked = [], set(), set()
     while heap:
-        score, u, stage, changes = heapq.heappop(heap)
-        if u in taken or u in blocked:
+        score, u, cost, move, changes = heapq.heappop(heap)
+        nodes = [v for v, _ in move]
+        if any(v in taken or v in blocked for v in nodes):
             continue
         value = _value(level, changes)
         if value <= 0:
             continue
-        fresh = -value / (sched.cost[u] + 1e-9)
+        fresh = -value / cost
         if heap and fresh > heap[0][0]:  # worse than it was: rank it again
-            heapq.heappush(heap, (fresh, u, stage, changes))
+            heapq.heappush(heap, (fresh, u, cost, move, changes))
             continue
-        chosen.append((u, stage))
-        taken.add(u)
-        blocked.update(p.deps[u])  # its inputs must stay where it reads them
-        blocked.update(p.users[u])  # its users' recomputations may read it in this gap
+        chosen.append(move)
+        taken.update(nodes)
+        for v in nodes:
+            blocked.update(p.deps[v])  # its inputs must stay where it reads them
+        blocked.update(p.users[u])  # u's users' recomputations may read it in this gap
         for lo, end, delta in changes:
             if end >= 0:
                 level[lo:end] += delta
     return chosen
 
 
-def _split(sched: EventSchedule, u: int, lo: int, hi: int, recompute: int, across, level):
-    """(excess removed, changes) of recomputing u at key `recompute`, out of RAM over events
-    lo..hi-1 and with its missing inputs kept until then; None if more than MAX_KEPT are missing.
-    changes: (first event, end event, bytes added) ranges; a change at event `hi` with end -1
-    stands for the new compute event."""
-    p, keys = sched.p, sched.keys
-    changes = [(lo, hi, -p.sizes[u])]
+def _split(sched: EventSchedule, u: int, stage: int, lo: int, hi: int, across, level,
+           remake: bool):
+    """(excess removed, move, changes) of recomputing u in `stage`, out of RAM over events
+    lo..hi-1. Its missing inputs stay in RAM until then, or (`remake`) are recomputed just
+    before it where their own inputs are in RAM; None if more than MAX_KEPT are missing.
+    changes: (first event, end event, bytes added) ranges; (event, -1, RAM) stands for a new
+    compute event placed before that event."""
+    p, keys, width = sched.p, sched.keys, sched.width
+    recompute = stage * width + 1 + u
+    move, changes = [(u, stage)], [(lo, hi, -p.sizes[u])]
     new_event = int(across[hi]) + p.workspace[u]
+    missing = 0
     for x in p.deps[u]:
         if sched.resident_at(x, recompute):
             continue
-        if len(changes) > MAX_KEPT:
+        missing += 1
+        if missing > MAX_KEPT:
             return None
-        end = max(e for s, e in sched.runs[x] if s < recompute)
-        changes.append((int(np.searchsorted(keys, end, side="right")), hi, p.sizes[x]))
+        chain = _remake_chain(sched, x, stage, REMAKE_DEPTH, {v for v, _ in move}) \
+            if remake else None
+        if chain is not None and len(move) + len(chain) <= MAX_CHAIN:
+            for w in chain:
+                first = int(np.searchsorted(keys, stage * width + 1 + w, side="left"))
+                move.append((w, stage))
+                changes.append((first, -1, int(across[first]) + p.sizes[w] + p.workspace[w]))
+                if w != x:
+                    changes.append((first, hi, p.sizes[w]))
+            first = int(np.searchsorted(keys, stage * width + 1 + x, side="left"))
+        else:
+            end = max(e for s, e in sched.runs[x] if s < recompute)
+            first = int(np.searchsorted(keys, end, side="right"))
+        changes.append((first, hi, p.sizes[x]))
         new_event += p.sizes[x]
+    if remake and len(move) == 1:
+        return None  # the same split as without remaking
     changes.append((hi, -1, new_event))
-    return _value(level, changes), changes
+    return _value(level, changes), move, changes
+
+
+def _remake_chain(sched: EventSchedule, x: int, stage: int, depth: int,
+                  planned: set[int]) -> list[int] | None:
+    """x and the missing inputs it needs recomputed in `stage` (to `depth` levels), or None."""
+    if stage in sched.computes[x] or x in planned:
+        return None if stage in sched.computes[x] else []
+    at = stage * sched.width + 1 + x
+    chain = [x]
+    for y in sched.p.deps[x]:
+        if sched.resident_at(y, at) or y in planned or y in chain:
+            continue
+        if depth <= 0:
+            return None
+        sub = _remake_chain(sched, y, stage, depth - 1, planned | set(chain))
+        if sub is None:
+            return None
+        chain.extend(sub)
+    return chain
 
 
 def _value(level: np.ndarray, changes) -> int:
@@ -129,4 +173,4 @@ def _value(level: np.ndarray, changes) -> int:
             if end >= 0:
                 after[lo - first:end - first] += delta
         removed = int(np.maximum(window, 0).sum() - np.maximum(after, 0).sum())
-    return removed - max(0, changes[-1][2])
+    return removed - sum(max(0, delta) for _, end, delta in changes if end < 0)
