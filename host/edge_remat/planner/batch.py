@@ -20,15 +20,13 @@ import numpy as np
 
 from .events import EventSchedule
 
-# rounds stop when one removes less than this share of the excess left
-MIN_ROUND_GAIN = 0.02
 MAX_KEPT = 32  # inputs a split may keep in RAM longer for its recomputation
 REMAKE_DEPTH, MAX_CHAIN = 2, 24  # how deep and how long a chain of recomputations may be
 
 
 def batch_splits(sched: EventSchedule, capacity: int, added: list[list[tuple[int, int]]],
                  deadline: float, max_rounds: int = 500) -> int:
-    """Apply rounds of free splits (appending them to `added`); the excess left."""
+    """Apply rounds of splits (appending them to `added`) while they help; the excess left."""
     excess = sched.excess(capacity)
     for _ in range(max_rounds):
         if excess <= 0 or clock.perf_counter() > deadline:
@@ -39,13 +37,26 @@ def batch_splits(sched: EventSchedule, capacity: int, added: list[list[tuple[int
         computes = {v: sorted([*sched.computes[v], stage]) for move in moves for v, stage in move}
         touched = set(computes) | {x for v in computes for x in sched.p.deps[v]}
         runs = {x: sched._derive(x, computes.get(x), computes) for x in touched}
+        undo = ({v: sched.computes[v] for v in computes}, {x: sched.runs[x] for x in touched})
         sched.apply(computes, runs)
-        added.extend(moves)
         after = sched.excess(capacity)
-        if after > excess - MIN_ROUND_GAIN * excess:
+        if after < excess:
+            added.extend(moves)
             excess = after
+            continue
+        # the round's estimates missed how its splits interact: undo it, and take its splits
+        # one at a time, each scored exactly on the schedule as it is
+        sched.apply(*undo)
+        progress = False
+        for move in moves:
+            at, computes, runs = sched.trial(move)
+            after = sched.excess(capacity, at)
+            if after < excess:
+                sched.apply(computes, runs)
+                added.append(move)
+                excess, progress = after, True
+        if not progress:
             break
-        excess = after
     return excess
 
 
