@@ -124,3 +124,40 @@ def test_baselines_stop_at_the_deadline():
         started = time.perf_counter()
         assert baseline(p, deadline=started) is None
         assert time.perf_counter() - started < 2.0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs, fraction=st.floats(0.3, 1.0))
+def test_batch_splits_never_add_excess_and_their_schedules_simulate(graph, fraction):
+    """Rounds of batch splits (undone when they do not help) only ever lower the RAM over the
+    budget, and the schedule they leave, finished by the peak search, fits in the simulator."""
+    from edge_remat.planner.batch import batch_splits
+    from edge_remat.planner.events import EventSchedule
+    from edge_remat.planner.feasible import Deadline, peak_search
+    from edge_remat.planner.intervals import decisions_from_intervals
+
+    p = small_problem(graph, fraction)
+    capacity = p.budget_bytes - p.fixed
+    sched, added = EventSchedule(p), []
+    start = sched.excess(capacity)
+    left = batch_splits(sched, capacity, added, time.perf_counter() + 30)
+    assert left == sched.excess(capacity) <= start
+    try:
+        found = left == 0 or peak_search(sched, capacity, added, time.perf_counter() + 30)
+    except Deadline:
+        found = False
+    if found:
+        ev = evaluate(p, decisions_from_intervals(p, sched.residencies()))
+        assert ev.fits_budget
+
+
+def test_batch_splits_cut_most_of_the_excess_at_2000_nodes():
+    from edge_remat.planner.batch import batch_splits
+    from edge_remat.planner.events import EventSchedule
+
+    p = build_problem(random_layered(2000, seed=1), "0.8")
+    capacity = p.budget_bytes - p.fixed
+    sched = EventSchedule(p)
+    start = sched.excess(capacity)
+    left = batch_splits(sched, capacity, [], time.perf_counter() + 60)
+    assert left < 0.05 * start
