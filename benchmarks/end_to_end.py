@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Our planned schedule against checkpoint_sequential and torch.compile, at equal measured memory.
+"""Our planned schedule against PyTorch's own memory savers, at equal measured memory.
 
 For ResNet-18 and BERT-mini, at budgets of 50% and 30% of plain eager PyTorch's activation peak:
 our plan's step time against `torch.utils.checkpoint.checkpoint_sequential` and against
@@ -64,7 +64,28 @@ torch.compile
              bisection towards larger knobs --knob-steps times; at most --max-compiles per
              model. Compile time is excluded (two warm-up steps). The largest knobs that fit
              (least recompute) go into the timed rounds; if none fits, the lowest peak's.
+offload to flash
+             torch.autograd.graph.saved_tensors_hooks (the "saving tensors to disk" recipe of
+             PyTorch's autograd notes): every saved activation of at least a threshold (0, 256
+             KiB, 1 MiB, 4 MiB) is written through our flash page store (fsync, page cache
+             dropped: the bytes leave RAM, as our own pages do) and read back when backward
+             unpacks it; parameters stay. The thresholds that fit, least offloaded first.
+save_on_cpu  torch.autograd.graph.save_on_cpu: it moves saved tensors to the host, and on a
+             CPU-only machine they are there already (its pack hook's `tensor.cpu()` is the
+             tensor itself), so it keeps what eager keeps: measured and shown, never fits.
+sac_ilp      PyTorch's selective-checkpointing ILP (torch.distributed._tools.sac_ilp) takes its
+             costs from RuntimeEstimator / SACEstimator, which time ops with CUDA events or a
+             CUDA roofline: the benchmark probes them on this machine (in a child process) and
+             prints the errors instead of a row.
 eager        plain eager PyTorch, no memory limit: the reference the budgets are fractions of.
+
+Figures per budget: ratio_best_peer = our median step time / the fastest peer's among those
+measured at equal or lower activation peak (below 1: ours faster; target <= 0.90); our plan's
+predicted step time (the simulator with the op profiler's in-context times, the profile every
+plan here is made with) against its measured median (target within 10%); and per model the
+executor's own overhead, the keep-all plan's step time / eager's, median over rounds (target
+<= 1.03). --json carries them (ratio_best_peer, best_peer, predicted_step_s, prediction_miss,
+executor_overhead).
 
 Timing: --rounds rounds; in each, every method runs one step, in an order rotated each round,
 so that drift on a shared machine hits all alike. Reported: the median step time, and the ratio
@@ -98,6 +119,9 @@ QUICK = [("resnet18", {"batch": 8, "image": 32}), ("bert-mini", {"batch": 8, "se
 FRACTIONS = (0.5, 0.3)
 MARKER_BYTES = 999_983  # a prime-sized allocation marks "the optimizer step starts" in a profile
 MiB = 2**20
+OFFLOAD_THRESHOLDS = (0, 256 * 2**10, 2**20, 4 * 2**20)  # bytes: offload tensors this big
+OVERHEAD_TARGET, PREDICTION_TARGET, BEST_PEER_TARGET = 1.03, 0.10, 0.90
+PEERS = ("checkpoint_sequential", "torch.compile", "offload to flash", "save_on_cpu")
 CONFIG_WIDTH = 50
 
 
@@ -387,6 +411,103 @@ def gradient_check(graph, plan, captured, page_dir: str) -> str:
             f"{len(check['differing'])} gradients, loss equal {check['loss_equal']}")
 
 
+# -- activation offloading through saved-tensor hooks -------------------------------------------
+
+class FlashOffload:
+    """PyTorch's saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks, the "saving
+    tensors to disk" recipe of its autograd notes) writing every saved activation of at least
+    `min_bytes` to files in page_dir through our flash page store (fsync, page cache dropped, as
+    our own pages), read back when backward unpacks it. Parameters stay in RAM (they are there
+    anyway)."""
+
+    def __init__(self, module: nn.Module, page_dir: str, min_bytes: int):
+        from edge_remat_agent.pages.flash import FlashStore
+        self.store = FlashStore(page_dir, fsync=True, drop_cache=True)
+        self.params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.min_bytes = min_bytes
+        self.serial = 0
+        self.written = 0
+
+    def pack(self, tensor: torch.Tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() in self.params or storage.nbytes() < self.min_bytes:
+            return tensor
+        self.serial += 1
+        self.store.put(self.serial, tensor)
+        self.written += 1
+        return (FlashOffload, self.serial)
+
+    def unpack(self, packed):
+        if isinstance(packed, tuple) and packed and packed[0] is FlashOffload:
+            return self.store.pop(packed[1])
+        return packed
+
+    def loss(self, module: nn.Module, batch: tuple) -> torch.Tensor:
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+            return module(*batch)
+
+
+def offload_methods(name: str, options: dict, optimizer_name: str, page_dir: str) -> list[Method]:
+    """Flash offloading at several size thresholds (smaller ones offload more: less memory,
+    more I/O), and torch.autograd.graph.save_on_cpu: on a CPU-only machine its pack hook's
+    `tensor.cpu()` returns the tensor itself, so it keeps what eager keeps (measured, shown)."""
+    module, batch, optimizer = new_model(name, options, optimizer_name)
+    methods = []
+    for min_bytes in OFFLOAD_THRESHOLDS:
+        hooks = FlashOffload(module, page_dir, min_bytes)
+        method = eager_like("offload to flash", f"saved_tensors_hooks to files, tensors >= "
+                            f"{min_bytes / 2**10:.0f} KiB", module, optimizer,
+                            lambda hooks=hooks: hooks.loss(module, batch))
+        method.rank = -min_bytes  # offloading less is faster
+        methods.append(method)
+
+    def save_on_cpu_loss():
+        with torch.autograd.graph.save_on_cpu(pin_memory=False):
+            return module(*batch)
+    methods.append(eager_like("save_on_cpu", "torch.autograd.graph.save_on_cpu (CPU tensors: "
+                              "kept as they are)", module, optimizer, save_on_cpu_loss))
+    return methods
+
+
+def sac_ilp_probe(name: str) -> str:
+    """Whether PyTorch's selective-checkpointing ILP (torch.distributed._tools.sac_ilp) can be
+    fed on this machine: its inputs come from RuntimeEstimator and SACEstimator under
+    FakeTensorMode (as PyTorch's own tests run them), in either runtime mode. Run in a child
+    process (a failure inside backward can abort the interpreter). The answer is each mode's
+    first error, or "runs"."""
+    import subprocess
+    done = subprocess.run([sys.executable, __file__, "--sac-probe", name], capture_output=True,
+                          text=True, timeout=600)
+    if done.returncode != 0:
+        tail = " ".join(line.strip() for line in done.stderr.splitlines()
+                        if line.strip())[-200:]
+        return f"the probe process died (exit {done.returncode}): {tail}"
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _sac_ilp_probe_here(name: str) -> str:
+    try:
+        import torch.distributed._tools.sac_ilp  # noqa: F401 - needs PuLP
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.distributed._tools.runtime_estimator import RuntimeEstimator
+        from torch.distributed._tools.sac_estimator import SACEstimator
+    except Exception as error:  # noqa: BLE001 - reported as found
+        return f"cannot import: {type(error).__name__}: {error}"
+    from edge_remat_agent.capture.models import load_model
+    errors = []
+    for mode in ("operator-level-benchmark", "operator-level-cost-model"):
+        try:
+            with FakeTensorMode():
+                model, batch = load_model(name, batch=2, seq=8, image=32)
+                with RuntimeEstimator()(mode):
+                    model(*batch).backward()
+                with SACEstimator()(mode):
+                    model(*batch).backward()
+        except Exception as error:  # noqa: BLE001 - reported as found
+            errors.append(f"{mode}: {type(error).__name__}: {str(error).splitlines()[0]}")
+    return "runs" if not errors else "; ".join(errors)
+
+
 # -- torch.compile ------------------------------------------------------------------------------
 
 def _compiled_loss(module, *batch):
@@ -568,6 +689,7 @@ def bench_model(name: str, options: dict, args, log) -> dict:
         method = ours(graph, plan, captured, args.page_dir, f"plan at {fraction:.0%}")
         method.run()  # warm-up
         method.peak = method.measure()
+        method.info["predicted_s"] = plan.predicted.get("time_s")
         budget.ours = method
         budget.grad_check = gradient_check(graph, plan, captured, args.page_dir)
         method.config = (f"{plan.solver.get('name')} {plan.solver.get('status')}, "
@@ -605,6 +727,16 @@ def bench_model(name: str, options: dict, args, log) -> dict:
         f"gradients {forms_ok} vs the zoo model); lowest activation peak "
         f"{low.peak.activation / MiB:.1f} MiB ({low.config})")
 
+    # Activation offloading (saved-tensor hooks to flash) and save_on_cpu: every threshold's peak.
+    offloads = offload_methods(name, options, optimizer_name, args.page_dir)
+    offloads[0].run()  # warm-up (and the optimizer's momentum)
+    for method in offloads:
+        method.peak = method.measure()
+    log("  offload: " + ", ".join(f"{m.config.split(', ')[-1]}: {m.peak.activation / MiB:.1f} "
+                                  "MiB" for m in offloads))
+    sac_note = sac_ilp_probe(name)
+    log(f"  torch.distributed._tools.sac_ilp on this machine: {sac_note}")
+
     # torch.compile: the knob searched per target.
     sweep = CompileSweep(name, options, optimizer_name, args.compile_backend, args.max_compiles,
                          log)
@@ -613,8 +745,10 @@ def bench_model(name: str, options: dict, args, log) -> dict:
             continue
         target = budget.ours.peak.activation
         evaluated = sweep.search(target, args.knob_steps)
-        for kind, pool in (("checkpoint_sequential", checkpoints),
-                           ("torch.compile", evaluated)):
+        pools = {"checkpoint_sequential": checkpoints, "torch.compile": evaluated,
+                 "offload to flash": [m for m in offloads if m.kind == "offload to flash"],
+                 "save_on_cpu": [m for m in offloads if m.kind == "save_on_cpu"]}
+        for kind, pool in pools.items():
             fits = sorted((m for m in pool if m.peak.activation <= target),
                           key=lambda m: m.rank)
             budget.closest[kind] = not fits
@@ -640,7 +774,7 @@ def bench_model(name: str, options: dict, args, log) -> dict:
         for method in order:
             method.times.append(method.run())
     return _report(title, graph, plain, model_plain, budgets, eager, [keep_all],
-                   forms_ok, sweep, args)
+                   forms_ok, sweep, args, sac_note)
 
 
 def _count(plan, op: str) -> int:
@@ -672,13 +806,20 @@ def _forward_times(form: SequentialForm, batch: tuple, repeats: int = 3) -> list
 # -- the report ---------------------------------------------------------------------------------
 
 def _report(title, graph, plain, model_plain, budgets, eager, references, forms_ok, sweep,
-            args) -> dict:
+            args, sac_note) -> dict:
     out = {"model": title, "eager_activation_peak_bytes": plain,
            "model_plain_activation_bytes": model_plain, "fixed_bytes": graph.fixed_bytes,
            "compile_backend": sweep.backend, "compile_notes": sweep.notes,
-           "sequential_forms": forms_ok, "budgets": []}
+           "sequential_forms": forms_ok, "sac_ilp": sac_note, "budgets": []}
+    keep_all = references[0]
+    overhead = statistics.median([k / e for k, e in zip(keep_all.times, eager.times)])
+    out["executor_overhead"] = overhead
     print(f"\n{title}: eager activation peak {plain / MiB:.1f} MiB, fixed memory "
           f"{graph.fixed_bytes / MiB:.1f} MiB, {args.rounds} rounds")
+    print(f"  the executor's own overhead (keep-all plan / eager, median over rounds): "
+          f"{overhead:.3f}x (target <= {OVERHEAD_TARGET:.2f}x)")
+    print(f"  torch.distributed._tools.sac_ilp (PyTorch's selective-checkpointing ILP): "
+          f"{sac_note}")
     for budget in budgets:
         row = {"fraction": budget.fraction, "budget_bytes": budget.budget_bytes,
                "plan": budget.plan_note, "grad_check": budget.grad_check, "methods": []}
@@ -695,12 +836,13 @@ def _report(title, graph, plain, model_plain, budgets, eager, references, forms_
         print(f"  {'method':<22} {'configuration':<{CONFIG_WIDTH}} {'act. MiB':>9} {'/ours':>5} "
               f"{'+grads MiB':>10} {'step s':>7} {'ratio':>6} {'ours faster':>11}")
         rows = [("ours", ours_m, False)]
-        for kind in ("checkpoint_sequential", "torch.compile"):
+        for kind in PEERS:
             pool = budget.candidates.get(kind, [])
             if pool:
                 rows.append((kind, min(pool, key=lambda m: m.median),
                              budget.closest.get(kind, False)))
         rows += [(m.kind, m, False) for m in references] + [("eager", eager, False)]
+        fitting: list[tuple[str, Method]] = []  # peers at equal or lower measured memory
         for kind, method, closest in rows:
             ratios = [t / o for t, o in zip(method.times, ours_m.times)]
             ratio = statistics.median(ratios)
@@ -715,12 +857,29 @@ def _report(title, graph, plain, model_plain, budgets, eager, references, forms_
                   f"{'-' if method is ours_m else f'{wins}/{len(ratios)}':>11}")
             for line in lines[1:]:
                 print(f"  {'':<22} {line}")
+            if method is not ours_m and kind in PEERS and not over and not closest:
+                fitting.append((kind, method))
             row["methods"].append({
                 "kind": kind, "config": config, "activation_peak_bytes": method.peak.activation,
                 "peak_with_grads_bytes": method.peak.with_grads, "over_ours": over,
                 "step_times_s": method.times, "median_s": method.median,
                 "ratio_to_ours": ratio, "ours_faster_rounds": wins, **{
                     k: v for k, v in method.info.items() if isinstance(v, (int, float, str))}})
+        predicted = ours_m.info.get("predicted_s")
+        miss = ours_m.median / predicted - 1 if predicted else None
+        row.update(predicted_step_s=predicted, prediction_miss=miss)
+        if predicted:
+            print(f"  ours predicted {predicted:.3f} s per step, measured {ours_m.median:.3f} s "
+                  f"({miss:+.1%}; target within {PREDICTION_TARGET:.0%})")
+        if fitting:
+            best_kind, best = min(fitting, key=lambda km: km[1].median)
+            row.update(ratio_best_peer=ours_m.median / best.median, best_peer=best_kind,
+                       best_peer_config=best.config)
+            print(f"  ratio_best_peer {row['ratio_best_peer']:.3f} (ours / {best_kind} "
+                  f"{best.config}, medians; target <= {BEST_PEER_TARGET:.2f})")
+        else:
+            row.update(ratio_best_peer=None, best_peer=None, best_peer_config=None)
+            print("  ratio_best_peer: none (no peer reached our measured memory)")
     return out
 
 
@@ -744,7 +903,11 @@ def main() -> int:
                         help="let our plan page to flash too (default: recompute only)")
     parser.add_argument("--page-dir", default=tempfile.gettempdir())
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--sac-probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sac_probe:
+        print(_sac_ilp_probe_here(args.sac_probe))
+        return 0
     quick = args.quick
     args.fractions = ([float(f) for f in args.fractions.split(",")] if args.fractions
                       else list(FRACTIONS))

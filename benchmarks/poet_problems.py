@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from edge_remat.graph_import import load_graph_file
+from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.problem import InfeasibleBudget, InfeasibleDeadline
 from edge_remat.planner.solve import NoPlan, solve
@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 note = POET_CBC.get((network, fraction), "")
                 try:
+                    # POET's model: paging stops compute (compared line for line with it)
                     p = build_problem(graph, str(fraction), objective="energy",
-                                      deadline=args.deadline, paging="flash", paging_time=mode)
+                                      deadline=args.deadline, paging="flash", paging_time=mode,
+                                      io="sync")
                     report = solve(p, args.solver, args.time_limit, workers=args.workers)
                 except InfeasibleBudget as exc:
                     row.update(status="infeasible", smallest_budget_bytes=exc.smallest_bytes)

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from edge_remat.graph_import import load_graph_file
+from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner.baselines import BASELINES
 from edge_remat.planner.build import plain_peak_bytes
 from edge_remat.planner.evaluate import evaluate

@@ -39,12 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from edge_remat.devices import load_device
-from edge_remat.transport import Board
-from edge_remat.transport.serial import SerialTransport, open_serial_port
-from edge_remat.transport.testbed import (LinkUnavailable, PtyPair, SshServer, agent_command,
-                                          stop_agent)
-from edge_remat_agent.units import format_size, parse_size
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers.testbed
+
+from edge_remat.devices import load_device  # noqa: E402
+from edge_remat.transport import Board  # noqa: E402
+from edge_remat.transport.serial import SerialTransport, open_serial_port  # noqa: E402
+from helpers.testbed import (LinkUnavailable, PtyPair, SshServer, agent_command,  # noqa: E402
+                             stop_agent)
+from edge_remat_agent.units import format_size, parse_size  # noqa: E402
 from edge_remat_agent.wire.serial_link import (ACK, DATA, DEFAULT_PAYLOAD, DEFAULT_WINDOW,
                                                encode_packet)
 

@@ -17,7 +17,7 @@ runs). The data is the model's example batch (random token ids and labels) every
 import argparse
 
 from edge_remat.run import RunOptions, run
-from edge_remat.run_report import report_text
+from edge_remat.reports.run_report import report_text
 from edge_remat.units import fmt_bytes, parse_budget
 
 

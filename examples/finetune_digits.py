@@ -12,7 +12,7 @@ The emulated board (the default) needs root for its memory cgroup.
 import argparse
 
 from edge_remat.run import RunOptions, run
-from edge_remat.run_report import report_text
+from edge_remat.reports.run_report import report_text
 from edge_remat.units import fmt_bytes, parse_budget
 
 

@@ -18,7 +18,7 @@ loss falls as the network fits that batch.
 import argparse
 
 from edge_remat.run import RunOptions, run
-from edge_remat.run_report import report_text
+from edge_remat.reports.run_report import report_text
 from edge_remat.units import fmt_bytes, parse_budget
 
 

@@ -1,5 +1,5 @@
 import sys
 from pathlib import Path
 
-# Let the tests import their helpers (small_graphs, brute_force) as plain modules.
+# Let the tests import their shared helpers as `helpers.NAME` (tests/helpers/).
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -28,7 +28,7 @@ from edge_remat import arm_board
 from edge_remat.arm_board import ArmBoard, cpu_features, cpuinfo_text
 from edge_remat.cli import app
 from edge_remat.devices import find_device, load_device
-from edge_remat_agent.cgroup import MemoryCgroup
+from edge_remat.cgroup import MemoryCgroup
 from edge_remat_agent.formats import FormatError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,9 +12,11 @@ import time
 
 import pytest
 
-from bad_inputs import (BAD_INPUT, UNREACHABLE, cli, env, no_new_files, refused, tiny_graph,
+from helpers.bad_inputs import (BAD_INPUT, UNREACHABLE, cli, env, no_new_files, refused, tiny_graph,
                         tiny_plan, tree)
-from board_fixtures import local_bench_device, stop_agent
+from helpers.board_fixtures import local_bench_device, stop_agent
+
+pytestmark = pytest.mark.loopback
 
 
 # --- device configs ------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Bad-input catalogue, files: graphs, plans and profiles that are broken, cut short, too big,
 or made for something else. Each case: the real CLI, exit status 2, one `error:` line, no
-traceback, no file left behind (see bad_inputs.py)."""
+traceback, no file left behind (see helpers/bad_inputs.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bad_inputs import BAD_INPUT, cli, no_new_files, refused, tiny_graph, tiny_plan, tree
+from helpers.bad_inputs import BAD_INPUT, cli, no_new_files, refused, tiny_graph, tiny_plan, tree
 
 # (case, how to break the tiny graph's JSON, words the error line must hold)
 GRAPH_CASES = [

@@ -13,10 +13,12 @@ import time
 
 import pytest
 
-from bad_inputs import (BAD_INPUT, COMMAND, INTERRUPTED, JOB_FAILED, cli, env, refused,
+from helpers.bad_inputs import (BAD_INPUT, COMMAND, INTERRUPTED, JOB_FAILED, cli, env, refused,
                         tiny_graph)
-from board_fixtures import local_bench_device, needs_sshd, stop_agent
-from small_graphs import random_dag
+from helpers.board_fixtures import local_bench_device, needs_sshd, stop_agent
+from helpers.small_graphs import random_dag
+
+pytestmark = [pytest.mark.slow, pytest.mark.loopback]
 
 
 @pytest.fixture
@@ -117,7 +119,7 @@ def test_ctrl_c_during_a_cp_sat_solve(tmp_path):
 SIGINT_AFTER_SOLVE = """
 import os, signal, sys, time
 sys.path[:0] = {paths!r}
-from small_graphs import training_chain
+from helpers.small_graphs import training_chain
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.cpsat import solve_cpsat
 solve_cpsat(build_problem(training_chain(6, 1), "0.7"), time_limit=2.0)
@@ -133,7 +135,7 @@ except KeyboardInterrupt:
 def test_cp_sat_leaves_sigint_to_python():
     """OR-Tools' default (catch_sigint_signal) puts the C handler in Python's place for good:
     Ctrl-C after a CP-SAT plan would kill the host silently, mid-run, with no cancel."""
-    from bad_inputs import REPO
+    from helpers.bad_inputs import REPO
     paths = [str(REPO / "host"), str(REPO / "agent"), str(REPO / "tests")]
     proc = subprocess.run([sys.executable, "-c", SIGINT_AFTER_SOLVE.format(paths=paths)],
                           capture_output=True, text=True, timeout=60)
@@ -167,7 +169,7 @@ def test_ssh_reconnect_keeps_the_host_pages_forward(tmp_path):
     told about (127.0.0.1:PORT on the board) is asked for again on the same port."""
     import torch
 
-    from board_fixtures import loopback_ssh_board
+    from helpers.board_fixtures import loopback_ssh_board
     from edge_remat.devices import find_device
     from edge_remat.transport import Board
     from edge_remat.transport.host_pages import host_pages

@@ -8,7 +8,9 @@ import os
 
 import pytest
 
-from bad_inputs import BAD_INPUT, cli, no_new_files, refused, tiny_graph, tiny_plan, tree
+from helpers.bad_inputs import BAD_INPUT, cli, no_new_files, refused, tiny_graph, tiny_plan, tree
+
+pytestmark = pytest.mark.slow
 
 # (case, plan's extra arguments, words the error line must hold)
 PLAN_OPTION_CASES = [

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from board_fixtures import local_bench_device, stop_agent
+from helpers.board_fixtures import local_bench_device, stop_agent
 from edge_remat.cli import app
 from edge_remat.devices import DeviceError, find_device, load_device
 from edge_remat_agent.formats import FormatError

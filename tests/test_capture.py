@@ -20,6 +20,8 @@ from edge_remat_agent.capture.replay import StepRunner
 from edge_remat_agent.formats import load_graph, load_plan
 from edge_remat_agent.zoo import build
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = f"{ROOT / 'examples' / 'my_model.py'}:make_model"
 
@@ -80,9 +82,11 @@ def test_max_nodes_makes_groups_coarser(resnet18):
     assert coarse.capture["captured_nodes"] == resnet18.graph.capture["captured_nodes"]
 
 
-def test_workspace_holds_what_a_group_frees_inside(resnet18):
-    # The stem's batch norm output feeds only the ReLU in the same group: a transient peak.
-    stem_bn = next(n for n in resnet18.graph.nodes if n.name == "stem.0.1")
+def test_workspace_holds_what_a_group_frees_inside():
+    # Module-level groups: the stem's batch norm output feeds only the ReLU in the same group, a
+    # transient peak. (Refined graphs split the norm from the ReLU: test_granularity.py.)
+    graph = _capture("resnet18", 2, refined=False).graph
+    stem_bn = next(n for n in graph.nodes if n.name == "stem.0.1")
     assert stem_bn.workspace_bytes >= 2 * 64 * 32 * 32 * 4
 
 

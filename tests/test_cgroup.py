@@ -11,8 +11,10 @@ import uuid
 
 import pytest
 
-from edge_remat_agent.cgroup import (CgroupUnavailable, MemoryCgroup, find_memory_hierarchy,
+from edge_remat.cgroup import (CgroupUnavailable, MemoryCgroup, find_memory_hierarchy,
                                      unavailable_reason)
+
+pytestmark = pytest.mark.cgroup
 
 REASON = unavailable_reason()
 needs_cgroup = pytest.mark.skipif(REASON is not None, reason=f"no memory cgroup: {REASON}")

@@ -218,6 +218,23 @@ def test_budget_in_bytes_with_unit(cli, tmp_path):
     assert out["tdi_percent"] == pytest.approx(0.0)
 
 
+def test_a_budget_is_read_once_and_resolved_by_the_planner():
+    from edge_remat.planner.build import build_problem, plain_peak_bytes
+    from edge_remat.units import Budget, UnitError
+    from helpers.small_graphs import training_chain
+    assert Budget.parse("30%") == Budget(fraction=0.3) == Budget.parse(0.3)
+    assert Budget.parse("512MiB") == Budget(bytes=512 * 2**20) == Budget.parse("536870912")
+    assert Budget(fraction=0.5).resolve(1001) == 501 and Budget(bytes=7).resolve(1001) == 7
+    with pytest.raises(UnitError, match="parsecs"):
+        Budget.parse("3parsecs")
+    graph = training_chain(3, 1)
+    peak = plain_peak_bytes(graph)
+    assert build_problem(graph, Budget(fraction=0.8)).budget_bytes == Budget(
+        fraction=0.8).resolve(peak) == build_problem(graph, "80%").budget_bytes
+    # A caller that has the plain peak passes it: a fraction is of that reference.
+    assert build_problem(graph, Budget(fraction=0.5), plain_peak=10**9).budget_bytes == 5 * 10**8
+
+
 def test_simulate_plan_for_another_graph(cli, tmp_path):
     graph = tiny_graph(tmp_path)
     plan_file = tmp_path / "plan.json"
@@ -314,7 +331,7 @@ def test_paging_to_flash(cli, tmp_path):
 
     saved = json.loads(plan_file.read_text())
     assert saved["problem"]["paging"] == ["flash"]
-    flash = saved["problem"]["tier_params"]["flash"]
+    flash = saved["tiers"]["flash"]
     assert flash["read_bytes_per_s"] == 90e6 and flash["write_bytes_per_s"] == 40e6
 
     sim = cli("simulate", plan_file, "--graph", graph, "--json")
@@ -323,7 +340,7 @@ def test_paging_to_flash(cli, tmp_path):
     assert replay["valid"] is True and replay["fits_budget"] is True
     assert replay["peak_bytes"] == out["peak_bytes"]
     assert replay["page_outs"] == out["page_outs"] and replay["page_ins"] == out["page_ins"]
-    assert replay["time_s"] == pytest.approx(out["time_s"])  # paging costs from tier_params
+    assert replay["time_s"] == pytest.approx(out["time_s"])  # paging costs from the plan's tiers
     if out["page_ins"]:
         assert replay["paging_time_s"] > 0
 
@@ -364,3 +381,14 @@ def test_planning_imports_neither_torch_nor_ortools(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith("light")
     assert plan_file.is_file()
+
+
+def test_host_page_service_imports_without_torch():
+    # The host keeps a board's `host` pages as opaque bytes: its service must not pull torch in.
+    script = ("import sys; import edge_remat.transport.host_pages; "
+              "from edge_remat_agent.pages import PageService; "
+              "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"

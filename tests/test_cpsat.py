@@ -10,13 +10,13 @@ import math
 from pathlib import Path
 
 import pytest
-from brute_force import brute_force
+from helpers.brute_force import brute_force
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from small_graphs import random_dag, training_chain
-from test_optimal import problem
+from helpers.small_graphs import random_dag, training_chain
+from helpers.exact_problems import problem
 
-from edge_remat.graph_import import load_graph_file
+from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner import isolated
 from edge_remat.planner.baselines import BASELINES
 from edge_remat.planner.build import build_problem
@@ -27,6 +27,8 @@ from edge_remat.planner.milp import solve_milp
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
 from edge_remat.synthetic import random_layered
+
+pytestmark = pytest.mark.slow
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from board_fixtures import agent_command, stop_agent
+from helpers.board_fixtures import agent_command, stop_agent
 from edge_remat_agent.wire.framing import FrameStream, PipeChannel
 from edge_remat_agent.wire.protocol import Client, RemoteError
 

@@ -7,13 +7,15 @@ import subprocess
 import sys
 
 import pytest
-from brute_force import brute_force
-from small_graphs import training_chain
-from test_optimal import problem
+from helpers.brute_force import brute_force
+from helpers.small_graphs import training_chain
+from helpers.exact_problems import problem
 
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.problem import InfeasibleDeadline
 from edge_remat.planner.solve import deadline_free_problem, solve
+
+pytestmark = pytest.mark.slow
 
 
 def smallest_deadline_by_brute_force(p) -> float:

@@ -13,17 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from brute_force import brute_force
-from small_graphs import state_chain
-from test_optimal import assert_matches_brute_force, problem
+from helpers.brute_force import brute_force
+from helpers.small_graphs import state_chain
+from helpers.exact_problems import assert_matches_brute_force, problem
+from helpers.executor_plans import eager_parameters
 
 from edge_remat_agent.capture import capture_model
-from edge_remat_agent.capture.optimizer import torch_optimizer
 from edge_remat_agent.executor import ExecutorError
-from edge_remat_agent.executor.batches import batch_source
-from edge_remat_agent.executor.gradcheck import deterministic
 from edge_remat_agent.executor.run import run_plan
-from edge_remat_agent.executor.step import plain_step
 from edge_remat_agent.executor.updates import ParameterHome
 from edge_remat_agent.formats import Tier
 from edge_remat_agent.pages import FlashStore, PageStoreFull
@@ -33,6 +30,8 @@ from edge_remat.planner.cpsat import solve_cpsat
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
+
+pytestmark = pytest.mark.slow
 
 USER_MODEL = str(Path(__file__).resolve().parents[1] / "examples" / "my_model.py") + ":make_model"
 FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
@@ -60,13 +59,7 @@ def test_solvers_reach_the_exhaustive_optimum_with_state_nodes(seed, fraction, p
 def _eager_parameters(spec: str, optimizer: str, train, example_args, **shape):
     """Plain eager training of the same model, weights, data and generator state."""
     module = capture_model(spec, optimizer=optimizer, train=train, **shape).module
-    opt = torch_optimizer(optimizer, module)
-    batches = batch_source(None, example_args, torch.device("cpu"), 0)
-    torch.manual_seed(0)
-    with deterministic(torch.device("cpu")):
-        for i in range(STEPS):
-            plain_step(module, opt, batches(i))
-    return module.state_dict()
+    return eager_parameters(module, optimizer, example_args, STEPS)
 
 
 def _planned(spec, optimizer, params_home, fraction, tmp_path, train=None, paging="none",
@@ -115,6 +108,13 @@ def test_parameters_after_the_steps_equal_plain_pytorch(label, spec, optimizer, 
         assert torch.equal(expected[name], actual[name]), name
     assert all(s["ledger_peak_bytes"] <= report["predicted_peak_bytes"] for s in report["steps"])
     assert report["predicted_peak_bytes"] <= plan.budget_bytes
+    # Where the memory went: the classes add up to the plan's peak and to the ledger's.
+    split = report["memory_by_class"]
+    assert sum(split["planned"].values()) == report["predicted_peak_bytes"]
+    step = report["steps"][split["measured_step"] - 1]
+    assert sum(split["measured"].values()) == step["ledger_peak_bytes"]
+    assert split["planned"]["parameters"] > 0 and split["measured"]["parameters"] > 0
+    assert split["planned"]["activations"] > 0 and split["measured"]["activations"] > 0
     if home == "flash":
         kinds = {n.kind for n in captured.graph.nodes}
         assert {"param", "update"} <= kinds

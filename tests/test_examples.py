@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py")
                  if 'if __name__ == "__main__":' in p.read_text())

@@ -9,29 +9,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from board_fixtures import local_bench_device, stop_agent
+from helpers.board_fixtures import local_bench_device, stop_agent
+from helpers.executor_plans import (EXAMPLE, FLASH, assert_same_model, eager_run,
+                                    every_forward_recomputed, example_model, fresh,
+                                    trainable_count, with_paging)
 from edge_remat_agent import cli as agent_cli
-from edge_remat_agent.capture import Captured, capture_model, capture_module
+from edge_remat_agent.capture import capture_model, capture_module
 from edge_remat_agent.capture.models import load_model
-from edge_remat_agent.costs import build_costs
-from edge_remat_agent.executor import (BadBatch, InstructionFailed, OutOfMemory, PlanMismatch,
-                                       plain_step, run_plain, run_plan, torch_optimizer)
-from edge_remat_agent.formats import Graph, Instruction, Plan, Tier
+from edge_remat_agent.executor import (BadBatch, BadInput, InstructionFailed, OutOfMemory,
+                                       PlanMismatch, plain_step, run_plain, run_plan,
+                                       torch_optimizer)
+from edge_remat_agent.formats import Graph, Plan
 from edge_remat_agent.pages import FlashStore
-from edge_remat_agent.simulate import simulate
 from edge_remat_agent.zoo import build
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = f"{ROOT / 'examples' / 'my_model.py'}:make_model"
+pytestmark = pytest.mark.slow
+
 SMALL = {"resnet18": dict(image=32), "mobilenet_v2": dict(image=32),
          "bert-mini": dict(seq=16, vocab=512)}
-FLASH = Tier(read_bytes_per_s=1e9, write_bytes_per_s=1e9)
 STEPS = 3
 
 
@@ -39,17 +39,6 @@ STEPS = 3
 
 def zoo_model(name):
     return lambda: build(name, batch=2, **SMALL[name])
-
-
-def example_model():
-    return load_model(EXAMPLE, batch=4, image=16)
-
-
-def fresh(captured: Captured, make) -> Captured:
-    """The same capture with a newly built module (same seed, same weights): runs train the
-    module, so each run starts from its own."""
-    module, args = make()
-    return dataclasses.replace(captured, module=module, example_args=tuple(args))
 
 
 @pytest.fixture(scope="module")
@@ -89,62 +78,6 @@ def dtr_plan(graph: Graph, fraction: float = 0.6) -> Plan:
         problem = build_problem(graph, int(below_the_floor.smallest_bytes * 1.02), None,
                                 "time", None, "flash", {"flash": FLASH})
     return solve(problem, "heuristic:dtr").plan
-
-
-def with_paging(plan: Plan, graph: Graph, every: int = 2) -> Plan:
-    """Every `every`-th recomputation becomes a page round trip to flash: the free before it a
-    page_out, the recompute a page_in. Same memory, a deterministic mix of both mechanisms."""
-    stages = [list(stage) for stage in plan.stages]
-    computed, last_free, seen = set(), {}, 0
-    for s, stage in enumerate(stages):
-        for k, ins in enumerate(stage):
-            if ins.op == "free":
-                last_free[ins.node] = (s, k)
-            elif ins.op == "compute":
-                if ins.node in computed and ins.node in last_free:
-                    seen += 1
-                    if seen % every == 1 or every == 1:
-                        fs, fk = last_free.pop(ins.node)
-                        stages[fs][fk] = Instruction("page_out", ins.node, "flash")
-                        stage[k] = Instruction("page_in", ins.node, "flash")
-                computed.add(ins.node)
-    return _validated(plan, graph, stages)
-
-
-def every_forward_recomputed(graph: Graph) -> Plan:
-    """The plain order, each forward node computed, freed and computed again at once."""
-    last_reader = {dep: node.id for node in graph.nodes for dep in node.inputs}
-    stages = []
-    for node in graph.nodes:
-        stage = [Instruction("compute", node.id)]
-        if node.kind == "forward":
-            stage += [Instruction("free", node.id), Instruction("compute", node.id)]
-        stage += [Instruction("free", d) for d in node.inputs if last_reader[d] == node.id]
-        stages.append(stage)
-    return _validated(Plan(stages, graph.fingerprint(), 2**62), graph, stages)
-
-
-def _validated(plan: Plan, graph: Graph, stages) -> Plan:
-    sim = simulate(graph, build_costs(graph, None, {"flash": FLASH}), stages)
-    problem = {**plan.problem, "tier_params": {"flash": FLASH.to_dict()}}
-    return dataclasses.replace(plan, stages=stages, predicted=sim.summary(), problem=problem)
-
-
-def eager_run(make, steps: int, seed: int):
-    module, args = make()
-    optimizer = torch_optimizer("sgd", module)
-    torch.manual_seed(seed)
-    losses = [plain_step(module, optimizer, args) for _ in range(steps)]
-    return module, losses
-
-
-def assert_same_model(mine: torch.nn.Module, theirs: torch.nn.Module) -> None:
-    for (name, a), (_, b) in zip(mine.state_dict().items(), theirs.state_dict().items()):
-        assert torch.equal(a, b), name
-
-
-def trainable_count(module: torch.nn.Module) -> int:
-    return sum(1 for p in module.parameters() if p.requires_grad)
 
 
 # -- the plan trains exactly like eager PyTorch ---------------------------------------------------
@@ -216,7 +149,7 @@ def test_the_run_job_trains_on_the_data_and_lr_the_host_sends(tmp_path):
     """What `edge-remat run --data digits --lr 0.05` sends the board's run job: each step takes
     the next digits batch (the very batches plain training draws with that seed), the optimizer
     steps with that lr, and the report names the data, so the host's report can state it."""
-    from edge_remat.run_report import build_report
+    from edge_remat.reports.run_report import build_report
     from edge_remat_agent.daemon.registry import JobContext
     from edge_remat_agent.data import batches
     from edge_remat_agent.executor.jobs import run_job
@@ -278,6 +211,14 @@ def test_a_plan_for_another_graph_is_refused(user_capture, tmp_path):
     with pytest.raises(PlanMismatch, match="the graph captured on this machine"):
         run_plan(other, dataclasses.replace(plan, graph_fingerprint=other.fingerprint()), 1,
                  str(tmp_path), captured=captured)
+
+
+def test_a_plan_that_pages_without_its_tier_figures_is_refused(user_capture, tmp_path):
+    captured = user_capture()
+    plan = with_paging(every_forward_recomputed(captured.graph), captured.graph, every=1)
+    with pytest.raises(BadInput, match="pages to flash but carries no figures for it"):
+        run_plan(captured.graph, dataclasses.replace(plan, tiers={}), 1, str(tmp_path),
+                 captured=captured)
 
 
 def test_a_corrupted_page_is_detected(user_capture, tmp_path):

@@ -42,7 +42,10 @@ from edge_remat_agent.capture import Captured, capture_module
 from edge_remat_agent.executor import run_plan
 from edge_remat_agent.formats import Graph, Plan
 from edge_remat_agent.zoo import build
-from test_executor import FLASH, assert_same_model, eager_run, example_model, with_paging
+from helpers.executor_plans import (FLASH, assert_same_model, eager_run, example_model,
+                                    with_paging)
+
+pytestmark = pytest.mark.slow
 
 STEPS = 2
 MODELS = {"my_model": example_model,

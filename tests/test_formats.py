@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_remat.graph_import import load_graph_file
+from edge_remat.importers.graph_import import load_graph_file
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.formats import (FormatError, Graph, Instruction, Node, OpCost, Plan, Profile,
                                       Tier, graph_from_dict, load_graph, load_plan, load_profile,
@@ -432,12 +432,31 @@ def test_plan_round_trip(tmp_path, tiny):
     plan = Plan(stages=stages, graph_fingerprint=tiny.fingerprint(), budget_bytes=12345,
                 objective="energy", solver={"name": "milp:cbc", "gap": 0.0},
                 predicted={"peak_bytes": 2100}, problem={"paging": ["flash", "host"]},
-                fingerprint="abc123")
+                fingerprint="abc123", tiers={"flash": Tier(90e6, 40e6, 1e-4, 1e-9, 2e-9),
+                                             "host": Tier(35e6, 35e6, 1e-3)})
     plan.save(tmp_path / "plan.json")
     loaded = load_plan(tmp_path / "plan.json")
     assert loaded == plan
     assert loaded.stages[1][-1] == Instruction("page_out", "a", "flash")
     assert list(loaded.instructions()) == list(plan.instructions())
+
+
+def test_plan_tiers_from_before_they_had_a_field(tmp_path, tiny):
+    """Plans written before `tiers` kept the figures in `problem.tier_params`."""
+    plan = Plan(stages=plain_stages(tiny), graph_fingerprint=tiny.fingerprint(),
+                budget_bytes=12345, problem={"paging": ["flash"]}, tiers={"flash": Tier(9.0, 4.0)})
+    old = plan.to_dict()
+    old["problem"]["tier_params"] = old.pop("tiers")
+    loaded = load_plan(write(tmp_path, "old.json", old))
+    assert loaded.tiers == plan.tiers and loaded.problem == {"paging": ["flash"]}
+
+    bad = plan.to_dict()
+    bad["tiers"]["tape"] = bad["tiers"]["flash"]
+    expect_format_error(load_plan, write(tmp_path, "p1.json", bad), "tiers.tape", "flash or host")
+    bad = plan.to_dict()
+    bad["tiers"]["flash"]["write_bytes_per_s"] = 0
+    expect_format_error(load_plan, write(tmp_path, "p2.json", bad),
+                        "tiers.flash.write_bytes_per_s", "bandwidth > 0")
 
 
 def test_profile_round_trip(tmp_path):

@@ -18,8 +18,10 @@ from edge_remat_agent.capture import capture_model, capture_module
 from edge_remat_agent.executor import run_plan
 from edge_remat_agent.floor import floor_node
 from edge_remat_agent.zoo import build
-from test_executor import (EXAMPLE, assert_same_model, eager_run, example_model, fresh,
-                           with_paging)
+from helpers.executor_plans import (EXAMPLE, assert_same_model, eager_run, example_model,
+                                    fresh, with_paging)
+
+pytestmark = pytest.mark.slow
 
 STEPS = 3
 

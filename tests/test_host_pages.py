@@ -16,11 +16,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from board_fixtures import (SshServer, local_bench_device, loopback_ssh_board, needs_sshd,
+from helpers.board_fixtures import (SshServer, local_bench_device, loopback_ssh_board, needs_sshd,
                             ssh_device_config, stop_agent)
 from edge_remat_agent.pages import PageCorrupted, PageMissing, PageStoreFull
-from edge_remat_agent.pages.service import (PageClient, PageService, PageServiceError,
-                                            connect_store)
+from edge_remat_agent.pages.link import connect_store
+from edge_remat_agent.pages.service import PageClient, PageService, PageServiceError
+
+pytestmark = [pytest.mark.slow, pytest.mark.loopback]
 
 
 # -- the service and its client -----------------------------------------------------------------
@@ -86,7 +88,7 @@ def test_the_client_reconnects_once_after_a_broken_connection():
 
 def host_plan(captured):
     """Every forward node recomputed, each recomputation a page round trip to `host`."""
-    from test_executor import FLASH, every_forward_recomputed, with_paging
+    from helpers.executor_plans import FLASH, every_forward_recomputed, with_paging
     from edge_remat_agent.costs import build_costs
     from edge_remat_agent.formats import Instruction
     from edge_remat_agent.simulate import simulate
@@ -96,12 +98,12 @@ def host_plan(captured):
               for stage in plan.stages]
     sim = simulate(graph, build_costs(graph, None, {"host": FLASH}), stages)
     return dataclasses.replace(plan, stages=stages, predicted=sim.summary(),
-                               problem={**plan.problem, "tier_params": {"host": FLASH.to_dict()}})
+                               tiers={"host": FLASH})
 
 
 @pytest.fixture(scope="module")
 def captured():
-    from test_executor import EXAMPLE
+    from helpers.executor_plans import EXAMPLE
     from edge_remat_agent.capture import capture_model
     return capture_model(EXAMPLE, batch=4, image=16)
 

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from edge_remat.cli import app
-from edge_remat.onnx_import import graph_from_onnx
+from edge_remat.importers.onnx_import import graph_from_onnx
 from edge_remat.planner.build import plain_peak_bytes
 from edge_remat_agent.formats import FormatError, load_graph
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from board_fixtures import stop_agent
+from helpers.board_fixtures import stop_agent
 from edge_remat.cli import app
 from edge_remat_agent import cli as agent_cli
 from edge_remat_agent.capture import capture_model
@@ -21,6 +21,8 @@ from edge_remat_agent.formats import load_graph, load_profile
 from edge_remat_agent.formats.profile import Profile
 from edge_remat_agent.profiler.allocations import AllocatorPeak
 from edge_remat_agent.profiler.ops import CONTEXT_STEPS, measure_nodes, ops_from, profile_key
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = f"{ROOT / 'examples' / 'my_model.py'}:make_model"

@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-from brute_force import brute_force
+from helpers.brute_force import brute_force
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from small_graphs import random_dag, training_chain
+from helpers.small_graphs import random_dag, training_chain
 
-from edge_remat.graph_import import load_graph_file
+from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner.bounds import stage_lower_bound
 from edge_remat.planner.build import build_problem, plain_peak_bytes
 from edge_remat.planner.evaluate import evaluate
@@ -22,6 +22,8 @@ from edge_remat.planner.solve import solve
 from edge_remat.synthetic import layered_stats, random_layered
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.simulate import simulate
+
+pytestmark = pytest.mark.slow
 
 GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "graphs"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_remat.graph_import import load_graph_file
+from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
@@ -35,7 +35,7 @@ def test_costs_and_tier_come_from_the_file():
 
 def test_linear_m4_is_solved_to_optimality():
     graph = load_graph_file(POET / "linear__m4.json")
-    p = build_problem(graph, 0.5, objective="energy", deadline=1.5)
+    p = build_problem(graph, 0.5, objective="energy", deadline=1.5, io="sync")  # POET's model
     report = solve(p, "milp", time_limit=60, workers=1)
     assert report.evaluation.feasible
     solver = report.plan.solver

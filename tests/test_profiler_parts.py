@@ -293,8 +293,32 @@ def test_profile_storage_command_errors(tmp_path, capsys):
                   "-o", "x.json"])
 
 
+def test_profile_options_from_job_params():
+    """The daemon's profile job reads its params as the profile command's options."""
+    from edge_remat_agent.profiler.measure import ProfileOptions
+    options = ProfileOptions.from_params({"sizes": "4KiB,1MiB", "idle_s": 0.1, "busy_s": "0.2",
+                                          "no_footprint": True, "max_size": "8MiB",
+                                          "page_dir": None})
+    assert options == ProfileOptions(sizes=(4 * KiB, MiB), idle_s=0.1, busy_s=0.2,
+                                     no_footprint=True, max_size=8 * MiB)
+    assert ProfileOptions.from_params({"sizes": [4096, "64KiB"]}).sizes == (4 * KiB, 64 * KiB)
+    with pytest.raises(ValueError, match="unknown profile param 'idle'.*idle_s"):
+        ProfileOptions.from_params({"idle": 1})
+    with pytest.raises(ValueError, match="no_fsync='yes': expected true or false"):
+        ProfileOptions.from_params({"no_fsync": "yes"})
+    with pytest.raises(ValueError, match="max_size='lots': expected a size such as 64MiB"):
+        ProfileOptions.from_params({"max_size": "lots"})
+
+
 def test_parse_size():
     assert parse_size("64MiB") == 64 * MiB and parse_size("4KiB") == 4096
     assert parse_size("1.5GB") == 1_500_000_000 and parse_size("4096") == 4096
     with pytest.raises(ValueError, match="64MiB"):
         parse_size("lots")
+
+
+def test_host_and_agent_read_sizes_with_one_table():
+    from edge_remat.units import parse_budget
+    for text in ("600M", "600MB", "512MiB", "2g", "1_000_000", "1.5TiB"):
+        assert parse_budget(text) == ("bytes", parse_size(text)), text
+    assert parse_size("600M") == 600 * 10**6

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from small_graphs import random_dag, training_chain
+from helpers.small_graphs import random_dag, training_chain
 
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.formats import Tier
@@ -16,6 +17,8 @@ from edge_remat.planner.build import plain_peak_bytes
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.milp import solve_milp
 from edge_remat.planner.problem import Problem
+
+pytestmark = pytest.mark.slow
 
 FLASH = {"flash": Tier(read_bytes_per_s=8.0, write_bytes_per_s=4.0, latency_s=0.2,
                        read_j_per_byte=0.1, write_j_per_byte=0.2)}

@@ -17,7 +17,9 @@ from edge_remat_agent.capture import CaptureError, capture_model
 from edge_remat_agent.capture.measure import eager_saved_bytes
 from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.executor import run_plan
-from test_executor import every_forward_recomputed, trainable_count, with_paging
+from helpers.executor_plans import every_forward_recomputed, trainable_count, with_paging
+
+pytestmark = pytest.mark.slow
 
 needs_transformers = pytest.mark.skipif(
     not __import__("importlib").util.find_spec("transformers"),

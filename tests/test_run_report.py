@@ -10,7 +10,7 @@ import pytest
 
 from edge_remat.devices import load_device
 from edge_remat.run import profiles as run_profiles
-from edge_remat.run_report import build_report, report_text, steps_from
+from edge_remat.reports.run_report import build_report, report_text, steps_from
 from edge_remat_agent.formats import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +42,24 @@ def test_report_says_where_the_prediction_missed():
     text = report_text(report)
     assert "MODELLED" in text and "kernel peak" in text and "450.00 MiB" in text
     json.dumps(report)
+
+
+def test_report_says_where_the_memory_went_by_class():
+    mib = 2**20
+    split = {"classes": ["parameters", "gradients", "optimizer_state", "activations",
+                         "workspace", "inputs"],
+             "planned": {"parameters": 8 * mib, "activations": 20 * mib, "workspace": mib},
+             "measured": {"parameters": 8 * mib, "activations": 19 * mib}, "measured_step": 1}
+    result = {"steps": [{"loss": 2.0, "step_time_s": 1.0, "ledger_peak_bytes": 27 * mib,
+                         "rss_peak_bytes": 300 * mib, "energy_j": None}],
+              "memory_by_class": split}
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
+                          result=result, plan={"budget_bytes": 30 * mib, "predicted": {}})
+    assert report["memory_by_class"] == split
+    line = next(x for x in report_text(report).splitlines() if x.startswith("memory"))
+    assert "parameters 8.0 / 8.0" in line and "activations 20.0 / 19.0" in line
+    assert "gradients" not in line  # classes with nothing in them are left out
+    assert "runtime and allocator slack 273.0" in report_text(report)
 
 
 @pytest.mark.parametrize("name", MODELLED)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from board_fixtures import PtyPair, agent_command, needs_socat, stop_agent
+from helpers.board_fixtures import PtyPair, agent_command, needs_socat, stop_agent
 from edge_remat.devices import load_device
 from edge_remat.transport import Board, BoardUnreachable
 from edge_remat.transport.serial import PySerialPort, open_serial_port
@@ -21,7 +21,7 @@ from edge_remat.transport.zipapp import build_agent_archive
 from edge_remat_agent.wire.serial_link import SerialLink, decode_packet, DATA
 from edge_remat_agent.wire.tty import TtyPort
 
-pytestmark = needs_socat
+pytestmark = [needs_socat, pytest.mark.loopback]
 
 
 @pytest.fixture

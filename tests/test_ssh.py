@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from board_fixtures import SshServer, agent_command, keygen, needs_sshd, stop_agent
+from helpers.board_fixtures import SshServer, agent_command, keygen, needs_sshd, stop_agent
 from edge_remat.devices import load_device
 from edge_remat.transport import (AuthRefused, Board, BoardMissingPython, BoardMissingTorch,
                                   BoardOutOfDisk, BoardUnreachable, HostKeyChanged,
                                   HostKeyUnknown)
 from edge_remat.transport.zipapp import AgentArchive, archive_bytes
 
-pytestmark = needs_sshd
+pytestmark = [needs_sshd, pytest.mark.loopback]
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +209,7 @@ def test_board_out_of_disk_is_a_clear_error(device, tmp_path):
 
 
 def test_unreachable_board_fails_fast(device):
-    from board_fixtures import free_port
+    from helpers.board_fixtures import free_port
     started = time.monotonic()
     with pytest.raises(BoardUnreachable, match="cannot reach .*Connection refused"):
         Board(device(port=free_port())).hello()

@@ -1,6 +1,6 @@
 """`profile` then `deploy` end to end through a real OpenSSH server, as a user runs them.
 
-A Debian sshd on a free loopback port (its own host key, an authorized key: board_fixtures) is
+A Debian sshd on a free loopback port (its own host key, an authorized key: helpers) is
 the board. Through the command line only: `graph` captures the zoo's digits-cnn (batch 4, 8x8
 images, 41 planner nodes), `profile --device <ssh config>` pushes the agent over SSH, times
 every node there and brings back a measured profile, `plan` solves a 60% budget with it, and
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from board_fixtures import loopback_ssh_board, needs_sshd
+from helpers.board_fixtures import loopback_ssh_board, needs_sshd
 from edge_remat.cli import app
 
-pytestmark = needs_sshd
+pytestmark = [needs_sshd, pytest.mark.slow, pytest.mark.loopback]
 pytest.importorskip("edge_remat_agent.executor.jobs", reason="needs the executor")
 
 FAST_PROFILE = ["idle_s=0.1", "busy_s=0.1", "sizes=4KiB", "no_footprint=true"]

@@ -23,7 +23,8 @@ from edge_remat_agent.capture import capture_model
 from edge_remat_agent.executor import run_plan
 from edge_remat_agent.pages import FlashStore
 from edge_remat_agent.pages.flash import STORE_DIRECTORY
-from test_executor import EXAMPLE, every_forward_recomputed, example_model, fresh, with_paging
+from helpers.executor_plans import (EXAMPLE, every_forward_recomputed, example_model, fresh,
+                                    with_paging)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock and SIGKILL are POSIX")
 

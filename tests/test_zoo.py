@@ -5,6 +5,8 @@ import torch
 
 from edge_remat_agent.zoo import MODELS, ZooError, build
 
+pytestmark = pytest.mark.slow
+
 # Small but real variants: the architecture is unchanged, only the data and vocab shrink.
 SMALL = {
     "mlp": dict(image=32),
@@ -21,10 +23,14 @@ SMALL = {
     "gpt2-small": dict(seq=16, vocab=512),
     "gpt2-small-lora": dict(seq=16, vocab=512),
     "gpt-tiny": dict(seq=16),
+    "gpt-mini": dict(seq=16, vocab=512),
     "gpt-tiny-lora": dict(seq=16),
     "digits-cnn": dict(image=16, depth=2),
     "conv-gru": dict(seq=16),
     "lstm-lm": dict(seq=8, vocab=64),
+    "tinyllama-1.1b-lora": dict(seq=8, layers=1, vocab=512),
+    "tinyllama-2l-lora": dict(seq=8, layers=1, vocab=512),
+    "llama-tiny-lora": dict(seq=8),
 }
 
 

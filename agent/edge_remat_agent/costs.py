@@ -55,6 +55,9 @@ class CostModel:
     # included) where its op has one, else the graph's. None: the graph's, node by node.
     workspace_bytes: list[int] | None = None
     workspace_source: str = "graph"  # "graph" | "profile:<name> for k/n nodes"
+    # The figures each tier's costs came from (a profile's or the command line's; a tier the
+    # graph costs node by node has none): what a plan carries so that it replays on its own.
+    tier_figures: dict[str, Tier] = field(default_factory=dict)
 
     def workspace(self, graph: Graph) -> list[int]:
         """Each node's workspace bytes (the graph's where this model has none)."""
@@ -119,7 +122,7 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     workspace_source = (f"profile:{profile.name} for {workspace_from_profile}/{len(graph)} "
                         "nodes" if workspace_from_profile else "graph")
     return CostModel(times, energies, idle_w, tier_costs, power_source, time_source, cost_source,
-                     workspaces, workspace_source)
+                     workspaces, workspace_source, all_tiers)
 
 
 def home_io_cost(node, tiers: dict[str, Tier]) -> tuple[float, float]:

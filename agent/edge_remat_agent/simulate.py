@@ -5,6 +5,10 @@ Memory model (shared/DESIGN.md): a tensor occupies RAM from the instruction that
 tensor, the node's output and its workspace (the cost model's: a profile's measured workspace
 where it has one, else the graph's), plus fixed memory. Paged-out copies stay on their tier
 until the end of the step.
+
+Paging time: `io="sync"` counts every page-in and page-out as stopping compute (time = compute
++ paging); `io="overlap"` runs them on an IO timeline beside compute (timeline.py: prefetch,
+write-behind, the bytes in flight counted), and the step time is the makespan.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from typing import Any
 
 from .costs import CostModel
 from .formats import Graph, Instruction, Stages
+from .timeline import OP_CODES, Timeline, run_timeline
+
+IO_MODES = ("sync", "overlap")
 
 
 class PlanError(ValueError):
@@ -43,9 +50,16 @@ class SimResult:
     paged_bytes: int
     fits_budget: bool | None = None
     memory_trace: list[int] = field(default_factory=list, repr=False)  # RAM at each instruction
+    io: str = "sync"  # "overlap": paging on its own timeline (timeline.py)
+    step_time_s: float | None = None  # overlap: the makespan of compute and IO
+    io_busy_s: float | None = None  # overlap: the IO timeline's busy time
+    io_wait_s: float | None = None  # overlap: time compute waits on IO
+    paging_hidden_share: float | None = None  # overlap: share of IO time hidden behind compute
 
     @property
     def time_s(self) -> float:
+        if self.step_time_s is not None:
+            return self.step_time_s
         return self.compute_time_s + self.paging_time_s
 
     @property
@@ -60,8 +74,11 @@ class SimResult:
 
 
 def simulate(graph: Graph, costs: CostModel, stages: Stages,
-             budget_bytes: int | None = None) -> SimResult:
-    """Replay `stages`; raise PlanError on the first instruction that cannot run."""
+             budget_bytes: int | None = None, io: str = "sync") -> SimResult:
+    """Replay `stages`; raise PlanError on the first instruction that cannot run. `io`:
+    "sync" (paging stops compute) or "overlap" (paging on its own timeline)."""
+    if io not in IO_MODES:
+        raise ValueError(f"io must be one of {IO_MODES}, got {io!r}")
     sizes = [n.out_bytes for n in graph.nodes]
     workspace = costs.workspace(graph)  # a profile's where it measured one (costs.build_costs)
     deps = [[graph.index[d] for d in n.inputs] for n in graph.nodes]
@@ -74,6 +91,7 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
     t_compute = t_paging = e_compute = e_paging = 0.0
     page_ins = page_outs = paged_bytes = 0
     trace: list[int] = []
+    ops: list[tuple[int, int, str | None]] = []  # resolved, for the IO timeline
 
     for s, stage in enumerate(stages):
         for k, ins in enumerate(stage):
@@ -135,6 +153,7 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
                 raise fail(f"unknown op {ins.op!r}")
             now += graph.fixed_bytes
             trace.append(now)
+            ops.append((OP_CODES[ins.op], i, ins.tier))
             if now > peak:
                 peak, peak_at = now, (s, k)
 
@@ -145,13 +164,26 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
     total_cost = sum(costs.time_s)
     tdi = 100.0 * (t_compute / total_cost - 1.0) if total_cost > 0 else 0.0
     n_computes = sum(computed)
+    timeline = overlap_timeline(graph, costs, ops, deps, trace) if io == "overlap" else None
+    step_time = timeline.step_time_s if timeline else t_compute + t_paging
     return SimResult(
         peak_bytes=peak, peak_at=peak_at, compute_time_s=t_compute, paging_time_s=t_paging,
         energy_compute_j=e_compute, energy_paging_j=e_paging,
-        energy_static_j=costs.static_w * (t_compute + t_paging), tdi_percent=tdi,
+        energy_static_j=costs.static_w * step_time, tdi_percent=tdi,
         computes=n_computes, recomputed=n_computes - len(graph), page_ins=page_ins,
         page_outs=page_outs, paged_bytes=paged_bytes,
-        fits_budget=None if budget_bytes is None else peak <= budget_bytes, memory_trace=trace)
+        fits_budget=None if budget_bytes is None else peak <= budget_bytes, memory_trace=trace,
+        io=io, step_time_s=timeline.step_time_s if timeline else None,
+        io_busy_s=timeline.io_busy_s if timeline else None,
+        io_wait_s=timeline.waited_s if timeline else None,
+        paging_hidden_share=timeline.hidden_share if timeline else None)
+
+
+def overlap_timeline(graph: Graph, costs: CostModel, ops, deps, trace: list[int]) -> Timeline:
+    """The IO timeline of a validated replay (its peak is the synchronous one: see timeline.py)."""
+    return run_timeline(ops, deps, [n.out_bytes for n in graph.nodes], costs.time_s,
+                        {name: tier.in_time_s for name, tier in costs.tiers.items()},
+                        {name: tier.out_time_s for name, tier in costs.tiers.items()}, trace)
 
 
 def _tier(costs: CostModel, ins: Instruction, fail) -> str:

@@ -1,21 +1,32 @@
-"""Sizes at the agent's command line (4KiB, 64MiB, 1e6); bytes inside. Standard library only."""
+"""Sizes at the command line (4KiB, 64MiB, 600M, 1e6); bytes inside. Standard library only.
+The one size table of both packages: the host's budgets and rates read sizes with it too."""
 
 from __future__ import annotations
 
 import re
 
-SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10,
-              "mib": 2**20, "gib": 2**30}
+# Case does not matter; k, M, G, T are the decimal units (600M = 600 MB).
+SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+              "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+              "tib": 2**40}
+KNOWN_UNITS = "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
+
+
+def split_quantity(text: str) -> tuple[float, str] | None:
+    """'64 MiB' -> (64.0, 'mib'); '80%' -> (80.0, '%'); None when it is no number and unit.
+    Underscores between digits are allowed (1_000_000)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z%]*)\s*",
+                         str(text).replace("_", ""))
+    return (float(match.group(1)), match.group(2).lower()) if match else None
 
 
 def parse_size(text: str) -> int:
-    """'64MiB' -> 67108864; '4096' -> 4096; '1.5GB' -> 1500000000."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in SIZE_UNITS:
+    """'64MiB' -> 67108864; '4096' -> 4096; '1.5GB' or '1.5G' -> 1500000000."""
+    quantity = split_quantity(text)
+    if quantity is None or quantity[1] not in SIZE_UNITS:
         raise ValueError(f"cannot read size {text!r}: use bytes or a unit "
-                         "(B, kB, MB, GB, KiB, MiB, GiB), e.g. 64MiB")
-    return int(float(match.group(1)) * SIZE_UNITS[unit])
+                         f"({KNOWN_UNITS}), e.g. 64MiB")
+    return int(quantity[0] * SIZE_UNITS[quantity[1]])
 
 
 def format_size(nbytes: float) -> str:

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Optional
 
-from edge_remat_agent.cgroup import CgroupUnavailable, MemoryCgroup, find_memory_hierarchy
+from .cgroup import CgroupUnavailable, MemoryCgroup, find_memory_hierarchy
 
 DEFAULT_CACHE = "/var/cache/edge-remat/arm-board"
 ENV_CACHE = "EDGE_REMAT_ARM_BOARD"

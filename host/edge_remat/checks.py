@@ -30,8 +30,6 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
     """The simulator's replay of `plan` on `graph` (PlanError names a bad instruction); a plan
     made for another graph is refused first, by fingerprint."""
     from edge_remat_agent.costs import build_costs
-    from edge_remat_agent.formats.fields import Reader
-    from edge_remat_agent.formats.profile import tier_from
     from edge_remat_agent.simulate import simulate
 
     if plan.graph_fingerprint and plan.graph_fingerprint != graph.fingerprint():
@@ -39,13 +37,9 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
                         f"{plan.graph_fingerprint}), not for {graph_name} "
                         f"({graph.fingerprint()}): give the graph it was planned for, or plan "
                         f"again with `edge-remat plan --graph {graph_name}`")
-    tier_params = plan.problem.get("tier_params", {}) or {}
-    if not isinstance(tier_params, dict):
-        raise UserError(f"{plan_name}: problem.tier_params must be a JSON object")
-    tiers = {name: tier_from(Reader(obj, plan_name, f"problem.tier_params.{name}"))
-             for name, obj in tier_params.items()}
-    costs = build_costs(graph, profile, tiers)
-    return simulate(graph, costs, plan.stages, plan.budget_bytes)
+    costs = build_costs(graph, profile, plan.tiers)
+    io = "overlap" if plan.problem.get("io") == "overlap" else "sync"  # as it was planned
+    return simulate(graph, costs, plan.stages, plan.budget_bytes, io=io)
 
 
 def check_plan(plan: Plan, graph: Graph, plan_name: str, graph_name: str) -> None:

@@ -57,6 +57,9 @@ def plan(
     paging: Optional[str] = typer.Option(None, "--paging", help="none | flash | host | both"),
     paging_time: str = typer.Option("counted", "--paging-time",
                                     help="counted (paging takes time) | free (POET's model)"),
+    paging_io: str = typer.Option("overlap", "--paging-io",
+                                  help="overlap (prefetch and write-behind beside compute) | "
+                                       "sync (paging stops compute)"),
     backend: str = typer.Option("cbc", "--backend", help="MILP backend: cbc | highs"),
     workers: Optional[int] = typer.Option(None, "--workers", "--threads",
                                           help="solver threads (default: all cores)"),
@@ -70,12 +73,12 @@ def plan(
 ) -> None:
     """Solve for the cheapest schedule that fits the memory budget; write it as a plan."""
     from .checks import note_profile_fit
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_file, output_folder
-    from .planner.build import PAGING_CHOICES, build_problem, plan_dict_with_tiers
-    from .planner.solve import solve
+    from .planner.build import PAGING_CHOICES, build_problem, plain_peak_bytes
+    from .planner.plan_file import make_plan
     from .remote import to_stderr
-    from .report import plan_table
+    from .reports.report import plan_table
     from .units import parse_multiplier
 
     # The options first, then the files: nothing slow happens before all of them are checked.
@@ -83,6 +86,8 @@ def plan(
         raise FormatError("command line", "--objective", "time or energy", objective)
     if paging_time not in ("counted", "free"):
         raise FormatError("command line", "--paging-time", "counted or free", paging_time)
+    if paging_io not in ("overlap", "sync"):
+        raise FormatError("command line", "--paging-io", "overlap or sync", paging_io)
     if paging is not None and paging not in PAGING_CHOICES:
         raise FormatError("command line", "--paging", " | ".join(PAGING_CHOICES), paging)
     if (budget is None) == (sweep is None):
@@ -94,8 +99,8 @@ def plan(
         from .sweep import parse_sweep
         parse_sweep(sweep)
     else:
-        from .units import parse_budget
-        parse_budget(budget)
+        from .units import Budget
+        budget_value = Budget.parse(budget)
     if output:
         (output_folder(output, "-o") if sweep is not None else output_file(output, force))
     g = load_graph_file(graph)
@@ -103,26 +108,28 @@ def plan(
     note_profile_fit(prof, g, str(profile), to_stderr)
     tiers = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
 
-    def make_problem(budget_text):
-        return build_problem(g, budget_text, prof, objective, target_deadline, paging, tiers,
-                             paging_time)
+    plain_peak = functools.cache(lambda: plain_peak_bytes(g, prof))  # once, for fractions
 
-    tier_params = {**(prof.tiers if prof else {}), **tiers}
+    def make_problem(budget):
+        return build_problem(g, budget, prof, objective, target_deadline, paging, tiers,
+                             paging_time, plain_peak() if budget.fraction is not None else None,
+                             io=paging_io)
+
     if sweep is not None:
         _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
-                    tier_params, as_json, objective)
+                    as_json, objective)
         return
-    problem = make_problem(budget)
     progress = None
     if not as_json and sys.stderr.isatty():
         from .planner.cpsat import print_progress as progress
-    report = solve(problem, solver, time_limit, backend, workers, progress=progress)
+    result, report = make_plan(g, budget_value, prof, objective, target_deadline, paging,
+                               tiers, paging_time, solver, time_limit, backend, workers,
+                               progress, plain_peak() if budget_value.fraction is not None
+                               else None, io=paging_io)
     if progress is not None:
         typer.echo("", err=True)
-    result = plan_dict_with_tiers(report.plan, tier_params)
     if output:
-        from edge_remat_agent.formats.fields import dump_json
-        dump_json(result, output)
+        report.plan.save(output)
     if as_json:
         pr, s = result["predicted"], result["solver"]
         print(json.dumps({
@@ -140,14 +147,11 @@ def plan(
 
 
 def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backend: str,
-                workers: Optional[int], output: Optional[str], tier_params: dict[str, Tier],
-                as_json: bool, objective: str) -> None:
+                workers: Optional[int], output: Optional[str], as_json: bool,
+                objective: str) -> None:
     from pathlib import Path
 
-    from edge_remat_agent.formats.fields import dump_json
-
-    from .planner.build import plan_dict_with_tiers
-    from .report import sweep_table
+    from .reports.report import sweep_table
     from .sweep import parse_sweep, run_sweep
 
     points = run_sweep(make_problem, parse_sweep(sweep), solver, time_limit, backend, workers)
@@ -164,7 +168,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
             if output:
                 path = Path(output) / f"plan-{point.fraction:.2f}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
-                dump_json(plan_dict_with_tiers(point.report.plan, tier_params), path)
+                point.report.plan.save(path)
                 row["plan"] = str(path)
         rows.append(row)
     if as_json:
@@ -185,9 +189,9 @@ def simulate(
 ) -> None:
     """Replay a plan: check every instruction and add up peak RAM, time, energy and TDI."""
     from .checks import note_profile_fit, replay
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .remote import to_stderr
-    from .report import sim_table
+    from .reports.report import sim_table
 
     g = load_graph_file(graph)
     p = load_plan(plan_file)
@@ -240,7 +244,7 @@ def graph(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Capture a model's training graph (forward + backward + update) for the planner."""
-    from .graph_report import graph_summary, graph_table
+    from .reports.graph_report import graph_summary, graph_table
     from .outputs import output_file
     from .planner.build import plain_peak_bytes
 
@@ -251,7 +255,7 @@ def graph(
     if output:
         output_file(output, force)
     if onnx_file is not None:
-        from .onnx_import import graph_from_onnx
+        from .importers.onnx_import import graph_from_onnx
         g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)
     else:
         from edge_remat_agent.capture import capture_model
@@ -266,6 +270,10 @@ def graph(
         typer.echo(graph_table(summary))
         if output:
             typer.echo(f"graph written to {output}")
+
+
+from .fleet.cli import app as fleet_app  # noqa: E402 - `edge-remat fleet plan` (fleet/)
+app.add_typer(fleet_app, name="fleet")
 
 
 @app.command()
@@ -429,7 +437,7 @@ def deploy(
     """Push the agent, the plan and the graph; run the plan on the board; fetch the report."""
     from .checks import check_plan, check_runnable
     from .devices import find_device
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_folder
     from .remote import print_outcome, require_kind, show_progress, to_stderr
     from .transport import Board
@@ -446,7 +454,7 @@ def deploy(
     params: dict = {"steps": steps}
     if config.hardware.page_dir:  # the board's flash, as its device config says
         params["page_dir"] = config.hardware.page_dir
-    from .transport.host_pages import host_pages, plan_uses_host  # imports torch: after checks
+    from .transport.host_pages import host_pages, plan_uses_host
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
         require_kind(board, "run", "execute plans")
         with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
@@ -469,7 +477,7 @@ def profile(
     """Measure the board (operators, storage tiers, power) with its agent; fetch the profile."""
     from .checks import check_runnable
     from .devices import find_device
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_folder
     from .remote import parse_params, print_outcome, require_kind, show_progress, to_stderr
     from .transport import Board
@@ -481,7 +489,7 @@ def profile(
     config = find_device(device)
     if config.hardware.page_dir and "page_dir" not in values:
         values["page_dir"] = config.hardware.page_dir
-    from .transport.host_pages import link_pages  # imports torch: after the checks
+    from .transport.host_pages import link_pages
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
         require_kind(board, "profile", "profile boards")
         with link_pages(board, to_stderr) as page_params:
@@ -491,7 +499,10 @@ def profile(
         print_outcome(record, as_json, board)
 
 
-# -- end to end: `run` (logic in run/, run_report.py, plots.py, emulated.py) ---------------
+# -- end to end: `run` (logic in run/, reports/, transport/emulated.py) -------------------
+
+from .run.orchestrate import run_default  # noqa: E402 - light (no torch); the CLI's defaults
+
 
 @app.command("run")
 @cli_errors
@@ -503,9 +514,9 @@ def run_command(
     budget: Optional[str] = typer.Option(None, "--budget", help="30% of the plain peak, or "
                                          "512MiB (default with --memory-limit: what the "
                                          "runtime leaves of it)"),
-    objective: str = typer.Option("time", "--objective", help="time | energy"),
+    objective: str = typer.Option(run_default("objective"), "--objective", help="time | energy"),
     deadline: Optional[str] = typer.Option(None, "--deadline", help="e.g. 1.3 = 1.3x plain time"),
-    steps: int = typer.Option(10, "--steps", min=1, help="training steps"),
+    steps: int = typer.Option(run_default("steps"), "--steps", min=1, help="training steps"),
     data: Optional[str] = typer.Option(None, "--data", help="example | digits | MODULE:FUNCTION "
                                        "(default: digits for digits-cnn, else example)"),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="emulate a board "
@@ -516,12 +527,12 @@ def run_command(
     batch: Optional[int] = typer.Option(None, "--batch", min=1),
     image: Optional[int] = typer.Option(None, "--image", min=1),
     seq: Optional[int] = typer.Option(None, "--seq", min=1),
-    seed: int = typer.Option(0, "--seed"),
-    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum) | adamw"),
+    seed: int = typer.Option(run_default("seed"), "--seed"),
+    optimizer: str = typer.Option(run_default("optimizer"), "--optimizer", help="sgd (momentum) | adamw"),
     lr: Optional[float] = typer.Option(None, "--lr", help="learning rate (sgd 0.1, adamw 1e-3)"),
-    max_nodes: int = typer.Option(DEFAULT_MAX_NODES, "--max-nodes", min=5,
+    max_nodes: int = typer.Option(run_default("max_nodes"), "--max-nodes", min=5,
                                   help="at most this many planner nodes in the captured graph"),
-    params_home: str = typer.Option("auto", "--params-home", help="ram | flash | auto (flash "
+    params_home: str = typer.Option(run_default("params_home"), "--params-home", help="ram | flash | auto (flash "
                                     "when the budget is below what RAM-homed parameters allow)"),
     train: Optional[list[str]] = typer.Option(None, "--train", help="train only parameters "
                                               "matching this pattern (repeatable); the rest "
@@ -530,22 +541,25 @@ def run_command(
                                                "instead of measuring the board"),
     reprofile: bool = typer.Option(False, "--reprofile", help="measure again, ignoring the cache"),
     paging: Optional[str] = typer.Option(None, "--paging", help="none | flash | host | both"),
-    solver: str = typer.Option("auto", "--solver", help="auto | cpsat | milp | heuristic:NAME"),
-    time_limit: float = typer.Option(10.0, "--time-limit", help="seconds for the solver"),
+    solver: str = typer.Option(run_default("solver"), "--solver", help="auto | cpsat | milp | heuristic:NAME"),
+    time_limit: float = typer.Option(run_default("time_limit"), "--time-limit", help="seconds for the solver"),
     sweep: Optional[str] = typer.Option(None, "--sweep", help="also plan a budget sweep, e.g. "
                                         "0.2:1.0:0.1, and plot it"),
-    out: str = typer.Option("edge-remat-run", "--out", help="folder for graph, plan, report, "
+    out: str = typer.Option(run_default("out"), "--out", help="folder for graph, plan, report, "
                             "plots"),
     no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
     keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
+    no_grad_check: bool = typer.Option(False, "--no-grad-check", help="skip the gradient "
+                                       "check against eager PyTorch (it needs plain "
+                                       "training's memory once, on the board or the host)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Fine-tune MODEL on DEVICE within a memory budget: capture, profile, plan, deploy, train,
     and report planned against measured. Exit status 4: the run was killed (out of memory)."""
     from .remote import to_stderr
     from .run import RunOptions, run
-    from .run_report import report_text
-    from .units import parse_budget
+    from .reports.run_report import report_text
+    from .units import Budget, parse_budget
 
     limit = None
     if memory_limit:
@@ -557,13 +571,15 @@ def run_command(
     if objective not in ("time", "energy"):
         raise FormatError("command line", "--objective", "time or energy", objective)
     options = RunOptions(
-        device=device, model=model, budget=budget, objective=objective,
+        device=device, model=model, budget=Budget.parse(budget) if budget else None,
+        objective=objective,
         deadline=_multiplier(deadline), steps=steps, data=data,
         memory_limit=limit, plain=plain, batch=batch, image=image, seq=seq, seed=seed,
         optimizer=optimizer, lr=lr, max_nodes=max_nodes, params_home=params_home, train=train,
         profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
-        out=out, plots=not no_plots, keep_running=keep_running)
+        out=out, plots=not no_plots, keep_running=keep_running,
+        check_gradients=not no_grad_check)
     report = run(options, say=to_stderr)
     killed = report["status"] == "killed"
     if as_json:
@@ -591,9 +607,9 @@ def plot_command(
     budget sweep (energy and time per step against memory) as PNG files."""
     from pathlib import Path
 
-    from . import plots
+    from .reports import plots
     from .checks import replay
-    from .graph_import import load_graph_file
+    from .importers.graph_import import load_graph_file
     from .outputs import output_folder
 
     if plan_file is None and sweep_file is None:

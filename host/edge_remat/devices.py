@@ -36,6 +36,9 @@ from typing import Optional
 from edge_remat_agent.formats import FormatError
 from edge_remat_agent.formats.fields import Reader
 
+from .shipped import shipped_dir
+from .tomlfile import read_toml
+
 KINDS = ("local", "ssh", "serial")
 HOST_KEY_POLICIES = ("strict", "accept-new")
 FAMILIES = ("generic", "jetson", "rpi", "android")
@@ -108,23 +111,9 @@ class DeviceConfig:
         return f"{user}{c.host}{port}"
 
 
-def _load_toml(path: Path) -> dict:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except OSError as exc:
-        raise FormatError(str(path), "<file>", "a readable device config", exc.strerror) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise FormatError(str(path), "<toml>", "valid TOML", str(exc)) from None
-
-
 def load_device(path: "str | os.PathLike[str]") -> DeviceConfig:
     path = Path(path)
-    top = Reader(_load_toml(path), str(path))
+    top = Reader(read_toml(path, "device config"), str(path))
     top.reject_unknown({"name", "description", "connection", "hardware", "emulator"})
     name = top.str("name", path.stem)
     conn = _connection(top.child("connection"))
@@ -201,7 +190,7 @@ def _hardware(r: Optional[Reader]) -> Hardware:
 def search_dirs() -> "list[Path]":
     dirs = [Path(p) for p in os.environ.get(ENV_SEARCH_PATH, "").split(os.pathsep) if p]
     dirs.append(Path.cwd() / "device_configs")
-    dirs.append(Path(__file__).resolve().parents[2] / "device_configs")  # the repository's
+    dirs.append(shipped_dir("device_configs"))  # the wheel's, or the repository's
     seen, unique = set(), []
     for d in dirs:
         key = d.resolve()

@@ -13,7 +13,7 @@ from typing import Callable
 
 from .planner.problem import InfeasibleBudget, Problem
 from .planner.solve import NoPlan, SolveReport, solve
-from .units import UnitError
+from .units import Budget, UnitError
 
 
 @dataclass
@@ -48,13 +48,13 @@ def parse_sweep(text: str) -> list[float]:
     return [round(start + k * step, 10) for k in range(count) if start + k * step <= stop + 1e-9]
 
 
-def run_sweep(make_problem: Callable[[float], Problem], fractions: list[float], solver: str,
+def run_sweep(make_problem: Callable[[Budget], Problem], fractions: list[float], solver: str,
               time_limit: float, backend: str, workers: int | None) -> list[SweepPoint]:
     points, hint = [], None
     for fraction in sorted(fractions):
         problem = None
         try:
-            problem = make_problem(fraction)
+            problem = make_problem(Budget(fraction=fraction))
             report = solve(problem, solver, time_limit, backend, workers, hint=hint)
         except InfeasibleBudget as exc:
             points.append(SweepPoint(fraction, problem.budget_bytes if problem else None,

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-import re
+from dataclasses import dataclass
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
-               "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-               "tib": 2**40}
+from edge_remat_agent.units import KNOWN_UNITS, SIZE_UNITS, split_quantity
+
 # A bare number below this is a fraction of the plain schedule's peak, above it a byte count:
 # no budget is a handful of bytes, and no fraction is this large.
 _FRACTION_LIMIT = 16
@@ -21,12 +20,11 @@ class UnitError(ValueError):
 
 def parse_budget(text: str) -> tuple[str, float]:
     """'0.8' or '80%' -> ('fraction', 0.8); '512MiB' or '736128' -> ('bytes', 536870912)."""
-    s = str(text).strip().lower().replace("_", "")
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z%]*)", s)
-    if not m:
+    quantity = split_quantity(text)
+    if quantity is None:
         raise UnitError(f"cannot read budget {text!r}: use a fraction (0.8), a percentage (80%) "
                         "or a size (512MiB, 2GB, 736128)")
-    value, unit = float(m.group(1)), m.group(2)
+    value, unit = quantity
     if unit == "%":
         value /= 100.0
         unit = "fraction"
@@ -37,15 +35,45 @@ def parse_budget(text: str) -> tuple[str, float]:
     if unit == "fraction":
         raise UnitError(f"budget {text!r} is {value:g} times the plain peak: give at most "
                         f"{_FRACTION_LIMIT - 1}00%, or a size such as 512MiB")
-    if unit not in _SIZE_UNITS:
-        raise UnitError(f"unknown size unit {m.group(2)!r} in budget {text!r} "
-                        "(known: B, kB, MB, GB, KiB, MiB, GiB)")
+    if unit not in SIZE_UNITS:
+        raise UnitError(f"unknown size unit {unit!r} in budget {text!r} (known: {KNOWN_UNITS})")
     if value <= 0:
         raise UnitError(f"budget {text!r} must be positive")
-    if not math.isfinite(value) or value * _SIZE_UNITS[unit] > MAX_BYTES:
+    if not math.isfinite(value) or value * SIZE_UNITS[unit] > MAX_BYTES:
         raise UnitError(f"budget {text!r} is larger than any board's memory (at most "
                         f"{MAX_BYTES} bytes, 1 EiB)")
-    return "bytes", value * _SIZE_UNITS[unit]
+    return "bytes", value * SIZE_UNITS[unit]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A memory budget, read once from the command line: a byte count, or a fraction of the
+    plain schedule's peak (resolved against it by the planner)."""
+
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.bytes is None) == (self.fraction is None):
+            raise ValueError("a Budget is either bytes or a fraction of the plain peak")
+
+    @classmethod
+    def parse(cls, text: "str | float | int | Budget") -> "Budget":
+        """'30%' or '0.3' -> a fraction; '512MiB' or '736128' -> bytes (parse_budget)."""
+        if isinstance(text, Budget):
+            return text
+        kind, value = parse_budget(str(text))
+        return cls(bytes=int(value)) if kind == "bytes" else cls(fraction=value)
+
+    def resolve(self, plain_peak_bytes: int) -> int:
+        """Bytes; a fraction rounds up, as the published benchmarks define it."""
+        if self.bytes is not None:
+            return self.bytes
+        return math.ceil(self.fraction * plain_peak_bytes)
+
+    def __str__(self) -> str:
+        return f"{self.fraction:.4g} of the plain peak" if self.bytes is None else \
+            fmt_bytes(self.bytes)
 
 
 def parse_multiplier(text: str) -> float:

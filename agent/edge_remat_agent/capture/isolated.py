@@ -20,40 +20,52 @@ import tempfile
 
 from ..formats import Graph, graph_from_dict
 from .errors import CaptureError, GraphMismatch
-from .freeze import freeze_except
 
 
-def capture_isolated(graph: Graph, timeout_s: float = 1800.0):
-    """`recapture(graph)`, traced in a child process; raises what recapture raises."""
+def capture_isolated(graph: Graph, timeout_s: float = 1800.0, traced: bytes | None = None):
+    """`recapture(graph)`, traced in a child process; raises what recapture raises.
+    `traced`: what `trace_in_child` already returned for this graph."""
+    from .freeze import freeze_except
     from .models import load_model
     from .pipeline import Captured
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    with tempfile.TemporaryDirectory(prefix="edge-remat-capture-") as folder:
-        answer_file = os.path.join(folder, "answer.pickle")  # not stdout: libraries print
-        try:
-            done = subprocess.run([sys.executable, "-m", __name__, answer_file],
-                                  input=json.dumps(graph.to_dict()).encode(),
-                                  capture_output=True, env=env, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"capturing '{graph.name}' in a child process took more than "
-                               f"{timeout_s:g} s") from None
-        if done.returncode != 0 or not os.path.exists(answer_file):
-            lines = done.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
-            raise RuntimeError(f"capturing '{graph.name}' in a child process failed (exit "
-                               f"status {done.returncode}): {lines[-1]}")
-        with open(answer_file, "rb") as handle:
-            answer = pickle.load(handle)
+    if traced is None:
+        traced = trace_in_child(json.dumps(graph.to_dict()), graph.name, timeout_s)
+    answer = pickle.loads(traced)
     if "error" in answer:
         error = answer["error"]
         cls = GraphMismatch if error.pop("mismatch") else CaptureError
         raise cls(**error)
     again = graph_from_dict(answer["graph"], "the graph captured on this machine")
     source = graph.capture["source"]
-    module, args = load_model(source["model"], source.get("batch"), source.get("image"),
-                              source.get("seq"), source.get("seed", 0))
+    from ..weights.deferred import deferred_weights
+    with deferred_weights():  # the executor fills it: weights/, executor/stores.py
+        module, args = load_model(source["model"], source.get("batch"), source.get("image"),
+                                  source.get("seq"), source.get("seed", 0))
     if source.get("train") is not None:
         freeze_except(module, source["train"], graph.name)
     return Captured(again, answer["program"].trace(), [], module, args)
+
+
+def trace_in_child(graph_json: str, name: str, timeout_s: float = 1800.0) -> bytes:
+    """Run the child on a graph file's text; return its answer, still pickled. Needs no torch
+    in this process: a job that calls it before importing torch keeps the child's peak (torch,
+    the tracer and the model) from stacking on its own torch (measured: 224 MiB)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    with tempfile.TemporaryDirectory(prefix="edge-remat-capture-") as folder:
+        answer_file = os.path.join(folder, "answer.pickle")  # not stdout: libraries print
+        try:
+            done = subprocess.run([sys.executable, "-m", __name__, answer_file],
+                                  input=graph_json.encode(), capture_output=True, env=env,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"capturing '{name}' in a child process took more than "
+                               f"{timeout_s:g} s") from None
+        if done.returncode != 0 or not os.path.exists(answer_file):
+            lines = done.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
+            raise RuntimeError(f"capturing '{name}' in a child process failed (exit "
+                               f"status {done.returncode}): {lines[-1]}")
+        with open(answer_file, "rb") as handle:
+            return handle.read()
 
 
 def _child(answer_file: str) -> int:

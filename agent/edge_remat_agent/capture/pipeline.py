@@ -22,6 +22,7 @@ from .optimizer import optimizer_named
 from .state import PARAM_HOMES, UPDATE_MODES
 from .refine import name_ops, refine
 from .trace import TOOL, JointTrace, trace_joint
+from ..weights.deferred import deferred_weights, traceable
 
 from . import DEFAULT_MAX_NODES
 
@@ -45,7 +46,8 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
     model comes. `refined=False` keeps module-level groups only."""
     start = time.perf_counter()
     spec = canonical_spec(spec)  # the board rebuilds the model from it, in another directory
-    module, args = load_model(spec, batch, image, seq, seed)
+    with deferred_weights():  # tracing needs shapes only: no model's weights in RAM
+        module, args = load_model(spec, batch, image, seq, seed)
     source = {"model": spec, "batch": batch, "image": image, "seq": seq, "seed": seed}
     if train is not None:
         freeze_except(module, train, spec)
@@ -69,7 +71,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
                            f"{', '.join(PARAM_HOMES)}, got {params_home!r}")
     if params_home != "ram" and update != "fused":
         raise CaptureError(model, "parameters can live on a page tier only with fused updates")
-    trace = trace_joint(module, example_args, model)
+    trace = trace_joint(traceable(module), example_args, model)  # no weights made for it
 
     def build(groups: list[Group]) -> tuple[Graph, dict]:
         return assemble(trace, groups, module, tuple(example_args), opt, update=update,

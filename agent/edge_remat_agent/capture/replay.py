@@ -19,7 +19,7 @@ ledger then reads the step's live tensor bytes, each node's workspace included.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -66,6 +66,53 @@ class _NodeOps:
     ops: list[fx.Node]
     drop_after: list[list[str]]  # local values whose last use is that op (never what the
     # node keeps: its outputs, gradients, buffer updates, the loss)
+    steps: list[_OpStep] = field(default_factory=list)  # the same ops, resolved to run
+
+
+@dataclass(frozen=True)
+class _OpStep:
+    """One op made ready once per run, so that running it looks nothing up by name: the
+    callable itself (an OpOverload's C++ entry point, not its Python wrapper), the argument
+    template with the positions that take values, and the values dropped after it.
+
+    `args`: the positional arguments with each value argument as None; `reads`: (position,
+    name, from the node's own ops) for each of those. `nested`: an argument holds values in a
+    list or in kwargs (cat's tensor list, ...): fx.node.map_arg builds them instead."""
+
+    name: str
+    call: Callable[..., Any]
+    args: tuple
+    reads: tuple[tuple[int, str, bool], ...]
+    kwargs: dict
+    nested: fx.Node | None
+    grad_mode: bool
+    drop: tuple[str, ...]
+
+
+def _op_step(op: fx.Node, produced_here: set[str], drop: list[str], grad_mode: bool,
+             device: torch.device | None) -> _OpStep:
+    target = op.target
+    call = getattr(target, "_op", target) if isinstance(target, torch._ops.OpOverload) \
+        else target
+    kwargs = dict(op.kwargs)
+    if device is not None and device.type != "cpu" and kwargs.get("device") is not None:
+        kwargs["device"] = device  # factories traced on the CPU
+    if any(_holds_values(a) for a in op.args) or any(isinstance(v, fx.Node) or _holds_values(v)
+                                                     for v in kwargs.values()):
+        return _OpStep(op.name, call, (), (), kwargs, op, grad_mode, tuple(drop))
+    reads = tuple((i, a.name, a.name in produced_here) for i, a in enumerate(op.args)
+                  if isinstance(a, fx.Node))
+    args = tuple(None if isinstance(a, fx.Node) else a for a in op.args)
+    return _OpStep(op.name, call, args, reads, kwargs, None, grad_mode, tuple(drop))
+
+
+def _holds_values(arg: Any) -> bool:
+    """A list, tuple or dict argument with a captured value inside (a shape list has none)."""
+    if isinstance(arg, (list, tuple)):
+        return any(isinstance(a, fx.Node) or _holds_values(a) for a in arg)
+    if isinstance(arg, dict):
+        return any(isinstance(a, fx.Node) or _holds_values(a) for a in arg.values())
+    return False
 
 
 class StepRunner:
@@ -240,36 +287,46 @@ class StepRunner:
             for name, k in last_use.items():
                 if name not in keep:
                     drop_after[k].append(name)
-            node_ops = self._node_ops[node_id] = _NodeOps(ops, drop_after)
+            produced: set[str] = set()
+            steps = []
+            for op, dropped in zip(ops, drop_after):
+                steps.append(_op_step(op, produced, dropped, op.name in self._grad_mode_ops,
+                                      self.device))
+                produced.add(op.name)
+            node_ops = self._node_ops[node_id] = _NodeOps(ops, drop_after, steps)
         return node_ops
 
     def _run(self, node_ops: _NodeOps) -> dict[str, Any]:
         local: dict[str, Any] = {}
+        env, hold, release = self.env, self._hold, self._release
 
         def value(arg: fx.Node):
-            return local[arg.name] if arg.name in local else self.env[arg.name]
+            return local[arg.name] if arg.name in local else env[arg.name]
 
-        on_accelerator = self.device is not None and self.device.type != "cpu"
         try:
             with torch.no_grad():
-                for op, dropped in zip(node_ops.ops, node_ops.drop_after):
-                    args = fx.node.map_arg(op.args, value)
-                    kwargs = fx.node.map_arg(op.kwargs, value)
-                    if on_accelerator and kwargs.get("device") is not None:
-                        kwargs = {**kwargs, "device": self.device}  # factories traced on CPU
-                    if op.name in self._grad_mode_ops:
-                        with torch.enable_grad():  # see trace.GRAD_MODE_OPS
-                            result = op.target(*args, **kwargs)
+                for step in node_ops.steps:
+                    if step.nested is None:
+                        args = list(step.args)
+                        for i, name, here in step.reads:
+                            args[i] = local[name] if here else env[name]
+                        kwargs = step.kwargs
                     else:
-                        result = op.target(*args, **kwargs)
-                    self._hold(op.name, result)
-                    local[op.name] = result
-                    for name in dropped:
+                        args = fx.node.map_arg(step.nested.args, value)
+                        kwargs = fx.node.map_arg(step.kwargs, value)
+                    if step.grad_mode:
+                        with torch.enable_grad():  # see trace.GRAD_MODE_OPS
+                            result = step.call(*args, **kwargs)
+                    else:
+                        result = step.call(*args, **kwargs)
+                    hold(step.name, result)
+                    local[step.name] = result
+                    for name in step.drop:
                         del local[name]
-                        self._release(name)
+                        release(name)
         except BaseException:
             for name in local:
-                self._release(name)
+                release(name)
             raise
         return local
 
@@ -282,6 +339,11 @@ class StepRunner:
             return
         if name in self._gradient_values:
             return  # a gradient's storage: fixed memory, see the module docstring
+        if type(value) is torch.Tensor:  # the common case, without building lists
+            key = ("value", name, 0)
+            self.ledger.register_tensor(key, value)
+            self._keys[name] = (key,)
+            return
         skip = self._gradient_elements.get(name, ())
         keys = []
         for i, tensor in _tensors(value):
@@ -298,8 +360,10 @@ class StepRunner:
             self._holds[name] = count
             return
         self._holds.pop(name, None)
-        for key in self._keys.pop(name, []):
-            self.ledger.unregister(key)
+        keys = self._keys.pop(name, None)
+        if keys:
+            for key in keys:
+                self.ledger.unregister(key)
 
 
 def _tensors(value: Any) -> list[tuple[int, torch.Tensor]]:

@@ -108,6 +108,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
             handle.remove()
     trace = _from_descriptors(model, joint.graph_module)
     _sum_tied_gradients(trace, module)
+    _copy_small_saved_outputs(trace)
     _size_opaque_workspaces(trace)
     trace.capture_s = time.perf_counter() - start
     return trace
@@ -178,6 +179,56 @@ def _sum_tied_gradients(trace: JointTrace, module: nn.Module) -> None:
     if trace._by_name:
         trace._by_name = {}
     trace.graph_module.recompile()
+
+
+# A saved output this many times smaller than its op's largest output gets a copy of its own.
+SMALL_SAVED_OUTPUT_RATIO = 8
+
+
+def _copy_small_saved_outputs(trace: JointTrace) -> None:
+    """Give backward its own copy of a forward op's small saved outputs (batch norm's and layer
+    norm's mean and inverse deviation).
+
+    A planner node's outputs are held together, so backward reading a 1 KiB statistic of a batch
+    norm would keep the norm's 16 MiB output alive as well, until backward: refinement could not
+    split a norm from the add and relu after it without that. A clone right after the op (its
+    own node once refined; exact: a copy) is what backward reads instead, and the norm's output
+    goes when the forward is done with it, as in eager PyTorch."""
+    graph = trace.graph_module.graph
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or _is_backward(node):
+            continue
+        items = [u for u in node.users if u.target is operator.getitem]
+        sizes = {item: _nbytes(item.meta.get("val")) for item in items}
+        if len(items) < 2 or not max(sizes.values()):
+            continue
+        for item in items:
+            readers = [u for u in item.users if u.op == "call_function" and _is_backward(u)]
+            # Size 0: not known yet (oneDNN's LSTM workspace, sized below): left as it is.
+            if not readers or not sizes[item] or \
+                    sizes[item] * SMALL_SAVED_OUTPUT_RATIO > max(sizes.values()):
+                continue
+            with graph.inserting_after(item):
+                copy = graph.call_function(torch.ops.aten.clone.default, (item,))
+            copy.meta.update({k: v for k, v in item.meta.items() if k != "val"},
+                             val=item.meta["val"].clone())
+            for reader in readers:
+                reader.replace_input_with(item, copy)
+            changed = True
+    if changed:
+        trace._by_name = {}
+        trace.graph_module.recompile()
+
+
+def _is_backward(node: fx.Node) -> bool:
+    return node.meta.get("partitioner_tag") == "is_backward"
+
+
+def _nbytes(value: Any) -> int:
+    if not isinstance(value, torch.Tensor):
+        return 0
+    return value.numel() * value.element_size()
 
 
 # Ops whose result depends on autograd's grad mode (the kernel asks it, not an argument): oneDNN's

@@ -6,6 +6,8 @@ model's example arguments, so the executor and plain training feed it straight t
     "example"          the model's own example batch, every step (no data set)
     "digits"           the bundled handwritten digits (digits.csv.gz, 1797 8x8 images),
                        shuffled per epoch; for models that take (images [B,1,8,8], labels [B])
+    "text"             the bundled English text (story.txt) as byte-level tokens, for language
+                       models that take (input_ids [B,S], labels [B,S]) with a vocabulary >= 259
     "MODULE:FUNCTION"  your own: FUNCTION(batch, seed) yields argument tuples forever
 
     for args in batches("digits", example_args, seed=0):
@@ -18,8 +20,9 @@ import importlib
 from typing import Iterator
 
 from .digits import digits_batches, load_digits
+from .text import text_batches
 
-DATA_SPECS = ("example", "digits", "MODULE:FUNCTION")
+DATA_SPECS = ("example", "digits", "text", "MODULE:FUNCTION")
 
 
 class DataError(ValueError):
@@ -37,6 +40,8 @@ def batches(spec: str | None, example_args: tuple, seed: int = 0) -> Iterator[tu
     batch = _batch_size(example_args)
     if spec == "digits":
         source = digits_batches(batch, seed)
+    elif spec == "text":
+        source = text_batches(batch, _seq_length(example_args), seed)
     elif ":" in spec:
         module_name, _, name = spec.partition(":")
         try:
@@ -62,6 +67,13 @@ def _batch_size(example_args: tuple) -> int:
     raise DataError("the model's example arguments have no batch dimension to fill")
 
 
+def _seq_length(example_args: tuple) -> int:
+    for arg in example_args:
+        if hasattr(arg, "shape") and len(arg.shape) == 2:
+            return int(arg.shape[1])
+    raise DataError("data 'text' feeds models that take token ids [batch, seq]")
+
+
 def _checked(spec: str, source, example_args: tuple, torch) -> Iterator[tuple]:
     """Each batch must match the example's shapes and dtypes: the captured graph is static."""
     for args in source:
@@ -79,4 +91,5 @@ def _checked(spec: str, source, example_args: tuple, torch) -> Iterator[tuple]:
         yield args
 
 
-__all__ = ["DATA_SPECS", "DataError", "batches", "digits_batches", "load_digits"]
+__all__ = ["DATA_SPECS", "DataError", "batches", "digits_batches", "load_digits",
+           "text_batches"]

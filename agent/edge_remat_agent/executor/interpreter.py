@@ -5,6 +5,9 @@ paged-out values live in page stores keyed by (node id, value name). The interpr
 nothing the simulator already checked before the run (inputs resident, pages present); what it
 adds is what only a real run can hit: out of memory, a full or damaged page store.
 
+With `overlap` (the plan's trace and peak, see paging.py) page-ins are prefetched and
+page-outs written behind on an IO thread, as the plan's IO timeline assumes.
+
 A fused graph's update nodes step their parameter group's optimizer where the plan computes
 them (`step_group`, executor/updates.py). A "step" graph's one update node is not run here: the
 optimizer steps once the step's instructions are done (step.py), whatever position the plan
@@ -23,6 +26,7 @@ from ..capture.replay import StepRunner
 from ..formats import Graph, Instruction, Node, Stages
 from ..pages import PageStore, PageStoreError
 from .errors import OOM_REMEDY, InstructionFailed, OutOfMemory, first_line, is_out_of_memory
+from .paging import IoFailed, OverlappedPaging
 
 
 @dataclass
@@ -37,8 +41,10 @@ class StepCounts:
     paged_bytes: int = 0  # bytes moved by page_outs and page_ins (tensor bytes)
     compute_s: float = 0.0  # first computes
     recompute_s: float = 0.0
-    page_out_s: float = 0.0
-    page_in_s: float = 0.0
+    page_out_s: float = 0.0  # overlapped: the IO thread's time writing
+    page_in_s: float = 0.0  # overlapped: the IO thread's time reading
+    overlapped: bool = False  # paging ran on the IO thread beside compute
+    io_wait_s: float = 0.0  # overlapped: time the step waited for the IO thread
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,21 +52,43 @@ class StepCounts:
 
 class Interpreter:
     def __init__(self, runner: StepRunner, graph: Graph, stores: dict[str, PageStore],
-                 step_group: Callable[[Node, StepRunner], None] | None = None):
+                 step_group: Callable[[Node, StepRunner], None] | None = None,
+                 overlap: tuple[list[int], int] | None = None):
         self.runner, self.graph, self.stores = runner, graph, stores
         self.step_group = step_group
+        self.overlap = overlap  # (the simulator's RAM at each instruction, the plan's peak)
         self.handlers = {"compute": self._compute, "free": self._free,
                          "page_out": self._page_out, "page_in": self._page_in}
         self.counts = StepCounts()
+        self.paging: OverlappedPaging | None = None
 
     def run(self, stages: Stages) -> StepCounts:
-        self.counts = StepCounts()
-        for s, stage in enumerate(stages):
-            for k, ins in enumerate(stage):
+        self.counts = StepCounts(overlapped=self.overlap is not None)
+        if self.overlap is not None:
+            self.paging = OverlappedPaging(self.runner, self.graph, self.stores, self.counts,
+                                           *self.overlap)
+        index = 0
+        try:
+            for s, stage in enumerate(stages):
+                for k, ins in enumerate(stage):
+                    try:
+                        if self.paging is not None:
+                            self.paging.before(index, ins)
+                        self.handlers[ins.op](ins, (s, k, ins))
+                    except IoFailed as failed:
+                        raise self._explain(failed.error, *failed.where) from failed.error
+                    except Exception as error:  # noqa: BLE001 - each becomes one clear line
+                        raise self._explain(error, s, k, ins) from error
+                    index += 1
+            if self.paging is not None:
                 try:
-                    self.handlers[ins.op](ins)
-                except Exception as error:  # noqa: BLE001 - each becomes one clear line
-                    raise self._explain(error, s, k, ins) from error
+                    self.paging.drain()
+                except IoFailed as failed:
+                    raise self._explain(failed.error, *failed.where) from failed.error
+        finally:
+            if self.paging is not None:
+                self.paging.close()
+                self.paging = None
         return self.counts
 
     def _explain(self, error: Exception, s: int, k: int, ins: Instruction) -> Exception:
@@ -72,8 +100,10 @@ class Interpreter:
         return InstructionFailed(s, k, ins, self.graph,
                                  f"{type(error).__name__}: {first_line(error)}")
 
-    def _compute(self, ins: Instruction) -> None:
+    def _compute(self, ins: Instruction, where=None) -> None:
         node = self.graph.node(ins.node)
+        if self.paging is not None:
+            self.paging.inputs_ready(ins.node)
         start = time.perf_counter()
         if node.kind != "update":
             self.runner.compute(ins.node)
@@ -90,10 +120,13 @@ class Interpreter:
         else:
             self.counts.compute_s += elapsed
 
-    def _free(self, ins: Instruction) -> None:
+    def _free(self, ins: Instruction, where=None) -> None:
         self.runner.free(ins.node)
 
-    def _page_out(self, ins: Instruction) -> None:
+    def _page_out(self, ins: Instruction, where=None) -> None:
+        if self.paging is not None:
+            self.paging.page_out(ins, where)
+            return
         store = self.stores[ins.tier]
         start = time.perf_counter()
         for name, value in self.runner.outputs(ins.node).items():
@@ -109,7 +142,10 @@ class Interpreter:
         self.counts.page_outs += 1
         self.counts.page_out_s += time.perf_counter() - start
 
-    def _page_in(self, ins: Instruction) -> None:
+    def _page_in(self, ins: Instruction, where=None) -> None:
+        if self.paging is not None:
+            self.paging.page_in(ins, where)
+            return
         store = self.stores[ins.tier]
         start = time.perf_counter()
         names = self.graph.node(ins.node).attrs["outputs"]

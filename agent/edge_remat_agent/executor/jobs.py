@@ -15,13 +15,13 @@ run trained on and with which optimizer settings.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..daemon.registry import JobContext
 
 
 def run_job(ctx: JobContext, params: dict) -> dict:
     from ..formats import load_graph, load_plan
-    from .run import run_plan
-    from .stores import host_link_store
     for name in ("plan", "graph"):
         if not params.get(name):
             raise ValueError(f"the run job needs a {name} file (param {name!r})")
@@ -46,10 +46,13 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                      ledger_peak_bytes=record["ledger_peak_bytes"],
                      rss_peak_bytes=record["rss_peak_bytes"])
 
-    host = host_link_store(plan, params.get("host_pages"))
     ctx.progress(0.0, "capturing the graph on the board")
+    captured = _capture_before_torch(graph, ctx.input_path(str(params["graph"])))
+    from .run import run_plan
+    from .stores import host_link_store
+    host = host_link_store(plan, params.get("host_pages"))
     try:
-        report = run_plan(graph, plan, steps, page_dir,
+        report = run_plan(graph, plan, steps, page_dir, captured=captured,
                           check_gradients=_flag(params.get("check_gradients", True)),
                           progress=progress, sensor=params.get("sensor", "auto"),
                           device=params.get("device", "cpu"), seed=seed,
@@ -64,6 +67,22 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     return {"files": ["run_report.json"], "summary": report["summary"],
             "grad_check": report["grad_check"], "steps": len(report["steps"]),
             "data": report["data"], "optimizer": report["optimizer"]}
+
+
+def _capture_before_torch(graph, graph_path):
+    """The board's capture of the graph, traced in a child process while this one has not yet
+    imported torch: on a small board the child (torch, the tracer, the model) and this
+    process's torch would otherwise be resident at once. None: run_plan says what is wrong."""
+    from ..capture.isolated import trace_in_child
+    from .errors import ExecutorError
+    if graph.planning_only or "model" not in (graph.capture.get("source") or {}):
+        return None
+    try:
+        traced = trace_in_child(Path(graph_path).read_text(), graph.name)
+    except RuntimeError as error:
+        raise ExecutorError(str(error)) from error
+    from .run import capture_here
+    return capture_here(graph, traced)
 
 
 def _flag(value) -> bool:

@@ -48,6 +48,7 @@ def summarize(records: list[dict[str, Any]],
     compute = statistics.median(r["compute_s"] for r in steady)
     recompute = statistics.median(r["recompute_s"] for r in steady)
     paging = statistics.median(r["page_out_s"] + r["page_in_s"] for r in steady)
+    io_wait = statistics.median(r.get("io_wait_s", 0.0) for r in steady)
     out.update({
         "ledger_peak_bytes": ledger_peak,
         "predicted_peak_bytes": predicted["peak_bytes"],
@@ -58,6 +59,12 @@ def summarize(records: list[dict[str, Any]],
         "predicted_time_s": predicted.get("time_s"),
         "compute_s": compute, "recompute_s": recompute, "paging_s": paging,
         "predicted_paging_s": predicted.get("paging_time_s"),
+        # Overlapped paging: the time the step waited on the IO thread, and the share of the
+        # IO thread's time that compute hid (planned: the simulator's IO timeline).
+        "io_wait_s": io_wait,
+        "paging_hidden_share": (max(0.0, 1.0 - io_wait / paging) if paging > 0 and
+                                records[-1].get("overlapped") else None),
+        "predicted_paging_hidden_share": predicted.get("paging_hidden_share"),
         # Time spent recomputing, as a share of computing each node once: the plan's TDI.
         "recompute_overhead_percent": 100.0 * recompute / compute if compute > 0 else 0.0,
         "predicted_recompute_overhead_percent": predicted.get("tdi_percent"),

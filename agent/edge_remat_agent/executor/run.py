@@ -17,13 +17,12 @@ from ..capture.errors import GraphMismatch
 from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
 from ..capture.replay import StepRunner
 from ..costs import build_costs
-from ..formats import Graph, Plan, Tier
-from ..formats.fields import Reader
-from ..formats.profile import tier_from
+from ..formats import Graph, Plan
+from ..memory_classes import CLASSES, ledger_classifier, planned_at
 from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
 from ..sensors import PowerSensor
-from ..simulate import PlanError, SimResult, simulate
+from ..simulate import IO_MODES, PlanError, SimResult, simulate
 from .batches import batch_source, data_name, is_example
 from .errors import BadInput, ExecutorError, PlanMismatch, first_line, is_out_of_memory
 from .gradcheck import compare, deterministic, eager_reference
@@ -42,13 +41,17 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              seed: int | None = None, flash_fsync: bool = True,
              flash_capacity_bytes: int | None = None,
              map_large_allocations: bool = True, lr: float | None = None,
-             keep_parameters: bool = False) -> dict[str, Any]:
+             keep_parameters: bool = False, paging_io: str | None = None) -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
     `keep_parameters`: afterwards, read the parameters homed on a page tier back into
     `captured.module` (it then holds the trained model; a board too small for the whole model
-    leaves this off)."""
+    leaves this off). `paging_io`: "overlap" (page on an IO thread beside compute) or "sync";
+    None: as the plan was planned (`problem.io`)."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
+    paging_io = paging_io or plan.problem.get("io") or "sync"
+    if paging_io not in IO_MODES:
+        raise BadInput(f"paging IO must be one of {', '.join(IO_MODES)}, got {paging_io!r}")
     if graph.planning_only:
         raise BadInput(f"graph '{graph.name}' is for planning only (imported, not captured): "
                        "capture the model with `edge-remat graph` to run it")
@@ -57,11 +60,13 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         captured = capture_here(graph)
     check_plan_is_for(captured.graph, plan, "the graph captured on this machine")
     sim = validate(captured.graph, plan)
+    pages = sim.page_ins + sim.page_outs > 0
+    overlap = (sim.memory_trace, sim.peak_bytes) if paging_io == "overlap" and pages else None
     device = torch.device(device)
-    module = captured.module.to(device)
+    module = _on_device(captured.module, device)
     power = open_power_sensor(sensor)
     batches = batch_source(data, captured.example_args, device, 0 if seed is None else seed)
-    ledger = LiveTensorLedger()
+    ledger = LiveTensorLedger(classify=ledger_classifier(captured.trace))
     allocator = map_large_blocks() if map_large_allocations else None
     records: list[dict] = []
     grad_check: dict | None = None
@@ -69,12 +74,13 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         torch.manual_seed(seed)
     with deterministic(device), open_stores(plan, captured.graph, page_dir, stores,
                                             flash_fsync, flash_capacity_bytes) as opened, \
-            open_parameter_home(captured.graph, module, page_dir, flash_fsync) as home:
+            open_parameter_home(captured.graph, module, page_dir, flash_fsync, plan) as home:
         optimizer = make_optimizer(captured.graph, module, lr, home, ledger)
         runner = StepRunner(captured.trace, captured.graph, module,
                             batches(0) if is_example(data) else captured.example_args,
                             device, ledger, home.load if home else None)
-        planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger)
+        planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger,
+                              overlap)
         for i in range(steps):
             batch = batches(i)
             check = None
@@ -92,14 +98,17 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                 give_back_freed_memory()
             records.append(step_record(i + 1, result.loss, meter.result, result.counts,
                                        _device_peak(device)))
+            records[-1]["ledger_peak_by_class"] = dict(ledger.peak_by_class)
             if progress is not None:
                 progress(i, steps, records[-1])
         tiers = describe_stores(opened)
+        weights = _weight_figures(home)
         if keep_parameters and home is not None:
             home.bring_back()
     predicted = {**sim.summary(), **{k: v for k, v in plan.predicted.items()
                                      if k in ("time_s", "tdi_percent", "paging_time_s",
-                                              "energy_j")}}
+                                              "energy_j", "io", "step_time_s", "io_busy_s",
+                                              "io_wait_s", "paging_hidden_share")}}
     predicted["peak_at"] = list(predicted["peak_at"])  # JSON has no tuples
     first = records[0]
     return {
@@ -108,14 +117,37 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "device": str(device), "torch": torch.__version__, "deterministic": True, "seed": seed,
         "data": data_name(data), "optimizer": _optimizer_description(captured.graph, lr),
         "sensor": getattr(power, "name", None), "tiers": tiers, "allocator": allocator,
+        "paging_io": "overlap" if overlap else "sync",
         "budget_bytes": plan.budget_bytes, "fixed_bytes": captured.graph.fixed_bytes,
         "predicted_peak_bytes": sim.peak_bytes, "predicted_time_s": predicted["time_s"],
         "predicted": predicted,
         "recomputed": first["recomputed"], "page_ins": first["page_ins"],
         "page_outs": first["page_outs"],
         "grad_check": grad_check, "steps": records,
+        "memory_by_class": memory_by_class(captured.graph, plan, sim, records),
         "summary": summarize(records, predicted),
+        **({"weights": weights} if weights else {}),
     }
+
+
+def _on_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The module on `device`; a model built on `meta` (its weights made or read from the
+    weight page store when the parameter home opens) stays as it is, on the CPU only."""
+    from ..weights import is_deferred
+    if not is_deferred(module):
+        return module.to(device)
+    if device.type != "cpu":
+        raise BadInput(f"'{type(module).__name__}' reads its weights from a weight page store, "
+                       "which this executor does on the CPU only: run it with --device cpu")
+    return module
+
+
+def _weight_figures(home: ParameterHome | None) -> dict | None:
+    """The weight page store's figures (frozen parameters read from flash), when it served."""
+    paged = getattr(home, "frozen", None)
+    if paged is None:
+        return None
+    return {**paged.figures(), "written": paged.written}
 
 
 def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | None = None,
@@ -195,15 +227,16 @@ def check_plan_is_for(graph: Graph, plan: Plan, what: str) -> None:
                            "Remedy: plan again from this graph (`edge-remat plan --graph`)")
 
 
-def capture_here(graph: Graph) -> Captured:
+def capture_here(graph: Graph, traced: bytes | None = None) -> Captured:
     """The graph's model captured again on this machine (in a child process, so that tracing's
-    memory is not this process's); refused when it differs from the graph file."""
+    memory is not this process's); refused when it differs from the graph file. `traced`: the
+    child's answer when the caller ran it already (capture.isolated.trace_in_child)."""
     from ..capture.isolated import capture_isolated
     if "model" not in (graph.capture.get("source") or {}):
         raise BadInput(f"graph '{graph.name}' does not say which model it was captured from: "
                        "capture it with `edge-remat graph`")
     try:
-        return capture_isolated(graph)
+        return capture_isolated(graph, traced=traced)
     except GraphMismatch as error:
         raise PlanMismatch(f"{error}. Remedy: capture the graph with the same torch and model "
                            "code as this board, and plan again") from error
@@ -213,16 +246,29 @@ def capture_here(graph: Graph) -> Captured:
         raise ExecutorError(str(error)) from error
 
 
+def memory_by_class(graph: Graph, plan: Plan, sim: SimResult, records: list[dict]) -> dict:
+    """Where the memory went: the plan's peak and the ledger's highest step peak, by class
+    (memory_classes). The runtime is the kernel's figure (the host's report), not a tensor."""
+    workspace = [node.workspace_bytes for node in graph.nodes]  # as validate's cost model
+    top = max(records, key=lambda r: r.get("ledger_peak_bytes") or 0)
+    measured = top.get("ledger_peak_by_class") or {}
+    return {"classes": list(CLASSES),
+            "planned": planned_at(graph, plan.stages, sim.peak_at, workspace),
+            "measured": {name: measured.get(name, 0) for name in CLASSES},
+            "measured_step": top["step"]}
+
+
 def validate(graph: Graph, plan: Plan) -> SimResult:
     """The simulator's replay of the plan (its reference semantics) on the captured graph."""
-    tiers: dict[str, Tier] = {}
-    for name, params in (plan.problem.get("tier_params") or {}).items():
-        tiers[name] = tier_from(Reader(params, "plan", f"problem.tier_params.{name}"))
-    for ins in plan.instructions():  # a tier without figures: still checkable, costs unknown
-        if ins.tier is not None and ins.tier not in tiers:
-            tiers[ins.tier] = Tier(read_bytes_per_s=1e9, write_bytes_per_s=1e9)
+    missing = sorted({ins.tier for ins in plan.instructions()
+                      if ins.tier is not None and ins.tier not in plan.tiers})
+    if missing:  # its figures are what the plan's time was costed with: never made up here
+        raise BadInput(f"the plan pages to {' and '.join(missing)} but carries no figures for "
+                       "it (the plan's `tiers`): plan again with `edge-remat plan`, which "
+                       "writes the figures of every tier it pages to")
     try:
-        return simulate(graph, build_costs(graph, None, tiers), plan.stages, plan.budget_bytes)
+        return simulate(graph, build_costs(graph, None, plan.tiers), plan.stages,
+                        plan.budget_bytes)
     except PlanError as error:
         raise BadInput(f"the plan cannot run: {error}") from error
 

@@ -76,12 +76,15 @@ class FixedMemory:
 class PlannedStep:
     def __init__(self, runner: StepRunner, graph: Graph, plan: Plan, module: nn.Module,
                  optimizer: torch.optim.Optimizer | FusedUpdates,
-                 stores: dict[str, PageStore], ledger):
+                 stores: dict[str, PageStore], ledger,
+                 overlap: tuple[list[int], int] | None = None):
+        """`overlap`: (the simulator's RAM at each instruction, the plan's peak) to page on an
+        IO thread beside compute (executor/paging.py); None pages synchronously."""
         self.runner, self.graph, self.plan = runner, graph, plan
         self.module, self.optimizer, self.stores = module, optimizer, stores
         self.fused = isinstance(optimizer, FusedUpdates)
         self.interpreter = Interpreter(runner, graph, stores,
-                                       optimizer.step if self.fused else None)
+                                       optimizer.step if self.fused else None, overlap)
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.fixed = FixedMemory(ledger, module, optimizer, graph)
 

@@ -12,6 +12,7 @@ host   the caller's store for the link (a LinkStore; the run job's `host_pages` 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator
 
 from ..formats import Graph, Plan
@@ -68,11 +69,15 @@ def open_stores(plan: Plan, graph: Graph, page_dir: str | None,
 
 
 @contextlib.contextmanager
-def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool = True) -> Iterator[ParameterHome | None]:
+def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool = True,
+                        plan: Plan | None = None) -> Iterator[ParameterHome | None]:
     """The home of the parameters the graph's param nodes load (a flash store of its own, kept
     across steps), with the parameters moved out of RAM; None when every parameter lives in
-    RAM. Closing it removes what it wrote."""
+    RAM. Closing it removes what it wrote. A model built on `meta` (weights/) gets its frozen
+    homed parameters from the weight page store in the page directory (written there once),
+    read ahead in the order `plan` loads them, and every other parameter made in RAM."""
     homes = homed_parameters(graph)
+    frozen = _frozen_from_weight_store(graph, module, page_dir, homes, plan)
     if not homes:
         yield None
         return
@@ -92,7 +97,7 @@ def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool 
             sum(n.attrs.get("state_bytes", 0) for n in graph.nodes if "home" in n.attrs
                 and n.kind == "update")
         _check_room(store, needed)
-        home = ParameterHome(store, module, list(homes))
+        home = ParameterHome(store, module, list(homes), frozen)
         try:  # the move out is set-up: the steps' own store errors are the interpreter's
             home.move_out()
         except PageStoreError as error:
@@ -100,6 +105,39 @@ def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool 
         yield home
     finally:
         store.close()
+        if frozen is not None:
+            frozen.close()
+
+
+def _frozen_from_weight_store(graph: Graph, module, page_dir: str | None,
+                              homes: dict[str, str], plan: Plan | None):
+    """For a model built on `meta`: the PagedWeights serving its frozen homed parameters
+    (None if it has none), after making every other parameter in RAM."""
+    from ..weights import WeightStoreError, is_deferred, make_missing
+    if not is_deferred(module):
+        return None
+    params = dict(module.named_parameters())
+    served = sorted(name for name in homes if name in params and not params[name].requires_grad)
+    make_missing(module, keep_on_meta=set(served) if page_dir is not None else set())
+    if not served or page_dir is None:
+        return None
+    from ..weights import WEIGHTS_FOLDER, WeightFile, ensure_model_weights
+    from ..weights.paged import PagedWeights
+    source = graph.capture.get("source") or {}
+    try:
+        path, written = ensure_model_weights(module, str(source.get("model", graph.name)),
+                                             int(source.get("seed") or 0),
+                                             os.path.join(page_dir, WEIGHTS_FOLDER))
+        file = WeightFile(path)
+    except WeightStoreError as error:
+        raise ExecutorError(str(error)) from error
+    order = []
+    for ins in (plan.instructions() if plan is not None else []):
+        if ins.op == "compute" and graph.node(ins.node).kind == "param":
+            order.append(list(graph.node(ins.node).attrs["params"]))
+    paged = PagedWeights(file, order)
+    paged.written = written  # figures of the one-time write, None when the file was there
+    return paged
 
 
 def describe_stores(stores: dict[str, PageStore]) -> dict[str, dict]:
@@ -130,7 +168,7 @@ def host_link_store(plan: Plan, address: str | None) -> PageStore | None:
     host or no address is given (open_stores then keeps host pages in this process)."""
     if not address or "host" not in tiers_used(plan):
         return None
-    from ..pages.service import connect_store
+    from ..pages.link import connect_store
     try:
         return connect_store(str(address))
     except (PageStoreError, ValueError) as error:

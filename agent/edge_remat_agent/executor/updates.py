@@ -36,19 +36,27 @@ class ParameterHome:
     writes the group's new versions beside the old ones and switches only when every write
     succeeded, so a store that fills up mid-update leaves the whole group as it was."""
 
-    def __init__(self, store: PageStore, module: nn.Module, names: list[str]):
+    def __init__(self, store: PageStore, module: nn.Module, names: list[str],
+                 frozen: Any = None):
+        """`frozen`: where frozen parameters already live read-only (a weights.PagedWeights
+        over the weight page store): those are read from it and never written to `store`."""
         self.store = store
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.names = list(names)
+        self.frozen = frozen
+        self.served = set(frozen.names) & set(self.names) if frozen is not None else set()
         self.versions: dict[tuple, int] = {}
 
     def move_out(self) -> None:
         """Write every homed parameter to the store and release its RAM."""
         for name in self.names:
-            self.commit({("param", name): self.params[name].detach()})
+            if name not in self.served:
+                self.commit({("param", name): self.params[name].detach()})
             self.params[name].data = _empty_like(self.params[name])
 
     def load(self, name: str) -> torch.Tensor:
+        if name in self.served:
+            return self.frozen.load(name)
         return self.get(("param", name))
 
     def get(self, key: tuple) -> torch.Tensor:
@@ -77,8 +85,10 @@ class ParameterHome:
     def bring_back(self) -> None:
         """The stored values into the module (for the gradient check's eager reference, and
         at the end of a run that keeps its trained parameters)."""
+        from ..weights.deferred import set_parameter  # a served parameter may be on meta
         for name in self.names:
-            self.params[name].data = self.load(name)
+            set_parameter(self.params[name], self.frozen.file.read(name)
+                          if name in self.served else self.load(name))
 
     def release(self) -> None:
         for name in self.names:

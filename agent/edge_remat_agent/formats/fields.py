@@ -126,12 +126,15 @@ def load_json(path: str | Path) -> Any:
 
 
 def dump_json(obj: Any, path: str | Path) -> None:
+    dump_text(json.dumps(obj, indent=1) + "\n", path)
+
+
+def dump_text(text: str, path: str | Path) -> None:
     """Write atomically: a temporary file beside the target (same filesystem) renamed over it,
     so a crash mid-write never leaves a truncated file; on failure the temporary file goes."""
     import os
     import tempfile
     path = Path(path)
-    text = json.dumps(obj, indent=1) + "\n"
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:

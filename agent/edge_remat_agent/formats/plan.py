@@ -2,7 +2,9 @@
 
 A schedule is a list of stages; each stage a list of instructions
 `{"op": "compute" | "free" | "page_out" | "page_in", "node": <graph node id>, "tier": ...}`
-with `tier` ("flash" | "host") only on paging instructions.
+with `tier` ("flash" | "host") only on paging instructions. `tiers` carries the figures of the
+tiers the plan pages to (bandwidths, latencies, energy), so that the plan replays, and the
+executor checks it, without the profile it was costed with.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from .fields import Reader, check_header, dump_json, load_json
 from .graph import NodeId
-from .profile import TIER_NAMES
+from .profile import TIER_NAMES, Tier, tier_from
 
 VERSIONS = (1,)
 OPS = ("compute", "free", "page_out", "page_in")
@@ -50,6 +52,7 @@ class Plan:
     predicted: dict[str, Any] = field(default_factory=dict)  # the simulator's figures
     problem: dict[str, Any] = field(default_factory=dict)  # deadline, paging, profile, costs used
     fingerprint: str = ""  # hash of graph + profile + budgets
+    tiers: dict[str, Tier] = field(default_factory=dict)  # figures of the tiers it pages to
 
     def instructions(self):
         for stage in self.stages:
@@ -60,6 +63,7 @@ class Plan:
                 "graph_fingerprint": self.graph_fingerprint, "budget_bytes": self.budget_bytes,
                 "objective": self.objective, "solver": self.solver, "predicted": self.predicted,
                 "problem": self.problem,
+                "tiers": {name: tier.to_dict() for name, tier in self.tiers.items()},
                 "stages": [[ins.to_dict() for ins in stage] for stage in self.stages]}
 
     def save(self, path: str | Path) -> None:
@@ -67,7 +71,7 @@ class Plan:
 
 
 _FIELDS = {"format", "version", "fingerprint", "graph_fingerprint", "budget_bytes", "objective",
-           "solver", "predicted", "problem", "stages"}
+           "solver", "predicted", "problem", "tiers", "stages"}
 
 
 def plan_from_dict(obj: Any, source: str = "<plan>") -> Plan:
@@ -80,12 +84,27 @@ def plan_from_dict(obj: Any, source: str = "<plan>") -> Plan:
             raise r.error(f"stages[{s}]", "a list of instructions", stage)
         stages.append([_instruction(Reader(ins, source, f"stages[{s}][{k}]"))
                        for k, ins in enumerate(stage)])
+    problem = dict(r.object("problem", None) or {})
     return Plan(stages=stages, graph_fingerprint=r.str("graph_fingerprint", ""),
                 budget_bytes=r.integer("budget_bytes"),
                 objective=r.str("objective", "time", ("time", "energy")),
                 solver=r.object("solver", None) or {},
                 predicted=r.object("predicted", None) or {},
-                problem=r.object("problem", None) or {}, fingerprint=r.str("fingerprint", ""))
+                problem=problem, fingerprint=r.str("fingerprint", ""),
+                tiers=_tiers(r, problem))
+
+
+def _tiers(r: Reader, problem: dict[str, Any]) -> dict[str, Tier]:
+    """The plan's tier figures; plans written before they had a field of their own kept them
+    in `problem.tier_params`, read here once."""
+    if "tiers" in r.obj:
+        tiers_r = r.child("tiers")
+    else:
+        tiers_r = Reader(problem.pop("tier_params", None) or {}, r.source, "problem.tier_params")
+    for name in tiers_r.obj:
+        if name not in TIER_NAMES:
+            raise tiers_r.error(name, "a tier named " + " or ".join(TIER_NAMES))
+    return {name: tier_from(tiers_r.child(name)) for name in tiers_r.obj}
 
 
 def _instruction(r: Reader) -> Instruction:

@@ -11,15 +11,26 @@ a MemoryStore in this process. All stores
 share one page encoding (codec.py): a header, the raw tensor bytes, and a CRC32 checked on read.
 """
 
-from .base import PageStore
-from .codec import EncodedPage, PageHeader, decode, encode
-from .errors import PageCorrupted, PageMissing, PageStoreError, PageStoreFull
-from .flash import FlashStore
-from .link import LinkStore
-from .memory import MemoryStore
-from .service import PageClient, PageService, PageServiceError, ServiceStore, connect_store
+# Names are resolved on first use, so that the host's page service (service.py, standard
+# library only) can be imported without torch, which the stores need.
+_HOMES = {
+    "PageStore": "base",
+    "EncodedPage": "codec", "PageHeader": "codec", "decode": "codec", "encode": "codec",
+    "PageCorrupted": "errors", "PageMissing": "errors", "PageStoreError": "errors",
+    "PageStoreFull": "errors",
+    "FlashStore": "flash",
+    "LinkStore": "link", "ServiceStore": "link", "connect_store": "link",
+    "MemoryStore": "memory",
+    "PageClient": "service", "PageService": "service", "PageServiceError": "service",
+}
+__all__ = list(_HOMES)
 
-__all__ = ["PageStore", "FlashStore", "MemoryStore", "LinkStore", "PageStoreError",
-           "PageStoreFull", "PageCorrupted", "PageMissing", "EncodedPage", "PageHeader", "encode",
-           "decode", "PageService", "PageClient", "PageServiceError", "ServiceStore",
-           "connect_store"]
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -20,6 +20,7 @@ import torch
 from .base import IndexedPageStore
 from .codec import decode, encode
 from .errors import PageMissing, PageStoreFull
+from .service import PageClient
 
 Send = Callable[[Hashable, bytes], object]
 Fetch = Callable[[Hashable], bytes | bytearray | memoryview]
@@ -69,3 +70,25 @@ class LinkStore(IndexedPageStore):
             self._held -= size
         self.drop(key)
         return True
+
+
+class ServiceStore(LinkStore):
+    """A LinkStore over a PageClient: close() forgets this run's pages and closes the socket."""
+
+    def __init__(self, client: PageClient, capacity_bytes: int | None = None):
+        super().__init__(client.send, client.fetch, client.drop, capacity_bytes,
+                         where=f"host page service at {client.address}")
+        self.client = client
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.client.close()
+
+
+def connect_store(address: str, capacity_bytes: int | None = None,
+                  timeout_s: float = 60.0) -> ServiceStore:
+    """A `host` store over the page service at HOST:PORT, connected now (so that an unreachable
+    service is one clear error before the first step)."""
+    return ServiceStore(PageClient(address, timeout_s).connect(), capacity_bytes)

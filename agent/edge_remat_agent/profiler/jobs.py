@@ -12,14 +12,13 @@ from ..daemon.registry import JobContext
 
 
 def profile_job(ctx: JobContext, params: dict) -> dict:
-    from ..profile_command import measure, options_from_params, summary
+    from .measure import ProfileOptions, measure_profile, profile_summary
     from .profile_writer import write_profile
     options = dict(params)
     if options.get("graph"):
         options["graph"] = str(ctx.input_path(str(options["graph"])))
     options.setdefault("page_dir", str(ctx.workdir / "pages"))
-    options["output"] = str(ctx.files_dir / "profile.json")
-    args = options_from_params(options)
+    profile_options = ProfileOptions.from_params(options)
 
     def progress(index: int, total: int, node) -> None:
         ctx.check_cancelled()
@@ -27,6 +26,6 @@ def profile_job(ctx: JobContext, params: dict) -> dict:
                      f"{node.time_s:.3g} s x {node.runs}")
 
     ctx.progress(0.0, "measuring the board (flash, power, footprint)")
-    profile = measure(args, progress)
-    write_profile(profile, args.output)
-    return {"files": ["profile.json"], **summary(profile, "profile.json")}
+    profile = measure_profile(profile_options, progress)
+    write_profile(profile, ctx.files_dir / "profile.json")
+    return {"files": ["profile.json"], **profile_summary(profile, "profile.json")}

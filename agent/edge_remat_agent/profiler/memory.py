@@ -252,15 +252,23 @@ class LiveTensorLedger:
     register_tensor counts a tensor's whole storage, once per storage: two nodes whose outputs
     are views of one storage (a reshape, a slice) hold its memory once, and it is freed when
     the last of them goes.
+
+    With `classify` (key -> class name, see memory_classes.ledger_classifier) it also keeps the
+    live bytes by class and their split at the peak (`peak_by_class`); a shared storage counts
+    in the class of the key that brought it.
     """
 
-    def __init__(self):
+    def __init__(self, classify: Callable[[Hashable], str] | None = None):
         self._entries: dict[Hashable, tuple[int | None, int]] = {}  # key -> (storage id, bytes)
         self._storage_refs: dict[int, int] = {}
         self.live_bytes = 0
         self.peak_bytes = 0
         self.peak_key: Hashable | None = None  # the registration that set the peak
         self._lock = threading.Lock()
+        self._classify = classify
+        self._counted_as: dict[Hashable, str] = {}  # storage (or key) -> the class it counts in
+        self.live_by_class: dict[str, int] = {}
+        self.peak_by_class: dict[str, int] = {}
 
     def register(self, key: Hashable, nbytes: int) -> None:
         if nbytes < 0:
@@ -285,9 +293,15 @@ class LiveTensorLedger:
                 if refs:
                     return  # that memory is already counted
             self.live_bytes += nbytes
+            if self._classify is not None:
+                name = self._classify(key)
+                self._counted_as[key if storage is None else storage] = name
+                self.live_by_class[name] = self.live_by_class.get(name, 0) + nbytes
             if self.live_bytes > self.peak_bytes:
                 self.peak_bytes = self.live_bytes
                 self.peak_key = key
+                if self._classify is not None:
+                    self.peak_by_class = dict(self.live_by_class)
 
     def unregister(self, key: Hashable) -> int:
         """Forget `key`; returns the bytes that stopped being live (0 for a shared storage)."""
@@ -302,6 +316,9 @@ class LiveTensorLedger:
                     return 0
                 del self._storage_refs[storage]
             self.live_bytes -= nbytes
+            if self._classify is not None:
+                name = self._counted_as.pop(key if storage is None else storage)
+                self.live_by_class[name] -= nbytes
             return nbytes
 
     def __contains__(self, key: Hashable) -> bool:
@@ -315,6 +332,7 @@ class LiveTensorLedger:
         with self._lock:
             self.peak_bytes = self.live_bytes
             self.peak_key = None
+            self.peak_by_class = dict(self.live_by_class)
 
     def result(self) -> dict[str, Any]:
         return {"live_bytes": self.live_bytes, "peak_bytes": self.peak_bytes,

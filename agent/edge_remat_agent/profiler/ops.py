@@ -107,6 +107,8 @@ def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
     if map_large_allocations:
         map_large_blocks()
     graph, module = captured.graph, captured.module
+    from ..weights.deferred import make_missing
+    make_missing(module)  # a model built on meta: nodes run on real values
     if device is not None:
         module = module.to(device)
     window = window_s(min_window_s, sensor)

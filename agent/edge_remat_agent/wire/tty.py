@@ -60,12 +60,7 @@ class TtyPort:
 
     def close(self) -> None:
         self._closed = True
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
+        self._close_fd()
 
     # -- internals -------------------------------------------------------------------------
     def _open(self) -> None:
@@ -88,13 +83,16 @@ class TtyPort:
 
     def _lost(self, exc: OSError) -> None:
         _log.info("serial port %s lost (%s); reopening", self.path, exc)
+        self._close_fd()
+        time.sleep(self.reopen_delay)
+
+    def _close_fd(self) -> None:
         if self._fd is not None:
             try:
                 os.close(self._fd)
-            except OSError:
+            except OSError:  # already gone with the device
                 pass
             self._fd = None
-        time.sleep(self.reopen_delay)
 
 
 def _configure_raw(fd: int, baud: int) -> None:

@@ -12,7 +12,9 @@ not apply to a family (``image`` for text, ``seq`` for images) are ignored.
 
 import torch
 
-from . import bert, digits, gpt, mlp, mobilenet, recurrent, resnet, vgg
+import functools
+
+from . import bert, digits, gpt, llama, mlp, mobilenet, recurrent, resnet, vgg
 
 
 class ZooError(ValueError):
@@ -34,11 +36,18 @@ MODELS = {
     "gpt2-small": gpt.gpt2_small,
     "gpt2-small-lora": gpt.with_lora(gpt.gpt2_small),
     "gpt-tiny": gpt.gpt_tiny,
+    "gpt-mini": gpt.gpt_mini,
     "gpt-tiny-lora": gpt.with_lora(gpt.gpt_tiny),
     "conv-gru": recurrent.conv_gru,
     "lstm-lm": recurrent.lstm_lm,
     "digits-cnn": digits.digits_cnn,  # real data: the bundled handwritten digits
+    # Weights made per tensor from the seed; built on meta for capture and the executor, which
+    # read the frozen base from a weight page store (weights/)
+    "tinyllama-1.1b-lora": llama.tinyllama_lora,
+    "tinyllama-2l-lora": functools.partial(llama.tinyllama_lora, layers=2),
+    "llama-tiny-lora": llama.llama_tiny_lora,
 }
+SEEDED = {"tinyllama-1.1b-lora", "tinyllama-2l-lora", "llama-tiny-lora"}  # take `seed`
 
 
 def build(name, batch=None, image=None, seq=None, seed=0, **keywords):
@@ -57,6 +66,8 @@ def build(name, batch=None, image=None, seq=None, seed=0, **keywords):
         # many random numbers the init consumed.
         generator = torch.Generator().manual_seed(seed)
         try:
+            if name in SEEDED:
+                keywords.setdefault("seed", seed)
             return MODELS[name](batch=batch, image=image, seq=seq, generator=generator, **keywords)
         except ZooError:
             raise

@@ -87,6 +87,15 @@ def gpt_tiny(batch=None, image=None, seq=None, generator=None, *, vocab=1000):
     return model, (tokens[:, :-1].clone(), tokens[:, 1:].clone())
 
 
+def gpt_mini(batch=None, image=None, seq=None, generator=None, *, vocab=8000):
+    """A six-layer GPT of the same code (hidden 768, 48M parameters): big enough that its weights,
+    gradients and AdamW state (~750 MiB) dominate a small board's memory, small enough for CI."""
+    batch, seq = batch or 4, seq or 128
+    model = GPT(layers=6, hidden=768, heads=12, vocab=vocab, n_ctx=seq)
+    tokens = torch.randint(0, vocab, (batch, seq + 1), generator=generator)
+    return model, (tokens[:, :-1].clone(), tokens[:, 1:].clone())
+
+
 def with_lora(factory, rank=8):
     """The factory's model with LoRA adapters (rank `rank`) on every attention projection
     (qkv and its output), everything else frozen: the usual language-model LoRA."""

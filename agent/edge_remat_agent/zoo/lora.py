@@ -9,12 +9,13 @@ from torch import nn
 
 
 class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Linear, rank: int = 8, alpha: float = 16.0):
+    def __init__(self, base: nn.Linear, rank: int = 8, alpha: float = 16.0, init: bool = True):
         super().__init__()
         self.base = base
         self.lora_a = nn.Parameter(torch.empty(rank, base.in_features))
         self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
-        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
+        if init:  # else the caller gives the values (zoo/llama.py: made per tensor)
+            nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
         self.scale = alpha / rank
 
     def forward(self, x):

@@ -24,6 +24,8 @@ def stage_lower_bound(p: Problem) -> float:
     for name in p.tiers:  # leaving by paging costs a page-out and a page-in instead
         tier = p.costs.tiers[name]
         paging = np.asarray(tier.out_time_s, dtype=float) + np.asarray(tier.in_time_s, dtype=float)
+        if p.overlapped:  # paging may hide wholly behind compute: only its energy is sure
+            paging = np.zeros_like(paging)
         if p.objective == "energy":
             paging = p.costs.static_w * paging + np.asarray(tier.out_energy_j) + \
                 np.asarray(tier.in_energy_j)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.formats import Graph, Profile, Tier
 
-from ..units import parse_budget
+from ..units import Budget
 from .baselines import keep_all
 from .evaluate import evaluate
 from .problem import Problem
@@ -57,19 +56,25 @@ def plain_reference(graph: Graph) -> Graph:
                  dtype=graph.dtype, capture=graph.capture, cost_source=graph.cost_source)
 
 
-def resolve_budget(text: str | float, graph: Graph, reference_peak: int | None = None,
-                   profile: Profile | None = None) -> int:
-    kind, value = parse_budget(str(text))
-    if kind == "bytes":
-        return int(value)
-    peak = reference_peak if reference_peak is not None else plain_peak_bytes(graph, profile)
-    return math.ceil(value * peak)  # the published benchmarks' definition
+def resolve_budget(budget: Budget | str | float, graph: Graph,
+                   reference_peak: int | None = None, profile: Profile | None = None) -> int:
+    """The budget in bytes; a fraction of `reference_peak`, else of the graph's plain peak
+    (computed only when needed). Text and numbers are read as the command line reads them."""
+    budget = Budget.parse(budget)
+    if budget.bytes is not None:
+        return budget.bytes
+    return budget.resolve(reference_peak if reference_peak is not None
+                          else plain_peak_bytes(graph, profile))
 
 
-def build_problem(graph: Graph, budget: str | float, profile: Profile | None = None,
+def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile | None = None,
                   objective: str = "time", deadline: float | None = None,
                   paging: str | None = None, tiers: dict[str, Tier] | None = None,
-                  paging_time: str = "counted") -> Problem:
+                  paging_time: str = "counted", plain_peak: int | None = None,
+                  io: str = "overlap") -> Problem:
+    """`plain_peak`: the plain schedule's peak when the caller has it (a fraction's
+    reference, unless the graph brings its own). `io`: paging overlapped with compute
+    (planner/overlap.py) or stop-the-world ("sync")."""
     costs = build_costs(graph, profile, tiers)
     if paging is None:  # default: page wherever the inputs say what paging costs
         chosen = tuple(t for t in ("flash", "host") if t in costs.tiers)
@@ -77,16 +82,7 @@ def build_problem(graph: Graph, budget: str | float, profile: Profile | None = N
         chosen = PAGING_CHOICES[paging]
     else:
         raise ValueError(f"--paging must be one of {', '.join(PAGING_CHOICES)}, got {paging!r}")
-    reference = graph.capture.get("reference_peak_bytes")
+    reference = graph.capture.get("reference_peak_bytes", plain_peak)
     return Problem(graph, costs, resolve_budget(budget, graph, reference, profile), objective,
-                   deadline, chosen, paging_time, profile.name if profile else None)
+                   deadline, chosen, paging_time, profile.name if profile else None, io)
 
-
-def plan_dict_with_tiers(plan, tiers: dict[str, Tier]) -> dict:
-    """The plan as written: with the figures of the tiers it pages to (`problem.tier_params`),
-    so that it replays, and the executor checks it, without the profile it was costed with."""
-    result = plan.to_dict()
-    used = result["problem"].get("paging") or []
-    result["problem"]["tier_params"] = {name: tier.to_dict() for name, tier in tiers.items()
-                                        if name in used}
-    return result

@@ -31,9 +31,13 @@ class Evaluation:
 
 def evaluate(p: Problem, decisions: list[StageDecision]) -> Evaluation:
     stages, _ = lower(p, decisions)
-    sim = simulate(p.graph, p.costs, stages, p.budget_bytes)
+    if p.overlapped:  # page-ins hoisted, page-outs issued early, scored on the IO timeline
+        from .overlap import schedule_io
+        stages = schedule_io(p, stages)
+    sim = simulate(p.graph, p.costs, stages, p.budget_bytes, io="overlap" if p.overlapped
+                   else "sync")
     deadline = p.deadline_s()
-    used = p.deadline_time(sim.compute_time_s, sim.paging_time_s)
+    used = p.deadline_time_of(sim)
     meets = deadline is None or used <= deadline * (1 + 1e-9)
     return Evaluation(stages, sim, sim.peak_bytes <= p.budget_bytes, meets,
                       p.objective_value(sim.time_s, sim.energy_j))

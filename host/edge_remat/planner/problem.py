@@ -13,6 +13,7 @@ from edge_remat_agent.formats import Graph
 
 OBJECTIVES = ("time", "energy")
 PAGING_TIME_MODES = ("counted", "free")
+IO_MODES = ("sync", "overlap")  # paging stops compute, or runs on its own timeline
 
 
 class ProblemError(ValueError):
@@ -46,6 +47,9 @@ class Problem:
     tiers: tuple[str, ...] = ()  # paging tiers the plan may use
     paging_time: str = "counted"  # "free": paging does not count against the deadline (POET's)
     profile_name: str | None = None
+    # "overlap": page-ins are prefetched and page-outs written behind on an IO timeline
+    # (timeline.py); plans are scored by the makespan after the overlap post-pass (overlap.py).
+    io: str = "sync"
     n: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -53,6 +57,8 @@ class Problem:
             raise ProblemError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.paging_time not in PAGING_TIME_MODES:
             raise ProblemError(f"paging time must be one of {PAGING_TIME_MODES}")
+        if self.io not in IO_MODES:
+            raise ProblemError(f"paging IO must be one of {IO_MODES}, got {self.io!r}")
         missing = [t for t in self.tiers if t not in self.costs.tiers]
         if missing:
             raise ProblemError(f"paging to {missing} needs that tier's bandwidth: give a profile "
@@ -87,6 +93,17 @@ class Problem:
         """The time that counts against the deadline under this problem's paging-time mode."""
         return compute_s + (paging_s if self.paging_time == "counted" else 0.0)
 
+    def deadline_time_of(self, sim) -> float:
+        """As deadline_time, for a simulated schedule: overlapped, paging counts only where
+        it is not hidden behind compute (the makespan)."""
+        if self.overlapped and self.paging_time == "counted":
+            return sim.time_s
+        return self.deadline_time(sim.compute_time_s, sim.paging_time_s)
+
+    @property
+    def overlapped(self) -> bool:
+        return self.io == "overlap" and bool(self.tiers)
+
     def smallest_budget(self) -> tuple[int, int]:
         """(bytes, node index): no schedule fits below a node's inputs + output + workspace."""
         need, k = floor_node(self.graph, self.workspace)
@@ -105,5 +122,6 @@ class Problem:
         content = {"graph": self.graph.fingerprint(), "budget": self.budget_bytes,
                    "objective": self.objective, "deadline": self.deadline, "tiers": self.tiers,
                    "paging_time": self.paging_time, "profile": self.profile_name,
+                   **({"io": self.io} if self.io != "sync" else {}),
                    "static_w": self.costs.static_w}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]

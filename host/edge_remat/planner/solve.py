@@ -243,7 +243,7 @@ def _fastest_within_budget(p: Problem, solver: str, time_limit: float, backend: 
     report = _solve(fast, solver, time_limit, backend, workers, None, None,
                     clock.perf_counter())
     ev = evaluate(p, report.decisions)  # the real costs and the real deadline
-    achieved = p.deadline_time(ev.sim.compute_time_s, ev.sim.paging_time_s) / p.plain_time
+    achieved = p.deadline_time_of(ev.sim) / p.plain_time
     if ev.feasible:  # the deadline can be met after all: the fastest plan meets it
         chosen = Candidate(report.plan.solver["name"], ev, report.decisions)
         return _report(p, chosen, "feasible", None, started, total_limit, report.baselines,
@@ -267,7 +267,7 @@ def deadline_free_problem(p: Problem) -> Problem:
             name: replace(tier, in_time_s=[0.0] * p.n, out_time_s=[0.0] * p.n)
             for name, tier in costs.tiers.items()})
     return Problem(p.graph, costs, p.budget_bytes, "time", None, p.tiers, p.paging_time,
-                   p.profile_name)
+                   p.profile_name, p.io)
 
 
 def _infeasible(p: Problem, prover: str) -> InfeasibleBudget:
@@ -287,6 +287,9 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
     # A bound always: the combinatorial stage-model bound where it is the stronger one (it also
     # bounds a solver's restricted model, whose schedules are stage-model schedules).
     stage_bound = stage_lower_bound(p)
+    if p.overlapped and bound is not None:  # the solvers' models count paging stop-the-world:
+        details["stop_the_world_bound"] = bound  # not a bound once paging overlaps compute
+        bound = None
     if bound is None or not math.isfinite(bound) or stage_bound > bound:
         bound, details["bound_scope"] = stage_bound, BOUND_SCOPE
     details["stage_model_bound"] = stage_bound
@@ -301,10 +304,11 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
     predicted = ev.sim.summary()
     predicted["objective_value"] = value
     problem = {"objective": p.objective, "deadline": p.deadline, "paging": list(p.tiers),
-               "paging_time": p.paging_time, "profile": p.profile_name,
+               "paging_time": p.paging_time, "io": p.io, "profile": p.profile_name,
                "costs": p.costs.describe(), "graph": p.graph.name, "nodes": p.n,
                "fixed_bytes": p.fixed}
     plan = Plan(stages=ev.stages, graph_fingerprint=p.graph.fingerprint(),
                 budget_bytes=p.budget_bytes, objective=p.objective, solver=solver,
-                predicted=predicted, problem=problem, fingerprint=p.fingerprint())
+                predicted=predicted, problem=problem, fingerprint=p.fingerprint(),
+                tiers={z: p.costs.tier_figures[z] for z in p.tiers if z in p.costs.tier_figures})
     return SolveReport(plan, ev, summary, chosen.decisions)

@@ -1,6 +1,7 @@
 """`edge-remat run`: capture, profile (or reuse), plan, deploy, train, report, in one go.
 
-    report = run(RunOptions(device="local", model="digits-cnn", budget="30%", steps=10))
+    report = run(RunOptions(device="local", model="digits-cnn", budget=Budget.parse("30%"),
+                            steps=10))
 
 A planned run sends the plan and the graph to the board's "run" job (the executor); `plain=True`
 sends the model to the "train-plain" job instead, for comparison. On an emulated board (a
@@ -23,10 +24,12 @@ from edge_remat_agent.formats.fields import dump_json
 from ..devices import DeviceConfig, find_device
 from ..errors import Interrupted, UserError
 from ..transport import Board, JobFailed
+from ..units import Budget
 from .profiles import ChosenProfile, choose_profile
 
 # Data a zoo model trains on when --data is not given (the rest repeat their example batch).
-DEFAULT_DATA = {"digits-cnn": "digits"}
+DEFAULT_DATA = {"digits-cnn": "digits", "tinyllama-1.1b-lora": "text",
+                "tinyllama-2l-lora": "text", "llama-tiny-lora": "text"}
 # With a memory limit and no --budget, the plan gets what is left after the runtime's own memory
 # (interpreter + torch, from the profile) and this headroom: the agent daemon and its relay, the
 # executor's re-capture of the graph, and allocator slack, none of which the plan models.
@@ -40,7 +43,7 @@ Say = Callable[[str], None]
 class RunOptions:
     device: str
     model: str
-    budget: Optional[str] = None
+    budget: Optional[Budget] = None  # text is read once, here (Budget.parse)
     objective: str = "time"
     deadline: Optional[float] = None
     steps: int = 10
@@ -68,10 +71,19 @@ class RunOptions:
     keep_running: bool = False  # Ctrl-C leaves the board's job running instead of cancelling
     extra: dict = field(default_factory=dict)  # more params for the board's job
 
+    def __post_init__(self) -> None:
+        if self.budget is not None:
+            self.budget = Budget.parse(self.budget)
+
     @property
     def model_info(self) -> dict:
         return {"model": self.model, "batch": self.batch, "image": self.image, "seq": self.seq,
                 "seed": self.seed, "optimizer": self.optimizer, "train": self.train}
+
+
+def run_default(name: str):
+    """A RunOptions field's default: `edge-remat run` shows and uses this one value."""
+    return RunOptions.__dataclass_fields__[name].default
 
 
 class RunProblem(UserError):
@@ -86,7 +98,6 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     from ..checks import check_solver_options
     from ..planner.build import PAGING_CHOICES
     from ..sweep import parse_sweep
-    from ..units import parse_budget
 
     if opts.optimizer not in ("sgd", "adamw"):
         raise RunProblem(f"unknown optimizer {opts.optimizer!r} (sgd | adamw)")
@@ -100,9 +111,7 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     if opts.plain:
         return
     check_solver_options(opts.solver, opts.time_limit, None)
-    if opts.budget:
-        parse_budget(opts.budget)
-    elif not device.hardware.memory_limit_bytes:
+    if opts.budget is None and not device.hardware.memory_limit_bytes:
         raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
     if opts.sweep:
         parse_sweep(opts.sweep)
@@ -115,7 +124,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     """Do the whole run; returns the report (also written to OUT/report.json). Ctrl-C cancels
     the board's job (unless opts.keep_running), writes OUT/report.json saying so and raises
     errors.Interrupted."""
-    from ..emulated import emulated_device
+    from ..transport.emulated import emulated_device
     from ..outputs import output_folder
 
     device = find_device(opts.device)
@@ -141,7 +150,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     report["reconnects"] = board.reconnects
     report["report"] = str(out / "report.json")
     dump_json(report, out / "report.json")
-    from ..run_report import report_text
+    from ..reports.run_report import report_text
     (out / "report.txt").write_text(report_text(report) + "\n")
     return report
 
@@ -167,7 +176,7 @@ def _interrupted(exc: BaseException, opts: RunOptions, out: Path) -> Interrupted
 def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, lr: dict,
                out: Path, say: Say) -> dict:
     from ..remote import require_kind
-    from ..run_report import build_report
+    from ..reports.run_report import build_report
     require_kind(board, "train-plain", "train plainly")
     params = {k: v for k, v in opts.model_info.items() if v is not None}
     params.update(steps=opts.steps, data=data, **lr)
@@ -184,7 +193,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
 
     from ..planner.build import plain_peak_bytes
     from ..remote import require_kind
-    from ..run_report import build_report
+    from ..reports.run_report import build_report
 
     def capture(home: str):
         return capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
@@ -197,7 +206,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     graph.save(graph_path)
     twin = None
     if device.hardware.memory_limit_bytes:
-        from ..emulated import unlimited_twin
+        from ..transport.emulated import unlimited_twin
 
         def twin() -> Board:
             return Board(unlimited_twin(device), on_event=say)
@@ -209,13 +218,17 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         note_profile_fit(chosen.profile, graph, str(chosen.path), say)
     # With the profile's measured workspaces (kernel scratch included), as the planner sees it.
     plain_peak = plain_peak_bytes(graph, chosen.profile)
-    if opts.params_home == "auto" and _below_floor(graph, chosen, opts, device):
+    if opts.params_home == "auto" and _below_floor(graph, chosen, opts, device, plain_peak):
         say("the budget is below what parameters in RAM allow: capturing again with "
             "parameters and optimizer state homed on flash (--params-home flash)")
         captured = capture("flash")
         graph = captured.graph
         graph.save(graph_path)
-    plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say)
+    reserve = read_ahead_reserve(captured)
+    if reserve and opts.budget is None:
+        say(f"keeping {reserve / 2**20:.0f} MiB out of the budget for reading the next "
+            "weights ahead from the weight page store")
+    plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say, reserve)
     require_kind(board, "run", "execute plans")
     limited = bool(device.hardware.memory_limit_bytes)
     # The board builds the batches from `data` with `seed` and the optimizer with `lr` the way
@@ -246,48 +259,64 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
 
 # -- planning ------------------------------------------------------------------------------
 
-def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) -> str:
-    """--budget as given; else, under a memory limit, what the runtime leaves of it."""
-    if opts.budget:
+def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile,
+               reserve_bytes: int = 0) -> Budget:
+    """--budget as given; else, under a memory limit, what the runtime leaves of it (less
+    `reserve_bytes`: the weight store's read-ahead, which the plan does not model)."""
+    if opts.budget is not None:
         return opts.budget
     limit = device.hardware.memory_limit_bytes
     if not limit:
         raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
     runtime = (chosen.profile.runtime_baseline_bytes if chosen.profile and
                chosen.profile.runtime_baseline_bytes else DEFAULT_RUNTIME_BYTES)
-    left = limit - runtime - RUNTIME_HEADROOM_BYTES
+    left = limit - runtime - RUNTIME_HEADROOM_BYTES - reserve_bytes
     if left <= 0:
         raise RunProblem(f"the memory limit ({limit / 2**20:.0f} MiB) leaves nothing for "
                          f"training after the runtime's own {runtime / 2**20:.0f} MiB and "
                          f"{RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB headroom")
-    return str(left)
+    return Budget(bytes=left)
 
 
-def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig) -> bool:
+def read_ahead_reserve(captured) -> int:
+    """RAM the weight store's read-ahead may hold beyond the plan: for a model built on meta
+    (its frozen base read from the weight page store), the largest frozen group, which is
+    read while the group before it computes (weights/paged.py)."""
+    from edge_remat_agent.weights import is_deferred
+    if not is_deferred(captured.module):
+        return 0
+    updated = {name for node in captured.graph.nodes if node.kind == "update"
+               for name in node.attrs.get("params", [])}
+    return max((node.out_bytes for node in captured.graph.nodes if node.kind == "param"
+                and not set(node.attrs["params"]) & updated), default=0)
+
+
+def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
+                 plain_peak: int, reserve_bytes: int = 0) -> bool:
     """Whether the budget is below the smallest one this graph can meet."""
     from ..planner.build import build_problem
-    problem = build_problem(graph, run_budget(opts, device, chosen), chosen.profile,
-                            opts.objective, opts.deadline, opts.paging)
+    problem = build_problem(graph, run_budget(opts, device, chosen, reserve_bytes),
+                            chosen.profile, opts.objective, opts.deadline, opts.paging,
+                            plain_peak=plain_peak)
     return problem.budget_bytes < problem.smallest_budget()[0]
 
 
 def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
-          plain_peak: int, out: Path, say: Say) -> tuple[dict, Path]:
-    from ..planner.build import build_problem, plan_dict_with_tiers
+          plain_peak: int, out: Path, say: Say, reserve_bytes: int = 0) -> tuple[dict, Path]:
+    from ..planner.build import build_problem
     from ..planner.solve import solve
 
-    def make_problem(budget):
+    def make_problem(budget):  # a fraction is of plain PyTorch's peak, parameters in RAM
         return build_problem(graph, budget, chosen.profile, opts.objective, opts.deadline,
-                             opts.paging)
+                             opts.paging, plain_peak=plain_peak)
 
-    problem = make_problem(run_budget(opts, device, chosen))
+    problem = make_problem(run_budget(opts, device, chosen, reserve_bytes))
     say(f"planning: budget {problem.budget_bytes / 2**20:.1f} MiB "
         f"({problem.budget_bytes / plain_peak:.0%} of the plain peak), {opts.objective}")
     solved = solve(problem, opts.solver, opts.time_limit)
-    plan_dict = plan_dict_with_tiers(solved.plan,
-                                     chosen.profile.tiers if chosen.profile else {})
+    plan_dict = solved.plan.to_dict()
     plan_path = out / "plan.json"
-    dump_json(plan_dict, plan_path)
+    solved.plan.save(plan_path)
     if opts.sweep:
         _sweep(make_problem, opts, out, say)
     return plan_dict, plan_path
@@ -314,7 +343,7 @@ def _sweep(make_problem, opts: RunOptions, out: Path, say: Say) -> None:
 def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
            inputs: Optional[dict], out: Path, steps: int, say: Say) -> dict:
     """Run the training job; a job the kernel killed becomes a report, not an exception."""
-    from ..emulated import KernelWatch
+    from ..transport.emulated import KernelWatch
     from ..transport.board import summary
     watch = KernelWatch.for_device(device)
     try:
@@ -378,7 +407,7 @@ def host_gradient_check(graph, plan_path: Path, captured=None) -> dict:
 def _retire_emulated(board: Board, device: DeviceConfig) -> None:
     """Stop the emulated board's agent and remove its cgroup: the next run starts afresh."""
     from ..transport import TransportError
-    from ..emulated import remove_board_cgroup
+    from ..transport.emulated import remove_board_cgroup
     try:
         board.stop_agent()
     except (TransportError, OSError):
@@ -391,7 +420,7 @@ def _retire_emulated(board: Board, device: DeviceConfig) -> None:
 def _draw(graph, plan_path: Path, report: dict, out: Path) -> list[str]:
     from edge_remat_agent.formats import load_plan
 
-    from .. import plots
+    from ..reports import plots
     plan = load_plan(plan_path)
     planned, plain = plots.memory_traces(graph, plan)
     measured = {"tensor_peak_bytes": report.get("tensor_peak_bytes"),

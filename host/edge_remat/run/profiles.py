@@ -24,9 +24,10 @@ from typing import Callable, Optional
 from edge_remat_agent.formats import Profile, load_profile
 
 from ..devices import DeviceConfig
+from ..shipped import shipped_dir
 from ..transport.host_pages import link_pages
 
-PROFILES_DIR = Path(__file__).resolve().parents[3] / "profiles"
+PROFILES_DIR = shipped_dir("profiles")
 # Small and quick: a few sizes and short power windows keep the first run well under a minute.
 QUICK_PARAMS = {"sizes": [64 * 2**10, 2**20, 8 * 2**20], "idle_s": 0.5, "busy_s": 0.5}
 

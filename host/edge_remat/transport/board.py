@@ -44,7 +44,7 @@ def make_transport(device: DeviceConfig, archive: Optional[AgentArchive] = None,
         from .serial import SerialTransport
         return SerialTransport(device, archive)
     if device.hardware.memory_limit_bytes:
-        from ..emulated import emulated_transport
+        from .emulated import emulated_transport
         return emulated_transport(device, archive)
     from .local import LocalTransport
     return LocalTransport(device, archive)

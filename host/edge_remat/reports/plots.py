@@ -4,7 +4,7 @@
     memory.png    RAM over one step's instructions, planned and plain, against the budget, with
                   what the board measured (tensor peak, process peak, the kernel's peak, limit)
     sweep.png     a budget sweep (`edge-remat plan --sweep ... --json`): energy and time
-                  against the memory budget
+                  against the memory budget (a fleet: one line per board)
 """
 
 from __future__ import annotations
@@ -77,16 +77,12 @@ def plot_schedule(graph: Graph, plan: Plan, path: "str | Path", title: str = "")
 def memory_traces(graph: Graph, plan: Plan) -> tuple[list[int], list[int]]:
     """RAM at each instruction (tensors + fixed memory) of the plan and of the plain schedule."""
     from edge_remat_agent.costs import build_costs
-    from edge_remat_agent.formats.fields import Reader
-    from edge_remat_agent.formats.profile import tier_from
     from edge_remat_agent.simulate import simulate
 
-    from .planner.baselines import keep_all
-    from .planner.evaluate import evaluate
-    from .planner.problem import Problem
-    tiers = {name: tier_from(Reader(obj, "plan", f"problem.tier_params.{name}"))
-             for name, obj in (plan.problem.get("tier_params") or {}).items()}
-    planned = simulate(graph, build_costs(graph, None, tiers), plan.stages).memory_trace
+    from ..planner.baselines import keep_all
+    from ..planner.evaluate import evaluate
+    from ..planner.problem import Problem
+    planned = simulate(graph, build_costs(graph, None, plan.tiers), plan.stages).memory_trace
     unlimited = Problem(graph, build_costs(graph), budget_bytes=2**62)
     plain = evaluate(unlimited, keep_all(unlimited)).sim.memory_trace
     return planned, plain
@@ -129,20 +125,38 @@ def plot_memory(planned: Sequence[int], budget_bytes: int, path: "str | Path",
 
 def plot_sweep(rows: Sequence[dict], path: "str | Path", title: str = "") -> Path:
     """Rows as `edge-remat plan --sweep --json` prints them (budget_bytes, energy_j, time_s)."""
+    return plot_sweeps({"": rows}, path, title)
+
+
+SERIES_COLOURS = ("#08519c", "#e6550d", "#31a354", "#756bb1", "#636363", "#d6616b")
+
+
+def plot_sweeps(series: "dict[str, Sequence[dict]]", path: "str | Path",
+                title: str = "") -> Path:
+    """One line per series (e.g. per board in a fleet), each a sweep's rows; a budget with no
+    plan is a dotted vertical line in the series' colour."""
     plt = _pyplot()
-    solved = [r for r in rows if r.get("energy_j") is not None and r.get("budget_bytes")]
-    infeasible = [r for r in rows if r.get("energy_j") is None and r.get("budget_bytes")]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    for ax, key, label in ((top, "energy_j", "energy per step (J)"),
-                           (bottom, "time_s", "time per step (s)")):
-        ax.plot([r["budget_bytes"] / MIB for r in solved], [r[key] for r in solved],
-                marker="o", color="#08519c")
-        for r in infeasible:
-            ax.axvline(r["budget_bytes"] / MIB, color="#cb181d", linestyle=":", alpha=0.6)
+    any_infeasible = False
+    for k, (label, rows) in enumerate(series.items()):
+        colour = SERIES_COLOURS[k % len(SERIES_COLOURS)]
+        solved = sorted((r for r in rows if r.get("energy_j") is not None
+                         and r.get("budget_bytes")), key=lambda r: r["budget_bytes"])
+        infeasible = [r for r in rows if r.get("energy_j") is None and r.get("budget_bytes")]
+        any_infeasible = any_infeasible or bool(infeasible)
+        for ax, key in ((top, "energy_j"), (bottom, "time_s")):
+            ax.plot([r["budget_bytes"] / MIB for r in solved], [r[key] for r in solved],
+                    marker="o", color=colour, label=label or None)
+            for r in infeasible:
+                ax.axvline(r["budget_bytes"] / MIB, color=colour if label else "#cb181d",
+                           linestyle=":", alpha=0.6)
+    for ax, label in ((top, "energy per step (J)"), (bottom, "time per step (s)")):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    if infeasible:
-        top.plot([], [], color="#cb181d", linestyle=":", label="no plan fits")
+    if any_infeasible:
+        top.plot([], [], color="#cb181d" if "" in series else "#636363", linestyle=":",
+                 label="no plan fits")
+    if any_infeasible or any(series):
         top.legend(fontsize="small")
     bottom.set_xlabel("memory budget (MiB)")
     top.set_title(title or "cost of training against the memory budget")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .units import fmt_bytes
+from ..units import fmt_bytes
 
 
 def _num(value: Any, fmt: str = "{:.4g}") -> str:
@@ -22,7 +22,9 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
                            "of budget)"),
         ("TDI", f"{pr['tdi_percent']:.2f} %  ({pr['recomputed']} recomputations)"),
         ("time", f"{_num(pr['time_s'])} s  (paging {_num(pr['paging_time_s'])} s, "
-                 f"{pr['page_outs']} page-outs, {pr['page_ins']} page-ins)"),
+                 f"{pr['page_outs']} page-outs, {pr['page_ins']} page-ins"
+                 + (f"; {pr['paging_hidden_share']:.0%} of the IO hidden behind compute"
+                    if pr.get("paging_hidden_share") is not None else "") + ")"),
         ("energy", f"{_num(pr['energy_j'])} J  (compute {_num(pr['energy_compute_j'])}, paging "
                    f"{_num(pr['energy_paging_j'])}, static {_num(pr['energy_static_j'])})"),
         ("bound", _num(s.get("lower_bound"))),

@@ -1,20 +1,20 @@
 """Real servers for transport tests: an OpenSSH sshd on a loopback port (its own host key,
 authorized_keys and config in a temp dir) and socat pseudo-terminal pairs for serial links.
-The servers themselves live in edge_remat.transport.testbed (benchmarks/transport.py uses them
+The servers themselves live in helpers/testbed.py (benchmarks/transport.py uses them
 too); here they skip the test, saying what to install, when they cannot start."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from edge_remat.transport import testbed
-from edge_remat.transport.testbed import (SOCAT, SOCAT_MISSING, SSH_KEYGEN, SSHD, SSHD_MISSING,
-                                          LinkUnavailable, agent_command, free_port, keygen,
-                                          stop_agent)
+from helpers import testbed
+from helpers.testbed import (SOCAT, SOCAT_MISSING, SSH_KEYGEN, SSHD, SSHD_MISSING,
+                             LinkUnavailable, agent_command, free_port, keygen, stop_agent)
 
 needs_sshd = pytest.mark.skipif(SSHD is None or SSH_KEYGEN is None, reason=SSHD_MISSING)
 needs_socat = pytest.mark.skipif(SOCAT is None, reason=SOCAT_MISSING)
@@ -45,20 +45,24 @@ __all__ = ["SshServer", "PtyPair", "needs_sshd", "needs_socat", "free_port", "ke
            "loopback_ssh_board"]
 
 
+def local_device_config(folder: Path, name: str, workdir: Path, **hardware) -> Path:
+    """A device config `name` for the local machine in `folder` (made if missing), its workdir
+    `workdir`, no power sensor; `hardware`: more [hardware] keys (memory_limit_bytes,
+    page_dir). Returns the file; EDGE_REMAT_DEVICE_CONFIGS=folder finds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = "".join(f"{key} = {json.dumps(str(value)) if isinstance(value, (str, Path)) else value}\n"
+                   for key, value in hardware.items())
+    path = folder / f"{name}.toml"
+    path.write_text(f'name = "{name}"\n[connection]\nkind = "local"\nworkdir = "{workdir}"\n'
+                    f'[hardware]\n{keys}sensor = "none"\n')
+    return path
+
+
 def local_bench_device(tmp_path, monkeypatch):
     """A device config "bench" for the local machine, its workdir under tmp_path, found through
     EDGE_REMAT_DEVICE_CONFIGS. Returns (config folder, workdir); stop_agent(workdir) after."""
-    folder = tmp_path / "configs"
-    folder.mkdir()
-    workdir = tmp_path / "board"
-    (folder / "bench.toml").write_text(f"""\
-name = "bench"
-[connection]
-kind = "local"
-workdir = "{workdir}"
-[hardware]
-sensor = "none"
-""")
+    folder, workdir = tmp_path / "configs", tmp_path / "board"
+    local_device_config(folder, "bench", workdir)
     monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(folder))
     return folder, workdir
 

@@ -23,7 +23,7 @@ _SIZE_KEYS = ("out_cost", "cost_ram")
 
 def load_graph_file(path: str | Path) -> Graph:
     """The graph in `path`, whatever its dialect, with sizes a board can hold (checks.py)."""
-    from .checks import check_sizes
+    from ..checks import check_sizes
     graph = _load_any(path)
     check_sizes(graph, str(path))
     return graph

@@ -6,7 +6,7 @@ from typing import Any
 
 from edge_remat_agent.formats import Graph
 
-from .units import fmt_bytes
+from ..units import fmt_bytes
 
 
 def graph_summary(graph: Graph, plain_peak: int, output: str | None) -> dict[str, Any]:

@@ -12,11 +12,10 @@ import dataclasses
 import hashlib
 import os
 
-from edge_remat_agent.cgroup import CgroupUnavailable, MemoryCgroup
-
-from .devices import DeviceConfig
-from .transport.errors import TransportError
-from .transport.local import LocalTransport
+from ..cgroup import CgroupUnavailable, MemoryCgroup
+from ..devices import DeviceConfig
+from .errors import TransportError
+from .local import LocalTransport
 
 EMULATED_WORKDIR = "~/.cache/edge-remat/local-limited"
 

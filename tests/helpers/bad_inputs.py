@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMMAND = [sys.executable, "-m", "edge_remat.cli"]
 
 # The exit statuses the README documents (host/edge_remat/errors.py).

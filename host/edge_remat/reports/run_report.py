@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .units import fmt_bytes
+from ..units import fmt_bytes
 
 STEP_FIELDS = ("loss", "step_time_s", "ledger_peak_bytes", "rss_peak_bytes", "energy_j")
 _ALIASES = {"wall_s": "step_time_s", "time_s": "step_time_s", "rss_peak": "rss_peak_bytes",
@@ -87,6 +87,7 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "solver": (plan or {}).get("solver", {}).get("name"),
         "profile": profile or {"name": None, "source": None, "modelled": False},
         "grad_check": (result or {}).get("grad_check") if grad_check is None else grad_check,
+        "memory_by_class": (result or {}).get("memory_by_class"),
         "plots": [],
         **(paths or {}),
     }
@@ -178,6 +179,7 @@ def report_text(report: dict) -> str:
     if report.get("measured_peak_bytes") is not None:
         lines.append(f"process peak  {fmt_bytes(report['measured_peak_bytes'])} resident "
                      "(the training process alone)")
+    lines += _classes_text(report)
     if report.get("grad_check") is not None:
         lines.append(f"gradients     {_grad_text(report['grad_check'])}")
     losses = [v for v in report.get("loss", []) if isinstance(v, (int, float))]
@@ -192,6 +194,23 @@ def report_text(report: dict) -> str:
     if report.get("report"):
         lines.append(f"report        {report['report']}")
     return "\n".join(lines)
+
+
+def _classes_text(report: dict) -> list[str]:
+    """Where the memory went, by class (agent memory_classes): plan / ledger at their peaks,
+    and what the process held beyond the tensors (the runtime: not a planned tensor)."""
+    split = report.get("memory_by_class")
+    if not split:
+        return []
+    cells = [f"{name.replace('_', ' ')} {_mib(split['planned'].get(name))} / "
+             f"{_mib(split['measured'].get(name))}" for name in split["classes"]
+             if split["planned"].get(name) or split["measured"].get(name)]
+    lines = ["memory        MiB, plan / ledger at the peak: " + ", ".join(cells)]
+    resident, tensors = report.get("measured_peak_bytes"), report.get("tensor_peak_bytes")
+    if resident and tensors:
+        lines.append(f"              runtime and allocator slack {_mib(resident - tensors)} "
+                     "(process peak minus tensors: not planned)")
+    return lines
 
 
 def _grad_text(check: Any) -> str:

@@ -1,0 +1,47 @@
+"""A small English text kept in this package (story.txt, written for edge-remat; no licence
+concerns) and a byte-level tokenizer that needs no download: token = 3 + byte value, with
+0 = padding, 1 = beginning and 2 = end of text, so any vocabulary of 259 or more holds it
+(TinyLlama's 32000 included: the ids above 258 simply never occur).
+
+    for input_ids, labels in text_batches(batch=1, seq=128, seed=0): ...
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from typing import Iterator
+
+FILE = "story.txt"
+PAD, BOS, EOS, OFFSET = 0, 1, 2, 3
+SMALLEST_VOCAB = OFFSET + 256
+
+
+def encode(text: str) -> list[int]:
+    return [BOS] + [OFFSET + b for b in text.encode("utf-8")] + [EOS]
+
+
+def decode(ids) -> str:
+    return bytes(int(i) - OFFSET for i in ids if int(i) >= OFFSET).decode("utf-8", "replace")
+
+
+@functools.lru_cache(maxsize=1)
+def story_tokens() -> tuple[int, ...]:
+    text = importlib.resources.files(__package__).joinpath(FILE).read_text("utf-8")
+    return tuple(encode(text))
+
+
+def text_batches(batch: int, seq: int, seed: int = 0) -> Iterator[tuple]:
+    """(input_ids [batch, seq], labels [batch, seq]: the next token) forever: windows of the
+    story at starts shuffled with `seed`, a fresh shuffle each pass."""
+    import torch
+    tokens = torch.tensor(story_tokens(), dtype=torch.int64)
+    if tokens.numel() < seq + 1:
+        raise ValueError(f"the bundled text has {tokens.numel()} tokens, fewer than seq + 1")
+    starts = torch.arange(0, tokens.numel() - seq, max(1, seq // 2))
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        order = starts[torch.randperm(len(starts), generator=generator)]
+        for k in range(0, len(order) - batch + 1, batch):
+            windows = torch.stack([tokens[s:s + seq + 1] for s in order[k:k + batch].tolist()])
+            yield windows[:, :-1].clone(), windows[:, 1:].clone()

@@ -1,0 +1,194 @@
+"""Overlapped paging: page-ins prefetched and page-outs written behind on one IO thread.
+
+The rules are timeline.py's, which the simulator and the planner use: a page_in starts reading
+where the plan issues it (its bytes counted from there) and compute waits for it only at the
+tensor's first use; a page_out is written behind, its tensor held (and counted) until the
+write completes; before each instruction the oldest writes are waited for while the
+simulator's RAM there plus the writes in flight is over the plan's synchronous peak, so the
+ledger never goes above the peak the plan predicts.
+
+Thread safety: the IO thread only runs the page store's put and get (file writes and reads,
+which release the GIL, into tensors the page codec allocates); the step's values, the ledger
+and the counts are touched on the executor's thread alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..capture.replay import StepRunner
+from ..formats import Graph, Instruction
+from ..pages import PageStore
+from ..timeline import over_limit
+
+
+class IoFailed(Exception):
+    """A read or write on the IO thread failed; `where` is the instruction that issued it."""
+
+    def __init__(self, where: tuple[int, int, Instruction], error: BaseException):
+        super().__init__(str(error))
+        self.where, self.error = where, error
+
+
+@dataclass
+class Pending:
+    future: Future
+    where: tuple[int, int, Instruction]  # (stage, position, instruction) that issued it
+    ledger_keys: tuple  # what it holds in the ledger until it completes
+    plan_bytes: int = 0  # the tensor's size in the plan's memory model (writes)
+
+
+class OverlappedPaging:
+    def __init__(self, runner: StepRunner, graph: Graph, stores: dict[str, PageStore],
+                 counts: Any, sync_trace: list[int], limit_bytes: int):
+        self.runner, self.graph, self.stores, self.counts = runner, graph, stores, counts
+        self.trace, self.limit = sync_trace, limit_bytes
+        self.ledger = runner.ledger
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-remat-io")
+        self.arriving: dict[Any, Pending] = {}
+        self.writes: deque[Pending] = deque()
+        self.in_flight = 0  # plan bytes of the writes in flight
+        self.on_tier: dict[str, set] = {}  # nodes whose page the tier holds this step
+        self.page_bytes: dict[Any, int] = {}  # node -> bytes its page holds (ledger figure)
+        self._serial = 0
+
+    # -- before each instruction ----------------------------------------------------------
+
+    def before(self, index: int, ins: Instruction) -> None:
+        """Waits the timeline's rules ask for before instruction `index` of the step."""
+        while self.writes and self.writes[0].future.done():
+            self._finish_write(self.writes.popleft(), waited=0.0)
+        if ins.op in ("free", "page_out") and ins.node in self.arriving:
+            self.arrive(ins.node)
+        while self.writes and over_limit(self.trace[index], self.in_flight, self.limit):
+            start = time.perf_counter()
+            pending = self.writes.popleft()
+            _result(pending)
+            self._finish_write(pending, waited=time.perf_counter() - start)
+
+    def inputs_ready(self, node_id: Any) -> None:
+        """A compute is about to read its inputs: wait for those still being paged in."""
+        for dep in self.graph.node(node_id).inputs:
+            if dep in self.arriving:
+                self.arrive(dep)
+
+    # -- the paging instructions ----------------------------------------------------------
+
+    def page_in(self, ins: Instruction, where: tuple[int, int, Instruction]) -> None:
+        store = self.stores[ins.tier]
+        names = self.graph.node(ins.node).attrs["outputs"]
+        key = ("paging in", ins.node, self._next())
+        # Counted from the issue on, as the plan counts it (the read allocates when it starts).
+        self.ledger.register(key, self.page_bytes.get(ins.node,
+                                                      self.graph.node(ins.node).out_bytes))
+        future = self.pool.submit(_read, store, ins.node, names)
+        self.arriving[ins.node] = Pending(future, where, (key,))
+
+    def arrive(self, node_id: Any) -> None:
+        pending = self.arriving.pop(node_id)
+        start = time.perf_counter()
+        values, elapsed = _result(pending)
+        self.counts.io_wait_s += time.perf_counter() - start
+        self._forget(pending)
+        self.runner.restore_outputs(node_id, values)
+        self.counts.page_ins += 1
+        self.counts.paged_bytes += sum(v.untyped_storage().nbytes() for v in values.values())
+        self.counts.page_in_s += elapsed
+
+    def page_out(self, ins: Instruction, where: tuple[int, int, Instruction]) -> None:
+        values = self.runner.outputs(ins.node)
+        for name, value in values.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"its output {name} is a {type(value).__name__}, not a tensor: "
+                                "it cannot be paged")
+        nbytes = sum(v.untyped_storage().nbytes() for v in values.values())
+        held = self.on_tier.setdefault(ins.tier, set())
+        write = ins.node not in held  # values are immutable within a step: a page stays valid
+        if write:
+            # Held by the write until it completes: registered by storage (before the free),
+            # so a storage another live value shares is not counted twice.
+            keys = [("paging out", ins.node, self._next()) for _ in values]
+            for key, value in zip(keys, values.values()):
+                self.ledger.register_tensor(key, value)
+            future = self.pool.submit(_write, self.stores[ins.tier],
+                                      [((ins.node, n), v) for n, v in values.items()])
+            self.writes.append(Pending(future, where, tuple(keys),
+                                       self.graph.node(ins.node).out_bytes))
+            self.in_flight += self.writes[-1].plan_bytes
+            held.add(ins.node)
+        # What the read allocates: each value's elements (the page codec's payload).
+        self.page_bytes[ins.node] = sum(v.numel() * v.element_size() for v in values.values())
+        self.runner.free(ins.node)
+        self.counts.page_outs += 1
+        self.counts.paged_bytes += nbytes
+
+    # -- the step's end -------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Every read and write completed (the step ends when its IO does)."""
+        for node_id in list(self.arriving):
+            self.arrive(node_id)
+        while self.writes:
+            start = time.perf_counter()
+            pending = self.writes.popleft()
+            _result(pending)
+            self._finish_write(pending, waited=time.perf_counter() - start)
+
+    def close(self) -> None:
+        """Wait for whatever is still queued (after a failure: errors ignored), free what it
+        held, and stop the thread."""
+        for pending in [*self.arriving.values(), *self.writes]:
+            try:
+                pending.future.result()
+            except BaseException:  # noqa: BLE001 - the first failure is already being raised
+                pass
+            self._forget(pending)
+        self.arriving.clear()
+        self.writes.clear()
+        self.in_flight = 0
+        self.pool.shutdown(wait=True)
+
+    def _finish_write(self, pending: Pending, waited: float) -> None:
+        count, elapsed = _result(pending)
+        self.in_flight -= pending.plan_bytes
+        self._forget(pending)
+        self.counts.pages_written += count
+        self.counts.page_out_s += elapsed
+        self.counts.io_wait_s += waited
+
+    def _forget(self, pending: Pending) -> None:
+        for key in pending.ledger_keys:
+            self.ledger.unregister(key)
+        pending.ledger_keys = ()
+
+    def _next(self) -> int:
+        self._serial += 1
+        return self._serial
+
+
+def _result(pending: Pending):
+    try:
+        return pending.future.result()
+    except Exception as error:  # noqa: BLE001 - reported against the instruction that issued it
+        raise IoFailed(pending.where, error) from error
+
+
+# -- on the IO thread: store calls only ----------------------------------------------------------
+
+def _read(store: PageStore, node_id: Any, names: list[str]) -> tuple[dict, float]:
+    start = time.perf_counter()
+    values = {name: store.get((node_id, name)) for name in names}
+    return values, time.perf_counter() - start
+
+
+def _write(store: PageStore, items: list[tuple[tuple, torch.Tensor]]) -> tuple[int, float]:
+    start = time.perf_counter()
+    for key, value in items:
+        store.put(key, value)
+    return len(items), time.perf_counter() - start

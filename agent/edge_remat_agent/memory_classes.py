@@ -1,0 +1,102 @@
+"""Where the memory goes: each planned byte in one class, counted alike by the plan and the ledger.
+
+    parameters       the model's weights (a `param` node's outputs, or fixed when homed in RAM)
+    gradients        the parameters' gradients (backward outputs an update node reads)
+    optimizer_state  momentum, AdamW's moments (an update node's state while it runs, or fixed)
+    activations      forward outputs, the loss and the activations' gradients
+    workspace        a node's temporaries while it runs (an update's scratch included)
+    inputs           the batch, buffers and constants (fixed)
+
+The runtime (interpreter, torch, the allocator's slack) holds no planned tensor: the run report
+sets the kernel's figures beside these. The ledger counts tensors, not temporaries, so its
+`workspace` stays 0; the kernel's peak is where temporaries show.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Hashable
+
+from .formats import Graph, Node, Stages
+
+CLASSES = ("parameters", "gradients", "optimizer_state", "activations", "workspace", "inputs")
+
+
+def output_classes(node: Node) -> dict[str, int]:
+    """A node's output bytes by class."""
+    if node.kind == "param":
+        return {"parameters": node.out_bytes}
+    grads = min(int(node.attrs.get("grad_bytes") or 0), node.out_bytes)
+    return {"gradients": grads, "activations": node.out_bytes - grads}
+
+
+def workspace_classes(node: Node, workspace: int) -> dict[str, int]:
+    """A running node's workspace by class: an update node's holds its optimizer state."""
+    state = min(int(node.attrs.get("state_bytes") or 0), workspace) if node.kind == "update" \
+        else 0
+    return {"optimizer_state": state, "workspace": workspace - state}
+
+
+def fixed_classes(graph: Graph) -> dict[str, int]:
+    """Fixed memory by class, from the capture's breakdown (the rest of it: inputs)."""
+    fixed = graph.capture.get("fixed") or {}
+    out = {name: int(fixed.get(name, 0)) for name in ("parameters", "gradients",
+                                                        "optimizer_state")}
+    # What the executor holds to the step's end (the loss): an activation, as the ledger sees it.
+    out["activations"] = int(fixed.get("step_state", 0))
+    out["inputs"] = max(0, graph.fixed_bytes - sum(out.values()))
+    return out
+
+
+def planned_at(graph: Graph, stages: Stages, at: tuple[int, int],
+               workspace: list[int]) -> dict[str, int]:
+    """What the plan holds at instruction `at` (the simulator's peak_at), by class: the
+    resident outputs, the running node's output and workspace, and fixed memory. The plan is
+    taken as valid (the simulator checked it)."""
+    resident: set[int] = set()
+    running: int | None = None
+    for s, stage in enumerate(stages[:at[0] + 1]):
+        for k, ins in enumerate(stage if s < at[0] else stage[:at[1] + 1]):
+            i = graph.index[ins.node]
+            running = None
+            if ins.op in ("compute", "page_in"):
+                resident.add(i)
+                running = i if ins.op == "compute" else None
+            else:
+                resident.discard(i)
+    out = dict.fromkeys(CLASSES, 0)
+    for i in resident:
+        _add(out, output_classes(graph.nodes[i]))
+    if running is not None:
+        _add(out, workspace_classes(graph.nodes[running], workspace[running]))
+    _add(out, fixed_classes(graph))
+    return out
+
+
+def ledger_classifier(trace) -> Callable[[Hashable], str]:
+    """The class of an executor ledger key (capture.replay: ("value", name, i); executor.step:
+    ("fixed", what, ...); executor.updates: ("state", group, key)) for a captured trace."""
+    params, grads = set(trace.params), set(trace.grads)
+
+    def classify(key: Hashable) -> str:
+        if not isinstance(key, tuple) or not key:
+            return "activations"
+        if key[0] == "state":
+            return "optimizer_state"
+        if key[0] == "fixed":
+            what = str(key[1])
+            return "gradients" if what == "gradients" else \
+                "optimizer_state" if what.startswith("optimizer_state") else "inputs"
+        name = key[1] if len(key) > 1 else None
+        if name in params:
+            return "parameters"
+        if name in grads:
+            return "gradients"
+        if name in trace.buffers or name in trace.user_inputs:
+            return "inputs"
+        return "activations"
+    return classify
+
+
+def _add(total: dict[str, int], part: dict[str, int]) -> None:
+    for name, nbytes in part.items():
+        total[name] = total.get(name, 0) + nbytes

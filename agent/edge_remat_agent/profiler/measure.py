@@ -1,0 +1,196 @@
+"""Measuring a board's profile: the one entry point that the `profile` and `profile-storage`
+commands and the daemon's "profile" job all call (as run_plan is for training).
+
+measure_profile(options, progress) times every graph node (ops.py) when options.graph is
+given, and measure_board(options) the rest: flash (with page_dir), the link to the host's page
+service (with host_pages), idle and busy power, the runtime's footprint and the identity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..formats import Profile
+from ..units import format_size, parse_size
+
+SIZE_OPTIONS = {"min_size", "max_size", "flash_capacity"}
+NUMBER_OPTIONS = {"window_s", "idle_s", "busy_s", "op_window_s"}
+FLAG_OPTIONS = {"no_fsync", "no_footprint"}
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What to measure; the fields are the `edge-remat-agent profile` options' long names."""
+
+    graph: str | None = None  # graph JSON whose nodes to time (None: no op costs)
+    page_dir: str | None = None  # directory on the flash to measure (None: no flash tier)
+    sizes: tuple[int, ...] | None = None  # page sizes (None: min_size..max_size, x4 steps)
+    min_size: int = 4 * 2**10
+    max_size: int = 64 * 2**20
+    window_s: float = 0.01  # repeat each page size until this much time is measured
+    no_fsync: bool = False
+    flash_capacity: int | None = None  # None: the free space under page_dir
+    sensor: str = "auto"  # a sensor name, "auto" (else the labelled model estimate) or "none"
+    idle_s: float = 2.0
+    busy_s: float = 2.0
+    model: str | None = None  # for the runtime footprint: a zoo name or module:function
+    no_footprint: bool = False
+    name: str | None = None  # the profile's name (default: the board's model)
+    host_pages: str | None = None  # HOST:PORT of the host's page service: the `host` tier
+    op_window_s: float = 0.01  # time each node until this much is measured
+    device: str = "cpu"  # torch device for the op timings
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "ProfileOptions":
+        """A job's params (JSON values: sizes as numbers or "64MiB", sizes also as a list or
+        "4KiB,1MiB") as options; ValueError names a bad one."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        values: dict[str, Any] = {}
+        for key, value in params.items():
+            if key not in known:
+                raise ValueError(f"unknown profile param {key!r}: the params are the options of "
+                                 f"`edge-remat-agent profile` by their long names "
+                                 f"({', '.join(known)})")
+            if value is not None:
+                values[key] = _param(key, value)
+        return cls(**values)
+
+
+def _param(key: str, value: Any) -> Any:
+    def bad(expected: str) -> ValueError:
+        return ValueError(f"bad profile param {key}={value!r}: expected {expected}")
+    if key in FLAG_OPTIONS:
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if isinstance(value, bool) or isinstance(value, dict):
+        raise bad("a number, a size or a text")
+    try:
+        if key in NUMBER_OPTIONS:
+            return float(value)
+        if key in SIZE_OPTIONS:
+            return parse_size(str(value))
+        if key == "sizes":
+            parts = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(sorted({parse_size(str(part)) for part in parts if str(part).strip()}))
+    except (ValueError, TypeError):
+        raise bad("a number of seconds" if key in NUMBER_OPTIONS else
+                  "a size such as 64MiB" if key in SIZE_OPTIONS else
+                  "sizes such as \"4KiB,1MiB\" or [4096, 1048576]") from None
+    return str(value)
+
+
+def measure_profile(options: ProfileOptions, progress=None) -> Profile:
+    """The measured profile (not yet written). progress(index, total, node measurement)."""
+    graph = captured = None
+    if options.graph:
+        from ..executor.run import capture_here
+        from ..formats import load_graph
+        graph = load_graph(options.graph)
+        captured = capture_here(graph)
+        model = str(graph.capture.get("source", {}).get("model", ":"))
+        if not options.model and ":" not in model:
+            options = dataclasses.replace(options, model=model)  # the footprint with this model
+    profile = measure_board(options)
+    if captured is None:
+        return profile
+    from ..sensors import open_sensor
+    from .ops import measure_nodes, ops_from, window_s
+    sensor_name = profile.device.get("sensor")
+    sensor = None if not sensor_name or profile.device.get("power_estimate") \
+        else open_sensor(sensor_name)
+    print(f"ops: {len(graph)} nodes of '{graph.name}', each timed for at least "
+          f"{window_s(options.op_window_s, sensor):g} s", file=sys.stderr)
+    nodes = measure_nodes(captured, options.op_window_s, sensor,
+                          profile.idle_w if sensor is not None else None, options.device,
+                          progress)
+    profile.ops = ops_from(nodes)
+    profile.measurements["ops"] = {
+        "graph": graph.name, "graph_fingerprint": graph.fingerprint(),
+        "method": "time_s: each planner node's median over plain steps run node by node "
+                  "(StepRunner, the executor's engine); isolated_time_s: the node re-run on "
+                  "real inputs until the window is measured (best of 3 windows); energy from "
+                  "the isolated windows; bytes from the real tensors",
+        "context_steps": nodes[0].context_runs if nodes else 0,
+        "window_s": window_s(options.op_window_s, sensor), "device": options.device,
+        "energy": "above idle, from sensor " + sensor_name if sensor is not None else
+                  "not measured (no sensor): the planner uses time x (active - idle) power",
+        "nodes": [m.to_dict() for m in nodes]}
+    return profile
+
+
+def measure_board(options: ProfileOptions) -> Profile:
+    """Flash (with page_dir), the host link (with host_pages), power, runtime footprint and
+    identity, as a measured profile without op costs. Raises what `board_errors()` names."""
+    from . import (board_identity, measure_flash, measure_power, measure_runtime_footprint,
+                   measured_profile, sizes_between)
+    sizes = options.sizes or sizes_between(options.min_size, options.max_size)
+    flash = None
+    if options.page_dir:
+        print(f"flash: {len(sizes)} sizes, {format_size(sizes[0])} .. {format_size(sizes[-1])} "
+              f"in {options.page_dir}", file=sys.stderr)
+        flash = measure_flash(options.page_dir, sizes, options.window_s,
+                              fsync=not options.no_fsync, capacity_bytes=options.flash_capacity)
+    host = (measure_host_link(options.host_pages, sizes, options.window_s)
+            if options.host_pages else None)
+    print(f"power: sensor {options.sensor}, {options.idle_s} s idle, {options.busy_s} s busy",
+          file=sys.stderr)
+    power = measure_power(options.sensor, idle_s=options.idle_s, busy_s=options.busy_s)
+    footprint = None
+    if not options.no_footprint:
+        build = model_builder(options.model) if options.model else None
+        footprint = measure_runtime_footprint(build)
+    return measured_profile(board_identity(sensor=power.sensor), power, flash=flash, host=host,
+                            footprint=footprint, name=options.name)
+
+
+def measure_host_link(address: str, sizes, window_s: float):
+    """The `host` tier: tensors paged to the host's page service and back through the store a
+    run uses (encoding and CRC32 included, as for the flash), over the agent's link."""
+    from ..pages.link import connect_store
+    from .tiers import measure_store
+    print(f"host link: {len(sizes)} sizes to the page service at {address}", file=sys.stderr)
+    with connect_store(address) as store:
+        return measure_store(store, sizes, window_s,
+                             method=f"ServiceStore put/get to the host's page service "
+                                    f"({address})")
+
+
+def model_builder(spec: str) -> Callable[[], Any]:
+    """'mlp' -> the zoo's mlp; 'package.module:function' -> that function (no arguments)."""
+    if ":" not in spec:
+        from .. import zoo
+        if spec not in zoo.MODELS:
+            raise ValueError(f"no zoo model {spec!r}: use one of {', '.join(zoo.MODELS)} "
+                             "or module:function")
+        return functools.partial(zoo.build, spec)
+    module_name, _, attribute = spec.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def board_errors() -> tuple[type[BaseException], ...]:
+    """What measuring the board can raise that is the board's or the options' fault."""
+    from ..pages import PageStoreError
+    from ..sensors import SensorError
+    from .profile_writer import ProfileIncomplete
+    return (PageStoreError, SensorError, ProfileIncomplete, ValueError, RuntimeError, OSError)
+
+
+def profile_summary(profile: Profile, output: str) -> dict[str, Any]:
+    """What the `profile` command prints and the job returns."""
+    ops = profile.measurements.get("ops", {})
+    return {"output": output, "source": profile.source, "name": profile.name,
+            "ops": len(profile.ops), "nodes": len(ops.get("nodes", [])),
+            "graph": ops.get("graph"), "tiers": sorted(profile.tiers),
+            "idle_w": profile.idle_w, "active_w": profile.active_w,
+            "sensor": profile.device.get("sensor"),
+            "power_estimate": profile.device.get("power_estimate"),
+            "runtime_baseline_bytes": profile.runtime_baseline_bytes}

@@ -1,0 +1,108 @@
+"""Overlapped paging on two timelines: compute on one, the page tier's link/flash on the other.
+
+The semantics the simulator, the planner's post-pass (host planner/overlap.py) and the executor
+(executor/paging.py) share, instruction by instruction:
+
+  page_in n   issued where the plan puts it: the read is queued on the IO timeline (one IO at a
+              time, in plan order) and its bytes are in RAM from the issue on; compute goes on
+              and waits for the read only at the first use of n (a compute that reads it, or a
+              free or page_out of it).
+  page_out n  the write is queued on the IO timeline (written behind) and compute goes on; n's
+              bytes stay in RAM until the write completes. A node whose page is still on the
+              tier from earlier in the step is not written again (the executor skips it too).
+  memory      RAM at an instruction is the synchronous model's (the simulator's memory_trace,
+              which at a page_out still holds the page) plus the writes still in flight. Before an instruction, the oldest writes are
+              waited for while that sum is over the limit (the synchronous peak): overlapping
+              never raises the peak, and the wait is part of the step time.
+  step time   the makespan: compute time, plus the time compute waits for IO, or the IO
+              timeline's end if later (every write completes before the step ends).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+COMPUTE, FREE, PAGE_OUT, PAGE_IN = range(4)
+OP_CODES = {"compute": COMPUTE, "free": FREE, "page_out": PAGE_OUT, "page_in": PAGE_IN}
+
+
+@dataclass
+class Timeline:
+    step_time_s: float  # the makespan
+    compute_time_s: float
+    io_busy_s: float  # the IO timeline's busy time (reads and writes actually done)
+    waited_s: float  # time compute waited on IO (page-ins not arrived, writes holding RAM)
+    peak_bytes: int  # RAM at its worst, writes in flight included
+
+    @property
+    def exposed_io_s(self) -> float:
+        return self.step_time_s - self.compute_time_s
+
+    @property
+    def hidden_share(self) -> float | None:
+        """The share of IO time hidden behind compute (None without IO)."""
+        if self.io_busy_s <= 0:
+            return None
+        return max(0.0, min(1.0, 1.0 - self.exposed_io_s / self.io_busy_s))
+
+
+def over_limit(ram_bytes: int, in_flight_bytes: int, limit_bytes: int) -> bool:
+    """The one rule both sides apply: wait for the oldest write while RAM is over the limit."""
+    return ram_bytes + in_flight_bytes > limit_bytes
+
+
+def run_timeline(ops: list[tuple[int, int, str | None]], deps: list[list[int]],
+                 sizes: list[int], time_s: list[float], in_time_s: dict[str, list[float]],
+                 out_time_s: dict[str, list[float]], sync_trace: list[int],
+                 limit_bytes: int | None = None) -> Timeline:
+    """Two timelines over resolved instructions `ops` = (op code, node index, tier), with the
+    synchronous model's RAM at each instruction (`sync_trace`, fixed memory included)."""
+    limit = max(sync_trace, default=0) if limit_bytes is None else limit_bytes
+    tc = tio = waited = busy = compute = 0.0
+    arriving: dict[int, float] = {}  # node -> when its page-in completes
+    writes: deque[tuple[float, int]] = deque()  # (completion, bytes) in issue order
+    in_flight = 0
+    on_tier: dict[str, set[int]] = {}
+    peak = 0
+
+    def wait_until(t: float) -> None:
+        nonlocal tc, waited
+        if t > tc:
+            waited += t - tc
+            tc = t
+
+    for k, (op, i, tier) in enumerate(ops):
+        while writes and writes[0][0] <= tc:  # completed: their bytes have left RAM
+            in_flight -= writes.popleft()[1]
+        if i in arriving and op != COMPUTE and op != PAGE_IN:  # a free or page_out uses it
+            wait_until(arriving.pop(i))
+        # sync_trace[k] counts a page_out's own bytes (RAM just before it leaves), so the
+        # rule runs before its write joins the writes in flight.
+        while writes and over_limit(sync_trace[k], in_flight, limit):
+            end, nbytes = writes.popleft()
+            wait_until(end)
+            in_flight -= nbytes
+        peak = max(peak, sync_trace[k] + in_flight)
+        if op == PAGE_OUT:
+            held = on_tier.setdefault(tier, set())
+            if i not in held:
+                held.add(i)
+                start = max(tio, tc)
+                tio = start + out_time_s[tier][i]
+                busy += tio - start
+                writes.append((tio, sizes[i]))
+                in_flight += sizes[i]
+        elif op == COMPUTE:
+            for d in deps[i]:
+                if d in arriving:
+                    wait_until(arriving.pop(d))
+            tc += time_s[i]
+            compute += time_s[i]
+        elif op == PAGE_IN:
+            start = max(tio, tc)
+            tio = start + in_time_s[tier][i]
+            busy += tio - start
+            arriving[i] = tio
+    wait_until(max([tio, *arriving.values()]))  # the step ends when every IO has completed
+    return Timeline(tc, compute, busy, waited, peak)

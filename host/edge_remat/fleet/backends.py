@@ -1,0 +1,147 @@
+"""Where the fleet's tasks run: Ray (a local instance on this machine, or a cluster at
+`--ray-address`), or this process one task at a time (`--no-ray`). Ray does the scheduling,
+the shipping of inputs (each graph and profile is put in its object store once) and the
+isolation (a solver that crashes takes down its worker, not the fleet); this module only
+submits, waits and collects."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+from ..errors import UserError
+from .tasks import capture_outcome, plan_outcome
+
+RAY_EXTRA = "pip install -e '.[fleet]'"
+
+
+class InProcess:
+    """The same tasks, one after the other, in this process."""
+
+    parallel = False
+
+    def __init__(self) -> None:
+        self.cpus = os.cpu_count() or 1
+        self._calls: dict[int, tuple[Callable, tuple]] = {}
+        self._results: dict[int, Any] = {}
+
+    def share(self, value: Any) -> Any:
+        return value
+
+    def submit_capture(self, spec: str, capture: dict) -> int:
+        return self._submit(capture_outcome, (spec, capture))
+
+    def submit_plan(self, graph, profile, budget, deadline, settings, workers: int) -> int:
+        return self._submit(plan_outcome, (graph, profile, budget, deadline, settings, workers))
+
+    def _submit(self, function: Callable, args: tuple) -> int:
+        handle = len(self._calls) + len(self._results)
+        self._calls[handle] = (function, args)
+        return handle
+
+    def wait(self, handles: list, timeout_s: float) -> list:
+        """Runs the oldest submitted task to its end."""
+        handle = min(handles)
+        function, args = self._calls.pop(handle)
+        self._results[handle] = function(*args)
+        return [handle]
+
+    def result(self, handle: int) -> dict:
+        return self._results.pop(handle)
+
+    def cancel(self, handles: list) -> None:
+        for handle in handles:
+            self._calls.pop(handle, None)
+
+    def close(self) -> None:
+        pass
+
+
+class RayBackend:
+    """Tasks as Ray tasks; each plan task asks for as many CPUs as its solver has threads."""
+
+    parallel = True
+
+    def __init__(self, address: Optional[str] = None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise UserError(f"Ray is not installed: {RAY_EXTRA} (or pass --no-ray to run the "
+                            "tasks one by one in this process)") from None
+        self.ray = ray
+        self._started = False
+        if not ray.is_initialized():
+            if address:
+                _check_reachable(address)
+            try:
+                if address:
+                    ray.init(address=address, logging_level="warning",
+                             log_to_driver=False)
+                else:  # a local instance on this machine's cores, for this run only
+                    ray.init(include_dashboard=False, logging_level="warning",
+                             log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+                raise UserError(f"cannot connect to {where}: {str(exc).splitlines()[0]} (check "
+                                "the address `ray status` prints on the head node, or leave "
+                                "out --ray-address)") from None
+            self._started = True
+        self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        # A crashed worker is a failed task, recorded; a re-run of the fleet tries it again.
+        self._capture = ray.remote(capture_outcome)
+        self._plan = ray.remote(plan_outcome)
+
+    def share(self, value: Any) -> Any:
+        """Put a value every task of a model or board reads in the object store, once."""
+        return self.ray.put(value)
+
+    def submit_capture(self, spec: str, capture: dict):
+        return self._capture.options(num_cpus=1, max_retries=0).remote(spec, capture)
+
+    def submit_plan(self, graph, profile, budget, deadline, settings, workers: int):
+        return self._plan.options(num_cpus=workers, max_retries=0).remote(graph, profile, budget, deadline,
+                                                           settings, workers)
+
+    def wait(self, handles: list, timeout_s: float) -> list:
+        done, _ = self.ray.wait(handles, num_returns=1, timeout=timeout_s)
+        return done
+
+    def result(self, handle) -> dict:
+        from .tasks import failure
+        try:
+            return self.ray.get(handle)
+        except self.ray.exceptions.RayError as exc:  # the worker died: a solver crash, OOM
+            outcome = failure(RuntimeError(f"the task's Ray worker failed: "
+                                           f"{_first_line(exc)}"))
+            outcome["status"] = "crashed"
+            return outcome
+
+    def cancel(self, handles: list) -> None:
+        for handle in handles:
+            try:
+                self.ray.cancel(handle, force=True)
+            except Exception:  # noqa: BLE001 - already finished or gone
+                pass
+
+    def close(self) -> None:
+        if self._started:
+            self.ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """A HOST:PORT nobody answers on: said at once (Ray itself retries for minutes)."""
+    import socket
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return  # "auto", "ray://...": Ray resolves them
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} "
+                        "(check the address `ray status` prints on the head node, or leave "
+                        "out --ray-address for a local Ray instance)") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

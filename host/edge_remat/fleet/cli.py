@@ -1,0 +1,97 @@
+"""`edge-remat fleet ...`: the fleet's commands (added to the main CLI as a group)."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from ..errors import EXIT_JOB_FAILED, UserError, cli_errors
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Plan for a fleet: many models x boards x budgets, as Ray tasks.")
+
+
+@app.command("plan")
+@cli_errors
+def plan_command(
+    manifest_file: str = typer.Argument(..., metavar="MANIFEST.toml",
+                                        help="models, boards (profiles or device configs), "
+                                             "budgets and deadlines"),
+    out: Optional[str] = typer.Option(None, "--out", help="the output tree (default: the "
+                                      "manifest's `out`, else edge-remat-fleet)"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="an existing Ray "
+                                              "cluster (e.g. 10.0.0.5:6379 or auto); default: a "
+                                              "local Ray instance on this machine"),
+    no_ray: bool = typer.Option(False, "--no-ray", help="run the tasks one by one in this "
+                                "process (no Ray needed)"),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="solver threads per "
+                                          "task (default: the cores shared out among the tasks "
+                                          "in flight)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Capture each model once, plan every (model, board, budget, deadline) with the board's
+    profile, check each plan in the simulator, write the plans, a results table and a plot per
+    model. Re-running skips what is already written and valid. Exit status 1: some tasks
+    failed (each is in the table with its error)."""
+    from pathlib import Path
+
+    from ..outputs import output_folder
+    from ..remote import to_stderr
+    from .manifest import load_manifest
+    from .runner import run_fleet
+
+    if no_ray and ray_address:
+        raise UserError("--no-ray and --ray-address contradict each other: give one of them")
+    manifest = load_manifest(manifest_file)
+    if no_ray:
+        from .backends import InProcess
+        backend = InProcess()
+    else:
+        from .backends import RayBackend
+        backend = RayBackend(ray_address)  # a cluster that cannot be reached: nothing made
+    try:
+        folder = output_folder(out or manifest.out or "edge-remat-fleet")
+        result = run_fleet(manifest, Path(folder), backend, threads, say=to_stderr)
+    finally:
+        backend.close()
+    failed = result.failed
+    if as_json:
+        print(json.dumps({"status": "failed" if failed else "done", "out": str(folder),
+                          "tasks": len(result.rows), "failed": len(failed),
+                          "workers_per_task": result.workers, "in_flight": result.in_flight,
+                          "seconds": result.seconds, "rows": result.rows,
+                          "files": [str(p) for p in result.files]}))
+    else:
+        typer.echo(summary_text(result, folder))
+    if failed:
+        raise typer.Exit(EXIT_JOB_FAILED)
+
+
+def summary_text(result, folder) -> str:
+    from ..units import fmt_bytes
+    rows = result.rows
+    resumed = sum(1 for row in rows if row["resumed"])
+    lines = [f"{len(rows)} tasks: {len(rows) - len(result.failed)} planned ({resumed} kept from "
+             f"before), {len(result.failed)} failed, in {result.seconds:.1f} s "
+             f"({result.in_flight} at a time, {result.workers} solver thread"
+             f"{'s' if result.workers != 1 else ''} each)"]
+    # budget @deadline: a deadline as a multiple of the plain time
+    header = f"{'model':<16} {'board':<18} {'budget':>14} {'status':<12} {'peak':>10} " \
+             f"{'time/step':>10} {'energy':>9}"
+    lines += ["", header]
+    for row in rows:
+        budget = row["budget"] + (f" @{row['deadline']:g}x" if row["deadline"] else "")
+        start = f"{row['model']:<16} {row['board']:<18} {budget:>14} {row['status']:<12}"
+        if row["error"] is not None:
+            lines.append(f"{start} {row['error']}")
+            continue
+        lines.append(f"{start} {fmt_bytes(row['peak_bytes']):>10} "
+                     f"{row['time_s']:>9.4g}s {row['energy_j']:>8.4g}J")
+    if result.slowest:
+        lines += ["", "slowest: " + "; ".join(f"{label} {seconds:.1f} s"
+                                               for seconds, label in result.slowest)]
+    lines.append(f"results: {folder}/results.csv, {folder}/results.json; plans and plots "
+                 f"under {folder}/")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""The fleet's results: one row per task, written as results.json and results.csv, and one plot
+per model (energy and time per step against the memory budget, one line per board)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any, Optional
+
+from edge_remat_agent.formats.fields import dump_json, dump_text
+
+from .tasks import PlanTask
+
+COLUMNS = ("model", "board", "budget", "deadline", "status", "solver", "budget_bytes",
+           "peak_bytes", "time_s", "energy_j", "tdi_percent", "recomputed", "page_ins",
+           "page_outs", "lower_bound", "gap", "solve_time_s", "workers", "task_s", "resumed",
+           "plan", "error")
+
+
+def plan_row(task: PlanTask, plan: dict, seconds: Optional[float], resumed: bool) -> dict:
+    pr, s = plan["predicted"], plan["solver"]
+    return {**_keys(task), "status": s["status"], "solver": s["name"],
+            "budget_bytes": plan["budget_bytes"], "peak_bytes": pr["peak_bytes"],
+            "time_s": pr["time_s"], "energy_j": pr["energy_j"],
+            "tdi_percent": pr["tdi_percent"], "recomputed": pr["recomputed"],
+            "page_ins": pr["page_ins"], "page_outs": pr["page_outs"],
+            "lower_bound": s["lower_bound"], "gap": s["gap"],
+            "solve_time_s": s["solve_time_s"], "workers": s.get("workers"),
+            "task_s": seconds, "resumed": resumed, "plan": task.relpath, "error": None}
+
+
+def failed_row(task: PlanTask, outcome: dict) -> dict:
+    row: dict[str, Any] = {key: None for key in COLUMNS}
+    row.update(_keys(task), status=outcome["status"], budget_bytes=outcome.get("budget_bytes"),
+               task_s=outcome.get("seconds"), resumed=False, error=outcome["error"])
+    return row
+
+
+def _keys(task: PlanTask) -> dict:
+    return {"model": task.model, "board": task.board, "budget": task.budget,
+            "deadline": task.deadline}
+
+
+def write_results(rows: list[dict], out: Path, manifest: str) -> list[Path]:
+    """results.json, results.csv and OUT/MODEL/sweep.png for each model with a plan."""
+    json_path, csv_path = out / "results.json", out / "results.csv"
+    dump_json({"format": "edge-remat/fleet-results", "version": 1, "manifest": manifest,
+               "rows": rows}, json_path)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({key: ("" if row.get(key) is None else row[key]) for key in COLUMNS}
+                     for row in rows)
+    dump_text(text.getvalue(), csv_path)
+    return [json_path, csv_path, *plot_models(rows, out)]
+
+
+def plot_models(rows: list[dict], out: Path) -> list[Path]:
+    from ..reports.plots import plot_sweeps
+    written = []
+    for model in dict.fromkeys(row["model"] for row in rows):
+        mine = [row for row in rows if row["model"] == model]
+        if not any(row["energy_j"] is not None for row in mine):
+            continue
+        several_deadlines = len({row["deadline"] for row in mine}) > 1
+        series: dict[str, list[dict]] = {}
+        for row in mine:
+            label = row["board"] + (f", deadline {row['deadline']:g}x"
+                                    if several_deadlines and row["deadline"] else "")
+            series.setdefault(label, []).append(row)
+        written.append(plot_sweeps(series, out / model / "sweep.png",
+                                   f"{model}: cost of training against the memory budget"))
+    return written

@@ -1,0 +1,27 @@
+"""One budget's plan as `edge-remat plan` writes it: build the problem and solve (the plan
+carries the figures of the tiers it pages to). The `plan` command and each fleet task call
+this, so that a fleet's plan file is the plan the command gives for the same inputs."""
+
+from __future__ import annotations
+
+from edge_remat_agent.formats import Graph, Profile, Tier
+
+from ..units import Budget
+from .build import build_problem
+from .solve import Progress, SolveReport, solve
+
+
+def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | None = None,
+              objective: str = "time", deadline: float | None = None,
+              paging: str | None = None, tiers: dict[str, Tier] | None = None,
+              paging_time: str = "counted", solver: str = "auto", time_limit: float = 60.0,
+              backend: str = "cbc", workers: int | None = None,
+              progress: Progress | None = None, plain_peak: int | None = None,
+              io: str = "overlap") -> "tuple[dict, SolveReport]":
+    """(the plan as written, the solver's report). Raises InfeasibleBudget,
+    InfeasibleDeadline or NoPlan where no plan can be had. `plain_peak`: a fraction's
+    reference when the caller has it already."""
+    problem = build_problem(graph, budget, profile, objective, deadline, paging, tiers,
+                            paging_time, plain_peak, io)
+    report = solve(problem, solver, time_limit, backend, workers, progress=progress)
+    return report.plan.to_dict(), report

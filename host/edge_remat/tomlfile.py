@@ -1,0 +1,23 @@
+"""Reading the host's TOML files (device configs, fleet manifests): one clear error each for a
+file that cannot be read and for text that is not TOML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge_remat_agent.formats import FormatError
+
+
+def read_toml(path: Path, what: str) -> dict:
+    """The table in `path`; `what` names the file in the error ("device config")."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise FormatError(str(path), "<file>", f"a readable {what}", exc.strerror) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FormatError(str(path), "<toml>", "valid TOML", str(exc)) from None

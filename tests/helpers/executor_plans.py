@@ -1,0 +1,102 @@
+"""Models and plans the executor tests share: the user's example model, plans that recompute
+every forward node or page every recomputation to flash (validated by the simulator, carrying
+their flash figures), and eager PyTorch to compare with."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from edge_remat_agent.capture import Captured
+from edge_remat_agent.capture.models import load_model
+from edge_remat_agent.costs import build_costs
+from edge_remat_agent.executor import plain_step, torch_optimizer
+from edge_remat_agent.executor.batches import batch_source
+from edge_remat_agent.executor.gradcheck import deterministic
+from edge_remat_agent.formats import Graph, Instruction, Plan, Tier
+from edge_remat_agent.simulate import simulate
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = f"{ROOT / 'examples' / 'my_model.py'}:make_model"
+FLASH = Tier(read_bytes_per_s=1e9, write_bytes_per_s=1e9)
+
+
+def example_model():
+    return load_model(EXAMPLE, batch=4, image=16)
+
+
+def fresh(captured: Captured, make) -> Captured:
+    """The same capture with a newly built module (same seed, same weights): runs train the
+    module, so each run starts from its own."""
+    module, args = make()
+    return dataclasses.replace(captured, module=module, example_args=tuple(args))
+
+
+def with_paging(plan: Plan, graph: Graph, every: int = 2) -> Plan:
+    """Every `every`-th recomputation becomes a page round trip to flash: the free before it a
+    page_out, the recompute a page_in. Same memory, a deterministic mix of both mechanisms."""
+    stages = [list(stage) for stage in plan.stages]
+    computed, last_free, seen = set(), {}, 0
+    for s, stage in enumerate(stages):
+        for k, ins in enumerate(stage):
+            if ins.op == "free":
+                last_free[ins.node] = (s, k)
+            elif ins.op == "compute":
+                if ins.node in computed and ins.node in last_free:
+                    seen += 1
+                    if seen % every == 1 or every == 1:
+                        fs, fk = last_free.pop(ins.node)
+                        stages[fs][fk] = Instruction("page_out", ins.node, "flash")
+                        stage[k] = Instruction("page_in", ins.node, "flash")
+                computed.add(ins.node)
+    return _validated(plan, graph, stages)
+
+
+def every_forward_recomputed(graph: Graph) -> Plan:
+    """The plain order, each forward node computed, freed and computed again at once."""
+    last_reader = {dep: node.id for node in graph.nodes for dep in node.inputs}
+    stages = []
+    for node in graph.nodes:
+        stage = [Instruction("compute", node.id)]
+        if node.kind == "forward":
+            stage += [Instruction("free", node.id), Instruction("compute", node.id)]
+        stage += [Instruction("free", d) for d in node.inputs if last_reader[d] == node.id]
+        stages.append(stage)
+    return _validated(Plan(stages, graph.fingerprint(), 2**62), graph, stages)
+
+
+def _validated(plan: Plan, graph: Graph, stages) -> Plan:
+    sim = simulate(graph, build_costs(graph, None, {"flash": FLASH}), stages)
+    return dataclasses.replace(plan, stages=stages, predicted=sim.summary(),
+                               tiers={"flash": FLASH})
+
+
+def eager_run(make, steps: int, seed: int):
+    module, args = make()
+    optimizer = torch_optimizer("sgd", module)
+    torch.manual_seed(seed)
+    losses = [plain_step(module, optimizer, args) for _ in range(steps)]
+    return module, losses
+
+
+def eager_parameters(module: torch.nn.Module, optimizer: str, example_args, steps: int) -> dict:
+    """`module` trained by plain eager PyTorch for `steps` steps on the batches a run takes
+    (executor.batches, seed 0, deterministic): its state dict, what a plan's must equal."""
+    opt = torch_optimizer(optimizer, module)
+    batches = batch_source(None, example_args, torch.device("cpu"), 0)
+    torch.manual_seed(0)
+    with deterministic(torch.device("cpu")):
+        for i in range(steps):
+            plain_step(module, opt, batches(i))
+    return module.state_dict()
+
+
+def assert_same_model(mine: torch.nn.Module, theirs: torch.nn.Module) -> None:
+    for (name, a), (_, b) in zip(mine.state_dict().items(), theirs.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def trainable_count(module: torch.nn.Module) -> int:
+    return sum(1 for p in module.parameters() if p.requires_grad)

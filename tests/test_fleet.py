@@ -1,0 +1,285 @@
+"""`edge-remat fleet plan` on a real local Ray instance (2 CPUs): three small models x two boards
+x three budgets, every plan written, valid in the simulator and identical to what `edge-remat
+graph` + `edge-remat plan` give for the same inputs; failures (infeasible budgets, a worker
+that dies) recorded without stopping the others; a re-run resumes; the CLI against the same
+Ray instance by address, the in-process path, and a bad manifest's error lines."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from helpers.bad_inputs import BAD_INPUT, JOB_FAILED, cli, env
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[fleet]'")
+pytestmark = pytest.mark.slow  # a local Ray instance and real solves: a minute or two
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILES = {"rpi4": REPO / "profiles" / "rpi4.json",
+            "orin-nano": REPO / "profiles" / "jetson-orin-nano.json"}
+BUDGETS = ["80%", "90%", "97%"]
+TIME_LIMIT = 20  # these tiny graphs are solved to optimality well within it
+MODELS = {"mlp": ("mlp", ["--batch", "4"]),
+          "digits-cnn": ("digits-cnn", ["--batch", "4", "--image", "8"]),
+          "my-model": (str(REPO / "examples" / "my_model.py") + ":make_model",
+                       ["--batch", "2", "--image", "8"])}
+# Solver times differ from run to run; everything else in a plan file must be the same.
+TIMINGS = ("solve_time_s", "first_plan_s", "best_plan_s")
+
+CRASHER = '''
+import os, signal
+
+
+def make_model():
+    os.kill(os.getpid(), signal.SIGKILL)  # the worker dies, as in a native solver crash
+'''
+
+
+def manifest_text(crasher: Path) -> str:
+    return f"""
+budgets = {json.dumps(BUDGETS)}
+
+[plan]
+objective = "energy"
+time_limit = {TIME_LIMIT}
+
+[[models]]
+model = "mlp"
+batch = 4
+
+[[models]]
+model = "digits-cnn"
+batch = 4
+image = 8
+
+[[models]]
+model = "{REPO / 'examples' / 'my_model.py'}:make_model"
+name = "my-model"
+batch = 2
+image = 8
+
+[[models]]
+model = "{crasher}:make_model"
+
+[[boards]]
+device = "rpi4"
+
+[[boards]]
+profile = "{PROFILES['orin-nano']}"
+name = "orin-nano"
+"""
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    # Graphs and plans of these models are kilobytes: a small object store is plenty.
+    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                       logging_level="error", object_store_memory=256 * 2**20)
+    yield context
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def fleet(local_ray, tmp_path_factory):
+    from edge_remat.fleet.backends import RayBackend
+    from edge_remat.fleet.manifest import load_manifest
+    from edge_remat.fleet.runner import run_fleet
+
+    folder = tmp_path_factory.mktemp("fleet")
+    crasher = folder / "crasher.py"
+    crasher.write_text(CRASHER)
+    path = folder / "fleet.toml"
+    path.write_text(manifest_text(crasher))
+    manifest = load_manifest(path)
+    lines: list[str] = []
+    result = run_fleet(manifest, folder / "out", RayBackend(), say=lines.append, live=False)
+    return manifest, folder / "out", result, lines
+
+
+def without_timings(plan: dict) -> dict:
+    plan = json.loads(json.dumps(plan))
+    for key in TIMINGS:
+        plan["solver"].pop(key, None)
+    return plan
+
+
+def test_every_plan_written_valid_and_as_the_plan_command_gives(fleet, tmp_path):
+    from typer.testing import CliRunner
+
+    from edge_remat.checks import check_plan
+    from edge_remat.cli import app
+    from edge_remat.importers.graph_import import load_graph_file
+    from edge_remat_agent.formats import load_plan
+
+    manifest, out, result, _ = fleet
+    assert result.workers == 1 and result.in_flight == 2  # 2 CPUs, many tasks: 1 thread each
+    rows = {(r["model"], r["board"], r["budget"]): r for r in result.rows}
+    assert len(rows) == 4 * 2 * 3
+    runner = CliRunner()
+    compared = 0
+    for name, (spec, options) in MODELS.items():
+        graph_file = tmp_path / f"{name}.json"
+        captured = runner.invoke(app, ["graph", "--model", spec, *options, "-o", str(graph_file)])
+        assert captured.exit_code == 0, captured.output
+        graph = load_graph_file(graph_file)
+        assert load_graph_file(out / name / "graph.json").fingerprint() == graph.fingerprint()
+        for board, profile in PROFILES.items():
+            for budget in BUDGETS:
+                row = rows[(name, board, budget)]
+                expected = tmp_path / f"{name}-{board}-{budget.rstrip('%')}.json"
+                answer = runner.invoke(app, [
+                    "plan", "--graph", str(graph_file), "--budget", budget, "--profile",
+                    str(profile), "--objective", "energy", "--time-limit", str(TIME_LIMIT),
+                    "--workers", "1", "-o", str(expected), "--json"])
+                if answer.exit_code != 0:  # the same failure, the same one line
+                    assert row["status"] == json.loads(answer.stdout)["status"] == "infeasible"
+                    assert f"error: {row['error']}" in answer.output
+                    assert row["plan"] is None and not expected.exists()
+                    continue
+                assert row["error"] is None and row["status"] == "optimal", row
+                written = out / row["plan"]
+                check_plan(load_plan(written), graph, str(written), str(graph_file))
+                assert without_timings(json.loads(written.read_text())) == \
+                    without_timings(json.loads(expected.read_text()))
+                compared += 1
+    assert compared == 14  # mlp cannot go below 95% of its plain peak: 4 infeasible tasks
+
+
+def test_failures_are_recorded_and_do_not_stop_the_others(fleet):
+    manifest, out, result, lines = fleet
+    crashed = [r for r in result.rows if r["model"] == "crasher"]
+    assert len(crashed) == 6
+    for row in crashed:
+        assert row["status"] == "capture failed" and row["plan"] is None
+        assert "Ray worker failed" in row["error"] and "\n" not in row["error"]
+    infeasible = [r for r in result.rows if r["status"] == "infeasible"]
+    assert {(r["model"], r["budget"]) for r in infeasible} == {("mlp", "80%"), ("mlp", "90%")}
+    assert all("smallest feasible budget" in r["error"] for r in infeasible)
+    assert len(result.failed) == 10
+    assert any(line.startswith("failed: crasher on rpi4 at 80%: capture failed: ")
+               for line in lines)
+    # The table holds every task, and a plot per model with a plan.
+    table = (out / "results.csv").read_text().splitlines()
+    assert table[0].startswith("model,board,budget,deadline,status") and len(table) == 25
+    assert json.loads((out / "results.json").read_text())["rows"] == result.rows
+    for model in ("mlp", "digits-cnn", "my-model"):
+        assert (out / model / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (out / "crasher" / "sweep.png").exists()
+
+
+def test_a_rerun_keeps_what_is_written_and_valid(fleet):
+    from edge_remat.fleet.backends import RayBackend
+    from edge_remat.fleet.runner import run_fleet
+
+    manifest, out, result, _ = fleet
+    plans = {r["plan"]: (out / r["plan"]).read_text() for r in result.rows if r["plan"]}
+    stamps = {name: os.stat(out / name).st_mtime_ns for name in plans}
+    # One plan deleted, one damaged (a stage dropped: it no longer replays), one for another
+    # budget in its place: these three are planned again, the rest kept as they are.
+    deleted, damaged, swapped = "digits-cnn/rpi4/plan-80pct.json", \
+        "my-model/orin-nano/plan-90pct.json", "my-model/rpi4/plan-97pct.json"
+    (out / deleted).unlink()
+    broken = json.loads(plans[damaged])
+    broken["stages"] = broken["stages"][1:]
+    (out / damaged).write_text(json.dumps(broken))
+    (out / swapped).write_text(plans["my-model/rpi4/plan-80pct.json"])
+
+    again = run_fleet(manifest, out, RayBackend(), live=False)
+    rerun = {r["plan"] for r in again.rows if r["plan"] and not r["resumed"]}
+    assert rerun == {deleted, damaged, swapped}
+    for name, text in plans.items():
+        assert without_timings(json.loads((out / name).read_text())) == \
+            without_timings(json.loads(text))
+        if name not in rerun:
+            assert os.stat(out / name).st_mtime_ns == stamps[name]
+    assert len(again.failed) == 10  # failed tasks are tried again, and fail again
+
+
+def test_cli_on_a_ray_cluster_by_address_and_in_process(fleet, local_ray, tmp_path):
+    manifest, out, result, _ = fleet
+    graph = out / "my-model" / "graph.json"
+    (tmp_path / "small.toml").write_text(f"""
+budgets = ["80%", "0.9", "10%"]
+[plan]
+objective = "energy"
+time_limit = {TIME_LIMIT}
+[[models]]
+graph = "{graph}"
+name = "my-model"
+[[boards]]
+profile = "{PROFILES['rpi4']}"
+name = "rpi4"
+""")
+    for how in (["--ray-address", local_ray.address_info["address"]], ["--no-ray"]):
+        target = tmp_path / how[0].strip("-")
+        proc = cli("fleet", "plan", tmp_path / "small.toml", "--out", target, "--threads", "1",
+                   "--json", *how, timeout=300)
+        # 10% is below the graph's floor: recorded, and the exit status says a task failed
+        assert proc.returncode == JOB_FAILED, proc.stderr
+        report = json.loads(proc.stdout)
+        assert report["status"] == "failed" and report["tasks"] == 3 and report["failed"] == 1
+        assert [r["status"] for r in report["rows"]] == ["optimal", "optimal", "infeasible"]
+        for budget, name in (("80%", "plan-80pct.json"), ("0.9", "plan-0.9.json")):
+            fleet_plan = out / "my-model" / "rpi4" / ("plan-80pct.json" if budget == "80%"
+                                                      else "plan-90pct.json")
+            assert without_timings(json.loads((target / "my-model" / "rpi4" / name)
+                                              .read_text())) == \
+                without_timings(json.loads(fleet_plan.read_text()))
+
+
+def test_a_bad_manifest_is_refused_one_line_per_mistake(tmp_path):
+    (tmp_path / "bad.toml").write_text("""
+budgets = ["80%", "lots"]
+colour = "blue"
+[plan]
+objective = "speed"
+[[models]]
+model = "mlp"
+batch = 0
+[[boards]]
+profile = "no-such-profile.json"
+""")
+    proc = cli("fleet", "plan", tmp_path / "bad.toml", "--out", tmp_path / "out", "--no-ray",
+               environ=env())
+    assert proc.returncode == BAD_INPUT, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    errors = proc.stderr.strip().splitlines()
+    assert all(line.startswith(f"error: {tmp_path / 'bad.toml'}: ") for line in errors), errors
+    for word in ("colour", "budgets[1]", "plan.objective", "models[0].batch", "boards[0]"):
+        assert sum(word in line for line in errors) == 1, (word, errors)
+    assert len(errors) == 5
+    assert not (tmp_path / "out").exists()  # nothing made before the manifest is right
+
+
+def test_a_ray_address_nobody_answers_on_is_one_line(tmp_path):
+    import socket
+
+    from helpers.bad_inputs import refused
+
+    with socket.socket() as probe:  # a port that was free a moment ago: nobody listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (tmp_path / "fleet.toml").write_text(f"""
+budgets = ["80%"]
+[[models]]
+model = "mlp"
+[[boards]]
+profile = "{PROFILES['rpi4']}"
+""")
+    line = refused(cli("fleet", "plan", tmp_path / "fleet.toml", "--out", tmp_path / "out",
+                       "--ray-address", f"127.0.0.1:{port}", timeout=120), BAD_INPUT,
+                   "cannot reach the Ray cluster", f"127.0.0.1:{port}")
+    assert "--ray-address" in line and not (tmp_path / "out").exists()
+
+
+def test_the_example_manifest_is_valid():
+    from edge_remat.fleet.manifest import load_manifest
+
+    manifest = load_manifest(REPO / "examples" / "fleet.toml")
+    assert [m.name for m in manifest.models] == ["mlp", "digits-cnn", "my-model"]
+    assert [b.name for b in manifest.boards] == ["rpi4", "orin-nano"]
+    assert manifest.boards[0].profile_path == REPO / "profiles" / "rpi4.json"
+    assert manifest.models[2].spec == f"{REPO / 'examples' / 'my_model.py'}:make_model"
