@@ -175,3 +175,53 @@ def test_offline_evictor_plans_validate_in_the_simulator(n, seed, fraction):
     if stages is not None:  # the experiment may fail; what it returns must run within budget
         sim = simulate(p.graph, p.costs, stages, p.budget_bytes)
         assert sim.peak_bytes <= p.budget_bytes
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs, seed=st.integers(0, 10_000))
+def test_trial_changes_match_a_rebuild(graph, seed):
+    """Scoring any change of compute sets (recomputations added, dropped, moved) gives exactly
+    the RAM at every event that the schedule has after the change is applied."""
+    import random
+
+    import numpy as np
+    from edge_remat.planner.events import EventSchedule
+
+    p = small_problem(graph, 1.0)
+    rng = random.Random(seed)
+    sched = EventSchedule(p, [sorted({v, *rng.sample(range(v, p.n), min(2, p.n - v))})
+                              for v in range(p.n)])
+    for _ in range(5):
+        v = rng.randrange(p.n)
+        stages = set(sched.computes[v])
+        extra = sorted(stages - {v})
+        if extra and rng.random() < 0.5:
+            stages.discard(rng.choice(extra))
+        stages.add(rng.randrange(v, p.n))
+        changes = {v: sorted(stages)}
+        at, runs = sched.trial_changes(changes)
+        sched.apply(changes, runs)
+        assert np.array_equal(at, sched.at)
+        assert sched.runs == [sched._derive(x) for x in range(p.n)]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs, fraction=st.floats(0.3, 1.0))
+def test_repair_never_adds_excess_and_its_schedules_simulate(graph, fraction):
+    """Repair, run on whatever the batch splits leave, only lowers the RAM over the budget;
+    a schedule it brings within the budget fits in the simulator."""
+    from edge_remat.planner.batch import batch_splits
+    from edge_remat.planner.events import EventSchedule
+    from edge_remat.planner.intervals import decisions_from_intervals
+    from edge_remat.planner.repair import repair
+
+    p = small_problem(graph, fraction)
+    capacity = p.budget_bytes - p.fixed
+    sched, added = EventSchedule(p), []
+    before = batch_splits(sched, capacity, added, time.perf_counter() + 30)
+    fits = repair(sched, capacity, added, time.perf_counter() + 30)
+    assert sched.excess(capacity) <= before
+    assert all(v in stages for v, stages in enumerate(sched.computes))
+    if fits:
+        assert sched.excess(capacity) == 0
+        assert evaluate(p, decisions_from_intervals(p, sched.residencies())).fits_budget

@@ -150,6 +150,33 @@ class EventSchedule:
         at[positions + np.arange(len(positions))] += ws
         return at, computes, new_runs
 
+    def trial_changes(self, changes: dict[int, list[int]]):
+        """As `trial`, for any new compute sets (`changes`: node -> its stages, ascending, its
+        own stage among them): computes removed as well as added. (at, new runs)."""
+        p, width = self.p, self.width
+        touched = set(changes) | {x for v in changes for x in p.deps[v]}
+        new_runs = {x: self._derive(x, changes.get(x), changes) for x in touched}
+        added, removed = [], []
+        for v, stages in changes.items():
+            old = set(self.computes[v])
+            added += [t * width + 1 + v for t in stages if t not in old]
+            removed += [t * width + 1 + v for t in old.difference(stages)]
+        order = sorted(range(len(added)), key=lambda i: added[i])
+        added_keys = np.asarray([added[i] for i in order], dtype=np.int64)
+        positions = np.searchsorted(self.keys, added_keys)
+        keys = np.insert(self.keys, positions, added_keys)
+        spanning = np.where(positions < len(self.at),
+                            self.through[np.minimum(positions, max(len(self.at) - 1, 0))], 0)
+        base = np.insert(self.at, positions, spanning)
+        at_old, _ = self._coverage(keys, *self._run_arrays(touched))
+        at_new, _ = self._coverage(keys, *self._run_arrays(touched, new_runs))
+        at = base - at_old + at_new
+        at[positions + np.arange(len(positions))] += np.asarray(
+            [p.workspace[(added[i] - 1) % width] for i in order], dtype=np.int64)
+        if removed:
+            at = np.delete(at, np.searchsorted(keys, np.asarray(removed, dtype=np.int64)))
+        return at, new_runs
+
     def apply(self, computes: dict[int, list[int]], new_runs: dict[int, list]) -> None:
         self._computes_changed(computes)
         for v, c in computes.items():

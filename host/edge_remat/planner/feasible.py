@@ -9,7 +9,7 @@ search; then a move takes a tensor that sits idle at the peak event out of RAM u
 use, recomputing it there; its inputs are kept until then, or recomputed there too (recursively)
 where they are gone. Each step scores the candidate moves at the highest events by the RAM over
 the budget they remove (summed over events) per unit of recompute cost, and applies the best.
-When no move helps, the search has failed (the caller falls back to an exact solver on small
+When no move helps, repair (repair.py) widens the moves; when none of those helps either, the search has failed (the caller falls back to an exact solver on small
 graphs). Recomputations that the end result does not need are dropped, most expensive first.
 """
 
@@ -24,6 +24,7 @@ from .batch import batch_splits
 from .events import EventSchedule, drop_unneeded
 from .intervals import decisions_from_intervals
 from .problem import Problem
+from .repair import repair
 from .stages import StageDecision
 
 # (cheapest-per-byte splits scored at one over-budget event, highest events tried): a step
@@ -45,7 +46,8 @@ def feasible_schedule(p: Problem, time_limit: float = 60.0) -> list[StageDecisio
     sched, added = EventSchedule(p), []
     try:
         if batch_splits(sched, capacity, added, deadline) > 0 and \
-                not peak_search(sched, capacity, added, deadline):
+                not peak_search(sched, capacity, added, deadline) and \
+                not repair(sched, capacity, added, deadline):
             return None
     except Deadline:
         return None
