@@ -165,18 +165,6 @@ def test_batch_splits_cut_most_of_the_excess_at_2000_nodes():
     assert left < 0.05 * start
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(3, 40), seed=st.integers(0, 10_000),
-       fraction=st.sampled_from([0.5, 0.7, 0.9]))
-def test_offline_evictor_plans_validate_in_the_simulator(n, seed, fraction):
-    from edge_remat.planner.evictor import evict_stages
-    p = small_problem(random_dag(n, seed), fraction)
-    stages = evict_stages(p)
-    if stages is not None:  # the experiment may fail; what it returns must run within budget
-        sim = simulate(p.graph, p.costs, stages, p.budget_bytes)
-        assert sim.peak_bytes <= p.budget_bytes
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=graphs, seed=st.integers(0, 10_000))
 def test_trial_changes_match_a_rebuild(graph, seed):
