@@ -93,3 +93,123 @@ def test_random_layered_at_08_gets_a_plan_within_seconds(n):
     ev = evaluate(p, decisions)
     assert ev.fits_budget and elapsed < 30
     assert p.plain_time <= stage_lower_bound(p) <= ev.value
+
+
+def test_window_lns_keeps_the_budget_never_worsens_and_is_deterministic():
+    """Ruin and recreate over windows: every kept state fits the budget (checked by the
+    simulator on the final plan), its recompute cost never rises, and a seed fixes the run."""
+    from edge_remat.planner.events import EventSchedule, drop_unneeded
+    from edge_remat.planner.feasible import peak_search
+    from edge_remat.planner.intervals import decisions_from_intervals
+    from edge_remat.planner.lns import improve, recompute_cost
+
+    p = build_problem(random_layered(300, seed=2), "0.8")
+    capacity = p.budget_bytes - p.fixed
+    start, added = EventSchedule(p), []
+    assert peak_search(start, capacity, added, time.perf_counter() + 30)
+    drop_unneeded(start, added, capacity)
+    runs = [improve(start, capacity, time.perf_counter() + 60, seed=5, window=40, rounds=25)
+            for _ in range(2)]
+    (best, info), (again, _) = runs
+    assert info["windows_tried"] == 25
+    assert best.computes == again.computes
+    assert recompute_cost(best) <= recompute_cost(start)
+    ev = evaluate(p, decisions_from_intervals(p, best.residencies()))
+    assert ev.fits_budget
+    assert ev.value == pytest.approx(p.plain_time + recompute_cost(best))
+
+
+def test_baselines_stop_at_the_deadline():
+    from edge_remat.planner.baselines import dtr, sqrt_n
+    p = build_problem(random_layered(1000, seed=1), "0.8")
+    for baseline in (dtr, sqrt_n):
+        started = time.perf_counter()
+        assert baseline(p, deadline=started) is None
+        assert time.perf_counter() - started < 2.0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs, fraction=st.floats(0.3, 1.0))
+def test_batch_splits_never_add_excess_and_their_schedules_simulate(graph, fraction):
+    """Rounds of batch splits (undone when they do not help) only ever lower the RAM over the
+    budget, and the schedule they leave, finished by the peak search, fits in the simulator."""
+    from edge_remat.planner.batch import batch_splits
+    from edge_remat.planner.events import EventSchedule
+    from edge_remat.planner.feasible import Deadline, peak_search
+    from edge_remat.planner.intervals import decisions_from_intervals
+
+    p = small_problem(graph, fraction)
+    capacity = p.budget_bytes - p.fixed
+    sched, added = EventSchedule(p), []
+    start = sched.excess(capacity)
+    left = batch_splits(sched, capacity, added, time.perf_counter() + 30)
+    assert left == sched.excess(capacity) <= start
+    try:
+        found = left == 0 or peak_search(sched, capacity, added, time.perf_counter() + 30)
+    except Deadline:
+        found = False
+    if found:
+        ev = evaluate(p, decisions_from_intervals(p, sched.residencies()))
+        assert ev.fits_budget
+
+
+def test_batch_splits_cut_most_of_the_excess_at_2000_nodes():
+    from edge_remat.planner.batch import batch_splits
+    from edge_remat.planner.events import EventSchedule
+
+    p = build_problem(random_layered(2000, seed=1), "0.8")
+    capacity = p.budget_bytes - p.fixed
+    sched = EventSchedule(p)
+    start = sched.excess(capacity)
+    left = batch_splits(sched, capacity, [], time.perf_counter() + 60)
+    assert left < 0.05 * start
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs, seed=st.integers(0, 10_000))
+def test_trial_changes_match_a_rebuild(graph, seed):
+    """Scoring any change of compute sets (recomputations added, dropped, moved) gives exactly
+    the RAM at every event that the schedule has after the change is applied."""
+    import random
+
+    import numpy as np
+    from edge_remat.planner.events import EventSchedule
+
+    p = small_problem(graph, 1.0)
+    rng = random.Random(seed)
+    sched = EventSchedule(p, [sorted({v, *rng.sample(range(v, p.n), min(2, p.n - v))})
+                              for v in range(p.n)])
+    for _ in range(5):
+        v = rng.randrange(p.n)
+        stages = set(sched.computes[v])
+        extra = sorted(stages - {v})
+        if extra and rng.random() < 0.5:
+            stages.discard(rng.choice(extra))
+        stages.add(rng.randrange(v, p.n))
+        changes = {v: sorted(stages)}
+        at, runs = sched.trial_changes(changes)
+        sched.apply(changes, runs)
+        assert np.array_equal(at, sched.at)
+        assert sched.runs == [sched._derive(x) for x in range(p.n)]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graphs, fraction=st.floats(0.3, 1.0))
+def test_repair_never_adds_excess_and_its_schedules_simulate(graph, fraction):
+    """Repair, run on whatever the batch splits leave, only lowers the RAM over the budget;
+    a schedule it brings within the budget fits in the simulator."""
+    from edge_remat.planner.batch import batch_splits
+    from edge_remat.planner.events import EventSchedule
+    from edge_remat.planner.intervals import decisions_from_intervals
+    from edge_remat.planner.repair import repair
+
+    p = small_problem(graph, fraction)
+    capacity = p.budget_bytes - p.fixed
+    sched, added = EventSchedule(p), []
+    before = batch_splits(sched, capacity, added, time.perf_counter() + 30)
+    fits = repair(sched, capacity, added, time.perf_counter() + 30)
+    assert sched.excess(capacity) <= before
+    assert all(v in stages for v, stages in enumerate(sched.computes))
+    if fits:
+        assert sched.excess(capacity) == 0
+        assert evaluate(p, decisions_from_intervals(p, sched.residencies())).fits_budget

@@ -8,6 +8,7 @@ with different policies, so every baseline plan lies inside the space the exact 
 from __future__ import annotations
 
 import math
+import time as clock
 from typing import Callable
 
 from .problem import Problem
@@ -18,18 +19,22 @@ Retain = Callable[[int, int], bool]
 
 
 def greedy(p: Problem, evict: str | None = None, retain: Retain | None = None,
-           page_tier: str | None = None) -> list[StageDecision] | None:
+           page_tier: str | None = None,
+           deadline: float | None = None) -> list[StageDecision] | None:
     """Walk the stages; recompute (or page in) what is missing; evict when over budget.
 
     evict: None (fail when over budget), "dtr" (drop the tensor with the least
     cost / (size x staleness), recompute it on demand) or "belady" (page out the tensor whose next
-    use is farthest, to `page_tier`). Returns None when the budget cannot be met this way.
+    use is farthest, to `page_tier`). Returns None when the budget cannot be met this way, or
+    not before `deadline` (a time.perf_counter() time).
     """
     decisions: list[StageDecision] = []
     ram: set[int] = set()
     tiers: dict[str, set[int]] = {}
     last_access = [0] * p.n
     for t in range(p.n):
+        if deadline is not None and clock.perf_counter() > deadline:
+            return None
         dropped: set[int] = set()  # tensors of this stage freed after their last use in it
         while True:
             compute, page_in, used = _plan_stage(p, t, ram, tiers)
@@ -110,8 +115,8 @@ def _recompute_cost(p: Problem, i: int, ram: set[int]) -> float:
     return total
 
 
-def keep_all(p: Problem) -> list[StageDecision] | None:
-    return greedy(p)
+def keep_all(p: Problem, deadline: float | None = None) -> list[StageDecision] | None:
+    return greedy(p, deadline=deadline)
 
 
 def checkpoint_candidates(p: Problem) -> list[int]:
@@ -129,7 +134,8 @@ def checkpoint_candidates(p: Problem) -> list[int]:
     return candidates
 
 
-def checkpointing(p: Problem, count: int) -> list[StageDecision] | None:
+def checkpointing(p: Problem, count: int,
+                  deadline: float | None = None) -> list[StageDecision] | None:
     """Keep `count` evenly spaced articulation points; forward tensors between them are dropped
     once the forward pass no longer needs them, and recomputed segment by segment in backward."""
     candidates = checkpoint_candidates(p)
@@ -145,17 +151,17 @@ def checkpointing(p: Problem, count: int) -> list[StageDecision] | None:
             return True
         return p.next_use(i, t) in forward
 
-    return greedy(p, retain=retain)
+    return greedy(p, retain=retain, deadline=deadline)
 
 
-def sqrt_n(p: Problem) -> list[StageDecision] | None:
+def sqrt_n(p: Problem, deadline: float | None = None) -> list[StageDecision] | None:
     """The classic sqrt(n) checkpointing, trying counts around sqrt(n) and keeping the cheapest."""
     from .evaluate import evaluate  # local: evaluate imports the solvers' result type
     n_forward = sum(1 for node in p.graph.nodes if node.kind == "forward")
     best, best_value = None, math.inf
     root = max(1, round(math.sqrt(n_forward)))
     for count in sorted({max(1, root // 2), root, 2 * root, 4 * root}):
-        decisions = checkpointing(p, count)
+        decisions = checkpointing(p, count, deadline)
         if decisions is None:
             continue
         result = evaluate(p, decisions)
@@ -164,18 +170,18 @@ def sqrt_n(p: Problem) -> list[StageDecision] | None:
     return best
 
 
-def dtr(p: Problem) -> list[StageDecision] | None:
-    return greedy(p, evict="dtr")
+def dtr(p: Problem, deadline: float | None = None) -> list[StageDecision] | None:
+    return greedy(p, evict="dtr", deadline=deadline)
 
 
-def belady_paging(p: Problem) -> list[StageDecision] | None:
+def belady_paging(p: Problem, deadline: float | None = None) -> list[StageDecision] | None:
     if not p.tiers:
         return None
     # Page to the tier that moves bytes fastest (read + write time per byte of the largest node).
     big = max(range(p.n), key=p.sizes.__getitem__)
     tier = min(p.tiers, key=lambda name: p.costs.tiers[name].out_time_s[big]
                + p.costs.tiers[name].in_time_s[big])
-    return greedy(p, evict="belady", page_tier=tier)
+    return greedy(p, evict="belady", page_tier=tier, deadline=deadline)
 
 
 # Peak splitting keeps RAM on all n x (n + 1) slots: above this size peak-search (the same
@@ -183,16 +189,16 @@ def belady_paging(p: Problem) -> list[StageDecision] | None:
 SPLIT_MAX_NODES = 1200
 
 
-def split(p: Problem) -> list[StageDecision] | None:
+def split(p: Problem, deadline: float | None = None) -> list[StageDecision] | None:
     if p.n > SPLIT_MAX_NODES:
         return None
     from .splitting import peak_split  # local: splitting needs numpy, the others do not
-    return peak_split(p)
+    return peak_split(p, deadline)
 
 
-def peak_search(p: Problem) -> list[StageDecision] | None:
+def peak_search(p: Problem, deadline: float | None = None) -> list[StageDecision] | None:
     from .feasible import feasible_schedule  # local: needs numpy, like splitting
-    return feasible_schedule(p)
+    return feasible_schedule(p, 60.0 if deadline is None else deadline - clock.perf_counter())
 
 
 BASELINES = {"keep-all": keep_all, "sqrt-n": sqrt_n, "dtr": dtr, "split": split,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .feasible import node_costs
+from .events import node_costs
 from .problem import Problem
 
 SCOPE = "stage model (combinatorial: per-stage fractional knapsack)"

@@ -1,17 +1,15 @@
 """The fast feasibility phase: push the RAM peak under the budget by recomputation, on any DAG.
 
-The same state as peak splitting (splitting.py): which stages compute each node; each copy of a
-tensor stays in RAM from its compute to its last use before the node's next copy, so memory is a
-function of the compute sets and every choice of compute sets is a schedule. What differs is the
-timeline: memory is kept only at the compute events that exist (n + recomputations), not on the
-n x (n + 1) slots a stage could hold, so a 5,000-node graph costs megabytes, not gigabytes, and
-a move is scored exactly in O(events) numpy work.
+The state of peak splitting (splitting.py) on the event model of events.py: memory is kept only
+at the compute events that exist, so a 5,000-node graph costs megabytes, and a move is scored
+exactly in O(events) numpy work.
 
-A move takes a tensor that sits idle at the peak event out of RAM until just before its next
+Rounds of many splits at once, ranked over the whole over-budget stretch (batch.py), open the
+search; then a move takes a tensor that sits idle at the peak event out of RAM until just before its next
 use, recomputing it there; its inputs are kept until then, or recomputed there too (recursively)
 where they are gone. Each step scores the candidate moves at the highest events by the RAM over
 the budget they remove (summed over events) per unit of recompute cost, and applies the best.
-When no move helps, the search has failed (the caller falls back to an exact solver on small
+When no move helps, repair (repair.py) widens the moves; when none of those helps either, the search has failed (the caller falls back to an exact solver on small
 graphs). Recomputations that the end result does not need are dropped, most expensive first.
 """
 
@@ -22,8 +20,11 @@ import time as clock
 
 import numpy as np
 
-from .intervals import COMPUTE, Residency, decisions_from_intervals
+from .batch import batch_splits
+from .events import EventSchedule, drop_unneeded
+from .intervals import decisions_from_intervals
 from .problem import Problem
+from .repair import repair
 from .stages import StageDecision
 
 # (cheapest-per-byte splits scored at one over-budget event, highest events tried): a step
@@ -31,154 +32,43 @@ from .stages import StageDecision
 # and the most recomputations one split may chain (longer chains are rarely worth their cost
 # and take long to build)
 SEARCH_LEVELS = ((16, 4, 8), (64, 8, 16), (150, 30, 48), (100_000, 400, 48))
-BATCH, BATCH_GAIN = 8, 0.5  # runners-up applied after a step's best, if nearly as good
+BATCH, BATCH_GAIN = 48, 0.2  # runners-up applied after a step's best while they keep a fifth of its gain
+# (an over-budget event often needs dozens of tensors out: rescoring a runner-up is cheap, finding it is not)
 
-
-def node_costs(p: Problem) -> list[float]:
-    """What one more compute of each node adds to the objective."""
-    c = p.costs
-    if p.objective == "time":
-        return list(c.time_s)
-    return [e + c.static_w * t for e, t in zip(c.energy_j, c.time_s)]
-
-
-class EventSchedule:
-    """Compute sets, the stays they imply, and RAM at each compute event."""
-
-    def __init__(self, p: Problem):
-        self.p, self.width = p, p.n + 1
-        self.cost = node_costs(p)
-        self.computes: list[list[int]] = [[v] for v in range(p.n)]
-        self.runs: list[list[tuple[int, int]]] = [self._derive(v) for v in range(p.n)]
-        self.rebuild()
-
-    def key(self, stage: int, v: int) -> int:
-        """The slot of `intervals.Timeline`: decisions_from_intervals reads these."""
-        return stage * self.width + 1 + v
-
-    def use_keys(self, v: int) -> list[int]:
-        return sorted(self.key(t, k) for k in self.p.users[v] for t in self.computes[k])
-
-    def _derive(self, v: int, computes: list[int] | None = None,
-                user_computes: dict[int, list[int]] | None = None) -> list[tuple[int, int]]:
-        """The stays of v: each copy from its compute to its last use before the next copy."""
-        computes = self.computes[v] if computes is None else computes
-        uses = sorted(self.key(t, k) for k in self.p.users[v]
-                      for t in (user_computes.get(k, self.computes[k]) if user_computes
-                                else self.computes[k]))
-        starts = [self.key(t, v) for t in computes]
-        runs = []
-        for i, start in enumerate(starts):
-            limit = starts[i + 1] if i + 1 < len(starts) else 1 << 62
-            lo, hi = bisect.bisect_right(uses, start), bisect.bisect_left(uses, limit)
-            runs.append((start, uses[hi - 1] if hi > lo else start))
-        return runs
-
-    def rebuild(self) -> None:
-        """RAM at each event (stays covering it + the computing node's workspace), and the RAM
-        of the stays that span each gap between consecutive events."""
-        p = self.p
-        event_keys, event_ws = [], []
-        for v in range(p.n):
-            for t in self.computes[v]:
-                event_keys.append(self.key(t, v))
-                event_ws.append(p.workspace[v])
-        order = np.argsort(event_keys, kind="stable")
-        self.keys = np.asarray(event_keys, dtype=np.int64)[order]
-        workspace = np.asarray(event_ws, dtype=np.int64)[order]
-        starts, ends, sizes = self._run_arrays(range(p.n))
-        self.at, self.through = self._coverage(self.keys, starts, ends, sizes)
-        self.at += workspace
-
-    def _run_arrays(self, nodes, runs=None):
-        starts, ends, sizes = [], [], []
-        for v in nodes:
-            for s, e in (runs[v] if runs is not None else self.runs[v]):
-                starts.append(s)
-                ends.append(e)
-                sizes.append(self.p.sizes[v])
-        return (np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64),
-                np.asarray(sizes, dtype=np.int64))
-
-    @staticmethod
-    def _coverage(keys, starts, ends, sizes):
-        """Sum of sizes of stays [start, end] at each key, and across each gap (keys[g-1], keys[g])."""
-        count = len(keys)
-        si = np.searchsorted(keys, starts, side="left")
-        ei = np.searchsorted(keys, ends, side="right") - 1
-        at = np.zeros(count + 1, dtype=np.int64)
-        np.add.at(at, si, sizes)
-        np.add.at(at, ei + 1, -sizes)
-        through = np.zeros(count + 1, dtype=np.int64)
-        np.add.at(through, si + 1, sizes)
-        np.add.at(through, ei + 1, -sizes)
-        return np.cumsum(at)[:count], np.cumsum(through)[:count]
-
-    def excess(self, capacity: int, at=None) -> int:
-        at = self.at if at is None else at
-        return int(np.maximum(at - capacity, 0).sum())
-
-    def resident_at(self, v: int, key: int) -> bool:
-        return any(s <= key <= e for s, e in self.runs[v])
-
-    def trial(self, move: list[tuple[int, int]]):
-        """RAM at every event (old and new) if `move` (recomputations) were applied."""
-        p = self.p
-        touched = {v for v, _ in move} | {x for v, _ in move for x in p.deps[v]}
-        computes = {v: list(self.computes[v]) for v, _ in move}
-        for v, t in move:
-            bisect.insort(computes[v], t)
-        new_runs = {x: self._derive(x, computes.get(x), computes) for x in touched}
-        added = np.asarray(sorted(self.key(t, v) for v, t in move), dtype=np.int64)
-        positions = np.searchsorted(self.keys, added)
-        keys = np.insert(self.keys, positions, added)
-        # a new event sees the stays spanning the gap it falls in (none after the last event)
-        spanning = np.where(positions < len(self.at),
-                            self.through[np.minimum(positions, max(len(self.at) - 1, 0))], 0)
-        base = np.insert(self.at, positions, spanning)
-        old = self._run_arrays(touched)
-        new = self._run_arrays(touched, new_runs)
-        at_old, _ = self._coverage(keys, *old)
-        at_new, _ = self._coverage(keys, *new)
-        at = base - at_old + at_new
-        ws = np.asarray([p.workspace[v] for v, t in sorted(move, key=lambda m: self.key(m[1], m[0]))],
-                        dtype=np.int64)
-        at[positions + np.arange(len(positions))] += ws
-        return at, computes, new_runs
-
-    def apply(self, computes: dict[int, list[int]], new_runs: dict[int, list]) -> None:
-        for v, c in computes.items():
-            self.computes[v] = c
-        for x, runs in new_runs.items():
-            self.runs[x] = runs
-        self.rebuild()
-
-    def drop(self, v: int, t: int) -> None:
-        self.computes[v].remove(t)
-        for x in {v, *self.p.deps[v]}:
-            self.runs[x] = self._derive(x)
-        self.rebuild()
-
-    def residencies(self) -> list[list[Residency]]:
-        return [[Residency(s, e, COMPUTE) for s, e in runs] for runs in self.runs]
+class Deadline(Exception):
+    """The time limit ran out mid-search."""
 
 
 def feasible_schedule(p: Problem, time_limit: float = 60.0) -> list[StageDecision] | None:
     """A schedule within the budget, or None when the search finds none in time."""
-    started = clock.perf_counter()
-    sched = EventSchedule(p)
+    deadline = clock.perf_counter() + time_limit
     capacity = p.budget_bytes - p.fixed
-    added: list[list[tuple[int, int]]] = []
+    sched, added = EventSchedule(p), []
+    try:
+        if batch_splits(sched, capacity, added, deadline) > 0 and \
+                not peak_search(sched, capacity, added, deadline) and \
+                not repair(sched, capacity, added, deadline):
+            return None
+    except Deadline:
+        return None
+    drop_unneeded(sched, added, capacity, deadline)
+    return decisions_from_intervals(p, sched.residencies())
+
+
+def peak_search(sched: EventSchedule, capacity: int, added: list[list[tuple[int, int]]],
+                deadline: float) -> bool:
+    """Split stays at the highest events until RAM fits `capacity` everywhere (True) or no
+    split helps (False); the moves applied are appended to `added`. Raises Deadline."""
     excess = sched.excess(capacity)
     while excess > 0:
-        if clock.perf_counter() - started > time_limit:
-            return None
+        if clock.perf_counter() > deadline:
+            raise Deadline()
         for level in SEARCH_LEVELS:
-            helpful = _helpful_moves(sched, capacity, excess, *level)
+            helpful = _helpful_moves(sched, capacity, excess, *level, deadline)
             if helpful:
                 break
         else:
-            return None
+            return False
         best_gain, move, computes, runs, excess = helpful[0]
         sched.apply(computes, runs)
         added.append(move)
@@ -194,17 +84,18 @@ def feasible_schedule(p: Problem, time_limit: float = 60.0) -> list[StageDecisio
                 sched.apply(computes, runs)
                 added.append(move)
                 excess = after
-    _drop_unneeded(sched, added, capacity)
-    return decisions_from_intervals(p, sched.residencies())
+    return True
 
 
 def _helpful_moves(sched: EventSchedule, capacity: int, excess: int, candidates: int,
-                   events: int, cascade: int) -> list:
+                   events: int, cascade: int, deadline: float) -> list:
     """(gain, move, computes, runs, excess after) of the splits that remove excess at the
     highest event where any does, best gain (excess removed per unit of cost) first."""
     for q in np.argsort(-sched.at, kind="stable")[:events]:
         if sched.at[q] <= capacity:
             break
+        if clock.perf_counter() > deadline:
+            raise Deadline()
         helpful = []
         for move in _candidate_moves(sched, int(sched.keys[q]), candidates, cascade):
             at, computes, runs = sched.trial(move)
@@ -216,21 +107,6 @@ def _helpful_moves(sched: EventSchedule, capacity: int, excess: int, candidates:
             helpful.sort(key=lambda h: -h[0])
             return helpful
     return []
-
-
-def _drop_unneeded(sched: EventSchedule, added: list[list[tuple[int, int]]],
-                   capacity: int) -> None:
-    """Undo recomputations the budget turned out not to need, most expensive first."""
-    for v, t in sorted((m for move in added for m in move), key=lambda m: -sched.cost[m[0]]):
-        if t not in sched.computes[v]:
-            continue
-        saved = list(sched.computes[v]), {x: list(sched.runs[x]) for x in {v, *sched.p.deps[v]}}
-        sched.drop(v, t)
-        if int(sched.at.max(initial=0)) > capacity:
-            sched.computes[v] = saved[0]
-            for x, runs in saved[1].items():
-                sched.runs[x] = runs
-            sched.rebuild()
 
 
 def _candidate_moves(sched: EventSchedule, q: int, limit: int,
@@ -271,22 +147,32 @@ def _with_inputs(sched: EventSchedule, u: int, stage: int, q: int,
     recomputed there unless keeping them costs nothing at the peak ("cascade"), or recomputed
     there whenever they are not resident there already ("full"). None: a cascade longer than
     `cascade` recomputations."""
-    p = sched.p
+    p, runs, computes = sched.p, sched.runs, sched.computes
+    base = stage * sched.width + 1
+
+    def resident(x: int, key: int) -> bool:
+        for start, end in runs[x]:
+            if start <= key <= end:
+                return True
+        return False
+
     move, pending, seen = [], [u], {u}
     while pending:
         v = pending.pop()
-        if stage in sched.computes[v]:
+        if stage in computes[v]:
             continue
         move.append((v, stage))
         if len(move) > cascade:
             return None
-        at = sched.key(stage, v)
+        if mode == "keep":
+            continue
+        at = base + v
         for x in p.deps[v]:
-            if mode == "keep" or x in seen or sched.resident_at(x, at):
+            if x in seen or resident(x, at):
                 continue
-            if mode == "cascade" and sched.resident_at(x, q):
+            if mode == "cascade" and resident(x, q):
                 continue  # its stay already covers the peak: extending it is free there
-            if sched.key(stage, x) <= q:
+            if base + x <= q:
                 continue  # cannot be made after the peak: keep it instead
             seen.add(x)
             pending.append(x)

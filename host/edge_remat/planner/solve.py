@@ -13,7 +13,6 @@ from edge_remat_agent.formats import Plan
 from . import isolated
 from .baselines import BASELINES
 from .bounds import SCOPE as BOUND_SCOPE, stage_lower_bound
-from .feasible import feasible_schedule
 from .evaluate import Evaluation, evaluate
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem
 from .stages import StageDecision
@@ -24,7 +23,10 @@ MILP_MAX_NODES = 300
 # residencies x edges cover literals) takes longer to build and more memory than the time limit
 # and the host allow; the feasibility phase's plan is returned with the combinatorial bound.
 CPSAT_MAX_NODES = 1500
-FEASIBILITY_SHARE = 0.6  # of the time limit, for the feasibility phase (peak-search)
+FEASIBILITY_SHARE = 0.6  # of the time limit, for the baselines and the feasibility phase
+# From this many nodes auto improves the best heuristic plan by window LNS (lns.py) for this
+# share of the time limit before CP-SAT starts from it (or instead of it, above CPSAT_MAX_NODES).
+LNS_MIN_NODES, LNS_SHARE = 300, 0.25
 SOLVERS = ("auto", "cpsat", "milp")
 
 Progress = Callable[[float, float, float], None]
@@ -50,12 +52,13 @@ class SolveReport:
 
 
 def run_baselines(p: Problem, time_limit: float | None = None) -> dict[str, Candidate | None]:
+    """Every baseline, all of them within FEASIBILITY_SHARE of the time limit (if one is given):
+    one that runs out of time has no plan."""
     out: dict[str, Candidate | None] = {}
+    deadline = None if time_limit is None else \
+        clock.perf_counter() + FEASIBILITY_SHARE * time_limit
     for name, baseline in BASELINES.items():
-        if name == "peak-search" and time_limit is not None:  # the one search that can run long
-            decisions = feasible_schedule(p, time_limit=FEASIBILITY_SHARE * time_limit)
-        else:
-            decisions = baseline(p)
+        decisions = baseline(p, deadline)
         out[name] = None if decisions is None else Candidate(
             f"heuristic:{name}", evaluate(p, decisions), decisions)
     return out
@@ -105,6 +108,13 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
             candidates.append(given)
     best_known = min(candidates, key=lambda c: c.evaluation.objective, default=None)
     first_plan = clock.perf_counter() - started if best_known else None
+    best_at = first_plan
+    if solver == "auto" and best_known is not None and p.n >= LNS_MIN_NODES:
+        improved = _improve_by_lns(p, best_known, min(LNS_SHARE * time_limit, max(
+            0.0, time_limit - (clock.perf_counter() - started))))
+        if improved is not None:
+            candidates.append(improved)
+            best_known, best_at = improved, clock.perf_counter() - started
 
     if solver.startswith("heuristic:"):
         name = solver.split(":", 1)[1]
@@ -127,17 +137,29 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
                          "nodes) is too large for the exact solvers; try a larger --time-limit "
                          "or budget")
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
-                       timing={"first_plan_s": first_plan, "best_plan_s": first_plan})
+                       timing={"first_plan_s": first_plan, "best_plan_s": best_at})
     remaining = max(1.0, time_limit - (clock.perf_counter() - started))
     if solver == "cpsat":
         return _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit,
-                            summary, progress)
+                            summary, progress, best_at)
     return _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
                        time_limit, summary)
 
 
+def _improve_by_lns(p: Problem, start: Candidate, seconds: float) -> Candidate | None:
+    """The window LNS's plan from `start`, if it is better (None otherwise)."""
+    from .lns import improve_decisions
+    decisions, info = improve_decisions(p, start.decisions, seconds)
+    if decisions is start.decisions:
+        return None
+    evaluation = evaluate(p, decisions)
+    if not evaluation.feasible or evaluation.objective >= start.evaluation.objective:
+        return None
+    return Candidate(f"{start.solver}+lns", evaluation, decisions)
+
+
 def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit, summary,
-                 progress) -> SolveReport:
+                 progress, known_at=None) -> SolveReport:
     from .cpsat import solve_cpsat
     offset = clock.perf_counter() - started
     outcome = isolated.call("ortools", solve_cpsat, p, remaining,
@@ -161,13 +183,15 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
         best_at = offset + (outcome.best_solution_s or 0.0)
         if best_known is not None and found.evaluation.objective >= \
                 best_known.evaluation.objective * (1 - 1e-9):
-            best_at = first_plan  # CP-SAT only confirmed the plan known before it started
+            best_at = known_at if known_at is not None else first_plan  # CP-SAT only
+            # confirmed the plan known before it started
         return _report(p, found, outcome.status, outcome.bound, started, time_limit, summary,
                        timing={"first_plan_s": first_plan, "best_plan_s": best_at}, **details)
     if best_known is not None:
         return _report(p, best_known, "optimal" if outcome.status == "optimal" else "timeout",
                        outcome.bound, started, time_limit, summary,
-                       timing={"first_plan_s": first_plan, "best_plan_s": first_plan},
+                       timing={"first_plan_s": first_plan,
+                               "best_plan_s": known_at if known_at is not None else first_plan},
                        fallback=f"cpsat {outcome.status}", **details)
     if outcome.status == "infeasible":
         raise _infeasible(p, "CP-SAT")

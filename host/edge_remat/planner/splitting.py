@@ -16,6 +16,7 @@ peak it attacks is the real one; it is the CP-SAT planner's starting point on ha
 from __future__ import annotations
 
 import bisect
+import time as clock
 
 import numpy as np
 
@@ -88,12 +89,16 @@ class _State:
         return [[Residency(s, e, COMPUTE) for s, e in runs] for runs in self.runs]
 
 
-def peak_split(p: Problem) -> list[StageDecision] | None:
+def peak_split(p: Problem, deadline: float | None = None) -> list[StageDecision] | None:
+    """A schedule within the budget, or None (no split helps, or `deadline`, a perf_counter
+    time, passed)."""
     state = _State(p)
     capacity = p.budget_bytes - p.fixed
     added: list[list[tuple[int, int]]] = []
     excess = state.excess(capacity)
     while excess > 0:
+        if deadline is not None and clock.perf_counter() > deadline:
+            return None
         q = int(np.argmax(state.usage))
         best = None  # (excess removed per unit of recompute cost, move, excess after)
         for move in _candidate_moves(state, q)[:MAX_MOVES_TRIED]:
