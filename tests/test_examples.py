@@ -46,7 +46,7 @@ def test_each_example_says_how_to_run_it_and_answers_help(name):
 
 
 def test_the_resnet18_example_defaults_to_the_setting_of_the_ci_test():
-    import test_run_e2e as e2e
+    from helpers import e2e_settings as e2e
     args = load("finetune_resnet18_emulated.py").parse_args([])
     model = dict(zip(e2e.MODEL[::2], e2e.MODEL[1::2]))
     assert (args.batch, args.image) == (model["--batch"], model["--image"])

@@ -2,7 +2,7 @@
 
 The issue's CI test: ResNet-18 (zoo `resnet18`, 32x32 images, batch 48) on an emulated board (this
 machine in a 600 MiB memory cgroup). Plain PyTorch training is killed by the kernel at step 1 and
-says so in one line (exit status 3); the planned run (65% of the plain peak, recomputation only)
+says so in one line (exit status 4); the planned run (65% of the plain peak, recomputation only)
 finishes 5 steps under the same limit, the kernel's peak stays under it, the first step's
 gradients equal eager PyTorch's bit for bit and the loss goes down; the JSON report's fields are
 checked. Over SSH (a real sshd on loopback) a connection dropped mid-run is reconnected and the
@@ -33,6 +33,7 @@ from typer.testing import CliRunner
 
 from helpers.board_fixtures import (SshServer, local_device_config, needs_sshd,
                                     ssh_device_config, stop_agent)
+from helpers.e2e_settings import BUDGET, LIMIT_MIB, MODEL, STEPS
 from edge_remat.cli import app
 from edge_remat.cgroup import unavailable_reason
 
@@ -40,11 +41,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.loopback, pytest.mark.cgroup]
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = str(REPO / "profiles" / "this-machine.json")  # measured: no profiling in the test
-LIMIT_MIB = 600
-# Plain ResNet-18 at batch 48 needs ~833 MiB; the plan at 65% ~500 MiB in the cgroup.
-MODEL = ("--model", "resnet18", "--batch", 48, "--image", 32)
-BUDGET = "65%"
-STEPS = 5
 REASON = unavailable_reason()
 needs_cgroup = pytest.mark.skipif(REASON is not None, reason=f"no memory cgroup: {REASON}")
 pytest.importorskip("edge_remat_agent.executor.jobs", reason="needs the executor")
