@@ -125,7 +125,7 @@ def load_device(path: "str | os.PathLike[str]") -> DeviceConfig:
     emulator = _emulator(top.child("emulator", None))
     if emulator and conn.kind != "ssh":
         raise FormatError(str(path), "emulator", "an emulated board reached over ssh "
-                          f"(connection.kind = \"ssh\", host = \"127.0.0.1\")", conn.kind)
+                          "(connection.kind = \"ssh\", host = \"127.0.0.1\")", conn.kind)
     return DeviceConfig(name=name, path=path, connection=conn, hardware=hardware,
                         description=top.str("description", ""), emulator=emulator)
 
