@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from helpers.executor_plans import OVERLAP_LEDGER_SLACK, ledger_within
 from helpers.small_graphs import training_chain
 from edge_remat.planner.build import build_problem, keep_all_peak_bytes
 from edge_remat.planner.evaluate import evaluate
@@ -171,7 +172,10 @@ def test_overlapped_paging_trains_bitwise_like_eager(resnet_plan, paging_io, tmp
                                  reference.state_dict().items()):
         assert torch.equal(a, b), name
     summary = report["summary"]
-    assert summary["ledger_within_prediction"], summary
+    if paging_io == "overlap":
+        assert ledger_within(summary, OVERLAP_LEDGER_SLACK), summary
+    else:
+        assert summary["ledger_within_prediction"], summary
     for record in report["steps"]:
         assert record["overlapped"] == (paging_io == "overlap")
         assert record["page_ins"] == plan.predicted["page_ins"]
