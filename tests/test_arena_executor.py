@@ -15,21 +15,11 @@ from edge_remat_agent.formats.arena import Slot
 
 from helpers.executor_plans import (assert_same_model, dtr_plan, eager_run,
                                     every_forward_recomputed, example_model, trainable_count,
-                                    user_capturer, with_paging, zoo_capturer, zoo_model)
+                                    with_paging, zoo_model)
 
 pytestmark = pytest.mark.slow
 
 STEPS = 3
-
-
-@pytest.fixture(scope="module")
-def zoo_captures():
-    return zoo_capturer()
-
-
-@pytest.fixture(scope="module")
-def user_capture():
-    return user_capturer()
 
 
 def with_arena(plan, graph, method="best-fit"):

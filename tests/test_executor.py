@@ -18,8 +18,7 @@ from helpers.board_fixtures import local_bench_device, stop_agent
 from helpers.executor_plans import (OVERLAP_LEDGER_SLACK, SMALL, activation_budget,
                                     assert_same_model, dtr_plan, eager_run,
                                     every_forward_recomputed, example_model, ledger_within,
-                                    trainable_count, user_capturer, with_paging, zoo_capturer,
-                                    zoo_model)
+                                    trainable_count, with_paging, zoo_model)
 from edge_remat_agent import cli as agent_cli
 from edge_remat_agent.capture import capture_model
 from edge_remat_agent.capture.models import load_model
@@ -31,18 +30,6 @@ from edge_remat_agent.pages import FlashStore
 pytestmark = pytest.mark.slow
 
 STEPS = 3
-
-
-# -- models and plans ----------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def zoo_captures():
-    return zoo_capturer()
-
-
-@pytest.fixture(scope="module")
-def user_capture():
-    return user_capturer()
 
 
 # -- the plan trains exactly like eager PyTorch ---------------------------------------------------
