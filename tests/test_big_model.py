@@ -23,7 +23,7 @@ from edge_remat_agent.weights.store import ALIGN
 from edge_remat_agent.zoo.llama import init_tensor
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.solve import solve
-from helpers.board_fixtures import local_device_config, stop_agent
+from helpers.board_fixtures import local_board
 from helpers.executor_plans import eager_parameters
 
 pytestmark = pytest.mark.slow
@@ -132,13 +132,8 @@ LIMIT = "1GiB"
 @pytest.fixture(scope="module")
 def llama_board(tmp_path_factory):
     root = tmp_path_factory.mktemp("llama-board")
-    local_device_config(root / "configs", "llama-board", root / "board", page_dir=root / "pages")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(root / "configs"))
-    patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
-    yield root
-    patch.undo()
-    stop_agent(root / "board")
+    with local_board(root, "llama-board", page_dir=root / "pages"):
+        yield root
 
 
 def _cli(*args):

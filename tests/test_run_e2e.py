@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers.board_fixtures import (SshServer, local_device_config, needs_sshd,
+from helpers.board_fixtures import (SshServer, local_board, needs_sshd,
                                     ssh_device_config, stop_agent)
 from helpers.e2e_settings import BUDGET, LIMIT_MIB, MODEL, STEPS
 from edge_remat.cli import app
@@ -54,15 +54,9 @@ def cli(*args):
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory, request):
     """A device config for an emulated board of LIMIT_MIB, in a folder of its own."""
-    root = tmp_path_factory.mktemp("emulated")
-    local_device_config(root / "configs", "bench-emulated", root / "board",
-                        memory_limit_bytes=LIMIT_MIB * 2**20)
-    patch = pytest.MonkeyPatch()
-    patch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(root / "configs"))
-    patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
-    yield root
-    patch.undo()
-    stop_agent(root / "board")
+    with local_board(tmp_path_factory.mktemp("emulated"), "bench-emulated",
+                     memory_limit_bytes=LIMIT_MIB * 2**20) as root:
+        yield root
 
 
 @needs_cgroup

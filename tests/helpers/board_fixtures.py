@@ -41,7 +41,7 @@ class PtyPair(testbed.PtyPair):
 
 
 __all__ = ["SshServer", "PtyPair", "needs_sshd", "needs_socat", "free_port", "keygen",
-           "agent_command", "stop_agent", "local_bench_device", "ssh_device_config",
+           "agent_command", "stop_agent", "local_board", "local_bench_device", "ssh_device_config",
            "loopback_ssh_board"]
 
 
@@ -49,6 +49,22 @@ def local_device_config(folder: Path, name: str, workdir: Path, **hardware) -> P
     """A device config `name` for the local machine in `folder`: the host's writer
     (devices.write_local_device); `hardware`: memory_limit_bytes, page_dir."""
     return write_local_device(folder, name, workdir, **hardware)
+
+
+@contextlib.contextmanager
+def local_board(root: Path, name: str, **hardware):
+    """A local device config `name` in root/configs, its board working in root/board, found
+    through EDGE_REMAT_DEVICE_CONFIGS with a cache of its own (root/cache) while the context
+    lasts; the board's agent is stopped at its end. `hardware` as for local_device_config."""
+    local_device_config(root / "configs", name, root / "board", **hardware)
+    patch = pytest.MonkeyPatch()
+    patch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(root / "configs"))
+    patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
+    try:
+        yield root
+    finally:
+        patch.undo()
+        stop_agent(root / "board")
 
 
 def local_bench_device(tmp_path, monkeypatch):
