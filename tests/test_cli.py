@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.bad_inputs import tiny_graph
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 GRAPHS = SHARED / "benchmarks" / "graphs"
 VGG16 = GRAPHS / "vgg16_train.json"
@@ -62,19 +64,6 @@ def clean_error(proc: subprocess.CompletedProcess) -> str:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: "), proc.stderr
     return lines[0]
-
-
-def tiny_graph(directory: Path) -> Path:
-    """Five nodes in our own format: plain peak 3.1 MB; at 0.8 `a` must be recomputed or paged."""
-    nodes = [("a", "forward", [], 1_000_000, 1.0), ("b", "forward", ["a"], 1_000_000, 2.0),
-             ("l", "loss", ["b"], 100_000, 0.5), ("gb", "backward", ["l", "b"], 1_000_000, 2.0),
-             ("ga", "backward", ["gb", "a"], 100_000, 1.0)]
-    graph = {"format": "edge-remat/graph", "version": 1, "name": "tiny",
-             "nodes": [{"id": i, "kind": k, "op": k, "inputs": ins, "out_bytes": size,
-                        "time_s": t} for i, k, ins, size, t in nodes]}
-    path = directory / "tiny.json"
-    path.write_text(json.dumps(graph))
-    return path
 
 
 # --- help --------------------------------------------------------------------------------------
