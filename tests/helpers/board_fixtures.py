@@ -45,18 +45,12 @@ __all__ = ["SshServer", "PtyPair", "needs_sshd", "needs_socat", "free_port", "ke
            "loopback_ssh_board"]
 
 
-def local_device_config(folder: Path, name: str, workdir: Path, **hardware) -> Path:
-    """A device config `name` for the local machine in `folder`: the host's writer
-    (devices.write_local_device); `hardware`: memory_limit_bytes, page_dir."""
-    return write_local_device(folder, name, workdir, **hardware)
-
-
 @contextlib.contextmanager
 def local_board(root: Path, name: str, **hardware):
     """A local device config `name` in root/configs, its board working in root/board, found
     through EDGE_REMAT_DEVICE_CONFIGS with a cache of its own (root/cache) while the context
-    lasts; the board's agent is stopped at its end. `hardware` as for local_device_config."""
-    local_device_config(root / "configs", name, root / "board", **hardware)
+    lasts; the board's agent is stopped at its end. `hardware`: memory_limit_bytes, page_dir."""
+    write_local_device(root / "configs", name, root / "board", **hardware)
     patch = pytest.MonkeyPatch()
     patch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(root / "configs"))
     patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
@@ -71,7 +65,7 @@ def local_bench_device(tmp_path, monkeypatch):
     """A device config "bench" for the local machine, its workdir under tmp_path, found through
     EDGE_REMAT_DEVICE_CONFIGS. Returns (config folder, workdir); stop_agent(workdir) after."""
     folder, workdir = tmp_path / "configs", tmp_path / "board"
-    local_device_config(folder, "bench", workdir)
+    write_local_device(folder, "bench", workdir)
     monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(folder))
     return folder, workdir
 
