@@ -5,11 +5,12 @@ eager PyTorch and stay within the planned peak."""
 from __future__ import annotations
 
 import random
+import weakref
 
 import pytest
 import torch
 
-from helpers.executor_plans import OVERLAP_LEDGER_SLACK, ledger_within
+from helpers.executor_plans import dtr_plan, with_paging
 from helpers.small_graphs import training_chain
 from edge_remat.planner.build import build_problem, keep_all_peak_bytes
 from edge_remat.planner.evaluate import evaluate
@@ -22,6 +23,8 @@ from edge_remat_agent.capture.optimizer import torch_optimizer
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.executor import plain_step, run_plan
 from edge_remat_agent.formats import Graph, Instruction, Node, Tier
+from edge_remat_agent.pages import MemoryStore
+from edge_remat_agent.profiler.memory import LiveTensorLedger
 from edge_remat_agent.simulate import simulate
 from edge_remat_agent.zoo import build
 
@@ -172,10 +175,7 @@ def test_overlapped_paging_trains_bitwise_like_eager(resnet_plan, paging_io, tmp
                                  reference.state_dict().items()):
         assert torch.equal(a, b), name
     summary = report["summary"]
-    if paging_io == "overlap":
-        assert ledger_within(summary, OVERLAP_LEDGER_SLACK), summary
-    else:
-        assert summary["ledger_within_prediction"], summary
+    assert summary["ledger_within_prediction"], summary
     for record in report["steps"]:
         assert record["overlapped"] == (paging_io == "overlap")
         assert record["page_ins"] == plan.predicted["page_ins"]
@@ -189,3 +189,44 @@ def test_overlapped_paging_trains_bitwise_like_eager(resnet_plan, paging_io, tmp
 def test_the_post_pass_issues_page_ins_ahead_of_their_use(resnet_plan):
     _, plan = resnet_plan
     assert _hoisted(plan) > 0
+
+
+class WatchedStore(MemoryStore):
+    """A page store that keeps a weak reference to every tensor it is given to write."""
+
+    tier = "flash"
+
+    def __init__(self):
+        super().__init__()
+        self.written: dict = {}  # node -> {value name: its last write's tensor, weakly}
+
+    def put(self, key, tensor):
+        self.written.setdefault(key[0], {})[key[1]] = weakref.ref(tensor)
+        return super().put(key, tensor)
+
+
+def test_a_written_page_stays_alive_while_the_ledger_counts_it(user_capture, monkeypatch):
+    # The ledger counts storages by address: a write's tensor freed while its key is still
+    # registered (the IO thread dropped it at the write's end, the executor's thread had not
+    # seen the end yet) let the next tensor at that address count as already counted, and
+    # the ledger went over the plan by the two sizes' difference in about one run in four.
+    captured = user_capture()
+    plan = with_paging(dtr_plan(captured.graph), captured.graph)
+    store = WatchedStore()
+    checked, dead = [], []
+    unregister = LiveTensorLedger.unregister
+
+    def watched(self, key):
+        if isinstance(key, tuple) and key[0] == "paging out":
+            refs = store.written.get(key[1], {}).values()
+            checked.append(key)
+            dead.extend(key for ref in refs if ref() is None)
+        return unregister(self, key)
+
+    monkeypatch.setattr(LiveTensorLedger, "unregister", watched)
+    report = run_plan(captured.graph, plan, 2, None, captured=captured, stores={"flash": store},
+                      seed=3, paging_io="overlap")
+    assert report["paging_io"] == "overlap" and report["grad_check"]["bitwise_equal"]
+    assert checked and not dead
+    summary = report["summary"]
+    assert summary["ledger_peak_bytes"] == summary["predicted_peak_bytes"], summary

@@ -42,6 +42,11 @@ class Pending:
     where: tuple[int, int, Instruction]  # (stage, position, instruction) that issued it
     ledger_keys: tuple  # what it holds in the ledger until it completes
     plan_bytes: int = 0  # the tensor's size in the plan's memory model (writes)
+    # A write's tensors, kept alive until this thread unregisters their keys: the IO thread
+    # drops its own reference when the write ends, and a storage freed while its key is still
+    # registered lets the next tensor at that address count as already counted (the ledger
+    # keys storages by address), leaving the ledger the difference of the two sizes too high.
+    holds: tuple = ()
 
 
 class OverlappedPaging:
@@ -119,7 +124,8 @@ class OverlappedPaging:
             future = self.pool.submit(_write, self.stores[ins.tier],
                                       [((ins.node, n), v) for n, v in values.items()])
             self.writes.append(Pending(future, where, tuple(keys),
-                                       self.graph.node(ins.node).out_bytes))
+                                       self.graph.node(ins.node).out_bytes,
+                                       tuple(values.values())))
             self.in_flight += self.writes[-1].plan_bytes
             held.add(ins.node)
         # What the read allocates: each value's elements (the page codec's payload).
@@ -165,7 +171,7 @@ class OverlappedPaging:
     def _forget(self, pending: Pending) -> None:
         for key in pending.ledger_keys:
             self.ledger.unregister(key)
-        pending.ledger_keys = ()
+        pending.ledger_keys = pending.holds = ()
 
     def _next(self) -> int:
         self._serial += 1
