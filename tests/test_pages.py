@@ -207,10 +207,13 @@ def test_flash_cleans_up_after_step_close_and_exception(tmp_path):
     flash.put("a", torch.ones(10))
     flash.put("b", torch.ones(10))
     assert len(os.listdir(flash.directory)) == 2
-    flash.discard("a")
-    assert len(os.listdir(flash.directory)) == 1
-    flash.clear()  # end of step
-    assert os.listdir(flash.directory) == [] and flash.bytes_held == 0
+    flash.discard("a")  # its file is kept as a spare, for the next page of its size
+    assert flash.keys() == ["b"] and len(os.listdir(flash.directory)) == 2
+    flash.clear()  # end of step: both files spares
+    assert flash.bytes_held == 0 and flash.spare_bytes > 0
+    flash.clear()  # a step that took neither: they go
+    assert os.listdir(flash.directory) == [] and flash.spare_bytes == 0
+    flash.put("a", torch.ones(10))
     flash.close()
     assert os.listdir(page_dir) == []  # the page dir itself is the user's and stays
     with pytest.raises(PageStoreError, match="closed"):
@@ -221,6 +224,36 @@ def test_flash_cleans_up_after_step_close_and_exception(tmp_path):
             flash.put("a", torch.ones(10))
             raise RuntimeError("boom")
     assert os.listdir(page_dir) == []
+
+
+def test_flash_rewrites_a_cleared_pages_file_in_place_the_next_step(tmp_path):
+    with FlashStore(tmp_path, fsync=True, drop_cache=True) as flash:
+        flash.put("x", torch.arange(5000.0))
+        flash.put("y", torch.ones(3))
+        first = os.stat(flash.path_of("x")).st_ino
+        flash.clear()  # the step ends
+        # The next step pages the same tensors (new values): the same files, written over.
+        flash.put("x", torch.arange(5000.0) * 2)
+        flash.put("y", torch.zeros(3))
+        assert os.stat(flash.path_of("x")).st_ino == first
+        assert_same(torch.arange(5000.0) * 2, flash.get("x"))
+        assert_same(torch.zeros(3), flash.get("y"))
+        assert len(os.listdir(flash.directory)) == 2 and flash.spare_bytes == 0
+        # A header a byte longer or shorter (its CRC32 has another number of digits) fits the
+        # same blocks: the file is cut to the page's length, and reads back whole.
+        flash.clear()
+        flash.put("z", torch.tensor([1.0, 2.0, 3.0]))
+        assert_same(torch.tensor([1.0, 2.0, 3.0]), flash.get("z"))
+        assert os.path.getsize(flash.path_of("z")) == flash.bytes_held
+
+
+def test_flash_spares_count_against_the_capacity(tmp_path):
+    with FlashStore(tmp_path, capacity_bytes=MiB) as flash:
+        flash.put("a", torch.zeros(600 * 1024, dtype=torch.uint8))
+        flash.clear()  # a 600 KiB spare: a page of another size needs its room
+        flash.put("b", torch.zeros(700 * 1024, dtype=torch.uint8))
+        assert flash.spare_bytes == 0 and len(os.listdir(flash.directory)) == 1
+        assert_same(torch.zeros(700 * 1024, dtype=torch.uint8), flash.get("b"))
 
 
 def test_flash_cleans_up_when_forgotten(tmp_path):

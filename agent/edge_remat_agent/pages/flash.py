@@ -12,6 +12,15 @@ A live store's directory (another run, or another store in this process) stays l
 left alone, and so is everything not named like a store's directory: the rest is the user's.
 Where the filesystem cannot lock (e.g. some network mounts), nothing is locked and nothing
 removed. `FlashStore.cleaned_stale` says what was removed.
+
+Files are kept for rewriting: a discarded or cleared page's file becomes a spare, and the next
+page of about its size (the same 4 KiB blocks) is written over it in place. A training step
+pages the same tensors every step, so from the second step on no page file is created,
+allocated or unlinked: on this machine's ext4 a 5 MiB page took 4.1 ms rewritten in place
+against 7.5 ms created (write, fsync, rename) plus 3.5 ms to unlink it at the step's end, on
+the step's critical path. A spare no put has taken since the clear before last is removed at
+the next clear; spares count against the capacity (dropped first when a page needs the room)
+and go when a write finds the disk full.
 """
 
 from __future__ import annotations
@@ -74,6 +83,9 @@ class FlashStore(IndexedPageStore):
                                            os.getpid())
         self.cleaned_stale = remove_dead_stores(self.page_dir, keep=self.directory)
         self._init_index()  # key -> (file, bytes); the lock guards it, file I/O runs outside
+        self._spares: dict[int, list[tuple[str, int]]] = {}  # 4 KiB blocks -> (file, bytes)
+        self._spare_bytes = 0
+        self._aged: set[str] = set()  # spares already spare at the last clear
         self._serial = itertools.count()
         self._closed = False
 
@@ -103,9 +115,22 @@ class FlashStore(IndexedPageStore):
                                     capacity_bytes=self.capacity_bytes, held_bytes=self._held,
                                     cause="over the store's capacity", remedy=FULL_REMEDY)
             self._held += needed  # reserved now, so a concurrent put sees it
-            path = os.path.join(self.directory, f"{next(self._serial):06d}-{_file_safe(key)}.page")
+            spare = self._take_spare(needed)
+            if self.capacity_bytes is not None:  # the disk the spares hold is the store's too
+                while self._spares and held_after + self._spare_bytes > self.capacity_bytes:
+                    self._drop_spare()
+            path = spare[0] if spare else os.path.join(
+                self.directory, f"{next(self._serial):06d}-{_file_safe(key)}.page")
         try:
-            self._write(key, path, page)
+            try:
+                self._write(key, path, page, spare)
+            except PageStoreFull:
+                if spare or not self._spares:
+                    raise
+                with self._lock:  # the disk is full: the spares' room first, then once more
+                    while self._spares:
+                        self._drop_spare()
+                self._write(key, path, page, None)
         except BaseException:
             with self._lock:
                 self._held -= needed
@@ -119,23 +144,29 @@ class FlashStore(IndexedPageStore):
             _unlink_quietly(old[0])
         return needed
 
-    def _write(self, key: Hashable, path: str, page: EncodedPage) -> None:
-        # Written under a temporary name and renamed: a page file is whole or absent.
-        partial = path + ".partial"
+    def _write(self, key: Hashable, path: str, page: EncodedPage,
+               spare: tuple[str, int] | None) -> None:
+        # A new file is written under a temporary name and renamed: whole or absent. A spare
+        # is written over in place (no reader knows it until put indexes it); one a write
+        # fails in is removed, not kept.
+        partial = path if spare else path + ".partial"
         try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-            fd = os.open(partial, flags, 0o600)
+            flags = os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(partial, flags if spare else flags | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 _write_all(fd, page.header)
                 _write_all(fd, page.payload)
+                if spare and spare[1] != page.total_bytes:
+                    os.ftruncate(fd, page.total_bytes)  # a header a few bytes longer or shorter
                 if self.fsync:
-                    os.fsync(fd)
+                    _sync_data(fd)  # the data and the file's size: nothing else is needed back
                 if self.drop_cache:
                     # Dirty pages cannot be dropped; without fsync this only starts writeback.
                     _drop_cached_pages(fd)
             finally:
                 os.close(fd)  # can report ENOSPC too (delayed allocation, NFS)
-            os.replace(partial, path)
+            if not spare:
+                os.replace(partial, path)
         except BaseException as error:
             _unlink_quietly(partial)
             if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
@@ -163,26 +194,74 @@ class FlashStore(IndexedPageStore):
             if entry is None:
                 return False
             self._held -= entry[1]
-        _unlink_quietly(entry[0])
+            self._keep_spare(*entry)
         return True
 
     def clear(self) -> None:
+        """Every page forgotten; their files kept as spares, and the spares no put took since
+        the clear before removed."""
         with self._lock:
+            for spares in list(self._spares.values()):
+                for path, _ in [spare for spare in spares if spare[0] in self._aged]:
+                    self._drop_spare(path)
+            for path, nbytes in self._index.values():
+                self._keep_spare(path, nbytes)
             self._index.clear()
             self._held = 0
-        # Every file in our own directory, so a stray partial page goes too.
+            self._aged = {path for spares in self._spares.values() for path, _ in spares}
+            kept = {os.path.basename(path) for path in self._aged}
+        # Any other file in our own directory (a stray partial page) goes.
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return
         for name in names:
-            _unlink_quietly(os.path.join(self.directory, name))
+            if name not in kept:
+                _unlink_quietly(os.path.join(self.directory, name))
+
+    @property
+    def spare_bytes(self) -> int:
+        """Bytes of the files kept for rewriting, which hold no page."""
+        return self._spare_bytes
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             self.clear()
+            with self._lock:
+                while self._spares:
+                    self._drop_spare()
             self._finalizer()  # removes the directory
+
+    # The spares (with the lock held).
+
+    def _keep_spare(self, path: str, nbytes: int) -> None:
+        self._spares.setdefault(_blocks(nbytes), []).append((path, nbytes))
+        self._spare_bytes += nbytes
+
+    def _take_spare(self, nbytes: int) -> tuple[str, int] | None:
+        spares = self._spares.get(_blocks(nbytes))
+        if not spares:
+            return None
+        spare = spares.pop()
+        if not spares:
+            del self._spares[_blocks(nbytes)]
+        self._spare_bytes -= spare[1]
+        self._aged.discard(spare[0])
+        return spare
+
+    def _drop_spare(self, path: str | None = None) -> None:
+        """Remove spare `path` (None: any one)."""
+        for blocks, spares in self._spares.items():
+            for k, (spare, nbytes) in enumerate(spares):
+                if path is None or spare == path:
+                    del spares[k]
+                    if not spares:
+                        del self._spares[blocks]
+                    self._spare_bytes -= nbytes
+                    self._aged.discard(spare)
+                    _unlink_quietly(spare)
+                    return
 
     def __repr__(self) -> str:
         return (f"FlashStore({self.directory!r}, pages={len(self._index)}, "
@@ -285,6 +364,13 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
     while view.nbytes:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def _blocks(nbytes: int) -> int:
+    return -(-nbytes // 4096)
+
+
+_sync_data = getattr(os, "fdatasync", os.fsync)  # fdatasync: Linux and most Unixes
 
 
 def _drop_cached_pages(fd: int) -> None:
