@@ -22,6 +22,7 @@ checked bit for bit against eager.
 
     python benchmarks/overlap.py --quick
     python benchmarks/overlap.py            # ResNet-18 b16 64x64, BERT-mini b16 seq 128
+    python benchmarks/overlap.py --threads 1   # on a loaded machine
 """
 
 from __future__ import annotations
@@ -185,14 +186,20 @@ def main() -> int:
     parser.add_argument("--context-steps", type=int, help="op profiler steps (default 3)")
     parser.add_argument("--page-dir", default=tempfile.gettempdir())
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--threads", type=int,
+                        help="torch's intra-op threads (default: torch's own; 1 on a loaded "
+                             "machine, where spinning threads wait on each other)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.rounds = args.rounds or (5 if args.quick else 7)
     args.time_limit = args.time_limit or (5.0 if args.quick else 20.0)
     args.context_steps = args.context_steps or (2 if args.quick else 3)
     from edge_remat_agent.profiler import board_identity
     identity = board_identity()
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731 - progress
-    print(f"# {identity['cpu']}, {identity['cpu_usable']} cores, torch {torch.__version__}; "
+    print(f"# {identity['cpu']}, {identity['cpu_usable']} cores, torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads); "
           f"pages to flash in {args.page_dir} (fsync, page cache dropped); budget "
           f"{args.fraction:.0%} of eager's activation peak")
     started = time.perf_counter()
