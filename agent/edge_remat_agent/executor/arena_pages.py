@@ -58,6 +58,7 @@ class PageRelease:
         self.dirty: list[tuple[int, int]] = []  # absolute page-aligned [lo, hi), disjoint
         self.released_bytes = 0  # this step's, for the report
         self.releases = 0
+        self._held: dict[int, tuple[list[tuple[int, int]], int]] = {}  # t -> pages, bytes
 
     def start_step(self) -> None:
         self.released_bytes = self.releases = 0
@@ -81,10 +82,8 @@ class PageRelease:
         touched bytes exceed the live ones by more than the slack."""
         if not self.available or not self.dirty:
             return
-        live = [r for r in self.ranges if r.start <= t < r.end]
-        held = _union([], [((self.base + r.lo) // PAGE * PAGE,
-                            -(-(self.base + r.hi) // PAGE) * PAGE) for r in live])
-        if self.resident_bytes() - sum(hi - lo for lo, hi in held) <= self.slack:
+        held, held_bytes = self._held_at(t)
+        if self.resident_bytes() - held_bytes <= self.slack:
             return
         keep: list[tuple[int, int]] = []
         for lo, hi in _minus(self.dirty, held):
@@ -94,6 +93,16 @@ class PageRelease:
             else:
                 keep.append((lo, hi))
         self.dirty = _union(_intersect(self.dirty, held), keep)
+
+    def _held_at(self, t: int) -> tuple[list[tuple[int, int]], int]:
+        """The pages of the ranges live at t (the same every step: computed once)."""
+        found = self._held.get(t)
+        if found is None:
+            held = _union([], [((self.base + r.lo) // PAGE * PAGE,
+                                -(-(self.base + r.hi) // PAGE) * PAGE)
+                               for r in self.ranges if r.start <= t < r.end])
+            found = self._held[t] = (held, sum(hi - lo for lo, hi in held))
+        return found
 
 
 def _union(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
