@@ -204,8 +204,10 @@ def _where(runs: dict[str, list[dict]]) -> str:
         mib = [(r.get(k) or 0) / MIB for k in ("baseline", "anon_end", "file_end")]
         cpu = ((r.get("allocations") or {}).get("peak_bytes") or 0) / MIB
         profiled = ((r.get("kernel_peak_profiled") or 0) - r["kernel_peak"]) / MIB
+        released = ((r.get("arena") or {}).get("released_bytes") or 0) / MIB
         parts.append(f"{a}: baseline {mib[0]:.1f}, anon {mib[1]:.1f} + file {mib[2]:.1f} at "
-                     f"the end, CPU allocator peak {cpu:.1f}, profiled step +{profiled:.1f}")
+                     f"the end, CPU allocator peak {cpu:.1f}, profiled step +{profiled:.1f}"
+                     + (f", pages given back {released:.1f} a step" if a == "arena" else ""))
     return "    " + "; ".join(parts)
 
 

@@ -44,6 +44,8 @@ def test_arena_plans_train_bitwise_like_eager(name, zoo_captures, tmp_path):
     # Outputs reach their slots by .out writes, page reads or copies; none stays outside.
     assert counts["outside"] == 0, counts
     assert counts["out_writes"] > 0 and counts["page_reads"] > 0, counts
+    # Free ranges' pages go back to the kernel (executor/arena_pages.py).
+    assert counts["released"] > 0 and counts["released_bytes"] > 0, counts
     if name == "resnet18":  # convolution backward writes into its slot: only the stem's copies
         assert counts["copied_bytes"] < counts["out_bytes"] / 10, counts
 

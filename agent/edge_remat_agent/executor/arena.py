@@ -23,7 +23,8 @@ import torch
 
 from ..formats import Graph, Plan
 from ..formats.arena import ArenaLayout, Slot
-from ..lifetimes import LayoutError, check_layout
+from ..lifetimes import LayoutError, check_layout, layout_offsets
+from .arena_pages import PageRelease, Range
 
 
 @dataclass
@@ -38,6 +39,8 @@ class ArenaCounts:
     copied_bytes: int = 0
     outside: int = 0  # storages that did not fit their slot and stayed where ATen put them
     outside_bytes: int = 0
+    released: int = 0  # arena ranges whose pages were given back (arena_pages.py)
+    released_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,9 +62,11 @@ class _Cursor:
 
 class Arena:
     def __init__(self, layout: ArenaLayout, graph: Graph, plan: Plan,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None, release_slack_bytes: int | None = 0):
+        """`release_slack_bytes`: give back the pages of free arena ranges when the touched
+        ones exceed the live ones by more than this (arena_pages.py); None: never."""
         try:
-            check_layout(graph, plan.stages, layout)
+            blocks = check_layout(graph, plan.stages, layout)
         except LayoutError as error:
             raise ValueError(f"the plan's arena layout does not fit its schedule: {error}. "
                              "Remedy: plan again (`edge-remat plan --arena best-fit`)") from error
@@ -73,6 +78,10 @@ class Arena:
         self.storage = self.memory.untyped_storage()
         self.base = self.memory.data_ptr()
         self.counts = ArenaCounts()
+        self.pages = None
+        if self.device.type == "cpu" and release_slack_bytes is not None:
+            self.pages = PageRelease(self.base, self.nbytes,
+                                     _held_ranges(graph, blocks, layout), release_slack_bytes)
         self._output: _Cursor | None = None
         self._workspace: _Cursor | None = None
         # op name -> for each of its results, whether it goes into this instruction's slot
@@ -88,6 +97,8 @@ class Arena:
 
     def start_step(self) -> None:
         self.counts = ArenaCounts()
+        if self.pages is not None:
+            self.pages.start_step()
 
     # -- one instruction ---------------------------------------------------------------------
 
@@ -99,6 +110,17 @@ class Arena:
         self._workspace = _Cursor(slot.workspace_offset, slot.workspace_bytes,
                                   self.layout.alignment)
         self._writable = writable or {}
+        if self.pages is not None:
+            self.pages.before(instruction)
+            self.counts.released = self.pages.releases
+            self.counts.released_bytes = self.pages.released_bytes
+
+    def _take(self, cursor: _Cursor | None, nbytes: int) -> int | None:
+        """An offset for `nbytes` from one of the slot's ranges, its pages counted as touched."""
+        offset = cursor.take(nbytes) if cursor is not None else None
+        if offset is not None and self.pages is not None:
+            self.pages.touched(offset, offset + nbytes)
+        return offset
 
     def close(self) -> None:
         self._output = self._workspace = None
@@ -114,9 +136,9 @@ class Arena:
         the workspace range (an update's optimizer state), else None (ATen allocates)."""
         if self._output is None or self.device.type != "cpu":
             return None  # pages are read on the CPU; on CUDA settle() copies them in
-        offset = self._output.take(nbytes)
+        offset = self._take(self._output, nbytes)
         if offset is None:
-            offset = self._workspace.take(nbytes)
+            offset = self._take(self._workspace, nbytes)
         if offset is None:
             return None
         self.counts.page_reads += 1
@@ -139,7 +161,7 @@ class Arena:
                 buffers.append(torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype,
                                                    device=self.device))
                 continue
-            offset = self._output.take(_storage_bytes(meta))
+            offset = self._take(self._output, _storage_bytes(meta))
             if offset is None:
                 self._output.next = saved
                 return None
@@ -162,7 +184,7 @@ class Arena:
                 out[name] = value
                 continue
             if ptr not in moved:
-                offset = self._output.take(storage.nbytes()) if self._output else None
+                offset = self._take(self._output, storage.nbytes())
                 if offset is None:
                     self.counts.outside += 1
                     self.counts.outside_bytes += storage.nbytes()
@@ -181,6 +203,17 @@ class Arena:
                 base.storage_offset() // value.element_size() + value.storage_offset(),
                 value.shape, value.stride())
         return out
+
+
+def _held_ranges(graph: Graph, blocks, layout: ArenaLayout) -> list[Range]:
+    """The layout's blocks that hold bytes in the arena while live: every output block, and
+    the workspace of update nodes (optimizer state read into it); other nodes' workspace is
+    taken from the CPU allocator by ATen, so its arena range holds nothing."""
+    ranges = []
+    for block, offset in zip(blocks, layout_offsets(blocks, layout)):
+        if block.kind == "output" or graph.nodes[block.node_index].kind == "update":
+            ranges.append(Range(block.start, block.end, offset, offset + block.nbytes))
+    return ranges
 
 
 def _storage_bytes(meta) -> int:

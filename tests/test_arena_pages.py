@@ -1,0 +1,67 @@
+"""The arena's pages given back: free ranges' touched pages leave the resident set (mincore
+says so), live ranges keep their bytes, and nothing is released within the slack."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+import pytest
+import torch
+
+from edge_remat_agent.executor.arena_pages import PAGE, PageRelease, Range, _minus, _union
+
+MIB = 2 ** 20
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise, mincore")
+
+
+def resident_pages(address: int, nbytes: int) -> list[bool]:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    pages = nbytes // PAGE
+    vector = (ctypes.c_ubyte * pages)()
+    assert libc.mincore(address, nbytes, vector) == 0
+    return [bool(v & 1) for v in vector]
+
+
+def test_interval_arithmetic():
+    assert _union([(0, 4)], [(2, 6), (8, 9)]) == [(0, 6), (8, 9)]
+    assert _minus([(0, 10), (20, 30)], [(2, 4), (8, 22)]) == [(0, 2), (4, 8), (22, 30)]
+    assert _minus([(0, 10)], []) == [(0, 10)]
+
+
+@linux
+def test_free_ranges_leave_the_resident_set_and_live_ones_keep_their_bytes():
+    memory = torch.full((4 * MIB + PAGE,), 7, dtype=torch.uint8)
+    base = memory.data_ptr()
+    skip = -(-base // PAGE) * PAGE - base  # offsets of whole pages start here
+    live = Range(0, 10, skip + 2 * MIB, skip + 3 * MIB)
+    dead = Range(0, 2, skip, skip + MIB)
+    pages = PageRelease(base, memory.numel(), [dead, live], slack_bytes=0)
+    assert pages.available
+    pages.touched(0, memory.numel())
+    pages.before(1)  # both live: nothing free but the untouched-by-ranges tail and middle
+    released_first = pages.released_bytes
+    pages.before(5)  # only `live` is live now
+    whole = base + skip
+    resident = resident_pages(whole, 4 * MIB)
+    per_mib = MIB // PAGE
+    assert not any(resident[:per_mib]), "the dead range's pages are still resident"
+    assert all(resident[2 * per_mib:3 * per_mib]), "the live range lost pages"
+    assert bool((memory[skip + 2 * MIB:skip + 3 * MIB] == 7).all())
+    assert bool((memory[skip:skip + MIB] == 0).all())  # released pages read back zeroed
+    assert pages.released_bytes - released_first >= MIB
+    assert pages.resident_bytes() <= MIB + 2 * PAGE  # the live range and partial end pages
+    # Bytes outside the arena's whole pages are never released.
+    assert memory[:skip].eq(7).all() and memory[skip + 4 * MIB:].eq(7).all()
+
+
+@linux
+def test_nothing_is_released_within_the_slack():
+    memory = torch.full((2 * MIB,), 1, dtype=torch.uint8)
+    pages = PageRelease(memory.data_ptr(), memory.numel(), [Range(0, 1, 0, MIB)],
+                        slack_bytes=4 * MIB)
+    pages.touched(0, memory.numel())
+    pages.before(3)
+    assert pages.released_bytes == 0 and bool(memory.eq(1).all())
