@@ -18,6 +18,7 @@ ledger then reads the step's live tensor bytes, each node's workspace included.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -77,7 +78,10 @@ class _OpStep:
 
     `args`: the positional arguments with each value argument as None; `reads`: (position,
     name, from the node's own ops) for each of those. `nested`: an argument holds values in a
-    list or in kwargs (cat's tensor list, ...): fx.node.map_arg builds them instead."""
+    list or in kwargs (cat's tensor list, ...): fx.node.map_arg builds them instead.
+    `held`: the runner holds (and the ledger counts) the result; False for a view that dies
+    inside the node before the value it views (see _unheld_views). `release`: the dropped
+    values that are held."""
 
     name: str
     call: Callable[..., Any]
@@ -88,10 +92,19 @@ class _OpStep:
     grad_mode: bool
     drop: tuple[str, ...]
     op: fx.Node  # the traced op (the arena's out writer reads its result's shapes)
+    held: bool = True
+    release: tuple[str, ...] = ()
 
 
 def _op_step(op: fx.Node, produced_here: set[str], drop: list[str], grad_mode: bool,
-             device: torch.device | None) -> _OpStep:
+             device: torch.device | None, unheld: set[str] = frozenset()) -> _OpStep:
+    step = _resolved(op, produced_here, drop, grad_mode, device)
+    return dataclasses.replace(step, held=op.name not in unheld,
+                               release=tuple(name for name in drop if name not in unheld))
+
+
+def _resolved(op: fx.Node, produced_here: set[str], drop: list[str], grad_mode: bool,
+              device: torch.device | None) -> _OpStep:
     target = op.target
     call = getattr(target, "_op", target) if isinstance(target, torch._ops.OpOverload) \
         else target
@@ -105,6 +118,36 @@ def _op_step(op: fx.Node, produced_here: set[str], drop: list[str], grad_mode: b
                   if isinstance(a, fx.Node))
     args = tuple(None if isinstance(a, fx.Node) else a for a in op.args)
     return _OpStep(op.name, call, args, reads, kwargs, None, grad_mode, tuple(drop), op)
+
+
+def _unheld_views(ops: list[fx.Node], keep: set[str], drop_after: list[list[str]]) -> set[str]:
+    """Views (view, t, transpose, expand, ...: the schema says the one result aliases the
+    first argument, read only) that the node drops before the value they view, or that view a
+    value the whole node keeps alive (the environment's, or one it keeps). Their storage is
+    counted, and kept alive, by that value for as long as they live, so holding them adds no
+    byte to the ledger: they skip the bookkeeping (about half of a transformer's ops)."""
+    dropped_at = {name: k for k, names in enumerate(drop_after) for name in names}
+    unheld: set[str] = set()
+    for op in ops:
+        base = op.args[0] if op.args else None
+        if op.name in keep or not isinstance(base, fx.Node) or not _is_view(op):
+            continue
+        if base.name in dropped_at and dropped_at[base.name] <= dropped_at[op.name]:
+            continue  # the viewed value goes first (or with it): the view must count
+        unheld.add(op.name)
+    return unheld
+
+
+def _is_view(op: fx.Node) -> bool:
+    if not isinstance(op.target, torch._ops.OpOverload):
+        return False
+    schema = op.target._schema
+    if len(schema.returns) != 1 or not schema.arguments:
+        return False
+    result, first = schema.returns[0], schema.arguments[0]
+    return (str(result.type) == "Tensor" and result.alias_info is not None
+            and not result.alias_info.is_write and first.alias_info is not None
+            and not first.alias_info.is_write)
 
 
 def _holds_values(arg: Any) -> bool:
@@ -311,11 +354,12 @@ class StepRunner:
             for name, k in last_use.items():
                 if name not in keep:
                     drop_after[k].append(name)
+            unheld = _unheld_views(ops, keep, drop_after)
             produced: set[str] = set()
             steps = []
             for op, dropped in zip(ops, drop_after):
                 steps.append(_op_step(op, produced, dropped, op.name in self._grad_mode_ops,
-                                      self.device))
+                                      self.device, unheld))
                 produced.add(op.name)
             node_ops = self._node_ops[node_id] = _NodeOps(ops, drop_after, steps)
         return node_ops
@@ -345,10 +389,12 @@ class StepRunner:
                         result = None if writer is None else writer.call(step.op, args, kwargs)
                         if result is None:
                             result = step.call(*args, **kwargs)
-                    hold(step.name, result)
+                    if step.held:
+                        hold(step.name, result)
                     local[step.name] = result
                     for name in step.drop:
                         del local[name]
+                    for name in step.release:
                         release(name)
         except BaseException:
             for name in local:

@@ -31,6 +31,7 @@ from .baseline import runtime_baseline
 from .errors import OOM_REMEDY, BadInput, ExecutorError, PlanMismatch, first_line, \
     is_out_of_memory
 from .gradcheck import compare, deterministic, eager_reference
+from .python_heap import set_up_frozen
 from .report import FORMAT, step_record, summarize
 from .step import PlannedStep, plain_step
 from .stores import describe_stores, open_parameter_home, open_stores
@@ -88,7 +89,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         torch.manual_seed(seed)
     with deterministic(device), open_stores(plan, captured.graph, page_dir, stores,
                                             flash_fsync, flash_capacity_bytes) as opened, \
-            open_parameter_home(captured.graph, module, page_dir, flash_fsync, plan) as home:
+            open_parameter_home(captured.graph, module, page_dir, flash_fsync, plan) as home, \
+            set_up_frozen() as before_step:
         optimizer = make_optimizer(captured.graph, module, lr, home, ledger)
         runner = StepRunner(captured.trace, captured.graph, module,
                             batches(0) if is_example(data) else captured.example_args,
@@ -112,6 +114,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             if arena is not None:
                 arena.start_step()
             counted = AllocatorPeak(device) if count_allocations and i == steps - 1 else None
+            before_step(i)
             with StepMeter(ledger, power) as meter, counted or contextlib.nullcontext():
                 result = planned.run(batch, check)
             if check is not None:
