@@ -251,6 +251,9 @@ def graph(
                                         help="start from this depth of the module tree "
                                              "(default: the finest within half of "
                                              "--max-nodes)"),
+    operator_level: bool = typer.Option(False, "--operator-level", help="one planner node per "
+                                        "ATen op that allocates (hundreds to thousands of "
+                                        "nodes); --max-nodes and --level do not apply"),
     params_home: str = typer.Option("ram", "--params-home", help="ram | flash: where "
                                     "parameters and optimizer state live between uses (flash: "
                                     "loaded and written back by planned nodes)"),
@@ -281,7 +284,7 @@ def graph(
     else:
         from edge_remat_agent.capture import capture_model
         g = capture_model(model, batch, image, seq, seed, optimizer, max_nodes, level,
-                          update, params_home, train).graph
+                          update, params_home, train, operator_level=operator_level).graph
     if output:
         g.save(output)
     summary = graph_summary(g, plain_peak_bytes(g), output)
