@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
               f"captured in {info['capture_s']:.1f} s ({info['wall_s']:.1f} s with the process), "
               f"plain peak {info['plain_peak_bytes'] / 2**20:.1f} MiB; {path}")
         jobs.append((name, ["--one-graph", str(path)]))
-    print(f"# random layered graphs (seed {args.seed}), budget {args.budget:g}x plain peak, "
+    print(f"# graph rl: random layered (seed {args.seed}); budget {args.budget:g}x plain peak, "
           f"solver {args.solver}, time limit {args.time_limit:g} s per graph, "
           f"{os.cpu_count()} cores; each graph in a fresh process")
     print("# first/best s: time to the first / the returned plan; LB TDI: the lower bound as a "
