@@ -132,11 +132,12 @@ def draw(rows: list[dict], path: Path, budget: float, time_limit: float) -> None
         points = [(r["nodes"], r[key]) for r in rows if r.get(key) and r["graph"] == "rl"]
         if points:
             ax.plot(*zip(*points), marker=marker, label=label)
-        for r in rows:  # operator-level graphs: single points, named
-            if r.get(key) and r["graph"] != "rl":
-                ax.scatter([r["nodes"]], [r[key]], marker=marker, color="black", zorder=3)
-                ax.annotate(r["graph"], (r["nodes"], r[key]), fontsize=7,
-                            xytext=(4, 2), textcoords="offset points")
+        named = [r for r in rows if r.get(key) and r["graph"] != "rl"]
+        for k, r in enumerate(named):  # operator-level graphs: single points, named
+            ax.scatter([r["nodes"]], [r[key]], marker=marker, color="black", zorder=3,
+                       label=f"{label}, operator-level" if k == 0 else None)
+            ax.annotate(r["graph"], (r["nodes"], r[key]), fontsize=7,
+                        xytext=(4, 2), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("nodes (random layered graphs; black: operator-level models)")
