@@ -278,6 +278,9 @@ def graph(
         raise UserError(f"unknown --optimizer {optimizer!r}: use sgd or adamw")
     if output:
         output_file(output, force)
+    if onnx_file is not None and operator_level:
+        raise UserError("--operator-level splits a captured model's ATen ops: use it with "
+                        "--model, not --onnx")
     if onnx_file is not None:
         from .importers.onnx_import import graph_from_onnx
         g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)
