@@ -17,7 +17,7 @@ from edge_remat_agent.capture import capture_model, recapture
 from edge_remat_agent.executor import run_plan
 from edge_remat_agent.formats import load_graph, load_plan
 
-pytestmark = pytest.mark.slow  # capture, a 5 s plan and two training steps: about 15 s here
+pytestmark = pytest.mark.slow  # capture, a 5 s plan and two training steps: 8-16 s here
 
 MODEL = ["--model", "digits-cnn", "--batch", "4"]
 
