@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""How the planner scales: random layered graphs of 100 ... 5000 nodes at a budget multiplier.
+"""How the planner scales: random layered graphs of 100 ... 5000 nodes at a budget multiplier,
+and operator-level training graphs of real models.
 
 For each size, in a fresh process (so that its peak RSS is the planner's for that size alone):
 generate the graph (edge_remat.synthetic.random_layered, seed 1, the published RL family), plan
@@ -8,8 +9,13 @@ and print the time to the first and to the returned plan, the TDI, the lower bou
 with its scope, the gap, and the process's peak RSS (and its RSS before planning). Draws time
 against n on log-log axes to a PNG.
 
+`--graphs resnet50,gpt2-small` adds operator-level graphs (`edge-remat graph --operator-level
+--params-home flash`: one node per ATen op that allocates; the shapes of issue 9), captured once
+into `--cache` and planned the same way, in the same table.
+
     python benchmarks/planner_scaling.py --sizes 100,250,500,1000 --time-limit 90
     python benchmarks/planner_scaling.py --sizes 2000,5000 --time-limit 60 --png scaling.png
+    python benchmarks/planner_scaling.py --graphs resnet50,gpt2-small --budget 0.25 --time-limit 60
 """
 
 from __future__ import annotations
@@ -21,23 +27,64 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-COLUMNS = ("nodes", "edges", "status", "plan from", "first s", "best s", "total s", "TDI %",
+# Operator-level graphs: the zoo model and the `edge-remat graph` options (issue 9's shapes).
+# Parameters live on flash, so that a budget below parameters + optimizer state is plannable.
+MODEL_GRAPHS = {
+    "resnet50": ["--batch", "8", "--image", "64"],
+    "gpt2-small": [],
+    "resnet18": ["--batch", "8", "--image", "32"],
+}
+CAPTURE_OPTIONS = ["--operator-level", "--params-home", "flash"]
+
+COLUMNS = ("graph", "nodes", "edges", "status", "plan from", "first s", "best s", "total s", "TDI %",
            "LB TDI %", "gap %", "RSS MiB", "base MiB", "bound scope")
 
 
-def one(n: int, budget: float, time_limit: float, solver: str, seed: int) -> dict:
-    """Plan one size in this process; the row as a dict."""
+def peak_rss_mib() -> float:
+    """This process's peak RSS, or a solver child's (planner/isolated.py) if that was larger."""
+    return max(resource.getrusage(who).ru_maxrss
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
+
+
+def capture(name: str, cache: Path) -> Path:
+    """The operator-level graph of a zoo model, captured once into `cache` (a fresh process);
+    its capture time is kept beside it."""
+    if name not in MODEL_GRAPHS:
+        raise SystemExit(f"error: unknown graph {name!r}: use one of {', '.join(MODEL_GRAPHS)}")
+    path = cache / f"{name}-op.json"
+    if not path.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        child = subprocess.run([sys.executable, "-m", "edge_remat", "graph", "--model", name,
+                                *MODEL_GRAPHS[name], *CAPTURE_OPTIONS, "-o", str(path),
+                                "--force", "--json"], capture_output=True, text=True)
+        if child.returncode != 0:
+            raise SystemExit(f"error: capturing {name} failed:\n{child.stderr[-2000:]}")
+        summary = json.loads(child.stdout)
+        summary["wall_s"] = time.perf_counter() - started
+        path.with_suffix(".capture.json").write_text(json.dumps(summary))
+    return path
+
+
+def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
+        graph_file: Path | None = None) -> dict:
+    """Plan one size (or one captured graph) in this process; the row as a dict."""
     from edge_remat.planner.build import build_problem
     from edge_remat.planner.solve import NoPlan, solve
     from edge_remat.synthetic import random_layered
 
-    graph = random_layered(n, seed=seed)
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    row = {"nodes": n, "edges": sum(len(node.inputs) for node in graph.nodes),
-           "base_rss_mib": base_rss}
+    if graph_file is None:
+        graph, label = random_layered(n, seed=seed), "rl"
+    else:
+        from edge_remat_agent.formats.graph import load_graph
+        graph, label = load_graph(graph_file), graph_file.stem.removesuffix("-op")
+    base_rss = peak_rss_mib()
+    row = {"graph": label, "nodes": len(graph),
+           "edges": sum(len(node.inputs) for node in graph.nodes), "base_rss_mib": base_rss}
     started = time.perf_counter()
     problem = build_problem(graph, str(budget))
     try:
@@ -54,7 +101,7 @@ def one(n: int, budget: float, time_limit: float, solver: str, seed: int) -> dic
                    lb_tdi_percent=None if bound is None else 100 * (bound / problem.plain_time - 1),
                    gap=info.get("gap"), bound_scope=info.get("bound_scope"),
                    valid=ev.feasible, peak_over_budget=ev.sim.peak_bytes / problem.budget_bytes)
-    row["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    row["rss_mib"] = peak_rss_mib()
     return row
 
 
@@ -64,14 +111,14 @@ def fmt(value, spec: str) -> str:
 
 
 def print_row(row: dict) -> None:
-    cells = [str(row["nodes"]), str(row.get("edges", "-")), row["status"],
+    cells = [row.get("graph", "rl"), str(row["nodes"]), str(row.get("edges", "-")), row["status"],
              row.get("plan_from", "-"), fmt(row.get("first_plan_s"), ".2f"),
              fmt(row.get("best_plan_s"), ".2f"), fmt(row.get("total_s"), ".1f"),
              fmt(row.get("tdi_percent"), ".2f"), fmt(row.get("lb_tdi_percent"), ".2f"),
              fmt(None if row.get("gap") is None else 100 * row["gap"], ".1f"),
              fmt(row.get("rss_mib"), ".0f"), fmt(row.get("base_rss_mib"), ".0f"),
              row.get("bound_scope") or row.get("note", "")]
-    print("  ".join(f"{c:>9}" if k < 12 else c for k, c in enumerate(cells)))
+    print("  ".join(f"{c:>10}" if k < 13 else c for k, c in enumerate(cells)))
     sys.stdout.flush()
 
 
@@ -82,23 +129,36 @@ def draw(rows: list[dict], path: Path, budget: float, time_limit: float) -> None
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for key, label, marker in (("first_plan_s", "time to first plan", "o"),
                                ("best_plan_s", "time to best plan", "s")):
-        points = [(r["nodes"], r[key]) for r in rows if r.get(key)]
+        points = [(r["nodes"], r[key]) for r in rows if r.get(key) and r["graph"] == "rl"]
         if points:
             ax.plot(*zip(*points), marker=marker, label=label)
+        named = [r for r in rows if r.get(key) and r["graph"] != "rl"]
+        for k, r in enumerate(named):  # operator-level graphs: single points, named
+            ax.scatter([r["nodes"]], [r[key]], marker=marker, color="black", zorder=3,
+                       label=f"{label}, operator-level" if k == 0 else None)
+            ax.annotate(r["graph"], (r["nodes"], r[key]), fontsize=7,
+                        xytext=(4, 2), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("nodes (random layered graphs)")
+    ax.set_xlabel("nodes (random layered graphs; black: operator-level models)")
     ax.set_ylabel("seconds")
     ax.set_title(f"planner scaling, budget {budget:g}x plain peak, limit {time_limit:g} s")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="100,250,500,1000,2000,5000")
+    ap.add_argument("--sizes", help="random layered graphs' node counts "
+                    "(default 100,250,500,1000,2000,5000; none when only --graphs is given)")
+    ap.add_argument("--graphs", default="", help="operator-level graphs of zoo models, e.g. "
+                    f"resnet50,gpt2-small (known: {', '.join(MODEL_GRAPHS)})")
+    ap.add_argument("--cache", type=Path,
+                    default=Path(tempfile.gettempdir()) / "edge-remat-planner-scaling",
+                    help="where captured graphs are kept between runs")
     ap.add_argument("--budget", type=float, default=0.8, help="multiplier of the plain peak")
     ap.add_argument("--time-limit", type=float, default=90.0, help="per size, s (90)")
     ap.add_argument("--solver", default="auto")
@@ -106,28 +166,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--png", type=Path, default=Path("planner_scaling.png"))
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process's size
+    ap.add_argument("--one-graph", type=Path, help=argparse.SUPPRESS)  # or its graph file
     args = ap.parse_args(argv)
 
-    if args.one is not None:
-        print(json.dumps(one(args.one, args.budget, args.time_limit, args.solver, args.seed)))
+    if args.one is not None or args.one_graph is not None:
+        print(json.dumps(one(args.one, args.budget, args.time_limit, args.solver, args.seed,
+                             args.one_graph)))
         return 0
 
+    names = [x.strip() for x in args.graphs.split(",") if x.strip()]
+    if args.sizes is None:
+        args.sizes = "" if names else "100,250,500,1000,2000,5000"
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
-    print(f"# random layered graphs (seed {args.seed}), budget {args.budget:g}x plain peak, "
-          f"solver {args.solver}, time limit {args.time_limit:g} s per size, "
-          f"{os.cpu_count()} cores; each size in a fresh process")
+    jobs = [(str(n), ["--one", str(n)]) for n in sizes]
+    for name in names:
+        path = capture(name, args.cache)
+        info = json.loads(path.with_suffix(".capture.json").read_text())
+        print(f"# {name}: operator-level graph ({' '.join(MODEL_GRAPHS[name] + CAPTURE_OPTIONS)})"
+              f", {info['nodes']} planner nodes from {info['captured_nodes']} ATen nodes, "
+              f"captured in {info['capture_s']:.1f} s ({info['wall_s']:.1f} s with the process), "
+              f"plain peak {info['plain_peak_bytes'] / 2**20:.1f} MiB; {path}")
+        jobs.append((name, ["--one-graph", str(path)]))
+    print(f"# graph rl: random layered (seed {args.seed}); budget {args.budget:g}x plain peak, "
+          f"solver {args.solver}, time limit {args.time_limit:g} s per graph, "
+          f"{os.cpu_count()} cores; each graph in a fresh process")
     print("# first/best s: time to the first / the returned plan; LB TDI: the lower bound as a "
           "TDI; RSS: the process's peak; base: its peak before planning (imports, graph)")
-    print("  ".join(f"{c:>9}" if k < 12 else c for k, c in enumerate(COLUMNS)))
+    print("  ".join(f"{c:>10}" if k < 13 else c for k, c in enumerate(COLUMNS)))
     rows, failed = [], 0
-    for n in sizes:
+    for label, which in jobs:
         child = subprocess.run(
-            [sys.executable, __file__, "--one", str(n), "--budget", str(args.budget),
+            [sys.executable, __file__, *which, "--budget", str(args.budget),
              "--time-limit", str(args.time_limit), "--solver", args.solver,
              "--seed", str(args.seed)], capture_output=True, text=True,
             timeout=args.time_limit * 3 + 120)
         if child.returncode != 0:
-            print(f"size {n}: the planner process failed:\n{child.stderr[-2000:]}")
+            print(f"{label}: the planner process failed:\n{child.stderr[-2000:]}")
             failed += 1
             continue
         row = json.loads(child.stdout.strip().splitlines()[-1])

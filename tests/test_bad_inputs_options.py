@@ -62,6 +62,8 @@ OTHER_OPTION_CASES = [
     ("graph: both model and onnx", ["graph", "--model", "mlp", "--onnx", "m.onnx"],
      ["exactly one"]),
     ("graph: unknown optimizer", ["graph", "--model", "mlp", "--optimizer", "lion"], ["lion"]),
+    ("graph: operator level of an onnx file", ["graph", "--onnx", "m.onnx", "--operator-level"],
+     ["--operator-level", "--model"]),
     ("graph: batch 0", ["graph", "--model", "mlp", "--batch", "0"], ["--batch"]),
     ("run: no budget, no limit", ["run", "--device", "local", "--model", "mlp"],
      ["--budget"]),

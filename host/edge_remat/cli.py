@@ -251,6 +251,9 @@ def graph(
                                         help="start from this depth of the module tree "
                                              "(default: the finest within half of "
                                              "--max-nodes)"),
+    operator_level: bool = typer.Option(False, "--operator-level", help="one planner node per "
+                                        "ATen op that allocates (hundreds to thousands of "
+                                        "nodes); --max-nodes and --level do not apply"),
     params_home: str = typer.Option("ram", "--params-home", help="ram | flash: where "
                                     "parameters and optimizer state live between uses (flash: "
                                     "loaded and written back by planned nodes)"),
@@ -275,13 +278,16 @@ def graph(
         raise UserError(f"unknown --optimizer {optimizer!r}: use sgd or adamw")
     if output:
         output_file(output, force)
+    if onnx_file is not None and operator_level:
+        raise UserError("--operator-level splits a captured model's ATen ops: use it with "
+                        "--model, not --onnx")
     if onnx_file is not None:
         from .importers.onnx_import import graph_from_onnx
         g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)
     else:
         from edge_remat_agent.capture import capture_model
         g = capture_model(model, batch, image, seq, seed, optimizer, max_nodes, level,
-                          update, params_home, train).graph
+                          update, params_home, train, operator_level=operator_level).graph
     if output:
         g.save(output)
     summary = graph_summary(g, plain_peak_bytes(g), output)

@@ -20,11 +20,14 @@ from .errors import CaptureError
 from .freeze import freeze_except
 from .optimizer import optimizer_named
 from .state import PARAM_HOMES, UPDATE_MODES
-from .refine import name_ops, refine
+from .refine import name_ops, refine, split_to_ops
 from .trace import TOOL, JointTrace, trace_joint
 from ..weights.deferred import deferred_weights, traceable
 
 from . import DEFAULT_MAX_NODES
+
+
+OPERATOR_LEVEL_NODES = 10**9  # no node limit: coarsening starts at the finest level
 
 
 @dataclass
@@ -40,10 +43,12 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
                   seq: int | None = None, seed: int = 0, optimizer: str = "sgd",
                   max_nodes: int = DEFAULT_MAX_NODES, level: int | None = None,
                   update: str = "fused", params_home: str = "ram",
-                  train: list[str] | None = None, refined: bool = True) -> Captured:
+                  train: list[str] | None = None, refined: bool = True,
+                  operator_level: bool = False) -> Captured:
     """Build a zoo model or MODULE:FACTORY and capture it (what `edge-remat graph` runs).
     `train`: name patterns of the parameters to train (the rest are frozen); None: as the
-    model comes. `refined=False` keeps module-level groups only."""
+    model comes. `refined=False` keeps module-level groups only; `operator_level=True` makes
+    one node per ATen op that allocates (max_nodes and level do not apply)."""
     start = time.perf_counter()
     spec = canonical_spec(spec)  # the board rebuilds the model from it, in another directory
     with deferred_weights():  # tracing needs shapes only: no model's weights in RAM
@@ -53,14 +58,15 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
         freeze_except(module, train, spec)
         source["train"] = list(train)
     return capture_module(module, args, spec, optimizer, max_nodes, level, source, start,
-                          update, params_home, refined)
+                          update, params_home, refined, operator_level)
 
 
 def capture_module(module: nn.Module, example_args, model: str = "model",
                    optimizer: str = "sgd", max_nodes: int = DEFAULT_MAX_NODES,
                    level: int | None = None, source: dict[str, Any] | None = None,
                    start: float | None = None, update: str = "fused",
-                   params_home: str = "ram", refined: bool = True) -> Captured:
+                   params_home: str = "ram", refined: bool = True,
+                   operator_level: bool = False) -> Captured:
     start = time.perf_counter() if start is None else start
     opt = optimizer_named(optimizer, model)
     if update not in UPDATE_MODES:
@@ -77,7 +83,11 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
         return assemble(trace, groups, module, tuple(example_args), opt, update=update,
                         params_home=params_home)
 
-    if refined:  # module-level groups in half the node budget; refinement spends the rest
+    if operator_level:  # the finest module level, then every group down to single ops
+        groups, level_used = coarsen(trace, OPERATOR_LEVEL_NODES, None,
+                                     paged_params=params_home != "ram")
+        groups = split_to_ops(trace, groups)
+    elif refined:  # module-level groups in half the node budget; refinement spends the rest
         # where memory is decided (capture/refine.py)
         groups, level_used = coarsen(
             trace, activation_nodes(max(5, max_nodes // 2), update, params_home), level,
@@ -101,6 +111,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
         "level": level_used,
         "max_nodes": max_nodes,
         "refined": refined,
+        **({"operator_level": True} if operator_level else {}),
         "trace_s": round(trace.capture_s, 4),
         "capture_s": round(time.perf_counter() - start, 4),
         "saved_bytes": figures["saved_bytes"],
@@ -134,7 +145,8 @@ def recapture(graph: Graph) -> Captured:
                           source.get("seq"), source.get("seed", 0), info.get("optimizer", "sgd"),
                           info.get("max_nodes", DEFAULT_MAX_NODES), info.get("level"),
                           info.get("update", "step"), info.get("params_home", "ram"),
-                          source.get("train"), info.get("refined", False))
+                          source.get("train"), info.get("refined", False),
+                          info.get("operator_level", False))
     if again.graph.fingerprint() != graph.fingerprint():
         raise GraphMismatch(graph.name, "re-capturing gave a different graph (fingerprint "
                            f"{again.graph.fingerprint()} instead of {graph.fingerprint()}): "

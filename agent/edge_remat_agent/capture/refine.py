@@ -91,6 +91,21 @@ def _split_one(graph: Graph, groups: list[Group], splitter: "_Splitter",
     return None
 
 
+def split_to_ops(trace: JointTrace, groups: list[Group]) -> list[Group]:
+    """Every group split down to single ATen ops (the operator-level graph): each op that
+    allocates is a node with its getitems and the views it reads first; only the merges that
+    keep a forward-only tensor from living until backward remain (as in `refine`)."""
+    splitter = _Splitter(trace)
+    i = 0
+    while i < len(groups):
+        candidate = _split_group(groups, i, splitter)
+        if candidate is None:
+            i += 1
+        else:  # part i may split further; each split adds a group, so this ends
+            groups = candidate
+    return groups
+
+
 def _wasteful_producers(graph: Graph, node) -> list:
     """Input nodes that hold values this node does not read (their output is one tensor to the
     planner, so this node's working set counts all of it), largest first."""
