@@ -162,12 +162,9 @@ LADDER_STEPS, LADDER_START = (1.025, 1.05, 1.1, 1.2, 1.3, 1.5), 2
 def _budget_found_hint(p: Problem, deadline: float) -> str:
     """What to try next: the smallest budget of LADDER_STEPS for which the feasibility phase
     finds a plan before the deadline (a perf_counter time), else a larger time limit."""
-    import dataclasses
-    from .baselines import peak_search
-
     def fits(step: float) -> bool:
-        wider = dataclasses.replace(p, budget_bytes=int(p.budget_bytes * step))
-        return peak_search(wider, deadline) is not None
+        wider = replace(p, budget_bytes=int(p.budget_bytes * step))
+        return BASELINES[FEASIBILITY_PHASE](wider, deadline) is not None
 
     found, k = None, LADDER_START
     while k < len(LADDER_STEPS) and deadline - clock.perf_counter() > 1.0:
