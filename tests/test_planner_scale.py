@@ -128,6 +128,30 @@ def test_baselines_stop_at_the_deadline():
         assert time.perf_counter() - started < 2.0
 
 
+def test_dtr_stops_at_the_deadline_inside_a_stage():
+    # On 5000 nodes at 0.8 one stage of DTR's evictions took minutes: the check was per stage.
+    from edge_remat.planner.baselines import dtr
+    p = build_problem(random_layered(5000, seed=1), "0.8")
+    started = time.perf_counter()
+    assert dtr(p, deadline=started + 2.0) is None
+    assert time.perf_counter() - started < 6.0
+
+
+def test_no_plan_in_time_names_a_budget_that_has_one(monkeypatch):
+    # The heuristic-only route (as on graphs too large for the exact solvers), forced on a small
+    # graph whose 0.6 budget the feasibility phase cannot meet: the error names a larger budget,
+    # and that budget does plan.
+    import edge_remat.planner.solve as solve_module
+    monkeypatch.setattr(solve_module, "CPSAT_MAX_NODES", 0)
+    monkeypatch.setattr(solve_module, "MILP_MAX_NODES", 0)
+    graph = random_layered(150, seed=1)
+    with pytest.raises(solve_module.NoPlan, match=r"finds a plan at \d+ bytes") as caught:
+        solve(build_problem(graph, "0.6"), "auto", time_limit=10)
+    named = int(str(caught.value).split("--budget ")[1].split(",")[0])
+    p = build_problem(graph, str(named))
+    assert evaluate(p, solve(p, "heuristic:peak-search", time_limit=10).decisions).fits_budget
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=graphs, fraction=st.floats(0.3, 1.0))
 def test_batch_splits_never_add_excess_and_their_schedules_simulate(graph, fraction):

@@ -37,6 +37,9 @@ def greedy(p: Problem, evict: str | None = None, retain: Retain | None = None,
             return None
         dropped: set[int] = set()  # tensors of this stage freed after their last use in it
         while True:
+            # checked per eviction too: on thousands of nodes one stage can evict for minutes
+            if deadline is not None and clock.perf_counter() > deadline:
+                return None
             compute, page_in, used = _plan_stage(p, t, ram, tiers)
             keep = {i for i in ram | compute | {i for i, _ in page_in}
                     if p.next_use(i, t) is not None and (retain is None or retain(i, t))

@@ -24,6 +24,9 @@ MILP_MAX_NODES = 300
 # and the host allow; the feasibility phase's plan is returned with the combinatorial bound.
 CPSAT_MAX_NODES = 1500
 FEASIBILITY_SHARE = 0.6  # of the time limit, for the baselines and the feasibility phase
+# Each baseline but the feasibility phase stops at this share of the time limit, so that on a
+# large graph a hopeless greedy (DTR evicting for minutes) cannot starve the one that scales.
+OTHER_BASELINE_SHARE, FEASIBILITY_PHASE = 0.1, "peak-search"
 # From this many nodes auto improves the best heuristic plan by window LNS (lns.py) for this
 # share of the time limit before CP-SAT starts from it (or instead of it, above CPSAT_MAX_NODES).
 LNS_MIN_NODES, LNS_SHARE = 300, 0.25
@@ -58,7 +61,10 @@ def run_baselines(p: Problem, time_limit: float | None = None) -> dict[str, Cand
     deadline = None if time_limit is None else \
         clock.perf_counter() + FEASIBILITY_SHARE * time_limit
     for name, baseline in BASELINES.items():
-        decisions = baseline(p, deadline)
+        own = deadline
+        if deadline is not None and name != FEASIBILITY_PHASE:
+            own = min(deadline, clock.perf_counter() + OTHER_BASELINE_SHARE * time_limit)
+        decisions = baseline(p, own)
         out[name] = None if decisions is None else Candidate(
             f"heuristic:{name}", evaluate(p, decisions), decisions)
     return out
@@ -134,8 +140,8 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
     if solver == "heuristic":
         if best_known is None:
             raise NoPlan(f"no heuristic fits within {time_limit:g} s, and the graph ({p.n} "
-                         "nodes) is too large for the exact solvers; try a larger --time-limit "
-                         "or budget")
+                         "nodes) is too large for the exact solvers; "
+                         + _budget_found_hint(p, started + time_limit))
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
                        timing={"first_plan_s": first_plan, "best_plan_s": best_at})
     remaining = max(1.0, time_limit - (clock.perf_counter() - started))
@@ -144,6 +150,38 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
                             summary, progress, best_at)
     return _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
                        time_limit, summary)
+
+
+# Budgets above the asked one that the feasibility phase tries when the asked one has no plan
+# in time: the user learns a budget that works instead of only "none found". A search fails
+# slowly and succeeds fast, so the ladder starts in the middle, climbs until one succeeds,
+# then steps down while time lasts.
+LADDER_STEPS, LADDER_START = (1.025, 1.05, 1.1, 1.2, 1.3, 1.5), 2
+
+
+def _budget_found_hint(p: Problem, deadline: float) -> str:
+    """What to try next: the smallest budget of LADDER_STEPS for which the feasibility phase
+    finds a plan before the deadline (a perf_counter time), else a larger time limit."""
+    def fits(step: float) -> bool:
+        wider = replace(p, budget_bytes=int(p.budget_bytes * step))
+        return BASELINES[FEASIBILITY_PHASE](wider, deadline) is not None
+
+    found, k = None, LADDER_START
+    while k < len(LADDER_STEPS) and deadline - clock.perf_counter() > 1.0:
+        if fits(LADDER_STEPS[k]):
+            found = LADDER_STEPS[k]
+            break
+        k += 1
+    k -= 1
+    while found is not None and k >= 0 and deadline - clock.perf_counter() > 1.0:
+        if not fits(LADDER_STEPS[k]):
+            break
+        found, k = LADDER_STEPS[k], k - 1
+    if found is None:
+        return "try a larger --time-limit or budget"
+    smallest = int(p.budget_bytes * found)
+    return (f"the feasibility phase finds a plan at {smallest} bytes ({found:g}x this "
+            f"budget): try --budget {smallest}, or a larger --time-limit")
 
 
 def _improve_by_lns(p: Problem, start: Candidate, seconds: float) -> Candidate | None:
