@@ -21,18 +21,24 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 MMAP_THRESHOLD_BYTES = 2**20  # 64 KiB..4 MiB measured: 1 MiB kept RSS low at the least cost
 
 
-def _libc():
+def c_library() -> ctypes.CDLL | None:
+    """The process's C library through ctypes, or None where there is none to load; callers
+    check for the function they need (glibc's mallopt, madvise, ...)."""
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
+        return ctypes.CDLL(name) if name else None
     except OSError:
         return None
+
+
+def _glibc() -> ctypes.CDLL | None:
+    libc = c_library()
     return libc if libc is not None and hasattr(libc, "mallopt") else None
 
 
 def map_large_blocks(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> dict[str, Any] | None:
     """Fix glibc's mmap threshold for the rest of the process; None where it cannot be set."""
-    libc = _libc()
+    libc = _glibc()
     if libc is None or not libc.mallopt(M_MMAP_THRESHOLD, threshold_bytes):
         return None
     return {"malloc": "glibc", "mmap_threshold_bytes": threshold_bytes}
@@ -40,7 +46,7 @@ def map_large_blocks(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> dict[str, A
 
 def give_back_freed_memory() -> bool:
     """Return the heap's freed memory to the system now (glibc malloc_trim). True if done."""
-    libc = _libc()
+    libc = _glibc()
     if libc is None or not hasattr(libc, "malloc_trim"):
         return False
     libc.malloc_trim(0)

@@ -14,21 +14,17 @@ Linux, no libc) nothing is released and `available` is False.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 from dataclasses import dataclass
+
+from ..allocator import c_library
 
 MADV_DONTNEED = 4  # Linux
 PAGE = mmap.PAGESIZE
 
 
 def _madvise():
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name, use_errno=True) if name else None
-    except OSError:
-        return None
-    call = getattr(libc, "madvise", None)
+    call = getattr(c_library(), "madvise", None)
     if call is None:
         return None
     call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
