@@ -65,3 +65,24 @@ def test_nothing_is_released_within_the_slack():
     pages.touched(0, memory.numel())
     pages.before(3)
     assert pages.released_bytes == 0 and bool(memory.eq(1).all())
+
+
+@linux
+def test_the_unused_tail_of_an_output_range_is_given_back():
+    # An instruction that left part of its outputs outside the arena wrote only the head of
+    # its range: the touched tail holds nothing and goes back while the range is live.
+    memory = torch.full((3 * MIB,), 3, dtype=torch.uint8)
+    base = memory.data_ptr()
+    skip = -(-base // PAGE) * PAGE - base
+    pages = PageRelease(base, memory.numel(), [Range(1, 9, skip, skip + 2 * MIB)],
+                        slack_bytes=0)
+    pages.touched(skip, skip + 2 * MIB)
+    pages.before(2)
+    assert pages.released_bytes == 0
+    pages.used(1, skip, skip + MIB)
+    pages.before(3)
+    assert pages.released_bytes >= MIB
+    per_mib = MIB // PAGE
+    resident = resident_pages(base + skip, 2 * MIB)
+    assert all(resident[:per_mib]) and not any(resident[per_mib:])
+    assert bool(memory[skip:skip + MIB].eq(3).all())

@@ -9,7 +9,12 @@ slot t's output range, one after another, each aligned:
     are read straight into the slot (pages/codec.reading_into); state read by an update node
     goes to its workspace range;
   - any other output storage the node made (an op without an `.out` variant, a view of an
-    intermediate) is copied into the slot afterwards, and counted (`copies`, `copied_bytes`).
+    intermediate) is copied into the slot afterwards, and counted (`copies`, `copied_bytes`),
+    except where the arena gives its free pages back (CPU, arena_pages.py): there a copy
+    would hold the tensor twice at once, while leaving it where ATen put it costs what the
+    glibc executor pays and leaves its slot's pages untouched, uncharged (`kept_outside`).
+    For the same reason ops whose `.out` variant is ATen's functional call plus a copy
+    (`OUT_VARIANT_ALLOCATES`, measured in tests/test_arena_executor.py) run as traced there.
 What the ops allocate inside a node (intermediates, kernel scratch) still comes from the CPU
 allocator: the plan counts it as the node's workspace.
 """
@@ -39,6 +44,8 @@ class ArenaCounts:
     copied_bytes: int = 0
     outside: int = 0  # storages that did not fit their slot and stayed where ATen put them
     outside_bytes: int = 0
+    kept_outside: int = 0  # storages left where ATen put them rather than copied (see above)
+    kept_outside_bytes: int = 0
     released: int = 0  # arena ranges whose pages were given back (arena_pages.py)
     released_bytes: int = 0
 
@@ -82,8 +89,13 @@ class Arena:
         if self.device.type == "cpu" and release_slack_bytes is not None:
             self.pages = PageRelease(self.base, self.nbytes,
                                      _held_ranges(graph, blocks, layout), release_slack_bytes)
+        # Copy what ATen allocated into the slot only where the arena's pages are not given
+        # back (CUDA, or no madvise): there the slot is paid for anyway.
+        self.copies_in = self.pages is None or not self.pages.available
         self._output: _Cursor | None = None
         self._workspace: _Cursor | None = None
+        self._instruction = -1
+        self._output_start = 0
         # op name -> for each of its results, whether it goes into this instruction's slot
         self._writable: dict[str, list[bool]] = {}
 
@@ -106,6 +118,7 @@ class Arena:
         """Slot `instruction` is where what comes next goes; `writable`: the op results that
         are the node's own outputs (candidates for .out)."""
         slot = self.slots.get(instruction) or Slot(instruction, None, 0, None, 0)
+        self._instruction, self._output_start = instruction, slot.output_offset or 0
         self._output = _Cursor(slot.output_offset, slot.output_bytes, self.layout.alignment)
         self._workspace = _Cursor(slot.workspace_offset, slot.workspace_bytes,
                                   self.layout.alignment)
@@ -123,6 +136,9 @@ class Arena:
         return offset
 
     def close(self) -> None:
+        if self.pages is not None and self._output is not None:
+            # What the node left outside holds nothing in its slot's unused tail.
+            self.pages.used(self._instruction, self._output_start, self._output.next)
         self._output = self._workspace = None
         self._writable = {}
 
@@ -183,6 +199,12 @@ class Arena:
             if ptr in skip or storage.nbytes() == 0:
                 out[name] = value
                 continue
+            if ptr not in moved and not self.copies_in:
+                self.counts.kept_outside += 1
+                self.counts.kept_outside_bytes += storage.nbytes()
+                out[name] = value
+                skip.add(ptr)
+                continue
             if ptr not in moved:
                 offset = self._take(self._output, storage.nbytes())
                 if offset is None:
@@ -212,7 +234,8 @@ def _held_ranges(graph: Graph, blocks, layout: ArenaLayout) -> list[Range]:
     ranges = []
     for block, offset in zip(blocks, layout_offsets(blocks, layout)):
         if block.kind == "output" or graph.nodes[block.node_index].kind == "update":
-            ranges.append(Range(block.start, block.end, offset, offset + block.nbytes))
+            ranges.append(Range(block.start, block.end, offset, offset + block.nbytes,
+                                block.kind))
     return ranges
 
 
@@ -260,6 +283,8 @@ class OutWriter:
         if not metas or not all(m is None or isinstance(m, torch.Tensor) and
                                 m.storage_offset() == 0 for m in metas) or metas[0] is None:
             return None
+        if not self.arena.copies_in and op.target in OUT_VARIANT_ALLOCATES:
+            return None  # its result would be held twice: let it stay where ATen puts it
         special = _FUNCTIONAL_AS_OUT.get(op.target)
         found = special or self.variant(op.target)
         if found is None or (special is None and len(found[1]) != len(metas)):
@@ -330,6 +355,13 @@ def _convolution_backward_into(args, kwargs, buffers):
                                                 out2=buffers[2])
     return grad_input, grad_weight, grad_bias if mask[2] else None
 
+
+# Ops whose `.out` variant ATen generates as the functional call and a copy into `out` (the
+# CPU allocator hands out its whole result first): measured with profiler.AllocatorPeak, torch
+# 2.x CPU; tests/test_arena_executor.py checks each one still does.
+OUT_VARIANT_ALLOCATES = frozenset(getattr(torch.ops.aten, name).default for name in (
+    "convolution", "convolution_backward", "native_batch_norm_backward", "relu", "clone",
+    "embedding_dense_backward", "native_layer_norm", "native_layer_norm_backward"))
 
 # Functional ops without an out variant, run through an equivalent one: (_, _, function).
 _FUNCTIONAL_AS_OUT = {

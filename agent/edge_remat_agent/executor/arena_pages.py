@@ -38,6 +38,7 @@ class Range:
     end: int  # first instruction it is no longer live at
     lo: int  # arena offsets [lo, hi)
     hi: int
+    kind: str = "output"  # the layout block's: "output" | "workspace"
 
 
 class PageRelease:
@@ -47,6 +48,7 @@ class PageRelease:
     def __init__(self, base: int, nbytes: int, ranges: list[Range], slack_bytes: int):
         self.base, self.nbytes, self.slack = base, nbytes, slack_bytes
         self.ranges = sorted(ranges, key=lambda r: r.start)
+        self._output_at = {r.start: i for i, r in enumerate(self.ranges) if r.kind == "output"}
         self._madvise = _madvise()
         self._first = -(-base // PAGE) * PAGE
         self._last = (base + nbytes) // PAGE * PAGE
@@ -69,6 +71,16 @@ class PageRelease:
         b = min(-(-(self.base + hi) // PAGE) * PAGE, self._last)
         if a < b:
             self.dirty = _union(self.dirty, [(a, b)])
+
+    def used(self, t: int, lo: int, hi: int) -> None:
+        """Instruction t wrote only [lo, hi) of its output range starting at `lo` (what it
+        left outside the arena holds nothing here): its tail is not held, and may be given
+        back. Each step does the same, so the ranges are cut once."""
+        i = self._output_at.get(t)
+        r = self.ranges[i] if i is not None else None
+        if r is not None and r.lo == lo and hi < r.hi:
+            self.ranges[i] = Range(r.start, r.end, r.lo, max(r.lo, hi), r.kind)
+            self._held.clear()
 
     def resident_bytes(self) -> int:
         return sum(hi - lo for lo, hi in self.dirty)
