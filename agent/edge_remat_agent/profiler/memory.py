@@ -63,6 +63,23 @@ def reset_kernel_peak(pid: int | None = None) -> bool:
         return False
 
 
+def resident_peak_bytes(run: Callable[[], Any]) -> int | None:
+    """How far this process's resident set rose above its start while `run()` ran: every
+    byte a call touched and let go of before returning, whoever allocated it (c10's allocator,
+    oneDNN's own malloc, a library's thread-local buffers), which torch's allocator events do
+    not all see. Freed heap memory is handed back first (malloc_trim), so that memory the
+    call takes is counted rather than found among free heap pages. None where the kernel's
+    high-water mark cannot be reset (not Linux)."""
+    from ..allocator import give_back_freed_memory
+    give_back_freed_memory()
+    if not reset_kernel_peak():
+        return None
+    start = current_rss_bytes()
+    run()
+    peak = kernel_peak_rss_bytes()
+    return None if peak is None else max(0, peak - start)
+
+
 def ru_maxrss_bytes() -> int | None:
     """getrusage's ru_maxrss for this process (KiB on Linux, bytes on macOS)."""
     if resource is None:

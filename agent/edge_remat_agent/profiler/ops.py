@@ -16,8 +16,13 @@ Two passes, both through capture.replay.StepRunner (the executor's engine):
    more, untimed, under the allocator's own meter (allocations.AllocatorPeak: torch.profiler's
    memory events on the CPU, the caching allocator's peak on CUDA): the bytes it allocated at
    its peak, above what was allocated when it started, less its outputs and the gradients it
-   makes (fixed memory), are its allocator workspace. `workspace_bytes` is the larger of that
-   and the ledger's (`ledger_workspace_bytes`); the profile's op carries it to the planner.
+   makes (fixed memory), are its allocator workspace. On the CPU it runs once more with the
+   kernel's resident high-water mark reset (memory.resident_peak_bytes): the rise, less its
+   outputs and gradients, is its resident workspace, which counts scratch that bypasses c10's
+   allocator and whole pages (resnet18 b16: a layer-4 convolution_backward rose 10.4 MiB
+   beyond its outputs where the allocator saw 9.0, a layer-3 one 7.0 where it saw 4.5).
+   `workspace_bytes` is the largest of the three; the profile's op carries it to the planner.
+   `measure_workspace` is this memory half alone, one plain step, nothing timed.
 2. In context. CONTEXT_STEPS whole plain steps run node by node, each node timed once per
    step; the median counts as the node's `time_s`. A node repeated on its own finds its inputs,
    weights and workspace hot in the caches; in a step it follows other nodes that evicted
@@ -49,7 +54,7 @@ from ..formats import Node
 from ..formats.profile import OpCost
 from ..sensors import EnergyMeter, PowerSensor
 from .allocations import AllocatorPeak
-from .memory import LiveTensorLedger
+from .memory import LiveTensorLedger, resident_peak_bytes
 from .tiers import MIN_WINDOW_S, time_repeated
 
 SENSOR_PERIODS = 10  # a window spans at least this many sensor samples
@@ -76,6 +81,8 @@ class NodeMeasurement:
     allocator_peak_bytes: int | None = None  # allocator bytes at the node's peak above its
     # start (None: not measured, e.g. no allocator meter for the device, or the update node)
     allocator_workspace_bytes: int | None = None  # that peak less its outputs and gradients
+    resident_workspace_bytes: int | None = None  # the process's resident rise during the node
+    # less its outputs and gradients (memory.resident_peak_bytes; None: not measured)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,18 +111,11 @@ def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
     `context_steps`: plain steps for the in-context pass (0: isolated times only).
     `allocator_pass`: one more untimed run of each node under the allocator's meter, for the
     scratch its kernels allocate inside themselves (False: the ledger's workspace only)."""
-    if map_large_allocations:
-        map_large_blocks()
-    graph, module = captured.graph, captured.module
-    from ..weights.deferred import make_missing
-    make_missing(module)  # a model built on meta: nodes run on real values
-    if device is not None:
-        module = module.to(device)
+    graph = captured.graph
+    runner, module, ledger, meter = _runner_for(captured, device, map_large_allocations,
+                                                allocator_pass)
     window = window_s(min_window_s, sensor)
-    ledger = LiveTensorLedger()
-    runner = StepRunner(captured.trace, graph, module, captured.example_args, device, ledger)
     optimizer = make_optimizer(graph, module, None, None, None)
-    meter = AllocatorPeak(device) if allocator_pass and AllocatorPeak.supported(device) else None
     out: list[NodeMeasurement] = []
     for index, node in enumerate(graph.nodes):
         if node.kind == "update":
@@ -137,6 +137,23 @@ def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
             if measured.energy_j is not None and isolated > 0:
                 measured.energy_j *= measured.time_s / isolated
     return out
+
+
+def _runner_for(captured: Captured, device, map_large_allocations: bool, allocator_pass: bool):
+    """(a step runner over the captured model, the module, its ledger, the allocator's meter
+    or None), the executor's allocator setting applied."""
+    if map_large_allocations:
+        map_large_blocks()
+    module = captured.module
+    from ..weights.deferred import make_missing
+    make_missing(module)  # a model built on meta: nodes run on real values
+    if device is not None:
+        module = module.to(device)
+    ledger = LiveTensorLedger()
+    runner = StepRunner(captured.trace, captured.graph, module, captured.example_args, device,
+                        ledger)
+    meter = AllocatorPeak(device) if allocator_pass and AllocatorPeak.supported(device) else None
+    return runner, module, ledger, meter
 
 
 def time_in_context(runner: StepRunner, module: torch.nn.Module,
@@ -183,36 +200,82 @@ def ops_from(measurements: list[NodeMeasurement]) -> dict[str, OpCost]:
 def _measure_node(node: Node, runner: StepRunner, ledger: LiveTensorLedger, window: float,
                   sensor: PowerSensor | None, idle_w: float | None,
                   meter: AllocatorPeak | None = None) -> NodeMeasurement:
+    sizes = _node_bytes(node, runner, ledger, meter)
+    time_s, runs, energy = _timed(lambda i: runner.compute(node.id), window, sensor, idle_w,
+                                  after=lambda i: runner.free(node.id))
+    runner.compute(node.id)  # its outputs, for the nodes after it
+    return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,
+                           sizes.out_bytes, sizes.workspace_bytes, energy,
+                           ledger_workspace_bytes=sizes.ledger_workspace_bytes,
+                           allocator_peak_bytes=sizes.allocator_peak_bytes,
+                           allocator_workspace_bytes=sizes.allocator_workspace_bytes,
+                           resident_workspace_bytes=sizes.resident_workspace_bytes)
+
+
+@dataclass
+class NodeBytes:
+    """One node's bytes, three ways (see the module's docstring); its outputs are freed."""
+
+    out_bytes: int
+    ledger_workspace_bytes: int
+    allocator_peak_bytes: int | None = None
+    allocator_workspace_bytes: int | None = None
+    resident_workspace_bytes: int | None = None
+
+    @property
+    def workspace_bytes(self) -> int:
+        return max(self.ledger_workspace_bytes, self.allocator_workspace_bytes or 0,
+                   self.resident_workspace_bytes or 0)
+
+
+def _node_bytes(node: Node, runner: StepRunner, ledger: LiveTensorLedger,
+                meter: AllocatorPeak | None) -> NodeBytes:
     ledger.reset_peak()
-    runner.compute(node.id)  # the first run: sizes, and a warm-up for the timed runs
+    runner.compute(node.id)  # the first run: sizes, and a warm-up for the runs after it
     held_after = ledger.live_bytes
-    ledger_workspace = max(0, ledger.peak_bytes - held_after)
     outputs = runner.outputs(node.id)
-    out_bytes = _storage_bytes(outputs.values())
+    sizes = NodeBytes(_storage_bytes(outputs.values()), max(0, ledger.peak_bytes - held_after))
     # The gradients this node makes: fixed memory in a "step" graph (the first run keeps
     # them; a later run makes them again and drops them at its end); a fused graph's are
     # among the outputs already.
     grad_bytes = 0 if runner.fused else _storage_bytes(
         runner.grads[param] for param in set(node.attrs.get("grads", {}).values())
         if param in runner.grads)
+    kept = sizes.out_bytes + grad_bytes
     runner.free(node.id)
-    allocator_peak = allocator_workspace = None
     if meter is not None:  # untimed: the profiler costs time
         with meter:
             runner.compute(node.id)
         if meter.measured:
-            allocator_peak = meter.peak_bytes
-            kept = max(meter.retained_bytes, out_bytes + grad_bytes)
-            allocator_workspace = max(0, allocator_peak - kept)
+            sizes.allocator_peak_bytes = meter.peak_bytes
+            sizes.allocator_workspace_bytes = max(
+                0, meter.peak_bytes - max(meter.retained_bytes, kept))
         runner.free(node.id)
-    time_s, runs, energy = _timed(lambda i: runner.compute(node.id), window, sensor, idle_w,
-                                  after=lambda i: runner.free(node.id))
-    runner.compute(node.id)  # its outputs, for the nodes after it
-    return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,
-                           out_bytes, max(ledger_workspace, allocator_workspace or 0), energy,
-                           ledger_workspace_bytes=ledger_workspace,
-                           allocator_peak_bytes=allocator_peak,
-                           allocator_workspace_bytes=allocator_workspace)
+    if runner.device is None or runner.device.type == "cpu":
+        # What the kernel charged: scratch outside c10's allocator (oneDNN's own buffers)
+        # included, to the page.
+        risen = resident_peak_bytes(lambda: runner.compute(node.id))
+        if risen is not None:
+            sizes.resident_workspace_bytes = max(0, risen - kept)
+        runner.free(node.id)
+    return sizes
+
+
+def measure_workspace(captured: Captured, device: str | torch.device | None = None,
+                      map_large_allocations: bool = True) -> dict[Any, NodeBytes]:
+    """Each node's bytes (outputs, workspace three ways) over one plain step run node by node,
+    nothing timed: the memory half of measure_nodes, in seconds rather than minutes, for a
+    plan that counts what the board pays (update nodes are left to the graph's figure)."""
+    runner, _, ledger, meter = _runner_for(captured, device, map_large_allocations, True)
+    found = {}
+    for node in captured.graph.nodes:
+        if node.kind == "update":
+            continue
+        found[node.id] = _node_bytes(node, runner, ledger, meter)
+        runner.compute(node.id)
+        runner.free_inputs_read_last(node.id)
+    runner.release_all()
+    return found
 
 
 def _storage_bytes(tensors) -> int:
