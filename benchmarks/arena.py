@@ -10,7 +10,8 @@ child captures the model, resets the cgroup's peak, then runs the steps; the run
 the runtime baseline (what the kernel charged before the first step, less the model's resident
 parameters) and the child reads the cgroup's peak afterwards. It prints, per row:
 
-  planned   the plan's predicted peak (tensors + fixed memory)
+  planned   the plan's predicted peak (tensors + fixed memory + the running node's workspace,
+            measured here by default: --workspace measured|graph)
   arena     the arena's size (+ fixed memory) and its size over the planned tensor peak
   phys      kernel peak - runtime baseline, per executor, and over the planned peak (the
             peak of the steps before the last, which runs under the allocator's profiler)
@@ -42,13 +43,17 @@ QUICK = {"resnet18": dict(batch=16, image=32), "mobilenet_v2": dict(batch=8, ima
 MIB = 2 ** 20
 
 
-def plan_row(name: str, shape: dict, budget: str, work: Path, time_limit: float) -> dict:
+def plan_row(name: str, shape: dict, budget: str, work: Path, time_limit: float,
+             workspace: str = "measured") -> dict:
     from edge_remat.planner.arena import plan_arena
     from edge_remat.planner.build import build_problem, plain_peak_bytes
     from edge_remat.planner.problem import InfeasibleBudget
     from edge_remat.planner.solve import solve
     from edge_remat_agent.capture import capture_model
-    graph = capture_model(name, **shape).graph
+    captured = capture_model(name, **shape)
+    graph = captured.graph
+    if workspace == "measured":
+        count_measured_workspace(captured)
     plain = plain_peak_bytes(graph)
     if budget == "floor":
         smallest, _ = build_problem(graph, 2 ** 50, paging="none").smallest_budget()
@@ -83,6 +88,21 @@ def plan_row(name: str, shape: dict, budget: str, work: Path, time_limit: float)
             "arena_status": plan.arena.details["status"]}
 
 
+def count_measured_workspace(captured) -> None:
+    """Each node's workspace in the graph becomes what one plain step, run node by node, was
+    seen to take beyond its outputs (the op profiler's memory half: allocator events and the
+    resident set), where that is more than the capture's figure: the plan then counts the
+    scratch ATen and oneDNN take inside a node, as a plan made with a measured profile does."""
+    import gc
+
+    from edge_remat_agent.profiler.ops import measure_workspace
+    found = measure_workspace(captured)
+    for node in captured.graph.nodes:
+        if node.id in found:
+            node.workspace_bytes = max(node.workspace_bytes, found[node.id].workspace_bytes)
+    gc.collect()
+
+
 def run_child(row: dict, shape: dict, allocator: str, steps: int, work: Path) -> dict:
     """One run in a fresh memory cgroup; the child's JSON result."""
     from edge_remat.cgroup import MemoryCgroup
@@ -113,6 +133,8 @@ def child_main(spec: dict) -> None:
     graph = load_graph(work / f"{spec['stem']}.graph.json")
     plan = load_plan(work / f"{spec['stem']}.plan.json")
     captured = capture_model(spec["model"], **spec["shape"])
+    for mine, planned in zip(captured.graph.nodes, graph.nodes):  # the measured workspace
+        mine.workspace_bytes = planned.workspace_bytes
     gc.collect()
     give_back_freed_memory()
     group = MemoryCgroup.existing(spec["group"])
@@ -160,6 +182,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5, help="steps per run (>= 3)")
     parser.add_argument("--rounds", type=int, default=1, help="runs per executor, alternating")
     parser.add_argument("--time-limit", type=float, default=30.0, help="planner seconds")
+    parser.add_argument("--workspace", choices=("measured", "graph"), default="measured",
+                        help="each node's workspace: measured here (the op profiler's memory "
+                             "pass) or the capture's figure")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -182,7 +207,8 @@ def main() -> int:
         work = Path(tmp)
         for name in args.models.split(","):
             for budget in args.budgets.split(","):
-                row = plan_row(name, shapes[name], budget, work, args.time_limit)
+                row = plan_row(name, shapes[name], budget, work, args.time_limit,
+                               args.workspace)
                 runs: dict[str, list[dict]] = {"glibc": [], "arena": []}
                 for r in range(args.rounds):
                     order = ("glibc", "arena") if r % 2 == 0 else ("arena", "glibc")
