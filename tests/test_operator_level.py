@@ -59,3 +59,32 @@ def test_operator_level_graph_plans_tight_simulates_and_trains(tmp_path):
     report = run_plan(graph, load_plan(plan_file), 2, str(tmp_path / "pages"), captured=again)
     assert report["grad_check"]["bitwise_equal"], report["grad_check"]
     assert report["recomputed"] > 0
+
+
+def test_operator_level_transformer_plan_recomputes_single_ops_and_trains_exactly(tmp_path):
+    """What benchmarks/end_to_end.py runs with --granularity operator: a transformer captured
+    with update="step", one node per ATen op, planned at half its plain activation peak. The plan
+    recomputes single ops (a softmax, a gelu, a dropout's scaling), not whole layers, and the
+    executor runs it within its budget with gradients and loss bit for bit eager's."""
+    captured = capture_model("bert-tiny", batch=2, seq=16, update="step", operator_level=True)
+    graph = captured.graph
+    plain = plain_peak_bytes(graph)
+    budget = graph.fixed_bytes + (plain - graph.fixed_bytes) // 2
+    from edge_remat.planner.solve import solve
+    plan = solve(build_problem(graph, f"{budget}B", None, "time", None, "none"), "auto",
+                 time_limit=3).plan
+    computes: dict = {}
+    for stage in plan.stages:
+        for ins in stage:
+            if ins.op == "compute":
+                computes[ins.node] = computes.get(ins.node, 0) + 1
+    recomputed = [graph.node(n) for n, k in computes.items() if k > 1]
+    assert recomputed and plan.predicted["peak_bytes"] <= budget
+    # Recomputed at the granularity of single ops (a layer norm keeps the clones of its saved
+    # statistics, a dropout its mask's two ops), pointwise ones among them: never a layer.
+    assert all(len(n.attrs["ops"]) <= 3 for n in recomputed)
+    assert {"gelu", "mul", "clone"} & {o for n in recomputed for o in n.attrs["ops"]}
+    report = run_plan(graph, plan, 2, str(tmp_path / "pages"), captured=captured)
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]
+    assert report["recomputed"] >= len(recomputed)
+    assert all(step["ledger_peak_bytes"] <= budget for step in report["steps"])

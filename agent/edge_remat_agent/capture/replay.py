@@ -32,12 +32,12 @@ from .trace import GRAD_MODE_OPS, JointTrace
 
 def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
                 device: torch.device | None = None,
-                loaded: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+                loaded: frozenset[str] = frozenset(),
+                named: tuple[dict, dict] | None = None) -> dict[str, torch.Tensor]:
     """Placeholder values: parameters, buffers, the batch, lifted constants, and
     d(loss)/d(loss) = 1. `loaded`: the placeholders of parameters that param nodes load (not
-    bound here)."""
-    params = dict(module.named_parameters(remove_duplicate=False))
-    buffers = dict(module.named_buffers(remove_duplicate=False))
+    bound here). `named`: the module's (parameters, buffers) by name, when the caller has them."""
+    params, buffers = named if named is not None else named_tensors(module)
     env = {ph: params[name].detach() for ph, name in trace.params.items() if ph not in loaded}
     env.update({ph: buffers[name].detach() for ph, name in trace.buffers.items()})
     env.update({ph: example_args[i] for ph, i in trace.user_inputs.items()})
@@ -46,6 +46,12 @@ def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
     loss = trace.node(trace.tangent).meta["val"]
     env[trace.tangent] = torch.ones(loss.shape, dtype=loss.dtype, device=device)
     return env
+
+
+def named_tensors(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The module's parameters and buffers by name (duplicates included)."""
+    return (dict(module.named_parameters(remove_duplicate=False)),
+            dict(module.named_buffers(remove_duplicate=False)))
 
 
 def rng_state(device: torch.device | None = None) -> tuple:
@@ -188,6 +194,7 @@ class StepRunner:
                                if getattr(n.target, "__name__", "").split(".")[0]
                                in GRAD_MODE_OPS}
         self.env: dict[str, Any] = {}
+        self._named: tuple[nn.Module, tuple[dict, dict]] | None = None  # see _named_tensors
         # Optional: runs ops as .out variants into planned memory (executor/arena.OutWriter).
         self.writer: Any = None
         self.start_step(module, example_args)
@@ -198,7 +205,7 @@ class StepRunner:
         """Forget the previous step's values and bind this step's parameters and batch."""
         self.release_all()
         self.env = bind_inputs(self.trace, module, tuple(example_args), self.device,
-                               self._loaded)
+                               self._loaded, self._named_tensors(module))
         for name, value in self.env.items():
             self._hold(name, value)
         self.rng_states: dict[NodeId, tuple] = {}
@@ -327,10 +334,20 @@ class StepRunner:
             self.free(dep)
 
     def apply_buffer_updates(self, module: nn.Module) -> None:
-        buffers = dict(module.named_buffers(remove_duplicate=False))
+        if not self.buffer_updates:
+            return
+        buffers = self._named_tensors(module)[1]
         with torch.no_grad():
             for name, value in self.buffer_updates.items():
                 buffers[name].copy_(value)
+
+    def _named_tensors(self, module: nn.Module) -> tuple[dict, dict]:
+        """named_tensors(module), walked once per module: the walk cost 0.2-0.7 ms a step
+        (resnet18, bert-mini), and a run's module keeps its parameter and buffer objects (the
+        optimizer updates them in place)."""
+        if self._named is None or self._named[0] is not module:
+            self._named = (module, named_tensors(module))
+        return self._named[1]
 
     # -- running ops -------------------------------------------------------------------------
 

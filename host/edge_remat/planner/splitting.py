@@ -25,6 +25,7 @@ from .problem import Problem
 from .stages import StageDecision
 
 MAX_MOVES_TRIED = 24  # cheapest-per-byte splits whose effect is measured, per step
+MAX_PEAKS_TRIED = 8  # over-budget stages tried, highest first, when no split helps at the peak
 
 
 class _State:
@@ -99,16 +100,7 @@ def peak_split(p: Problem, deadline: float | None = None) -> list[StageDecision]
     while excess > 0:
         if deadline is not None and clock.perf_counter() > deadline:
             return None
-        q = int(np.argmax(state.usage))
-        best = None  # (excess removed per unit of recompute cost, move, excess after)
-        for move in _candidate_moves(state, q)[:MAX_MOVES_TRIED]:
-            state.apply(move)
-            after = state.excess(capacity)
-            state.apply(move, -1)
-            if after < excess:
-                gain = (excess - after) / (_cost(p, move) + 1e-12)
-                if best is None or gain > best[0]:
-                    best = (gain, move, after)
+        best = _best_split(state, capacity, excess, deadline)
         if best is None:
             return None
         state.apply(best[1])
@@ -120,6 +112,40 @@ def peak_split(p: Problem, deadline: float | None = None) -> list[StageDecision]
         if int(state.usage.max()) > capacity:
             state.apply(move)
     return decisions_from_intervals(p, state.residencies())
+
+
+def _best_split(state: _State, capacity: int, excess: int, deadline: float | None):
+    """(gain, move, excess after) of the split that removes the most excess per unit of
+    recompute cost at the highest slot where any split helps; None if none does anywhere.
+    The cheapest MAX_MOVES_TRIED moves at the peak are scored first; only when none of them
+    helps (each raises other slots more than it frees) are all moves, then lower slots, tried."""
+    usage, p = state.usage, state.p
+    over = np.flatnonzero(usage > capacity)
+    peaks = over[np.argsort(-usage[over], kind="stable")]
+    seen_stages: set[int] = set()
+    for level, q in enumerate(peaks):
+        stage = state.line.stage(int(q))
+        if level and stage in seen_stages:
+            continue  # one slot per stage: its neighbours share the same idle tensors
+        seen_stages.add(stage)
+        if len(seen_stages) > MAX_PEAKS_TRIED or (deadline is not None and level
+                                                  and clock.perf_counter() > deadline):
+            return None
+        moves = _candidate_moves(state, int(q))
+        for tried in (moves[:MAX_MOVES_TRIED], moves[MAX_MOVES_TRIED:]) if level == 0 \
+                else (moves,):
+            best = None
+            for move in tried:
+                state.apply(move)
+                after = state.excess(capacity)
+                state.apply(move, -1)
+                if after < excess:
+                    gain = (excess - after) / (_cost(p, move) + 1e-12)
+                    if best is None or gain > best[0]:
+                        best = (gain, move, after)
+            if best is not None:
+                return best
+    return None
 
 
 def _cost(p: Problem, move: list[tuple[int, int]]) -> float:
