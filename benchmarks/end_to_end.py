@@ -613,7 +613,6 @@ class Budget:
     closest: dict[str, bool] = field(default_factory=dict)  # kind -> none fits: closest shown
 
 
-
 @dataclass
 class Variant:
     """One granularity of ours: the captured graph, its op profile."""
@@ -727,12 +726,12 @@ def bench_model(name: str, options: dict, args, log) -> dict:
         f"{model_plain / MiB:.1f} MiB); fixed memory {graph.fixed_bytes / MiB:.1f} MiB")
 
     # Ours: this machine's op costs, a plan per budget, its measured peak; per granularity.
-    variants = [Variant("module-level", captured, _profile(captured, args, log))]
+    variants = []
+    if args.granularity in ("module", "best"):
+        variants.append(Variant("module-level", captured, _profile(captured, args, log)))
     if args.granularity in ("operator", "best"):
         fine = capture_model(name, update="step", operator_level=True, **options)
         variants.append(Variant("operator-level", fine, _profile(fine, args, log)))
-        if args.granularity == "operator":
-            variants = variants[1:]
     # The executor without a memory limit (every node once, nothing recomputed): what running
     # through our executor costs by itself, apart from what the plan recomputes.
     first = variants[0]
@@ -1015,7 +1014,8 @@ def main() -> int:
     parser.add_argument("--granularity", default="best",
                         choices=("module", "operator", "best"),
                         help="ours on the module-level graph, the operator-level one (a node "
-                        "per ATen op), or both, the faster per budget (default)")
+                        "per ATen op), or both, per budget the plan predicted to recompute least "
+                        "(default)")
     parser.add_argument("--paging", default="none", choices=("none", "flash"),
                         help="let our plan page to flash too (default: recompute only)")
     parser.add_argument("--page-dir", default=tempfile.gettempdir())
