@@ -635,8 +635,10 @@ def _profile(captured, args, log):
     tiers = {}
     if args.paging == "flash":
         from edge_remat_agent.profiler import measure_flash
+        # fsync, as the executor writes (run_plan's flash_fsync): without it the plan took
+        # paging for free (predicted 0.14 s, measured 0.34 s on bert-mini at 50%).
         tiers["flash"] = measure_flash(args.page_dir, (64 * 2**10, 2**20, 16 * 2**20),
-                                       fsync=False).fit()
+                                       fsync=True).fit()
     log(f"  op profiler: {len(captured.graph)} planner nodes "
         f"({'operator' if captured.graph.capture.get('operator_level') else 'module'}-level) "
         f"timed in {time.perf_counter() - start:.0f} s")

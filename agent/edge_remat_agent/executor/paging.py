@@ -25,6 +25,7 @@ import torch
 from ..capture.replay import StepRunner
 from ..formats import Graph, Instruction
 from ..pages import PageStore
+from ..pages.codec import is_dense, reading_into
 from ..timeline import over_limit
 
 
@@ -61,6 +62,7 @@ class OverlappedPaging:
         self.in_flight = 0  # plan bytes of the writes in flight
         self.on_tier: dict[str, set] = {}  # nodes whose page the tier holds this step
         self.page_bytes: dict[Any, int] = {}  # node -> bytes its page holds (ledger figure)
+        self.layouts: dict[Any, dict] = {}  # node -> {output: (shape, stride, dtype)} paged out
         self._serial = 0
 
     # -- before each instruction ----------------------------------------------------------
@@ -92,7 +94,13 @@ class OverlappedPaging:
         # Counted from the issue on, as the plan counts it (the read allocates when it starts).
         self.ledger.register(key, self.page_bytes.get(ins.node,
                                                       self.graph.node(ins.node).out_bytes))
-        future = self.pool.submit(_read, store, ins.node, names)
+        # The tensors the read fills are allocated here, on the executor's thread, at the
+        # issue: the plan counts them from there, and an allocator profiler (thread-local in
+        # torch) sees them as it sees every other tensor of the step.
+        layout = self.layouts.get(ins.node, {})
+        into = {name: torch.empty_strided(*layout[name][:2], dtype=layout[name][2])
+                for name in names if name in layout}
+        future = self.pool.submit(_read, store, ins.node, names, into)
         self.arriving[ins.node] = Pending(future, where, (key,))
 
     def arrive(self, node_id: Any) -> None:
@@ -130,6 +138,8 @@ class OverlappedPaging:
             held.add(ins.node)
         # What the read allocates: each value's elements (the page codec's payload).
         self.page_bytes[ins.node] = sum(v.numel() * v.element_size() for v in values.values())
+        self.layouts[ins.node] = {name: (tuple(v.shape), v.stride(), v.dtype)
+                                  for name, v in values.items() if _dense(v)}
         self.runner.free(ins.node)
         self.counts.page_outs += 1
         self.counts.paged_bytes += nbytes
@@ -187,10 +197,29 @@ def _result(pending: Pending):
 
 # -- on the IO thread: store calls only ----------------------------------------------------------
 
-def _read(store: PageStore, node_id: Any, names: list[str]) -> tuple[dict, float]:
+def _read(store: PageStore, node_id: Any, names: list[str],
+          into: dict[str, torch.Tensor]) -> tuple[dict, float]:
+    """Each page read into its tensor in `into` where the layout matches (else the codec
+    allocates one here)."""
     start = time.perf_counter()
-    values = {name: store.get((node_id, name)) for name in names}
+    values = {}
+    for name in names:
+        target = into.get(name)
+
+        def place(nbytes, dtype, shape, stride, target=target):
+            if target is not None and (target.dtype, tuple(target.shape), target.stride()) \
+                    == (dtype, tuple(shape), tuple(stride)):
+                return target
+            return None
+        with reading_into(place):
+            values[name] = store.get((node_id, name))
     return values, time.perf_counter() - start
+
+
+def _dense(value: torch.Tensor) -> bool:
+    """Laid out as the page codec writes it as it is (else it writes a contiguous copy)."""
+    return (value.layout == torch.strided and value.device.type == "cpu" and value.numel() > 0
+            and is_dense(tuple(value.shape), value.stride()))
 
 
 def _write(store: PageStore, items: list[tuple[tuple, torch.Tensor]]) -> tuple[int, float]:
