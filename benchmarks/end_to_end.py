@@ -395,7 +395,11 @@ def ours(graph, plan, captured, page_dir: str, label: str) -> Method:
     def run() -> float:
         report = run_plan(graph, plan, OURS_WARM_STEPS + OURS_TIMED_STEPS, page_dir,
                           check_gradients=False, captured=captured, map_large_allocations=False)
-        return statistics.median(s["step_time_s"] for s in report["steps"][OURS_WARM_STEPS:])
+        timed = report["steps"][OURS_WARM_STEPS:]
+        # paging: the IO thread's busy time and what the step waited on it (overlapped)
+        method.io.extend((s.get("page_in_s", 0.0) + s.get("page_out_s", 0.0),
+                          s.get("io_wait_s", 0.0)) for s in timed)
+        return statistics.median(s["step_time_s"] for s in timed)
 
     def measure() -> Peak:
         meter = ActivationMeter()
@@ -410,6 +414,7 @@ def ours(graph, plan, captured, page_dir: str, label: str) -> Method:
         method.info["ledger_peak"] = report["steps"][1]["ledger_peak_bytes"] - graph.fixed_bytes
         return meter.peak
     method = Method("ours", label, run, measure)
+    method.io = []  # (IO busy s, IO wait s) per timed step
     return method
 
 
@@ -615,10 +620,12 @@ class Budget:
 
 @dataclass
 class Variant:
-    """One granularity of ours: the captured graph, its op profile."""
+    """One granularity of ours (the captured graph, its op profile) and how it may save
+    memory: "none" (recompute only) or "flash" (recompute or page, overlapped)."""
     label: str
     captured: Any
     profile: Any
+    paging: str = "none"
 
     @property
     def graph(self):
@@ -633,7 +640,7 @@ def _profile(captured, args, log):
     ops = ops_from(measure_nodes(captured, map_large_allocations=False,
                                  context_steps=args.context_steps))
     tiers = {}
-    if args.paging == "flash":
+    if args.paging != "none":
         from edge_remat_agent.profiler import measure_flash
         # fsync, as the executor writes (run_plan's flash_fsync): without it the plan took
         # paging for free (predicted 0.14 s, measured 0.34 s on bert-mini at 50%).
@@ -650,31 +657,42 @@ def plan_variant(variant: Variant, budget: Budget, fraction: float, plain: int, 
     """Ours on one granularity at one budget: planned, measured, its gradients checked."""
     from edge_remat.planner.problem import ProblemError
     from edge_remat.planner.solve import NoPlan
+    from edge_remat_agent.costs import build_costs
     graph, captured = variant.graph, variant.captured
     try:
         solved, budget_bytes, fallback = plan_at_or_above(
-            graph, variant.profile, budget.budget_bytes, fraction, plain, args)
+            graph, variant.profile, budget.budget_bytes, fraction, plain, args, variant.paging)
     except (ProblemError, NoPlan) as error:
         budget.plan_note = f"no plan: {str(error).splitlines()[0]}"
         log(f"  {_label(fraction)} ({variant.label}): {budget.plan_note}")
         return None
     plan = solved.plan
     predicted = plan.predicted
+    # The step predicted over the graph's own plain step (every node once, nothing paged),
+    # recompute and the paging that does not hide behind compute both counted.
+    plain_s = sum(build_costs(graph, variant.profile).time_s)
+    overhead = 100.0 * (predicted["time_s"] / plain_s - 1.0) if plain_s > 0 else 0.0
     method = ours(graph, plan, captured, args.page_dir, f"plan at {_label(fraction)}")
     method.run()  # warm-up
+    method.io.clear()
     method.peak = method.measure()
     grad_check = gradient_check(graph, plan, captured, args.page_dir)
+    paged = _count(plan, "page_out")
+    hidden = predicted.get("paging_hidden_share")
     method.config = (f"{variant.label} ({len(graph)} nodes), {plan.solver.get('name')} "
                      f"{plan.solver.get('status')}, {_recomputes(plan)} recomputes"
-                     + (f", {_count(plan, 'page_out')} page-outs" if args.paging != "none"
-                        else ""))
+                     + (f", {paged} page-outs" if variant.paging != "none" else ""))
     method.info.update(
         predicted_s=predicted.get("time_s"), granularity=variant.label, nodes=len(graph),
-        tdi_percent=predicted.get("tdi_percent", 0.0),
+        paging=variant.paging, page_outs=paged,
+        tdi_percent=predicted.get("tdi_percent", 0.0), predicted_overhead_percent=overhead,
+        planned_hidden_share=hidden if paged else None,
         budget_bytes=budget_bytes, grad_check=grad_check,
         plan_note=(f"{fallback}plan: {variant.label} ({len(graph)} nodes), "
                    f"{plan.solver.get('name')} ({plan.solver.get('status')}), predicted "
-                   f"{predicted.get('tdi_percent', 0.0):+.1f}% recompute time"))
+                   f"{predicted.get('tdi_percent', 0.0):+.1f}% recompute time"
+                   + (f", {paged} page-outs ({hidden:.0%} of paging hidden), "
+                      f"{overhead:+.1f}% step time" if paged else "")))
     allowed = budget_bytes - graph.fixed_bytes
     log(f"  {_label(fraction)} ({variant.label}): budget fixed + {allowed / MiB:.1f} MiB; "
         f"{method.info['plan_note']}; measured activation peak "
@@ -684,20 +702,23 @@ def plan_variant(variant: Variant, budget: Budget, fraction: float, plain: int, 
 
 
 def choose_granularity(tried: list[Method]) -> Method:
-    """Of ours' granularities at one budget, the plan with the least predicted recompute time
-    (relative to its own graph's plain step, both from the same in-context profile). Chosen by
-    prediction, not by timing steps: on this shared machine a handful of steps chose by the
-    load of the moment (seen: the plan predicted 4 points dearer chosen, 1.18x the best peer)."""
+    """Of ours' variants (granularity, paging or not) at one budget, the plan with the least
+    predicted step overhead (recompute, and paging not hidden behind compute, relative to its
+    own graph's plain step, both from the same in-context profile). Chosen by prediction, not
+    by timing steps: on this shared machine a handful of steps chose by the load of the moment
+    (seen: the plan predicted 4 points dearer chosen, 1.18x the best peer)."""
     if len(tried) == 1:
         return tried[0]
-    chosen = min(tried, key=lambda m: m.info["tdi_percent"])
+    chosen = min(tried, key=lambda m: m.info["predicted_overhead_percent"])
     chosen.info["choice"] = (
-        f"{chosen.info['granularity']} chosen (predicted recompute "
-        + ", ".join(f"{m.info['granularity']} {m.info['tdi_percent']:+.1f}% at "
+        f"{chosen.info['granularity']} chosen (predicted step overhead "
+        + ", ".join(f"{m.info['granularity']} {m.info['predicted_overhead_percent']:+.1f}% at "
                     f"{m.peak.activation / MiB:.1f} MiB measured" for m in tried) + ")")
     chosen.info["alternatives"] = [
-        {"granularity": m.info["granularity"], "nodes": m.info["nodes"],
-         "tdi_percent": m.info["tdi_percent"], "activation_peak_bytes": m.peak.activation,
+        {"granularity": m.info["granularity"], "paging": m.info["paging"],
+         "nodes": m.info["nodes"], "tdi_percent": m.info["tdi_percent"],
+         "predicted_overhead_percent": m.info["predicted_overhead_percent"],
+         "page_outs": m.info["page_outs"], "activation_peak_bytes": m.peak.activation,
          "predicted_step_s": m.info["predicted_s"], "grad_check": m.info["grad_check"]}
         for m in tried]
     return chosen
@@ -734,6 +755,10 @@ def bench_model(name: str, options: dict, args, log) -> dict:
     if args.granularity in ("operator", "best"):
         fine = capture_model(name, update="step", operator_level=True, **options)
         variants.append(Variant("operator-level", fine, _profile(fine, args, log)))
+    # --paging flash: every plan may page; best: each granularity planned both ways.
+    pagings = {"none": ["none"], "flash": ["flash"], "best": ["none", "flash"]}[args.paging]
+    variants = [Variant(v.label + (", paging to flash" if paging == "flash" else ""),
+                        v.captured, v.profile, paging) for v in variants for paging in pagings]
     # The executor without a memory limit (every node once, nothing recomputed): what running
     # through our executor costs by itself, apart from what the plan recomputes.
     first = variants[0]
@@ -839,7 +864,8 @@ def bench_model(name: str, options: dict, args, log) -> dict:
                    forms_ok, sweep, args, sac_note)
 
 
-def plan_at_or_above(graph, profile, budget_bytes: int, fraction: float, plain: int, args):
+def plan_at_or_above(graph, profile, budget_bytes: int, fraction: float, plain: int, args,
+                     paging: str = "none"):
     """(solved, the budget it was planned at, a note saying why that is not the one asked for).
     Below the planner's smallest feasible budget (one node's inputs, output and workspace at
     once), and where no solver finds a schedule within the time limit (the floor is necessary,
@@ -850,7 +876,7 @@ def plan_at_or_above(graph, profile, budget_bytes: int, fraction: float, plain: 
     from edge_remat.planner.solve import NoPlan, solve
 
     def attempt(nbytes: int):
-        return solve(build_problem(graph, f"{nbytes}B", profile, "time", None, args.paging),
+        return solve(build_problem(graph, f"{nbytes}B", profile, "time", None, paging),
                      "auto", time_limit=args.time_limit)
     try:
         return attempt(budget_bytes), budget_bytes, ""
@@ -984,6 +1010,18 @@ def _report(title, graph, plain, model_plain, budgets, eager, references, forms_
         if predicted:
             print(f"  ours predicted {predicted:.3f} s per step, measured {ours_m.median:.3f} s "
                   f"({miss:+.1%}; target within {PREDICTION_TARGET:.0%})")
+        row.update(paging=ours_m.info.get("paging", "none"))
+        if ours_m.info.get("page_outs"):
+            busy = statistics.median(b for b, _ in ours_m.io)
+            wait = statistics.median(w for _, w in ours_m.io)
+            measured_hidden = 1.0 - wait / busy if busy > 0 else None
+            row.update(planned_hidden_share=ours_m.info["planned_hidden_share"],
+                       measured_hidden_share=measured_hidden, measured_io_busy_s=busy,
+                       measured_io_wait_s=wait)
+            print(f"  paging hidden behind compute: planned "
+                  f"{ours_m.info['planned_hidden_share']:.0%}, measured "
+                  + (f"{measured_hidden:.0%}" if measured_hidden is not None else "n/a")
+                  + f" (the step waited {wait:.3f} s of the IO thread's {busy:.3f} s, medians)")
         if fitting:
             best_kind, best = min(fitting, key=lambda km: km[1].median)
             row.update(ratio_best_peer=ours_m.median / best.median, best_peer=best_kind,
@@ -1018,8 +1056,10 @@ def main() -> int:
                         help="ours on the module-level graph, the operator-level one (a node "
                         "per ATen op), or both, per budget the plan predicted to recompute least "
                         "(default)")
-    parser.add_argument("--paging", default="none", choices=("none", "flash"),
-                        help="let our plan page to flash too (default: recompute only)")
+    parser.add_argument("--paging", default="none", choices=("none", "flash", "best"),
+                        help="let our plan page to flash too, overlapped with compute (flash), "
+                        "or plan both ways and take per budget the plan predicted faster "
+                        "(best); default: recompute only")
     parser.add_argument("--page-dir", default=tempfile.gettempdir())
     parser.add_argument("--threads", type=int,
                         help="torch's intra-op threads for every method (default: torch's own; "
