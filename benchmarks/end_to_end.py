@@ -111,6 +111,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -616,6 +617,7 @@ class Budget:
     grad_check: str = ""
     candidates: dict[str, list[Method]] = field(default_factory=dict)
     closest: dict[str, bool] = field(default_factory=dict)  # kind -> none fits: closest shown
+    other_way: Method | None = None  # --paging best: the best plan of the way not chosen
 
 
 @dataclass
@@ -782,6 +784,11 @@ def bench_model(name: str, options: dict, args, log) -> dict:
         if not tried:
             continue
         budget.ours = choose_granularity(tried)
+        others = [m for m in tried if m.info["paging"] != budget.ours.info["paging"]]
+        if others:  # timed too, so the row shows what the choice by prediction was worth
+            budget.other_way = min(others, key=lambda m: m.info["predicted_overhead_percent"])
+            budget.other_way.kind = ("ours, recompute only" if budget.other_way.info["paging"]
+                                     == "none" else "ours, with paging")
         budget.plan_note = budget.ours.info["plan_note"]
         budget.grad_check = budget.ours.info["grad_check"]
         budget.budget_bytes = budget.ours.info["budget_bytes"]
@@ -853,15 +860,19 @@ def bench_model(name: str, options: dict, args, log) -> dict:
     for budget in budgets:
         if budget.ours is not None:
             methods.append(budget.ours)
+        if budget.other_way is not None:
+            methods.append(budget.other_way)
         for pool in budget.candidates.values():
             methods.extend(m for m in pool if all(m is not o for o in methods))
     log(f"  timing {len(methods)} methods x {args.rounds} rounds ...")
+    load = [os.getloadavg()[0]]  # the machine is shared: wall times move with its load
     for r in range(args.rounds):
         order = methods[r % len(methods):] + methods[: r % len(methods)]
         for method in order:
             method.times.append(method.run())
+    load.append(os.getloadavg()[0])
     return _report(title, graph, plain, model_plain, budgets, eager, [keep_all],
-                   forms_ok, sweep, args, sac_note)
+                   forms_ok, sweep, args, sac_note, load)
 
 
 def plan_at_or_above(graph, profile, budget_bytes: int, fraction: float, plain: int, args,
@@ -943,7 +954,7 @@ def _forward_times(form: SequentialForm, batch: tuple, repeats: int = 3) -> list
 # -- the report ---------------------------------------------------------------------------------
 
 def _report(title, graph, plain, model_plain, budgets, eager, references, forms_ok, sweep,
-            args, sac_note) -> dict:
+            args, sac_note, load) -> dict:
     out = {"model": title, "eager_activation_peak_bytes": plain,
            "model_plain_activation_bytes": model_plain, "fixed_bytes": graph.fixed_bytes,
            "compile_backend": sweep.backend, "compile_notes": sweep.notes,
@@ -951,8 +962,10 @@ def _report(title, graph, plain, model_plain, budgets, eager, references, forms_
     keep_all = references[0]
     overhead = statistics.median([k / e for k, e in zip(keep_all.times, eager.times)])
     out["executor_overhead"] = overhead
+    out["load_average"] = load
     print(f"\n{title}: eager activation peak {plain / MiB:.1f} MiB, fixed memory "
-          f"{graph.fixed_bytes / MiB:.1f} MiB, {args.rounds} rounds")
+          f"{graph.fixed_bytes / MiB:.1f} MiB, {args.rounds} rounds; load average "
+          f"{load[0]:.1f} before timing, {load[1]:.1f} after (on {os.cpu_count()} cores)")
     print(f"  the executor's own overhead (keep-all plan / eager, median over rounds): "
           f"{overhead:.3f}x (target <= {OVERHEAD_TARGET:.2f}x)")
     print(f"  torch.distributed._tools.sac_ilp (PyTorch's selective-checkpointing ILP): "
@@ -978,7 +991,9 @@ def _report(title, graph, plain, model_plain, budgets, eager, references, forms_
             if pool:
                 rows.append((kind, min(pool, key=lambda m: m.median),
                              budget.closest.get(kind, False)))
-        rows += [(m.kind, m, False) for m in references] + [("eager", eager, False)]
+        rows += [(m.kind, m, False) for m in
+                 ([budget.other_way] if budget.other_way else []) + references]
+        rows += [("eager", eager, False)]
         fitting: list[tuple[str, Method]] = []  # peers at equal or lower measured memory
         for kind, method, closest in rows:
             ratios = [t / o for t, o in zip(method.times, ours_m.times)]
