@@ -46,6 +46,9 @@ ours         capture the zoo model (capture_model, update="step": one optimizer 
              module-level graph and the operator-level one (a node per ATen op: a plan can keep
              a matmul's output and recompute the gelu after it) and takes, per budget, the plan
              predicted to recompute least; the row says which and what the other predicted.
+             --paging flash lets the plans page to flash, overlapped with compute; --paging
+             best plans both ways and takes the least predicted step overhead, the best plan
+             of the other way timed beside it.
              Each timed sample is the median of the steps
              after the first two of one run_plan call (the first makes the optimizer's
              momentum; glibc's heap grows into its steady size over the first two, as eager's
