@@ -16,6 +16,11 @@ into `--cache` and planned the same way, in the same table.
     python benchmarks/planner_scaling.py --sizes 100,250,500,1000 --time-limit 90
     python benchmarks/planner_scaling.py --sizes 2000,5000 --time-limit 60 --png scaling.png
     python benchmarks/planner_scaling.py --graphs resnet50,gpt2-small --budget 0.25 --time-limit 60
+    python benchmarks/planner_scaling.py --sizes 2000,5000 --frontier 25
+
+`--frontier S` adds, per random layered graph, the lowest budget at which the feasibility phase
+finds a plan within S seconds (bisection between the floor and 1.0, FRONTIER_STEPS tries): where
+the asked budget gets no plan, how far above it the planner's reach ends.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ MODEL_GRAPHS = {
     "resnet18": ["--batch", "8", "--image", "32"],
 }
 CAPTURE_OPTIONS = ["--operator-level", "--params-home", "flash"]
+
+FRONTIER_STEPS = 6  # bisection tries of --frontier: the multiplier to within (1 - floor) / 64
 
 COLUMNS = ("graph", "nodes", "edges", "status", "plan from", "first s", "best s", "total s", "TDI %",
            "LB TDI %", "gap %", "RSS MiB", "base MiB", "bound scope")
@@ -71,7 +78,7 @@ def capture(name: str, cache: Path) -> Path:
 
 
 def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
-        graph_file: Path | None = None) -> dict:
+        graph_file: Path | None = None, frontier_s: float | None = None) -> dict:
     """Plan one size (or one captured graph) in this process; the row as a dict."""
     from edge_remat.planner.build import build_problem
     from edge_remat.planner.solve import NoPlan, solve
@@ -102,7 +109,32 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
                    gap=info.get("gap"), bound_scope=info.get("bound_scope"),
                    valid=ev.feasible, peak_over_budget=ev.sim.peak_bytes / problem.budget_bytes)
     row["rss_mib"] = peak_rss_mib()
+    if frontier_s and graph_file is None:
+        row.update(frontier(graph, frontier_s))
     return row
+
+
+def frontier(graph, seconds: float) -> dict:
+    """The lowest budget multiplier (of FRONTIER_STEPS bisection tries) at which the feasibility
+    phase finds a plan within `seconds`, and the floor it starts from."""
+    from dataclasses import replace
+
+    from edge_remat.planner.baselines import BASELINES
+    from edge_remat.planner.build import build_problem
+    from edge_remat.planner.solve import FEASIBILITY_PHASE
+    from edge_remat_agent.floor import floor_node
+
+    plain = build_problem(graph, "1.0")
+    floor = (floor_node(graph, plain.workspace)[0] + plain.fixed) / plain.budget_bytes
+    low, high = floor, 1.0  # no schedule below the floor
+    for _ in range(FRONTIER_STEPS):
+        mid = (low + high) / 2
+        p = replace(plain, budget_bytes=int(plain.budget_bytes * mid))
+        if BASELINES[FEASIBILITY_PHASE](p, time.perf_counter() + seconds) is not None:
+            high = mid
+        else:
+            low = mid
+    return {"frontier": high, "frontier_floor": floor, "frontier_s": seconds}
 
 
 def fmt(value, spec: str) -> str:
@@ -118,6 +150,9 @@ def print_row(row: dict) -> None:
              fmt(None if row.get("gap") is None else 100 * row["gap"], ".1f"),
              fmt(row.get("rss_mib"), ".0f"), fmt(row.get("base_rss_mib"), ".0f"),
              row.get("bound_scope") or row.get("note", "")]
+    if row.get("frontier") is not None:
+        cells[-1] += (f"  [lowest budget planned: {row['frontier']:.3f}x plain peak, "
+                      f"{row['frontier_s']:g} s a try; floor {row['frontier_floor']:.3f}x]")
     print("  ".join(f"{c:>10}" if k < 13 else c for k, c in enumerate(cells)))
     sys.stdout.flush()
 
@@ -165,13 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--png", type=Path, default=Path("planner_scaling.png"))
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--frontier", type=float, metavar="S",
+                    help="also find the lowest budget planned within S s a try (rl graphs)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process's size
     ap.add_argument("--one-graph", type=Path, help=argparse.SUPPRESS)  # or its graph file
     args = ap.parse_args(argv)
 
     if args.one is not None or args.one_graph is not None:
         print(json.dumps(one(args.one, args.budget, args.time_limit, args.solver, args.seed,
-                             args.one_graph)))
+                             args.one_graph, args.frontier)))
         return 0
 
     names = [x.strip() for x in args.graphs.split(",") if x.strip()]
@@ -198,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         child = subprocess.run(
             [sys.executable, __file__, *which, "--budget", str(args.budget),
              "--time-limit", str(args.time_limit), "--solver", args.solver,
-             "--seed", str(args.seed)], capture_output=True, text=True,
-            timeout=args.time_limit * 3 + 120)
+             "--seed", str(args.seed),
+             *(["--frontier", str(args.frontier)] if args.frontier else [])],
+            capture_output=True, text=True,
+            timeout=args.time_limit * 3 + 120 + (args.frontier or 0) * FRONTIER_STEPS * 1.5)
         if child.returncode != 0:
             print(f"{label}: the planner process failed:\n{child.stderr[-2000:]}")
             failed += 1

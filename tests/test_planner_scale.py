@@ -238,3 +238,20 @@ def test_repair_never_adds_excess_and_its_schedules_simulate(graph, fraction):
     if fits:
         assert sched.excess(capacity) == 0
         assert evaluate(p, decisions_from_intervals(p, sched.residencies())).fits_budget
+
+
+def test_benchmark_frontier_is_a_budget_the_feasibility_phase_plans():
+    """planner_scaling --frontier: the lowest budget it reports has a plan that fits, between
+    the floor and the plain peak."""
+    import importlib.util
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "planner_scaling.py"
+    spec = importlib.util.spec_from_file_location("planner_scaling", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    graph = random_layered(100, seed=1)
+    found = bench.frontier(graph, 5.0)
+    assert found["frontier_floor"] < found["frontier"] <= 1.0
+    p = build_problem(graph, str(found["frontier"]))
+    decisions = feasible_schedule(p, 5.0)
+    assert decisions is not None
+    assert evaluate(p, decisions).feasible
