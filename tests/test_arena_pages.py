@@ -107,15 +107,11 @@ def test_the_heaps_free_chunks_leave_the_resident_set_when_trimmed():
     # 64 KiB blocks (below any mmap threshold) filled, then every other one freed: the free
     # chunks lie between live ones, so only trimming (not the heap's top) gives them back.
     blocks = [torch.ones(16 * 1024) for _ in range(640)]
-    del blocks[::2]
-    trim()
-    held = anonymous_bytes()
-    refilled = [torch.ones(16 * 1024) for _ in range(320)]  # reuses the free chunks
-    del refilled
+    del blocks[::2]  # 20 MiB of free chunks, their pages written, so resident
     before = anonymous_bytes()
     trim()
     given_back = before - anonymous_bytes()
-    assert given_back >= 15 * MIB, (held, before, given_back)
+    assert given_back >= 10 * MIB, (before, given_back)
     assert len(blocks) == 320
 
 
