@@ -15,7 +15,9 @@ parameters) and the child reads the cgroup's peak afterwards. It prints, per row
   arena     the arena's size (+ fixed memory) and its size over the planned tensor peak
   phys      kernel peak - runtime baseline, per executor, and over the planned peak (the
             peak of the steps before the last, which runs under the allocator's profiler)
-  step      median step time (steps after the first, the counted step left out), per executor
+  step      median step time (steps after the first, the counted step left out), per executor:
+            wall seconds, and CPU seconds (user + system, getrusage; the child runs torch on
+            --threads threads): on a shared machine only the CPU time compares
   allocs    CPU allocator events in one step (count, MiB), per executor; copied MiB (arena)
 
     python benchmarks/arena.py                    # the issue's shapes (slow on 2 cores)
@@ -103,16 +105,21 @@ def count_measured_workspace(captured) -> None:
     gc.collect()
 
 
-def run_child(row: dict, shape: dict, allocator: str, steps: int, work: Path) -> dict:
-    """One run in a fresh memory cgroup; the child's JSON result."""
+def run_child(row: dict, shape: dict, allocator: str, steps: int, work: Path,
+              threads: int = 1, onednn_cache: int | None = None) -> dict:
+    """One run in a fresh memory cgroup; the child's JSON result. `onednn_cache`: oneDNN's
+    primitive cache capacity, set in the child's environment before torch starts."""
     from edge_remat.cgroup import MemoryCgroup
     name = f"arena-bench-{os.getpid()}"
     group = MemoryCgroup.ensure(name, 16 * 2 ** 30)
     try:
         command = [*group.exec_prefix(), sys.executable, __file__, "--child", json.dumps(
             {"work": str(work), "stem": row["stem"], "model": row["model"], "shape": shape,
-             "allocator": allocator, "steps": steps, "group": name})]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+             "allocator": allocator, "steps": steps, "group": name, "threads": threads})]
+        env = dict(os.environ)
+        if onednn_cache is not None:
+            env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(onednn_cache)
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
         if done.returncode != 0:
             raise RuntimeError(f"{row['stem']} {allocator}: {done.stderr.strip()[-2000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -123,6 +130,10 @@ def run_child(row: dict, shape: dict, allocator: str, steps: int, work: Path) ->
 
 def child_main(spec: dict) -> None:
     import gc
+    import resource
+
+    import torch
+    torch.set_num_threads(spec.get("threads", 1))
 
     from edge_remat_agent.allocator import give_back_freed_memory
     from edge_remat_agent.capture import capture_model
@@ -140,8 +151,12 @@ def child_main(spec: dict) -> None:
     group = MemoryCgroup.existing(spec["group"])
     group.reset_peak()
     peaks = []
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_marks = [usage.ru_utime + usage.ru_stime]
 
     def before_the_counted_step(i, steps, record):
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        cpu_marks.append(usage.ru_utime + usage.ru_stime)
         if i == steps - 2:
             peaks.append(group.peak_bytes())
 
@@ -154,8 +169,10 @@ def child_main(spec: dict) -> None:
     stat = _memory_stat(group.path)
     timed = [r["step_time_s"] for r in report["steps"][1:-1]] or \
         [report["steps"][-1]["step_time_s"]]
+    cpu = [b - a for a, b in zip(cpu_marks, cpu_marks[1:])]
     last = report["steps"][-1]
-    print(json.dumps({"kernel_peak": peak, "kernel_peak_profiled": group.peak_bytes(), "baseline": report["runtime_baseline_bytes"],
+    print(json.dumps({"step_cpu_s": statistics.median(cpu[1:-1] or cpu[-1:]),
+                      "kernel_peak": peak, "kernel_peak_profiled": group.peak_bytes(), "baseline": report["runtime_baseline_bytes"],
                       "step_s": statistics.median(timed),
                       "allocations": last.get("cpu_allocations"), "arena": last.get("arena"),
                       "ledger_peak": max(r["ledger_peak_bytes"] for r in report["steps"]),
@@ -185,6 +202,11 @@ def main() -> int:
     parser.add_argument("--workspace", choices=("measured", "graph"), default="measured",
                         help="each node's workspace: measured here (the op profiler's memory "
                              "pass) or the capture's figure")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads in each run (CPU time is summed over threads)")
+    parser.add_argument("--onednn-cache", type=int, default=None, metavar="N",
+                        help="ONEDNN_PRIMITIVE_CACHE_CAPACITY for both executors' runs "
+                             "(default: oneDNN's own, 1024)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -198,9 +220,10 @@ def main() -> int:
         return 2
     shapes = QUICK if args.quick else MODELS
     header = (f"{'model':<13}{'budget':>7}{'planned':>9}{'arena':>9}{'/tens':>6}"
-              f"{'phys glibc':>14}{'phys arena':>12}{'step glibc':>11}{'step arena':>11}"
-              f"{'arena/glibc':>12}{'allocs glibc':>16}{'allocs arena':>16}{'copied':>8}")
-    print("MiB; phys = kernel peak - runtime baseline (x planned peak); allocs = CPU "
+              f"{'phys glibc':>14}{'phys arena':>14}{'step s glibc':>13}{'step s arena':>13}"
+              f"{'arena/glibc':>12}{'allocs glibc':>14}{'allocs arena':>14}{'copied':>7}")
+    print("MiB; phys = kernel peak - runtime baseline (x planned peak); step s = median "
+          "seconds a step, wall / CPU; arena/glibc = their ratio, wall / CPU; allocs = CPU "
           "allocator events in one step (count / MiB)")
     print(header)
     with tempfile.TemporaryDirectory(prefix="arena-bench-") as tmp:
@@ -214,7 +237,8 @@ def main() -> int:
                     order = ("glibc", "arena") if r % 2 == 0 else ("arena", "glibc")
                     for allocator in order:
                         runs[allocator].append(run_child(row, shapes[name], allocator,
-                                                         args.steps, work))
+                                                         args.steps, work, args.threads,
+                                                         args.onednn_cache))
                 print(_line(row, runs), flush=True)
                 print(_where(runs), flush=True)
     return 0
@@ -242,8 +266,13 @@ def _line(row: dict, runs: dict[str, list[dict]]) -> str:
         best = min(r["kernel_peak"] - r["baseline"] for r in runs[a])
         return f"{best / MIB:.1f} ({best / row['planned_peak']:.2f}x)"
 
-    def step(a):
-        return statistics.median(r["step_s"] for r in runs[a])
+    def step(a, key="step_s"):
+        return statistics.median(r[key] for r in runs[a])
+
+    def steps(a):
+        return f"{step(a):.3f}/{step(a, 'step_cpu_s'):.3f}"
+    ratio = (f"{step('arena') / step('glibc'):.2f}/"
+             f"{step('arena', 'step_cpu_s') / step('glibc', 'step_cpu_s'):.3f}")
 
     def allocs(a):
         counted = runs[a][-1]["allocations"] or {}
@@ -252,9 +281,9 @@ def _line(row: dict, runs: dict[str, list[dict]]) -> str:
     budget = row["budget"] if row["budget"] == "floor" else f"{float(row['budget']):.0%}"
     return (f"{row['model']:<13}{budget:>7}{row['planned_peak'] / MIB:>9.1f}"
             f"{(row['arena'] + row['fixed']) / MIB:>9.1f}{row['arena_over']:>6.3f}"
-            f"{phys('glibc'):>14}{phys('arena'):>12}{step('glibc'):>11.3f}"
-            f"{step('arena'):>11.3f}{step('arena') / step('glibc'):>12.3f}"
-            f"{allocs('glibc'):>16}{allocs('arena'):>16}{copied:>8.1f}")
+            f"{phys('glibc'):>14}{phys('arena'):>14}{steps('glibc'):>13}"
+            f"{steps('arena'):>13}{ratio:>12}"
+            f"{allocs('glibc'):>14}{allocs('arena'):>14}{copied:>7.1f}")
 
 
 if __name__ == "__main__":

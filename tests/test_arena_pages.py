@@ -86,3 +86,41 @@ def test_the_unused_tail_of_an_output_range_is_given_back():
     resident = resident_pages(base + skip, 2 * MIB)
     assert all(resident[:per_mib]) and not any(resident[per_mib:])
     assert bool(memory[skip:skip + MIB].eq(3).all())
+
+
+def anonymous_bytes() -> int:
+    with open("/proc/self/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no Anonymous line in smaps_rollup")
+
+
+@linux
+def test_the_heaps_free_chunks_leave_the_resident_set_when_trimmed():
+    """What ATen allocates below the mmap threshold comes from glibc's heap, whose freed
+    chunks stay charged until trimmed (executor/arena.py trims before nodes near the peak)."""
+    from edge_remat_agent.allocator import heap_trimmer
+    trim = heap_trimmer()
+    if trim is None:
+        pytest.skip("no glibc malloc_trim")
+    # 64 KiB blocks (below any mmap threshold) filled, then every other one freed: the free
+    # chunks lie between live ones, so only trimming (not the heap's top) gives them back.
+    blocks = [torch.ones(16 * 1024) for _ in range(640)]
+    del blocks[::2]  # 20 MiB of free chunks, their pages written, so resident
+    before = anonymous_bytes()
+    trim()
+    given_back = before - anonymous_bytes()
+    assert given_back >= 10 * MIB, (before, given_back)
+    assert len(blocks) == 320
+
+
+def test_the_heap_is_trimmed_only_where_the_plan_is_near_its_peak():
+    from edge_remat_agent.executor.arena import _near_peak
+    from edge_remat_agent.lifetimes import Block
+    blocks = [Block(0, 0, "output", 0, 4, 10), Block(1, 1, "output", 1, 3, 30),
+              Block(3, 2, "output", 3, 5, 5)]
+    # live bytes at instructions 0..4: 10, 40, 40, 15, 5
+    assert _near_peak(blocks, 0.75) == {1, 2}
+    assert {0, 1, 2, 3, 4} <= _near_peak(blocks, 0.0)
+    assert _near_peak([], 0.5) == set()

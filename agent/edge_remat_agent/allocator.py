@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from typing import Any
+from typing import Any, Callable
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 MMAP_THRESHOLD_BYTES = 2**20  # 64 KiB..4 MiB measured: 1 MiB kept RSS low at the least cost
@@ -51,3 +51,16 @@ def give_back_freed_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+def heap_trimmer() -> Callable[[], int] | None:
+    """A call that returns the heap's free pages to the system now (glibc malloc_trim(0):
+    the free chunks inside every arena are madvised away, not only the heap's top), resolved
+    once for a hot path; None where there is no glibc."""
+    libc = _glibc()
+    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    if trim is None:
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)

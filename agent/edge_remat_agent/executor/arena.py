@@ -26,10 +26,16 @@ from typing import Any
 
 import torch
 
+from ..allocator import heap_trimmer
 from ..formats import Graph, Plan
 from ..formats.arena import ArenaLayout, Slot
 from ..lifetimes import LayoutError, check_layout, layout_offsets
 from .arena_pages import PageRelease, Range
+
+
+# Trim the heap before nodes where the plan's tensors are at least this fraction of their peak:
+# bert-mini b4 s64, one process per setting (benchmarks/arena.py figures, README).
+TRIM_HEAP_AT = 0.75
 
 
 @dataclass
@@ -48,6 +54,7 @@ class ArenaCounts:
     kept_outside_bytes: int = 0
     released: int = 0  # arena ranges whose pages were given back (arena_pages.py)
     released_bytes: int = 0
+    heap_trims: int = 0  # the CPU allocator's free heap pages given back (see Arena.open)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,9 +76,13 @@ class _Cursor:
 
 class Arena:
     def __init__(self, layout: ArenaLayout, graph: Graph, plan: Plan,
-                 device: torch.device | None = None, release_slack_bytes: int | None = 0):
+                 device: torch.device | None = None, release_slack_bytes: int | None = 0,
+                 trim_heap: float | None = TRIM_HEAP_AT):
         """`release_slack_bytes`: give back the pages of free arena ranges when the touched
-        ones exceed the live ones by more than this (arena_pages.py); None: never."""
+        ones exceed the live ones by more than this (arena_pages.py); None: never.
+        `trim_heap`: also give back the CPU allocator's free heap pages before each node where
+        the plan's tensors are at least this fraction of their peak (CPU only; see open());
+        None: never."""
         try:
             blocks = check_layout(graph, plan.stages, layout)
         except LayoutError as error:
@@ -92,6 +103,9 @@ class Arena:
         # Copy what ATen allocated into the slot only where the arena's pages are not given
         # back (CUDA, or no madvise): there the slot is paid for anyway.
         self.copies_in = self.pages is None or not self.pages.available
+        self._trim_heap = heap_trimmer() if trim_heap is not None and self.pages is not None \
+            else None
+        self._trim_at = _near_peak(blocks, trim_heap) if self._trim_heap is not None else set()
         self._output: _Cursor | None = None
         self._workspace: _Cursor | None = None
         self._instruction = -1
@@ -123,6 +137,15 @@ class Arena:
         self._workspace = _Cursor(slot.workspace_offset, slot.workspace_bytes,
                                   self.layout.alignment)
         self._writable = writable or {}
+        if instruction in self._trim_at:
+            # What ATen allocates outside the arena (a node's intermediates, results it keeps)
+            # is mostly below the mmap threshold, so it comes from glibc's heap, whose freed
+            # chunks stay resident: one bert-mini step left 20-30 MiB of them charged beside
+            # the plan's tensors (mallinfo2 at every instruction). Giving them back before each
+            # node keeps the charged bytes at the plan's. Each trim costs CPU time (and the
+            # pages fault in again), so it is done only where the plan is near its peak.
+            self._trim_heap()
+            self.counts.heap_trims += 1
         if self.pages is not None:
             self.pages.before(instruction)
             self.counts.released = self.pages.releases
@@ -225,6 +248,22 @@ class Arena:
                 base.storage_offset() // value.element_size() + value.storage_offset(),
                 value.shape, value.stride())
         return out
+
+
+def _near_peak(blocks, fraction: float) -> set[int]:
+    """The instructions at which the blocks live hold at least `fraction` of their peak."""
+    if not blocks:
+        return set()
+    change = [0] * (max(b.end for b in blocks) + 1)
+    for b in blocks:
+        change[b.start] += b.nbytes
+        change[b.end] -= b.nbytes
+    live, running = [], 0
+    for delta in change:
+        running += delta
+        live.append(running)
+    peak = max(live)
+    return {t for t, nbytes in enumerate(live) if nbytes >= fraction * peak}
 
 
 def _held_ranges(graph: Graph, blocks, layout: ArenaLayout) -> list[Range]:
