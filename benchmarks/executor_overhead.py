@@ -17,23 +17,15 @@ run_plan leaves them after its first call; map_large_allocations=False as end_to
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
 QUICK = {"resnet18": {"batch": 8, "image": 32}, "bert-mini": {"batch": 8, "seq": 64}}
 WARM_STEPS, TIMED_STEPS = 2, 3  # as benchmarks/end_to_end.py times ours
 TARGET = 1.03
-
-
-def usage() -> tuple[float, float, int]:
-    """(wall, CPU user + system, minor faults) of the process now."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return time.perf_counter(), r.ru_utime + r.ru_stime, r.ru_minflt
 
 
 def keep_all_plan(graph):
@@ -49,24 +41,26 @@ def bench(name: str, rounds: int, page_dir: str) -> dict:
     from edge_remat_agent.capture.optimizer import torch_optimizer
     from edge_remat_agent.executor import run_plan
     from edge_remat_agent.executor.step import plain_step
+    from edge_remat_agent.profiler import LiveTensorLedger, StepMeter
 
     captured = capture_model(name, update="step", **QUICK[name])
     plan = keep_all_plan(captured.graph)
     module, batch = load_model(name, **QUICK[name])
     optimizer = torch_optimizer(captured.graph.capture.get("optimizer", "sgd"), module)
 
-    def ours() -> list[tuple[float, float, int]]:
+    def ours() -> list[tuple]:
         report = run_plan(captured.graph, plan, WARM_STEPS + TIMED_STEPS, page_dir,
                           check_gradients=False, captured=captured, map_large_allocations=False)
-        return [(s["step_time_s"], s["cpu_time_s"], s["minor_faults"])
-                for s in report["steps"][WARM_STEPS:]]
+        return [(s["step_time_s"], s["cpu_time_s"], s["minor_faults"],
+                 s["rss_peak_kernel_bytes"]) for s in report["steps"][WARM_STEPS:]]
 
-    def eager() -> list[tuple[float, float, int]]:
-        steps = []
+    def eager() -> list[tuple]:
+        steps, ledger = [], LiveTensorLedger()  # the meter wants a ledger; eager fills none
         for _ in range(WARM_STEPS + TIMED_STEPS):  # as ours: warm-up steps, then timed ones
-            before = usage()
-            plain_step(module, optimizer, batch)
-            steps.append(tuple(a - b for a, b in zip(usage(), before)))
+            with StepMeter(ledger) as meter:
+                plain_step(module, optimizer, batch)
+            m = meter.result
+            steps.append((m.wall_s, m.cpu_s, m.minor_faults, m.rss_peak_kernel_bytes))
         return steps[WARM_STEPS:]
 
     ours()  # the first run_plan sets the process up (gc, allocator) as later ones find it
@@ -87,7 +81,8 @@ def bench(name: str, rounds: int, page_dir: str) -> dict:
         out[method] = {"wall_s": statistics.median(s[0] for s in rows),
                        "cpu_s": statistics.median(s[1] for s in rows),
                        "minor_faults": statistics.median(s[2] for s in rows),
-                       "faulting_steps": sum(s[2] > 1000 for s in rows), "steps": len(rows)}
+                       "faulting_steps": sum(s[2] > 1000 for s in rows), "steps": len(rows),
+                       "kernel_peak_bytes": max((s[3] or 0) for s in rows)}
     out["ratio_wall"] = statistics.median(ratios["wall"])
     out["ratio_cpu"] = statistics.median(ratios["cpu"])
     return out
@@ -136,7 +131,8 @@ def main() -> int:
                 m = out[method]
                 print(f"  {method:6s} wall {m['wall_s'] * 1e3:7.1f} ms  CPU {m['cpu_s'] * 1e3:7.1f}"
                       f" ms  minor faults {m['minor_faults']:7.0f} (median; {m['faulting_steps']}"
-                      f" of {m['steps']} steps > 1000)")
+                      f" of {m['steps']} steps > 1000), kernel peak "
+                      f"{m['kernel_peak_bytes'] / 2**20:.0f} MiB")
             print(f"  keep-all / eager: wall {out['ratio_wall']:.3f}x, CPU {out['ratio_cpu']:.3f}x"
                   f" (median of per-round ratios; target <= {TARGET:.2f}x)")
     return 0
