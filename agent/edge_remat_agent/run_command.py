@@ -39,8 +39,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="do not fsync pages written to flash (faster; the page cache then "
                         "holds them in RAM until writeback)")
     p.add_argument("--keep-malloc-defaults", action="store_true",
-                   help="leave glibc's mmap threshold alone: faster steps, but freed tensors "
-                        "stay resident (see edge_remat_agent/allocator.py)")
+                   help="do not fix glibc's mmap threshold at 1 MiB: faster steps, but freed "
+                        "tensors stay resident (glibc's own policy at its steady state, see "
+                        "edge_remat_agent/allocator.py)")
     p.add_argument("-o", "--output", help="also write the whole run report here (JSON)")
     p.add_argument("--json", action="store_true", help="print the run report as one JSON object")
     return p

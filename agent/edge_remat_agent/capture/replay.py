@@ -68,12 +68,20 @@ def set_rng_state(state: tuple, device: torch.device | None = None) -> None:
 
 @dataclass
 class _NodeOps:
-    """How to run one planner node: its ops in order, and what to drop after each."""
+    """How to run one planner node: its ops in order, and what to drop after each; and what
+    compute() reads from the node's attrs, taken once (they do not change between steps)."""
 
     ops: list[fx.Node]
     drop_after: list[list[str]]  # local values whose last use is that op (never what the
     # node keeps: its outputs, gradients, buffer updates, the loss)
     steps: list[_OpStep] = field(default_factory=list)  # the same ops, resolved to run
+    outputs: tuple[str, ...] = ()
+    grads: tuple[tuple[str, str], ...] = ()  # (value, parameter name)
+    buffer_updates: tuple[tuple[str, str], ...] = ()  # (value, buffer name)
+    loss: str | None = None
+    random: bool = False
+    reads: tuple[str, ...] = ()
+    flat: tuple[tuple, ...] | None = None  # the steps' fields as _run_ops unpacks them
 
 
 @dataclass(frozen=True)
@@ -100,13 +108,15 @@ class _OpStep:
     op: fx.Node  # the traced op (the arena's out writer reads its result's shapes)
     held: bool = True
     release: tuple[str, ...] = ()
+    key: tuple = ()  # its result's ledger key when that is one tensor
 
 
 def _op_step(op: fx.Node, produced_here: set[str], drop: list[str], grad_mode: bool,
              device: torch.device | None, unheld: set[str] = frozenset()) -> _OpStep:
     step = _resolved(op, produced_here, drop, grad_mode, device)
     return dataclasses.replace(step, held=op.name not in unheld,
-                               release=tuple(name for name in drop if name not in unheld))
+                               release=tuple(name for name in drop if name not in unheld),
+                               key=("value", op.name, 0))
 
 
 def _resolved(op: fx.Node, produced_here: set[str], drop: list[str], grad_mode: bool,
@@ -124,6 +134,13 @@ def _resolved(op: fx.Node, produced_here: set[str], drop: list[str], grad_mode: 
                   if isinstance(a, fx.Node))
     args = tuple(None if isinstance(a, fx.Node) else a for a in op.args)
     return _OpStep(op.name, call, args, reads, kwargs, None, grad_mode, tuple(drop), op)
+
+
+def _flat(step: _OpStep) -> tuple:
+    """An _OpStep's fields in the order _run_ops unpacks them (one tuple unpack per op, not a
+    dozen attribute lookups)."""
+    return (step.call, step.args, step.reads, step.kwargs, step.nested, step.grad_mode,
+            step.op, step.name, step.held, step.key, step.drop, step.release)
 
 
 def _unheld_views(ops: list[fx.Node], keep: set[str], drop_after: list[list[str]]) -> set[str]:
@@ -225,45 +242,51 @@ class StepRunner:
     # -- the instructions ------------------------------------------------------------------
 
     def compute(self, node_id: NodeId) -> None:
-        node = self.graph.node(node_id)
-        if node.kind == "param":
-            self._load_parameters(node)
+        prep = self._node_ops.get(node_id) or self._ops_of(node_id)
+        if prep.ops is None:  # a param node
+            self._load_parameters(self.graph.node(node_id))
             return
-        missing = [name for name in node.attrs.get("reads", {}) if name not in self.env]
-        if missing:
-            raise RuntimeError(f"node {node_id} ({node.name}) reads {missing}, which are not in "
-                               "memory: its producers were freed or never computed")
-        first = node_id not in self.runs
-        self.runs[node_id] = self.runs.get(node_id, 0) + 1
-        random = bool(node.attrs.get("random"))
-        if random and first:
-            self.rng_states[node_id] = rng_state(self.device)
-        restore = rng_state(self.device) if random and not first else None
-        if restore is not None:
-            set_rng_state(self.rng_states[node_id], self.device)
+        runs = self.runs
+        first = node_id not in runs
+        runs[node_id] = runs.get(node_id, 0) + 1
+        restore = None
+        if prep.random:
+            if first:
+                self.rng_states[node_id] = rng_state(self.device)
+            else:
+                restore = rng_state(self.device)
+                set_rng_state(self.rng_states[node_id], self.device)
         try:
-            local = self._run(self._ops_of(node_id))
+            local = self._run(prep)
+        except KeyError:
+            missing = [name for name in prep.reads if name not in self.env]
+            if missing:  # checked here, not before every node: the simulator checked the plan
+                node = self.graph.node(node_id)
+                raise RuntimeError(f"node {node_id} ({node.name}) reads {missing}, which are "
+                                   "not in memory: its producers were freed or never "
+                                   "computed") from None
+            raise
         finally:
             if restore is not None:
                 set_rng_state(restore, self.device)
         try:
-            for name in node.attrs["outputs"]:
-                self._hold(name, local[name])
-                self.env[name] = local[name]
             if self.keep_grads:
-                for name, param in node.attrs.get("grads", {}).items():
+                for name, param in prep.grads:
                     # A "step" graph's gradients are not in the ledger: they are fixed memory
                     # (a trainer's .grad buffers), which the caller counts at full size.
                     self.grads.setdefault(param, local[name])
-            for name, buffer in node.attrs.get("buffer_updates", {}).items():
+            for name, buffer in prep.buffer_updates:
                 if buffer not in self.buffer_updates:
                     self._hold(name, local[name])
                     self.buffer_updates[buffer] = local[name]
-            if "loss" in node.attrs and self.loss is None:
-                self._hold(node.attrs["loss"], local[node.attrs["loss"]])
-                self.loss = local[node.attrs["loss"]]
+            if prep.loss is not None and self.loss is None:
+                self._hold(prep.loss, local[prep.loss])
+                self.loss = local[prep.loss]
+            env = self.env
+            for name in prep.outputs:  # the node's hold on an output passes to the env
+                env[name] = local.pop(name)
         finally:
-            for name in local:  # the node's own hold on what it kept
+            for name in local:  # the node's own hold on the rest
                 self._release(name)
 
     def _load_parameters(self, node) -> None:
@@ -355,6 +378,9 @@ class StepRunner:
         node_ops = self._node_ops.get(node_id)
         if node_ops is None:
             node = self.graph.node(node_id)
+            if node.kind == "param":
+                node_ops = self._node_ops[node_id] = _NodeOps(None, [])
+                return node_ops
             ops = [self.trace.node(name) for name in node.attrs.get("replays", [])
                    + node.attrs["members"]]
             keep = set(node.attrs["outputs"]) | set(node.attrs.get("grads", {})) \
@@ -378,41 +404,62 @@ class StepRunner:
                 steps.append(_op_step(op, produced, dropped, op.name in self._grad_mode_ops,
                                       self.device, unheld))
                 produced.add(op.name)
-            node_ops = self._node_ops[node_id] = _NodeOps(ops, drop_after, steps)
+            node_ops = self._node_ops[node_id] = _NodeOps(
+                ops, drop_after, steps, tuple(node.attrs["outputs"]),
+                tuple(node.attrs.get("grads", {}).items()),
+                tuple(node.attrs.get("buffer_updates", {}).items()), node.attrs.get("loss"),
+                bool(node.attrs.get("random")), tuple(node.attrs.get("reads", {})))
         return node_ops
 
     def _run(self, node_ops: _NodeOps) -> dict[str, Any]:
+        if torch.is_grad_enabled():  # a planned step runs under no_grad already (step.py)
+            with torch.no_grad():
+                return self._run_ops(node_ops)
+        return self._run_ops(node_ops)
+
+    def _run_ops(self, node_ops: _NodeOps) -> dict[str, Any]:
+        # The hot loop (about 1,000 ops a step in bert-mini): each op's fields unpacked from
+        # one tuple, locals only, and the ledger's common case (the first holder of one
+        # tensor) inline; the rest goes through _hold.
         local: dict[str, Any] = {}
-        env, hold, release, writer = self.env, self._hold, self._release, self.writer
+        env, holds, keys, release, writer = \
+            self.env, self._holds, self._keys, self._release, self.writer
+        ledger, gradient_values = self.ledger, self._gradient_values
+        tensor = torch.Tensor
+        if node_ops.flat is None:
+            node_ops.flat = tuple(_flat(step) for step in node_ops.steps)
 
         def value(arg: fx.Node):
             return local[arg.name] if arg.name in local else env[arg.name]
 
         try:
-            with torch.no_grad():
-                for step in node_ops.steps:
-                    if step.nested is None:
-                        args = list(step.args)
-                        for i, name, here in step.reads:
-                            args[i] = local[name] if here else env[name]
-                        kwargs = step.kwargs
+            for call, args, reads, kwargs, nested, grad_mode, op, name, held, key, drop, \
+                    released in node_ops.flat:
+                if nested is not None:
+                    args = fx.node.map_arg(nested.args, value)
+                    kwargs = fx.node.map_arg(kwargs, value)
+                elif reads:
+                    args = list(args)
+                    for i, read, here in reads:
+                        args[i] = local[read] if here else env[read]
+                if grad_mode:
+                    with torch.enable_grad():  # see trace.GRAD_MODE_OPS
+                        result = call(*args, **kwargs)
+                elif writer is None or (result := writer.call(op, args, kwargs)) is None:
+                    result = call(*args, **kwargs) if kwargs else call(*args)
+                if held:
+                    if name in holds or ledger is None or type(result) is not tensor \
+                            or name in gradient_values:
+                        self._hold(name, result)
                     else:
-                        args = fx.node.map_arg(step.nested.args, value)
-                        kwargs = fx.node.map_arg(step.kwargs, value)
-                    if step.grad_mode:
-                        with torch.enable_grad():  # see trace.GRAD_MODE_OPS
-                            result = step.call(*args, **kwargs)
-                    else:
-                        result = None if writer is None else writer.call(step.op, args, kwargs)
-                        if result is None:
-                            result = step.call(*args, **kwargs)
-                    if step.held:
-                        hold(step.name, result)
-                    local[step.name] = result
-                    for name in step.drop:
-                        del local[name]
-                    for name in step.release:
-                        release(name)
+                        holds[name] = 1
+                        ledger.register_tensor(key, result)
+                        keys[name] = (key,)
+                local[name] = result
+                for dropped in drop:
+                    del local[dropped]
+                for dropped in released:
+                    release(dropped)
         except BaseException:
             for name in local:
                 release(name)

@@ -61,6 +61,9 @@ run_plan(graph, plan, steps, page_dir=None, data=None, check_gradients=True, pro
               (edge_remat_agent/allocator.py), so that a freed tensor leaves the resident set
               at once; without it glibc keeps freed activations resident and the RSS hides what
               the plan saves. It costs page faults (measured: steps 1.5-2x slower here).
+              Without it, glibc's own policy is pinned at its steady state (blocks up to
+              32 MiB from the heap, the heap's freed top not trimmed), so that steady steps
+              do not fault again what the previous step's end gave back.
 
 Returns a JSON-serialisable report:
     steps[]   per step: loss, step_time_s, ledger_peak_bytes (the executor's own ledger of live

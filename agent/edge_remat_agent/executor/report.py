@@ -17,6 +17,7 @@ FORMAT = "edge-remat/run-report"
 def step_record(step: int, loss: float, measured: StepMeasurement, counts: StepCounts | None,
                 device_peak_bytes: int | None = None) -> dict[str, Any]:
     record = {"step": step, "loss": loss, "step_time_s": measured.wall_s,
+              "cpu_time_s": measured.cpu_s, "minor_faults": measured.minor_faults,
               "ledger_peak_bytes": measured.ledger_peak_bytes if counts is not None else None,
               "rss_peak_bytes": measured.rss_peak_bytes,
               "rss_start_bytes": measured.rss_start_bytes,

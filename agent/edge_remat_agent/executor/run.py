@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..allocator import give_back_freed_memory, map_large_blocks
+from ..allocator import give_back_freed_memory, map_large_blocks, steady_heap
 from ..capture import CaptureError, Captured
 from ..capture.errors import GraphMismatch
 from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
@@ -82,7 +82,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     power = open_power_sensor(sensor)
     batches = batch_source(data, captured.example_args, device, 0 if seed is None else seed)
     ledger = LiveTensorLedger(classify=ledger_classifier(captured.trace))
-    malloc = map_large_blocks() if map_large_allocations else None
+    malloc = map_large_blocks() if map_large_allocations else steady_heap()
     records: list[dict] = []
     grad_check: dict | None = None
     if seed is not None:
@@ -207,7 +207,7 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
     power = open_power_sensor(sensor)
     batches = batch_source(data, example_args, device, 0 if seed is None else seed)
     ledger = LiveTensorLedger()  # StepMeter wants one; eager tensors are not registered
-    allocator = map_large_blocks() if map_large_allocations else None
+    allocator = map_large_blocks() if map_large_allocations else steady_heap()
     records: list[dict] = []
     if seed is not None:
         torch.manual_seed(seed)

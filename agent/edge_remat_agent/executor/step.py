@@ -108,7 +108,8 @@ class PlannedStep:
         # A fused step keeps its gradients only for the check (they cost a plain step's worth).
         self.runner.keep_grads = not self.fused or check is not None
         try:
-            counts = self.interpreter.run(self.plan.stages)
+            with torch.no_grad():  # once for the step, not per node (the runner checks)
+                counts = self.interpreter.run(self.plan.stages)
             loss = self.runner.loss
             if loss is None:
                 raise ExecutorError("the plan never computed the loss node")

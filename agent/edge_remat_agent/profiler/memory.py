@@ -286,7 +286,8 @@ class LiveTensorLedger:
         self._counted_as: dict[Hashable, str] = {}  # storage (or key) -> the class it counts in
         self._class_of: dict[Hashable, str] = {}  # key -> its class (keys recur every step)
         self.live_by_class: dict[str, int] = {}
-        self.peak_by_class: dict[str, int] = {}
+        self._peak_by_class: dict[str, int] = {}
+        self._peak_split_due = False  # a new peak whose split by class is not taken yet
 
     def register(self, key: Hashable, nbytes: int) -> None:
         if nbytes < 0:
@@ -321,8 +322,9 @@ class LiveTensorLedger:
             if live > self.peak_bytes:
                 self.peak_bytes = live
                 self.peak_key = key
-                if self._classify is not None:
-                    self.peak_by_class = dict(self.live_by_class)
+                # Its split is taken when live bytes next fall (or when asked): a step's
+                # forward sets a new peak at almost every value, a copy each would cost.
+                self._peak_split_due = self._classify is not None
             return nbytes
 
     def unregister(self, key: Hashable) -> int:
@@ -338,6 +340,9 @@ class LiveTensorLedger:
                     self._storage_refs[storage] = refs
                     return 0
                 del self._storage_refs[storage]
+            if self._peak_split_due:  # nothing fell since the peak: live is the peak's split
+                self._peak_by_class = dict(self.live_by_class)
+                self._peak_split_due = False
             self.live_bytes -= nbytes
             if self._classify is not None:
                 name = self._counted_as.pop(key if storage is None else storage)
@@ -350,12 +355,22 @@ class LiveTensorLedger:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def peak_by_class(self) -> dict[str, int]:
+        """The live bytes by class at the peak."""
+        with self._lock:
+            if self._peak_split_due:
+                self._peak_by_class = dict(self.live_by_class)
+                self._peak_split_due = False
+            return self._peak_by_class
+
     def reset_peak(self) -> None:
         """Start a new window (a new step): the peak restarts from what is live now."""
         with self._lock:
             self.peak_bytes = self.live_bytes
             self.peak_key = None
-            self.peak_by_class = dict(self.live_by_class)
+            self._peak_by_class = dict(self.live_by_class)
+            self._peak_split_due = False
 
     def result(self) -> dict[str, Any]:
         return {"live_bytes": self.live_bytes, "peak_bytes": self.peak_bytes,

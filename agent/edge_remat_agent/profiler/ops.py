@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..allocator import map_large_blocks
+from ..allocator import map_large_blocks, steady_heap
 from ..capture import Captured
 from ..capture.replay import StepRunner
 from ..executor.updates import FusedUpdates, make_optimizer
@@ -144,6 +144,8 @@ def _runner_for(captured: Captured, device, map_large_allocations: bool, allocat
     or None), the executor's allocator setting applied."""
     if map_large_allocations:
         map_large_blocks()
+    else:
+        steady_heap()
     module = captured.module
     from ..weights.deferred import make_missing
     make_missing(module)  # a model built on meta: nodes run on real values

@@ -1,4 +1,6 @@
-"""What the executor records for each training step: wall time, the peak of live tensor bytes
+"""What the executor records for each training step: wall time, the process's CPU time and
+minor page faults (getrusage: on a shared machine wall time swings with the load, CPU time
+much less), the peak of live tensor bytes
 (its own ledger), the process's resident peak (measured independently), and energy where a
 sensor exists.
 
@@ -11,6 +13,7 @@ sensor exists.
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,6 +32,8 @@ class StepMeasurement:
     energy_j: float | None  # None: no sensor
     energy_method: str | None
     sensor: str | None
+    cpu_s: float | None = None  # the process's user + system time in the step (all threads)
+    minor_faults: int | None = None  # the process's minor page faults in the step
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,11 +56,13 @@ class StepMeter:
         self._rss.__enter__()
         if self._energy is not None:
             self._energy.__enter__()
+        self._usage = resource.getrusage(resource.RUSAGE_SELF)
         self._start = time.perf_counter()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         wall_s = time.perf_counter() - self._start
+        usage, before = resource.getrusage(resource.RUSAGE_SELF), self._usage
         try:
             if self._energy is not None:
                 self._energy.__exit__(exc_type, exc, tb)
@@ -68,4 +75,6 @@ class StepMeter:
             rss_peak_kernel_bytes=self._rss.peak_kernel_bytes,
             energy_j=energy.energy_j if energy is not None else None,
             energy_method=energy.method if energy is not None else None,
-            sensor=self.sensor.name if self.sensor is not None else None)
+            sensor=self.sensor.name if self.sensor is not None else None,
+            cpu_s=usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime,
+            minor_faults=usage.ru_minflt - before.ru_minflt)

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""The executor's own overhead: the keep-all plan (nothing recomputed, nothing paged) against
+plain eager PyTorch, in one process, interleaved, measured in CPU time as well as wall time.
+
+On a shared machine wall time swings 2x with the other jobs' load; the process's CPU time
+(user + system, getrusage) swings much less, so it is the figure a 3% target can be held to
+here. Per round (in alternating order): five eager steps and one run_plan of the keep-all plan
+of five steps; of each, the first two warm up (the optimizer's momentum, glibc's heap at its
+steady size after the other method ran) and the next three are measured; per method the median over rounds of wall time, CPU time and minor
+page faults per step. Both run with the same process-wide settings (threads, glibc mallopt, as
+run_plan leaves them after its first call; map_large_allocations=False as end_to_end.py does).
+
+    python benchmarks/executor_overhead.py [--models bert-mini,resnet18] [--rounds 7]
+    python benchmarks/executor_overhead.py --profile bert-mini    # cProfile of the keep-all step
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+
+import torch
+
+QUICK = {"resnet18": {"batch": 8, "image": 32}, "bert-mini": {"batch": 8, "seq": 64}}
+WARM_STEPS, TIMED_STEPS = 2, 3  # as benchmarks/end_to_end.py times ours
+TARGET = 1.03
+
+
+def keep_all_plan(graph):
+    from edge_remat.planner.build import build_problem
+    from edge_remat.planner.solve import solve
+    return solve(build_problem(graph, f"{2**50}B", None, "time", None, "none"), "auto",
+                 time_limit=10).plan
+
+
+def bench(name: str, rounds: int, page_dir: str) -> dict:
+    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.capture.models import load_model
+    from edge_remat_agent.capture.optimizer import torch_optimizer
+    from edge_remat_agent.executor import run_plan
+    from edge_remat_agent.executor.step import plain_step
+    from edge_remat_agent.profiler import LiveTensorLedger, StepMeter
+
+    captured = capture_model(name, update="step", **QUICK[name])
+    plan = keep_all_plan(captured.graph)
+    module, batch = load_model(name, **QUICK[name])
+    optimizer = torch_optimizer(captured.graph.capture.get("optimizer", "sgd"), module)
+
+    def ours() -> list[tuple]:
+        report = run_plan(captured.graph, plan, WARM_STEPS + TIMED_STEPS, page_dir,
+                          check_gradients=False, captured=captured, map_large_allocations=False)
+        return [(s["step_time_s"], s["cpu_time_s"], s["minor_faults"],
+                 s["rss_peak_kernel_bytes"]) for s in report["steps"][WARM_STEPS:]]
+
+    def eager() -> list[tuple]:
+        steps, ledger = [], LiveTensorLedger()  # the meter wants a ledger; eager fills none
+        for _ in range(WARM_STEPS + TIMED_STEPS):  # as ours: warm-up steps, then timed ones
+            with StepMeter(ledger) as meter:
+                plain_step(module, optimizer, batch)
+            m = meter.result
+            steps.append((m.wall_s, m.cpu_s, m.minor_faults, m.rss_peak_kernel_bytes))
+        return steps[WARM_STEPS:]
+
+    ours()  # the first run_plan sets the process up (gc, allocator) as later ones find it
+    samples: dict[str, list] = {"eager": [], "ours": []}
+    ratios: dict[str, list] = {"wall": [], "cpu": []}
+    for r in range(rounds):
+        if r % 2 == 0:
+            e, o = eager(), ours()
+        else:
+            o, e = ours(), eager()
+        samples["eager"].extend(e)
+        samples["ours"].extend(o)
+        for k, what in enumerate(("wall", "cpu")):
+            ratios[what].append(statistics.median(s[k] for s in o)
+                                / statistics.median(s[k] for s in e))
+    out = {"model": name, "rounds": rounds}
+    for method, rows in samples.items():
+        out[method] = {"wall_s": statistics.median(s[0] for s in rows),
+                       "cpu_s": statistics.median(s[1] for s in rows),
+                       "minor_faults": statistics.median(s[2] for s in rows),
+                       "faulting_steps": sum(s[2] > 1000 for s in rows), "steps": len(rows),
+                       "kernel_peak_bytes": max((s[3] or 0) for s in rows)}
+    out["ratio_wall"] = statistics.median(ratios["wall"])
+    out["ratio_cpu"] = statistics.median(ratios["cpu"])
+    return out
+
+
+def profile_step(name: str, page_dir: str, steps: int = 8) -> None:
+    """cProfile over a keep-all run_plan's steps (set-up included: read past it)."""
+    import cProfile
+    import pstats
+    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.executor import run_plan
+    captured = capture_model(name, update="step", **QUICK[name])
+    plan = keep_all_plan(captured.graph)
+    run_plan(captured.graph, plan, 2, page_dir, check_gradients=False, captured=captured,
+             map_large_allocations=False)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run_plan(captured.graph, plan, steps, page_dir, check_gradients=False, captured=captured,
+             map_large_allocations=False)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="bert-mini,resnet18")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--profile", metavar="MODEL", help="cProfile the keep-all run instead")
+    args = parser.parse_args()
+    models = args.models.split(",")
+    unknown = [m for m in models + ([args.profile] if args.profile else []) if m not in QUICK]
+    if unknown:
+        print(f"error: unknown model {unknown[0]!r}: use one of {', '.join(QUICK)}",
+              file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as page_dir:
+        if args.profile:
+            profile_step(args.profile, page_dir)
+            return 0
+        for name in models:
+            out = bench(name, args.rounds, page_dir)
+            print(f"{name} {QUICK[name]}, {args.threads} thread(s), {args.rounds} rounds")
+            for method in ("eager", "ours"):
+                m = out[method]
+                print(f"  {method:6s} wall {m['wall_s'] * 1e3:7.1f} ms  CPU {m['cpu_s'] * 1e3:7.1f}"
+                      f" ms  minor faults {m['minor_faults']:7.0f} (median; {m['faulting_steps']}"
+                      f" of {m['steps']} steps > 1000), kernel peak "
+                      f"{m['kernel_peak_bytes'] / 2**20:.0f} MiB")
+            print(f"  keep-all / eager: wall {out['ratio_wall']:.3f}x, CPU {out['ratio_cpu']:.3f}x"
+                  f" (median of per-round ratios; target <= {TARGET:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
