@@ -71,10 +71,10 @@ def steady_heap() -> dict[str, Any] | None:
 
 def give_back_freed_memory() -> bool:
     """Return the heap's freed memory to the system now (glibc malloc_trim). True if done."""
-    libc = _glibc()
-    if libc is None or not hasattr(libc, "malloc_trim"):
+    trim = heap_trimmer()
+    if trim is None:
         return False
-    libc.malloc_trim(0)
+    trim()
     return True
 
 
