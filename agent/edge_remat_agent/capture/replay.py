@@ -81,7 +81,10 @@ class _NodeOps:
     loss: str | None = None
     random: bool = False
     reads: tuple[str, ...] = ()
-    flat: tuple[tuple, ...] | None = None  # the steps' fields as _run_ops unpacks them
+    flat: tuple[tuple, ...] = field(init=False, default=())  # the steps as _run_ops unpacks them
+
+    def __post_init__(self) -> None:
+        self.flat = tuple(_flat(step) for step in self.steps)
 
 
 @dataclass(frozen=True)
@@ -426,8 +429,6 @@ class StepRunner:
             self.env, self._holds, self._keys, self._release, self.writer
         ledger, gradient_values = self.ledger, self._gradient_values
         tensor = torch.Tensor
-        if node_ops.flat is None:
-            node_ops.flat = tuple(_flat(step) for step in node_ops.steps)
 
         def value(arg: fx.Node):
             return local[arg.name] if arg.name in local else env[arg.name]
