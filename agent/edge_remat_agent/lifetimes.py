@@ -78,18 +78,23 @@ def schedule_blocks(graph: Graph, stages: Stages, workspace: list[int] | None = 
     return blocks
 
 
+def live_load(blocks: list[Block]) -> list[int]:
+    """Bytes of the blocks live at each instruction, 0 up to the last block's end."""
+    change = [0] * (max((b.end for b in blocks), default=-1) + 1)
+    for b in blocks:
+        change[b.start] += b.nbytes
+        change[b.end] -= b.nbytes
+    live, running = [], 0
+    for delta in change:
+        running += delta
+        live.append(running)
+    return live
+
+
 def peak_load(blocks: list[Block]) -> int:
     """The most bytes live at one instruction: no layout can be smaller (1.00 = no
     fragmentation)."""
-    events: dict[int, int] = {}
-    for b in blocks:
-        events[b.start] = events.get(b.start, 0) + b.nbytes
-        events[b.end] = events.get(b.end, 0) - b.nbytes
-    live = best = 0
-    for t in sorted(events):
-        live += events[t]
-        best = max(best, live)
-    return best
+    return max(live_load(blocks), default=0)
 
 
 def overlapping_pairs(blocks: list[Block], offsets: list[int]):

@@ -29,7 +29,7 @@ import torch
 from ..allocator import heap_trimmer
 from ..formats import Graph, Plan
 from ..formats.arena import ArenaLayout, Slot
-from ..lifetimes import LayoutError, check_layout, layout_offsets
+from ..lifetimes import LayoutError, check_layout, layout_offsets, live_load
 from .arena_pages import PageRelease, Range
 
 
@@ -252,17 +252,8 @@ class Arena:
 
 def _near_peak(blocks, fraction: float) -> set[int]:
     """The instructions at which the blocks live hold at least `fraction` of their peak."""
-    if not blocks:
-        return set()
-    change = [0] * (max(b.end for b in blocks) + 1)
-    for b in blocks:
-        change[b.start] += b.nbytes
-        change[b.end] -= b.nbytes
-    live, running = [], 0
-    for delta in change:
-        running += delta
-        live.append(running)
-    peak = max(live)
+    live = live_load(blocks)
+    peak = max(live, default=0)
     return {t for t, nbytes in enumerate(live) if nbytes >= fraction * peak}
 
 
