@@ -117,11 +117,8 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
 def frontier(graph, seconds: float) -> dict:
     """The lowest budget multiplier (of FRONTIER_STEPS bisection tries) at which the feasibility
     phase finds a plan within `seconds`, and the floor it starts from."""
-    from dataclasses import replace
-
-    from edge_remat.planner.baselines import BASELINES
     from edge_remat.planner.build import build_problem
-    from edge_remat.planner.solve import FEASIBILITY_PHASE
+    from edge_remat.planner.solve import feasibility_plans_at
     from edge_remat_agent.floor import floor_node
 
     plain = build_problem(graph, "1.0")
@@ -129,8 +126,7 @@ def frontier(graph, seconds: float) -> dict:
     low, high = floor, 1.0  # no schedule below the floor
     for _ in range(FRONTIER_STEPS):
         mid = (low + high) / 2
-        p = replace(plain, budget_bytes=int(plain.budget_bytes * mid))
-        if BASELINES[FEASIBILITY_PHASE](p, time.perf_counter() + seconds) is not None:
+        if feasibility_plans_at(plain, mid, time.perf_counter() + seconds):
             high = mid
         else:
             low = mid

@@ -167,22 +167,25 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
 LADDER_STEPS, LADDER_START = (1.025, 1.05, 1.1, 1.2, 1.3, 1.5), 2
 
 
+def feasibility_plans_at(p: Problem, factor: float, deadline: float) -> bool:
+    """Whether the feasibility phase finds a plan at `factor` x the problem's budget before the
+    deadline (a perf_counter time)."""
+    wider = replace(p, budget_bytes=int(p.budget_bytes * factor))
+    return BASELINES[FEASIBILITY_PHASE](wider, deadline) is not None
+
+
 def _budget_found_hint(p: Problem, deadline: float) -> str:
     """What to try next: the smallest budget of LADDER_STEPS for which the feasibility phase
     finds a plan before the deadline (a perf_counter time), else a larger time limit."""
-    def fits(step: float) -> bool:
-        wider = replace(p, budget_bytes=int(p.budget_bytes * step))
-        return BASELINES[FEASIBILITY_PHASE](wider, deadline) is not None
-
     found, k = None, LADDER_START
     while k < len(LADDER_STEPS) and deadline - clock.perf_counter() > 1.0:
-        if fits(LADDER_STEPS[k]):
+        if feasibility_plans_at(p, LADDER_STEPS[k], deadline):
             found = LADDER_STEPS[k]
             break
         k += 1
     k -= 1
     while found is not None and k >= 0 and deadline - clock.perf_counter() > 1.0:
-        if not fits(LADDER_STEPS[k]):
+        if not feasibility_plans_at(p, LADDER_STEPS[k], deadline):
             break
         found, k = LADDER_STEPS[k], k - 1
     if found is None:
