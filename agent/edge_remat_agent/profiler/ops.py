@@ -49,6 +49,7 @@ import torch
 from ..allocator import map_large_blocks, steady_heap
 from ..capture import Captured
 from ..capture.replay import StepRunner
+from ..devices import synchronize
 from ..executor.updates import FusedUpdates, make_optimizer
 from ..formats import Node
 from ..formats.profile import OpCost
@@ -178,6 +179,7 @@ def time_in_context(runner: StepRunner, module: torch.nn.Module,
             else:
                 runner.compute(node.id)
                 runner.free_inputs_read_last(node.id)
+            synchronize(runner.device)
             times[node.id].append(time.perf_counter() - start)
         runner.release_all()
     return {node_id: statistics.median(runs) for node_id, runs in times.items()}
@@ -203,7 +205,11 @@ def _measure_node(node: Node, runner: StepRunner, ledger: LiveTensorLedger, wind
                   sensor: PowerSensor | None, idle_w: float | None,
                   meter: AllocatorPeak | None = None) -> NodeMeasurement:
     sizes = _node_bytes(node, runner, ledger, meter)
-    time_s, runs, energy = _timed(lambda i: runner.compute(node.id), window, sensor, idle_w,
+    def computed(i):
+        runner.compute(node.id)
+        synchronize(runner.device)  # timed to the kernels' end, not their launch
+
+    time_s, runs, energy = _timed(computed, window, sensor, idle_w,
                                   after=lambda i: runner.free(node.id))
     runner.compute(node.id)  # its outputs, for the nodes after it
     return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,
@@ -291,7 +297,11 @@ def _measure_update(node: Node, runner: StepRunner, module: torch.nn.Module,
                     sensor: PowerSensor | None, idle_w: float | None) -> NodeMeasurement:
     step = _update_step(node, runner, module, optimizer)
     step()  # makes the optimizer's state: a warm-up, not a step's cost
-    time_s, runs, energy = _timed(lambda i: step(), window, sensor, idle_w)
+    def stepped(i):
+        step()
+        synchronize(runner.device)
+
+    time_s, runs, energy = _timed(stepped, window, sensor, idle_w)
     if not isinstance(optimizer, FusedUpdates):
         optimizer.zero_grad(set_to_none=True)
     return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,
