@@ -297,7 +297,8 @@ def _where(runs: dict[str, list[dict]], row: dict) -> str:
         released = ((r.get("arena") or {}).get("released_bytes") or 0) / MIB
         parts.append(f"{a}: baseline {mib[0]:.1f}, anon {mib[1]:.1f} + file {mib[2]:.1f} at "
                      f"the end, CPU allocator peak {cpu:.1f}, profiled step +{profiled:.1f}"
-                     + (f", pages given back {released:.1f} a step" if a == "arena" else ""))
+                     + (f", pages given back {released:.1f} a step, heap trims "
+                        f"{(r.get('arena') or {}).get('heap_trims', 0)}" if a == "arena" else ""))
     return f"    warm {row['warm'] / MIB:.1f} (in planned); " + "; ".join(parts)
 
 

@@ -30,12 +30,12 @@ from ..allocator import heap_trimmer
 from ..formats import Graph, Plan
 from ..formats.arena import ArenaLayout, Slot
 from ..lifetimes import LayoutError, check_layout, layout_offsets, live_load
-from .arena_pages import PageRelease, Range
+from .arena_pages import PageRelease, Range, resident_reader
 
 
-# Trim the heap before nodes where the plan's tensors are at least this fraction of their peak:
-# bert-mini b4 s64, one process per setting (benchmarks/arena.py figures, README).
-TRIM_HEAP_AT = 0.75
+# The heap's free pages are given back before a node only when they would take the process
+# past the plan's peak by more than this fraction of the peak's arena bytes (see Arena.open).
+TRIM_HEAP_SLACK = 0.02
 
 
 @dataclass
@@ -77,12 +77,12 @@ class _Cursor:
 class Arena:
     def __init__(self, layout: ArenaLayout, graph: Graph, plan: Plan,
                  device: torch.device | None = None, release_slack_bytes: int | None = 0,
-                 trim_heap: float | None = TRIM_HEAP_AT):
+                 trim_heap: float | None = TRIM_HEAP_SLACK):
         """`release_slack_bytes`: give back the pages of free arena ranges when the touched
         ones exceed the live ones by more than this (arena_pages.py); None: never.
-        `trim_heap`: also give back the CPU allocator's free heap pages before each node where
-        the plan's tensors are at least this fraction of their peak (CPU only; see open());
-        None: never."""
+        `trim_heap`: also give back the CPU allocator's free heap pages at each step's start
+        and before each node where the process's resident bytes would otherwise pass the
+        plan's peak by more than this fraction of it (CPU only; see open()); None: never."""
         try:
             blocks = check_layout(graph, plan.stages, layout)
         except LayoutError as error:
@@ -105,7 +105,9 @@ class Arena:
         self.copies_in = self.pages is None or not self.pages.available
         self._trim_heap = heap_trimmer() if trim_heap is not None and self.pages is not None \
             else None
-        self._trim_at = _near_peak(blocks, trim_heap) if self._trim_heap is not None else set()
+        self._resident = resident_reader() if self._trim_heap is not None else None
+        self._trim_above = _trim_thresholds(blocks, trim_heap) if self._resident else []
+        self._step_resident = 0  # the process's resident bytes at the step's start, trimmed
         self._output: _Cursor | None = None
         self._workspace: _Cursor | None = None
         self._instruction = -1
@@ -125,6 +127,10 @@ class Arena:
         self.counts = ArenaCounts()
         if self.pages is not None:
             self.pages.start_step()
+        if self._resident is not None:
+            self._trim_heap()
+            self.counts.heap_trims += 1
+            self._step_resident = self._resident()
 
     # -- one instruction ---------------------------------------------------------------------
 
@@ -137,19 +143,22 @@ class Arena:
         self._workspace = _Cursor(slot.workspace_offset, slot.workspace_bytes,
                                   self.layout.alignment)
         self._writable = writable or {}
-        if instruction in self._trim_at:
-            # What ATen allocates outside the arena (a node's intermediates, results it keeps)
-            # is mostly below the mmap threshold, so it comes from glibc's heap, whose freed
-            # chunks stay resident: one bert-mini step left 20-30 MiB of them charged beside
-            # the plan's tensors (mallinfo2 at every instruction). Giving them back before each
-            # node keeps the charged bytes at the plan's. Each trim costs CPU time (and the
-            # pages fault in again), so it is done only where the plan is near its peak.
-            self._trim_heap()
-            self.counts.heap_trims += 1
         if self.pages is not None:
             self.pages.before(instruction)
             self.counts.released = self.pages.releases
             self.counts.released_bytes = self.pages.released_bytes
+        if self._resident is not None and instruction < len(self._trim_above) and \
+                self._resident() - self._step_resident > self._trim_above[instruction]:
+            # What ATen allocates outside the arena (a node's intermediates, results it keeps)
+            # is mostly below the mmap threshold, so it comes from glibc's heap, whose freed
+            # chunks stay resident: one bert-mini step left 20-30 MiB of them charged beside
+            # the plan's tensors (mallinfo2 at every instruction), mobilenet_v2 at its floor
+            # 5-7 MiB where the plan was far from its peak, enough to set the step's peak
+            # there. A trim costs CPU time (the heap walked, pages faulted in again), so it is
+            # done only where the resident bytes (one read of /proc/self/statm) and what this
+            # instruction brings would pass the plan's peak.
+            self._trim_heap()
+            self.counts.heap_trims += 1
 
     def _take(self, cursor: _Cursor | None, nbytes: int) -> int | None:
         """An offset for `nbytes` from one of the slot's ranges, its pages counted as touched."""
@@ -250,11 +259,17 @@ class Arena:
         return out
 
 
-def _near_peak(blocks, fraction: float) -> set[int]:
-    """The instructions at which the blocks live hold at least `fraction` of their peak."""
+def _trim_thresholds(blocks, slack: float) -> list[int]:
+    """For each instruction t, the resident bytes above the step's start past which the heap
+    is trimmed before t: the blocks' peak load (plus `slack` of it) less what t opens (its
+    outputs and workspace), so that what is resident and what t brings stay within the
+    plan's peak."""
     live = live_load(blocks)
     peak = max(live, default=0)
-    return {t for t, nbytes in enumerate(live) if nbytes >= fraction * peak}
+    opening = [0] * len(live)
+    for block in blocks:
+        opening[block.start] += block.nbytes
+    return [int(peak * (1 + slack)) - nbytes for nbytes in opening]
 
 
 def _held_ranges(graph: Graph, blocks, layout: ArenaLayout) -> list[Range]:
