@@ -123,6 +123,6 @@ def test_the_heap_is_trimmed_only_where_it_would_pass_the_plans_peak():
     blocks = [Block(0, 0, "output", 0, 4, 10), Block(1, 1, "output", 1, 3, 30),
               Block(3, 2, "output", 3, 5, 5)]
     # live bytes at instructions 0..5: 10, 40, 40, 15, 5, 0 (peak 40); opened at 0, 1, 3
-    assert _trim_thresholds(blocks, 0.0) == [30, 10, 40, 35, 40, 40]
-    assert _trim_thresholds(blocks, 0.5) == [50, 30, 60, 55, 60, 60]
-    assert _trim_thresholds([], 0.5) == []
+    assert _trim_thresholds(blocks, 0) == [30, 10, 40, 35, 40, 40]
+    assert _trim_thresholds(blocks, 20) == [50, 30, 60, 55, 60, 60]
+    assert _trim_thresholds([], 20) == []
