@@ -80,6 +80,24 @@ def resident_peak_bytes(run: Callable[[], Any]) -> int | None:
     return None if peak is None else max(0, peak - start)
 
 
+def anonymous_resident_bytes() -> int | None:
+    """This process's resident anonymous memory (RssAnon, /proc/self/status), after the heap's
+    free pages are given back: what a memory cgroup charges it beyond the page cache. The
+    resident set also counts pages of torch's shared libraries mapped in on first use, which
+    the page cache holds and the kernel may drop, so it is no measure of memory a call keeps.
+    None where there is no such line (not Linux)."""
+    from ..allocator import give_back_freed_memory
+    give_back_freed_memory()
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def ru_maxrss_bytes() -> int | None:
     """getrusage's ru_maxrss for this process (KiB on Linux, bytes on macOS)."""
     if resource is None:
