@@ -166,9 +166,9 @@ class Arena:
 
     def _give_back(self, instruction: int, trim: bool | None) -> None:
         """Release the touched arena pages no block live at `instruction` holds, then the
-        heap's free pages (`trim` None: if still over the plan's peak). What ATen allocates outside the arena (a
-        node's intermediates, results it keeps) is mostly below the mmap threshold, so it
-        comes from glibc's heap, whose freed chunks stay resident: one bert-mini step left
+        heap's free pages (`trim` None: if still over the plan's peak). What ATen allocates
+        outside the arena (a node's intermediates, results it keeps) is mostly below the mmap
+        threshold, so it comes from glibc's heap, whose freed chunks stay resident: one bert-mini step left
         20-30 MiB of them charged beside the plan's tensors (mallinfo2 at every
         instruction), mobilenet_v2 at its floor 5-7 MiB where the plan was far from its
         peak, enough to set the step's peak there."""

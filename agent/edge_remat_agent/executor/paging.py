@@ -133,8 +133,7 @@ class OverlappedPaging:
         # issue: the plan counts them from there, and an allocator profiler (thread-local in
         # torch) sees them as it sees every other tensor of the step.
         layout = self.layouts.get(ins.node, {})
-        on_device = self.runner.device is not None and self.runner.device.type != "cpu"
-        if on_device and not store.fills_device_tensors:
+        if self.copies is not None and not store.fills_device_tensors:
             layout = {}  # the store reads into host memory and copies it over itself
         into = {name: torch.empty_strided(*layout[name][:2], dtype=layout[name][2],
                                           device=self.runner.device)

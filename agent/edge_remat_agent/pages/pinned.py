@@ -20,7 +20,8 @@ import torch
 
 from .base import IndexedPageStore
 from .codec import is_dense, placed
-from .errors import PageMissing, PageStoreFull
+from .errors import PageMissing
+from .memory import check_host_capacity
 
 WHERE = "pinned host memory"
 
@@ -42,11 +43,7 @@ class PinnedStore(IndexedPageStore):
         nbytes = value.numel() * value.element_size()
         with self._lock:
             replaced = _nbytes(self._index[key][0]) if key in self._index else 0
-            if self.capacity_bytes is not None and \
-                    self._held - replaced + nbytes > self.capacity_bytes:
-                raise PageStoreFull(key, WHERE, nbytes, capacity_bytes=self.capacity_bytes,
-                                    held_bytes=self._held, cause="over the store's capacity",
-                                    remedy="give the host tier more capacity, or plan with less")
+            check_host_capacity(self, key, nbytes, replaced, WHERE)
         page = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
                                    pin_memory=value.device.type == "cuda")
         page.copy_(value, non_blocking=True)

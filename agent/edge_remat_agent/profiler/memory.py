@@ -43,10 +43,15 @@ def current_rss_bytes(pid: int | None = None) -> int:
 
 def kernel_peak_rss_bytes(pid: int | None = None) -> int | None:
     """VmHWM from /proc/<pid>/status: the kernel's own resident high-water mark (Linux)."""
+    return _status_bytes("VmHWM", pid)
+
+
+def _status_bytes(field: str, pid: int | None = None) -> int | None:
+    """A kB field of /proc/<pid>/status in bytes; None where there is none (not Linux)."""
     try:
         with open(f"/proc/{'self' if pid is None else pid}/status") as handle:
             for line in handle:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -88,14 +93,7 @@ def anonymous_resident_bytes() -> int | None:
     None where there is no such line (not Linux)."""
     from ..allocator import give_back_freed_memory
     give_back_freed_memory()
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return _status_bytes("RssAnon")
 
 
 def ru_maxrss_bytes() -> int | None:
