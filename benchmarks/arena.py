@@ -11,7 +11,11 @@ the runtime baseline (what the kernel charged before the first step, less the mo
 parameters) and the child reads the cgroup's peak afterwards. It prints, per row:
 
   planned   the plan's predicted peak (tensors + fixed memory + the running node's workspace,
-            measured here by default: --workspace measured|graph)
+            measured here by default: --workspace measured|graph). Measured, fixed memory
+            also counts what the ops' first calls leave for the life of the process (oneDNN's
+            primitives: profiler.ops runtime_warm_bytes, "warm" under the row), measured in a
+            fresh process as the runs are: the runtime baseline is taken before their first
+            step, so it holds none of it
   arena     the arena's size (+ fixed memory) and its size over the planned tensor peak
   phys      kernel peak - runtime baseline, per executor, and over the planned peak (the
             peak of the steps before the last, which runs under the allocator's profiler)
@@ -46,7 +50,8 @@ MIB = 2 ** 20
 
 
 def plan_row(name: str, shape: dict, budget: str, work: Path, time_limit: float,
-             workspace: str = "measured") -> dict:
+             measured: dict | None = None) -> dict:
+    """`measured`: measured_memory's answer for this model (None: the capture's figures)."""
     from edge_remat.planner.arena import plan_arena
     from edge_remat.planner.build import build_problem, plain_peak_bytes
     from edge_remat.planner.problem import InfeasibleBudget
@@ -54,8 +59,8 @@ def plan_row(name: str, shape: dict, budget: str, work: Path, time_limit: float,
     from edge_remat_agent.capture import capture_model
     captured = capture_model(name, **shape)
     graph = captured.graph
-    if workspace == "measured":
-        count_measured_workspace(captured)
+    if measured is not None:
+        count_measured_memory(graph, measured)
     plain = plain_peak_bytes(graph)
     if budget == "floor":
         smallest, _ = build_problem(graph, 2 ** 50, paging="none").smallest_budget()
@@ -87,22 +92,50 @@ def plan_row(name: str, shape: dict, budget: str, work: Path, time_limit: float,
             "budget_bytes": plan.budget_bytes, "planned_peak": plan.predicted["peak_bytes"],
             "fixed": graph.fixed_bytes, "arena": plan.arena.size_bytes,
             "arena_over": plan.arena.details["over_tensor_peak"],
-            "arena_status": plan.arena.details["status"]}
+            "arena_status": plan.arena.details["status"],
+            "warm": (graph.capture.get("fixed") or {}).get("runtime_warm", 0)}
 
 
-def count_measured_workspace(captured) -> None:
-    """Each node's workspace in the graph becomes what one plain step, run node by node, was
-    seen to take beyond its outputs (the op profiler's memory half: allocator events and the
-    resident set), where that is more than the capture's figure: the plan then counts the
-    scratch ATen and oneDNN take inside a node, as a plan made with a measured profile does."""
-    import gc
+def measured_memory(name: str, shape: dict, threads: int = 1) -> dict:
+    """What one plain step, run node by node in a fresh process (the op profiler's memory
+    half, profiler.ops.measure_workspace), found: each node's workspace (allocator events and
+    the resident set) and what the nodes' first calls left behind (runtime_warm_bytes). A
+    fresh process, because a process where the ops ran already (an earlier model, budget or
+    capture here) keeps their primitives and would find none."""
+    command = [sys.executable, __file__, "--measure", json.dumps(
+        {"model": name, "shape": shape, "threads": threads})]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring {name}: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
-    from edge_remat_agent.profiler.ops import measure_workspace
+
+def measure_main(spec: dict) -> None:
+    import torch
+    torch.set_num_threads(spec.get("threads", 1))
+    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.profiler.ops import measure_workspace, runtime_warm_bytes
+    captured = capture_model(spec["model"], **spec["shape"])
     found = measure_workspace(captured)
-    for node in captured.graph.nodes:
-        if node.id in found:
-            node.workspace_bytes = max(node.workspace_bytes, found[node.id].workspace_bytes)
-    gc.collect()
+    print(json.dumps({"workspace": [found[n.id].workspace_bytes if n.id in found else None
+                                    for n in captured.graph.nodes],
+                      "warm": runtime_warm_bytes(found.values()) or 0}))
+
+
+def count_measured_memory(graph, measured: dict) -> None:
+    """Each node's workspace in the graph becomes the measured one where that is more than the
+    capture's figure: the plan then counts the scratch ATen and oneDNN take inside a node, as
+    a plan made with a measured profile does. What the first calls left behind becomes fixed
+    memory (`capture.fixed.runtime_warm`): every schedule, plain PyTorch's too, pays it."""
+    for node, found in zip(graph.nodes, measured["workspace"]):
+        if found is not None:
+            node.workspace_bytes = max(node.workspace_bytes, found)
+    fixed = graph.capture.setdefault("fixed", {})
+    warm = int(measured["warm"])
+    added = warm - int(fixed.get("runtime_warm", 0))
+    graph.fixed_bytes += added
+    fixed["total"] = int(fixed.get("total", 0)) + added
+    fixed["runtime_warm"] = warm
 
 
 def run_child(row: dict, shape: dict, allocator: str, steps: int, work: Path,
@@ -146,6 +179,8 @@ def child_main(spec: dict) -> None:
     captured = capture_model(spec["model"], **spec["shape"])
     for mine, planned in zip(captured.graph.nodes, graph.nodes):  # the measured workspace
         mine.workspace_bytes = planned.workspace_bytes
+    captured.graph.fixed_bytes = graph.fixed_bytes  # and the first calls' memory
+    captured.graph.capture["fixed"] = graph.capture.get("fixed")
     gc.collect()
     give_back_freed_memory()
     group = MemoryCgroup.existing(spec["group"])
@@ -208,9 +243,13 @@ def main() -> int:
                         help="ONEDNN_PRIMITIVE_CACHE_CAPACITY for both executors' runs "
                              "(default: oneDNN's own, 1024)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child_main(json.loads(args.child))
+        return 0
+    if args.measure:
+        measure_main(json.loads(args.measure))
         return 0
     from edge_remat.cgroup import unavailable_reason
     reason = unavailable_reason()
@@ -229,9 +268,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="arena-bench-") as tmp:
         work = Path(tmp)
         for name in args.models.split(","):
+            measured = measured_memory(name, shapes[name], args.threads) \
+                if args.workspace == "measured" else None
             for budget in args.budgets.split(","):
-                row = plan_row(name, shapes[name], budget, work, args.time_limit,
-                               args.workspace)
+                row = plan_row(name, shapes[name], budget, work, args.time_limit, measured)
                 runs: dict[str, list[dict]] = {"glibc": [], "arena": []}
                 for r in range(args.rounds):
                     order = ("glibc", "arena") if r % 2 == 0 else ("arena", "glibc")
@@ -240,11 +280,11 @@ def main() -> int:
                                                          args.steps, work, args.threads,
                                                          args.onednn_cache))
                 print(_line(row, runs), flush=True)
-                print(_where(runs), flush=True)
+                print(_where(runs, row), flush=True)
     return 0
 
 
-def _where(runs: dict[str, list[dict]]) -> str:
+def _where(runs: dict[str, list[dict]], row: dict) -> str:
     """Where the bytes beyond the plan went, per executor (the last run): the runtime
     baseline, anonymous memory and page cache charged at the end, and the CPU allocator's own
     peak of live bytes within one step (what ATen allocated outside the arena)."""
@@ -257,8 +297,9 @@ def _where(runs: dict[str, list[dict]]) -> str:
         released = ((r.get("arena") or {}).get("released_bytes") or 0) / MIB
         parts.append(f"{a}: baseline {mib[0]:.1f}, anon {mib[1]:.1f} + file {mib[2]:.1f} at "
                      f"the end, CPU allocator peak {cpu:.1f}, profiled step +{profiled:.1f}"
-                     + (f", pages given back {released:.1f} a step" if a == "arena" else ""))
-    return "    " + "; ".join(parts)
+                     + (f", pages given back {released:.1f} a step, heap trims "
+                        f"{(r.get('arena') or {}).get('heap_trims', 0)}" if a == "arena" else ""))
+    return f"    warm {row['warm'] / MIB:.1f} (in planned); " + "; ".join(parts)
 
 
 def _line(row: dict, runs: dict[str, list[dict]]) -> str:

@@ -117,12 +117,12 @@ def test_the_heaps_free_chunks_leave_the_resident_set_when_trimmed():
     assert len(blocks) == 320
 
 
-def test_the_heap_is_trimmed_only_where_the_plan_is_near_its_peak():
-    from edge_remat_agent.executor.arena import _near_peak
+def test_the_heap_is_trimmed_only_where_it_would_pass_the_plans_peak():
+    from edge_remat_agent.executor.arena import _trim_thresholds
     from edge_remat_agent.lifetimes import Block
     blocks = [Block(0, 0, "output", 0, 4, 10), Block(1, 1, "output", 1, 3, 30),
               Block(3, 2, "output", 3, 5, 5)]
-    # live bytes at instructions 0..4: 10, 40, 40, 15, 5
-    assert _near_peak(blocks, 0.75) == {1, 2}
-    assert {0, 1, 2, 3, 4} <= _near_peak(blocks, 0.0)
-    assert _near_peak([], 0.5) == set()
+    # live bytes at instructions 0..5: 10, 40, 40, 15, 5, 0 (peak 40); opened at 0, 1, 3
+    assert _trim_thresholds(blocks, 0) == [30, 10, 40, 35, 40, 40]
+    assert _trim_thresholds(blocks, 20) == [50, 30, 60, 55, 60, 60]
+    assert _trim_thresholds([], 20) == []

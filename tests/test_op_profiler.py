@@ -192,3 +192,26 @@ def test_measure_workspace_is_the_profilers_memory_half():
             assert sizes.resident_workspace_bytes is not None
     assert any(found[n.id].workspace_bytes > n.workspace_bytes for n in graph.nodes
                if n.op == "convolution_backward")
+
+
+def test_first_calls_memory_is_measured_in_a_fresh_process():
+    """What the nodes' first calls leave for the process (oneDNN's primitives): found in a
+    process where the ops have not run, not again in one where they have."""
+    import json
+    import subprocess
+    import sys
+    probe = (
+        "import json, torch\n"
+        "from edge_remat_agent.capture import capture_model\n"
+        "from edge_remat_agent.profiler.ops import measure_workspace, runtime_warm_bytes\n"
+        f"c = capture_model({EXAMPLE!r}, batch=4, image=16)\n"
+        "first = runtime_warm_bytes(measure_workspace(c).values())\n"
+        "again = runtime_warm_bytes(measure_workspace(c).values())\n"
+        "print(json.dumps([first, again]))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    first, again = json.loads(done.stdout.splitlines()[-1])
+    if first is None:
+        pytest.skip("no RssAnon in /proc/self/status here")
+    assert first > 64 * 1024  # primitives for every convolution shape, forward and backward
+    assert again < first / 2

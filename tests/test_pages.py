@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from edge_remat_agent.pages import (FlashStore, LinkStore, MemoryStore, PageCorrupted, PageMissing,
-                                    PageStoreError, PageStoreFull, decode, encode)
+                                    PageStoreError, PageStoreFull, PinnedStore, decode, encode)
+from edge_remat_agent.pages.codec import reading_into
 
 MiB = 2**20
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int8,
@@ -333,3 +334,22 @@ def test_disk_full_is_a_clear_error_and_leaves_nothing(tiny_filesystem):
         assert flash.keys() == ["small"]
         assert_same(torch.ones(1000), flash.get("small"))  # the store still works
     assert os.listdir(tiny_filesystem) == []
+
+
+def test_pinned_store_keeps_values_and_layout_and_its_capacity():
+    """PinnedStore is the host tier of runs on CUDA (tests/test_cuda.py runs it there); with a
+    CPU tensor it keeps an ordinary copy, which this machine can check."""
+    store = PinnedStore(capacity_bytes=1000)
+    value = sample(torch.float32, (5, 6)).t()
+    assert store.put("a", value) == 120
+    into = torch.empty_strided(value.shape, value.stride())
+    with reading_into(lambda nbytes, dtype, shape, stride: into):
+        back = store.get("a")
+    assert back is into and torch.equal(back.view(torch.int32), value.view(torch.int32))
+    value.fill_(0)  # the page is a copy
+    assert not torch.equal(store.get("a").view(torch.int32), value.view(torch.int32))
+    with pytest.raises(PageStoreFull):
+        store.put("b", torch.zeros(1000))
+    with pytest.raises(PageMissing):
+        store.get("b")
+    assert store.discard("a") and not store.discard("a") and store.bytes_held == 0

@@ -40,12 +40,17 @@ def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
     params, buffers = named if named is not None else named_tensors(module)
     env = {ph: params[name].detach() for ph, name in trace.params.items() if ph not in loaded}
     env.update({ph: buffers[name].detach() for ph, name in trace.buffers.items()})
-    env.update({ph: example_args[i] for ph, i in trace.user_inputs.items()})
-    env.update({name: t.to(device) if device is not None else t
-                for name, t in trace.constants().items()})
+    env.update({ph: _on(example_args[i], device) for ph, i in trace.user_inputs.items()})
+    env.update({name: _on(t, device) for name, t in trace.constants().items()})
     loss = trace.node(trace.tangent).meta["val"]
     env[trace.tangent] = torch.ones(loss.shape, dtype=loss.dtype, device=device)
     return env
+
+
+def _on(value: Any, device: torch.device | None) -> Any:
+    """A tensor on the step's device (a lifted constant; the batch too: the op profiler binds
+    the example batch as captured, on the CPU)."""
+    return value.to(device) if device is not None and isinstance(value, torch.Tensor) else value
 
 
 def named_tensors(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

@@ -30,12 +30,13 @@ from ..allocator import heap_trimmer
 from ..formats import Graph, Plan
 from ..formats.arena import ArenaLayout, Slot
 from ..lifetimes import LayoutError, check_layout, layout_offsets, live_load
-from .arena_pages import PageRelease, Range
+from .arena_pages import PageRelease, Range, resident_reader
 
 
-# Trim the heap before nodes where the plan's tensors are at least this fraction of their peak:
-# bert-mini b4 s64, one process per setting (benchmarks/arena.py figures, README).
-TRIM_HEAP_AT = 0.75
+# Free arena pages and the heap's free pages are given back before a node only when they would
+# take the process past the plan's peak by more than this fraction of the planned peak (see
+# Arena.open): mobilenet_v2 b8 (benchmarks/arena.py figures, README).
+TRIM_HEAP_SLACK = 0.04
 
 
 @dataclass
@@ -77,12 +78,13 @@ class _Cursor:
 class Arena:
     def __init__(self, layout: ArenaLayout, graph: Graph, plan: Plan,
                  device: torch.device | None = None, release_slack_bytes: int | None = 0,
-                 trim_heap: float | None = TRIM_HEAP_AT):
+                 trim_heap: float | None = TRIM_HEAP_SLACK):
         """`release_slack_bytes`: give back the pages of free arena ranges when the touched
         ones exceed the live ones by more than this (arena_pages.py); None: never.
-        `trim_heap`: also give back the CPU allocator's free heap pages before each node where
-        the plan's tensors are at least this fraction of their peak (CPU only; see open());
-        None: never."""
+        `trim_heap`: also give back the CPU allocator's free heap pages at each step's start,
+        and give back both only before the nodes where the process's resident bytes would
+        otherwise pass the plan's peak by more than this fraction of it (CPU only; see
+        open()); None: the heap never, the arena's pages at every node."""
         try:
             blocks = check_layout(graph, plan.stages, layout)
         except LayoutError as error:
@@ -105,7 +107,11 @@ class Arena:
         self.copies_in = self.pages is None or not self.pages.available
         self._trim_heap = heap_trimmer() if trim_heap is not None and self.pages is not None \
             else None
-        self._trim_at = _near_peak(blocks, trim_heap) if self._trim_heap is not None else set()
+        self._resident = resident_reader() if self._trim_heap is not None else None
+        allowance = int((trim_heap or 0) * (plan.predicted or {}).get("peak_bytes", 0))
+        self._trim_above = _trim_thresholds(blocks, allowance) if self._resident else []
+        self._step_resident = 0  # the process's resident bytes at the step's start, trimmed
+        self.step_caches: list[dict] = []  # emptied at each step's start
         self._output: _Cursor | None = None
         self._workspace: _Cursor | None = None
         self._instruction = -1
@@ -123,8 +129,13 @@ class Arena:
 
     def start_step(self) -> None:
         self.counts = ArenaCounts()
+        for cache in self.step_caches:
+            cache.clear()
         if self.pages is not None:
             self.pages.start_step()
+        if self._resident is not None:  # the step starts from the fewest pages it can
+            self._give_back(0, trim=True)
+            self._step_resident = self._resident()
 
     # -- one instruction ---------------------------------------------------------------------
 
@@ -137,19 +148,37 @@ class Arena:
         self._workspace = _Cursor(slot.workspace_offset, slot.workspace_bytes,
                                   self.layout.alignment)
         self._writable = writable or {}
-        if instruction in self._trim_at:
-            # What ATen allocates outside the arena (a node's intermediates, results it keeps)
-            # is mostly below the mmap threshold, so it comes from glibc's heap, whose freed
-            # chunks stay resident: one bert-mini step left 20-30 MiB of them charged beside
-            # the plan's tensors (mallinfo2 at every instruction). Giving them back before each
-            # node keeps the charged bytes at the plan's. Each trim costs CPU time (and the
-            # pages fault in again), so it is done only where the plan is near its peak.
-            self._trim_heap()
-            self.counts.heap_trims += 1
+        if self._resident is None:
+            if self.pages is not None:
+                self._give_back(instruction, trim=False)
+        elif self._over(instruction):
+            # Pages given back fault in again at their next write, and a trim walks the whole
+            # heap: mobilenet_v2 b8 at its floor, giving back at every node, faulted 13,000
+            # pages a step and took 2x the glibc executor's CPU time. So both are done only
+            # where the resident bytes (one read of /proc/self/statm) and what this
+            # instruction brings would pass the plan's peak.
+            self._give_back(instruction, trim=None)
+
+    def _over(self, instruction: int) -> bool:
+        """Whether the resident bytes and what `instruction` brings pass the plan's peak."""
+        return instruction < len(self._trim_above) and \
+            self._resident() - self._step_resident > self._trim_above[instruction]
+
+    def _give_back(self, instruction: int, trim: bool | None) -> None:
+        """Release the touched arena pages no block live at `instruction` holds, then the
+        heap's free pages (`trim` None: if still over the plan's peak). What ATen allocates
+        outside the arena (a node's intermediates, results it keeps) is mostly below the mmap
+        threshold, so it comes from glibc's heap, whose freed chunks stay resident: one bert-mini step left
+        20-30 MiB of them charged beside the plan's tensors (mallinfo2 at every
+        instruction), mobilenet_v2 at its floor 5-7 MiB where the plan was far from its
+        peak, enough to set the step's peak there."""
         if self.pages is not None:
             self.pages.before(instruction)
             self.counts.released = self.pages.releases
             self.counts.released_bytes = self.pages.released_bytes
+        if self._trim_heap is not None and (trim or trim is None and self._over(instruction)):
+            self._trim_heap()
+            self.counts.heap_trims += 1
 
     def _take(self, cursor: _Cursor | None, nbytes: int) -> int | None:
         """An offset for `nbytes` from one of the slot's ranges, its pages counted as touched."""
@@ -250,11 +279,17 @@ class Arena:
         return out
 
 
-def _near_peak(blocks, fraction: float) -> set[int]:
-    """The instructions at which the blocks live hold at least `fraction` of their peak."""
+def _trim_thresholds(blocks, allowance: int) -> list[int]:
+    """For each instruction t, the resident bytes above the step's start past which pages are
+    given back before t: the blocks' peak load (plus `allowance` bytes) less what t opens
+    (its outputs and workspace), so that what is resident and what t brings stay within the
+    plan's peak."""
     live = live_load(blocks)
     peak = max(live, default=0)
-    return {t for t, nbytes in enumerate(live) if nbytes >= fraction * peak}
+    opening = [0] * len(live)
+    for block in blocks:
+        opening[block.start] += block.nbytes
+    return [peak + allowance - nbytes for nbytes in opening]
 
 
 def _held_ranges(graph: Graph, blocks, layout: ArenaLayout) -> list[Range]:
@@ -412,6 +447,11 @@ class ArenaPlacement:
         self._reading_into = reading_into
         self._reading = None
         self._writable: dict[Any, set[str]] = {}
+        # what _keep_gradients found outside the arena, by name: a step holds a few hundred
+        # gradients and statistics, and each node adds at most a few
+        # (emptied at each step's start: it must not keep a step's tensors alive)
+        self._kept_checked: dict[str, torch.Tensor] = {}
+        arena.step_caches.append(self._kept_checked)
         runner.writer = self.writer
 
     def writable(self, node_id) -> dict[str, list[bool]]:
@@ -442,10 +482,14 @@ class ArenaPlacement:
         statistics, the loss) must outlive its slot, which later tensors reuse: what is in
         the arena is copied out (fixed memory in the plan; gradients only on a checked step,
         which holds a plain step's gradients anyway)."""
+        checked = self._kept_checked
         for kept in (self.runner.grads, self.runner.buffer_updates):
             for name, value in kept.items():
+                if checked.get(name) is value:  # looked at after an earlier node
+                    continue
                 if self.arena.holds(value):
-                    kept[name] = value.clone()
+                    value = kept[name] = value.clone()
+                checked[name] = value
         if self.runner.loss is not None and self.arena.holds(self.runner.loss):
             self.runner.loss = self.runner.loss.clone()
 

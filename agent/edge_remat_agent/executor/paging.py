@@ -1,5 +1,10 @@
 """Overlapped paging: page-ins prefetched and page-outs written behind on one IO thread.
 
+On a CUDA device the IO thread copies on a stream of its own (CopyStream): each read or write
+first waits for an event recorded on the compute stream where the plan issued it (the
+tensor it writes is computed; the memory it reads into is no longer used), and completes
+when its copies have, so compute goes on while pages move.
+
 The rules are timeline.py's, which the simulator and the planner use: a page_in starts reading
 where the plan issues it (its bytes counted from there) and compute waits for it only at the
 tensor's first use; a page_out is written behind, its tensor held (and counted) until the
@@ -14,6 +19,7 @@ and the counts are touched on the executor's thread alone.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,10 +56,39 @@ class Pending:
     holds: tuple = ()
 
 
+class CopyStream:
+    """A CUDA stream for the IO thread's copies, ordered after the compute stream's work at
+    each issue (None on the CPU: the IO thread's store calls need no ordering there)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    @staticmethod
+    def for_device(device: torch.device | None) -> "CopyStream | None":
+        return CopyStream(device) if device is not None and device.type == "cuda" else None
+
+    def issue(self) -> torch.cuda.Event:
+        """An event on the compute stream, here, where the plan issues a read or a write."""
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    @contextlib.contextmanager
+    def after(self, issued: torch.cuda.Event):
+        """On the IO thread: the copies inside run on this stream once `issued` has passed,
+        and are complete when the block ends."""
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(issued)
+            yield
+            self.stream.synchronize()
+
+
 class OverlappedPaging:
     def __init__(self, runner: StepRunner, graph: Graph, stores: dict[str, PageStore],
                  counts: Any, sync_trace: list[int], limit_bytes: int):
         self.runner, self.graph, self.stores, self.counts = runner, graph, stores, counts
+        self.copies = CopyStream.for_device(runner.device)
         self.trace, self.limit = sync_trace, limit_bytes
         self.ledger = runner.ledger
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-remat-io")
@@ -98,9 +133,12 @@ class OverlappedPaging:
         # issue: the plan counts them from there, and an allocator profiler (thread-local in
         # torch) sees them as it sees every other tensor of the step.
         layout = self.layouts.get(ins.node, {})
-        into = {name: torch.empty_strided(*layout[name][:2], dtype=layout[name][2])
+        if self.copies is not None and not store.fills_device_tensors:
+            layout = {}  # the store reads into host memory and copies it over itself
+        into = {name: torch.empty_strided(*layout[name][:2], dtype=layout[name][2],
+                                          device=self.runner.device)
                 for name in names if name in layout}
-        future = self.pool.submit(_read, store, ins.node, names, into)
+        future = self.pool.submit(_read, store, ins.node, names, into, *self._ordered())
         self.arriving[ins.node] = Pending(future, where, (key,))
 
     def arrive(self, node_id: Any) -> None:
@@ -109,6 +147,10 @@ class OverlappedPaging:
         values, elapsed = _result(pending)
         self.counts.io_wait_s += time.perf_counter() - start
         self._forget(pending)
+        if self.copies is not None:  # a tensor the IO thread allocated is used on compute's
+            compute = torch.cuda.current_stream(self.copies.device)
+            for value in values.values():
+                value.record_stream(compute)
         self.runner.restore_outputs(node_id, values)
         self.counts.page_ins += 1
         self.counts.paged_bytes += sum(v.untyped_storage().nbytes() for v in values.values())
@@ -130,7 +172,8 @@ class OverlappedPaging:
             for key, value in zip(keys, values.values()):
                 self.ledger.register_tensor(key, value)
             future = self.pool.submit(_write, self.stores[ins.tier],
-                                      [((ins.node, n), v) for n, v in values.items()])
+                                      [((ins.node, n), v) for n, v in values.items()],
+                                      *self._ordered())
             self.writes.append(Pending(future, where, tuple(keys),
                                        self.graph.node(ins.node).out_bytes,
                                        tuple(values.values())))
@@ -183,6 +226,11 @@ class OverlappedPaging:
             self.ledger.unregister(key)
         pending.ledger_keys = pending.holds = ()
 
+    def _ordered(self) -> tuple:
+        """(the copy stream, the compute stream's event here) for an IO task, or () on the
+        CPU."""
+        return () if self.copies is None else (self.copies, self.copies.issue())
+
     def _next(self) -> int:
         self._serial += 1
         return self._serial
@@ -197,10 +245,13 @@ def _result(pending: Pending):
 
 # -- on the IO thread: store calls only ----------------------------------------------------------
 
-def _read(store: PageStore, node_id: Any, names: list[str],
-          into: dict[str, torch.Tensor]) -> tuple[dict, float]:
-    """Each page read into its tensor in `into` where the layout matches (else the codec
+def _read(store: PageStore, node_id: Any, names: list[str], into: dict[str, torch.Tensor],
+          copies: CopyStream | None = None, issued: Any = None) -> tuple[dict, float]:
+    """Each page read into its tensor in `into` where the layout matches (else the store
     allocates one here)."""
+    if copies is not None:
+        with copies.after(issued):
+            return _read(store, node_id, names, into)
     start = time.perf_counter()
     values = {}
     for name in names:
@@ -217,12 +268,16 @@ def _read(store: PageStore, node_id: Any, names: list[str],
 
 
 def _dense(value: torch.Tensor) -> bool:
-    """Laid out as the page codec writes it as it is (else it writes a contiguous copy)."""
-    return (value.layout == torch.strided and value.device.type == "cpu" and value.numel() > 0
+    """Laid out as the stores keep it as it is (else they keep a contiguous copy)."""
+    return (value.layout == torch.strided and value.numel() > 0
             and is_dense(tuple(value.shape), value.stride()))
 
 
-def _write(store: PageStore, items: list[tuple[tuple, torch.Tensor]]) -> tuple[int, float]:
+def _write(store: PageStore, items: list[tuple[tuple, torch.Tensor]],
+           copies: CopyStream | None = None, issued: Any = None) -> tuple[int, float]:
+    if copies is not None:
+        with copies.after(issued):
+            return _write(store, items)
     start = time.perf_counter()
     for key, value in items:
         store.put(key, value)

@@ -15,7 +15,8 @@ from .interpreter import StepCounts
 
 FORMAT = "edge-remat/run-report"
 def step_record(step: int, loss: float, measured: StepMeasurement, counts: StepCounts | None,
-                device_peak_bytes: int | None = None) -> dict[str, Any]:
+                device_peak_bytes: int | None = None,
+                device_reserved_peak_bytes: int | None = None) -> dict[str, Any]:
     record = {"step": step, "loss": loss, "step_time_s": measured.wall_s,
               "cpu_time_s": measured.cpu_s, "minor_faults": measured.minor_faults,
               "ledger_peak_bytes": measured.ledger_peak_bytes if counts is not None else None,
@@ -23,6 +24,7 @@ def step_record(step: int, loss: float, measured: StepMeasurement, counts: StepC
               "rss_start_bytes": measured.rss_start_bytes,
               "rss_peak_kernel_bytes": measured.rss_peak_kernel_bytes,
               "device_peak_bytes": device_peak_bytes,  # CUDA's allocator peak; None on the CPU
+              "device_reserved_peak_bytes": device_reserved_peak_bytes,  # taken from the driver
               "energy_j": measured.energy_j, "energy_method": measured.energy_method}
     if counts is not None:
         record.update(counts.to_dict())

@@ -18,6 +18,7 @@ from ..capture.errors import GraphMismatch
 from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
 from ..capture.replay import StepRunner
 from ..costs import build_costs
+from ..devices import allocated_peak, reserved_peak, reset_peaks, synchronize
 from ..formats import Graph, Plan
 from ..memory_classes import CLASSES, ledger_classifier, planned_at
 from ..pages import PageStore
@@ -69,7 +70,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         raise BadInput(f"graph '{graph.name}' is for planning only (imported, not captured): "
                        "capture the model with `edge-remat graph` to run it")
     check_plan_is_for(graph, plan, "the graph file")
-    check_allocator(plan, allocator)
+    check_allocator(plan, allocator, torch.device(device))
     if captured is None:
         captured = capture_here(graph)
     check_plan_is_for(captured.graph, plan, "the graph captured on this machine")
@@ -88,7 +89,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     if seed is not None:
         torch.manual_seed(seed)
     with deterministic(device), open_stores(plan, captured.graph, page_dir, stores,
-                                            flash_fsync, flash_capacity_bytes) as opened, \
+                                            flash_fsync, flash_capacity_bytes,
+                                            device) as opened, \
             open_parameter_home(captured.graph, module, page_dir, flash_fsync, plan) as home, \
             set_up_frozen() as before_step:
         optimizer = make_optimizer(captured.graph, module, lr, home, ledger)
@@ -110,18 +112,19 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                 def check(loss, grads, reference=reference):
                     nonlocal grad_check
                     grad_check = compare(reference, loss, grads, module)
-            _reset_device_peak(device)
+            reset_peaks(device)
             if arena is not None:
                 arena.start_step()
             counted = AllocatorPeak(device) if count_allocations and i == steps - 1 else None
             before_step(i)
             with StepMeter(ledger, power) as meter, counted or contextlib.nullcontext():
                 result = planned.run(batch, check)
+                synchronize(device)  # the step ends when the device's queue does
             if check is not None:
                 check = reference = None  # the reference's gradients go before step 2
                 give_back_freed_memory()
             records.append(step_record(i + 1, result.loss, meter.result, result.counts,
-                                       _device_peak(device)))
+                                       allocated_peak(device), reserved_peak(device)))
             records[-1]["ledger_peak_by_class"] = dict(ledger.peak_by_class)
             if arena is not None:
                 records[-1]["arena"] = arena.counts.to_dict()
@@ -214,16 +217,18 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
     with deterministic(device):
         for i in range(steps):
             batch = batches(i)
-            _reset_device_peak(device)
+            reset_peaks(device)
             try:
                 with StepMeter(ledger, power) as meter:
                     loss = plain_step(module, optimizer, batch)
+                    synchronize(device)
             except Exception as error:
                 if is_out_of_memory(error):
                     raise ExecutorError(f"plain training ran out of memory at step {i + 1} "
                                         f"({first_line(error)})") from error
                 raise
-            records.append(step_record(i + 1, loss, meter.result, None, _device_peak(device)))
+            records.append(step_record(i + 1, loss, meter.result, None, allocated_peak(device),
+                                       reserved_peak(device)))
             if progress is not None:
                 progress(i, steps, records[-1])
     return {"format": FORMAT, "version": 1, "mode": "plain", "model": graph.name,
@@ -249,9 +254,15 @@ def eager_reference_with(home: ParameterHome | None, module: torch.nn.Module, ba
         home.release()
 
 
-def check_allocator(plan: Plan, allocator: str) -> None:
+def check_allocator(plan: Plan, allocator: str, device: torch.device) -> None:
     if allocator not in ALLOCATORS:
         raise BadInput(f"unknown allocator {allocator!r}: use {' or '.join(ALLOCATORS)}")
+    if allocator == "arena" and device.type != "cpu":
+        # Measured on an H100 (benchmarks/cuda.py): gradients off by up to 5 (not rounding:
+        # ours with the caching allocator is within 3e-3) and 5x eager's step time.
+        raise BadInput(f"the arena allocator runs on the CPU only: on {device.type} it was "
+                       "measured to give wrong gradients; use --allocator glibc (the "
+                       "device's caching allocator)")
     if allocator == "arena" and plan.arena is None:
         raise BadInput("the plan has no arena layout, so it cannot run with the arena "
                        "allocator: plan it with `edge-remat plan --arena best-fit` (or cpsat)")
@@ -343,16 +354,6 @@ def open_power_sensor(sensor: PowerSensor | str | None) -> PowerSensor | None:
         return choose_sensor(sensor, fallback="none")[0]
     except SensorError as error:
         raise BadInput(str(error)) from error
-
-
-def _reset_device_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _device_peak(device: torch.device) -> int | None:
-    """The accelerator's own allocator peak (its memory is not in the process's RSS)."""
-    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
 def _optimizer_description(graph: Graph, lr: float | None) -> dict[str, Any]:

@@ -6,7 +6,8 @@ flash  FlashStore in the page directory: checksummed files, the page cache dropp
        the report's tiers.flash.cleaned_stale says how many and how large.
 host   the caller's store for the link (a LinkStore; the run job's `host_pages` param makes one
        over the host's page service, see host_link_store); without one, a MemoryStore in this
-       process, and the report says so: it moves bytes but frees no RAM.
+       process, and the report says so: it moves bytes but frees no RAM. A run on a CUDA
+       device pages to pinned host memory instead (PinnedStore): that frees device memory.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import contextlib
 import os
 from typing import Iterator
 
+import torch
+
 from ..formats import Graph, Plan
 from ..pages import (FlashStore, LinkStore, MemoryStore, PageStore, PageStoreError,
-                     PageStoreFull)
+                     PageStoreFull, PinnedStore)
 from .errors import BadInput, ExecutorError
 from .updates import ParameterHome, homed_parameters
 
@@ -38,7 +41,8 @@ def paged_bytes_by_tier(plan: Plan, graph: Graph) -> dict[str, int]:
 @contextlib.contextmanager
 def open_stores(plan: Plan, graph: Graph, page_dir: str | None,
                 given: dict[str, PageStore] | None = None, fsync: bool = False,
-                flash_capacity_bytes: int | None = None) -> Iterator[dict[str, PageStore]]:
+                flash_capacity_bytes: int | None = None,
+                device: torch.device | None = None) -> Iterator[dict[str, PageStore]]:
     given = dict(given or {})
     stores: dict[str, PageStore] = {}
     opened: list[PageStore] = []
@@ -59,7 +63,8 @@ def open_stores(plan: Plan, graph: Graph, page_dir: str | None,
                 _check_room(store, paged_bytes_by_tier(plan, graph)["flash"])
                 stores[tier] = store
             else:
-                store = MemoryStore(None)
+                on_cuda = device is not None and device.type == "cuda"
+                store = PinnedStore(None) if on_cuda else MemoryStore(None)
                 opened.append(store)
                 stores[tier] = store
         yield stores
@@ -149,6 +154,9 @@ def describe_stores(stores: dict[str, PageStore]) -> dict[str, dict]:
                        cleaned_stale=dict(store.cleaned_stale))  # what killed runs had left
         if isinstance(store, MemoryStore):
             row["note"] = "held in this process's memory (no link to a host given): frees no RAM"
+        if isinstance(store, PinnedStore):
+            row["note"] = ("pinned host memory: frees the device's memory (not the board's DRAM "
+                           "where the GPU shares it, as on a Jetson)")
         if isinstance(store, LinkStore):
             row["where"] = store.where
             row["note"] = f"sent to the {store.where}: out of this process's memory"

@@ -7,8 +7,9 @@
         flash.clear()                   # end of step
 
 `host` is a LinkStore over the host's page service (service.py) when the run is given one, else
-a MemoryStore in this process. All stores
-share one page encoding (codec.py): a header, the raw tensor bytes, and a CRC32 checked on read.
+a MemoryStore in this process; for a run on a CUDA device, a PinnedStore (pinned host memory
+that the device copies to and from). The stores that hold bytes (flash, link, memory) share one
+page encoding (codec.py): a header, the raw tensor bytes, and a CRC32 checked on read.
 """
 
 # Names are resolved on first use, so that the host's page service (service.py, standard
@@ -21,6 +22,7 @@ _HOMES = {
     "FlashStore": "flash",
     "LinkStore": "link", "ServiceStore": "link", "connect_store": "link",
     "MemoryStore": "memory",
+    "PinnedStore": "pinned",
     "PageClient": "service", "PageService": "service", "PageServiceError": "service",
 }
 __all__ = list(_HOMES)

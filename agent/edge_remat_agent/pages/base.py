@@ -24,6 +24,9 @@ class PageStore(abc.ABC):
 
     tier: str = "abstract"  # the plan's tier name: "flash" or "host"
     capacity_bytes: int | None = None  # None: bounded only by the medium
+    # get() fills a tensor on the page's device that codec.reading_into gives (else only
+    # tensors in host memory are filled in place: the bytes pass through the host)
+    fills_device_tensors: bool = False
 
     @abc.abstractmethod
     def put(self, key: Hashable, tensor: torch.Tensor) -> int: ...

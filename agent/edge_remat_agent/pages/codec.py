@@ -155,13 +155,18 @@ def reading_into(place):
         _placement.place = previous
 
 
+def placed(nbytes: int, dtype: torch.dtype, shape: tuple, stride: tuple) -> torch.Tensor | None:
+    """The tensor the caller of `reading_into` gives for a page so laid out, or None."""
+    place = getattr(_placement, "place", None)
+    return place(nbytes, dtype, shape, stride) if place else None
+
+
 def allocate(header: PageHeader, key: Hashable, where: str) -> tuple[torch.Tensor, memoryview]:
     """An empty tensor laid out as the header says, and a view of its memory to fill."""
     if not is_dense(header.shape, header.stride):
         raise PageCorrupted(key, where, f"header stride {header.stride} is not a dense layout")
-    place = getattr(_placement, "place", None)
-    tensor = place(header.nbytes, header.dtype, header.shape, header.stride) if place else None
-    if tensor is None:
+    tensor = placed(header.nbytes, header.dtype, header.shape, header.stride)
+    if tensor is None or tensor.device.type != "cpu":  # the payload is read into host memory
         tensor = torch.empty_strided(header.shape, header.stride, dtype=header.dtype)
     view = memory_view(tensor)
     if view.nbytes != header.nbytes:

@@ -15,6 +15,17 @@ from .errors import PageMissing, PageStoreFull
 WHERE = "host memory"
 
 
+def check_host_capacity(store: IndexedPageStore, key: Hashable, nbytes: int, replaced: int,
+                        where: str) -> None:
+    """(Under the store's lock.) PageStoreFull if holding `nbytes` under `key`, in place of
+    `replaced` bytes, would pass the capacity of a host-tier store held in memory."""
+    if store.capacity_bytes is not None and \
+            store.bytes_held - replaced + nbytes > store.capacity_bytes:
+        raise PageStoreFull(key, where, nbytes, capacity_bytes=store.capacity_bytes,
+                            held_bytes=store.bytes_held, cause="over the store's capacity",
+                            remedy="give the host tier more capacity, or plan with less")
+
+
 class MemoryStore(IndexedPageStore):
     tier = "host"
 
@@ -30,11 +41,7 @@ class MemoryStore(IndexedPageStore):
         data = bytes(data)
         with self._lock:
             replaced = len(self._index.get(key, b""))
-            if self.capacity_bytes is not None and \
-                    self._held - replaced + len(data) > self.capacity_bytes:
-                raise PageStoreFull(key, WHERE, len(data), capacity_bytes=self.capacity_bytes,
-                                    held_bytes=self._held, cause="over the store's capacity",
-                                    remedy="give the host tier more capacity, or plan with less")
+            check_host_capacity(self, key, len(data), replaced, WHERE)
             self._index[key] = data
             self._held += len(data) - replaced
         return len(data)

@@ -32,6 +32,8 @@ import sys
 
 import torch
 
+from ..devices import allocated_peak, reset_peaks, synchronize
+
 
 class AllocatorPeak:
     """Peak allocator bytes of a `with` block above what was allocated when it started."""
@@ -63,8 +65,8 @@ class AllocatorPeak:
             with _quiet_native_stderr():
                 self._profile.__enter__()
         elif self.device.type == "cuda" and torch.cuda.is_available():
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+            synchronize(self.device)
+            reset_peaks(self.device)
             self._start = torch.cuda.memory_allocated(self.device)
         return self
 
@@ -79,8 +81,8 @@ class AllocatorPeak:
                 self.allocations, self.allocated_bytes = len(sizes), sum(sizes)
                 self.measured = True
         elif self.device.type == "cuda" and torch.cuda.is_available() and exc_type is None:
-            torch.cuda.synchronize(self.device)
-            self.peak_bytes = max(0, torch.cuda.max_memory_allocated(self.device) - self._start)
+            synchronize(self.device)
+            self.peak_bytes = max(0, allocated_peak(self.device) - self._start)
             self.retained_bytes = max(0, torch.cuda.memory_allocated(self.device) - self._start)
             self.measured = True
 

@@ -43,10 +43,15 @@ def current_rss_bytes(pid: int | None = None) -> int:
 
 def kernel_peak_rss_bytes(pid: int | None = None) -> int | None:
     """VmHWM from /proc/<pid>/status: the kernel's own resident high-water mark (Linux)."""
+    return _status_bytes("VmHWM", pid)
+
+
+def _status_bytes(field: str, pid: int | None = None) -> int | None:
+    """A kB field of /proc/<pid>/status in bytes; None where there is none (not Linux)."""
     try:
         with open(f"/proc/{'self' if pid is None else pid}/status") as handle:
             for line in handle:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -78,6 +83,17 @@ def resident_peak_bytes(run: Callable[[], Any]) -> int | None:
     run()
     peak = kernel_peak_rss_bytes()
     return None if peak is None else max(0, peak - start)
+
+
+def anonymous_resident_bytes() -> int | None:
+    """This process's resident anonymous memory (RssAnon, /proc/self/status), after the heap's
+    free pages are given back: what a memory cgroup charges it beyond the page cache. The
+    resident set also counts pages of torch's shared libraries mapped in on first use, which
+    the page cache holds and the kernel may drop, so it is no measure of memory a call keeps.
+    None where there is no such line (not Linux)."""
+    from ..allocator import give_back_freed_memory
+    give_back_freed_memory()
+    return _status_bytes("RssAnon")
 
 
 def ru_maxrss_bytes() -> int | None:

@@ -22,6 +22,12 @@ Two passes, both through capture.replay.StepRunner (the executor's engine):
    allocator and whole pages (resnet18 b16: a layer-4 convolution_backward rose 10.4 MiB
    beyond its outputs where the allocator saw 9.0, a layer-3 one 7.0 where it saw 4.5).
    `workspace_bytes` is the largest of the three; the profile's op carries it to the planner.
+   Around a node's first call the process's anonymous resident bytes are read too (heap
+   trimmed, outputs freed): what the call left behind for the life of the process (oneDNN's
+   primitives and their scratch, kernel caches), `persistent_bytes`. The runtime baseline is
+   taken before the first step, so no plan counted it: mobilenet_v2 b8 32x32, 2.9 MiB, a
+   tenth of its planned peak. `runtime_warm_bytes` sums it, the fixed memory a run pays from
+   its first step on. Only a process where these ops have not run yet sees it.
    `measure_workspace` is this memory half alone, one plain step, nothing timed.
 2. In context. CONTEXT_STEPS whole plain steps run node by node, each node timed once per
    step; the median counts as the node's `time_s`. A node repeated on its own finds its inputs,
@@ -49,12 +55,13 @@ import torch
 from ..allocator import map_large_blocks, steady_heap
 from ..capture import Captured
 from ..capture.replay import StepRunner
+from ..devices import synchronize
 from ..executor.updates import FusedUpdates, make_optimizer
 from ..formats import Node
 from ..formats.profile import OpCost
 from ..sensors import EnergyMeter, PowerSensor
 from .allocations import AllocatorPeak
-from .memory import LiveTensorLedger, resident_peak_bytes
+from .memory import LiveTensorLedger, anonymous_resident_bytes, resident_peak_bytes
 from .tiers import MIN_WINDOW_S, time_repeated
 
 SENSOR_PERIODS = 10  # a window spans at least this many sensor samples
@@ -83,6 +90,7 @@ class NodeMeasurement:
     allocator_workspace_bytes: int | None = None  # that peak less its outputs and gradients
     resident_workspace_bytes: int | None = None  # the process's resident rise during the node
     # less its outputs and gradients (memory.resident_peak_bytes; None: not measured)
+    persistent_bytes: int | None = None  # anonymous memory its first call left for the process
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,6 +186,7 @@ def time_in_context(runner: StepRunner, module: torch.nn.Module,
             else:
                 runner.compute(node.id)
                 runner.free_inputs_read_last(node.id)
+            synchronize(runner.device)
             times[node.id].append(time.perf_counter() - start)
         runner.release_all()
     return {node_id: statistics.median(runs) for node_id, runs in times.items()}
@@ -203,7 +212,11 @@ def _measure_node(node: Node, runner: StepRunner, ledger: LiveTensorLedger, wind
                   sensor: PowerSensor | None, idle_w: float | None,
                   meter: AllocatorPeak | None = None) -> NodeMeasurement:
     sizes = _node_bytes(node, runner, ledger, meter)
-    time_s, runs, energy = _timed(lambda i: runner.compute(node.id), window, sensor, idle_w,
+    def computed(i):
+        runner.compute(node.id)
+        synchronize(runner.device)  # timed to the kernels' end, not their launch
+
+    time_s, runs, energy = _timed(computed, window, sensor, idle_w,
                                   after=lambda i: runner.free(node.id))
     runner.compute(node.id)  # its outputs, for the nodes after it
     return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,
@@ -211,7 +224,8 @@ def _measure_node(node: Node, runner: StepRunner, ledger: LiveTensorLedger, wind
                            ledger_workspace_bytes=sizes.ledger_workspace_bytes,
                            allocator_peak_bytes=sizes.allocator_peak_bytes,
                            allocator_workspace_bytes=sizes.allocator_workspace_bytes,
-                           resident_workspace_bytes=sizes.resident_workspace_bytes)
+                           resident_workspace_bytes=sizes.resident_workspace_bytes,
+                           persistent_bytes=sizes.persistent_bytes)
 
 
 @dataclass
@@ -223,6 +237,7 @@ class NodeBytes:
     allocator_peak_bytes: int | None = None
     allocator_workspace_bytes: int | None = None
     resident_workspace_bytes: int | None = None
+    persistent_bytes: int | None = None  # anonymous memory its first call left for the process
 
     @property
     def workspace_bytes(self) -> int:
@@ -232,11 +247,14 @@ class NodeBytes:
 
 def _node_bytes(node: Node, runner: StepRunner, ledger: LiveTensorLedger,
                 meter: AllocatorPeak | None) -> NodeBytes:
+    before = anonymous_resident_bytes()
+    held_before = ledger.live_bytes
     ledger.reset_peak()
     runner.compute(node.id)  # the first run: sizes, and a warm-up for the runs after it
     held_after = ledger.live_bytes
     outputs = runner.outputs(node.id)
     sizes = NodeBytes(_storage_bytes(outputs.values()), max(0, ledger.peak_bytes - held_after))
+    del outputs  # freed with the node's below
     # The gradients this node makes: fixed memory in a "step" graph (the first run keeps
     # them; a later run makes them again and drops them at its end); a fused graph's are
     # among the outputs already.
@@ -245,6 +263,12 @@ def _node_bytes(node: Node, runner: StepRunner, ledger: LiveTensorLedger,
         if param in runner.grads)
     kept = sizes.out_bytes + grad_bytes
     runner.free(node.id)
+    after = anonymous_resident_bytes() if before is not None else None
+    if after is not None:  # less what the runner still holds from it (gradients, statistics)
+        held = max(0, ledger.live_bytes - held_before) + _storage_bytes(
+            runner.grads[param] for param in set(node.attrs.get("grads", {}).values())
+            if param in runner.grads)
+        sizes.persistent_bytes = max(0, after - before - held)
     if meter is not None:  # untimed: the profiler costs time
         with meter:
             runner.compute(node.id)
@@ -280,6 +304,14 @@ def measure_workspace(captured: Captured, device: str | torch.device | None = No
     return found
 
 
+def runtime_warm_bytes(found) -> int | None:
+    """What the nodes' first calls left behind for the life of the process (their
+    `persistent_bytes` summed): fixed memory a run pays from its first step on, beyond the
+    runtime baseline taken before it. None where it was not measured."""
+    measured = [m.persistent_bytes for m in found if m.persistent_bytes is not None]
+    return sum(measured) if measured else None
+
+
 def _storage_bytes(tensors) -> int:
     """Bytes of the distinct storages behind `tensors` (non-tensors skipped)."""
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
@@ -291,7 +323,11 @@ def _measure_update(node: Node, runner: StepRunner, module: torch.nn.Module,
                     sensor: PowerSensor | None, idle_w: float | None) -> NodeMeasurement:
     step = _update_step(node, runner, module, optimizer)
     step()  # makes the optimizer's state: a warm-up, not a step's cost
-    time_s, runs, energy = _timed(lambda i: step(), window, sensor, idle_w)
+    def stepped(i):
+        step()
+        synchronize(runner.device)
+
+    time_s, runs, energy = _timed(stepped, window, sensor, idle_w)
     if not isinstance(optimizer, FusedUpdates):
         optimizer.zero_grad(set_to_none=True)
     return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,

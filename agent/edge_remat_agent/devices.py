@@ -1,0 +1,30 @@
+"""What the executor and the op profiler ask of an accelerator: to finish its queued work
+before a clock is read (CUDA kernels run asynchronously: without it a timer measures their
+launch), and its caching allocator's peaks. On the CPU there is nothing to wait for and the
+process's resident set is the measure (no allocator peaks here)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait until `device` has run everything queued on it."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peaks(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def allocated_peak(device: torch.device) -> int | None:
+    """The allocator's peak of bytes in tensors since the last reset (None on the CPU)."""
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def reserved_peak(device: torch.device) -> int | None:
+    """The allocator's peak of bytes taken from the driver (tensors, the caching allocator's
+    cached blocks and its rounding) since the last reset: what the board's memory pays."""
+    return torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None
