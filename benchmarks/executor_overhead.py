@@ -12,6 +12,12 @@ run_plan leaves them after its first call; map_large_allocations=False as end_to
 
     python benchmarks/executor_overhead.py [--models bert-mini,resnet18] [--rounds 7]
     python benchmarks/executor_overhead.py --profile bert-mini    # cProfile of the keep-all step
+    python benchmarks/executor_overhead.py --runner-only          # the runner without the ops
+
+--runner-only times the keep-all step with every ATen op taken out (each returns its result
+from the first step): what the runner, its ledger and the interpreter cost by themselves, in
+CPU time a step. Run warm in a loop, so it is a lower bound: in a real step the ops between
+them evict the Python interpreter's caches (`perf`: libpython several times this figure).
 """
 
 from __future__ import annotations
@@ -106,12 +112,64 @@ def profile_step(name: str, page_dir: str, steps: int = 8) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
+def runner_only(name: str, repeats: int = 15, steps: int = 20) -> float:
+    """Median CPU seconds of a keep-all step with the ops taken out (see the docstring)."""
+    import dataclasses
+    import resource
+    from edge_remat_agent.capture import capture_model, replay
+    from edge_remat_agent.capture.replay import StepRunner
+    from edge_remat_agent.executor.interpreter import Interpreter
+    from edge_remat_agent.memory_classes import ledger_classifier
+    from edge_remat_agent.profiler import LiveTensorLedger
+    captured = capture_model(name, update="step", **QUICK[name])
+    plan = keep_all_plan(captured.graph)
+    recorded: dict = {}
+
+    def recorded_call(step):
+        def call(*args, **kwargs):
+            if step.name not in recorded:
+                recorded[step.name] = step.call(*args, **kwargs)
+            return recorded[step.name]
+        return dataclasses.replace(step, call=call)
+    compile_node = replay.compile_node
+    replay.compile_node = lambda steps, *args, **kwargs: compile_node(
+        [recorded_call(step) for step in steps], *args, **kwargs)
+    try:
+        runner = StepRunner(captured.trace, captured.graph, captured.module,
+                            captured.example_args, None,
+                            LiveTensorLedger(classify=ledger_classifier(captured.trace)))
+        interpreter = Interpreter(runner, captured.graph, {})
+
+        def step():
+            runner.start_step(captured.module, captured.example_args)
+            with torch.no_grad():
+                interpreter.run(plan.stages)
+            runner.release_all()
+
+        def cpu() -> float:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            return usage.ru_utime + usage.ru_stime
+        for _ in range(steps):
+            step()
+        samples = []
+        for _ in range(repeats):
+            start = cpu()
+            for _ in range(steps):
+                step()
+            samples.append((cpu() - start) / steps)
+        return statistics.median(samples)
+    finally:
+        replay.compile_node = compile_node
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="bert-mini,resnet18")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", metavar="MODEL", help="cProfile the keep-all run instead")
+    parser.add_argument("--runner-only", action="store_true",
+                        help="time the runner with the ops taken out instead")
     args = parser.parse_args()
     models = args.models.split(",")
     unknown = [m for m in models + ([args.profile] if args.profile else []) if m not in QUICK]
@@ -123,6 +181,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as page_dir:
         if args.profile:
             profile_step(args.profile, page_dir)
+            return 0
+        if args.runner_only:
+            for name in models:
+                print(f"{name} {QUICK[name]}: the runner with the ops taken out, "
+                      f"{runner_only(name) * 1e3:.2f} ms CPU a step (median)")
             return 0
         for name in models:
             out = bench(name, args.rounds, page_dir)

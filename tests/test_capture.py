@@ -60,6 +60,22 @@ def test_resnet18_coarsens_to_a_size_the_solvers_like(resnet18):
     assert kinds.index("loss") < kinds.index("backward")
 
 
+def test_batch_norm_backward_in_training_mode_keeps_no_running_statistics(resnet18):
+    """Training-mode batch norm backward reads the saved mean and invstd only: the running
+    statistics are not passed to it, so nothing copies them for backward."""
+    trace = resnet18.trace
+    backward = [n for n in trace.compute_nodes
+                if n.target is torch.ops.aten.native_batch_norm_backward.default]
+    assert len(backward) == 20 and all(n.args[7] is True for n in backward)
+    assert all(n.args[3] is None and n.args[4] is None for n in backward)
+    statistics = set(trace.buffer_updates)
+    assert len(statistics) == 60  # running mean, var and num_batches_tracked of 20 norms
+    copied = [n for n in trace.compute_nodes if n.target is torch.ops.aten.clone.default
+              and n.args[0].name in statistics]
+    assert not copied
+    assert all(n.op == "output" for name in statistics for n in trace.node(name).users)
+
+
 def test_every_captured_node_is_in_exactly_one_planner_node(resnet18):
     graph, trace = resnet18.graph, resnet18.trace
     members = [m for n in graph.nodes for m in n.attrs["members"]]

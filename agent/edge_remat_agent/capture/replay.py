@@ -18,7 +18,6 @@ ledger then reads the step's live tensor bytes, each node's workspace included.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -27,6 +26,7 @@ import torch
 from torch import fx, nn
 
 from ..formats import Graph, NodeId
+from .straight_line import compile_node
 from .trace import GRAD_MODE_OPS, JointTrace
 
 
@@ -86,69 +86,70 @@ class _NodeOps:
     loss: str | None = None
     random: bool = False
     reads: tuple[str, ...] = ()
-    flat: tuple[tuple, ...] = field(init=False, default=())  # the steps as _run_ops unpacks them
-
-    def __post_init__(self) -> None:
-        self.flat = tuple(_flat(step) for step in self.steps)
+    keep: frozenset[str] = frozenset()  # outputs, gradients, buffer updates, the loss
+    replayed: frozenset[str] = frozenset()  # views re-derived here (another node's too)
+    # The steps compiled (capture/straight_line.py), for the out writer they were made with.
+    run: Callable[[dict], dict] | None = None
+    run_writer: Any = None
 
 
 @dataclass(frozen=True)
 class _OpStep:
-    """One op made ready once per run, so that running it looks nothing up by name: the
-    callable itself (an OpOverload's C++ entry point, not its Python wrapper), the argument
-    template with the positions that take values, and the values dropped after it.
+    """One op made ready once per run: the callable itself (an OpOverload's C++ entry point,
+    not its Python wrapper), its keyword arguments, and the values dropped after it.
 
-    `args`: the positional arguments with each value argument as None; `reads`: (position,
-    name, from the node's own ops) for each of those. `nested`: an argument holds values in a
-    list or in kwargs (cat's tensor list, ...): fx.node.map_arg builds them instead.
     `held`: the runner holds (and the ledger counts) the result; False for a view that dies
-    inside the node before the value it views (see _unheld_views). `release`: the dropped
-    values that are held."""
+    inside the node before the value it views (see _unheld_views). `items`: (position, name,
+    ledger key) of each getitem folded into this op (see _folded_getitems): the op's tuple
+    result is never held itself, its items are held as the op returns, and the getitems do
+    not run."""
 
     name: str
     call: Callable[..., Any]
-    args: tuple
-    reads: tuple[tuple[int, str, bool], ...]
     kwargs: dict
-    nested: fx.Node | None
     grad_mode: bool
     drop: tuple[str, ...]
-    op: fx.Node  # the traced op (the arena's out writer reads its result's shapes)
+    op: fx.Node  # the traced op: its arguments (the out writer reads its result's shapes)
     held: bool = True
-    release: tuple[str, ...] = ()
-    key: tuple = ()  # its result's ledger key when that is one tensor
+    items: tuple[tuple[int, str, tuple], ...] = ()
 
 
-def _op_step(op: fx.Node, produced_here: set[str], drop: list[str], grad_mode: bool,
-             device: torch.device | None, unheld: set[str] = frozenset()) -> _OpStep:
-    step = _resolved(op, produced_here, drop, grad_mode, device)
-    return dataclasses.replace(step, held=op.name not in unheld,
-                               release=tuple(name for name in drop if name not in unheld),
-                               key=("value", op.name, 0))
-
-
-def _resolved(op: fx.Node, produced_here: set[str], drop: list[str], grad_mode: bool,
-              device: torch.device | None) -> _OpStep:
+def _op_step(op: fx.Node, drop: list[str], grad_mode: bool, device: torch.device | None,
+             unheld: set[str] = frozenset(), items: tuple[tuple[int, str], ...] = ()) -> _OpStep:
     target = op.target
     call = getattr(target, "_op", target) if isinstance(target, torch._ops.OpOverload) \
         else target
     kwargs = dict(op.kwargs)
     if device is not None and device.type != "cpu" and kwargs.get("device") is not None:
         kwargs["device"] = device  # factories traced on the CPU
-    if any(_holds_values(a) for a in op.args) or any(isinstance(v, fx.Node) or _holds_values(v)
-                                                     for v in kwargs.values()):
-        return _OpStep(op.name, call, (), (), kwargs, op, grad_mode, tuple(drop), op)
-    reads = tuple((i, a.name, a.name in produced_here) for i, a in enumerate(op.args)
-                  if isinstance(a, fx.Node))
-    args = tuple(None if isinstance(a, fx.Node) else a for a in op.args)
-    return _OpStep(op.name, call, args, reads, kwargs, None, grad_mode, tuple(drop), op)
+    return _OpStep(op.name, call, kwargs, grad_mode, tuple(drop), op,
+                   held=op.name not in unheld and not items,
+                   items=tuple((i, name, ("value", name, 0)) for i, name in items))
 
 
-def _flat(step: _OpStep) -> tuple:
-    """An _OpStep's fields in the order _run_ops unpacks them (one tuple unpack per op, not a
-    dozen attribute lookups)."""
-    return (step.call, step.args, step.reads, step.kwargs, step.nested, step.grad_mode,
-            step.op, step.name, step.held, step.key, step.drop, step.release)
+def _folded_getitems(ops: list[fx.Node],
+                     keep: set[str]) -> dict[str, tuple[tuple[int, str], ...]]:
+    """Ops with several results (batch norm, convolution backward, ...) whose every user is a
+    getitem in the same node and whose every tensor result is taken by one: op name ->
+    (position, getitem name) for each. Such an op's result is split as it returns and the
+    getitems are not run: holding the tuple and then each item counted every tensor twice in
+    the ledger (a fifth of resnet18's ledger work, and its getitems a quarter of the loop)."""
+    here = {op.name for op in ops}
+    folded: dict[str, tuple[tuple[int, str], ...]] = {}
+    for op in ops:
+        meta = op.meta.get("val")
+        if op.name in keep or op.target is operator.getitem or not op.users \
+                or not isinstance(meta, (tuple, list)):
+            continue
+        users = list(op.users)
+        if not all(u.target is operator.getitem and u.name in here and len(u.args) == 2
+                   and isinstance(u.args[1], int) for u in users):
+            continue
+        taken = {u.args[1] for u in users}
+        if any(isinstance(m, torch.Tensor) and i not in taken for i, m in enumerate(meta)):
+            continue  # a result nobody takes is counted with the tuple's, as ATen makes it
+        folded[op.name] = tuple((u.args[1], u.name) for u in users)
+    return folded
 
 
 def _unheld_views(ops: list[fx.Node], keep: set[str], drop_after: list[list[str]]) -> set[str]:
@@ -179,15 +180,6 @@ def _is_view(op: fx.Node) -> bool:
     return (str(result.type) == "Tensor" and result.alias_info is not None
             and not result.alias_info.is_write and first.alias_info is not None
             and not first.alias_info.is_write)
-
-
-def _holds_values(arg: Any) -> bool:
-    """A list, tuple or dict argument with a captured value inside (a shape list has none)."""
-    if isinstance(arg, (list, tuple)):
-        return any(isinstance(a, fx.Node) or _holds_values(a) for a in arg)
-    if isinstance(arg, dict):
-        return any(isinstance(a, fx.Node) or _holds_values(a) for a in arg.values())
-    return False
 
 
 class StepRunner:
@@ -406,71 +398,37 @@ class StepRunner:
                 if name not in keep:
                     drop_after[k].append(name)
             unheld = _unheld_views(ops, keep, drop_after)
-            produced: set[str] = set()
-            steps = []
+            folded = _folded_getitems(ops, keep)
+            into = {name: owner for owner, items in folded.items() for _, name in items}
+            # A folded getitem's drops (its tuple, or itself when unused) go with its op's.
+            dropped_with = {owner: [] for owner in folded}
             for op, dropped in zip(ops, drop_after):
-                steps.append(_op_step(op, produced, dropped, op.name in self._grad_mode_ops,
-                                      self.device, unheld))
-                produced.add(op.name)
+                if op.name in into:
+                    dropped_with[into[op.name]] += [n for n in dropped if n not in folded]
+            steps = [_op_step(op, dropped + dropped_with.get(op.name, []),
+                              op.name in self._grad_mode_ops, self.device, unheld,
+                              folded.get(op.name, ()))
+                     for op, dropped in zip(ops, drop_after)
+                     if op.name not in into]  # a folded getitem runs with its op
             node_ops = self._node_ops[node_id] = _NodeOps(
                 ops, drop_after, steps, tuple(node.attrs["outputs"]),
                 tuple(node.attrs.get("grads", {}).items()),
                 tuple(node.attrs.get("buffer_updates", {}).items()), node.attrs.get("loss"),
-                bool(node.attrs.get("random")), tuple(node.attrs.get("reads", {})))
+                bool(node.attrs.get("random")), tuple(node.attrs.get("reads", {})),
+                frozenset(keep), frozenset(node.attrs.get("replays", [])))
         return node_ops
 
     def _run(self, node_ops: _NodeOps) -> dict[str, Any]:
+        run = node_ops.run
+        if run is None or node_ops.run_writer is not self.writer:
+            run = node_ops.run = compile_node(
+                node_ops.steps, node_ops.keep, node_ops.replayed, self._gradient_values,
+                self.ledger, self._hold, self._release, self.writer)
+            node_ops.run_writer = self.writer
         if torch.is_grad_enabled():  # a planned step runs under no_grad already (step.py)
             with torch.no_grad():
-                return self._run_ops(node_ops)
-        return self._run_ops(node_ops)
-
-    def _run_ops(self, node_ops: _NodeOps) -> dict[str, Any]:
-        # The hot loop (about 1,000 ops a step in bert-mini): each op's fields unpacked from
-        # one tuple, locals only, and the ledger's common case (the first holder of one
-        # tensor) inline; the rest goes through _hold.
-        local: dict[str, Any] = {}
-        env, holds, keys, release, writer = \
-            self.env, self._holds, self._keys, self._release, self.writer
-        ledger, gradient_values = self.ledger, self._gradient_values
-        tensor = torch.Tensor
-
-        def value(arg: fx.Node):
-            return local[arg.name] if arg.name in local else env[arg.name]
-
-        try:
-            for call, args, reads, kwargs, nested, grad_mode, op, name, held, key, drop, \
-                    released in node_ops.flat:
-                if nested is not None:
-                    args = fx.node.map_arg(nested.args, value)
-                    kwargs = fx.node.map_arg(kwargs, value)
-                elif reads:
-                    args = list(args)
-                    for i, read, here in reads:
-                        args[i] = local[read] if here else env[read]
-                if grad_mode:
-                    with torch.enable_grad():  # see trace.GRAD_MODE_OPS
-                        result = call(*args, **kwargs)
-                elif writer is None or (result := writer.call(op, args, kwargs)) is None:
-                    result = call(*args, **kwargs) if kwargs else call(*args)
-                if held:
-                    if name in holds or ledger is None or type(result) is not tensor \
-                            or name in gradient_values:
-                        self._hold(name, result)
-                    else:
-                        holds[name] = 1
-                        ledger.register_tensor(key, result)
-                        keys[name] = (key,)
-                local[name] = result
-                for dropped in drop:
-                    del local[dropped]
-                for dropped in released:
-                    release(dropped)
-        except BaseException:
-            for name in local:
-                release(name)
-            raise
-        return local
+                return run(self.env)
+        return run(self.env)
 
     # -- who holds what (the ledger's view) --------------------------------------------------
 
