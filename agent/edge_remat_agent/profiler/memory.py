@@ -368,6 +368,13 @@ class LiveTensorLedger:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._entries
 
+    def storages(self) -> set[int]:
+        """The storages registered now (by data pointer): a copy, kept incrementally by
+        register_tensor/unregister (the arena executor takes it before every node, to tell
+        the storages the node makes from those it only views)."""
+        with self._lock:
+            return set(self._storage_refs)
+
     def __len__(self) -> int:
         return len(self._entries)
 
