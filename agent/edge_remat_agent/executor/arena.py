@@ -4,7 +4,7 @@ slot the plan's arena layout gives it (formats/arena.py, lifetimes.py).
 At a `compute` or `page_in` at flat instruction index t, the node's output storages go into
 slot t's output range, one after another, each aligned:
   - an op whose results are all the node's own outputs runs as its ATen `.out` variant, writing
-    into views of the slot (`OutWriter`, called by the StepRunner for every op);
+    into views of the slot (`OutWriter`, compiled into the runner's node code where it can);
   - pages read from a store (page_in, parameters loaded from their home, optimizer state)
     are read straight into the slot (pages/codec.reading_into); state read by an update node
     goes to its workspace range;
@@ -22,7 +22,7 @@ allocator: the plan counts it as the node's workspace.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -115,8 +115,6 @@ class Arena:
         self._workspace: _Cursor | None = None
         self._instruction = -1
         self._output_start = 0
-        # op name -> for each of its results, whether it goes into this instruction's slot
-        self._writable: dict[str, list[bool]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -136,15 +134,13 @@ class Arena:
 
     # -- one instruction ---------------------------------------------------------------------
 
-    def open(self, instruction: int, writable: dict[str, list[bool]] | None = None) -> None:
-        """Slot `instruction` is where what comes next goes; `writable`: the op results that
-        are the node's own outputs (candidates for .out)."""
+    def open(self, instruction: int) -> None:
+        """Slot `instruction` is where what comes next goes."""
         slot = self.slots.get(instruction) or Slot(instruction, None, 0, None, 0)
         self._instruction, self._output_start = instruction, slot.output_offset or 0
         self._output = _Cursor(slot.output_offset, slot.output_bytes, self.layout.alignment)
         self._workspace = _Cursor(slot.workspace_offset, slot.workspace_bytes,
                                   self.layout.alignment)
-        self._writable = writable or {}
         if self._resident is None:
             if self.pages is not None:
                 self._give_back(instruction, trim=False)
@@ -189,12 +185,10 @@ class Arena:
             # What the node left outside holds nothing in its slot's unused tail.
             self.pages.used(self._instruction, self._output_start, self._output.next)
         self._output = self._workspace = None
-        self._writable = {}
 
     def tensor_at(self, offset: int, dtype: torch.dtype, shape, stride) -> torch.Tensor:
-        size = torch.empty((), dtype=dtype).element_size()
         return torch.empty(0, dtype=dtype, device=self.device).set_(
-            self.storage, offset // size, tuple(shape), tuple(stride))
+            self.storage, offset // dtype.itemsize, tuple(shape), tuple(stride))
 
     def page_slot(self, nbytes: int, dtype: torch.dtype, shape, stride) -> torch.Tensor | None:
         """Where a page being read goes (pages/codec.reading_into): the output range, else
@@ -210,27 +204,30 @@ class Arena:
         self.counts.page_read_bytes += nbytes
         return self.tensor_at(offset, dtype, shape, stride)
 
-    def out_buffers(self, name: str, metas: list) -> list[torch.Tensor] | None:
-        """Buffers for an op's results: views of the output range for those that are the
-        node's own outputs, fresh tensors for the rest (None: let the op allocate)."""
-        placed = self._writable.get(name) if self._output is not None else None
-        if placed is None:
+    def out_buffers(self, results: list) -> list[torch.Tensor] | None:
+        """Buffers for an op's results, each (dtype, shape, stride, bytes in the slot) or None
+        (a result the op will not make: convolution_backward's mask): views of the output
+        range for the node's own outputs, fresh tensors for the rest (bytes None: the op's
+        scratch); None where the range has no room (let the op allocate)."""
+        output = self._output
+        if output is None:
             return None
-        saved = self._output.next
+        saved = output.next
         buffers = []
-        for meta, in_slot in zip(metas, placed):
-            if meta is None:  # a result the op will not make (convolution_backward's mask)
+        for result in results:
+            if result is None:
                 buffers.append(torch.empty(0, device=self.device))
                 continue
-            if not in_slot:
-                buffers.append(torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype,
+            dtype, shape, stride, nbytes = result
+            if nbytes is None:
+                buffers.append(torch.empty_strided(shape, stride, dtype=dtype,
                                                    device=self.device))
                 continue
-            offset = self._take(self._output, _storage_bytes(meta))
+            offset = self._take(output, nbytes)
             if offset is None:
-                self._output.next = saved
+                output.next = saved
                 return None
-            buffers.append(self.tensor_at(offset, meta.dtype, meta.shape, meta.stride()))
+            buffers.append(self.tensor_at(offset, dtype, shape, stride))
         return buffers
 
     def settle(self, values: dict[str, Any], skip: set[int]) -> dict[str, Any]:
@@ -325,12 +322,17 @@ def _out_variant(target) -> tuple | None:
 
 
 class OutWriter:
-    """Runs an op as its `.out` variant into the arena when the arena has room for its results
-    (StepRunner calls `call` for every op; None means: run it as traced)."""
+    """Runs ops as their `.out` variant into the arena where the arena has room for their
+    results. What can be decided before a run is decided once per op (`for_op`, called when
+    the runner compiles a node, capture/straight_line.py): the ops that never can are run as
+    traced, with no call here at all."""
 
-    def __init__(self, arena: Arena):
-        self.arena = arena
+    def __init__(self, arena: Arena, writable: dict[str, list[bool]]):
+        """`writable`: op name -> for each of its results, whether it is one of its node's own
+        outputs (it goes into the node's slot; the others are the op's scratch)."""
+        self.arena, self.writable = arena, writable
         self._variants: dict[Any, tuple | None] = {}
+        self._refused: set = set()  # targets whose out variant raised: run as traced since
 
     def variant(self, target) -> tuple | None:
         """(the out overload that takes exactly `target`'s arguments, names of its out
@@ -339,43 +341,63 @@ class OutWriter:
             self._variants[target] = _out_variant(target)
         return self._variants[target]
 
-    def call(self, op, args, kwargs):
+    def for_op(self, op) -> Callable[[list, dict], Any] | None:
+        """A call (args, kwargs) that runs `op` into the arena and returns its result, or None
+        where it cannot now (no room, arguments an out variant does not take: run the op as
+        traced); None where it never can."""
+        placed = self.writable.get(op.name)
         meta = op.meta.get("val")
         metas = list(meta) if isinstance(meta, (tuple, list)) else [meta]
-        if not metas or not all(m is None or isinstance(m, torch.Tensor) and
-                                m.storage_offset() == 0 for m in metas) or metas[0] is None:
+        if placed is None or not metas or metas[0] is None or not all(
+                m is None or isinstance(m, torch.Tensor) and m.storage_offset() == 0
+                for m in metas):
             return None
-        if not self.arena.copies_in and op.target in OUT_VARIANT_ALLOCATES:
+        target = op.target
+        if not self.arena.copies_in and target in OUT_VARIANT_ALLOCATES:
             return None  # its result would be held twice: let it stay where ATen puts it
-        special = _FUNCTIONAL_AS_OUT.get(op.target)
-        found = special or self.variant(op.target)
+        special = _FUNCTIONAL_AS_OUT.get(target)
+        found = special or self.variant(target)
         if found is None or (special is None and len(found[1]) != len(metas)):
             return None
-        saved = self.arena._output.next if self.arena._output is not None else 0
-        buffers = self.arena.out_buffers(op.name, metas)
-        if buffers is None:
-            return None
-        try:
-            if special is not None:
-                result = special[2](args, kwargs, buffers)
-                if result is None:  # not for these arguments: run the op as traced
-                    self.arena._output.next = saved
-                    return None
-            else:
-                variant, names = found
-                result = variant(*args, **kwargs, **dict(zip(names, buffers)))
-        except (RuntimeError, TypeError):  # an out variant this op's arguments do not fit
-            self._variants[op.target] = None
-            _FUNCTIONAL_AS_OUT.pop(op.target, None)
-            self.arena._output.next = saved  # its buffers are free again
-            return None
-        counts = self.arena.counts
-        written = [b for b in buffers if self.arena.holds(b)]
-        counts.out_writes += len(written)
-        counts.out_bytes += sum(b.numel() * b.element_size() for b in written)
-        if isinstance(meta, (tuple, list)):  # results the op does not make stay None
-            return tuple(None if m is None else r for m, r in zip(metas, result))
-        return result
+        if special is not None:
+            run_into = special[2]
+        else:
+            variant, names = found
+            overload = getattr(variant, "_op", variant)  # its C++ entry point
+
+            def run_into(args, kwargs, buffers):
+                return overload(*args, **kwargs, **dict(zip(names, buffers)))
+        results = [None if m is None else
+                   (m.dtype, tuple(m.shape), tuple(m.stride()), _storage_bytes(m) if in_slot
+                    else None) for m, in_slot in zip(metas, placed)]
+        in_slot = [m for m, p in zip(metas, placed) if m is not None and p]
+        written, written_bytes = len(in_slot), sum(m.numel() * m.element_size() for m in in_slot)
+        several = isinstance(meta, (tuple, list))
+        arena, refused = self.arena, self._refused
+
+        def write(args, kwargs):
+            output = arena._output
+            if output is None or target in refused:
+                return None
+            saved = output.next
+            buffers = arena.out_buffers(results)
+            if buffers is None:
+                return None
+            try:
+                result = run_into(args, kwargs, buffers)
+            except (RuntimeError, TypeError):  # an out variant these arguments do not fit
+                refused.add(target)
+                result = None
+            if result is None:  # not for these arguments: its buffers are free again
+                output.next = saved
+                return None
+            counts = arena.counts
+            counts.out_writes += written
+            counts.out_bytes += written_bytes
+            if several:  # results the op does not make stay None
+                return tuple(None if m is None else r for m, r in zip(metas, result))
+            return result
+        return write
 
 
 def _batch_norm_functional_into(args, kwargs, buffers):
@@ -433,6 +455,26 @@ _FUNCTIONAL_AS_OUT = {
 }
 
 
+def _writable(node, runner) -> dict[str, list[bool]]:
+    """The node's ops with a result among its own outputs: for each result, whether it is one
+    (it goes into the slot; the others are the op's scratch)."""
+    outputs = set(node.attrs.get("outputs", ())) - runner.fixed_values()
+    found = {}
+    for name in node.attrs.get("members", ()):
+        op = runner.trace.node(name)
+        meta = op.meta.get("val")
+        if isinstance(meta, (tuple, list)):
+            placed = [False] * len(meta)
+            for user in op.users:
+                if user.name in outputs and isinstance(user.args[1], int):
+                    placed[user.args[1]] = True
+            if any(placed):
+                found[name] = placed
+        elif name in outputs:
+            found[name] = [True]
+    return found
+
+
 class ArenaPlacement:
     """The interpreter's hooks: open instruction t's slot before it runs (pages and .out
     results land there), settle the node's outputs into it after."""
@@ -440,34 +482,11 @@ class ArenaPlacement:
     def __init__(self, arena: Arena, runner, graph: Graph):
         from ..pages.codec import reading_into
         self.arena, self.runner, self.graph = arena, runner, graph
-        self.writer = OutWriter(arena)
+        self.writer = OutWriter(arena, {name: placed for node in graph.nodes
+                                        for name, placed in _writable(node, runner).items()})
         self._reading_into = reading_into
         self._reading = None
-        self._writable: dict[Any, set[str]] = {}
         runner.writer = self.writer
-
-    def writable(self, node_id) -> dict[str, list[bool]]:
-        """The node's ops with a result among its own outputs: for each result, whether it
-        is one (it goes into the slot; the others are the op's scratch)."""
-        found = self._writable.get(node_id)
-        if found is None:
-            node = self.graph.node(node_id)
-            outputs = set(node.attrs.get("outputs", ())) - self.runner.fixed_values()
-            found = {}
-            for name in node.attrs.get("members", ()):
-                op = self.runner.trace.node(name)
-                meta = op.meta.get("val")
-                if isinstance(meta, (tuple, list)):
-                    placed = [False] * len(meta)
-                    for user in op.users:
-                        if user.name in outputs and isinstance(user.args[1], int):
-                            placed[user.args[1]] = True
-                    if any(placed):
-                        found[name] = placed
-                elif name in outputs:
-                    found[name] = [True]
-            self._writable[node_id] = found
-        return found
 
     def _keep_gradients(self, node) -> None:
         """What the runner keeps to the step's end (gradients for the check, new batch-norm
@@ -488,7 +507,7 @@ class ArenaPlacement:
 
     def before(self, t: int, ins) -> None:
         if ins.op in ("compute", "page_in"):
-            self.arena.open(t, self.writable(ins.node) if ins.op == "compute" else None)
+            self.arena.open(t)
             # What the step holds before the node runs is not the node's own: the ledger's
             # storages (kept as values are held and dropped; a "step" graph's gradients are
             # not there, nor placed: settle never sees them, see fixed_values).
