@@ -230,10 +230,11 @@ class Arena:
             buffers.append(self.tensor_at(offset, dtype, shape, stride))
         return buffers
 
-    def settle(self, values: dict[str, Any], skip: set[int]) -> dict[str, Any]:
+    def settle(self, values: dict[str, Any], made: set[int]) -> dict[str, Any]:
         """The node's output values, with every storage it made that is not in the arena
-        copied into the output range (views re-made on the copy). `skip`: storages not the
-        node's own (inputs', parameters', gradients held as fixed memory)."""
+        copied into the output range (views re-made on the copy). `made`: the storages the
+        node made (the ledger's, see LiveTensorLedger.storages_made); the others (views of its
+        inputs, of parameters) stay where they are."""
         moved: dict[int, torch.Tensor] = {}
         out = {}
         for name, value in values.items():
@@ -242,14 +243,14 @@ class Arena:
                 continue
             storage = value.untyped_storage()
             ptr = storage.data_ptr()
-            if ptr in skip or storage.nbytes() == 0:
+            if ptr not in made or storage.nbytes() == 0:
                 out[name] = value
                 continue
             if ptr not in moved and not self.copies_in:
                 self.counts.kept_outside += 1
                 self.counts.kept_outside_bytes += storage.nbytes()
                 out[name] = value
-                skip.add(ptr)
+                made.discard(ptr)
                 continue
             if ptr not in moved:
                 offset = self._take(self._output, storage.nbytes())
@@ -257,7 +258,7 @@ class Arena:
                     self.counts.outside += 1
                     self.counts.outside_bytes += storage.nbytes()
                     out[name] = value
-                    skip.add(ptr)
+                    made.discard(ptr)
                     continue
                 target = self.memory[offset:offset + storage.nbytes()]
                 target.copy_(torch.empty(0, dtype=torch.uint8, device=value.device).set_(
@@ -508,10 +509,7 @@ class ArenaPlacement:
     def before(self, t: int, ins) -> None:
         if ins.op in ("compute", "page_in"):
             self.arena.open(t)
-            # What the step holds before the node runs is not the node's own: the ledger's
-            # storages (kept as values are held and dropped; a "step" graph's gradients are
-            # not there, nor placed: settle never sees them, see fixed_values).
-            self._skip = self.runner.ledger.storages()
+            self.runner.ledger.storages_made()  # from here: what the node makes
             self._reading = self._reading_into(self.arena.page_slot)
             self._reading.__enter__()
 
@@ -526,7 +524,8 @@ class ArenaPlacement:
                 outputs = self.runner.outputs(ins.node)
                 fixed = self.runner.fixed_values()
                 own = {k: v for k, v in outputs.items() if k not in fixed}
-                for name, value in self.arena.settle(own, self._skip).items():
+                made = self.runner.ledger.storages_made()
+                for name, value in self.arena.settle(own, made).items():
                     if value is not outputs[name]:
                         self.runner.rebind(name, value)
             self._keep_gradients(node)
