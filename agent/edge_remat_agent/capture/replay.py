@@ -330,13 +330,6 @@ class StepRunner:
         """Values in a gradient's storage that the caller counts as fixed memory."""
         return self._gradient_values
 
-    def storages_held(self) -> set[int]:
-        """The storages of every value this step holds now (what a node did not make)."""
-        held = {t.untyped_storage().data_ptr() for value in self.env.values()
-                for _, t in _tensors(value)}
-        held.update(t.untyped_storage().data_ptr() for t in self.grads.values())
-        return held
-
     def run_plain(self) -> None:
         """Every node once, in order, freeing each output after its last reader (the
         optimizer's steps are the caller's: update nodes are skipped)."""

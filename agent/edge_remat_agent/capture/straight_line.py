@@ -54,6 +54,8 @@ def compile_node(steps, keep: set[str], replayed: set[str], gradient_values: set
         return code.const(arg)
 
     for k, step in enumerate(steps):
+        # The writer's call for this op (executor/arena.OutWriter.for_op), None: never.
+        into = writer.for_op(step.op) if writer is not None and not step.grad_mode else None
         args = ", ".join(expr(a) for a in step.op.args)
         kwargs = ", ".join(f"{name}={expr(value)}" if _plain_name(name)
                            else f"**{{{code.const(name)}: {expr(value)}}}"
@@ -65,10 +67,10 @@ def compile_node(steps, keep: set[str], replayed: set[str], gradient_values: set
         if step.grad_mode:  # see trace.GRAD_MODE_OPS: the writer never runs these
             code.line("with _enable_grad():")
             code.line(f"    {result} = {call}")
-        elif writer is not None:
+        elif into is not None:
             kw = ", ".join(f"{code.const(name)}: {expr(value)}"
                            for name, value in step.kwargs.items())
-            code.line(f"{result} = _writer({code.const(step.op)}, [{args}], {{{kw}}})")
+            code.line(f"{result} = {code.const(into)}([{args}], {{{kw}}})")
             code.line(f"if {result} is None:")
             code.line(f"    {result} = {call}")
         else:
@@ -109,8 +111,8 @@ def compile_node(steps, keep: set[str], replayed: set[str], gradient_values: set
 
     source = "def run(E):\n    try:\n" + "".join(f"        {line}\n" for line in code.lines) \
         + "    except BaseException:\n        _release_all(locals())\n        raise\n"
-    namespace = dict(code.slots, _enable_grad=torch.enable_grad, _writer=getattr(
-        writer, "call", None), _hold=hold, _release=release, _release_all=release_all,
+    namespace = dict(code.slots, _enable_grad=torch.enable_grad, _hold=hold,
+                     _release=release, _release_all=release_all,
         _register=getattr(ledger, "register_tensor", None),
         _unregister=getattr(ledger, "unregister", None))
     exec(_compiled(source), namespace)  # noqa: S102 - our own source, as fx does

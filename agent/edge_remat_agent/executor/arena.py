@@ -4,7 +4,7 @@ slot the plan's arena layout gives it (formats/arena.py, lifetimes.py).
 At a `compute` or `page_in` at flat instruction index t, the node's output storages go into
 slot t's output range, one after another, each aligned:
   - an op whose results are all the node's own outputs runs as its ATen `.out` variant, writing
-    into views of the slot (`OutWriter`, called by the StepRunner for every op);
+    into views of the slot (`OutWriter`, compiled into the runner's node code where it can);
   - pages read from a store (page_in, parameters loaded from their home, optimizer state)
     are read straight into the slot (pages/codec.reading_into); state read by an update node
     goes to its workspace range;
@@ -22,7 +22,7 @@ allocator: the plan counts it as the node's workspace.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -111,13 +111,10 @@ class Arena:
         allowance = int((trim_heap or 0) * (plan.predicted or {}).get("peak_bytes", 0))
         self._trim_above = _trim_thresholds(blocks, allowance) if self._resident else []
         self._step_resident = 0  # the process's resident bytes at the step's start, trimmed
-        self.step_caches: list[dict] = []  # emptied at each step's start
         self._output: _Cursor | None = None
         self._workspace: _Cursor | None = None
         self._instruction = -1
         self._output_start = 0
-        # op name -> for each of its results, whether it goes into this instruction's slot
-        self._writable: dict[str, list[bool]] = {}
 
     @property
     def nbytes(self) -> int:
@@ -129,8 +126,6 @@ class Arena:
 
     def start_step(self) -> None:
         self.counts = ArenaCounts()
-        for cache in self.step_caches:
-            cache.clear()
         if self.pages is not None:
             self.pages.start_step()
         if self._resident is not None:  # the step starts from the fewest pages it can
@@ -139,15 +134,13 @@ class Arena:
 
     # -- one instruction ---------------------------------------------------------------------
 
-    def open(self, instruction: int, writable: dict[str, list[bool]] | None = None) -> None:
-        """Slot `instruction` is where what comes next goes; `writable`: the op results that
-        are the node's own outputs (candidates for .out)."""
+    def open(self, instruction: int) -> None:
+        """Slot `instruction` is where what comes next goes."""
         slot = self.slots.get(instruction) or Slot(instruction, None, 0, None, 0)
         self._instruction, self._output_start = instruction, slot.output_offset or 0
         self._output = _Cursor(slot.output_offset, slot.output_bytes, self.layout.alignment)
         self._workspace = _Cursor(slot.workspace_offset, slot.workspace_bytes,
                                   self.layout.alignment)
-        self._writable = writable or {}
         if self._resident is None:
             if self.pages is not None:
                 self._give_back(instruction, trim=False)
@@ -192,12 +185,10 @@ class Arena:
             # What the node left outside holds nothing in its slot's unused tail.
             self.pages.used(self._instruction, self._output_start, self._output.next)
         self._output = self._workspace = None
-        self._writable = {}
 
     def tensor_at(self, offset: int, dtype: torch.dtype, shape, stride) -> torch.Tensor:
-        size = torch.empty((), dtype=dtype).element_size()
         return torch.empty(0, dtype=dtype, device=self.device).set_(
-            self.storage, offset // size, tuple(shape), tuple(stride))
+            self.storage, offset // dtype.itemsize, tuple(shape), tuple(stride))
 
     def page_slot(self, nbytes: int, dtype: torch.dtype, shape, stride) -> torch.Tensor | None:
         """Where a page being read goes (pages/codec.reading_into): the output range, else
@@ -213,33 +204,37 @@ class Arena:
         self.counts.page_read_bytes += nbytes
         return self.tensor_at(offset, dtype, shape, stride)
 
-    def out_buffers(self, name: str, metas: list) -> list[torch.Tensor] | None:
-        """Buffers for an op's results: views of the output range for those that are the
-        node's own outputs, fresh tensors for the rest (None: let the op allocate)."""
-        placed = self._writable.get(name) if self._output is not None else None
-        if placed is None:
+    def out_buffers(self, results: list) -> list[torch.Tensor] | None:
+        """Buffers for an op's results, each (dtype, shape, stride, bytes in the slot) or None
+        (a result the op will not make: convolution_backward's mask): views of the output
+        range for the node's own outputs, fresh tensors for the rest (bytes None: the op's
+        scratch); None where the range has no room (let the op allocate)."""
+        output = self._output
+        if output is None:
             return None
-        saved = self._output.next
+        saved = output.next
         buffers = []
-        for meta, in_slot in zip(metas, placed):
-            if meta is None:  # a result the op will not make (convolution_backward's mask)
+        for result in results:
+            if result is None:
                 buffers.append(torch.empty(0, device=self.device))
                 continue
-            if not in_slot:
-                buffers.append(torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype,
+            dtype, shape, stride, nbytes = result
+            if nbytes is None:
+                buffers.append(torch.empty_strided(shape, stride, dtype=dtype,
                                                    device=self.device))
                 continue
-            offset = self._take(self._output, _storage_bytes(meta))
+            offset = self._take(output, nbytes)
             if offset is None:
-                self._output.next = saved
+                output.next = saved
                 return None
-            buffers.append(self.tensor_at(offset, meta.dtype, meta.shape, meta.stride()))
+            buffers.append(self.tensor_at(offset, dtype, shape, stride))
         return buffers
 
-    def settle(self, values: dict[str, Any], skip: set[int]) -> dict[str, Any]:
+    def settle(self, values: dict[str, Any], made: set[int]) -> dict[str, Any]:
         """The node's output values, with every storage it made that is not in the arena
-        copied into the output range (views re-made on the copy). `skip`: storages not the
-        node's own (inputs', parameters', gradients held as fixed memory)."""
+        copied into the output range (views re-made on the copy). `made`: the storages the
+        node made (the ledger's, see LiveTensorLedger.storages_made); the others (views of its
+        inputs, of parameters) stay where they are."""
         moved: dict[int, torch.Tensor] = {}
         out = {}
         for name, value in values.items():
@@ -248,14 +243,14 @@ class Arena:
                 continue
             storage = value.untyped_storage()
             ptr = storage.data_ptr()
-            if ptr in skip or storage.nbytes() == 0:
+            if ptr not in made or storage.nbytes() == 0:
                 out[name] = value
                 continue
             if ptr not in moved and not self.copies_in:
                 self.counts.kept_outside += 1
                 self.counts.kept_outside_bytes += storage.nbytes()
                 out[name] = value
-                skip.add(ptr)
+                made.discard(ptr)
                 continue
             if ptr not in moved:
                 offset = self._take(self._output, storage.nbytes())
@@ -263,7 +258,7 @@ class Arena:
                     self.counts.outside += 1
                     self.counts.outside_bytes += storage.nbytes()
                     out[name] = value
-                    skip.add(ptr)
+                    made.discard(ptr)
                     continue
                 target = self.memory[offset:offset + storage.nbytes()]
                 target.copy_(torch.empty(0, dtype=torch.uint8, device=value.device).set_(
@@ -328,12 +323,17 @@ def _out_variant(target) -> tuple | None:
 
 
 class OutWriter:
-    """Runs an op as its `.out` variant into the arena when the arena has room for its results
-    (StepRunner calls `call` for every op; None means: run it as traced)."""
+    """Runs ops as their `.out` variant into the arena where the arena has room for their
+    results. What can be decided before a run is decided once per op (`for_op`, called when
+    the runner compiles a node, capture/straight_line.py): the ops that never can are run as
+    traced, with no call here at all."""
 
-    def __init__(self, arena: Arena):
-        self.arena = arena
+    def __init__(self, arena: Arena, writable: dict[str, list[bool]]):
+        """`writable`: op name -> for each of its results, whether it is one of its node's own
+        outputs (it goes into the node's slot; the others are the op's scratch)."""
+        self.arena, self.writable = arena, writable
         self._variants: dict[Any, tuple | None] = {}
+        self._refused: set = set()  # targets whose out variant raised: run as traced since
 
     def variant(self, target) -> tuple | None:
         """(the out overload that takes exactly `target`'s arguments, names of its out
@@ -342,43 +342,63 @@ class OutWriter:
             self._variants[target] = _out_variant(target)
         return self._variants[target]
 
-    def call(self, op, args, kwargs):
+    def for_op(self, op) -> Callable[[list, dict], Any] | None:
+        """A call (args, kwargs) that runs `op` into the arena and returns its result, or None
+        where it cannot now (no room, arguments an out variant does not take: run the op as
+        traced); None where it never can."""
+        placed = self.writable.get(op.name)
         meta = op.meta.get("val")
         metas = list(meta) if isinstance(meta, (tuple, list)) else [meta]
-        if not metas or not all(m is None or isinstance(m, torch.Tensor) and
-                                m.storage_offset() == 0 for m in metas) or metas[0] is None:
+        if placed is None or not metas or metas[0] is None or not all(
+                m is None or isinstance(m, torch.Tensor) and m.storage_offset() == 0
+                for m in metas):
             return None
-        if not self.arena.copies_in and op.target in OUT_VARIANT_ALLOCATES:
+        target = op.target
+        if not self.arena.copies_in and target in OUT_VARIANT_ALLOCATES:
             return None  # its result would be held twice: let it stay where ATen puts it
-        special = _FUNCTIONAL_AS_OUT.get(op.target)
-        found = special or self.variant(op.target)
+        special = _FUNCTIONAL_AS_OUT.get(target)
+        found = special or self.variant(target)
         if found is None or (special is None and len(found[1]) != len(metas)):
             return None
-        saved = self.arena._output.next if self.arena._output is not None else 0
-        buffers = self.arena.out_buffers(op.name, metas)
-        if buffers is None:
-            return None
-        try:
-            if special is not None:
-                result = special[2](args, kwargs, buffers)
-                if result is None:  # not for these arguments: run the op as traced
-                    self.arena._output.next = saved
-                    return None
-            else:
-                variant, names = found
-                result = variant(*args, **kwargs, **dict(zip(names, buffers)))
-        except (RuntimeError, TypeError):  # an out variant this op's arguments do not fit
-            self._variants[op.target] = None
-            _FUNCTIONAL_AS_OUT.pop(op.target, None)
-            self.arena._output.next = saved  # its buffers are free again
-            return None
-        counts = self.arena.counts
-        written = [b for b in buffers if self.arena.holds(b)]
-        counts.out_writes += len(written)
-        counts.out_bytes += sum(b.numel() * b.element_size() for b in written)
-        if isinstance(meta, (tuple, list)):  # results the op does not make stay None
-            return tuple(None if m is None else r for m, r in zip(metas, result))
-        return result
+        if special is not None:
+            run_into = special[2]
+        else:
+            variant, names = found
+            overload = getattr(variant, "_op", variant)  # its C++ entry point
+
+            def run_into(args, kwargs, buffers):
+                return overload(*args, **kwargs, **dict(zip(names, buffers)))
+        results = [None if m is None else
+                   (m.dtype, tuple(m.shape), tuple(m.stride()), _storage_bytes(m) if in_slot
+                    else None) for m, in_slot in zip(metas, placed)]
+        in_slot = [m for m, p in zip(metas, placed) if m is not None and p]
+        written, written_bytes = len(in_slot), sum(m.numel() * m.element_size() for m in in_slot)
+        several = isinstance(meta, (tuple, list))
+        arena, refused = self.arena, self._refused
+
+        def write(args, kwargs):
+            output = arena._output
+            if output is None or target in refused:
+                return None
+            saved = output.next
+            buffers = arena.out_buffers(results)
+            if buffers is None:
+                return None
+            try:
+                result = run_into(args, kwargs, buffers)
+            except (RuntimeError, TypeError):  # an out variant these arguments do not fit
+                refused.add(target)
+                result = None
+            if result is None:  # not for these arguments: its buffers are free again
+                output.next = saved
+                return None
+            counts = arena.counts
+            counts.out_writes += written
+            counts.out_bytes += written_bytes
+            if several:  # results the op does not make stay None
+                return tuple(None if m is None else r for m, r in zip(metas, result))
+            return result
+        return write
 
 
 def _batch_norm_functional_into(args, kwargs, buffers):
@@ -436,6 +456,26 @@ _FUNCTIONAL_AS_OUT = {
 }
 
 
+def _writable(node, runner) -> dict[str, list[bool]]:
+    """The node's ops with a result among its own outputs: for each result, whether it is one
+    (it goes into the slot; the others are the op's scratch)."""
+    outputs = set(node.attrs.get("outputs", ())) - runner.fixed_values()
+    found = {}
+    for name in node.attrs.get("members", ()):
+        op = runner.trace.node(name)
+        meta = op.meta.get("val")
+        if isinstance(meta, (tuple, list)):
+            placed = [False] * len(meta)
+            for user in op.users:
+                if user.name in outputs and isinstance(user.args[1], int):
+                    placed[user.args[1]] = True
+            if any(placed):
+                found[name] = placed
+        elif name in outputs:
+            found[name] = [True]
+    return found
+
+
 class ArenaPlacement:
     """The interpreter's hooks: open instruction t's slot before it runs (pages and .out
     results land there), settle the node's outputs into it after."""
@@ -443,60 +483,33 @@ class ArenaPlacement:
     def __init__(self, arena: Arena, runner, graph: Graph):
         from ..pages.codec import reading_into
         self.arena, self.runner, self.graph = arena, runner, graph
-        self.writer = OutWriter(arena)
+        self.writer = OutWriter(arena, {name: placed for node in graph.nodes
+                                        for name, placed in _writable(node, runner).items()})
         self._reading_into = reading_into
         self._reading = None
-        self._writable: dict[Any, set[str]] = {}
-        # what _keep_gradients found outside the arena, by name: a step holds a few hundred
-        # gradients and statistics, and each node adds at most a few
-        # (emptied at each step's start: it must not keep a step's tensors alive)
-        self._kept_checked: dict[str, torch.Tensor] = {}
-        arena.step_caches.append(self._kept_checked)
         runner.writer = self.writer
 
-    def writable(self, node_id) -> dict[str, list[bool]]:
-        """The node's ops with a result among its own outputs: for each result, whether it
-        is one (it goes into the slot; the others are the op's scratch)."""
-        found = self._writable.get(node_id)
-        if found is None:
-            node = self.graph.node(node_id)
-            outputs = set(node.attrs.get("outputs", ())) - self.runner.fixed_values()
-            found = {}
-            for name in node.attrs.get("members", ()):
-                op = self.runner.trace.node(name)
-                meta = op.meta.get("val")
-                if isinstance(meta, (tuple, list)):
-                    placed = [False] * len(meta)
-                    for user in op.users:
-                        if user.name in outputs and isinstance(user.args[1], int):
-                            placed[user.args[1]] = True
-                    if any(placed):
-                        found[name] = placed
-                elif name in outputs:
-                    found[name] = [True]
-            self._writable[node_id] = found
-        return found
-
-    def _keep_gradients(self) -> None:
+    def _keep_gradients(self, node) -> None:
         """What the runner keeps to the step's end (gradients for the check, new batch-norm
         statistics, the loss) must outlive its slot, which later tensors reuse: what is in
         the arena is copied out (fixed memory in the plan; gradients only on a checked step,
-        which holds a plain step's gradients anyway)."""
-        checked = self._kept_checked
-        for kept in (self.runner.grads, self.runner.buffer_updates):
-            for name, value in kept.items():
-                if checked.get(name) is value:  # looked at after an earlier node
-                    continue
-                if self.arena.holds(value):
-                    value = kept[name] = value.clone()
-                checked[name] = value
+        which holds a plain step's gradients anyway). Only what `node` keeps is looked at:
+        the runner takes each from the node that names it (walking all the step keeps, at
+        every node, cost mobilenet_v2 a few milliseconds a step)."""
+        runner, holds = self.runner, self.arena.holds
+        for kept, names in ((runner.grads, node.attrs.get("grads")),
+                            (runner.buffer_updates, node.attrs.get("buffer_updates"))):
+            for name in (names or {}).values():
+                value = kept.get(name)
+                if value is not None and holds(value):
+                    kept[name] = value.clone()
         if self.runner.loss is not None and self.arena.holds(self.runner.loss):
             self.runner.loss = self.runner.loss.clone()
 
     def before(self, t: int, ins) -> None:
         if ins.op in ("compute", "page_in"):
-            self.arena.open(t, self.writable(ins.node) if ins.op == "compute" else None)
-            self._skip = self.runner.storages_held()
+            self.arena.open(t)
+            self.runner.ledger.storages_made()  # from here: what the node makes
             self._reading = self._reading_into(self.arena.page_slot)
             self._reading.__enter__()
 
@@ -506,13 +519,15 @@ class ArenaPlacement:
         self._reading.__exit__(None, None, None)
         self._reading = None
         try:
-            if not failed and self.graph.node(ins.node).kind != "update":
+            node = self.graph.node(ins.node)
+            if not failed and node.kind != "update":
                 outputs = self.runner.outputs(ins.node)
                 fixed = self.runner.fixed_values()
                 own = {k: v for k, v in outputs.items() if k not in fixed}
-                for name, value in self.arena.settle(own, self._skip).items():
+                made = self.runner.ledger.storages_made()
+                for name, value in self.arena.settle(own, made).items():
                     if value is not outputs[name]:
                         self.runner.rebind(name, value)
-            self._keep_gradients()
+            self._keep_gradients(node)
         finally:
             self.arena.close()

@@ -294,6 +294,7 @@ class LiveTensorLedger:
     def __init__(self, classify: Callable[[Hashable], str] | None = None):
         self._entries: dict[Hashable, tuple[int | None, int]] = {}  # key -> (storage id, bytes)
         self._storage_refs: dict[int, int] = {}
+        self._made: set[int] | None = None  # see storages_made
         self.live_bytes = 0
         self.peak_bytes = 0
         self.peak_key: Hashable | None = None  # the registration that set the peak
@@ -328,6 +329,8 @@ class LiveTensorLedger:
                 self._storage_refs[storage] = refs + 1
                 if refs:
                     return 0  # that memory is already counted
+                if self._made is not None:
+                    self._made.add(storage)
             live = self.live_bytes = self.live_bytes + nbytes
             if self._classify is not None:
                 name = self._class_of.get(key)
@@ -367,6 +370,14 @@ class LiveTensorLedger:
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._entries
+
+    def storages_made(self) -> set[int]:
+        """The storages (data pointers) first registered since the last call, none of their
+        keys registered before: asked before and after a node runs, what the node made, as
+        against what it only views (the arena executor). The first call starts the count."""
+        with self._lock:
+            made, self._made = self._made, set()
+            return made if made is not None else set()
 
     def __len__(self) -> int:
         return len(self._entries)
