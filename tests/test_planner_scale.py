@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from helpers.small_graphs import random_dag, training_chain
 
 from edge_remat.importers.graph_import import load_graph_file
+from edge_remat.planner import isolated
 from edge_remat.planner.bounds import stage_lower_bound
+from edge_remat.planner.cover_bound import SCOPE as COVER_SCOPE, cover_lower_bound
 from edge_remat.planner.build import build_problem, plain_peak_bytes
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.feasible import feasible_schedule
@@ -78,6 +80,9 @@ def test_fast_phase_finds_a_plan_whenever_one_exists(graph, fraction):
         assert direct is None
         return
     assert stage_lower_bound(p) <= optimum[0] * (1 + 1e-9)
+    for integer in (False, True):
+        cover = isolated.call("highspy", cover_lower_bound, p, 5.0, integer=integer)
+        assert stage_lower_bound(p) * (1 - 1e-9) <= cover["bound"] <= optimum[0] * (1 + 1e-9)
     report = solve(p, "auto", time_limit=10)
     assert report.evaluation.feasible
     assert report.plan.solver["lower_bound"] <= optimum[0] * (1 + 1e-9)
@@ -93,6 +98,22 @@ def test_random_layered_at_08_gets_a_plan_within_seconds(n):
     ev = evaluate(p, decisions)
     assert ev.fits_budget and elapsed < 30
     assert p.plain_time <= stage_lower_bound(p) <= ev.value
+
+
+def test_covering_bound_sums_what_the_stage_bound_takes_only_at_one_stage():
+    """At 500 nodes (0.8) the idle-gap covering bound (cover_bound.py) is at least twice the
+    largest single stage's (0.82% TDI), below a plan's cost, and the one a large plan reports."""
+    p = build_problem(random_layered(500, seed=1), "0.8")
+    plan = evaluate(p, feasible_schedule(p, time_limit=30))
+    stage = stage_lower_bound(p)
+    for integer in (False, True):
+        cover = isolated.call("highspy", cover_lower_bound, p, 20.0, integer=integer)
+        assert cover["status"] == "optimal" and cover["rows"] > 0
+        assert cover["bound"] - p.plain_time >= 2 * (stage - p.plain_time)
+        assert cover["bound"] <= plan.value
+    report = solve(p, "auto", time_limit=12)
+    assert report.plan.solver["bound_scope"] == COVER_SCOPE
+    assert stage < report.plan.solver["lower_bound"] <= report.evaluation.value
 
 
 def test_window_lns_keeps_the_budget_never_worsens_and_is_deterministic():
