@@ -3,8 +3,8 @@
 and operator-level training graphs of real models.
 
 For each size, in a fresh process (so that its peak RSS is the planner's for that size alone):
-generate the graph (edge_remat.synthetic.random_layered, seed 1, the published RL family), plan
-it with `--solver` (auto by default) within the time limit, validate the plan in the simulator,
+generate the graph (edge_remat.synthetic.random_layered, the published RL family; one graph per
+seed of `--seeds`, 1 by default), plan it with `--solver` (auto by default) within the time limit, validate the plan in the simulator,
 and print the time to the first and to the returned plan, the TDI, the lower bound (as a TDI)
 with its scope, the gap, and the process's peak RSS (and its RSS before planning). Draws time
 against n on log-log axes to a PNG.
@@ -30,6 +30,7 @@ import json
 import math
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -139,7 +140,10 @@ def fmt(value, spec: str) -> str:
 
 
 def print_row(row: dict) -> None:
-    cells = [row.get("graph", "rl"), str(row["nodes"]), str(row.get("edges", "-")), row["status"],
+    graph = row.get("graph", "rl")
+    if row.get("seed") is not None:
+        graph += f" s{row['seed']}"
+    cells = [graph, str(row["nodes"]), str(row.get("edges", "-")), row["status"],
              row.get("plan_from", "-"), fmt(row.get("first_plan_s"), ".2f"),
              fmt(row.get("best_plan_s"), ".2f"), fmt(row.get("total_s"), ".1f"),
              fmt(row.get("tdi_percent"), ".2f"), fmt(row.get("lb_tdi_percent"), ".2f"),
@@ -151,6 +155,17 @@ def print_row(row: dict) -> None:
                       f"{row['frontier_s']:g} s a try; floor {row['frontier_floor']:.3f}x]")
     print("  ".join(f"{c:>10}" if k < 13 else c for k, c in enumerate(cells)))
     sys.stdout.flush()
+
+
+def print_medians(rows: list[dict]) -> None:
+    """Per random layered size: the median TDI over its seeds, and how many were planned."""
+    for n in sorted({r["nodes"] for r in rows if r["graph"] == "rl"}):
+        own = [r for r in rows if r["graph"] == "rl" and r["nodes"] == n]
+        planned = sorted(r["tdi_percent"] for r in own if r.get("tdi_percent") is not None)
+        median = statistics.median(planned) if planned else None
+        print(f"# {n} nodes: {len(planned)} of {len(own)} seeds planned; TDI % by seed "
+              + ", ".join(f"{r['seed']}: {fmt(r.get('tdi_percent'), '.2f')}" for r in own)
+              + f"; median of those planned {fmt(median, '.2f')}")
 
 
 def draw(rows: list[dict], path: Path, budget: float, time_limit: float) -> None:
@@ -193,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=0.8, help="multiplier of the plain peak")
     ap.add_argument("--time-limit", type=float, default=90.0, help="per size, s (90)")
     ap.add_argument("--solver", default="auto")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)  # the child's
+    ap.add_argument("--seeds", default="1", help="random layered graphs' seeds, e.g. 0,1,2,3,4: "
+                    "each size is planned once per seed, and the median TDI per size printed")
     ap.add_argument("--png", type=Path, default=Path("planner_scaling.png"))
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--frontier", type=float, metavar="S",
@@ -211,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.sizes is None:
         args.sizes = "" if names else "100,250,500,1000,2000,5000"
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
-    jobs = [(str(n), ["--one", str(n)]) for n in sizes]
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    jobs = [(f"{n} seed {seed}", ["--one", str(n), "--seed", str(seed)])
+            for n in sizes for seed in seeds]
     for name in names:
         path = capture(name, args.cache)
         info = json.loads(path.with_suffix(".capture.json").read_text())
@@ -220,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
               f"captured in {info['capture_s']:.1f} s ({info['wall_s']:.1f} s with the process), "
               f"plain peak {info['plain_peak_bytes'] / 2**20:.1f} MiB; {path}")
         jobs.append((name, ["--one-graph", str(path)]))
-    print(f"# graph rl: random layered (seed {args.seed}); budget {args.budget:g}x plain peak, "
+    print(f"# graph rl: random layered (seeds {args.seeds}); budget {args.budget:g}x plain peak, "
           f"solver {args.solver}, time limit {args.time_limit:g} s per graph, "
           f"{os.cpu_count()} cores; each graph in a fresh process")
     print("# first/best s: time to the first / the returned plan; LB TDI: the lower bound as a "
@@ -231,7 +250,6 @@ def main(argv: list[str] | None = None) -> int:
         child = subprocess.run(
             [sys.executable, __file__, *which, "--budget", str(args.budget),
              "--time-limit", str(args.time_limit), "--solver", args.solver,
-             "--seed", str(args.seed),
              *(["--frontier", str(args.frontier)] if args.frontier else [])],
             capture_output=True, text=True,
             timeout=args.time_limit * 3 + 120 + (args.frontier or 0) * FRONTIER_STEPS * 1.5)
@@ -240,9 +258,12 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             continue
         row = json.loads(child.stdout.strip().splitlines()[-1])
+        row["seed"] = int(which[-1]) if which[0] == "--one" else None
         failed += row.get("valid") is False
         rows.append(row)
         print_row(row)
+    if len(seeds) > 1:
+        print_medians(rows)
     if rows:
         draw(rows, args.png, args.budget, args.time_limit)
         print(f"# plot: {args.png}")

@@ -13,11 +13,18 @@ from hypothesis import strategies as st
 from helpers.small_graphs import random_dag, training_chain
 
 from edge_remat.importers.graph_import import load_graph_file
+from edge_remat.planner import isolated
+from edge_remat.planner.batch import batch_splits
 from edge_remat.planner.bounds import stage_lower_bound
 from edge_remat.planner.build import build_problem, plain_peak_bytes
+from edge_remat.planner.cover_bound import SCOPE as COVER_SCOPE, cover_lower_bound
+from edge_remat.planner.escape import reach_budget
 from edge_remat.planner.evaluate import evaluate
-from edge_remat.planner.feasible import feasible_schedule
+from edge_remat.planner.events import EventSchedule
+from edge_remat.planner.feasible import feasible_schedule, peak_search
+from edge_remat.planner.intervals import decisions_from_intervals
 from edge_remat.planner.problem import Problem
+from edge_remat.planner.repair import repair
 from edge_remat.planner.solve import solve
 from edge_remat.synthetic import layered_stats, random_layered
 from edge_remat_agent.costs import build_costs
@@ -78,6 +85,9 @@ def test_fast_phase_finds_a_plan_whenever_one_exists(graph, fraction):
         assert direct is None
         return
     assert stage_lower_bound(p) <= optimum[0] * (1 + 1e-9)
+    for integer in (False, True):
+        cover = isolated.call("highspy", cover_lower_bound, p, 5.0, integer=integer)
+        assert stage_lower_bound(p) * (1 - 1e-9) <= cover["bound"] <= optimum[0] * (1 + 1e-9)
     report = solve(p, "auto", time_limit=10)
     assert report.evaluation.feasible
     assert report.plan.solver["lower_bound"] <= optimum[0] * (1 + 1e-9)
@@ -93,6 +103,40 @@ def test_random_layered_at_08_gets_a_plan_within_seconds(n):
     ev = evaluate(p, decisions)
     assert ev.fits_budget and elapsed < 30
     assert p.plain_time <= stage_lower_bound(p) <= ev.value
+
+
+def test_covering_bound_sums_what_the_stage_bound_takes_only_at_one_stage():
+    """At 500 nodes (0.8) the idle-gap covering bound (cover_bound.py) is at least twice the
+    largest single stage's (0.82% TDI), below a plan's cost, and the one a large plan reports."""
+    p = build_problem(random_layered(500, seed=1), "0.8")
+    plan = evaluate(p, feasible_schedule(p, time_limit=30))
+    stage = stage_lower_bound(p)
+    for integer in (False, True):
+        cover = isolated.call("highspy", cover_lower_bound, p, 20.0, integer=integer)
+        assert cover["status"] == "optimal" and cover["rows"] > 0
+        assert cover["bound"] - p.plain_time >= 2 * (stage - p.plain_time)
+        assert cover["bound"] <= plan.value
+    report = solve(p, "auto", time_limit=12)
+    assert report.plan.solver["bound_scope"] == COVER_SCOPE
+    assert stage < report.plan.solver["lower_bound"] <= report.evaluation.value
+
+
+def test_ruin_and_recreate_reaches_the_budget_where_the_greedy_stops():
+    """1000 nodes (seed 0) at 0.8: batch splits, the peak search and repair stop over the
+    budget; rounds of ruin and recreate around the events still over it (escape.py) reach a
+    schedule within it, which the simulator accepts."""
+    p = build_problem(random_layered(1000, seed=0), "0.8")
+    capacity, deadline = p.budget_bytes - p.fixed, time.perf_counter() + 60
+    sched, added = EventSchedule(p), []
+    assert batch_splits(sched, capacity, added, deadline) > 0
+    assert not peak_search(sched, capacity, added, deadline)
+    assert not repair(sched, capacity, added, deadline)
+    stuck = sched.excess(capacity)
+    reached = reach_budget(sched, capacity, deadline)
+    assert stuck > 0 and reached is not None and reached.excess(capacity) == 0
+    ev = evaluate(p, decisions_from_intervals(p, reached.residencies()))
+    assert ev.feasible
+    assert simulate(p.graph, p.costs, ev.stages, p.budget_bytes).fits_budget
 
 
 def test_window_lns_keeps_the_budget_never_worsens_and_is_deterministic():

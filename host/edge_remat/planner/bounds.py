@@ -18,8 +18,9 @@ from .problem import Problem
 SCOPE = "stage model (combinatorial: per-stage fractional knapsack)"
 
 
-def stage_lower_bound(p: Problem) -> float:
-    """A lower bound on the objective of every schedule within the budget (paging included)."""
+def leave_costs(p: Problem) -> np.ndarray:
+    """The least each tensor's leaving RAM and coming back costs: a recomputation, or a
+    page-out and a page-in to the cheapest tier (only its energy where paging overlaps)."""
     cost = np.asarray(node_costs(p), dtype=float)
     for name in p.tiers:  # leaving by paging costs a page-out and a page-in instead
         tier = p.costs.tiers[name]
@@ -30,6 +31,12 @@ def stage_lower_bound(p: Problem) -> float:
             paging = p.costs.static_w * paging + np.asarray(tier.out_energy_j) + \
                 np.asarray(tier.in_energy_j)
         cost = np.minimum(cost, paging)
+    return cost
+
+
+def stage_lower_bound(p: Problem) -> float:
+    """A lower bound on the objective of every schedule within the budget (paging included)."""
+    cost = leave_costs(p)
     base = p.plain_time if p.objective == "time" else \
         sum(p.costs.energy_j) + p.costs.static_w * p.plain_time
     sizes = np.asarray(p.sizes, dtype=float)

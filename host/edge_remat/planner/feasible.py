@@ -9,8 +9,10 @@ search; then a move takes a tensor that sits idle at the peak event out of RAM u
 use, recomputing it there; its inputs are kept until then, or recomputed there too (recursively)
 where they are gone. Each step scores the candidate moves at the highest events by the RAM over
 the budget they remove (summed over events) per unit of recompute cost, and applies the best.
-When no move helps, repair (repair.py) widens the moves; when none of those helps either, the search has failed (the caller falls back to an exact solver on small
-graphs). Recomputations that the end result does not need are dropped, most expensive first.
+When no move helps, repair (repair.py) widens the moves; when none of those helps either,
+ruin and recreate around the events still over the budget (escape.py) takes over until the
+deadline; if RAM is still over, the search has failed (the caller falls back to an exact
+solver on small graphs). Recomputations that the end result does not need are dropped, most expensive first.
 """
 
 from __future__ import annotations
@@ -48,7 +50,12 @@ def feasible_schedule(p: Problem, time_limit: float = 60.0) -> list[StageDecisio
         if batch_splits(sched, capacity, added, deadline) > 0 and \
                 not peak_search(sched, capacity, added, deadline) and \
                 not repair(sched, capacity, added, deadline):
-            return None
+            from .escape import reach_budget  # it builds on this module's searches
+            sched = reach_budget(sched, capacity, deadline)
+            if sched is None:
+                return None
+            added = [[(v, t)] for v, stages in enumerate(sched.computes) for t in stages
+                     if t != v]
     except Deadline:
         return None
     drop_unneeded(sched, added, capacity, deadline)
@@ -56,14 +63,15 @@ def feasible_schedule(p: Problem, time_limit: float = 60.0) -> list[StageDecisio
 
 
 def peak_search(sched: EventSchedule, capacity: int, added: list[list[tuple[int, int]]],
-                deadline: float) -> bool:
+                deadline: float, levels: tuple = SEARCH_LEVELS) -> bool:
     """Split stays at the highest events until RAM fits `capacity` everywhere (True) or no
-    split helps (False); the moves applied are appended to `added`. Raises Deadline."""
+    split helps (False); the moves applied are appended to `added`. `levels`: the search
+    levels tried in turn (a prefix of SEARCH_LEVELS gives up sooner). Raises Deadline."""
     excess = sched.excess(capacity)
     while excess > 0:
         if clock.perf_counter() > deadline:
             raise Deadline()
-        for level in SEARCH_LEVELS:
+        for level in levels:
             helpful = _helpful_moves(sched, capacity, excess, *level, deadline)
             if helpful:
                 break

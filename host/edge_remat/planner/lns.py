@@ -74,9 +74,7 @@ def _ruin(sched: EventSchedule, rng: random.Random, window: int) -> list[list[in
     of nodes; None if that removes none."""
     p = sched.p
     if rng.random() < 0.5:
-        first = rng.randrange(0, max(1, p.n - window + 1))
-        computes = [[t for t in stages if t == v or not first <= t < first + window]
-                    for v, stages in enumerate(sched.computes)]
+        computes = without_window(sched, rng.randrange(0, max(1, p.n - window + 1)), window)
     else:
         recomputed = [v for v, stages in enumerate(sched.computes) if len(stages) > 1]
         if not recomputed:
@@ -87,6 +85,12 @@ def _ruin(sched: EventSchedule, rng: random.Random, window: int) -> list[list[in
     if all(len(a) == len(b) for a, b in zip(sched.computes, computes)):
         return None
     return computes
+
+
+def without_window(sched: EventSchedule, first: int, window: int) -> list[list[int]]:
+    """The compute sets less every recomputation placed in stages first .. first+window-1."""
+    return [[t for t in stages if t == v or not first <= t < first + window]
+            for v, stages in enumerate(sched.computes)]
 
 
 def improve_decisions(p: Problem, decisions: list[StageDecision], time_limit: float,
