@@ -107,7 +107,11 @@ def test_random_layered_at_08_gets_a_plan_within_seconds(n):
 
 def test_covering_bound_sums_what_the_stage_bound_takes_only_at_one_stage():
     """At 500 nodes (0.8) the idle-gap covering bound (cover_bound.py) is at least twice the
-    largest single stage's (0.82% TDI), below a plan's cost, and the one a large plan reports."""
+    largest single stage's (0.82% TDI), below a plan's cost, and the one a large plan reports.
+    OR-Tools is loaded first, so HiGHS runs in a child interpreter, whose native banner on
+    stdout must not corrupt the reply (it did)."""
+    import ortools.sat.python.cp_model  # noqa: F401
+    assert isolated.needs_isolation("highspy")
     p = build_problem(random_layered(500, seed=1), "0.8")
     plan = evaluate(p, feasible_schedule(p, time_limit=30))
     stage = stage_lower_bound(p)

@@ -10,8 +10,8 @@ use, recomputing it there; its inputs are kept until then, or recomputed there t
 where they are gone. Each step scores the candidate moves at the highest events by the RAM over
 the budget they remove (summed over events) per unit of recompute cost, and applies the best.
 When no move helps, repair (repair.py) widens the moves; when none of those helps either,
-ruin and recreate around the events still over the budget (escape.py) takes over until the
-deadline; if RAM is still over, the search has failed (the caller falls back to an exact
+ruin and recreate around the events still over the budget (escape.py, from ESCAPE_MIN_NODES)
+takes over until the deadline; if RAM is still over, the search has failed (the caller falls back to an exact
 solver on small graphs). Recomputations that the end result does not need are dropped, most expensive first.
 """
 
@@ -37,6 +37,11 @@ SEARCH_LEVELS = ((16, 4, 8), (64, 8, 16), (150, 30, 48), (100_000, 400, 48))
 BATCH, BATCH_GAIN = 48, 0.2  # runners-up applied after a step's best while they keep a fifth of its gain
 # (an over-budget event often needs dozens of tensors out: rescoring a runner-up is cheap, finding it is not)
 
+# Below this many nodes ruin and recreate (escape.py) is not tried: the exact solvers that
+# follow the feasibility phase settle such graphs, and need the time its rounds would take.
+ESCAPE_MIN_NODES = 300
+
+
 class Deadline(Exception):
     """The time limit ran out mid-search."""
 
@@ -50,6 +55,8 @@ def feasible_schedule(p: Problem, time_limit: float = 60.0) -> list[StageDecisio
         if batch_splits(sched, capacity, added, deadline) > 0 and \
                 not peak_search(sched, capacity, added, deadline) and \
                 not repair(sched, capacity, added, deadline):
+            if p.n < ESCAPE_MIN_NODES:
+                return None
             from .escape import reach_budget  # it builds on this module's searches
             sched = reach_budget(sched, capacity, deadline)
             if sched is None:

@@ -10,6 +10,7 @@ multiprocessing's spawn, because spawn re-imports the caller's main script.
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
 import struct
 import subprocess
@@ -74,8 +75,12 @@ def _serve() -> None:
     # so the child must not die first with a traceback of its own.
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    out = sys.stdout.buffer
-    sys.stdout = sys.stderr  # anything the solver prints must not corrupt the reply stream
+    # Anything the solver prints must not corrupt the reply stream, native libraries included
+    # (HiGHS prints its banner from C++ to file descriptor 1): replies go to a copy of fd 1,
+    # and fd 1 itself becomes stderr.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     module, qualname, args, kwargs, with_progress = _receive(sys.stdin.buffer)
     function = importlib.import_module(module)
     for part in qualname.split("."):

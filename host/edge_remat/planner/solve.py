@@ -344,7 +344,7 @@ def _cover_bound(p: Problem, seconds: float) -> dict:
     try:
         return isolated.call("highspy", cover_lower_bound, p, max(0.5, seconds),
                              integer=p.n <= COVER_INTEGER_NODES)
-    except (RuntimeError, OSError) as exc:  # a bound is extra: the plan stands without it
+    except Exception as exc:  # a bound is extra: the plan stands without it, the error said
         return {"bound": None, "error": str(exc)}
 
 
