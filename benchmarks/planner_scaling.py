@@ -4,10 +4,11 @@ and operator-level training graphs of real models.
 
 For each size, in a fresh process (so that its peak RSS is the planner's for that size alone):
 generate the graph (edge_remat.synthetic.random_layered, the published RL family; one graph per
-seed of `--seeds`, 1 by default), plan it with `--solver` (auto by default) within the time limit, validate the plan in the simulator,
-and print the time to the first and to the returned plan, the TDI, the lower bound (as a TDI)
-with its scope, the gap, and the process's peak RSS (and its RSS before planning). Draws time
-against n on log-log axes to a PNG.
+seed of `--seeds`, 1 by default), plan it with `--solver` (auto by default) within the time
+limit, validate the plan in the simulator, and print the time to the first and to the returned
+plan, the TDI, the lower bound (as a TDI) with its scope, the gap, and the process's peak RSS
+(and its RSS before planning); with several seeds, the median TDI per size. Draws time against
+n on log-log axes to a PNG.
 
 `--graphs resnet50,gpt2-small` adds operator-level graphs (`edge-remat graph --operator-level
 --params-home flash`: one node per ATen op that allocates; the shapes of issue 9), captured once

@@ -23,7 +23,10 @@ PROFILES = {"rpi4": REPO / "profiles" / "rpi4.json",
 BUDGETS = ["80%", "90%", "97%"]
 TIME_LIMIT = 20  # these tiny graphs are solved to optimality well within it
 MODELS = {"mlp": ("mlp", ["--batch", "4"]),
-          "digits-cnn": ("digits-cnn", ["--batch", "4", "--image", "8"]),
+          # at most 131 planner nodes (the graph before running statistics stopped being cloned
+          # for backward: with 32 fewer ops, capture refines it to 200, which CP-SAT on one
+          # worker does not prove optimal within TIME_LIMIT)
+          "digits-cnn": ("digits-cnn", ["--batch", "4", "--image", "8", "--max-nodes", "131"]),
           "my-model": (str(REPO / "examples" / "my_model.py") + ":make_model",
                        ["--batch", "2", "--image", "8"])}
 # Solver times differ from run to run; everything else in a plan file must be the same.
@@ -54,6 +57,7 @@ batch = 4
 model = "digits-cnn"
 batch = 4
 image = 8
+max_nodes = 131
 
 [[models]]
 model = "{REPO / 'examples' / 'my_model.py'}:make_model"

@@ -19,6 +19,8 @@ MIP within a time limit: the dual bound it proves is valid whenever it stops; or
 
 from __future__ import annotations
 
+import time as clock
+
 import numpy as np
 
 from .bounds import leave_costs
@@ -67,7 +69,6 @@ def cover_lower_bound(p: Problem, time_limit: float = 10.0, integer: bool = True
     """{"bound": a lower bound on the objective (None if HiGHS proved nothing in time),
     "status", "rows", "columns", "nonzeros", "solve_s"}. Imports highspy: call it through
     isolated.call("highspy", ...) from a process that may hold OR-Tools."""
-    import time as clock
     import highspy
 
     started = clock.perf_counter()

@@ -5,14 +5,15 @@ at the compute events that exist, so a 5,000-node graph costs megabytes, and a m
 exactly in O(events) numpy work.
 
 Rounds of many splits at once, ranked over the whole over-budget stretch (batch.py), open the
-search; then a move takes a tensor that sits idle at the peak event out of RAM until just before its next
-use, recomputing it there; its inputs are kept until then, or recomputed there too (recursively)
-where they are gone. Each step scores the candidate moves at the highest events by the RAM over
-the budget they remove (summed over events) per unit of recompute cost, and applies the best.
-When no move helps, repair (repair.py) widens the moves; when none of those helps either,
-ruin and recreate around the events still over the budget (escape.py, from ESCAPE_MIN_NODES)
-takes over until the deadline; if RAM is still over, the search has failed (the caller falls back to an exact
-solver on small graphs). Recomputations that the end result does not need are dropped, most expensive first.
+search; then a move takes a tensor that sits idle at the peak event out of RAM until just
+before its next use, recomputing it there; its inputs are kept until then, or recomputed there
+too (recursively) where they are gone. Each step scores the candidate moves at the highest
+events by the RAM over the budget they remove (summed over events) per unit of recompute cost,
+and applies the best. When no move helps, repair (repair.py) widens the moves; when none of
+those helps either, ruin and recreate around the events still over the budget (escape.py, from
+ESCAPE_MIN_NODES) takes over until the deadline; if RAM is still over, the search has failed
+(the caller falls back to an exact solver on small graphs). Recomputations that the end result
+does not need are dropped, most expensive first.
 """
 
 from __future__ import annotations
