@@ -34,11 +34,25 @@ def leave_costs(p: Problem) -> np.ndarray:
     return cost
 
 
+def plain_objective(p: Problem) -> float:
+    """The objective of the plain schedule: what every bound adds its extra cost to."""
+    return p.plain_time if p.objective == "time" else \
+        sum(p.costs.energy_j) + p.costs.static_w * p.plain_time
+
+
+def first_compute_needs(p: Problem) -> np.ndarray:
+    """RAM that node t's first compute needs whatever else stays: the fixed memory, t's inputs,
+    its output and its workspace (bytes, by t)."""
+    sizes = np.asarray(p.sizes, dtype=np.int64)
+    return np.asarray([p.fixed + sizes[p.deps[t]].sum() + sizes[t] + p.workspace[t]
+                       for t in range(p.n)], dtype=np.int64)
+
+
 def stage_lower_bound(p: Problem) -> float:
     """A lower bound on the objective of every schedule within the budget (paging included)."""
     cost = leave_costs(p)
-    base = p.plain_time if p.objective == "time" else \
-        sum(p.costs.energy_j) + p.costs.static_w * p.plain_time
+    base = plain_objective(p)
+    needs = first_compute_needs(p)
     sizes = np.asarray(p.sizes, dtype=float)
     last_use = np.asarray([max(users, default=-1) for users in p.users])
     per_byte = cost / np.maximum(sizes, 1.0)
@@ -46,11 +60,10 @@ def stage_lower_bound(p: Problem) -> float:
     best = 0.0
     for t in range(p.n):
         deps = p.deps[t]
-        need = p.fixed + sizes[deps].sum() + sizes[t] + p.workspace[t]
         live = by_value[(by_value < t) & (last_use[by_value] > t)]
         if deps:
             live = live[~np.isin(live, deps)]
-        excess = need + sizes[live].sum() - p.budget_bytes
+        excess = needs[t] + sizes[live].sum() - p.budget_bytes
         if excess <= 0:
             continue
         taken = np.cumsum(sizes[live])

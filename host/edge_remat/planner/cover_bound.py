@@ -23,7 +23,7 @@ import time as clock
 
 import numpy as np
 
-from .bounds import leave_costs
+from .bounds import first_compute_needs, leave_costs, plain_objective
 from .problem import Problem
 
 SCOPE = "stage model (idle-gap covering, HiGHS)"
@@ -49,9 +49,7 @@ def covering_problem(p: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     np.add.at(idle, starts_a, sizes[owners_a])
     np.add.at(idle, ends_a, -sizes[owners_a])
     idle = np.cumsum(idle)[:p.n]
-    need = np.asarray([p.fixed + sizes[p.deps[t]].sum() + sizes[t] + p.workspace[t]
-                       for t in range(p.n)], dtype=np.int64)
-    excess = need + idle - p.budget_bytes
+    excess = first_compute_needs(p) + idle - p.budget_bytes
     over = np.flatnonzero(excess > 0)
     first = np.searchsorted(over, starts_a, side="left")
     last = np.searchsorted(over, ends_a, side="left")  # exclusive
@@ -72,8 +70,7 @@ def cover_lower_bound(p: Problem, time_limit: float = 10.0, integer: bool = True
     import highspy
 
     started = clock.perf_counter()
-    base = p.plain_time if p.objective == "time" else \
-        sum(p.costs.energy_j) + p.costs.static_w * p.plain_time
+    base = plain_objective(p)
     excess, cost, col_starts, rows, values = covering_problem(p)
     info = {"rows": len(excess), "columns": len(cost), "nonzeros": len(values)}
     if len(excess) == 0:
