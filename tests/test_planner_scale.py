@@ -191,7 +191,7 @@ def test_no_plan_in_time_names_a_budget_that_has_one(monkeypatch):
     # search): the error names a larger budget,
     # and that budget does plan.
     import edge_remat.planner.solve as solve_module
-    monkeypatch.setattr(solve_module, "CPSAT_MAX_NODES", 0)
+    monkeypatch.setattr(solve_module, "LNS_ONLY_NODES", 0)
     monkeypatch.setattr(solve_module, "MILP_MAX_NODES", 0)
     graph = random_layered(150, seed=1)
     with pytest.raises(solve_module.NoPlan, match=r"finds a plan at \d+ bytes") as caught:

@@ -20,21 +20,19 @@ from .stages import StageDecision
 
 # Above this many nodes the stage x node MILP (O(n^2) binaries) is not worth starting.
 MILP_MAX_NODES = 300
-# Above this many nodes auto does not start CP-SAT: its model (a horizon of n (n + 1) slots,
-# residencies x edges cover literals) takes longer to build and more memory than the time limit
-# and the host allow; the feasibility phase's plan is returned with the combinatorial bound.
-CPSAT_MAX_NODES = 1500
 FEASIBILITY_SHARE = 0.6  # of the time limit, for the baselines and the feasibility phase
 # Each baseline but the feasibility phase stops at this share of the time limit, so that on a
 # large graph a hopeless greedy (DTR evicting for minutes) cannot starve the one that scales.
 OTHER_BASELINE_SHARE, FEASIBILITY_PHASE = 0.1, "peak-search"
 # From this many nodes auto improves the best heuristic plan by window LNS (lns.py) for this
-# share of the time limit before CP-SAT starts from it (or instead of it, above CPSAT_MAX_NODES).
+# share of the time limit before CP-SAT starts from it (or instead of it, from LNS_ONLY_NODES).
 LNS_MIN_NODES, LNS_SHARE = 300, 0.25
-# From this many nodes, once a heuristic plan exists, the LNS gets all the time left and CP-SAT
-# is not started: at 500 nodes 60 s of CP-SAT from a 4.19% TDI plan reached 4.14% (its model
-# took 17 s to load the hint), where 15 s of LNS reached 3.38%. The plan carries the
-# combinatorial bound. LNS_RESERVE of the time limit is left to validate and report (the
+# From this many nodes auto does not start CP-SAT: once a heuristic plan exists the LNS gets
+# all the time left (at 500 nodes 60 s of CP-SAT from a 4.19% TDI plan reached 4.14%, its model
+# taking 17 s to load the hint, where 15 s of LNS reached 3.38%), and where none exists CP-SAT
+# from scratch finds none either (1000 nodes at 0.8, seeds 2 and 3), so the time left goes to
+# finding a larger budget that plans (_budget_found_hint). The plan carries the combinatorial
+# bound. LNS_RESERVE of the time limit is left to validate and report (the
 # covering bound, below, takes up to half of it).
 LNS_ONLY_NODES, LNS_RESERVE = 450, 0.06
 SOLVERS = ("auto", "cpsat", "milp")
@@ -86,11 +84,10 @@ def have_cpsat() -> bool:
     return importlib.util.find_spec("ortools") is not None
 
 
-def choose_solver(p: Problem, have_plan: bool = False) -> str:
-    """auto: CP-SAT where OR-Tools is installed, up to CPSAT_MAX_NODES (up to LNS_ONLY_NODES
-    once a heuristic plan exists); else the MILP on graphs it can handle; else the best
-    heuristic (improved by the LNS, or the feasibility phase's plan on large graphs)."""
-    if have_cpsat() and p.n <= CPSAT_MAX_NODES and not (have_plan and p.n >= LNS_ONLY_NODES):
+def choose_solver(p: Problem) -> str:
+    """auto: CP-SAT where OR-Tools is installed, below LNS_ONLY_NODES; else the MILP on graphs
+    it can handle; else the best heuristic (improved by the LNS on large graphs)."""
+    if have_cpsat() and p.n < LNS_ONLY_NODES:
         return "cpsat"
     return "milp" if p.n <= MILP_MAX_NODES else "heuristic"
 
@@ -151,11 +148,11 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
     if solver not in SOLVERS:
         raise NoPlan(f"unknown solver {solver!r} (use {', '.join(SOLVERS)} or heuristic:NAME)")
     if solver == "auto":
-        solver = choose_solver(p, have_plan=best_known is not None)
+        solver = choose_solver(p)
     if solver == "heuristic":
         if best_known is None:
-            raise NoPlan(f"no heuristic fits within {time_limit:g} s, and the graph ({p.n} "
-                         "nodes) is too large for the exact solvers; "
+            raise NoPlan(f"no heuristic fits within {time_limit:g} s, and on a graph this large "
+                         f"({p.n} nodes) the exact solvers find none from scratch; "
                          + _budget_found_hint(p, started + time_limit))
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
                        timing={"first_plan_s": first_plan, "best_plan_s": best_at})
