@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from edge_remat_agent.capture import CaptureError, capture_model, capture_module
-from edge_remat_agent.capture.measure import eager_saved_bytes
+from edge_remat_agent.capture.measure import dropout_mask_savings, eager_saved_bytes
 from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.capture.replay import StepRunner
 from edge_remat_agent.formats import load_graph, load_plan
@@ -45,7 +45,8 @@ def resnet18():
 def test_saved_bytes_match_what_eager_saves_for_backward(name, batch):
     captured = _capture(name, batch)
     module, args = build(name, batch=batch, **SMALL[name])
-    measured = eager_saved_bytes(module, args)
+    # Eager keeps dropout's float noise, capture a 1-byte mask (bert-mini: 10% of its saved bytes).
+    measured = eager_saved_bytes(module, args) - dropout_mask_savings(captured.trace)
     saved = captured.graph.capture["saved_bytes"]
     assert 0.9 * measured <= saved <= 1.1 * measured, (name, batch, saved, measured)
 
@@ -206,6 +207,59 @@ def test_the_graph_round_trips_through_its_file(resnet18, tmp_path):
     loaded = load_graph(path)
     assert loaded.fingerprint() == resnet18.graph.fingerprint()
     assert loaded.capture["captured_nodes"] == resnet18.graph.capture["captured_nodes"]
+
+
+class _Dropouts(torch.nn.Module):
+    """Dropout as a layer, feature dropout (noise broadcast over H x W) and attention dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.feature_drop = torch.nn.Dropout2d(0.25)
+        self.proj = torch.nn.Linear(16, 48)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x):
+        y = self.feature_drop(self.conv(x)).flatten(2)  # (2, 4, 16)
+        q, k, v = self.proj(y).chunk(3, dim=-1)
+        ctx = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+        return (self.drop(ctx) ** 2).sum()
+
+
+def test_dropout_keeps_a_one_byte_mask_and_gradients_stay_eager_bitwise():
+    """Backward reads each dropout's bool mask, not eager's float noise, rebuilds the scaled
+    noise right where it multiplies, and the gradients are eager's to the bit."""
+    def build_module():
+        torch.manual_seed(0)
+        return _Dropouts(), (torch.randn(2, 3, 4, 4),)
+
+    module, args = build_module()
+    captured = capture_module(module, args, "dropouts")
+    trace = captured.trace
+    masks = [n for n in trace.compute_nodes if n.target is torch.ops.aten.ne.Scalar]
+    assert len(masks) == 3 and all(m.meta["val"].dtype == torch.bool for m in masks)
+    saved_from_forward = {d for n in trace.compute_nodes
+                          if n.meta.get("partitioner_tag") == "is_backward"
+                          for d in n.all_input_nodes
+                          if d.meta.get("partitioner_tag") == "is_forward"}
+    assert set(masks) <= saved_from_forward
+    assert not [d for d in saved_from_forward if d.target is torch.ops.aten.div.Scalar]
+    module, args = build_module()
+    eager = eager_saved_bytes(module, args)
+    assert captured.graph.capture["saved_bytes"] == eager - dropout_mask_savings(trace) < eager
+
+    for seed in (1, 2):
+        module, args = build_module()
+        torch.manual_seed(seed)
+        loss = module(*args)
+        loss.backward()
+        mine, mine_args = build_module()
+        runner = StepRunner(trace, captured.graph, mine, mine_args)
+        torch.manual_seed(seed)
+        runner.run_plain()
+        assert torch.equal(runner.loss, loss.detach())
+        for name, param in module.named_parameters():
+            assert torch.equal(runner.grads[name], param.grad), name
 
 
 # --- bring your own model ---------------------------------------------------------------------

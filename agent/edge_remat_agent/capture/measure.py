@@ -29,3 +29,11 @@ def eager_saved_bytes(module: nn.Module, example_args) -> int:
         loss = module(*example_args)
     del loss  # the saved tensors stayed alive until now, so no address was reused
     return sum(saved.values())
+
+
+def dropout_mask_savings(trace) -> int:
+    """Bytes eager's saved dropout noise takes beyond the 1-byte masks a capture keeps instead
+    (trace._keep_dropout_masks): eager's saved bytes less this is what capture should save."""
+    masks = [n for n in trace.compute_nodes if n.target is torch.ops.aten.ne.Scalar
+             and n.args[0].target is torch.ops.aten.bernoulli.p]
+    return sum(n.meta["val"].numel() * (n.args[0].meta["val"].element_size() - 1) for n in masks)

@@ -167,6 +167,7 @@ class _Splitter:
         self.trace = trace
         self.ops = {op.node.name: op for op in _ops(trace)}
         store = storages(trace.graph_module)
+        self.roots = {name: s.root for name, s in store.items()}
         self.allocates = {name for name, s in store.items() if s.root == name}
         for node in trace.compute_nodes:  # an op with several results allocates through them
             if node.target is operator.getitem and node.name in self.allocates:
@@ -229,6 +230,12 @@ class _Splitter:
             readers += [r for u in readers if u.target is operator.getitem
                         for r in u.users if r.name in part_of]
             later = [part_of[u.name] for u in readers if u.target is not operator.getitem]
+            root = self.roots.get(name)
+            if not later and root != name and root in part_of:
+                # A view no op here reads (a gradient taken as the transpose of a mm) stays
+                # with the op that owns its storage: apart, the node holding the view would
+                # keep the owner's storage alive after the owner is freed or paged out.
+                later = [part_of[root]]
             if later:
                 part_of[name] = min(later)
                 for u in readers:

@@ -109,6 +109,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
     trace = _from_descriptors(model, joint.graph_module)
     _sum_tied_gradients(trace, module)
     _unread_running_statistics(trace)
+    _keep_dropout_masks(trace)
     _copy_small_saved_outputs(trace)
     _size_opaque_workspaces(trace)
     trace.capture_s = time.perf_counter() - start
@@ -203,6 +204,47 @@ def _unread_running_statistics(trace: JointTrace) -> None:
         node.args = node.args[:3] + (None, None) + node.args[5:]
         changed = True
     if changed:
+        trace.graph_module.recompile()
+
+
+def _keep_dropout_masks(trace: JointTrace) -> None:
+    """Backward keeps dropout's 1-byte mask, not eager's 4-byte float noise.
+
+    Eager CPU dropout (see _eager_composites) draws `noise = bernoulli(q)` (exactly 0.0 or 1.0),
+    scales it `noise / q` and keeps the scaled noise for backward's `grad * scaled`. The
+    forward now also takes `mask = noise != 0` (bool), and backward reads `mask`, rebuilding
+    the scaled noise just before its use: `mask -> noise's dtype` gives the same 0.0 / 1.0,
+    divided by the same q with the same op, so the same bits, and `grad * scaled` is eager's
+    to the bit. Same draws (the bernoulli is untouched); backward holds a quarter of the bytes
+    from forward to backward and the float only transiently, in the node that reads it."""
+    aten = torch.ops.aten
+    graph = trace.graph_module.graph
+    changed = False
+    for scaled in list(graph.nodes):
+        if scaled.target is not aten.div.Scalar or _is_backward(scaled):
+            continue
+        noise, keep = scaled.args
+        if getattr(noise, "target", None) is not aten.bernoulli.p or noise.args[1] != keep:
+            continue
+        readers = [u for u in scaled.users if _is_backward(u)]
+        if not readers:
+            continue
+        with graph.inserting_after(noise):
+            mask = graph.call_function(aten.ne.Scalar, (noise, 0))
+        mask.meta.update({k: v for k, v in noise.meta.items() if k != "val"},
+                         val=noise.meta["val"] != 0)
+        for reader in readers:
+            with graph.inserting_before(reader):
+                back = graph.call_function(aten._to_copy.default, (mask,),
+                                           {"dtype": noise.meta["val"].dtype})
+                rescaled = graph.call_function(aten.div.Scalar, (back, keep))
+            for node in (back, rescaled):
+                node.meta.update({k: v for k, v in reader.meta.items() if k != "val"},
+                                 val=scaled.meta["val"].clone())
+            reader.replace_input_with(scaled, rescaled)
+        changed = True
+    if changed:
+        trace._by_name = {}
         trace.graph_module.recompile()
 
 
