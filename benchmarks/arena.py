@@ -188,10 +188,12 @@ def child_main(spec: dict) -> None:
     peaks = []
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu_marks = [usage.ru_utime + usage.ru_stime]
+    fault_marks = [usage.ru_minflt]
 
     def before_the_counted_step(i, steps, record):
         usage = resource.getrusage(resource.RUSAGE_SELF)
         cpu_marks.append(usage.ru_utime + usage.ru_stime)
+        fault_marks.append(usage.ru_minflt)
         if i == steps - 2:
             peaks.append(group.peak_bytes())
 
@@ -205,8 +207,10 @@ def child_main(spec: dict) -> None:
     timed = [r["step_time_s"] for r in report["steps"][1:-1]] or \
         [report["steps"][-1]["step_time_s"]]
     cpu = [b - a for a, b in zip(cpu_marks, cpu_marks[1:])]
+    faults = [b - a for a, b in zip(fault_marks, fault_marks[1:])]
     last = report["steps"][-1]
     print(json.dumps({"step_cpu_s": statistics.median(cpu[1:-1] or cpu[-1:]),
+                      "step_faults": statistics.median(faults[1:-1] or faults[-1:]),
                       "kernel_peak": peak, "kernel_peak_profiled": group.peak_bytes(), "baseline": report["runtime_baseline_bytes"],
                       "step_s": statistics.median(timed),
                       "allocations": last.get("cpu_allocations"), "arena": last.get("arena"),
@@ -295,8 +299,10 @@ def _where(runs: dict[str, list[dict]], row: dict) -> str:
         cpu = ((r.get("allocations") or {}).get("peak_bytes") or 0) / MIB
         profiled = ((r.get("kernel_peak_profiled") or 0) - r["kernel_peak"]) / MIB
         released = ((r.get("arena") or {}).get("released_bytes") or 0) / MIB
+        faults = statistics.median(x.get("step_faults", 0) for x in runs[a])
         parts.append(f"{a}: baseline {mib[0]:.1f}, anon {mib[1]:.1f} + file {mib[2]:.1f} at "
-                     f"the end, CPU allocator peak {cpu:.1f}, profiled step +{profiled:.1f}"
+                     f"the end, CPU allocator peak {cpu:.1f}, profiled step +{profiled:.1f}, "
+                     f"minor faults {faults:.0f} a step"
                      + (f", pages given back {released:.1f} a step, heap trims "
                         f"{(r.get('arena') or {}).get('heap_trims', 0)}" if a == "arena" else ""))
     return f"    warm {row['warm'] / MIB:.1f} (in planned); " + "; ".join(parts)
