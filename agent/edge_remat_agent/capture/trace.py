@@ -66,6 +66,11 @@ class JointTrace:
             self._by_name = {n.name: n for n in self.graph_module.graph.nodes}
         return self._by_name[name]
 
+    def graph_changed(self) -> None:
+        """After a rewrite of the graph: names are looked up afresh, the code is regenerated."""
+        self._by_name = {}
+        self.graph_module.recompile()
+
     def constants(self) -> dict[str, torch.Tensor]:
         """Tensor constants the trace lifted out of the model's code (e.g. `torch.tensor(...)`
         inside a forward, as transformers' attention masks make): get_attr nodes whose real
@@ -178,9 +183,7 @@ def _sum_tied_gradients(trace: JointTrace, module: nn.Module) -> None:
             output.replace_input_with(trace.node(value), total)
             del trace.grads[value]
         trace.grads[total.name] = first_name[key]
-    if trace._by_name:
-        trace._by_name = {}
-    trace.graph_module.recompile()
+    trace.graph_changed()
 
 
 def _unread_running_statistics(trace: JointTrace) -> None:
@@ -204,7 +207,7 @@ def _unread_running_statistics(trace: JointTrace) -> None:
         node.args = node.args[:3] + (None, None) + node.args[5:]
         changed = True
     if changed:
-        trace.graph_module.recompile()
+        trace.graph_changed()
 
 
 def _keep_dropout_masks(trace: JointTrace) -> None:
@@ -231,21 +234,18 @@ def _keep_dropout_masks(trace: JointTrace) -> None:
             continue
         with graph.inserting_after(noise):
             mask = graph.call_function(aten.ne.Scalar, (noise, 0))
-        mask.meta.update({k: v for k, v in noise.meta.items() if k != "val"},
-                         val=noise.meta["val"] != 0)
+        _meta_like(mask, noise, noise.meta["val"] != 0)
         for reader in readers:
             with graph.inserting_before(reader):
                 back = graph.call_function(aten._to_copy.default, (mask,),
                                            {"dtype": noise.meta["val"].dtype})
                 rescaled = graph.call_function(aten.div.Scalar, (back, keep))
             for node in (back, rescaled):
-                node.meta.update({k: v for k, v in reader.meta.items() if k != "val"},
-                                 val=scaled.meta["val"].clone())
+                _meta_like(node, reader, scaled.meta["val"].clone())
             reader.replace_input_with(scaled, rescaled)
         changed = True
     if changed:
-        trace._by_name = {}
-        trace.graph_module.recompile()
+        trace.graph_changed()
 
 
 # A saved output this many times smaller than its op's largest output gets a copy of its own.
@@ -278,14 +278,17 @@ def _copy_small_saved_outputs(trace: JointTrace) -> None:
                 continue
             with graph.inserting_after(item):
                 copy = graph.call_function(torch.ops.aten.clone.default, (item,))
-            copy.meta.update({k: v for k, v in item.meta.items() if k != "val"},
-                             val=item.meta["val"].clone())
+            _meta_like(copy, item, item.meta["val"].clone())
             for reader in readers:
                 reader.replace_input_with(item, copy)
             changed = True
     if changed:
-        trace._by_name = {}
-        trace.graph_module.recompile()
+        trace.graph_changed()
+
+
+def _meta_like(node: fx.Node, like: fx.Node, val: Any) -> None:
+    """An inserted node's metadata: `like`'s (its pass, scope, stack trace), its own value."""
+    node.meta.update({k: v for k, v in like.meta.items() if k != "val"}, val=val)
 
 
 def _is_backward(node: fx.Node) -> bool:
