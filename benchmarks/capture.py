@@ -22,7 +22,7 @@ import sys
 import time
 
 from edge_remat_agent.capture import capture_model
-from edge_remat_agent.capture.measure import dropout_mask_savings, eager_saved_bytes
+from edge_remat_agent.capture.measure import eager_saved_bytes_as_captured
 from edge_remat_agent.capture.models import load_model
 
 # (model, batch, build keywords)
@@ -61,8 +61,7 @@ def main() -> int:
         captured = capture_model(name, batch=batch, **kw)
         capture_s = time.perf_counter() - start
         module, example = load_model(name, batch=batch, **kw)
-        # eager keeps dropout's float noise, the capture a 1-byte mask
-        measured = eager_saved_bytes(module, example) - dropout_mask_savings(captured.trace)
+        measured = eager_saved_bytes_as_captured(module, example, captured.trace)
         cap = captured.graph.capture
         ratio = cap["saved_bytes"] / measured
         worst = max(worst, abs(ratio - 1))

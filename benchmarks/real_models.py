@@ -15,7 +15,7 @@ from edge_remat.planner.build import build_problem, plain_peak_bytes
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import NoPlan, solve
 from edge_remat_agent.capture import capture_model
-from edge_remat_agent.capture.measure import dropout_mask_savings, eager_saved_bytes
+from edge_remat_agent.capture.measure import eager_saved_bytes_as_captured
 from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.executor import run_plan
 from edge_remat_agent.formats import Tier
@@ -110,8 +110,7 @@ def run_real_models() -> int:
             capture_s = time.perf_counter() - start
             module, example = load_model(captured.graph.capture["source"]["model"], **kw)
             module.train()
-            # eager keeps dropout's float noise, the capture a 1-byte mask
-            eager = eager_saved_bytes(module, example) - dropout_mask_savings(captured.trace)
+            eager = eager_saved_bytes_as_captured(module, example, captured.trace)
             saved = captured.graph.capture["saved_bytes"]
             ratio = saved / eager
             run = planned_run(captured, str(Path(folder) / "pages"))

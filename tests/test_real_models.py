@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from edge_remat_agent.capture import CaptureError, capture_model
-from edge_remat_agent.capture.measure import dropout_mask_savings, eager_saved_bytes
+from edge_remat_agent.capture.measure import eager_saved_bytes_as_captured
 from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.executor import run_plan
 from helpers.executor_plans import every_forward_recomputed, trainable_count, with_paging
@@ -70,8 +70,7 @@ def check_capture_and_plan(spec: str, tmp_path: Path, batch: int = 2, seq: int =
     module, args = load_model(captured.graph.capture["source"]["model"], batch=batch, seq=seq,
                               seed=1)
     module.train()
-    # Eager keeps dropout's float noise, the capture a 1-byte mask.
-    eager = eager_saved_bytes(module, args) - dropout_mask_savings(captured.trace)
+    eager = eager_saved_bytes_as_captured(module, args, captured.trace)
     saved = captured.graph.capture["saved_bytes"]
     assert abs(saved / eager - 1) <= 0.10, (spec, saved, eager)
     graph = captured.graph

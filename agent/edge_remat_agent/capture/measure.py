@@ -31,6 +31,12 @@ def eager_saved_bytes(module: nn.Module, example_args) -> int:
     return sum(saved.values())
 
 
+def eager_saved_bytes_as_captured(module: nn.Module, example_args, trace) -> int:
+    """What the capture `trace` of `module` should save, measured on eager: eager's saved
+    bytes less dropout's float noise, which the capture keeps as a 1-byte mask."""
+    return eager_saved_bytes(module, example_args) - dropout_mask_savings(trace)
+
+
 def dropout_mask_savings(trace) -> int:
     """Bytes eager's saved dropout noise takes beyond the 1-byte masks a capture keeps instead
     (trace._keep_dropout_masks): eager's saved bytes less this is what capture should save."""

@@ -32,8 +32,8 @@ LNS_MIN_NODES, LNS_SHARE = 300, 0.25
 # taking 17 s to load the hint, where 15 s of LNS reached 3.38%), and where none exists CP-SAT
 # from scratch finds none either (1000 nodes at 0.8, seeds 2 and 3), so the time left goes to
 # finding a larger budget that plans (_budget_found_hint). The plan carries the combinatorial
-# bound. LNS_RESERVE of the time limit is left to validate and report (the
-# covering bound, below, takes up to half of it).
+# bound. LNS_RESERVE of the time limit is left to validate and report (the covering bound,
+# below, takes up to half of it).
 LNS_ONLY_NODES, LNS_RESERVE = 450, 0.06
 SOLVERS = ("auto", "cpsat", "milp")
 # From this many nodes (where the exact solvers' bounds are weak or absent) the plan's bound is
