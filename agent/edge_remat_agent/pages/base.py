@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import abc
 import threading
-from typing import Any, Hashable, Iterator
+from typing import Any, Callable, Hashable, Iterator
 
 import torch
+
+from .errors import PageStoreFull
 
 
 class PageStore(abc.ABC):
@@ -91,3 +93,26 @@ class IndexedPageStore(PageStore):
     def keys(self) -> list[Hashable]:
         with self._lock:
             return list(self._index)
+
+    # Under the lock, for the stores' own methods:
+
+    def _check_capacity(self, key: Hashable, nbytes: int, replaced: int, where: str) -> None:
+        """PageStoreFull if holding `nbytes` under `key`, in place of `replaced` bytes, would
+        pass the capacity of a host-tier store (in memory, or over the link)."""
+        if self.capacity_bytes is not None and \
+                self._held - replaced + nbytes > self.capacity_bytes:
+            raise PageStoreFull(key, where, nbytes, capacity_bytes=self.capacity_bytes,
+                                held_bytes=self._held, cause="over the store's capacity",
+                                remedy="give the host tier more capacity, or plan with less")
+
+    def _forget(self, key: Hashable, nbytes: Callable[[Any], int]) -> Any:
+        """Key's entry out of the index and its bytes (`nbytes(entry)`) out of the count;
+        None where there is none."""
+        entry = self._index.pop(key, None)
+        if entry is not None:
+            self._held -= nbytes(entry)
+        return entry
+
+    def _forget_all(self) -> None:
+        self._index.clear()
+        self._held = 0

@@ -190,10 +190,9 @@ class FlashStore(IndexedPageStore):
 
     def discard(self, key: Hashable) -> bool:
         with self._lock:
-            entry = self._index.pop(key, None)
+            entry = self._forget(key, lambda entry: entry[1])
             if entry is None:
                 return False
-            self._held -= entry[1]
             self._keep_spare(*entry)
         return True
 
@@ -206,8 +205,7 @@ class FlashStore(IndexedPageStore):
                     self._drop_spare(path)
             for path, nbytes in self._index.values():
                 self._keep_spare(path, nbytes)
-            self._index.clear()
-            self._held = 0
+            self._forget_all()
             self._aged = {path for spares in self._spares.values() for path, _ in spares}
             kept = {os.path.basename(path) for path in self._aged}
         # Any other file in our own directory (a stray partial page) goes.

@@ -19,7 +19,7 @@ import torch
 
 from .base import IndexedPageStore
 from .codec import decode, encode
-from .errors import PageMissing, PageStoreFull
+from .errors import PageMissing
 from .service import PageClient
 
 Send = Callable[[Hashable, bytes], object]
@@ -40,12 +40,7 @@ class LinkStore(IndexedPageStore):
     def put(self, key: Hashable, tensor: torch.Tensor) -> int:
         data = encode(tensor).to_bytes()
         with self._lock:
-            replaced = self._index.get(key, 0)
-            if self.capacity_bytes is not None and \
-                    self._held - replaced + len(data) > self.capacity_bytes:
-                raise PageStoreFull(key, self.where, len(data), capacity_bytes=self.capacity_bytes,
-                                    held_bytes=self._held, cause="over the store's capacity",
-                                    remedy="give the host tier more capacity, or plan with less")
+            self._check_capacity(key, len(data), self._index.get(key, 0), self.where)
         self.send(key, data)
         with self._lock:
             self._held += len(data) - self._index.get(key, 0)
@@ -64,10 +59,8 @@ class LinkStore(IndexedPageStore):
 
     def discard(self, key: Hashable) -> bool:
         with self._lock:
-            size = self._index.pop(key, None)
-            if size is None:
+            if self._forget(key, int) is None:
                 return False
-            self._held -= size
         self.drop(key)
         return True
 

@@ -10,20 +10,9 @@ import torch
 
 from .base import IndexedPageStore
 from .codec import decode, encode
-from .errors import PageMissing, PageStoreFull
+from .errors import PageMissing
 
 WHERE = "host memory"
-
-
-def check_host_capacity(store: IndexedPageStore, key: Hashable, nbytes: int, replaced: int,
-                        where: str) -> None:
-    """(Under the store's lock.) PageStoreFull if holding `nbytes` under `key`, in place of
-    `replaced` bytes, would pass the capacity of a host-tier store held in memory."""
-    if store.capacity_bytes is not None and \
-            store.bytes_held - replaced + nbytes > store.capacity_bytes:
-        raise PageStoreFull(key, where, nbytes, capacity_bytes=store.capacity_bytes,
-                            held_bytes=store.bytes_held, cause="over the store's capacity",
-                            remedy="give the host tier more capacity, or plan with less")
 
 
 class MemoryStore(IndexedPageStore):
@@ -41,7 +30,7 @@ class MemoryStore(IndexedPageStore):
         data = bytes(data)
         with self._lock:
             replaced = len(self._index.get(key, b""))
-            check_host_capacity(self, key, len(data), replaced, WHERE)
+            self._check_capacity(key, len(data), replaced, WHERE)
             self._index[key] = data
             self._held += len(data) - replaced
         return len(data)
@@ -55,11 +44,7 @@ class MemoryStore(IndexedPageStore):
 
     def drop_bytes(self, key: Hashable) -> bool:
         with self._lock:
-            data = self._index.pop(key, None)
-            if data is None:
-                return False
-            self._held -= len(data)
-            return True
+            return self._forget(key, len) is not None
 
     # Pages as tensors: the PageStore interface.
 
@@ -74,5 +59,4 @@ class MemoryStore(IndexedPageStore):
 
     def clear(self) -> None:
         with self._lock:
-            self._index.clear()
-            self._held = 0
+            self._forget_all()

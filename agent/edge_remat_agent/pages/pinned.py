@@ -21,7 +21,6 @@ import torch
 from .base import IndexedPageStore
 from .codec import is_dense, placed
 from .errors import PageMissing
-from .memory import check_host_capacity
 
 WHERE = "pinned host memory"
 
@@ -43,7 +42,7 @@ class PinnedStore(IndexedPageStore):
         nbytes = value.numel() * value.element_size()
         with self._lock:
             replaced = _nbytes(self._index[key][0]) if key in self._index else 0
-            check_host_capacity(self, key, nbytes, replaced, WHERE)
+            self._check_capacity(key, nbytes, replaced, WHERE)
         page = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
                                    pin_memory=value.device.type == "cuda")
         page.copy_(value, non_blocking=True)
@@ -71,16 +70,11 @@ class PinnedStore(IndexedPageStore):
 
     def discard(self, key: Hashable) -> bool:
         with self._lock:
-            entry = self._index.pop(key, None)
-            if entry is None:
-                return False
-            self._held -= _nbytes(entry[0])
-            return True
+            return self._forget(key, lambda entry: _nbytes(entry[0])) is not None
 
     def clear(self) -> None:
         with self._lock:
-            self._index.clear()
-            self._held = 0
+            self._forget_all()
 
 
 def _nbytes(page: torch.Tensor) -> int:
