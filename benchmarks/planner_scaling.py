@@ -128,7 +128,8 @@ def frontier(graph, seconds: float) -> dict:
     low, high = floor, 1.0  # no schedule below the floor
     for _ in range(FRONTIER_STEPS):
         mid = (low + high) / 2
-        if feasibility_plans_at(plain, mid, time.perf_counter() + seconds):
+        if feasibility_plans_at(plain, int(mid * plain.budget_bytes),
+                                time.perf_counter() + seconds):
             high = mid
         else:
             low = mid

@@ -201,6 +201,33 @@ def test_no_plan_in_time_names_a_budget_that_has_one(monkeypatch):
     assert evaluate(p, solve(p, "heuristic:peak-search", time_limit=10).decisions).fits_budget
 
 
+def test_cpsats_no_plan_says_why_and_names_a_budget_that_has_one():
+    # One residency a node (no recomputation at all) makes CP-SAT prove quickly that its
+    # limited model has no schedule below the plain peak; no heuristic meets 0.55 here (above).
+    # The error says the proof holds only for the limited model, and names a budget that plans.
+    # In a fresh interpreter: where a test before loaded highspy, CP-SAT would run in a child
+    # that does not see the limit set here.
+    import subprocess
+    import sys
+    probe = (
+        "import edge_remat.planner.cpsat as cpsat\n"
+        "from edge_remat.planner.build import build_problem\n"
+        "from edge_remat.planner.solve import NoPlan, solve\n"
+        "from edge_remat.synthetic import random_layered\n"
+        "cpsat.DEFAULT_MAX_RESIDENCIES = 1\n"
+        "try:\n"
+        "    solve(build_problem(random_layered(150, seed=1), '0.55'), 'cpsat', time_limit=10)\n"
+        "except NoPlan as error:\n"
+        "    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    message = done.stdout.strip().splitlines()[-1]
+    assert "CP-SAT proved that none fits with its limit of residencies" in message
+    named = int(message.split("--budget ")[1].split(",")[0])
+    p = build_problem(random_layered(150, seed=1), str(named))
+    assert evaluate(p, solve(p, "heuristic:peak-search", time_limit=10).decisions).fits_budget
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=graphs, fraction=st.floats(0.3, 1.0))
 def test_batch_splits_never_add_excess_and_their_schedules_simulate(graph, fraction):

@@ -10,7 +10,7 @@ from . import __version__, profile_command, profile_storage, run_command
 
 
 def _check_plan(args: argparse.Namespace) -> int:
-    from .costs import build_costs
+    from .costs import plan_costs
     from .formats import FormatError, load_graph, load_plan
     from .simulate import PlanError, simulate
     try:
@@ -19,7 +19,7 @@ def _check_plan(args: argparse.Namespace) -> int:
             raise FormatError(args.plan, "graph_fingerprint",
                               f"{graph.fingerprint()} (the graph on this board)",
                               plan.graph_fingerprint)
-        result = simulate(graph, build_costs(graph), plan.stages, plan.budget_bytes)
+        result = simulate(graph, plan_costs(graph, plan), plan.stages, plan.budget_bytes)
     except (FormatError, PlanError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -5,15 +5,16 @@ One cost model serves the simulator, the solvers and the reports, so that they a
 and to the byte: build_costs is the one place where a profile's measurements override the
 graph's figures (time, energy, workspace), and the simulator (simulate.py) and the planner's
 Problem (host planner/problem.py, which every solver reads) take each node's workspace from
-`CostModel.workspace_bytes`, never from the graph's nodes.
+`CostModel.workspace_bytes`, never from the graph's nodes; fixed memory likewise adds the
+first calls' memory a profile measured (`CostModel.runtime_warm_bytes`) to the graph's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .formats import FormatError, Graph, Profile, Tier
+from .formats import FormatError, Graph, Plan, Profile, Tier
 
 # Modelled page tiers for a parameter home when no profile or command line gives figures:
 # a board's eMMC / SD card (reads ~100 MB/s, writes ~40 MB/s) and a USB 2 link to a host
@@ -58,6 +59,10 @@ class CostModel:
     # The figures each tier's costs came from (a profile's or the command line's; a tier the
     # graph costs node by node has none): what a plan carries so that it replays on its own.
     tier_figures: dict[str, Tier] = field(default_factory=dict)
+    # What the graph's ops' first calls leave to the process (a profile's `persistent_bytes`
+    # over the graph's distinct ops): fixed memory from the first step on, which the runtime
+    # baseline, taken before it, does not hold. Every schedule pays it, plain PyTorch's too.
+    runtime_warm_bytes: int = 0
 
     def workspace(self, graph: Graph) -> list[int]:
         """Each node's workspace bytes (the graph's where this model has none)."""
@@ -71,7 +76,8 @@ class CostModel:
     def describe(self) -> dict[str, Any]:
         return {"static_w": self.static_w, "power_source": self.power_source,
                 "time_source": self.time_source, "cost_source": self.cost_source,
-                "workspace_source": self.workspace_source, "tiers": sorted(self.tiers)}
+                "workspace_source": self.workspace_source, "tiers": sorted(self.tiers),
+                "runtime_warm_bytes": self.runtime_warm_bytes}
 
 
 def build_costs(graph: Graph, profile: Profile | None = None,
@@ -122,7 +128,21 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     workspace_source = (f"profile:{profile.name} for {workspace_from_profile}/{len(graph)} "
                         "nodes" if workspace_from_profile else "graph")
     return CostModel(times, energies, idle_w, tier_costs, power_source, time_source, cost_source,
-                     workspaces, workspace_source, all_tiers)
+                     workspaces, workspace_source, all_tiers, runtime_warm_bytes(graph, profile))
+
+
+def plan_costs(graph: Graph, plan: Plan) -> CostModel:
+    """The costs a plan is replayed with where its profile is not at hand: the graph's, the
+    figures of the tiers it pages to and the first calls' memory it counted, all its own."""
+    return replace(build_costs(graph, None, plan.tiers), runtime_warm_bytes=plan.runtime_warm_bytes)
+
+
+def runtime_warm_bytes(graph: Graph, profile: Profile | None) -> int:
+    """The profile's `persistent_bytes` over the graph's distinct ops (0 without any)."""
+    if profile is None:
+        return 0
+    keys = {node.signature or node.op for node in graph.nodes}
+    return sum(profile.ops[key].persistent_bytes or 0 for key in keys if key in profile.ops)
 
 
 def home_io_cost(node, tiers: dict[str, Tier]) -> tuple[float, float]:

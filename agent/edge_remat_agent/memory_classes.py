@@ -6,6 +6,9 @@
     activations      forward outputs, the loss and the activations' gradients
     workspace        a node's temporaries while it runs (an update's scratch included)
     inputs           the batch, buffers and constants (fixed)
+    runtime_warm     what the ops' first calls leave to the process (oneDNN's primitives,
+                     kernel caches): fixed, planned from a profile (costs.runtime_warm_bytes);
+                     no tensor, so the ledger's figure is 0 and the kernel's peak shows it
 
 The runtime (interpreter, torch, the allocator's slack) holds no planned tensor: the run report
 sets the kernel's figures beside these. The ledger counts tensors, not temporaries, so its
@@ -18,7 +21,8 @@ from typing import Callable, Hashable
 
 from .formats import Graph, Node, Stages
 
-CLASSES = ("parameters", "gradients", "optimizer_state", "activations", "workspace", "inputs")
+CLASSES = ("parameters", "gradients", "optimizer_state", "activations", "workspace", "inputs",
+           "runtime_warm")
 
 
 def output_classes(node: Node) -> dict[str, int]:
@@ -48,10 +52,11 @@ def fixed_classes(graph: Graph) -> dict[str, int]:
 
 
 def planned_at(graph: Graph, stages: Stages, at: tuple[int, int],
-               workspace: list[int]) -> dict[str, int]:
+               workspace: list[int], runtime_warm: int = 0) -> dict[str, int]:
     """What the plan holds at instruction `at` (the simulator's peak_at), by class: the
-    resident outputs, the running node's output and workspace, and fixed memory. The plan is
-    taken as valid (the simulator checked it)."""
+    resident outputs, the running node's output and workspace, and fixed memory (the
+    graph's, and `runtime_warm` where the plan counted it). The plan is taken as valid (the
+    simulator checked it)."""
     resident: set[int] = set()
     running: int | None = None
     for s, stage in enumerate(stages[:at[0] + 1]):
@@ -69,6 +74,7 @@ def planned_at(graph: Graph, stages: Stages, at: tuple[int, int],
     if running is not None:
         _add(out, workspace_classes(graph.nodes[running], workspace[running]))
     _add(out, fixed_classes(graph))
+    out["runtime_warm"] += runtime_warm
     return out
 
 

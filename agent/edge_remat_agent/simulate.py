@@ -3,7 +3,8 @@
 Memory model (shared/DESIGN.md): a tensor occupies RAM from the instruction that produces it
 (compute or page_in) until it is freed or paged out. While a node computes, RAM holds every resident
 tensor, the node's output and its workspace (the cost model's: a profile's measured workspace
-where it has one, else the graph's), plus fixed memory. Paged-out copies stay on their tier
+where it has one, else the graph's), plus fixed memory (the graph's, and what a profile says
+the ops' first calls leave to the process: costs.runtime_warm_bytes). Paged-out copies stay on their tier
 until the end of the step.
 
 Paging time: `io="sync"` counts every page-in and page-out as stopping compute (time = compute
@@ -86,7 +87,8 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
     tiers: dict[str, set[int]] = {name: set() for name in costs.tiers}
     tier_bytes = {name: 0 for name in costs.tiers}
     ram_bytes = 0
-    peak, peak_at = graph.fixed_bytes, (0, 0)
+    fixed = graph.fixed_bytes + costs.runtime_warm_bytes
+    peak, peak_at = fixed, (0, 0)
     computed = [0] * len(graph)
     t_compute = t_paging = e_compute = e_paging = 0.0
     page_ins = page_outs = paged_bytes = 0
@@ -151,7 +153,7 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
                 paged_bytes += sizes[i]
             else:
                 raise fail(f"unknown op {ins.op!r}")
-            now += graph.fixed_bytes
+            now += fixed
             trace.append(now)
             ops.append((OP_CODES[ins.op], i, ins.tier))
             if now > peak:

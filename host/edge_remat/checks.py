@@ -29,7 +29,7 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
            profile: Optional[Profile] = None):
     """The simulator's replay of `plan` on `graph` (PlanError names a bad instruction); a plan
     made for another graph is refused first, by fingerprint."""
-    from edge_remat_agent.costs import build_costs
+    from edge_remat_agent.costs import build_costs, plan_costs
     from edge_remat_agent.simulate import simulate
 
     if plan.graph_fingerprint and plan.graph_fingerprint != graph.fingerprint():
@@ -37,7 +37,7 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
                         f"{plan.graph_fingerprint}), not for {graph_name} "
                         f"({graph.fingerprint()}): give the graph it was planned for, or plan "
                         f"again with `edge-remat plan --graph {graph_name}`")
-    costs = build_costs(graph, profile, plan.tiers)
+    costs = build_costs(graph, profile, plan.tiers) if profile else plan_costs(graph, plan)
     io = "overlap" if plan.problem.get("io") == "overlap" else "sync"  # as it was planned
     return simulate(graph, costs, plan.stages, plan.budget_bytes, io=io)
 

@@ -17,7 +17,7 @@ from ..capture import CaptureError, Captured
 from ..capture.errors import GraphMismatch
 from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
 from ..capture.replay import StepRunner
-from ..costs import build_costs
+from ..costs import plan_costs
 from ..devices import allocated_peak, reserved_peak, reset_peaks, synchronize
 from ..formats import Graph, Plan
 from ..memory_classes import CLASSES, ledger_classifier, planned_at
@@ -324,7 +324,8 @@ def memory_by_class(graph: Graph, plan: Plan, sim: SimResult, records: list[dict
     top = max(records, key=lambda r: r.get("ledger_peak_bytes") or 0)
     measured = top.get("ledger_peak_by_class") or {}
     return {"classes": list(CLASSES),
-            "planned": planned_at(graph, plan.stages, sim.peak_at, workspace),
+            "planned": planned_at(graph, plan.stages, sim.peak_at, workspace,
+                                  plan.runtime_warm_bytes),
             "measured": {name: measured.get(name, 0) for name in CLASSES},
             "measured_step": top["step"]}
 
@@ -338,8 +339,7 @@ def validate(graph: Graph, plan: Plan) -> SimResult:
                        "it (the plan's `tiers`): plan again with `edge-remat plan`, which "
                        "writes the figures of every tier it pages to")
     try:
-        return simulate(graph, build_costs(graph, None, plan.tiers), plan.stages,
-                        plan.budget_bytes)
+        return simulate(graph, plan_costs(graph, plan), plan.stages, plan.budget_bytes)
     except PlanError as error:
         raise BadInput(f"the plan cannot run: {error}") from error
 

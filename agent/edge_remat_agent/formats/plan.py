@@ -60,6 +60,12 @@ class Plan:
         for stage in self.stages:
             yield from stage
 
+    @property
+    def runtime_warm_bytes(self) -> int:
+        """What the ops' first calls leave to the process, as the plan counted it in its fixed
+        memory (from its profile: costs.runtime_warm_bytes); 0 where it did not."""
+        return int(self.problem.get("runtime_warm_bytes") or 0)
+
     def to_dict(self) -> dict[str, Any]:
         return {"format": "edge-remat/plan", "version": 1, "fingerprint": self.fingerprint,
                 "graph_fingerprint": self.graph_fingerprint, "budget_bytes": self.budget_bytes,
@@ -88,6 +94,7 @@ def plan_from_dict(obj: Any, source: str = "<plan>") -> Plan:
         stages.append([_instruction(Reader(ins, source, f"stages[{s}][{k}]"))
                        for k, ins in enumerate(stage)])
     problem = dict(r.object("problem", None) or {})
+    Reader(problem, source, "problem").integer("runtime_warm_bytes", None)  # checked once here
     return Plan(stages=stages, graph_fingerprint=r.str("graph_fingerprint", ""),
                 budget_bytes=r.integer("budget_bytes"),
                 objective=r.str("objective", "time", ("time", "energy")),

@@ -50,6 +50,9 @@ class OpCost:
     energy_j: float | None = None
     out_bytes: int | None = None
     workspace_bytes: int | None = None
+    # Memory the op's first call leaves to the process for good (oneDNN's primitives and their
+    # scratch, kernel caches): fixed memory from the first step on (costs.runtime_warm_bytes).
+    persistent_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -108,10 +111,12 @@ def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
     ops = {}
     for sig in ops_r.obj:
         o = ops_r.child(sig)
-        o.reject_unknown({"time_s", "energy_j", "out_bytes", "workspace_bytes"})
+        o.reject_unknown({"time_s", "energy_j", "out_bytes", "workspace_bytes",
+                          "persistent_bytes"})
         ops[sig] = OpCost(time_s=o.number("time_s"), energy_j=o.number("energy_j", None),
                           out_bytes=o.integer("out_bytes", None),
-                          workspace_bytes=o.integer("workspace_bytes", None))
+                          workspace_bytes=o.integer("workspace_bytes", None),
+                          persistent_bytes=o.integer("persistent_bytes", None))
     device = r.object("device", None) or {}
     return Profile(source=r.str("source", choices=("measured", "modelled")), device=device,
                    idle_w=power.number("idle_w"), active_w=power.number("active_w"),

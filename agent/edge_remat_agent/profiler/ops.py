@@ -193,18 +193,22 @@ def time_in_context(runner: StepRunner, module: torch.nn.Module,
 
 
 def ops_from(measurements: list[NodeMeasurement]) -> dict[str, OpCost]:
-    """Profile `ops`: one entry per key, the mean over the nodes that share it."""
+    """Profile `ops`: one entry per key, the mean over the nodes that share it; what their
+    first calls left behind summed (the first of them usually pays for all: oneDNN keys its
+    primitives by shape), so the ops of a graph sum to what its profiled step left."""
     groups: dict[str, list[NodeMeasurement]] = {}
     for m in measurements:
         groups.setdefault(m.key, []).append(m)
     ops = {}
     for key, rows in groups.items():  # workspace: the larger of ledger's and allocator's
         energies = [r.energy_j for r in rows]
+        persistent = [r.persistent_bytes for r in rows if r.persistent_bytes is not None]
         ops[key] = OpCost(
             time_s=statistics.fmean(r.time_s for r in rows),
             energy_j=None if any(e is None for e in energies) else statistics.fmean(energies),
             out_bytes=max(r.out_bytes for r in rows),
-            workspace_bytes=max(r.workspace_bytes for r in rows))
+            workspace_bytes=max(r.workspace_bytes for r in rows),
+            persistent_bytes=sum(persistent) if persistent else None)
     return ops
 
 

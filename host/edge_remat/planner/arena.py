@@ -114,7 +114,8 @@ def plan_arena(graph: Graph, plan: Plan, costs: CostModel | None = None, method:
         status = "optimal" if _size(blocks, offsets) <= result["bound_bytes"] else "feasible"
         load = max(load, result["bound_bytes"])
     size = _size(blocks, offsets)
-    tensor_peak = plan.predicted.get("peak_bytes", 0) - graph.fixed_bytes
+    fixed = plan.problem.get("fixed_bytes", graph.fixed_bytes)  # with the ops' first calls
+    tensor_peak = plan.predicted.get("peak_bytes", 0) - fixed
     details.update({
         "status": status, "lower_bound_bytes": load,
         "planned_tensor_peak_bytes": tensor_peak,

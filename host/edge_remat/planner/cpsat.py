@@ -40,7 +40,9 @@ Progress = Callable[[float, float, float], None]  # (seconds, objective, bound),
 @dataclass
 class CpsatOutcome:
     decisions: list[StageDecision] | None
-    status: str  # "optimal" | "timeout" | "infeasible" | "unknown"
+    # "optimal" | "timeout" | "infeasible" | "unknown"; "limited": proven infeasible, but only
+    # with the residency limit per node (exact_model False), so a schedule may still exist
+    status: str
     objective: float | None  # the solver's value, in the problem's units
     bound: float | None
     solve_time_s: float
@@ -101,7 +103,7 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
                    cp_model.INFEASIBLE: "infeasible"}.get(code, "unknown")
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if status_name == "infeasible" and not exact:
-            status_name = "unknown"  # infeasible only with the residency limit
+            status_name = "limited"  # infeasible only with the residency limit
         return CpsatOutcome(None, status_name, None, None, elapsed, None, None, exact,
                             model.scaling(), workers, listener.trace)
     objective = model.to_units(solver.ObjectiveValue())

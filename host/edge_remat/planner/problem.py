@@ -74,7 +74,7 @@ class Problem:
         for k, ds in enumerate(self.deps):
             for i in ds:
                 self.users[i].append(k)
-        self.fixed = g.fixed_bytes
+        self.fixed = g.fixed_bytes + self.costs.runtime_warm_bytes
         self.plain_time = sum(self.costs.time_s)
 
     def next_use(self, i: int, t: int) -> int | None:

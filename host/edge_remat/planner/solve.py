@@ -169,34 +169,52 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
 # slowly and succeeds fast, so the ladder starts in the middle, climbs until one succeeds,
 # then steps down while time lasts.
 LADDER_STEPS, LADDER_START = (1.025, 1.05, 1.1, 1.2, 1.3, 1.5), 2
+HINT_EXTRA, HINT_EXTRA_MAX_S = 0.25, 5.0
 
 
-def feasibility_plans_at(p: Problem, factor: float, deadline: float) -> bool:
-    """Whether the feasibility phase finds a plan at `factor` x the problem's budget before the
-    deadline (a perf_counter time)."""
-    wider = replace(p, budget_bytes=int(p.budget_bytes * factor))
+def feasibility_plans_at(p: Problem, budget_bytes: int, deadline: float) -> bool:
+    """Whether the feasibility phase finds a plan within `budget_bytes` for the problem's graph
+    and costs before the deadline (a perf_counter time)."""
+    wider = replace(p, budget_bytes=budget_bytes)
     return BASELINES[FEASIBILITY_PHASE](wider, deadline) is not None
 
 
+def _ladder_budget(p: Problem, factor: float) -> int:
+    """The budget that leaves `factor` x this one's room for tensors (beyond fixed memory): a
+    ladder on the whole budget would step by megabytes of weights where activations are few."""
+    return p.fixed + int((p.budget_bytes - p.fixed) * factor)
+
+
+def _hint_deadline(started: float, time_limit: float) -> float:
+    """Where an exact solver used the time and found nothing, the budget ladder still gets a
+    little (HINT_EXTRA of the time limit, at most HINT_EXTRA_MAX_S) past the limit: an error
+    that names a budget that plans is worth those seconds."""
+    return max(started + time_limit,
+               clock.perf_counter() + min(HINT_EXTRA_MAX_S, HINT_EXTRA * time_limit))
+
+
 def _budget_found_hint(p: Problem, deadline: float) -> str:
-    """What to try next: the smallest budget of LADDER_STEPS for which the feasibility phase
-    finds a plan before the deadline (a perf_counter time), else a larger time limit."""
+    """What to try next: the smallest budget of LADDER_STEPS (x the room for tensors) for which
+    the feasibility phase finds a plan before the deadline (a perf_counter time), else a larger
+    time limit."""
     found, k = None, LADDER_START
     while k < len(LADDER_STEPS) and deadline - clock.perf_counter() > 1.0:
-        if feasibility_plans_at(p, LADDER_STEPS[k], deadline):
+        if feasibility_plans_at(p, _ladder_budget(p, LADDER_STEPS[k]), deadline):
             found = LADDER_STEPS[k]
             break
         k += 1
     k -= 1
     while found is not None and k >= 0 and deadline - clock.perf_counter() > 1.0:
-        if not feasibility_plans_at(p, LADDER_STEPS[k], deadline):
+        if not feasibility_plans_at(p, _ladder_budget(p, LADDER_STEPS[k]), deadline):
             break
         found, k = LADDER_STEPS[k], k - 1
     if found is None:
         return "try a larger --time-limit or budget"
-    smallest = int(p.budget_bytes * found)
-    return (f"the feasibility phase finds a plan at {smallest} bytes ({found:g}x this "
-            f"budget): try --budget {smallest}, or a larger --time-limit")
+    smallest = _ladder_budget(p, found)
+    room = f"{found:g}x this budget" if p.fixed == 0 else \
+        f"{found:g}x the {p.budget_bytes - p.fixed} bytes this budget leaves beyond fixed memory"
+    return (f"the feasibility phase finds a plan at {smallest} bytes ({room}): try --budget "
+            f"{smallest}, or a larger --time-limit")
 
 
 def _improve_by_lns(p: Problem, start: Candidate,
@@ -250,8 +268,11 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
                        fallback=f"cpsat {outcome.status}", **details)
     if outcome.status == "infeasible":
         raise _infeasible(p, "CP-SAT")
-    raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and CP-SAT "
-                 "found none in time); try a larger --time-limit or budget")
+    why = ("CP-SAT proved that none fits with its limit of residencies per node, so a "
+           "schedule may still exist" if outcome.status == "limited" else
+           "CP-SAT found none in time")
+    raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and {why}); "
+                 + _budget_found_hint(p, _hint_deadline(started, time_limit)))
 
 
 def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started, time_limit,
@@ -287,7 +308,8 @@ def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
     if outcome.status == "infeasible":
         raise _infeasible(p, "MILP")
     raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and the MILP "
-                 f"found none in time); try a larger --time-limit or budget")
+                 f"found none in time); "
+                 + _budget_found_hint(p, _hint_deadline(started, time_limit)))
 
 
 def _fastest_within_budget(p: Problem, solver: str, time_limit: float, backend: str,
@@ -377,7 +399,7 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
     problem = {"objective": p.objective, "deadline": p.deadline, "paging": list(p.tiers),
                "paging_time": p.paging_time, "io": p.io, "profile": p.profile_name,
                "costs": p.costs.describe(), "graph": p.graph.name, "nodes": p.n,
-               "fixed_bytes": p.fixed}
+               "fixed_bytes": p.fixed, "runtime_warm_bytes": p.costs.runtime_warm_bytes}
     plan = Plan(stages=ev.stages, graph_fingerprint=p.graph.fingerprint(),
                 budget_bytes=p.budget_bytes, objective=p.objective, solver=solver,
                 predicted=predicted, problem=problem, fingerprint=p.fingerprint(),

@@ -76,13 +76,13 @@ def plot_schedule(graph: Graph, plan: Plan, path: "str | Path", title: str = "")
 
 def memory_traces(graph: Graph, plan: Plan) -> tuple[list[int], list[int]]:
     """RAM at each instruction (tensors + fixed memory) of the plan and of the plain schedule."""
-    from edge_remat_agent.costs import build_costs
+    from edge_remat_agent.costs import build_costs, plan_costs
     from edge_remat_agent.simulate import simulate
 
     from ..planner.baselines import keep_all
     from ..planner.evaluate import evaluate
     from ..planner.problem import Problem
-    planned = simulate(graph, build_costs(graph, None, plan.tiers), plan.stages).memory_trace
+    planned = simulate(graph, plan_costs(graph, plan), plan.stages).memory_trace
     unlimited = Problem(graph, build_costs(graph), budget_bytes=2**62)
     plain = evaluate(unlimited, keep_all(unlimited)).sim.memory_trace
     return planned, plain

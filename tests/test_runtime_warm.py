@@ -1,0 +1,120 @@
+"""What the ops' first calls leave to the process (oneDNN's primitives, kernel caches) is fixed
+memory from the first step on, which the runtime baseline (taken before it) does not hold. The
+op profiler measures it per op (`persistent_bytes`); a profile carries it; build_costs sums it
+over the graph's distinct ops, and from there the simulator, the planner's fixed memory (plain
+peak, fractional budgets, smallest budget), the plan (`problem.runtime_warm_bytes`) and the run
+report (its planned peak and the `runtime_warm` class) agree on it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edge_remat.planner.build import build_problem, plain_peak_bytes
+from edge_remat.planner.solve import solve
+from edge_remat_agent.capture import capture_model
+from edge_remat_agent.costs import build_costs, plan_costs
+from edge_remat_agent.executor.run import run_plan
+from edge_remat_agent.formats import FormatError, Graph, Node, plan_from_dict
+from edge_remat_agent.formats.profile import OpCost, Profile, profile_from_dict
+from edge_remat_agent.profiler.ops import NodeMeasurement, ops_from
+from edge_remat_agent.simulate import simulate
+
+FIXED = 1000
+
+
+def chain() -> Graph:
+    """Two convolutions with the same signature (one primitive), a loss and a backward."""
+    return Graph([
+        Node("a", "a", "forward", "a", [], 100, time_s=1.0),
+        Node("c1", "c1", "forward", "convolution", ["a"], 50, time_s=1.0, signature="conv:s"),
+        Node("c2", "c2", "forward", "convolution", ["c1"], 50, time_s=1.0, signature="conv:s"),
+        Node("loss", "loss", "loss", "loss", ["c2"], 1, time_s=1.0),
+        Node("bw", "bw", "backward", "convolution_backward", ["loss", "a"], 100, time_s=1.0),
+    ], name="chain", fixed_bytes=FIXED)
+
+
+def profile(**persistent: int) -> Profile:
+    ops = {key: OpCost(time_s=1.0) for key in ("a", "conv:s", "loss", "convolution_backward",
+                                               "elsewhere")}
+    for key, nbytes in persistent.items():
+        ops[key.replace("_s", ":s")].persistent_bytes = nbytes
+    return Profile("measured", {}, idle_w=0.0, active_w=1.0, ops=ops, name="board")
+
+
+def test_costs_sum_it_over_the_graphs_distinct_ops_only():
+    # conv:s serves two nodes but was paid once; an op the graph does not use is not counted
+    costs = build_costs(chain(), profile(conv_s=300, convolution_backward=20, elsewhere=5000))
+    assert costs.runtime_warm_bytes == 320
+    assert costs.describe()["runtime_warm_bytes"] == 320
+    assert build_costs(chain()).runtime_warm_bytes == 0
+    assert build_costs(chain(), profile()).runtime_warm_bytes == 0
+
+
+def test_the_simulator_and_the_planners_fixed_memory_count_it():
+    graph, measured = chain(), profile(conv_s=300)
+    plain = plain_peak_bytes(graph)
+    assert plain_peak_bytes(graph, measured) == plain + 300  # a fraction is of this peak
+    assert build_problem(graph, "1.0", measured).budget_bytes == plain + 300
+    p = build_problem(graph, 2**40, measured)
+    assert p.fixed == FIXED + 300
+    assert p.smallest_budget()[0] == build_problem(graph, 2**40).smallest_budget()[0] + 300
+    plan = solve(p, "auto", time_limit=5).plan
+    assert plan.problem["runtime_warm_bytes"] == 300 and plan.problem["fixed_bytes"] == FIXED + 300
+    assert plan.predicted["peak_bytes"] == plain + 300
+    # replayed without the profile, the plan's own figure counts (plan_costs), also after a
+    # round trip through its file format
+    again = plan_from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again.runtime_warm_bytes == 300
+    assert simulate(graph, plan_costs(graph, again), again.stages).peak_bytes == plain + 300
+
+
+def test_the_profile_format_carries_it_and_refuses_a_bad_value():
+    measured = profile(conv_s=300)
+    loaded = profile_from_dict(json.loads(json.dumps(measured.to_dict())))
+    assert loaded.ops["conv:s"].persistent_bytes == 300
+    assert loaded.ops["a"].persistent_bytes is None
+    data = measured.to_dict()
+    data["ops"]["conv:s"]["persistent_bytes"] = -4
+    with pytest.raises(FormatError, match="persistent_bytes"):
+        profile_from_dict(data)
+
+
+def test_a_plan_with_a_bad_figure_is_refused_in_one_line():
+    plan = solve(build_problem(chain(), 2**40, profile(conv_s=300)), "auto", time_limit=5).plan
+    data = plan.to_dict()
+    data["problem"]["runtime_warm_bytes"] = "lots"
+    with pytest.raises(FormatError, match="runtime_warm_bytes"):
+        plan_from_dict(data)
+
+
+def test_ops_from_sums_what_the_nodes_of_one_op_left():
+    rows = [NodeMeasurement(f"n{i}", f"n{i}", "forward", "conv:s", 1.0, 1, 8, 0,
+                            persistent_bytes=b) for i, b in enumerate((4096, 0, None))]
+    rows.append(NodeMeasurement("x", "x", "forward", "relu", 1.0, 1, 8, 0))
+    ops = ops_from(rows)
+    assert ops["conv:s"].persistent_bytes == 4096
+    assert ops["relu"].persistent_bytes is None
+
+
+def test_a_run_reports_it_as_planned_memory_of_its_own_class(tmp_path):
+    """A real run (digits-cnn, two steps) of a plan made with a profile that says its
+    convolutions' first calls left 3 MiB: the report's planned peak counts it and its class
+    holds it; the ledger (tensors only) does not."""
+    captured = capture_model("digits-cnn", batch=4, image=8)
+    graph = captured.graph
+    keys = {n.signature or n.op for n in graph.nodes}
+    conv = next(k for k in keys if k.startswith("convolution"))
+    warm = 3 * 2**20
+    measured = Profile("measured", {}, idle_w=0.0, active_w=1.0, name="board",
+                       ops={conv: OpCost(time_s=1e-3, persistent_bytes=warm)})
+    plan = solve(build_problem(graph, "1.0", measured), "auto", time_limit=5).plan
+    assert plan.runtime_warm_bytes == warm
+    report = run_plan(graph, plan, 2, str(tmp_path / "pages"), captured=captured, seed=0)
+    split = report["memory_by_class"]
+    assert split["planned"]["runtime_warm"] == warm and split["measured"]["runtime_warm"] == 0
+    assert sum(split["planned"].values()) == report["predicted_peak_bytes"]
+    assert report["predicted_peak_bytes"] <= plan.budget_bytes
+    assert all(s["ledger_peak_bytes"] <= report["predicted_peak_bytes"] - warm
+               for s in report["steps"])
