@@ -37,6 +37,7 @@ class TierCosts:
     in_time_s: list[float]
     in_energy_j: list[float]
     capacity_bytes: int | None = None
+    compute_share: float = 0.0  # compute lost per second of this tier's IO beside it (Tier's)
 
 
 @dataclass
@@ -58,6 +59,10 @@ class CostModel:
     # The figures each tier's costs came from (a profile's or the command line's; a tier the
     # graph costs node by node has none): what a plan carries so that it replays on its own.
     tier_figures: dict[str, Tier] = field(default_factory=dict)
+
+    def compute_shares(self) -> dict[str, float]:
+        """Each tier's compute share, as the IO timeline takes them (timeline.py)."""
+        return {name: tier.compute_share for name, tier in self.tiers.items()}
 
     def workspace(self, graph: Graph) -> list[int]:
         """Each node's workspace bytes (the graph's where this model has none)."""
@@ -158,4 +163,5 @@ def tier_costs_from(tier: Tier, sizes: list[int]) -> TierCosts:
     writes = [tier.write_cost(s) for s in sizes]
     reads = [tier.read_cost(s) for s in sizes]
     return TierCosts([w[0] for w in writes], [w[1] for w in writes],
-                     [r[0] for r in reads], [r[1] for r in reads], tier.capacity_bytes)
+                     [r[0] for r in reads], [r[1] for r in reads], tier.capacity_bytes,
+                     tier.compute_share)
