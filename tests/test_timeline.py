@@ -3,10 +3,13 @@ the simulator, the planner's post-pass and what a plan predicts; figures compute
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
 
 import pytest
 
+from helpers.bad_inputs import cli, refused
 from helpers.small_graphs import training_chain
 from edge_remat.planner.build import keep_all_peak_bytes
 from edge_remat.planner.evaluate import evaluate
@@ -16,7 +19,7 @@ from edge_remat.planner.solve import solve
 from edge_remat.planner.stages import lower
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.formats import FormatError, Graph, Instruction, Node, Profile, Tier
-from edge_remat_agent.formats.plan import plan_from_dict
+from edge_remat_agent.formats.plan import load_plan, plan_from_dict
 from edge_remat_agent.formats.profile import profile_from_dict
 from edge_remat_agent.simulate import simulate
 from edge_remat_agent.timeline import COMPUTE, PAGE_IN, PAGE_OUT, run_timeline
@@ -158,3 +161,38 @@ def test_a_plan_carries_the_share_it_was_planned_with():
     plan = solve(p, "heuristic:keep-all", time_limit=5).plan
     again = plan_from_dict(plan.to_dict())
     assert again.tiers["flash"].compute_share == 0.5
+
+
+# -- `plan --profile` --------------------------------------------------------------------------
+
+def save_json(obj, path) -> None:
+    path.write_text(json.dumps(obj))
+
+
+def planned_with_share(tmp_path, share) -> subprocess.CompletedProcess:
+    graph_file, profile_file = tmp_path / "g.json", tmp_path / f"p{share}.json"
+    training_chain(10, 1).save(graph_file)
+    tier = {"read_bytes_per_s": 4.0, "write_bytes_per_s": 4.0, "latency_s": 0.1,
+            "compute_share": share}
+    save_json(profile_with(tier), profile_file)
+    return cli("plan", "--graph", graph_file, "--budget", "60%", "--profile", profile_file,
+               "--paging", "flash", "--solver", "heuristic:paging", "--time-limit", "5",
+               "-o", tmp_path / f"plan{share}.json", "--json")
+
+
+def test_plan_takes_the_share_from_the_profile(tmp_path):
+    free, costly = (planned_with_share(tmp_path, share) for share in (0.0, 1.0))
+    assert free.returncode == 0 and costly.returncode == 0, free.stderr + costly.stderr
+    plans = [load_plan(tmp_path / f"plan{share}.json") for share in (0.0, 1.0)]
+    assert plans[1].tiers["flash"].compute_share == 1.0
+    assert "compute_share" not in plans[0].to_dict()["tiers"]["flash"]
+    free_p, costly_p = (plan.predicted for plan in plans)
+    assert free_p["page_outs"] > 0 and free_p["io_slowed_s"] == 0.0
+    assert free_p["paging_hidden_share"] == 1.0  # all of it hidden behind compute
+    # Share 1: every IO stops compute, so the step is compute + all the IO, synchronously.
+    assert costly_p["page_outs"] > 0 and costly_p["paging_hidden_share"] == pytest.approx(0.0)
+    assert costly_p["time_s"] == pytest.approx(free_p["time_s"] + costly_p["io_busy_s"])
+
+
+def test_plan_refuses_a_profile_with_a_share_out_of_range(tmp_path):
+    refused(planned_with_share(tmp_path, 2.0), 2, "compute_share", "0")
