@@ -657,8 +657,14 @@ def _profile(captured, args, log):
         from edge_remat_agent.profiler import measure_flash
         # fsync, as the executor writes (run_plan's flash_fsync): without it the plan took
         # paging for free (predicted 0.14 s, measured 0.34 s on bert-mini at 50%).
-        tiers["flash"] = measure_flash(args.page_dir, (64 * 2**10, 2**20, 16 * 2**20),
-                                       fsync=True).fit()
+        # Its compute_share too, on this run's torch threads: what the IO thread's CPU costs
+        # the step where no core is spare (planned 91% hidden, measured 45% without it).
+        flash = measure_flash(args.page_dir, (64 * 2**10, 2**20, 16 * 2**20), fsync=True)
+        tiers["flash"] = flash.fit()
+        log(f"  flash: write {tiers['flash'].write_cost(MiB)[0] * 1e3:.2f} ms, read "
+            f"{tiers['flash'].read_cost(MiB)[0] * 1e3:.2f} ms a MiB; compute share "
+            f"{tiers['flash'].compute_share:.2f} (the IO thread's CPU "
+            f"{flash.contention.io_cpu_per_io_s or 0:.2f} s per IO second)")
     log(f"  op profiler: {len(captured.graph)} planner nodes "
         f"({'operator' if captured.graph.capture.get('operator_level') else 'module'}-level) "
         f"timed in {time.perf_counter() - start:.0f} s")
@@ -700,6 +706,8 @@ def plan_variant(variant: Variant, budget: Budget, fraction: float, plain: int, 
         paging=variant.paging, page_outs=paged,
         tdi_percent=predicted.get("tdi_percent", 0.0), predicted_overhead_percent=overhead,
         planned_hidden_share=hidden if paged else None,
+        planned_io_busy_s=predicted.get("io_busy_s"), planned_io_wait_s=predicted.get("io_wait_s"),
+        planned_io_slowed_s=predicted.get("io_slowed_s"),
         budget_bytes=budget_bytes, grad_check=grad_check,
         plan_note=(f"{fallback}plan: {variant.label} ({len(graph)} nodes), "
                    f"{plan.solver.get('name')} ({plan.solver.get('status')}), predicted "
@@ -1047,11 +1055,23 @@ def _report(title, graph, plain, model_plain, budgets, eager, references, forms_
             busy = statistics.median(b for b, _ in ours_m.io)
             wait = statistics.median(w for _, w in ours_m.io)
             measured_hidden = 1.0 - wait / busy if busy > 0 else None
-            row.update(planned_hidden_share=ours_m.info["planned_hidden_share"],
+            info = ours_m.info
+            planned_busy, planned_wait = info["planned_io_busy_s"], info["planned_io_wait_s"]
+            # The share of IO compute did not wait for, planned as measured (the plan's hidden
+            # share also counts the compute lost to the IO's CPU, which no clock separates).
+            planned_unwaited = 1.0 - planned_wait / planned_busy if planned_busy else None
+            row.update(planned_hidden_share=info["planned_hidden_share"],
+                       planned_unwaited_share=planned_unwaited, planned_io_busy_s=planned_busy,
+                       planned_io_wait_s=planned_wait,
+                       planned_io_slowed_s=info["planned_io_slowed_s"],
                        measured_hidden_share=measured_hidden, measured_io_busy_s=busy,
                        measured_io_wait_s=wait)
-            print(f"  paging hidden behind compute: planned "
-                  f"{ours_m.info['planned_hidden_share']:.0%}, measured "
+            print(f"  paging hidden behind compute: planned {info['planned_hidden_share']:.0%} "
+                  f"(of {planned_busy:.3f} s of IO, compute waits {planned_wait:.3f} s and "
+                  f"loses {info['planned_io_slowed_s'] or 0.0:.3f} s to the IO's CPU); not "
+                  f"waited for: planned "
+                  + (f"{planned_unwaited:.0%}" if planned_unwaited is not None else "n/a")
+                  + ", measured "
                   + (f"{measured_hidden:.0%}" if measured_hidden is not None else "n/a")
                   + f" (the step waited {wait:.3f} s of the IO thread's {busy:.3f} s, medians)")
         if fitting:

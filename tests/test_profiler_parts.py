@@ -67,7 +67,7 @@ def assert_valid_tier(tier: Tier) -> None:
 
 
 def test_flash_measurement_on_a_tmp_dir(tmp_path):
-    measurement = measure_flash(tmp_path, SMALL_SIZES, min_window_s=0.002)
+    measurement = measure_flash(tmp_path, SMALL_SIZES, min_window_s=0.002, share_s=0)
     assert [p.nbytes for p in measurement.points] == list(SMALL_SIZES)
     assert all(p.write_s > 0 and p.read_s > 0 and p.writes >= 1 for p in measurement.points)
     assert sum(p.read_s * p.reads for p in measurement.points[:1]) >= 0.002
@@ -80,7 +80,7 @@ def test_flash_measurement_on_a_tmp_dir(tmp_path):
 
 def test_memory_store_and_link_measurements():
     host = MemoryStore()
-    local = measure_store(host, SMALL_SIZES, min_window_s=0.001)
+    local = measure_store(host, SMALL_SIZES, min_window_s=0.001, share_s=0)
     assert local.name == "host"
     assert_valid_tier(local.fit())
     sent = []
@@ -236,7 +236,8 @@ def test_power_falls_back_to_the_labelled_model(tmp_path):
 # The profile -----------------------------------------------------------------------------------
 
 def test_measured_profile_is_written_and_loads(tmp_path):
-    flash = measure_flash(tmp_path / "pages", SMALL_SIZES, min_window_s=0.001)
+    flash = measure_flash(tmp_path / "pages", SMALL_SIZES, min_window_s=0.001,
+                          share_s=0)
     host = MemoryStore()
     link = measure_link(host.put_bytes, host.get_bytes, host.drop_bytes, SMALL_SIZES, 0.001)
     power = PowerMeasurement(3.0, 7.5, "rapl", False, idle_s=1.0, busy_s=1.0)
@@ -273,19 +274,22 @@ def test_profile_storage_command(tmp_path, capsys):
     out = tmp_path / "profile.json"
     code = cli.main(["profile-storage", "--page-dir", str(tmp_path / "pages"), "--sizes",
                      "4KiB,64KiB", "--window-s", "0.001", "--idle-s", "0.01", "--busy-s", "0.01",
-                     "--no-footprint", "-o", str(out)])
+                     "--share-s", "0.5", "--no-footprint", "-o", str(out)])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     profile = load_profile(out)
     assert profile.source == "measured" and "flash" in profile.tiers
     assert summary["flash"]["write_bytes_per_s"] == profile.tiers["flash"].write_bytes_per_s
     assert profile.device["sensor"] == summary["sensor"]
+    assert 0.0 <= profile.tiers["flash"].compute_share <= 1.0
+    assert "compute_share" in profile.measurements["tiers"]["flash"]
     assert os.listdir(tmp_path / "pages") == []
 
 
 def test_profile_storage_command_errors(tmp_path, capsys):
     code = cli.main(["profile-storage", "--page-dir", str(tmp_path), "--sizes", "4KiB",
-                     "--window-s", "0.001", "--sensor", "no-such-meter", "--no-footprint",
+                     "--window-s", "0.001", "--share-s", "0", "--sensor", "no-such-meter",
+                     "--no-footprint",
                      "-o", str(tmp_path / "p.json")])
     assert code == 2 and "no power sensor named" in capsys.readouterr().err
     with pytest.raises(SystemExit):

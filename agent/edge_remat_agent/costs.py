@@ -38,6 +38,7 @@ class TierCosts:
     in_time_s: list[float]
     in_energy_j: list[float]
     capacity_bytes: int | None = None
+    compute_share: float = 0.0  # compute lost per second of this tier's IO beside it (Tier's)
 
 
 @dataclass
@@ -63,6 +64,10 @@ class CostModel:
     # over the graph's distinct ops): fixed memory from the first step on, which the runtime
     # baseline, taken before it, does not hold. Every schedule pays it, plain PyTorch's too.
     runtime_warm_bytes: int = 0
+
+    def compute_shares(self) -> dict[str, float]:
+        """Each tier's compute share, as the IO timeline takes them (timeline.py)."""
+        return {name: tier.compute_share for name, tier in self.tiers.items()}
 
     def workspace(self, graph: Graph) -> list[int]:
         """Each node's workspace bytes (the graph's where this model has none)."""
@@ -178,4 +183,5 @@ def tier_costs_from(tier: Tier, sizes: list[int]) -> TierCosts:
     writes = [tier.write_cost(s) for s in sizes]
     reads = [tier.read_cost(s) for s in sizes]
     return TierCosts([w[0] for w in writes], [w[1] for w in writes],
-                     [r[0] for r in reads], [r[1] for r in reads], tier.capacity_bytes)
+                     [r[0] for r in reads], [r[1] for r in reads], tier.capacity_bytes,
+                     tier.compute_share)

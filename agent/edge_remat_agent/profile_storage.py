@@ -39,6 +39,9 @@ def add_board_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-size", type=parse_size, help="default 64MiB")
     p.add_argument("--window-s", type=float,
                    help="repeat each size until this much time is measured (default 0.01)")
+    p.add_argument("--share-s", type=float,
+                   help="seconds at most on each tier's compute share: what its IO costs "
+                        "compute beside it (default 4; 0: not measured, taken as 0)")
     p.add_argument("--no-fsync", action="store_true", help="do not fsync page writes")
     p.add_argument("--flash-capacity", type=parse_size,
                    help="flash capacity to record (default: free space under --page-dir)")

@@ -56,6 +56,7 @@ class SimResult:
     io_busy_s: float | None = None  # overlap: the IO timeline's busy time
     io_wait_s: float | None = None  # overlap: time compute waits on IO
     paging_hidden_share: float | None = None  # overlap: share of IO time hidden behind compute
+    io_slowed_s: float | None = None  # overlap: compute lost to the IO's CPU (compute_share)
 
     @property
     def time_s(self) -> float:
@@ -178,14 +179,16 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
         io=io, step_time_s=timeline.step_time_s if timeline else None,
         io_busy_s=timeline.io_busy_s if timeline else None,
         io_wait_s=timeline.waited_s if timeline else None,
-        paging_hidden_share=timeline.hidden_share if timeline else None)
+        paging_hidden_share=timeline.hidden_share if timeline else None,
+        io_slowed_s=timeline.slowed_s if timeline else None)
 
 
 def overlap_timeline(graph: Graph, costs: CostModel, ops, deps, trace: list[int]) -> Timeline:
     """The IO timeline of a validated replay (its peak is the synchronous one: see timeline.py)."""
     return run_timeline(ops, deps, [n.out_bytes for n in graph.nodes], costs.time_s,
                         {name: tier.in_time_s for name, tier in costs.tiers.items()},
-                        {name: tier.out_time_s for name, tier in costs.tiers.items()}, trace)
+                        {name: tier.out_time_s for name, tier in costs.tiers.items()}, trace,
+                        compute_share=costs.compute_shares())
 
 
 def _tier(costs: CostModel, ins: Instruction, fail) -> str:

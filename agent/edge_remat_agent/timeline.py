@@ -14,8 +14,18 @@ The semantics the simulator, the planner's post-pass (host planner/overlap.py) a
               which at a page_out still holds the page) plus the writes still in flight. Before an instruction, the oldest writes are
               waited for while that sum is over the limit (the synchronous peak): overlapping
               never raises the peak, and the wait is part of the step time.
-  step time   the makespan: compute time, plus the time compute waits for IO, or the IO
-              timeline's end if later (every write completes before the step ends).
+  IO's CPU    an IO needs CPU too (encoding, checksums, the syscalls, the GIL), which comes out of
+              compute where no core is spare: each tier has a `compute_share` s in [0, 1]
+              (measured by the profiler, profiler/contention.py). While that tier's IO runs,
+              compute runs at 1 - s of its speed, so an IO of d seconds that runs wholly beside
+              compute delays it by s x d (s = 1: IO stops compute; s = 0: a spare core, the IO
+              is free). IO that compute waits for costs no more than the wait. The IO's own
+              durations are the profile's (measured alone).
+  step time   the makespan: compute time, plus the time compute waits for IO and the compute
+              lost to IO's CPU, or the IO timeline's end if later (every write completes before
+              the step ends). With every share <= 1 it is never above the synchronous model's
+              compute + paging (each moment either computes at full speed or has IO running),
+              so the solvers' stop-the-world paging cost stays an upper bound.
 """
 
 from __future__ import annotations
@@ -34,14 +44,16 @@ class Timeline:
     io_busy_s: float  # the IO timeline's busy time (reads and writes actually done)
     waited_s: float  # time compute waited on IO (page-ins not arrived, writes holding RAM)
     peak_bytes: int  # RAM at its worst, writes in flight included
+    slowed_s: float = 0.0  # compute time lost to the IO's CPU (the tiers' compute_share)
 
     @property
     def exposed_io_s(self) -> float:
+        """What paging adds to the step: waits, and compute lost to the IO's CPU."""
         return self.step_time_s - self.compute_time_s
 
     @property
     def hidden_share(self) -> float | None:
-        """The share of IO time hidden behind compute (None without IO)."""
+        """The share of IO time hidden behind compute, at no cost to it (None without IO)."""
         if self.io_busy_s <= 0:
             return None
         return max(0.0, min(1.0, 1.0 - self.exposed_io_s / self.io_busy_s))
@@ -52,19 +64,57 @@ def over_limit(ram_bytes: int, in_flight_bytes: int, limit_bytes: int) -> bool:
     return ram_bytes + in_flight_bytes > limit_bytes
 
 
+class _IOBusy:
+    """The IO timeline's busy spans (start, end, the tier's compute share), in issue order,
+    for running compute at the speed that IO leaves it."""
+
+    def __init__(self) -> None:
+        self.spans: deque[tuple[float, float, float]] = deque()
+
+    def add(self, start: float, end: float, share: float) -> None:
+        if share > 0.0 and end > start:
+            self.spans.append((start, end, share))
+
+    def run(self, t: float, work: float) -> float:
+        """When `work` seconds of compute started at `t` end: inside a span of share s it
+        advances at 1 - s of its speed (not at all at s = 1)."""
+        while work > 0.0:
+            while self.spans and self.spans[0][1] <= t:
+                self.spans.popleft()
+            if not self.spans:
+                return t + work
+            start, end, share = self.spans[0]
+            if start > t:  # free until the next span
+                if work <= start - t:
+                    return t + work
+                work -= start - t
+                t = start
+                continue
+            speed = 1.0 - share
+            if speed > 0.0 and work <= (end - t) * speed:
+                return t + work / speed
+            work -= (end - t) * speed
+            t = end
+        return t
+
+
 def run_timeline(ops: list[tuple[int, int, str | None]], deps: list[list[int]],
                  sizes: list[int], time_s: list[float], in_time_s: dict[str, list[float]],
                  out_time_s: dict[str, list[float]], sync_trace: list[int],
-                 limit_bytes: int | None = None) -> Timeline:
+                 limit_bytes: int | None = None,
+                 compute_share: dict[str, float] | None = None) -> Timeline:
     """Two timelines over resolved instructions `ops` = (op code, node index, tier), with the
-    synchronous model's RAM at each instruction (`sync_trace`, fixed memory included)."""
+    synchronous model's RAM at each instruction (`sync_trace`, fixed memory included) and
+    each tier's compute share (absent: 0)."""
     limit = max(sync_trace, default=0) if limit_bytes is None else limit_bytes
+    shares = compute_share or {}
     tc = tio = waited = busy = compute = 0.0
     arriving: dict[int, float] = {}  # node -> when its page-in completes
     writes: deque[tuple[float, int]] = deque()  # (completion, bytes) in issue order
     in_flight = 0
     on_tier: dict[str, set[int]] = {}
     peak = 0
+    io_spans = _IOBusy()
 
     def wait_until(t: float) -> None:
         nonlocal tc, waited
@@ -91,18 +141,20 @@ def run_timeline(ops: list[tuple[int, int, str | None]], deps: list[list[int]],
                 start = max(tio, tc)
                 tio = start + out_time_s[tier][i]
                 busy += tio - start
+                io_spans.add(start, tio, shares.get(tier, 0.0))
                 writes.append((tio, sizes[i]))
                 in_flight += sizes[i]
         elif op == COMPUTE:
             for d in deps[i]:
                 if d in arriving:
                     wait_until(arriving.pop(d))
-            tc += time_s[i]
+            tc = io_spans.run(tc, time_s[i])
             compute += time_s[i]
         elif op == PAGE_IN:
             start = max(tio, tc)
             tio = start + in_time_s[tier][i]
             busy += tio - start
+            io_spans.add(start, tio, shares.get(tier, 0.0))
             arriving[i] = tio
     wait_until(max([tio, *arriving.values()]))  # the step ends when every IO has completed
-    return Timeline(tc, compute, busy, waited, peak)
+    return Timeline(tc, compute, busy, waited, peak, max(0.0, tc - compute - waited))

@@ -141,7 +141,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     predicted = {**sim.summary(), **{k: v for k, v in plan.predicted.items()
                                      if k in ("time_s", "tdi_percent", "paging_time_s",
                                               "energy_j", "io", "step_time_s", "io_busy_s",
-                                              "io_wait_s", "paging_hidden_share")}}
+                                              "io_wait_s", "paging_hidden_share",
+                                              "io_slowed_s")}}
     predicted["peak_at"] = list(predicted["peak_at"])  # JSON has no tuples
     first = records[0]
     return {

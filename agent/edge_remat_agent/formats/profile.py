@@ -30,6 +30,10 @@ class Tier:
     # read microseconds. Each overrides latency_s for its direction; absent, latency_s serves both.
     read_latency_s: float | None = None
     write_latency_s: float | None = None
+    # What the tier's IO costs compute that runs beside it: seconds of compute lost per second
+    # of IO overlapping it, in [0, 1] (0: a spare core, the IO is free; 1: IO stops compute).
+    # Measured by the profiler (profiler/contention.py); absent, 0 (written only when not 0).
+    compute_share: float = 0.0
 
     def write_cost(self, nbytes: int) -> tuple[float, float]:
         latency = self.latency_s if self.write_latency_s is None else self.write_latency_s
@@ -41,7 +45,8 @@ class Tier:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()
-                if v is not None or k not in ("read_latency_s", "write_latency_s")}
+                if (v is not None or k not in ("read_latency_s", "write_latency_s"))
+                and (v != 0.0 or k != "compute_share")}
 
 
 @dataclass
@@ -92,7 +97,8 @@ class Profile:
 _FIELDS = {"format", "version", "name", "source", "device", "power", "tiers", "ops",
            "ram_total_bytes", "runtime_baseline_bytes", "published_sources", "measurements"}
 _TIER_FIELDS = {"read_bytes_per_s", "write_bytes_per_s", "latency_s", "read_j_per_byte",
-                "write_j_per_byte", "capacity_bytes", "read_latency_s", "write_latency_s"}
+                "write_j_per_byte", "capacity_bytes", "read_latency_s", "write_latency_s",
+                "compute_share"}
 
 
 def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
@@ -135,10 +141,14 @@ def tier_from(r: Reader) -> Tier:
                 write_j_per_byte=r.number("write_j_per_byte", 0.0),
                 capacity_bytes=r.integer("capacity_bytes", None),
                 read_latency_s=r.number("read_latency_s", None),
-                write_latency_s=r.number("write_latency_s", None))
+                write_latency_s=r.number("write_latency_s", None),
+                compute_share=r.number("compute_share", 0.0, minimum=None))
     for key in ("read_bytes_per_s", "write_bytes_per_s"):
         if getattr(tier, key) <= 0:
             raise r.error(key, "a bandwidth > 0 bytes/s", getattr(tier, key))
+    if not 0.0 <= tier.compute_share <= 1.0:
+        raise r.error("compute_share", "a share of compute lost per second of IO, from 0 (a "
+                      "spare core) to 1 (IO stops compute)", tier.compute_share)
     return tier
 
 

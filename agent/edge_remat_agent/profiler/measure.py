@@ -19,7 +19,7 @@ from ..formats import Profile
 from ..units import format_size, parse_size
 
 SIZE_OPTIONS = {"min_size", "max_size", "flash_capacity"}
-NUMBER_OPTIONS = {"window_s", "idle_s", "busy_s", "op_window_s"}
+NUMBER_OPTIONS = {"window_s", "idle_s", "busy_s", "op_window_s", "share_s"}
 FLAG_OPTIONS = {"no_fsync", "no_footprint"}
 
 
@@ -33,6 +33,7 @@ class ProfileOptions:
     min_size: int = 4 * 2**10
     max_size: int = 64 * 2**20
     window_s: float = 0.01  # repeat each page size until this much time is measured
+    share_s: float = 4.0  # at most this long on each tier's compute share (0: not measured)
     no_fsync: bool = False
     flash_capacity: int | None = None  # None: the free space under page_dir
     sensor: str = "auto"  # a sensor name, "auto" (else the labelled model estimate) or "none"
@@ -135,8 +136,9 @@ def measure_board(options: ProfileOptions) -> Profile:
         print(f"flash: {len(sizes)} sizes, {format_size(sizes[0])} .. {format_size(sizes[-1])} "
               f"in {options.page_dir}", file=sys.stderr)
         flash = measure_flash(options.page_dir, sizes, options.window_s,
-                              fsync=not options.no_fsync, capacity_bytes=options.flash_capacity)
-    host = (measure_host_link(options.host_pages, sizes, options.window_s)
+                              fsync=not options.no_fsync, capacity_bytes=options.flash_capacity,
+                              share_s=options.share_s)
+    host = (measure_host_link(options.host_pages, sizes, options.window_s, options.share_s)
             if options.host_pages else None)
     print(f"power: sensor {options.sensor}, {options.idle_s} s idle, {options.busy_s} s busy",
           file=sys.stderr)
@@ -149,7 +151,7 @@ def measure_board(options: ProfileOptions) -> Profile:
                             footprint=footprint, name=options.name)
 
 
-def measure_host_link(address: str, sizes, window_s: float):
+def measure_host_link(address: str, sizes, window_s: float, share_s: float = 4.0):
     """The `host` tier: tensors paged to the host's page service and back through the store a
     run uses (encoding and CRC32 included, as for the flash), over the agent's link."""
     from ..pages.link import connect_store
@@ -158,7 +160,7 @@ def measure_host_link(address: str, sizes, window_s: float):
     with connect_store(address) as store:
         return measure_store(store, sizes, window_s,
                              method=f"ServiceStore put/get to the host's page service "
-                                    f"({address})")
+                                    f"({address})", share_s=share_s)
 
 
 def model_builder(spec: str) -> Callable[[], Any]:

@@ -4,6 +4,9 @@
     host = measure_link(send, fetch, drop)                     # any transport's byte callables
     tier = flash.fit()                                         # -> formats.profile.Tier
 
+A store's measurement also runs its IO beside a compute loop (contention.py): the tier's
+compute_share, what its IO costs compute where no core is spare.
+
 Each size is repeated until the timed operations add up to `min_window_s` (10 ms by default),
 so a 4 KiB write is not one clock tick of noise. Payloads are random bytes, so a compressing
 or deduplicating filesystem cannot make them look faster than a tensor would be.
@@ -20,6 +23,7 @@ import torch
 
 from ..formats.profile import Tier
 from ..pages import FlashStore, PageStore
+from .contention import MAX_S, ComputeShare, measure_compute_share
 from .fit import LineFit, fit_line
 
 KiB, MiB = 2**10, 2**20
@@ -57,6 +61,7 @@ class TierMeasurement:
     method: str  # what exactly was timed, for the profile's record
     points: list[SizePoint] = field(default_factory=list)
     capacity_bytes: int | None = None
+    contention: ComputeShare | None = None  # None (or its share None): not measured, share 0
 
     def write_line(self) -> LineFit:
         return fit_line([p.nbytes for p in self.points], [p.write_s for p in self.points])
@@ -70,12 +75,14 @@ class TierMeasurement:
                     # For readers that know one latency only: the smaller, never double-counted.
                     latency_s=min(read.latency_s, write.latency_s),
                     read_latency_s=read.latency_s, write_latency_s=write.latency_s,
-                    capacity_bytes=self.capacity_bytes)
+                    capacity_bytes=self.capacity_bytes,
+                    compute_share=(self.contention.share or 0.0) if self.contention else 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "points": [asdict(p) for p in self.points],
                 "write_fit": asdict(self.write_line()), "read_fit": asdict(self.read_line()),
-                "capacity_bytes": self.capacity_bytes}
+                "capacity_bytes": self.capacity_bytes,
+                **({"compute_share": self.contention.to_dict()} if self.contention else {})}
 
 
 def time_repeated(operation: Callable[[int], object], min_window_s: float,
@@ -122,17 +129,21 @@ def random_tensor(nbytes: int) -> torch.Tensor:
 
 
 def measure_store(store: PageStore, sizes: Sequence[int] = DEFAULT_SIZES,
-                  min_window_s: float = MIN_WINDOW_S, method: str | None = None) -> TierMeasurement:
-    """A PageStore's put/get, as the executor will pay them (encoding and CRC32 included)."""
+                  min_window_s: float = MIN_WINDOW_S, method: str | None = None,
+                  share_s: float = MAX_S) -> TierMeasurement:
+    """A PageStore's put/get, as the executor will pay them (encoding and CRC32 included), and
+    what they cost compute beside them on this process's torch threads, measured for at most
+    share_s seconds (0: not measured)."""
     points = measure_round_trips(store.put, store.get, store.discard, random_tensor, sizes,
                                  min_window_s)
+    share = measure_compute_share(store, max_s=share_s) if share_s > 0 else None
     return TierMeasurement(store.tier, method or f"{type(store).__name__} put/get", points,
-                           store.capacity_bytes)
+                           store.capacity_bytes, share)
 
 
 def measure_flash(page_dir: str | os.PathLike, sizes: Sequence[int] = DEFAULT_SIZES,
                   min_window_s: float = MIN_WINDOW_S, fsync: bool = True,
-                  capacity_bytes: int | None = None) -> TierMeasurement:
+                  capacity_bytes: int | None = None, share_s: float = MAX_S) -> TierMeasurement:
     """The board's flash through a FlashStore in `page_dir`.
 
     With fsync every write is on the device before it counts as done. The page cache is dropped
@@ -148,7 +159,7 @@ def measure_flash(page_dir: str | os.PathLike, sizes: Sequence[int] = DEFAULT_SI
                   f"{'fsync after each write' if fsync else 'no fsync'}, page cache dropped "
                   f"after each write and read (posix_fadvise DONTNEED"
                   f"{'' if hasattr(os, 'posix_fadvise') else ': not available here'})")
-        measurement = measure_store(store, sizes, min_window_s, method)
+        measurement = measure_store(store, sizes, min_window_s, method, share_s)
     measurement.capacity_bytes = capacity_bytes if capacity_bytes is not None else free
     return measurement
 

@@ -72,7 +72,7 @@ def _makespan(p: Problem, ops: list[Op]) -> float:
     return run_timeline(ops, p.deps, p.sizes, p.costs.time_s,
                         {name: t.in_time_s for name, t in tiers.items()},
                         {name: t.out_time_s for name, t in tiers.items()},
-                        sync_trace(p, ops)).step_time_s
+                        sync_trace(p, ops), compute_share=p.costs.compute_shares()).step_time_s
 
 
 def _needs(op: Op, node: int, deps: list[list[int]]) -> bool:
