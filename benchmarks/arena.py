@@ -279,7 +279,8 @@ def main() -> int:
     shapes = QUICK if args.quick else MODELS
     header = (f"{'model':<13}{'budget':>7}{'planned':>9}{'arena':>9}{'/tens':>6}"
               f"{'phys glibc':>14}{'phys arena':>14}{'step s glibc':>13}{'step s arena':>13}"
-              f"{'arena/glibc':>12}{'allocs glibc':>14}{'allocs arena':>14}{'copied':>7}")
+              f"{'arena/glibc':>12}{'allocs glibc':>14}{'allocs arena':>14}{'copied':>7}"
+              f"{'malloc':>10}")
     print("MiB; phys = kernel peak - runtime baseline (x planned peak); step s = median "
           "seconds a step, wall / CPU; arena/glibc = their ratio, wall / CPU; allocs = CPU "
           "allocator events in one step (count / MiB)")
