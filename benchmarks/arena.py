@@ -23,9 +23,13 @@ parameters) and the child reads the cgroup's peak afterwards. It prints, per row
             wall seconds, and CPU seconds (user + system, getrusage; the child runs torch on
             --threads threads): on a shared machine only the CPU time compares
   allocs    CPU allocator events in one step (count, MiB), per executor; copied MiB (arena)
+  malloc    the malloc the arena executor's process ran under (--malloc: jemalloc or tcmalloc
+            preloaded, executor/allocator.py; its heap trims are then that malloc's purge);
+            the glibc executor always runs under glibc's, the baseline
 
     python benchmarks/arena.py                    # the issue's shapes (slow on 2 cores)
     python benchmarks/arena.py --quick            # small shapes, a few minutes
+    python benchmarks/arena.py --quick --malloc glibc   # the arena under glibc's malloc
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ MODELS = {"resnet18": dict(batch=64, image=32), "mobilenet_v2": dict(batch=32, i
 QUICK = {"resnet18": dict(batch=16, image=32), "mobilenet_v2": dict(batch=8, image=32),
          "bert-mini": dict(batch=4, seq=64)}
 MIB = 2 ** 20
+
+from edge_remat_agent.allocator import MALLOCS, malloc_library, missing_malloc  # noqa: E402
 
 
 def plan_row(name: str, shape: dict, budget: str, work: Path, time_limit: float,
@@ -139,17 +145,19 @@ def count_measured_memory(graph, measured: dict) -> None:
 
 
 def run_child(row: dict, shape: dict, allocator: str, steps: int, work: Path,
-              threads: int = 1, onednn_cache: int | None = None) -> dict:
+              threads: int = 1, onednn_cache: int | None = None, malloc: str = "glibc") -> dict:
     """One run in a fresh memory cgroup; the child's JSON result. `onednn_cache`: oneDNN's
-    primitive cache capacity, set in the child's environment before torch starts."""
+    primitive cache capacity, set in the child's environment before torch starts. `malloc`:
+    the malloc the child is started under (preloaded)."""
     from edge_remat.cgroup import MemoryCgroup
+    from edge_remat_agent.allocator import preload_environment
     name = f"arena-bench-{os.getpid()}"
     group = MemoryCgroup.ensure(name, 16 * 2 ** 30)
     try:
         command = [*group.exec_prefix(), sys.executable, __file__, "--child", json.dumps(
             {"work": str(work), "stem": row["stem"], "model": row["model"], "shape": shape,
              "allocator": allocator, "steps": steps, "group": name, "threads": threads})]
-        env = dict(os.environ)
+        env, _ = preload_environment(malloc)
         if onednn_cache is not None:
             env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(onednn_cache)
         done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
@@ -168,7 +176,7 @@ def child_main(spec: dict) -> None:
     import torch
     torch.set_num_threads(spec.get("threads", 1))
 
-    from edge_remat_agent.allocator import give_back_freed_memory
+    from edge_remat_agent.allocator import give_back_freed_memory, running_malloc
     from edge_remat_agent.capture import capture_model
     from edge_remat.cgroup import MemoryCgroup
     from edge_remat_agent.executor.run import run_plan
@@ -182,7 +190,7 @@ def child_main(spec: dict) -> None:
     captured.graph.fixed_bytes = graph.fixed_bytes  # and the first calls' memory
     captured.graph.capture["fixed"] = graph.capture.get("fixed")
     gc.collect()
-    give_back_freed_memory()
+    give_back_freed_memory()  # under jemalloc its purge: its dirty pages are not the baseline
     group = MemoryCgroup.existing(spec["group"])
     group.reset_peak()
     peaks = []
@@ -219,7 +227,7 @@ def child_main(spec: dict) -> None:
                       # cache (files read or written), and what the runtime baseline was.
                       "anon_end": stat.get("total_rss", stat.get("anon")),
                       "file_end": stat.get("total_cache", stat.get("file")),
-                      "usage_end": group.usage_bytes()}))
+                      "usage_end": group.usage_bytes(), "malloc": running_malloc()}))
 
 
 def _memory_stat(path: Path) -> dict[str, int]:
@@ -246,6 +254,9 @@ def main() -> int:
     parser.add_argument("--onednn-cache", type=int, default=None, metavar="N",
                         help="ONEDNN_PRIMITIVE_CACHE_CAPACITY for both executors' runs "
                              "(default: oneDNN's own, 1024)")
+    parser.add_argument("--malloc", choices=MALLOCS, default="jemalloc",
+                        help="the malloc the arena executor's runs are started under "
+                             "(preloaded; the glibc executor's stay under glibc's)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -261,10 +272,15 @@ def main() -> int:
         print(f"error: this benchmark measures under a memory cgroup: {reason}",
               file=sys.stderr)
         return 2
+    if args.malloc != "glibc" and malloc_library(args.malloc) is None:
+        print(f"error: --malloc {args.malloc}: {missing_malloc(args.malloc)}, or pass "
+              "--malloc glibc", file=sys.stderr)
+        return 2
     shapes = QUICK if args.quick else MODELS
     header = (f"{'model':<13}{'budget':>7}{'planned':>9}{'arena':>9}{'/tens':>6}"
               f"{'phys glibc':>14}{'phys arena':>14}{'step s glibc':>13}{'step s arena':>13}"
-              f"{'arena/glibc':>12}{'allocs glibc':>14}{'allocs arena':>14}{'copied':>7}")
+              f"{'arena/glibc':>12}{'allocs glibc':>14}{'allocs arena':>14}{'copied':>7}"
+              f"{'malloc':>10}")
     print("MiB; phys = kernel peak - runtime baseline (x planned peak); step s = median "
           "seconds a step, wall / CPU; arena/glibc = their ratio, wall / CPU; allocs = CPU "
           "allocator events in one step (count / MiB)")
@@ -282,7 +298,9 @@ def main() -> int:
                     for allocator in order:
                         runs[allocator].append(run_child(row, shapes[name], allocator,
                                                          args.steps, work, args.threads,
-                                                         args.onednn_cache))
+                                                         args.onednn_cache,
+                                                         args.malloc if allocator == "arena"
+                                                         else "glibc"))
                 print(_line(row, runs), flush=True)
                 print(_where(runs, row), flush=True)
     return 0
@@ -330,7 +348,8 @@ def _line(row: dict, runs: dict[str, list[dict]]) -> str:
             f"{(row['arena'] + row['fixed']) / MIB:>9.1f}{row['arena_over']:>6.3f}"
             f"{phys('glibc'):>14}{phys('arena'):>14}{steps('glibc'):>13}"
             f"{steps('arena'):>13}{ratio:>12}"
-            f"{allocs('glibc'):>14}{allocs('arena'):>14}{copied:>7.1f}")
+            f"{allocs('glibc'):>14}{allocs('arena'):>14}{copied:>7.1f}"
+            f"{runs['arena'][-1].get('malloc', '?'):>10}")
 
 
 if __name__ == "__main__":

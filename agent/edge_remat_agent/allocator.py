@@ -21,12 +21,21 @@ step of 20 faulted, and the executor's CPU time a step fell 150 -> 133 ms). The 
 pages were ones the next step reaches again, so keeping them raises no step's peak;
 give_back_freed_memory() still returns them on request. These settings are process-wide: in a
 benchmark, eager and every peer in the same process run under them too.
+
+A process may run under another malloc, preloaded (LD_PRELOAD) at its start: jemalloc or
+tcmalloc (`running_malloc()` says which, from the library `malloc` resolves to). glibc's
+mallopt and malloc_trim would then tune and trim a heap nothing allocates from, so the settings
+above are not made there, and giving freed memory back is that allocator's own purge.
+`preload_environment()` is what starts a child under one (executor/arena's `malloc=`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
@@ -46,12 +55,111 @@ def c_library() -> ctypes.CDLL | None:
 
 
 def _glibc() -> ctypes.CDLL | None:
+    """glibc, where it is the malloc this process runs under."""
     libc = c_library()
-    return libc if libc is not None and hasattr(libc, "mallopt") else None
+    if libc is None or not hasattr(libc, "mallopt") or running_malloc() != "glibc":
+        return None
+    return libc
+
+
+# The mallocs a process can be started under, and their libraries' names (Debian, Ubuntu,
+# Termux: packages libjemalloc2 and libtcmalloc-minimal4).
+PRELOADABLE = {"jemalloc": ("libjemalloc.so.2", "libjemalloc.so"),
+               "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")}
+MALLOCS = ("glibc", *PRELOADABLE)
+PACKAGES = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}  # Debian's
+JEMALLOC_ALL_ARENAS = 4096  # MALLCTL_ARENAS_ALL in jemalloc 5: "arena.4096.purge" purges all
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+@functools.lru_cache(maxsize=1)
+def running_malloc() -> str:
+    """Which malloc this process's allocations come from: "jemalloc", "tcmalloc", "glibc", or
+    "other" (musl, ...): the library the process's `malloc` symbol resolves to (dladdr)."""
+    process = ctypes.CDLL(None)
+    dladdr = getattr(process, "dladdr", None)
+    if dladdr is not None:
+        info = _DlInfo()
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        if dladdr(ctypes.cast(process.malloc, ctypes.c_void_p), ctypes.byref(info)) and \
+                info.dli_fname:
+            name = os.path.basename(info.dli_fname.decode(errors="replace"))
+            for malloc, libraries in PRELOADABLE.items():
+                if any(name.startswith(library.split(".so")[0] + ".so") for library in libraries):
+                    return malloc
+            libc = c_library()
+            return "glibc" if name.startswith("libc.so") and libc is not None and \
+                hasattr(libc, "mallopt") else "other"
+    # No dladdr: the allocators' own entry points tell them apart.
+    if hasattr(process, "mallctl"):
+        return "jemalloc"
+    if hasattr(process, "MallocExtension_ReleaseFreeMemory"):
+        return "tcmalloc"
+    libc = c_library()
+    return "glibc" if libc is not None and hasattr(libc, "mallopt") else "other"
+
+
+def malloc_library(malloc: str) -> str | None:
+    """`malloc`'s shared library on this machine (a path in the usual library folders, else
+    the name the loader's cache knows it by), or None where it is not installed."""
+    for library in PRELOADABLE.get(malloc, ()):
+        for folder in _library_folders():
+            if (Path(folder) / library).is_file():
+                return str(Path(folder) / library)
+    for library in PRELOADABLE.get(malloc, ()):
+        found = ctypes.util.find_library(library[3:].split(".so")[0])
+        if found and found.startswith(library.split(".so")[0]):
+            return found
+    return None
+
+
+def missing_malloc(malloc: str) -> str:
+    """What to say where `malloc`'s library is not installed."""
+    return (f"{PRELOADABLE[malloc][0]} is not installed here: install it (Debian, Ubuntu: "
+            f"apt-get install {PACKAGES[malloc]}; elsewhere the system's {malloc} package)")
+
+
+def _library_folders() -> list[str]:
+    import sysconfig
+    arch = sysconfig.get_config_var("MULTIARCH") or ""
+    prefix = os.environ.get("PREFIX", "")  # Termux's /data/data/com.termux/files/usr
+    folders = [f for f in os.environ.get("LD_LIBRARY_PATH", "").split(":") if f]
+    for root in ("/usr/lib", "/lib", "/usr/local/lib", f"{prefix}/lib" if prefix else ""):
+        if root:
+            folders += [f"{root}/{arch}", root] if arch else [root]
+    return folders
+
+
+def preload_environment(malloc: str, environ: dict[str, str] | None = None) \
+        -> tuple[dict[str, str], str | None]:
+    """The environment that starts a child process under `malloc` (LD_PRELOAD its library
+    before anything already preloaded), and the library; for "glibc", or where the library is
+    not installed, `environ` unchanged and None (the child runs under the system's malloc)."""
+    env = dict(os.environ if environ is None else environ)
+    library = malloc_library(malloc) if malloc != "glibc" else None
+    if library is not None:
+        env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD")) if p)
+    return env, library
+
+
+def describe_malloc() -> dict[str, Any]:
+    """What the run report says of the malloc this process runs under."""
+    malloc = running_malloc()
+    described: dict[str, Any] = {"malloc": malloc}
+    if malloc == "jemalloc" and os.environ.get("MALLOC_CONF"):
+        described["conf"] = os.environ["MALLOC_CONF"]
+    return described
 
 
 def map_large_blocks(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> dict[str, Any] | None:
-    """Fix glibc's mmap threshold for the rest of the process; None where it cannot be set."""
+    """Fix glibc's mmap threshold for the rest of the process; None where it cannot be set.
+    Under another malloc nothing is set: what runs is described."""
+    if running_malloc() in PRELOADABLE:
+        return describe_malloc()
     libc = _glibc()
     if libc is None or not libc.mallopt(M_MMAP_THRESHOLD, threshold_bytes):
         return None
@@ -60,7 +168,9 @@ def map_large_blocks(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> dict[str, A
 
 def steady_heap() -> dict[str, Any] | None:
     """Pin glibc's dynamic policy at its steady state (see the module docstring); None where it
-    cannot be set."""
+    cannot be set. Under another malloc nothing is set: what runs is described."""
+    if running_malloc() in PRELOADABLE:
+        return describe_malloc()
     libc = _glibc()
     if libc is None or not libc.mallopt(M_MMAP_THRESHOLD, STEADY_MMAP_THRESHOLD_BYTES) \
             or not libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM):
@@ -80,8 +190,22 @@ def give_back_freed_memory() -> bool:
 
 def heap_trimmer() -> Callable[[], int] | None:
     """A call that returns the heap's free pages to the system now (glibc malloc_trim(0):
-    the free chunks inside every arena are madvised away, not only the heap's top), resolved
-    once for a hot path; None where there is no glibc."""
+    the free chunks inside every arena are madvised away, not only the heap's top; jemalloc:
+    every arena's dirty and muzzy pages purged; tcmalloc: its page heap's free spans
+    released), resolved once for a hot path; None where the malloc has none."""
+    malloc = running_malloc()
+    process = ctypes.CDLL(None)
+    if malloc == "jemalloc":
+        mallctl = process.mallctl
+        mallctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
+                            ctypes.c_void_p, ctypes.c_size_t]
+        mallctl.restype = ctypes.c_int
+        purge = f"arena.{JEMALLOC_ALL_ARENAS}.purge".encode()
+        return lambda: mallctl(purge, None, None, None, 0)
+    if malloc == "tcmalloc":
+        release = process.MallocExtension_ReleaseFreeMemory
+        release.restype = None
+        return lambda: release() or 0
     libc = _glibc()
     trim = getattr(libc, "malloc_trim", None) if libc is not None else None
     if trim is None:

@@ -582,6 +582,10 @@ def run_command(
     allocator: str = typer.Option(run_default("allocator"), "--allocator", help="glibc (tensors from the C "
                                   "library's malloc) | arena (every planned tensor at its "
                                   "planned offset in one arena)"),
+    malloc: Optional[str] = typer.Option(None, "--malloc", help="the board's malloc for the "
+                                         "run's process: glibc | jemalloc | tcmalloc "
+                                         "(preloaded; default: jemalloc with --allocator "
+                                         "arena where the board has it, else glibc)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Fine-tune MODEL on DEVICE within a memory budget: capture, profile, plan, deploy, train,
@@ -602,6 +606,9 @@ def run_command(
         raise FormatError("command line", "--objective", "time or energy", objective)
     if allocator not in ("glibc", "arena"):
         raise FormatError("command line", "--allocator", "glibc or arena", allocator)
+    from edge_remat_agent.allocator import MALLOCS
+    if malloc is not None and malloc not in MALLOCS:
+        raise FormatError("command line", "--malloc", " or ".join(MALLOCS), malloc)
     options = RunOptions(
         device=device, model=model, budget=Budget.parse(budget) if budget else None,
         objective=objective,
@@ -611,7 +618,8 @@ def run_command(
         profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
         out=out, plots=not no_plots, keep_running=keep_running,
-        check_gradients=not no_grad_check, allocator=allocator)
+        check_gradients=not no_grad_check, allocator=allocator,
+        extra={"malloc": malloc} if malloc else {})
     report = run(options, say=to_stderr)
     killed = report["status"] == "killed"
     if as_json:

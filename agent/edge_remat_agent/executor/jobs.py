@@ -9,16 +9,26 @@ optimizer's learning rate), optimizer (checked against the one the graph was cap
 its update node stands for that optimizer, so the run cannot change it), host_pages
 ("HOST:PORT" of the host's page service, seen from the board: a plan's `host` pages go there
 instead of staying in this process; the host starts the service and passes this), allocator
-("glibc" (default) or "arena": every planned tensor at its offset in the plan's arena layout).
+("glibc" (default) or "arena": every planned tensor at its offset in the plan's arena layout),
+malloc ("glibc", "jemalloc", "tcmalloc"; default jemalloc with the arena allocator, else
+glibc: the job process starts again at once under it, preloaded, where its library is
+installed; elsewhere it runs under glibc's and the report's `malloc` says so).
 Writes run_report.json (fetched by the host) and returns its summary; both say which data the
 run trained on and with which optimizer settings.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
+from ..allocator import MALLOCS, missing_malloc, preload_environment, running_malloc
 from ..daemon.registry import JobContext
+
+# Set in the environment of a job process started again under a malloc: it is not restarted
+# twice, even where the preload did not take.
+RESTARTED_UNDER = "EDGE_REMAT_RESTARTED_UNDER"
 
 
 def run_job(ctx: JobContext, params: dict) -> dict:
@@ -26,6 +36,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     for name in ("plan", "graph"):
         if not params.get(name):
             raise ValueError(f"the run job needs a {name} file (param {name!r})")
+    malloc = _start_under(requested_malloc(params), ctx)
     graph = load_graph(ctx.input_path(str(params["graph"])))
     plan = load_plan(ctx.input_path(str(params["plan"])))
     steps = int(params.get("steps", 10))
@@ -65,10 +76,50 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     finally:
         if host is not None:
             host.close()
+    report["malloc"] = malloc
     ctx.write_json("run_report.json", report)
-    return {"files": ["run_report.json"], "summary": report["summary"],
+    return {"malloc": malloc, "files": ["run_report.json"], "summary": report["summary"],
             "grad_check": report["grad_check"], "steps": len(report["steps"]),
             "data": report["data"], "optimizer": report["optimizer"]}
+
+
+def requested_malloc(params: dict) -> str:
+    allocator = str(params.get("allocator") or "glibc")
+    malloc = str(params.get("malloc") or ("jemalloc" if allocator == "arena" else "glibc"))
+    if malloc not in MALLOCS:
+        raise ValueError(f"unknown malloc {malloc!r}: use {', '.join(MALLOCS)}")
+    return malloc
+
+
+def _start_under(malloc: str, ctx: JobContext) -> dict:
+    """Start this job process again under `malloc` (a preload takes effect only when a process
+    starts: exec, same pid, the job's lock taken again by the new image) where it is not
+    already running under it; what the report says of it. Under jemalloc the arena executor's
+    heap trims purge jemalloc's free pages, which fragment less than glibc's heap (README,
+    "Address planning and the arena executor")."""
+    running = running_malloc()
+    said = {"requested": malloc, "running": running}
+    if malloc == running or malloc == "glibc":
+        return said
+    env, library = preload_environment(malloc)
+    if library is None:
+        return {**said, "note": f"{missing_malloc(malloc)}: ran under {running}'s malloc"}
+    if os.environ.get(RESTARTED_UNDER) == malloc or not _is_job_process(ctx):
+        return {**said, "note": f"not started under {library}: ran under {running}'s malloc"}
+    env[RESTARTED_UNDER] = malloc
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, env)
+    return said  # not reached
+
+
+def _is_job_process(ctx: JobContext) -> bool:
+    """Whether this process is the job's own (the daemon's job runner, which writes its pid into
+    the job's lock), not one that called the job function (a test)."""
+    try:
+        return (ctx.job_dir / "running.lock").read_text().strip() == str(os.getpid())
+    except OSError:
+        return False
 
 
 def _capture_before_torch(graph, graph_path):

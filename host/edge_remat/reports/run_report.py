@@ -80,6 +80,7 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "training_physical_bytes": _difference(kernel_peak_bytes,
                                                (result or {}).get("runtime_baseline_bytes")),
         "executor_allocator": (result or {}).get("executor_allocator"),
+        "malloc": (result or {}).get("malloc"),  # the board's: requested, running (note)
         "arena_bytes": ((result or {}).get("arena") or {}).get("size_bytes"),
         "budget_bytes": (plan or {}).get("budget_bytes"),
         "plain_peak_bytes": plain_peak_bytes,
