@@ -4,20 +4,18 @@ eager PyTorch and stay within the planned peak."""
 
 from __future__ import annotations
 
-import random
 import weakref
 
 import pytest
 import torch
 
 from helpers.executor_plans import dtr_plan, with_paging
+from helpers.overlap_schedules import placed_for_overlap
 from helpers.small_graphs import training_chain
 from edge_remat.planner.build import build_problem, keep_all_peak_bytes
 from edge_remat.planner.evaluate import evaluate
-from edge_remat.planner.overlap import schedule_io
 from edge_remat.planner.problem import Problem
 from edge_remat.planner.solve import solve
-from edge_remat.planner.stages import lower
 from edge_remat_agent.capture import capture_module
 from edge_remat_agent.capture.optimizer import torch_optimizer
 from edge_remat_agent.costs import build_costs
@@ -86,22 +84,13 @@ def test_a_write_in_flight_holds_its_ram_and_is_waited_for_at_the_peak():
 @pytest.mark.parametrize("seed", range(6))
 def test_the_post_pass_keeps_the_budget_and_never_slows_a_schedule(seed):
     graph = training_chain(10, seed)
-    costs = build_costs(graph, None, {"flash": SLOW_FLASH})
-    peak = keep_all_peak_bytes(graph)
-    floor = Problem(graph, costs, peak).smallest_budget()[0]
-    budget = max(floor, int(peak * random.Random(seed).uniform(0.55, 0.8)))
-    sync_p = Problem(graph, costs, budget, "time", None, ("flash",), "counted", None, "sync")
-    over_p = Problem(graph, costs, budget, "time", None, ("flash",), "counted", None, "overlap")
-    sync = solve(sync_p, "heuristic:paging", time_limit=5)
-    stages, _ = lower(over_p, sync.decisions)
-    placed = schedule_io(over_p, stages)
-    before = simulate(graph, costs, stages, budget, io="overlap")
-    after = simulate(graph, costs, placed, budget, io="overlap")  # also: a valid plan
+    s = placed_for_overlap(graph, build_costs(graph, None, {"flash": SLOW_FLASH}), seed)
+    after = s.after  # also: a valid plan
     assert after.fits_budget
-    assert after.time_s <= before.time_s * (1 + 1e-9)
-    assert before.time_s <= sync.evaluation.sim.time_s * (1 + 1e-9)
-    assert sorted(map(str, sum(placed, []))) == sorted(map(str, sum(stages, [])))
-    ev = evaluate(over_p, sync.decisions)
+    assert after.time_s <= s.before.time_s * (1 + 1e-9)
+    assert s.before.time_s <= s.sync.evaluation.sim.time_s * (1 + 1e-9)
+    assert sorted(map(str, sum(s.placed, []))) == sorted(map(str, sum(s.stages, [])))
+    ev = evaluate(s.over_p, s.sync.decisions)
     assert ev.sim.time_s == pytest.approx(after.time_s) and ev.sim.io == "overlap"
 
 

@@ -4,19 +4,16 @@ the simulator, the planner's post-pass and what a plan predicts; figures compute
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 
 import pytest
 
 from helpers.bad_inputs import cli, refused
+from helpers.overlap_schedules import placed_for_overlap
 from helpers.small_graphs import training_chain
-from edge_remat.planner.build import keep_all_peak_bytes
 from edge_remat.planner.evaluate import evaluate
-from edge_remat.planner.overlap import schedule_io
 from edge_remat.planner.problem import Problem
 from edge_remat.planner.solve import solve
-from edge_remat.planner.stages import lower
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.formats import FormatError, Graph, Instruction, Node, Profile, Tier
 from edge_remat_agent.formats.plan import load_plan, plan_from_dict
@@ -105,24 +102,14 @@ def test_each_tier_charges_its_own_share():
 def test_stop_the_world_paging_stays_an_upper_bound(seed, share):
     graph = training_chain(10, seed)
     tier = Tier(read_bytes_per_s=4.0, write_bytes_per_s=4.0, latency_s=0.1, compute_share=share)
-    costs = build_costs(graph, None, {"flash": tier})
-    peak = keep_all_peak_bytes(graph)
-    floor = Problem(graph, costs, peak).smallest_budget()[0]
-    budget = max(floor, int(peak * random.Random(seed).uniform(0.55, 0.8)))
-    sync_p = Problem(graph, costs, budget, "time", None, ("flash",), "counted", None, "sync")
-    over_p = Problem(graph, costs, budget, "time", None, ("flash",), "counted", None, "overlap")
-    sync = solve(sync_p, "heuristic:paging", time_limit=5)
-    stages, _ = lower(over_p, sync.decisions)
-    placed = schedule_io(over_p, stages)
-    before = simulate(graph, costs, stages, budget, io="overlap")
-    after = simulate(graph, costs, placed, budget, io="overlap")
+    s = placed_for_overlap(graph, build_costs(graph, None, {"flash": tier}), seed)
     unshared = simulate(graph, build_costs(graph, None, {"flash": flash_like(tier, 0.0)}),
-                        placed, budget, io="overlap")
-    assert after.fits_budget
-    assert unshared.time_s <= after.time_s * (1 + 1e-9)  # the share only ever adds
-    assert after.time_s <= before.time_s * (1 + 1e-9)  # the post-pass scores with the share
-    assert before.time_s <= sync.evaluation.sim.time_s * (1 + 1e-9)
-    assert evaluate(over_p, sync.decisions).sim.time_s == pytest.approx(after.time_s)
+                        s.placed, s.budget, io="overlap")
+    assert s.after.fits_budget
+    assert unshared.time_s <= s.after.time_s * (1 + 1e-9)  # the share only ever adds
+    assert s.after.time_s <= s.before.time_s * (1 + 1e-9)  # the post-pass scores with the share
+    assert s.before.time_s <= s.sync.evaluation.sim.time_s * (1 + 1e-9)
+    assert evaluate(s.over_p, s.sync.decisions).sim.time_s == pytest.approx(s.after.time_s)
 
 
 def flash_like(tier: Tier, share: float) -> Tier:
