@@ -22,6 +22,8 @@ from typer.testing import CliRunner
 
 from helpers.board_fixtures import loopback_ssh_board, needs_sshd
 from edge_remat.cli import app
+from edge_remat.planner.build import build_problem
+from edge_remat_agent.formats import load_graph, load_profile
 
 pytestmark = [needs_sshd, pytest.mark.slow, pytest.mark.loopback]
 pytest.importorskip("edge_remat_agent.executor.jobs", reason="needs the executor")
@@ -75,9 +77,13 @@ def test_profile_then_deploy_through_sshd(ssh_board, tmp_path):
         assert op["time_s"] > 0 and op["out_bytes"] >= 0
     assert (workdir / "agents").is_dir()  # the agent was pushed over SSH
 
-    # (c) plan with that profile
+    # (c) plan with that profile, at 60% of the plain step's memory beyond fixed memory (the
+    # profile's first-call memory included: on a model this small it is a large part of it)
+    p = build_problem(load_graph(graph), "1.0", load_profile(profile_path))
+    assert p.costs.runtime_warm_bytes > 0  # measured on the board, carried by the profile
+    budget = p.fixed + int(0.6 * (p.budget_bytes - p.fixed))
     plan = tmp_path / "plan.json"
-    code, out, err = cli("plan", "--graph", graph, "--profile", profile_path, "--budget", "0.6",
+    code, out, err = cli("plan", "--graph", graph, "--profile", profile_path, "--budget", budget,
                          "--paging", "none", "--time-limit", 3, "--workers", 1, "-o", plan,
                          "--json")
     assert code == 0, (out, err)
