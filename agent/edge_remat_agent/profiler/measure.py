@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from ..formats import Profile
 from ..units import format_size, parse_size
+from .contention import MAX_S as SHARE_MAX_S
 
 SIZE_OPTIONS = {"min_size", "max_size", "flash_capacity"}
 NUMBER_OPTIONS = {"window_s", "idle_s", "busy_s", "op_window_s", "share_s"}
@@ -33,7 +34,8 @@ class ProfileOptions:
     min_size: int = 4 * 2**10
     max_size: int = 64 * 2**20
     window_s: float = 0.01  # repeat each page size until this much time is measured
-    share_s: float = 4.0  # at most this long on each tier's compute share (0: not measured)
+    share_s: float = SHARE_MAX_S  # at most this long on each tier's compute share (0: not
+    # measured)
     no_fsync: bool = False
     flash_capacity: int | None = None  # None: the free space under page_dir
     sensor: str = "auto"  # a sensor name, "auto" (else the labelled model estimate) or "none"
@@ -151,7 +153,7 @@ def measure_board(options: ProfileOptions) -> Profile:
                             footprint=footprint, name=options.name)
 
 
-def measure_host_link(address: str, sizes, window_s: float, share_s: float = 4.0):
+def measure_host_link(address: str, sizes, window_s: float, share_s: float = SHARE_MAX_S):
     """The `host` tier: tensors paged to the host's page service and back through the store a
     run uses (encoding and CRC32 included, as for the flash), over the agent's link."""
     from ..pages.link import connect_store
