@@ -183,3 +183,15 @@ def test_plan_takes_the_share_from_the_profile(tmp_path):
 
 def test_plan_refuses_a_profile_with_a_share_out_of_range(tmp_path):
     refused(planned_with_share(tmp_path, 2.0), 2, "compute_share", "0")
+
+
+def test_bandwidths_on_the_command_line_keep_the_profiles_measured_share(tmp_path):
+    planned_with_share(tmp_path, 0.75)  # writes g.json and p0.75.json
+    run = cli("plan", "--graph", tmp_path / "g.json", "--budget", "60%", "--profile",
+              tmp_path / "p0.75.json", "--paging", "flash", "--flash-read-bw", "8B",
+              "--flash-write-bw", "8B", "--solver", "heuristic:paging", "--time-limit", "5",
+              "-o", tmp_path / "overridden.json", "--json")
+    assert run.returncode == 0, run.stderr
+    tier = load_plan(tmp_path / "overridden.json").tiers["flash"]
+    assert (tier.read_bytes_per_s, tier.write_bytes_per_s) == (8.0, 8.0)  # the command line's
+    assert tier.compute_share == 0.75  # the board's, which the command line cannot give

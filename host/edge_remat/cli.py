@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -37,6 +38,17 @@ def _tiers(read_bw, write_bw, latency, energy_per_byte) -> dict[str, Tier]:
         raise FormatError("command line", "--flash-read-bw", "a rate in bytes/s such as 90MB")
     return {"flash": Tier(kinds[0][1], kinds[1][1], latency or 0.0, energy_per_byte or 0.0,
                           energy_per_byte or 0.0)}
+
+
+def _kept_measured(tiers: dict[str, Tier], prof) -> dict[str, Tier]:
+    """Command-line bandwidths replace a profile's tier of that name, but what only the board
+    can measure stays: its compute share (what IO costs compute beside it) and its capacity."""
+    measured = prof.tiers if prof else {}
+    return {name: dataclasses.replace(
+                tier, compute_share=measured[name].compute_share,
+                capacity_bytes=(tier.capacity_bytes if tier.capacity_bytes is not None
+                                else measured[name].capacity_bytes))
+            if name in measured else tier for name, tier in tiers.items()}
 
 
 @app.command()
@@ -116,7 +128,8 @@ def plan(
     g = load_graph_file(graph)
     prof = load_profile(profile) if profile else None
     note_profile_fit(prof, g, str(profile), to_stderr)
-    tiers = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
+    tiers = _kept_measured(_tiers(flash_read_bw, flash_write_bw, flash_latency,
+                                  flash_energy_per_byte), prof)
 
     plain_peak = functools.cache(lambda: plain_peak_bytes(g, prof))  # once, for fractions
 
