@@ -12,7 +12,7 @@ import typer
 
 from edge_remat_agent.formats import FormatError
 
-from .devices import DeviceConfig, DeviceError, config_files, load_device
+from .devices import DeviceConfig, config_files, load_device
 from .transport import Board, TransportError
 from .transport.board import summary
 from .units import fmt_bytes
