@@ -15,10 +15,8 @@ slot t's output range, one after another, each aligned:
     glibc executor pays and leaves its slot's pages untouched, uncharged (`kept_outside`).
     For the same reason ops whose `.out` variant is ATen's functional call plus a copy
     (`OUT_VARIANT_ALLOCATES`, measured in tests/test_arena_executor.py) run as traced there.
-What the ops allocate inside a node (intermediates, kernel scratch) comes from the CPU
-allocator (the plan counts it as the node's workspace); where the arena gives its pages back,
-that allocator is a region heap during compute and page-in nodes (arena_heap.py), whose freed
-blocks are served again without faults, so the malloc's heap is not purged.
+What the ops allocate inside a node (intermediates, kernel scratch) still comes from the CPU
+allocator: the plan counts it as the node's workspace.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ from ..allocator import heap_trimmer
 from ..formats import Graph, Plan
 from ..formats.arena import ArenaLayout, Slot
 from ..lifetimes import LayoutError, check_layout, layout_offsets, live_load
-from .arena_heap import open_heap
 from .arena_pages import PageRelease, Range, resident_reader
 
 
@@ -40,9 +37,6 @@ from .arena_pages import PageRelease, Range, resident_reader
 # take the process past the plan's peak by more than this fraction of the planned peak (see
 # Arena.open): mobilenet_v2 b8 (benchmarks/arena.py figures, README).
 TRIM_HEAP_SLACK = 0.04
-# The region heap's size beyond the plan's peak less the arena (address space only: pages are
-# charged once touched); a request it cannot serve goes to the malloc, counted.
-HEAP_MARGIN = 0.5
 
 
 @dataclass
@@ -62,9 +56,6 @@ class ArenaCounts:
     released: int = 0  # arena ranges whose pages were given back (arena_pages.py)
     released_bytes: int = 0
     heap_trims: int = 0  # the CPU allocator's free heap pages given back (see Arena.open)
-    heap_allocations: int = 0  # served by the region heap (arena_heap.py), and their bytes
-    heap_bytes: int = 0
-    heap_fallbacks: int = 0  # requests the region could not serve: the malloc's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,16 +78,13 @@ class _Cursor:
 class Arena:
     def __init__(self, layout: ArenaLayout, graph: Graph, plan: Plan,
                  device: torch.device | None = None, release_slack_bytes: int | None = 0,
-                 trim_heap: float | None = TRIM_HEAP_SLACK, region_heap: bool = True):
+                 trim_heap: float | None = TRIM_HEAP_SLACK):
         """`release_slack_bytes`: give back the pages of free arena ranges when the touched
         ones exceed the live ones by more than this (arena_pages.py); None: never.
         `trim_heap`: also give back the CPU allocator's free heap pages at each step's start,
         and give back both only before the nodes where the process's resident bytes would
         otherwise pass the plan's peak by more than this fraction of it (CPU only; see
-        open()); None: the heap never, the arena's pages at every node.
-        `region_heap`: where pages are given back (CPU), serve what ATen allocates inside a
-        node from a region heap (arena_heap.py) where it can be built; the malloc's heap is
-        then not trimmed."""
+        open()); None: the heap never, the arena's pages at every node."""
         try:
             blocks = check_layout(graph, plan.stages, layout)
         except LayoutError as error:
@@ -117,12 +105,6 @@ class Arena:
         # Copy what ATen allocated into the slot only where the arena's pages are not given
         # back (CUDA, or no madvise): there the slot is paid for anyway.
         self.copies_in = self.pages is None or not self.pages.available
-        self.heap, self.heap_unavailable = None, None
-        if region_heap and self.pages is not None:
-            peak = (plan.predicted or {}).get("peak_bytes", 0) or layout.size_bytes
-            self.heap, self.heap_unavailable = open_heap(
-                int(max(peak - layout.size_bytes, 0) + HEAP_MARGIN * peak) + 2**20)
-        self._heap_marks: dict[str, int] = {}
         self._trim_heap = heap_trimmer() if trim_heap is not None and self.pages is not None \
             else None
         self._resident = resident_reader() if self._trim_heap is not None else None
@@ -144,8 +126,6 @@ class Arena:
 
     def start_step(self) -> None:
         self.counts = ArenaCounts()
-        if self.heap is not None:
-            self._heap_marks = self.heap.counts()
         if self.pages is not None:
             self.pages.start_step()
         if self._resident is not None:  # the step starts from the fewest pages it can
@@ -191,8 +171,6 @@ class Arena:
             self.counts.released_bytes = self.pages.released_bytes
         if self._trim_heap is not None and (trim or trim is None and self._over(instruction)):
             self._trim_heap()
-            if self.heap is not None and trim is None:  # over the peak: the region's too
-                self.heap.trim()
             self.counts.heap_trims += 1
 
     def _take(self, cursor: _Cursor | None, nbytes: int) -> int | None:
@@ -203,32 +181,10 @@ class Arena:
         return offset
 
     def close(self) -> None:
-        if self.heap is not None:
-            now, marks, counts = self.heap.counts(), self._heap_marks, self.counts
-            counts.heap_allocations = now["allocations"] - marks["allocations"]
-            counts.heap_bytes = now["allocated_bytes"] - marks["allocated_bytes"]
-            counts.heap_fallbacks = now["fallbacks"] - marks["fallbacks"]
         if self.pages is not None and self._output is not None:
             # What the node left outside holds nothing in its slot's unused tail.
             self.pages.used(self._instruction, self._output_start, self._output.next)
         self._output = self._workspace = None
-
-    def finish(self) -> None:
-        """The run is over: the region heap takes no more requests (it goes once its last
-        block is freed)."""
-        if self.heap is not None:
-            self.heap.close()
-
-    def describe_heap(self) -> dict[str, Any] | None:
-        """What the run report says of the region heap (None: pages are not given back)."""
-        if self.heap is not None:
-            counts = self.heap.counts()
-            return {"used": True, "region_bytes": self.heap.region_bytes,
-                    "high_water_bytes": counts["high_water_bytes"],
-                    "allocations": counts["allocations"], "fallbacks": counts["fallbacks"]}
-        if self.heap_unavailable is not None:
-            return {"used": False, "unavailable": self.heap_unavailable}
-        return None
 
     def tensor_at(self, offset: int, dtype: torch.dtype, shape, stride) -> torch.Tensor:
         return torch.empty(0, dtype=dtype, device=self.device).set_(
@@ -531,7 +487,6 @@ class ArenaPlacement:
                                         for name, placed in _writable(node, runner).items()})
         self._reading_into = reading_into
         self._reading = None
-        self._updates = {node.id for node in graph.nodes if node.kind == "update"}
         runner.writer = self.writer
 
     def _keep_gradients(self, node) -> None:
@@ -554,10 +509,6 @@ class ArenaPlacement:
     def before(self, t: int, ins) -> None:
         if ins.op in ("compute", "page_in"):
             self.arena.open(t)
-            if self.arena.heap is not None and ins.node not in self._updates:
-                # What ATen allocates in the node: the region's. Not an update's: the
-                # optimizer's state lives on across steps (it would hold the region's middle).
-                self.arena.heap.install()
             self.runner.ledger.storages_made()  # from here: what the node makes
             self._reading = self._reading_into(self.arena.page_slot)
             self._reading.__enter__()
@@ -565,8 +516,6 @@ class ArenaPlacement:
     def after(self, ins, failed: bool = False) -> None:
         if ins.op not in ("compute", "page_in"):
             return
-        if self.arena.heap is not None:  # what the runner keeps (below) comes from the malloc
-            self.arena.heap.uninstall()
         self._reading.__exit__(None, None, None)
         self._reading = None
         try:

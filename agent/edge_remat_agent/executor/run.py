@@ -134,8 +134,6 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                     "peak_bytes": counted.peak_bytes}
             if progress is not None:
                 progress(i, steps, records[-1])
-        if arena is not None:
-            arena.finish()
         tiers = describe_stores(opened)
         weights = _weight_figures(home)
         if keep_parameters and home is not None:
@@ -288,8 +286,7 @@ def describe_arena(arena: Arena | None, plan: Plan) -> dict[str, Any] | None:
         return None
     return {"size_bytes": arena.nbytes, "method": plan.arena.method, "device": str(arena.device),
             # Measured on the CPU; on CUDA the path runs but nothing here has measured it.
-            "measured": arena.device.type == "cpu", **plan.arena.details,
-            **({"heap": arena.describe_heap()} if arena.describe_heap() else {})}
+            "measured": arena.device.type == "cpu", **plan.arena.details}
 
 
 def check_plan_is_for(graph: Graph, plan: Plan, what: str) -> None:
