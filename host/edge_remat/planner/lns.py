@@ -15,15 +15,11 @@ from __future__ import annotations
 import random
 import time as clock
 
-from .events import EventSchedule, drop_unneeded
+from .events import EventSchedule, drop_unneeded, recompute_cost
 from .feasible import Deadline, peak_search
 from .intervals import decisions_from_intervals
 from .problem import Problem
 from .stages import StageDecision
-
-
-def recompute_cost(sched: EventSchedule) -> float:
-    return sum(sched.cost[v] * (len(stages) - 1) for v, stages in enumerate(sched.computes))
 
 
 # A round ruins a window of stages (its size drawn from MIN_WINDOW ... n / WINDOW_DIVISOR:
