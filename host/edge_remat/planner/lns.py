@@ -141,10 +141,12 @@ def without_window(sched: EventSchedule, first: int, window: int) -> list[list[i
 
 
 def improve_decisions(p: Problem, decisions: list[StageDecision], time_limit: float,
-                      seed: int = 0, exact: bool = False) -> tuple[list[StageDecision], dict]:
+                      seed: int = 0, exact: bool = False,
+                      rounds: int | None = None) -> tuple[list[StageDecision], dict]:
     """`improve` on a schedule given as stage decisions (recomputations only: a schedule that
     pages is returned as it is), with exact rounds if `exact` (call it through
-    isolated.call("ortools", ...) from a process that may hold highspy)."""
+    isolated.call("ortools", ...) from a process that may hold highspy); `rounds` ends it
+    after that many rounds (reproducible runs) if the time limit does not first."""
     if any(d.page_in or d.page_out for d in decisions):
         return decisions, {"windows_tried": 0, "skipped": "the schedule pages"}
     computes: list[list[int]] = [[] for _ in range(p.n)]
@@ -155,7 +157,8 @@ def improve_decisions(p: Problem, decisions: list[StageDecision], time_limit: fl
     capacity = p.budget_bytes - p.fixed
     if start.excess(capacity) > 0:  # the event model is stricter than the stage lowering
         return decisions, {"windows_tried": 0, "skipped": "not within the event model"}
-    best, info = improve(start, capacity, clock.perf_counter() + time_limit, seed, exact=exact)
+    best, info = improve(start, capacity, clock.perf_counter() + time_limit, seed,
+                         rounds=rounds, exact=exact)
     if best is start:
         return decisions, info
     return decisions_from_intervals(p, best.residencies()), info
