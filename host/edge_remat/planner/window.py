@@ -200,7 +200,7 @@ def solve_window(sched: EventSchedule, capacity: int, first: int, stages: int,
 
     cumulative_capacity = mem.down(capacity)
     at_points = np.cumsum(fixed)[:count]
-    for i in range(count):  # the fixed RAM as fixed intervals of runs of equal height
+    for i in range(count):  # the RAM no choice changes, as a fixed interval per point
         if at_points[i]:
             intervals.append(m.NewFixedSizeIntervalVar(i, 1, ""))
             demands.append(mem.up(int(at_points[i])))
