@@ -27,6 +27,11 @@ def node_costs(p: Problem) -> list[float]:
     return [e + c.static_w * t for e, t in zip(c.energy_j, c.time_s)]
 
 
+def recompute_cost(sched: "EventSchedule") -> float:
+    """The cost of a schedule's recomputations (each node's computes beyond its first)."""
+    return sum(sched.cost[v] * (len(stages) - 1) for v, stages in enumerate(sched.computes))
+
+
 class EventSchedule:
     """Compute sets, the stays they imply, and RAM at each compute event."""
 

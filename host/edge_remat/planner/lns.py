@@ -15,15 +15,11 @@ from __future__ import annotations
 import random
 import time as clock
 
-from .events import EventSchedule, drop_unneeded
+from .events import EventSchedule, drop_unneeded, recompute_cost
 from .feasible import Deadline, peak_search
 from .intervals import decisions_from_intervals
 from .problem import Problem
 from .stages import StageDecision
-
-
-def recompute_cost(sched: EventSchedule) -> float:
-    return sum(sched.cost[v] * (len(stages) - 1) for v, stages in enumerate(sched.computes))
 
 
 # A round ruins a window of stages (its size drawn from MIN_WINDOW ... n / WINDOW_DIVISOR:
@@ -34,20 +30,38 @@ MIN_WINDOW, WINDOW_DIVISOR, NODE_SHARE = 8, 16, 1 / 8
 # A new state is taken when it costs at most this much more than the current one (the best is
 # kept apart): crossing such small rises finds cheaper schedules than strict descent.
 ACCEPT_WORSE = 0.003
+# Exact rounds (window.py: CP-SAT on a window of EXACT_WINDOW stages, the rest fixed), once the
+# greedy rounds have not improved the best for EXACT_STALL rounds, then every EXACT_EVERY-th
+# round while that lasts; each solve gets EXACT_DTIME of CP-SAT's deterministic time (1-2 s at
+# 500 nodes on a shared 2-core host; the wall-clock cap EXACT_MAX_S only guards a slow machine).
+EXACT_WINDOW, EXACT_STALL, EXACT_EVERY, EXACT_DTIME, EXACT_MAX_S = 20, 60, 20, 0.25, 4.0
 
 
 def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
-            window: int | None = None, rounds: int | None = None) -> tuple[EventSchedule, dict]:
+            window: int | None = None, rounds: int | None = None,
+            exact: bool = False) -> tuple[EventSchedule, dict]:
     """The best schedule found from `sched` (itself within `capacity`) before the deadline, or
-    after `rounds` ruins; and what the search did. `window` fixes the window size."""
+    after `rounds` ruins; and what the search did. `window` fixes the window size; `exact`
+    adds the exact rounds (it imports OR-Tools: never in a process that holds highspy)."""
     p, rng = sched.p, random.Random(seed)
     widest = max(MIN_WINDOW + 4, p.n // WINDOW_DIVISOR)
     current, current_cost = sched, recompute_cost(sched)
     best, best_cost = current, current_cost
-    tried = accepted = 0
+    tried = accepted = exact_tried = exact_improved = last_gain = 0
     best_at = None
     while clock.perf_counter() < deadline and (rounds is None or tried < rounds):
         tried += 1
+        stalled = tried - last_gain - EXACT_STALL
+        if exact and stalled >= 0 and stalled % EXACT_EVERY == 0:
+            exact_tried += 1
+            trial = _exact_round(current, capacity, rng, deadline)
+            if trial is not None:
+                current, current_cost = trial, recompute_cost(trial)
+                if current_cost < best_cost * (1 - 1e-12):
+                    best, best_cost = current, current_cost
+                    exact_improved, best_at = exact_improved + 1, clock.perf_counter()
+                    last_gain = tried
+            continue
         computes = _ruin(current, rng, window or rng.randint(MIN_WINDOW, widest))
         if computes is None:
             continue
@@ -65,8 +79,41 @@ def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
             if cost < best_cost * (1 - 1e-12):
                 best, best_cost = trial, cost
                 accepted, best_at = accepted + 1, clock.perf_counter()
-    return best, {"windows_tried": tried, "windows_improved": accepted, "best_at": best_at,
-                  "window_stages": window or f"{MIN_WINDOW}-{widest}", "seed": seed}
+                last_gain = tried
+    info = {"windows_tried": tried, "windows_improved": accepted, "best_at": best_at,
+            "window_stages": window or f"{MIN_WINDOW}-{widest}", "seed": seed}
+    if exact:
+        info.update(exact_tried=exact_tried, exact_improved=exact_improved)
+    return best, info
+
+
+def _exact_round(sched: EventSchedule, capacity: int, rng: random.Random,
+                 deadline: float) -> EventSchedule | None:
+    """The schedule with a window's recomputations re-chosen by CP-SAT, if that is cheaper;
+    the window covers a stage drawn by the recompute cost placed in it."""
+    from .window import solve_window
+    p = sched.p
+    placed = [0.0] * p.n
+    for v, stages in enumerate(sched.computes):
+        for t in stages:
+            if t != v:
+                placed[t] += sched.cost[v]
+    if not any(placed):
+        return None
+    stage = rng.choices(range(p.n), weights=placed)[0]
+    first = max(0, min(p.n - EXACT_WINDOW, stage - rng.randrange(EXACT_WINDOW)))
+    seconds = min(EXACT_MAX_S, deadline - clock.perf_counter())
+    if seconds <= 0.05:
+        return None
+    result = solve_window(sched, capacity, first, EXACT_WINDOW, seconds, EXACT_DTIME,
+                          seed=rng.randrange(1 << 30))
+    if result.computes is None:
+        return None
+    trial = EventSchedule(p, result.computes)
+    if trial.excess(capacity) > 0:  # the model over-counts RAM, never under: a bug if reached
+        raise RuntimeError(f"the exact window at stage {first} returned a schedule over the "
+                           "budget")
+    return trial
 
 
 def _ruin(sched: EventSchedule, rng: random.Random, window: int) -> list[list[int]] | None:
@@ -94,9 +141,12 @@ def without_window(sched: EventSchedule, first: int, window: int) -> list[list[i
 
 
 def improve_decisions(p: Problem, decisions: list[StageDecision], time_limit: float,
-                      seed: int = 0) -> tuple[list[StageDecision], dict]:
+                      seed: int = 0, exact: bool = False,
+                      rounds: int | None = None) -> tuple[list[StageDecision], dict]:
     """`improve` on a schedule given as stage decisions (recomputations only: a schedule that
-    pages is returned as it is)."""
+    pages is returned as it is), with exact rounds if `exact` (call it through
+    isolated.call("ortools", ...) from a process that may hold highspy); `rounds` ends it
+    after that many rounds (reproducible runs) if the time limit does not first."""
     if any(d.page_in or d.page_out for d in decisions):
         return decisions, {"windows_tried": 0, "skipped": "the schedule pages"}
     computes: list[list[int]] = [[] for _ in range(p.n)]
@@ -107,7 +157,8 @@ def improve_decisions(p: Problem, decisions: list[StageDecision], time_limit: fl
     capacity = p.budget_bytes - p.fixed
     if start.excess(capacity) > 0:  # the event model is stricter than the stage lowering
         return decisions, {"windows_tried": 0, "skipped": "not within the event model"}
-    best, info = improve(start, capacity, clock.perf_counter() + time_limit, seed)
+    best, info = improve(start, capacity, clock.perf_counter() + time_limit, seed,
+                         rounds=rounds, exact=exact)
     if best is start:
         return decisions, info
     return decisions_from_intervals(p, best.residencies()), info

@@ -222,7 +222,11 @@ def _improve_by_lns(p: Problem, start: Candidate,
     """The window LNS's plan from `start`, if it is better (None otherwise), and when it was
     found (a perf_counter time)."""
     from .lns import improve_decisions
-    decisions, info = improve_decisions(p, start.decisions, seconds)
+    if have_cpsat():  # with exact rounds, in a child process if this one holds highspy
+        decisions, info = isolated.call("ortools", improve_decisions, p, start.decisions,
+                                        seconds, exact=True)
+    else:
+        decisions, info = improve_decisions(p, start.decisions, seconds)
     if decisions is start.decisions:
         return None, None
     evaluation = evaluate(p, decisions)
