@@ -184,9 +184,6 @@ class Arena:
             self._resident() - self._step_resident > self._trim_above[instruction]
 
     def _give_back(self, instruction: int, trim: bool | None) -> None:
-        import os
-        if self.scratch is not None and os.environ.get("EXP_NOGIVE"):
-            return
         """Release the touched arena pages no block live at `instruction` holds, then the
         heap's free pages (`trim` None: if still over the plan's peak). What ATen allocates
         outside the arena (a node's intermediates, results it keeps) is mostly below the mmap
@@ -213,7 +210,7 @@ class Arena:
         """What ATen allocates from here to scratch_end() comes from instruction t's free
         ranges."""
         if self.scratch is not None:
-            self.scratch.begin(t, self.pages.split_resident if self.pages else None)
+            self.scratch.begin(t)
             self._workspace = None  # its range is the scratch's now: pages go elsewhere
 
     def scratch_end(self) -> None:

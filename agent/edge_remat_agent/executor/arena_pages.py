@@ -96,14 +96,6 @@ class PageRelease:
             self.ranges[i] = Range(r.start, r.end, r.lo, max(r.lo, hi), r.kind)
             self._held.clear()
 
-    def split_resident(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int, bool]]:
-        """Absolute sorted disjoint [lo, hi) ranges cut where their pages are touched (resident)
-        or not: [(lo, hi, resident)], sorted. Partial pages at a cut count as not resident."""
-        here = _intersect(ranges, self.dirty)
-        out = [(lo, hi, True) for lo, hi in here] + \
-            [(lo, hi, False) for lo, hi in _minus(ranges, here)]
-        return sorted(x for x in out if x[1] - x[0] >= 64)
-
     def resident_bytes(self) -> int:
         return sum(hi - lo for lo, hi in self.dirty)
 

@@ -31,10 +31,8 @@ struct Used {
 };
 
 std::mutex mutex;
-// Two tiers of free bytes: 0 resident (pages the arena or a block freed here touched), served
-// first; 1 not (given back: its first write faults).
-std::map<uintptr_t, uintptr_t> free_at[2];                  // address -> bytes
-std::set<std::pair<uintptr_t, uintptr_t>> free_by_size[2];  // (bytes, address)
+std::map<uintptr_t, uintptr_t> free_at;                  // address -> bytes
+std::set<std::pair<uintptr_t, uintptr_t>> free_by_size;  // (bytes, address)
 std::unordered_map<uintptr_t, Used> used;                // address -> block
 std::vector<std::pair<uintptr_t, uintptr_t>> ranges;     // this node's [lo, hi), sorted
 std::vector<uintptr_t> reached;                          // per range: highest byte served
@@ -46,27 +44,22 @@ c10::DeleterFnPtr previous_raw_deleter = nullptr;
 uint64_t counts[6] = {0, 0, 0, 0, 0, 0};
 uint64_t live_bytes = 0;
 
-void add_free(int tier, uintptr_t at, uintptr_t bytes) {
-  free_at[tier][at] = bytes;
-  free_by_size[tier].insert({bytes, at});
+void add_free(uintptr_t at, uintptr_t bytes) {
+  free_at[at] = bytes;
+  free_by_size.insert({bytes, at});
 }
 
-void drop_free(int tier, std::map<uintptr_t, uintptr_t>::iterator it) {
-  free_by_size[tier].erase({it->second, it->first});
-  free_at[tier].erase(it);
+void drop_free(std::map<uintptr_t, uintptr_t>::iterator it) {
+  free_by_size.erase({it->second, it->first});
+  free_at.erase(it);
 }
 
 void* take(uintptr_t bytes) {
-  int tier = 0;
-  auto fit = free_by_size[0].lower_bound({bytes, 0});
-  if (fit == free_by_size[0].end()) {
-    tier = 1;
-    fit = free_by_size[1].lower_bound({bytes, 0});
-    if (fit == free_by_size[1].end()) return nullptr;
-  }
+  auto fit = free_by_size.lower_bound({bytes, 0});
+  if (fit == free_by_size.end()) return nullptr;
   uintptr_t at = fit->second, have = fit->first;
-  drop_free(tier, free_at[tier].find(at));
-  if (have > bytes) add_free(tier, at + bytes, have - bytes);
+  drop_free(free_at.find(at));
+  if (have > bytes) add_free(at + bytes, have - bytes);
   used[at] = {bytes, node};
   live_now += 1;
   live_bytes += bytes;
@@ -77,24 +70,22 @@ void* take(uintptr_t bytes) {
   return reinterpret_cast<void*>(at);
 }
 
-// A freed block is resident now: it joins tier 0, merged with its resident free neighbours.
 void give(uintptr_t start, uintptr_t bytes) {
-  auto& at = free_at[0];
   uintptr_t end = start + bytes;
-  auto next = at.lower_bound(end);
-  if (next != at.end() && next->first == end) {
+  auto next = free_at.lower_bound(end);
+  if (next != free_at.end() && next->first == end) {
     end += next->second;
-    drop_free(0, next);
+    drop_free(next);
   }
-  auto after = at.lower_bound(start);
-  if (after != at.begin()) {
+  auto after = free_at.lower_bound(start);
+  if (after != free_at.begin()) {
     auto before = std::prev(after);
     if (before->first + before->second == start) {
       start = before->first;
-      drop_free(0, before);
+      drop_free(before);
     }
   }
-  add_free(0, start, end - start);
+  add_free(start, end - start);
 }
 
 void scratch_delete(void* ptr) {
@@ -160,23 +151,20 @@ constexpr uint8_t kPriority = 2;  // above c10's default CPU allocator's (0)
 
 extern "C" {
 
-// A new node: its free ranges (triples lo, hi, tier of absolute addresses, sorted, disjoint,
-// aligned; tier 0: resident, 1: not), then c10's CPU allocator is ours. Returns the blocks of the node before still live (0 when
+// A new node: its free ranges (pairs lo, hi of absolute addresses, sorted, disjoint, aligned),
+// then c10's CPU allocator is ours. Returns the blocks of the node before still live (0 when
 // all is well; else they were forgotten and their addresses may be given out again).
 uint64_t arena_scratch_begin(const uint64_t* pairs, uint64_t n) {
   std::lock_guard<std::mutex> lock(mutex);
   uint64_t leaked = live_now;
   node += 1;
   live_now = 0;
-  for (int tier = 0; tier < 2; ++tier) {
-    free_at[tier].clear();
-    free_by_size[tier].clear();
-  }
+  free_at.clear();
+  free_by_size.clear();
   ranges.clear();
   for (uint64_t i = 0; i < n; ++i) {
-    const uint64_t* r = pairs + 3 * i;
-    ranges.push_back({r[0], r[1]});
-    add_free(r[2] ? 1 : 0, r[0], r[1] - r[0]);
+    ranges.push_back({pairs[2 * i], pairs[2 * i + 1]});
+    add_free(pairs[2 * i], pairs[2 * i + 1] - pairs[2 * i]);
   }
   reached.assign(ranges.size(), 0);
   c10::Allocator* current = c10::GetCPUAllocator();

@@ -26,7 +26,7 @@ import hashlib
 import os
 import shutil
 from importlib import resources
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -101,27 +101,20 @@ class ArenaScratch:
             raise OSError("another CPU allocator of a higher priority is installed")
         self.lo, self.hi = base, base + nbytes
         self._free_at = free_at
-        self._arrays: dict[int, list[tuple[int, int]]] = {}
-        self._split: list[tuple[int, int]] = []
+        self._arrays: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
         self._reached = (ctypes.c_uint64 * 1)()
         self._t: int | None = None
 
-    def begin(self, t: int, resident: Callable[[list[tuple[int, int]]], list[bool]]
-              | None = None) -> None:
-        """`resident(ranges)`: t's free ranges split where their pages are resident or not:
-        [(lo, hi, is resident)] (None: all taken as resident); resident ones are served
-        first."""
-        ranges = self._arrays.get(t)
-        if ranges is None:
-            ranges = self._arrays[t] = self._free_at(t)
-        split = resident(ranges) if resident is not None else [(lo, hi, True)
-                                                                for lo, hi in ranges]
-        array = (ctypes.c_uint64 * max(3 * len(split), 1))(
-            *[x for lo, hi, here in split for x in (lo, hi, 0 if here else 1)])
-        if len(split) > len(self._reached):
-            self._reached = (ctypes.c_uint64 * len(split))()
-        self._split = [(lo, hi) for lo, hi, _ in split]
-        if self._lib.arena_scratch_begin(array, len(split)):
+    def begin(self, t: int) -> None:
+        found = self._arrays.get(t)
+        if found is None:
+            ranges = self._free_at(t)
+            array = (ctypes.c_uint64 * max(2 * len(ranges), 1))(
+                *[x for pair in ranges for x in pair])
+            found = self._arrays[t] = (array, ranges)
+            if len(ranges) > len(self._reached):
+                self._reached = (ctypes.c_uint64 * len(ranges))()
+        if self._lib.arena_scratch_begin(found[0], len(found[1])):
             raise ScratchLeak("internal error: blocks the arena's scratch served in the node "
                               "before were still live at the next one")
         self._t = t
@@ -130,7 +123,7 @@ class ArenaScratch:
         """The previous allocator again; the [lo, hi) of each range that blocks were served
         from (its pages touched)."""
         t, self._t = self._t, None
-        ranges = self._split if t is not None else []
+        ranges = self._arrays[t][1] if t is not None else []
         self._lib.arena_scratch_end(self._reached, len(ranges))
         return [(lo, self._reached[i]) for i, (lo, _) in enumerate(ranges)
                 if self._reached[i] > lo]
