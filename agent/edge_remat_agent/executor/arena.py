@@ -15,11 +15,8 @@ slot t's output range, one after another, each aligned:
     glibc executor pays and leaves its slot's pages untouched, uncharged (`kept_outside`).
     For the same reason ops whose `.out` variant is ATen's functional call plus a copy
     (`OUT_VARIANT_ALLOCATES`, measured in tests/test_arena_executor.py) run as traced there.
-What the ops allocate inside a node (intermediates, kernel scratch) comes from the CPU
-allocator (the plan counts it as the node's workspace); where the arena gives its pages back,
-that allocator is, during compute and page-in nodes, the arena's own ranges that no planned
-tensor holds there (arena_scratch.py), and what the node keeps from them is copied into its
-slot.
+What the ops allocate inside a node (intermediates, kernel scratch) still comes from the CPU
+allocator: the plan counts it as the node's workspace.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from ..formats import Graph, Plan
 from ..formats.arena import ArenaLayout, Slot
 from ..lifetimes import LayoutError, check_layout, layout_offsets, live_load
 from .arena_pages import PageRelease, Range, resident_reader
-from .arena_scratch import open_scratch
 
 
 # Free arena pages and the heap's free pages are given back before a node only when they would
@@ -60,10 +56,6 @@ class ArenaCounts:
     released: int = 0  # arena ranges whose pages were given back (arena_pages.py)
     released_bytes: int = 0
     heap_trims: int = 0  # the CPU allocator's free heap pages given back (see Arena.open)
-    scratch_served: int = 0  # ATen's allocations served from free arena ranges (arena_scratch)
-    scratch_bytes: int = 0
-    scratch_fallbacks: int = 0  # those no free range fitted: the malloc's
-    scratch_fallback_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,15 +78,13 @@ class _Cursor:
 class Arena:
     def __init__(self, layout: ArenaLayout, graph: Graph, plan: Plan,
                  device: torch.device | None = None, release_slack_bytes: int | None = 0,
-                 trim_heap: float | None = TRIM_HEAP_SLACK, scratch: bool = True):
+                 trim_heap: float | None = TRIM_HEAP_SLACK):
         """`release_slack_bytes`: give back the pages of free arena ranges when the touched
         ones exceed the live ones by more than this (arena_pages.py); None: never.
         `trim_heap`: also give back the CPU allocator's free heap pages at each step's start,
         and give back both only before the nodes where the process's resident bytes would
         otherwise pass the plan's peak by more than this fraction of it (CPU only; see
-        open()); None: the heap never, the arena's pages at every node.
-        `scratch`: where pages are given back (CPU), serve what ATen allocates inside a node
-        from the arena's ranges free there (arena_scratch.py) where it can be built."""
+        open()); None: the heap never, the arena's pages at every node."""
         try:
             blocks = check_layout(graph, plan.stages, layout)
         except LayoutError as error:
@@ -115,12 +105,6 @@ class Arena:
         # Copy what ATen allocated into the slot only where the arena's pages are not given
         # back (CUDA, or no madvise): there the slot is paid for anyway.
         self.copies_in = self.pages is None or not self.pages.available
-        self.scratch, self.scratch_unavailable = None, None
-        if scratch and self.pages is not None and self.pages.available:
-            held = _held_ranges(graph, blocks, layout)
-            self.scratch, self.scratch_unavailable = open_scratch(
-                self.base, self.nbytes, lambda t: _free_ranges(self.base, self.nbytes, held, t))
-        self._scratch_marks: dict[str, int] = {}
         self._trim_heap = heap_trimmer() if trim_heap is not None and self.pages is not None \
             else None
         self._resident = resident_reader() if self._trim_heap is not None else None
@@ -137,21 +121,11 @@ class Arena:
         return self.layout.size_bytes
 
     def holds(self, tensor: torch.Tensor) -> bool:
-        """Whether `tensor` is a view of the arena (every slot's tensor is one of its storage;
-        a block the scratch allocator served lies in the arena's bytes but is not)."""
-        return tensor.device == self.device and \
-            tensor.untyped_storage().data_ptr() == self.base
-
-    def in_scratch(self, tensor: torch.Tensor) -> bool:
-        """Whether `tensor`'s storage is a block arena_scratch served (it must not outlive
-        its node)."""
-        return self.scratch is not None and isinstance(tensor, torch.Tensor) and \
-            self.scratch.holds(tensor)
+        ptr = tensor.untyped_storage().data_ptr()
+        return tensor.device == self.device and self.base <= ptr < self.base + self.nbytes
 
     def start_step(self) -> None:
         self.counts = ArenaCounts()
-        if self.scratch is not None:
-            self._scratch_marks = self.scratch.counts()
         if self.pages is not None:
             self.pages.start_step()
         if self._resident is not None:  # the step starts from the fewest pages it can
@@ -205,35 +179,6 @@ class Arena:
         if offset is not None and self.pages is not None:
             self.pages.touched(offset, offset + nbytes)
         return offset
-
-    def scratch_begin(self, t: int) -> None:
-        """What ATen allocates from here to scratch_end() comes from instruction t's free
-        ranges."""
-        if self.scratch is not None:
-            self.scratch.begin(t)
-            self._workspace = None  # its range is the scratch's now: pages go elsewhere
-
-    def scratch_end(self) -> None:
-        """Back to the malloc; the ranges' pages the node wrote are touched (given back with
-        the other free arena pages where the process passes the plan's peak)."""
-        if self.scratch is None:
-            return
-        for lo, hi in self.scratch.end():
-            if self.pages is not None:
-                self.pages.touched(lo - self.base, hi - self.base)
-        now, marks, counts = self.scratch.counts(), self._scratch_marks, self.counts
-        counts.scratch_served = now["served"] - marks.get("served", 0)
-        counts.scratch_bytes = now["served_bytes"] - marks.get("served_bytes", 0)
-        counts.scratch_fallbacks = now["fallbacks"] - marks.get("fallbacks", 0)
-        counts.scratch_fallback_bytes = now["fallback_bytes"] - marks.get("fallback_bytes", 0)
-
-    def describe_scratch(self) -> dict[str, Any] | None:
-        """What the run report says of arena_scratch (None: pages are not given back)."""
-        if self.scratch is not None:
-            return {"used": True, **self.scratch.counts()}
-        if self.scratch_unavailable is not None:
-            return {"used": False, "unavailable": self.scratch_unavailable}
-        return None
 
     def close(self) -> None:
         if self.pages is not None and self._output is not None:
@@ -298,11 +243,10 @@ class Arena:
                 continue
             storage = value.untyped_storage()
             ptr = storage.data_ptr()
-            scratch = self.in_scratch(value)  # moved whatever the ledger says: reused next
-            if ptr not in made and not scratch or storage.nbytes() == 0:
+            if ptr not in made or storage.nbytes() == 0:
                 out[name] = value
                 continue
-            if ptr not in moved and not self.copies_in and not scratch:
+            if ptr not in moved and not self.copies_in:
                 self.counts.kept_outside += 1
                 self.counts.kept_outside_bytes += storage.nbytes()
                 out[name] = value
@@ -313,7 +257,7 @@ class Arena:
                 if offset is None:
                     self.counts.outside += 1
                     self.counts.outside_bytes += storage.nbytes()
-                    out[name] = value.clone() if scratch else value  # out of the free ranges
+                    out[name] = value
                     made.discard(ptr)
                     continue
                 target = self.memory[offset:offset + storage.nbytes()]
@@ -353,25 +297,6 @@ def _held_ranges(graph: Graph, blocks, layout: ArenaLayout) -> list[Range]:
             ranges.append(Range(block.start, block.end, offset, offset + block.nbytes,
                                 block.kind))
     return ranges
-
-
-# Free arena ranges smaller than this are not given to arena_scratch (bookkeeping for nothing).
-SCRATCH_MIN_RANGE = 4096
-
-
-def _free_ranges(base: int, nbytes: int, held: list[Range], t: int) -> list[tuple[int, int]]:
-    """The arena's bytes no held block occupies at instruction t (the running node's own
-    workspace is free: ATen's scratch is what it was planned for), absolute, 64-byte aligned,
-    sorted. The first 64 bytes are never given: a block there would have the arena's own
-    data pointer (the ledger and holds() tell storages apart by it)."""
-    out, cursor = [], 64
-    for lo, hi in sorted((r.lo, r.hi) for r in held if r.start <= t < r.end):
-        if lo > cursor:
-            out.append((cursor, lo))
-        cursor = max(cursor, hi)
-    out.append((cursor, nbytes))
-    aligned = [(-(-lo // 64) * 64, hi // 64 * 64) for lo, hi in out]
-    return [(base + lo, base + hi) for lo, hi in aligned if hi - lo >= SCRATCH_MIN_RANGE]
 
 
 def _storage_bytes(meta) -> int:
@@ -562,8 +487,6 @@ class ArenaPlacement:
                                         for name, placed in _writable(node, runner).items()})
         self._reading_into = reading_into
         self._reading = None
-        self._updates = {node.id for node in graph.nodes if node.kind == "update"}
-        self._scratch = False
         runner.writer = self.writer
 
     def _keep_gradients(self, node) -> None:
@@ -573,26 +496,19 @@ class ArenaPlacement:
         which holds a plain step's gradients anyway). Only what `node` keeps is looked at:
         the runner takes each from the node that names it (walking all the step keeps, at
         every node, cost mobilenet_v2 a few milliseconds a step)."""
-        runner, arena = self.runner, self.arena
-
-        def holds(value):  # in a slot or in the node's scratch: both are reused after it
-            return arena.holds(value) or arena.in_scratch(value)
+        runner, holds = self.runner, self.arena.holds
         for kept, names in ((runner.grads, node.attrs.get("grads")),
                             (runner.buffer_updates, node.attrs.get("buffer_updates"))):
             for name in (names or {}).values():
                 value = kept.get(name)
                 if value is not None and holds(value):
                     kept[name] = value.clone()
-        if self.runner.loss is not None and holds(self.runner.loss):
+        if self.runner.loss is not None and self.arena.holds(self.runner.loss):
             self.runner.loss = self.runner.loss.clone()
 
     def before(self, t: int, ins) -> None:
         if ins.op in ("compute", "page_in"):
             self.arena.open(t)
-            self._scratch = self.arena.scratch is not None and ins.node not in self._updates
-            if self._scratch:
-                # Not an update's: the optimizer's state lives on across steps.
-                self.arena.scratch_begin(t)
             self.runner.ledger.storages_made()  # from here: what the node makes
             self._reading = self._reading_into(self.arena.page_slot)
             self._reading.__enter__()
@@ -600,40 +516,18 @@ class ArenaPlacement:
     def after(self, ins, failed: bool = False) -> None:
         if ins.op not in ("compute", "page_in"):
             return
-        if self._scratch:  # what the node keeps (below) comes from the malloc or its slot
-            self.arena.scratch_end()
         self._reading.__exit__(None, None, None)
         self._reading = None
         try:
             node = self.graph.node(ins.node)
             if not failed and node.kind != "update":
-                self._settle(ins.node)
+                outputs = self.runner.outputs(ins.node)
+                fixed = self.runner.fixed_values()
+                own = {k: v for k, v in outputs.items() if k not in fixed}
+                made = self.runner.ledger.storages_made()
+                for name, value in self.arena.settle(own, made).items():
+                    if value is not outputs[name]:
+                        self.runner.rebind(name, value)
             self._keep_gradients(node)
-            if self._scratch:
-                self._keep_rng_state(ins.node)
-                if not failed:
-                    self.arena.scratch.check(ins.node)
         finally:
             self.arena.close()
-
-    def _keep_rng_state(self, name: str) -> None:
-        """The generator's state the runner took at the node's first run (to replay its draws
-        when it is recomputed) lives on across steps: out of the free ranges."""
-        states = getattr(self.runner, "rng_states", {})
-        state = states.get(name)
-        if state is not None and self.arena.in_scratch(state[0]):
-            states[name] = (state[0].clone(), *state[1:])
-
-    def _settle(self, name: str) -> None:
-        """The node's outputs into its slot (Arena.settle); the fixed ones (in a gradient's
-        storage) that came from the free ranges out of them."""
-        outputs = self.runner.outputs(name)
-        fixed = self.runner.fixed_values()
-        own = {k: v for k, v in outputs.items() if k not in fixed}
-        made = self.runner.ledger.storages_made()
-        for key, value in self.arena.settle(own, made).items():
-            if value is not outputs[key]:
-                self.runner.rebind(key, value)
-        for key in fixed & outputs.keys():
-            if self.arena.in_scratch(outputs[key]):
-                self.runner.rebind(key, outputs[key].clone())
