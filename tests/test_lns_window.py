@@ -6,14 +6,13 @@ highspy, which cannot share a process with OR-Tools.
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
 from edge_remat.planner import isolated
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.evaluate import evaluate
-from edge_remat.planner.events import EventSchedule, recompute_cost
+from edge_remat.planner.events import EventSchedule, from_decisions, recompute_cost
 from edge_remat.planner.feasible import feasible_schedule
 from edge_remat.planner.intervals import decisions_from_intervals
 from edge_remat.planner.lns import improve_decisions
@@ -28,11 +27,7 @@ def _start(n: int, seed: int, budget: str = "0.8"):
     p = build_problem(random_layered(n, seed=seed), budget)
     decisions = feasible_schedule(p, 60)
     assert decisions is not None
-    computes: list[list[int]] = [[] for _ in range(p.n)]
-    for t, d in enumerate(decisions):
-        for v in d.compute:
-            computes[v].append(t)
-    sched = EventSchedule(p, computes)
+    sched = from_decisions(p, decisions)
     capacity = p.budget_bytes - p.fixed
     assert sched.excess(capacity) == 0
     return p, sched, capacity

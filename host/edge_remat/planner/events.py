@@ -224,3 +224,12 @@ def drop_unneeded(sched: EventSchedule, added: list[list[tuple[int, int]]],
             return
         if t in sched.computes[v]:
             sched.try_drop(v, t, capacity)
+
+
+def from_decisions(p: Problem, decisions) -> EventSchedule:
+    """The event model of a schedule given as stage decisions (its computes only)."""
+    computes: list[list[int]] = [[] for _ in range(p.n)]
+    for t, d in enumerate(decisions):
+        for v in d.compute:
+            computes[v].append(t)
+    return EventSchedule(p, computes)

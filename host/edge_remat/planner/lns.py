@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import time as clock
 
-from .events import EventSchedule, drop_unneeded, recompute_cost
+from .events import EventSchedule, drop_unneeded, from_decisions, recompute_cost
 from .feasible import Deadline, peak_search
 from .intervals import decisions_from_intervals
 from .problem import Problem
@@ -149,11 +149,7 @@ def improve_decisions(p: Problem, decisions: list[StageDecision], time_limit: fl
     after that many rounds (reproducible runs) if the time limit does not first."""
     if any(d.page_in or d.page_out for d in decisions):
         return decisions, {"windows_tried": 0, "skipped": "the schedule pages"}
-    computes: list[list[int]] = [[] for _ in range(p.n)]
-    for t, d in enumerate(decisions):
-        for v in d.compute:
-            computes[v].append(t)
-    start = EventSchedule(p, computes)
+    start = from_decisions(p, decisions)
     capacity = p.budget_bytes - p.fixed
     if start.excess(capacity) > 0:  # the event model is stricter than the stage lowering
         return decisions, {"windows_tried": 0, "skipped": "not within the event model"}
