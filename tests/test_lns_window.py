@@ -6,7 +6,6 @@ highspy, which cannot share a process with OR-Tools.
 
 from __future__ import annotations
 
-
 import pytest
 
 from edge_remat.planner import isolated
