@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .formats import FormatError, Graph, Plan, Profile, Tier
+from .timeline import Timeline, run_timeline
 
 # Modelled page tiers for a parameter home when no profile or command line gives figures:
 # a board's eMMC / SD card (reads ~100 MB/s, writes ~40 MB/s) and a USB 2 link to a host
@@ -65,9 +66,16 @@ class CostModel:
     # baseline, taken before it, does not hold. Every schedule pays it, plain PyTorch's too.
     runtime_warm_bytes: int = 0
 
-    def compute_shares(self) -> dict[str, float]:
-        """Each tier's compute share, as the IO timeline takes them (timeline.py)."""
-        return {name: tier.compute_share for name, tier in self.tiers.items()}
+    def timeline(self, ops, deps: list[list[int]], sizes: list[int],
+                 sync_trace: list[int]) -> Timeline:
+        """The IO timeline (timeline.py) of resolved instructions under these costs: node
+        times, each tier's read and write times and its compute share."""
+        tiers = self.tiers
+        return run_timeline(ops, deps, sizes, self.time_s,
+                            {name: tier.in_time_s for name, tier in tiers.items()},
+                            {name: tier.out_time_s for name, tier in tiers.items()}, sync_trace,
+                            compute_share={name: tier.compute_share
+                                           for name, tier in tiers.items()})
 
     def workspace(self, graph: Graph) -> list[int]:
         """Each node's workspace bytes (the graph's where this model has none)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from .costs import CostModel
 from .formats import Graph, Instruction, Stages
-from .timeline import OP_CODES, Timeline, run_timeline
+from .timeline import OP_CODES
 
 IO_MODES = ("sync", "overlap")
 
@@ -167,7 +167,9 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
     total_cost = sum(costs.time_s)
     tdi = 100.0 * (t_compute / total_cost - 1.0) if total_cost > 0 else 0.0
     n_computes = sum(computed)
-    timeline = overlap_timeline(graph, costs, ops, deps, trace) if io == "overlap" else None
+    # The IO timeline of the validated replay (its peak is the synchronous one: timeline.py).
+    timeline = costs.timeline(ops, deps, [n.out_bytes for n in graph.nodes], trace) \
+        if io == "overlap" else None
     step_time = timeline.step_time_s if timeline else t_compute + t_paging
     return SimResult(
         peak_bytes=peak, peak_at=peak_at, compute_time_s=t_compute, paging_time_s=t_paging,
@@ -181,14 +183,6 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
         io_wait_s=timeline.waited_s if timeline else None,
         paging_hidden_share=timeline.hidden_share if timeline else None,
         io_slowed_s=timeline.slowed_s if timeline else None)
-
-
-def overlap_timeline(graph: Graph, costs: CostModel, ops, deps, trace: list[int]) -> Timeline:
-    """The IO timeline of a validated replay (its peak is the synchronous one: see timeline.py)."""
-    return run_timeline(ops, deps, [n.out_bytes for n in graph.nodes], costs.time_s,
-                        {name: tier.in_time_s for name, tier in costs.tiers.items()},
-                        {name: tier.out_time_s for name, tier in costs.tiers.items()}, trace,
-                        compute_share=costs.compute_shares())
 
 
 def _tier(costs: CostModel, ins: Instruction, fail) -> str:

@@ -16,8 +16,7 @@ evaluate), so plans are compared, and reported, by their overlapped step time.
 from __future__ import annotations
 
 from edge_remat_agent.formats import Stages
-from edge_remat_agent.timeline import (COMPUTE, FREE, OP_CODES, PAGE_IN, PAGE_OUT,
-                                       run_timeline)
+from edge_remat_agent.timeline import COMPUTE, FREE, OP_CODES, PAGE_IN, PAGE_OUT
 
 from .problem import Problem
 
@@ -68,11 +67,7 @@ def sync_trace(p: Problem, ops: list[Op]) -> list[int]:
 
 
 def _makespan(p: Problem, ops: list[Op]) -> float:
-    tiers = p.costs.tiers
-    return run_timeline(ops, p.deps, p.sizes, p.costs.time_s,
-                        {name: t.in_time_s for name, t in tiers.items()},
-                        {name: t.out_time_s for name, t in tiers.items()},
-                        sync_trace(p, ops), compute_share=p.costs.compute_shares()).step_time_s
+    return p.costs.timeline(ops, p.deps, p.sizes, sync_trace(p, ops)).step_time_s
 
 
 def _needs(op: Op, node: int, deps: list[list[int]]) -> bool:
