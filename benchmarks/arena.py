@@ -45,14 +45,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "host"), str(ROOT / "agent")]
+from edge_remat_agent.allocator import (MALLOCS, malloc_library,  # noqa: E402
+                                        missing_malloc, preload_environment)
 
 MODELS = {"resnet18": dict(batch=64, image=32), "mobilenet_v2": dict(batch=32, image=64),
           "bert-mini": dict(batch=16, seq=128)}
 QUICK = {"resnet18": dict(batch=16, image=32), "mobilenet_v2": dict(batch=8, image=32),
          "bert-mini": dict(batch=4, seq=64)}
 MIB = 2 ** 20
-
-from edge_remat_agent.allocator import MALLOCS, malloc_library, missing_malloc  # noqa: E402
 
 
 def plan_row(name: str, shape: dict, budget: str, work: Path, time_limit: float,
@@ -150,7 +150,6 @@ def run_child(row: dict, shape: dict, allocator: str, steps: int, work: Path,
     primitive cache capacity, set in the child's environment before torch starts. `malloc`:
     the malloc the child is started under (preloaded)."""
     from edge_remat.cgroup import MemoryCgroup
-    from edge_remat_agent.allocator import preload_environment
     name = f"arena-bench-{os.getpid()}"
     group = MemoryCgroup.ensure(name, 16 * 2 ** 30)
     try:
