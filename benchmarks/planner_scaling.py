@@ -80,7 +80,8 @@ def capture(name: str, cache: Path) -> Path:
 
 
 def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
-        graph_file: Path | None = None, frontier_s: float | None = None) -> dict:
+        graph_file: Path | None = None, frontier_s: float | None = None,
+        order: str = "auto") -> dict:
     """Plan one size (or one captured graph) in this process; the row as a dict."""
     from edge_remat.planner.build import build_problem
     from edge_remat.planner.solve import NoPlan, solve
@@ -95,7 +96,8 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
     row = {"graph": label, "nodes": len(graph),
            "edges": sum(len(node.inputs) for node in graph.nodes), "base_rss_mib": base_rss}
     started = time.perf_counter()
-    problem = build_problem(graph, str(budget))
+    problem = build_problem(graph, str(budget), order=order)
+    row["order"] = "given" if problem.given_graph is None else "memory"
     try:
         report = solve(problem, solver, time_limit)
     except NoPlan as exc:
@@ -112,19 +114,19 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
                    valid=ev.feasible, peak_over_budget=ev.sim.peak_bytes / problem.budget_bytes)
     row["rss_mib"] = peak_rss_mib()
     if frontier_s and graph_file is None:
-        row.update(frontier(graph, frontier_s))
+        row.update(frontier(graph, frontier_s, order))
     return row
 
 
-def frontier(graph, seconds: float) -> dict:
+def frontier(graph, seconds: float, order: str) -> dict:
     """The lowest budget multiplier (of FRONTIER_STEPS bisection tries) at which the feasibility
     phase finds a plan within `seconds`, and the floor it starts from."""
     from edge_remat.planner.build import build_problem
     from edge_remat.planner.solve import feasibility_plans_at
     from edge_remat_agent.floor import floor_node
 
-    plain = build_problem(graph, "1.0")
-    floor = (floor_node(graph, plain.workspace)[0] + plain.fixed) / plain.budget_bytes
+    plain = build_problem(graph, "1.0", order=order)
+    floor = (floor_node(plain.graph, plain.workspace)[0] + plain.fixed) / plain.budget_bytes
     low, high = floor, 1.0  # no schedule below the floor
     for _ in range(FRONTIER_STEPS):
         mid = (low + high) / 2
@@ -210,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=0.8, help="multiplier of the plain peak")
     ap.add_argument("--time-limit", type=float, default=90.0, help="per size, s (90)")
     ap.add_argument("--solver", default="auto")
+    ap.add_argument("--order", default="auto", choices=("auto", "given", "memory"),
+                    help="execution order of the random layered graphs (planner/ordering.py): "
+                         "given keeps the published order, as Checkmate's and Moccasin's "
+                         "problem does")
     ap.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)  # the child's
     ap.add_argument("--seeds", default="1", help="random layered graphs' seeds, e.g. 0,1,2,3,4: "
                     "each size is planned once per seed, and the median TDI per size printed")
@@ -223,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.one is not None or args.one_graph is not None:
         print(json.dumps(one(args.one, args.budget, args.time_limit, args.solver, args.seed,
-                             args.one_graph, args.frontier)))
+                             args.one_graph, args.frontier, args.order)))
         return 0
 
     names = [x.strip() for x in args.graphs.split(",") if x.strip()]
@@ -242,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
               f"plain peak {info['plain_peak_bytes'] / 2**20:.1f} MiB; {path}")
         jobs.append((name, ["--one-graph", str(path)]))
     print(f"# graph rl: random layered (seeds {args.seeds}); budget {args.budget:g}x plain peak, "
-          f"solver {args.solver}, time limit {args.time_limit:g} s per graph, "
+          f"solver {args.solver}, order {args.order}, time limit {args.time_limit:g} s per graph, "
           f"{os.cpu_count()} cores; each graph in a fresh process")
     print("# first/best s: time to the first / the returned plan; LB TDI: the lower bound as a "
           "TDI; RSS: the process's peak; base: its peak before planning (imports, graph)")
@@ -252,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         child = subprocess.run(
             [sys.executable, __file__, *which, "--budget", str(args.budget),
              "--time-limit", str(args.time_limit), "--solver", args.solver,
+             "--order", args.order,
              *(["--frontier", str(args.frontier)] if args.frontier else [])],
             capture_output=True, text=True,
             timeout=args.time_limit * 3 + 120 + (args.frontier or 0) * FRONTIER_STEPS * 1.5)

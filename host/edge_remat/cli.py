@@ -72,6 +72,10 @@ def plan(
     paging_io: str = typer.Option("overlap", "--paging-io",
                                   help="overlap (prefetch and write-behind beside compute) | "
                                        "sync (paging stops compute)"),
+    order: str = typer.Option("auto", "--order",
+                              help="auto | given | memory: the execution order planned; memory "
+                                   "(auto: where it leaves less above the budget) reorders a "
+                                   "graph the executor does not replay"),
     backend: str = typer.Option("cbc", "--backend", help="MILP backend: cbc | highs"),
     workers: Optional[int] = typer.Option(None, "--workers", "--threads",
                                           help="solver threads (default: all cores)"),
@@ -92,6 +96,7 @@ def plan(
     from .importers.graph_import import load_graph_file
     from .outputs import output_file, output_folder
     from .planner.build import PAGING_CHOICES, build_problem, plain_peak_bytes
+    from .planner.ordering import ORDERS
     from .planner.plan_file import make_plan
     from .remote import to_stderr
     from .reports.report import plan_table
@@ -106,6 +111,8 @@ def plan(
         raise FormatError("command line", "--paging-io", "overlap or sync", paging_io)
     if paging is not None and paging not in PAGING_CHOICES:
         raise FormatError("command line", "--paging", " | ".join(PAGING_CHOICES), paging)
+    if order not in ORDERS:
+        raise FormatError("command line", "--order", " | ".join(ORDERS), order)
     if (budget is None) == (sweep is None):
         raise FormatError("command line", "--budget", "exactly one of --budget and --sweep")
     from .checks import check_solver_options
@@ -136,7 +143,7 @@ def plan(
     def make_problem(budget):
         return build_problem(g, budget, prof, objective, target_deadline, paging, tiers,
                              paging_time, plain_peak() if budget.fraction is not None else None,
-                             io=paging_io)
+                             io=paging_io, order=order)
 
     if sweep is not None:
         _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
@@ -149,7 +156,7 @@ def plan(
                                tiers, paging_time, solver, time_limit, backend, workers,
                                progress, plain_peak() if budget_value.fraction is not None
                                else None, io=paging_io, arena=arena,
-                               arena_time_limit=arena_time_limit)
+                               arena_time_limit=arena_time_limit, order=order)
     if progress is not None:
         typer.echo("", err=True)
     if output:

@@ -62,6 +62,13 @@ class Graph:
     def __len__(self) -> int:
         return len(self.nodes)
 
+    @property
+    def replayed(self) -> bool:
+        """True when the executor replays this graph's ops (it was captured from a model):
+        then their order carries state the edges do not show (random draws, buffer updates,
+        optimizer steps in place), and a plan keeps it."""
+        return not self.planning_only and any("outputs" in node.attrs for node in self.nodes)
+
     def node(self, node_id: NodeId) -> Node:
         return self.nodes[self.index[node_id]]
 

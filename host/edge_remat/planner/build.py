@@ -10,6 +10,7 @@ from edge_remat_agent.formats import Graph, Profile, Tier
 from ..units import Budget
 from .baselines import keep_all
 from .evaluate import evaluate
+from .ordering import ORDERS, memory_order
 from .problem import Problem
 
 PAGING_CHOICES = {"none": (), "flash": ("flash",), "host": ("host",), "both": ("flash", "host")}
@@ -71,10 +72,19 @@ def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile |
                   objective: str = "time", deadline: float | None = None,
                   paging: str | None = None, tiers: dict[str, Tier] | None = None,
                   paging_time: str = "counted", plain_peak: int | None = None,
-                  io: str = "overlap") -> Problem:
+                  io: str = "overlap", order: str = "auto") -> Problem:
     """`plain_peak`: the plain schedule's peak when the caller has it (a fraction's
     reference, unless the graph brings its own). `io`: paging overlapped with compute
-    (planner/overlap.py) or stop-the-world ("sync")."""
+    (planner/overlap.py) or stop-the-world ("sync"). `order`: "given" plans the graph's own
+    order; "memory" a memory-aware one (planner/ordering.py), where the graph's order is
+    free (`Graph.replayed` false); "auto" the memory-aware one where it is free and leaves
+    less RAM above the budget. A fractional budget is always of the given order's peak."""
+    if order not in ORDERS:
+        raise ValueError(f"--order must be one of {', '.join(ORDERS)}, got {order!r}")
+    if order == "memory" and graph.replayed:
+        raise ValueError(f"--order memory: graph '{graph.name}' was captured from a model, "
+                         "whose ops draw random numbers and update state in its order; "
+                         "plan it in its own order (--order given or auto)")
     costs = build_costs(graph, profile, tiers)
     if paging is None:  # default: page wherever the inputs say what paging costs
         chosen = tuple(t for t in ("flash", "host") if t in costs.tiers)
@@ -83,6 +93,14 @@ def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile |
     else:
         raise ValueError(f"--paging must be one of {', '.join(PAGING_CHOICES)}, got {paging!r}")
     reference = graph.capture.get("reference_peak_bytes", plain_peak)
-    return Problem(graph, costs, resolve_budget(budget, graph, reference, profile), objective,
-                   deadline, chosen, paging_time, profile.name if profile else None, io)
+    problem = Problem(graph, costs, resolve_budget(budget, graph, reference, profile),
+                      objective, deadline, chosen, paging_time,
+                      profile.name if profile else None, io)
+    if order == "given" or graph.replayed:
+        return problem
+    ordered, _, _ = memory_order(graph, problem.workspace, problem.budget_bytes - problem.fixed)
+    if ordered is graph:
+        return problem  # no order found that leaves less above the budget
+    return replace(problem, graph=ordered, costs=build_costs(ordered, profile, tiers),
+                   given_graph=graph)
 

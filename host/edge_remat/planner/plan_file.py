@@ -18,16 +18,17 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
               backend: str = "cbc", workers: int | None = None,
               progress: Progress | None = None, plain_peak: int | None = None,
               io: str = "overlap", arena: str = "best-fit",
-              arena_time_limit: float = 10.0) -> "tuple[dict, SolveReport]":
+              arena_time_limit: float = 10.0,
+              order: str = "auto") -> "tuple[dict, SolveReport]":
     """(the plan as written, the solver's report). Raises InfeasibleBudget,
     InfeasibleDeadline or NoPlan where no plan can be had. `plain_peak`: a fraction's
     reference when the caller has it already. `arena`: the address layout the plan carries
     (planner/arena.py: best-fit | cpsat | none)."""
     problem = build_problem(graph, budget, profile, objective, deadline, paging, tiers,
-                            paging_time, plain_peak, io)
+                            paging_time, plain_peak, io, order)
     report = solve(problem, solver, time_limit, backend, workers, progress=progress)
     if arena != "none":
         from .arena import plan_arena
-        report.plan.arena = plan_arena(graph, report.plan, problem.costs, arena,
+        report.plan.arena = plan_arena(problem.graph, report.plan, problem.costs, arena,
                                        arena_time_limit, workers)
     return report.plan.to_dict(), report

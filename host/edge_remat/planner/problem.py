@@ -50,6 +50,9 @@ class Problem:
     # "overlap": page-ins are prefetched and page-outs written behind on an IO timeline
     # (timeline.py); plans are scored by the makespan after the overlap post-pass (overlap.py).
     io: str = "sync"
+    # The graph as given, where `graph` is it in another order (planner/ordering.py): the
+    # plan names its fingerprint, and replays on it.
+    given_graph: Graph | None = None
     n: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -101,6 +104,11 @@ class Problem:
         return self.deadline_time(sim.compute_time_s, sim.paging_time_s)
 
     @property
+    def source_graph(self) -> Graph:
+        """The graph in the order it was given: the one the plan is for."""
+        return self.given_graph if self.given_graph is not None else self.graph
+
+    @property
     def overlapped(self) -> bool:
         return self.io == "overlap" and bool(self.tiers)
 
@@ -119,9 +127,10 @@ class Problem:
                 smallest)
 
     def fingerprint(self) -> str:
-        content = {"graph": self.graph.fingerprint(), "budget": self.budget_bytes,
+        content = {"graph": self.source_graph.fingerprint(), "budget": self.budget_bytes,
                    "objective": self.objective, "deadline": self.deadline, "tiers": self.tiers,
                    "paging_time": self.paging_time, "profile": self.profile_name,
                    **({"io": self.io} if self.io != "sync" else {}),
+                   **({"order": "memory"} if self.given_graph is not None else {}),
                    "static_w": self.costs.static_w}
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]

@@ -347,8 +347,7 @@ def deadline_free_problem(p: Problem) -> Problem:
         costs = replace(costs, tiers={
             name: replace(tier, in_time_s=[0.0] * p.n, out_time_s=[0.0] * p.n)
             for name, tier in costs.tiers.items()})
-    return Problem(p.graph, costs, p.budget_bytes, "time", None, p.tiers, p.paging_time,
-                   p.profile_name, p.io)
+    return replace(p, costs=costs, objective="time", deadline=None)
 
 
 def _infeasible(p: Problem, prover: str) -> InfeasibleBudget:
@@ -390,6 +389,8 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
         details["cover_bound"] = cover
         if cover.get("bound") is not None and cover["bound"] > bound:
             bound, details["bound_scope"] = cover["bound"], COVER_SCOPE
+    if p.given_graph is not None and details.get("bound_scope"):
+        details["bound_scope"] += ", in the memory-aware order planned (not over all orders)"
     gap = None
     if bound is not None and math.isfinite(bound):
         gap = 0.0 if value <= 0 else max(0.0, (value - bound) / abs(value))
@@ -403,8 +404,9 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
     problem = {"objective": p.objective, "deadline": p.deadline, "paging": list(p.tiers),
                "paging_time": p.paging_time, "io": p.io, "profile": p.profile_name,
                "costs": p.costs.describe(), "graph": p.graph.name, "nodes": p.n,
-               "fixed_bytes": p.fixed, "runtime_warm_bytes": p.costs.runtime_warm_bytes}
-    plan = Plan(stages=ev.stages, graph_fingerprint=p.graph.fingerprint(),
+               "fixed_bytes": p.fixed, "runtime_warm_bytes": p.costs.runtime_warm_bytes,
+               "order": "given" if p.given_graph is None else "memory"}
+    plan = Plan(stages=ev.stages, graph_fingerprint=p.source_graph.fingerprint(),
                 budget_bytes=p.budget_bytes, objective=p.objective, solver=solver,
                 predicted=predicted, problem=problem, fingerprint=p.fingerprint(),
                 tiers={z: p.costs.tier_figures[z] for z in p.tiers if z in p.costs.tier_figures})

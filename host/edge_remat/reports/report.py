@@ -20,7 +20,9 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
         ("budget", f"{fmt_bytes(budget)} ({budget} B)"),
         ("predicted peak", f"{fmt_bytes(pr['peak_bytes'])} ({pr['peak_bytes'] / budget:.1%} "
                            "of budget)"),
-        ("TDI", f"{pr['tdi_percent']:.2f} %  ({pr['recomputed']} recomputations)"),
+        ("TDI", f"{pr['tdi_percent']:.2f} %  ({pr['recomputed']} recomputations"
+                + ("; memory-aware order" if plan_dict.get("problem", {}).get("order") == "memory"
+                   else "") + ")"),
         ("time", f"{_num(pr['time_s'])} s  (paging {_num(pr['paging_time_s'])} s, "
                  f"{pr['page_outs']} page-outs, {pr['page_ins']} page-ins"
                  + (f"; {pr['paging_hidden_share']:.0%} of the IO hidden behind compute"

@@ -1,0 +1,90 @@
+"""The memory-aware execution order (planner/ordering.py): graphs whose order is free are
+planned in an order that leaves less RAM above the budget; the plan replays on the graph as
+given; captured graphs keep their order."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from helpers.bad_inputs import cli, refused
+from helpers.small_graphs import random_dag
+
+from edge_remat.planner.build import build_problem, keep_all_peak_bytes
+from edge_remat.planner.ordering import memory_order
+from edge_remat.planner.solve import solve
+from edge_remat.synthetic import random_layered
+from edge_remat_agent.costs import build_costs
+from edge_remat_agent.formats import Graph
+from edge_remat_agent.simulate import simulate
+
+
+def _is_topological(graph: Graph) -> bool:
+    seen = set()
+    for node in graph.nodes:
+        if any(d not in seen for d in node.inputs):
+            return False
+        seen.add(node.id)
+    return True
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_memory_order_is_a_topological_permutation_that_never_leaves_more_above(seed):
+    graph = random_dag(40, seed, max_inputs=4, max_size=50)
+    peak = keep_all_peak_bytes(graph)
+    workspace = [0] * len(graph)
+    ordered, figures, given = memory_order(graph, workspace, int(0.7 * peak), seed=seed)
+    assert sorted(n.id for n in ordered.nodes) == sorted(n.id for n in graph.nodes)
+    assert _is_topological(ordered)
+    assert (figures.excess_bytes, figures.peak_bytes) <= (given.excess_bytes, given.peak_bytes)
+    assert given.peak_bytes == peak  # the greedy's sweep counts as the simulator does
+    assert figures.peak_bytes == keep_all_peak_bytes(ordered)
+    again, _, _ = memory_order(graph, workspace, int(0.7 * peak), seed=seed)
+    assert [n.id for n in again.nodes] == [n.id for n in ordered.nodes]  # seeded
+
+
+def test_random_layered_plan_in_memory_order_replays_on_the_graph_as_given():
+    graph = random_layered(300, seed=1)
+    given = build_problem(graph, "0.8", order="given")
+    ordered = build_problem(graph, "0.8")
+    assert ordered.given_graph is graph and given.given_graph is None
+    assert ordered.budget_bytes == given.budget_bytes  # a fraction of the given order's peak
+    assert keep_all_peak_bytes(ordered.graph) < keep_all_peak_bytes(graph)
+    assert ordered.fingerprint() != given.fingerprint()
+    plans = {name: solve(p, "heuristic:descent", 20).plan
+             for name, p in (("given", given), ("memory", ordered))}
+    for name, plan in plans.items():
+        assert plan.graph_fingerprint == graph.fingerprint()
+        assert plan.problem["order"] == name
+        sim = simulate(graph, build_costs(graph), plan.stages)  # the graph as given
+        assert sim.peak_bytes <= given.budget_bytes
+    # On this graph the order is the larger part of the cost (TDI 4.7% given, 0.0% ordered
+    # with descent, measured when written); the test asks only that it does not cost more.
+    assert plans["memory"].predicted["tdi_percent"] <= plans["given"].predicted["tdi_percent"]
+
+
+def test_captured_graphs_keep_their_order():
+    graph = random_layered(60, seed=0)
+    captured = replace(graph, nodes=[replace(n, attrs={"outputs": [f"t{n.id}"]})
+                                     for n in graph.nodes])
+    assert captured.replayed and not graph.replayed
+    assert build_problem(captured, "0.8").given_graph is None
+    with pytest.raises(ValueError, match="captured from a model"):
+        build_problem(captured, "0.8", order="memory")
+    with pytest.raises(ValueError, match="--order must be one of"):
+        build_problem(graph, "0.8", order="fastest")
+
+
+def test_plan_command_order_option(tmp_path):
+    graph = tmp_path / "rl.json"
+    random_layered(120, seed=3).save(graph)
+    out = cli("plan", "--graph", str(graph), "--budget", "0.8", "--solver", "heuristic:descent",
+              "--order", "sideways")
+    refused(out, 2, "--order", "auto | given | memory")
+    plan = tmp_path / "plan.json"
+    done = cli("plan", "--graph", str(graph), "--budget", "0.8", "--solver",
+               "heuristic:descent", "-o", str(plan))
+    assert done.returncode == 0, done.stderr
+    assert "memory-aware order" in done.stdout
+    checked = cli("simulate", str(plan), "--graph", str(graph))
+    assert checked.returncode == 0, checked.stderr
