@@ -30,7 +30,6 @@ from edge_remat_agent.formats import Graph
 ORDERS = ("auto", "given", "memory")
 TRIES = 24  # orders tried: the plain greedy, then jittered ones
 JITTERS = (0.25, 0.5, 1.0, 2.0)  # jitter scales, in mean output sizes, cycled over the tries
-MAX_SHARE = 0.05  # of the planner's time limit at most (after the first order)
 
 
 @dataclass
