@@ -56,6 +56,7 @@ def test_random_layered_plan_in_memory_order_replays_on_the_graph_as_given():
     for name, plan in plans.items():
         assert plan.graph_fingerprint == graph.fingerprint()
         assert plan.problem["order"] == name
+        assert ("memory-aware order" in plan.solver["bound_scope"]) == (name == "memory")
         sim = simulate(graph, build_costs(graph), plan.stages)  # the graph as given
         assert sim.peak_bytes <= given.budget_bytes
     # On this graph the order is the larger part of the cost (TDI 4.7% given, 0.0% ordered
