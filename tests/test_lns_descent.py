@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_descent_fits_the_budget_and_is_the_cheapest_of_its_ladders():
-    p = build_problem(random_layered(300, seed=2), "0.8")
+    p = build_problem(random_layered(300, seed=2), "0.8", order="given")
     decisions = descent_schedule(p, time.perf_counter() + 60)
     ev = evaluate(p, decisions)
     assert ev.fits_budget
@@ -28,7 +28,7 @@ def test_descent_fits_the_budget_and_is_the_cheapest_of_its_ladders():
 
 
 def test_descent_stops_at_the_deadline():
-    p = build_problem(random_layered(1000, seed=1), "0.8")
+    p = build_problem(random_layered(1000, seed=1), "0.8", order="given")
     started = time.perf_counter()
     assert descent_schedule(p, started + 0.2) is None
     assert time.perf_counter() - started < 2.0
@@ -37,14 +37,14 @@ def test_descent_stops_at_the_deadline():
 def test_peak_split_tries_more_splits_and_slots_before_giving_up():
     # At 0.6 of this graph's plain peak none of the 24 cheapest splits at the peak helped at
     # some step, and peak splitting returned no plan; the wider search finds one.
-    p = build_problem(random_layered(150, seed=1), "0.6")
+    p = build_problem(random_layered(150, seed=1), "0.6", order="given")
     decisions = peak_split(p, time.perf_counter() + 60)
     assert decisions is not None and evaluate(p, decisions).fits_budget
 
 
 def test_auto_gives_the_lns_the_time_on_large_graphs_and_says_when_its_best_was_found():
     from edge_remat.planner import solve as solve_module
-    p = build_problem(random_layered(500, seed=0), "0.8")
+    p = build_problem(random_layered(500, seed=0), "0.8", order="given")
     report = solve_module.solve(p, "auto", time_limit=12)
     info = report.plan.solver
     assert report.evaluation.feasible and info["name"].endswith("+lns")

@@ -23,7 +23,7 @@ pytest.importorskip("ortools")
 
 def _start(n: int, seed: int, budget: str = "0.8"):
     """A random layered graph's problem and the feasibility phase's schedule on the event model."""
-    p = build_problem(random_layered(n, seed=seed), budget)
+    p = build_problem(random_layered(n, seed=seed), budget, order="given")
     decisions = feasible_schedule(p, 60)
     assert decisions is not None
     sched = from_decisions(p, decisions)

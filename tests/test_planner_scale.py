@@ -1,4 +1,8 @@
-"""The planner at scale: the random layered generator, the feasibility phase and the bound."""
+"""The planner at scale: the random layered generator, the feasibility phase and the bound.
+
+The problems keep the graphs' given order (`order="given"`): the fixed-order problem of
+Checkmate and Moccasin, on whose hard instances these mechanisms were built and measured
+(test_ordering.py covers the memory-aware order)."""
 
 from __future__ import annotations
 
@@ -95,7 +99,7 @@ def test_fast_phase_finds_a_plan_whenever_one_exists(graph, fraction):
 
 @pytest.mark.parametrize("n", [500, 1000])
 def test_random_layered_at_08_gets_a_plan_within_seconds(n):
-    p = build_problem(random_layered(n, seed=1), "0.8")
+    p = build_problem(random_layered(n, seed=1), "0.8", order="given")
     started = time.perf_counter()
     decisions = feasible_schedule(p, time_limit=30)
     assert decisions is not None, "no plan"
@@ -112,7 +116,7 @@ def test_covering_bound_sums_what_the_stage_bound_takes_only_at_one_stage():
     stdout must not corrupt the reply (it did)."""
     import ortools.sat.python.cp_model  # noqa: F401
     assert isolated.needs_isolation("highspy")
-    p = build_problem(random_layered(500, seed=1), "0.8")
+    p = build_problem(random_layered(500, seed=1), "0.8", order="given")
     plan = evaluate(p, feasible_schedule(p, time_limit=30))
     stage = stage_lower_bound(p)
     for integer in (False, True):
@@ -129,7 +133,7 @@ def test_ruin_and_recreate_reaches_the_budget_where_the_greedy_stops():
     """1000 nodes (seed 0) at 0.8: batch splits, the peak search and repair stop over the
     budget; rounds of ruin and recreate around the events still over it (escape.py) reach a
     schedule within it, which the simulator accepts."""
-    p = build_problem(random_layered(1000, seed=0), "0.8")
+    p = build_problem(random_layered(1000, seed=0), "0.8", order="given")
     capacity, deadline = p.budget_bytes - p.fixed, time.perf_counter() + 60
     sched, added = EventSchedule(p), []
     assert batch_splits(sched, capacity, added, deadline) > 0
@@ -151,7 +155,7 @@ def test_window_lns_keeps_the_budget_never_worsens_and_is_deterministic():
     from edge_remat.planner.intervals import decisions_from_intervals
     from edge_remat.planner.lns import improve, recompute_cost
 
-    p = build_problem(random_layered(300, seed=2), "0.8")
+    p = build_problem(random_layered(300, seed=2), "0.8", order="given")
     capacity = p.budget_bytes - p.fixed
     start, added = EventSchedule(p), []
     assert peak_search(start, capacity, added, time.perf_counter() + 30)
@@ -169,7 +173,7 @@ def test_window_lns_keeps_the_budget_never_worsens_and_is_deterministic():
 
 def test_baselines_stop_at_the_deadline():
     from edge_remat.planner.baselines import dtr, sqrt_n
-    p = build_problem(random_layered(1000, seed=1), "0.8")
+    p = build_problem(random_layered(1000, seed=1), "0.8", order="given")
     for baseline in (dtr, sqrt_n):
         started = time.perf_counter()
         assert baseline(p, deadline=started) is None
@@ -179,7 +183,7 @@ def test_baselines_stop_at_the_deadline():
 def test_dtr_stops_at_the_deadline_inside_a_stage():
     # On 5000 nodes at 0.8 one stage of DTR's evictions took minutes: the check was per stage.
     from edge_remat.planner.baselines import dtr
-    p = build_problem(random_layered(5000, seed=1), "0.8")
+    p = build_problem(random_layered(5000, seed=1), "0.8", order="given")
     started = time.perf_counter()
     assert dtr(p, deadline=started + 2.0) is None
     assert time.perf_counter() - started < 6.0
@@ -195,9 +199,9 @@ def test_no_plan_in_time_names_a_budget_that_has_one(monkeypatch):
     monkeypatch.setattr(solve_module, "MILP_MAX_NODES", 0)
     graph = random_layered(150, seed=1)
     with pytest.raises(solve_module.NoPlan, match=r"finds a plan at \d+ bytes") as caught:
-        solve(build_problem(graph, "0.55"), "auto", time_limit=10)
+        solve(build_problem(graph, "0.55", order="given"), "auto", time_limit=10)
     named = int(str(caught.value).split("--budget ")[1].split(",")[0])
-    p = build_problem(graph, str(named))
+    p = build_problem(graph, str(named), order="given")
     assert evaluate(p, solve(p, "heuristic:peak-search", time_limit=10).decisions).fits_budget
 
 
@@ -216,7 +220,8 @@ def test_cpsats_no_plan_says_why_and_names_a_budget_that_has_one():
         "from edge_remat.synthetic import random_layered\n"
         "cpsat.DEFAULT_MAX_RESIDENCIES = 1\n"
         "try:\n"
-        "    solve(build_problem(random_layered(150, seed=1), '0.55'), 'cpsat', time_limit=10)\n"
+        "    solve(build_problem(random_layered(150, seed=1), '0.55', order='given'), 'cpsat',\n"
+        "          time_limit=10)\n"
         "except NoPlan as error:\n"
         "    print(error)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -224,7 +229,7 @@ def test_cpsats_no_plan_says_why_and_names_a_budget_that_has_one():
     message = done.stdout.strip().splitlines()[-1]
     assert "CP-SAT proved that none fits with its limit of residencies" in message
     named = int(message.split("--budget ")[1].split(",")[0])
-    p = build_problem(random_layered(150, seed=1), str(named))
+    p = build_problem(random_layered(150, seed=1), str(named), order="given")
     assert evaluate(p, solve(p, "heuristic:peak-search", time_limit=10).decisions).fits_budget
 
 
@@ -257,7 +262,7 @@ def test_batch_splits_cut_most_of_the_excess_at_2000_nodes():
     from edge_remat.planner.batch import batch_splits
     from edge_remat.planner.events import EventSchedule
 
-    p = build_problem(random_layered(2000, seed=1), "0.8")
+    p = build_problem(random_layered(2000, seed=1), "0.8", order="given")
     capacity = p.budget_bytes - p.fixed
     sched = EventSchedule(p)
     start = sched.excess(capacity)
@@ -324,9 +329,9 @@ def test_benchmark_frontier_is_a_budget_the_feasibility_phase_plans():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     graph = random_layered(100, seed=1)
-    found = bench.frontier(graph, 5.0)
+    found = bench.frontier(graph, 5.0, "given")
     assert found["frontier_floor"] < found["frontier"] <= 1.0
-    p = build_problem(graph, str(found["frontier"]))
+    p = build_problem(graph, str(found["frontier"]), order="given")
     decisions = feasible_schedule(p, 5.0)
     assert decisions is not None
     assert evaluate(p, decisions).feasible
