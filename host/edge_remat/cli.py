@@ -88,6 +88,10 @@ def plan(
                               "arena: best-fit | cpsat (exact, within --arena-time-limit) | none"),
     arena_time_limit: float = typer.Option(10.0, "--arena-time-limit",
                                            help="seconds for the cpsat arena layout"),
+    arena_fit: bool = typer.Option(False, "--arena-fit",
+                                   help="where the arena and fixed memory pass the budget "
+                                        "(fragmentation), solve again at a budget lowered by "
+                                        "the overshoot until they fit (for --allocator arena)"),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -156,7 +160,8 @@ def plan(
                                tiers, paging_time, solver, time_limit, backend, workers,
                                progress, plain_peak() if budget_value.fraction is not None
                                else None, io=paging_io, arena=arena,
-                               arena_time_limit=arena_time_limit, order=order)
+                               arena_time_limit=arena_time_limit, order=order,
+                               arena_fit=arena_fit)
     if progress is not None:
         typer.echo("", err=True)
     if output:
@@ -184,7 +189,8 @@ def _arena_summary(arena: Optional[dict]) -> Optional[dict]:
     return {"method": arena["method"], "size_bytes": arena["size_bytes"], **{
         key: arena["details"].get(key) for key in ("status", "lower_bound_bytes",
                                                    "planned_tensor_peak_bytes",
-                                                   "over_tensor_peak")}}
+                                                   "over_tensor_peak", "fit")
+        if key in arena["details"]}}
 
 
 def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backend: str,

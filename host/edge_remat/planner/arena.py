@@ -114,8 +114,7 @@ def plan_arena(graph: Graph, plan: Plan, costs: CostModel | None = None, method:
         status = "optimal" if _size(blocks, offsets) <= result["bound_bytes"] else "feasible"
         load = max(load, result["bound_bytes"])
     size = _size(blocks, offsets)
-    fixed = plan.problem.get("fixed_bytes", graph.fixed_bytes)  # with the ops' first calls
-    tensor_peak = plan.predicted.get("peak_bytes", 0) - fixed
+    tensor_peak = plan.predicted.get("peak_bytes", 0) - fixed_bytes(graph, plan)
     details.update({
         "status": status, "lower_bound_bytes": load,
         "planned_tensor_peak_bytes": tensor_peak,
@@ -125,6 +124,11 @@ def plan_arena(graph: Graph, plan: Plan, costs: CostModel | None = None, method:
                          method=method, details=details)
     check_layout(graph, plan.stages, layout)  # a layout that does not check is a bug
     return layout
+
+
+def fixed_bytes(graph: Graph, plan: Plan) -> int:
+    """The plan's memory outside the arena (the ops' first calls' included)."""
+    return plan.problem.get("fixed_bytes", graph.fixed_bytes)
 
 
 def _slots(blocks: list[Block], offsets: list[int]) -> list[Slot]:

@@ -18,17 +18,33 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
               backend: str = "cbc", workers: int | None = None,
               progress: Progress | None = None, plain_peak: int | None = None,
               io: str = "overlap", arena: str = "best-fit",
-              arena_time_limit: float = 10.0,
-              order: str = "auto") -> "tuple[dict, SolveReport]":
+              arena_time_limit: float = 10.0, order: str = "auto",
+              arena_fit: bool = False) -> "tuple[dict, SolveReport]":
     """(the plan as written, the solver's report). Raises InfeasibleBudget,
     InfeasibleDeadline or NoPlan where no plan can be had. `plain_peak`: a fraction's
     reference when the caller has it already. `arena`: the address layout the plan carries
-    (planner/arena.py: best-fit | cpsat | none)."""
+    (planner/arena.py: best-fit | cpsat | none); `arena_fit`: where the arena and fixed
+    memory pass the budget, solve again lower until they fit (planner/arena_fit.py)."""
     problem = build_problem(graph, budget, profile, objective, deadline, paging, tiers,
                             paging_time, plain_peak, io, order)
     report = solve(problem, solver, time_limit, backend, workers, progress=progress)
     if arena != "none":
         from .arena import plan_arena
-        report.plan.arena = plan_arena(problem.graph, report.plan, problem.costs, arena,
-                                       arena_time_limit, workers)
+
+        def lay_out(plan):
+            return plan_arena(problem.graph, plan, problem.costs, arena, arena_time_limit,
+                              workers)
+
+        layout = lay_out(report.plan)
+        if arena_fit:
+            from .arena_fit import RETRY_TIME_SHARE, fit_arena
+
+            def solve_at(budget_bytes: int) -> SolveReport:
+                lower = build_problem(graph, f"{budget_bytes}B", profile, objective, deadline,
+                                      paging, tiers, paging_time, None, io, order)
+                return solve(lower, solver, RETRY_TIME_SHARE * time_limit, backend, workers)
+
+            report, layout = fit_arena(problem.graph, problem.budget_bytes, report, layout,
+                                       solve_at, lay_out)
+        report.plan.arena = layout
     return report.plan.to_dict(), report

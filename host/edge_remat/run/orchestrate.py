@@ -317,13 +317,42 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
         f"({problem.budget_bytes / plain_peak:.0%} of the plain peak), {opts.objective}")
     solved = solve(problem, opts.solver, opts.time_limit)
     from ..planner.arena import plan_arena
-    solved.plan.arena = plan_arena(graph, solved.plan, problem.costs)  # best fit, milliseconds
+
+    def lay_out(plan):  # best fit, milliseconds
+        return plan_arena(graph, plan, problem.costs)
+
+    layout = lay_out(solved.plan)
+    if opts.allocator == "arena":  # the board pays the arena: it must fit the budget
+        from ..planner.arena_fit import RETRY_TIME_SHARE, fit_arena
+
+        def solve_at(budget_bytes: int):
+            return solve(make_problem(f"{budget_bytes}B"), opts.solver,
+                         RETRY_TIME_SHARE * opts.time_limit)
+
+        solved, layout = fit_arena(graph, problem.budget_bytes, solved, layout, solve_at,
+                                   lay_out)
+        fit = layout.details["fit"]
+        if len(fit["tries"]) > 1:
+            say(_describe_fit(fit))
+    solved.plan.arena = layout
     plan_dict = solved.plan.to_dict()
     plan_path = out / "plan.json"
     solved.plan.save(plan_path)
     if opts.sweep:
         _sweep(make_problem, opts, out, say)
     return plan_dict, plan_path
+
+
+def _describe_fit(fit: dict) -> str:
+    """One line on re-planning for the arena (planner/arena_fit.py)."""
+    first = fit["tries"][0]
+    over = (first["footprint_bytes"] - fit["budget_bytes"]) / 2**20
+    if fit["fits"]:
+        return (f"arena: the plan's arena passed the budget by {over:.2f} MiB "
+                f"(fragmentation); planned again at {fit['planned_at_bytes'] / 2**20:.1f} MiB, "
+                f"where it fits")
+    return (f"arena: the plan's arena passes the budget by {over:.2f} MiB (fragmentation); "
+            f"no lower budget tried fits it, so the board may need that much more")
 
 
 def _sweep(make_problem, opts: RunOptions, out: Path, say: Say) -> None:

@@ -1,0 +1,71 @@
+"""Plans whose arena fits the budget (planner/arena_fit.py): where the layout's fragmentation
+carries the arena and fixed memory past the budget, the schedule is solved again lower until
+it fits; where no lower budget plans, the first plan is kept and says by how much it is over.
+Random layered graphs fragment (many small tensors of mixed lifetimes: a best-fit arena 1.07-1.27x
+their tensor peak), so they show both cases in seconds."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from edge_remat.cli import app
+from edge_remat.planner.arena import fixed_bytes
+from edge_remat.planner.plan_file import make_plan
+from edge_remat.synthetic import random_layered
+from edge_remat_agent.executor.run import validate
+from edge_remat_agent.lifetimes import check_layout
+
+TIME_LIMIT = 20.0  # ample: the peak search ends in about a second, and deterministically
+SOLVER = "heuristic:peak-search"  # fast, and fragmenting enough to need the fit here
+
+
+def footprint(graph, plan) -> int:
+    return plan.arena.size_bytes + fixed_bytes(graph, plan)
+
+
+def test_a_fragmented_arena_is_planned_again_until_it_fits_the_budget():
+    graph = random_layered(80, seed=2)
+    _, plain = make_plan(graph, "0.8", time_limit=TIME_LIMIT, solver=SOLVER, order="given")
+    budget = plain.plan.budget_bytes
+    assert footprint(graph, plain.plan) > budget  # the case: fragmentation passes the budget
+
+    _, fitted = make_plan(graph, "0.8", time_limit=TIME_LIMIT, solver=SOLVER, order="given",
+                          arena_fit=True)
+    plan, fit = fitted.plan, fitted.plan.arena.details["fit"]
+    assert fit["fits"] and footprint(graph, plan) <= budget
+    assert fit["budget_bytes"] == budget and fit["planned_at_bytes"] == plan.budget_bytes < budget
+    assert len(fit["tries"]) >= 2
+    assert fit["tries"][0]["footprint_bytes"] == footprint(graph, plain.plan)
+    assert fit["tries"][-1]["footprint_bytes"] == footprint(graph, plan)
+    # The kept plan is a plan of its own (lower) budget, laid out exactly, and it replays.
+    check_layout(graph, plan.stages, plan.arena)
+    replay = validate(graph, plan)
+    assert replay.fits_budget and replay.peak_bytes <= plan.budget_bytes
+    # Packing into less costs time: never less than the first plan's.
+    assert plan.predicted["time_s"] >= plain.plan.predicted["time_s"]
+
+
+def test_where_no_lower_budget_plans_the_first_plan_is_kept_and_says_it_is_over():
+    graph = random_layered(80, seed=2)
+    _, first = make_plan(graph, "0.5", time_limit=TIME_LIMIT, solver=SOLVER, order="given")
+    _, kept = make_plan(graph, "0.5", time_limit=TIME_LIMIT, solver=SOLVER, order="given",
+                        arena_fit=True)
+    fit = kept.plan.arena.details["fit"]
+    assert footprint(graph, first.plan) > first.plan.budget_bytes
+    assert not fit["fits"] and fit["planned_at_bytes"] == first.plan.budget_bytes
+    assert "no schedule" in fit["tries"][-1]["no_plan"]
+    assert kept.plan.stages == first.plan.stages
+    assert fit["tries"][0]["footprint_bytes"] == footprint(graph, kept.plan)
+
+
+def test_plan_arena_fit_on_the_command_line(tmp_path):
+    graph_file = tmp_path / "g.json"
+    random_layered(80, seed=2).save(graph_file)
+    result = CliRunner().invoke(app, ["plan", "--graph", str(graph_file), "--budget", "0.8",
+                                      "--order", "given", "--solver", SOLVER, "--time-limit", str(TIME_LIMIT),
+                                      "--arena-fit", "--json"])
+    assert result.exit_code == 0, result.output
+    arena = json.loads(result.output)["arena"]
+    assert arena["fit"]["fits"] and arena["size_bytes"] <= arena["fit"]["budget_bytes"]
