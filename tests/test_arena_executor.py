@@ -64,6 +64,12 @@ def test_dropout_and_batch_norm_in_the_arena(user_capture, tmp_path):
     reference, losses = eager_run(example_model, STEPS, seed=5)
     assert [r["loss"] for r in report["steps"]] == losses
     assert_same_model(captured.module, reference)
+    # The ledger counts each slot's bytes, not the arena its storage is: the tensor peak is
+    # the glibc executor's for the same plan.
+    plain = run_plan(graph, plan, 1, str(tmp_path / "glibc"), captured=user_capture(), seed=5,
+                     paging_io="sync")
+    assert report["steps"][0]["ledger_peak_bytes"] == plain["steps"][0]["ledger_peak_bytes"]
+    assert report["steps"][0]["ledger_peak_bytes"] < plan.arena.size_bytes + graph.fixed_bytes
 
 
 def test_a_plan_without_a_layout_or_with_a_bad_one_is_refused(user_capture):

@@ -125,6 +125,25 @@ def test_ledger_counts_a_shared_storage_once():
     assert ledger.live_bytes == 0 and ledger.peak_bytes == 4000
 
 
+def test_ledger_counts_the_views_of_a_split_storage_by_their_spans():
+    """The arena executor's one storage holds every slot: each slot counts its own bytes."""
+    ledger = LiveTensorLedger()
+    arena = torch.zeros(1000)  # 4000 bytes
+    ledger.split_storage(arena.untyped_storage().data_ptr())
+    assert ledger.register_tensor("slot a", arena[0:100]) == 400
+    assert ledger.register_tensor("slot b", arena[500:600].view(10, 10)) == 400
+    assert ledger.register_tensor("a, reshaped", arena[0:100].view(4, 25)) == 0
+    assert ledger.register_tensor("a's tail", arena[50:100]) == 0  # inside a live span
+    assert ledger.register_tensor("a strided view", arena[500:600:2]) == 0
+    assert ledger.live_bytes == 800
+    assert ledger.unregister("slot a") == 0  # its views still hold it
+    assert ledger.unregister("a, reshaped") == 0
+    assert ledger.unregister("a's tail") == 400  # the span's last view
+    assert ledger.live_bytes == 400
+    assert ledger.register_tensor("reused", arena[0:50]) == 200  # a new span once a's is gone
+    assert ledger.peak_bytes == 800
+
+
 def test_peak_rss_sampler_sees_a_200_mb_allocation():
     size = 200 * 10**6
     with PeakRssSampler(period_s=0.001) as rss:

@@ -488,6 +488,8 @@ class ArenaPlacement:
         self._reading_into = reading_into
         self._reading = None
         runner.writer = self.writer
+        # A slot's tensor counts its own bytes, not the whole arena its storage is.
+        runner.ledger.split_storage(arena.base)
 
     def _keep_gradients(self, node) -> None:
         """What the runner keeps to the step's end (gradients for the check, new batch-norm

@@ -7,6 +7,8 @@ The ledger is what the plan promised (tensor bytes); resident memory is what the
 
 from __future__ import annotations
 
+import bisect
+
 import json
 import os
 import pickle
@@ -275,6 +277,14 @@ def measure_runtime_footprint(build_model: Callable[[], Any] | None = None,
 
 # Live tensor bytes -----------------------------------------------------------------------------
 
+def _span_bytes(tensor: torch.Tensor) -> int:
+    """The bytes from a view's first element to just past its last."""
+    if tensor.numel() == 0:
+        return 0
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return (last + 1) * tensor.element_size()
+
+
 class LiveTensorLedger:
     """Bytes of the tensors the executor holds, and their peak: the figure a plan predicts.
 
@@ -289,6 +299,10 @@ class LiveTensorLedger:
     With `classify` (key -> class name, see memory_classes.ledger_classifier) it also keeps the
     live bytes by class and their split at the peak (`peak_by_class`); a shared storage counts
     in the class of the key that brought it.
+
+    A storage given to `split_storage` (the arena executor's one storage, which holds every
+    slot) is counted by the bytes its live views span instead: a view inside the span of a
+    live one counts nothing more, as a view of an ordinary storage does.
     """
 
     def __init__(self, classify: Callable[[Hashable], str] | None = None):
@@ -305,6 +319,8 @@ class LiveTensorLedger:
         self.live_by_class: dict[str, int] = {}
         self._peak_by_class: dict[str, int] = {}
         self._peak_split_due = False  # a new peak whose split by class is not taken yet
+        self._split: dict[int, list[int]] = {}  # split storage -> its live spans' starts, sorted
+        self._span_end: dict[int, tuple[int, int]] = {}  # span start -> (end, split storage)
 
     def register(self, key: Hashable, nbytes: int) -> None:
         if nbytes < 0:
@@ -314,7 +330,29 @@ class LiveTensorLedger:
     def register_tensor(self, key: Hashable, tensor: torch.Tensor) -> int:
         """Register `tensor`'s storage under `key`; returns the bytes newly counted."""
         storage = tensor.untyped_storage()
-        return self._add(key, storage.data_ptr() or None, storage.nbytes())
+        ptr = storage.data_ptr()
+        if self._split and ptr in self._split:
+            return self._add_span(key, ptr, tensor)
+        return self._add(key, ptr or None, storage.nbytes())
+
+    def split_storage(self, ptr: int) -> None:
+        """Count the views of the storage at data pointer `ptr` by the bytes they span."""
+        self._split.setdefault(ptr, [])
+
+    def _add_span(self, key: Hashable, storage: int, tensor: torch.Tensor) -> int:
+        """A view of a split storage: counted under the start of the live span holding it
+        (its own, if none does)."""
+        lo = tensor.data_ptr()
+        hi = lo + _span_bytes(tensor)
+        with self._lock:
+            starts = self._split[storage]
+            k = bisect.bisect_right(starts, lo)
+            if k and self._span_end[starts[k - 1]][0] >= hi:
+                lo = starts[k - 1]  # inside a live span: counted there
+            elif lo not in self._span_end:
+                starts.insert(k, lo)
+                self._span_end[lo] = (hi, storage)
+        return self._add(key, lo, hi - lo)
 
     # register_tensor and unregister run for every value the executor makes and drops (a few
     # thousand per step): kept to plain dict work, with each key's class looked up once.
@@ -359,6 +397,9 @@ class LiveTensorLedger:
                     self._storage_refs[storage] = refs
                     return 0
                 del self._storage_refs[storage]
+                span = self._span_end.pop(storage, None)
+                if span is not None:  # the span's last view is gone
+                    self._split[span[1]].remove(storage)
             if self._peak_split_due:  # nothing fell since the peak: live is the peak's split
                 self._peak_by_class = dict(self.live_by_class)
                 self._peak_split_due = False
