@@ -101,6 +101,30 @@ def test_the_planned_run_finishes_under_the_same_limit(emulated):
     assert Path(report["report"]).is_file()
 
 
+@needs_cgroup
+def test_the_arena_allocator_runs_the_plan_under_the_same_limit_and_counts_its_slots(emulated):
+    """The arena executor (issue 17) on the same board and plan: the layout fits the budget
+    (planner/arena_fit.py, always on with the arena), the run finishes under the limit, and
+    the ledger counts each slot's bytes: its tensor peak is the plan's, not the arena's."""
+    out_dir = emulated / "arena"
+    code, out, err = cli("run", "--device", "bench-emulated", *MODEL, "--data", "example",
+                         "--budget", BUDGET, "--paging", "none", "--steps", 2,
+                         "--time-limit", 5, "--profile", PROFILE, "--allocator", "arena",
+                         "--no-plots", "--out", out_dir, "--json")
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    assert report["status"] == "finished" and report["executor_allocator"] == "arena"
+    assert report["grad_check"]["bitwise_equal"] is True
+    assert 0 < report["kernel_peak_bytes"] < LIMIT_MIB * 2**20
+    fit = json.loads((out_dir / "plan.json").read_text())["arena"]["details"]["fit"]
+    # The board pays the arena: it fits the budget asked (planned lower where it had to be).
+    assert fit["fits"] and fit["tries"][-1]["footprint_bytes"] <= fit["budget_bytes"]
+    assert report["budget_bytes"] == fit["planned_at_bytes"] <= fit["budget_bytes"]
+    # The ledger's tensor peak is the plan's (within the ops' scratch the plan counts as
+    # workspace, which the ledger does not see), never the arena's size plus more.
+    assert report["tensor_peak_bytes"] <= report["predicted_peak_bytes"]
+
+
 # Every byte planned (issue 13): a GPT whose weights, gradients and AdamW state (~750 MiB) alone
 # exceed the limit. Plain PyTorch needs ~1.23 GiB (plain tensors 1,060,762,636 B as the planner
 # counts them, and the runtime), so the 600 MiB limit is under half of it. With parameters and
