@@ -8,7 +8,6 @@ The ledger is what the plan promised (tensor bytes); resident memory is what the
 from __future__ import annotations
 
 import bisect
-
 import json
 import os
 import pickle

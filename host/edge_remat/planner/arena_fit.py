@@ -58,4 +58,3 @@ def fit_arena(graph: Graph, budget_bytes: int, report: SolveReport, layout: Aren
         "budget_bytes": budget_bytes, "planned_at_bytes": report.plan.budget_bytes,
         "fits": footprint_bytes(report.plan, layout) <= budget_bytes, "tries": tries}
     return kept
-
