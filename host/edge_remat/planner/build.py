@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from edge_remat_agent.costs import build_costs
@@ -98,9 +99,10 @@ def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile |
                       profile.name if profile else None, io)
     if order == "given" or graph.replayed:
         return problem
+    started = time.perf_counter()
     ordered, _, _ = memory_order(graph, problem.workspace, problem.budget_bytes - problem.fixed)
     if ordered is graph:
         return problem  # no order found that leaves less above the budget
     return replace(problem, graph=ordered, costs=build_costs(ordered, profile, tiers),
-                   given_graph=graph)
+                   given_graph=graph, order_s=time.perf_counter() - started)
 
