@@ -152,3 +152,10 @@ def test_random_layered_plan_in_the_searched_order_replays_and_counts_its_time()
     assert plan.solver["first_plan_s"] >= problem.order_s  # the order's time is the plan's
     sim = simulate(graph, build_costs(graph), plan.stages)  # the graph as given
     assert sim.peak_bytes <= problem.budget_bytes
+
+
+def test_the_order_search_keeps_to_the_time_it_is_given():
+    graph = random_layered(1000, seed=2)
+    quick = build_problem(graph, "0.8", order_time_s=0.05)  # the greedy's first try, no search
+    assert quick.given_graph is graph and _is_topological(quick.graph)
+    assert quick.order_s < 1.5  # a sweep and a rebuild of the costs besides the cap
