@@ -84,6 +84,7 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
         order: str = "auto") -> dict:
     """Plan one size (or one captured graph) in this process; the row as a dict."""
     from edge_remat.planner.build import build_problem
+    from edge_remat.planner.ordering import ORDER_SHARE
     from edge_remat.planner.solve import NoPlan, solve
     from edge_remat.synthetic import random_layered
 
@@ -96,7 +97,8 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
     row = {"graph": label, "nodes": len(graph),
            "edges": sum(len(node.inputs) for node in graph.nodes), "base_rss_mib": base_rss}
     started = time.perf_counter()
-    problem = build_problem(graph, str(budget), order=order)
+    problem = build_problem(graph, str(budget), order=order,
+                            order_time_s=ORDER_SHARE * time_limit)
     row["order"] = "given" if problem.given_graph is None else "memory"
     try:
         report = solve(problem, solver, time_limit)

@@ -100,7 +100,7 @@ def plan(
     from .importers.graph_import import load_graph_file
     from .outputs import output_file, output_folder
     from .planner.build import PAGING_CHOICES, build_problem, plain_peak_bytes
-    from .planner.ordering import ORDERS
+    from .planner.ordering import ORDER_SHARE, ORDERS
     from .planner.plan_file import make_plan
     from .remote import to_stderr
     from .reports.report import plan_table
@@ -147,7 +147,7 @@ def plan(
     def make_problem(budget):
         return build_problem(g, budget, prof, objective, target_deadline, paging, tiers,
                              paging_time, plain_peak() if budget.fraction is not None else None,
-                             io=paging_io, order=order)
+                             io=paging_io, order=order, order_time_s=ORDER_SHARE * time_limit)
 
     if sweep is not None:
         _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from edge_remat_agent.costs import build_costs
@@ -72,13 +73,16 @@ def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile |
                   objective: str = "time", deadline: float | None = None,
                   paging: str | None = None, tiers: dict[str, Tier] | None = None,
                   paging_time: str = "counted", plain_peak: int | None = None,
-                  io: str = "overlap", order: str = "auto") -> Problem:
+                  io: str = "overlap", order: str = "auto",
+                  order_time_s: float | None = None) -> Problem:
     """`plain_peak`: the plain schedule's peak when the caller has it (a fraction's
     reference, unless the graph brings its own). `io`: paging overlapped with compute
     (planner/overlap.py) or stop-the-world ("sync"). `order`: "given" plans the graph's own
     order; "memory" a memory-aware one (planner/ordering.py), where the graph's order is
     free (`Graph.replayed` false); "auto" the memory-aware one where it is free and leaves
-    less RAM above the budget. A fractional budget is always of the given order's peak."""
+    less RAM above the budget. A fractional budget is always of the given order's peak.
+    `order_time_s`: at most this long for choosing the order (callers with a time limit give
+    ordering.ORDER_SHARE of it); the time taken is `order_s`, which solve() counts."""
     if order not in ORDERS:
         raise ValueError(f"--order must be one of {', '.join(ORDERS)}, got {order!r}")
     if order == "memory" and graph.replayed:
@@ -98,9 +102,11 @@ def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile |
                       profile.name if profile else None, io)
     if order == "given" or graph.replayed:
         return problem
-    ordered, _, _ = memory_order(graph, problem.workspace, problem.budget_bytes - problem.fixed)
+    started = time.perf_counter()
+    ordered, _, _ = memory_order(graph, problem.workspace, problem.budget_bytes - problem.fixed,
+                                 time_limit_s=order_time_s)
     if ordered is graph:
         return problem  # no order found that leaves less above the budget
     return replace(problem, graph=ordered, costs=build_costs(ordered, profile, tiers),
-                   given_graph=graph)
+                   given_graph=graph, order_s=time.perf_counter() - started)
 

@@ -8,6 +8,7 @@ from edge_remat_agent.formats import Graph, Profile, Tier
 
 from ..units import Budget
 from .build import build_problem
+from .ordering import ORDER_SHARE
 from .solve import Progress, SolveReport, solve
 
 
@@ -26,7 +27,8 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
     (planner/arena.py: best-fit | cpsat | none); `arena_fit`: where the arena and fixed
     memory pass the budget, solve again lower until they fit (planner/arena_fit.py)."""
     problem = build_problem(graph, budget, profile, objective, deadline, paging, tiers,
-                            paging_time, plain_peak, io, order)
+                            paging_time, plain_peak, io, order,
+                            order_time_s=ORDER_SHARE * time_limit)
     report = solve(problem, solver, time_limit, backend, workers, progress=progress)
     if arena != "none":
         from .arena import plan_arena

@@ -53,6 +53,8 @@ class Problem:
     # The graph as given, where `graph` is it in another order (planner/ordering.py): the
     # plan names its fingerprint, and replays on it.
     given_graph: Graph | None = None
+    # Seconds spent choosing that order: solve() counts them in its time limit and timings.
+    order_s: float = 0.0
     n: int = field(init=False)
 
     def __post_init__(self) -> None:
