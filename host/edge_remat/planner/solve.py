@@ -54,6 +54,8 @@ class Candidate:
     solver: str
     evaluation: Evaluation
     decisions: list[StageDecision]
+    # perf_counter when it was found (made): the first plan's time is the earliest of these
+    found_at: float = field(default_factory=clock.perf_counter)
 
 
 @dataclass
@@ -120,12 +122,13 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
                for name, c in baselines.items()}
     candidates = [c for c in baselines.values() if c is not None and c.evaluation.feasible]
     if hint is not None and len(hint) == p.n:
-        given = Candidate("hint", evaluate(p, hint), hint)
+        given = Candidate("hint", evaluate(p, hint), hint, started)
         if given.evaluation.feasible:
             candidates.append(given)
     best_known = min(candidates, key=lambda c: c.evaluation.objective, default=None)
-    first_plan = clock.perf_counter() - started if best_known else None
-    best_at = first_plan
+    # The first plan existed when the first baseline that fits finished, not when all did.
+    first_plan = min(c.found_at for c in candidates) - started if candidates else None
+    best_at = best_known.found_at - started if best_known else None
     if solver == "auto" and best_known is not None and p.n >= LNS_MIN_NODES:
         left = time_limit - (clock.perf_counter() - started)
         share = left - LNS_RESERVE * time_limit if p.n >= LNS_ONLY_NODES \
@@ -144,8 +147,9 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
             raise NoPlan(f"heuristic {name!r} finds no schedule within the budget"
                          + (" and deadline" if p.deadline else "")
                          + "; try --solver cpsat or milp")
+        found = chosen.found_at - started  # the plan asked for: when that heuristic had it
         return _report(p, chosen, "feasible", None, started, time_limit, summary,
-                       timing={"first_plan_s": first_plan, "best_plan_s": first_plan})
+                       timing={"first_plan_s": found, "best_plan_s": found})
     if solver not in SOLVERS:
         raise NoPlan(f"unknown solver {solver!r} (use {', '.join(SOLVERS)} or heuristic:NAME)")
     if solver == "auto":
@@ -233,7 +237,8 @@ def _improve_by_lns(p: Problem, start: Candidate,
     evaluation = evaluate(p, decisions)
     if not evaluation.feasible or evaluation.objective >= start.evaluation.objective:
         return None, None
-    return Candidate(f"{start.solver}+lns", evaluation, decisions), info.get("best_at")
+    return Candidate(f"{start.solver}+lns", evaluation, decisions,
+                     info.get("best_at") or clock.perf_counter()), info.get("best_at")
 
 
 def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit, summary,
@@ -308,7 +313,8 @@ def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
     if best_known is not None:
         status = "timeout" if outcome.status != "optimal" else "optimal"
         return _report(p, best_known, status, bound, started, time_limit, summary,
-                       timing={"first_plan_s": first_plan, "best_plan_s": first_plan},
+                       timing={"first_plan_s": first_plan,
+                               "best_plan_s": best_known.found_at - started},
                        fallback=f"milp:{backend} {outcome.status}")
     if outcome.status == "infeasible":
         raise _infeasible(p, "MILP")
