@@ -112,12 +112,14 @@ def profile_step(name: str, page_dir: str, steps: int = 8) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
-def runner_only(name: str, repeats: int = 15, steps: int = 20) -> float:
-    """Median CPU seconds of a keep-all step with the ops taken out (see the docstring)."""
+def runner_only(name: str, repeats: int = 15, steps: int = 20) -> dict[str, float]:
+    """Median CPU seconds of a keep-all step with the ops taken out (see the docstring): as
+    the interpreter runs a measured step, and as the compiled step runs a replayed one."""
     import dataclasses
     import resource
     from edge_remat_agent.capture import capture_model, replay
     from edge_remat_agent.capture.replay import StepRunner
+    from edge_remat_agent.executor.compiled_step import compile_step
     from edge_remat_agent.executor.interpreter import Interpreter
     from edge_remat_agent.memory_classes import ledger_classifier
     from edge_remat_agent.profiler import LiveTensorLedger
@@ -135,29 +137,44 @@ def runner_only(name: str, repeats: int = 15, steps: int = 20) -> float:
     replay.compile_node = lambda steps, *args, **kwargs: compile_node(
         [recorded_call(step) for step in steps], *args, **kwargs)
     try:
+        ledger = LiveTensorLedger(classify=ledger_classifier(captured.trace))
         runner = StepRunner(captured.trace, captured.graph, captured.module,
-                            captured.example_args, None,
-                            LiveTensorLedger(classify=ledger_classifier(captured.trace)))
+                            captured.example_args, None, ledger)
         interpreter = Interpreter(runner, captured.graph, {})
 
-        def step():
+        def measured():
             runner.start_step(captured.module, captured.example_args)
             with torch.no_grad():
                 interpreter.run(plan.stages)
             runner.release_all()
+        measured()
+        for prep in runner._node_ops.values():  # the compiled step's ops: the recorded ones
+            if prep.ops is not None:
+                prep.steps = [recorded_call(step) for step in prep.steps]
+        compiled = compile_step(runner, captured.graph, plan.stages)
+
+        def replayed():  # as executor/step.py runs a replayed step: nothing registered
+            runner.ledger = None
+            runner.start_step(captured.module, captured.example_args)
+            with torch.no_grad():
+                runner.env.update(compiled.run(runner.env).resident)
+            runner.release_all()
+            runner.ledger = ledger
 
         def cpu() -> float:
             usage = resource.getrusage(resource.RUSAGE_SELF)
             return usage.ru_utime + usage.ru_stime
-        for _ in range(steps):
-            step()
-        samples = []
-        for _ in range(repeats):
-            start = cpu()
+        samples: dict[str, list[float]] = {"measured": [], "replayed": []}
+        for step in (measured, replayed):
             for _ in range(steps):
                 step()
-            samples.append((cpu() - start) / steps)
-        return statistics.median(samples)
+        for _ in range(repeats):  # interleaved: the load moves
+            for what, step in (("measured", measured), ("replayed", replayed)):
+                start = cpu()
+                for _ in range(steps):
+                    step()
+                samples[what].append((cpu() - start) / steps)
+        return {what: statistics.median(s) for what, s in samples.items()}
     finally:
         replay.compile_node = compile_node
 
@@ -184,8 +201,11 @@ def main() -> int:
             return 0
         if args.runner_only:
             for name in models:
-                print(f"{name} {QUICK[name]}: the runner with the ops taken out, "
-                      f"{runner_only(name) * 1e3:.2f} ms CPU a step (median)")
+                times = runner_only(name)
+                print(f"{name} {QUICK[name]}: the runner with the ops taken out, ms CPU a step "
+                      f"(median): measured step (interpreter, ledger) "
+                      f"{times['measured'] * 1e3:.2f}, replayed step (compiled) "
+                      f"{times['replayed'] * 1e3:.2f}")
             return 0
         for name in models:
             out = bench(name, args.rounds, page_dir)

@@ -6,6 +6,9 @@
 Modules, one job each:
     interpreter.py  the instruction loop: compute / free / page_out / page_in, one handler each
     step.py         one training step (plan, optimizer step, batch-norm updates once); plain_step
+    ledger_replay.py  the ledger's figures of a plan's step, measured twice, then replayed
+    compiled_step.py  a replayed step as one straight-line function (no interpreter loop,
+                    nothing counted): the same ops, in the same order, dropped at the same points
     gradcheck.py    the eager reference step and the bitwise gradient comparison
     batches.py      each step's batch (the example batch, a callable, an iterable)
     stores.py       the page stores a plan needs (flash: FlashStore; host: given, or in memory)

@@ -275,6 +275,15 @@ def measure_runtime_footprint(build_model: Callable[[], Any] | None = None,
 
 # Live tensor bytes -----------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class LedgerRise:
+    """A window's peak above the live bytes it started from: in all, by class, its key."""
+
+    bytes: int
+    by_class: tuple[tuple[str, int], ...]
+    key: Hashable
+
+
 class LiveTensorLedger:
     """Bytes of the tensors the executor holds, and their peak: the figure a plan predicts.
 
@@ -399,6 +408,45 @@ class LiveTensorLedger:
         self.peak_key = None
         self._peak_by_class = dict(self.live_by_class)
         self._peak_split_due = False
+
+    # A window's rise (executor/ledger_replay.py): measured over steps that register and
+    # unregister the same tensors, then laid on top of a later step that registers none.
+
+    def open_window(self) -> tuple:
+        """Start measuring a rise from what is live now (the peak restarts here; rise_since
+        puts back an earlier peak the window did not pass)."""
+        split = self.peak_by_class
+        mark = (self.live_bytes, dict(self.live_by_class), len(self._entries),
+                self.peak_bytes, self.peak_key, dict(split))
+        self.reset_peak()
+        return mark
+
+    def rise_since(self, mark: tuple) -> LedgerRise | None:
+        """How far the peak rose above the live bytes at `mark` (by class, and the key that
+        set it); None when the ledger is not back where it was at `mark` (live bytes, their
+        split by class, the number of entries)."""
+        live, by_class, entries, peak, peak_key, peak_split = mark
+        split = self.peak_by_class
+        classes = sorted(set(split) | set(by_class))
+        rise = LedgerRise(self.peak_bytes - live,
+                          tuple((c, split.get(c, 0) - by_class.get(c, 0)) for c in classes),
+                          self.peak_key)
+        back = self.live_bytes == live and len(self._entries) == entries and all(
+            self.live_by_class.get(c, 0) == by_class.get(c, 0)
+            for c in set(self.live_by_class) | set(by_class))
+        if peak >= self.peak_bytes:  # as if the window had not restarted the peak
+            self.peak_bytes, self.peak_key, self._peak_by_class = peak, peak_key, peak_split
+        return rise if back else None
+
+    def raise_peak(self, rise: LedgerRise) -> None:
+        """The peak a window with `rise` reaches from what is live now."""
+        live = self.live_bytes + rise.bytes
+        if live > self.peak_bytes:
+            split = dict(self.live_by_class)
+            for name, nbytes in rise.by_class:
+                split[name] = split.get(name, 0) + nbytes
+            self.peak_bytes, self.peak_key, self._peak_by_class = live, rise.key, split
+            self._peak_split_due = False
 
     def result(self) -> dict[str, Any]:
         return {"live_bytes": self.live_bytes, "peak_bytes": self.peak_bytes,
