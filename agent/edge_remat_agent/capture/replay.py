@@ -26,6 +26,7 @@ import torch
 from torch import fx, nn
 
 from ..formats import Graph, NodeId
+from .bindings import python_binding
 from .straight_line import compile_node
 from .trace import GRAD_MODE_OPS, JointTrace
 
@@ -98,8 +99,9 @@ class _NodeOps:
 
 @dataclass(frozen=True)
 class _OpStep:
-    """One op made ready once per run: the callable itself (an OpOverload's C++ entry point,
-    not its Python wrapper), its keyword arguments, and the values dropped after it.
+    """One op made ready once per run: the callable itself (torch's Python binding where it
+    reaches the same overload, bindings.py, else the OpOverload's C++ entry point, not its
+    Python wrapper), its keyword arguments, and the values dropped after it.
 
     `held`: the runner holds (and the ledger counts) the result; False for a view that dies
     inside the node before the value it views (see _unheld_views). `items`: (position, name,
@@ -125,6 +127,8 @@ def _op_step(op: fx.Node, drop: list[str], grad_mode: bool, device: torch.device
         kwargs["device"] = device  # factories traced on the CPU
     call = getattr(target, "_op", target) if isinstance(target, torch._ops.OpOverload) \
         else target
+    if isinstance(target, torch._ops.OpOverload):
+        call = python_binding(op, kwargs) or call
     return _OpStep(op.name, call, kwargs, grad_mode, tuple(drop), op,
                    held=op.name not in unheld and not items,
                    items=tuple((i, name, ("value", name, 0)) for i, name in items))
