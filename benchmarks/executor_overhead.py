@@ -10,7 +10,7 @@ steady size after the other method ran) and the next three are measured; per met
 page faults per step. Both run with the same process-wide settings (threads, glibc mallopt, as
 run_plan leaves them after its first call; map_large_allocations=False as end_to_end.py does).
 
-    python benchmarks/executor_overhead.py [--models bert-mini,resnet18] [--rounds 7]
+    python benchmarks/executor_overhead.py [--models bert-mini,resnet18,mobilenet_v2] [--rounds 7]
     python benchmarks/executor_overhead.py --profile bert-mini    # cProfile of the keep-all step
     python benchmarks/executor_overhead.py --runner-only          # the runner without the ops
 
@@ -29,7 +29,8 @@ import tempfile
 
 import torch
 
-QUICK = {"resnet18": {"batch": 8, "image": 32}, "bert-mini": {"batch": 8, "seq": 64}}
+QUICK = {"resnet18": {"batch": 8, "image": 32}, "bert-mini": {"batch": 8, "seq": 64},
+         "mobilenet_v2": {"batch": 8, "image": 32}}
 WARM_STEPS, TIMED_STEPS = 2, 3  # as benchmarks/end_to_end.py times ours
 TARGET = 1.03
 
