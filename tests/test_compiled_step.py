@@ -74,6 +74,15 @@ def test_compiled_steps_train_like_eager_and_report_the_same_memory(make_plan, u
     assert report["summary"]["ledger_peak_bytes"] == measured["summary"]["ledger_peak_bytes"]
 
 
+def test_without_the_gradient_check_the_third_step_is_compiled(user_capture, monkeypatch,
+                                                               tmp_path):
+    captured = user_capture()
+    ran = counting_compiled_steps(monkeypatch)
+    run_plan(captured.graph, keep_all(captured.graph), 5, str(tmp_path), captured=captured,
+             check_gradients=False)
+    assert len(ran) == 3  # steps 1 and 2 measured
+
+
 def test_a_plan_that_pages_is_interpreted_every_step(user_capture, monkeypatch, tmp_path):
     captured = user_capture()
     plan = with_paging(every_forward_recomputed(captured.graph), captured.graph, every=3)

@@ -100,6 +100,9 @@ class _Generator:
         return f"v{self.count}"
 
     def step(self, stages: Stages) -> CompiledStep:
+        self.computed = {}  # node -> its computes in the step
+        for ins in (ins for stage in stages for ins in stage if ins.op == "compute"):
+            self.computed[ins.node] = self.computed.get(ins.node, 0) + 1
         body: list[str] = []
         where = []
         for s, stage in enumerate(stages):
@@ -215,7 +218,9 @@ class _Generator:
                 lines.append(f"del {result}")
             for name in step.drop:
                 lines.append(f"del {local.pop(name)}")
-        if prep.random:  # the generator state of its first run, replayed on every later one
+        # The generator state of a random node's first run, replayed on every later one (a
+        # node computed once needs none).
+        if prep.random and self.computed[node_id] > 1:
             if first:
                 state = self.random_state[node_id] = self.new()
                 lines = [f"{state} = _rng()"] + lines

@@ -116,7 +116,12 @@ class PlannedStep:
             compiled = self._compiled()
             if compiled is not None:
                 return self._run_compiled(compiled, batch)
-        mark = self.replay.open() if self.replay is not None else None
+        mark = None
+        if self.replay is not None:
+            # What the runner bound when it was made goes first (start_step would let it go
+            # anyway): a window must end where it starts.
+            self.runner.release_all()
+            mark = self.replay.open()
         done = False
         try:
             result = self._run_measured(batch, check)
