@@ -7,12 +7,19 @@ On a shared machine wall time swings 2x with the other jobs' load; the process's
 here. Per round (in alternating order): five eager steps and one run_plan of the keep-all plan
 of five steps; of each, the first two warm up (the optimizer's momentum, glibc's heap at its
 steady size after the other method ran) and the next three are measured; per method the median over rounds of wall time, CPU time and minor
-page faults per step. Both run with the same process-wide settings (threads, glibc mallopt, as
+page faults per step. Ours' two warm-up steps are measured ones (the interpreter, the ledger
+counting every tensor); they agree, so its three timed steps run compiled, the ledger's rise
+replayed (executor/ledger_replay.py), as every later step of a run does. Both run with the
+same process-wide settings (threads, glibc mallopt, as
 run_plan leaves them after its first call; map_large_allocations=False as end_to_end.py does).
 
-    python benchmarks/executor_overhead.py [--models bert-mini,resnet18] [--rounds 7]
+    python benchmarks/executor_overhead.py [--models bert-mini,resnet18,mobilenet_v2] [--rounds 7]
     python benchmarks/executor_overhead.py --profile bert-mini    # cProfile of the keep-all step
     python benchmarks/executor_overhead.py --runner-only          # the runner without the ops
+    python benchmarks/executor_overhead.py --paired 40            # adjacent steps, paired
+
+--paired N runs one keep-all run_plan with an eager step after each of its steps, and takes
+the median of the per-pair CPU ratios (see `paired`).
 
 --runner-only times the keep-all step with every ATen op taken out (each returns its result
 from the first step): what the runner, its ledger and the interpreter cost by themselves, in
@@ -29,7 +36,8 @@ import tempfile
 
 import torch
 
-QUICK = {"resnet18": {"batch": 8, "image": 32}, "bert-mini": {"batch": 8, "seq": 64}}
+QUICK = {"resnet18": {"batch": 8, "image": 32}, "bert-mini": {"batch": 8, "seq": 64},
+         "mobilenet_v2": {"batch": 8, "image": 32}}
 WARM_STEPS, TIMED_STEPS = 2, 3  # as benchmarks/end_to_end.py times ours
 TARGET = 1.03
 
@@ -94,6 +102,37 @@ def bench(name: str, rounds: int, page_dir: str) -> dict:
     return out
 
 
+def paired(name: str, pairs: int, page_dir: str) -> dict:
+    """One keep-all run_plan of `pairs` + 3 steps with one eager step after each of ours (the
+    run's progress callback, in the run's process-wide settings); the first three pairs warm
+    up. Adjacent steps share the machine's load, which moves on a shorter scale than a round
+    of five steps each: the per-pair ratio is steadier on a loaded machine."""
+    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.capture.models import load_model
+    from edge_remat_agent.capture.optimizer import torch_optimizer
+    from edge_remat_agent.executor import run_plan
+    from edge_remat_agent.executor.step import plain_step
+    from edge_remat_agent.profiler import LiveTensorLedger, StepMeter
+
+    captured = capture_model(name, update="step", **QUICK[name])
+    plan = keep_all_plan(captured.graph)
+    module, batch = load_model(name, **QUICK[name])
+    optimizer = torch_optimizer(captured.graph.capture.get("optimizer", "sgd"), module)
+    eager, ledger = [], LiveTensorLedger()
+
+    def eager_step(i, steps, record):
+        with StepMeter(ledger) as meter:
+            plain_step(module, optimizer, batch)
+        eager.append(meter.result.cpu_s)
+    report = run_plan(captured.graph, plan, pairs + 3, page_dir, check_gradients=False,
+                      captured=captured, map_large_allocations=False, progress=eager_step)
+    ours = [s["cpu_time_s"] for s in report["steps"]][3:]
+    eager = eager[3:]
+    return {"pairs": len(ours), "ours_cpu_s": statistics.median(ours),
+            "eager_cpu_s": statistics.median(eager),
+            "ratio_cpu": statistics.median(o / e for o, e in zip(ours, eager))}
+
+
 def profile_step(name: str, page_dir: str, steps: int = 8) -> None:
     """cProfile over a keep-all run_plan's steps (set-up included: read past it)."""
     import cProfile
@@ -112,12 +151,14 @@ def profile_step(name: str, page_dir: str, steps: int = 8) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
-def runner_only(name: str, repeats: int = 15, steps: int = 20) -> float:
-    """Median CPU seconds of a keep-all step with the ops taken out (see the docstring)."""
+def runner_only(name: str, repeats: int = 15, steps: int = 20) -> dict[str, float]:
+    """Median CPU seconds of a keep-all step with the ops taken out (see the docstring): as
+    the interpreter runs a measured step, and as the compiled step runs a replayed one."""
     import dataclasses
     import resource
     from edge_remat_agent.capture import capture_model, replay
     from edge_remat_agent.capture.replay import StepRunner
+    from edge_remat_agent.executor.compiled_step import compile_step
     from edge_remat_agent.executor.interpreter import Interpreter
     from edge_remat_agent.memory_classes import ledger_classifier
     from edge_remat_agent.profiler import LiveTensorLedger
@@ -135,29 +176,44 @@ def runner_only(name: str, repeats: int = 15, steps: int = 20) -> float:
     replay.compile_node = lambda steps, *args, **kwargs: compile_node(
         [recorded_call(step) for step in steps], *args, **kwargs)
     try:
+        ledger = LiveTensorLedger(classify=ledger_classifier(captured.trace))
         runner = StepRunner(captured.trace, captured.graph, captured.module,
-                            captured.example_args, None,
-                            LiveTensorLedger(classify=ledger_classifier(captured.trace)))
+                            captured.example_args, None, ledger)
         interpreter = Interpreter(runner, captured.graph, {})
 
-        def step():
+        def measured():
             runner.start_step(captured.module, captured.example_args)
             with torch.no_grad():
                 interpreter.run(plan.stages)
             runner.release_all()
+        measured()
+        for prep in runner._node_ops.values():  # the compiled step's ops: the recorded ones
+            if prep.ops is not None:
+                prep.steps = [recorded_call(step) for step in prep.steps]
+        compiled = compile_step(runner, captured.graph, plan.stages)
+
+        def replayed():  # as executor/step.py runs a replayed step: nothing registered
+            runner.ledger = None
+            runner.start_step(captured.module, captured.example_args)
+            with torch.no_grad():
+                runner.env.update(compiled.run(runner.env).resident)
+            runner.release_all()
+            runner.ledger = ledger
 
         def cpu() -> float:
             usage = resource.getrusage(resource.RUSAGE_SELF)
             return usage.ru_utime + usage.ru_stime
-        for _ in range(steps):
-            step()
-        samples = []
-        for _ in range(repeats):
-            start = cpu()
+        samples: dict[str, list[float]] = {"measured": [], "replayed": []}
+        for step in (measured, replayed):
             for _ in range(steps):
                 step()
-            samples.append((cpu() - start) / steps)
-        return statistics.median(samples)
+        for _ in range(repeats):  # interleaved: the load moves
+            for what, step in (("measured", measured), ("replayed", replayed)):
+                start = cpu()
+                for _ in range(steps):
+                    step()
+                samples[what].append((cpu() - start) / steps)
+        return {what: statistics.median(s) for what, s in samples.items()}
     finally:
         replay.compile_node = compile_node
 
@@ -170,6 +226,8 @@ def main() -> int:
     parser.add_argument("--profile", metavar="MODEL", help="cProfile the keep-all run instead")
     parser.add_argument("--runner-only", action="store_true",
                         help="time the runner with the ops taken out instead")
+    parser.add_argument("--paired", type=int, metavar="N",
+                        help="instead: N pairs of adjacent steps (ours, then eager) in one run")
     args = parser.parse_args()
     models = args.models.split(",")
     unknown = [m for m in models + ([args.profile] if args.profile else []) if m not in QUICK]
@@ -184,8 +242,19 @@ def main() -> int:
             return 0
         if args.runner_only:
             for name in models:
-                print(f"{name} {QUICK[name]}: the runner with the ops taken out, "
-                      f"{runner_only(name) * 1e3:.2f} ms CPU a step (median)")
+                times = runner_only(name)
+                print(f"{name} {QUICK[name]}: the runner with the ops taken out, ms CPU a step "
+                      f"(median): measured step (interpreter, ledger) "
+                      f"{times['measured'] * 1e3:.2f}, replayed step (compiled) "
+                      f"{times['replayed'] * 1e3:.2f}")
+            return 0
+        if args.paired:
+            for name in models:
+                out = paired(name, args.paired, page_dir)
+                print(f"{name} {QUICK[name]}: {out['pairs']} pairs, CPU ours "
+                      f"{out['ours_cpu_s'] * 1e3:.1f} ms, eager {out['eager_cpu_s'] * 1e3:.1f} "
+                      f"ms (medians); keep-all / eager {out['ratio_cpu']:.3f}x (median of "
+                      f"per-pair ratios; target <= {TARGET:.2f}x)")
             return 0
         for name in models:
             out = bench(name, args.rounds, page_dir)

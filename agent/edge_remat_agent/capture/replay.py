@@ -26,6 +26,7 @@ import torch
 from torch import fx, nn
 
 from ..formats import Graph, NodeId
+from .bindings import python_binding
 from .straight_line import compile_node
 from .trace import GRAD_MODE_OPS, JointTrace
 
@@ -33,15 +34,18 @@ from .trace import GRAD_MODE_OPS, JointTrace
 def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
                 device: torch.device | None = None,
                 loaded: frozenset[str] = frozenset(),
-                named: tuple[dict, dict] | None = None) -> dict[str, torch.Tensor]:
+                named: tuple[dict, dict] | None = None,
+                constants: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Placeholder values: parameters, buffers, the batch, lifted constants, and
     d(loss)/d(loss) = 1. `loaded`: the placeholders of parameters that param nodes load (not
-    bound here). `named`: the module's (parameters, buffers) by name, when the caller has them."""
+    bound here). `named`: the module's (parameters, buffers) by name, when the caller has them;
+    `constants`: trace.constants(), when the caller has them."""
     params, buffers = named if named is not None else named_tensors(module)
     env = {ph: params[name].detach() for ph, name in trace.params.items() if ph not in loaded}
     env.update({ph: buffers[name].detach() for ph, name in trace.buffers.items()})
     env.update({ph: _on(example_args[i], device) for ph, i in trace.user_inputs.items()})
-    env.update({name: _on(t, device) for name, t in trace.constants().items()})
+    constants = trace.constants() if constants is None else constants
+    env.update({name: _on(t, device) for name, t in constants.items()})
     loss = trace.node(trace.tangent).meta["val"]
     env[trace.tangent] = torch.ones(loss.shape, dtype=loss.dtype, device=device)
     return env
@@ -95,8 +99,9 @@ class _NodeOps:
 
 @dataclass(frozen=True)
 class _OpStep:
-    """One op made ready once per run: the callable itself (an OpOverload's C++ entry point,
-    not its Python wrapper), its keyword arguments, and the values dropped after it.
+    """One op made ready once per run: the callable itself (torch's Python binding where it
+    reaches the same overload, bindings.py, else the OpOverload's C++ entry point, not its
+    Python wrapper), its keyword arguments, and the values dropped after it.
 
     `held`: the runner holds (and the ledger counts) the result; False for a view that dies
     inside the node before the value it views (see _unheld_views). `items`: (position, name,
@@ -117,11 +122,13 @@ class _OpStep:
 def _op_step(op: fx.Node, drop: list[str], grad_mode: bool, device: torch.device | None,
              unheld: set[str] = frozenset(), items: tuple[tuple[int, str], ...] = ()) -> _OpStep:
     target = op.target
-    call = getattr(target, "_op", target) if isinstance(target, torch._ops.OpOverload) \
-        else target
     kwargs = dict(op.kwargs)
     if device is not None and device.type != "cpu" and kwargs.get("device") is not None:
         kwargs["device"] = device  # factories traced on the CPU
+    call = getattr(target, "_op", target) if isinstance(target, torch._ops.OpOverload) \
+        else target
+    if isinstance(target, torch._ops.OpOverload):
+        call = python_binding(op, kwargs) or call
     return _OpStep(op.name, call, kwargs, grad_mode, tuple(drop), op,
                    held=op.name not in unheld and not items,
                    items=tuple((i, name, ("value", name, 0)) for i, name in items))
@@ -212,6 +219,8 @@ class StepRunner:
                                in GRAD_MODE_OPS}
         self.env: dict[str, Any] = {}
         self._named: tuple[nn.Module, tuple[dict, dict]] | None = None  # see _named_tensors
+        # Found once (they walk the whole graph), and named before a step binds them.
+        self._constants = trace.constants()
         # Optional: runs ops as .out variants into planned memory (executor/arena.OutWriter).
         self.writer: Any = None
         self.start_step(module, example_args)
@@ -222,7 +231,7 @@ class StepRunner:
         """Forget the previous step's values and bind this step's parameters and batch."""
         self.release_all()
         self.env = bind_inputs(self.trace, module, tuple(example_args), self.device,
-                               self._loaded, self._named_tensors(module))
+                               self._loaded, self._named_tensors(module), self._constants)
         for name, value in self.env.items():
             self._hold(name, value)
         self.rng_states: dict[NodeId, tuple] = {}
@@ -230,6 +239,12 @@ class StepRunner:
         self.grads: dict[str, torch.Tensor] = {}  # parameter name -> gradient
         self.buffer_updates: dict[str, torch.Tensor] = {}  # buffer name -> new value
         self.loss: torch.Tensor | None = None
+
+    def bound_names(self) -> set[str]:
+        """The values start_step binds (what bind_inputs returns)."""
+        trace = self.trace
+        return ({ph for ph in trace.params if ph not in self._loaded} | set(trace.buffers)
+                | set(trace.user_inputs) | set(self._constants) | {trace.tangent})
 
     def release_all(self) -> None:
         """Drop every value of the step (after the optimizer has used the gradients)."""

@@ -6,6 +6,9 @@
 Modules, one job each:
     interpreter.py  the instruction loop: compute / free / page_out / page_in, one handler each
     step.py         one training step (plan, optimizer step, batch-norm updates once); plain_step
+    ledger_replay.py  the ledger's figures of a plan's step, measured twice, then replayed
+    compiled_step.py  a replayed step as one straight-line function (no interpreter loop,
+                    nothing counted): the same ops, in the same order, dropped at the same points
     gradcheck.py    the eager reference step and the bitwise gradient comparison
     batches.py      each step's batch (the example batch, a callable, an iterable)
     stores.py       the page stores a plan needs (flash: FlashStore; host: given, or in memory)
@@ -68,7 +71,8 @@ run_plan(graph, plan, steps, page_dir=None, data=None, check_gradients=True, pro
 Returns a JSON-serialisable report:
     steps[]   per step: loss, step_time_s, ledger_peak_bytes (the executor's own ledger of live
               tensor bytes, the figure the plan predicts: fixed memory + held activations +
-              each node's workspace), rss_peak_bytes (the process's resident peak, measured
+              each node's workspace; once two measured steps agree on it, later steps of a
+              plan without paging replay their rise, ledger_replay.py), rss_peak_bytes (the process's resident peak, measured
               independently: sampled RSS and the kernel's VmHWM), device_peak_bytes (CUDA's
               allocator peak; None on the CPU), energy_j (None without a sensor), computes, recomputed, page_outs, page_ins, pages_written, paged_bytes,
               compute_s, recompute_s, page_out_s, page_in_s

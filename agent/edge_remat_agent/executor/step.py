@@ -23,8 +23,10 @@ from torch import nn
 from ..capture.replay import StepRunner
 from ..formats import Graph, Plan
 from ..pages import PageStore
+from .compiled_step import CompiledStep, FailedAt, compile_step
 from .errors import OOM_REMEDY, ExecutorError, first_line, is_out_of_memory
 from .interpreter import Interpreter, StepCounts
+from .ledger_replay import LedgerReplay
 from .updates import FusedUpdates
 
 GradientCheck = Callable[[torch.Tensor, dict[str, torch.Tensor]], None]
@@ -89,6 +91,12 @@ class PlannedStep:
                                        placement)
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.fixed = FixedMemory(ledger, module, optimizer, graph)
+        # Steps whose ledger figures are known run as one compiled function (compiled_step.py);
+        # not with paging on an IO thread or the arena's hooks.
+        self.replay = LedgerReplay(ledger) if ledger is not None and overlap is None \
+            and placement is None else None
+        self.compiled: CompiledStep | None = None
+        self.compiled_tried = False
 
     def _step_optimizer(self) -> None:
         """A "step" graph's one optimizer step after the backward."""
@@ -104,6 +112,29 @@ class PlannedStep:
         self.optimizer.zero_grad(set_to_none=True)
 
     def run(self, batch: tuple, check: GradientCheck | None = None) -> StepResult:
+        if check is None and self.replay is not None and self.replay.ready(batch):
+            compiled = self._compiled()
+            if compiled is not None:
+                return self._run_compiled(compiled, batch)
+        mark = None
+        if self.replay is not None:
+            # What the runner bound when it was made goes first (start_step would let it go
+            # anyway): a window must end where it starts.
+            self.runner.release_all()
+            mark = self.replay.open()
+        done = False
+        try:
+            result = self._run_measured(batch, check)
+            done = True
+        finally:
+            if mark is not None:
+                self.replay.close(mark, batch if done and check is None else None)
+        if mark is not None and self.replay.agrees():
+            self._compiled()  # made here, in the last measured step, not in the first replayed
+        self.fixed.sync()
+        return result
+
+    def _run_measured(self, batch: tuple, check: GradientCheck | None) -> StepResult:
         self.runner.start_step(self.module, batch)
         # A fused step keeps its gradients only for the check (they cost a plain step's worth).
         self.runner.keep_grads = not self.fused or check is not None
@@ -123,8 +154,47 @@ class PlannedStep:
             self.runner.release_all()
             for store in self.stores.values():
                 store.clear()
-        self.fixed.sync()
         return StepResult(value, counts)
+
+    def _compiled(self) -> CompiledStep | None:
+        if not self.compiled_tried:
+            self.compiled_tried = True
+            self.compiled = compile_step(self.runner, self.graph, self.plan.stages,
+                                         self.optimizer.step if self.fused else None)
+        return self.compiled
+
+    def _run_compiled(self, compiled: CompiledStep, batch: tuple) -> StepResult:
+        """The step as the measured ones ran it, with nothing counted: the ledger gets the
+        measured steps' rise instead (ledger_replay.py)."""
+        runner, ledger = self.runner, self.runner.ledger
+        runner.ledger = None  # bound inputs are held without registering them
+        runner.keep_grads = not self.fused
+        try:
+            runner.start_step(self.module, batch)
+            try:
+                with torch.no_grad():
+                    out = compiled.run(runner.env)
+            except FailedAt as failed:
+                raise self.interpreter._explain(failed.error, *failed.where) from failed.error
+            runner.env.update(out.resident)  # to the step's end, as the interpreter keeps them
+            runner.grads, runner.buffer_updates, runner.loss = \
+                out.grads, out.buffer_updates, out.loss
+            if out.loss is None:
+                raise ExecutorError("the plan never computed the loss node")
+            if not self.fused:  # fused: the update nodes among the instructions stepped
+                self._step_optimizer()
+            runner.apply_buffer_updates(self.module)
+            value = float(out.loss)
+        finally:
+            runner.release_all()
+            runner.ledger = ledger
+            for store in self.stores.values():
+                store.clear()
+        self.replay.replay()
+        self.fixed.sync()
+        return StepResult(value, StepCounts(computes=out.computes, recomputed=out.recomputed,
+                                            compute_s=out.compute_s,
+                                            recompute_s=out.recompute_s))
 
 
 def eager_forward_backward(module: nn.Module, batch: tuple) -> torch.Tensor:

@@ -284,6 +284,15 @@ def _span_bytes(tensor: torch.Tensor) -> int:
     return (last + 1) * tensor.element_size()
 
 
+@dataclass(frozen=True)
+class LedgerRise:
+    """A window's peak above the live bytes it started from: in all, by class, its key."""
+
+    bytes: int
+    by_class: tuple[tuple[str, int], ...]
+    key: Hashable
+
+
 class LiveTensorLedger:
     """Bytes of the tensors the executor holds, and their peak: the figure a plan predicts.
 
@@ -302,6 +311,9 @@ class LiveTensorLedger:
     A storage given to `split_storage` (the arena executor's one storage, which holds every
     slot) is counted by the bytes its live views span instead: a view inside the span of a
     live one counts nothing more, as a view of an ordinary storage does.
+
+    One thread registers and unregisters: the executor's (overlapped paging's IO thread
+    calls the page stores only). Another thread may read `live_bytes` and `peak_bytes`.
     """
 
     def __init__(self, classify: Callable[[Hashable], str] | None = None):
@@ -311,7 +323,6 @@ class LiveTensorLedger:
         self.live_bytes = 0
         self.peak_bytes = 0
         self.peak_key: Hashable | None = None  # the registration that set the peak
-        self._lock = threading.Lock()
         self._classify = classify
         self._counted_as: dict[Hashable, str] = {}  # storage (or key) -> the class it counts in
         self._class_of: dict[Hashable, str] = {}  # key -> its class (keys recur every step)
@@ -343,70 +354,72 @@ class LiveTensorLedger:
         (its own, if none does)."""
         lo = tensor.data_ptr()
         hi = lo + _span_bytes(tensor)
-        with self._lock:
-            starts = self._split[storage]
-            k = bisect.bisect_right(starts, lo)
-            if k and self._span_end[starts[k - 1]][0] >= hi:
-                lo = starts[k - 1]  # inside a live span: counted there
-            elif lo not in self._span_end:
-                starts.insert(k, lo)
-                self._span_end[lo] = (hi, storage)
+        starts = self._split[storage]
+        k = bisect.bisect_right(starts, lo)
+        if k and self._span_end[starts[k - 1]][0] >= hi:
+            lo = starts[k - 1]  # inside a live span: counted there
+        elif lo not in self._span_end:
+            starts.insert(k, lo)
+            self._span_end[lo] = (hi, storage)
         return self._add(key, lo, hi - lo)
 
     # register_tensor and unregister run for every value the executor makes and drops (a few
-    # thousand per step): kept to plain dict work, with each key's class looked up once.
+    # thousand per step): kept to plain dict work, with each key's class looked up once, and
+    # without a lock (see the class docstring; taking one cost 0.4 us a call).
     def _add(self, key: Hashable, storage: int | None, nbytes: int) -> int:
-        with self._lock:
-            entries = self._entries
-            if key in entries:
-                raise KeyError(f"{key!r} is already registered; unregister it first")
-            entries[key] = (storage, nbytes)
-            if storage is not None:
-                refs = self._storage_refs.get(storage, 0)
-                self._storage_refs[storage] = refs + 1
-                if refs:
-                    return 0  # that memory is already counted
-                if self._made is not None:
-                    self._made.add(storage)
-            live = self.live_bytes = self.live_bytes + nbytes
-            if self._classify is not None:
-                name = self._class_of.get(key)
-                if name is None:
-                    name = self._class_of[key] = self._classify(key)
-                self._counted_as[key if storage is None else storage] = name
-                self.live_by_class[name] = self.live_by_class.get(name, 0) + nbytes
-            if live > self.peak_bytes:
-                self.peak_bytes = live
-                self.peak_key = key
-                # Its split is taken when live bytes next fall (or when asked): a step's
-                # forward sets a new peak at almost every value, a copy each would cost.
-                self._peak_split_due = self._classify is not None
-            return nbytes
+        entries = self._entries
+        if key in entries:
+            raise KeyError(f"{key!r} is already registered; unregister it first")
+        entries[key] = (storage, nbytes)
+        if storage is not None:
+            refs = self._storage_refs
+            count = refs.get(storage, 0)
+            refs[storage] = count + 1
+            if count:
+                return 0  # that memory is already counted
+            if self._made is not None:
+                self._made.add(storage)
+        live = self.live_bytes = self.live_bytes + nbytes
+        if self._classify is not None:
+            name = self._class_of.get(key)
+            if name is None:
+                name = self._class_of[key] = self._classify(key)
+            self._counted_as[key if storage is None else storage] = name
+            by_class = self.live_by_class
+            by_class[name] = by_class.get(name, 0) + nbytes
+        if live > self.peak_bytes:
+            self.peak_bytes = live
+            self.peak_key = key
+            # Its split is taken when live bytes next fall (or when asked): a step's
+            # forward sets a new peak at almost every value, a copy each would cost.
+            self._peak_split_due = self._classify is not None
+        return nbytes
 
     def unregister(self, key: Hashable) -> int:
         """Forget `key`; returns the bytes that stopped being live (0 for a shared storage)."""
-        with self._lock:
-            try:
-                storage, nbytes = self._entries.pop(key)
-            except KeyError:
-                raise KeyError(f"{key!r} is not registered") from None
-            if storage is not None:
-                refs = self._storage_refs[storage] - 1
-                if refs:
-                    self._storage_refs[storage] = refs
-                    return 0
-                del self._storage_refs[storage]
+        try:
+            storage, nbytes = self._entries.pop(key)
+        except KeyError:
+            raise KeyError(f"{key!r} is not registered") from None
+        if storage is not None:
+            refs = self._storage_refs
+            count = refs[storage] - 1
+            if count:
+                refs[storage] = count
+                return 0
+            del refs[storage]
+            if self._span_end:
                 span = self._span_end.pop(storage, None)
                 if span is not None:  # the span's last view is gone
                     self._split[span[1]].remove(storage)
-            if self._peak_split_due:  # nothing fell since the peak: live is the peak's split
-                self._peak_by_class = dict(self.live_by_class)
-                self._peak_split_due = False
-            self.live_bytes -= nbytes
-            if self._classify is not None:
-                name = self._counted_as.pop(key if storage is None else storage)
-                self.live_by_class[name] -= nbytes
-            return nbytes
+        if self._peak_split_due:  # nothing fell since the peak: live is the peak's split
+            self._peak_by_class = dict(self.live_by_class)
+            self._peak_split_due = False
+        self.live_bytes -= nbytes
+        if self._classify is not None:
+            name = self._counted_as.pop(key if storage is None else storage)
+            self.live_by_class[name] -= nbytes
+        return nbytes
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._entries
@@ -415,9 +428,8 @@ class LiveTensorLedger:
         """The storages (data pointers) first registered since the last call, none of their
         keys registered before: asked before and after a node runs, what the node made, as
         against what it only views (the arena executor). The first call starts the count."""
-        with self._lock:
-            made, self._made = self._made, set()
-            return made if made is not None else set()
+        made, self._made = self._made, set()
+        return made if made is not None else set()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -425,18 +437,55 @@ class LiveTensorLedger:
     @property
     def peak_by_class(self) -> dict[str, int]:
         """The live bytes by class at the peak."""
-        with self._lock:
-            if self._peak_split_due:
-                self._peak_by_class = dict(self.live_by_class)
-                self._peak_split_due = False
-            return self._peak_by_class
+        if self._peak_split_due:
+            self._peak_by_class = dict(self.live_by_class)
+            self._peak_split_due = False
+        return self._peak_by_class
 
     def reset_peak(self) -> None:
         """Start a new window (a new step): the peak restarts from what is live now."""
-        with self._lock:
-            self.peak_bytes = self.live_bytes
-            self.peak_key = None
-            self._peak_by_class = dict(self.live_by_class)
+        self.peak_bytes = self.live_bytes
+        self.peak_key = None
+        self._peak_by_class = dict(self.live_by_class)
+        self._peak_split_due = False
+
+    # A window's rise (executor/ledger_replay.py): measured over steps that register and
+    # unregister the same tensors, then laid on top of a later step that registers none.
+
+    def open_window(self) -> tuple:
+        """Start measuring a rise from what is live now (the peak restarts here; rise_since
+        puts back an earlier peak the window did not pass)."""
+        split = self.peak_by_class
+        mark = (self.live_bytes, dict(self.live_by_class), len(self._entries),
+                self.peak_bytes, self.peak_key, dict(split))
+        self.reset_peak()
+        return mark
+
+    def rise_since(self, mark: tuple) -> LedgerRise | None:
+        """How far the peak rose above the live bytes at `mark` (by class, and the key that
+        set it); None when the ledger is not back where it was at `mark` (live bytes, their
+        split by class, the number of entries)."""
+        live, by_class, entries, peak, peak_key, peak_split = mark
+        split = self.peak_by_class
+        classes = sorted(set(split) | set(by_class))
+        rise = LedgerRise(self.peak_bytes - live,
+                          tuple((c, split.get(c, 0) - by_class.get(c, 0)) for c in classes),
+                          self.peak_key)
+        back = self.live_bytes == live and len(self._entries) == entries and all(
+            self.live_by_class.get(c, 0) == by_class.get(c, 0)
+            for c in set(self.live_by_class) | set(by_class))
+        if peak >= self.peak_bytes:  # as if the window had not restarted the peak
+            self.peak_bytes, self.peak_key, self._peak_by_class = peak, peak_key, peak_split
+        return rise if back else None
+
+    def raise_peak(self, rise: LedgerRise) -> None:
+        """The peak a window with `rise` reaches from what is live now."""
+        live = self.live_bytes + rise.bytes
+        if live > self.peak_bytes:
+            split = dict(self.live_by_class)
+            for name, nbytes in rise.by_class:
+                split[name] = split.get(name, 0) + nbytes
+            self.peak_bytes, self.peak_key, self._peak_by_class = live, rise.key, split
             self._peak_split_due = False
 
     def result(self) -> dict[str, Any]:
