@@ -56,6 +56,8 @@ def test_compiled_steps_train_like_eager_and_report_the_same_memory(make_plan, u
     ran = counting_compiled_steps(monkeypatch)
     report = run_plan(captured.graph, plan, STEPS, str(tmp_path), captured=captured, seed=7)
     assert len(ran) == STEPS - 3  # step 1 is checked, steps 2 and 3 measured
+    # Each step says whether its ledger figures were counted or are the measured steps'.
+    assert [r["ledger"] for r in report["steps"]] == ["measured"] * 3 + ["replayed"] * (STEPS - 3)
     assert report["grad_check"]["bitwise_equal"], report["grad_check"]
 
     reference, losses = eager_run(example_model, STEPS, seed=7)

@@ -45,6 +45,9 @@ class StepCounts:
     page_in_s: float = 0.0  # overlapped: the IO thread's time reading
     overlapped: bool = False  # paging ran on the IO thread beside compute
     io_wait_s: float = 0.0  # overlapped: time the step waited for the IO thread
+    # "measured": the ledger counted this step; "replayed": it ran compiled and the ledger's
+    # figures are the measured steps' (ledger_replay.py, compiled_step.py)
+    ledger: str = "measured"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -194,7 +194,7 @@ class PlannedStep:
         self.fixed.sync()
         return StepResult(value, StepCounts(computes=out.computes, recomputed=out.recomputed,
                                             compute_s=out.compute_s,
-                                            recompute_s=out.recompute_s))
+                                            recompute_s=out.recompute_s, ledger="replayed"))
 
 
 def eager_forward_backward(module: nn.Module, batch: tuple) -> torch.Tensor:
