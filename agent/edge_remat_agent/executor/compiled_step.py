@@ -28,7 +28,7 @@ import torch
 from torch import fx
 
 from ..capture.replay import StepRunner, rng_state, set_rng_state
-from ..capture.straight_line import _Source, _plain_name
+from ..capture.straight_line import _has_node, _plain_name, _Source
 from ..formats import Graph, Instruction, Stages
 
 
@@ -257,11 +257,3 @@ class _Generator:
 def _compiled(source: str):
     """Compiled once per process (half of the 28 ms it takes to make bert-mini's step)."""
     return compile(source, "<planned step>", "exec")
-
-
-def _has_node(arg: Any) -> bool:
-    if isinstance(arg, fx.Node):
-        return True
-    if isinstance(arg, (list, tuple)):
-        return any(_has_node(a) for a in arg)
-    return False
