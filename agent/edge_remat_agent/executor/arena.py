@@ -30,6 +30,7 @@ from ..allocator import heap_trimmer
 from ..formats import Graph, Plan
 from ..formats.arena import ArenaLayout, Slot
 from ..lifetimes import LayoutError, check_layout, layout_offsets, live_load
+from ..profiler.memory import span_bytes
 from .arena_pages import PageRelease, Range, resident_reader
 
 
@@ -299,14 +300,6 @@ def _held_ranges(graph: Graph, blocks, layout: ArenaLayout) -> list[Range]:
     return ranges
 
 
-def _storage_bytes(meta) -> int:
-    """Bytes of a dense result laid out as `meta` (a traced value)."""
-    if meta.numel() == 0:
-        return 0
-    span = 1 + sum((size - 1) * stride for size, stride in zip(meta.shape, meta.stride()))
-    return span * meta.element_size()
-
-
 def _out_variant(target) -> tuple | None:
     packet = getattr(target, "overloadpacket", None)
     schema = getattr(target, "_schema", None)
@@ -369,7 +362,7 @@ class OutWriter:
             def run_into(args, kwargs, buffers):
                 return overload(*args, **kwargs, **dict(zip(names, buffers)))
         results = [None if m is None else
-                   (m.dtype, tuple(m.shape), tuple(m.stride()), _storage_bytes(m) if in_slot
+                   (m.dtype, tuple(m.shape), tuple(m.stride()), span_bytes(m) if in_slot
                     else None) for m, in_slot in zip(metas, placed)]
         in_slot = [m for m, p in zip(metas, placed) if m is not None and p]
         written, written_bytes = len(in_slot), sum(m.numel() * m.element_size() for m in in_slot)

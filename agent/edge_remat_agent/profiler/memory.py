@@ -276,8 +276,9 @@ def measure_runtime_footprint(build_model: Callable[[], Any] | None = None,
 
 # Live tensor bytes -----------------------------------------------------------------------------
 
-def _span_bytes(tensor: torch.Tensor) -> int:
-    """The bytes from a view's first element to just past its last."""
+def span_bytes(tensor: torch.Tensor) -> int:
+    """The bytes from a view's first element to just past its last (a dense tensor's own
+    bytes; works on meta tensors too)."""
     if tensor.numel() == 0:
         return 0
     last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
@@ -353,7 +354,7 @@ class LiveTensorLedger:
         """A view of a split storage: counted under the start of the live span holding it
         (its own, if none does)."""
         lo = tensor.data_ptr()
-        hi = lo + _span_bytes(tensor)
+        hi = lo + span_bytes(tensor)
         starts = self._split[storage]
         k = bisect.bisect_right(starts, lo)
         if k and self._span_end[starts[k - 1]][0] >= hi:
