@@ -26,9 +26,11 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
     reference when the caller has it already. `arena`: the address layout the plan carries
     (planner/arena.py: best-fit | cpsat | none); `arena_fit`: where the arena and fixed
     memory pass the budget, solve again lower until they fit (planner/arena_fit.py)."""
-    problem = build_problem(graph, budget, profile, objective, deadline, paging, tiers,
-                            paging_time, plain_peak, io, order,
-                            order_time_s=ORDER_SHARE * time_limit)
+    def problem_at(budget, seconds: float, plain: int | None = None):
+        return build_problem(graph, budget, profile, objective, deadline, paging, tiers,
+                             paging_time, plain, io, order, order_time_s=ORDER_SHARE * seconds)
+
+    problem = problem_at(budget, time_limit, plain_peak)
     report = solve(problem, solver, time_limit, backend, workers, progress=progress)
     if arena != "none":
         from .arena import plan_arena
@@ -42,9 +44,9 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
             from .arena_fit import RETRY_TIME_SHARE, fit_arena
 
             def solve_at(budget_bytes: int) -> SolveReport:
-                lower = build_problem(graph, f"{budget_bytes}B", profile, objective, deadline,
-                                      paging, tiers, paging_time, None, io, order)
-                return solve(lower, solver, RETRY_TIME_SHARE * time_limit, backend, workers)
+                seconds = RETRY_TIME_SHARE * time_limit
+                return solve(problem_at(f"{budget_bytes}B", seconds), solver, seconds, backend,
+                             workers)
 
             report, layout = fit_arena(problem.graph, problem.budget_bytes, report, layout,
                                        solve_at, lay_out)
