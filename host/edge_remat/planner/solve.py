@@ -133,10 +133,10 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
         left = time_limit - (clock.perf_counter() - started)
         share = left - LNS_RESERVE * time_limit if p.n >= LNS_ONLY_NODES \
             else LNS_SHARE * time_limit
-        improved, found_at = _improve_by_lns(p, best_known, max(0.0, min(share, left)))
+        improved = _improve_by_lns(p, best_known, max(0.0, min(share, left)))
         if improved is not None:
             candidates.append(improved)
-            best_known, best_at = improved, (found_at or clock.perf_counter()) - started
+            best_known, best_at = improved, improved.found_at - started
 
     if solver.startswith("heuristic:"):
         name = solver.split(":", 1)[1]
@@ -223,9 +223,9 @@ def _budget_found_hint(p: Problem, deadline: float) -> str:
 
 
 def _improve_by_lns(p: Problem, start: Candidate,
-                    seconds: float) -> tuple[Candidate | None, float | None]:
-    """The window LNS's plan from `start`, if it is better (None otherwise), and when it was
-    found (a perf_counter time)."""
+                    seconds: float) -> Candidate | None:
+    """The window LNS's plan from `start`, if it is better (None otherwise), found when the
+    LNS found it."""
     from .lns import improve_decisions
     if have_cpsat():  # with exact rounds, in a child process if this one holds highspy
         decisions, info = isolated.call("ortools", improve_decisions, p, start.decisions,
@@ -233,12 +233,12 @@ def _improve_by_lns(p: Problem, start: Candidate,
     else:
         decisions, info = improve_decisions(p, start.decisions, seconds)
     if decisions is start.decisions:
-        return None, None
+        return None
     evaluation = evaluate(p, decisions)
     if not evaluation.feasible or evaluation.objective >= start.evaluation.objective:
-        return None, None
+        return None
     return Candidate(f"{start.solver}+lns", evaluation, decisions,
-                     info.get("best_at") or clock.perf_counter()), info.get("best_at")
+                     info.get("best_at") or clock.perf_counter())
 
 
 def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit, summary,
