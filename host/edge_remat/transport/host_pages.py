@@ -134,15 +134,24 @@ def _pump(channel, service: PageService) -> None:
         except (OSError, EOFError):
             pass
         finally:
-            done()
+            _quietly(done)
 
     back = threading.Thread(target=copy, daemon=True, args=(
-        sock.recv, channel.sendall, lambda: channel.close()))
+        sock.recv, channel.sendall, channel.close))
     back.start()
     copy(channel.recv, sock.sendall, lambda: _shut(sock))
     back.join(timeout=5)
     sock.close()
-    channel.close()
+    _quietly(channel.close)
+
+
+def _quietly(close) -> None:
+    """Close one end of a bridge whose link may already be gone (paramiko raises EOFError
+    when its transport dropped under the channel; the reconnect takes it from there)."""
+    try:
+        close()
+    except (OSError, EOFError):
+        pass
 
 
 def _shut(sock: socket.socket) -> None:
