@@ -48,8 +48,9 @@ ours         capture the zoo model (capture_model, update="step": one optimizer 
              predicted to recompute least; the row says which and what the other predicted.
              --paging flash lets the plans page to flash, overlapped with compute; --paging
              best (the default) plans both ways and takes the least predicted step overhead,
-             the best plan of the other way timed beside it; --paging none: recompute only. In the `lowest` row ours is the variant that
-             measured least memory (that row is the lowest memory ours reaches).
+             the best plan of the other way timed beside it; --paging none: recompute only.
+             In the `lowest` row ours is the variant that measured least memory (that row is
+             the lowest memory ours reaches).
              Each timed sample is the median of the steps
              after the first two of one run_plan call (the first makes the optimizer's
              momentum; glibc's heap grows into its steady size over the first two, as eager's
