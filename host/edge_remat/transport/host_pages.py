@@ -120,7 +120,7 @@ def _pump(channel, service: PageService) -> None:
     try:
         sock = socket.create_connection((service.host, service.port))
     except OSError:
-        channel.close()
+        _quietly(channel.close)
         return
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -139,7 +139,7 @@ def _pump(channel, service: PageService) -> None:
     back = threading.Thread(target=copy, daemon=True, args=(
         sock.recv, channel.sendall, channel.close))
     back.start()
-    copy(channel.recv, sock.sendall, lambda: _shut(sock))
+    copy(channel.recv, sock.sendall, lambda: sock.shutdown(socket.SHUT_WR))
     back.join(timeout=5)
     sock.close()
     _quietly(channel.close)
@@ -151,11 +151,4 @@ def _quietly(close) -> None:
     try:
         close()
     except (OSError, EOFError):
-        pass
-
-
-def _shut(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_WR)
-    except OSError:
         pass
