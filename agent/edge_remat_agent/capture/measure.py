@@ -40,6 +40,7 @@ def eager_saved_bytes_as_captured(module: nn.Module, example_args, trace) -> int
 def dropout_mask_savings(trace) -> int:
     """Bytes eager's saved dropout noise takes beyond the 1-byte masks a capture keeps instead
     (trace._keep_dropout_masks): eager's saved bytes less this is what capture should save."""
-    masks = [n for n in trace.compute_nodes if n.target is torch.ops.aten.ne.Scalar
+    masks = [n for n in trace.compute_nodes if n.target is torch.ops.aten._to_copy.default
+             and n.kwargs.get("dtype") is torch.bool
              and n.args[0].target is torch.ops.aten.bernoulli.p]
     return sum(n.meta["val"].numel() * (n.args[0].meta["val"].element_size() - 1) for n in masks)
