@@ -30,6 +30,7 @@ from torch import fx
 from ..capture.replay import StepRunner, rng_state, set_rng_state
 from ..capture.straight_line import _has_node, _plain_name, _Source
 from ..formats import Graph, Instruction, Stages
+from .in_place import in_place_operand
 
 
 class NotCompiled(Exception):
@@ -201,11 +202,17 @@ class _Generator:
             return code.const(arg)
 
         for k, step in enumerate(prep.steps):
-            args = ", ".join(expr(a) for a in step.op.args)
+            operands, entry = list(step.op.args), step.call
+            into = None if step.grad_mode or step.items else \
+                in_place_operand(step.op, {n for n in step.drop if n in local})
+            if into is not None:  # see in_place.py: the result goes into a dying operand
+                entry, position = into
+                operands.insert(0, operands.pop(position))
+            args = ", ".join(expr(a) for a in operands)
             kwargs = ", ".join(f"{name}={expr(value)}" if _plain_name(name)
                                else f"**{{{code.const(name)}: {expr(value)}}}"
                                for name, value in step.kwargs.items())
-            call = f"{code.const(step.call)}({', '.join(p for p in (args, kwargs) if p)})"
+            call = f"{code.const(entry)}({', '.join(p for p in (args, kwargs) if p)})"
             result = f"r{k}" if step.items else local.setdefault(step.name, self.new())
             if step.grad_mode:  # see trace.GRAD_MODE_OPS
                 lines += ["with _enable_grad():", f"    {result} = {call}"]
