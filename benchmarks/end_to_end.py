@@ -103,7 +103,11 @@ out, with the executor's own overhead; `prediction_miss_beyond_keep_all`); and p
 executor's own overhead, the keep-all plan's step time / eager's, median over rounds (target
 <= 1.03), in wall time and in the process's CPU time (user + system: on a shared machine wall
 time swings with the others' load, CPU time far less). --json carries them (ratio_best_peer,
-best_peer, predicted_step_s, prediction_miss, executor_overhead, executor_overhead_cpu).
+best_peer, predicted_step_s, prediction_miss, executor_overhead, executor_overhead_cpu). The
+overhead is measured once more in --paired N adjacent pairs of steps in one run (one eager step
+after each keep-all step, median of the per-pair CPU ratios, executor_overhead.py --paired):
+the per-round ratio of three steps each moves by several percent at these shapes, the paired
+one far less (`executor_overhead_cpu_paired`).
 
 Timing: --rounds rounds; in each, every method runs one step, in an order rotated each round,
 so that drift on a shared machine hits all alike. Reported: the median step time, and the ratio
@@ -908,8 +912,14 @@ def bench_model(name: str, options: dict, args, log) -> dict:
             method.times.append(method.run())
             method.cpu_times.append(method.last_cpu_s)
     load.append(os.getloadavg()[0])
+    paired = None
+    if args.paired:
+        log(f"  the executor's own overhead in {args.paired} adjacent pairs of steps ...")
+        import executor_overhead  # this script's neighbour (its directory is on sys.path)
+        with tempfile.TemporaryDirectory() as paired_dir:
+            paired = executor_overhead.paired(name, args.paired, paired_dir, options)
     return _report(title, graph, plain, model_plain, budgets, eager, [keep_all],
-                   forms_ok, sweep, args, sac_note, load)
+                   forms_ok, sweep, args, sac_note, load, paired)
 
 
 def plan_at_or_above(graph, profile, budget_bytes: int, fraction: float, plain: int, args,
@@ -991,7 +1001,7 @@ def _forward_times(form: SequentialForm, batch: tuple, repeats: int = 3) -> list
 # -- the report ---------------------------------------------------------------------------------
 
 def _report(title, graph, plain, model_plain, budgets, eager, references, forms_ok, sweep,
-            args, sac_note, load) -> dict:
+            args, sac_note, load, paired) -> dict:
     out = {"model": title, "eager_activation_peak_bytes": plain,
            "model_plain_activation_bytes": model_plain, "fixed_bytes": graph.fixed_bytes,
            "compile_backend": sweep.backend, "compile_notes": sweep.notes,
@@ -1010,6 +1020,11 @@ def _report(title, graph, plain, model_plain, budgets, eager, references, forms_
     print(f"  the executor's own overhead (keep-all plan / eager, median over rounds): "
           f"{overhead:.3f}x wall, {overhead_cpu:.3f}x CPU time (target <= "
           f"{OVERHEAD_TARGET:.2f}x)")
+    if paired is not None:
+        out["executor_overhead_cpu_paired"] = paired["ratio_cpu"]
+        print(f"  the same in adjacent pairs (one eager step after each keep-all step, one run, "
+              f"executor_overhead.py --paired): {paired['ratio_cpu']:.3f}x CPU time, median of "
+              f"{paired['pairs']} per-pair ratios")
     print(f"  torch.distributed._tools.sac_ilp (PyTorch's selective-checkpointing ILP): "
           f"{sac_note}")
     for budget in budgets:
@@ -1120,6 +1135,9 @@ def main() -> int:
     parser.add_argument("--fractions", help="budget fractions of eager's activation peak, 0 "
                         "for the lowest ours reaches, e.g. 0.5,0.3,0 (the default)")
     parser.add_argument("--rounds", type=int, help="timed rounds (default 7; --quick 5)")
+    parser.add_argument("--paired", type=int, default=30, metavar="N",
+                        help="the executor's own overhead measured again in N adjacent pairs "
+                             "of steps, keep-all then eager (default 30; 0: not)")
     parser.add_argument("--candidates", type=int, default=2,
                         help="configurations per baseline that are timed in the rounds")
     parser.add_argument("--knob-steps", type=int,

@@ -102,11 +102,12 @@ def bench(name: str, rounds: int, page_dir: str) -> dict:
     return out
 
 
-def paired(name: str, pairs: int, page_dir: str) -> dict:
+def paired(name: str, pairs: int, page_dir: str, shape: dict | None = None) -> dict:
     """One keep-all run_plan of `pairs` + 3 steps with one eager step after each of ours (the
     run's progress callback, in the run's process-wide settings); the first three pairs warm
     up. Adjacent steps share the machine's load, which moves on a shorter scale than a round
-    of five steps each: the per-pair ratio is steadier on a loaded machine."""
+    of five steps each: the per-pair ratio is steadier on a loaded machine. `shape`: the
+    model's sizes (default QUICK's)."""
     from edge_remat_agent.capture import capture_model
     from edge_remat_agent.capture.models import load_model
     from edge_remat_agent.capture.optimizer import torch_optimizer
@@ -114,9 +115,10 @@ def paired(name: str, pairs: int, page_dir: str) -> dict:
     from edge_remat_agent.executor.step import plain_step
     from edge_remat_agent.profiler import LiveTensorLedger, StepMeter
 
-    captured = capture_model(name, update="step", **QUICK[name])
+    shape = QUICK[name] if shape is None else shape
+    captured = capture_model(name, update="step", **shape)
     plan = keep_all_plan(captured.graph)
-    module, batch = load_model(name, **QUICK[name])
+    module, batch = load_model(name, **shape)
     optimizer = torch_optimizer(captured.graph.capture.get("optimizer", "sgd"), module)
     eager, ledger = [], LiveTensorLedger()
 
