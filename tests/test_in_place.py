@@ -32,9 +32,12 @@ def test_only_a_dying_operand_that_owns_its_memory_takes_the_result():
         h = x * y
         k = y - h  # the second operand of a difference: it does not commute
         m = x[0] * 2.0
-        return b, view, d, g, k, m
+        n = x * y
+        flat = aten._unsafe_view.default(n, [9])  # shares n's memory, though its schema
+        o = n + 1.0  # does not say so
+        return b, view, d, g, k, m, flat, o
     ops = traced(f, (3, 3), (3, 3))
-    a, b, c, _, d, e, g, h, k, select, m = ops
+    a, b, c, _, d, e, g, h, k, select, m, n, flat, o = ops
     assert (b.target, d.target, g.target, k.target) == \
         (aten.div.Tensor, aten.add.Tensor, aten.mul.Tensor, aten.sub.Tensor)
 
@@ -45,6 +48,8 @@ def test_only_a_dying_operand_that_owns_its_memory_takes_the_result():
     assert in_place.in_place_operand(k, {h.name}) is None
     assert in_place.in_place_operand(m, {select.name}) is None  # select views x
     assert in_place.in_place_operand(a, {"x", "y"}) is None  # inputs are not the node's
+    assert flat.target is aten._unsafe_view.default
+    assert in_place.in_place_operand(o, {n.name}) is None
 
 
 def test_the_in_place_overload_gives_the_functional_bits():

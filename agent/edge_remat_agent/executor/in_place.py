@@ -64,17 +64,35 @@ def _same_layout(operand: fx.Node, op: fx.Node) -> bool:
 
 
 def _owns_memory(value: fx.Node) -> bool:
-    """Made by an op whose result aliases no input, and never viewed by another op."""
+    """Made by an op whose result aliases no input, and never viewed by another op. The
+    traced metadata's fake tensors share storage where the real ones will, which also
+    catches the ops whose schema does not say they alias (`_unsafe_view`)."""
     target = value.target
     if value.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return False
     returns = target._schema.returns
-    if len(returns) != 1 or returns[0].alias_info is not None:
+    storage = _storage(value.meta.get("val"))
+    if len(returns) != 1 or returns[0].alias_info is not None or storage is None:
         return False
+    if any(_storage(a.meta.get("val")) == storage for a in value.all_input_nodes):
+        return False  # a view of its input
     for user in value.users:
         if not isinstance(user.target, torch._ops.OpOverload):
             return False
-        for result in user.target._schema.returns:
-            if result.alias_info is not None:
-                return False  # a view of it, or an op that writes it
+        if any(result.alias_info is not None for result in user.target._schema.returns):
+            return False  # a view of it, or an op that writes it
+        results = user.meta.get("val")
+        for result in results if isinstance(results, (list, tuple)) else (results,):
+            if _storage(result) == storage:
+                return False
     return True
+
+
+def _storage(value: Any) -> int | None:
+    """The identity of a tensor's storage (None for anything else)."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return value.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # a tensor without one (sparse, nested)
+        return None
