@@ -53,6 +53,36 @@ def test_arena_plans_train_bitwise_like_eager(name, zoo_captures, tmp_path):
     assert counts["heap_trims"] > 0, counts
 
 
+
+@pytest.mark.parametrize("name", ["resnet18", "bert-mini"])
+def test_the_copying_path_cuda_takes_trains_bitwise_on_the_cpu(name, zoo_captures, tmp_path,
+                                                               monkeypatch):
+    """Where the arena's pages are not given back (CUDA, or no madvise), what ATen allocated
+    is copied into its slot, and pages are read elsewhere and copied in (CUDA reads them on
+    the CPU). No GPU here: the CPU arena is opened with CUDA's two choices, so that the
+    path the device takes is checked for exactness where it can run."""
+    from edge_remat_agent.executor import run as run_module
+    from edge_remat_agent.executor.arena import Arena
+
+    def cuda_like(plan, graph, device):
+        arena = Arena(plan.arena, graph, plan, device, release_slack_bytes=None)
+        arena.reads_pages_into_slots = False
+        return arena
+    monkeypatch.setattr(run_module, "open_arena", cuda_like)
+    captured = zoo_captures(name)
+    plan = with_arena(with_paging(dtr_plan(captured.graph), captured.graph), captured.graph)
+    report = run_plan(captured.graph, plan, STEPS, str(tmp_path / "pages"), captured=captured,
+                      seed=11, allocator="arena")
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]
+    reference, losses = eager_run(zoo_model(name), STEPS, seed=11)
+    assert [r["loss"] for r in report["steps"]] == losses
+    assert_same_model(captured.module, reference)
+    counts = report["steps"][-1]["arena"]
+    # Every page and every storage ATen made reaches its slot by a copy; none is left out.
+    assert counts["page_reads"] == 0 and counts["copies"] > 0, counts
+    assert counts["kept_outside"] == 0 and counts["outside"] == 0, counts
+    assert counts["released"] == 0 and counts["heap_trims"] == 0, counts
+
 def test_dropout_and_batch_norm_in_the_arena(user_capture, tmp_path):
     captured = user_capture()
     graph = captured.graph

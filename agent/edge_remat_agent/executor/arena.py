@@ -106,6 +106,8 @@ class Arena:
         # Copy what ATen allocated into the slot only where the arena's pages are not given
         # back (CUDA, or no madvise): there the slot is paid for anyway.
         self.copies_in = self.pages is None or not self.pages.available
+        # Pages are read on the CPU: into their slot there; on CUDA settle() copies them in.
+        self.reads_pages_into_slots = self.device.type == "cpu"
         self._trim_heap = heap_trimmer() if trim_heap is not None and self.pages is not None \
             else None
         self._resident = resident_reader() if self._trim_heap is not None else None
@@ -194,8 +196,8 @@ class Arena:
     def page_slot(self, nbytes: int, dtype: torch.dtype, shape, stride) -> torch.Tensor | None:
         """Where a page being read goes (pages/codec.reading_into): the output range, else
         the workspace range (an update's optimizer state), else None (ATen allocates)."""
-        if self._output is None or self.device.type != "cpu":
-            return None  # pages are read on the CPU; on CUDA settle() copies them in
+        if self._output is None or not self.reads_pages_into_slots:
+            return None
         offset = self._take(self._output, nbytes)
         if offset is None:
             offset = self._take(self._workspace, nbytes)
