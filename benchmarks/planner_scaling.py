@@ -113,6 +113,8 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
                    tdi_percent=report.plan.predicted["tdi_percent"],
                    lb_tdi_percent=None if bound is None else 100 * (bound / problem.plain_time - 1),
                    gap=info.get("gap"), bound_scope=info.get("bound_scope"),
+                   order_seed=info.get("order_seed"),
+                   orders_tried=len(info.get("orders_tried") or ()),
                    valid=ev.feasible, peak_over_budget=ev.sim.peak_bytes / problem.budget_bytes)
     row["rss_mib"] = peak_rss_mib()
     if frontier_s and graph_file is None:

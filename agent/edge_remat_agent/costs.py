@@ -77,6 +77,19 @@ class CostModel:
                             compute_share={name: tier.compute_share
                                            for name, tier in tiers.items()})
 
+    def in_order(self, positions: list[int]) -> "CostModel":
+        """The same costs for the graph's nodes in another order: node i of the new order is
+        node positions[i] of this one (planner/ordering.py reorders graphs whose order is
+        free)."""
+        def pick(values):
+            return None if values is None else [values[k] for k in positions]
+        tiers = {name: replace(tier, out_time_s=pick(tier.out_time_s),
+                               out_energy_j=pick(tier.out_energy_j),
+                               in_time_s=pick(tier.in_time_s), in_energy_j=pick(tier.in_energy_j))
+                 for name, tier in self.tiers.items()}
+        return replace(self, time_s=pick(self.time_s), energy_j=pick(self.energy_j), tiers=tiers,
+                       workspace_bytes=pick(self.workspace_bytes))
+
     def workspace(self, graph: Graph) -> list[int]:
         """Each node's workspace bytes (the graph's where this model has none)."""
         if self.workspace_bytes is None:

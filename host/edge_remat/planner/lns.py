@@ -49,7 +49,9 @@ def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
     best, best_cost = current, current_cost
     tried = accepted = exact_tried = exact_improved = last_gain = 0
     best_at = None
-    while clock.perf_counter() < deadline and (rounds is None or tried < rounds):
+    # A schedule without recomputations cannot get cheaper: stop there.
+    while clock.perf_counter() < deadline and (rounds is None or tried < rounds) \
+            and best_cost > 0:
         tried += 1
         stalled = tried - last_gain - EXACT_STALL
         if exact and stalled >= 0 and stalled % EXACT_EVERY == 0:

@@ -15,6 +15,7 @@ from .baselines import BASELINES
 from .bounds import SCOPE as BOUND_SCOPE, stage_lower_bound
 from .cover_bound import SCOPE as COVER_SCOPE
 from .evaluate import Evaluation, evaluate
+from .order_portfolio import cheaper_order
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem
 from .stages import StageDecision
 
@@ -35,6 +36,10 @@ LNS_MIN_NODES, LNS_SHARE = 300, 0.25
 # bound. LNS_RESERVE of the time limit is left to validate and report (the covering bound,
 # below, takes up to half of it).
 LNS_ONLY_NODES, LNS_RESERVE = 450, 0.06
+# From LNS_ONLY_NODES, where the order is free, auto tries other seeds of the memory-aware
+# order for this share of the time limit and plans on in the one whose start is cheapest
+# (order_portfolio.py).
+PORTFOLIO_SHARE = 0.25
 SOLVERS = ("auto", "cpsat", "milp")
 # From this many nodes (where the exact solvers' bounds are weak or absent) the plan's bound is
 # also sought from the idle-gap covering problem (cover_bound.py), by HiGHS for COVER_SHARE of
@@ -129,6 +134,21 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
     # The first plan existed when the first baseline that fits finished, not when all did.
     first_plan = min(c.found_at for c in candidates) - started if candidates else None
     best_at = best_known.found_at - started if best_known else None
+    order_details = {}
+    if solver == "auto" and best_known is not None and p.given_graph is not None \
+            and p.n >= LNS_ONLY_NODES and not _plain(best_known.decisions):
+        start, tried = cheaper_order(p, best_known.evaluation.objective,
+                                     clock.perf_counter() + PORTFOLIO_SHARE * time_limit,
+                                     time_limit)
+        first = {"seed": 0, "objective": best_known.evaluation.objective,
+                 "starter": best_known.solver}
+        order_details = {"orders_tried": [first] + tried, "order_seed": 0}
+        if start is not None:  # plan on in that order: the plan names node ids, as before
+            p = start.problem
+            best_known = Candidate(f"heuristic:{start.starter}", start.evaluation,
+                                   start.decisions, start.found_at)
+            best_at = start.found_at - started
+            order_details["order_seed"] = start.seed
     if solver == "auto" and best_known is not None and p.n >= LNS_MIN_NODES:
         left = time_limit - (clock.perf_counter() - started)
         share = left - LNS_RESERVE * time_limit if p.n >= LNS_ONLY_NODES \
@@ -160,7 +180,8 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
                          f"({p.n} nodes) the exact solvers find none from scratch; "
                          + _budget_found_hint(p, started + time_limit))
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
-                       timing={"first_plan_s": first_plan, "best_plan_s": best_at})
+                       timing={"first_plan_s": first_plan, "best_plan_s": best_at},
+                       **order_details)
     remaining = max(1.0, time_limit - (clock.perf_counter() - started))
     if solver == "cpsat":
         return _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit,
@@ -175,6 +196,11 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
 # then steps down while time lasts.
 LADDER_STEPS, LADDER_START = (1.025, 1.05, 1.1, 1.2, 1.3, 1.5), 2
 HINT_EXTRA, HINT_EXTRA_MAX_S = 0.25, 5.0
+
+
+def _plain(decisions: list[StageDecision]) -> bool:
+    """Whether a schedule computes every node once and pages nothing: nothing to improve."""
+    return all(len(d.compute) == 1 and not d.page_in and not d.page_out for d in decisions)
 
 
 def feasibility_plans_at(p: Problem, budget_bytes: int, deadline: float) -> bool:

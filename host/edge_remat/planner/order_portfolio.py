@@ -1,0 +1,96 @@
+"""Other memory-aware orders of a graph whose order is free: plan on the one whose first plan
+recomputes least.
+
+The memory-aware order (ordering.py) is chosen by a proxy, the plain schedule's RAM above the
+budget. What the budget then forces out, and what the searches can bring back cheaply, varies
+from one such order to the next as much as with the searches' own choices, and the window LNS
+does not make up for the order it starts in. On random layered graphs at 0.8 of the given
+order's plain peak, 1000 nodes seed 3, the order's seeds 0-5 gave a feasibility-phase plan at
+6.00 / 3.06 / 5.21 / 3.78 / none / 5.28% TDI, and 50 s of LNS from each 4.68 / 3.02 / 4.05 /
+3.25 / - / 3.30% (a throwaway script). So `auto` tries further seeds of the order for a share of
+its time, runs the large-graph starters on each, and goes on (LNS, bound, plan) in the order
+whose start is cheapest.
+"""
+
+from __future__ import annotations
+
+import time as clock
+from dataclasses import dataclass, replace
+
+from .baselines import BASELINES
+from .evaluate import Evaluation, evaluate
+from .ordering import memory_order
+from .problem import Problem
+from .stages import StageDecision
+
+# The starters run on each other order: the two that scale (solve.py's feasibility phase, and
+# budget descent, the better one from 400 nodes).
+STARTERS = ("peak-search", "descent")
+# Seeds of the order tried after the first (seed 0, the problem's own), while time lasts.
+MAX_SEEDS = 8
+# One order's search and starters get at most this share of the time limit; an order is not
+# begun with less than MIN_TRY_SHARE of it left (a search that fails is slow).
+TRY_SHARE, MIN_TRY_SHARE = 0.1, 0.03
+# Orders stop after this many in a row give no cheaper start: the time is the LNS's, which is
+# where the gain lies on such graphs (1000 nodes seed 4: five orders' starts at 2.73-3.22% TDI,
+# 50 s of LNS from each 1.60-1.79%; with 22 s of orders before it, its plan 1.73% against
+# 1.44% without).
+PATIENCE = 2
+
+
+@dataclass
+class OrderStart:
+    seed: int
+    problem: Problem
+    starter: str
+    decisions: list[StageDecision]
+    evaluation: Evaluation
+    found_at: float
+
+
+def in_memory_order(p: Problem, seed: int, time_limit_s: float) -> Problem | None:
+    """The problem with its graph in the memory-aware order of `seed` (None where that order
+    is the given one: no order leaves less above the budget)."""
+    given = p.source_graph
+    workspace = [p.workspace[p.graph.index[node.id]] for node in given.nodes]
+    ordered, _, _ = memory_order(given, workspace, p.budget_bytes - p.fixed, seed=seed,
+                                 time_limit_s=time_limit_s)
+    if ordered is given:
+        return None
+    positions = [p.graph.index[node.id] for node in ordered.nodes]
+    return replace(p, graph=ordered, costs=p.costs.in_order(positions), given_graph=given)
+
+
+def cheaper_order(p: Problem, objective: float, deadline: float,
+                  time_limit: float) -> tuple[OrderStart | None, list[dict]]:
+    """The cheapest start (a starter's plan in another seed of the memory-aware order) whose
+    objective is below `objective`, found before `deadline` (a perf_counter time), or None;
+    and one record per order tried."""
+    best, tried, misses = None, [], 0
+    for seed in range(1, MAX_SEEDS + 1):
+        now = clock.perf_counter()
+        if deadline - now < MIN_TRY_SHARE * time_limit or misses >= PATIENCE:
+            break
+        misses += 1
+        own = min(deadline, now + TRY_SHARE * time_limit)
+        q = in_memory_order(p, seed, max(0.1, 0.5 * (own - now)))
+        record = {"seed": seed, "objective": None}
+        tried.append(record)
+        if q is None:
+            continue
+        for name in STARTERS:
+            if clock.perf_counter() >= own:
+                break
+            decisions = BASELINES[name](q, own)
+            if decisions is None:
+                continue
+            ev = evaluate(q, decisions)
+            if not ev.feasible:
+                continue
+            if record["objective"] is None or ev.objective < record["objective"]:
+                record.update(objective=ev.objective, starter=name)
+            if ev.objective < (best.evaluation.objective if best else objective):
+                best = OrderStart(seed, q, name, decisions, ev, clock.perf_counter())
+                misses = 0
+        record["s"] = round(clock.perf_counter() - now, 2)
+    return best, tried
