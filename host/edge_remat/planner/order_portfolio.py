@@ -21,7 +21,7 @@ from .baselines import BASELINES
 from .evaluate import Evaluation, evaluate
 from .ordering import memory_order
 from .problem import Problem
-from .stages import StageDecision
+from .stages import StageDecision, is_plain
 
 # The starters run on each other order: the two that scale (solve.py's feasibility phase, and
 # budget descent, the better one from 400 nodes).
@@ -69,7 +69,8 @@ def cheaper_order(p: Problem, objective: float, deadline: float,
     best, tried, misses = None, [], 0
     for seed in range(1, MAX_SEEDS + 1):
         now = clock.perf_counter()
-        if deadline - now < MIN_TRY_SHARE * time_limit or misses >= PATIENCE:
+        if deadline - now < MIN_TRY_SHARE * time_limit or misses >= PATIENCE \
+                or (best is not None and is_plain(best.decisions)):
             break
         misses += 1
         own = min(deadline, now + TRY_SHARE * time_limit)
@@ -88,7 +89,7 @@ def cheaper_order(p: Problem, objective: float, deadline: float,
             if not ev.feasible:
                 continue
             if record["objective"] is None or ev.objective < record["objective"]:
-                record.update(objective=ev.objective, starter=name)
+                record.update(objective=ev.objective, starter=f"heuristic:{name}")
             if ev.objective < (best.evaluation.objective if best else objective):
                 best = OrderStart(seed, q, name, decisions, ev, clock.perf_counter())
                 misses = 0

@@ -17,7 +17,7 @@ from .cover_bound import SCOPE as COVER_SCOPE
 from .evaluate import Evaluation, evaluate
 from .order_portfolio import cheaper_order
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem
-from .stages import StageDecision
+from .stages import StageDecision, is_plain
 
 # Above this many nodes the stage x node MILP (O(n^2) binaries) is not worth starting.
 MILP_MAX_NODES = 300
@@ -136,7 +136,7 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
     best_at = best_known.found_at - started if best_known else None
     order_details = {}
     if solver == "auto" and best_known is not None and p.given_graph is not None \
-            and p.n >= LNS_ONLY_NODES and not _plain(best_known.decisions):
+            and p.n >= LNS_ONLY_NODES and not is_plain(best_known.decisions):
         start, tried = cheaper_order(p, best_known.evaluation.objective,
                                      clock.perf_counter() + PORTFOLIO_SHARE * time_limit,
                                      time_limit)
@@ -196,11 +196,6 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
 # then steps down while time lasts.
 LADDER_STEPS, LADDER_START = (1.025, 1.05, 1.1, 1.2, 1.3, 1.5), 2
 HINT_EXTRA, HINT_EXTRA_MAX_S = 0.25, 5.0
-
-
-def _plain(decisions: list[StageDecision]) -> bool:
-    """Whether a schedule computes every node once and pages nothing: nothing to improve."""
-    return all(len(d.compute) == 1 and not d.page_in and not d.page_out for d in decisions)
 
 
 def feasibility_plans_at(p: Problem, budget_bytes: int, deadline: float) -> bool:

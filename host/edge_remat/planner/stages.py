@@ -34,6 +34,11 @@ class StageDecision:
     page_out: list[tuple[int, str]] = field(default_factory=list)
 
 
+def is_plain(decisions: list[StageDecision]) -> bool:
+    """Whether a schedule computes every node once and pages nothing: nothing to improve."""
+    return all(len(d.compute) == 1 and not d.page_in and not d.page_out for d in decisions)
+
+
 def lower_stage(p: Problem, t: int, d: StageDecision, ram: set[int],
                 tiers: dict[str, set[int]]) -> tuple[list[Instruction], int]:
     """Instructions of stage t and its peak RAM (with fixed memory). Updates ram and tiers."""

@@ -7,6 +7,14 @@ from typing import Any
 from ..units import fmt_bytes
 
 
+def _order_note(plan_dict: dict) -> str:
+    """Which execution order the plan runs in, where it is not the captured one."""
+    if plan_dict.get("problem", {}).get("order") != "memory":
+        return ""
+    seed = plan_dict["solver"].get("order_seed")
+    return "; memory-aware order" + (f", seed {seed}" if seed else "")
+
+
 def _num(value: Any, fmt: str = "{:.4g}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -21,8 +29,7 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
         ("predicted peak", f"{fmt_bytes(pr['peak_bytes'])} ({pr['peak_bytes'] / budget:.1%} "
                            "of budget)"),
         ("TDI", f"{pr['tdi_percent']:.2f} %  ({pr['recomputed']} recomputations"
-                + ("; memory-aware order" if plan_dict.get("problem", {}).get("order") == "memory"
-                   else "") + ")"),
+                + _order_note(plan_dict) + ")"),
         ("time", f"{_num(pr['time_s'])} s  (paging {_num(pr['paging_time_s'])} s, "
                  f"{pr['page_outs']} page-outs, {pr['page_ins']} page-ins"
                  + (f"; {pr['paging_hidden_share']:.0%} of the IO hidden behind compute"
