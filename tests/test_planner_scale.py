@@ -205,6 +205,24 @@ def test_no_plan_in_time_names_a_budget_that_has_one(monkeypatch):
     assert evaluate(p, solve(p, "heuristic:peak-search", time_limit=10).decisions).fits_budget
 
 
+def test_no_plan_and_no_ladder_budget_in_time_still_names_one(monkeypatch):
+    # Where the ladder finds no budget in time (5000 nodes at 0.8 in 60 s), the error names the
+    # peak of the schedule without recomputation in the problem's order, which always plans.
+    import edge_remat.planner.solve as solve_module
+    monkeypatch.setattr(solve_module, "LNS_ONLY_NODES", 0)
+    monkeypatch.setattr(solve_module, "MILP_MAX_NODES", 0)
+    monkeypatch.setattr(solve_module, "LADDER_STEPS", ())  # no budget above tried
+    monkeypatch.setattr(solve_module, "LADDER_START", 0)
+    graph = random_layered(150, seed=1)
+    with pytest.raises(solve_module.NoPlan, match=r"without recomputation .* fits \d+ bytes "
+                                                  r"\(1\.\d+x this budget\)") as caught:
+        solve(build_problem(graph, "0.55", order="given"), "auto", time_limit=10)
+    named = int(str(caught.value).split("--budget ")[1].split(",")[0])
+    assert named == plain_peak_bytes(graph)  # the given order's plain peak
+    p = build_problem(graph, str(named), order="given")
+    assert evaluate(p, solve(p, "heuristic:keep-all", time_limit=10).decisions).fits_budget
+
+
 def test_cpsats_no_plan_says_why_and_names_a_budget_that_has_one():
     # One residency a node (no recomputation at all) makes CP-SAT prove quickly that its
     # limited model has no schedule below the plain peak; no heuristic meets 0.55 here (above).

@@ -211,6 +211,13 @@ def _ladder_budget(p: Problem, factor: float) -> int:
     return p.fixed + int((p.budget_bytes - p.fixed) * factor)
 
 
+def plain_peak_in_order(p: Problem) -> int:
+    """RAM peak of the schedule that computes every node once in the problem's order and pages
+    nothing (fixed memory included): a budget that always plans."""
+    from .events import EventSchedule  # local: needs numpy, like the feasibility phase
+    return int(EventSchedule(p).at.max()) + p.fixed
+
+
 def _hint_deadline(started: float, time_limit: float) -> float:
     """Where an exact solver used the time and found nothing, the budget ladder still gets a
     little (HINT_EXTRA of the time limit, at most HINT_EXTRA_MAX_S) past the limit: an error
@@ -234,8 +241,11 @@ def _budget_found_hint(p: Problem, deadline: float) -> str:
         if not feasibility_plans_at(p, _ladder_budget(p, LADDER_STEPS[k]), deadline):
             break
         found, k = LADDER_STEPS[k], k - 1
-    if found is None:
-        return "try a larger --time-limit or budget"
+    plain = plain_peak_in_order(p)
+    if found is None or plain <= _ladder_budget(p, found):
+        return (f"the schedule without recomputation in this order fits {plain} bytes "
+                f"({plain / p.budget_bytes:.3g}x this budget) and the feasibility phase found "
+                f"no smaller budget in time: try --budget {plain}, or a larger --time-limit")
     smallest = _ladder_budget(p, found)
     room = f"{found:g}x this budget" if p.fixed == 0 else \
         f"{found:g}x the {p.budget_bytes - p.fixed} bytes this budget leaves beyond fixed memory"
