@@ -454,6 +454,24 @@ def test_energy_meter_integrates_constant_power():
     assert meter.result()["mean_power_w"] == pytest.approx(7.5, rel=0.03)
 
 
+class SlowReadConstantPower(ConstantPower):
+    """Constant power whose reads take a while (as the utilisation model's first read waits
+    50 ms for clock ticks): the samples span the block shifted by that latency."""
+
+    def read_power_w(self):
+        time.sleep(0.05)
+        return self.watts
+
+
+def test_a_slow_sensor_still_gives_its_constant_power_exactly():
+    # A short block: divided by the block's duration, the samples' integral was off by the
+    # reads' jitter (test_power_falls_back_to_the_labelled_model failed once on a loaded host).
+    with EnergyMeter(SlowReadConstantPower(2.0), period_s=0.02) as meter:
+        time.sleep(0.01)
+    assert meter.mean_power_w == pytest.approx(2.0, rel=1e-9)
+    assert meter.energy_j == pytest.approx(2.0 * meter.duration_s, rel=1e-9)
+
+
 def test_energy_meter_prefers_the_counter():
     with EnergyMeter(CountingConstantPower(12.0), period_s=0.01) as meter:
         time.sleep(0.2)

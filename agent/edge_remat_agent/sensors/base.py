@@ -97,8 +97,8 @@ class EnergyMeter:
         m.energy_j, m.duration_s, m.samples, m.sampling_hz, m.method
 
     Power is sampled on a background thread; `samples` is a list of (time.monotonic(), watts).
-    One sample is taken on entry and one on exit so the trapezoid integral covers the whole
-    block. If the sensor has a hardware energy counter, the energy is the counter difference
+    One sample is taken on entry and one on exit, and the block's energy is the samples' mean
+    power (trapezoid) times its duration. If the sensor has a hardware energy counter, the energy is the counter difference
     instead (exact, no sampling error) and `method` says "counter".
     """
 
@@ -152,7 +152,7 @@ class EnergyMeter:
         if self._start_counter_j is not None and end_counter_j is not None:
             self.energy_j = end_counter_j - self._start_counter_j
         else:
-            self.energy_j = trapezoid_energy_j(self.samples)
+            self.energy_j = self.duration_s * sampled_mean_power_w(self.samples)
         if self.error is not None and exc_type is None:
             raise SensorError(f"power sampling failed during the measurement: {self.error}",
                               "check the sensor with sensor.read_power_w() before measuring") \
@@ -179,6 +179,16 @@ class EnergyMeter:
                 "mean_power_w": self.mean_power_w, "samples": len(self.samples),
                 "sampling_hz": self.sampling_hz, "method": self.method,
                 "sensor": self.sensor.describe()}
+
+
+def sampled_mean_power_w(samples: list[tuple[float, float]]) -> float:
+    """Mean power over the samples' own span. The samples are timed when a read returns, so
+    they span the block shifted by the read's latency (a utilisation model's first read waits
+    50 ms); dividing their integral by the block's duration would bias it by that shift."""
+    if len(samples) < 2:
+        return samples[0][1] if samples else 0.0
+    span = samples[-1][0] - samples[0][0]
+    return trapezoid_energy_j(samples) / span if span > 0 else samples[-1][1]
 
 
 def trapezoid_energy_j(samples: list[tuple[float, float]]) -> float:
