@@ -212,7 +212,6 @@ def test_no_plan_and_no_ladder_budget_in_time_still_names_one(monkeypatch):
     monkeypatch.setattr(solve_module, "LNS_ONLY_NODES", 0)
     monkeypatch.setattr(solve_module, "MILP_MAX_NODES", 0)
     monkeypatch.setattr(solve_module, "LADDER_STEPS", ())  # no budget above tried
-    monkeypatch.setattr(solve_module, "LADDER_START", 0)
     graph = random_layered(150, seed=1)
     with pytest.raises(solve_module.NoPlan, match=r"without recomputation .* fits \d+ bytes "
                                                   r"\(1\.\d+x this budget\)") as caught:

@@ -190,11 +190,12 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
                        time_limit, summary)
 
 
-# Budgets above the asked one that the feasibility phase tries when the asked one has no plan
-# in time: the user learns a budget that works instead of only "none found". A search fails
-# slowly and succeeds fast, so the ladder starts in the middle, climbs until one succeeds,
-# then steps down while time lasts.
-LADDER_STEPS, LADDER_START = (1.025, 1.05, 1.1, 1.2, 1.3, 1.5), 2
+# Budgets above the asked one (x the room it leaves for tensors) that the feasibility phase
+# tries when the asked one has no plan in time: the user learns a budget that works instead of
+# only "none found". A search succeeds fast and fails slowly (a failing one on a large graph runs
+# to the deadline), so the ladder steps down from the peak of the schedule without
+# recomputation, which always plans, and stops at its first miss.
+LADDER_STEPS = (1.5, 1.4, 1.3, 1.25, 1.2, 1.15, 1.1, 1.075, 1.05, 1.025)
 HINT_EXTRA, HINT_EXTRA_MAX_S = 0.25, 5.0
 
 
@@ -227,26 +228,22 @@ def _hint_deadline(started: float, time_limit: float) -> float:
 
 
 def _budget_found_hint(p: Problem, deadline: float) -> str:
-    """What to try next: the smallest budget of LADDER_STEPS (x the room for tensors) for which
-    the feasibility phase finds a plan before the deadline (a perf_counter time), else a larger
-    time limit."""
-    found, k = None, LADDER_START
-    while k < len(LADDER_STEPS) and deadline - clock.perf_counter() > 1.0:
-        if feasibility_plans_at(p, _ladder_budget(p, LADDER_STEPS[k]), deadline):
-            found = LADDER_STEPS[k]
-            break
-        k += 1
-    k -= 1
-    while found is not None and k >= 0 and deadline - clock.perf_counter() > 1.0:
-        if not feasibility_plans_at(p, _ladder_budget(p, LADDER_STEPS[k]), deadline):
-            break
-        found, k = LADDER_STEPS[k], k - 1
+    """What to try next: the smallest budget of LADDER_STEPS (x the room for tensors), from the
+    top down, for which the feasibility phase finds a plan before the deadline (a perf_counter
+    time), else the plain schedule's peak in this order."""
     plain = plain_peak_in_order(p)
-    if found is None or plain <= _ladder_budget(p, found):
+    smallest, found = plain, None
+    for step in LADDER_STEPS:
+        budget = _ladder_budget(p, step)
+        if budget >= smallest:
+            continue
+        if deadline - clock.perf_counter() <= 1.0 or not feasibility_plans_at(p, budget, deadline):
+            break
+        smallest, found = budget, step
+    if found is None:
         return (f"the schedule without recomputation in this order fits {plain} bytes "
                 f"({plain / p.budget_bytes:.3g}x this budget) and the feasibility phase found "
                 f"no smaller budget in time: try --budget {plain}, or a larger --time-limit")
-    smallest = _ladder_budget(p, found)
     room = f"{found:g}x this budget" if p.fixed == 0 else \
         f"{found:g}x the {p.budget_bytes - p.fixed} bytes this budget leaves beyond fixed memory"
     return (f"the feasibility phase finds a plan at {smallest} bytes ({room}): try --budget "
