@@ -67,7 +67,8 @@ def cover_lower_bound(p: Problem, time_limit: float = 10.0, integer: bool = True
     """{"bound": a lower bound on the objective (None if HiGHS proved nothing in time),
     "status", "rows", "columns", "nonzeros", "solve_s"}. Imports highspy: call it through
     isolated.call("highspy", ...) from a process that may hold OR-Tools."""
-    import highspy
+    from .highs import quiet_highspy
+    highspy = quiet_highspy()
 
     started = clock.perf_counter()
     base = plain_objective(p)

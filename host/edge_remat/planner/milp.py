@@ -23,6 +23,7 @@ import time as clock
 from dataclasses import dataclass
 from pathlib import Path
 
+from .highs import quiet_highspy
 from .problem import Problem
 from .stages import StageDecision
 
@@ -58,6 +59,7 @@ def solve_milp(p: Problem, time_limit: float = 60.0, backend: str = "cbc",
                                        warmStart=warm_start is not None, logPath=str(log),
                                        gapRel=1e-6)
         else:
+            quiet_highspy()  # PuLP's HiGHS makes a solver: its banner is spent first
             solver = pulp.HiGHS(msg=False, timeLimit=time_limit, threads=threads, gapRel=1e-6)
         model.prob.solve(solver)
         bound = _cbc_bound(log) if backend == "cbc" else _highs_bound(model.prob)
