@@ -277,14 +277,16 @@ def test_small_graph_each_solver(cli, tmp_path, solver):
 
 def test_highs_prints_no_banner_among_the_commands_lines(cli, tmp_path):
     """HiGHS prints a copyright banner the first time a process makes a solver (planner/highs.py
-    spends it on /dev/null): the MILP on HiGHS, in this process, and nothing else on either
-    stream."""
+    spends it on /dev/null): it came before the plan's lines and before --json's object."""
     graph = tiny_graph(tmp_path)
     proc = cli("plan", "--graph", graph, "--budget", "0.8", "--solver", "milp", "--backend",
                "highs", "--arena", "none", "-o", tmp_path / "plan.json")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("status") and "milp:highs" in proc.stdout.splitlines()[0]
     assert "HiGHS" not in proc.stdout + proc.stderr and proc.stderr == ""
+    proc = cli("plan", "--graph", graph, "--budget", "0.8", "--solver", "milp", "--backend",
+               "highs", "--arena", "none", "-o", tmp_path / "plan.json", "--force", "--json")
+    assert json.loads(proc.stdout)["solver"] == "milp:highs"  # one object, nothing before it
 
 
 def test_sweep_prints_the_curve_and_writes_each_plan(cli, tmp_path):
