@@ -134,6 +134,8 @@ def solve_window(sched: EventSchedule, capacity: int, first: int, stages: int,
     worker) with the rest of `sched` (within `capacity`) fixed; computes None unless cheaper."""
     from ortools.sat.python import cp_model  # never beside highspy: see isolated.py
 
+    from .cpsat import solve_interruptibly
+
     started = clock.perf_counter()
     p, width = sched.p, sched.width
     a, b = first, min(p.n, first + stages)
@@ -222,7 +224,10 @@ def solve_window(sched: EventSchedule, capacity: int, first: int, stages: int,
     solver.parameters.max_time_in_seconds = max(0.01, time_limit)
     if deterministic_time is not None:
         solver.parameters.max_deterministic_time = deterministic_time
-    code = solver.Solve(m)
+    # Ctrl-C is the caller's: CP-SAT's own SIGINT catching swallowed it during a solve and left
+    # the C default handler after it (the next Ctrl-C killed `plan` without a word)
+    solver.parameters.catch_sigint_signal = False
+    code = solve_interruptibly(solver, m, None)
     status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
               cp_model.INFEASIBLE: "infeasible"}.get(code, "unknown")
     result = WindowResult(None, cost_before, cost_before, status, len(recomputes),
