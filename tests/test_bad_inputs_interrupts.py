@@ -119,10 +119,7 @@ def test_ctrl_c_during_a_cp_sat_solve(tmp_path):
 SIGINT_AFTER_SOLVE = """
 import os, signal, sys, time
 sys.path[:0] = {paths!r}
-from helpers.small_graphs import training_chain
-from edge_remat.planner.build import build_problem
-from edge_remat.planner.cpsat import solve_cpsat
-solve_cpsat(build_problem(training_chain(6, 1), "0.7"), time_limit=2.0)
+{solve}
 try:
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(2)
@@ -131,14 +128,37 @@ except KeyboardInterrupt:
     print("KeyboardInterrupt")
 """
 
+# Each CP-SAT solve the planner runs in its own process, then Ctrl-C.
+SOLVES = {
+    "cpsat": """
+from helpers.small_graphs import training_chain
+from edge_remat.planner.build import build_problem
+from edge_remat.planner.cpsat import solve_cpsat
+solve_cpsat(build_problem(training_chain(6, 1), "0.7"), time_limit=2.0)
+""",
+    # the LNS's exact window round (planner/window.py), as it runs where no highspy is loaded
+    "window": """
+from edge_remat.planner.build import build_problem
+from edge_remat.planner.events import from_decisions
+from edge_remat.planner.feasible import feasible_schedule
+from edge_remat.planner.window import solve_window
+from edge_remat.synthetic import random_layered
+p = build_problem(random_layered(60, seed=3), "0.8", order="given")
+solve_window(from_decisions(p, feasible_schedule(p, 30)), p.budget_bytes - p.fixed, 0, 16)
+""",
+}
 
-def test_cp_sat_leaves_sigint_to_python():
-    """OR-Tools' default (catch_sigint_signal) puts the C handler in Python's place for good:
-    Ctrl-C after a CP-SAT plan would kill the host silently, mid-run, with no cancel."""
+
+@pytest.mark.parametrize("solve", sorted(SOLVES))
+def test_cp_sat_leaves_sigint_to_python(solve):
+    """OR-Tools' default (catch_sigint_signal) swallows Ctrl-C during a solve and puts the C
+    handler in Python's place for good after it: Ctrl-C after a CP-SAT plan (or an LNS window
+    round) would kill the host silently, mid-run, with no cancel."""
     from helpers.bad_inputs import REPO
     paths = [str(REPO / "host"), str(REPO / "agent"), str(REPO / "tests")]
-    proc = subprocess.run([sys.executable, "-c", SIGINT_AFTER_SOLVE.format(paths=paths)],
-                          capture_output=True, text=True, timeout=60)
+    script = SIGINT_AFTER_SOLVE.format(paths=paths, solve=SOLVES[solve])
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "KeyboardInterrupt", \
         (proc.returncode, proc.stdout, proc.stderr)
 
