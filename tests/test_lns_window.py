@@ -72,4 +72,3 @@ def test_the_lns_with_exact_rounds_stays_within_budget_and_is_deterministic_for_
     ev = evaluate(p, first_plan)
     assert ev.feasible and ev.sim.peak_bytes <= p.budget_bytes
     assert ev.value <= evaluate(p, start).value + 1e-9
-

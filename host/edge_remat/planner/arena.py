@@ -82,7 +82,6 @@ def cpsat_layout(blocks: list[Block], hint: list[int], lower_bound: int, time_li
     solver.parameters.max_time_in_seconds = max(0.05, time_limit)
     if workers:
         solver.parameters.num_workers = workers
-    solver.parameters.catch_sigint_signal = False
     code = solve_interruptibly(solver, model, None)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return {"offsets": hint, "status": "hint", "bound_bytes": lower_bound}

@@ -94,7 +94,6 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
     solver.parameters.num_workers = workers
     for name, value in (parameters or {}).items():
         setattr(solver.parameters, name, value)
-    solver.parameters.catch_sigint_signal = False  # Ctrl-C is the caller's: see below
     listener = _Listener(model, started, progress, cp_model)
     code = solve_interruptibly(solver, model.model, listener.callback)
     elapsed = clock.perf_counter() - started
@@ -118,8 +117,10 @@ def solve_interruptibly(solver, model, callback) -> int:
     """solver.Solve in a thread while this one waits in Python, so that Ctrl-C raises
     KeyboardInterrupt here at once (a thread blocked inside Solve would only see it when the
     time limit ends the search): the search is stopped and the interrupt goes on. CP-SAT's own
-    SIGINT catching, which would put the C default handler in Python's place for good, is off;
-    the handler is put back all the same, in case a library set another."""
+    SIGINT catching, which swallows Ctrl-C during a solve and puts the C default handler in
+    Python's place for good after it, is turned off here, for every caller; the handler is put
+    back all the same, in case a library set another."""
+    solver.parameters.catch_sigint_signal = False
     handler = signal.getsignal(signal.SIGINT) \
         if threading.current_thread() is threading.main_thread() else None
     outcome: dict = {}

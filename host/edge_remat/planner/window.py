@@ -224,9 +224,8 @@ def solve_window(sched: EventSchedule, capacity: int, first: int, stages: int,
     solver.parameters.max_time_in_seconds = max(0.01, time_limit)
     if deterministic_time is not None:
         solver.parameters.max_deterministic_time = deterministic_time
-    # Ctrl-C is the caller's: CP-SAT's own SIGINT catching swallowed it during a solve and left
-    # the C default handler after it (the next Ctrl-C killed `plan` without a word)
-    solver.parameters.catch_sigint_signal = False
+    # Ctrl-C is the caller's (solve_interruptibly): Solve alone swallowed it during a solve and
+    # left the C default handler after it (the next Ctrl-C killed `plan` without a word)
     code = solve_interruptibly(solver, m, None)
     status = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
               cp_model.INFEASIBLE: "infeasible"}.get(code, "unknown")
