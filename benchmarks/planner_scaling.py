@@ -4,7 +4,8 @@ and operator-level training graphs of real models.
 
 For each size, in a fresh process (so that its peak RSS is the planner's for that size alone):
 generate the graph (edge_remat.synthetic.random_layered, the published RL family; one graph per
-seed of `--seeds`, 1 by default), plan it with `--solver` (auto by default) within the time
+seed of `--seeds`, 1 by default; width parameter w of the published graph nearest in size,
+`--w` to set it), plan it with `--solver` (auto by default) within the time
 limit, validate the plan in the simulator, and print the time to the first and to the returned
 plan, the TDI, the lower bound (as a TDI) with its scope, the gap, and the process's peak RSS
 (and its RSS before planning); with several seeds, the median TDI per size. Draws time against
@@ -81,20 +82,21 @@ def capture(name: str, cache: Path) -> Path:
 
 def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
         graph_file: Path | None = None, frontier_s: float | None = None,
-        order: str = "auto") -> dict:
+        order: str = "auto", w: float | None = None) -> dict:
     """Plan one size (or one captured graph) in this process; the row as a dict."""
     from edge_remat.planner.build import build_problem
     from edge_remat.planner.ordering import ORDER_SHARE
     from edge_remat.planner.solve import NoPlan, solve
-    from edge_remat.synthetic import random_layered
+    from edge_remat.synthetic import published_w, random_layered
 
     if graph_file is None:
-        graph, label = random_layered(n, seed=seed), "rl"
+        w = published_w(n) if w is None else w
+        graph, label = random_layered(n, seed=seed, w=w), "rl"
     else:
         from edge_remat_agent.formats.graph import load_graph
         graph, label = load_graph(graph_file), graph_file.stem.removesuffix("-op")
     base_rss = peak_rss_mib()
-    row = {"graph": label, "nodes": len(graph),
+    row = {"graph": label, "nodes": len(graph), "w": w if graph_file is None else None,
            "edges": sum(len(node.inputs) for node in graph.nodes), "base_rss_mib": base_rss}
     started = time.perf_counter()
     problem = build_problem(graph, str(budget), order=order,
@@ -149,6 +151,8 @@ def fmt(value, spec: str) -> str:
 
 def print_row(row: dict) -> None:
     graph = row.get("graph", "rl")
+    if row.get("w") is not None:
+        graph += f" w{row['w']:g}"
     if row.get("seed") is not None:
         graph += f" s{row['seed']}"
     cells = [graph, str(row["nodes"]), str(row.get("edges", "-")), row["status"],
@@ -220,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="execution order of the random layered graphs (planner/ordering.py): "
                          "given keeps the published order, as Checkmate's and Moccasin's "
                          "problem does")
+    ap.add_argument("--w", type=float, help="random layered graphs' width parameter (default: "
+                    "the published graph's of the nearest size, edge_remat.synthetic."
+                    "published_w: 500 nodes 0.36, 1000 and up 0.31)")
     ap.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)  # the child's
     ap.add_argument("--seeds", default="1", help="random layered graphs' seeds, e.g. 0,1,2,3,4: "
                     "each size is planned once per seed, and the median TDI per size printed")
@@ -233,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.one is not None or args.one_graph is not None:
         print(json.dumps(one(args.one, args.budget, args.time_limit, args.solver, args.seed,
-                             args.one_graph, args.frontier, args.order)))
+                             args.one_graph, args.frontier, args.order, args.w)))
         return 0
 
     names = [x.strip() for x in args.graphs.split(",") if x.strip()]
@@ -251,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
               f"captured in {info['capture_s']:.1f} s ({info['wall_s']:.1f} s with the process), "
               f"plain peak {info['plain_peak_bytes'] / 2**20:.1f} MiB; {path}")
         jobs.append((name, ["--one-graph", str(path)]))
-    print(f"# graph rl: random layered (seeds {args.seeds}); budget {args.budget:g}x plain peak, "
+    widths = "published by size" if args.w is None else f"{args.w:g}"
+    print(f"# graph rl: random layered (seeds {args.seeds}, w {widths}); budget {args.budget:g}x plain peak, "
           f"solver {args.solver}, order {args.order}, time limit {args.time_limit:g} s per graph, "
           f"{os.cpu_count()} cores; each graph in a fresh process")
     print("# first/best s: time to the first / the returned plan; LB TDI: the lower bound as a "
@@ -262,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         child = subprocess.run(
             [sys.executable, __file__, *which, "--budget", str(args.budget),
              "--time-limit", str(args.time_limit), "--solver", args.solver,
-             "--order", args.order,
+             "--order", args.order, *(["--w", str(args.w)] if args.w is not None else []),
              *(["--frontier", str(args.frontier)] if args.frontier else [])],
             capture_output=True, text=True,
             timeout=args.time_limit * 3 + 120 + (args.frontier or 0) * FRONTIER_STEPS * 1.5)

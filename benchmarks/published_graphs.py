@@ -32,7 +32,7 @@ from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.milp import BACKENDS
 from edge_remat.planner.problem import InfeasibleBudget, Problem
 from edge_remat.planner.solve import NoPlan, solve
-from edge_remat.synthetic import random_layered
+from edge_remat.synthetic import published_w, random_layered
 from edge_remat_agent.costs import build_costs
 
 DEFAULT_SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="solver threads (default: all cores)")
     ap.add_argument("--random-layered", default="",
                     help="also plan random layered graphs of these sizes, e.g. 1000 "
-                         "(edge_remat.synthetic, seed 1)")
+                         "(edge_remat.synthetic, seed 1, the published w of the nearest size)")
     ap.add_argument("--milp-max-nodes", type=int, default=150,
                     help="skip the MILP on graphs with more nodes than this (150)")
     ap.add_argument("--shared", type=Path, default=DEFAULT_SHARED,
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     sources = [(path.stem, path) for path in paths] + [(f"rl-synth{n}", n) for n in sizes]
     for stem, source in sources:
         graph = load_graph_file(source) if isinstance(source, Path) else \
-            random_layered(source, seed=1)
+            random_layered(source, seed=1, w=published_w(source))
         t0 = time.perf_counter()
         peak = plain_peak_bytes(graph)
         costs = build_costs(graph)

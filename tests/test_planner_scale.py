@@ -30,7 +30,7 @@ from edge_remat.planner.intervals import decisions_from_intervals
 from edge_remat.planner.problem import Problem
 from edge_remat.planner.repair import repair
 from edge_remat.planner.solve import solve
-from edge_remat.synthetic import layered_stats, random_layered
+from edge_remat.synthetic import layered_stats, published_w, random_layered
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.simulate import simulate
 
@@ -40,11 +40,11 @@ GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "graphs
 
 
 @pytest.mark.skipif(not (GRAPHS / "rl250.json").is_file(), reason="no shared rl250.json")
-@pytest.mark.parametrize("name,w", [("rl100", 0.27), ("rl250", 0.43)])
-def test_generator_matches_the_published_graphs(name, w):
+@pytest.mark.parametrize("name", ["rl100", "rl250"])
+def test_generator_matches_the_published_graphs(name):
     published = layered_stats(load_graph_file(GRAPHS / f"{name}.json"))
     n = published["nodes"]
-    ours = [layered_stats(random_layered(n, seed=seed, w=w)) for seed in range(6)]
+    ours = [layered_stats(random_layered(n, seed=seed, w=published_w(n))) for seed in range(6)]
     mean = {key: sum(s[key] for s in ours) / len(ours) for key in published}
     assert mean["long_edge_share"] == pytest.approx(published["long_edge_share"], abs=0.02)
     assert mean["edges_per_node"] == pytest.approx(published["edges_per_node"], rel=0.2)
@@ -107,6 +107,19 @@ def test_random_layered_at_08_gets_a_plan_within_seconds(n):
     ev = evaluate(p, decisions)
     assert ev.fits_budget and elapsed < 30
     assert p.plain_time <= stage_lower_bound(p) <= ev.value
+
+
+def test_the_published_1000_node_width_plans_at_08_well_within_moccasins_tdi():
+    """Moccasin's 1000-node graph has w 0.31 (its name says so), narrower layers than rl250's
+    0.43. Seed 2 at w 0.43 has no plan at 0.8 in any order tried; at w 0.31 `auto` plans it in
+    the memory-aware order within seconds, far below Moccasin's 3.4% TDI."""
+    graph = random_layered(1000, seed=2, w=published_w(1000))
+    assert published_w(1000) == 0.31
+    p = build_problem(graph, "0.8", order_time_s=3.0)
+    report = solve(p, "auto", time_limit=20)
+    assert report.evaluation.fits_budget
+    assert report.plan.solver["first_plan_s"] < 10
+    assert report.plan.predicted["tdi_percent"] < 3.4
 
 
 def test_covering_bound_sums_what_the_stage_bound_takes_only_at_one_stage():

@@ -30,6 +30,18 @@ from edge_remat_agent.formats import Graph, Node
 
 PUBLISHED_W = 0.43  # rl250's; rl100 has 0.27 (a smaller w: fewer, narrower layers)
 
+# The width parameter of each published graph, by size: rl100 and rl250 are in
+# shared/benchmarks; the 500- and 1000-node graphs that Moccasin plans are named
+# `random_layered_n500_w0.36_...` and `random_layered_n1000_w0.31_...` (not published here).
+PUBLISHED_W_BY_SIZE = {100: 0.27, 250: 0.43, 500: 0.36, 1000: 0.31}
+
+
+def published_w(n: int) -> float:
+    """The w of the published graph nearest in size to n (on a log scale; ties to the larger).
+    Beyond 1000 nodes nothing is published, so 2000 and 5000 take the 1000-node graph's."""
+    return min(PUBLISHED_W_BY_SIZE.items(),
+               key=lambda item: (abs(math.log(item[0] / n)), -item[0]))[1]
+
 
 def random_layered(n: int, seed: int = 0, w: float = PUBLISHED_W, nlv: float = 0.75,
                    adjacent_p: float = 0.25, scd: float = 0.14,
