@@ -9,11 +9,13 @@ order's plain peak, 1000 nodes seed 3, the order's seeds 0-5 gave a feasibility-
 6.00 / 3.06 / 5.21 / 3.78 / none / 5.28% TDI, and 50 s of LNS from each 4.68 / 3.02 / 4.05 /
 3.25 / - / 3.30% (a throwaway script). So `auto` tries further seeds of the order for a share of
 its time, runs the large-graph starters on each, and goes on (LNS, bound, plan) in the order
-whose start is cheapest.
+whose start is cheapest. Where the feasibility phase found no plan at all in the first order,
+`first_order_that_plans` tries the others until one plans.
 """
 
 from __future__ import annotations
 
+import math
 import time as clock
 from dataclasses import dataclass, replace
 
@@ -31,6 +33,9 @@ MAX_SEEDS = 8
 # One order's search and starters get at most this share of the time limit; an order is not
 # begun with less than MIN_TRY_SHARE of it left (a search that fails is slow).
 TRY_SHARE, MIN_TRY_SHARE = 0.1, 0.03
+# Where no order has a plan yet, one order's try may take this share instead: the feasibility
+# phase needs its order's search and its own few seconds (5000 nodes: 3 + 6 s).
+RESCUE_TRY_SHARE = 0.2
 # Orders stop after this many in a row give no cheaper start: the time is the LNS's, which is
 # where the gain lies on such graphs (1000 nodes seed 4: five orders' starts at 2.73-3.22% TDI,
 # 50 s of LNS from each 1.60-1.79%; with 22 s of orders before it, its plan 1.73% against
@@ -73,12 +78,43 @@ def cheaper_order(p: Problem, objective: float, deadline: float,
                 or (best is not None and is_plain(best.decisions)):
             break
         misses += 1
-        own = min(deadline, now + TRY_SHARE * time_limit)
-        q = in_memory_order(p, seed, max(0.1, 0.5 * (own - now)))
-        record = {"seed": seed, "objective": None}
+        start, record = _try_order(p, seed, min(deadline, now + TRY_SHARE * time_limit),
+                                   best.evaluation.objective if best else objective)
         tried.append(record)
-        if q is None:
-            continue
+        if start is not None:
+            best, misses = start, 0
+    return best, tried
+
+
+def first_order_that_plans(p: Problem, deadline: float,
+                           time_limit: float) -> tuple[OrderStart | None, list[dict]]:
+    """Where the feasibility phase found nothing in the problem's order: the first other seed
+    of the memory-aware order in which a starter plans (its cheapest start there), tried one
+    after another until `deadline`; and one record per order tried. The searches get stuck
+    on an order's own peaks, so another order often plans at once: at 0.8, 5000 nodes (w
+    0.31, seed 0), order seed 0 found nothing in 40 s, seeds 1, 2 and 3 each planned within
+    9 s of starting (order search included; a throwaway script)."""
+    tried = []
+    for seed in range(1, MAX_SEEDS + 1):
+        now = clock.perf_counter()
+        if deadline - now < MIN_TRY_SHARE * time_limit:
+            break
+        start, record = _try_order(p, seed, min(deadline, now + RESCUE_TRY_SHARE * time_limit),
+                                   math.inf)
+        tried.append(record)
+        if start is not None:
+            return start, tried
+    return None, tried
+
+
+def _try_order(p: Problem, seed: int, own: float,
+               objective: float) -> tuple[OrderStart | None, dict]:
+    """The cheapest start below `objective` in the order of `seed`, found before `own` (a
+    perf_counter time), or None; and the order's record (its best start, whichever it is)."""
+    now = clock.perf_counter()
+    q = in_memory_order(p, seed, max(0.1, 0.5 * (own - now)))
+    record, best = {"seed": seed, "objective": None}, None
+    if q is not None:
         for name in STARTERS:
             if clock.perf_counter() >= own:
                 break
@@ -92,6 +128,5 @@ def cheaper_order(p: Problem, objective: float, deadline: float,
                 record.update(objective=ev.objective, starter=f"heuristic:{name}")
             if ev.objective < (best.evaluation.objective if best else objective):
                 best = OrderStart(seed, q, name, decisions, ev, clock.perf_counter())
-                misses = 0
-        record["s"] = round(clock.perf_counter() - now, 2)
-    return best, tried
+    record["s"] = round(clock.perf_counter() - now, 2)
+    return best, record

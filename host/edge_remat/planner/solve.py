@@ -15,7 +15,7 @@ from .baselines import BASELINES
 from .bounds import SCOPE as BOUND_SCOPE, stage_lower_bound
 from .cover_bound import SCOPE as COVER_SCOPE
 from .evaluate import Evaluation, evaluate
-from .order_portfolio import cheaper_order
+from .order_portfolio import cheaper_order, first_order_that_plans
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem
 from .stages import StageDecision, is_plain
 
@@ -40,6 +40,14 @@ LNS_ONLY_NODES, LNS_RESERVE = 450, 0.06
 # order for this share of the time limit and plans on in the one whose start is cheapest
 # (order_portfolio.py).
 PORTFOLIO_SHARE = 0.25
+# Where the feasibility phase found no plan in the problem's order, auto tries it in other
+# seeds of the order until this share of the time limit (first_order_that_plans); the rest is
+# the budget ladder's, which names a budget that plans where no order did.
+RESCUE_END = 0.85
+# There the first order's feasibility phase stops at this share instead of FEASIBILITY_SHARE:
+# it plans in seconds or not at all (5000 nodes: 6 s where it plans, nothing in 40 s where it
+# does not), so the time is worth more in other orders and, once one plans, in the LNS.
+FIRST_ORDER_SHARE = 0.3
 SOLVERS = ("auto", "cpsat", "milp")
 # From this many nodes (where the exact solvers' bounds are weak or absent) the plan's bound is
 # also sought from the idle-gap covering problem (cover_bound.py), by HiGHS for COVER_SHARE of
@@ -71,12 +79,12 @@ class SolveReport:
     decisions: list[StageDecision] | None = None  # a hint for a neighbouring problem
 
 
-def run_baselines(p: Problem, time_limit: float | None = None) -> dict[str, Candidate | None]:
-    """Every baseline, all of them within FEASIBILITY_SHARE of the time limit (if one is given):
-    one that runs out of time has no plan."""
+def run_baselines(p: Problem, time_limit: float | None = None,
+                  share: float = FEASIBILITY_SHARE) -> dict[str, Candidate | None]:
+    """Every baseline, all of them within `share` of the time limit (if one is given): one
+    that runs out of time has no plan."""
     out: dict[str, Candidate | None] = {}
-    deadline = None if time_limit is None else \
-        clock.perf_counter() + FEASIBILITY_SHARE * time_limit
+    deadline = None if time_limit is None else clock.perf_counter() + share * time_limit
     for name, baseline in BASELINES.items():
         own = deadline
         if deadline is not None and name != FEASIBILITY_PHASE:
@@ -122,7 +130,9 @@ def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: s
 def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: int | None,
            hint: list[StageDecision] | None, progress: Progress | None,
            started: float) -> SolveReport:
-    baselines = run_baselines(p, time_limit)
+    other_orders = solver == "auto" and p.given_graph is not None and p.n >= LNS_ONLY_NODES
+    baselines = run_baselines(p, time_limit,
+                              FIRST_ORDER_SHARE if other_orders else FEASIBILITY_SHARE)
     summary = {name: (c.evaluation.value if c and c.evaluation.feasible else None)
                for name, c in baselines.items()}
     candidates = [c for c in baselines.values() if c is not None and c.evaluation.feasible]
@@ -135,19 +145,25 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
     first_plan = min(c.found_at for c in candidates) - started if candidates else None
     best_at = best_known.found_at - started if best_known else None
     order_details = {}
-    if solver == "auto" and best_known is not None and p.given_graph is not None \
-            and p.n >= LNS_ONLY_NODES and not is_plain(best_known.decisions):
-        start, tried = cheaper_order(p, best_known.evaluation.objective,
-                                     clock.perf_counter() + PORTFOLIO_SHARE * time_limit,
-                                     time_limit)
-        first = {"seed": 0, "objective": best_known.evaluation.objective,
-                 "starter": best_known.solver}
+    if other_orders and (best_known is None or not is_plain(best_known.decisions)):
+        if best_known is None:
+            start, tried = first_order_that_plans(p, started + RESCUE_END * time_limit,
+                                                  time_limit)
+            first = {"seed": 0, "objective": None}
+        else:
+            start, tried = cheaper_order(p, best_known.evaluation.objective,
+                                         clock.perf_counter() + PORTFOLIO_SHARE * time_limit,
+                                         time_limit)
+            first = {"seed": 0, "objective": best_known.evaluation.objective,
+                     "starter": best_known.solver}
         order_details = {"orders_tried": [first] + tried, "order_seed": 0}
         if start is not None:  # plan on in that order: the plan names node ids, as before
             p = start.problem
             best_known = Candidate(f"heuristic:{start.starter}", start.evaluation,
                                    start.decisions, start.found_at)
             best_at = start.found_at - started
+            if first_plan is None:
+                first_plan = best_at
             order_details["order_seed"] = start.seed
     if solver == "auto" and best_known is not None and p.n >= LNS_MIN_NODES:
         left = time_limit - (clock.perf_counter() - started)
@@ -176,7 +192,10 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
         solver = choose_solver(p)
     if solver == "heuristic":
         if best_known is None:
-            raise NoPlan(f"no heuristic fits within {time_limit:g} s, and on a graph this large "
+            orders = len(order_details.get("orders_tried", ()))
+            raise NoPlan(f"no heuristic fits within {time_limit:g} s"
+                         + (f" in any of {orders} memory-aware orders" if orders > 1 else "")
+                         + ", and on a graph this large "
                          f"({p.n} nodes) the exact solvers find none from scratch; "
                          + _budget_found_hint(p, started + time_limit))
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
