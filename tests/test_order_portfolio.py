@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.order_portfolio import cheaper_order, in_memory_order
@@ -54,6 +56,7 @@ def test_a_cheaper_start_in_another_order_and_autos_plan_in_it_replay_as_given()
     assert plan.predicted["objective_value"] <= first.evaluation.objective
 
 
+@pytest.mark.slow  # a 40 s plan of 2000 nodes
 def test_where_the_first_order_has_no_plan_another_order_gives_the_first_one():
     # 2000 nodes (w 0.31, seed 1) at 0.8: the feasibility phase gets stuck in the first
     # memory-aware order (it gives up in about 14 s) and plans in seed 1's within seconds
