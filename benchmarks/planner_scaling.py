@@ -259,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
               f"plain peak {info['plain_peak_bytes'] / 2**20:.1f} MiB; {path}")
         jobs.append((name, ["--one-graph", str(path)]))
     widths = "published by size" if args.w is None else f"{args.w:g}"
-    print(f"# graph rl: random layered (seeds {args.seeds}, w {widths}); budget {args.budget:g}x plain peak, "
+    print(f"# graph rl: random layered (seeds {args.seeds}, w {widths}); "
+          f"budget {args.budget:g}x plain peak, "
           f"solver {args.solver}, order {args.order}, time limit {args.time_limit:g} s per graph, "
           f"{os.cpu_count()} cores; each graph in a fresh process")
     print("# first/best s: time to the first / the returned plan; LB TDI: the lower bound as a "
