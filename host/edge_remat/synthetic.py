@@ -28,12 +28,12 @@ import statistics
 
 from edge_remat_agent.formats import Graph, Node
 
-PUBLISHED_W = 0.43  # rl250's; rl100 has 0.27 (a smaller w: fewer, narrower layers)
-
 # The width parameter of each published graph, by size: rl100 and rl250 are in
 # shared/benchmarks; the 500- and 1000-node graphs that Moccasin plans are named
 # `random_layered_n500_w0.36_...` and `random_layered_n1000_w0.31_...` (not published here).
+# A smaller w: fewer, narrower layers.
 PUBLISHED_W_BY_SIZE = {100: 0.27, 250: 0.43, 500: 0.36, 1000: 0.31}
+PUBLISHED_W = PUBLISHED_W_BY_SIZE[250]  # the generator's default: rl250's
 
 
 def published_w(n: int) -> float:
