@@ -69,6 +69,9 @@ def _choose_round(sched: EventSchedule, capacity: int,
     # the new compute event is an event too: RAM of the stays across its gap (u's new copy
     # among them, and the inputs kept for it) plus u's workspace
     across = np.append(sched.through, 0) - capacity
+    # plain lists for the hundreds of thousands of scalar lookups below (numpy's per-call
+    # overhead was most of a round's time at 5000 nodes)
+    key_list, over_list, across_list = keys.tolist(), over_count.tolist(), across.tolist()
     heap = []
     for u in range(p.n):
         if clock.perf_counter() > deadline:
@@ -80,11 +83,17 @@ def _choose_round(sched: EventSchedule, capacity: int,
                 stage = b // width
                 recompute = stage * width + 1 + u
                 if recompute > a:
-                    lo = int(np.searchsorted(keys, a, side="right"))
-                    hi = int(np.searchsorted(keys, recompute, side="left"))
-                    if over_count[hi] > over_count[lo] and stage not in sched.computes[u]:
-                        for remake in (False, True):
-                            split = _split(sched, u, stage, lo, hi, across, level, remake)
+                    lo = bisect.bisect_right(key_list, a)
+                    hi = bisect.bisect_left(key_list, recompute)
+                    if over_list[hi] > over_list[lo] and stage not in sched.computes[u]:
+                        missing = [x for x in p.deps[u] if not sched.resident_at(x, recompute)]
+                        if len(missing) > MAX_KEPT:
+                            a = b
+                            continue
+                        kept_from: dict[int, int] = {}  # shared by both variants
+                        for remake in (False, True) if missing else (False,):
+                            split = _split(sched, u, stage, lo, hi, missing, kept_from,
+                                           key_list, across_list, level, remake)
                             if split is not None and split[0] > 0:
                                 cost = sum(sched.cost[v] for v, _ in split[1]) + 1e-9
                                 heap.append((-split[0] / cost, u, cost, split[1], split[2]))
@@ -114,37 +123,34 @@ def _choose_round(sched: EventSchedule, capacity: int,
     return chosen
 
 
-def _split(sched: EventSchedule, u: int, stage: int, lo: int, hi: int, across, level,
-           remake: bool):
+def _split(sched: EventSchedule, u: int, stage: int, lo: int, hi: int, missing: list[int],
+           kept_from: dict[int, int], keys: list[int], across: list[int], level, remake: bool):
     """(excess removed, move, changes) of recomputing u in `stage`, out of RAM over events
-    lo..hi-1. Its missing inputs stay in RAM until then, or (`remake`) are recomputed just
-    before it where their own inputs are in RAM; None if more than MAX_KEPT are missing.
-    changes: (first event, end event, bytes added) ranges; (event, -1, RAM) stands for a new
-    compute event placed before that event."""
-    p, keys, width = sched.p, sched.keys, sched.width
+    lo..hi-1. Its `missing` inputs (not resident there) stay in RAM until then, or (`remake`)
+    are recomputed just before it where their own inputs are in RAM; None where remaking
+    recomputes none of them (the same split as keeping them). `kept_from`: a kept input's
+    first event after its stay, filled in here. changes: (first event, end event, bytes added)
+    ranges; (event, -1, RAM) stands for a new compute event placed before that event."""
+    p, width = sched.p, sched.width
     recompute = stage * width + 1 + u
     move, changes = [(u, stage)], [(lo, hi, -p.sizes[u])]
-    new_event = int(across[hi]) + p.workspace[u]
-    missing = 0
-    for x in p.deps[u]:
-        if sched.resident_at(x, recompute):
-            continue
-        missing += 1
-        if missing > MAX_KEPT:
-            return None
+    new_event = across[hi] + p.workspace[u]
+    for x in missing:
         chain = _remake_chain(sched, x, stage, REMAKE_DEPTH, {v for v, _ in move}) \
             if remake else None
         if chain is not None and len(move) + len(chain) <= MAX_CHAIN:
             for w in chain:
-                first = int(np.searchsorted(keys, stage * width + 1 + w, side="left"))
+                first = bisect.bisect_left(keys, stage * width + 1 + w)
                 move.append((w, stage))
-                changes.append((first, -1, int(across[first]) + p.sizes[w] + p.workspace[w]))
+                changes.append((first, -1, across[first] + p.sizes[w] + p.workspace[w]))
                 if w != x:
                     changes.append((first, hi, p.sizes[w]))
-            first = int(np.searchsorted(keys, stage * width + 1 + x, side="left"))
+            first = bisect.bisect_left(keys, stage * width + 1 + x)
         else:
-            end = max(e for s, e in sched.runs[x] if s < recompute)
-            first = int(np.searchsorted(keys, end, side="right"))
+            first = kept_from.get(x)
+            if first is None:
+                end = max(e for s, e in sched.runs[x] if s < recompute)
+                first = kept_from[x] = bisect.bisect_right(keys, end)
         changes.append((first, hi, p.sizes[x]))
         new_event += p.sizes[x]
     if remake and len(move) == 1:
@@ -155,17 +161,22 @@ def _split(sched: EventSchedule, u: int, stage: int, lo: int, hi: int, across, l
 
 def _remake_chain(sched: EventSchedule, x: int, stage: int, depth: int,
                   planned: set[int]) -> list[int] | None:
-    """x and the missing inputs it needs recomputed in `stage` (to `depth` levels), or None."""
-    if stage in sched.computes[x] or x in planned:
-        return None if stage in sched.computes[x] else []
+    """x and the missing inputs it needs recomputed in `stage` (to `depth` levels), or None.
+    `planned`: the nodes already in the move; the chain's own are added to it (the caller
+    builds it afresh for each chain)."""
+    if stage in sched.computes[x]:
+        return None
+    if x in planned:
+        return []
     at = stage * sched.width + 1 + x
     chain = [x]
+    planned.add(x)
     for y in sched.p.deps[x]:
-        if sched.resident_at(y, at) or y in planned or y in chain:
+        if y in planned or sched.resident_at(y, at):
             continue
         if depth <= 0:
             return None
-        sub = _remake_chain(sched, y, stage, depth - 1, planned | set(chain))
+        sub = _remake_chain(sched, y, stage, depth - 1, planned)
         if sub is None:
             return None
         chain.extend(sub)
