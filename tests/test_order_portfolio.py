@@ -4,13 +4,15 @@ it replays on the graph as given."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
 
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.evaluate import evaluate
-from edge_remat.planner.order_portfolio import cheaper_order, in_memory_order
+from edge_remat.planner.order_portfolio import (MAX_AHEAD, OrdersAhead, _try_order,
+                                               cheaper_order, in_memory_order)
 from edge_remat.planner.solve import run_baselines, solve
 from edge_remat.synthetic import random_layered
 from edge_remat_agent.costs import build_costs
@@ -54,6 +56,33 @@ def test_a_cheaper_start_in_another_order_and_autos_plan_in_it_replay_as_given()
     sim = simulate(graph, build_costs(graph), plan.stages)
     assert sim.peak_bytes <= problem.budget_bytes
     assert plan.predicted["objective_value"] <= first.evaluation.objective
+
+
+def test_an_order_tried_ahead_in_a_child_gives_what_trying_it_here_gives():
+    graph = random_layered(500, seed=0)
+    problem = build_problem(graph, "0.8", order_time_s=5.0)
+    ahead = OrdersAhead(problem, 2, 30.0)
+    try:
+        here, here_record = _try_order(problem, 1, time.perf_counter() + 30, math.inf)
+        there, there_record = ahead.take(1, math.inf, time.perf_counter() + 60)
+        assert here is not None and there is not None
+        assert there.decisions == here.decisions and there.problem.graph == here.problem.graph
+        assert there_record["objective"] == here_record["objective"] == \
+            there.evaluation.objective
+        assert there.found_at <= time.perf_counter()  # this process's clock
+        # a start no cheaper than the one to beat is not returned; its record still is
+        start, record = ahead.take(2, 0.0, time.perf_counter() + 60)
+        assert start is None and record["seed"] == 2 and record["objective"] is not None
+        assert ahead.take(3, math.inf, time.perf_counter() + 60) is None  # not tried ahead
+    finally:
+        ahead.close()
+    assert not ahead.children
+
+
+def test_orders_are_tried_ahead_on_the_cores_left_over():
+    assert OrdersAhead.count_for(1) == 0  # one core: the first order's search has it
+    assert OrdersAhead.count_for(2) == 1
+    assert OrdersAhead.count_for(64) == MAX_AHEAD  # each child holds its own problem
 
 
 @pytest.mark.slow  # a 40 s plan of 2000 nodes

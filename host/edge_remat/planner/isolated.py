@@ -1,10 +1,12 @@
-"""Run a solver in a child process when its native library would clash with one already loaded.
+"""Run a call in a child process: a solver whose native library would clash with one already
+loaded, or a search that runs beside this process on another core.
 
 OR-Tools and highspy (which PuLP imports) each bundle HiGHS; loading OR-Tools after highspy fails
 with an undefined symbol (DESIGN.md). A process that has used one therefore runs the other in a
 fresh interpreter (`python -m edge_remat.planner.isolated`), passing the call in and progress and
 the result back as pickles over the child's stdin and stdout. A fresh interpreter rather than
-multiprocessing's spawn, because spawn re-imports the caller's main script.
+multiprocessing's spawn, because spawn re-imports the caller's main script. `Child` starts such
+a call without waiting for it (order_portfolio.py tries other orders that way).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import select
 import struct
 import subprocess
 import sys
@@ -32,28 +35,51 @@ def call(library: str, function: Callable[..., Any], *args, progress=None, **kwa
     if not needs_isolation(library):
         return function(*args, **kwargs)
     kwargs.pop("progress", None)
-    request = (function.__module__, function.__qualname__, args, kwargs, progress is not None)
-    child = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE)
+    child = Child(function, args, kwargs, progress, what=f"the {library} solver")
     try:
-        _send(child.stdin, request)
-        child.stdin.close()
+        return child.result()
+    finally:
+        child.cancel()
+
+
+class Child:
+    """function(*args, **kwargs) started in a fresh interpreter; `result` waits for it."""
+
+    def __init__(self, function: Callable[..., Any], args: tuple = (), kwargs: dict | None = None,
+                 progress=None, what: str = "the child process"):
+        self.what, self.progress = what, progress
+        request = (function.__module__, function.__qualname__, args, kwargs or {},
+                   progress is not None)
+        # unbuffered, so that select() sees every byte not yet read
+        self.process = subprocess.Popen([sys.executable, "-m", __name__], bufsize=0,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        _send(self.process.stdin, request)
+        self.process.stdin.close()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The call's return value (its exception, as a RuntimeError with its message). With
+        `timeout` (s), TimeoutError when no reply has come by then."""
+        stream = self.process.stdout
         while True:
-            message = _receive(child.stdout)
+            if timeout is not None and not select.select([stream], [], [], timeout)[0]:
+                raise TimeoutError(f"{self.what} gave no result in {timeout:g} s")
+            message = _receive(stream)
             if message is None:
-                raise RuntimeError(f"the {library} solver process died "
-                                   f"(exit code {child.wait()})")
+                raise RuntimeError(f"{self.what} died (exit code {self.process.wait()})")
             kind, payload = message
             if kind == "progress":
-                progress(*payload)
+                self.progress(*payload)
             elif kind == "result":
                 return payload
             else:
-                raise RuntimeError(f"the {library} solver failed: {payload}")
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
+                raise RuntimeError(f"{self.what} failed: {payload}")
+
+    def cancel(self) -> None:
+        """Stop the child if it still runs (and reap it)."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.process.stdout.close()
 
 
 def _send(stream: BinaryIO, obj: Any) -> None:
@@ -63,11 +89,24 @@ def _send(stream: BinaryIO, obj: Any) -> None:
 
 
 def _receive(stream: BinaryIO) -> Any:
-    head = stream.read(8)
-    if len(head) < 8:
+    head = _read_exactly(stream, 8)
+    if head is None:
         return None
     (size,) = struct.unpack("<Q", head)
-    return pickle.loads(stream.read(size))
+    data = _read_exactly(stream, size)
+    return None if data is None else pickle.loads(data)
+
+
+def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
+    """`size` bytes (an unbuffered stream may return fewer a read), or None at the end."""
+    chunks, left = [], size
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _serve() -> None:

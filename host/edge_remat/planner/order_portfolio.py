@@ -10,15 +10,19 @@ order's plain peak, 1000 nodes seed 3, the order's seeds 0-5 gave a feasibility-
 3.25 / - / 3.30% (a throwaway script). So `auto` tries further seeds of the order for a share of
 its time, runs the large-graph starters on each, and goes on (LNS, bound, plan) in the order
 whose start is cheapest. Where the feasibility phase found no plan at all in the first order,
-`first_order_that_plans` tries the others until one plans.
+`first_order_that_plans` tries the others until one plans. Where the host has cores to spare,
+the first few other orders are tried in child processes while this one searches the first
+(`OrdersAhead`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time as clock
 from dataclasses import dataclass, replace
 
+from . import isolated
 from .baselines import BASELINES
 from .evaluate import Evaluation, evaluate
 from .ordering import memory_order
@@ -41,6 +45,12 @@ RESCUE_TRY_SHARE = 0.2
 # 50 s of LNS from each 1.60-1.79%; with 22 s of orders before it, its plan 1.73% against
 # 1.44% without).
 PATIENCE = 2
+# Other orders tried ahead, each in a child process on a core the first order's search leaves
+# idle (at most this many; none on one core): a child costs its own copy of the problem
+# (5000 nodes: ~150 MiB).
+MAX_AHEAD = 3
+# A try ahead that has not answered this long after its own time is given up.
+AHEAD_GRACE_S = 10.0
 
 
 @dataclass
@@ -66,11 +76,58 @@ def in_memory_order(p: Problem, seed: int, time_limit_s: float) -> Problem | Non
     return replace(p, graph=ordered, costs=p.costs.in_order(positions), given_graph=given)
 
 
-def cheaper_order(p: Problem, objective: float, deadline: float,
-                  time_limit: float) -> tuple[OrderStart | None, list[dict]]:
+class OrdersAhead:
+    """The tries of seeds 1 ... k of the order, started at once in child processes so that the
+    cores left idle by the first order's search are not; `cheaper_order` and
+    `first_order_that_plans` take them in seed order and try later seeds themselves. Each try
+    gets `seconds` from its start (RESCUE_TRY_SHARE of the limit: it serves either)."""
+
+    def __init__(self, p: Problem, count: int, seconds: float):
+        self.seconds, self.started = seconds, clock.perf_counter()
+        self.children = {seed: isolated.Child(_try_order_within, (p, seed, seconds),
+                                              what=f"the try of order seed {seed}")
+                         for seed in range(1, count + 1)}
+
+    @staticmethod
+    def count_for(workers: int | None) -> int:
+        """How many orders to try ahead with `workers` cores (None: this process's cores)."""
+        if workers is None:
+            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+                else os.cpu_count() or 1
+        return max(0, min(MAX_AHEAD, workers - 1))
+
+    def take(self, seed: int, objective: float,
+             until: float) -> tuple[OrderStart | None, dict] | None:
+        """The try of `seed` (its start only where cheaper than `objective`), waiting for it
+        until `until` (a perf_counter time: where the try made now would end); None where it
+        was not tried ahead."""
+        child = self.children.pop(seed, None)
+        if child is None:
+            return None
+        wait = min(until, self.started + self.seconds + AHEAD_GRACE_S) - clock.perf_counter()
+        try:
+            start, record = child.result(timeout=max(1.0, wait))
+        except (RuntimeError, TimeoutError) as exc:  # the try is lost, not the plan
+            start, record = None, {"seed": seed, "objective": None, "error": str(exc)}
+        finally:
+            child.cancel()
+        if start is not None:
+            start.found_at = clock.perf_counter()  # the plan is this process's from now
+            if start.evaluation.objective >= objective:
+                start = None
+        return start, record
+
+    def close(self) -> None:
+        for child in self.children.values():
+            child.cancel()
+        self.children.clear()
+
+
+def cheaper_order(p: Problem, objective: float, deadline: float, time_limit: float,
+                  ahead: OrdersAhead | None = None) -> tuple[OrderStart | None, list[dict]]:
     """The cheapest start (a starter's plan in another seed of the memory-aware order) whose
     objective is below `objective`, found before `deadline` (a perf_counter time), or None;
-    and one record per order tried."""
+    and one record per order tried (`ahead`: tries already started)."""
     best, tried, misses = None, [], 0
     for seed in range(1, MAX_SEEDS + 1):
         now = clock.perf_counter()
@@ -78,33 +135,49 @@ def cheaper_order(p: Problem, objective: float, deadline: float,
                 or (best is not None and is_plain(best.decisions)):
             break
         misses += 1
-        start, record = _try_order(p, seed, min(deadline, now + TRY_SHARE * time_limit),
-                                   best.evaluation.objective if best else objective)
+        below = best.evaluation.objective if best else objective
+        start, record = _taken_or_tried(ahead, p, seed,
+                                        min(deadline, now + TRY_SHARE * time_limit), below)
         tried.append(record)
         if start is not None:
             best, misses = start, 0
     return best, tried
 
 
-def first_order_that_plans(p: Problem, deadline: float,
-                           time_limit: float) -> tuple[OrderStart | None, list[dict]]:
+def first_order_that_plans(p: Problem, deadline: float, time_limit: float,
+                           ahead: OrdersAhead | None = None
+                           ) -> tuple[OrderStart | None, list[dict]]:
     """Where the feasibility phase found nothing in the problem's order: the first other seed
     of the memory-aware order in which a starter plans (its cheapest start there), tried one
     after another until `deadline`; and one record per order tried. The searches get stuck
     on an order's own peaks, so another order often plans at once: at 0.8, 5000 nodes (w
     0.31, seed 0), order seed 0 found nothing in 40 s, seeds 1, 2 and 3 each planned within
-    9 s of starting (order search included; a throwaway script)."""
+    9 s of starting (order search included; a throwaway script). `ahead`: tries already
+    started."""
     tried = []
     for seed in range(1, MAX_SEEDS + 1):
         now = clock.perf_counter()
         if deadline - now < MIN_TRY_SHARE * time_limit:
             break
-        start, record = _try_order(p, seed, min(deadline, now + RESCUE_TRY_SHARE * time_limit),
-                                   math.inf)
+        start, record = _taken_or_tried(
+            ahead, p, seed, min(deadline, now + RESCUE_TRY_SHARE * time_limit), math.inf)
         tried.append(record)
         if start is not None:
             return start, tried
     return None, tried
+
+
+def _taken_or_tried(ahead: OrdersAhead | None, p: Problem, seed: int, own: float,
+                    objective: float) -> tuple[OrderStart | None, dict]:
+    """The try of `seed` made ahead, if it was, else made now (until `own`)."""
+    taken = ahead.take(seed, objective, own) if ahead is not None else None
+    return taken if taken is not None else _try_order(p, seed, own, objective)
+
+
+def _try_order_within(p: Problem, seed: int,
+                      seconds: float) -> tuple[OrderStart | None, dict]:
+    """_try_order with `seconds` from now and no objective to beat (a try ahead, in a child)."""
+    return _try_order(p, seed, clock.perf_counter() + seconds, math.inf)
 
 
 def _try_order(p: Problem, seed: int, own: float,

@@ -15,7 +15,8 @@ from .baselines import BASELINES
 from .bounds import SCOPE as BOUND_SCOPE, stage_lower_bound
 from .cover_bound import SCOPE as COVER_SCOPE
 from .evaluate import Evaluation, evaluate
-from .order_portfolio import cheaper_order, first_order_that_plans
+from .order_portfolio import (RESCUE_TRY_SHARE, OrdersAhead, cheaper_order,
+                              first_order_that_plans)
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem
 from .stages import StageDecision, is_plain
 
@@ -131,8 +132,25 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
            hint: list[StageDecision] | None, progress: Progress | None,
            started: float) -> SolveReport:
     other_orders = solver == "auto" and p.given_graph is not None and p.n >= LNS_ONLY_NODES
-    baselines = run_baselines(p, time_limit,
-                              FIRST_ORDER_SHARE if other_orders else FEASIBILITY_SHARE)
+    # other orders' tries start now on the cores this search leaves idle
+    ahead = OrdersAhead(p, OrdersAhead.count_for(workers), RESCUE_TRY_SHARE * time_limit) \
+        if other_orders else None
+    try:
+        return _solve_with(p, solver, time_limit, backend, workers, hint, progress, started,
+                           other_orders, ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, workers: int | None,
+                hint: list[StageDecision] | None, progress: Progress | None, started: float,
+                other_orders: bool, ahead: OrdersAhead | None) -> SolveReport:
+    # Where other orders are tried ahead, the first gets the same share as each of them: they
+    # run side by side, and the first plan is whichever comes first.
+    share = FEASIBILITY_SHARE if not other_orders else \
+        RESCUE_TRY_SHARE if ahead is not None and ahead.children else FIRST_ORDER_SHARE
+    baselines = run_baselines(p, time_limit, share)
     summary = {name: (c.evaluation.value if c and c.evaluation.feasible else None)
                for name, c in baselines.items()}
     candidates = [c for c in baselines.values() if c is not None and c.evaluation.feasible]
@@ -148,12 +166,12 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
     if other_orders and (best_known is None or not is_plain(best_known.decisions)):
         if best_known is None:
             start, tried = first_order_that_plans(p, started + RESCUE_END * time_limit,
-                                                  time_limit)
+                                                  time_limit, ahead)
             first = {"seed": 0, "objective": None}
         else:
             start, tried = cheaper_order(p, best_known.evaluation.objective,
                                          clock.perf_counter() + PORTFOLIO_SHARE * time_limit,
-                                         time_limit)
+                                         time_limit, ahead)
             first = {"seed": 0, "objective": best_known.evaluation.objective,
                      "starter": best_known.solver}
         order_details = {"orders_tried": [first] + tried, "order_seed": 0}
@@ -165,6 +183,8 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
             if first_plan is None:
                 first_plan = best_at
             order_details["order_seed"] = start.seed
+    if ahead is not None:
+        ahead.close()  # tries not taken: their cores are the LNS's now
     if solver == "auto" and best_known is not None and p.n >= LNS_MIN_NODES:
         left = time_limit - (clock.perf_counter() - started)
         share = left - LNS_RESERVE * time_limit if p.n >= LNS_ONLY_NODES \
