@@ -23,6 +23,15 @@ from typing import Any, BinaryIO, Callable
 CLASHES = {"ortools": ("highspy",), "highspy": ("ortools",)}
 
 
+def spare_cores(workers: int | None, most: int) -> int:
+    """How many children may run beside this process with `workers` cores (None: the cores
+    this process may use), at most `most`."""
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count() or 1
+    return max(0, min(most, workers - 1))
+
+
 def needs_isolation(library: str) -> bool:
     return any(other in sys.modules for other in CLASHES[library])
 

@@ -18,7 +18,6 @@ the first few other orders are tried in child processes while this one searches 
 from __future__ import annotations
 
 import math
-import os
 import time as clock
 from dataclasses import dataclass, replace
 
@@ -91,10 +90,7 @@ class OrdersAhead:
     @staticmethod
     def count_for(workers: int | None) -> int:
         """How many orders to try ahead with `workers` cores (None: this process's cores)."""
-        if workers is None:
-            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-                else os.cpu_count() or 1
-        return max(0, min(MAX_AHEAD, workers - 1))
+        return isolated.spare_cores(workers, MAX_AHEAD)
 
     def take(self, seed: int, objective: float,
              until: float) -> tuple[OrderStart | None, dict] | None:

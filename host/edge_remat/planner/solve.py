@@ -37,6 +37,10 @@ LNS_MIN_NODES, LNS_SHARE = 300, 0.25
 # bound. LNS_RESERVE of the time limit is left to validate and report (the covering bound,
 # below, takes up to half of it).
 LNS_ONLY_NODES, LNS_RESERVE = 450, 0.06
+# Seeds of the LNS run side by side where cores are spare (each in a child process but the
+# first), the cheapest plan taken; a child gets its time less CHILD_START_S (an interpreter
+# and OR-Tools to load) and is given up STREAM_GRACE_S after the first stream ends.
+LNS_STREAMS, CHILD_START_S, STREAM_GRACE_S = 4, 0.5, 5.0
 # From LNS_ONLY_NODES, where the order is free, auto tries other seeds of the memory-aware
 # order for this share of the time limit and plans on in the one whose start is cheapest
 # (order_portfolio.py).
@@ -189,7 +193,7 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
         left = time_limit - (clock.perf_counter() - started)
         share = left - LNS_RESERVE * time_limit if p.n >= LNS_ONLY_NODES \
             else LNS_SHARE * time_limit
-        improved = _improve_by_lns(p, best_known, max(0.0, min(share, left)))
+        improved = _improve_by_lns(p, best_known, max(0.0, min(share, left)), workers)
         if improved is not None:
             candidates.append(improved)
             best_known, best_at = improved, improved.found_at - started
@@ -289,23 +293,41 @@ def _budget_found_hint(p: Problem, deadline: float) -> str:
             f"{smallest}, or a larger --time-limit")
 
 
-def _improve_by_lns(p: Problem, start: Candidate,
-                    seconds: float) -> Candidate | None:
+def _improve_by_lns(p: Problem, start: Candidate, seconds: float, workers: int | None = None,
+                    rounds: int | None = None) -> Candidate | None:
     """The window LNS's plan from `start`, if it is better (None otherwise), found when the
-    LNS found it."""
+    LNS found it. Where cores are spare, other seeds of the LNS run beside it in child
+    processes (LNS_STREAMS in all at most) and the cheapest plan of them all is taken.
+    `rounds`: each stream's (reproducible runs)."""
     from .lns import improve_decisions
-    if have_cpsat():  # with exact rounds, in a child process if this one holds highspy
-        decisions, info = isolated.call("ortools", improve_decisions, p, start.decisions,
-                                        seconds, exact=True)
-    else:
-        decisions, info = improve_decisions(p, start.decisions, seconds)
-    if decisions is start.decisions:
-        return None
-    evaluation = evaluate(p, decisions)
-    if not evaluation.feasible or evaluation.objective >= start.evaluation.objective:
-        return None
-    return Candidate(f"{start.solver}+lns", evaluation, decisions,
-                     info.get("best_at") or clock.perf_counter())
+    exact = have_cpsat()  # exact rounds, in a child process if this one holds highspy
+    streams = [isolated.Child(improve_decisions, (p, start.decisions,
+                                                  max(0.0, seconds - CHILD_START_S)),
+                              {"seed": seed, "exact": exact, "rounds": rounds},
+                              what=f"LNS seed {seed}")
+               for seed in range(1, 1 + isolated.spare_cores(workers, LNS_STREAMS - 1))]
+    try:
+        results = [isolated.call("ortools", improve_decisions, p, start.decisions, seconds,
+                                 exact=True, rounds=rounds) if exact
+                   else improve_decisions(p, start.decisions, seconds, rounds=rounds)]
+        for child in streams:
+            try:
+                results.append(child.result(timeout=CHILD_START_S + STREAM_GRACE_S))
+            except (RuntimeError, TimeoutError):
+                pass  # that stream's plan is lost, not this one's
+    finally:
+        for child in streams:
+            child.cancel()
+    best = None
+    for decisions, info in results:
+        if decisions is start.decisions:
+            continue
+        evaluation = evaluate(p, decisions)
+        if evaluation.feasible and evaluation.objective < (
+                best.evaluation.objective if best else start.evaluation.objective):
+            best = Candidate(f"{start.solver}+lns", evaluation, decisions,
+                             info.get("best_at") or clock.perf_counter())
+    return best
 
 
 def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit, summary,
