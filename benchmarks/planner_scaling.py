@@ -8,7 +8,9 @@ seed of `--seeds`, 1 by default; width parameter w of the published graph neares
 `--w` to set it), plan it with `--solver` (auto by default) within the time
 limit, validate the plan in the simulator, and print the time to the first and to the returned
 plan, the TDI, the lower bound (as a TDI) with its scope, the gap, and the process's peak RSS
-(and its RSS before planning); with several seeds, the median TDI per size. Draws time against
+(RSS MiB: this process's or its largest child's; tree MiB: the peak of this process and its
+children summed, since the planner runs other orders and LNS seeds beside itself where cores
+are spare; base MiB: its RSS before planning); with several seeds, the median TDI per size. Draws time against
 n on log-log axes to a PNG.
 
 `--graphs resnet50,gpt2-small` adds operator-level graphs (`edge-remat graph --operator-level
@@ -51,13 +53,46 @@ CAPTURE_OPTIONS = ["--operator-level", "--params-home", "flash"]
 FRONTIER_STEPS = 6  # bisection tries of --frontier: the multiplier to within (1 - floor) / 64
 
 COLUMNS = ("graph", "nodes", "edges", "status", "plan from", "first s", "best s", "total s", "TDI %",
-           "LB TDI %", "gap %", "RSS MiB", "base MiB", "bound scope")
+           "LB TDI %", "gap %", "RSS MiB", "tree MiB", "base MiB", "bound scope")
 
 
 def peak_rss_mib() -> float:
     """This process's peak RSS, or a solver child's (planner/isolated.py) if that was larger."""
     return max(resource.getrusage(who).ru_maxrss
                for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
+
+
+class TreeRss:
+    """The peak of this process's RSS plus its children's, summed, sampled every INTERVAL_S
+    on a thread: the planner runs other orders and LNS seeds in child processes beside
+    itself, and getrusage gives only the largest single process."""
+
+    INTERVAL_S = 0.05
+
+    def __init__(self):
+        import threading
+        self.peak, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        import psutil
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = me.memory_info().rss
+            for child in me.children(recursive=True):
+                try:
+                    total += child.memory_info().rss
+                except psutil.Error:  # it ended between the listing and the reading
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(self.INTERVAL_S)
+
+    def stop(self) -> float:
+        """The peak seen, MiB."""
+        self._stop.set()
+        self._thread.join()
+        return self.peak / 2**20
 
 
 def capture(name: str, cache: Path) -> Path:
@@ -98,7 +133,7 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
     base_rss = peak_rss_mib()
     row = {"graph": label, "nodes": len(graph), "w": w if graph_file is None else None,
            "edges": sum(len(node.inputs) for node in graph.nodes), "base_rss_mib": base_rss}
-    started = time.perf_counter()
+    started, tree = time.perf_counter(), TreeRss()
     problem = build_problem(graph, str(budget), order=order,
                             order_time_s=ORDER_SHARE * time_limit)
     row["order"] = "given" if problem.given_graph is None else "memory"
@@ -118,7 +153,7 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
                    order_seed=info.get("order_seed"),
                    orders_tried=len(info.get("orders_tried") or ()),
                    valid=ev.feasible, peak_over_budget=ev.sim.peak_bytes / problem.budget_bytes)
-    row["rss_mib"] = peak_rss_mib()
+    row["rss_mib"], row["tree_rss_mib"] = peak_rss_mib(), tree.stop()
     if frontier_s and graph_file is None:
         row.update(frontier(graph, frontier_s, order))
     return row
@@ -160,12 +195,13 @@ def print_row(row: dict) -> None:
              fmt(row.get("best_plan_s"), ".2f"), fmt(row.get("total_s"), ".1f"),
              fmt(row.get("tdi_percent"), ".2f"), fmt(row.get("lb_tdi_percent"), ".2f"),
              fmt(None if row.get("gap") is None else 100 * row["gap"], ".1f"),
-             fmt(row.get("rss_mib"), ".0f"), fmt(row.get("base_rss_mib"), ".0f"),
+             fmt(row.get("rss_mib"), ".0f"), fmt(row.get("tree_rss_mib"), ".0f"),
+             fmt(row.get("base_rss_mib"), ".0f"),
              row.get("bound_scope") or row.get("note", "")]
     if row.get("frontier") is not None:
         cells[-1] += (f"  [lowest budget planned: {row['frontier']:.3f}x plain peak, "
                       f"{row['frontier_s']:g} s a try; floor {row['frontier_floor']:.3f}x]")
-    print("  ".join(f"{c:>10}" if k < 13 else c for k, c in enumerate(cells)))
+    print("  ".join(f"{c:>10}" if k < 14 else c for k, c in enumerate(cells)))
     sys.stdout.flush()
 
 
@@ -265,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cores; each graph in a fresh process")
     print("# first/best s: time to the first / the returned plan; LB TDI: the lower bound as a "
           "TDI; RSS: the process's peak; base: its peak before planning (imports, graph)")
-    print("  ".join(f"{c:>10}" if k < 13 else c for k, c in enumerate(COLUMNS)))
+    print("  ".join(f"{c:>10}" if k < 14 else c for k, c in enumerate(COLUMNS)))
     rows, failed = [], 0
     for label, which in jobs:
         child = subprocess.run(

@@ -83,7 +83,8 @@ def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
                 accepted, best_at = accepted + 1, clock.perf_counter()
                 last_gain = tried
     info = {"windows_tried": tried, "windows_improved": accepted, "best_at": best_at,
-            "window_stages": window or f"{MIN_WINDOW}-{widest}", "seed": seed}
+            "best_cost": best_cost, "window_stages": window or f"{MIN_WINDOW}-{widest}",
+            "seed": seed}
     if exact:
         info.update(exact_tried=exact_tried, exact_improved=exact_improved)
     return best, info
