@@ -93,7 +93,9 @@ class Child:
 
 def _send(stream: BinaryIO, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(struct.pack("<Q", len(data)) + data)
+    message = memoryview(struct.pack("<Q", len(data)) + data)
+    while message:  # an unbuffered stream (a Child's stdin) may take part of it a write
+        message = message[stream.write(message):]
     stream.flush()
 
 
@@ -107,7 +109,7 @@ def _receive(stream: BinaryIO) -> Any:
 
 
 def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
-    """`size` bytes (an unbuffered stream may return fewer a read), or None at the end."""
+    """`size` bytes (an unbuffered stream may return fewer per read), or None at the end."""
     chunks, left = [], size
     while left:
         chunk = stream.read(left)
