@@ -8,10 +8,11 @@ seed of `--seeds`, 1 by default; width parameter w of the published graph neares
 `--w` to set it), plan it with `--solver` (auto by default) within the time
 limit, validate the plan in the simulator, and print the time to the first and to the returned
 plan, the TDI, the lower bound (as a TDI) with its scope, the gap, and the process's peak RSS
-(RSS MiB: this process's or its largest child's; tree MiB: the peak of this process and its
-children summed, since the planner runs other orders and LNS seeds beside itself where cores
-are spare; base MiB: its RSS before planning); with several seeds, the median TDI per size. Draws time against
-n on log-log axes to a PNG.
+(RSS MiB: this process's or its largest child's; tree MiB: the peak while planning of this
+process and its children summed, since the planner runs other orders and LNS seeds beside
+itself where cores are spare; base MiB: its RSS before planning); with several seeds, the
+median TDI per size.
+Draws time against n on log-log axes to a PNG.
 
 `--graphs resnet50,gpt2-small` adds operator-level graphs (`edge-remat graph --operator-level
 --params-home flash`: one node per ATen op that allocates; the shapes of issue 9), captured once
@@ -54,6 +55,7 @@ FRONTIER_STEPS = 6  # bisection tries of --frontier: the multiplier to within (1
 
 COLUMNS = ("graph", "nodes", "edges", "status", "plan from", "first s", "best s", "total s", "TDI %",
            "LB TDI %", "gap %", "RSS MiB", "tree MiB", "base MiB", "bound scope")
+ALIGNED = len(COLUMNS) - 1  # right-aligned cells; the last (bound scope or note) runs on
 
 
 def peak_rss_mib() -> float:
@@ -201,7 +203,7 @@ def print_row(row: dict) -> None:
     if row.get("frontier") is not None:
         cells[-1] += (f"  [lowest budget planned: {row['frontier']:.3f}x plain peak, "
                       f"{row['frontier_s']:g} s a try; floor {row['frontier_floor']:.3f}x]")
-    print("  ".join(f"{c:>10}" if k < 14 else c for k, c in enumerate(cells)))
+    print("  ".join(f"{c:>10}" if k < ALIGNED else c for k, c in enumerate(cells)))
     sys.stdout.flush()
 
 
@@ -301,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cores; each graph in a fresh process")
     print("# first/best s: time to the first / the returned plan; LB TDI: the lower bound as a "
           "TDI; RSS: the process's peak; base: its peak before planning (imports, graph)")
-    print("  ".join(f"{c:>10}" if k < 14 else c for k, c in enumerate(COLUMNS)))
+    print("  ".join(f"{c:>10}" if k < ALIGNED else c for k, c in enumerate(COLUMNS)))
     rows, failed = [], 0
     for label, which in jobs:
         child = subprocess.run(
