@@ -156,12 +156,17 @@ def plan(
     progress = None
     if not as_json and sys.stderr.isatty():
         from .planner.cpsat import print_progress as progress
-    result, report = make_plan(g, budget_value, prof, objective, target_deadline, paging,
-                               tiers, paging_time, solver, time_limit, backend, workers,
-                               progress, plain_peak() if budget_value.fraction is not None
-                               else None, io=paging_io, arena=arena,
-                               arena_time_limit=arena_time_limit, order=order,
-                               arena_fit=arena_fit)
+    from .planner.interrupt import PlanInterrupted
+    interrupted = False
+    try:
+        result, report = make_plan(g, budget_value, prof, objective, target_deadline, paging,
+                                   tiers, paging_time, solver, time_limit, backend, workers,
+                                   progress, plain_peak() if budget_value.fraction is not None
+                                   else None, io=paging_io, arena=arena,
+                                   arena_time_limit=arena_time_limit, order=order,
+                                   arena_fit=arena_fit)
+    except PlanInterrupted as stop:  # Ctrl-C: the best plan so far is written all the same
+        result, report, interrupted = stop.report.plan.to_dict(), stop.report, True
     if progress is not None:
         typer.echo("", err=True)
     if output:
@@ -181,6 +186,12 @@ def plan(
         typer.echo(plan_table(result))
         if output:
             typer.echo(f"plan written to {output}")
+    if interrupted:
+        from .errors import EXIT_INTERRUPTED
+        typer.echo("error: interrupted (Ctrl-C); the plan "
+                   + (f"written to {output}" if output else "above")
+                   + " is the best found so far, within the budget", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def _arena_summary(arena: Optional[dict]) -> Optional[dict]:

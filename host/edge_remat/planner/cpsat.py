@@ -23,6 +23,7 @@ import time as clock
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .interrupt import SearchInterrupted
 from .intervals import COMPUTE, Residency, Timeline, decisions_from_intervals, \
     intervals_from_decisions
 from .problem import Problem
@@ -95,7 +96,14 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
     for name, value in (parameters or {}).items():
         setattr(solver.parameters, name, value)
     listener = _Listener(model, started, progress, cp_model)
-    code = solve_interruptibly(solver, model.model, listener.callback)
+    try:
+        code = solve_interruptibly(solver, model.model, listener.callback)
+    except KeyboardInterrupt:
+        if listener.first is None:
+            raise
+        # the stopped search still holds its best solution: Ctrl-C keeps it
+        raise SearchInterrupted(decisions_from_intervals(p, model.residencies(solver)),
+                                "cpsat") from None
     elapsed = clock.perf_counter() - started
 
     status_name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "timeout",

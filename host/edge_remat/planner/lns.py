@@ -17,6 +17,7 @@ import time as clock
 
 from .events import EventSchedule, drop_unneeded, from_decisions, recompute_cost
 from .feasible import Deadline, peak_search
+from .interrupt import SearchInterrupted
 from .intervals import decisions_from_intervals
 from .problem import Problem
 from .stages import StageDecision
@@ -49,39 +50,43 @@ def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
     best, best_cost = current, current_cost
     tried = accepted = exact_tried = exact_improved = last_gain = 0
     best_at = None
-    # A schedule without recomputations cannot get cheaper: stop there.
-    while clock.perf_counter() < deadline and (rounds is None or tried < rounds) \
-            and best_cost > 0:
-        tried += 1
-        stalled = tried - last_gain - EXACT_STALL
-        if exact and stalled >= 0 and stalled % EXACT_EVERY == 0:
-            exact_tried += 1
-            trial = _exact_round(current, capacity, rng, deadline)
-            if trial is not None:
-                current, current_cost = trial, recompute_cost(trial)
-                if current_cost < best_cost * (1 - 1e-12):
-                    best, best_cost = current, current_cost
-                    exact_improved, best_at = exact_improved + 1, clock.perf_counter()
-                    last_gain = tried
-            continue
-        computes = _ruin(current, rng, window or rng.randint(MIN_WINDOW, widest))
-        if computes is None:
-            continue
-        trial = EventSchedule(p, computes)
-        added: list[list[tuple[int, int]]] = []
-        try:
-            if not peak_search(trial, capacity, added, deadline):
+    try:
+        # A schedule without recomputations cannot get cheaper: stop there.
+        while clock.perf_counter() < deadline and (rounds is None or tried < rounds) \
+                and best_cost > 0:
+            tried += 1
+            stalled = tried - last_gain - EXACT_STALL
+            if exact and stalled >= 0 and stalled % EXACT_EVERY == 0:
+                exact_tried += 1
+                trial = _exact_round(current, capacity, rng, deadline)
+                if trial is not None:
+                    current, current_cost = trial, recompute_cost(trial)
+                    if current_cost < best_cost * (1 - 1e-12):
+                        best, best_cost = current, current_cost
+                        exact_improved, best_at = exact_improved + 1, clock.perf_counter()
+                        last_gain = tried
                 continue
-        except Deadline:
-            break
-        drop_unneeded(trial, added, capacity, deadline)
-        cost = recompute_cost(trial)
-        if cost <= current_cost * (1 + ACCEPT_WORSE) and trial.computes != current.computes:
-            current, current_cost = trial, cost
-            if cost < best_cost * (1 - 1e-12):
-                best, best_cost = trial, cost
-                accepted, best_at = accepted + 1, clock.perf_counter()
-                last_gain = tried
+            computes = _ruin(current, rng, window or rng.randint(MIN_WINDOW, widest))
+            if computes is None:
+                continue
+            trial = EventSchedule(p, computes)
+            added: list[list[tuple[int, int]]] = []
+            try:
+                if not peak_search(trial, capacity, added, deadline):
+                    continue
+            except Deadline:
+                break
+            drop_unneeded(trial, added, capacity, deadline)
+            cost = recompute_cost(trial)
+            if cost <= current_cost * (1 + ACCEPT_WORSE) and trial.computes != current.computes:
+                current, current_cost = trial, cost
+                if cost < best_cost * (1 - 1e-12):
+                    best, best_cost = trial, cost
+                    accepted, best_at = accepted + 1, clock.perf_counter()
+                    last_gain = tried
+    except KeyboardInterrupt:
+        # `best` is only ever a finished schedule within the budget: it is what Ctrl-C keeps
+        raise SearchInterrupted(best, "lns") from None
     info = {"windows_tried": tried, "windows_improved": accepted, "best_at": best_at,
             "best_cost": best_cost, "window_stages": window or f"{MIN_WINDOW}-{widest}",
             "seed": seed}
@@ -156,8 +161,13 @@ def improve_decisions(p: Problem, decisions: list[StageDecision], time_limit: fl
     capacity = p.budget_bytes - p.fixed
     if start.excess(capacity) > 0:  # the event model is stricter than the stage lowering
         return decisions, {"windows_tried": 0, "skipped": "not within the event model"}
-    best, info = improve(start, capacity, clock.perf_counter() + time_limit, seed,
-                         rounds=rounds, exact=exact)
+    try:
+        best, info = improve(start, capacity, clock.perf_counter() + time_limit, seed,
+                             rounds=rounds, exact=exact)
+    except SearchInterrupted as stop:
+        kept = decisions if stop.found is start else \
+            decisions_from_intervals(p, stop.found.residencies())
+        raise SearchInterrupted(kept, "lns") from None
     if best is start:
         return decisions, info
     return decisions_from_intervals(p, best.residencies()), info

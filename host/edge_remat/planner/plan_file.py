@@ -8,6 +8,7 @@ from edge_remat_agent.formats import Graph, Profile, Tier
 
 from ..units import Budget
 from .build import build_problem
+from .interrupt import PlanInterrupted
 from .ordering import ORDER_SHARE
 from .solve import Progress, SolveReport, solve
 
@@ -25,20 +26,26 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
     InfeasibleDeadline or NoPlan where no plan can be had. `plain_peak`: a fraction's
     reference when the caller has it already. `arena`: the address layout the plan carries
     (planner/arena.py: best-fit | cpsat | none); `arena_fit`: where the arena and fixed
-    memory pass the budget, solve again lower until they fit (planner/arena_fit.py)."""
+    memory pass the budget, solve again lower until they fit (planner/arena_fit.py). Ctrl-C
+    once a plan exists raises PlanInterrupted with the best plan so far (arena laid out
+    best-fit, not fitted)."""
     def problem_at(budget, seconds: float, plain: int | None = None):
         return build_problem(graph, budget, profile, objective, deadline, paging, tiers,
                              paging_time, plain, io, order, order_time_s=ORDER_SHARE * seconds)
 
     problem = problem_at(budget, time_limit, plain_peak)
-    report = solve(problem, solver, time_limit, backend, workers, progress=progress)
-    if arena != "none":
+
+    def lay_out(plan, method: str = arena):
         from .arena import plan_arena
+        return plan_arena(problem.graph, plan, problem.costs, method, arena_time_limit, workers)
 
-        def lay_out(plan):
-            return plan_arena(problem.graph, plan, problem.costs, arena, arena_time_limit,
-                              workers)
-
+    try:
+        report = solve(problem, solver, time_limit, backend, workers, progress=progress)
+    except PlanInterrupted as stop:  # the best plan so far, laid out fast (best-fit)
+        if arena != "none":
+            stop.report.plan.arena = lay_out(stop.report.plan, "best-fit")
+        raise
+    if arena != "none":
         layout = lay_out(report.plan)
         if arena_fit:
             from .arena_fit import RETRY_TIME_SHARE, fit_arena

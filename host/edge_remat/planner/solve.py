@@ -15,6 +15,7 @@ from .baselines import BASELINES
 from .bounds import SCOPE as BOUND_SCOPE, stage_lower_bound
 from .cover_bound import SCOPE as COVER_SCOPE
 from .evaluate import Evaluation, evaluate
+from .interrupt import PlanInterrupted, SearchInterrupted
 from .order_portfolio import (RESCUE_TRY_SHARE, OrdersAhead, cheaper_order,
                               first_order_that_plans)
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem
@@ -84,10 +85,49 @@ class SolveReport:
     decisions: list[StageDecision] | None = None  # a hint for a neighbouring problem
 
 
+class Incumbent:
+    """The best plan within the budget found so far and the problem (order) it is for, and
+    the problem planning goes on in: what Ctrl-C returns (interrupt.py)."""
+
+    def __init__(self, started: float):
+        self.started = started
+        self.problem: Problem | None = None
+        self.best: tuple[Problem, Candidate] | None = None
+        self.first_at: float | None = None
+        self.summary: dict[str, float | None] = {}
+
+    def offer(self, p: Problem, candidate: Candidate | None) -> None:
+        """Planning goes on in p; `candidate`, a plan for p, is kept if it fits and is the
+        best (a plan in another order replaces one in the last: the order was changed for it)."""
+        self.problem = p
+        if candidate is None or not candidate.evaluation.feasible:
+            return
+        self.first_at = min(self.first_at or candidate.found_at, candidate.found_at)
+        if self.best is None or self.best[0] is not p or \
+                candidate.evaluation.objective < self.best[1].evaluation.objective:
+            self.best = (p, candidate)
+
+    def report(self, stop: KeyboardInterrupt, time_limit: float) -> SolveReport | None:
+        """The best plan so far, with the schedule an interrupted search held (if it is
+        better), as a report of status "interrupted"; None if there is no plan yet."""
+        if isinstance(stop, SearchInterrupted) and self.problem is not None:
+            name = "cpsat" if stop.by == "cpsat" or self.best is None else \
+                f"{self.best[1].solver}+{stop.by}"
+            self.offer(self.problem, Candidate(name, evaluate(self.problem, stop.found),
+                                               stop.found))
+        if self.best is None:
+            return None
+        p, chosen = self.best
+        return _report(p, chosen, "interrupted", None, self.started, time_limit, self.summary,
+                       timing={"first_plan_s": self.first_at - self.started,
+                               "best_plan_s": chosen.found_at - self.started})
+
+
 def run_baselines(p: Problem, time_limit: float | None = None,
-                  share: float = FEASIBILITY_SHARE) -> dict[str, Candidate | None]:
+                  share: float = FEASIBILITY_SHARE,
+                  found: Callable[[Candidate], None] | None = None) -> dict[str, Candidate | None]:
     """Every baseline, all of them within `share` of the time limit (if one is given): one
-    that runs out of time has no plan."""
+    that runs out of time has no plan. `found` is told of each plan as it is made."""
     out: dict[str, Candidate | None] = {}
     deadline = None if time_limit is None else clock.perf_counter() + share * time_limit
     for name, baseline in BASELINES.items():
@@ -97,6 +137,8 @@ def run_baselines(p: Problem, time_limit: float | None = None,
         decisions = baseline(p, own)
         out[name] = None if decisions is None else Candidate(
             f"heuristic:{name}", evaluate(p, decisions), decisions)
+        if found is not None and out[name] is not None:
+            found(out[name])
     return out
 
 
@@ -139,9 +181,15 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
     # other orders' tries start now on the cores this search leaves idle
     ahead = OrdersAhead(p, OrdersAhead.count_for(workers), RESCUE_TRY_SHARE * time_limit) \
         if other_orders else None
+    incumbent = Incumbent(started)
     try:
         return _solve_with(p, solver, time_limit, backend, workers, hint, progress, started,
-                           other_orders, ahead)
+                           other_orders, ahead, incumbent)
+    except KeyboardInterrupt as stop:
+        kept = incumbent.report(stop, time_limit)
+        if kept is None:
+            raise
+        raise PlanInterrupted(kept) from None
     finally:
         if ahead is not None:
             ahead.close()
@@ -149,19 +197,22 @@ def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: in
 
 def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, workers: int | None,
                 hint: list[StageDecision] | None, progress: Progress | None, started: float,
-                other_orders: bool, ahead: OrdersAhead | None) -> SolveReport:
+                other_orders: bool, ahead: OrdersAhead | None,
+                incumbent: Incumbent) -> SolveReport:
     # Where other orders are tried ahead, the first gets the same share as each of them: they
     # run side by side, and the first plan is whichever comes first.
     share = FEASIBILITY_SHARE if not other_orders else \
         RESCUE_TRY_SHARE if ahead is not None and ahead.children else FIRST_ORDER_SHARE
-    baselines = run_baselines(p, time_limit, share)
+    baselines = run_baselines(p, time_limit, share, lambda c: incumbent.offer(p, c))
     summary = {name: (c.evaluation.value if c and c.evaluation.feasible else None)
                for name, c in baselines.items()}
+    incumbent.summary = summary
     candidates = [c for c in baselines.values() if c is not None and c.evaluation.feasible]
     if hint is not None and len(hint) == p.n:
         given = Candidate("hint", evaluate(p, hint), hint, started)
         if given.evaluation.feasible:
             candidates.append(given)
+            incumbent.offer(p, given)
     best_known = min(candidates, key=lambda c: c.evaluation.objective, default=None)
     # The first plan existed when the first baseline that fits finished, not when all did.
     first_plan = min(c.found_at for c in candidates) - started if candidates else None
@@ -187,6 +238,7 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
             if first_plan is None:
                 first_plan = best_at
             order_details["order_seed"] = start.seed
+            incumbent.offer(p, best_known)
     if ahead is not None:
         ahead.close()  # tries not taken: their cores are the LNS's now
     if solver == "auto" and best_known is not None and p.n >= LNS_MIN_NODES:
@@ -197,6 +249,7 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
         if improved is not None:
             candidates.append(improved)
             best_known, best_at = improved, improved.found_at - started
+            incumbent.offer(p, improved)
 
     if solver.startswith("heuristic:"):
         name = solver.split(":", 1)[1]
@@ -417,8 +470,11 @@ def _fastest_within_budget(p: Problem, solver: str, time_limit: float, backend: 
                            total_limit: float) -> SolveReport:
     """The least deadline-counted time within the budget: a plan, or the smallest deadline."""
     fast = deadline_free_problem(p)
-    report = _solve(fast, solver, time_limit, backend, workers, None, None,
-                    clock.perf_counter())
+    try:
+        report = _solve(fast, solver, time_limit, backend, workers, None, None,
+                        clock.perf_counter())
+    except PlanInterrupted:  # its plan is for the problem without the deadline: not kept
+        raise KeyboardInterrupt from None
     ev = evaluate(p, report.decisions)  # the real costs and the real deadline
     achieved = p.deadline_time_of(ev.sim) / p.plain_time
     if ev.feasible:  # the deadline can be met after all: the fastest plan meets it
@@ -480,7 +536,7 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
     if bound is None or not math.isfinite(bound) or stage_bound > bound:
         bound, details["bound_scope"] = stage_bound, BOUND_SCOPE
     details["stage_model_bound"] = stage_bound
-    if p.n >= COVER_MIN_NODES:
+    if p.n >= COVER_MIN_NODES and status != "interrupted":  # Ctrl-C wants out now
         cover = _cover_bound(p, min(COVER_MAX_S, COVER_SHARE * time_limit))
         details["cover_bound"] = cover
         if cover.get("bound") is not None and cover["bound"] > bound:

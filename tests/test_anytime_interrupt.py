@@ -1,0 +1,87 @@
+"""The planner is anytime: Ctrl-C once a plan within the budget exists returns the best plan
+found so far (PlanInterrupted), with whatever the search running then held: the LNS's best
+schedule, CP-SAT's best solution. Ctrl-C is delivered for real (`_thread.interrupt_main`, the
+KeyboardInterrupt the main thread gets from SIGINT), from a timer started once that search runs.
+The end-to-end check through `edge-remat plan` and a real SIGINT is in
+test_bad_inputs_interrupts.py."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+
+import pytest
+
+from edge_remat.planner import isolated, lns
+from edge_remat.planner.build import build_problem
+from edge_remat.planner.evaluate import evaluate
+from edge_remat.planner.interrupt import PlanInterrupted, SearchInterrupted
+from edge_remat.planner.solve import run_baselines, solve
+from edge_remat.synthetic import random_layered
+
+
+def _interrupt_after(seconds: float) -> None:
+    threading.Timer(seconds, _thread.interrupt_main).start()
+
+
+def test_ctrl_c_in_the_lns_returns_its_best_plan_so_far(monkeypatch):
+    p = build_problem(random_layered(500, seed=0), "0.8", order="given")
+    real_improve = lns.improve
+
+    def improve_then_ctrl_c(*args, **kwargs):
+        _interrupt_after(2.0)
+        return real_improve(*args, **kwargs)
+
+    monkeypatch.setattr(lns, "improve", improve_then_ctrl_c)
+    started = time.perf_counter()
+    with pytest.raises(PlanInterrupted) as caught:
+        solve(p, "auto", time_limit=120, workers=1)
+    assert time.perf_counter() - started < 60  # not the 120 s limit
+    report = caught.value.report
+    solver = report.plan.solver
+    assert solver["status"] == "interrupted"
+    assert solver["name"].startswith("heuristic:")
+    assert solver["first_plan_s"] <= solver["best_plan_s"] <= solver["solve_time_s"]
+    again = evaluate(p, report.decisions)  # the plan replays within the budget
+    assert again.feasible and again.sim.peak_bytes <= p.budget_bytes
+    assert report.plan.predicted["peak_bytes"] == again.sim.peak_bytes
+    assert solver["lower_bound"] is not None  # a bound still comes with it
+
+
+def test_ctrl_c_before_any_plan_is_a_plain_interrupt(monkeypatch):
+    """Nothing to keep: the KeyboardInterrupt goes on as it came (the CLI says "interrupted")."""
+    p = build_problem(random_layered(500, seed=0), "0.8", order="given")
+    import edge_remat.planner.solve as solve_module
+
+    def ctrl_c_at_once(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(solve_module, "run_baselines", ctrl_c_at_once)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        solve(p, "auto", time_limit=60, workers=1)
+    assert not isinstance(caught.value, PlanInterrupted)
+
+
+@pytest.mark.skipif(isolated.needs_isolation("ortools"),
+                    reason="highspy is loaded here: CP-SAT would run in a child process")
+def test_ctrl_c_in_cp_sat_keeps_its_best_solution():
+    from edge_remat.planner.cpsat import solve_cpsat
+    p = build_problem(random_layered(150, seed=1), "0.7", order="given")
+    start = min((c for c in run_baselines(p, 30).values()
+                 if c is not None and c.evaluation.feasible),
+                key=lambda c: c.evaluation.objective)
+    seen = []
+
+    def on_solution(*figures):
+        if not seen:
+            _interrupt_after(1.0)
+        seen.append(figures)
+
+    with pytest.raises(SearchInterrupted) as caught:
+        solve_cpsat(p, 120, hint=start.decisions, workers=2, progress=on_solution)
+    assert caught.value.by == "cpsat" and seen
+    kept = evaluate(p, caught.value.found)
+    assert kept.feasible
+    # its best solution, no worse than the hint it started from
+    assert kept.objective <= start.evaluation.objective * (1 + 1e-9)
