@@ -120,6 +120,23 @@ def test_ctrl_c_during_a_cp_sat_solve_writes_the_best_plan_so_far(tmp_path):
     assert replayed.returncode == 0 and json.loads(replayed.stdout)["valid"], replayed.stderr
 
 
+def test_ctrl_c_during_a_sweep_keeps_the_budgets_solved(tmp_path):
+    """The first budget is below the floor (settled at once), the second is solving when
+    Ctrl-C comes: both are in the table, the second's best plan so far is written."""
+    graph = tmp_path / "big.json"
+    random_dag(120, 3, max_inputs=3, max_size=50).save(graph)
+    out = tmp_path / "plans"
+    proc = _start("plan", "--graph", graph, "--sweep", "0.01:0.51:0.5", "--solver", "cpsat",
+                  "--time-limit", "120", "-o", out)
+    time.sleep(8)
+    result = _interrupt(proc, [])
+    refused(result, INTERRUPTED, "at budget 0.51", "2 budget(s)", "best found so far")
+    assert "infeasible" in result.stdout and "interrupted" in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["plan-0.51.json"]
+    replayed = cli("simulate", out / "plan-0.51.json", "--graph", graph, "--json")
+    assert replayed.returncode == 0 and json.loads(replayed.stdout)["valid"], replayed.stderr
+
+
 SIGINT_AFTER_SOLVE = """
 import os, signal, sys, time
 sys.path[:0] = {paths!r}

@@ -212,7 +212,14 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
     from .reports.report import sweep_table
     from .sweep import parse_sweep, run_sweep
 
-    points = run_sweep(make_problem, parse_sweep(sweep), solver, time_limit, backend, workers)
+    from .sweep import SweepInterrupted
+    try:
+        points, interrupted = run_sweep(make_problem, parse_sweep(sweep), solver, time_limit,
+                                        backend, workers), False
+    except SweepInterrupted as stop:  # Ctrl-C: the budgets solved so far are kept
+        if not stop.points:
+            raise
+        points, interrupted = stop.points, True
     rows = []
     for point in points:
         row = {"fraction": point.fraction, "budget_bytes": point.budget_bytes,
@@ -230,11 +237,19 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
                 row["plan"] = str(path)
         rows.append(row)
     if as_json:
-        print(json.dumps({"objective": objective, "sweep": rows}))
+        print(json.dumps({"objective": objective, "sweep": rows,
+                          **({"status": "interrupted"} if interrupted else {})}))
     else:
         typer.echo(sweep_table(points, objective))
         if output:
             typer.echo(f"plans written to {output}/")
+    if interrupted:
+        from .errors import EXIT_INTERRUPTED
+        typer.echo(f"error: interrupted (Ctrl-C) at budget {points[-1].fraction:g}; the "
+                   f"{len(points)} budget(s) above are what was solved"
+                   + (" (the last one's plan is the best found so far)"
+                      if points[-1].status == "interrupted" else ""), err=True)
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 @app.command()

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from .planner.interrupt import PlanInterrupted
 from .planner.problem import InfeasibleBudget, Problem
 from .planner.solve import NoPlan, SolveReport, solve
 from .units import Budget, UnitError
@@ -23,6 +24,15 @@ class SweepPoint:
     status: str  # a plan status, or "infeasible" | "no plan"
     report: SolveReport | None = None
     message: str = ""
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep: `points` are the budgets solved before it, and the one it
+    stopped with its best plan so far (status "interrupted") where one existed."""
+
+    def __init__(self, points: list[SweepPoint]):
+        super().__init__()
+        self.points = points
 
 
 MAX_FRACTION = 15.0  # a bare number above this would be read as bytes (units.py)
@@ -50,6 +60,8 @@ def parse_sweep(text: str) -> list[float]:
 
 def run_sweep(make_problem: Callable[[Budget], Problem], fractions: list[float], solver: str,
               time_limit: float, backend: str, workers: int | None) -> list[SweepPoint]:
+    """One point per budget, from the smallest up; Ctrl-C raises SweepInterrupted with the
+    points solved so far."""
     points, hint = [], None
     for fraction in sorted(fractions):
         problem = None
@@ -64,6 +76,12 @@ def run_sweep(make_problem: Callable[[Budget], Problem], fractions: list[float],
             points.append(SweepPoint(fraction, problem.budget_bytes, "no plan",
                                      message=str(exc)))
             continue
+        except PlanInterrupted as stop:
+            points.append(SweepPoint(fraction, problem.budget_bytes, "interrupted",
+                                     stop.report))
+            raise SweepInterrupted(points) from None
+        except KeyboardInterrupt:
+            raise SweepInterrupted(points) from None
         hint = report.decisions
         points.append(SweepPoint(fraction, problem.budget_bytes, report.plan.solver["status"],
                                  report))
