@@ -69,3 +69,33 @@ def test_plan_arena_fit_on_the_command_line(tmp_path):
     assert result.exit_code == 0, result.output
     arena = json.loads(result.output)["arena"]
     assert arena["fit"]["fits"] and arena["size_bytes"] <= arena["fit"]["budget_bytes"]
+
+
+def test_ctrl_c_while_fitting_keeps_the_plan_at_the_budget_asked(monkeypatch):
+    """Ctrl-C in a retry's solve (raised where SIGINT would raise it, as that solve starts):
+    the plan already solved at the budget asked is kept with its arena, marked interrupted."""
+    import pytest
+
+    from edge_remat.planner import plan_file
+    from edge_remat.planner.interrupt import PlanInterrupted
+
+    graph = random_layered(80, seed=2)
+    _, plain = make_plan(graph, "0.8", time_limit=TIME_LIMIT, solver=SOLVER, order="given")
+    real_solve, calls = plan_file.solve, []
+
+    def ctrl_c_in_the_retry(*args, **kwargs):
+        calls.append(args[0].budget_bytes)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real_solve(*args, **kwargs)
+
+    monkeypatch.setattr(plan_file, "solve", ctrl_c_in_the_retry)
+    with pytest.raises(PlanInterrupted) as caught:
+        make_plan(graph, "0.8", time_limit=TIME_LIMIT, solver=SOLVER, order="given",
+                  arena_fit=True)
+    plan = caught.value.report.plan
+    assert len(calls) == 2 and calls[1] < calls[0]  # stopped in the first retry
+    assert plan.solver["status"] == "interrupted"
+    assert plan.stages == plain.plan.stages and plan.budget_bytes == plain.plan.budget_bytes
+    assert plan.arena.details["fit"] == {"budget_bytes": plan.budget_bytes, "interrupted": True}
+    check_layout(graph, plan.stages, plan.arena)

@@ -28,7 +28,7 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
     (planner/arena.py: best-fit | cpsat | none); `arena_fit`: where the arena and fixed
     memory pass the budget, solve again lower until they fit (planner/arena_fit.py). Ctrl-C
     once a plan exists raises PlanInterrupted with the best plan so far (arena laid out
-    best-fit, not fitted)."""
+    best-fit, not fitted; during the fitting, the plan at the budget asked)."""
     def problem_at(budget, seconds: float, plain: int | None = None):
         return build_problem(graph, budget, profile, objective, deadline, paging, tiers,
                              paging_time, plain, io, order, order_time_s=ORDER_SHARE * seconds)
@@ -55,7 +55,14 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
                 return solve(problem_at(f"{budget_bytes}B", seconds), solver, seconds, backend,
                              workers)
 
-            report, layout = fit_arena(problem.graph, problem.budget_bytes, report, layout,
-                                       solve_at, lay_out)
+            try:
+                report, layout = fit_arena(problem.graph, problem.budget_bytes, report,
+                                           layout, solve_at, lay_out)
+            except KeyboardInterrupt:  # the plan at the budget asked stands, its arena unfitted
+                layout.details["fit"] = {"budget_bytes": problem.budget_bytes,
+                                         "interrupted": True}
+                report.plan.arena = layout
+                report.plan.solver["status"] = "interrupted"
+                raise PlanInterrupted(report) from None
         report.plan.arena = layout
     return report.plan.to_dict(), report
