@@ -210,9 +210,8 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
     from pathlib import Path
 
     from .reports.report import sweep_table
-    from .sweep import parse_sweep, run_sweep
+    from .sweep import SweepInterrupted, parse_sweep, run_sweep
 
-    from .sweep import SweepInterrupted
     try:
         points, interrupted = run_sweep(make_problem, parse_sweep(sweep), solver, time_limit,
                                         backend, workers), False

@@ -43,7 +43,8 @@ def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
             exact: bool = False) -> tuple[EventSchedule, dict]:
     """The best schedule found from `sched` (itself within `capacity`) before the deadline, or
     after `rounds` ruins; and what the search did. `window` fixes the window size; `exact`
-    adds the exact rounds (it imports OR-Tools: never in a process that holds highspy)."""
+    adds the exact rounds (it imports OR-Tools: never in a process that holds highspy).
+    Ctrl-C raises SearchInterrupted with the best schedule so far, as stage decisions."""
     p, rng = sched.p, random.Random(seed)
     widest = max(MIN_WINDOW + 4, p.n // WINDOW_DIVISOR)
     current, current_cost = sched, recompute_cost(sched)
@@ -86,7 +87,8 @@ def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
                     last_gain = tried
     except KeyboardInterrupt:
         # `best` is only ever a finished schedule within the budget: it is what Ctrl-C keeps
-        raise SearchInterrupted(best, "lns") from None
+        raise SearchInterrupted(decisions_from_intervals(p, best.residencies()), "lns") \
+            from None
     info = {"windows_tried": tried, "windows_improved": accepted, "best_at": best_at,
             "best_cost": best_cost, "window_stages": window or f"{MIN_WINDOW}-{widest}",
             "seed": seed}
@@ -161,13 +163,8 @@ def improve_decisions(p: Problem, decisions: list[StageDecision], time_limit: fl
     capacity = p.budget_bytes - p.fixed
     if start.excess(capacity) > 0:  # the event model is stricter than the stage lowering
         return decisions, {"windows_tried": 0, "skipped": "not within the event model"}
-    try:
-        best, info = improve(start, capacity, clock.perf_counter() + time_limit, seed,
-                             rounds=rounds, exact=exact)
-    except SearchInterrupted as stop:
-        kept = decisions if stop.found is start else \
-            decisions_from_intervals(p, stop.found.residencies())
-        raise SearchInterrupted(kept, "lns") from None
+    best, info = improve(start, capacity, clock.perf_counter() + time_limit, seed,
+                         rounds=rounds, exact=exact)
     if best is start:
         return decisions, info
     return decisions_from_intervals(p, best.residencies()), info
