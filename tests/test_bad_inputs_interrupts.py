@@ -127,11 +127,13 @@ def test_ctrl_c_during_a_sweep_keeps_the_budgets_solved(tmp_path):
     random_dag(120, 3, max_inputs=3, max_size=50).save(graph)
     out = tmp_path / "plans"
     proc = _start("plan", "--graph", graph, "--sweep", "0.01:0.51:0.5", "--solver", "cpsat",
-                  "--time-limit", "120", "-o", out)
+                  "--time-limit", "120", "-o", out, "--json")
     time.sleep(8)
     result = _interrupt(proc, [])
-    refused(result, INTERRUPTED, "at budget 0.51", "2 budget(s)", "best found so far")
-    assert "infeasible" in result.stdout and "interrupted" in result.stdout
+    refused(result, INTERRUPTED, "at budget 0.51", "2 budget(s)", "best found so far",
+            json_out=True)
+    rows = json.loads(result.stdout)["sweep"]
+    assert [row["status"] for row in rows] == ["infeasible", "interrupted"]
     assert sorted(p.name for p in out.iterdir()) == ["plan-0.51.json"]
     replayed = cli("simulate", out / "plan-0.51.json", "--graph", graph, "--json")
     assert replayed.returncode == 0 and json.loads(replayed.stdout)["valid"], replayed.stderr

@@ -171,6 +171,9 @@ def plan(
         typer.echo("", err=True)
     if output:
         report.plan.save(output)
+    stopped = ("interrupted (Ctrl-C); the plan " + (f"written to {output}" if output else
+                                                   "above")
+               + " is the best found so far, within the budget") if interrupted else None
     if as_json:
         pr, s = result["predicted"], result["solver"]
         print(json.dumps({
@@ -181,16 +184,15 @@ def plan(
             "recomputed": pr["recomputed"], "page_ins": pr["page_ins"],
             "page_outs": pr["page_outs"], "lower_bound": s["lower_bound"], "gap": s["gap"],
             "solve_time_s": s["solve_time_s"], "baselines": s["baselines"],
-            "arena": _arena_summary(result.get("arena")), "plan": output}))
+            "arena": _arena_summary(result.get("arena")), "plan": output,
+            **({"error": stopped} if stopped else {})}))
     else:
         typer.echo(plan_table(result))
         if output:
             typer.echo(f"plan written to {output}")
-    if interrupted:
+    if stopped:
         from .errors import EXIT_INTERRUPTED
-        typer.echo("error: interrupted (Ctrl-C); the plan "
-                   + (f"written to {output}" if output else "above")
-                   + " is the best found so far, within the budget", err=True)
+        typer.echo(f"error: {stopped}", err=True)
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
@@ -235,19 +237,20 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
                 point.report.plan.save(path)
                 row["plan"] = str(path)
         rows.append(row)
+    stopped = (f"interrupted (Ctrl-C) at budget {points[-1].fraction:g}; the {len(points)} "
+               "budget(s) above are what was solved"
+               + (" (the last one's plan is the best found so far)"
+                  if points[-1].status == "interrupted" else "")) if interrupted else None
     if as_json:
         print(json.dumps({"objective": objective, "sweep": rows,
-                          **({"status": "interrupted"} if interrupted else {})}))
+                          **({"status": "interrupted", "error": stopped} if stopped else {})}))
     else:
         typer.echo(sweep_table(points, objective))
         if output:
             typer.echo(f"plans written to {output}/")
-    if interrupted:
+    if stopped:
         from .errors import EXIT_INTERRUPTED
-        typer.echo(f"error: interrupted (Ctrl-C) at budget {points[-1].fraction:g}; the "
-                   f"{len(points)} budget(s) above are what was solved"
-                   + (" (the last one's plan is the best found so far)"
-                      if points[-1].status == "interrupted" else ""), err=True)
+        typer.echo(f"error: {stopped}", err=True)
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
