@@ -9,11 +9,12 @@ from __future__ import annotations
 
 class SearchInterrupted(KeyboardInterrupt):
     """Ctrl-C inside a search that held a schedule within the budget: `found` is its stage
-    decisions (for the problem the search was given), `by` names the search."""
+    decisions (for the problem the search was given), `by` names the search, `found_at` is
+    when it found them (perf_counter; None: not known)."""
 
-    def __init__(self, found, by: str):
+    def __init__(self, found, by: str, found_at: float | None = None):
         super().__init__()
-        self.found, self.by = found, by
+        self.found, self.by, self.found_at = found, by, found_at
 
 
 class PlanInterrupted(KeyboardInterrupt):

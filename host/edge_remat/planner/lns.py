@@ -87,8 +87,8 @@ def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
                     last_gain = tried
     except KeyboardInterrupt:
         # `best` is only ever a finished schedule within the budget: it is what Ctrl-C keeps
-        raise SearchInterrupted(decisions_from_intervals(p, best.residencies()), "lns") \
-            from None
+        raise SearchInterrupted(decisions_from_intervals(p, best.residencies()), "lns",
+                                best_at) from None
     info = {"windows_tried": tried, "windows_improved": accepted, "best_at": best_at,
             "best_cost": best_cost, "window_stages": window or f"{MIN_WINDOW}-{widest}",
             "seed": seed}

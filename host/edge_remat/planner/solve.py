@@ -114,7 +114,8 @@ class Incumbent:
             name = "cpsat" if stop.by == "cpsat" or self.best is None else \
                 f"{self.best[1].solver}+{stop.by}"
             self.offer(self.problem, Candidate(name, evaluate(self.problem, stop.found),
-                                               stop.found))
+                                               stop.found,
+                                               stop.found_at or clock.perf_counter()))
         if self.best is None:
             return None
         p, chosen = self.best
