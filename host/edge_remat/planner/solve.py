@@ -95,6 +95,7 @@ class Incumbent:
         self.best: tuple[Problem, Candidate] | None = None
         self.first_at: float | None = None
         self.summary: dict[str, float | None] = {}
+        self.details: dict = {}  # the report's details known so far (the orders tried)
 
     def offer(self, p: Problem, candidate: Candidate | None) -> None:
         """Planning goes on in p; `candidate`, a plan for p, is kept if it fits and is the
@@ -121,7 +122,7 @@ class Incumbent:
         p, chosen = self.best
         return _report(p, chosen, "interrupted", None, self.started, time_limit, self.summary,
                        timing={"first_plan_s": self.first_at - self.started,
-                               "best_plan_s": chosen.found_at - self.started})
+                               "best_plan_s": chosen.found_at - self.started}, **self.details)
 
 
 def run_baselines(p: Problem, time_limit: float | None = None,
@@ -240,6 +241,7 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
                 first_plan = best_at
             order_details["order_seed"] = start.seed
             incumbent.offer(p, best_known)
+        incumbent.details = order_details
     if ahead is not None:
         ahead.close()  # tries not taken: their cores are the LNS's now
     if solver == "auto" and best_known is not None and p.n >= LNS_MIN_NODES:
