@@ -120,6 +120,24 @@ def test_ctrl_c_during_a_cp_sat_solve_writes_the_best_plan_so_far(tmp_path):
     assert replayed.returncode == 0 and json.loads(replayed.stdout)["valid"], replayed.stderr
 
 
+def test_sigterm_stops_planning_as_ctrl_c_does(tmp_path):
+    """`timeout`, a batch scheduler or systemd stop with SIGTERM: the best plan so far is
+    written all the same, and the line names the signal."""
+    graph = tmp_path / "big.json"
+    random_dag(120, 3, max_inputs=3, max_size=50).save(graph)
+    plan = tmp_path / "plan.json"
+    proc = _start("plan", "--graph", graph, "--budget", "0.5", "--solver", "cpsat",
+                  "--time-limit", "120", "-o", plan)
+    time.sleep(8)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    refused(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), INTERRUPTED,
+            "interrupted (SIGTERM)", "best found so far")
+    assert json.loads(plan.read_text())["solver"]["status"] == "interrupted"
+    replayed = cli("simulate", plan, "--graph", graph, "--json")
+    assert replayed.returncode == 0 and json.loads(replayed.stdout)["valid"], replayed.stderr
+
+
 def test_ctrl_c_during_a_sweep_keeps_the_budgets_solved(tmp_path):
     """The first budget is below the floor (settled at once), the second is solving when
     Ctrl-C comes: both are in the table, the second's best plan so far is written."""

@@ -149,30 +149,32 @@ def plan(
                              paging_time, plain_peak() if budget.fraction is not None else None,
                              io=paging_io, order=order, order_time_s=ORDER_SHARE * time_limit)
 
+    from .planner.interrupt import PlanInterrupted, sigterm_as_ctrl_c, stopped_by
     if sweep is not None:
-        _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
-                    as_json, objective)
+        with sigterm_as_ctrl_c():
+            _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
+                        as_json, objective)
         return
     progress = None
     if not as_json and sys.stderr.isatty():
         from .planner.cpsat import print_progress as progress
-    from .planner.interrupt import PlanInterrupted
     interrupted = False
     try:
-        result, report = make_plan(g, budget_value, prof, objective, target_deadline, paging,
-                                   tiers, paging_time, solver, time_limit, backend, workers,
-                                   progress, plain_peak() if budget_value.fraction is not None
-                                   else None, io=paging_io, arena=arena,
-                                   arena_time_limit=arena_time_limit, order=order,
-                                   arena_fit=arena_fit)
-    except PlanInterrupted as stop:  # Ctrl-C: the best plan so far is written all the same
+        with sigterm_as_ctrl_c():
+            plain = plain_peak() if budget_value.fraction is not None else None
+            result, report = make_plan(g, budget_value, prof, objective, target_deadline,
+                                       paging, tiers, paging_time, solver, time_limit,
+                                       backend, workers, progress, plain, io=paging_io,
+                                       arena=arena, arena_time_limit=arena_time_limit,
+                                       order=order, arena_fit=arena_fit)
+    except PlanInterrupted as stop:  # Ctrl-C or SIGTERM: the best plan so far is written
         result, report, interrupted = stop.report.plan.to_dict(), stop.report, True
     if progress is not None:
         typer.echo("", err=True)
     if output:
         report.plan.save(output)
-    stopped = ("interrupted (Ctrl-C); the plan " + (f"written to {output}" if output else
-                                                   "above")
+    stopped = (f"interrupted ({stopped_by()}); the plan "
+               + (f"written to {output}" if output else "above")
                + " is the best found so far, within the budget") if interrupted else None
     if as_json:
         pr, s = result["predicted"], result["solver"]
@@ -237,8 +239,9 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
                 point.report.plan.save(path)
                 row["plan"] = str(path)
         rows.append(row)
-    stopped = (f"interrupted (Ctrl-C) at budget {points[-1].fraction:g}; the {len(points)} "
-               "budget(s) above are what was solved"
+    from .planner.interrupt import stopped_by
+    stopped = (f"interrupted ({stopped_by()}) at budget {points[-1].fraction:g}; the "
+               f"{len(points)} budget(s) above are what was solved"
                + (" (the last one's plan is the best found so far)"
                   if points[-1].status == "interrupted" else "")) if interrupted else None
     if as_json:

@@ -71,7 +71,8 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
     if isinstance(exc, Interrupted):
         return EXIT_INTERRUPTED, str(exc), {"status": "interrupted", **exc.extra}
     if isinstance(exc, KeyboardInterrupt):
-        return EXIT_INTERRUPTED, "interrupted (Ctrl-C)", {"status": "interrupted"}
+        from .planner.interrupt import stopped_by
+        return EXIT_INTERRUPTED, f"interrupted ({stopped_by()})", {"status": "interrupted"}
     if isinstance(exc, InfeasibleBudget):
         return EXIT_BAD_INPUT, str(exc), {"status": "infeasible",
                                           "smallest_feasible_budget_bytes": exc.smallest_bytes}

@@ -6,6 +6,12 @@ Ctrl-C: a sweep or a fleet does not go on to its next plan.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+
+_stopped_by = ["Ctrl-C"]  # what the last interrupt was, for the error line
+
 
 class SearchInterrupted(KeyboardInterrupt):
     """Ctrl-C inside a search that held a schedule within the budget: `found` is its stage
@@ -24,3 +30,28 @@ class PlanInterrupted(KeyboardInterrupt):
     def __init__(self, report):
         super().__init__()
         self.report = report
+
+
+def stopped_by() -> str:
+    """"Ctrl-C", or "SIGTERM" where sigterm_as_ctrl_c turned one into the interrupt."""
+    return _stopped_by[0]
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c():
+    """Within it SIGTERM (`timeout`, a batch scheduler, systemd stopping a unit) stops
+    planning as Ctrl-C does, so the best plan so far is kept. Python runs signal handlers in
+    the main thread only: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        _stopped_by[0] = "SIGTERM"
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

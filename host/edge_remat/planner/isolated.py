@@ -121,10 +121,12 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
 
 
 def _serve() -> None:
-    # Ctrl-C reaches the whole process group: the parent handles it (and kills this child),
-    # so the child must not die first with a traceback of its own.
+    # Ctrl-C reaches the whole process group (as `timeout`'s SIGTERM does): the parent
+    # handles it (and kills this child), so the child must not die first with a traceback of
+    # its own.
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Anything the solver prints must not corrupt the reply stream, native libraries included
     # (HiGHS prints its banner from C++ to file descriptor 1): replies go to a copy of fd 1,
     # and fd 1 itself becomes stderr.
