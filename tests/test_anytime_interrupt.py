@@ -26,6 +26,10 @@ def _interrupt_after(seconds: float) -> None:
 
 
 def test_ctrl_c_in_the_lns_returns_its_best_plan_so_far(monkeypatch):
+    # The LNS's first exact round imports OR-Tools about when the timer fires; an import that
+    # Ctrl-C cuts short fails as an ImportError (Python's, for any extension module): done here
+    # first, so that the interrupt lands in the search.
+    pytest.importorskip("ortools.sat.python.cp_model")
     p = build_problem(random_layered(500, seed=0), "0.8", order="given")
     real_improve = lns.improve
 
@@ -85,3 +89,23 @@ def test_ctrl_c_in_cp_sat_keeps_its_best_solution():
     assert kept.feasible
     # its best solution, no worse than the hint it started from
     assert kept.objective <= start.evaluation.objective * (1 + 1e-9)
+
+
+def test_with_one_heuristic_asked_ctrl_c_keeps_only_its_plan(monkeypatch):
+    """`--solver heuristic:descent` stopped while descent runs: the plans the other
+    heuristics made before it are not what was asked for, so nothing is kept."""
+    from edge_remat.planner import baselines
+    p = build_problem(random_layered(500, seed=0), "0.8", order="given")
+    names = list(baselines.BASELINES)
+    assert "peak-search" in names[:names.index("descent")]  # it plans this graph first
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(baselines.BASELINES, "descent", ctrl_c)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        solve(p, "heuristic:descent", time_limit=60, workers=1)
+    assert not isinstance(caught.value, PlanInterrupted)
+    with pytest.raises(PlanInterrupted) as caught:
+        solve(p, "heuristic:peak-search", time_limit=60, workers=1)
+    assert caught.value.report.plan.solver["name"] == "heuristic:peak-search"

@@ -205,7 +205,13 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
     # run side by side, and the first plan is whichever comes first.
     share = FEASIBILITY_SHARE if not other_orders else \
         RESCUE_TRY_SHARE if ahead is not None and ahead.children else FIRST_ORDER_SHARE
-    baselines = run_baselines(p, time_limit, share, lambda c: incumbent.offer(p, c))
+    asked = solver.split(":", 1)[1] if solver.startswith("heuristic:") else None
+
+    def keep(candidate: Candidate) -> None:  # one heuristic asked for: only its plan is kept
+        if asked is None or candidate.solver == f"heuristic:{asked}":
+            incumbent.offer(p, candidate)
+
+    baselines = run_baselines(p, time_limit, share, keep)
     summary = {name: (c.evaluation.value if c and c.evaluation.feasible else None)
                for name, c in baselines.items()}
     incumbent.summary = summary
@@ -214,7 +220,7 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
         given = Candidate("hint", evaluate(p, hint), hint, started)
         if given.evaluation.feasible:
             candidates.append(given)
-            incumbent.offer(p, given)
+            keep(given)
     best_known = min(candidates, key=lambda c: c.evaluation.objective, default=None)
     # The first plan existed when the first baseline that fits finished, not when all did.
     first_plan = min(c.found_at for c in candidates) - started if candidates else None
