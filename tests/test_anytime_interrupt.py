@@ -109,3 +109,19 @@ def test_with_one_heuristic_asked_ctrl_c_keeps_only_its_plan(monkeypatch):
     with pytest.raises(PlanInterrupted) as caught:
         solve(p, "heuristic:peak-search", time_limit=60, workers=1)
     assert caught.value.report.plan.solver["name"] == "heuristic:peak-search"
+
+
+def test_the_lns_shows_its_progress_as_the_plan_improves():
+    """What a terminal's status line shows (cpsat.print_progress): each new best of the LNS,
+    timed from the start of planning, down to the plan returned, with the stage model's bound
+    below it."""
+    p = build_problem(random_layered(500, seed=0), "0.8", order="given")
+    seen = []
+    report = solve(p, "auto", time_limit=10, workers=1,
+                   progress=lambda *figures: seen.append(figures))
+    assert report.plan.solver["name"].endswith("+lns") and len(seen) >= 2
+    seconds, objectives, bounds = zip(*seen)
+    assert list(seconds) == sorted(seconds) and 0 < seconds[-1] < 10
+    assert all(a > b for a, b in zip(objectives, objectives[1:]))  # each a new best
+    assert objectives[-1] == pytest.approx(report.evaluation.objective, rel=1e-9)
+    assert set(bounds) == {bounds[0]} and bounds[0] <= objectives[-1]

@@ -386,8 +386,9 @@ class _Model:
 
 
 def print_progress(seconds: float, objective: float, bound: float) -> None:
-    """One status line on a terminal, rewritten in place as the solver improves."""
+    """One status line on a terminal, rewritten in place as the planner improves its plan
+    (CP-SAT's solutions, the window LNS's): Ctrl-C keeps the best so far."""
     gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / abs(objective))
-    sys.stderr.write(f"\r  cp-sat {seconds:7.1f} s   best {objective:.6g}   bound {bound:.6g}"
+    sys.stderr.write(f"\r  plan {seconds:7.1f} s   best {objective:.6g}   bound {bound:.6g}"
                      f"   gap {100 * gap:6.2f}%   ")
     sys.stderr.flush()

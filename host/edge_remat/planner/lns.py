@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import time as clock
+from typing import Callable
 
 from .events import EventSchedule, drop_unneeded, from_decisions, recompute_cost
 from .feasible import Deadline, peak_search
@@ -39,16 +40,18 @@ EXACT_WINDOW, EXACT_STALL, EXACT_EVERY, EXACT_DTIME, EXACT_MAX_S = 20, 60, 20, 0
 
 
 def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
-            window: int | None = None, rounds: int | None = None,
-            exact: bool = False) -> tuple[EventSchedule, dict]:
+            window: int | None = None, rounds: int | None = None, exact: bool = False,
+            progress: Callable[[float], None] | None = None) -> tuple[EventSchedule, dict]:
     """The best schedule found from `sched` (itself within `capacity`) before the deadline, or
     after `rounds` ruins; and what the search did. `window` fixes the window size; `exact`
     adds the exact rounds (it imports OR-Tools: never in a process that holds highspy).
-    Ctrl-C raises SearchInterrupted with the best schedule so far, as stage decisions."""
+    Ctrl-C raises SearchInterrupted with the best schedule so far, as stage decisions.
+    `progress(change)` is told of each new best: its recompute cost less the start's."""
     p, rng = sched.p, random.Random(seed)
     widest = max(MIN_WINDOW + 4, p.n // WINDOW_DIVISOR)
     current, current_cost = sched, recompute_cost(sched)
     best, best_cost = current, current_cost
+    start_cost = current_cost
     tried = accepted = exact_tried = exact_improved = last_gain = 0
     best_at = None
     try:
@@ -66,6 +69,8 @@ def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
                         best, best_cost = current, current_cost
                         exact_improved, best_at = exact_improved + 1, clock.perf_counter()
                         last_gain = tried
+                        if progress is not None:
+                            progress(best_cost - start_cost)
                 continue
             computes = _ruin(current, rng, window or rng.randint(MIN_WINDOW, widest))
             if computes is None:
@@ -85,6 +90,8 @@ def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
                     best, best_cost = trial, cost
                     accepted, best_at = accepted + 1, clock.perf_counter()
                     last_gain = tried
+                    if progress is not None:
+                        progress(best_cost - start_cost)
     except KeyboardInterrupt:
         # `best` is only ever a finished schedule within the budget: it is what Ctrl-C keeps
         raise SearchInterrupted(decisions_from_intervals(p, best.residencies()), "lns",
@@ -151,8 +158,9 @@ def without_window(sched: EventSchedule, first: int, window: int) -> list[list[i
 
 
 def improve_decisions(p: Problem, decisions: list[StageDecision], time_limit: float,
-                      seed: int = 0, exact: bool = False,
-                      rounds: int | None = None) -> tuple[list[StageDecision], dict]:
+                      seed: int = 0, exact: bool = False, rounds: int | None = None,
+                      progress: Callable[[float], None] | None = None,
+                      ) -> tuple[list[StageDecision], dict]:
     """`improve` on a schedule given as stage decisions (recomputations only: a schedule that
     pages is returned as it is), with exact rounds if `exact` (call it through
     isolated.call("ortools", ...) from a process that may hold highspy); `rounds` ends it
@@ -164,7 +172,7 @@ def improve_decisions(p: Problem, decisions: list[StageDecision], time_limit: fl
     if start.excess(capacity) > 0:  # the event model is stricter than the stage lowering
         return decisions, {"windows_tried": 0, "skipped": "not within the event model"}
     best, info = improve(start, capacity, clock.perf_counter() + time_limit, seed,
-                         rounds=rounds, exact=exact)
+                         rounds=rounds, exact=exact, progress=progress)
     if best is start:
         return decisions, info
     return decisions_from_intervals(p, best.residencies()), info

@@ -254,7 +254,8 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
         left = time_limit - (clock.perf_counter() - started)
         share = left - LNS_RESERVE * time_limit if p.n >= LNS_ONLY_NODES \
             else LNS_SHARE * time_limit
-        improved = _improve_by_lns(p, best_known, max(0.0, min(share, left)), workers)
+        improved = _improve_by_lns(p, best_known, max(0.0, min(share, left)), workers,
+                                   progress=_since(started, progress))
         if improved is not None:
             candidates.append(improved)
             best_known, best_at = improved, improved.found_at - started
@@ -355,13 +356,30 @@ def _budget_found_hint(p: Problem, deadline: float) -> str:
             f"{smallest}, or a larger --time-limit")
 
 
+def _since(started: float, progress: Progress | None) -> Progress | None:
+    """`progress` told the seconds since planning started (a solver counts from its own
+    start)."""
+    if progress is None:
+        return None
+    offset = clock.perf_counter() - started
+    return lambda seconds, objective, bound: progress(offset + seconds, objective, bound)
+
+
 def _improve_by_lns(p: Problem, start: Candidate, seconds: float, workers: int | None = None,
-                    rounds: int | None = None) -> Candidate | None:
+                    rounds: int | None = None,
+                    progress: Progress | None = None) -> Candidate | None:
     """The window LNS's plan from `start`, if it is better (None otherwise), found when the
     LNS found it. Where cores are spare, other seeds of the LNS run beside it in child
     processes (LNS_STREAMS in all at most) and the cheapest plan of them all is taken.
-    `rounds`: each stream's (reproducible runs)."""
+    `rounds`: each stream's (reproducible runs). `progress` is told each new best of the
+    first stream, with the stage model's bound."""
     from .lns import improve_decisions
+    told = None
+    if progress is not None:
+        began, bound = clock.perf_counter(), stage_lower_bound(p)
+
+        def told(change: float) -> None:  # the objective moves as the recompute cost does
+            progress(clock.perf_counter() - began, start.evaluation.objective + change, bound)
     exact = have_cpsat()  # exact rounds, in a child process if this one holds highspy
     streams = [isolated.Child(improve_decisions, (p, start.decisions,
                                                   max(0.0, seconds - CHILD_START_S)),
@@ -370,8 +388,9 @@ def _improve_by_lns(p: Problem, start: Candidate, seconds: float, workers: int |
                for seed in range(1, 1 + isolated.spare_cores(workers, LNS_STREAMS - 1))]
     try:
         results = [isolated.call("ortools", improve_decisions, p, start.decisions, seconds,
-                                 exact=True, rounds=rounds) if exact
-                   else improve_decisions(p, start.decisions, seconds, rounds=rounds)]
+                                 exact=True, rounds=rounds, progress=told) if exact
+                   else improve_decisions(p, start.decisions, seconds, rounds=rounds,
+                                          progress=told)]
         for child in streams:
             try:
                 results.append(child.result(timeout=CHILD_START_S + STREAM_GRACE_S))
@@ -398,7 +417,7 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
     offset = clock.perf_counter() - started
     outcome = isolated.call("ortools", solve_cpsat, p, remaining,
                             hint=best_known.decisions if best_known else None, workers=workers,
-                            progress=progress)
+                            progress=_since(started, progress))
     details = {"workers": outcome.workers, "scaling": outcome.scaling,
                "bound_scope": "stage model" if outcome.exact_model else
                "schedules with the solver's residency limit per node"}
