@@ -60,38 +60,37 @@ def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
                 and best_cost > 0:
             tried += 1
             stalled = tried - last_gain - EXACT_STALL
-            if exact and stalled >= 0 and stalled % EXACT_EVERY == 0:
+            by_exact = exact and stalled >= 0 and stalled % EXACT_EVERY == 0
+            if by_exact:
                 exact_tried += 1
                 trial = _exact_round(current, capacity, rng, deadline)
-                if trial is not None:
-                    current, current_cost = trial, recompute_cost(trial)
-                    if current_cost < best_cost * (1 - 1e-12):
-                        best, best_cost = current, current_cost
-                        exact_improved, best_at = exact_improved + 1, clock.perf_counter()
-                        last_gain = tried
-                        if progress is not None:
-                            progress(best_cost - start_cost)
-                continue
-            computes = _ruin(current, rng, window or rng.randint(MIN_WINDOW, widest))
-            if computes is None:
-                continue
-            trial = EventSchedule(p, computes)
-            added: list[list[tuple[int, int]]] = []
-            try:
-                if not peak_search(trial, capacity, added, deadline):
+                if trial is None:
                     continue
-            except Deadline:
-                break
-            drop_unneeded(trial, added, capacity, deadline)
-            cost = recompute_cost(trial)
-            if cost <= current_cost * (1 + ACCEPT_WORSE) and trial.computes != current.computes:
-                current, current_cost = trial, cost
-                if cost < best_cost * (1 - 1e-12):
-                    best, best_cost = trial, cost
-                    accepted, best_at = accepted + 1, clock.perf_counter()
-                    last_gain = tried
-                    if progress is not None:
-                        progress(best_cost - start_cost)
+                cost = recompute_cost(trial)
+            else:
+                computes = _ruin(current, rng, window or rng.randint(MIN_WINDOW, widest))
+                if computes is None:
+                    continue
+                trial = EventSchedule(p, computes)
+                added: list[list[tuple[int, int]]] = []
+                try:
+                    if not peak_search(trial, capacity, added, deadline):
+                        continue
+                except Deadline:
+                    break
+                drop_unneeded(trial, added, capacity, deadline)
+                cost = recompute_cost(trial)
+                if cost > current_cost * (1 + ACCEPT_WORSE) or trial.computes == current.computes:
+                    continue
+            current, current_cost = trial, cost  # an exact round's schedule is always taken
+            if cost < best_cost * (1 - 1e-12):
+                best, best_cost, best_at, last_gain = trial, cost, clock.perf_counter(), tried
+                if by_exact:
+                    exact_improved += 1
+                else:
+                    accepted += 1
+                if progress is not None:
+                    progress(best_cost - start_cost)
     except KeyboardInterrupt:
         # `best` is only ever a finished schedule within the budget: it is what Ctrl-C keeps
         raise SearchInterrupted(decisions_from_intervals(p, best.residencies()), "lns",
