@@ -141,55 +141,36 @@ class EventSchedule:
         for v, t in move:
             bisect.insort(computes[v], t)
         new_runs = {x: self._derive(x, computes.get(x), computes) for x in touched}
-        added = np.asarray(sorted(self.key(t, v) for v, t in move), dtype=np.int64)
-        positions = np.searchsorted(self.keys, added)
-        keys = np.insert(self.keys, positions, added)
-        # a new event sees the stays spanning the gap it falls in (none after the last event)
-        spanning = np.where(positions < len(self.at),
-                            self.through[np.minimum(positions, max(len(self.at) - 1, 0))], 0)
-        base = np.insert(self.at, positions, spanning)
-        old = self._run_arrays(touched)
-        new = self._run_arrays(touched, new_runs)
-        at_old, _ = self._coverage(keys, *old)
-        at_new, _ = self._coverage(keys, *new)
-        at = base - at_old + at_new
-        ws = np.asarray([p.workspace[v] for v, t in sorted(move, key=lambda m: self.key(m[1], m[0]))],
-                        dtype=np.int64)
-        at[positions + np.arange(len(positions))] += ws
+        _, at = self._after(computes, new_runs)
         return at, computes, new_runs
 
     def trial_changes(self, changes: dict[int, list[int]]):
         """As `trial`, for any new compute sets (`changes`: node -> its stages, ascending, its
         own stage among them): computes removed as well as added. (at, new runs)."""
-        p, width = self.p, self.width
-        touched = set(changes) | {x for v in changes for x in p.deps[v]}
+        touched = set(changes) | {x for v in changes for x in self.p.deps[v]}
         new_runs = {x: self._derive(x, changes.get(x), changes) for x in touched}
-        added, removed = [], []
-        for v, stages in changes.items():
-            old = set(self.computes[v])
-            added += [t * width + 1 + v for t in stages if t not in old]
-            removed += [t * width + 1 + v for t in old.difference(stages)]
-        order = sorted(range(len(added)), key=lambda i: added[i])
-        added_keys = np.asarray([added[i] for i in order], dtype=np.int64)
-        positions = np.searchsorted(self.keys, added_keys)
-        keys = np.insert(self.keys, positions, added_keys)
-        spanning = np.where(positions < len(self.at),
-                            self.through[np.minimum(positions, max(len(self.at) - 1, 0))], 0)
-        base = np.insert(self.at, positions, spanning)
-        at_old, _ = self._coverage(keys, *self._run_arrays(touched))
-        at_new, _ = self._coverage(keys, *self._run_arrays(touched, new_runs))
-        at = base - at_old + at_new
-        at[positions + np.arange(len(positions))] += np.asarray(
-            [p.workspace[(added[i] - 1) % width] for i in order], dtype=np.int64)
-        if removed:
-            at = np.delete(at, np.searchsorted(keys, np.asarray(removed, dtype=np.int64)))
+        _, at = self._after(changes, new_runs)
         return at, new_runs
 
     def apply(self, computes: dict[int, list[int]], new_runs: dict[int, list]) -> None:
         """Take new compute sets (`computes`: node -> its stages; computes added, removed or
         both) with the stays they imply (`new_runs`: every node whose stays change), updating
-        RAM by the touched stays alone: O(events) numpy work, no rebuild (which a search's
-        every step paid, half of the LNS's time at 1000 nodes)."""
+        RAM by the touched stays alone, no rebuild (which a search's every step paid, half of
+        the LNS's time at 1000 nodes)."""
+        keys, at, through = self._after(computes, new_runs, through=True)
+        self._computes_changed(computes)
+        for v, c in computes.items():
+            self.computes[v] = c
+        for x, runs in new_runs.items():
+            self.runs[x] = runs
+        self.keys, self.at, self.through = keys, at, through
+
+    def _after(self, computes: dict[int, list[int]], new_runs: dict[int, list],
+               through: bool = False) -> list[np.ndarray]:
+        """[event keys, RAM at each event, and with `through` RAM across each gap] were the
+        compute sets `computes` (node -> its stages) and the stays `new_runs` they imply (every
+        node whose stays change) to replace the present ones: O(events) numpy work on the
+        touched stays alone."""
         p, width = self.p, self.width
         added, removed = [], []
         for v, stages in computes.items():
@@ -201,27 +182,23 @@ class EventSchedule:
         positions = np.searchsorted(self.keys, added_keys)
         keys = np.insert(self.keys, positions, added_keys)
         # A new event, and the two gaps it splits one into, see the stays that spanned that
-        # gap; the touched stays are then taken out as they were and put in as they are, on
-        # the keys of both (every stay starts and ends at an event of its own state).
+        # gap (none after the last event); the touched stays are then taken out as they were
+        # and put in as they are, on the keys of both (every stay starts and ends at an event
+        # of its own state).
         spanning = np.where(positions < len(self.at),
                             self.through[np.minimum(positions, max(len(self.at) - 1, 0))], 0)
-        at = np.insert(self.at, positions, spanning)
-        through = np.insert(self.through, positions, spanning)
         at_old, through_old = self._coverage(keys, *self._run_arrays(new_runs))
         at_new, through_new = self._coverage(keys, *self._run_arrays(new_runs, new_runs))
-        at += at_new - at_old
-        through += through_new - through_old
+        at = np.insert(self.at, positions, spanning) - at_old + at_new
         at[positions + np.arange(len(positions))] += np.asarray(
             [p.workspace[(k - 1) % width] for k in added], dtype=np.int64)
+        arrays = [keys, at]
+        if through:
+            arrays.append(np.insert(self.through, positions, spanning) - through_old + through_new)
         if removed:  # no stay of the new state starts or ends there: the gaps each side agree
             gone = np.searchsorted(keys, np.asarray(removed, dtype=np.int64))
-            keys, at, through = (np.delete(a, gone) for a in (keys, at, through))
-        self._computes_changed(computes)
-        for v, c in computes.items():
-            self.computes[v] = c
-        for x, runs in new_runs.items():
-            self.runs[x] = runs
-        self.keys, self.at, self.through = keys, at, through
+            arrays = [np.delete(a, gone) for a in arrays]
+        return arrays
 
     def try_drop(self, v: int, t: int, capacity: int) -> bool:
         """Drop the recomputation of v in stage t if RAM stays within `capacity` everywhere;

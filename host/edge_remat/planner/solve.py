@@ -261,8 +261,8 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
             best_known, best_at = improved, improved.found_at - started
             incumbent.offer(p, improved)
 
-    if solver.startswith("heuristic:"):
-        name = solver.split(":", 1)[1]
+    if asked is not None:
+        name = asked
         if name not in BASELINES:
             raise NoPlan(f"unknown heuristic {name!r} (known: {', '.join(BASELINES)})")
         chosen = baselines[name]
