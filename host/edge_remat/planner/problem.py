@@ -11,6 +11,8 @@ from edge_remat_agent.costs import CostModel
 from edge_remat_agent.floor import describe_floor, floor_node
 from edge_remat_agent.formats import Graph
 
+from .pebbling import pebbling_floor, proves_too_small
+
 OBJECTIVES = ("time", "energy")
 PAGING_TIME_MODES = ("counted", "free")
 IO_MODES = ("sync", "overlap")  # paging stops compute, or runs on its own timeline
@@ -121,12 +123,27 @@ class Problem:
 
     def check_budget(self) -> None:
         smallest, k = self.smallest_budget()
+        fixed = f", plus {self.fixed} bytes of fixed memory" if self.fixed else ""
         if self.budget_bytes < smallest:
             raise InfeasibleBudget(
                 f"budget {self.budget_bytes} bytes is below the smallest feasible budget, "
-                f"{smallest} bytes: {describe_floor(self.graph, k, self.workspace)}"
-                + (f", plus {self.fixed} bytes of fixed memory" if self.fixed else ""),
+                f"{smallest} bytes: {describe_floor(self.graph, k, self.workspace)}" + fixed,
                 smallest)
+        if self.tiers:  # a tensor paged back in needs none of its inputs: the game says nothing
+            return
+        capacity = self.budget_bytes - self.fixed
+        if proves_too_small(self.sizes, self.deps, self.workspace, capacity) is None:
+            return
+        floor = pebbling_floor(self.sizes, self.deps, self.workspace, capacity)
+        node = self.graph.nodes[floor.node]
+        raise InfeasibleBudget(
+            f"budget {self.budget_bytes} bytes is below the smallest feasible budget, "
+            f"{self.fixed + floor.bytes} bytes: node {node.id!r} ({node.name}) needs its "
+            f"{len(node.inputs)} inputs in RAM at once, and whichever of them is computed last "
+            "needs its own inputs beside the others held, and so on back through the graph: "
+            f"no order of recomputation fits {floor.bytes - 1} bytes" + fixed
+            + " (without paging: --paging flash or host lets a tensor come back without its inputs)",
+            self.fixed + floor.bytes)
 
     def fingerprint(self) -> str:
         content = {"graph": self.source_graph.fingerprint(), "budget": self.budget_bytes,

@@ -297,10 +297,15 @@ def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceC
                  plain_peak: int, reserve_bytes: int = 0) -> bool:
     """Whether the budget is below the smallest one this graph can meet."""
     from ..planner.build import build_problem
+    from ..planner.problem import InfeasibleBudget
     problem = build_problem(graph, run_budget(opts, device, chosen, reserve_bytes),
                             chosen.profile, opts.objective, opts.deadline, opts.paging,
                             plain_peak=plain_peak)
-    return problem.budget_bytes < problem.smallest_budget()[0]
+    try:
+        problem.check_budget()
+    except InfeasibleBudget:
+        return True
+    return False
 
 
 def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
