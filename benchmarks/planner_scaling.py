@@ -165,14 +165,10 @@ def frontier(graph, seconds: float, order: str) -> dict:
     """The lowest budget multiplier (of FRONTIER_STEPS bisection tries) at which the feasibility
     phase finds a plan within `seconds`, and the floor it starts from."""
     from edge_remat.planner.build import build_problem
-    from edge_remat.planner.pebbling import pebbling_floor
     from edge_remat.planner.solve import feasibility_plans_at
-    from edge_remat_agent.floor import floor_node
 
     plain = build_problem(graph, "1.0", order=order)
-    need = floor_node(plain.graph, plain.workspace)[0]
-    game = pebbling_floor(plain.sizes, plain.deps, plain.workspace, need)
-    floor = ((game.bytes if game else need) + plain.fixed) / plain.budget_bytes
+    floor = plain.smallest_budget()[0] / plain.budget_bytes
     low, high = floor, 1.0  # no schedule below the floor
     for _ in range(FRONTIER_STEPS):
         mid = (low + high) / 2

@@ -10,7 +10,7 @@ import math
 import pytest
 from helpers.bad_inputs import BAD_INPUT, cli, refused
 from helpers.brute_force import brute_force
-from helpers.small_graphs import random_dag, training_chain
+from helpers.small_graphs import random_dag, tiny_graphs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +19,7 @@ from edge_remat.planner.pebbling import pebbling_floor, proves_too_small
 from edge_remat.planner.problem import InfeasibleBudget, Problem
 from edge_remat.planner.solve import solve
 from edge_remat_agent.costs import build_costs
+from edge_remat_agent.floor import floor_node
 from edge_remat_agent.formats import Graph, Node
 from edge_remat_agent.simulate import simulate
 
@@ -35,12 +36,17 @@ def fan() -> Graph:
 
 def test_a_budget_under_the_game_floor_is_refused_with_the_smallest_it_leaves_open():
     g = fan()
-    assert Problem(g, build_costs(g), 110).smallest_budget()[0] == 110  # the working sets
+    assert floor_node(g)[0] == 110  # the working sets
+    assert Problem(g, build_costs(g), 110).smallest_budget() == (120, 4)
     with pytest.raises(InfeasibleBudget) as refusal:
         Problem(g, build_costs(g), 115).check_budget()
     assert refusal.value.smallest_bytes == 120
     assert "node 'v'" in str(refusal.value) and "119 bytes" in str(refusal.value)
     assert brute_force(Problem(g, build_costs(g), 119)) is None
+    # below even the working sets, the higher floor is the one named
+    with pytest.raises(InfeasibleBudget) as refusal:
+        Problem(g, build_costs(g), 100).check_budget()
+    assert refusal.value.smallest_bytes == 120
     # at the floor a schedule exists, and the planner finds it
     p = Problem(g, build_costs(g), 120)
     report = solve(p, "auto", time_limit=10)
@@ -67,9 +73,7 @@ def test_the_command_line_names_the_floor(tmp_path):
     assert not (tmp_path / "p.json").exists()
 
 
-graphs = st.one_of(
-    st.builds(random_dag, st.integers(3, 7), st.integers(0, 10**6), st.integers(1, 3)),
-    st.builds(training_chain, st.integers(1, 2), st.integers(0, 10**6)))
+graphs = tiny_graphs()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -77,7 +81,7 @@ graphs = st.one_of(
 def test_the_game_never_refuses_a_budget_that_a_schedule_fits(graph, fraction):
     costs = build_costs(graph)
     p = Problem(graph, costs, max(1, math.ceil(fraction * plain_peak_bytes(graph))))
-    p.budget_bytes = max(p.budget_bytes, p.smallest_budget()[0])
+    p.budget_bytes = max(p.budget_bytes, p.fixed + floor_node(graph)[0])
     proof = proves_too_small(p.sizes, p.deps, p.workspace, p.budget_bytes - p.fixed)
     if brute_force(p) is not None:
         assert proof is None
@@ -94,8 +98,7 @@ def test_the_game_raises_the_floor_on_some_tiny_graphs():
     for seed in range(300):
         graph = random_dag(7, seed, 3)
         p = Problem(graph, build_costs(graph), plain_peak_bytes(graph))
-        working_sets = p.smallest_budget()[0]
-        floor = pebbling_floor(p.sizes, p.deps, p.workspace, working_sets - p.fixed)
+        floor = pebbling_floor(p.sizes, p.deps, p.workspace, floor_node(graph)[0])
         if floor is not None:
             lifted += 1
             assert brute_force(Problem(graph, p.costs, p.fixed + floor.bytes - 1)) is None

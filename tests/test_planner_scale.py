@@ -14,7 +14,7 @@ import pytest
 from helpers.brute_force import brute_force
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from helpers.small_graphs import random_dag, training_chain
+from helpers.small_graphs import tiny_graphs
 
 from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner import isolated
@@ -68,9 +68,7 @@ def small_problem(graph, fraction: float) -> Problem:
     return p
 
 
-graphs = st.one_of(
-    st.builds(random_dag, st.integers(3, 7), st.integers(0, 10**6), st.integers(1, 3)),
-    st.builds(training_chain, st.integers(1, 2), st.integers(0, 10**6)))
+graphs = tiny_graphs()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -33,16 +33,21 @@ def describe_floor(graph: Graph, k: int, workspace: list[int] | None = None) -> 
     space = workspace[k] if workspace is not None else node.workspace_bytes
     inputs = sorted((graph.node(d) for d in node.inputs), key=lambda n: -n.out_bytes)
     held = sum(n.out_bytes for n in inputs)
-    ops = node.attrs.get("ops")
-    if not ops:  # a graph that does not list its ops
-        name = f"{node.name}, main op {node.op}"
-    elif len(ops) == 1:
-        name = node.name if ops[0] in node.name else f"{node.name}: the op {ops[0]}"
-    else:
-        name = f"{node.name}: {len(ops)} ops {', '.join(ops[:4])}" + (", ..." if len(ops) > 4
-                                                                     else "")
+    name = node_label(node)
     listed = ", ".join(f"node {n.id} {n.name} {format_size(n.out_bytes)}" for n in inputs[:4])
     more = f", {len(inputs) - 4} more" if len(inputs) > 4 else ""
     return (f"node {node.id!r} ({name}) needs {format_size(held + node.out_bytes + space)} at "
             f"once: inputs {format_size(held)}" + (f" ({listed}{more})" if inputs else "")
             + f", output {format_size(node.out_bytes)}, workspace {format_size(space)}")
+
+
+def node_label(node) -> str:
+    """A node's name with the ops it runs, e.g. "stages.0.conv2.1.backward:
+    native_batch_norm_backward" or "layer1: 3 ops convolution, add, relu"."""
+    ops = node.attrs.get("ops")
+    if not ops:  # a graph that does not list its ops
+        return f"{node.name}, main op {node.op}"
+    if len(ops) == 1:
+        return node.name if ops[0] in node.name else f"{node.name}: the op {ops[0]}"
+    return f"{node.name}: {len(ops)} ops {', '.join(ops[:4])}" + (", ..." if len(ops) > 4
+                                                                 else "")

@@ -59,3 +59,12 @@ def state_chain(seed: int) -> Graph:
              node("update", "update", ["b1", "params"], 0, float(rng.randint(1, 2)))]
     nodes[-1].workspace_bytes = weights  # the optimizer state read from flash
     return Graph(nodes, name=f"state-chain-{seed}")
+
+
+def tiny_graphs():
+    """A hypothesis strategy for exhaustive-search checks: random DAGs of 3-7 nodes with 1-3
+    inputs a node, and training chains of 1-2 layers."""
+    from hypothesis import strategies as st
+    return st.one_of(
+        st.builds(random_dag, st.integers(3, 7), st.integers(0, 10**6), st.integers(1, 3)),
+        st.builds(training_chain, st.integers(1, 2), st.integers(0, 10**6)))

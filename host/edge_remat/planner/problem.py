@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 
 from edge_remat_agent.costs import CostModel
-from edge_remat_agent.floor import describe_floor, floor_node
+from edge_remat_agent.floor import describe_floor, floor_node, node_label
 from edge_remat_agent.formats import Graph
 
 from .pebbling import pebbling_floor, proves_too_small
@@ -117,33 +117,38 @@ class Problem:
         return self.io == "overlap" and bool(self.tiers)
 
     def smallest_budget(self) -> tuple[int, int]:
-        """(bytes, node index): no schedule fits below a node's inputs + output + workspace."""
+        """(bytes, node index): no schedule fits below a node's inputs + output + workspace;
+        without paging, nor below the pebbling floor (pebbling.py) where that is higher."""
         need, k = floor_node(self.graph, self.workspace)
-        return self.fixed + need, k
+        game = None if self.tiers else pebbling_floor(self.sizes, self.deps, self.workspace,
+                                                      need)
+        return (self.fixed + game.bytes, game.node) if game else (self.fixed + need, k)
 
     def check_budget(self) -> None:
-        smallest, k = self.smallest_budget()
-        fixed = f", plus {self.fixed} bytes of fixed memory" if self.fixed else ""
-        if self.budget_bytes < smallest:
-            raise InfeasibleBudget(
-                f"budget {self.budget_bytes} bytes is below the smallest feasible budget, "
-                f"{smallest} bytes: {describe_floor(self.graph, k, self.workspace)}" + fixed,
-                smallest)
-        if self.tiers:  # a tensor paged back in needs none of its inputs: the game says nothing
-            return
+        """Raise InfeasibleBudget, naming the highest floor known, for a budget below a
+        node's inputs + output + workspace or, without paging, below the pebbling floor."""
+        need, k = floor_node(self.graph, self.workspace)
         capacity = self.budget_bytes - self.fixed
-        if proves_too_small(self.sizes, self.deps, self.workspace, capacity) is None:
+        if capacity >= need and (self.tiers or proves_too_small(
+                self.sizes, self.deps, self.workspace, capacity) is None):
             return
-        floor = pebbling_floor(self.sizes, self.deps, self.workspace, capacity)
-        node = self.graph.nodes[floor.node]
+        game = None if self.tiers else pebbling_floor(self.sizes, self.deps, self.workspace,
+                                                      max(need, capacity))
+        fixed = f", plus {self.fixed} bytes of fixed memory" if self.fixed else ""
+        if game is None:
+            smallest, why = self.fixed + need, describe_floor(self.graph, k, self.workspace)
+        else:
+            node = self.graph.nodes[game.node]
+            smallest = self.fixed + game.bytes
+            why = (f"node {node.id!r} ({node_label(node)}) needs its {len(node.inputs)} inputs "
+                   "in RAM at once, and whichever of them is computed last needs its own "
+                   "inputs beside the others held, and so on back through the graph: no order "
+                   f"of recomputation fits {game.bytes - 1} bytes")
         raise InfeasibleBudget(
             f"budget {self.budget_bytes} bytes is below the smallest feasible budget, "
-            f"{self.fixed + floor.bytes} bytes: node {node.id!r} ({node.name}) needs its "
-            f"{len(node.inputs)} inputs in RAM at once, and whichever of them is computed last "
-            "needs its own inputs beside the others held, and so on back through the graph: "
-            f"no order of recomputation fits {floor.bytes - 1} bytes" + fixed
-            + " (without paging: --paging flash or host lets a tensor come back without its inputs)",
-            self.fixed + floor.bytes)
+            f"{smallest} bytes: {why}{fixed}" + ("" if game is None else " (without paging: "
+                                                 "--paging flash or host lets a tensor come "
+                                                 "back without its inputs)"), smallest)
 
     def fingerprint(self) -> str:
         content = {"graph": self.source_graph.fingerprint(), "budget": self.budget_bytes,

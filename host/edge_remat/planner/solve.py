@@ -535,8 +535,9 @@ def _infeasible(p: Problem, prover: str) -> InfeasibleBudget:
     return InfeasibleBudget(
         f"no schedule fits {p.budget_bytes} bytes"
         + (f" within the deadline ({p.deadline:g}x the plain time)" if p.deadline else "")
-        + f" (proven by the {prover}); every node's inputs and output alone need {smallest} "
-        "bytes, and recomputation or the deadline needs more", smallest)
+        + f" (proven by the {prover}); no schedule fits below {smallest} bytes in any case "
+        "(a node's inputs and output, or without paging the pebbling floor), and recomputation "
+        "or the deadline needs more", smallest)
 
 
 def _cover_bound(p: Problem, seconds: float) -> dict:
