@@ -82,11 +82,11 @@ class _Game:
                 return False
         return True
 
-    def node_floor(self, v: int, low: int, high: int) -> int:
+    def node_floor(self, v: int, low: int, high: int, stop: float) -> int:
         """A capacity in [low, high) that v's game proves too small, within PRECISION of the
-        largest, given that it proves `low` too small (bisection: a proof at a capacity holds
-        at every capacity below it)."""
-        while high - low > max(1, int(low * PRECISION)):
+        largest (or the largest proven when the clock passes `stop`), given that it proves
+        `low` too small (bisection: a proof at a capacity holds at every capacity below it)."""
+        while high - low > max(1, int(low * PRECISION)) and time.perf_counter() < stop:
             mid = (low + high) // 2
             if self.exceeds(v, mid):
                 low = mid
@@ -113,8 +113,8 @@ def proves_too_small(sizes: list[int], deps: list[list[int]], workspace: list[in
 def pebbling_floor(sizes: list[int], deps: list[list[int]], workspace: list[int],
                    at_least: int, seconds: float = 2.0) -> PebblingFloor | None:
     """The highest floor the game proves above `at_least` (capacity in bytes: no schedule
-    without paging fits below it); None if none is above. After `seconds` the nodes not yet
-    searched are left out: the floor found so far stands."""
+    without paging fits below it); None if none is above. After `seconds` the search stops:
+    the floor proven so far stands."""
     game = _Game(sizes, deps, workspace)
     upper = sum(sizes) + max(workspace, default=0) + 1  # keeping everything fits this
     best, stop = None, time.perf_counter() + seconds
@@ -123,7 +123,7 @@ def pebbling_floor(sizes: list[int], deps: list[list[int]], workspace: list[int]
             break
         floor = at_least if best is None else best.bytes
         if game.exceeds(v, floor):
-            best = PebblingFloor(game.node_floor(v, floor, upper) + 1, v)
+            best = PebblingFloor(game.node_floor(v, floor, upper, stop) + 1, v)
     return best
 
 
