@@ -105,7 +105,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--max-nodes", type=int, default=200)
     parser.add_argument("--home", default="flash", choices=("ram", "flash"))
-    parser.add_argument("--run", action="store_true", help="plan without paging at 1.05x its floor and train")
+    parser.add_argument("--run", action="store_true",
+                        help="plan without paging at 1.05x its floor and train")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--time-limit", type=float, default=30.0)
     args = parser.parse_args()

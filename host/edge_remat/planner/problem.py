@@ -11,7 +11,7 @@ from edge_remat_agent.costs import CostModel
 from edge_remat_agent.floor import describe_floor, floor_node, node_label
 from edge_remat_agent.formats import Graph
 
-from .pebbling import pebbling_floor, proves_too_small
+from .pebbling import PebblingFloor, pebbling_floor, proves_too_small
 
 OBJECTIVES = ("time", "energy")
 PAGING_TIME_MODES = ("counted", "free")
@@ -129,11 +129,14 @@ class Problem:
         node's inputs + output + workspace or, without paging, below the pebbling floor."""
         need, k = floor_node(self.graph, self.workspace)
         capacity = self.budget_bytes - self.fixed
-        if capacity >= need and (self.tiers or proves_too_small(
-                self.sizes, self.deps, self.workspace, capacity) is None):
+        proof = None if self.tiers or capacity < need else proves_too_small(
+            self.sizes, self.deps, self.workspace, capacity)
+        if capacity >= need and proof is None:
             return
         game = None if self.tiers else pebbling_floor(self.sizes, self.deps, self.workspace,
                                                       max(need, capacity))
+        if game is None and proof is not None:  # the floor's search ran out of time first
+            game = PebblingFloor(capacity + 1, proof)
         fixed = f", plus {self.fixed} bytes of fixed memory" if self.fixed else ""
         if game is None:
             smallest, why = self.fixed + need, describe_floor(self.graph, k, self.workspace)
