@@ -61,11 +61,8 @@ def test_paging_lifts_the_game():
 
 
 def test_the_command_line_names_the_floor(tmp_path):
-    graph = {"format": "edge-remat/graph", "version": 1, "name": "fan",
-             "nodes": [{"id": i, "kind": "forward", "op": "op", "inputs": ins,
-                        "out_bytes": size, "time_s": 1.0} for i, ins, size in FAN]}
     path = tmp_path / "fan.json"
-    path.write_text(json.dumps(graph))
+    fan().save(path)
     proc = cli("plan", "--graph", path, "--budget", "115", "--json", "-o", tmp_path / "p.json")
     refused(proc, BAD_INPUT, "smallest feasible budget, 120 bytes", "whichever")
     out = json.loads(proc.stdout)

@@ -262,12 +262,11 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
             incumbent.offer(p, improved)
 
     if asked is not None:
-        name = asked
-        if name not in BASELINES:
-            raise NoPlan(f"unknown heuristic {name!r} (known: {', '.join(BASELINES)})")
-        chosen = baselines[name]
+        if asked not in BASELINES:
+            raise NoPlan(f"unknown heuristic {asked!r} (known: {', '.join(BASELINES)})")
+        chosen = baselines[asked]
         if chosen is None or not chosen.evaluation.feasible:
-            raise NoPlan(f"heuristic {name!r} finds no schedule within the budget"
+            raise NoPlan(f"heuristic {asked!r} finds no schedule within the budget"
                          + (" and deadline" if p.deadline else "")
                          + "; try --solver cpsat or milp")
         found = chosen.found_at - started  # the plan asked for: when that heuristic had it
