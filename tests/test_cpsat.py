@@ -20,13 +20,14 @@ from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner import isolated
 from edge_remat.planner.baselines import BASELINES
 from edge_remat.planner.build import build_problem
-from edge_remat.planner.cpsat import solve_cpsat
+from edge_remat.planner.cpsat import EXACT_NODES, solve_cpsat, solve_cpsat_widening
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.intervals import decisions_from_intervals, intervals_from_decisions
 from edge_remat.planner.milp import solve_milp
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
 from edge_remat.synthetic import random_layered
+from edge_remat_agent.formats import Graph, Node
 
 pytestmark = pytest.mark.slow
 
@@ -143,6 +144,32 @@ def test_intervals_round_trip_never_costs_more(graph, fraction, paging):
         after = evaluate(p, decisions_from_intervals(p, intervals_from_decisions(p, decisions)))
         assert after.sim.peak_bytes <= before.sim.peak_bytes
         assert after.value <= before.value + 1e-9
+
+
+# --- a node that must come back twice: the residency limit widens --------------------------------
+
+def shared_input_read_three_times() -> Graph:
+    """A small source `a` read at three stages of a chain, with two stages between them whose
+    workspace leaves no room for it: within a budget of 25 it is computed once and recomputed
+    twice, three residencies, one more than CP-SAT's default limit on a graph this size."""
+    nodes = [Node(id="a", name="a", kind="forward", op="op", inputs=[], out_bytes=5, time_s=1.0)]
+    for i in range(EXACT_NODES + 5):
+        inputs = ([f"c{i - 1}"] if i else []) + (["a"] if i in (10, 20, 30) else [])
+        nodes.append(Node(id=f"c{i}", name=f"c{i}", kind="forward", op="op", inputs=inputs,
+                          out_bytes=10, time_s=1.0, workspace_bytes=5 if i in (15, 25) else 0))
+    return Graph(nodes, name="shared-input")
+
+
+def test_a_residency_limit_too_small_for_the_plan_is_widened():
+    p = build_problem(shared_input_read_three_times(), "25", order="given")
+    limited = cpsat(p, 20)
+    assert limited.status == "limited" and limited.decisions is None
+    widened = isolated.call("ortools", solve_cpsat_widening, p, 20, workers=2)
+    assert widened.proven_limit == 2  # the default limit, proven too small
+    ev = evaluate(p, widened.decisions)
+    assert ev.feasible and ev.fits_budget
+    # the given order: `a` is node 0; computed once and recomputed twice
+    assert sum(stage.compute.count(0) for stage in widened.decisions) == 3
 
 
 # --- through solve(): the same answers and errors as the MILP ---------------------------------

@@ -34,6 +34,8 @@ DEFAULT_MAX_RESIDENCIES = 2
 # Up to this many nodes every node gets all the residencies it could ever use, which makes the
 # model exactly the stage model (and its bound a bound of the stage model).
 EXACT_NODES = 40
+# A wider search (solve_cpsat_widening) is started only with this many seconds left.
+WIDEN_MIN_S = 1.0
 
 Progress = Callable[[float, float, float], None]  # (seconds, objective, bound), problem units
 
@@ -53,6 +55,16 @@ class CpsatOutcome:
     scaling: dict = field(default_factory=dict)
     workers: int = 1
     progress: list[tuple[float, float, float]] = field(default_factory=list)
+    # the largest limit of residencies per node under which no schedule was proven to fit
+    # (solve_cpsat_widening), None where no search proved that
+    proven_limit: int | None = None
+
+
+def useful_residencies(p: Problem, v: int) -> int:
+    """The most residencies node v could use: one per stage that holds a consumer, plus one to
+    page out from."""
+    users = p.users[v]
+    return 1 if not users else p.n - users[0] + 1
 
 
 def residency_limits(p: Problem, cap: int, hint: list[list[Residency]] | None) -> list[int]:
@@ -60,9 +72,7 @@ def residency_limits(p: Problem, cap: int, hint: list[list[Residency]] | None) -
     that holds a consumer, plus one to page out from), at most `cap` unless the hint needs more."""
     limits = []
     for v in range(p.n):
-        users = p.users[v]
-        useful = 1 if not users else p.n - users[0] + 1
-        limit = min(useful, cap)
+        limit = min(useful_residencies(p, v), cap)
         if hint is not None:
             limit = max(limit, len(hint[v]))
         limits.append(limit)
@@ -81,8 +91,7 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
     if max_residencies is None:
         max_residencies = p.n + 1 if p.n <= EXACT_NODES else DEFAULT_MAX_RESIDENCIES
     limits = residency_limits(p, max_residencies, hint_runs)
-    exact = all(limit >= (1 if not p.users[v] else p.n - p.users[v][0] + 1)
-                for v, limit in enumerate(limits))
+    exact = all(limit >= useful_residencies(p, v) for v, limit in enumerate(limits))
     model = _Model(p, limits, cp_model)
     if hint_runs is not None:
         model.add_hint(hint_runs)
@@ -119,6 +128,40 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
     return CpsatOutcome(decisions, status_name, objective, min(bound, objective), elapsed,
                         listener.first, listener.best, exact, model.scaling(), workers,
                         listener.trace)
+
+
+def solve_cpsat_widening(p: Problem, time_limit: float = 60.0,
+                         hint: list[StageDecision] | None = None, workers: int | None = None,
+                         progress: Progress | None = None) -> CpsatOutcome:
+    """solve_cpsat, and where it proves only that no schedule fits under its limit of
+    residencies per node (which it can do in a second where a plan needs a node recomputed more
+    often), the time left goes to a search with twice the limit, and so on up to every residency
+    a node could use (the exact stage model). The last search's outcome, with the time of all,
+    and the largest limit proven too small."""
+    started = clock.perf_counter()
+    limit = p.n + 1 if p.n <= EXACT_NODES else DEFAULT_MAX_RESIDENCIES
+    useful = max((useful_residencies(p, v) for v in range(p.n)), default=1)
+    proven, trace = None, []
+    while True:
+        offset = clock.perf_counter() - started
+        told = None if progress is None else \
+            (lambda s, objective, bound, at=offset: progress(at + s, objective, bound))
+        outcome = solve_cpsat(p, time_limit - offset, hint=hint, workers=workers,
+                              max_residencies=limit, progress=told)
+        trace += [(offset + s, objective, bound) for s, objective, bound in outcome.progress]
+        if outcome.status == "limited":
+            proven = limit
+        left = time_limit - (clock.perf_counter() - started)
+        if outcome.status != "limited" or limit >= useful or left < WIDEN_MIN_S:
+            break
+        limit = min(2 * limit, useful)
+    outcome.solve_time_s = clock.perf_counter() - started
+    if outcome.first_solution_s is not None:  # found by the last search, timed from the first
+        outcome.first_solution_s += offset
+        if outcome.best_solution_s is not None:
+            outcome.best_solution_s += offset
+    outcome.progress, outcome.proven_limit = trace, proven
+    return outcome
 
 
 def solve_interruptibly(solver, model, callback) -> int:

@@ -412,9 +412,9 @@ def _improve_by_lns(p: Problem, start: Candidate, seconds: float, workers: int |
 
 def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit, summary,
                  progress, known_at=None) -> SolveReport:
-    from .cpsat import solve_cpsat
+    from .cpsat import solve_cpsat_widening
     offset = clock.perf_counter() - started
-    outcome = isolated.call("ortools", solve_cpsat, p, remaining,
+    outcome = isolated.call("ortools", solve_cpsat_widening, p, remaining,
                             hint=best_known.decisions if best_known else None, workers=workers,
                             progress=_since(started, progress))
     details = {"workers": outcome.workers, "scaling": outcome.scaling,
@@ -447,11 +447,21 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
                        fallback=f"cpsat {outcome.status}", **details)
     if outcome.status == "infeasible":
         raise _infeasible(p, "CP-SAT")
-    why = ("CP-SAT proved that none fits with its limit of residencies per node, so a "
-           "schedule may still exist" if outcome.status == "limited" else
-           "CP-SAT found none in time")
-    raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and {why}); "
+    raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and "
+                 f"{_cpsat_none_why(outcome)}); "
                  + _budget_found_hint(p, _hint_deadline(started, time_limit)))
+
+
+def _cpsat_none_why(outcome) -> str:
+    """Why CP-SAT returned no plan, in words: what it proved, and with what limit."""
+    if outcome.proven_limit is None:
+        return "CP-SAT found none in time"
+    k = outcome.proven_limit
+    proved = f"CP-SAT proved that none fits with up to {k} residenc{'y' if k == 1 else 'ies'} " \
+        "per node"
+    if outcome.status == "limited":  # the widest search it had time for proved it too
+        return f"{proved}, so a schedule that recomputes a node more often may still exist"
+    return f"{proved} and found none with more in time"
 
 
 def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started, time_limit,
