@@ -1,8 +1,10 @@
 """Granularity: `max_nodes` controls how fine the captured graph is, refinement splits the
-groups that set the memory floor down to single ATen ops, the planner's floor names the op that
-sets it, and a fine-grained graph still trains bit for bit like eager PyTorch.
+groups that set the memory floor down to single ATen ops (and, where that floor is set by a node
+no split reaches, the groups that set the floor without paging), the planner's floor names the
+op that sets it, and a fine-grained graph still trains bit for bit like eager PyTorch.
 
-Models are tiny (batch 2, 32x32 images; examples/my_model.py at batch 4, 16x16)."""
+Models are tiny (batch 2, 32x32 images; examples/my_model.py at batch 4, 16x16), but for
+bert-mini at the size where its forward layers set the floor without paging."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from edge_remat.cli import app
 from edge_remat.planner.build import build_problem
 from edge_remat_agent.capture import capture_model, capture_module
 from edge_remat_agent.executor import run_plan
-from edge_remat_agent.floor import floor_node
+from edge_remat_agent.floor import floor_node, no_paging_floor
 from edge_remat_agent.formats import Tier
 from edge_remat_agent.zoo import build
 from helpers.executor_plans import (EXAMPLE, assert_same_model, eager_run, example_model,
@@ -58,12 +60,29 @@ def test_refinement_lowers_the_floor(name, sizes):
     coarse_floor, refined_floor = floor_node(coarse)[0], floor_node(refined)[0]
     assert refined_floor < 0.9 * coarse_floor, (coarse_floor, refined_floor)
     # The planner's smallest budget is that floor on top of fixed memory, or higher where,
-    # without paging, the pebbling floor lifts it (planner/pebbling.py)
+    # without paging, the pebbling floor lifts it (edge_remat_agent/pebbling.py)
     smallest, k = build_problem(refined, "1000").smallest_budget()
     assert smallest >= refined.fixed_bytes + refined_floor
     with_paging = build_problem(refined, "1000", paging="flash", tiers={
         "flash": Tier(read_bytes_per_s=1e8, write_bytes_per_s=1e8)})
     assert with_paging.smallest_budget()[0] == refined.fixed_bytes + refined_floor
+
+
+def test_refinement_lowers_the_floor_without_paging_where_the_working_set_floor_stays(
+        monkeypatch):
+    # bert-mini b16 s128, parameters on flash: the floor is the word embedding's update
+    # (parameters, gradient, momentum: 30 MiB each), which no split lowers. The coarsest
+    # grouping that reaches it keeps each forward layer one 42 MiB tensor, and without paging
+    # two of them come back together for the backward. Refinement splits them on.
+    import edge_remat_agent.capture.refine as refine_module
+    module, args = build("bert-mini", batch=16, seq=128)
+    refined = capture_module(module, args, "bert-mini", params_home="flash").graph
+    monkeypatch.setattr(refine_module, "no_paging_floor", lambda graph: 0)  # as it was
+    coarsest = capture_module(module, args, "bert-mini", params_home="flash").graph
+    need = floor_node(refined)[0]
+    assert floor_node(coarsest)[0] == need
+    assert no_paging_floor(refined) == need < 0.95 * no_paging_floor(coarsest)
+    assert len(coarsest) < len(refined) <= 200
 
 
 def test_the_floor_names_the_single_op_that_sets_it(tmp_path):

@@ -1,6 +1,6 @@
-"""The pebbling floor (planner/pebbling.py): a budget that recomputation cannot get under is
-refused at once, with the smallest budget the game leaves open; checked against exhaustive
-search on tiny graphs, where it must never refuse a budget that some schedule fits."""
+"""The pebbling floor (edge_remat_agent/pebbling.py): a budget that recomputation cannot get
+under is refused at once, with the smallest budget the game leaves open; checked against
+exhaustive search on tiny graphs, where it must never refuse a budget that some schedule fits."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_remat.planner.build import plain_peak_bytes
-from edge_remat.planner.pebbling import pebbling_floor, proves_too_small
 from edge_remat.planner.problem import InfeasibleBudget, Problem
 from edge_remat.planner.solve import solve
 from edge_remat_agent.costs import build_costs
 from edge_remat_agent.floor import floor_node
 from edge_remat_agent.formats import Graph, Node
+from edge_remat_agent.pebbling import pebbling_floor, proves_too_small
 from edge_remat_agent.simulate import simulate
 
 # v reads a and b (10 B each); a reads x, b reads y (100 B each). Each node's inputs and output

@@ -4,7 +4,10 @@ budget from below. The planner reports it; capture refines the graph where it is
 
 from __future__ import annotations
 
+import math
+
 from .formats import Graph
+from .pebbling import pebbling_floor
 from .units import format_size
 
 
@@ -23,6 +26,18 @@ def floor_node(graph: Graph, workspace: list[int] | None = None) -> tuple[int, i
     k = max(range(len(sets)), key=lambda k: (sets[k], -len(graph.nodes[k].attrs.get("members")
                                                             or ()), -k))
     return sets[k], k
+
+
+def no_paging_floor(graph: Graph) -> int:
+    """The floor without paging in bytes, fixed memory not included: the pebbling game's
+    (pebbling.py) where it is above the largest working set. Searched without a clock, so one
+    graph always gives one floor (capture's refinement compares groupings by it)."""
+    index = {node.id: k for k, node in enumerate(graph.nodes)}
+    need, _ = floor_node(graph)
+    game = pebbling_floor([node.out_bytes for node in graph.nodes],
+                          [[index[d] for d in node.inputs] for node in graph.nodes],
+                          [node.workspace_bytes for node in graph.nodes], need, math.inf)
+    return need if game is None else game.bytes
 
 
 def describe_floor(graph: Graph, k: int, workspace: list[int] | None = None) -> str:

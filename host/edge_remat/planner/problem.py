@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from edge_remat_agent.costs import CostModel
 from edge_remat_agent.floor import describe_floor, floor_node, node_label
 from edge_remat_agent.formats import Graph
-
-from .pebbling import PebblingFloor, pebbling_floor, proves_too_small
+from edge_remat_agent.pebbling import PebblingFloor, pebbling_floor, proves_too_small
 
 OBJECTIVES = ("time", "energy")
 PAGING_TIME_MODES = ("counted", "free")

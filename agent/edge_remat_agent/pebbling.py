@@ -1,6 +1,6 @@
 """A floor on the budget that recomputation cannot get under: a depth-limited pebbling game.
 
-The working-set floor (edge_remat_agent.floor) asks only that a node's inputs, output and
+The working-set floor (floor.py) asks only that a node's inputs, output and
 workspace be in RAM at once. Recomputation must also bring those inputs about, and while it
 computes the last of them to arrive, the others are already held. Formally: let S be tensors
 all in RAM at some moment. Take y in S whose latest computation came last; from then until
