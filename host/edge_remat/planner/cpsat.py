@@ -60,6 +60,11 @@ class CpsatOutcome:
     proven_limit: int | None = None
 
 
+def default_residency_limit(p: Problem) -> int:
+    """Every residency a node could use on small graphs, DEFAULT_MAX_RESIDENCIES above."""
+    return p.n + 1 if p.n <= EXACT_NODES else DEFAULT_MAX_RESIDENCIES
+
+
 def useful_residencies(p: Problem, v: int) -> int:
     """The most residencies node v could use: one per stage that holds a consumer, plus one to
     page out from."""
@@ -89,7 +94,7 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
     workers = workers or os.cpu_count() or 1
     hint_runs = intervals_from_decisions(p, hint) if hint is not None else None
     if max_residencies is None:
-        max_residencies = p.n + 1 if p.n <= EXACT_NODES else DEFAULT_MAX_RESIDENCIES
+        max_residencies = default_residency_limit(p)
     limits = residency_limits(p, max_residencies, hint_runs)
     exact = all(limit >= useful_residencies(p, v) for v, limit in enumerate(limits))
     model = _Model(p, limits, cp_model)
@@ -139,7 +144,7 @@ def solve_cpsat_widening(p: Problem, time_limit: float = 60.0,
     a node could use (the exact stage model). The last search's outcome, with the time of all,
     and the largest limit proven too small."""
     started = clock.perf_counter()
-    limit = p.n + 1 if p.n <= EXACT_NODES else DEFAULT_MAX_RESIDENCIES
+    limit = default_residency_limit(p)
     useful = max((useful_residencies(p, v) for v in range(p.n)), default=1)
     proven, trace = None, []
     while True:
