@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from edge_remat.planner.build import plain_peak_bytes
 from edge_remat.planner.problem import InfeasibleBudget, Problem
 from edge_remat.planner.solve import solve
+from edge_remat.synthetic import random_layered
 from edge_remat_agent.costs import build_costs
-from edge_remat_agent.floor import floor_node
+from edge_remat_agent.floor import floor_node, no_paging_floor
 from edge_remat_agent.formats import Graph, Node
 from edge_remat_agent.pebbling import pebbling_floor, proves_too_small
 from edge_remat_agent.simulate import simulate
@@ -100,3 +101,18 @@ def test_the_game_raises_the_floor_on_some_tiny_graphs():
             lifted += 1
             assert brute_force(Problem(graph, p.costs, p.fixed + floor.bytes - 1)) is None
     assert lifted >= 10  # 21 of these 300
+
+
+def test_a_cap_on_positions_stops_every_search_at_the_same_sound_floor():
+    # Capture compares groupings by the floor (floor.no_paging_floor), and a recapture on the
+    # board must give the same graph: a cap on positions visited, unlike the clock, stops the
+    # search at the same place every time. An uncapped game visits tens of thousands here.
+    graph = random_layered(500, seed=1)
+    p = Problem(graph, build_costs(graph), plain_peak_bytes(graph))
+    need = floor_node(graph)[0]
+    full = pebbling_floor(p.sizes, p.deps, p.workspace, need, math.inf)
+    capped = [pebbling_floor(p.sizes, p.deps, p.workspace, need, math.inf, visits=3000)
+              for _ in range(2)]
+    assert capped[0] == capped[1] is not None
+    assert need < capped[0].bytes < full.bytes  # stopped early; what it proved stands
+    assert capped[0].bytes <= no_paging_floor(graph) <= full.bytes  # capture's cap: 20,000

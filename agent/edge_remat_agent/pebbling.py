@@ -25,6 +25,7 @@ stays the working-set floor.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -45,7 +46,8 @@ class _Game:
         self.deps = [frozenset(d) for d in deps]
         # what a node needs besides what is held: its inputs and workspace (a sort key)
         self.demand = [self.weight(d) + w for d, w in zip(self.deps, workspace)]
-        self.visits = 0
+        self.visits = 0  # positions the current node's search has visited
+        self.spent = 0  # positions visited by all searches so far
 
     def weight(self, tensors) -> int:
         sizes = self.sizes
@@ -63,6 +65,8 @@ class _Game:
             return bool(held) and self._all_exceed(held, total, MAX_DEPTH, capacity)
         except _GaveUp:
             return False
+        finally:
+            self.spent += self.visits
 
     def _all_exceed(self, held: frozenset, total: int, depth: int, capacity: int) -> bool:
         self.visits += 1
@@ -84,11 +88,13 @@ class _Game:
                 return False
         return True
 
-    def node_floor(self, v: int, low: int, high: int, stop: float) -> int:
+    def node_floor(self, v: int, low: int, high: int, stop: float, visits: float) -> int:
         """A capacity in [low, high) that v's game proves too small, within PRECISION of the
-        largest (or the largest proven when the clock passes `stop`), given that it proves
+        largest (or the largest proven when the clock passes `stop` or the searches `visits`
+        positions), given that it proves
         `low` too small (bisection: a proof at a capacity holds at every capacity below it)."""
-        while high - low > max(1, int(low * PRECISION)) and time.perf_counter() < stop:
+        while high - low > max(1, int(low * PRECISION)) and time.perf_counter() < stop \
+                and self.spent <= visits:
             mid = (low + high) // 2
             if self.exceeds(v, mid):
                 low = mid
@@ -113,19 +119,21 @@ def proves_too_small(sizes: list[int], deps: list[list[int]], workspace: list[in
 
 
 def pebbling_floor(sizes: list[int], deps: list[list[int]], workspace: list[int],
-                   at_least: int, seconds: float = 2.0) -> PebblingFloor | None:
+                   at_least: int, seconds: float = 2.0,
+                   visits: float = math.inf) -> PebblingFloor | None:
     """The highest floor the game proves above `at_least` (capacity in bytes: no schedule
-    without paging fits below it); None if none is above. After `seconds` the search stops:
-    the floor proven so far stands."""
+    without paging fits below it); None if none is above. After `seconds`, or once the searches
+    have visited `visits` positions in all (a cap that, unlike the clock, stops at the same
+    place on every machine), the search stops: the floor proven so far stands."""
     game = _Game(sizes, deps, workspace)
     upper = sum(sizes) + max(workspace, default=0) + 1  # keeping everything fits this
     best, stop = None, time.perf_counter() + seconds
     for v in _most_demanding_first(game):
-        if time.perf_counter() > stop:
+        if time.perf_counter() > stop or game.spent > visits:
             break
         floor = at_least if best is None else best.bytes
         if game.exceeds(v, floor):
-            best = PebblingFloor(game.node_floor(v, floor, upper, stop) + 1, v)
+            best = PebblingFloor(game.node_floor(v, floor, upper, stop, visits) + 1, v)
     return best
 
 

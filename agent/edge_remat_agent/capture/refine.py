@@ -53,22 +53,20 @@ def refine(trace: JointTrace, groups: list[Group], max_nodes: int, build: BuildG
     members such as the optimizer update)."""
     splitter = _Splitter(trace)
     graph = build(groups)
-    best = (_floors(graph), groups)
+    # what refinement lowers: the working-set floor, then the floor without paging
+    best = ((floor_node(graph)[0], no_paging_floor(graph)), groups)
     done: set[tuple[str, ...]] = set()  # groups that cannot (or may not) be split
     while len(graph) < max_nodes:
         step = _split_one(graph, groups, splitter, done, max_nodes, build)
         if step is None:
             break
         groups, graph = step
-        floors = _floors(graph)
-        if _lower(floors, best[0]):
-            best = (floors, groups)
+        need = floor_node(graph)[0]
+        if need <= best[0][0]:  # the game only where this grouping could be kept
+            floors = (need, no_paging_floor(graph))
+            if _lower(floors, best[0]):
+                best = (floors, groups)
     return best[1]
-
-
-def _floors(graph: Graph) -> tuple[int, int]:
-    """What refinement lowers: the working-set floor, then the floor without paging."""
-    return floor_node(graph)[0], no_paging_floor(graph)
 
 
 def _lower(floors: tuple[int, int], best: tuple[int, int]) -> bool:
