@@ -170,6 +170,11 @@ def test_a_residency_limit_too_small_for_the_plan_is_widened():
     assert ev.feasible and ev.fits_budget
     # the given order: `a` is node 0; computed once and recomputed twice
     assert sum(stage.compute.count(0) for stage in widened.decisions) == 3
+    # Through solve, the heuristics' plan starts CP-SAT: `a` gets the three residencies it
+    # has there, the rest the default limit, and the bound says which schedules it covers.
+    solver = solve(p, "cpsat", time_limit=10).plan.solver
+    assert solver["bound_scope"] == ("schedules with up to 2 residencies per node (more where "
+                                     "the starting plan has them)")
 
 
 # --- through solve(): the same answers and errors as the MILP ---------------------------------

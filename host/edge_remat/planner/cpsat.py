@@ -58,6 +58,8 @@ class CpsatOutcome:
     # the largest limit of residencies per node under which no schedule was proven to fit
     # (solve_cpsat_widening), None where no search proved that
     proven_limit: int | None = None
+    # residencies a node was given (a node whose hint had more got as many as the hint)
+    residency_limit: int | None = None
 
 
 def default_residency_limit(p: Problem) -> int:
@@ -126,13 +128,14 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
         if status_name == "infeasible" and not exact:
             status_name = "limited"  # infeasible only with the residency limit
         return CpsatOutcome(None, status_name, None, None, elapsed, None, None, exact,
-                            model.scaling(), workers, listener.trace)
+                            model.scaling(), workers, listener.trace,
+                            residency_limit=max_residencies)
     objective = model.to_units(solver.ObjectiveValue())
     bound = model.to_units(solver.BestObjectiveBound())
     decisions = decisions_from_intervals(p, model.residencies(solver))
     return CpsatOutcome(decisions, status_name, objective, min(bound, objective), elapsed,
                         listener.first, listener.best, exact, model.scaling(), workers,
-                        listener.trace)
+                        listener.trace, residency_limit=max_residencies)
 
 
 def solve_cpsat_widening(p: Problem, time_limit: float = 60.0,

@@ -419,7 +419,8 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
                             progress=_since(started, progress))
     details = {"workers": outcome.workers, "scaling": outcome.scaling,
                "bound_scope": "stage model" if outcome.exact_model else
-               "schedules with the solver's residency limit per node"}
+               f"schedules with up to {outcome.residency_limit} residencies per node (more "
+               "where the starting plan has them)"}
     found = None
     if outcome.decisions is not None:
         evaluation = evaluate(p, outcome.decisions)
