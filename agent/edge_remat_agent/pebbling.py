@@ -1,13 +1,13 @@
 """A floor on the budget that recomputation cannot get under: a depth-limited pebbling game.
 
-The working-set floor (floor.py) asks only that a node's inputs, output and
-workspace be in RAM at once. Recomputation must also bring those inputs about, and while it
-computes the last of them to arrive, the others are already held. Formally: let S be tensors
-all in RAM at some moment. Take y in S whose latest computation came last; from then until
-that moment every other member of S was already held (a member dropped in between would have
-had to be computed again, later than y). So when y was computed, RAM held S, y's inputs and
-y's workspace; and S - {y} + inputs(y) were all in RAM then, which is the same situation one
-step back. The scheduler picks y (the min), the bound holds for all of its choices (the max):
+The working-set floor (floor.py) asks only that a node's inputs, output and workspace be in RAM
+at once. Recomputation must also bring those inputs about, and while it computes the last of
+them to arrive, the others are already held. Formally: let S be tensors all in RAM at some
+moment. Take y in S whose latest computation came last; from then until that moment every other
+member of S was already held (a member dropped in between would have had to be computed again,
+later than y). So when y was computed, RAM held S, y's inputs and y's workspace; and S - {y} +
+inputs(y) were all in RAM then, which is the same situation one step back. The scheduler picks
+y (the min), the bound holds for all of its choices (the max):
 
     need(S) >= max(size(S), min over y in S of max(size(S | inputs(y)) + workspace(y),
                                                    need(S - {y} | inputs(y))))
@@ -91,8 +91,8 @@ class _Game:
     def node_floor(self, v: int, low: int, high: int, stop: float, visits: float) -> int:
         """A capacity in [low, high) that v's game proves too small, within PRECISION of the
         largest (or the largest proven when the clock passes `stop` or the searches `visits`
-        positions), given that it proves
-        `low` too small (bisection: a proof at a capacity holds at every capacity below it)."""
+        positions), given that it proves `low` too small (bisection: a proof at a capacity
+        holds at every capacity below it)."""
         while high - low > max(1, int(low * PRECISION)) and time.perf_counter() < stop \
                 and self.spent <= visits:
             mid = (low + high) // 2
