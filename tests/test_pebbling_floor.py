@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from helpers.bad_inputs import BAD_INPUT, cli, refused
@@ -116,3 +117,19 @@ def test_a_cap_on_positions_stops_every_search_at_the_same_sound_floor():
     assert capped[0] == capped[1] is not None
     assert need < capped[0].bytes < full.bytes  # stopped early; what it proved stands
     assert capped[0].bytes <= no_paging_floor(graph) <= full.bytes  # capture's cap: 20,000
+
+
+def test_the_floor_named_is_the_same_whatever_budget_is_refused():
+    # The search for the floor starts from the refused budget; found to the byte, the floor
+    # it names does not depend on where it started (to 1e-4 of it, rl100 named 25,049 bytes
+    # at 30% of its plain peak and 25,050 at 50%).
+    graph = random_layered(100, seed=0)  # the game lifts its floor above the working set
+    p = Problem(graph, build_costs(graph), plain_peak_bytes(graph))
+    floor = p.smallest_budget()[0]
+    assert floor > p.fixed + floor_node(graph)[0]
+    named = set()
+    for budget in (floor // 2, floor - 3000, floor - 1):
+        with pytest.raises(InfeasibleBudget) as refusal:
+            replace(p, budget_bytes=budget).check_budget()
+        named.add(refusal.value.smallest_bytes)
+    assert named == {floor}

@@ -29,7 +29,7 @@ def floor_node(graph: Graph, workspace: list[int] | None = None) -> tuple[int, i
 
 
 # Positions the game may visit for no_paging_floor (capture runs it at every refinement step):
-# resnet18, mobilenet_v2 and bert-mini's refinements need at most 4,100 a graph, while an
+# resnet18, mobilenet_v2 and bert-mini's refinements need at most 5,000 a graph, while an
 # uncapped game on a 500-node random layered graph visited 43,000 in 0.9 s.
 NO_PAGING_VISITS = 20_000
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 MAX_DEPTH = 8  # levels of the game searched back from a node's inputs
 NODE_VISITS = 4000  # positions one node's search may visit before it gives up (no proof)
-PRECISION = 1e-4  # of the floor found by bisection (a floor found is sound at any precision)
 
 
 @dataclass(frozen=True)
@@ -89,12 +88,12 @@ class _Game:
         return True
 
     def node_floor(self, v: int, low: int, high: int, stop: float, visits: float) -> int:
-        """A capacity in [low, high) that v's game proves too small, within PRECISION of the
-        largest (or the largest proven when the clock passes `stop` or the searches `visits`
-        positions), given that it proves `low` too small (bisection: a proof at a capacity
-        holds at every capacity below it)."""
-        while high - low > max(1, int(low * PRECISION)) and time.perf_counter() < stop \
-                and self.spent <= visits:
+        """The largest capacity in [low, high) that v's game proves too small, to the byte, so
+        that the floor named is the same whatever budget the search starts from (or the
+        largest proven when the clock passes `stop` or the searches `visits` positions), given
+        that it proves `low` too small (bisection: a proof at a capacity holds at every
+        capacity below it)."""
+        while high - low > 1 and time.perf_counter() < stop and self.spent <= visits:
             mid = (low + high) // 2
             if self.exceeds(v, mid):
                 low = mid
