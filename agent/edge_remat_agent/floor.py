@@ -39,10 +39,9 @@ def no_paging_floor(graph: Graph) -> int:
     (pebbling.py) where it is above the largest working set. Capped by positions visited, not
     by a clock, so one graph always gives one floor (capture's refinement compares groupings by
     it, and a recapture on the board must give the same graph)."""
-    index = {node.id: k for k, node in enumerate(graph.nodes)}
     need, _ = floor_node(graph)
     game = pebbling_floor([node.out_bytes for node in graph.nodes],
-                          [[index[d] for d in node.inputs] for node in graph.nodes],
+                          [[graph.index[d] for d in node.inputs] for node in graph.nodes],
                           [node.workspace_bytes for node in graph.nodes], need, math.inf,
                           NO_PAGING_VISITS)
     return need if game is None else game.bytes

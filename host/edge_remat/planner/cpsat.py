@@ -145,10 +145,10 @@ def solve_cpsat_widening(p: Problem, time_limit: float = 60.0,
     residencies per node (which it can do in a second where a plan needs a node recomputed more
     often), the time left goes to a search with twice the limit, and so on up to every residency
     a node could use (the exact stage model). The last search's outcome, with the time of all,
-    and the largest limit proven too small."""
+    and the largest limit proven too small. Once the limit gives every node all it could use,
+    the model is exact and its status is never "limited": the widening stops there."""
     started = clock.perf_counter()
     limit = default_residency_limit(p)
-    useful = max((useful_residencies(p, v) for v in range(p.n)), default=1)
     proven, trace = None, []
     while True:
         offset = clock.perf_counter() - started
@@ -160,9 +160,9 @@ def solve_cpsat_widening(p: Problem, time_limit: float = 60.0,
         if outcome.status == "limited":
             proven = limit
         left = time_limit - (clock.perf_counter() - started)
-        if outcome.status != "limited" or limit >= useful or left < WIDEN_MIN_S:
+        if outcome.status != "limited" or left < WIDEN_MIN_S:
             break
-        limit = min(2 * limit, useful)
+        limit *= 2  # residency_limits caps each node at what it could use
     outcome.solve_time_s = clock.perf_counter() - started
     if outcome.first_solution_s is not None:  # found by the last search, timed from the first
         outcome.first_solution_s += offset
