@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from edge_remat_agent import cli, zoo
-from edge_remat_agent.formats import Profile, Tier, load_profile, profile_from_dict
+from edge_remat_agent.formats import (FormatError, Profile, Tier, load_profile,
+                                      profile_from_dict)
+from edge_remat_agent.formats.profile import TransferCurve
 from edge_remat_agent.pages import MemoryStore
 from edge_remat_agent.profiler import (LiveTensorLedger, PeakRssSampler, PowerMeasurement,
                                        ProfileIncomplete, StepMeter, board_identity, measure_flash,
@@ -21,6 +23,7 @@ from edge_remat_agent.profiler import (LiveTensorLedger, PeakRssSampler, PowerMe
                                        write_profile)
 from edge_remat_agent.profiler.fit import fit_line
 from edge_remat_agent.profiler.identity import cgroup_memory_limit_bytes, effective_ram_bytes
+from edge_remat_agent.profiler.tiers import SizePoint, TierMeasurement
 from edge_remat_agent.sensors import SensorError, open_sensor
 from edge_remat_agent.units import parse_size
 
@@ -58,6 +61,47 @@ def test_sizes_between():
     assert sizes_between(4 * KiB, 100 * KiB) == (4 * KiB, 16 * KiB, 64 * KiB, 100 * KiB)
     with pytest.raises(ValueError):
         sizes_between(0, KiB)
+
+
+def test_a_transfer_curve_reads_times_off_the_measured_points():
+    curve = TransferCurve.measured([8 * MiB, 64 * KiB, MiB], [0.020, 6e-5, 5e-4])
+    assert curve.points == ((64 * KiB, 6e-5), (MiB, 5e-4), (8 * MiB, 0.020))
+    assert curve.seconds(MiB) == 5e-4  # a measured size costs what it measured
+    # between two sizes: on the straight line joining them
+    assert curve.seconds(MiB + 7 * MiB // 2) == pytest.approx((5e-4 + 0.020) / 2)
+    # below the smallest: from the latency up to it
+    assert curve.seconds(32 * KiB, latency_s=2e-5) == pytest.approx(4e-5)
+    # beyond the largest: at the last stretch's rate, the marginal cost of more bytes
+    assert curve.seconds(15 * MiB) == pytest.approx(0.020 + (0.020 - 5e-4))
+    # noise (a larger size timed faster) is taken as costing at least the smaller one
+    assert TransferCurve.measured([KiB, MiB], [1e-3, 1e-4]).points == ((KiB, 1e-3), (MiB, 1e-3))
+    with pytest.raises(ValueError):
+        TransferCurve(((MiB, 1e-3), (KiB, 2e-3)))
+
+
+def test_a_tier_whose_rate_falls_with_size_costs_what_was_measured():
+    # A host link measured on this machine in a run's profile: 1 MiB at 1.9 GB/s, 8 MiB at
+    # 0.43 GB/s. The line fitted on relative error misses the 8 MiB point by a factor of about
+    # 3; the tier's cost is the measured time.
+    points = [SizePoint(64 * KiB, 6e-5, 6e-5, 1, 1), SizePoint(MiB, 5.6e-4, 4.5e-4, 1, 1),
+              SizePoint(8 * MiB, 1.958e-2, 1.412e-2, 1, 1)]
+    tier = TierMeasurement("host", "test", points).fit()
+    line = 8 * MiB / tier.write_bytes_per_s
+    assert line < 1.958e-2 / 2
+    assert tier.write_cost(8 * MiB)[0] == 1.958e-2 and tier.read_cost(8 * MiB)[0] == 1.412e-2
+    assert tier.write_cost(4 * MiB)[0] == pytest.approx(5.6e-4 + 3 / 7 * (1.958e-2 - 5.6e-4))
+    again = profile_from_dict(Profile("measured", {}, 1.0, 2.0, tiers={"host": tier}).to_dict())
+    assert again.tiers["host"] == tier
+
+
+@pytest.mark.parametrize("curve", [[], [[MiB, 1e-3], [KiB, 2e-3]], [[KiB, 2e-3], [MiB, 1e-3]],
+                                   [[0, 1e-3]], [[KiB, "fast"]], [[KiB, 1e-3, 2]], "fast"])
+def test_a_malformed_transfer_curve_is_named(curve):
+    tier = {"read_bytes_per_s": 100.0, "write_bytes_per_s": 50.0, "write_curve": curve}
+    profile = {"format": "edge-remat/profile", "version": 1, "source": "measured", "device": {},
+               "power": {"idle_w": 1.0, "active_w": 2.0}, "tiers": {"host": tier}}
+    with pytest.raises(FormatError, match="write_curve"):
+        profile_from_dict(profile)
 
 
 def assert_valid_tier(tier: Tier) -> None:

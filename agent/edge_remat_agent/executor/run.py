@@ -138,11 +138,14 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         weights = _weight_figures(home)
         if keep_parameters and home is not None:
             home.bring_back()
+    # Times and energies are the plan's (its profile's op costs; the replay here has only the
+    # graph's), so that compute, paging and step time in one report come from one cost model.
     predicted = {**sim.summary(), **{k: v for k, v in plan.predicted.items()
-                                     if k in ("time_s", "tdi_percent", "paging_time_s",
-                                              "energy_j", "io", "step_time_s", "io_busy_s",
-                                              "io_wait_s", "paging_hidden_share",
-                                              "io_slowed_s")}}
+                                     if k in ("time_s", "tdi_percent", "compute_time_s",
+                                              "paging_time_s", "energy_j", "energy_compute_j",
+                                              "energy_paging_j", "energy_static_j", "io",
+                                              "step_time_s", "io_busy_s", "io_wait_s",
+                                              "paging_hidden_share", "io_slowed_s")}}
     predicted["peak_at"] = list(predicted["peak_at"])  # JSON has no tuples
     first = records[0]
     return {

@@ -6,6 +6,7 @@ above idle (dynamic); idle power is charged separately for the whole step as sta
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,19 +35,88 @@ class Tier:
     # of IO overlapping it, in [0, 1] (0: a spare core, the IO is free; 1: IO stops compute).
     # Measured by the profiler (profiler/contention.py); absent, 0 (written only when not 0).
     compute_share: float = 0.0
+    # The measured (bytes, seconds) of each direction, ascending: where present, a transfer's
+    # time is read off them (TransferCurve) rather than the line above. A tier's rate changes
+    # with size (caches, page faults on fresh buffers), so no one line fits 64 KiB and 8 MiB:
+    # the line, fitted on relative error, put a host link's 8 MiB writes at a quarter of the
+    # time the profiler measured and a run then paid. The line stays for people, and for tiers
+    # given by their figures (a modelled profile, the command line).
+    write_curve: "TransferCurve | None" = None
+    read_curve: "TransferCurve | None" = None
 
     def write_cost(self, nbytes: int) -> tuple[float, float]:
         latency = self.latency_s if self.write_latency_s is None else self.write_latency_s
-        return latency + nbytes / self.write_bytes_per_s, nbytes * self.write_j_per_byte
+        seconds = latency + nbytes / self.write_bytes_per_s if self.write_curve is None \
+            else self.write_curve.seconds(nbytes, latency)
+        return seconds, nbytes * self.write_j_per_byte
 
     def read_cost(self, nbytes: int) -> tuple[float, float]:
         latency = self.latency_s if self.read_latency_s is None else self.read_latency_s
-        return latency + nbytes / self.read_bytes_per_s, nbytes * self.read_j_per_byte
+        seconds = latency + nbytes / self.read_bytes_per_s if self.read_curve is None \
+            else self.read_curve.seconds(nbytes, latency)
+        return seconds, nbytes * self.read_j_per_byte
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()
-                if (v is not None or k not in ("read_latency_s", "write_latency_s"))
-                and (v != 0.0 or k != "compute_share")}
+        out = {k: v for k, v in self.__dict__.items()
+               if (v is not None or k not in ("read_latency_s", "write_latency_s", "write_curve",
+                                               "read_curve"))
+               and (v != 0.0 or k != "compute_share")}
+        for key in ("write_curve", "read_curve"):
+            if out.get(key) is not None:
+                out[key] = out[key].to_list()
+        return out
+
+
+@dataclass(frozen=True)
+class TransferCurve:
+    """Measured transfer times, (bytes, seconds) ascending in both, and the time of any size
+    read off them: linear between two measured sizes; below the smallest, on the line from
+    (0, latency) to it; beyond the largest, at the rate of the last stretch (the marginal cost
+    of more bytes, which is what large pages pay)."""
+
+    points: tuple[tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        sizes = [n for n, _ in self.points]
+        times = [t for _, t in self.points]
+        if not self.points or sizes[0] <= 0 or times[0] <= 0:
+            raise ValueError("a transfer curve needs points of > 0 bytes and > 0 seconds")
+        if any(b <= a for a, b in zip(sizes, sizes[1:])) or \
+                any(b < a for a, b in zip(times, times[1:])):
+            raise ValueError("a transfer curve's sizes must ascend and its times not fall")
+
+    @classmethod
+    def measured(cls, sizes: list[int], seconds: list[float]) -> "TransferCurve":
+        """From timings, one per size (any order): a smaller size measured slower than a larger
+        one is noise, and the larger is taken to cost at least as much."""
+        points, slowest = [], 0.0
+        for n, t in sorted(zip(sizes, seconds)):
+            slowest = max(slowest, t)
+            points.append((int(n), slowest))
+        return cls(tuple(points))
+
+    def seconds(self, nbytes: int, latency_s: float = 0.0) -> float:
+        sizes = [n for n, _ in self.points]
+        k = bisect.bisect_left(sizes, nbytes)
+        if k < len(sizes) and sizes[k] == nbytes:
+            return self.points[k][1]
+        if k == 0:
+            n1, t1 = self.points[0]
+            t0 = min(max(latency_s, 0.0), t1)
+            return t0 + (t1 - t0) * nbytes / n1
+        if k == len(sizes):
+            n1, t1 = self.points[-1]
+            if len(sizes) == 1:
+                rate = t1 / n1
+            else:
+                n0, t0 = self.points[-2]
+                rate = (t1 - t0) / (n1 - n0) or t1 / n1
+            return t1 + (nbytes - n1) * rate
+        (n0, t0), (n1, t1) = self.points[k - 1], self.points[k]
+        return t0 + (t1 - t0) * (nbytes - n0) / (n1 - n0)
+
+    def to_list(self) -> list[list[float]]:
+        return [[n, t] for n, t in self.points]
 
 
 @dataclass
@@ -98,7 +168,7 @@ _FIELDS = {"format", "version", "name", "source", "device", "power", "tiers", "o
            "ram_total_bytes", "runtime_baseline_bytes", "published_sources", "measurements"}
 _TIER_FIELDS = {"read_bytes_per_s", "write_bytes_per_s", "latency_s", "read_j_per_byte",
                 "write_j_per_byte", "capacity_bytes", "read_latency_s", "write_latency_s",
-                "compute_share"}
+                "compute_share", "write_curve", "read_curve"}
 
 
 def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
@@ -142,7 +212,8 @@ def tier_from(r: Reader) -> Tier:
                 capacity_bytes=r.integer("capacity_bytes", None),
                 read_latency_s=r.number("read_latency_s", None),
                 write_latency_s=r.number("write_latency_s", None),
-                compute_share=r.number("compute_share", 0.0, minimum=None))
+                compute_share=r.number("compute_share", 0.0, minimum=None),
+                write_curve=_curve_from(r, "write_curve"), read_curve=_curve_from(r, "read_curve"))
     for key in ("read_bytes_per_s", "write_bytes_per_s"):
         if getattr(tier, key) <= 0:
             raise r.error(key, "a bandwidth > 0 bytes/s", getattr(tier, key))
@@ -150,6 +221,22 @@ def tier_from(r: Reader) -> Tier:
         raise r.error("compute_share", "a share of compute lost per second of IO, from 0 (a "
                       "spare core) to 1 (IO stops compute)", tier.compute_share)
     return tier
+
+
+def _curve_from(r: Reader, key: str) -> TransferCurve | None:
+    rows = r.list(key, None)
+    if rows is None:
+        return None
+    expected = ("[bytes, seconds] pairs, bytes > 0 ascending, seconds > 0 and not falling "
+                "(measured transfer times)")
+    if not rows or not all(isinstance(row, list) and len(row) == 2 and
+                           all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                               for x in row) for row in rows):
+        raise r.error(key, expected, rows)
+    try:
+        return TransferCurve(tuple((int(n), float(t)) for n, t in rows))
+    except ValueError:
+        raise r.error(key, expected, rows) from None
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -1,4 +1,5 @@
-"""Storage tiers: time writes and reads at sizes 4 KiB .. 64 MiB, fit latency + bandwidth.
+"""Storage tiers: time writes and reads at sizes 4 KiB .. 64 MiB, fit latency + bandwidth, and
+keep the measured times, from which the planner reads a transfer's cost (Tier's curves).
 
     flash = measure_flash("/data/pages")                       # FlashStore, fsync, cache dropped
     host = measure_link(send, fetch, drop)                     # any transport's byte callables
@@ -21,7 +22,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
-from ..formats.profile import Tier
+from ..formats.profile import Tier, TransferCurve
 from ..pages import FlashStore, PageStore
 from .contention import MAX_S, ComputeShare, measure_compute_share
 from .fit import LineFit, fit_line
@@ -76,7 +77,11 @@ class TierMeasurement:
                     latency_s=min(read.latency_s, write.latency_s),
                     read_latency_s=read.latency_s, write_latency_s=write.latency_s,
                     capacity_bytes=self.capacity_bytes,
-                    compute_share=(self.contention.share or 0.0) if self.contention else 0.0)
+                    compute_share=(self.contention.share or 0.0) if self.contention else 0.0,
+                    write_curve=TransferCurve.measured([p.nbytes for p in self.points],
+                                                       [p.write_s for p in self.points]),
+                    read_curve=TransferCurve.measured([p.nbytes for p in self.points],
+                                                      [p.read_s for p in self.points]))
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "points": [asdict(p) for p in self.points],

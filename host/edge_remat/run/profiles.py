@@ -30,6 +30,10 @@ from ..transport.host_pages import link_pages
 PROFILES_DIR = shipped_dir("profiles")
 # Small and quick: a few sizes and short power windows keep the first run well under a minute.
 QUICK_PARAMS = {"sizes": [64 * 2**10, 2**20, 8 * 2**20], "idle_s": 0.5, "busy_s": 0.5}
+# Part of the cache key: raised when the profiler starts measuring something plans use, so that
+# a profile cached before is measured again rather than planned with the older figures
+# (2: tiers carry their measured transfer curves).
+PROFILER_REVISION = 2
 
 
 @dataclass
@@ -63,7 +67,7 @@ def cache_key(board: dict, model: dict) -> str:
     """The same board (its identity, not an emulated memory limit) and model share a profile."""
     identity = {k: board.get(k) for k in ("hostname", "board", "machine", "system", "cpu_count",
                                            "ram_total_bytes", "torch", "python")}
-    content = {"board": identity, "model": model}
+    content = {"board": identity, "model": model, "profiler": PROFILER_REVISION}
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
