@@ -104,8 +104,9 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
                            f"{type(example_args).__name__}")
     scopes: list[str] = []
     start = time.perf_counter()
-    with _TRACE_LOCK, _eager_composites(), fx_traceback.preserve_node_meta(), \
-            _scope_hooks(module, scopes), contextlib.ExitStack() as stack:
+    with _TRACE_LOCK, _eager_composites(), _uncached_fake_dispatch(), \
+            fx_traceback.preserve_node_meta(), _scope_hooks(module, scopes), \
+            contextlib.ExitStack() as stack:
         handle = module.register_forward_hook(_loss_check(model))
         try:
             joint = _export(stack, module, tuple(example_args), model, scopes)
@@ -119,6 +120,16 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
     _size_opaque_workspaces(trace)
     trace.capture_s = time.perf_counter() - start
     return trace
+
+
+def _uncached_fake_dispatch():
+    """Fake tensors without their process-wide dispatch cache: an op's outputs built from a
+    cache entry do not alias as the op's first run made them (mkldnn_rnn_layer_backward gives
+    an LSTM's two biases one gradient tensor; from the cache, two), so a second capture in one
+    process differed from the first, and from the board's, which captures in a fresh one
+    (lstm-lm: 26 nodes against 28, and `run` refused its own plan)."""
+    import torch._dynamo.config
+    return torch._dynamo.config.patch(fake_tensor_cache_enabled=False)
 
 
 def _export(stack, module, args, model, scopes):
