@@ -273,6 +273,22 @@ def test_cgroup_v1_unlimited_is_no_limit(tmp_path):
     assert cgroup_memory_limit_bytes(str(tmp_path)) is None
 
 
+def test_the_runtime_baseline_is_a_memory_limited_groups_figure_or_the_resident_set(monkeypatch):
+    # A group without a limit (a container's, a login session's) holds whatever else runs in
+    # it: CI's container charged 2 GB to a run whose process peaked at 0.4 GB.
+    from edge_remat_agent.executor import baseline
+    model = torch.nn.Linear(256, 256)  # 257 KiB of parameters, resident
+    monkeypatch.setattr(baseline, "cgroup_memory_usage", lambda: (2 * 10**9, "cgroup v1 shared"))
+    monkeypatch.setattr(baseline, "cgroup_memory_limit_bytes", lambda: None)
+    alone = baseline.runtime_baseline(model)
+    assert alone["source"].startswith("process resident set")
+    assert 0 < alone["charged_bytes"] < 2 * 10**9
+    monkeypatch.setattr(baseline, "cgroup_memory_limit_bytes", lambda: 600 * MiB)
+    limited = baseline.runtime_baseline(model)
+    assert limited["source"] == "cgroup v1 shared"
+    assert limited["bytes"] == 2 * 10**9 - 257 * 256 * 4
+
+
 def test_power_without_any_sensor_says_why(tmp_path):
     power = measure_power(root=tmp_path, idle_s=0.01, busy_s=0.01)  # an empty tree: nothing
     assert not power.measured and power.sensor is None

@@ -10,7 +10,8 @@ import pytest
 
 from edge_remat.devices import load_device
 from edge_remat.run import profiles as run_profiles
-from edge_remat.reports.run_report import build_report, report_text, steps_from
+from edge_remat.reports.run_report import (build_report, report_text, steady_median,
+                                           steps_from)
 from edge_remat_agent.formats import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +43,48 @@ def test_report_says_where_the_prediction_missed():
     text = report_text(report)
     assert "MODELLED" in text and "kernel peak" in text and "450.00 MiB" in text
     json.dumps(report)
+
+
+def test_the_plan_file_is_the_prediction_and_runtime_warm_memory_is_not_a_tensor():
+    # The board replays the plan with the graph's costs and says a lower peak; the report
+    # holds the plan's. Of its 13 MiB, 11.6 MiB is what the ops' first calls leave to the
+    # process (conv-gru): no tensor holds it, so the ledger is held against the rest.
+    mib = 2**20
+    plan = {"budget_bytes": 20 * mib, "problem": {"runtime_warm_bytes": int(11.6 * mib)},
+            "predicted": {"peak_bytes": 13 * mib, "time_s": 0.1}}
+    result = {"predicted_peak_bytes": 12 * mib, "predicted_time_s": 0.3,
+              "steps": [{"loss": 2.0, "step_time_s": 0.238, "ledger_peak_bytes": int(1.43 * mib)},
+                        {"loss": 1.9, "step_time_s": 0.0506, "ledger_peak_bytes": int(1.43 * mib)}]}
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=2,
+                          result=result, plan=plan, kernel_peak_bytes=300 * mib,
+                          kernel_peak_source="test")
+    assert report["predicted_peak_bytes"] == 13 * mib and report["predicted_time_s"] == 0.1
+    assert report["predicted_tensor_peak_bytes"] == 13 * mib - int(11.6 * mib)
+    tensor_miss = next(m for m in report["misses"] if m.startswith("tensor peak"))
+    assert "+2.1%" in tensor_miss and "runtime warm-up memory left out" in tensor_miss
+    # Two steps: the second is the steady one (the first paid the ops' first calls).
+    assert any("step 2 0.0506 s against 0.1 s" in m for m in report["misses"])
+    step_line = next(x for x in report_text(report).splitlines() if x.strip().startswith("1 "))
+    assert "1.4 / 1.4" in step_line
+
+
+def test_steady_median_leaves_the_first_step_out():
+    assert steady_median([]) == (None, "")
+    assert steady_median([1.5]) == (1.5, "step 1")
+    assert steady_median([1.08, 0.98]) == (0.98, "step 2")
+    assert steady_median([9.0, 1.0, 2.0, 3.0, 4.0]) == (2.5, "median of steps 2-5")
+
+
+def test_a_process_above_the_kernel_peak_is_explained():
+    mib = 2**20
+    result = {"steps": [{"loss": 2.0, "step_time_s": 1.0, "ledger_peak_bytes": 100 * mib,
+                         "rss_peak_bytes": 655 * mib}]}
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
+                          result=result, plan={"budget_bytes": 300 * mib, "predicted": {}},
+                          memory_limit_bytes=600 * mib, kernel_peak_bytes=582 * mib,
+                          kernel_peak_source="test")
+    line = next(x for x in report_text(report).splitlines() if x.startswith("process peak"))
+    assert "above the kernel peak" in line and "shared files" in line
 
 
 def test_report_says_where_the_memory_went_by_class():

@@ -2,7 +2,10 @@
 
 Interpreter, torch, model code, the agent daemon beside it: memory no plan can move. Read from
 the memory cgroup the agent runs in (an emulated board's, or a board's own) just before the
-first step; without one, the process's resident set. The model's parameters and buffers
+first step, where that group has a memory limit; otherwise the process's resident set. A group
+without a limit is only a unit of accounting (a container's, a login session's) and holds
+whatever else runs there: in this project's CI container it charged 2 GB to a run whose process
+peaked at 0.4 GB. The model's parameters and buffers
 already in RAM then are planned memory (the plan's fixed bytes), so they are taken out. The
 physical memory of training is then (kernel peak - runtime baseline), held against the plan's
 predicted peak.
@@ -14,12 +17,12 @@ from typing import Any
 
 import torch
 
-from ..profiler.identity import cgroup_memory_usage
+from ..profiler.identity import cgroup_memory_limit_bytes, cgroup_memory_usage
 
 
 def runtime_baseline(module: torch.nn.Module) -> dict[str, Any]:
-    charged, source = cgroup_memory_usage() or \
-        (_rss_bytes(), "process resident set (no memory cgroup)")
+    group = cgroup_memory_usage() if cgroup_memory_limit_bytes() is not None else None
+    charged, source = group or (_rss_bytes(), "process resident set (no memory-limited cgroup)")
     model = _resident_model_bytes(module)
     return {"bytes": None if charged is None else max(0, charged - model),
             "charged_bytes": charged, "resident_model_bytes": model, "source": source}

@@ -140,12 +140,15 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             home.bring_back()
     # Times and energies are the plan's (its profile's op costs; the replay here has only the
     # graph's), so that compute, paging and step time in one report come from one cost model.
+    # Peak, times and energies are the plan's (its profile's op costs and workspaces; the
+    # replay here has only the graph's), so that a run's report and its plan file agree.
     predicted = {**sim.summary(), **{k: v for k, v in plan.predicted.items()
-                                     if k in ("time_s", "tdi_percent", "compute_time_s",
-                                              "paging_time_s", "energy_j", "energy_compute_j",
-                                              "energy_paging_j", "energy_static_j", "io",
-                                              "step_time_s", "io_busy_s", "io_wait_s",
-                                              "paging_hidden_share", "io_slowed_s")}}
+                                     if k in ("peak_bytes", "peak_at", "time_s", "tdi_percent",
+                                              "compute_time_s", "paging_time_s", "energy_j",
+                                              "energy_compute_j", "energy_paging_j",
+                                              "energy_static_j", "io", "step_time_s",
+                                              "io_busy_s", "io_wait_s", "paging_hidden_share",
+                                              "io_slowed_s")}}
     predicted["peak_at"] = list(predicted["peak_at"])  # JSON has no tuples
     first = records[0]
     return {
@@ -158,7 +161,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "executor_allocator": allocator, "arena": describe_arena(arena, plan),
         "runtime_baseline_bytes": baseline["bytes"], "runtime_baseline": baseline,
         "budget_bytes": plan.budget_bytes, "fixed_bytes": captured.graph.fixed_bytes,
-        "predicted_peak_bytes": sim.peak_bytes, "predicted_time_s": predicted["time_s"],
+        "predicted_peak_bytes": predicted["peak_bytes"], "predicted_time_s": predicted["time_s"],
         "predicted": predicted,
         "recomputed": first["recomputed"], "page_ins": first["page_ins"],
         "page_outs": first["page_outs"],

@@ -9,6 +9,7 @@ lists per field (`{"loss": [...], "step_time_s": [...]}`) or one record per step
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Optional
 
 from ..units import fmt_bytes
@@ -84,8 +85,14 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "arena_bytes": ((result or {}).get("arena") or {}).get("size_bytes"),
         "budget_bytes": (plan or {}).get("budget_bytes"),
         "plain_peak_bytes": plain_peak_bytes,
-        "predicted_peak_bytes": figures["predicted_peak_bytes"] or predicted.get("peak_bytes"),
-        "predicted_time_s": figures["predicted_time_s"] or predicted.get("time_s"),
+        # The plan's figures first: a board replays the plan with the graph's costs only.
+        "predicted_peak_bytes": predicted.get("peak_bytes") or figures["predicted_peak_bytes"],
+        # Of the peak, what the ledger can see: all but the memory the ops' first calls leave
+        # to the process (oneDNN's primitives), which the plan counts and no tensor holds.
+        "predicted_tensor_peak_bytes": _difference(
+            predicted.get("peak_bytes") or figures["predicted_peak_bytes"],
+            ((plan or {}).get("problem") or {}).get("runtime_warm_bytes") or 0),
+        "predicted_time_s": predicted.get("time_s") or figures["predicted_time_s"],
         "predicted_energy_j": predicted.get("energy_j"),
         "energy_total_j": _total(per_step["energy_j"]),
         "recomputed": _first(figures["recomputed"], predicted.get("recomputed")),
@@ -115,9 +122,12 @@ def misses(report: dict) -> list[str]:
     """Where the prediction missed, and by how much (plain runs have no prediction)."""
     out = []
     predicted_peak, ledger = report.get("predicted_peak_bytes"), report.get("tensor_peak_bytes")
-    if predicted_peak and ledger:
-        out.append(f"tensor peak: measured {fmt_bytes(ledger)} against {fmt_bytes(predicted_peak)}"
-                   f" predicted ({(ledger / predicted_peak - 1) * 100:+.1f}%)")
+    tensors = report.get("predicted_tensor_peak_bytes") or predicted_peak
+    if tensors and ledger:
+        warm = f" (the plan's {fmt_bytes(predicted_peak - tensors)} of runtime warm-up memory " \
+               "left out: no tensor holds it)" if tensors != predicted_peak else ""
+        out.append(f"tensor peak: measured {fmt_bytes(ledger)} against {fmt_bytes(tensors)}"
+                   f" predicted ({(ledger / tensors - 1) * 100:+.1f}%){warm}")
     physical = report.get("training_physical_bytes")
     if physical and predicted_peak:
         out.append(f"physical memory of training (kernel peak - runtime baseline of "
@@ -129,21 +139,33 @@ def misses(report: dict) -> list[str]:
     if measured and ledger:
         out.append(f"resident peak {fmt_bytes(measured)} is {fmt_bytes(measured - ledger)} above "
                    "the tensors: interpreter, torch, allocator slack (not in the plan's model)")
-    times = [t for t in report.get("step_time_s", []) if isinstance(t, (int, float))]
+    typical, which = steady_median(report.get("step_time_s", []))
     predicted_time = report.get("predicted_time_s")
-    if times and predicted_time:
-        typical = sorted(times)[len(times) // 2]
+    if typical and predicted_time:
         source = "" if (report.get("profile") or {}).get("name") else \
             " (no operator profile: times are the graph's FLOP estimate)"
-        out.append(f"step time: median {typical:.3g} s against {predicted_time:.3g} s predicted "
-                   f"({typical / predicted_time:.2f}x){source}")
-    energy, predicted_energy = report.get("energy_j") or [], report.get("predicted_energy_j")
-    joules = [e for e in energy if isinstance(e, (int, float))]
-    if joules and predicted_energy:
-        typical = sorted(joules)[len(joules) // 2]
-        out.append(f"energy: median {typical:.3g} J a step against {predicted_energy:.3g} J "
+        out.append(f"step time: {which} {typical:.3g} s against {predicted_time:.3g} s "
+                   f"predicted ({typical / predicted_time:.2f}x){source}")
+    typical, which = steady_median(report.get("energy_j") or [])
+    predicted_energy = report.get("predicted_energy_j")
+    if typical and predicted_energy:
+        out.append(f"energy: {which} {typical:.3g} J a step against {predicted_energy:.3g} J "
                    f"predicted ({typical / predicted_energy:.2f}x)")
     return out
+
+
+def steady_median(values: list) -> tuple[Optional[float], str]:
+    """The median of the steps after the first, and words that say so: the first step pays
+    what later ones do not (the ops' first calls, page files made, the runner's warm-up),
+    and a plan predicts the steady step. With one step, that step."""
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    if not numbers:
+        return None, ""
+    if len(numbers) == 1:
+        return numbers[0], "step 1"
+    steady = numbers[1:]
+    which = "step 2" if len(steady) == 1 else f"median of steps 2-{len(numbers)}"
+    return statistics.median(steady), which
 
 
 def _cell(value, fmt: str) -> str:
@@ -175,7 +197,8 @@ def report_text(report: dict) -> str:
         lines.append(f"plan      budget {fmt_bytes(report['budget_bytes'])}{share}, solver "
                      f"{report.get('solver')}, {report.get('recomputed')} recomputations, "
                      f"{report.get('page_outs')} page-outs / {report.get('page_ins')} page-ins")
-    pred_t, pred_p = report.get("predicted_time_s"), report.get("predicted_peak_bytes")
+    pred_t = report.get("predicted_time_s")
+    pred_tensors = report.get("predicted_tensor_peak_bytes") or report.get("predicted_peak_bytes")
     pred_e = report.get("predicted_energy_j")
     head = (f"{'step':>4}  {'loss':>8}  {'time s':>15}  {'tensor peak MiB':>17}  "
             f"{'RSS peak MiB':>12}  {'energy J':>15}")
@@ -185,7 +208,7 @@ def report_text(report: dict) -> str:
         lines.append(
             f"{k + 1:>4}  {_cell(report['loss'][k], '{:.4f}'):>8}  "
             f"{_cell(pred_t, '{:.3g}') + ' / ' + _cell(report['step_time_s'][k], '{:.3g}'):>15}  "
-            f"{_mib(pred_p) + ' / ' + _mib(report['ledger_peak_bytes'][k]):>17}  "
+            f"{_mib(pred_tensors) + ' / ' + _mib(report['ledger_peak_bytes'][k]):>17}  "
             f"{_mib(report['rss_peak_bytes'][k]):>12}  "
             f"{_cell(pred_e, '{:.3g}') + ' / ' + _cell(report['energy_j'][k], '{:.3g}'):>15}")
     if report.get("killed_at_step"):
@@ -196,8 +219,13 @@ def report_text(report: dict) -> str:
         lines.append(f"kernel peak   {fmt_bytes(report['kernel_peak_bytes'])}{share} "
                      f"({report.get('kernel_peak_source')})")
     if report.get("measured_peak_bytes") is not None:
+        above = report.get("kernel_peak_bytes") is not None and \
+            report["measured_peak_bytes"] > report["kernel_peak_bytes"]
         lines.append(f"process peak  {fmt_bytes(report['measured_peak_bytes'])} resident "
-                     "(the training process alone)")
+                     "(the training process alone" + (
+                         "; above the kernel peak because the resident set counts pages of "
+                         "shared files, torch's libraries, which the kernel charged to the "
+                         "group that read them first" if above else "") + ")")
     lines += _classes_text(report)
     if report.get("grad_check") is not None:
         lines.append(f"gradients     {_grad_text(report['grad_check'])}")
