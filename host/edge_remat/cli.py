@@ -32,11 +32,10 @@ def _tiers(read_bw, write_bw, latency, energy_per_byte) -> dict[str, Tier]:
         return {}
     if read_bw is None or write_bw is None:
         raise FormatError("command line", "--flash-read-bw/--flash-write-bw", "both bandwidths")
-    from .units import parse_budget
-    kinds = [parse_budget(v) for v in (read_bw, write_bw)]
-    if any(k != "bytes" for k, _ in kinds):
-        raise FormatError("command line", "--flash-read-bw", "a rate in bytes/s such as 90MB")
-    return {"flash": Tier(kinds[0][1], kinds[1][1], latency or 0.0, energy_per_byte or 0.0,
+    from .units import parse_size
+    read = parse_size(read_bw, "--flash-read-bw")  # bytes a second
+    write = parse_size(write_bw, "--flash-write-bw")
+    return {"flash": Tier(read, write, latency or 0.0, energy_per_byte or 0.0,
                           energy_per_byte or 0.0)}
 
 
@@ -650,15 +649,9 @@ def run_command(
     from .remote import to_stderr
     from .run import RunOptions, run
     from .reports.run_report import report_text
-    from .units import Budget, parse_budget
+    from .units import Budget, parse_size
 
-    limit = None
-    if memory_limit:
-        kind, value = parse_budget(memory_limit)
-        if kind != "bytes":
-            raise FormatError("command line", "--memory-limit", "a size such as 600MiB",
-                              memory_limit)
-        limit = int(value)
+    limit = int(parse_size(memory_limit, "--memory-limit")) if memory_limit else None
     if objective not in ("time", "energy"):
         raise FormatError("command line", "--objective", "time or energy", objective)
     if allocator not in ("glibc", "arena"):

@@ -18,31 +18,44 @@ class UnitError(ValueError):
     pass
 
 
-def parse_budget(text: str) -> tuple[str, float]:
-    """'0.8' or '80%' -> ('fraction', 0.8); '512MiB' or '736128' -> ('bytes', 536870912)."""
+def parse_budget(text: str, option: str = "budget",
+                 sizes_only: bool = False) -> tuple[str, float]:
+    """'0.8' or '80%' -> ('fraction', 0.8); '512MiB' or '736128' -> ('bytes', 536870912).
+    `option` names what is read in the messages (e.g. '--memory-limit'); `sizes_only`: a
+    fraction of the plain peak means nothing there (a board's RAM, a bandwidth)."""
+    usage = "a size (512MiB, 2GB, 736128)" if sizes_only else \
+        "a fraction (0.8), a percentage (80%) or a size (512MiB, 2GB, 736128)"
     quantity = split_quantity(text)
     if quantity is None:
-        raise UnitError(f"cannot read budget {text!r}: use a fraction (0.8), a percentage (80%) "
-                        "or a size (512MiB, 2GB, 736128)")
+        raise UnitError(f"cannot read {option} {text!r}: use {usage}")
     value, unit = quantity
     if unit == "%":
         value /= 100.0
         unit = "fraction"
-    if unit in ("", "fraction") and value < _FRACTION_LIMIT:
-        if value <= 0:
-            raise UnitError(f"budget {text!r} must be positive")
+    fraction = unit == "fraction" or (unit == "" and value < _FRACTION_LIMIT)
+    if fraction and value <= 0:
+        raise UnitError(f"{option} {text!r} must be positive")
+    if fraction and sizes_only:
+        raise UnitError(f"{option} {text!r} reads as a fraction of the plain peak: use {usage}")
+    if fraction and value < _FRACTION_LIMIT:
         return "fraction", value
-    if unit == "fraction":
-        raise UnitError(f"budget {text!r} is {value:g} times the plain peak: give at most "
+    if fraction:
+        raise UnitError(f"{option} {text!r} is {value:g} times the plain peak: give at most "
                         f"{_FRACTION_LIMIT - 1}00%, or a size such as 512MiB")
     if unit not in SIZE_UNITS:
-        raise UnitError(f"unknown size unit {unit!r} in budget {text!r} (known: {KNOWN_UNITS})")
+        raise UnitError(f"unknown size unit {unit!r} in {option} {text!r} (known: "
+                        f"{KNOWN_UNITS})")
     if value <= 0:
-        raise UnitError(f"budget {text!r} must be positive")
+        raise UnitError(f"{option} {text!r} must be positive")
     if not math.isfinite(value) or value * SIZE_UNITS[unit] > MAX_BYTES:
-        raise UnitError(f"budget {text!r} is larger than any board's memory (at most "
+        raise UnitError(f"{option} {text!r} is larger than any board's memory (at most "
                         f"{MAX_BYTES} bytes, 1 EiB)")
     return "bytes", value * SIZE_UNITS[unit]
+
+
+def parse_size(text: str, option: str) -> float:
+    """A size option ('600MiB', or '90MB' a second): bytes; the messages name the option."""
+    return parse_budget(text, option, sizes_only=True)[1]
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,16 @@ def parse_multiplier(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise UnitError(f"{text!r} must be a positive finite multiple such as 1.3")
     return value
+
+
+def round_up(value: float, digits: int = 4) -> float:
+    """`value` rounded up to `digits` significant digits: a least multiple printed this way
+    (a deadline that can be met) still holds when passed back."""
+    shown = float(f"{value:.{digits}g}")
+    if shown >= value or not math.isfinite(value) or value <= 0:
+        return shown
+    last_digit = 10.0 ** (math.floor(math.log10(shown)) - digits + 1)
+    return float(f"{shown + last_digit:.{digits}g}")
 
 
 def fmt_bytes(n: float | None) -> str:

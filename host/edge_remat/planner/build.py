@@ -12,7 +12,7 @@ from ..units import Budget
 from .baselines import keep_all
 from .evaluate import evaluate
 from .ordering import ORDERS, memory_order
-from .problem import Problem
+from .problem import Problem, ProblemError
 
 PAGING_CHOICES = {"none": (), "flash": ("flash",), "host": ("host",), "both": ("flash", "host")}
 
@@ -84,18 +84,18 @@ def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile |
     `order_time_s`: at most this long for choosing the order (callers with a time limit give
     ordering.ORDER_SHARE of it); the time taken is `order_s`, which solve() counts."""
     if order not in ORDERS:
-        raise ValueError(f"--order must be one of {', '.join(ORDERS)}, got {order!r}")
+        raise ProblemError(f"--order must be one of {', '.join(ORDERS)}, got {order!r}")
     if order == "memory" and graph.replayed:
-        raise ValueError(f"--order memory: graph '{graph.name}' was captured from a model, "
-                         "whose ops draw random numbers and update state in its order; "
-                         "plan it in its own order (--order given or auto)")
+        raise ProblemError(f"--order memory: graph '{graph.name}' was captured from a model, "
+                           "whose ops draw random numbers and update state in its order; "
+                           "plan it in its own order (--order given or auto)")
     costs = build_costs(graph, profile, tiers)
     if paging is None:  # default: page wherever the inputs say what paging costs
         chosen = tuple(t for t in ("flash", "host") if t in costs.tiers)
     elif paging in PAGING_CHOICES:
         chosen = PAGING_CHOICES[paging]
     else:
-        raise ValueError(f"--paging must be one of {', '.join(PAGING_CHOICES)}, got {paging!r}")
+        raise ProblemError(f"--paging must be one of {', '.join(PAGING_CHOICES)}, got {paging!r}")
     reference = graph.capture.get("reference_peak_bytes", plain_peak)
     problem = Problem(graph, costs, resolve_budget(budget, graph, reference, profile),
                       objective, deadline, chosen, paging_time,

@@ -10,6 +10,7 @@ from typing import Callable
 
 from edge_remat_agent.formats import Plan
 
+from ..units import round_up
 from . import isolated
 from .baselines import BASELINES
 from .bounds import SCOPE as BOUND_SCOPE, stage_lower_bound
@@ -521,11 +522,12 @@ def _fastest_within_budget(p: Problem, solver: str, time_limit: float, backend: 
                        fallback=f"{solver} found no plan that meets the deadline; this is the "
                                 "fastest plan within the budget")
     proven = report.plan.solver["status"] == "optimal"
+    smallest = round_up(achieved, 4)  # up, as printed: passed back, it is met
     raise InfeasibleDeadline(
         f"no schedule within {p.budget_bytes} bytes meets the deadline of {p.deadline:g}x the "
         f"plain time; the smallest deadline that can be met is "
-        + (f"{achieved:.4g}x (proven by {report.plan.solver['name']})" if proven else
-           f"at most {achieved:.4g}x (the fastest plan {report.plan.solver['name']} found in "
+        + (f"{smallest:g}x (proven by {report.plan.solver['name']})" if proven else
+           f"at most {smallest:g}x (the fastest plan {report.plan.solver['name']} found in "
            f"{time_limit:.0f} s)") + "; pass a --deadline at least that, or a larger --budget",
         achieved)
 

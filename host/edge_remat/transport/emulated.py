@@ -14,6 +14,7 @@ import os
 
 from ..cgroup import CgroupUnavailable, MemoryCgroup
 from ..devices import DeviceConfig
+from ..errors import UserError
 from .errors import TransportError
 from .local import LocalTransport
 
@@ -25,9 +26,9 @@ def emulated_device(device: DeviceConfig, memory_limit_bytes: int) -> DeviceConf
     moves to a workdir of its own: a daemon already running there outside any limit must not
     be reused."""
     if device.connection.kind != "local":
-        raise TransportError(f"--memory-limit emulates a board on this machine; {device.name} "
-                             f"is reached over {device.connection.kind} (its own RAM is its "
-                             "limit): use --device local or emulated-board")
+        raise UserError(f"--memory-limit emulates a board on this machine; {device.name} "
+                        f"is reached over {device.connection.kind} (its own RAM is its "
+                        "limit): use --device local or emulated-board")
     connection = device.connection
     if not device.hardware.memory_limit_bytes:
         connection = dataclasses.replace(connection, workdir=EMULATED_WORKDIR)

@@ -1,0 +1,76 @@
+"""Mistakes at the command line found by QA: each is refused as bad input (exit 2), in one line
+that names the option at fault, and what the CLI tells the user to pass works when passed."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from helpers.bad_inputs import BAD_INPUT, cli, refused, tiny_graph
+from helpers.exact_problems import problem
+from helpers.small_graphs import training_chain
+
+
+def captured_graph(folder):
+    """The tiny graph as if captured from a model: the executor replays its ops' order."""
+    path = tiny_graph(folder, "captured.json")
+    graph = json.loads(path.read_text())
+    for node in graph["nodes"]:
+        node["attrs"] = {"outputs": [node["op"]]}
+    path.write_text(json.dumps(graph))
+    return path
+
+
+def test_order_memory_on_a_captured_graph_is_bad_input(tmp_path):
+    refused(cli("plan", "--graph", captured_graph(tmp_path), "--budget", "98%", "--order",
+                "memory", "-o", tmp_path / "plan.json"),
+            BAD_INPUT, "--order memory", "captured from a model", "--order given or auto")
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_the_smallest_deadline_named_is_met_when_passed_back(tmp_path):
+    graph = training_chain(4, 1)  # its fastest schedule takes 1.26923...x the plain time
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps(graph.to_dict()))
+    budget = problem(graph, 0.5).budget_bytes
+    args = ["plan", "--graph", path, "--budget", budget, "--objective", "energy"]
+    line = refused(cli(*args, "--deadline", "1.0"), BAD_INPUT, "smallest deadline")
+    named = re.search(r"can be met is (?:at most )?([0-9.]+)x", line).group(1)
+    assert float(named) > 1.269  # rounded up, not to the nearest
+    proc = cli(*args, "--deadline", named, "--json")
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "nan"])
+@pytest.mark.parametrize("command", [["plan", "--budget", "0.8"], ["plan", "--sweep",
+                                                                    "0.5:1.0:0.25"]],
+                         ids=["plan", "sweep"])
+def test_plan_refuses_a_time_limit_that_is_not_positive(tmp_path, command, limit):
+    refused(cli(command[0], "--graph", tiny_graph(tmp_path), *command[1:], "--time-limit",
+                limit), BAD_INPUT, "--time-limit must be a positive number of seconds")
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--memory-limit", "foo"], ["cannot read --memory-limit 'foo'", "a size"]),
+    (["--memory-limit", "50%"], ["--memory-limit '50%'", "a size"]),
+], ids=["unreadable", "fraction"])
+def test_run_names_the_memory_limit_it_cannot_read(tmp_path, args, words):
+    refused(cli("run", "--device", "local", "--model", "mlp", *args, "--out", tmp_path),
+            BAD_INPUT, *words)
+
+
+@pytest.mark.parametrize("read,write,words", [
+    ("0", "0", ["--flash-read-bw '0' must be positive"]),
+    ("90MB", "0", ["--flash-write-bw '0' must be positive"]),
+    ("90MB", "50%", ["--flash-write-bw '50%'", "a size"]),
+], ids=["read zero", "write zero", "write fraction"])
+def test_plan_names_the_flash_bandwidth_it_cannot_read(tmp_path, read, write, words):
+    refused(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.8", "--flash-read-bw",
+                read, "--flash-write-bw", write), BAD_INPUT, *words)
+
+
+def test_memory_limit_on_a_remote_board_is_bad_input(tmp_path):
+    refused(cli("run", "--device", "rpi4", "--memory-limit", "600MiB", "--model", "mlp",
+                "--out", tmp_path), BAD_INPUT, "--memory-limit", "--device local")
