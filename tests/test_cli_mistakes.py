@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from helpers.bad_inputs import BAD_INPUT, cli, refused, tiny_graph
 from helpers.exact_problems import problem
 from helpers.small_graphs import training_chain
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def captured_graph(folder):
@@ -74,3 +77,34 @@ def test_plan_names_the_flash_bandwidth_it_cannot_read(tmp_path, read, write, wo
 def test_memory_limit_on_a_remote_board_is_bad_input(tmp_path):
     refused(cli("run", "--device", "rpi4", "--memory-limit", "600MiB", "--model", "mlp",
                 "--out", tmp_path), BAD_INPUT, "--memory-limit", "--device local")
+
+
+def test_simulate_refuses_a_plan_over_its_own_budget_and_says_so(tmp_path):
+    graph = tiny_graph(tmp_path)
+    assert cli("plan", "--graph", graph, "--budget", "1.0", "-o", tmp_path / "p.json"
+               ).returncode == 0
+    plan = json.loads((tmp_path / "p.json").read_text())
+    plan["budget_bytes"] = plan["predicted"]["peak_bytes"] - 1
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    refused(cli("simulate", tmp_path / "p.json", "--graph", graph), BAD_INPUT,
+            f"peak, {plan['predicted']['peak_bytes']} bytes, is over its budget")
+
+
+def test_simulate_without_the_plans_profile_says_whose_costs_it_replays(tmp_path):
+    graph = tiny_graph(tmp_path)
+    plan = tmp_path / "p.json"
+    profile = REPO / "profiles" / "rpi4.json"
+    assert cli("plan", "--graph", graph, "--budget", "0.9", "--profile", profile, "-o", plan
+               ).returncode == 0
+    proc = cli("simulate", plan, "--graph", graph)
+    assert proc.returncode == 0, proc.stderr
+    assert "made with the profile" in proc.stderr and "give --profile" in proc.stderr
+    assert "made with the profile" not in cli("simulate", plan, "--graph", graph, "--profile",
+                                              profile).stderr
+
+
+def test_run_names_every_parameter_home_before_it_captures(tmp_path):
+    proc = cli("run", "--device", "local", "--model", "mlp", "--budget", "90%",
+               "--params-home", "disk", "--out", tmp_path / "out")
+    refused(proc, BAD_INPUT, "--params-home", "auto", "ram", "flash", "disk")
+    assert "capturing" not in proc.stderr

@@ -29,9 +29,9 @@ class PlanError(ValueError):
 
     def __init__(self, stage: int, position: int, instruction: Instruction | None, problem: str):
         self.stage, self.position, self.instruction = stage, position, instruction
-        where = f"stage {stage}, instruction {position} ({instruction})" if instruction else \
-            "after the last stage"
-        super().__init__(f"invalid plan at {where}: {problem}")
+        where = f"at stage {stage}, instruction {position} ({instruction})" if instruction \
+            else "after its last stage"
+        super().__init__(f"invalid plan {where}: {problem}")
 
 
 @dataclass

@@ -13,7 +13,7 @@ import typer
 from edge_remat_agent.capture import DEFAULT_MAX_NODES
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
-from .errors import EXIT_KILLED, UserError, cli_errors
+from .errors import EXIT_BAD_INPUT, EXIT_KILLED, UserError, cli_errors
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Fine-tune PyTorch models on boards whose RAM is too small: "
@@ -276,6 +276,10 @@ def simulate(
     note_profile_fit(prof, g, str(profile), to_stderr)
     result = replay(p, g, plan_file, graph, prof)
     summary = result.summary()
+    planned_with = p.problem.get("profile")
+    if planned_with and prof is None:
+        to_stderr(f"note: the plan was made with the profile '{planned_with}' and is replayed "
+                  "here with the graph's own costs; give --profile for its times and energy")
     if as_json:
         print(json.dumps({"valid": True, "budget_bytes": p.budget_bytes, **summary}))
     else:
@@ -283,7 +287,10 @@ def simulate(
         typer.echo("valid plan" + ("" if result.fits_budget else
                                    " — but its peak is OVER the budget"))
     if not result.fits_budget:
-        raise typer.Exit(1)
+        # A plan that breaks its own budget is bad input, not a job that failed on a board.
+        typer.echo(f"error: the plan's peak, {result.peak_bytes} bytes, is over its budget of "
+                   f"{p.budget_bytes} bytes", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 @app.command()
@@ -659,6 +666,10 @@ def run_command(
     from edge_remat_agent.allocator import MALLOCS
     if malloc is not None and malloc not in MALLOCS:
         raise FormatError("command line", "--malloc", " or ".join(MALLOCS), malloc)
+    from edge_remat_agent.capture.state import PARAM_HOMES
+    if params_home not in ("auto", *PARAM_HOMES):  # before any capture starts
+        raise FormatError("command line", "--params-home", " or ".join(("auto", *PARAM_HOMES)),
+                          params_home)
     options = RunOptions(
         device=device, model=model, budget=Budget.parse(budget) if budget else None,
         objective=objective,
