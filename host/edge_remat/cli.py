@@ -607,7 +607,8 @@ def run_command(
     objective: str = typer.Option(run_default("objective"), "--objective", help="time | energy"),
     deadline: Optional[str] = typer.Option(None, "--deadline", help="e.g. 1.3 = 1.3x plain time"),
     steps: int = typer.Option(run_default("steps"), "--steps", min=1, help="training steps"),
-    data: Optional[str] = typer.Option(None, "--data", help="example | digits | MODULE:FUNCTION "
+    data: Optional[str] = typer.Option(None, "--data", help="example | digits | text | "
+                                       "MODULE:FUNCTION, MODULE a module or a .py file "
                                        "(default: digits for digits-cnn, else example)"),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="emulate a board "
                                                "with this much RAM, e.g. 600MiB (a memory "

@@ -9,16 +9,12 @@ parameters named `batch`, `image`, `seq` or `seed` receives the command line's v
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..user_code import UserCodeError, import_user_module, raised
 from .errors import CaptureError
 
 FACTORY_OPTIONS = ("batch", "image", "seq", "seed")
@@ -47,16 +43,8 @@ def load_model(spec: str, batch: int | None = None, image: int | None = None,
         try:
             result = factory(**kwargs)
         except Exception as exc:  # noqa: BLE001 - the user's code: say what it raised
-            raise CaptureError(spec, f"the factory raised {_raised(exc)}") from exc
+            raise CaptureError(spec, f"the factory raised {raised(exc)}") from exc
     return _check_result(spec, result)
-
-
-def _raised(exc: BaseException) -> str:
-    """`ValueError: message (my_model.py line 12)`: the user's own line, where it was."""
-    import traceback
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" ({Path(frames[-1].filename).name} line {frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def _from_zoo(name, batch, image, seq, seed):
@@ -71,28 +59,10 @@ def _from_zoo(name, batch, image, seq, seed):
 
 
 def _import(module_part: str, spec: str):
-    path = Path(module_part)
-    if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
-        if not path.is_file():
-            raise CaptureError(spec, f"no such file: {module_part}")
-        name = "edge_remat_user_" + path.stem
-        loader = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(loader)
-        sys.modules[name] = module  # dataclasses and pickling look modules up by name
-        try:
-            loader.loader.exec_module(module)
-        except Exception as exc:  # noqa: BLE001 - a SyntaxError or a raise in the user's file
-            raise CaptureError(spec, f"importing {module_part} raised {_raised(exc)}") from exc
-        return module
-    sys.path.insert(0, os.getcwd())  # `python -m`-like: the current directory is importable
     try:
-        return importlib.import_module(module_part)
-    except ImportError as exc:
-        raise CaptureError(spec, f"cannot import {module_part}: {exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - the module raised while it was imported
-        raise CaptureError(spec, f"importing {module_part} raised {_raised(exc)}") from exc
-    finally:
-        sys.path.remove(os.getcwd())
+        return import_user_module(module_part, "edge_remat_user_")
+    except UserCodeError as exc:
+        raise CaptureError(spec, str(exc)) from exc
 
 
 def _check_result(spec: str, result: Any) -> tuple[torch.nn.Module, tuple]:

@@ -8,21 +8,28 @@ model's example arguments, so the executor and plain training feed it straight t
                        shuffled per epoch; for models that take (images [B,1,8,8], labels [B])
     "text"             the bundled English text (story.txt) as byte-level tokens, for language
                        models that take (input_ids [B,S], labels [B,S]) with a vocabulary >= 259
-    "MODULE:FUNCTION"  your own: FUNCTION(batch, seed) yields argument tuples forever
+    "MODULE:FUNCTION"  your own: FUNCTION(batch, seed) yields argument tuples forever; MODULE
+                       is an importable module or a Python file (`my_data.py`, `data/mine.py`),
+                       as for a model's MODULE:FACTORY
 
     for args in batches("digits", example_args, seed=0):
         loss = module(*args)
+
+The host checks a spec with the same table before it sends it (`check_data_spec`), and names a
+file by its absolute path (user_code.spec_file): the board reads it in another working
+directory.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Iterator
+from typing import Callable, Iterator
 
+from ..user_code import UserCodeError, import_user_module, names_file
 from .digits import digits_batches, load_digits
 from .text import text_batches
 
-DATA_SPECS = ("example", "digits", "text", "MODULE:FUNCTION")
+NAMED_DATA = ("example", "digits", "text")
+DATA_SPECS = NAMED_DATA + ("MODULE:FUNCTION",)
 
 
 class DataError(ValueError):
@@ -42,17 +49,44 @@ def batches(spec: str | None, example_args: tuple, seed: int = 0) -> Iterator[tu
         source = digits_batches(batch, seed)
     elif spec == "text":
         source = text_batches(batch, _seq_length(example_args), seed)
-    elif ":" in spec:
-        module_name, _, name = spec.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), name)
-        except (ImportError, AttributeError) as exc:
-            raise DataError(f"data {spec!r}: cannot load {name} from {module_name}: {exc}") \
-                from None
-        source = iter(factory(batch, seed))
     else:
-        raise DataError(f"unknown data {spec!r}; use one of {', '.join(DATA_SPECS)}")
+        source = iter(load_data_function(spec)(batch, seed))
     return _checked(spec, source, example_args, torch)
+
+
+def check_data_spec(spec: str) -> None:
+    """Refuse a spec that names no data: an unknown name, or MODULE:FUNCTION missing a part.
+    (Whether MODULE imports is known only where it is imported: `load_data_function`.)"""
+    if spec in NAMED_DATA:
+        return
+    module_part, colon, name = spec.rpartition(":")
+    if not colon:
+        raise DataError(f"unknown data {spec!r}; use one of {', '.join(DATA_SPECS)} (MODULE: "
+                        "an importable module or a .py file)")
+    if not module_part or not name:
+        raise DataError(f"data {spec!r}: name both MODULE (an importable module or a .py "
+                        "file) and FUNCTION, as MODULE:FUNCTION")
+
+
+def load_data_function(spec: str) -> Callable:
+    """FUNCTION of a MODULE:FUNCTION spec, imported (not called)."""
+    check_data_spec(spec)
+    if spec in NAMED_DATA:
+        raise DataError(f"data {spec!r} is bundled, not MODULE:FUNCTION")
+    module_part, _, name = spec.rpartition(":")
+    module = _import_data_module(spec, module_part)
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise DataError(f"data {spec!r}: {module_part} has no function named {name!r}")
+    return function
+
+
+def _import_data_module(spec: str, module_part: str):
+    try:
+        return import_user_module(module_part, "edge_remat_user_data_")
+    except UserCodeError as exc:
+        hint = "" if names_file(module_part) else " (a Python file? give its path, ending in .py)"
+        raise DataError(f"data {spec!r}: {exc}{hint}") from None
 
 
 def _repeat(args: tuple) -> Iterator[tuple]:
@@ -91,5 +125,5 @@ def _checked(spec: str, source, example_args: tuple, torch) -> Iterator[tuple]:
         yield args
 
 
-__all__ = ["DATA_SPECS", "DataError", "batches", "digits_batches", "load_digits",
-           "text_batches"]
+__all__ = ["DATA_SPECS", "NAMED_DATA", "DataError", "batches", "check_data_spec",
+           "digits_batches", "load_data_function", "load_digits", "text_batches"]

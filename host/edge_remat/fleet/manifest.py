@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from edge_remat_agent.formats import FormatError, Profile, load_profile
+from edge_remat_agent.user_code import names_file
 
 from ..errors import UserError
 from ..tomlfile import read_toml
@@ -283,7 +284,7 @@ def _local_spec(spec: str, here: Path) -> str:
     if ":" not in spec:
         return spec
     module, factory = spec.rsplit(":", 1)
-    if module.endswith(".py") or "/" in module:
+    if names_file(module):
         module = str((here / module).resolve())
     return f"{module}:{factory}"
 

@@ -13,6 +13,8 @@ the board by design does not have.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,9 +111,14 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     if opts.paging is not None and opts.paging not in PAGING_CHOICES:
         raise RunProblem(f"unknown --paging {opts.paging!r}: use one of "
                          f"{', '.join(PAGING_CHOICES)}")
+    check_data(run_data(opts), device)
     if opts.plain:
         return
     check_solver_options(opts.solver, opts.time_limit, None)
+    if opts.params_home == "flash" and not flash_allowed(opts.paging):
+        raise RunProblem(f"--params-home flash reads the parameters from flash every step, "
+                         f"which is paging, and --paging {opts.paging} rules flash out: use "
+                         f"--paging flash (or both), or --params-home ram")
     if opts.budget is None and not device.hardware.memory_limit_bytes:
         raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
     if opts.sweep:
@@ -119,6 +126,58 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     if opts.profile:
         from edge_remat_agent.formats import load_profile
         load_profile(opts.profile)
+
+
+def run_data(opts: RunOptions) -> str:
+    """The data spec the run trains on: --data, else the model's default."""
+    return opts.data or DEFAULT_DATA.get(opts.model, "example")
+
+
+def check_data(spec: str, device: DeviceConfig) -> None:
+    """A data spec the board cannot read is refused here, not after the capture, the profile
+    and the plan: the agent's own table of data names, and a data file this host can see."""
+    from edge_remat_agent.data import DataError, check_data_spec, load_data_function
+    from edge_remat_agent.user_code import spec_file
+    try:
+        check_data_spec(spec)
+        if spec_file(spec) is not None and shares_files(device):
+            load_data_function(spec)  # imported, not called: the file and the function exist
+    except DataError as exc:
+        raise RunProblem(str(exc)) from None
+
+
+def shares_files(device: DeviceConfig) -> bool:
+    """A local board (emulated ones included) reads this host's files; others have their own."""
+    return device.connection.kind == "local"
+
+
+def flash_allowed(paging: Optional[str]) -> bool:
+    """Whether --paging lets anything live on flash (by default the profile's tiers decide)."""
+    from ..planner.build import PAGING_CHOICES
+    return paging is None or "flash" in PAGING_CHOICES.get(paging, ())
+
+
+def for_board(opts: RunOptions, device: DeviceConfig) -> RunOptions:
+    """The options with the user's files (a MODULE:FACTORY model, a MODULE:FUNCTION data
+    module) named by absolute paths: the board reads them in another working directory."""
+    return dataclasses.replace(opts, model=absolute_file_spec(opts.model, "--model", device),
+                               data=absolute_file_spec(run_data(opts), "--data", device))
+
+
+def absolute_file_spec(spec: str, option: str, device: DeviceConfig) -> str:
+    """`dir/mine.py:NAME` -> `/cwd/dir/mine.py:NAME` for a board that shares this host's files;
+    a relative path is refused for one that does not (it would mean the board's own folder).
+    An hf: spec is left to the capture, which makes its paths absolute (canonical_spec)."""
+    from edge_remat_agent.user_code import spec_file  # the agent's rule for what names a file
+    path = None if spec.startswith("hf:") else spec_file(spec)
+    if path is None or os.path.isabs(path):
+        return spec
+    if not shares_files(device):
+        raise RunProblem(f"{option} {spec}: {device.name} is reached over "
+                         f"{device.connection.kind} and reads {path} from its own disk, where "
+                         f"a relative path means nothing; give the absolute path the file has "
+                         f"on the board (and, for a model, the same one on this host)")
+    return os.path.abspath(path) + spec[len(path):]
 
 
 def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
@@ -132,8 +191,9 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     if opts.memory_limit:
         device = emulated_device(device, opts.memory_limit)
     check_options(opts, device)
+    opts = for_board(opts, device)
     out = output_folder(opts.out)
-    data = opts.data or DEFAULT_DATA.get(opts.model, "example")
+    data = opts.data
     # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
     # 0.9); --lr overrides it for both.
     lr = {} if opts.lr is None else {"lr": opts.lr}
@@ -219,7 +279,10 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         note_profile_fit(chosen.profile, graph, str(chosen.path), say)
     # With the profile's measured workspaces (kernel scratch included), as the planner sees it.
     plain_peak = plain_peak_bytes(graph, chosen.profile)
-    if opts.params_home == "auto" and _below_floor(graph, chosen, opts, device, plain_peak):
+    # Homing parameters on flash is paging: not where --paging rules flash out (the budget
+    # then meets the planner's usual refusal, which names the smallest feasible one).
+    if opts.params_home == "auto" and flash_allowed(opts.paging) and \
+            _below_floor(graph, chosen, opts, device, plain_peak):
         say("the budget is below what parameters in RAM allow: capturing again with "
             "parameters and optimizer state homed on flash (--params-home flash)")
         captured = capture("flash")

@@ -1,0 +1,122 @@
+"""`edge-remat run` options that the host must settle before any work: the data spec (checked
+against the agent's own table, its files found from the user's folder) and --paging none with
+the parameters' home (homing them on flash is paging)."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.bad_inputs import BAD_INPUT, REPO, cli, no_new_files, refused, tree
+
+PROFILE = REPO / "profiles" / "this-machine.json"  # given: no profiling on the board
+DATA_FILE = """
+import torch
+
+def batches(batch, seed):
+    while True:
+        yield (torch.zeros(batch, 4),)
+"""
+
+
+def _run(*args, cwd, timeout=120):
+    return cli("run", "--device", "local", "--model", "mlp", "--steps", 1, "--time-limit", 5,
+               "--no-plots", *args, cwd=cwd, timeout=timeout)
+
+
+def _ssh_device(folder):
+    """A board with a disk of its own; nothing here connects to it."""
+    path = folder / "far-board.toml"
+    path.write_text('name = "far-board"\n[connection]\nkind = "ssh"\nhost = "192.0.2.1"\n')
+    return path
+
+
+# -- defect 12: --data ---------------------------------------------------------------------
+
+def test_unknown_data_is_refused_before_any_work(tmp_path):
+    before = tree(tmp_path)
+    proc = _run("--budget", "98%", "--data", "bogus", cwd=tmp_path, timeout=60)
+    refused(proc, BAD_INPUT, "bogus", "example", "digits", "text", "MODULE:FUNCTION")
+    assert "capturing" not in proc.stderr
+    no_new_files(before, tmp_path)
+
+
+def test_data_named_by_the_agents_own_table():
+    from edge_remat_agent.data import DataError, check_data_spec
+    for spec in ("example", "digits", "text", "my_pkg.data:batches", "data/mine.py:batches"):
+        check_data_spec(spec)
+    for spec in ("bogus", ":batches", "mine.py:"):
+        with pytest.raises(DataError):
+            check_data_spec(spec)
+
+
+@pytest.mark.parametrize("spec,words", [("mydata.py:nope", ["no function named 'nope'"]),
+                                        ("missing.py:batches", ["no such file", "missing.py"])])
+def test_a_data_file_the_board_cannot_use_is_refused_on_the_host(tmp_path, spec, words):
+    (tmp_path / "mydata.py").write_text(DATA_FILE)
+    before = tree(tmp_path)
+    proc = _run("--budget", "98%", "--data", spec, cwd=tmp_path, timeout=60)
+    refused(proc, BAD_INPUT, spec, *words)
+    assert "capturing" not in proc.stderr
+    no_new_files(before, tmp_path)
+
+
+def test_batches_come_from_a_data_file(tmp_path, monkeypatch):
+    import torch
+
+    from edge_remat_agent.data import batches
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "mydata.py").write_text(DATA_FILE)
+    monkeypatch.chdir(tmp_path)
+    args = next(batches("sub/mydata.py:batches", (torch.ones(3, 4),)))
+    assert torch.equal(args[0], torch.zeros(3, 4))
+
+
+def test_relative_files_are_made_absolute_for_a_local_board(tmp_path, monkeypatch):
+    from edge_remat.devices import find_device
+    from edge_remat.run.orchestrate import RunOptions, for_board
+    monkeypatch.chdir(tmp_path)
+    opts = for_board(RunOptions(device="local", model="my_model.py:make_model",
+                                data="sub/mydata.py:batches"), find_device("local"))
+    assert opts.model == f"{tmp_path}/my_model.py:make_model"
+    assert opts.data == f"{tmp_path}/sub/mydata.py:batches"
+    kept = for_board(RunOptions(device="local", model="digits-cnn", data=None),
+                     find_device("local"))
+    assert (kept.model, kept.data) == ("digits-cnn", "digits")
+
+
+@pytest.mark.parametrize("option,spec", [("--model", "my_model.py:make_model"),
+                                         ("--data", "mydata.py:batches")])
+def test_a_relative_file_for_a_remote_board_is_refused_before_connecting(tmp_path, option,
+                                                                          spec):
+    device = _ssh_device(tmp_path)
+    before = tree(tmp_path)
+    proc = cli("run", "--device", device, "--model", "mlp", "--budget", "98%", option, spec,
+               cwd=tmp_path, timeout=60)
+    refused(proc, BAD_INPUT, option, spec, "absolute path")
+    no_new_files(before, tmp_path)
+
+
+# -- defect 14: --paging none keeps the parameters in RAM ----------------------------------
+
+def test_paging_none_with_parameters_on_flash_is_refused(tmp_path):
+    before = tree(tmp_path)
+    proc = _run("--budget", "90%", "--paging", "none", "--params-home", "flash", cwd=tmp_path,
+                timeout=60)
+    refused(proc, BAD_INPUT, "--paging none", "--params-home flash")
+    assert "capturing" not in proc.stderr
+    no_new_files(before, tmp_path)
+
+
+def test_paging_none_does_not_move_parameters_to_flash(tmp_path):
+    """mlp at 90%: below what RAM-homed parameters allow (about 95%), above the floor with them
+    on flash (about 85%). With --paging none the budget is refused, naming the floor."""
+    proc = _run("--budget", "90%", "--paging", "none", "--profile", PROFILE,
+                "--no-grad-check", "--out", tmp_path / "run", cwd=tmp_path)
+    refused(proc, BAD_INPUT, "smallest feasible budget")
+    assert "--params-home flash" not in proc.stderr
+
+
+def test_only_paging_that_allows_flash_may_home_parameters_there():
+    from edge_remat.run.orchestrate import flash_allowed
+    assert [flash_allowed(p) for p in (None, "flash", "both", "host", "none")] == \
+        [True, True, True, False, False]
