@@ -120,3 +120,20 @@ def test_only_paging_that_allows_flash_may_home_parameters_there():
     from edge_remat.run.orchestrate import flash_allowed
     assert [flash_allowed(p) for p in (None, "flash", "both", "host", "none")] == \
         [True, True, True, False, False]
+
+
+def test_outputs_an_earlier_run_left_and_this_one_did_not_write_are_removed(tmp_path):
+    import os
+    import time
+
+    from edge_remat.run.orchestrate import _remove_earlier_outputs
+    earlier = time.time() - 60
+    for name in ("memory.png", "sweep.json", "plan.json", "notes.txt"):
+        (tmp_path / name).write_text("earlier run")
+        os.utime(tmp_path / name, (earlier, earlier))
+    started = time.time()
+    (tmp_path / "plan.json").write_text("this run")  # written again: kept
+    said = []
+    _remove_earlier_outputs(tmp_path, started, said.append)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "plan.json"]
+    assert "memory.png, sweep.json" in said[0]

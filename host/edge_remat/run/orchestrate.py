@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -193,6 +194,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     check_options(opts, device)
     opts = for_board(opts, device)
     out = output_folder(opts.out)
+    started = time.time()
     data = opts.data
     # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
     # 0.9); --lr overrides it for both.
@@ -213,7 +215,27 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     dump_json(report, out / "report.json")
     from ..reports.run_report import report_text
     (out / "report.txt").write_text(report_text(report) + "\n")
+    _remove_earlier_outputs(out, started, say)
     return report
+
+
+# What a run writes into OUT: all of it that an earlier run left there and this one did not
+# write again (plots with --no-plots, a sweep without --sweep) would show the other run.
+RUN_OUTPUTS = ("graph.json", "plan.json", "report.json", "report.txt", "schedule.png",
+               "memory.png", "sweep.json", "sweep.png")
+
+
+def _remove_earlier_outputs(out: Path, started: float, say: Say) -> None:
+    """Once this run has written its report: removes the outputs an earlier run left in
+    `out` that this run did not replace (only files of RUN_OUTPUTS' names, older than it)."""
+    before = started - 2.0  # a filesystem may keep times to the second (or two: FAT)
+    stale = [out / name for name in RUN_OUTPUTS
+             if (out / name).is_file() and (out / name).stat().st_mtime < before]
+    for path in stale:
+        path.unlink()
+    if stale:
+        say(f"removed {', '.join(p.name for p in stale)} from {out}: an earlier run's, "
+            "which this run did not write again")
 
 
 def _interrupted(exc: BaseException, opts: RunOptions, out: Path) -> Interrupted:
