@@ -55,3 +55,18 @@ def test_sweep_plot_takes_the_plan_commands_json(tmp_path):
     rows += [{"fraction": f, "budget_bytes": int(f * 100 * 2**20), "status": "optimal",
               "energy_j": 2.0 / f, "time_s": 1.0 / f} for f in (0.4, 0.6, 0.8, 1.0)]
     assert is_png(plots.plot_sweep(rows, tmp_path / "sweep.png"))
+
+
+def test_memory_traces_peak_where_the_plan_and_the_report_say(tmp_path):
+    # A profile whose measured workspace the graph does not know: the traces drawn beside a
+    # run's report peak at the plan's predicted peak and at the plain peak the report names.
+    from edge_remat.planner.build import plain_peak_bytes
+    from edge_remat_agent.formats import OpCost, Profile
+    graph = training_chain(6, seed=3)
+    ops = {node.op: OpCost(time_s=1.0, workspace_bytes=5) for node in graph.nodes}
+    profile = Profile("measured", {}, 1.0, 2.0, ops=ops)
+    plan = solve(build_problem(graph, 0.8, profile=profile), "heuristic:split").plan
+    planned_trace, plain_trace = plots.memory_traces(graph, plan, profile)
+    assert max(planned_trace) == plan.predicted["peak_bytes"]
+    assert max(plain_trace) == plain_peak_bytes(graph, profile)
+    assert max(plots.memory_traces(graph, plan)[0]) < plan.predicted["peak_bytes"]

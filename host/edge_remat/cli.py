@@ -703,6 +703,8 @@ def plot_command(
     sweep_file: Optional[str] = typer.Option(None, "--sweep", help="the output of `edge-remat "
                                              "plan --sweep ... --json`: sweep.png"),
     out: str = typer.Option(".", "--out", help="folder for the PNG files"),
+    profile: Optional[str] = typer.Option(None, "--profile", help="the profile the plan was "
+                                          "made with: its workspaces in the memory traces"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Draw a plan (stage x node schedule; memory over one step against the budget) and a
@@ -723,7 +725,7 @@ def plot_command(
             raise FormatError("command line", "--graph", "the graph the plan was made for")
         g, p = load_graph_file(graph), load_plan(plan_file)
         replay(p, g, plan_file, graph)  # a plan for another graph draws nonsense: refused
-        planned, plain = plots.memory_traces(g, p)
+        planned, plain = plots.memory_traces(g, p, load_profile(profile) if profile else None)
         written += [plots.plot_schedule(g, p, Path(out) / "schedule.png"),
                     plots.plot_memory(planned, p.budget_bytes, Path(out) / "memory.png",
                                       plain=plain)]

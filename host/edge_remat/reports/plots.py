@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-from edge_remat_agent.formats import Graph, Plan
+from edge_remat_agent.formats import Graph, Plan, Profile
 
 MIB = 2**20
 # Cell codes of the schedule matrix, drawn in this order of colours.
@@ -74,16 +74,25 @@ def plot_schedule(graph: Graph, plan: Plan, path: "str | Path", title: str = "")
     return _save(fig, path)
 
 
-def memory_traces(graph: Graph, plan: Plan) -> tuple[list[int], list[int]]:
-    """RAM at each instruction (tensors + fixed memory) of the plan and of the plain schedule."""
-    from edge_remat_agent.costs import build_costs, plan_costs
+def memory_traces(graph: Graph, plan: Plan,
+                  profile: Optional[Profile] = None) -> tuple[list[int], list[int]]:
+    """RAM at each instruction (tensors + fixed memory) of the plan and of plain PyTorch's
+    schedule (`plain_reference`, what a fractional budget is a fraction of), with the
+    profile's workspaces where the plan was made with it: the peaks the reports name."""
+    from dataclasses import replace
+
+    from edge_remat_agent.costs import build_costs
     from edge_remat_agent.simulate import simulate
 
     from ..planner.baselines import keep_all
+    from ..planner.build import plain_reference
     from ..planner.evaluate import evaluate
     from ..planner.problem import Problem
-    planned = simulate(graph, plan_costs(graph, plan), plan.stages).memory_trace
-    unlimited = Problem(graph, build_costs(graph), budget_bytes=2**62)
+    costs = replace(build_costs(graph, profile, plan.tiers),
+                    runtime_warm_bytes=plan.runtime_warm_bytes)
+    planned = simulate(graph, costs, plan.stages).memory_trace
+    reference = plain_reference(graph)
+    unlimited = Problem(reference, build_costs(reference, profile), budget_bytes=2**62)
     plain = evaluate(unlimited, keep_all(unlimited)).sim.memory_trace
     return planned, plain
 

@@ -340,7 +340,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           plain_peak_bytes=plain_peak, profile=chosen.summary(),
                           paths={"graph": str(graph_path), "plan": str(plan_path)}, **outcome)
     if opts.plots:
-        report["plots"] = _draw(graph, plan_path, report, out)
+        report["plots"] = _draw(graph, plan_path, report, out, chosen.profile)
     return report
 
 
@@ -540,12 +540,12 @@ def _retire_emulated(board: Board, device: DeviceConfig) -> None:
 
 # -- plots ---------------------------------------------------------------------------------
 
-def _draw(graph, plan_path: Path, report: dict, out: Path) -> list[str]:
+def _draw(graph, plan_path: Path, report: dict, out: Path, profile=None) -> list[str]:
     from edge_remat_agent.formats import load_plan
 
     from ..reports import plots
     plan = load_plan(plan_path)
-    planned, plain = plots.memory_traces(graph, plan)
+    planned, plain = plots.memory_traces(graph, plan, profile)
     measured = {"tensor_peak_bytes": report.get("tensor_peak_bytes"),
                 "process_peak_bytes": report.get("measured_peak_bytes"),
                 "kernel_peak_bytes": report.get("kernel_peak_bytes"),
