@@ -135,14 +135,16 @@ def test_profile_and_run_on_the_emulated_arm64_board(arm64_board, tmp_path):
 
     started = time.monotonic()
     code, out, err = cli("run", "--device", "emulated-arm64", "--model", "digits-cnn",
-                         "--batch", 4, "--image", 8, "--budget", "60%", "--steps", 2,
+                         "--batch", 4, "--image", 8, "--budget", "75%", "--steps", 2,
                          "--profile", profile_path, "--paging", "none", "--time-limit", 3,
                          "--out", tmp_path / "run", "--no-plots", "--json")
     run_s = time.monotonic() - started
     assert code == 0, (out, err)
     report = json.loads(out)
     assert report["status"] == "finished" and len(report["step_time_s"]) == 2
-    assert report["recomputed"] > 0  # 60% of the plain peak needs recomputation
+    # 75%: above the floor without paging, parameters in RAM (64% with this board's profile),
+    # and still below what it takes without recomputation
+    assert report["recomputed"] > 0
     # the plan's gradients against eager PyTorch, both computed on the arm64 board
     assert report["grad_check"]["bitwise_equal"] is True
     board_report = json.loads((tmp_path / "run" / "board" / "run_report.json").read_text())
