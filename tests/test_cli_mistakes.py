@@ -108,3 +108,28 @@ def test_run_names_every_parameter_home_before_it_captures(tmp_path):
                "--params-home", "disk", "--out", tmp_path / "out")
     refused(proc, BAD_INPUT, "--params-home", "auto", "ram", "flash", "disk")
     assert "capturing" not in proc.stderr
+
+
+@pytest.mark.parametrize("param,words", [("bogus=1", ["unknown profile param 'bogus'"]),
+                                         ("window_s=0", ["--window-s", "positive"]),
+                                         ("share_s=-1", ["--share-s", "0 or more"])])
+def test_profile_params_the_board_would_refuse_are_refused_before_it_is_reached(tmp_path, param,
+                                                                                  words):
+    proc = cli("profile", "--device", "local", "--param", param, "--out", tmp_path / "p")
+    line = refused(proc, BAD_INPUT, *words)
+    assert proc.stderr.strip().splitlines() == [line]  # nothing else: no board was reached
+
+
+@pytest.mark.parametrize("options,words", [(["--page-dir", ""], ["--page-dir is empty"]),
+                                           (["--page-dir", ".", "--window-s", "-1"],
+                                            ["--window-s", "not -1"])])
+def test_the_agents_storage_profile_refuses_options_no_measurement_can_use(tmp_path, options,
+                                                                             words):
+    import subprocess
+    import sys
+    out = tmp_path / "profile.json"
+    proc = subprocess.run([sys.executable, "-m", "edge_remat_agent", "profile-storage", *options,
+                           "-o", str(out), "--sizes", "4KiB", "--no-footprint"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    refused(proc, BAD_INPUT, *words)
+    assert not out.exists()

@@ -392,8 +392,12 @@ def devices(
         print(json.dumps({"devices": rows}))
     else:
         typer.echo(devices_table(rows, check))
-    if check and any(not r.get("check", {}).get("ok", False) for r in rows):
-        raise typer.Exit(1)
+    failed = [r["name"] for r in rows if check and not r.get("check", {}).get("ok", False)]
+    if failed:  # a board that cannot be reached or used: the status `deploy` would exit with
+        from .errors import EXIT_UNREACHABLE
+        typer.echo(f"error: {len(failed)} of {len(rows)} board(s) failed the check: "
+                   f"{', '.join(failed)} (why: above)", err=True)
+        raise typer.Exit(EXIT_UNREACHABLE)
 
 
 @app.command()
@@ -573,6 +577,11 @@ def profile(
     from .transport import Board
 
     values = parse_params(None, param)
+    from edge_remat_agent.profiler.measure import ProfileOptions
+    try:  # the board's own check, here: a bad param is bad input, not a job that failed
+        ProfileOptions.from_params(values)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     if graph:
         check_runnable(load_graph_file(graph), graph)
     output_folder(out)

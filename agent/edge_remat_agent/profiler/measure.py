@@ -48,6 +48,18 @@ class ProfileOptions:
     op_window_s: float = 0.01  # time each node until this much is measured
     device: str = "cpu"  # torch device for the op timings
 
+    def __post_init__(self) -> None:
+        """Options no measurement can use are refused here, before any is made (ValueError)."""
+        if self.page_dir is not None and not str(self.page_dir).strip():
+            raise ValueError("--page-dir is empty: name a directory on the flash")
+        for name, least in (("window_s", None), ("op_window_s", None), ("share_s", 0.0),
+                            ("idle_s", 0.0), ("busy_s", 0.0)):
+            value = getattr(self, name)
+            if not (value > 0 if least is None else value >= least):  # nan fails both
+                wanted = "a positive number" if least is None else "0 or more"
+                raise ValueError(f"--{name.replace('_', '-')} must be {wanted} of seconds, "
+                                 f"not {value}")
+
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "ProfileOptions":
         """A job's params (JSON values: sizes as numbers or "64MiB", sizes also as a list or
