@@ -140,6 +140,15 @@ def test_hf_spec_mistakes_are_one_clear_error(configs, tmp_path):
         load_model("hf:gpt2?colour=red")
     with pytest.raises(CaptureError, match="not a checkpoint directory"):
         load_model(f"hf:{tmp_path}")
+    # transformers' and safetensors' own refusals (were internal errors, exit 70)
+    with pytest.raises(CaptureError, match="config is refused: .*n_layer"):
+        load_model('hf:gpt2?config={"n_layer": "x"}')
+    checkpoint = tmp_path / "garbled"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "gpt2", **TINY["gpt2"]}))
+    (checkpoint / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(CaptureError, match="cannot build the model: SafetensorError"):
+        load_model(f"hf:{checkpoint}")
 
 
 @needs_transformers

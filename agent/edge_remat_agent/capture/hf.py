@@ -199,6 +199,8 @@ def _config(transformers, spec: str, model_name: str, overrides: dict[str, Any])
                            "(or a config field is wrong: " + str(exc).splitlines()[0][:80]
                            + "); give a model type such as gpt2, llama, bert, vit, whisper, "
                            "or a local checkpoint directory") from None
+    except Exception as exc:  # noqa: BLE001 - transformers' own checks of the fields given
+        raise CaptureError(spec, f"the config is refused: {_first_line(exc)}") from None
 
 
 def _task(spec: str, config, asked: str | None) -> str:
@@ -233,9 +235,14 @@ def _model(transformers, spec: str, model_name: str, config, auto_name: str) -> 
         if cls is not None:
             return cls(config)
         return auto.from_config(config)
-    except (ValueError, TypeError, OSError) as exc:
-        raise CaptureError(spec, f"cannot build the model: {str(exc).splitlines()[0][:200]}"
-                           ) from None
+    except Exception as exc:  # noqa: BLE001 - a bad config or checkpoint, in the library's words
+        raise CaptureError(spec, f"cannot build the model: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """`SafetensorError: Error while deserializing header: ...`: the library's own words."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200] if lines else ''}"
 
 
 def _has_weights(folder: str) -> bool:
