@@ -133,3 +133,23 @@ def test_the_agents_storage_profile_refuses_options_no_measurement_can_use(tmp_p
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     refused(proc, BAD_INPUT, *words)
     assert not out.exists()
+
+
+def test_an_error_no_agent_command_foresaw_is_one_line(monkeypatch, capsys):
+    # e.g. a model whose own code raises in the gradient check's eager step (an hf model fed
+    # more tokens than it has positions): one line, and the traceback on request
+    from edge_remat_agent import cli as agent_cli
+    from edge_remat_agent import run_command
+
+    def raises(args):
+        raise IndexError("index out of range in self")
+    monkeypatch.setattr(run_command, "run", raises)
+    monkeypatch.delenv("EDGE_REMAT_DEBUG", raising=False)
+    assert agent_cli.main(["run", "p.json", "--graph", "g.json"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "error: run stopped: IndexError: index out of range in self (EDGE_REMAT_DEBUG=1 shows "
+        "the traceback)"]
+    monkeypatch.setenv("EDGE_REMAT_DEBUG", "1")
+    with pytest.raises(IndexError):
+        agent_cli.main(["run", "p.json", "--graph", "g.json"])

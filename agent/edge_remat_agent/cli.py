@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import __version__, profile_command, profile_storage, run_command
@@ -142,7 +143,22 @@ def main(argv: list[str] | None = None) -> int:
                 "sysinfo": _sysinfo, "_run-job": _run_job,
                 "profile-storage": profile_storage.run, "profile": profile_command.run,
                 "run": run_command.run}
-    return handlers[args.command](args)
+    if args.command not in ONE_LINE_ERRORS or os.environ.get("EDGE_REMAT_DEBUG"):
+        return handlers[args.command](args)
+    try:
+        return handlers[args.command](args)
+    except Exception as exc:  # noqa: BLE001 - what no handler foresaw: one line, not a traceback
+        lines = str(exc).splitlines()
+        print(f"error: {args.command} stopped: {type(exc).__name__}: "
+              f"{lines[0] if lines else ''} (EDGE_REMAT_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+# The commands a person runs on the board: an error nobody foresaw (a model's own code raising
+# in the gradient check's eager step, say) is one line there. The daemon's commands keep their
+# tracebacks, for its log.
+ONE_LINE_ERRORS = ("check-plan", "profile-storage", "profile", "run")
 
 
 if __name__ == "__main__":
