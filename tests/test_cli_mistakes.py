@@ -153,3 +153,15 @@ def test_an_error_no_agent_command_foresaw_is_one_line(monkeypatch, capsys):
     monkeypatch.setenv("EDGE_REMAT_DEBUG", "1")
     with pytest.raises(IndexError):
         agent_cli.main(["run", "p.json", "--graph", "g.json"])
+
+
+def test_a_command_that_fails_leaves_no_folder_it_made(tmp_path):
+    # bad input writes nothing, not even the --out folder (nor the parents it made for it)
+    graph = tiny_graph(tmp_path)
+    out = tmp_path / "new" / "plots"
+    refused(cli("plot", "--plan", graph, "--graph", graph, "--out", out), BAD_INPUT)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()  # a folder that was there before stays
+    refused(cli("plot", "--plan", graph, "--graph", graph, "--out", tmp_path / "kept"),
+            BAD_INPUT)
+    assert (tmp_path / "kept").is_dir()

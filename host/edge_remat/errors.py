@@ -127,11 +127,15 @@ def cli_errors(command):
     """Decorate a command: any exception becomes `fail(...)`; --debug re-raises it."""
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        from .outputs import count_folders_made_from_now
+        count_folders_made_from_now()
         try:
             return command(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - the one place every failure ends
             if isinstance(exc, SystemExit) or is_cli_machinery(exc) or debug_enabled():
                 raise
+            from .outputs import remove_folders_left_empty
+            remove_folders_left_empty()
             code, message, extra = classify(exc)
             fail(message, code, bool(kwargs.get("as_json")), **extra)
     return wrapper

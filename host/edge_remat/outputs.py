@@ -35,11 +35,33 @@ def output_folder(path: "str | os.PathLike[str]", option: str = "--out") -> Path
     return path
 
 
+# Folders this command made, deepest first: a command that fails removes those it left empty
+# (errors.cli_errors), so that bad input writes nothing, not even a folder.
+_MADE: list[Path] = []
+
+
+def count_folders_made_from_now() -> None:
+    """A command starts: folders an earlier command of this process made are not its own."""
+    _MADE.clear()
+
+
+def remove_folders_left_empty() -> None:
+    """The folders this command made and left empty go again; any with a file in it stays."""
+    for folder in _MADE:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, or gone already
+            pass
+    _MADE.clear()
+
+
 def writable_folder(folder: Path, option: str) -> None:
     """Make `folder` (and its parents) and prove it can be written by writing into it:
     permission bits say nothing to root, and nothing about a read-only filesystem."""
+    missing = [path for path in (folder, *folder.parents) if not path.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        _MADE.extend(path for path in missing if path not in _MADE)
     except FileExistsError:
         raise UserError(f"{option}: {_first_file(folder)} is a file, not a folder") from None
     except OSError as exc:
