@@ -142,7 +142,8 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     tier_costs = {name: tier_costs_from(tier, sizes) for name, tier in all_tiers.items()}
     tier_costs.update(_per_node_tiers(graph, exclude=set(all_tiers)))
     if profile:
-        power_source = f"profile:{profile.name} ({profile.source})"
+        said = f"({profile.source})" in profile.name  # "... (modelled)" names say it already
+        power_source = f"profile:{profile.name}" + ("" if said else f" ({profile.source})")
     else:
         power_source = "graph" if any(n.energy_j is not None for n in graph.nodes) else "default"
     time_source = ("unit" if unit_costs else

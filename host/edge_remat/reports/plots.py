@@ -97,6 +97,11 @@ def memory_traces(graph: Graph, plan: Plan,
     return planned, plain
 
 
+def _mib(nbytes: float) -> str:
+    """MiB as the reports print them (two decimals): a label and the text agree."""
+    return f"{nbytes / MIB:.2f}"
+
+
 def plot_memory(planned: Sequence[int], budget_bytes: int, path: "str | Path",
                 plain: Optional[Sequence[int]] = None,
                 measured_trace: Optional[Sequence[int]] = None,
@@ -107,14 +112,14 @@ def plot_memory(planned: Sequence[int], budget_bytes: int, path: "str | Path",
     fig, ax = plt.subplots(figsize=(9, 4.8))
     if plain:
         ax.plot(_fraction_axis(plain), [b / MIB for b in plain], color="#bdbdbd",
-                label=f"plain schedule (peak {max(plain) / MIB:.0f} MiB)")
+                label=f"plain schedule (peak {_mib(max(plain))} MiB)")
     ax.plot(_fraction_axis(planned), [b / MIB for b in planned], color="#08519c",
-            label=f"planned (peak {max(planned) / MIB:.0f} MiB)")
+            label=f"planned (peak {_mib(max(planned))} MiB)")
     if measured_trace:
         ax.plot(_fraction_axis(measured_trace), [b / MIB for b in measured_trace],
                 color="#d94801", linestyle=":", label="measured tensors")
     ax.axhline(budget_bytes / MIB, color="#cb181d", linestyle="--",
-               label=f"budget {budget_bytes / MIB:.0f} MiB")
+               label=f"budget {_mib(budget_bytes)} MiB")
     styles = {"tensor_peak_bytes": ("measured tensor peak", "#d94801", "-."),
               "process_peak_bytes": ("measured process peak (RSS)", "#6a51a3", "-."),
               "kernel_peak_bytes": ("kernel's peak (cgroup)", "#000000", ":"),
@@ -123,7 +128,7 @@ def plot_memory(planned: Sequence[int], budget_bytes: int, path: "str | Path",
         value = (measured or {}).get(key)
         if value:
             ax.axhline(value / MIB, color=colour, linestyle=style,
-                       label=f"{label} {value / MIB:.0f} MiB")
+                       label=f"{label} {_mib(value)} MiB")
     ax.set_xlabel("progress through one training step (instructions)")
     ax.set_ylabel("MiB")
     ax.set_ylim(bottom=0)
