@@ -242,9 +242,13 @@ budgets = ["80%", "lots"]
 colour = "blue"
 [plan]
 objective = "speed"
+solver = "magic"
+time_limit = -3
 [[models]]
 model = "mlp"
 batch = 0
+[[models]]
+model = "nosuchmodel"
 [[boards]]
 profile = "no-such-profile.json"
 """)
@@ -254,9 +258,11 @@ profile = "no-such-profile.json"
     assert "Traceback" not in proc.stderr + proc.stdout
     errors = proc.stderr.strip().splitlines()
     assert all(line.startswith(f"error: {tmp_path / 'bad.toml'}: ") for line in errors), errors
-    for word in ("colour", "budgets[1]", "plan.objective", "models[0].batch", "boards[0]"):
+    for word in ("colour", "budgets[1]", "plan.objective", "unknown solver 'magic'",
+                 "time_limit must be", "models[0].batch", "no zoo model 'nosuchmodel'",
+                 "boards[0]"):
         assert sum(word in line for line in errors) == 1, (word, errors)
-    assert len(errors) == 5
+    assert len(errors) == 8  # every mistake at once, the zoo name's included
     assert not (tmp_path / "out").exists()  # nothing made before the manifest is right
 
 

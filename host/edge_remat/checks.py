@@ -95,16 +95,27 @@ def note_profile_fit(profile: Optional[Profile], graph: Graph, profile_name: str
 
 def check_solver_options(solver: str, time_limit: float, workers: Optional[int],
                          backend: str = "cbc") -> None:
-    """The solver's options, before any graph is read or solver loaded."""
+    """The solver's options, before any graph is read or solver loaded: the first mistake."""
+    mistakes = solver_option_mistakes(solver, time_limit, workers, backend)
+    if mistakes:
+        raise UserError(mistakes[0])
+
+
+def solver_option_mistakes(solver: str, time_limit: float, workers: Optional[int],
+                           backend: str = "cbc") -> list[str]:
+    """Every mistake in the solver's options (a fleet manifest reports them all at once)."""
     import math
 
     from .planner.baselines import BASELINES
     known = ["auto", "cpsat", "milp"] + [f"heuristic:{name}" for name in BASELINES]
+    mistakes = []
     if solver not in known:
-        raise UserError(f"unknown --solver {solver!r}: use one of {', '.join(known)}")
+        mistakes.append(f"unknown --solver {solver!r}: use one of {', '.join(known)}")
     if not math.isfinite(time_limit) or time_limit <= 0:
-        raise UserError(f"--time-limit must be a positive number of seconds, not {time_limit:g}")
+        mistakes.append(f"--time-limit must be a positive number of seconds, not "
+                        f"{time_limit:g}")
     if workers is not None and workers < 1:
-        raise UserError(f"--workers must be at least 1, not {workers}")
+        mistakes.append(f"--workers must be at least 1, not {workers}")
     if backend not in ("cbc", "highs"):
-        raise UserError(f"unknown --backend {backend!r}: use cbc or highs")
+        mistakes.append(f"unknown --backend {backend!r}: use cbc or highs")
+    return mistakes

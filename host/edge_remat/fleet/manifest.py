@@ -185,7 +185,7 @@ def _tables(data: dict, key: str, note) -> list[dict]:
 
 
 def _plan_settings(raw: Any, note) -> PlanSettings:
-    from ..checks import check_solver_options
+    from ..checks import solver_option_mistakes
     from ..planner.build import PAGING_CHOICES
 
     if not isinstance(raw, dict):
@@ -209,10 +209,10 @@ def _plan_settings(raw: Any, note) -> PlanSettings:
     if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)):
         note("plan.time_limit", f"expected seconds, got {time_limit!r}")
         return settings
-    try:
-        check_solver_options(str(solver), float(time_limit), None, str(backend))
-    except UserError as exc:
-        note("plan", str(exc).replace("--time-limit", "time_limit").replace("--", ""))
+    mistakes = solver_option_mistakes(str(solver), float(time_limit), None, str(backend))
+    for mistake in mistakes:
+        note("plan", mistake.replace("--time-limit", "time_limit").replace("--", ""))
+    if mistakes:
         return settings
     return PlanSettings(settings.objective, str(solver), float(time_limit), settings.paging,
                         settings.paging_time, str(backend))
@@ -265,6 +265,12 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
             note(f"{where}.graph", f"no such file {file}")
             return None
         return ModelEntry(_name(raw, file.stem, where, note), None, {}, file)
+    if ":" not in spec:  # a zoo name: checked now, not after the other tasks have run
+        from edge_remat_agent.zoo import MODELS
+        if spec not in MODELS:
+            note(f"{where}.model", f"no zoo model {spec!r}: give one of "
+                                   f"{', '.join(sorted(MODELS))}, MODULE:FACTORY or hf:...")
+            return None
     spec = _local_spec(spec, here)
     return ModelEntry(_name(raw, spec, where, note), spec, capture)
 
