@@ -283,3 +283,37 @@ def test_stdio_relay_starts_a_daemon_that_outlives_it(tmp_path):
     finally:
         stop_agent(workdir)
     assert not (workdir / "agent.sock").exists()
+
+
+def test_a_daemon_whose_socket_was_removed_is_stopped_and_replaced(tmp_path, monkeypatch):
+    # Removed under it (a workdir cleaned by hand), its socket answered nobody, no other
+    # daemon could take the lock, and `stop` said none ran: the board was lost until a reboot.
+    from edge_remat_agent.daemon import launcher
+    from edge_remat_agent.daemon.layout import Layout
+    workdir = tmp_path / "board"
+    layout = Layout(workdir)
+    lost = subprocess.Popen(agent_command() + ["serve", "--daemon", "--workdir", str(workdir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (workdir / "agent.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (workdir / "agent.sock").unlink()
+        said = launcher.stop_daemon(layout)
+        assert "answered on no socket" in said and lost.wait(15) is not None
+        assert launcher.stop_daemon(layout) == f"no agent daemon runs for {workdir}"
+
+        lost = subprocess.Popen(agent_command() + ["serve", "--daemon", "--workdir",
+                                                   str(workdir)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while not (workdir / "agent.sock").exists() and time.monotonic() < deadline + 30:
+            time.sleep(0.05)
+        (workdir / "agent.sock").unlink()
+        monkeypatch.setattr(launcher, "STARTING_S", 0.0)  # its lock is not a starting one's
+        sock = launcher.ensure_daemon(layout, timeout=30)  # what a host's connection does
+        sock.close()
+        assert lost.wait(15) is not None  # the lost one was stopped, a new one answers
+    finally:
+        if lost.poll() is None:
+            lost.kill()
+        stop_agent(workdir)

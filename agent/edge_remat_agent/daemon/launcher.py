@@ -15,6 +15,7 @@ replaced only while it is idle, never in the middle of someone's job.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -76,6 +77,9 @@ def ensure_daemon(layout: Layout, timeout: float = 30.0) -> socket.socket:
             if started is None or started.poll() is not None:
                 if started is not None and started.returncode not in (0, None):
                     _log.info("daemon exited with %s; retrying", started.returncode)
+                    if _holder_lost_its_socket(layout):
+                        _stop_unreachable(layout, if_idle=False)
+                    time.sleep(0.5)  # not a start a tick: its log would fill with the refusals
                 started = start_daemon(layout, archive)
             time.sleep(0.05)
             continue
@@ -100,6 +104,51 @@ def _replace_if_idle(client: Client) -> bool:
         return True
     except RemoteError:
         return False  # busy: keep using the running daemon
+
+
+STARTING_S = 5.0  # a daemon that took the lock this recently may still be opening its socket
+
+
+def _holder_lost_its_socket(layout: Layout) -> bool:
+    """Whether the daemon holding the workdir's lock has had time to open its socket and has
+    none (it was removed under it): it answers nobody, and no other daemon can start."""
+    from .runner import lock_is_held
+    try:
+        locked_for = time.time() - layout.lock_path.stat().st_mtime
+    except OSError:
+        return False
+    return (locked_for > STARTING_S and not layout.socket_path.exists()
+            and lock_is_held(layout.lock_path))
+
+
+def _stop_unreachable(layout: Layout, if_idle: bool) -> str:
+    """A daemon that holds the workdir's lock but answers on no socket (its socket file was
+    removed under it): it cannot be asked, and no new one can start, so it is told by signal
+    (SIGTERM: it stops as on a stop request). Without a lock holder, none runs."""
+    import signal
+
+    from .runner import lock_is_held
+    if not lock_is_held(layout.lock_path):
+        return f"no agent daemon runs for {layout.root}"
+    try:
+        pid = int(layout.lock_path.read_text().strip())
+    except (OSError, ValueError):
+        raise RemoteError("unreachable", f"a process holds {layout.lock_path} but it names no "
+                          "pid; stop the agent daemon by hand") from None
+    if if_idle:
+        raise RemoteError("busy", f"the agent daemon for {layout.root} (pid {pid}) answers on "
+                          "no socket, so whether it is idle cannot be asked; stop it without "
+                          "--if-idle")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass  # gone meanwhile
+    _wait_for_exit(layout, time.monotonic() + 15)
+    if lock_is_held(layout.lock_path):
+        raise RemoteError("unreachable", f"the agent daemon for {layout.root} (pid {pid}) "
+                          "answers on no socket and did not stop on SIGTERM within 15 s")
+    return (f"agent daemon for {layout.root} (pid {pid}) stopped: it answered on no socket "
+            "(its socket file was removed)")
 
 
 def _wait_for_exit(layout: Layout, deadline: float) -> None:
@@ -177,7 +226,7 @@ def serve_serial(layout: Layout, device: str, baud: int) -> int:
 def stop_daemon(layout: Layout, if_idle: bool = False) -> str:
     sock = connect_daemon(layout)
     if sock is None:
-        return f"no agent daemon runs for {layout.root}"
+        return _stop_unreachable(layout, if_idle)
     client = Client(FrameStream(sock))
     try:
         client.call("stop", if_idle=if_idle)
