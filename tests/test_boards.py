@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,21 @@ def test_agent_stop_stops_the_daemon(configs, tmp_path):
     code, out, _ = cli("agent-stop", "--device", "bench")
     assert code == 0 and "stopped" in out
     assert not (tmp_path / "board" / "agent.sock").exists()
+
+
+def test_a_ctrl_c_echoed_to_the_process_group_does_not_abandon_the_cancel():
+    # `timeout -s INT` signals the process, then its group: two SIGINTs for one Ctrl-C. The
+    # echo, during the cancel that the first started, is ignored; a later one interrupts.
+    import os
+    import signal
+
+    from edge_remat.transport.board import echoes_ignored
+    with echoes_ignored(0.5):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # delivered here, and ignored
+    with pytest.raises(KeyboardInterrupt):
+        with echoes_ignored(0.05):
+            time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

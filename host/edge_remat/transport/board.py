@@ -10,7 +10,10 @@ daemon, apart from any connection.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -29,6 +32,10 @@ from .zipapp import AgentArchive, build_agent_archive
 WAIT_POLL_S = 10.0
 CANCEL_RECONNECT_S = 10.0  # after Ctrl-C, how long to try to reach the board to cancel
 CANCEL_WAIT_S = 10.0  # and how long to wait for the cancelled job to end
+# A Ctrl-C this soon after the first is the same one: `timeout -s INT` signals the process
+# and then its process group, so the tool gets two; over a slow serial link the second came
+# while the cancel was on its way and abandoned it (about one run in two).
+ECHO_S = 0.5
 
 
 def make_transport(device: DeviceConfig, archive: Optional[AgentArchive] = None,
@@ -234,9 +241,10 @@ class Board:
                                + again, job=job_id, cancelled=False)
         self.reconnect_timeout_s = min(self.reconnect_timeout_s, CANCEL_RECONNECT_S)
         try:
-            record = self.cancel(job_id)
-            if record["state"] not in TERMINAL_STATES:
-                record = self.wait(job_id, timeout_s=CANCEL_WAIT_S)
+            with echoes_ignored(ECHO_S):
+                record = self.cancel(job_id)
+                if record["state"] not in TERMINAL_STATES:
+                    record = self.wait(job_id, timeout_s=CANCEL_WAIT_S)
         except AgentError as exc:
             if exc.code == "unknown_job":
                 return Interrupted(f"interrupted before job {job_id} reached {self.name}; "
@@ -254,6 +262,26 @@ class Board:
     def stop_agent(self, if_idle: bool = False) -> None:
         self.session().stop(if_idle=if_idle)
         self.close()
+
+
+@contextlib.contextmanager
+def echoes_ignored(window_s: float):
+    """SIGINT within `window_s` of now is ignored (the first one's echo); a later one is a
+    second Ctrl-C and interrupts as usual. Outside the main thread, signals are not ours."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    first = time.monotonic()
+
+    def handler(signum, frame):
+        if time.monotonic() - first > window_s:
+            raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None
+                      else previous)
 
 
 def new_job_id(kind: str) -> str:
