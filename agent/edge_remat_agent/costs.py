@@ -158,10 +158,12 @@ def build_costs(graph: Graph, profile: Profile | None = None,
                      workspaces, workspace_source, all_tiers, runtime_warm_bytes(graph, profile))
 
 
-def plan_costs(graph: Graph, plan: Plan) -> CostModel:
-    """The costs a plan is replayed with where its profile is not at hand: the graph's, the
-    figures of the tiers it pages to and the first calls' memory it counted, all its own."""
-    return replace(build_costs(graph, None, plan.tiers), runtime_warm_bytes=plan.runtime_warm_bytes)
+def plan_costs(graph: Graph, plan: Plan, profile: Profile | None = None) -> CostModel:
+    """The costs a plan is replayed with: the graph's where its profile is not at hand (else
+    the profile's), the figures of the tiers it pages to and the first calls' memory it
+    counted, all its own."""
+    return replace(build_costs(graph, profile, plan.tiers),
+                   runtime_warm_bytes=plan.runtime_warm_bytes)
 
 
 def runtime_warm_bytes(graph: Graph, profile: Profile | None) -> int:

@@ -138,8 +138,6 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         weights = _weight_figures(home)
         if keep_parameters and home is not None:
             home.bring_back()
-    # Times and energies are the plan's (its profile's op costs; the replay here has only the
-    # graph's), so that compute, paging and step time in one report come from one cost model.
     # Peak, times and energies are the plan's (its profile's op costs and workspaces; the
     # replay here has only the graph's), so that a run's report and its plan file agree.
     predicted = {**sim.summary(), **{k: v for k, v in plan.predicted.items()

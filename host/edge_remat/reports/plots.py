@@ -79,18 +79,14 @@ def memory_traces(graph: Graph, plan: Plan,
     """RAM at each instruction (tensors + fixed memory) of the plan and of plain PyTorch's
     schedule (`plain_reference`, what a fractional budget is a fraction of), with the
     profile's workspaces where the plan was made with it: the peaks the reports name."""
-    from dataclasses import replace
-
-    from edge_remat_agent.costs import build_costs
+    from edge_remat_agent.costs import build_costs, plan_costs
     from edge_remat_agent.simulate import simulate
 
     from ..planner.baselines import keep_all
     from ..planner.build import plain_reference
     from ..planner.evaluate import evaluate
     from ..planner.problem import Problem
-    costs = replace(build_costs(graph, profile, plan.tiers),
-                    runtime_warm_bytes=plan.runtime_warm_bytes)
-    planned = simulate(graph, costs, plan.stages).memory_trace
+    planned = simulate(graph, plan_costs(graph, plan, profile), plan.stages).memory_trace
     reference = plain_reference(graph)
     unlimited = Problem(reference, build_costs(reference, profile), budget_bytes=2**62)
     plain = evaluate(unlimited, keep_all(unlimited)).sim.memory_trace

@@ -64,6 +64,8 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
     per_step = steps_from(result)
     predicted = (plan or {}).get("predicted", {})
     figures = {name: (result or {}).get(name) for name in PLAN_FIGURES}
+    # The plan's figures first: a board replays the plan with the graph's costs only.
+    predicted_peak = predicted.get("peak_bytes") or figures["predicted_peak_bytes"]
     report: dict[str, Any] = {
         "status": status, "mode": mode, "message": message, "killed_at_step": killed_at_step,
         "device": device, "model": model, "steps": steps,
@@ -85,13 +87,11 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "arena_bytes": ((result or {}).get("arena") or {}).get("size_bytes"),
         "budget_bytes": (plan or {}).get("budget_bytes"),
         "plain_peak_bytes": plain_peak_bytes,
-        # The plan's figures first: a board replays the plan with the graph's costs only.
-        "predicted_peak_bytes": predicted.get("peak_bytes") or figures["predicted_peak_bytes"],
+        "predicted_peak_bytes": predicted_peak,
         # Of the peak, what the ledger can see: all but the memory the ops' first calls leave
         # to the process (oneDNN's primitives), which the plan counts and no tensor holds.
         "predicted_tensor_peak_bytes": _difference(
-            predicted.get("peak_bytes") or figures["predicted_peak_bytes"],
-            ((plan or {}).get("problem") or {}).get("runtime_warm_bytes") or 0),
+            predicted_peak, ((plan or {}).get("problem") or {}).get("runtime_warm_bytes") or 0),
         "predicted_time_s": predicted.get("time_s") or figures["predicted_time_s"],
         "predicted_energy_j": predicted.get("energy_j"),
         "energy_total_j": _total(per_step["energy_j"]),
