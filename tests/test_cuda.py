@@ -1,8 +1,8 @@
 """The executor, paging and the op profiler on a CUDA device (what a Jetson's GPU runs).
 
 Skipped where no CUDA device is (CI's machines); run on a lent GPU with
-`python -m pytest -q tests/test_cuda.py` (the lead ran it on an H100: see README, "On a CUDA
-device"). Bitwise equality with eager is promised on the CPU only: on CUDA the replayed ATen
+`python -m pytest -q tests/test_cuda.py` (the lead ran it on an H100: see docs/boards.md, "On a
+CUDA device"). Bitwise equality with eager is promised on the CPU only: on CUDA the replayed ATen
 ops are the ones traced on the CPU, and some (batch norm, dropout) take other kernels than
 eager's there; these tests check what must be exact on CUDA too (paging) and what runs.
 """

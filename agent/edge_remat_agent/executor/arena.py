@@ -36,7 +36,7 @@ from .arena_pages import PageRelease, Range, resident_reader
 
 # Free arena pages and the heap's free pages are given back before a node only when they would
 # take the process past the plan's peak by more than this fraction of the planned peak (see
-# Arena.open): mobilenet_v2 b8 (benchmarks/arena.py figures, README).
+# Arena.open): mobilenet_v2 b8 (benchmarks/arena.py figures, docs/memory.md).
 TRIM_HEAP_SLACK = 0.04
 
 

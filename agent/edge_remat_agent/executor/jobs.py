@@ -95,8 +95,8 @@ def _start_under(malloc: str, ctx: JobContext) -> dict:
     """Start this job process again under `malloc` (a preload takes effect only when a process
     starts: exec, same pid, the job's lock taken again by the new image) where it is not
     already running under it; what the report says of it. Under jemalloc the arena executor's
-    heap trims purge jemalloc's free pages, which fragment less than glibc's heap (README,
-    "Address planning and the arena executor")."""
+    heap trims purge jemalloc's free pages, which fragment less than glibc's heap
+    (docs/memory.md, "Address planning and the arena executor")."""
     running = running_malloc()
     said = {"requested": malloc, "running": running}
     if malloc == running or malloc == "glibc":
