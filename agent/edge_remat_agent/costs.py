@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .formats import FormatError, Graph, Plan, Profile, Tier
+from .formats import ComputeRates, FormatError, Graph, Plan, Profile, Tier
 from .timeline import Timeline, run_timeline
 
 # Modelled page tiers for a parameter home when no profile or command line gives figures:
@@ -116,6 +116,8 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     dynamic_w = (profile.active_w - profile.idle_w) if profile else DEFAULT_ACTIVE_W
     have_time = [n.time_s is not None for n in graph.nodes]
     unit_costs = not any(have_time)
+    roofline = board_roofline(graph, profile)
+    from_roofline = 0
     all_tiers = dict(profile.tiers) if profile else {}
     all_tiers.update(tiers or {})
     for node, has in zip(graph.nodes, have_time):
@@ -134,7 +136,11 @@ def build_costs(graph: Graph, profile: Profile | None = None,
                 raise FormatError(graph.name, f"node {node.id!r}.time_s",
                                   "a cost on every node (other nodes have one)")
             time = 1.0 if unit_costs else node.time_s
-            energy = node.energy_j if node.energy_j is not None else time * dynamic_w
+            energy = node.energy_j
+            if roofline is not None:  # the board's time; its energy follows from its power
+                time, energy, from_roofline = roofline(node), None, from_roofline + 1
+            if energy is None:
+                energy = time * dynamic_w
         io_time, io_energy = home_io_cost(node, all_tiers)
         times.append(float(time) + io_time)
         energies.append(float(energy) + io_energy)
@@ -149,6 +155,9 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     time_source = ("unit" if unit_costs else
                    f"profile:{profile.name} for {from_profile}/{len(graph)} nodes" if from_profile
                    else graph.cost_source)
+    if from_roofline:
+        time_source += (f"; the board's roofline ({profile.name}) for {from_roofline}/"
+                        f"{len(graph)} nodes")
     cost_source = ("profile" if from_profile == len(graph) else
                    f"profile+{graph.cost_source}" if from_profile else
                    "unit" if unit_costs else graph.cost_source)
@@ -172,6 +181,33 @@ def runtime_warm_bytes(graph: Graph, profile: Profile | None) -> int:
         return 0
     keys = {node.signature or node.op for node in graph.nodes}
     return sum(profile.ops[key].persistent_bytes or 0 for key in keys if key in profile.ops)
+
+
+def board_roofline(graph: Graph, profile: Profile | None):
+    """node -> its time on the profile's board, for the nodes the profile did not time: the
+    capture's estimate rescaled by the node's roofline at the board's rates over its roofline
+    at the capture's (the estimate sums each ATen op's own roofline, so the ratio keeps its
+    mix of compute- and memory-bound ops). None where there is nothing to rescale: no
+    `compute` rates in the profile, or a graph whose times are not the capture's estimate."""
+    rates = profile.compute if profile is not None else None
+    captured = graph.capture.get("estimate") if graph.cost_source == "estimate" else None
+    if rates is None or not captured:
+        return None
+    board = ComputeRates(rates.flops_per_s, rates.bytes_per_s,
+                         rates.op_overhead_s if rates.op_overhead_s is not None
+                         else captured["op_overhead_s"])
+    estimate = ComputeRates(captured["flops_per_s"], captured["bytes_per_s"],
+                            captured["op_overhead_s"])
+
+    def line(node, r: ComputeRates) -> float:
+        ops = max(1, len(node.attrs.get("members", ())))
+        return max(node.attrs.get("flops", 0) / r.flops_per_s,
+                   node.attrs.get("bytes_moved", 0) / r.bytes_per_s) + ops * r.op_overhead_s
+
+    def time_on_board(node) -> float:
+        at_estimate = line(node, estimate)
+        return node.time_s * line(node, board) / at_estimate if at_estimate > 0 else node.time_s
+    return time_on_board
 
 
 def home_io_cost(node, tiers: dict[str, Tier]) -> tuple[float, float]:

@@ -83,7 +83,14 @@ def note_profile_fit(profile: Optional[Profile], graph: Graph, profile_name: str
     """A profile whose operators are none of the graph's was measured for another model: its
     hardware figures (power, tiers, runtime memory) still serve, the node times are
     estimates. Said once, so that it is never silent."""
-    if profile is None or not profile.ops:
+    if profile is None:
+        return
+    if not profile.ops:
+        rates = (" rescaled to the board's published compute rates" if profile.compute
+                 else " (the profile gives no compute rates)")
+        say(f"note: {profile_name} is {profile.source}: it times no operator, so node times "
+            f"are the capture's estimates{rates}, not measured; measure them with "
+            "`edge-remat profile --device NAME --graph GRAPH`")
         return
     covered, total = profile_coverage(profile, graph)
     if covered * 2 < total:
@@ -91,6 +98,16 @@ def note_profile_fit(profile: Optional[Profile], graph: Graph, profile_name: str
             f"{graph.name!r} (it was measured for another model or shapes): their times are "
             "estimates, its power, tiers and runtime memory are used; for measured times, "
             "profile this graph (`edge-remat profile --device NAME --graph GRAPH`)")
+
+
+def note_budget_above_ram(profile: Optional[Profile], budget_bytes: int, profile_name: str,
+                          say: Callable[[str], None]) -> None:
+    """A budget the profile's board cannot hold plans, but is no plan for that board."""
+    ram = profile.ram_total_bytes if profile is not None else None
+    if ram and budget_bytes > ram:
+        say(f"warning: the budget, {fmt_bytes(budget_bytes)}, is more than the "
+            f"{fmt_bytes(ram)} of RAM {profile_name} gives its board: this plan will not "
+            "fit there; give a budget in bytes below it")
 
 
 def check_solver_options(solver: str, time_limit: float, workers: Optional[int],

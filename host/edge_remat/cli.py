@@ -95,7 +95,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Solve for the cheapest schedule that fits the memory budget; write it as a plan."""
-    from .checks import note_profile_fit
+    from .checks import note_budget_above_ram, note_profile_fit
     from .importers.graph_import import load_graph_file
     from .outputs import output_file, output_folder
     from .planner.build import PAGING_CHOICES, build_problem, plain_peak_bytes
@@ -170,6 +170,7 @@ def plan(
         result, report, interrupted = stop.report.plan.to_dict(), stop.report, True
     if progress is not None:
         typer.echo("", err=True)
+    note_budget_above_ram(prof, result["budget_bytes"], str(profile), to_stderr)
     if output:
         report.plan.save(output)
     stopped = (f"interrupted ({stopped_by()}); the plan "

@@ -134,6 +134,20 @@ class OpCost:
 
 
 @dataclass
+class ComputeRates:
+    """A board's roofline, for the operators a profile did not time (a modelled profile times
+    none): an op takes max(FLOPs / flops_per_s, bytes moved / bytes_per_s) plus a dispatch
+    overhead, as the capture's estimate does at its own rates (capture/estimate.py)."""
+
+    flops_per_s: float
+    bytes_per_s: float
+    op_overhead_s: float | None = None  # absent: the capture's
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
 class Profile:
     source: str  # "measured" | "modelled"
     device: dict[str, Any]
@@ -148,6 +162,12 @@ class Profile:
     # How a measured profile's figures were obtained (raw points, fits, sensor, method). Free
     # form, for people and reports; nothing plans from it. Written only when non-empty.
     measurements: dict[str, Any] = field(default_factory=dict)
+    compute: ComputeRates | None = None
+
+    @property
+    def plan_only(self) -> bool:
+        """A board no agent runs on (a microcontroller): its profile plans, it never runs."""
+        return bool(self.device.get("plan_only"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "edge-remat/profile", "version": 1, "name": self.name,
@@ -155,6 +175,7 @@ class Profile:
                 "power": {"idle_w": self.idle_w, "active_w": self.active_w},
                 "tiers": {k: t.to_dict() for k, t in self.tiers.items()},
                 "ops": {k: c.to_dict() for k, c in self.ops.items()},
+                **({"compute": self.compute.to_dict()} if self.compute else {}),
                 "ram_total_bytes": self.ram_total_bytes,
                 "runtime_baseline_bytes": self.runtime_baseline_bytes,
                 "published_sources": self.published_sources,
@@ -165,7 +186,8 @@ class Profile:
 
 
 _FIELDS = {"format", "version", "name", "source", "device", "power", "tiers", "ops",
-           "ram_total_bytes", "runtime_baseline_bytes", "published_sources", "measurements"}
+           "ram_total_bytes", "runtime_baseline_bytes", "published_sources", "measurements",
+           "compute"}
 _TIER_FIELDS = {"read_bytes_per_s", "write_bytes_per_s", "latency_s", "read_j_per_byte",
                 "write_j_per_byte", "capacity_bytes", "read_latency_s", "write_latency_s",
                 "compute_share", "write_curve", "read_curve"}
@@ -200,7 +222,23 @@ def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
                    runtime_baseline_bytes=r.integer("runtime_baseline_bytes", None),
                    published_sources=list(r.list("published_sources", [])),
                    name=r.str("name", "profile"),
-                   measurements=r.object("measurements", None) or {})
+                   measurements=r.object("measurements", None) or {},
+                   compute=_compute_from(r))
+
+
+def _compute_from(r: Reader) -> ComputeRates | None:
+    if r.obj.get("compute") is None:
+        return None
+    c = r.child("compute")
+    c.reject_unknown({"flops_per_s", "bytes_per_s", "op_overhead_s"})
+    rates = ComputeRates(flops_per_s=c.number("flops_per_s"), bytes_per_s=c.number("bytes_per_s"),
+                         op_overhead_s=c.number("op_overhead_s", None))
+    for key in ("flops_per_s", "bytes_per_s"):
+        if getattr(rates, key) <= 0:
+            raise c.error(key, "a rate > 0", getattr(rates, key))
+    if rates.op_overhead_s is not None and rates.op_overhead_s < 0:
+        raise c.error("op_overhead_s", "seconds >= 0", rates.op_overhead_s)
+    return rates
 
 
 def tier_from(r: Reader) -> Tier:

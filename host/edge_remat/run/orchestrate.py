@@ -126,7 +126,10 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
         parse_sweep(opts.sweep)
     if opts.profile:
         from edge_remat_agent.formats import load_profile
-        load_profile(opts.profile)
+        if load_profile(opts.profile).plan_only:
+            raise RunProblem(f"{opts.profile} is a plan-only profile (a board no agent runs "
+                             "on): plan with it (`edge-remat plan --profile`), but run with the "
+                             "board's own profile, measured or modelled")
 
 
 def run_data(opts: RunOptions) -> str:
