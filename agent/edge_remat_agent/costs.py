@@ -65,6 +65,11 @@ class CostModel:
     # over the graph's distinct ops): fixed memory from the first step on, which the runtime
     # baseline, taken before it, does not hold. Every schedule pays it, plain PyTorch's too.
     runtime_warm_bytes: int = 0
+    # Of each node's time and energy, what reading and writing its parameters' home takes
+    # (param and update nodes under --params-home flash|host): IO that reports name apart
+    # from compute. None: no node has any.
+    home_io_s: list[float] | None = None
+    home_io_j: list[float] | None = None
 
     def timeline(self, ops, deps: list[list[int]], sizes: list[int],
                  sync_trace: list[int]) -> Timeline:
@@ -88,7 +93,8 @@ class CostModel:
                                in_time_s=pick(tier.in_time_s), in_energy_j=pick(tier.in_energy_j))
                  for name, tier in self.tiers.items()}
         return replace(self, time_s=pick(self.time_s), energy_j=pick(self.energy_j), tiers=tiers,
-                       workspace_bytes=pick(self.workspace_bytes))
+                       workspace_bytes=pick(self.workspace_bytes), home_io_s=pick(self.home_io_s),
+                       home_io_j=pick(self.home_io_j))
 
     def workspace(self, graph: Graph) -> list[int]:
         """Each node's workspace bytes (the graph's where this model has none)."""
@@ -112,6 +118,7 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     `node.signature or node.op`): time, energy, and workspace where the profile's op has one."""
     times, energies, from_profile = [], [], 0
     workspaces, workspace_from_profile = [], 0
+    io_times, io_energies = [], []
     idle_w = profile.idle_w if profile else 0.0
     dynamic_w = (profile.active_w - profile.idle_w) if profile else DEFAULT_ACTIVE_W
     have_time = [n.time_s is not None for n in graph.nodes]
@@ -144,6 +151,8 @@ def build_costs(graph: Graph, profile: Profile | None = None,
         io_time, io_energy = home_io_cost(node, all_tiers)
         times.append(float(time) + io_time)
         energies.append(float(energy) + io_energy)
+        io_times.append(io_time)
+        io_energies.append(io_energy)
     sizes = [n.out_bytes for n in graph.nodes]
     tier_costs = {name: tier_costs_from(tier, sizes) for name, tier in all_tiers.items()}
     tier_costs.update(_per_node_tiers(graph, exclude=set(all_tiers)))
@@ -163,8 +172,10 @@ def build_costs(graph: Graph, profile: Profile | None = None,
                    "unit" if unit_costs else graph.cost_source)
     workspace_source = (f"profile:{profile.name} for {workspace_from_profile}/{len(graph)} "
                         "nodes" if workspace_from_profile else "graph")
+    has_io = any(io_times)
     return CostModel(times, energies, idle_w, tier_costs, power_source, time_source, cost_source,
-                     workspaces, workspace_source, all_tiers, runtime_warm_bytes(graph, profile))
+                     workspaces, workspace_source, all_tiers, runtime_warm_bytes(graph, profile),
+                     io_times if has_io else None, io_energies if has_io else None)
 
 
 def plan_costs(graph: Graph, plan: Plan, profile: Profile | None = None) -> CostModel:

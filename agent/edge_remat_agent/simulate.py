@@ -57,6 +57,10 @@ class SimResult:
     io_wait_s: float | None = None  # overlap: time compute waits on IO
     paging_hidden_share: float | None = None  # overlap: share of IO time hidden behind compute
     io_slowed_s: float | None = None  # overlap: compute lost to the IO's CPU (compute_share)
+    # Of compute_time_s and energy_compute_j: the parameters' home read and written by param
+    # and update nodes (--params-home flash|host), IO that is not paging's.
+    home_io_time_s: float = 0.0
+    home_io_energy_j: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -91,7 +95,7 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
     fixed = graph.fixed_bytes + costs.runtime_warm_bytes
     peak, peak_at = fixed, (0, 0)
     computed = [0] * len(graph)
-    t_compute = t_paging = e_compute = e_paging = 0.0
+    t_compute = t_paging = e_compute = e_paging = t_home = e_home = 0.0
     page_ins = page_outs = paged_bytes = 0
     trace: list[int] = []
     ops: list[tuple[int, int, str | None]] = []  # resolved, for the IO timeline
@@ -117,6 +121,9 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
                 computed[i] += 1
                 t_compute += costs.time_s[i]
                 e_compute += costs.energy_j[i]
+                if costs.home_io_s is not None:
+                    t_home += costs.home_io_s[i]
+                    e_home += costs.home_io_j[i]
             elif ins.op == "free":
                 if i not in ram:
                     raise fail("freeing a tensor that is not in RAM (freed twice, or never made)")
@@ -182,7 +189,8 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
         io_busy_s=timeline.io_busy_s if timeline else None,
         io_wait_s=timeline.waited_s if timeline else None,
         paging_hidden_share=timeline.hidden_share if timeline else None,
-        io_slowed_s=timeline.slowed_s if timeline else None)
+        io_slowed_s=timeline.slowed_s if timeline else None,
+        home_io_time_s=t_home, home_io_energy_j=e_home)
 
 
 def _tier(costs: CostModel, ins: Instruction, fail) -> str:

@@ -19,6 +19,12 @@ def _num(value: Any, fmt: str = "{:.4g}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _home_io(predicted: dict[str, Any], key: str, unit: str) -> str:
+    """What of compute went to the parameters' home (params on flash or the host), if any."""
+    value = predicted.get(key)
+    return f"parameters' home IO {_num(value)} {unit}, " if value else ""
+
+
 def plan_table(plan_dict: dict[str, Any]) -> str:
     s, pr = plan_dict["solver"], plan_dict["predicted"]
     budget = plan_dict["budget_bytes"]
@@ -30,11 +36,14 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
                            "of budget)"),
         ("TDI", f"{pr['tdi_percent']:.2f} %  ({pr['recomputed']} recomputations"
                 + _order_note(plan_dict) + ")"),
-        ("time", f"{_num(pr['time_s'])} s  (paging {_num(pr['paging_time_s'])} s, "
+        ("time", f"{_num(pr['time_s'])} s  (" + _home_io(pr, "home_io_time_s", "s")
+                 + f"paging {_num(pr['paging_time_s'])} s, "
                  f"{pr['page_outs']} page-outs, {pr['page_ins']} page-ins"
                  + (f"; {pr['paging_hidden_share']:.0%} of the IO hidden behind compute"
                     if pr.get("paging_hidden_share") is not None else "") + ")"),
-        ("energy", f"{_num(pr['energy_j'])} J  (compute {_num(pr['energy_compute_j'])}, paging "
+        ("energy", f"{_num(pr['energy_j'])} J  (compute {_num(pr['energy_compute_j'])}"
+                   + (f" with parameters' home IO {_num(pr['home_io_energy_j'])}"
+                      if pr.get("home_io_energy_j") else "") + ", paging "
                    f"{_num(pr['energy_paging_j'])}, static {_num(pr['energy_static_j'])})"),
         ("bound", _num(s.get("lower_bound"))),
         ("gap", _num(None if s.get("gap") is None else 100 * s["gap"], "{:.2f} %")),
@@ -55,7 +64,9 @@ def sim_table(summary: dict[str, Any], budget: int | None) -> str:
     rows = [("peak", fmt_bytes(summary["peak_bytes"]) + (
         f" ({summary['peak_bytes'] / budget:.1%} of budget)" if budget else "")),
             ("TDI", f"{summary['tdi_percent']:.2f} %"),
-            ("time", f"{summary['time_s']:.4g} s"), ("energy", f"{summary['energy_j']:.4g} J"),
+            ("time", f"{summary['time_s']:.4g} s"
+                     + (f" (parameters' home IO {summary['home_io_time_s']:.4g} s)"
+                        if summary.get("home_io_time_s") else "")), ("energy", f"{summary['energy_j']:.4g} J"),
             ("recomputed", str(summary["recomputed"])),
             ("paged", f"{summary['page_outs']} out, {summary['page_ins']} in")]
     width = max(len(k) for k, _ in rows)
