@@ -40,6 +40,20 @@ def test_unknown_data_is_refused_before_any_work(tmp_path):
     no_new_files(before, tmp_path)
 
 
+@pytest.mark.parametrize("data, words", [
+    ("digits", ["argument 0 is (8, 1, 8, 8)", "(8, 3, 32, 32)"]),
+    ("text", ["token ids"]),
+])
+def test_bundled_data_that_cannot_feed_the_model_is_refused_before_the_profile(tmp_path, data,
+                                                                              words):
+    """Before, the board found it after the capture, the profile and the plan (exit 1)."""
+    before = tree(tmp_path)
+    proc = _run("--budget", "100%", "--data", data, "--out", "out", cwd=tmp_path)
+    refused(proc, BAD_INPUT, f"--data {data} cannot feed this model", *words)
+    assert "profil" not in proc.stderr and "planning" not in proc.stderr
+    no_new_files(before, tmp_path)
+
+
 def test_data_named_by_the_agents_own_table():
     from edge_remat_agent.data import DataError, check_data_spec
     for spec in ("example", "digits", "text", "my_pkg.data:batches", "data/mine.py:batches"):

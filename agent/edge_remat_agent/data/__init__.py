@@ -54,6 +54,14 @@ def batches(spec: str | None, example_args: tuple, seed: int = 0) -> Iterator[tu
     return _checked(spec, source, example_args, torch)
 
 
+def check_data_fits(spec: str, example_args: tuple, seed: int = 0) -> None:
+    """The first batch of bundled data against the model's example arguments (DataError if
+    it cannot feed them). A MODULE:FUNCTION is left to where it runs: it may read data only
+    the board has."""
+    if spec in NAMED_DATA and spec != "example":
+        next(batches(spec, example_args, seed))
+
+
 def check_data_spec(spec: str) -> None:
     """Refuse a spec that names no data: an unknown name, or MODULE:FUNCTION missing a part.
     (Whether MODULE imports is known only where it is imported: `load_data_function`.)"""
@@ -125,5 +133,5 @@ def _checked(spec: str, source, example_args: tuple, torch) -> Iterator[tuple]:
         yield args
 
 
-__all__ = ["DATA_SPECS", "NAMED_DATA", "DataError", "batches", "check_data_spec",
+__all__ = ["DATA_SPECS", "NAMED_DATA", "DataError", "batches", "check_data_fits", "check_data_spec",
            "digits_batches", "load_data_function", "load_digits", "text_batches"]

@@ -150,6 +150,17 @@ def check_data(spec: str, device: DeviceConfig) -> None:
         raise RunProblem(str(exc)) from None
 
 
+def check_data_fits(spec: str, example_args: tuple) -> None:
+    """Bundled data that cannot feed the model (digits for a 3x32x32 model, text for images)
+    is refused once the capture has the model's example arguments, before the profile and the
+    plan, rather than on the board after them."""
+    from edge_remat_agent.data import DataError, check_data_fits as first_batch_fits
+    try:
+        first_batch_fits(spec, example_args)
+    except DataError as error:
+        raise RunProblem(f"--data {spec} cannot feed this model: {error}") from None
+
+
 def shares_files(device: DeviceConfig) -> bool:
     """A local board (emulated ones included) reads this host's files; others have their own."""
     return device.connection.kind == "local"
@@ -287,6 +298,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
 
     say(f"capturing {opts.model}'s training step")
     captured = capture("ram" if opts.params_home == "auto" else opts.params_home)
+    check_data_fits(run_data(opts), captured.example_args)
     graph = captured.graph
     graph_path = out / "graph.json"
     graph.save(graph_path)
