@@ -160,3 +160,41 @@ def test_a_board_that_cannot_measure_plans_with_its_modelled_profile(tmp_path, m
                                          tmp_path / "g.json", tmp_path)
     assert chosen.how == "modelled" and chosen.summary()["modelled"] is True
     assert "MODELLED" in chosen.describe()
+
+
+def _chosen_cached(tmp_path):
+    from edge_remat.run.profiles import ChosenProfile
+    cached = tmp_path / "cache" / "0123.json"
+    cached.parent.mkdir()
+    cached.write_text("{}")
+    return ChosenProfile(None, cached, "cached", cached), cached
+
+
+@pytest.mark.parametrize("steps, predicted, forgotten", [
+    ([0.9, 0.050, 0.052], 0.773, True),   # QA's run: 0.06x, a profile measured on a busy host
+    ([2.0, 0.80, 0.82], 0.0155, True),    # 53x the other way
+    ([0.9, 0.050, 0.052], 0.060, False),  # 0.85x: trusted
+    ([0.050], 0.773, False),              # one step pays the warm-up: no verdict
+])
+def test_a_cached_profile_far_off_the_measured_steps_is_forgotten(tmp_path, steps, predicted,
+                                                                   forgotten):
+    from edge_remat.run.orchestrate import _distrust_a_profile_far_off
+    chosen, cached = _chosen_cached(tmp_path)
+    report = {"step_time_s": steps, "predicted_time_s": predicted, "misses": [],
+              "profile": {"how": "cached"}}
+    said = []
+    _distrust_a_profile_far_off(report, chosen, said.append)
+    assert cached.exists() is not forgotten
+    assert bool(report["profile"].get("forgotten")) is forgotten
+    assert any("measures again" in m for m in report["misses"]) is forgotten
+    assert len(said) == int(forgotten)
+
+
+def test_a_given_profile_is_never_deleted(tmp_path):
+    from edge_remat.run.orchestrate import _distrust_a_profile_far_off
+    from edge_remat.run.profiles import ChosenProfile
+    given = tmp_path / "mine.json"
+    given.write_text("{}")
+    report = {"step_time_s": [1.0, 0.05, 0.05], "predicted_time_s": 0.8, "misses": []}
+    _distrust_a_profile_far_off(report, ChosenProfile(None, given, "given"), lambda m: None)
+    assert given.exists() and report["misses"] == []

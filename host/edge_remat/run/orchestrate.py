@@ -354,9 +354,36 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           memory_limit_bytes=device.hardware.memory_limit_bytes,
                           plain_peak_bytes=plain_peak, profile=chosen.summary(),
                           paths={"graph": str(graph_path), "plan": str(plan_path)}, **outcome)
+    _distrust_a_profile_far_off(report, chosen, say)
     if opts.plots:
         report["plots"] = _draw(graph, plan_path, report, out, chosen.profile)
     return report
+
+
+# A measured profile whose steps run this many times faster or slower than it predicted was
+# not measured as the run trains (a busy machine, other shapes): the planned run's own misses
+# are within 1.1-1.7x here; a profile measured beside other heavy work missed by 16-53x.
+PROFILE_TRUST_RATIO = 3.0
+
+
+def _distrust_a_profile_far_off(report: dict, chosen: ChosenProfile, say: Say) -> None:
+    """Take a cached profile whose prediction missed the steady steps by more than
+    PROFILE_TRUST_RATIO out of the cache, and say so: otherwise every later run plans on it."""
+    from ..reports.run_report import steady_median
+    steps = report.get("step_time_s") or []
+    typical, _ = steady_median(steps)
+    predicted = report.get("predicted_time_s")
+    if len(steps) < 2 or not typical or not predicted:
+        return  # a first step alone pays the warm-up: no verdict from it
+    ratio = typical / predicted
+    if 1 / PROFILE_TRUST_RATIO <= ratio <= PROFILE_TRUST_RATIO or not chosen.forget():
+        return
+    note = (f"the profile predicted {predicted:.3g} s a step and the steps took {typical:.3g} s "
+            f"({ratio:.2f}x): it was likely measured while this machine was busy, or for "
+            "other shapes; it is out of the profile cache now, so the next run measures again")
+    report["misses"] = [*report.get("misses", []), note]
+    report["profile"] = {**report.get("profile", {}), "forgotten": True}
+    say(f"warning: {note}")
 
 
 # -- planning ------------------------------------------------------------------------------

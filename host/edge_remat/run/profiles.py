@@ -41,6 +41,14 @@ class ChosenProfile:
     profile: Optional[Profile]
     path: Optional[Path]
     how: str  # "given" | "cached" | "measured" | "modelled" | "none"
+    cached_at: Optional[Path] = None  # its copy in the profile cache, if it has one
+
+    def forget(self) -> bool:
+        """Take the profile out of the cache (the next run measures again); whether it was."""
+        if self.cached_at is None or not self.cached_at.is_file():
+            return False
+        self.cached_at.unlink()
+        return True
 
     def describe(self) -> str:
         if self.profile is None:
@@ -90,7 +98,7 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
     key = cache_key(board.sysinfo(), model)
     cached = cache_dir() / f"{key}.json"
     if cached.is_file() and not reprofile:
-        return _limited(ChosenProfile(load_profile(cached), cached, "cached"), device)
+        return _limited(ChosenProfile(load_profile(cached), cached, "cached", cached), device)
     if "profile" in board.hello().get("job_kinds", {}):
         if measuring_board is None:
             fetched = _measure(board, model, graph_path, out_dir, say)
@@ -104,7 +112,9 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
         except OSError as exc:  # an unwritable HOME: measured again next time, no worse
             say(f"warning: cannot cache the profile in {cached.parent} "
                 f"({exc.strerror or exc}); set XDG_CACHE_HOME to a writable folder")
-        return _limited(ChosenProfile(load_profile(fetched), fetched, "measured"), device)
+            cached = None
+        return _limited(ChosenProfile(load_profile(fetched), fetched, "measured", cached),
+                        device)
     modelled = modelled_profile_for(device)
     if modelled is not None:
         say(f"{device.name}: its agent cannot measure; planning with the modelled {modelled.name}")
