@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,11 @@ def trace_in_child(graph_json: str, name: str, timeout_s: float = 1800.0) -> byt
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"capturing '{name}' in a child process took more than "
                                f"{timeout_s:g} s") from None
+        if done.returncode == -signal.SIGKILL:  # what the out-of-memory killer sends
+            raise RuntimeError(f"capturing '{name}' in a child process was killed by SIGKILL "
+                               "(the out-of-memory killer?): tracing the model needs more "
+                               "memory than the board has left; give it more, or capture a "
+                               "smaller batch")
         if done.returncode != 0 or not os.path.exists(answer_file):
             lines = done.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
             raise RuntimeError(f"capturing '{name}' in a child process failed (exit "

@@ -29,6 +29,7 @@ from ..daemon.registry import JobContext
 # Set in the environment of a job process started again under a malloc: it is not restarted
 # twice, even where the preload did not take.
 RESTARTED_UNDER = "EDGE_REMAT_RESTARTED_UNDER"
+CAPTURING = "capturing the graph on the board"  # the run job's progress until it trains
 
 
 def run_job(ctx: JobContext, params: dict) -> dict:
@@ -58,8 +59,9 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                      ledger_peak_bytes=record["ledger_peak_bytes"],
                      rss_peak_bytes=record["rss_peak_bytes"])
 
-    ctx.progress(0.0, "capturing the graph on the board")
+    ctx.progress(0.0, CAPTURING)
     captured = _capture_before_torch(graph, ctx.input_path(str(params["graph"])))
+    ctx.progress(0.0, "the graph captured; training")  # a kill from here on is in a step
     from .run import run_plan
     from .stores import host_link_store
     host = host_link_store(plan, params.get("host_pages"))

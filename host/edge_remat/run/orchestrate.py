@@ -330,6 +330,9 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         say(f"keeping {reserve / 2**20:.0f} MiB out of the budget for reading the next "
             "weights ahead from the weight page store")
     plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say, reserve)
+    from ..checks import note_budget_above_ram
+    note_budget_above_ram(chosen.profile, plan_dict["budget_bytes"],
+                          f"the profile of {device.name}", say)
     require_kind(board, "run", "execute plans")
     limited = bool(device.hardware.memory_limit_bytes)
     # The board builds the batches from `data` with `seed` and the optimizer with `lr` the way
@@ -525,7 +528,10 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
         why = ("killed by the memory limit" if watch.killed() else
                "killed by SIGKILL (the board's out-of-memory killer?)" if "SIGKILL" in error
                else "out of memory")
-        return {"status": "killed", "killed_at_step": at, "message": f"{why} at step {at}",
+        from edge_remat_agent.executor.jobs import CAPTURING
+        when = f"while {CAPTURING} (before step 1)" if progress.get("message") == CAPTURING \
+            else f"at step {at}"
+        return {"status": "killed", "killed_at_step": at, "message": f"{why} {when}",
                 "result": progress.get("data") or {}, **watch.readings()}
 
 
