@@ -165,3 +165,24 @@ def test_a_command_that_fails_leaves_no_folder_it_made(tmp_path):
     refused(cli("plot", "--plan", graph, "--graph", graph, "--out", tmp_path / "kept"),
             BAD_INPUT)
     assert (tmp_path / "kept").is_dir()
+
+
+def test_ctrl_c_while_the_cli_imports_is_one_line_and_status_130(tmp_path):
+    """A Ctrl-C among the CLI's imports (a second or more on a board) escaped every handler as
+    a KeyboardInterrupt traceback. The interrupt is raised here by an import hook, the first
+    time `typer` is imported, where a real Ctrl-C lands."""
+    import subprocess
+    import sys
+    hook = ("import sys\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'typer':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            "sys.argv = ['edge-remat', 'devices']\n"
+            "from edge_remat.entry import main\n"
+            "main()\n")
+    done = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert done.returncode == 130
+    assert done.stderr == "error: interrupted (Ctrl-C)\n"

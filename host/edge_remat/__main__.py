@@ -1,6 +1,6 @@
 """`python -m edge_remat`: the same as the `edge-remat` command."""
 
-from .cli import main
+from .entry import main
 
 if __name__ == "__main__":
     main()
