@@ -63,8 +63,11 @@ def test_ctrl_c_cancels_the_board_job(tmp_path, bench):
                   "--param", "steps=60")
     seen = _wait_for_line(proc, "step 1/60")
     started = time.monotonic()
-    line = refused(_interrupt(proc, seen), INTERRUPTED, "cancelled job nap-1")
+    done = _interrupt(proc, seen)
+    line = refused(done, INTERRUPTED, "cancelled job nap-1")
     assert time.monotonic() - started < 20
+    # said at once, before the board answers, with what a second Ctrl-C does
+    assert "cancelling job nap-1 (up to 10 s; Ctrl-C again leaves it running)" in done.stderr
     state = _state("nap-1")
     assert state["status"] == "failed" and "cancelled" in state["error"], (line, state)
 

@@ -240,6 +240,10 @@ class Board:
             return Interrupted(f"interrupted; job {job_id} keeps running on {self.name}: "
                                + again, job=job_id, cancelled=False)
         self.reconnect_timeout_s = min(self.reconnect_timeout_s, CANCEL_RECONNECT_S)
+        # Cancelling waits for the board (seconds over a slow link): say so at once, and what
+        # a second Ctrl-C does.
+        self.on_event(f"{self.name}: cancelling job {job_id} (up to {CANCEL_WAIT_S:g} s; "
+                      "Ctrl-C again leaves it running)")
         try:
             with echoes_ignored(ECHO_S):
                 record = self.cancel(job_id)
