@@ -61,6 +61,9 @@ SOLVERS = ("auto", "cpsat", "milp")
 # the time limit (at most COVER_MAX_S); as an integer program up to COVER_INTEGER_NODES nodes
 # (500 nodes: 1 s, 2.02% TDI against the LP's 1.88%), its LP above (5000 nodes: 0.5 s).
 COVER_MIN_NODES, COVER_SHARE, COVER_MAX_S, COVER_INTEGER_NODES = 300, 0.03, 5.0, 1500
+# The MILP re-solves with a tighter budget where the simulator rejects its plan by a hair, if
+# at least this much of the time limit is left; otherwise the best heuristic's plan stands.
+MILP_RETRY_MIN_S = 1.0
 
 Progress = Callable[[float, float, float], None]
 
@@ -471,9 +474,14 @@ def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
     from .milp import solve_milp
     library = "highspy"  # PuLP imports highspy whichever backend it runs
     margin, outcome, milp_best = 0, None, None
-    offset = clock.perf_counter() - started
-    for _attempt in range(3):
-        outcome = isolated.call(library, solve_milp, p, remaining, backend,
+    # every attempt shares the time left: a re-solve once had the whole of it again, and a
+    # 10 s limit became 20 s
+    deadline = clock.perf_counter() + remaining
+    for attempt in range(3):
+        left = deadline - clock.perf_counter()
+        if attempt > 0 and left < MILP_RETRY_MIN_S:
+            break
+        outcome = isolated.call(library, solve_milp, p, max(left, MILP_RETRY_MIN_S), backend,
                                 best_known.decisions if best_known else None, workers,
                                 budget_margin_bytes=margin)
         if outcome.decisions is None:
@@ -499,8 +507,9 @@ def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
                        fallback=f"milp:{backend} {outcome.status}")
     if outcome.status == "infeasible":
         raise _infeasible(p, "MILP")
-    raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and the MILP "
-                 f"found none in time); "
+    why = "the MILP solver failed" if outcome.status == "failed" else \
+        "the MILP found none in time"
+    raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and {why}); "
                  + _budget_found_hint(p, _hint_deadline(started, time_limit)))
 
 
