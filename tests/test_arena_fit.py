@@ -99,3 +99,30 @@ def test_ctrl_c_while_fitting_keeps_the_plan_at_the_budget_asked(monkeypatch):
     assert plan.stages == plain.plan.stages and plan.budget_bytes == plain.plan.budget_bytes
     assert plan.arena.details["fit"] == {"budget_bytes": plan.budget_bytes, "interrupted": True}
     check_layout(graph, plan.stages, plan.arena)
+
+
+def test_an_arena_fit_that_fails_says_so(tmp_path):
+    """At 0.5 no lower budget plans: the plan printed "arena ... (best-fit, feasible; ...)",
+    exit 0 and nothing else, while its arena and fixed memory passed the budget."""
+    graph_file = tmp_path / "g.json"
+    random_layered(80, seed=2).save(graph_file)
+    args = ["plan", "--graph", str(graph_file), "--budget", "0.5", "--order", "given",
+            "--solver", SOLVER, "--time-limit", str(TIME_LIMIT)]
+    result = CliRunner().invoke(app, [*args, "--arena-fit", "-o", str(tmp_path / "p.json")])
+    assert result.exit_code == 0, result.output  # the plan is kept and written: a warning
+    lines = result.stdout.splitlines()
+    arena = next(line for line in lines if line.startswith("arena "))
+    fits = next(line for line in lines if line.startswith("arena fits"))
+    assert "feasible" not in arena
+    fit = json.loads((tmp_path / "p.json").read_text())["arena"]["details"]["fit"]
+    assert "no: arena + fixed memory" in fits
+    assert f"--arena-fit could not fit it in {len(fit['tries'])} solves" in fits
+    assert "--arena cpsat" in fits
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and "pass the budget by" in warnings[0]
+
+    as_json = CliRunner().invoke(app, [*args, "--json"])  # without --arena-fit: no warning,
+    arena = json.loads(as_json.stdout)["arena"]  # but the figure and the table say it
+    assert arena["over_budget_bytes"] > 0 and "warning" not in as_json.stderr
+    plain = CliRunner().invoke(app, args)
+    assert "--arena-fit re-plans at lower budgets" in plain.stdout

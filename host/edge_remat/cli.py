@@ -186,26 +186,42 @@ def plan(
             "recomputed": pr["recomputed"], "page_ins": pr["page_ins"],
             "page_outs": pr["page_outs"], "lower_bound": s["lower_bound"], "gap": s["gap"],
             "solve_time_s": s["solve_time_s"], "baselines": s["baselines"],
-            "arena": _arena_summary(result.get("arena")), "plan": output,
+            "arena": _arena_summary(result), "plan": output,
             **({"error": stopped} if stopped else {})}))
     else:
         typer.echo(plan_table(result))
         if output:
             typer.echo(f"plan written to {output}")
+    _warn_arena_unfitted(result)
     if stopped:
         from .errors import EXIT_INTERRUPTED
         typer.echo(f"error: {stopped}", err=True)
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _arena_summary(arena: Optional[dict]) -> Optional[dict]:
+def _warn_arena_unfitted(plan_dict: dict) -> None:
+    """--arena-fit that could not fit the arena: a warning, not an error. The plan is kept and
+    written (it fits the budget under `run --allocator glibc`, and says by how much the arena
+    passes it), but it must not look fine for `run --allocator arena`."""
+    from .reports.report import arena_fit_note, arena_over_budget
+    arena = plan_dict.get("arena")
+    if arena is None or "tries" not in arena["details"].get("fit", {}):
+        return
+    if arena_over_budget(plan_dict) > 0:
+        typer.echo(f"warning: {arena_fit_note(plan_dict)}", err=True)
+
+
+def _arena_summary(plan_dict: dict) -> Optional[dict]:
+    from .reports.report import arena_over_budget
+    arena = plan_dict.get("arena")
     if arena is None:
         return None
-    return {"method": arena["method"], "size_bytes": arena["size_bytes"], **{
-        key: arena["details"].get(key) for key in ("status", "lower_bound_bytes",
-                                                   "planned_tensor_peak_bytes",
-                                                   "over_tensor_peak", "fit")
-        if key in arena["details"]}}
+    return {"method": arena["method"], "size_bytes": arena["size_bytes"],
+            "over_budget_bytes": arena_over_budget(plan_dict), **{
+                key: arena["details"].get(key) for key in ("status", "lower_bound_bytes",
+                                                           "planned_tensor_peak_bytes",
+                                                           "over_tensor_peak", "fit")
+                if key in arena["details"]}}
 
 
 def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backend: str,

@@ -53,11 +53,53 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
     if arena is not None:
         d = arena["details"]
         over = d.get("over_tensor_peak")
-        rows.append(("arena", f"{fmt_bytes(arena['size_bytes'])} ({arena['method']}, "
-                              f"{d.get('status')}; " + (f"{over:.3f}x " if over else "")
-                              + "the planned tensor peak)"))
+        # the layout's status is about packing (optimal or not proven so), never about the
+        # budget: "feasible" beside an arena past the budget read as "fits"
+        packing = ", optimal layout" if d.get("status") == "optimal" else ""
+        rows.append(("arena", f"{fmt_bytes(arena['size_bytes'])} ({arena['method']}{packing}; "
+                              + (f"{over:.3f}x " if over else "") + "the planned tensor peak)"))
+        rows.append(("arena fits", ("no: " if arena_over_budget(plan_dict) else "")
+                     + arena_fit_note(plan_dict)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def arena_over_budget(plan_dict: dict[str, Any]) -> int:
+    """Bytes by which the arena and fixed memory (what `run --allocator arena` allocates) pass
+    the budget asked (the one before any --arena-fit re-planning); 0 where they fit."""
+    arena = plan_dict["arena"]
+    asked = arena["details"].get("fit", {}).get("budget_bytes", plan_dict["budget_bytes"])
+    footprint = arena["size_bytes"] + plan_dict["problem"]["fixed_bytes"]
+    return max(0, footprint - asked)
+
+
+def arena_fit_note(plan_dict: dict[str, Any]) -> str:
+    """Whether the arena and fixed memory fit the budget, in words: by how much they pass it,
+    what --arena-fit tried and what to do."""
+    arena, over = plan_dict["arena"], arena_over_budget(plan_dict)
+    fit = arena["details"].get("fit", {})
+    if over == 0:
+        lowered = fit.get("planned_at_bytes", plan_dict["budget_bytes"]) < fit.get(
+            "budget_bytes", plan_dict["budget_bytes"])
+        return "yes, with fixed memory" + (
+            f" (--arena-fit planned the schedule at {fit['planned_at_bytes']} B)" if lowered
+            else "")
+    footprint = arena["size_bytes"] + plan_dict["problem"]["fixed_bytes"]
+    said = (f"arena + fixed memory {fmt_bytes(footprint)} pass the budget by "
+            f"{fmt_bytes(over)} ({over} B), so `run --allocator arena` needs that much more")
+    if "tries" not in fit:
+        return f"{said}; --arena-fit re-plans at lower budgets until it fits"
+    tries = fit["tries"]
+    last = tries[-1]
+    if "no_plan" in last:
+        why = f"no schedule plans at {last['budget_bytes']} B"
+        todo = "try --arena cpsat (a tighter layout) or a larger budget"
+    else:
+        why = f"the lowest, {last['budget_bytes']} B, still {fmt_bytes(last['footprint_bytes'])}"
+        todo = (f"try a lower --budget for the schedule (below {last['budget_bytes']} B) or "
+                "--arena cpsat (a tighter layout)")
+    return (f"{said}; --arena-fit could not fit it in {len(tries)} "
+            f"solve{'s' if len(tries) != 1 else ''} ({why}): {todo}")
 
 
 def sim_table(summary: dict[str, Any], budget: int | None) -> str:
