@@ -395,3 +395,16 @@ def test_host_page_service_imports_without_torch():
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_a_sweep_where_no_budget_plans_is_an_error_and_writes_nothing(cli, tmp_path):
+    """It exited 0, printed "plans written to DIR/" and left DIR empty."""
+    graph, out = tiny_graph(tmp_path), tmp_path / "plans"
+    line = clean_error(cli("plan", "--graph", graph, "--sweep", "0.01:0.05:0.02", "-o", out))
+    assert "no budget of the sweep" in line and "smallest feasible budget is" in line
+    assert not out.exists()
+    some = cli("plan", "--graph", graph, "--sweep", "0.05:1.0:0.95", "--time-limit", "10",
+               "-o", out)
+    assert some.returncode == 0, some.stderr
+    assert f"1 plan of 2 budgets written to {out}/" in some.stdout
+    assert [p.name for p in out.iterdir()] == ["plan-1.00.json"]

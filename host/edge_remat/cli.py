@@ -230,7 +230,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
     from pathlib import Path
 
     from .reports.report import sweep_table
-    from .sweep import SweepInterrupted, parse_sweep, run_sweep
+    from .sweep import SweepInterrupted, no_plan_error, parse_sweep, run_sweep
 
     try:
         points, interrupted = run_sweep(make_problem, parse_sweep(sweep), solver, time_limit,
@@ -239,6 +239,9 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
         if not stop.points:
             raise
         points, interrupted = stop.points, True
+    planned = sum(point.report is not None for point in points)
+    if not planned and not interrupted:  # an error, as for one budget: nothing written
+        raise no_plan_error(points)
     rows = []
     for point in points:
         row = {"fraction": point.fraction, "budget_bytes": point.budget_bytes,
@@ -265,8 +268,9 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
                           **({"status": "interrupted", "error": stopped} if stopped else {})}))
     else:
         typer.echo(sweep_table(points, objective))
-        if output:
-            typer.echo(f"plans written to {output}/")
+        if output and planned:
+            typer.echo(f"{planned} plan{'s' if planned != 1 else ''} of {len(points)} budgets "
+                       f"written to {output}/")
     if stopped:
         from .errors import EXIT_INTERRUPTED
         typer.echo(f"error: {stopped}", err=True)

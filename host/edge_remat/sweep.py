@@ -24,6 +24,7 @@ class SweepPoint:
     status: str  # a plan status, or "infeasible" | "no plan"
     report: SolveReport | None = None
     message: str = ""
+    smallest_bytes: int | None = None  # where infeasible: the smallest budget with a chance
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -70,7 +71,8 @@ def run_sweep(make_problem: Callable[[Budget], Problem], fractions: list[float],
             report = solve(problem, solver, time_limit, backend, workers, hint=hint)
         except InfeasibleBudget as exc:
             points.append(SweepPoint(fraction, problem.budget_bytes if problem else None,
-                                     "infeasible", message=str(exc)))
+                                     "infeasible", message=str(exc),
+                                     smallest_bytes=exc.smallest_bytes))
             continue
         except NoPlan as exc:
             points.append(SweepPoint(fraction, problem.budget_bytes, "no plan",
@@ -86,3 +88,20 @@ def run_sweep(make_problem: Callable[[Budget], Problem], fractions: list[float],
         points.append(SweepPoint(fraction, problem.budget_bytes, report.plan.solver["status"],
                                  report))
     return points
+
+
+def no_plan_error(points: list[SweepPoint]) -> Exception:
+    """The error of a sweep in which no budget planned, as a single budget's would be: the
+    smallest feasible budget where every one was below it, else the largest budget's reason."""
+    span = f"{points[0].fraction:g}-{points[-1].fraction:g}" if len(points) > 1 else \
+        f"{points[0].fraction:g}"
+    smallest = max((p.smallest_bytes for p in points if p.smallest_bytes), default=None)
+    if all(p.status == "infeasible" for p in points) and smallest is not None:
+        largest = points[-1]
+        plain = largest.budget_bytes / largest.fraction if largest.budget_bytes else None
+        share = f" ({smallest / plain:.3g} of the plain peak)" if plain else ""
+        return InfeasibleBudget(
+            f"no budget of the sweep ({span} of the plain peak) plans: the smallest feasible "
+            f"budget is {smallest} bytes{share}; sweep from there", smallest)
+    return NoPlan(f"no budget of the sweep ({span} of the plain peak) plans; at "
+                  f"{points[-1].fraction:g}: {points[-1].message}")
