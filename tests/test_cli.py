@@ -408,3 +408,24 @@ def test_a_sweep_where_no_budget_plans_is_an_error_and_writes_nothing(cli, tmp_p
     assert some.returncode == 0, some.stderr
     assert f"1 plan of 2 budgets written to {out}/" in some.stdout
     assert [p.name for p in out.iterdir()] == ["plan-1.00.json"]
+
+
+def test_run_help_says_the_real_defaults(cli):
+    """--data's help said "digits for digits-cnn, else example" (the llama models get text);
+    --budget's did not say that a bare number below 16 is a fraction."""
+    from edge_remat.run.orchestrate import DEFAULT_DATA
+    text = " ".join(cli("run", "--help").stdout.replace("│", " ").split())
+    for model, data in DEFAULT_DATA.items():
+        assert model in text and f"{data} for" in text
+    assert "a bare number below 16 is a fraction" in text
+    plan_help = " ".join(cli("plan", "--help").stdout.replace("│", " ").split())
+    assert "a bare number below 16 is a fraction" in plan_help
+
+
+def test_run_refuses_profile_with_reprofile(cli, tmp_path):
+    """Both together were accepted, the profile used and --reprofile dropped in silence."""
+    line = clean_error(cli("run", "--device", "local", "--model", "digits-cnn", "--profile",
+                           "profiles/this-machine.json", "--reprofile", "--out", tmp_path / "o",
+                           cwd=Path(__file__).resolve().parents[1]))
+    assert "--profile and --reprofile are alternatives" in line
+    assert not (tmp_path / "o").exists()

@@ -14,6 +14,7 @@ from edge_remat_agent.capture import DEFAULT_MAX_NODES
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
 from .errors import EXIT_BAD_INPUT, EXIT_KILLED, UserError, cli_errors
+from .units import FRACTION_LIMIT
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Fine-tune PyTorch models on boards whose RAM is too small: "
@@ -50,12 +51,16 @@ def _kept_measured(tiers: dict[str, Tier], prof) -> dict[str, Tier]:
             if name in measured else tier for name, tier in tiers.items()}
 
 
+BUDGET_HELP = (f"0.8 or 80% of the plain peak (a bare number below {FRACTION_LIMIT} is a "
+               "fraction of it, from there a byte count), or 512MiB")
+
+
 @app.command()
 @cli_errors
 def plan(
     graph: str = typer.Option(..., "--graph", help="graph file (ours, node-link, or POET's)"),
     budget: Optional[str] = typer.Option(None, "--budget",
-                                         help="0.8 or 80% of the plain peak, or 512MiB"),
+                                         help=BUDGET_HELP),
     sweep: Optional[str] = typer.Option(None, "--sweep", help="solve a budget range instead, "
                                         "START:STOP:STEP of the plain peak, e.g. 0.3:1.0:0.1"),
     output: Optional[str] = typer.Option(None, "-o", "--output",
@@ -621,7 +626,12 @@ def profile(
 
 # -- end to end: `run` (logic in run/, reports/, transport/emulated.py) -------------------
 
-from .run.orchestrate import run_default  # noqa: E402 - light (no torch); the CLI's defaults
+from .run.orchestrate import DEFAULT_DATA, run_default  # noqa: E402 - light (no torch)
+
+# --data's default, from the table `run` uses, so that the help cannot drift from it
+DATA_DEFAULT_HELP = "; ".join(
+    f"{data} for {', '.join(m for m, d in DEFAULT_DATA.items() if d == data)}"
+    for data in dict.fromkeys(DEFAULT_DATA.values())) + "; else example"
 
 
 @app.command("run")
@@ -631,15 +641,14 @@ def run_command(
                                "machine; emulated-board: this machine in a memory cgroup)"),
     model: str = typer.Option(..., "--model", help="a zoo model (digits-cnn, resnet18, ...) or "
                               "MODULE:FACTORY"),
-    budget: Optional[str] = typer.Option(None, "--budget", help="30% of the plain peak, or "
-                                         "512MiB (default with --memory-limit: what the "
-                                         "runtime leaves of it)"),
+    budget: Optional[str] = typer.Option(None, "--budget", help=BUDGET_HELP + " (default with "
+                                         "--memory-limit: what the runtime leaves of it)"),
     objective: str = typer.Option(run_default("objective"), "--objective", help="time | energy"),
     deadline: Optional[str] = typer.Option(None, "--deadline", help="e.g. 1.3 = 1.3x plain time"),
     steps: int = typer.Option(run_default("steps"), "--steps", min=1, help="training steps"),
     data: Optional[str] = typer.Option(None, "--data", help="example | digits | text | "
                                        "MODULE:FUNCTION, MODULE a module or a .py file "
-                                       "(default: digits for digits-cnn, else example)"),
+                                       f"(default: {DATA_DEFAULT_HELP})"),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="emulate a board "
                                                "with this much RAM, e.g. 600MiB (a memory "
                                                "cgroup; local devices, root)"),
@@ -690,6 +699,9 @@ def run_command(
     from .units import Budget, parse_size
 
     limit = int(parse_size(memory_limit, "--memory-limit")) if memory_limit else None
+    if profile_file is not None and reprofile:  # alternatives: one was silently dropped
+        raise UserError("--profile and --reprofile are alternatives: --profile plans with that "
+                        "file, --reprofile measures the board again; give one")
     if objective not in ("time", "energy"):
         raise FormatError("command line", "--objective", "time or energy", objective)
     if allocator not in ("glibc", "arena"):

@@ -9,7 +9,7 @@ from edge_remat_agent.units import KNOWN_UNITS, SIZE_UNITS, split_quantity
 
 # A bare number below this is a fraction of the plain schedule's peak, above it a byte count:
 # no budget is a handful of bytes, and no fraction is this large.
-_FRACTION_LIMIT = 16
+FRACTION_LIMIT = 16
 # No board has an exabyte; above this, integer arithmetic in the solvers would overflow.
 MAX_BYTES = 2**60
 
@@ -32,16 +32,16 @@ def parse_budget(text: str, option: str = "budget",
     if unit == "%":
         value /= 100.0
         unit = "fraction"
-    fraction = unit == "fraction" or (unit == "" and value < _FRACTION_LIMIT)
+    fraction = unit == "fraction" or (unit == "" and value < FRACTION_LIMIT)
     if fraction and value <= 0:
         raise UnitError(f"{option} {text!r} must be positive")
     if fraction and sizes_only:
         raise UnitError(f"{option} {text!r} reads as a fraction of the plain peak: use {usage}")
-    if fraction and value < _FRACTION_LIMIT:
+    if fraction and value < FRACTION_LIMIT:
         return "fraction", value
     if fraction:
         raise UnitError(f"{option} {text!r} is {value:g} times the plain peak: give at most "
-                        f"{_FRACTION_LIMIT - 1}00%, or a size such as 512MiB")
+                        f"{FRACTION_LIMIT - 1}00%, or a size such as 512MiB")
     if unit not in SIZE_UNITS:
         raise UnitError(f"unknown size unit {unit!r} in {option} {text!r} (known: "
                         f"{KNOWN_UNITS})")
