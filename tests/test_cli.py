@@ -429,3 +429,25 @@ def test_run_refuses_profile_with_reprofile(cli, tmp_path):
                            cwd=Path(__file__).resolve().parents[1]))
     assert "--profile and --reprofile are alternatives" in line
     assert not (tmp_path / "o").exists()
+
+
+def test_status_labels_do_not_contradict_themselves(cli, tmp_path):
+    """my_model at 50% with paging: "optimal (heuristic:paging, fallback from cpsat optimal)"
+    and gap 3.33% beside "optimal", unexplained."""
+    root = Path(__file__).resolve().parents[1]
+    graph = tmp_path / "my_model.json"
+    made = cli("graph", "--model", f"{root / 'examples' / 'my_model.py'}:make_model",
+               "--batch", "16", "-o", graph)
+    assert made.returncode == 0, made.stderr
+    proc = cli("plan", "--graph", graph, "--profile", root / "profiles" / "jetson-orin-nano.json",
+               "--budget", "50%", "--solver", "cpsat", "--time-limit", "10", "--arena", "none",
+               "-o", tmp_path / "plan.json")
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split("  ", 1)[0]: line for line in proc.stdout.splitlines()}
+    solver = json.loads((tmp_path / "plan.json").read_text())["solver"]
+    assert "fallback from cpsat optimal" not in rows["status"]
+    if solver["name"] != "cpsat" and solver["status"] == "optimal":
+        assert solver["proven_optimal_by"] == "cpsat" and "fallback_from" not in solver
+        assert "proven optimal by cpsat" in rows["status"]
+    if solver["status"] == "optimal" and solver["gap"] > 1e-6:
+        assert "optimal in the solver's own model" in rows["gap"]

@@ -449,12 +449,22 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
                        outcome.bound, started, time_limit, summary,
                        timing={"first_plan_s": first_plan,
                                "best_plan_s": known_at if known_at is not None else first_plan},
-                       fallback=f"cpsat {outcome.status}", **details)
+                       **_kept_plan_note("cpsat", outcome.status), **details)
     if outcome.status == "infeasible":
         raise _infeasible(p, "CP-SAT")
     raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and "
                  f"{_cpsat_none_why(outcome)}); "
                  + _budget_found_hint(p, _hint_deadline(started, time_limit)))
+
+
+def _kept_plan_note(solver: str, status: str) -> dict:
+    """How a plan found before the exact solver, and kept, is labelled. Where that solver
+    proved optimality, the plan is optimal and the solver proved it ("fallback from cpsat
+    optimal" read as a failure); otherwise the plan is what was left when it found none
+    better."""
+    if status == "optimal":
+        return {"proven_optimal_by": solver}
+    return {"fallback": f"{solver} {status}"}
 
 
 def _cpsat_none_why(outcome) -> str:
@@ -504,7 +514,7 @@ def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
         return _report(p, best_known, status, bound, started, time_limit, summary,
                        timing={"first_plan_s": first_plan,
                                "best_plan_s": best_known.found_at - started},
-                       fallback=f"milp:{backend} {outcome.status}")
+                       **_kept_plan_note(f"milp:{backend}", outcome.status))
     if outcome.status == "infeasible":
         raise _infeasible(p, "MILP")
     why = "the MILP solver failed" if outcome.status == "failed" else \
