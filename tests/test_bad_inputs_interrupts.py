@@ -53,8 +53,8 @@ def _interrupt(proc: subprocess.Popen, seen: list) -> subprocess.CompletedProces
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)
 
 
-def _state(job_id: str) -> dict:
-    proc = cli("job-status", job_id, "--device", "bench", "--json", environ=env())
+def _state(job_id: str, device: str = "bench") -> dict:
+    proc = cli("job-status", job_id, "--device", device, "--json", environ=env())
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -256,3 +256,72 @@ def test_ssh_reconnect_keeps_the_host_pages_forward(tmp_path):
                 store.put(2, page * 2)
                 assert torch.equal(store.get(2), page * 2)
                 store.close()
+
+
+# -- an emulated board that two hosts share -------------------------------------------------
+
+EMULATED = "shared-emulated"
+
+
+@pytest.fixture
+def emulated(tmp_path):
+    """An emulated board (this machine in a 1 GiB memory cgroup); its cgroup, with whatever
+    still runs in it, is removed at the end."""
+    from edge_remat.cgroup import unavailable_reason
+    from edge_remat.devices import find_device
+    from edge_remat.transport.emulated import remove_board_cgroup
+    from helpers.board_fixtures import local_board
+    if unavailable_reason() is not None:
+        pytest.skip(f"no memory cgroup: {unavailable_reason()}")
+    with local_board(tmp_path, EMULATED, memory_limit_bytes=2**30) as root:
+        device = find_device(EMULATED)
+        try:
+            yield root / "board"
+        finally:
+            remove_board_cgroup(device)
+
+
+def _job_record(workdir, job_id: str) -> dict:
+    return json.loads((workdir / "jobs" / job_id / "job.json").read_text())
+
+
+def _alive(pid) -> bool:
+    """A running process (a killed one may linger a moment as a zombie)."""
+    import psutil
+    try:
+        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, TypeError, ValueError):
+        return False
+
+
+@pytest.mark.cgroup
+def test_a_run_that_ends_on_an_emulated_board_leaves_another_hosts_job(tmp_path, emulated):
+    """Host B's job runs; host A's `run` queues behind it and is interrupted: A cancels its
+    own job and leaves the board up, B's job process and the daemon untouched."""
+    submit = cli("job", "sleep", "--device", EMULATED, "--id", "host-b", "--detach",
+                 "--param", "seconds=60", "--param", "steps=60", environ=env())
+    assert submit.returncode == 0, submit.stderr
+    proc = _start("run", "--device", EMULATED, "--model", "mlp", "--plain", "--steps", "2",
+                  "--out", tmp_path / "run-a")
+    seen = _wait_for_line(proc, " queued")
+    result = _interrupt(proc, seen)
+    refused(result, INTERRUPTED, "cancelled job")
+    record = _job_record(emulated, "host-b")
+    assert record["state"] == "running" and _alive(record["pid"]), record
+    assert "stay up" in result.stderr
+    assert cli("job-cancel", "host-b", "--device", EMULATED, environ=env()).returncode == 0
+
+
+@pytest.mark.cgroup
+def test_run_keep_running_on_an_emulated_board_leaves_its_job_running(tmp_path, emulated):
+    import re
+    proc = _start("run", "--device", EMULATED, "--model", "mlp", "--plain", "--steps",
+                  "1000000", "--keep-running", "--out", tmp_path / "run")
+    seen = _wait_for_line(proc, "/1000000:")  # a step done (progress may skip some)
+    line = refused(_interrupt(proc, seen), INTERRUPTED, "keeps running", "job-status")
+    job_id = re.search(r"job (\S+) keeps running", line).group(1)
+    record = _job_record(emulated, job_id)
+    assert record["state"] == "running" and _alive(record["pid"]), record
+    assert _state(job_id, EMULATED)["status"] == "running"
+    assert _job_record(emulated, job_id)["restarts"] == 0
+    assert cli("job-cancel", job_id, "--device", EMULATED, environ=env()).returncode == 0

@@ -84,6 +84,11 @@ class Board:
     def name(self) -> str:
         return self.device.name
 
+    @property
+    def connected(self) -> bool:
+        """Whether this Board has reached the board's agent at least once."""
+        return self._connected_once
+
     # -- connection ----------------------------------------------------------------------
     def session(self) -> AgentSession:
         if self._session is None:
