@@ -168,6 +168,38 @@ def test_deploy_pages_to_the_host_service_on_a_local_board(captured, local_board
     assert tier["service"]["peak_bytes"] > 0
 
 
+def test_keep_running_cannot_hold_a_job_that_pages_to_the_host(captured, local_board,
+                                                               tmp_path):
+    """The page service ends with `deploy`, and the job with it: Ctrl-C with --keep-running
+    cancels the job and says why, instead of leaving it to fail on its next page."""
+    import signal
+    import subprocess
+
+    from helpers.bad_inputs import COMMAND, INTERRUPTED, cli, env, refused
+    graph_file, plan_file = tmp_path / "graph.json", tmp_path / "plan.json"
+    captured.graph.save(graph_file)
+    host_plan(captured).save(plan_file)
+    proc = subprocess.Popen([*COMMAND, "deploy", str(plan_file), "--device", local_board,
+                             "--graph", str(graph_file), "--steps", "100000", "--keep-running",
+                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env())
+    seen = []
+    for line in proc.stderr:  # until the job trains on the board
+        seen.append(line)
+        if "/100000:" in line:  # a step done (progress may skip some)
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)
+    line = refused(done, INTERRUPTED, "cancelled job", "page service")
+    assert "keeps running" not in line
+    assert any(l.startswith("warning: --keep-running does not hold") for l in seen), seen
+    job_id = line.split("job ")[1].split()[0]
+    state = json.loads(cli("job-status", job_id, "--device", local_board, "--json",
+                           environ=env()).stdout)
+    assert state["status"] == "failed" and "cancelled" in state["error"], state
+
+
 def test_profile_measures_the_link_to_the_host_page_service(local_board, tmp_path):
     """`edge-remat profile` starts the page service for the profile job, which times page round
     trips to it: the profile's `host` tier, as a run's host pages would travel."""

@@ -67,6 +67,7 @@ class Board:
         # Ctrl-C while waiting on a job this Board submitted: cancel it (the default, so that
         # the next run does not queue behind it) or leave it running and say how to come back.
         self.keep_running = keep_running
+        self.not_kept: Optional[str] = None  # why Ctrl-C cancels despite --keep-running
         self.archive = archive
         self.on_event = on_event or (lambda message: None)
         self.transport = transport or make_transport(device, archive, self.on_event)
@@ -235,6 +236,18 @@ class Board:
             record["fetched"] = [str(p) for p in self.fetch_outputs(record, out_dir)]
         return record
 
+    @contextlib.contextmanager
+    def cancelled_on_interrupt(self, why: str):
+        """Within it Ctrl-C cancels the job even with --keep-running, and the line says `why`:
+        the job needs something that ends with this command. Yields whether it was asked to
+        keep running."""
+        asked = self.keep_running
+        self.keep_running, self.not_kept = False, why if asked else None
+        try:
+            yield asked
+        finally:
+            self.keep_running, self.not_kept = asked, None
+
     def interrupted(self, job_id: str) -> Interrupted:
         """What Ctrl-C while waiting on `job_id` did: the job cancelled (and waited out for a
         few seconds, so that nothing queues behind it), or left running with the way back."""
@@ -265,7 +278,8 @@ class Board:
             return Interrupted(f"interrupted; could not cancel job {job_id} on {self.name} "
                                f"({why}): " + again, job=job_id, cancelled=False)
         state = "cancelled" if record["state"] in TERMINAL_STATES else "asked to cancel"
-        return Interrupted(f"interrupted; {state} job {job_id} on {self.name}", job=job_id,
+        why = f" ({self.not_kept})" if self.not_kept else ""
+        return Interrupted(f"interrupted; {state} job {job_id} on {self.name}{why}", job=job_id,
                            cancelled=True)
 
     def stop_agent(self, if_idle: bool = False) -> None:

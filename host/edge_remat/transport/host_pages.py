@@ -8,6 +8,9 @@ local / emulated  the board is this machine: the service's own 127.0.0.1 port
 ssh               a reverse port forward over the board's SSH connection: the board connects to
                   127.0.0.1:PORT on its side, each channel is bridged to the service here
 serial            refused: a serial link carries the agent's frames only, not a page stream
+
+The service ends with the host command, so a run job that pages to it cannot outlive it:
+within host_pages Ctrl-C cancels the job even with --keep-running, and says why.
 """
 
 from __future__ import annotations
@@ -31,9 +34,13 @@ def plan_uses_host(plan) -> bool:
     return any(ins.op == "page_out" and ins.tier == "host" for ins in plan.instructions())
 
 
+NOT_KEPT = "not kept running: it pages to this host's page service, which ends with this command"
+
+
 @contextlib.contextmanager
 def host_pages(board, uses_host: bool, say: Callable[[str], None] = lambda m: None,
-               capacity_bytes: int | None = None) -> Iterator[dict]:
+               capacity_bytes: int | None = None, job_bound: bool = True) -> Iterator[dict]:
+    """`job_bound`: the job needs the service to its end (a run job); Ctrl-C cancels it."""
     if not uses_host:
         yield {}
         return
@@ -42,7 +49,7 @@ def host_pages(board, uses_host: bool, say: Callable[[str], None] = lambda m: No
         raise TransportError(f"{board.name} is reached over a serial link, which cannot carry "
                              "the host page tier: plan with --paging flash (or none), or reach "
                              "the board over SSH")
-    with PageService(capacity_bytes) as service:
+    with PageService(capacity_bytes) as service, _bound_to_this_host(board, job_bound, say):
         if kind == "ssh":
             with _reverse_forward(board, service) as board_port:
                 say(f"host pages: page service at {service.address}, reached from "
@@ -56,9 +63,27 @@ def host_pages(board, uses_host: bool, say: Callable[[str], None] = lambda m: No
 @contextlib.contextmanager
 def link_pages(board, say: Callable[[str], None] = lambda m: None) -> Iterator[dict]:
     """For a profile job: the page service where the board's link can carry host pages (its
-    `host_pages` param, so the profile measures the `host` tier), nothing over serial."""
-    with host_pages(board, board.device.connection.kind != "serial", say) as params:
+    `host_pages` param, so the profile measures the `host` tier), nothing over serial. The
+    profile times the link first, in seconds, and needs the service no more: --keep-running
+    holds for it."""
+    with host_pages(board, board.device.connection.kind != "serial", say,
+                    job_bound=False) as params:
         yield params
+
+
+@contextlib.contextmanager
+def _bound_to_this_host(board, job_bound: bool, say: Callable[[str], None]) -> Iterator[None]:
+    """A job that pages to this host dies with this command's page service: rather than leave
+    it running to fail, Ctrl-C cancels it, and --keep-running is said up front not to hold."""
+    if not job_bound:
+        yield
+        return
+    with board.cancelled_on_interrupt(NOT_KEPT) as asked:
+        if asked:
+            say("warning: --keep-running does not hold for this job: it pages to this host's "
+                "page service, which ends with this command, so Ctrl-C cancels it (plan with "
+                "--paging flash or none for a job that can be left running)")
+        yield
 
 
 @contextlib.contextmanager
