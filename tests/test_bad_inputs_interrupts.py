@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from helpers.bad_inputs import (BAD_INPUT, COMMAND, INTERRUPTED, JOB_FAILED, cli, env, refused,
-                        tiny_graph)
+from helpers.bad_inputs import (BAD_INPUT, COMMAND, INTERRUPTED, JOB_FAILED, UNREACHABLE, cli,
+                                env, refused, tiny_graph)
 from helpers.board_fixtures import local_bench_device, needs_sshd, stop_agent
 from helpers.small_graphs import random_dag
 
@@ -325,3 +325,38 @@ def test_run_keep_running_on_an_emulated_board_leaves_its_job_running(tmp_path, 
     assert _state(job_id, EMULATED)["status"] == "running"
     assert _job_record(emulated, job_id)["restarts"] == 0
     assert cli("job-cancel", job_id, "--device", EMULATED, environ=env()).returncode == 0
+
+
+@needs_sshd
+def test_giving_up_on_the_link_names_the_job_and_the_way_back(tmp_path, monkeypatch):
+    """sshd stops mid-run and reconnecting gives up: exit 3, the line names the job and the
+    job-status / job-cancel commands, OUT/report.json says the link was lost; and the job is
+    there to come back to once sshd is up again."""
+    import re
+
+    from helpers.board_fixtures import SshServer, ssh_device_config
+    (tmp_path / "sshd").mkdir()
+    sshd = SshServer(tmp_path / "sshd").start()
+    workdir, out = tmp_path / "board", tmp_path / "run"
+    ssh_device_config(tmp_path / "loopback.toml", sshd, workdir,
+                      "connect_timeout_s = 5\nreconnect_timeout_s = 3\n"
+                      "[hardware]\nsensor = \"none\"\n")
+    monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(tmp_path))
+    try:
+        proc = _start("run", "--device", "loopback", "--model", "mlp", "--plain",
+                      "--steps", "1000000", "--out", out)
+        seen = _wait_for_line(proc, "/1000000:")  # a step done (progress may skip some)
+        sshd.stop()
+        stdout, err = proc.communicate(timeout=120)
+        line = refused(subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
+                                                   "".join(seen) + err),
+                       UNREACHABLE, "gave up reconnecting", "job-status", "job-cancel")
+        job_id = re.search(r"job (\S+) may still run on loopback", line).group(1)
+        report = json.loads((out / "report.json").read_text())
+        assert report["status"] == "link_lost" and report["job"] == job_id, report
+        sshd.start()
+        cancel = cli("job-cancel", job_id, "--device", "loopback", environ=env())
+        assert cancel.returncode == 0 and job_id in cancel.stdout, cancel.stderr
+    finally:
+        stop_agent(workdir)
+        sshd.stop()

@@ -65,7 +65,7 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
     from .devices import DeviceError
     from .planner.problem import InfeasibleBudget, InfeasibleDeadline, ProblemError
     from .planner.solve import NoPlan
-    from .transport import AgentError, JobFailed, TransportError
+    from .transport import AgentError, JobFailed, JobOutOfReach, TransportError
     from .transport.errors import SshConfigError
     from .units import UnitError
 
@@ -84,6 +84,8 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
         killed = killed_by_memory(str((exc.record or {}).get("error")))
         return (EXIT_KILLED if killed else EXIT_JOB_FAILED), str(exc), \
             {"status": "killed" if killed else "failed", "job": exc.record}
+    if isinstance(exc, JobOutOfReach):
+        return EXIT_UNREACHABLE, str(exc), {"job": exc.job}
     if isinstance(exc, SshConfigError):
         return EXIT_BAD_INPUT, str(exc), {}
     if isinstance(exc, AgentError):

@@ -26,7 +26,7 @@ from edge_remat_agent.formats.fields import dump_json
 
 from ..devices import DeviceConfig, find_device
 from ..errors import Interrupted, UserError
-from ..transport import Board, JobFailed
+from ..transport import Board, JobFailed, JobOutOfReach
 from ..units import Budget
 from .profiles import ChosenProfile, choose_profile
 
@@ -221,6 +221,8 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
                 report = _run_planned(board, device, opts, data, lr, out, say)
         except (KeyboardInterrupt, Interrupted) as exc:
             raise _interrupted(exc, opts, out) from None
+        except JobOutOfReach as exc:
+            raise _link_lost(exc, opts, out) from None
         finally:
             if device.hardware.memory_limit_bytes:
                 _retire_emulated(board, device, say)
@@ -256,16 +258,30 @@ def _interrupted(exc: BaseException, opts: RunOptions, out: Path) -> Interrupted
     """Ctrl-C: OUT/report.json says so and lists what was written before it."""
     stopped = exc if isinstance(exc, Interrupted) else \
         Interrupted("interrupted before anything ran on the board")
+    where = _report_stopped("interrupted", str(stopped), stopped.extra, opts, out)
+    return Interrupted(str(stopped) + where, **stopped.extra)
+
+
+def _link_lost(exc: JobOutOfReach, opts: RunOptions, out: Path) -> JobOutOfReach:
+    """Reconnecting gave up while the job ran: OUT/report.json says so and names the job,
+    which may go on on the board."""
+    where = _report_stopped("link_lost", str(exc), {"job": exc.job}, opts, out)
+    return JobOutOfReach(str(exc) + where, job=exc.job)
+
+
+def _report_stopped(status: str, message: str, extra: dict, opts: RunOptions,
+                    out: Path) -> str:
+    """OUT/report.json for a run that stopped before its report: why, and what was written
+    before it. Returns the words for the error line that say where it is."""
     written = sorted(str(p) for p in out.iterdir() if p.is_file() and p.name != "report.json")
-    report = {"status": "interrupted", "message": str(stopped), "model": opts.model,
-              "device": opts.device, "written": written, **stopped.extra}
+    report = {"status": status, "message": message, "model": opts.model,
+              "device": opts.device, "written": written, **extra}
     try:
         dump_json(report, out / "report.json")
     except OSError:
-        pass
-    where = f"; wrote {out / 'report.json'}" + (f" ({len(written)} files before it)"
-                                                   if written else "")
-    return Interrupted(str(stopped) + where, **stopped.extra)
+        return ""
+    return f"; wrote {out / 'report.json'}" + (f" ({len(written)} files before it)"
+                                               if written else "")
 
 
 # -- the two kinds of run ------------------------------------------------------------------

@@ -12,8 +12,8 @@ speak the agent's wire protocol, and `Board`, which reconnects and resumes over 
 from .board import Board, make_transport
 from .errors import (AgentError, AuthRefused, BoardMissingPython, BoardMissingTorch,
                      BoardOutOfDisk, BoardUnreachable, HostKeyChanged, HostKeyUnknown,
-                     JobFailed, LinkLost, TransportError)
+                     JobFailed, JobOutOfReach, LinkLost, TransportError)
 
 __all__ = ["Board", "make_transport", "AgentError", "AuthRefused", "BoardMissingPython",
            "BoardMissingTorch", "BoardOutOfDisk", "BoardUnreachable", "HostKeyChanged",
-           "HostKeyUnknown", "JobFailed", "LinkLost", "TransportError"]
+           "HostKeyUnknown", "JobFailed", "JobOutOfReach", "LinkLost", "TransportError"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import signal
 import threading
 import time
@@ -23,8 +24,8 @@ from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
 from ..devices import DeviceConfig
 from ..errors import Interrupted
-from .errors import (AgentError, BoardMissingTorch, BoardUnreachable, JobFailed, LinkLost,
-                     TransportError)
+from .errors import (AgentError, BoardMissingTorch, BoardUnreachable, JobFailed, JobOutOfReach,
+                     LinkLost, TransportError)
 from .hints import torch_hint
 from .session import AgentSession, file_sha256
 from .zipapp import AgentArchive, build_agent_archive
@@ -228,13 +229,32 @@ class Board:
             record = self.submit(kind, params, job_id)
             record = self.wait(record["id"], on_update)
         except KeyboardInterrupt:
-            raise self.interrupted(job_id) from None
+            raise self.interrupted(job_id, out_dir) from None
+        except LinkLost as exc:  # reconnecting gave up; the job goes on without us
+            raise self.out_of_reach(job_id, exc, out_dir) from None
         if record["state"] == "failed":
             raise JobFailed(f"job {record['id']} ({kind}) failed on {self.name}: "
                             f"{record.get('error')}", record)
         if out_dir is not None:
-            record["fetched"] = [str(p) for p in self.fetch_outputs(record, out_dir)]
+            try:
+                record["fetched"] = [str(p) for p in self.fetch_outputs(record, out_dir)]
+            except LinkLost as exc:
+                raise self.out_of_reach(job_id, exc, out_dir) from None
         return record
+
+    def come_back(self, job_id: str, out_dir: "str | Path | None" = None) -> str:
+        """The commands that come back for a job this command no longer waits on."""
+        device = self.device.name
+        fetch = f" --out {shlex.quote(str(out_dir))}" if out_dir is not None else ""
+        return (f"`edge-remat job-status {job_id} --device {device} --wait{fetch}` comes back "
+                f"for it, `edge-remat job-cancel {job_id} --device {device}` stops it")
+
+    def out_of_reach(self, job_id: str, lost: LinkLost,
+                     out_dir: "str | Path | None" = None) -> JobOutOfReach:
+        """Giving up on the link while job `job_id` ran: the job may go on (the board keeps
+        it), so the error names it and the way back, as Ctrl-C with --keep-running does."""
+        return JobOutOfReach(f"{lost}; job {job_id} may still run on {self.name}: "
+                             + self.come_back(job_id, out_dir), job=job_id)
 
     @contextlib.contextmanager
     def cancelled_on_interrupt(self, why: str):
@@ -248,12 +268,10 @@ class Board:
         finally:
             self.keep_running, self.not_kept = asked, None
 
-    def interrupted(self, job_id: str) -> Interrupted:
+    def interrupted(self, job_id: str, out_dir: "str | Path | None" = None) -> Interrupted:
         """What Ctrl-C while waiting on `job_id` did: the job cancelled (and waited out for a
         few seconds, so that nothing queues behind it), or left running with the way back."""
-        again = (f"`edge-remat job-status {job_id} --device {self.device.name} --wait` comes "
-                 f"back for it, `edge-remat job-cancel {job_id} --device {self.device.name}` "
-                 "stops it")
+        again = self.come_back(job_id, out_dir)
         if self.keep_running:
             return Interrupted(f"interrupted; job {job_id} keeps running on {self.name}: "
                                + again, job=job_id, cancelled=False)

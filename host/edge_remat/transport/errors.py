@@ -52,6 +52,15 @@ class AgentError(TransportError):
         super().__init__(message)
 
 
+class JobOutOfReach(LinkLost):
+    """The link to the board died while our job ran there, and reconnecting gave up: the job
+    may go on; `job` is its id, for `job-status` and `job-cancel` to come back."""
+
+    def __init__(self, message: str, job: str):
+        self.job = job
+        super().__init__(message)
+
+
 class JobFailed(TransportError):
     def __init__(self, message: str, record: dict):
         self.record = record
