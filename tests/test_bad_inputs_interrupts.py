@@ -72,6 +72,18 @@ def test_ctrl_c_cancels_the_board_job(tmp_path, bench):
     assert state["status"] == "failed" and "cancelled" in state["error"], (line, state)
 
 
+def test_sigterm_cancels_the_board_job_as_ctrl_c_does(tmp_path, bench):
+    proc = _start("job", "sleep", "--device", "bench", "--id", "nap-term", "--param",
+                  "seconds=60", "--param", "steps=60")
+    seen = _wait_for_line(proc, "step 1/60")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    refused(subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err),
+            INTERRUPTED, "interrupted (SIGTERM)", "cancelled job nap-term")
+    state = _state("nap-term")
+    assert state["status"] == "failed" and "cancelled" in state["error"], state
+
+
 def test_ctrl_c_with_keep_running_then_job_cancel(tmp_path, bench):
     proc = _start("job", "sleep", "--device", "bench", "--id", "nap-2", "--param", "seconds=60",
                   "--param", "steps=60", "--keep-running")
@@ -216,6 +228,18 @@ def test_ctrl_c_in_run_before_the_board_writes_a_report(tmp_path, bench):
     refused(_interrupt(proc, []), INTERRUPTED, "report.json")
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "interrupted"
+
+
+def test_sigterm_in_run_writes_the_report_as_ctrl_c_does(tmp_path, bench):
+    out = tmp_path / "run"
+    proc = _start("run", "--device", "bench", "--model", "mlp", "--budget", "0.9",
+                  "--steps", "2", "--out", out)
+    _wait_for_line(proc, "capturing")
+    proc.send_signal(signal.SIGTERM)
+    stdout, err = proc.communicate(timeout=60)
+    refused(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, err), INTERRUPTED,
+            "interrupted (SIGTERM)", "report.json")
+    assert json.loads((out / "report.json").read_text())["status"] == "interrupted"
 
 
 def test_plan_survives_a_tiny_graph_with_cp_sat(tmp_path):

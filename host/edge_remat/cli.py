@@ -14,6 +14,7 @@ from edge_remat_agent.capture import DEFAULT_MAX_NODES
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
 from .errors import EXIT_BAD_INPUT, EXIT_KILLED, UserError, cli_errors
+from .planner.interrupt import sigterm_as_ctrl_c
 from .units import FRACTION_LIMIT
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -428,6 +429,7 @@ def devices(
 
 @app.command()
 @cli_errors
+@sigterm_as_ctrl_c()  # SIGTERM cancels the board's job as Ctrl-C does
 def job(
     kind: str = typer.Argument(..., help="job kind, e.g. sysinfo, echo, sleep, run, profile"),
     device: str = typer.Option(..., "--device", help="device name or config path"),
@@ -467,6 +469,7 @@ def job(
 
 @app.command("job-status")
 @cli_errors
+@sigterm_as_ctrl_c()  # SIGTERM stops waiting as Ctrl-C does
 def job_status(
     job_id: str = typer.Argument(..., metavar="ID"),
     device: str = typer.Option(..., "--device", help="device name or config path"),
@@ -545,6 +548,7 @@ def agent_stop(
 
 @app.command()
 @cli_errors
+@sigterm_as_ctrl_c()  # SIGTERM cancels the board's job as Ctrl-C does
 def deploy(
     plan_file: str = typer.Argument(..., metavar="PLAN"),
     device: str = typer.Option(..., "--device", help="device name or config path"),
@@ -586,6 +590,7 @@ def deploy(
 
 @app.command()
 @cli_errors
+@sigterm_as_ctrl_c()  # SIGTERM cancels the board's job as Ctrl-C does
 def profile(
     device: str = typer.Option(..., "--device", help="device name or config path"),
     graph: Optional[str] = typer.Option(None, "--graph", help="graph whose nodes to measure"),
@@ -636,6 +641,7 @@ DATA_DEFAULT_HELP = "; ".join(
 
 @app.command("run")
 @cli_errors
+@sigterm_as_ctrl_c()  # SIGTERM cancels the board's job as Ctrl-C does
 def run_command(
     device: str = typer.Option(..., "--device", help="device name or config path (local: this "
                                "machine; emulated-board: this machine in a memory cgroup)"),

@@ -7,8 +7,8 @@ exit status (README, "Exit statuses"); a traceback only with `--debug`.
     3    the board or its link cannot be reached or used
     4    killed: the run ran out of memory (the memory limit, the board's OOM killer)
     70   an internal error (a bug): rerun with --debug and report the traceback
-    130  interrupted (Ctrl-C); the board's job was cancelled unless --keep-running; `plan`
-         (also on SIGTERM) writes the best plan found so far
+    130  interrupted (Ctrl-C, or SIGTERM taken as Ctrl-C); the board's job was cancelled
+         unless --keep-running; `plan` writes the best plan found so far
 """
 
 from __future__ import annotations

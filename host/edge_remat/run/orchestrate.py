@@ -256,8 +256,9 @@ def _remove_earlier_outputs(out: Path, started: float, say: Say) -> None:
 
 def _interrupted(exc: BaseException, opts: RunOptions, out: Path) -> Interrupted:
     """Ctrl-C: OUT/report.json says so and lists what was written before it."""
+    from ..planner.interrupt import stopped_by
     stopped = exc if isinstance(exc, Interrupted) else \
-        Interrupted("interrupted before anything ran on the board")
+        Interrupted(f"interrupted ({stopped_by()}) before anything ran on the board")
     where = _report_stopped("interrupted", str(stopped), stopped.extra, opts, out)
     return Interrupted(str(stopped) + where, **stopped.extra)
 

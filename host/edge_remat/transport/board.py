@@ -24,6 +24,7 @@ from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
 from ..devices import DeviceConfig
 from ..errors import Interrupted
+from ..planner.interrupt import stopped_by
 from .errors import (AgentError, BoardMissingTorch, BoardUnreachable, JobFailed, JobOutOfReach,
                      LinkLost, TransportError)
 from .hints import torch_hint
@@ -272,8 +273,9 @@ class Board:
         """What Ctrl-C while waiting on `job_id` did: the job cancelled (and waited out for a
         few seconds, so that nothing queues behind it), or left running with the way back."""
         again = self.come_back(job_id, out_dir)
+        stop = f"interrupted ({stopped_by()})"  # Ctrl-C, or SIGTERM as Ctrl-C
         if self.keep_running:
-            return Interrupted(f"interrupted; job {job_id} keeps running on {self.name}: "
+            return Interrupted(f"{stop}; job {job_id} keeps running on {self.name}: "
                                + again, job=job_id, cancelled=False)
         self.reconnect_timeout_s = min(self.reconnect_timeout_s, CANCEL_RECONNECT_S)
         # Cancelling waits for the board (seconds over a slow link): say so at once, and what
@@ -287,17 +289,17 @@ class Board:
                     record = self.wait(job_id, timeout_s=CANCEL_WAIT_S)
         except AgentError as exc:
             if exc.code == "unknown_job":
-                return Interrupted(f"interrupted before job {job_id} reached {self.name}; "
+                return Interrupted(f"{stop} before job {job_id} reached {self.name}; "
                                    "nothing runs there", job=job_id, cancelled=True)
-            return Interrupted(f"interrupted; could not cancel job {job_id} on {self.name} "
+            return Interrupted(f"{stop}; could not cancel job {job_id} on {self.name} "
                                f"({exc}): " + again, job=job_id, cancelled=False)
         except (TransportError, KeyboardInterrupt) as exc:
             why = "interrupted again" if isinstance(exc, KeyboardInterrupt) else str(exc)
-            return Interrupted(f"interrupted; could not cancel job {job_id} on {self.name} "
+            return Interrupted(f"{stop}; could not cancel job {job_id} on {self.name} "
                                f"({why}): " + again, job=job_id, cancelled=False)
         state = "cancelled" if record["state"] in TERMINAL_STATES else "asked to cancel"
         why = f" ({self.not_kept})" if self.not_kept else ""
-        return Interrupted(f"interrupted; {state} job {job_id} on {self.name}{why}", job=job_id,
+        return Interrupted(f"{stop}; {state} job {job_id} on {self.name}{why}", job=job_id,
                            cancelled=True)
 
     def stop_agent(self, if_idle: bool = False) -> None:
@@ -308,7 +310,9 @@ class Board:
 @contextlib.contextmanager
 def echoes_ignored(window_s: float):
     """SIGINT within `window_s` of now is ignored (the first one's echo); a later one is a
-    second Ctrl-C and interrupts as usual. Outside the main thread, signals are not ours."""
+    second Ctrl-C and interrupts as usual. So is SIGTERM where it interrupts as Ctrl-C does
+    (sigterm_as_ctrl_c): `timeout -s TERM` echoes it the same way. Outside the main thread,
+    signals are not ours."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -317,12 +321,14 @@ def echoes_ignored(window_s: float):
     def handler(signum, frame):
         if time.monotonic() - first > window_s:
             raise KeyboardInterrupt
-    previous = signal.signal(signal.SIGINT, handler)
+    signums = [signal.SIGINT] + ([signal.SIGTERM] if callable(signal.getsignal(signal.SIGTERM))
+                                 else [])
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None
-                      else previous)
+        for signum, old in previous.items():
+            signal.signal(signum, signal.default_int_handler if old is None else old)
 
 
 def new_job_id(kind: str) -> str:
