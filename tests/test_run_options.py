@@ -110,6 +110,21 @@ def test_a_relative_file_for_a_remote_board_is_refused_before_connecting(tmp_pat
     no_new_files(before, tmp_path)
 
 
+@pytest.mark.parametrize("paging", ["host", "both"])
+def test_host_paging_on_a_serial_board_is_refused_before_any_work(tmp_path, paging):
+    """The device config says the link is serial, which cannot carry host pages: refused at
+    once (exit 2), not after the capture and the plan; nothing connects to the port."""
+    device = tmp_path / "uart-board.toml"
+    device.write_text('name = "uart-board"\n[connection]\nkind = "serial"\n'
+                      f'port = "{tmp_path / "no-such-tty"}"\n')
+    before = tree(tmp_path)
+    proc = cli("run", "--device", device, "--model", "mlp", "--budget", "50%", "--paging",
+               paging, "--out", tmp_path / "out", cwd=tmp_path, timeout=60)
+    refused(proc, BAD_INPUT, f"--paging {paging}", "serial", "--paging flash", "SSH")
+    assert "capturing" not in proc.stderr
+    no_new_files(before, tmp_path)
+
+
 # -- defect 14: --paging none keeps the parameters in RAM ----------------------------------
 
 def test_paging_none_with_parameters_on_flash_is_refused(tmp_path):

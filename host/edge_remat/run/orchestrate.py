@@ -112,6 +112,7 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     if opts.paging is not None and opts.paging not in PAGING_CHOICES:
         raise RunProblem(f"unknown --paging {opts.paging!r}: use one of "
                          f"{', '.join(PAGING_CHOICES)}")
+    check_link_pages(opts.paging, device)
     check_data(run_data(opts), device)
     if opts.plain:
         return
@@ -130,6 +131,18 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
             raise RunProblem(f"{opts.profile} is a plan-only profile (a board no agent runs "
                              "on): plan with it (`edge-remat plan --profile`), but run with the "
                              "board's own profile, measured or modelled")
+
+
+def check_link_pages(paging: Optional[str], device: DeviceConfig) -> None:
+    """Host pages travel over the board's link, which a serial link cannot carry (it holds
+    the agent's frames only; transport/host_pages.py): refused before the capture and the
+    plan, from the device config, rather than at the run job after them."""
+    from ..planner.build import PAGING_CHOICES
+    if "host" in PAGING_CHOICES.get(paging or "none", ()) and \
+            device.connection.kind == "serial":
+        raise RunProblem(f"--paging {paging} pages to this host over the board's link, and "
+                         f"{device.name} is reached over serial, which cannot carry pages: "
+                         "use --paging flash (or none), or reach the board over SSH")
 
 
 def run_data(opts: RunOptions) -> str:
