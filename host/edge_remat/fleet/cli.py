@@ -33,8 +33,9 @@ def plan_command(
 ) -> None:
     """Capture each model once, plan every (model, board, budget, deadline) with the board's
     profile, check each plan in the simulator, write the plans, a results table and a plot per
-    model. Re-running skips what is already written and valid. Exit status 1: some tasks
-    failed (each is in the table with its error)."""
+    model. Re-running skips what is already written and valid. A budget or deadline below
+    what a model allows is a result (infeasible: the smallest feasible one), not a failure.
+    Exit status 1: some tasks failed (each is in the table with its error)."""
     from pathlib import Path
 
     from ..outputs import output_folder
@@ -60,6 +61,7 @@ def plan_command(
     if as_json:
         print(json.dumps({"status": "failed" if failed else "done", "out": str(folder),
                           "tasks": len(result.rows), "failed": len(failed),
+                          "infeasible": len(result.infeasible),
                           "workers_per_task": result.workers, "in_flight": result.in_flight,
                           "seconds": result.seconds, "rows": result.rows,
                           "files": [str(p) for p in result.files]}))
@@ -71,10 +73,13 @@ def plan_command(
 
 def summary_text(result, folder) -> str:
     from ..units import fmt_bytes
+    from .results import INFEASIBLE, infeasible_text
     rows = result.rows
     resumed = sum(1 for row in rows if row["resumed"])
-    lines = [f"{len(rows)} tasks: {len(rows) - len(result.failed)} planned ({resumed} kept from "
-             f"before), {len(result.failed)} failed, in {result.seconds:.1f} s "
+    planned = len(rows) - len(result.failed) - len(result.infeasible)
+    lines = [f"{len(rows)} tasks: {planned} planned ({resumed} kept from before), "
+             f"{len(result.infeasible)} infeasible, {len(result.failed)} failed, in "
+             f"{result.seconds:.1f} s "
              f"({result.in_flight} at a time, {result.workers} solver thread"
              f"{'s' if result.workers != 1 else ''} each)"]
     # budget @deadline: a deadline as a multiple of the plain time
@@ -84,8 +89,9 @@ def summary_text(result, folder) -> str:
     for row in rows:
         budget = row["budget"] + (f" @{row['deadline']:g}x" if row["deadline"] else "")
         start = f"{row['model']:<16} {row['board']:<18} {budget:>14} {row['status']:<12}"
-        if row["error"] is not None:
-            lines.append(f"{start} {row['error']}")
+        if row["error"] is not None:  # an infeasible row says what is feasible instead
+            lines.append(f"{start} " + (infeasible_text(row) if row["status"] in INFEASIBLE
+                                        else row["error"]))
             continue
         lines.append(f"{start} {fmt_bytes(row['peak_bytes']):>10} "
                      f"{row['time_s']:>9.4g}s {row['energy_j']:>8.4g}J")

@@ -1,4 +1,5 @@
-"""The fleet's progress on the terminal: tasks done / running / failed, and the slowest.
+"""The fleet's progress on the terminal: tasks done / running / infeasible / failed, and the
+slowest.
 
 On a terminal one status line is redrawn in place; elsewhere (a log, CI) each finished task is
 one line. Either way the summary names the slowest tasks."""
@@ -15,7 +16,7 @@ class Progress:
                  live: Optional[bool] = None):
         self.total, self.resumed, self.say = total, resumed, say
         self.live = sys.stderr.isatty() if live is None else live
-        self.done = self.failed = 0
+        self.done = self.infeasible = self.failed = 0
         self.running: dict[str, float] = {}  # label -> when it started
         self.finished: list[tuple[float, str]] = []  # (seconds, label)
         self._drawn = False
@@ -28,16 +29,22 @@ class Progress:
         """A task that is not counted (a model's capture) is no longer running."""
         self.running.pop(label, None)
 
-    def finished_task(self, label: str, seconds: float, error: Optional[str] = None) -> None:
+    def finished_task(self, label: str, seconds: float, error: Optional[str] = None,
+                      infeasible: Optional[str] = None) -> None:
+        """A task done: planned, `infeasible` (what is feasible instead) or failed (`error`)."""
         self.running.pop(label, None)
         self.finished.append((seconds, label))
-        if error is None:
-            self.done += 1
-        else:
+        if error is not None:
             self.failed += 1
+        elif infeasible is not None:
+            self.infeasible += 1
+        else:
+            self.done += 1
         self._clear()
         if error is not None:
             self.say(f"failed: {label}: {error}")
+        elif infeasible is not None:
+            self.say(f"infeasible: {label}: {infeasible}")
         elif not self.live:
             self.say(f"done: {label} ({seconds:.1f} s) [{self.counts()}]")
         self.redraw()
@@ -46,7 +53,9 @@ class Progress:
         done = self.done + self.resumed
         return (f"{done}/{self.total} done" + (f" ({self.resumed} resumed)" if self.resumed
                                                else "")
-                + f", {len(self.running)} running, {self.failed} failed")
+                + f", {len(self.running)} running"
+                + (f", {self.infeasible} infeasible" if self.infeasible else "")
+                + f", {self.failed} failed")
 
     def line(self) -> str:
         text = "fleet: " + self.counts()

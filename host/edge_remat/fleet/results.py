@@ -15,7 +15,28 @@ from .tasks import PlanTask
 COLUMNS = ("model", "board", "budget", "deadline", "status", "solver", "budget_bytes",
            "peak_bytes", "time_s", "energy_j", "tdi_percent", "recomputed", "page_ins",
            "page_outs", "lower_bound", "gap", "solve_time_s", "workers", "task_s", "resumed",
-           "plan", "error")
+           "plan", "smallest_feasible_budget_bytes", "smallest_feasible_deadline", "error")
+# A budget or deadline below what the graph allows is an answer of the sweep, not a failure:
+# its row gives the smallest feasible one (as `edge-remat plan --json` names it) and the why.
+INFEASIBLE = {"infeasible": "smallest_feasible_budget_bytes",
+              "infeasible_deadline": "smallest_feasible_deadline"}
+SMALLEST = tuple(INFEASIBLE.values())
+
+
+def is_failure(row: dict) -> bool:
+    """A task that gave neither a plan nor an infeasibility answer (its error says why)."""
+    return row["error"] is not None and row["status"] not in INFEASIBLE
+
+
+def infeasible_text(row: dict) -> str:
+    """'smallest feasible budget 21078136 bytes (20.10 MiB)', or the deadline's."""
+    from ..units import fmt_bytes
+    smallest = row[INFEASIBLE[row["status"]]]
+    if smallest is None:  # the planner's line says why
+        return row["error"]
+    if row["status"] == "infeasible":
+        return f"smallest feasible budget {smallest} bytes ({fmt_bytes(smallest)})"
+    return f"smallest feasible deadline {smallest:g}x the plain time"
 
 
 def plan_row(task: PlanTask, plan: dict, seconds: Optional[float], resumed: bool) -> dict:
@@ -27,13 +48,15 @@ def plan_row(task: PlanTask, plan: dict, seconds: Optional[float], resumed: bool
             "page_ins": pr["page_ins"], "page_outs": pr["page_outs"],
             "lower_bound": s["lower_bound"], "gap": s["gap"],
             "solve_time_s": s["solve_time_s"], "workers": s.get("workers"),
-            "task_s": seconds, "resumed": resumed, "plan": task.relpath, "error": None}
+            "task_s": seconds, "resumed": resumed, "plan": task.relpath,
+            **{key: None for key in SMALLEST}, "error": None}
 
 
 def failed_row(task: PlanTask, outcome: dict) -> dict:
     row: dict[str, Any] = {key: None for key in COLUMNS}
     row.update(_keys(task), status=outcome["status"], budget_bytes=outcome.get("budget_bytes"),
-               task_s=outcome.get("seconds"), resumed=False, error=outcome["error"])
+               task_s=outcome.get("seconds"), resumed=False, error=outcome["error"],
+               **{key: outcome.get(key) for key in SMALLEST})
     return row
 
 

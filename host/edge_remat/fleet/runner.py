@@ -9,7 +9,9 @@ the plans into the output tree, and collect the results.
 Resumable: a graph captured with the same settings, and a plan for the same problem (the plan's
 fingerprint: graph, budget, objective, deadline, tiers, profile) that the simulator replays
 with the figures it promises under the board's profile, are kept, not planned again. Failed
-tasks are recorded with their one-line error and tried again on the next run.
+tasks are recorded with their one-line error and tried again on the next run; so are tasks
+whose budget or deadline is infeasible, which are answers (the smallest feasible one), not
+failures.
 
 Solver threads: the cores (Ray: the cluster's CPUs) shared out among the tasks in flight, so
 that tasks do not oversubscribe them; each Ray task asks for as many CPUs as it has threads.
@@ -31,7 +33,7 @@ from edge_remat_agent.formats.fields import dump_json
 from ..errors import Interrupted
 from .manifest import Manifest, ModelEntry
 from .progress import Progress
-from .results import failed_row, plan_row, write_results
+from .results import INFEASIBLE, failed_row, infeasible_text, is_failure, plan_row, write_results
 from .tasks import PlanTask
 
 
@@ -46,7 +48,11 @@ class FleetResult:
 
     @property
     def failed(self) -> list[dict]:
-        return [row for row in self.rows if row["error"] is not None]
+        return [row for row in self.rows if is_failure(row)]
+
+    @property
+    def infeasible(self) -> list[dict]:
+        return [row for row in self.rows if row["status"] in INFEASIBLE]
 
 
 def solver_threads(cpus: int, tasks: int, parallel: bool, threads: Optional[int]) -> int:
@@ -138,6 +144,10 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
             dump_json(outcome["plan"], path)
             rows[task] = plan_row(task, outcome["plan"], outcome["seconds"], resumed=False)
             progress.finished_task(task.label, outcome["seconds"])
+        elif outcome["status"] in INFEASIBLE:
+            rows[task] = failed_row(task, outcome)
+            progress.finished_task(task.label, outcome["seconds"] or 0.0,
+                                   infeasible=infeasible_text(rows[task]))
         else:
             rows[task] = failed_row(task, outcome)
             progress.finished_task(task.label, outcome["seconds"] or 0.0, outcome["error"])

@@ -37,10 +37,13 @@ class PlanTask:
 
 
 def failure(exc: BaseException) -> dict[str, Any]:
-    """A failed task's outcome: the CLI's one line for the same error, and its status."""
+    """A failed task's outcome: the CLI's one line for the same error, its status and, for an
+    infeasible budget or deadline, the smallest feasible one (results.SMALLEST)."""
     from ..errors import classify
+    from .results import SMALLEST
     _, line, extra = classify(exc)
-    return {"ok": False, "status": extra.get("status", "failed"), "error": line}
+    return {"ok": False, "status": extra.get("status", "failed"), "error": line,
+            **{key: extra[key] for key in SMALLEST if key in extra}}
 
 
 def capture_outcome(spec: str, capture: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,67 @@
+"""`edge-remat fleet plan` without Ray (the fast tier; test_fleet.py runs it on a local Ray
+instance): an infeasible budget is a result of the sweep, not a failed task, and the shipped
+example's budgets are all above its models' floors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers.bad_inputs import cli, tiny_graph
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small_fleet(folder: Path, budgets: list) -> Path:
+    tiny_graph(folder)
+    path = folder / "fleet.toml"
+    path.write_text(f"""
+budgets = {json.dumps(budgets)}
+[plan]
+solver = "heuristic:split"
+[[models]]
+graph = "tiny.json"
+[[boards]]
+profile = "{REPO / 'profiles' / 'rpi4.json'}"
+name = "rpi4"
+""")
+    return path
+
+
+def test_an_infeasible_budget_is_a_result_not_a_failure(tmp_path):
+    manifest = small_fleet(tmp_path, ["10%", "97%"])  # 10%: below the tiny graph's floor
+    proc = cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["status"], report["failed"], report["infeasible"]) == ("done", 0, 1)
+    low, high = report["rows"]
+    assert low["status"] == "infeasible" and low["plan"] is None
+    assert low["smallest_feasible_budget_bytes"] > low["budget_bytes"]
+    assert "smallest feasible budget" in low["error"]  # the planner's why, kept for the table
+    assert high["status"] != "infeasible" and high["smallest_feasible_budget_bytes"] is None
+    assert "infeasible: tiny on rpi4 at 10%: smallest feasible budget " \
+        f"{low['smallest_feasible_budget_bytes']} bytes" in proc.stderr
+
+    again = cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("2 tasks: 1 planned (1 kept from before), 1 infeasible, "
+                                   "0 failed")
+    line = next(line for line in again.stdout.splitlines() if line.startswith("tiny "))
+    assert "infeasible" in line and "smallest feasible budget" in line and "node" not in line
+
+
+def test_the_example_manifests_budgets_are_all_feasible():
+    # Planning the whole example takes a minute; its budgets' floors take seconds, and a budget
+    # below a floor is the one way a valid manifest's task is infeasible.
+    from edge_remat.fleet.manifest import load_manifest
+    from edge_remat.planner.build import build_problem
+    from edge_remat_agent.capture import capture_model
+
+    manifest = load_manifest(REPO / "examples" / "fleet.toml")
+    for model in manifest.models:
+        graph = capture_model(model.spec, **model.capture).graph
+        for board in manifest.boards:
+            for budget in manifest.budgets:
+                build_problem(graph, budget, board.profile, manifest.plan.objective, None,
+                              manifest.plan.paging, None, manifest.plan.paging_time
+                              ).check_budget()
