@@ -1,13 +1,14 @@
 """`edge-remat fleet plan` without Ray (the fast tier; test_fleet.py runs it on a local Ray
-instance): an infeasible budget is a result of the sweep, not a failed task, and the shipped
-example's budgets are all above its models' floors."""
+instance): an infeasible budget is a result of the sweep, not a failed task, a manifest's
+missing model file is refused before any work, and the shipped example's budgets are all above
+its models' floors."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from helpers.bad_inputs import cli, tiny_graph
+from helpers.bad_inputs import BAD_INPUT, cli, refused, tiny_graph
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,6 +49,15 @@ def test_an_infeasible_budget_is_a_result_not_a_failure(tmp_path):
                                    "0 failed")
     line = next(line for line in again.stdout.splitlines() if line.startswith("tiny "))
     assert "infeasible" in line and "smallest feasible budget" in line and "node" not in line
+
+
+def test_a_missing_model_file_is_refused_before_any_work(tmp_path):
+    manifest = small_fleet(tmp_path, ["97%"])
+    manifest.write_text(manifest.read_text() + '[[models]]\nmodel = "nosuch.py:make"\n')
+    line = refused(cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray"),
+                   BAD_INPUT, "models[1].model", f"no such file {tmp_path / 'nosuch.py'}")
+    assert line.startswith(f"error: {manifest}: ")
+    assert not (tmp_path / "out").exists()  # the tiny graph's task did not run either
 
 
 def test_the_example_manifests_budgets_are_all_feasible():

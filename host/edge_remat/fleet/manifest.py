@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from edge_remat_agent.formats import FormatError, Profile, load_profile
-from edge_remat_agent.user_code import names_file
+from edge_remat_agent.user_code import names_file, spec_file
 
 from ..errors import UserError
 from ..tomlfile import read_toml
@@ -272,6 +272,10 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
                                    f"{', '.join(sorted(MODELS))}, MODULE:FACTORY or hf:...")
             return None
     spec = _local_spec(spec, here)
+    file = spec_file(spec)  # MODULE:FACTORY with a file: checked now, as a zoo name is
+    if file is not None and not Path(file).is_file():
+        note(f"{where}.model", f"no such file {file} (paths are relative to the manifest)")
+        return None
     return ModelEntry(_name(raw, spec, where, note), spec, capture)
 
 
