@@ -1,0 +1,53 @@
+"""What the user's guide lists must match the code it describes: the zoo's models, the graph
+format's node kinds, and the Hugging Face example's config, which must build."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from edge_remat_agent.formats import KINDS
+from edge_remat_agent.zoo import MODELS
+
+REPO = Path(__file__).resolve().parents[1]
+GUIDES = [REPO / "README.md", REPO / "docs" / "capture.md"]
+
+
+def bullet(text: str, start: str) -> str:
+    """The markdown bullet that begins with `start`, its continuation lines joined."""
+    match = re.search(rf"^- {re.escape(start)}.*?(?=^- |^$)", text, re.M | re.S)
+    assert match, f"no bullet starting {start!r}"
+    return " ".join(match.group(0).split())
+
+
+def zoo_names(text: str) -> set:
+    """The names a **Zoo** bullet gives; `(and `-imagenet` stems)` adds resnet*-imagenet."""
+    names = set(re.findall(r"`([a-z][\w.-]*)`", bullet(text, "**Zoo**").split("; ")[0]))
+    return names | {f"{name}-imagenet" for name in names if name.startswith("resnet")}
+
+
+@pytest.mark.parametrize("guide", GUIDES, ids=lambda path: path.name)
+def test_the_zoo_list_names_every_model(guide):
+    assert zoo_names(guide.read_text()) == set(MODELS)
+
+
+def test_the_graph_format_names_every_node_kind():
+    text = bullet((REPO / "docs" / "capture.md").read_text(), "**graph**")
+    listed = re.search(r"`kind` \(`([a-z|]+)`", text).group(1).split("|")
+    assert listed == list(KINDS)
+
+
+def test_the_hf_example_config_builds_a_model():
+    pytest.importorskip("transformers", reason="pip install -e '.[hf]'")
+    from edge_remat_agent.capture.hf import load_hf
+
+    pattern = r"^echo '(\{.*\})' > small\.json$"
+    configs = [re.search(pattern, guide.read_text(), re.M) for guide in GUIDES]
+    assert all(configs), "each guide shows the small.json its hf:gpt2 example reads"
+    text = configs[0].group(1)
+    assert configs[1].group(1) == text
+    module, args = load_hf(f"hf:gpt2?config={text}", batch=1, seq=8)
+    assert module(*args).ndim == 0 and json.loads(text)["n_embd"] == module.model.config.n_embd
