@@ -51,6 +51,14 @@ def test_an_infeasible_budget_is_a_result_not_a_failure(tmp_path):
     assert "infeasible" in line and "smallest feasible budget" in line and "node" not in line
 
 
+def test_one_task_is_counted_in_the_singular(tmp_path):
+    proc = cli("fleet", "plan", small_fleet(tmp_path, ["97%"]), "--out", tmp_path / "out",
+               "--no-ray", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("1 task: 1 planned (0 kept from before), 0 infeasible, 0 failed")
+    assert "(1 at a time, 1 solver thread each)" in proc.stdout.splitlines()[0]
+
+
 def test_a_missing_model_file_is_refused_before_any_work(tmp_path):
     manifest = small_fleet(tmp_path, ["97%"])
     manifest.write_text(manifest.read_text() + '[[models]]\nmodel = "nosuch.py:make"\n')

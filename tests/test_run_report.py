@@ -198,3 +198,14 @@ def test_a_given_profile_is_never_deleted(tmp_path):
     report = {"step_time_s": [1.0, 0.05, 0.05], "predicted_time_s": 0.8, "misses": []}
     _distrust_a_profile_far_off(report, ChosenProfile(None, given, "given"), lambda m: None)
     assert given.exists() and report["misses"] == []
+
+
+def test_counts_of_one_are_singular():
+    plan = {"budget_bytes": 100 * 2**20, "predicted": {"peak_bytes": 90 * 2**20, "time_s": 1.0,
+                                                       "energy_j": 2.0, "recomputed": 1,
+                                                       "page_ins": 1, "page_outs": 2}}
+    result = {"steps": [{"loss": 2.0, "step_time_s": 1.0}]}
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
+                          result=result, plan=plan)
+    line = next(x for x in report_text(report).splitlines() if x.startswith("plan "))
+    assert line.endswith(", 1 recomputation, 2 page-outs / 1 page-in"), line

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from .units import format_size
+from .units import counted, format_size
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -98,7 +98,7 @@ def _step_line(record: dict, total: int) -> str:
 def summary_text(report: dict) -> str:
     s = report["summary"]
     lines = [
-        f"model {report['model']}: {s['steps']} steps on {report['device']}, "
+        f"model {report['model']}: {counted(s['steps'], 'step')} on {report['device']}, "
         f"final loss {s['final_loss']:.6g}",
         f"  step time    {s['step_time_s']:.3f} s measured (median), "
         f"{s['predicted_time_s']:.3f} s predicted",
@@ -108,8 +108,8 @@ def summary_text(report: dict) -> str:
         f"  RSS peak     {format_size(s['rss_peak_bytes'])} (the whole process)",
         f"  recompute    {s['recompute_overhead_percent']:.1f}% measured, "
         f"{s['predicted_recompute_overhead_percent']:.1f}% predicted; "
-        f"{report['recomputed']} recomputes, {report['page_outs']} page-outs, "
-        f"{report['page_ins']} page-ins per step",
+        f"{counted(report['recomputed'], 'recompute')}, {counted(report['page_outs'], 'page-out')}"
+        f", {counted(report['page_ins'], 'page-in')} per step",
     ]
     if s["energy_j"] is not None:
         lines.append(f"  energy       {s['energy_j']:.3g} J over the run ({report['sensor']})")

@@ -29,6 +29,11 @@ def parse_size(text: str) -> int:
     return int(quantity[0] * SIZE_UNITS[quantity[1]])
 
 
+def counted(count, noun: str) -> str:
+    """'1 step', '5 steps', '1 page-out': a count and its noun, plural unless the count is 1."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def format_size(nbytes: float) -> str:
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(nbytes) >= size:

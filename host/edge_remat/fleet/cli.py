@@ -72,16 +72,17 @@ def plan_command(
 
 
 def summary_text(result, folder) -> str:
+    from edge_remat_agent.units import counted
+
     from ..units import fmt_bytes
     from .results import INFEASIBLE, infeasible_text
     rows = result.rows
     resumed = sum(1 for row in rows if row["resumed"])
     planned = len(rows) - len(result.failed) - len(result.infeasible)
-    lines = [f"{len(rows)} tasks: {planned} planned ({resumed} kept from before), "
+    lines = [f"{counted(len(rows), 'task')}: {planned} planned ({resumed} kept from before), "
              f"{len(result.infeasible)} infeasible, {len(result.failed)} failed, in "
              f"{result.seconds:.1f} s "
-             f"({result.in_flight} at a time, {result.workers} solver thread"
-             f"{'s' if result.workers != 1 else ''} each)"]
+             f"({result.in_flight} at a time, {counted(result.workers, 'solver thread')} each)"]
     # budget @deadline: a deadline as a multiple of the plain time
     header = f"{'model':<16} {'board':<18} {'budget':>14} {'status':<12} {'peak':>10} " \
              f"{'time/step':>10} {'energy':>9}"

@@ -29,6 +29,7 @@ from typing import Callable, Optional
 
 from edge_remat_agent.formats import Graph, load_plan
 from edge_remat_agent.formats.fields import dump_json
+from edge_remat_agent.units import counted
 
 from ..errors import Interrupted
 from .manifest import Manifest, ModelEntry
@@ -166,7 +167,8 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
         progress.close()
         ordered = [rows[t] for t in tasks if t in rows]
         write_results(ordered, out, str(manifest.path))
-        raise Interrupted(f"interrupted (Ctrl-C) with {len(ordered)} of {len(tasks)} tasks "
+        raise Interrupted(f"interrupted (Ctrl-C) with {len(ordered)} of "
+                          f"{counted(len(tasks), 'task')} "
                           f"recorded in {out}/results.csv; run the same command again to "
                           "resume") from None
     finally:

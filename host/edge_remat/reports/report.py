@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from edge_remat_agent.units import counted
+
 from ..units import fmt_bytes
 
 
@@ -36,11 +38,11 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
         ("budget", f"{fmt_bytes(budget)} ({budget} B)"),
         ("predicted peak", f"{fmt_bytes(pr['peak_bytes'])} ({pr['peak_bytes'] / budget:.1%} "
                            "of budget)"),
-        ("TDI", f"{pr['tdi_percent']:.2f} %  ({pr['recomputed']} recomputations"
+        ("TDI", f"{pr['tdi_percent']:.2f} %  ({counted(pr['recomputed'], 'recomputation')}"
                 + _order_note(plan_dict) + ")"),
         ("time", f"{_num(pr['time_s'])} s  (" + _home_io(pr, "home_io_time_s", "s")
                  + f"paging {_num(pr['paging_time_s'])} s, "
-                 f"{pr['page_outs']} page-outs, {pr['page_ins']} page-ins"
+                 f"{counted(pr['page_outs'], 'page-out')}, {counted(pr['page_ins'], 'page-in')}"
                  + (f"; {pr['paging_hidden_share']:.0%} of the IO hidden behind compute"
                     if pr.get("paging_hidden_share") is not None else "") + ")"),
         ("energy", f"{_num(pr['energy_j'])} J  (compute {_num(pr['energy_compute_j'])}"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional
 
+from edge_remat_agent.units import counted
+
 from ..units import fmt_bytes
 
 STEP_FIELDS = ("loss", "step_time_s", "ledger_peak_bytes", "rss_peak_bytes", "energy_j")
@@ -195,8 +197,10 @@ def report_text(report: dict) -> str:
         share = f" ({report['budget_bytes'] / plain:.0%} of plain {fmt_bytes(plain)})" \
             if plain else ""
         lines.append(f"plan      budget {fmt_bytes(report['budget_bytes'])}{share}, solver "
-                     f"{report.get('solver')}, {report.get('recomputed')} recomputations, "
-                     f"{report.get('page_outs')} page-outs / {report.get('page_ins')} page-ins")
+                     f"{report.get('solver')}, "
+                     f"{counted(report.get('recomputed'), 'recomputation')}, "
+                     f"{counted(report.get('page_outs'), 'page-out')} / "
+                     f"{counted(report.get('page_ins'), 'page-in')}")
     pred_t = report.get("predicted_time_s")
     pred_tensors = report.get("predicted_tensor_peak_bytes") or report.get("predicted_peak_bytes")
     pred_e = report.get("predicted_energy_j")

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from edge_remat_agent.capture import DEFAULT_MAX_NODES
 from edge_remat_agent.formats.fields import dump_json
+from edge_remat_agent.units import counted
 
 from ..devices import DeviceConfig, find_device
 from ..errors import Interrupted, UserError
@@ -294,7 +295,7 @@ def _report_stopped(status: str, message: str, extra: dict, opts: RunOptions,
         dump_json(report, out / "report.json")
     except OSError:
         return ""
-    return f"; wrote {out / 'report.json'}" + (f" ({len(written)} files before it)"
+    return f"; wrote {out / 'report.json'}" + (f" ({counted(len(written), 'file')} before it)"
                                                if written else "")
 
 
@@ -307,7 +308,7 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
     require_kind(board, "train-plain", "train plainly")
     params = {k: v for k, v in opts.model_info.items() if v is not None}
     params.update(steps=opts.steps, data=data, **lr)
-    say(f"{board.name}: plain PyTorch training of {opts.model}, {opts.steps} steps")
+    say(f"{board.name}: plain PyTorch training of {opts.model}, {counted(opts.steps, 'step')}")
     outcome = _train(board, device, "train-plain", params, None, out, opts.steps, say)
     return build_report(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
                         data=data, memory_limit_bytes=device.hardware.memory_limit_bytes,
@@ -376,7 +377,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         params["page_dir"] = device.hardware.page_dir
     from ..transport.host_pages import host_pages, plan_uses_host
     with host_pages(board, plan_uses_host(plan_dict), say) as page_params:
-        say(f"{board.name}: running the plan for {opts.steps} steps")
+        say(f"{board.name}: running the plan for {counted(opts.steps, 'step')}")
         outcome = _train(board, device, "run", {**params, **page_params},
                          {"plan": plan_path, "graph": graph_path}, out, opts.steps, say)
     if limited and opts.check_gradients and outcome["status"] == "finished":
@@ -547,7 +548,7 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
     try:
         record = board.run_job(kind, params, inputs, out / "board",
                                on_update=lambda record: say(summary(record)))
-        return {"status": "finished", "message": f"finished {steps} steps",
+        return {"status": "finished", "message": f"finished {counted(steps, 'step')}",
                 "result": full_result(record), **watch.readings()}
     except JobFailed as exc:
         error = str(exc.record.get("error"))
