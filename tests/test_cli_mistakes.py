@@ -155,6 +155,20 @@ def test_an_error_no_agent_command_foresaw_is_one_line(monkeypatch, capsys):
         agent_cli.main(["run", "p.json", "--graph", "g.json"])
 
 
+def test_the_agents_help_lists_only_the_commands_a_person_runs(capsys, tmp_path):
+    from edge_remat_agent import cli as agent_cli
+
+    with pytest.raises(SystemExit) as done:
+        agent_cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "run-job" not in out and "SUPPRESS" not in out, out
+    # the daemon's own command still parses (test_daemon.py runs jobs through it)
+    with pytest.raises(SystemExit) as done:
+        agent_cli.main(["_run-job", "--workdir", str(tmp_path)])
+    assert done.value.code == 2 and "the following arguments are required: --job" in \
+        capsys.readouterr().err
+
+
 def test_a_command_that_fails_leaves_no_folder_it_made(tmp_path):
     # bad input writes nothing, not even the --out folder (nor the parents it made for it)
     graph = tiny_graph(tmp_path)

@@ -95,7 +95,19 @@ def _run_job(args: argparse.Namespace) -> int:
     return run_job_process(Layout(args.workdir), args.job)
 
 
+def _run_job_args(argv: list[str]) -> argparse.Namespace:
+    """`_run-job`: the daemon's own command, parsed apart so that no help lists it (argparse
+    before 3.14 prints a suppressed subcommand as `==SUPPRESS==`)."""
+    parser = argparse.ArgumentParser(prog="edge-remat-agent _run-job")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--job", required=True)
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_run-job"]:
+        return _run_job(_run_job_args(argv[1:]))
     parser = argparse.ArgumentParser(prog="edge-remat-agent",
                                      description="The edge-remat agent that runs on the board.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -128,9 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     stop.add_argument("--if-idle", action="store_true", help="only when no job runs or waits")
     info = sub.add_parser("sysinfo", help="print python/torch versions, free RAM and disk")
     info.add_argument("--workdir", help=workdir_help)
-    run_job = sub.add_parser("_run-job", help=argparse.SUPPRESS)
-    run_job.add_argument("--workdir", required=True)
-    run_job.add_argument("--job", required=True)
     profile_storage.add_parser(sub)
     profile_command.add_parser(sub)
     run_command.add_parser(sub)
@@ -140,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     handlers = {"check-plan": _check_plan, "serve": _serve, "stop": _stop,
-                "sysinfo": _sysinfo, "_run-job": _run_job,
+                "sysinfo": _sysinfo,
                 "profile-storage": profile_storage.run, "profile": profile_command.run,
                 "run": run_command.run}
     if args.command not in ONE_LINE_ERRORS or os.environ.get("EDGE_REMAT_DEBUG"):
