@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.bad_inputs import BAD_INPUT, cli, refused, tiny_graph
+from helpers.bad_inputs import BAD_INPUT, cli, refused, tiny_graph, tiny_plan
 from helpers.exact_problems import problem
 from helpers.small_graphs import training_chain
 
@@ -167,6 +167,14 @@ def test_the_agents_help_lists_only_the_commands_a_person_runs(capsys, tmp_path)
         agent_cli.main(["_run-job", "--workdir", str(tmp_path)])
     assert done.value.code == 2 and "the following arguments are required: --job" in \
         capsys.readouterr().err
+
+
+def test_plot_names_the_kind_of_file_given_for_a_sweep(tmp_path):
+    plan = tiny_plan(tmp_path, tiny_graph(tmp_path))
+    refused(cli("plot", "--sweep", plan, "--out", tmp_path / "plots"), BAD_INPUT,
+            "--sweep takes the JSON `edge-remat plan --sweep ... --json` prints",
+            "got a file of format edge-remat/plan")
+    assert not (tmp_path / "plots").exists()
 
 
 def test_a_command_that_fails_leaves_no_folder_it_made(tmp_path):

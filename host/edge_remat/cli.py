@@ -778,16 +778,26 @@ def plot_command(
                     plots.plot_memory(planned, p.budget_bytes, Path(out) / "memory.png",
                                       plain=plain)]
     if sweep_file is not None:
-        try:
-            rows = json.loads(Path(sweep_file).read_text())["sweep"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise FormatError(sweep_file, "sweep", "the JSON `edge-remat plan --sweep ... "
-                              "--json` prints", str(exc)) from None
-        written.append(plots.plot_sweep(rows, Path(out) / "sweep.png"))
+        written.append(plots.plot_sweep(_sweep_rows(sweep_file), Path(out) / "sweep.png"))
     if as_json:
         print(json.dumps({"plots": [str(p) for p in written]}))
     else:
         typer.echo("\n".join(f"wrote {p}" for p in written))
+
+
+def _sweep_rows(path: str) -> list:
+    """The rows of a budget sweep's JSON; another file (a plan, a graph) is named as what it is."""
+    from edge_remat_agent.formats.fields import load_json
+    data = load_json(path)
+    if isinstance(data, dict) and isinstance(data.get("sweep"), list):
+        return data["sweep"]
+    if isinstance(data, dict):
+        what = f"a file of format {data['format']}" if isinstance(data.get("format"), str) \
+            else "an object with no \"sweep\" list"
+    else:
+        what = f"a JSON {type(data).__name__}"
+    raise UserError(f"{path}: --sweep takes the JSON `edge-remat plan --sweep ... --json` "
+                    f"prints (an object with a \"sweep\" list), got {what}")
 
 
 def _multiplier(text: Optional[str]) -> Optional[float]:
