@@ -177,6 +177,15 @@ def test_plot_names_the_kind_of_file_given_for_a_sweep(tmp_path):
     assert not (tmp_path / "plots").exists()
 
 
+def test_an_unknown_hf_model_type_is_named_with_close_ones(tmp_path):
+    transformers = pytest.importorskip("transformers", reason="pip install -e '.[hf]'")
+    known = len(list(transformers.CONFIG_MAPPING.keys()))  # a lazy mapping: len() says 0
+    line = refused(cli("graph", "--model", "hf:gtp2", "--seq", "8", "-o", tmp_path / "g.json"),
+                   BAD_INPUT, "does not know the model type 'gtp2' (close: gpt2",
+                   f"{known} types known", "local checkpoint directory")
+    assert line.endswith("directory")  # whole: not transformers' list of every type, cut off
+
+
 def test_a_command_that_fails_leaves_no_folder_it_made(tmp_path):
     # bad input writes nothing, not even the --out folder (nor the parents it made for it)
     graph = tiny_graph(tmp_path)

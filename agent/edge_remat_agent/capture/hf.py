@@ -25,6 +25,7 @@ the same spec, in another working directory: the files must be there on the boar
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import urllib.parse
@@ -191,16 +192,26 @@ def _config(transformers, spec: str, model_name: str, overrides: dict[str, Any])
                 raise CaptureError(spec, f"{model_name} is not a checkpoint directory (no "
                                    "config.json in it)")
             return transformers.AutoConfig.from_pretrained(model_name, **overrides)
+        _check_model_type(transformers, spec, model_name)
         return transformers.AutoConfig.for_model(model_name, **overrides)
     except CaptureError:
         raise
-    except ValueError as exc:
-        raise CaptureError(spec, f"transformers does not know the model type {model_name!r} "
-                           "(or a config field is wrong: " + str(exc).splitlines()[0][:80]
-                           + "); give a model type such as gpt2, llama, bert, vit, whisper, "
-                           "or a local checkpoint directory") from None
     except Exception as exc:  # noqa: BLE001 - transformers' own checks of the fields given
         raise CaptureError(spec, f"the config is refused: {_first_line(exc)}") from None
+
+
+def _check_model_type(transformers, spec: str, model_name: str) -> None:
+    """An unknown type, with a few close names: transformers' own message starts a list of all
+    of its ~800 types, which an error line can only cut off."""
+    known = list(transformers.CONFIG_MAPPING.keys())
+    if model_name in known:
+        return
+    close = difflib.get_close_matches(model_name, known, n=4)
+    hint = f"close: {', '.join(close)}; " if close else ""
+    raise CaptureError(spec, f"transformers {transformers.__version__} does not know the model "
+                       f"type {model_name!r} ({hint}{len(known)} types known): give a model "
+                       "type such as gpt2, llama, bert, vit, whisper, or a local checkpoint "
+                       "directory")
 
 
 def _task(spec: str, config, asked: str | None) -> str:
