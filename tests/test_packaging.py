@@ -1,10 +1,15 @@
 """The wheel's contents, checked from pyproject.toml without building it: every data file kept
 in a package folder must be shipped by a package-data glob, or an installed edge-remat fails
-on the board when it reads it (story.txt once did). .ci/check-wheel builds and runs the wheel."""
+on the board when it reads it (story.txt once did). .ci/check-wheel builds and runs the wheel.
+And what the commands write into a checkout is ignored by git."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from edge_remat.tomlfile import read_toml
 
@@ -44,3 +49,17 @@ def test_the_package_folders_are_the_ones_pyproject_finds():
     where = read_toml(REPO / "pyproject.toml", "pyproject")["tool"]["setuptools"]["packages"][
         "find"]["where"]
     assert sorted(str(path.parent.relative_to(REPO)) for path in PACKAGES.values()) == sorted(where)
+
+
+def test_default_output_folders_are_ignored_in_a_checkout():
+    # `edge-remat run`, `fleet plan` and the examples write these where they run (the checkout's
+    # root, as the README runs them): outputs, never files to commit.
+    from edge_remat.run.orchestrate import run_default
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    folders = [run_default("out"), "edge-remat-fleet", "fleet-plans", "jetson-plans"]
+    for folder in folders:
+        probe = f"{folder}/report.json"
+        ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", probe])
+        assert ignored.returncode == 0, f"{folder}/ is not in .gitignore"
