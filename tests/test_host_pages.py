@@ -8,9 +8,12 @@ board is refused in one line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import socket
+import threading
+import time
 
 import pytest
 import torch
@@ -82,6 +85,83 @@ def test_the_client_reconnects_once_after_a_broken_connection():
         with pytest.raises(KeyError):
             client.fetch("b")
         client.close()
+
+
+class Relay:
+    """A TCP relay on a fixed 127.0.0.1 port to the page service: cut() closes its listener and
+    every bridged connection at once, as a dropped SSH link closes the board's end of the
+    forward; resume() listens on the same port again, as the host's new forward does."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.target, self.port, self._socks = target, 0, []
+        self.resume()
+
+    def resume(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def _accept(self, listener) -> None:
+        while True:
+            try:
+                board_end, _ = listener.accept()
+            except OSError:
+                return
+            host_end = socket.create_connection(self.target)
+            self._socks += [board_end, host_end]
+            for a, b in ((board_end, host_end), (host_end, board_end)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the accept() above (close alone does not)
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        for sock in self._socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self._socks = []
+
+
+def test_a_request_waits_for_a_dropped_link_to_come_back_and_is_applied_once():
+    """The board's page client, when the link under it drops mid-run, keeps trying until the
+    link is back (QA: it tried once at once, Connection refused, and the job failed)."""
+    with PageService() as service:
+        relay = Relay((service.host, service.port))
+        client = PageClient(f"127.0.0.1:{relay.port}", wait_s=30).connect()
+        page = bytes(range(256)) * 1000
+        client.send("a", page)
+        relay.cut()
+        threading.Timer(1.5, relay.resume).start()  # the host forwards the port again
+        started = time.monotonic()
+        client.send("a", page)  # sent again after the drop: replaces, never adds
+        assert time.monotonic() - started >= 1.0  # it waited for the link
+        assert client.fetch("a") == page
+        assert service.stats()["pages"] == 1 and service.bytes_held == len(page)
+        relay.cut()
+        client.close()
+
+
+def test_a_link_that_stays_down_is_one_error_with_a_remedy():
+    with PageService() as service:
+        relay = Relay((service.host, service.port))
+        client = PageClient(f"127.0.0.1:{relay.port}", wait_s=1.0).connect()
+        relay.cut()
+        started = time.monotonic()
+        with pytest.raises(PageServiceError) as gave_up:
+            client.fetch("a")
+        assert 1.0 <= time.monotonic() - started < 10
+        message = str(gave_up.value)
+        assert "did not come back within 1 s" in message and "reconnect_timeout_s" in message
+        assert "\n" not in message
 
 
 # -- the executor pages to host through the service ---------------------------------------------
@@ -260,6 +340,31 @@ def test_the_board_reaches_the_service_through_an_ssh_reverse_forward(tmp_path):
     finally:
         stop_agent(workdir)
         sshd.stop()
+
+
+@needs_sshd
+def test_a_page_read_over_a_dropped_ssh_link_waits_for_the_reconnect(tmp_path):
+    """The real sshd drops every session under a page read: the read waits, the host reconnects
+    and forwards the same port again, and the read gets its page (QA: the job failed)."""
+    from edge_remat.devices import find_device
+    from edge_remat.transport import Board
+    from edge_remat.transport.host_pages import host_pages
+    with loopback_ssh_board(tmp_path) as (config, sshd, _):
+        with Board(find_device(str(config))) as board:
+            with host_pages(board, True) as params:
+                assert params["host_pages_wait_s"] == 30 + 30  # reconnect_timeout_s + forward
+                store = connect_store(params["host_pages"], wait_s=params["host_pages_wait_s"])
+                tensor = torch.randn(300, 100)
+                store.put(5, tensor)
+                assert sshd.drop_connections() >= 1
+                got = []
+                reader = threading.Thread(target=lambda: got.append(store.get(5)))
+                reader.start()
+                time.sleep(1.0)
+                board.jobs()  # the host notices the drop, reconnects, forwards again
+                reader.join(60)
+                assert got and torch.equal(got[0], tensor)
+                store.close()
 
 
 @needs_sshd

@@ -8,7 +8,9 @@ data (a data spec, see edge_remat_agent.data: "example" (default), "digits",
 optimizer's learning rate), optimizer (checked against the one the graph was captured for:
 its update node stands for that optimizer, so the run cannot change it), host_pages
 ("HOST:PORT" of the host's page service, seen from the board: a plan's `host` pages go there
-instead of staying in this process; the host starts the service and passes this), allocator
+instead of staying in this process; the host starts the service and passes this),
+host_pages_wait_s (how long a page request waits for a dropped link to the service to come
+back, default 150 s; the host passes its board's reconnect window), allocator
 ("glibc" (default) or "arena": every planned tensor at its offset in the plan's arena layout),
 malloc ("glibc", "jemalloc", "tcmalloc"; default jemalloc with the arena allocator, else
 glibc: the job process starts again at once under it, preloaded, where its library is
@@ -64,7 +66,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     ctx.progress(0.0, "the graph captured; training")  # a kill from here on is in a step
     from .run import run_plan
     from .stores import host_link_store
-    host = host_link_store(plan, params.get("host_pages"))
+    host = host_link_store(plan, params.get("host_pages"), params.get("host_pages_wait_s"))
     try:
         report = run_plan(graph, plan, steps, page_dir, captured=captured,
                           check_gradients=_flag(params.get("check_gradients", True)),

@@ -170,15 +170,18 @@ def describe_stores(stores: dict[str, PageStore]) -> dict[str, dict]:
     return out
 
 
-def host_link_store(plan: Plan, address: str | None) -> PageStore | None:
+def host_link_store(plan: Plan, address: str | None,
+                    wait_s: float | None = None) -> PageStore | None:
     """The `host` store over the page service at `address` (HOST:PORT, as the host passes it
     in the run job's `host_pages` param), connected now; None when the plan does not page to
-    host or no address is given (open_stores then keeps host pages in this process)."""
+    host or no address is given (open_stores then keeps host pages in this process). A link
+    that drops later is waited for up to `wait_s` (None: the client's default)."""
     if not address or "host" not in tiers_used(plan):
         return None
     from ..pages.link import connect_store
+    from ..pages.service import WAIT_S
     try:
-        return connect_store(str(address))
+        return connect_store(str(address), wait_s=WAIT_S if wait_s is None else float(wait_s))
     except (PageStoreError, ValueError) as error:
         raise ExecutorError(f"{error}. Remedy: run the plan through `edge-remat deploy` or "
                             "`edge-remat run`, which start the host's page service") from error

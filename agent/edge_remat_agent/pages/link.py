@@ -20,7 +20,7 @@ import torch
 from .base import IndexedPageStore
 from .codec import decode, encode
 from .errors import PageMissing
-from .service import PageClient
+from .service import WAIT_S, PageClient
 
 Send = Callable[[Hashable, bytes], object]
 Fetch = Callable[[Hashable], bytes | bytearray | memoryview]
@@ -81,7 +81,8 @@ class ServiceStore(LinkStore):
 
 
 def connect_store(address: str, capacity_bytes: int | None = None,
-                  timeout_s: float = 60.0) -> ServiceStore:
+                  timeout_s: float = 60.0, wait_s: float = WAIT_S) -> ServiceStore:
     """A `host` store over the page service at HOST:PORT, connected now (so that an unreachable
-    service is one clear error before the first step)."""
-    return ServiceStore(PageClient(address, timeout_s).connect(), capacity_bytes)
+    service is one clear error before the first step); a request whose link drops later waits
+    up to `wait_s` for it to come back (PageClient)."""
+    return ServiceStore(PageClient(address, timeout_s, wait_s).connect(), capacity_bytes)

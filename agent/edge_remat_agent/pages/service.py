@@ -24,6 +24,7 @@ import json
 import socket
 import struct
 import threading
+import time
 from typing import Hashable
 
 from .errors import PageMissing, PageStoreError, PageStoreFull
@@ -33,6 +34,11 @@ REPLY = struct.Struct("<BQ")
 PUT, GET, DROP, CLEAR, STATS = 1, 2, 3, 4, 5
 OK, MISSING, FULL, ERROR = 0, 1, 2, 3
 MAX_KEY_BYTES = 4096
+# How long a request waits for a lost page service to come back: the host's default reconnect
+# window (reconnect_timeout_s, 120 s) plus the time it takes to forward the port again. The
+# host passes its board's own window in the run job's `host_pages_wait_s` param.
+WAIT_S = 150.0
+FIRST_PAUSE_S, LONGEST_PAUSE_S = 0.05, 5.0
 
 
 class PageServiceError(PageStoreError):
@@ -209,28 +215,39 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class PageClient:
-    """One connection to a PageService; send / fetch / drop plug into LinkStore. A broken
-    connection is reopened once per request; a second failure is a PageServiceError."""
+    """One connection to a PageService; send / fetch / drop plug into LinkStore.
 
-    def __init__(self, address: str, timeout_s: float = 60.0):
+    A request whose connection breaks (the SSH link under the forward dropped, the host is
+    reconnecting) is sent again on a new connection, with growing pauses, until it gets a reply
+    or `wait_s` has passed since the break; then it is a PageServiceError that says what to do.
+    Sending a request again is safe: the service applies a request only once it has all of it
+    (a half-sent page is thrown away with its connection), and every operation is idempotent
+    (put replaces the page under its key with the same bytes, get/stats read, drop/clear of
+    what is gone is a no-op), so a request that reached the host before the drop and is
+    applied again changes nothing."""
+
+    def __init__(self, address: str, timeout_s: float = 60.0, wait_s: float = WAIT_S):
         self.address = address
         self.host, self.port = parse_address(address)
         self.timeout_s = timeout_s
+        self.wait_s = wait_s
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
     def connect(self) -> "PageClient":
+        """Connect now, once: a service that is not there at the start is a setup error, not a
+        dropped link, so it is reported at once rather than waited for."""
         with self._lock:
-            self._connect()
+            try:
+                self._connect()
+            except OSError as exc:
+                raise PageServiceError(f"cannot reach the host page service at {self.address}: "
+                                       f"{exc}") from exc
         return self
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
-            try:
-                sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
-            except OSError as exc:
-                raise PageServiceError(f"cannot reach the host page service at {self.address}: "
-                                       f"{exc}") from exc
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
             _no_delay(sock)
             self._sock = sock
         return self._sock
@@ -248,20 +265,33 @@ class PageClient:
         raw_key = str(key).encode()
         head = REQUEST.pack(op, len(raw_key), len(body)) + raw_key
         with self._lock:
-            for attempt in (1, 2):
-                sock = self._connect()
+            deadline, pause = None, 0.0
+            while True:
                 try:
-                    sock.sendall(head)
-                    if len(body):
-                        sock.sendall(body)
-                    status, length = REPLY.unpack(_recv_exact(sock, REPLY.size))
-                    return status, _recv_exact(sock, length) if length else b""
+                    return self._round_trip(head, body)
                 except (ConnectionError, OSError) as exc:
                     self._drop_socket()
-                    if attempt == 2:
-                        raise PageServiceError(f"lost the host page service at {self.address}: "
-                                               f"{exc}") from exc
-        raise AssertionError("unreachable")
+                    now = time.monotonic()
+                    deadline = deadline or now + self.wait_s
+                    if now >= deadline:
+                        raise self._gave_up(exc) from exc
+                    time.sleep(min(pause, deadline - now))
+                    pause = min(max(2 * pause, FIRST_PAUSE_S), LONGEST_PAUSE_S)
+
+    def _round_trip(self, head: bytes, body: bytes | memoryview) -> tuple[int, bytes]:
+        sock = self._connect()
+        sock.sendall(head)
+        if len(body):
+            sock.sendall(body)
+        status, length = REPLY.unpack(_recv_exact(sock, REPLY.size))
+        return status, _recv_exact(sock, length) if length else b""
+
+    def _gave_up(self, exc: BaseException) -> PageServiceError:
+        return PageServiceError(
+            f"lost the host page service at {self.address} and it did not come back within "
+            f"{self.wait_s:g} s ({exc}). Remedy: check the link between the host and the board; "
+            "if it drops for longer, raise reconnect_timeout_s in the board's device config "
+            "(the board waits that long for the host's pages), or plan with --paging flash")
 
     def send(self, key: Hashable, data: bytes) -> None:
         status, reply = self.request(PUT, key, data)

@@ -1,7 +1,7 @@
 """The `host` page tier for a run: the host keeps the board's pages in a PageService thread for
 the duration of the run job, and tells the job where to find it (param `host_pages`).
 
-    with host_pages(board, plan_uses_host, say) as params:   # {} or {"host_pages": "..."}
+    with host_pages(board, plan_uses_host, say) as params:   # {} or {"host_pages": ..., ...}
         board.run_job("run", {**base, **params}, ...)
 
 local / emulated  the board is this machine: the service's own 127.0.0.1 port
@@ -24,6 +24,8 @@ from typing import Callable, Iterator
 from edge_remat_agent.pages.service import PageService
 
 from .errors import TransportError
+
+FORWARD_AGAIN_S = 30.0  # _forward's pauses (7.5 s in all) and a margin for the SSH handshake
 
 
 def plan_uses_host(plan) -> bool:
@@ -54,10 +56,17 @@ def host_pages(board, uses_host: bool, say: Callable[[str], None] = lambda m: No
             with _reverse_forward(board, service) as board_port:
                 say(f"host pages: page service at {service.address}, reached from "
                     f"{board.name} at 127.0.0.1:{board_port} (SSH reverse forward)")
-                yield {"host_pages": f"127.0.0.1:{board_port}"}
+                yield {"host_pages": f"127.0.0.1:{board_port}",
+                       "host_pages_wait_s": board_wait_s(board)}
         else:
             say(f"host pages: page service at {service.address}")
             yield {"host_pages": service.address}
+
+
+def board_wait_s(board) -> float:
+    """How long the board's page requests wait for a dropped link: as long as this host keeps
+    reconnecting to it, and the time to ask for the forward again (_forward's tries) on top."""
+    return float(board.reconnect_timeout_s) + FORWARD_AGAIN_S
 
 
 @contextlib.contextmanager
@@ -68,6 +77,8 @@ def link_pages(board, say: Callable[[str], None] = lambda m: None) -> Iterator[d
     holds for it."""
     with host_pages(board, board.device.connection.kind != "serial", say,
                     job_bound=False) as params:
+        # the profile's short link measurement fails rather than waits for a dropped link
+        params.pop("host_pages_wait_s", None)
         yield params
 
 
