@@ -68,6 +68,24 @@ def test_hello_then_the_agent_itself_is_pushed_over_the_link(board_agent, ptys, 
         assert board.transport.pushed_agent is False  # same build: nothing sent
 
 
+def test_a_damaged_agent_archive_is_pushed_again_over_the_link(board_agent, ptys, tmp_path):
+    """QA: an archive truncated on the board's disk started a daemon that died at once
+    (SyntaxError: null bytes) on every try, and the serial board was unreachable for good."""
+    archive = build_agent_archive()
+    with Board(serial_device(tmp_path, ptys)) as board:
+        board.hello()
+    pushed = board_agent / "agents" / archive.name
+    os.truncate(pushed, 20000)
+    stop_agent(board_agent)  # the next session starts a daemon from agent.current
+    with Board(serial_device(tmp_path, ptys)) as board:
+        hello = board.hello()
+        assert board.transport.pushed_agent is True  # sent again over the link
+        assert hello["build"] == archive.sha256
+    assert pushed.read_bytes() == archive.path.read_bytes()
+    log = (tmp_path / "agent.log").read_text()
+    assert f"agent archive {pushed} is damaged" in log
+
+
 def test_files_travel_in_chunks_and_arrive_intact(board_agent, ptys, tmp_path):
     data = os.urandom(300_000)
     local = tmp_path / "plan.bin"

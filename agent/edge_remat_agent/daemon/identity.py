@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -25,6 +26,18 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+CONTENT_NAME = re.compile(r"^([0-9a-f]{16})\.pyz$")
+
+
+def archive_damaged(path: Path) -> bool:
+    """Whether an archive named by its content (agents/<first 16 hex of its sha256>.pyz, as the
+    host pushes it) no longer hashes to its name: truncated or overwritten on the board's disk.
+    Read afresh each time (not build_of's cache), since the file may change under a long-lived
+    front end. An archive named otherwise is not checked."""
+    named = CONTENT_NAME.match(path.name)
+    return bool(named) and not file_sha256(path).startswith(named.group(1))
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,10 +15,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
 from typing import Optional
+
+from .identity import archive_damaged
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_WORKDIR = "~/edge-remat"
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -59,13 +64,24 @@ class Layout:
         return self.jobs_dir / job_id
 
     def current_archive(self) -> Optional[Path]:
-        """The archive named by agent.current, if it names one that exists."""
+        """The archive named by agent.current, if it names one that exists and is intact.
+
+        A damaged one (its content no longer hashes to its name) would start a daemon that dies
+        at once, on every try, and a serial board could never be reached again to be healed. It
+        is removed instead, so the front end starts its own code and the host, seeing another
+        build, pushes the archive again over the link (as SSH and local boards re-push an
+        archive whose sha256 does not match)."""
         try:
             name = (self.root / "agent.current").read_text().strip()
         except OSError:
             return None
         path = self.root / "agents" / name
         if not name or "/" in name or not path.is_file():
+            return None
+        if archive_damaged(path):
+            _log.warning("agent archive %s is damaged (its sha256 does not match its name): "
+                         "removed; the host pushes it again on its next connection", path)
+            path.unlink(missing_ok=True)
             return None
         return path
 
