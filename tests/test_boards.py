@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -102,6 +103,82 @@ def test_devices_check_reports_versions_ram_and_disk(configs):
     check = row["check"]
     assert check["ok"] and check["python"] and check["ram_free_bytes"] > 0
     assert check["disk_free_bytes"] > 0 and "sleep" in check["job_kinds"]
+
+
+def local_config(configs: Path, name: str, connection: str = "", hardware: str = "") -> None:
+    workdir = configs.parent / f"board-{name}"
+    (configs / f"{name}.toml").write_text(
+        f'name = "{name}"\n[connection]\nkind = "local"\nworkdir = "{workdir}"\n{connection}'
+        f'[hardware]\nsensor = "none"\n{hardware}')
+
+
+def python_without_torch() -> "str | None":
+    """A Python on this machine that has no torch (Debian's /usr/bin/python3 here), or None."""
+    import shutil
+    import subprocess
+    for candidate in ("/usr/bin/python3", shutil.which("python3")):
+        if candidate and Path(candidate).is_file() and subprocess.run(
+                [candidate, "-c", "import sys, importlib.util; "
+                 "sys.exit(importlib.util.find_spec('torch') is not None)"]).returncode == 0:
+            return candidate
+    return None
+
+
+def test_devices_check_fails_a_board_without_torch_with_the_install_hint(configs, tmp_path):
+    """A local board run by a Python without torch stands in for a board without it. QA: TORCH
+    MISSING, and exit 0, while deploy exits 3 on the same board."""
+    python = python_without_torch()
+    if python is None:
+        pytest.skip("no Python without torch on this machine (install python3 from the OS)")
+    local_config(configs, "bare", connection=f'python = "{python}"\n')
+    try:
+        code, out, err = cli("devices", "bare", "--check")
+    finally:
+        stop_agent(tmp_path / "board-bare")
+    assert code == 3 and "failed the check: bare" in err, (out, err)
+    assert re.search(r"^bare\s.*\sMISSING\s", out, re.M), out
+    assert "bare has no torch" in out and "pip install torch" in out
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/pages"])
+def test_devices_check_fails_a_page_dir_that_cannot_hold_pages(configs, tmp_path, where):
+    """QA: a page_dir that is a file (or lies under one; likewise a read-only one) passed the
+    check and failed inside the job, after the capture."""
+    (tmp_path / "a-file").write_text("not a folder")
+    local_config(configs, "nopages", hardware=f'page_dir = "{tmp_path / where}"\n')
+    try:
+        code, out, err = cli("devices", "nopages", "--check")
+    finally:
+        stop_agent(tmp_path / "board-nopages")
+    assert code == 3 and "failed the check: nopages" in err, (out, err)
+    assert "nopages's page_dir cannot hold pages" in out
+    assert "set [hardware] page_dir in" in out and str(configs / "nopages.toml") in out
+
+
+def test_devices_check_reports_the_page_dirs_free_space(configs, tmp_path):
+    local_config(configs, "pages", hardware=f'page_dir = "{tmp_path / "new" / "pages"}"\n')
+    try:
+        code, out, _ = cli("devices", "pages", "--check", "--json")
+    finally:
+        stop_agent(tmp_path / "board-pages")
+    assert code == 0, out
+    check = json.loads(out)["devices"][0]["check"]
+    assert check["page_dir"] == str(tmp_path / "new" / "pages")  # made, as the run would
+    assert check["page_dir_free_bytes"] > 0 and (tmp_path / "new" / "pages").is_dir()
+
+
+def test_a_workdir_with_less_room_than_the_agent_fails_the_check():
+    """The disk figures stand in for a full board (a fixture, not a full filesystem). QA:
+    FREE DISK 0 B passed."""
+    from types import SimpleNamespace
+    from edge_remat.remote import unusable_because
+    board = SimpleNamespace(name="full", device=None, require_torch=lambda: None,
+                            transport=SimpleNamespace(archive=SimpleNamespace(size=300_000)))
+    info = {"disk_free_bytes": 0, "workdir": "/w", "page_dir": {"ok": True}}
+    (problem,) = unusable_because(board, info)
+    assert "full has 0 B free in its workdir /w" in problem and "1 MiB kept free" in problem
+    assert "set workdir" in problem
+    assert unusable_because(board, {**info, "disk_free_bytes": 2 << 20}) == []
 
 
 def test_devices_check_of_an_unreachable_board_says_why(configs):

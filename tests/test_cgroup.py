@@ -92,3 +92,25 @@ def test_the_memory_hierarchy_is_found_in_mountinfo(tmp_path):
     mountinfo.write_text(f"31 25 0:27 / {v2} rw - cgroup2 cgroup2 rw\n")
     with pytest.raises(CgroupUnavailable, match="no memory cgroup mounted"):
         find_memory_hierarchy(str(mountinfo))
+
+
+@needs_cgroup
+def test_devices_check_shows_an_emulated_boards_limit_as_its_ram(tmp_path):
+    """QA: a local board limited to 150 MiB showed the machine's RAM, 23.54 GiB (board)."""
+    import json
+    from typer.testing import CliRunner
+    from helpers.board_fixtures import local_board, stop_agent
+    from edge_remat.cli import app
+    from edge_remat.devices import find_device
+    from edge_remat.transport.emulated import remove_board_cgroup
+    with local_board(tmp_path, "small", memory_limit_bytes=150 * MIB):
+        try:
+            result = CliRunner().invoke(app, ["devices", "small", "--check", "--json"])
+            table = CliRunner().invoke(app, ["devices", "small", "--check"])
+        finally:
+            stop_agent(tmp_path / "board")
+            remove_board_cgroup(find_device("small"))  # the board's group goes with it
+    assert result.exit_code == 0, result.output
+    check = json.loads(result.stdout)["devices"][0]["check"]
+    assert check["ram_limit_bytes"] == 150 * MIB and 0 < check["ram_free_bytes"] < 150 * MIB
+    assert "150.00 MiB (limit)" in table.stdout

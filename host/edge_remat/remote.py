@@ -29,19 +29,54 @@ def show_progress(record: dict) -> None:
 # -- devices -------------------------------------------------------------------------------
 
 def check_device(device: DeviceConfig) -> dict:
-    """Connect and read the board's versions, RAM and disk; never raises."""
+    """Connect and read the board's versions, RAM, disk and page folder; never raises. `ok` is
+    whether a run could use the board (what deploy would refuse fails the check too), `error`
+    each reason why not, with its remedy."""
     try:
         with Board(device, reconnect_timeout_s=0) as board:
             hello = board.hello()
-            info = board.sysinfo()
-        return {"ok": True, "python": info.get("python"), "torch": info.get("torch"),
-                "ram_total_bytes": info.get("ram_total_bytes"),
-                "ram_free_bytes": info.get("ram_free_bytes"),
-                "disk_free_bytes": info.get("disk_free_bytes"), "board": info.get("board"),
-                "machine": info.get("machine"), "agent_build": hello.get("build"),
-                "job_kinds": sorted(hello.get("job_kinds", {}))}
+            info = board.sysinfo(device.hardware.page_dir)
+            problems = unusable_because(board, info)
     except (TransportError, FormatError, OSError) as exc:
         return {"ok": False, "error": str(exc)}
+    page_dir = info.get("page_dir") or {}
+    result = {"ok": not problems, "python": info.get("python"), "torch": info.get("torch"),
+              "ram_total_bytes": info.get("ram_total_bytes"),
+              "ram_limit_bytes": info.get("ram_limit_bytes"),
+              "ram_free_bytes": info.get("ram_free_bytes"),
+              "disk_free_bytes": info.get("disk_free_bytes"),
+              "page_dir": page_dir.get("path"), "page_dir_free_bytes": page_dir.get("free_bytes"),
+              "board": info.get("board"), "machine": info.get("machine"),
+              "agent_build": hello.get("build"),
+              "job_kinds": sorted(hello.get("job_kinds", {}))}
+    if problems:
+        result["error"] = "; ".join(problems)
+    return result
+
+
+def unusable_because(board: Board, info: dict) -> List[str]:
+    """Why a run could not use this board: no torch (deploy's own refusal), a page folder it
+    cannot write, less free disk in the workdir than an agent archive needs."""
+    from .transport.errors import BoardMissingTorch
+    from .transport.ssh import DISK_MARGIN
+    problems = []
+    try:
+        board.require_torch()
+    except BoardMissingTorch as exc:
+        problems.append(str(exc))
+    page_dir = info.get("page_dir")
+    if isinstance(page_dir, dict) and not page_dir.get("ok"):
+        problems.append(f"{board.name}'s page_dir cannot hold pages: {page_dir.get('error')}: "
+                        f"set [hardware] page_dir in {board.device.path} to a writable folder "
+                        "on the board (default: the workdir's pages/), or make that one writable")
+    archive = getattr(board.transport, "archive", None)
+    free = info.get("disk_free_bytes")
+    if archive is not None and free is not None and free < archive.size + DISK_MARGIN:
+        problems.append(f"{board.name} has {fmt_bytes(free)} free in its workdir "
+                        f"{info.get('workdir')}, less than the agent archive's "
+                        f"{fmt_bytes(archive.size)} plus the 1 MiB kept free: free some space "
+                        "or set workdir in the device config to a larger partition")
+    return problems
 
 
 def device_rows(names: List[str], check: bool) -> List[dict]:
@@ -73,7 +108,7 @@ def device_rows(names: List[str], check: bool) -> List[dict]:
 def devices_table(rows: List[dict], check: bool) -> str:
     head = ["NAME", "KIND", "ADDRESS", "RAM", "SENSOR"]
     if check:
-        head += ["PYTHON", "TORCH", "FREE RAM", "FREE DISK"]
+        head += ["PYTHON", "TORCH", "FREE RAM", "FREE DISK", "FREE PAGE DIR"]
     lines = [head]
     notes = []
     for row in rows:
@@ -81,22 +116,33 @@ def devices_table(rows: List[dict], check: bool) -> str:
             notes.append(f"{row['name']}: bad config: {row['error']}")
             continue
         result = row.get("check")
-        ram = fmt_bytes(row["ram_bytes"]) if row["ram_bytes"] else "(ask board)"
-        if not row["ram_bytes"] and result and result.get("ram_total_bytes"):
-            ram = fmt_bytes(result["ram_total_bytes"]) + " (board)"
-        line = [row["name"], row["kind"], row["address"], ram, row["sensor"]]
+        line = [row["name"], row["kind"], row["address"], ram_cell(row, result), row["sensor"]]
         if result is not None:
-            if result["ok"]:
+            if "python" in result:  # reached: its figures, even when it failed the check
                 line += [result["python"] or "-", result["torch"] or "MISSING",
-                         fmt_bytes(result["ram_free_bytes"]), fmt_bytes(result["disk_free_bytes"])]
+                         fmt_bytes(result["ram_free_bytes"]), fmt_bytes(result["disk_free_bytes"]),
+                         fmt_bytes(result["page_dir_free_bytes"])]
             else:
-                line += ["-", "-", "-", "-"]
+                line += ["-"] * 5
+            if not result["ok"]:
                 notes.append(f"{row['name']}: {result['error']}")
         lines.append(line)
     widths = [max(len(str(l[i])) for l in lines) for i in range(len(head))]
     text = "\n".join("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip()
                      for l in lines)
     return text + ("\n" + "\n".join(notes) if notes else "")
+
+
+def ram_cell(row: dict, result: Optional[dict]) -> str:
+    """The config's ram_bytes; else the board's memory limit (an emulated board's cgroup),
+    else its physical RAM."""
+    if row["ram_bytes"]:
+        return fmt_bytes(row["ram_bytes"])
+    if result and result.get("ram_limit_bytes"):
+        return fmt_bytes(result["ram_limit_bytes"]) + " (limit)"
+    if result and result.get("ram_total_bytes"):
+        return fmt_bytes(result["ram_total_bytes"]) + " (board)"
+    return "(ask board)"
 
 
 # -- jobs ----------------------------------------------------------------------------------

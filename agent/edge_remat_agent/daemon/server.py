@@ -277,7 +277,9 @@ class Daemon:
         return {"time_s": time.time()}
 
     def _sysinfo(self, request: dict, body: bytes) -> dict:
-        return collect(self.layout.root, self.build)
+        page_dir = request.get("page_dir")
+        return collect(self.layout.root, self.build,
+                       page_dir if isinstance(page_dir, str) and page_dir else None)
 
     def _record(self, request: dict) -> dict:
         job_id = request.get("job")

@@ -64,8 +64,41 @@ def board_model() -> Optional[str]:
     return None
 
 
-def collect(workdir: Path, build: str = "") -> dict:
+def memory_limit() -> "tuple[Optional[int], Optional[int]]":
+    """(limit, free under it) of the memory cgroup this daemon runs in, or (None, None): an
+    emulated board's RAM is its cgroup's limit, not the machine's."""
+    from ..cgroup_memory import cgroup_memory_limit_bytes, cgroup_memory_usage
+    limit = cgroup_memory_limit_bytes()
+    if limit is None:
+        return None, None
+    charged = cgroup_memory_usage()
+    return limit, None if charged is None else max(0, limit - charged[0])
+
+
+def page_dir_status(page_dir: Path) -> dict:
+    """Whether the run job could keep its flash pages in page_dir: it exists as a folder or can
+    be made, a file can be written there, and how much room there is. `error` says why not."""
+    status: dict = {"path": str(page_dir), "ok": False, "free_bytes": None}
+    try:
+        if page_dir.exists() and not page_dir.is_dir():
+            return {**status, "error": f"{page_dir} is a file, not a folder"}
+        page_dir.mkdir(parents=True, exist_ok=True)
+        probe = page_dir / f".edge-remat-check-{os.getpid()}"
+        probe.write_bytes(b"\0")  # the run writes page files here: try one
+        probe.unlink()
+        status["free_bytes"] = shutil.disk_usage(page_dir).free
+    except OSError as exc:
+        return {**status, "error": f"cannot write in {page_dir}: {exc.strerror or exc}"}
+    return {**status, "ok": True}
+
+
+def collect(workdir: Path, build: str = "", page_dir: "str | None" = None) -> dict:
+    """The board's figures; with page_dir (default WORKDIR/pages, where the run job pages),
+    whether that folder is usable (page_dir_status)."""
     total, available = memory_bytes()
+    limit, free_under_limit = memory_limit()
+    if free_under_limit is not None:
+        available = free_under_limit if available is None else min(available, free_under_limit)
     try:
         disk = shutil.disk_usage(workdir)
         disk_total, disk_free = disk.total, disk.free
@@ -83,9 +116,11 @@ def collect(workdir: Path, build: str = "") -> dict:
         "hostname": socket.gethostname(),
         "board": board_model(),
         "cpu_count": os.cpu_count(),
-        "ram_total_bytes": total,
+        "ram_total_bytes": total,  # the machine's: profiles are shared across emulated limits
+        "ram_limit_bytes": limit,
         "ram_free_bytes": available,
         "disk_total_bytes": disk_total,
         "disk_free_bytes": disk_free,
         "workdir": str(workdir),
+        "page_dir": page_dir_status(Path(page_dir or Path(workdir) / "pages").expanduser()),
     }

@@ -155,8 +155,8 @@ class Board:
         self._retrying("say hello", lambda s: s.info)
         return self.hello_info
 
-    def sysinfo(self) -> dict:
-        return self._retrying("read its system info", lambda s: s.sysinfo())
+    def sysinfo(self, page_dir: Optional[str] = None) -> dict:
+        return self._retrying("read its system info", lambda s: s.sysinfo(page_dir))
 
     def require_torch(self) -> None:
         if not self.hello().get("torch"):

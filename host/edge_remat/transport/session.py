@@ -77,8 +77,9 @@ class AgentSession:
     def ping(self) -> dict:
         return self.call("ping", timeout=10.0)[0]
 
-    def sysinfo(self) -> dict:
-        return self.call("sysinfo")[0]
+    def sysinfo(self, page_dir: Optional[str] = None) -> dict:
+        """The board's figures; with page_dir, whether that folder is usable for pages."""
+        return self.call("sysinfo", **({"page_dir": page_dir} if page_dir else {}))[0]
 
     def submit(self, kind: str, params: dict, job_id: Optional[str] = None) -> dict:
         fields = {"kind": kind, "params": params}

@@ -1,0 +1,82 @@
+"""The RAM a process on this board can have: physical RAM, and the memory cgroup's limit and
+charge where it runs in one (an emulated board is a memory cgroup; its limit is its RAM).
+Standard library only, so the daemon's sysinfo reads them without importing torch.
+
+Every /proc and /sys path is read under `root` (default "/"), so tests can point it at a
+fixture tree.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def read_under(root: str, path: str) -> str | None:
+    try:
+        with open(os.path.join(root, path.lstrip("/")), "rb") as handle:
+            return handle.read().decode(errors="replace").replace("\x00", "").strip()
+    except OSError:
+        return None
+
+
+def ram_total_bytes(root: str = "/") -> int | None:
+    for line in (read_under(root, "/proc/meminfo") or "").splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def cgroup_memory_limit_bytes(root: str = "/") -> int | None:
+    """The tightest memory limit of this process's cgroup and its ancestors; None if none.
+
+    An emulated board is a memory cgroup, and its limit, not the host's RAM, is its RAM.
+    """
+    limits = []
+    for line in (read_under(root, "/proc/self/cgroup") or "").splitlines():
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and controllers == "":  # cgroup v2: memory.max along the path
+            directory = path
+            while True:
+                value = read_under(root, f"/sys/fs/cgroup{directory.rstrip('/')}/memory.max")
+                if value and value != "max":
+                    limits.append(int(value))
+                if directory in ("/", ""):
+                    break
+                directory = os.path.dirname(directory.rstrip("/")) or "/"
+        elif "memory" in controllers.split(","):  # cgroup v1
+            # Inside a container the hierarchy is often mounted at the group itself, so the
+            # mount's top file is tried too.
+            for directory in (path.rstrip("/"), ""):
+                value = read_under(root, f"/sys/fs/cgroup/memory{directory}/memory.limit_in_bytes")
+                if value and value.isdigit():
+                    limits.append(int(value))
+    physical = ram_total_bytes(root)
+    # v1 reports "no limit" as a huge number (PAGE_COUNTER_MAX pages).
+    real = [n for n in limits if physical is None or n < physical]
+    return min(real) if real else None
+
+
+def cgroup_memory_usage(root: str = "/") -> tuple[int, str] | None:
+    """(bytes the kernel charges this process's own memory cgroup now, which group), or None
+    where the process is in the root group (whose figure is the whole machine's) or there is
+    none. The runtime baseline of a run (executor/baseline.py) reads it."""
+    for line in (read_under(root, "/proc/self/cgroup") or "").splitlines():
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if path.rstrip("/") == "":
+            continue
+        if hierarchy == "0" and controllers == "":
+            files = [(f"/sys/fs/cgroup{path.rstrip('/')}/memory.current", 2)]
+        elif "memory" in controllers.split(","):
+            # Inside a container the hierarchy may be mounted at the group itself.
+            files = [(f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.usage_in_bytes", 1),
+                     ("/sys/fs/cgroup/memory/memory.usage_in_bytes", 1)]
+        else:
+            continue
+        for file, version in files:
+            value = read_under(root, file)
+            if value and value.isdigit():
+                return int(value), f"cgroup v{version} {os.path.basename(path.rstrip('/'))}"
+    return None
