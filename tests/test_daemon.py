@@ -317,3 +317,21 @@ def test_a_daemon_whose_socket_was_removed_is_stopped_and_replaced(tmp_path, mon
         if lost.poll() is None:
             lost.kill()
         stop_agent(workdir)
+
+
+def test_out_of_disk_names_the_margin_it_keeps(tmp_path, monkeypatch):
+    """A disk with room for the file but not for the 1 MiB kept free (its free space stands in
+    for a nearly full board). QA: "the board has 1093632 bytes free ..., the file needs
+    139294" read as a refusal with room to spare."""
+    import collections
+    from edge_remat_agent.daemon import files
+    from edge_remat_agent.daemon.layout import Layout
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda path: usage(2 << 20, 0, 1093632))
+    data = b"x" * 139294
+    request = {"path": "inputs/page.bin", "offset": 0, "size": len(data),
+               "sha256": hashlib.sha256(data).hexdigest()}
+    with pytest.raises(files.RequestError) as refused:
+        files.put_file(Layout(tmp_path).ensure(), request, data)
+    assert "the file needs 139294 bytes and 1048576 more (1 MiB) are kept free" in str(
+        refused.value)

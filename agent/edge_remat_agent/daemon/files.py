@@ -81,8 +81,10 @@ def put_file(layout: Layout, request: dict, body: bytes, allow_code: bool = True
                            have=have)
     free = shutil.disk_usage(final.parent).free
     if offset == 0 and free < size + DISK_MARGIN:
-        raise RequestError(OUT_OF_DISK, f"the board has {free} bytes free in {final.parent}, "
-                                        f"the file needs {size}", free_bytes=free)
+        raise RequestError(OUT_OF_DISK, f"the board has {free} bytes free in {final.parent}; "
+                                        f"the file needs {size} bytes and {DISK_MARGIN} more "
+                                        "(1 MiB) are kept free for the board's own use",
+                           free_bytes=free)
     try:
         with open(part, "ab") as handle:
             handle.write(body)
