@@ -240,6 +240,37 @@ def test_agent_stop_stops_the_daemon(configs, tmp_path):
     assert not (tmp_path / "board" / "agent.sock").exists()
 
 
+def test_agent_stop_if_idle_leaves_a_busy_agent_running_and_exits_0(configs):
+    """QA: --if-idle on a busy board exited 3, the status of an unreachable board; and a plain
+    agent-stop interrupted someone's job saying only "agent on ... stopped"."""
+    code, out, _ = cli("job", "sleep", "--device", "bench", "--param", "seconds=30",
+                       "--detach", "--json")
+    assert code == 0, out
+    job = json.loads(out)["job"]
+    code, out, err = cli("agent-stop", "--device", "bench", "--if-idle")
+    assert code == 0, err
+    assert f"agent on bench left running: it is busy with job {job} (--if-idle)" in out
+    code, out, err = cli("agent-stop", "--device", "bench")
+    assert code == 0, err
+    assert f"agent on bench stopped; it interrupted job {job}, which starts again" in out
+
+
+def test_a_host_waiting_on_a_job_says_when_the_daemon_started_it_again(configs, tmp_path):
+    """The daemon stopped under a job the host waits on starts it again at its next start; the
+    host says so rather than showing its progress going back without a word."""
+    import threading
+    from edge_remat.transport import Board
+    said = []
+    with Board(find_device("bench"), on_event=said.append) as board:
+        job = board.submit("sleep", {"seconds": 4, "steps": 4})["id"]
+        stopper = threading.Timer(1.5, lambda: cli("agent-stop", "--device", "bench"))
+        stopper.start()
+        record = board.wait(job, timeout_s=60)
+        stopper.join()
+    assert record["state"] == "finished" and record["restarts"] == 1
+    assert any(f"job {job} started again from the beginning" in line for line in said), said
+
+
 def test_a_ctrl_c_echoed_to_the_process_group_does_not_abandon_the_cancel():
     # `timeout -s INT` signals the process, then its group: two SIGINTs for one Ctrl-C. The
     # echo, during the cancel that the first started, is ignored; a later one interrupts.

@@ -537,13 +537,14 @@ def agent_stop(
     if_idle: bool = typer.Option(False, "--if-idle", help="only when no job runs or waits"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Stop the agent daemon on the board cleanly (a running job resumes at its next start)."""
+    """Stop the agent daemon on the board cleanly (a running job starts again at its next
+    start); with --if-idle a busy agent is left running (exit 0, and it says so)."""
     from .devices import find_device
+    from .remote import stop_agent
     from .transport import Board
 
-    board = Board(find_device(device), reconnect_timeout_s=0)
-    board.stop_agent(if_idle=if_idle)
-    print(json.dumps({"status": "stopped"}) if as_json else f"agent on {board.name} stopped")
+    answer, line = stop_agent(Board(find_device(device), reconnect_timeout_s=0), if_idle)
+    print(json.dumps(answer) if as_json else line)
 
 
 @app.command()

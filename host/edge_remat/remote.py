@@ -145,6 +145,36 @@ def ram_cell(row: dict, result: Optional[dict]) -> str:
     return "(ask board)"
 
 
+# -- agent-stop ----------------------------------------------------------------------------
+
+def stop_agent(board: Board, if_idle: bool) -> "tuple[dict, str]":
+    """Stop the board's daemon; (the JSON answer, the line to print). A busy agent asked to stop
+    only if idle is left running: what was asked happened, so it is no error. Stopping a busy
+    one says which jobs it interrupted (they may be another host's)."""
+    from edge_remat_agent.wire.protocol import BUSY
+
+    from .transport import AgentError
+    hello = board.hello()
+    running, queued = hello.get("running"), int(hello.get("queued") or 0)
+    try:
+        board.stop_agent(if_idle=if_idle)
+    except AgentError as exc:
+        if exc.code != BUSY or not if_idle:
+            raise
+        job = exc.details.get("running") or running
+        what = f"job {job}" if job else "a queued job"
+        return ({"status": "left_running", "running": job, "queued": queued},
+                f"agent on {board.name} left running: it is busy with {what} (--if-idle); "
+                "stop it without --if-idle to interrupt that")
+    line = f"agent on {board.name} stopped"
+    if running:
+        line += (f"; it interrupted job {running}, which starts again from the beginning "
+                 "when the agent next starts")
+    if queued:
+        line += f"; {queued} queued job(s) wait for that start"
+    return {"status": "stopped", "interrupted": running, "queued": queued}, line
+
+
 # -- jobs ----------------------------------------------------------------------------------
 
 def parse_params(params_json: Optional[str], pairs: List[str]) -> dict:

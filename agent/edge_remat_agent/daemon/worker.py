@@ -4,8 +4,10 @@
   exit status says how (signal 9 is usually the out-of-memory killer).
 - A job process that outlived a previous daemon (killed, crashed) is adopted: the worker waits
   for its running.lock to be released and then reads its outcome, so the job is not run twice.
-- A job interrupted by stopping the daemon is queued again and resumes from its checkpoints
-  when the daemon next starts.
+- A job interrupted by stopping the daemon is queued again and started again from its
+  beginning when the daemon next starts; only a job that keeps checkpoints in its state folder
+  (the test job `sleep`) picks up from them. A run job does not: saving the model and the
+  optimizer state every step would cost a step's worth of disk writes on a board's flash.
 """
 
 from __future__ import annotations
@@ -234,7 +236,8 @@ class Worker:
                               error=f"{why}, {restarts} times; giving up")
             return
         self.store.update(record, state="queued", pid=None, restarts=restarts,
-                          note=f"{why}; it resumes from its checkpoints")
+                          note=f"{why}; it starts again from the beginning (a job that "
+                               "keeps checkpoints in its state folder picks up from them)")
 
 
 def _log_tail(path, lines: int = 3) -> str:

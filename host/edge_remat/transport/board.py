@@ -190,11 +190,13 @@ class Board:
         """Until the job is finished or failed, through any number of dropped links."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         rev: Optional[int] = None
+        restarts: Optional[int] = None
         while True:
             poll = WAIT_POLL_S if deadline is None else max(0.0, min(WAIT_POLL_S,
                                                                    deadline - time.monotonic()))
             record = self._retrying(f"wait for job {job_id}",
                                     lambda s: s.wait(job_id, rev, timeout=poll))
+            restarts = self._note_restart(record, restarts)
             if record.get("rev") != rev and on_update is not None:
                 on_update(record)
             rev = record.get("rev")
@@ -202,6 +204,16 @@ class Board:
                 return record
             if deadline is not None and time.monotonic() >= deadline:
                 return record
+
+    def _note_restart(self, record: dict, seen: Optional[int]) -> int:
+        """Say so when the job was started again while we waited (the board's daemon was
+        stopped mid-job and started again): its progress goes back to the beginning."""
+        restarts = int(record.get("restarts") or 0)
+        if seen is not None and restarts > seen:
+            self.on_event(f"{self.name}: the board's agent daemon restarted mid-job; job "
+                          f"{record['id']} started again from the beginning (a job that keeps "
+                          "checkpoints picks up from them)")
+        return restarts
 
     def fetch_outputs(self, record: dict, dest: "str | Path") -> List[Path]:
         """The files a finished job lists in result["files"], into dest."""
