@@ -353,3 +353,22 @@ def test_pinned_store_keeps_values_and_layout_and_its_capacity():
     with pytest.raises(PageMissing):
         store.get("b")
     assert store.discard("a") and not store.discard("a") and store.bytes_held == 0
+
+
+def test_a_page_folder_that_cannot_be_made_says_which_field_to_change(tmp_path):
+    """A page_dir under a file stands in for a read-only one (root writes anywhere else). QA:
+    "cannot create a page directory under ...: Read-only file system", no remedy, and only
+    after the capture."""
+    from types import SimpleNamespace
+    from edge_remat_agent.executor.jobs import _check_page_dir
+    from edge_remat_agent.pages import FlashStore, PageStoreError
+    (tmp_path / "a-file").write_text("not a folder")
+    page_dir = tmp_path / "a-file" / "pages"
+    with pytest.raises(PageStoreError, match=r"Remedy: point page_dir at a writable folder.*"
+                                             r"\[hardware\] page_dir"):
+        FlashStore(str(page_dir))
+    flash_plan = SimpleNamespace(instructions=lambda: [SimpleNamespace(op="page_out",
+                                                                       tier="flash")])
+    with pytest.raises(ValueError, match=r"cannot hold pages: .*Remedy: point page_dir"):
+        _check_page_dir(flash_plan, str(page_dir))  # before the capture, in the run job
+    _check_page_dir(SimpleNamespace(instructions=lambda: []), str(page_dir))  # no flash: fine

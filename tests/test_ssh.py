@@ -17,7 +17,7 @@ from helpers.board_fixtures import SshServer, agent_command, keygen, needs_sshd,
 from edge_remat.devices import load_device
 from edge_remat.transport import (AuthRefused, Board, BoardMissingPython, BoardMissingTorch,
                                   BoardOutOfDisk, BoardUnreachable, HostKeyChanged,
-                                  HostKeyUnknown)
+                                  HostKeyUnknown, TransportError)
 from edge_remat.transport.zipapp import AgentArchive, archive_bytes
 
 pytestmark = [needs_sshd, pytest.mark.loopback]
@@ -165,6 +165,26 @@ def test_no_python_on_the_board_says_what_to_install(device):
     with pytest.raises(BoardMissingPython) as err:
         Board(device(python="/opt/no-such/python3", family="rpi")).hello()
     assert "sudo apt install python3" in one_line(err.value)
+
+
+def test_a_workdir_the_board_cannot_make_names_the_field_to_change(device, tmp_path):
+    """A workdir under a file stands in for an unwritable one (root writes anywhere else).
+    QA: "failed (exit status 1): mkdir: cannot create directory ...", no remedy."""
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(TransportError) as err:
+        Board(device(workdir=str(tmp_path / "a-file" / "work"))).hello()
+    message = one_line(err.value)
+    assert "cannot use its workdir" in message and "mkdir" in message
+    assert "set workdir in the device config's [connection]" in message
+
+
+def test_a_python_that_is_no_python_names_the_field_to_change(device):
+    """QA: python = "/bin/true" said "failed (exit status 0): no output"."""
+    with pytest.raises(TransportError) as err:
+        Board(device(python="/bin/true")).hello()
+    message = one_line(err.value)
+    assert "`/bin/true` exited with status 0 and did not answer the probe" in message
+    assert "set python in the device config's [connection]" in message
 
 
 def _python_without_torch():

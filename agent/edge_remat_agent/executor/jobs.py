@@ -61,6 +61,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                      ledger_peak_bytes=record["ledger_peak_bytes"],
                      rss_peak_bytes=record["rss_peak_bytes"])
 
+    _check_page_dir(plan, page_dir)
     ctx.progress(0.0, CAPTURING)
     captured = _capture_before_torch(graph, ctx.input_path(str(params["graph"])))
     ctx.progress(0.0, "the graph captured; training")  # a kill from here on is in a step
@@ -85,6 +86,20 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     return {"malloc": malloc, "files": ["run_report.json"], "summary": report["summary"],
             "grad_check": report["grad_check"], "steps": len(report["steps"]),
             "data": report["data"], "optimizer": report["optimizer"]}
+
+
+def _check_page_dir(plan, page_dir: str) -> None:
+    """A plan that pages to flash needs a page folder it can write: refused before the capture
+    (tens of seconds on a board), not at the first page-out."""
+    from ..daemon.sysinfo import page_dir_status
+    from ..pages.flash import PAGE_DIR_REMEDY
+    from .stores import tiers_used
+    if "flash" not in tiers_used(plan):
+        return
+    status = page_dir_status(Path(page_dir))
+    if not status["ok"]:
+        raise ValueError(f"the page folder cannot hold pages: {status['error']}. Remedy: "
+                         f"{PAGE_DIR_REMEDY}")
 
 
 def requested_malloc(params: dict) -> str:

@@ -51,6 +51,12 @@ STORE_PREFIX = "edge-remat-pages-"
 # The only names a store gives its directory, and the only ones a store ever removes.
 STORE_DIRECTORY = re.compile(re.escape(STORE_PREFIX) + r"[0-9]+-[0-9a-f]{8}")
 
+# The one remedy for a page folder the board cannot use (the run job checks it before the
+# capture too, with these words).
+PAGE_DIR_REMEDY = ("point page_dir at a writable folder on the board: [hardware] page_dir in "
+                   "the device config (or --page-dir); `edge-remat devices NAME --check` "
+                   "checks it")
+
 
 class FlashStore(IndexedPageStore):
     tier = "flash"
@@ -78,7 +84,8 @@ class FlashStore(IndexedPageStore):
             self.directory, lock = _new_locked_directory(self.page_dir)
         except OSError as error:
             raise PageStoreError(f"cannot create a page directory under {self.page_dir}: "
-                                 f"{error.strerror or error}") from error
+                                 f"{error.strerror or error}. Remedy: {PAGE_DIR_REMEDY}") \
+                from error
         self._finalizer = weakref.finalize(self, _remove_directory, self.directory, lock,
                                            os.getpid())
         self.cleaned_stale = remove_dead_stores(self.page_dir, keep=self.directory)

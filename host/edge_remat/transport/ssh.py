@@ -14,6 +14,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shlex
 import socket
 import time
@@ -379,8 +380,7 @@ class SshTransport:
                                      f"{python_hint(family)}")
         line = next((l for l in out.splitlines() if l.startswith("EDGE-REMAT-PROBE ")), None)
         if status != 0 or line is None:
-            last = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
-            raise TransportError(f"checking {self.board} failed (exit status {status}): {last}")
+            raise self._probe_failed(status, out, err)
         probe = json.loads(line.split(" ", 1)[1])
         version = tuple(probe["python"])
         if version < MIN_PYTHON:
@@ -389,6 +389,21 @@ class SshTransport:
                 f"the agent needs {'.'.join(map(str, MIN_PYTHON))} or newer: "
                 f"{python_hint(family)}")
         return probe
+
+    def _probe_failed(self, status: int, out: str, err: str) -> TransportError:
+        """Why the probe said nothing, with the device config field to change: the workdir
+        could not be made or entered (mkdir/cd in the probe's shell line), or `python` ran
+        and printed no probe line (it is not a Python: /bin/true exits 0 saying nothing)."""
+        last = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
+        workdir = self.device.connection.workdir
+        if re.match(r"^(\S+: )*(mkdir|cd)\b", last) or "can't cd" in last:
+            return TransportError(f"{self.board} cannot use its workdir {workdir} ({last}): set "
+                                  "workdir in the device config's [connection] to a folder the "
+                                  "board's user can create and write")
+        return TransportError(f"checking {self.board} failed: `{self.python}` exited with "
+                              f"status {status} and did not answer the probe ({last}): set "
+                              "python in the device config's [connection] to the board's "
+                              "Python 3.8 or newer")
 
     def _push(self, client, archive: AgentArchive) -> None:
         free = self.probe.get("free")
