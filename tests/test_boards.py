@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers.board_fixtures import local_bench_device, stop_agent
+from helpers.board_fixtures import local_bench_device, python_without_torch, stop_agent
 from edge_remat.cli import app
 from edge_remat.devices import DeviceError, find_device, load_device
 from edge_remat_agent.formats import FormatError
@@ -110,18 +110,6 @@ def local_config(configs: Path, name: str, connection: str = "", hardware: str =
     (configs / f"{name}.toml").write_text(
         f'name = "{name}"\n[connection]\nkind = "local"\nworkdir = "{workdir}"\n{connection}'
         f'[hardware]\nsensor = "none"\n{hardware}')
-
-
-def python_without_torch() -> "str | None":
-    """A Python on this machine that has no torch (Debian's /usr/bin/python3 here), or None."""
-    import shutil
-    import subprocess
-    for candidate in ("/usr/bin/python3", shutil.which("python3")):
-        if candidate and Path(candidate).is_file() and subprocess.run(
-                [candidate, "-c", "import sys, importlib.util; "
-                 "sys.exit(importlib.util.find_spec('torch') is not None)"]).returncode == 0:
-            return candidate
-    return None
 
 
 def test_devices_check_fails_a_board_without_torch_with_the_install_hint(configs, tmp_path):

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.board_fixtures import SshServer, agent_command, keygen, needs_sshd, stop_agent
+from helpers.board_fixtures import (SshServer, agent_command, keygen, needs_sshd,
+                                    python_without_torch, stop_agent)
 from edge_remat.devices import load_device
 from edge_remat.transport import (AuthRefused, Board, BoardMissingPython, BoardMissingTorch,
                                   BoardOutOfDisk, BoardUnreachable, HostKeyChanged,
@@ -187,18 +188,8 @@ def test_a_python_that_is_no_python_names_the_field_to_change(device):
     assert "set python in the device config's [connection]" in message
 
 
-def _python_without_torch():
-    for candidate in ("/usr/bin/python3", shutil.which("python3")):
-        if candidate and Path(candidate).exists():
-            probe = subprocess.run([candidate, "-c", "import importlib.util,sys;"
-                                    "sys.exit(importlib.util.find_spec('torch') is not None)"])
-            if probe.returncode == 0:
-                return candidate
-    return None
-
-
 def test_no_torch_on_the_board_says_what_to_install(device):
-    python = _python_without_torch()
+    python = python_without_torch()
     if python is None:
         pytest.skip("every Python here has torch; cannot show a board without it")
     with Board(device(python=python, family="android")) as board:

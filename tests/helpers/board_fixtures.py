@@ -42,7 +42,7 @@ class PtyPair(testbed.PtyPair):
 
 __all__ = ["SshServer", "PtyPair", "needs_sshd", "needs_socat", "free_port", "keygen",
            "agent_command", "stop_agent", "local_board", "local_bench_device", "ssh_device_config",
-           "loopback_ssh_board"]
+           "loopback_ssh_board", "python_without_torch"]
 
 
 @contextlib.contextmanager
@@ -107,3 +107,16 @@ def loopback_ssh_board(tmp_path: Path):
     finally:
         stop_agent(workdir)
         sshd.stop()
+
+
+def python_without_torch() -> "str | None":
+    """A Python on this machine without torch (Debian's /usr/bin/python3, say), to stand in for
+    a board that lacks it; None when every Python here has torch."""
+    import shutil
+    import subprocess
+    for candidate in ("/usr/bin/python3", shutil.which("python3")):
+        if candidate and Path(candidate).is_file() and subprocess.run(
+                [candidate, "-c", "import importlib.util, sys; "
+                 "sys.exit(importlib.util.find_spec('torch') is not None)"]).returncode == 0:
+            return candidate
+    return None
