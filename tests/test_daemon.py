@@ -319,6 +319,33 @@ def test_a_daemon_whose_socket_was_removed_is_stopped_and_replaced(tmp_path, mon
         stop_agent(workdir)
 
 
+def test_a_daemon_whose_python_is_gone_is_replaced_when_idle(tmp_path):
+    # Started from a virtual environment since deleted (.ci/check-wheel's, a user's), it still
+    # answered the host, and every job it started failed ("internal error in the agent").
+    from edge_remat_agent.daemon import launcher
+    from edge_remat_agent.daemon.layout import Layout
+    workdir = tmp_path / "board"
+    python = tmp_path / "venv-python"
+    python.symlink_to(sys.executable)
+    stale = subprocess.Popen([str(python), *agent_command()[1:], "serve", "--daemon",
+                              "--workdir", str(workdir)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (workdir / "agent.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        python.unlink()  # the environment is deleted
+        client = Client(FrameStream(launcher.ensure_daemon(Layout(workdir), timeout=30)))
+        assert stale.wait(15) is not None  # the stale daemon was stopped ...
+        assert client.hello("test")["executable"] == sys.executable  # ... a new one answers
+        job = client.call("submit", kind="sleep", params={"seconds": 0.1, "steps": 1})[0]["job"]
+        assert wait_done(client, job["id"])["state"] == "finished"
+    finally:
+        if stale.poll() is None:
+            stale.kill()
+        stop_agent(workdir)
+
+
 def test_out_of_disk_names_the_margin_it_keeps(tmp_path, monkeypatch):
     """A disk with room for the file but not for the 1 MiB kept free (its free space stands in
     for a nearly full board). QA: "the board has 1093632 bytes free ..., the file needs

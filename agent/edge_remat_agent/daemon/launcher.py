@@ -90,12 +90,21 @@ def ensure_daemon(layout: Layout, timeout: float = 30.0) -> socket.socket:
             sock.close()
             time.sleep(0.1)
             continue
-        if hello.get("build") == wanted or not _replace_if_idle(client):
+        if (hello.get("build") == wanted and _interpreter_present(hello)) \
+                or not _replace_if_idle(client):
             return sock  # the relay's own hello is answered; the rest of the stream is the host's
         sock.close()
         _wait_for_exit(layout, deadline)
     raise DaemonUnavailable(f"no agent daemon answered on {layout.socket_path} within "
                             f"{timeout:g} s; see {layout.log_path}")
+
+
+def _interpreter_present(hello: dict) -> bool:
+    """Whether the daemon's Python is still on disk: a daemon started from a virtual
+    environment since deleted answers, but every job it starts fails (its Python is gone), so
+    an idle one is replaced like one of another build."""
+    executable = hello.get("executable")
+    return not executable or os.path.exists(executable)
 
 
 def _replace_if_idle(client: Client) -> bool:

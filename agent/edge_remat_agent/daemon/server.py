@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -266,7 +267,8 @@ class Daemon:
             current = self.worker.current["id"] if self.worker.current else None
             queued = len(self.store.in_state("queued"))
         return {"protocol": PROTOCOL_VERSION, "agent_version": __version__, "build": self.build,
-                "python": platform.python_version(), "machine": platform.machine(),
+                "python": platform.python_version(), "executable": sys.executable,
+                "machine": platform.machine(),
                 "system": platform.system(), "pid": os.getpid(),
                 "workdir": str(self.layout.root), "torch": torch_version(),
                 "job_kinds": {k: {"needs_torch": v.needs_torch, "description": v.description}
