@@ -51,6 +51,21 @@ def test_an_infeasible_budget_is_a_result_not_a_failure(tmp_path):
     assert "infeasible" in line and "smallest feasible budget" in line and "node" not in line
 
 
+def test_the_table_is_aligned_with_an_infeasible_deadline(tmp_path):
+    manifest = small_fleet(tmp_path, ["97%"])
+    manifest.write_text(manifest.read_text().replace("[plan]", "deadlines = [0.5, 3.0]\n[plan]"))
+    proc = cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("model "))
+    rows = [line for line in lines if line.startswith("tiny ")]
+    assert any("infeasible_deadline" in row for row in rows)
+    late = next(row for row in rows if "infeasible_deadline" in row)
+    # the status column holds its widest entry: the header's next column starts after it
+    assert header.index("peak") > late.index("infeasible_deadline") + len("infeasible_deadline")
+    assert header.index("status") == late.index("infeasible_deadline")
+
+
 def test_one_task_is_counted_in_the_singular(tmp_path):
     proc = cli("fleet", "plan", small_fleet(tmp_path, ["97%"]), "--out", tmp_path / "out",
                "--no-ray", "--threads", "1")

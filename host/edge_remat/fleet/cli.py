@@ -84,12 +84,14 @@ def summary_text(result, folder) -> str:
              f"{result.seconds:.1f} s "
              f"({result.in_flight} at a time, {counted(result.workers, 'solver thread')} each)"]
     # budget @deadline: a deadline as a multiple of the plain time
-    header = f"{'model':<16} {'board':<18} {'budget':>14} {'status':<12} {'peak':>10} " \
+    # the status column as wide as its widest entry ("infeasible_deadline" is 19)
+    width = max([len("status")] + [len(row["status"]) for row in rows])
+    header = f"{'model':<16} {'board':<18} {'budget':>14} {'status':<{width}} {'peak':>10} " \
              f"{'time/step':>10} {'energy':>9}"
     lines += ["", header]
     for row in rows:
         budget = row["budget"] + (f" @{row['deadline']:g}x" if row["deadline"] else "")
-        start = f"{row['model']:<16} {row['board']:<18} {budget:>14} {row['status']:<12}"
+        start = f"{row['model']:<16} {row['board']:<18} {budget:>14} {row['status']:<{width}}"
         if row["error"] is not None:  # an infeasible row says what is feasible instead
             lines.append(f"{start} " + (infeasible_text(row) if row["status"] in INFEASIBLE
                                         else row["error"]))
