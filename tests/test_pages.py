@@ -372,3 +372,24 @@ def test_a_page_folder_that_cannot_be_made_says_which_field_to_change(tmp_path):
     with pytest.raises(ValueError, match=r"cannot hold pages: .*Remedy: point page_dir"):
         _check_page_dir(flash_plan, str(page_dir))  # before the capture, in the run job
     _check_page_dir(SimpleNamespace(instructions=lambda: []), str(page_dir))  # no flash: fine
+
+
+def test_the_page_folder_check_before_the_capture_imports_no_torch(tmp_path):
+    """The run job checks its page folder before the board captures the graph, and the capture
+    child must not find torch resident in the job beside it: the check once imported torch
+    (through the flash store), and gpt-mini under 600 MiB was killed while capturing."""
+    import subprocess
+    import sys
+    code = f"""
+import sys
+from edge_remat_agent.executor.jobs import _check_page_dir
+from edge_remat_agent.formats import Plan
+from edge_remat_agent.formats.plan import Instruction
+plan = Plan(graph_fingerprint="x", budget_bytes=1, stages=[[Instruction("page_out", "n", "flash")]])
+_check_page_dir(plan, {str(tmp_path / 'pages')!r})
+print("torch" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -91,10 +91,10 @@ def run_job(ctx: JobContext, params: dict) -> dict:
 def _check_page_dir(plan, page_dir: str) -> None:
     """A plan that pages to flash needs a page folder it can write: refused before the capture
     (tens of seconds on a board), not at the first page-out."""
+    # torch-free, like everything before the capture (_capture_before_torch)
     from ..daemon.sysinfo import page_dir_status
-    from ..pages.flash import PAGE_DIR_REMEDY
-    from .stores import tiers_used
-    if "flash" not in tiers_used(plan):
+    from ..pages.errors import PAGE_DIR_REMEDY
+    if "flash" not in plan.tiers_used():
         return
     status = page_dir_status(Path(page_dir))
     if not status["ok"]:

@@ -25,10 +25,6 @@ from .errors import BadInput, ExecutorError
 from .updates import ParameterHome, homed_parameters
 
 
-def tiers_used(plan: Plan) -> set[str]:
-    return {ins.tier for ins in plan.instructions() if ins.op == "page_out"}
-
-
 def paged_bytes_by_tier(plan: Plan, graph: Graph) -> dict[str, int]:
     """The most each tier holds in a step: pages stay until the step ends."""
     nodes: dict[str, set] = {}
@@ -47,7 +43,7 @@ def open_stores(plan: Plan, graph: Graph, page_dir: str | None,
     stores: dict[str, PageStore] = {}
     opened: list[PageStore] = []
     try:
-        for tier in sorted(tiers_used(plan)):
+        for tier in sorted(plan.tiers_used()):
             if tier in given:
                 stores[tier] = given[tier]
             elif tier == "flash":
@@ -176,7 +172,7 @@ def host_link_store(plan: Plan, address: str | None,
     in the run job's `host_pages` param), connected now; None when the plan does not page to
     host or no address is given (open_stores then keeps host pages in this process). A link
     that drops later is waited for up to `wait_s` (None: the client's default)."""
-    if not address or "host" not in tiers_used(plan):
+    if not address or "host" not in plan.tiers_used():
         return None
     from ..pages.link import connect_store
     from ..pages.service import WAIT_S

@@ -60,6 +60,10 @@ class Plan:
         for stage in self.stages:
             yield from stage
 
+    def tiers_used(self) -> set[str]:
+        """The tiers the plan pages out to."""
+        return {ins.tier for ins in self.instructions() if ins.op == "page_out"}
+
     @property
     def runtime_warm_bytes(self) -> int:
         """What the ops' first calls leave to the process, as the plan counted it in its fixed

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from typing import Hashable
 
+# What to do about a page folder that cannot hold pages (flash.py; the run job checks it
+# before the capture, executor/jobs.py, without torch).
+PAGE_DIR_REMEDY = ("point page_dir at a writable folder on the board: [hardware] page_dir in "
+                   "the device config (or --page-dir); `edge-remat devices NAME --check` "
+                   "checks it")
+
 
 class PageStoreError(RuntimeError):
     """Base class of every page-store failure."""

@@ -37,7 +37,8 @@ import torch
 
 from .base import IndexedPageStore
 from .codec import EncodedPage, encode, read_from
-from .errors import PageCorrupted, PageMissing, PageStoreError, PageStoreFull
+from .errors import (PAGE_DIR_REMEDY, PageCorrupted, PageMissing, PageStoreError,
+                     PageStoreFull)
 
 try:
     import fcntl
@@ -53,10 +54,6 @@ STORE_DIRECTORY = re.compile(re.escape(STORE_PREFIX) + r"[0-9]+-[0-9a-f]{8}")
 
 # The one remedy for a page folder the board cannot use (the run job checks it before the
 # capture too, with these words).
-PAGE_DIR_REMEDY = ("point page_dir at a writable folder on the board: [hardware] page_dir in "
-                   "the device config (or --page-dir); `edge-remat devices NAME --check` "
-                   "checks it")
-
 
 class FlashStore(IndexedPageStore):
     tier = "flash"
