@@ -200,10 +200,11 @@ def test_over_ssh_a_dropped_connection_mid_run_reconnects_and_the_run_finishes(t
 def test_a_board_too_small_to_capture_says_so_with_the_out_of_memory_status(tmp_path):
     """Before, a capture the kernel killed read 'killed by the memory limit at step 1' (run) or
     'capturing ... failed (exit status -9): no message', exit 1 (deploy)."""
-    code, out, err = cli("run", "--device", "local", "--memory-limit", "150MiB",
-                         "--model", "digits-cnn", "--budget", "50%", "--steps", 1,
-                         "--time-limit", 5, "--profile", PROFILE, "--no-plots",
-                         "--out", tmp_path / "tiny")
+    with local_board(tmp_path, "tiny-board"):
+        code, out, err = cli("run", "--device", "tiny-board", "--memory-limit", "150MiB",
+                             "--model", "digits-cnn", "--budget", "50%", "--steps", 1,
+                             "--time-limit", 5, "--profile", PROFILE, "--no-plots",
+                             "--out", tmp_path / "tiny")
     assert code == 4, (out, err)
     assert "while capturing the graph on the board (before step 1)" in out, out
     assert "warning: the budget" in err  # 50% of plain PyTorch is more than 150 MiB

@@ -166,3 +166,18 @@ def test_outputs_an_earlier_run_left_and_this_one_did_not_write_are_removed(tmp_
     _remove_earlier_outputs(tmp_path, started, said.append)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "plan.json"]
     assert "memory.png, sweep.json" in said[0]
+
+
+def test_each_device_config_emulates_its_board_in_a_workdir_of_its_own(tmp_path):
+    """`--memory-limit` moved every local device to one fixed workdir, so two emulated boards
+    (a user's run and another's, or two test boards) could take each other's daemon: the
+    suite once failed with 'an agent daemon already runs for ... outside the memory limit'."""
+    from edge_remat.devices import load_device, write_local_device
+    from edge_remat.transport.emulated import emulated_device
+    one = load_device(write_local_device(tmp_path, "one", tmp_path / "one"))
+    two = load_device(write_local_device(tmp_path, "two", tmp_path / "two"))
+    limited = [emulated_device(d, 2**30).connection.workdir for d in (one, two)]
+    assert limited == [str(tmp_path / "one") + "-limited", str(tmp_path / "two") + "-limited"]
+    already = load_device(write_local_device(tmp_path, "three", tmp_path / "three",
+                                             memory_limit_bytes=2**29))
+    assert emulated_device(already, 2**30).connection.workdir == str(tmp_path / "three")

@@ -18,20 +18,19 @@ from ..errors import UserError
 from .errors import TransportError
 from .local import LocalTransport
 
-EMULATED_WORKDIR = "~/.cache/edge-remat/local-limited"
-
-
 def emulated_device(device: DeviceConfig, memory_limit_bytes: int) -> DeviceConfig:
     """`device` (kind local) as an emulated board with this limit. A device that had no limit
-    moves to a workdir of its own: a daemon already running there outside any limit must not
-    be reused."""
+    moves to a workdir of its own beside its own (WORKDIR-limited): a daemon already running
+    there outside any limit must not be reused, and one shared by every device config (it was
+    one fixed folder) let two emulated boards' runs take each other's daemon."""
     if device.connection.kind != "local":
         raise UserError(f"--memory-limit emulates a board on this machine; {device.name} "
                         f"is reached over {device.connection.kind} (its own RAM is its "
                         "limit): use --device local or emulated-board")
     connection = device.connection
     if not device.hardware.memory_limit_bytes:
-        connection = dataclasses.replace(connection, workdir=EMULATED_WORKDIR)
+        connection = dataclasses.replace(connection,
+                                         workdir=connection.workdir.rstrip("/") + "-limited")
     hardware = dataclasses.replace(device.hardware, memory_limit_bytes=int(memory_limit_bytes))
     return dataclasses.replace(device, connection=connection, hardware=hardware)
 
