@@ -154,6 +154,7 @@ def test_a_link_that_stays_down_is_one_error_with_a_remedy():
     with PageService() as service:
         relay = Relay((service.host, service.port))
         client = PageClient(f"127.0.0.1:{relay.port}", wait_s=1.0).connect()
+        client.stats()  # a round trip: the relay has bridged the connection before the cut
         relay.cut()
         started = time.monotonic()
         with pytest.raises(PageServiceError) as gave_up:
