@@ -6,7 +6,9 @@ lays the plan out in an arena, and runs, each on the device:
 
   eager     plain PyTorch training (`run_plain`)
   ours      the plan, tensors from PyTorch's caching allocator (the default executor)
-  arena     the plan, every planned tensor in one `torch.empty` on the device
+  arena     the plan, every planned tensor in one `torch.empty` (with --device cpu only:
+            the executor refuses the arena on a CUDA device, where an H100 gave wrong
+            gradients; see docs/boards.md)
   paged     (--paging) a plan that pages to host memory at 30%, overlapped on a CUDA stream
 
 and prints per row: the planned peak, the device's peak of allocated bytes (the caching
@@ -169,7 +171,10 @@ def run_row(name: str, shape: dict, budget: str, steps: int, device: str, time_l
                       model=(captured.module, captured.example_args))
     rows.append({"run": "eager", **measured(eager, skip_first=True), "pages": 0})
     rows[-1]["bitwise"] = "twice: " + eager_twice(name, shape, device)
-    runs = [("ours", "glibc")] + ([("arena", "arena")] if paging == "none" else [])
+    # The arena runs on the CPU only (run_plan refuses it on a device: an H100 gave wrong
+    # gradients with it, docs/boards.md); asking for it there lost the row's other runs.
+    arena = paging == "none" and not device.startswith("cuda")
+    runs = [("ours", "glibc")] + ([("arena", "arena")] if arena else [])
     for label, allocator in runs:
         captured = capture_model(name, **shape)  # each run trains its own
         fresh(device)
