@@ -83,4 +83,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from edge_remat.errors import run_script
+    run_script(main)  # a failure ends in one `error:` line, as the CLI's do

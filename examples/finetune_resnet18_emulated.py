@@ -58,4 +58,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from edge_remat.errors import run_script
+    run_script(main)  # a failure ends in one `error:` line, as the CLI's do

@@ -72,3 +72,17 @@ def test_the_jetson_example_plans_the_users_model_and_an_onnx_file(tmp_path):
     assert result.stdout.count("valid plan") == 2
     for name in ("my_model", "small_cnn_onnx"):
         assert (tmp_path / f"{name}.plan.json").exists()
+
+
+def test_an_example_that_cannot_reach_its_board_ends_in_one_line(tmp_path):
+    """The examples ended in a 25-line traceback (BoardUnreachable) where the CLI says one
+    line; now the same line and exit status 3."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "finetune_digits.py"
+    device = tmp_path / "far.toml"  # a board at an address that routes nowhere (TEST-NET-1)
+    device.write_text('name = "far"\n[connection]\nkind = "ssh"\nhost = "192.0.2.1"\n'
+                      "connect_timeout_s = 2\n")
+    done = subprocess.run([sys.executable, str(example), "--device", str(device), "--no-limit",
+                           "--budget", "40%", "--steps", "1", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr

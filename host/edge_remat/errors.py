@@ -125,6 +125,20 @@ def fail(message: str, code: int, as_json: bool = False, **extra) -> None:
     raise typer.Exit(code)
 
 
+def run_script(main) -> None:
+    """End an example's `main()` as the CLI ends a command: its return value is the exit
+    status; a failure is one `error:` line and its status (EDGE_REMAT_DEBUG=1: the
+    traceback), not a traceback a reader of the example must dig the reason out of."""
+    try:
+        code = main()
+    except BaseException as exc:  # noqa: BLE001 - the script's one exit
+        if isinstance(exc, SystemExit) or debug_enabled():
+            raise
+        code, message, _ = classify(exc)
+        print(f"error: {message}", file=sys.stderr)
+    sys.exit(code or 0)
+
+
 def cli_errors(command):
     """Decorate a command: any exception becomes `fail(...)`; --debug re-raises it."""
     @functools.wraps(command)
