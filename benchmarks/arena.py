@@ -238,7 +238,7 @@ def _memory_stat(path: Path) -> dict[str, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small shapes")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--budgets", default="0.5,floor")

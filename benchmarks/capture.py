@@ -42,7 +42,7 @@ RESNET50_LIMIT_S = 10.0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes")
     parser.add_argument("--real", action="store_true",
                         help="zoo + transformers + PEFT + recurrent models, with planned runs")

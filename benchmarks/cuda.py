@@ -214,7 +214,7 @@ def _over(value, planned) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--budgets", default="0.5,0.25")

@@ -1129,7 +1129,7 @@ def _report(title, graph, plain, model_plain, budgets, eager, references, forms_
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, fewer compilations")
     parser.add_argument("--models", help="comma-separated subset: resnet18,bert-mini")
     parser.add_argument("--fractions", help="budget fractions of eager's activation peak, 0 "

@@ -40,7 +40,7 @@ FRACTION = 0.6  # --rss budget
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller batches")
     parser.add_argument("--rss", action="store_true",
                         help="resident peaks of three models, each run in a fresh process")

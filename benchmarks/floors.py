@@ -106,7 +106,7 @@ def run_at(captured, smallest: int, steps: int, time_limit: float) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--max-nodes", type=int, default=200)
     parser.add_argument("--home", default="flash", choices=("ram", "flash"))

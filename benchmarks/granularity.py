@@ -46,7 +46,7 @@ def row(model: str, sizes: dict, max_nodes: int | None) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes")
     parser.add_argument("--max-nodes", default=f"{DEFAULT_MAX_NODES},2000",
                         help="node budgets to compare with the module-level grouping")

@@ -176,7 +176,7 @@ def print_row(row: dict) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, fewer rounds")
     parser.add_argument("--models", help="comma-separated subset: resnet18,bert-mini")
     parser.add_argument("--fraction", type=float, default=0.3,

@@ -23,7 +23,7 @@ MB = 1e6
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--page-dir", default=tempfile.gettempdir(),
                         help="directory on the filesystem to measure (default: the temp dir)")
     parser.add_argument("--min-size", type=parse_size, default=4 * 2**10)

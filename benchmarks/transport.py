@@ -420,7 +420,7 @@ def _cpu() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=parse_size, default=None,
                         help="bytes moved on each link (default: 32MiB over SSH, 1MiB serial)")
     parser.add_argument("--ssh-size", type=parse_size, default=None)

@@ -5,6 +5,7 @@ And what the commands write into a checkout is ignored by git."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -58,7 +59,11 @@ def test_default_output_folders_are_ignored_in_a_checkout():
 
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("not a git checkout")
-    folders = [run_default("out"), "edge-remat-fleet", "fleet-plans", "jetson-plans"]
+    examples = [m.group(1) for path in (REPO / "examples").glob("*.py")
+                for m in re.finditer(r'add_argument\("--out", default="([^"]+)"',
+                                     path.read_text())]
+    assert "digits-run" in examples  # the pattern still finds the examples' defaults
+    folders = [run_default("out"), "edge-remat-fleet", "fleet-plans", "jetson-plans", *examples]
     for folder in folders:
         probe = f"{folder}/report.json"
         ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", probe])
