@@ -112,6 +112,14 @@ def local_config(configs: Path, name: str, connection: str = "", hardware: str =
         f'[hardware]\nsensor = "none"\n{hardware}')
 
 
+def checked(tmp_path, name: str):
+    """`devices NAME --check` on a local_config board; its agent stopped after."""
+    try:
+        return cli("devices", name, "--check")
+    finally:
+        stop_agent(tmp_path / f"board-{name}")
+
+
 def test_devices_check_fails_a_board_without_torch_with_the_install_hint(configs, tmp_path):
     """A local board run by a Python without torch stands in for a board without it. QA: TORCH
     MISSING, and exit 0, while deploy exits 3 on the same board."""
@@ -119,10 +127,7 @@ def test_devices_check_fails_a_board_without_torch_with_the_install_hint(configs
     if python is None:
         pytest.skip("no Python without torch on this machine (install python3 from the OS)")
     local_config(configs, "bare", connection=f'python = "{python}"\n')
-    try:
-        code, out, err = cli("devices", "bare", "--check")
-    finally:
-        stop_agent(tmp_path / "board-bare")
+    code, out, err = checked(tmp_path, "bare")
     assert code == 3 and "failed the check: bare" in err, (out, err)
     assert re.search(r"^bare\s.*\sMISSING\s", out, re.M), out
     assert "bare has no torch" in out and "pip install torch" in out
@@ -134,10 +139,7 @@ def test_devices_check_fails_a_page_dir_that_cannot_hold_pages(configs, tmp_path
     check and failed inside the job, after the capture."""
     (tmp_path / "a-file").write_text("not a folder")
     local_config(configs, "nopages", hardware=f'page_dir = "{tmp_path / where}"\n')
-    try:
-        code, out, err = cli("devices", "nopages", "--check")
-    finally:
-        stop_agent(tmp_path / "board-nopages")
+    code, out, err = checked(tmp_path, "nopages")
     assert code == 3 and "failed the check: nopages" in err, (out, err)
     assert "nopages's page_dir cannot hold pages" in out
     assert "set [hardware] page_dir in" in out and str(configs / "nopages.toml") in out
