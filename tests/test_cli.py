@@ -413,7 +413,7 @@ def test_a_sweep_where_no_budget_plans_is_an_error_and_writes_nothing(cli, tmp_p
 def test_run_help_says_the_real_defaults(cli):
     """--data's help said "digits for digits-cnn, else example" (the llama models get text);
     --budget's did not say that a bare number below 16 is a fraction."""
-    from edge_remat.run.orchestrate import DEFAULT_DATA
+    from edge_remat.run.options import DEFAULT_DATA
     text = " ".join(cli("run", "--help").stdout.replace("│", " ").split())
     for model, data in DEFAULT_DATA.items():
         assert model in text and f"{data} for" in text

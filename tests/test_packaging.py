@@ -55,7 +55,7 @@ def test_the_package_folders_are_the_ones_pyproject_finds():
 def test_default_output_folders_are_ignored_in_a_checkout():
     # `edge-remat run`, `fleet plan` and the examples write these where they run (the checkout's
     # root, as the README runs them): outputs, never files to commit.
-    from edge_remat.run.orchestrate import run_default
+    from edge_remat.run.options import run_default
 
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("not a git checkout")

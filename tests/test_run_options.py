@@ -87,7 +87,7 @@ def test_batches_come_from_a_data_file(tmp_path, monkeypatch):
 
 def test_relative_files_are_made_absolute_for_a_local_board(tmp_path, monkeypatch):
     from edge_remat.devices import find_device
-    from edge_remat.run.orchestrate import RunOptions, for_board
+    from edge_remat.run.options import RunOptions, for_board
     monkeypatch.chdir(tmp_path)
     opts = for_board(RunOptions(device="local", model="my_model.py:make_model",
                                 data="sub/mydata.py:batches"), find_device("local"))
@@ -146,7 +146,7 @@ def test_paging_none_does_not_move_parameters_to_flash(tmp_path):
 
 
 def test_only_paging_that_allows_flash_may_home_parameters_there():
-    from edge_remat.run.orchestrate import flash_allowed
+    from edge_remat.run.options import flash_allowed
     assert [flash_allowed(p) for p in (None, "flash", "both", "host", "none")] == \
         [True, True, True, False, False]
 

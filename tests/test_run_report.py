@@ -178,12 +178,12 @@ def _chosen_cached(tmp_path):
 ])
 def test_a_cached_profile_far_off_the_measured_steps_is_forgotten(tmp_path, steps, predicted,
                                                                    forgotten):
-    from edge_remat.run.orchestrate import _distrust_a_profile_far_off
+    from edge_remat.run.profiles import forget_if_far_off
     chosen, cached = _chosen_cached(tmp_path)
     report = {"step_time_s": steps, "predicted_time_s": predicted, "misses": [],
               "profile": {"how": "cached"}}
     said = []
-    _distrust_a_profile_far_off(report, chosen, said.append)
+    forget_if_far_off(report, chosen, said.append)
     assert cached.exists() is not forgotten
     assert bool(report["profile"].get("forgotten")) is forgotten
     assert any("measures again" in m for m in report["misses"]) is forgotten
@@ -191,12 +191,12 @@ def test_a_cached_profile_far_off_the_measured_steps_is_forgotten(tmp_path, step
 
 
 def test_a_given_profile_is_never_deleted(tmp_path):
-    from edge_remat.run.orchestrate import _distrust_a_profile_far_off
+    from edge_remat.run.profiles import forget_if_far_off
     from edge_remat.run.profiles import ChosenProfile
     given = tmp_path / "mine.json"
     given.write_text("{}")
     report = {"step_time_s": [1.0, 0.05, 0.05], "predicted_time_s": 0.8, "misses": []}
-    _distrust_a_profile_far_off(report, ChosenProfile(None, given, "given"), lambda m: None)
+    forget_if_far_off(report, ChosenProfile(None, given, "given"), lambda m: None)
     assert given.exists() and report["misses"] == []
 
 

@@ -632,7 +632,7 @@ def profile(
 
 # -- end to end: `run` (logic in run/, reports/, transport/emulated.py) -------------------
 
-from .run.orchestrate import DEFAULT_DATA, run_default  # noqa: E402 - light (no torch)
+from .run.options import DEFAULT_DATA, run_default  # noqa: E402 - light (no torch)
 
 # --data's default, from the table `run` uses, so that the help cannot drift from it
 DATA_DEFAULT_HELP = "; ".join(

@@ -13,27 +13,22 @@ the board by design does not have.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from edge_remat_agent.capture import DEFAULT_MAX_NODES
 from edge_remat_agent.formats.fields import dump_json
 from edge_remat_agent.units import counted
 
 from ..devices import DeviceConfig, find_device
-from ..errors import Interrupted, UserError
+from ..errors import Interrupted
 from ..transport import Board, JobFailed, JobOutOfReach
 from ..units import Budget
-from .profiles import ChosenProfile, choose_profile
+from .options import (RunOptions, RunProblem, check_data_fits, check_options, flash_allowed,
+                      for_board, run_data)
+from .profiles import ChosenProfile, choose_profile, forget_if_far_off
 
-# Data a zoo model trains on when --data is not given (the rest repeat their example batch).
-DEFAULT_DATA = {"digits-cnn": "digits", "tinyllama-1.1b-lora": "text",
-                "tinyllama-2l-lora": "text", "llama-tiny-lora": "text"}
 # With a memory limit and no --budget, the plan gets what is left after the runtime's own memory
 # (interpreter + torch, from the profile) and this headroom: the agent daemon and its relay, the
 # executor's re-capture of the graph, and allocator slack, none of which the plan models.
@@ -41,172 +36,6 @@ RUNTIME_HEADROOM_BYTES = 160 * 2**20
 DEFAULT_RUNTIME_BYTES = 300 * 2**20
 
 Say = Callable[[str], None]
-
-
-@dataclass
-class RunOptions:
-    device: str
-    model: str
-    budget: Optional[Budget] = None  # text is read once, here (Budget.parse)
-    objective: str = "time"
-    deadline: Optional[float] = None
-    steps: int = 10
-    data: Optional[str] = None
-    memory_limit: Optional[int] = None
-    plain: bool = False
-    batch: Optional[int] = None
-    image: Optional[int] = None
-    seq: Optional[int] = None
-    seed: int = 0
-    optimizer: str = "sgd"
-    lr: Optional[float] = None
-    max_nodes: int = DEFAULT_MAX_NODES
-    params_home: str = "auto"  # ram | flash | auto (decided against the budget)
-    train: Optional[list] = None  # parameter name patterns to train; None: as the model comes
-    profile: Optional[str] = None
-    reprofile: bool = False
-    paging: Optional[str] = None
-    solver: str = "auto"
-    time_limit: float = 10.0
-    sweep: Optional[str] = None
-    out: str = "edge-remat-run"
-    plots: bool = True
-    check_gradients: bool = True
-    keep_running: bool = False  # Ctrl-C leaves the board's job running instead of cancelling
-    extra: dict = field(default_factory=dict)  # more params for the board's job
-    allocator: str = "glibc"  # the executor's: glibc | arena (the plan's arena layout)
-
-    def __post_init__(self) -> None:
-        if self.budget is not None:
-            self.budget = Budget.parse(self.budget)
-
-    @property
-    def model_info(self) -> dict:
-        return {"model": self.model, "batch": self.batch, "image": self.image, "seq": self.seq,
-                "seed": self.seed, "optimizer": self.optimizer, "train": self.train}
-
-
-def run_default(name: str):
-    """A RunOptions field's default: `edge-remat run` shows and uses this one value."""
-    return RunOptions.__dataclass_fields__[name].default
-
-
-class RunProblem(UserError):
-    """Options that cannot make a run (e.g. a budget nothing is left for); exit status 2."""
-
-
-def check_options(opts: RunOptions, device: DeviceConfig) -> None:
-    """Every option that can be checked before the capture, the profile and the solve (each
-    of which takes seconds to minutes) is checked here."""
-    import math
-
-    from ..checks import check_solver_options
-    from ..planner.build import PAGING_CHOICES
-    from ..sweep import parse_sweep
-
-    if opts.optimizer not in ("sgd", "adamw"):
-        raise RunProblem(f"unknown optimizer {opts.optimizer!r} (sgd | adamw)")
-    if opts.steps < 1:
-        raise RunProblem(f"--steps must be at least 1, not {opts.steps}")
-    if opts.lr is not None and not (math.isfinite(opts.lr) and opts.lr > 0):
-        raise RunProblem(f"--lr must be a positive number, not {opts.lr:g}")
-    if opts.paging is not None and opts.paging not in PAGING_CHOICES:
-        raise RunProblem(f"unknown --paging {opts.paging!r}: use one of "
-                         f"{', '.join(PAGING_CHOICES)}")
-    check_link_pages(opts.paging, device)
-    check_data(run_data(opts), device)
-    if opts.plain:
-        return
-    check_solver_options(opts.solver, opts.time_limit, None)
-    if opts.params_home == "flash" and not flash_allowed(opts.paging):
-        raise RunProblem(f"--params-home flash reads the parameters from flash every step, "
-                         f"which is paging, and --paging {opts.paging} rules flash out: use "
-                         f"--paging flash (or both), or --params-home ram")
-    if opts.budget is None and not device.hardware.memory_limit_bytes:
-        raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
-    if opts.sweep:
-        parse_sweep(opts.sweep)
-    if opts.profile:
-        from edge_remat_agent.formats import load_profile
-        if load_profile(opts.profile).plan_only:
-            raise RunProblem(f"{opts.profile} is a plan-only profile (a board no agent runs "
-                             "on): plan with it (`edge-remat plan --profile`), but run with the "
-                             "board's own profile, measured or modelled")
-
-
-def check_link_pages(paging: Optional[str], device: DeviceConfig) -> None:
-    """Host pages travel over the board's link, which a serial link cannot carry (it holds
-    the agent's frames only; transport/host_pages.py): refused before the capture and the
-    plan, from the device config, rather than at the run job after them."""
-    from ..planner.build import PAGING_CHOICES
-    if "host" in PAGING_CHOICES.get(paging or "none", ()) and \
-            device.connection.kind == "serial":
-        raise RunProblem(f"--paging {paging} pages to this host over the board's link, and "
-                         f"{device.name} is reached over serial, which cannot carry pages: "
-                         "use --paging flash (or none), or reach the board over SSH")
-
-
-def run_data(opts: RunOptions) -> str:
-    """The data spec the run trains on: --data, else the model's default."""
-    return opts.data or DEFAULT_DATA.get(opts.model, "example")
-
-
-def check_data(spec: str, device: DeviceConfig) -> None:
-    """A data spec the board cannot read is refused here, not after the capture, the profile
-    and the plan: the agent's own table of data names, and a data file this host can see."""
-    from edge_remat_agent.data import DataError, check_data_spec, load_data_function
-    from edge_remat_agent.user_code import spec_file
-    try:
-        check_data_spec(spec)
-        if spec_file(spec) is not None and shares_files(device):
-            load_data_function(spec)  # imported, not called: the file and the function exist
-    except DataError as exc:
-        raise RunProblem(str(exc)) from None
-
-
-def check_data_fits(spec: str, example_args: tuple) -> None:
-    """Bundled data that cannot feed the model (digits for a 3x32x32 model, text for images)
-    is refused once the capture has the model's example arguments, before the profile and the
-    plan, rather than on the board after them."""
-    from edge_remat_agent.data import DataError, check_data_fits as first_batch_fits
-    try:
-        first_batch_fits(spec, example_args)
-    except DataError as error:
-        raise RunProblem(f"--data {spec} cannot feed this model: {error}") from None
-
-
-def shares_files(device: DeviceConfig) -> bool:
-    """A local board (emulated ones included) reads this host's files; others have their own."""
-    return device.connection.kind == "local"
-
-
-def flash_allowed(paging: Optional[str]) -> bool:
-    """Whether --paging lets anything live on flash (by default the profile's tiers decide)."""
-    from ..planner.build import PAGING_CHOICES
-    return paging is None or "flash" in PAGING_CHOICES.get(paging, ())
-
-
-def for_board(opts: RunOptions, device: DeviceConfig) -> RunOptions:
-    """The options with the user's files (a MODULE:FACTORY model, a MODULE:FUNCTION data
-    module) named by absolute paths: the board reads them in another working directory."""
-    return dataclasses.replace(opts, model=absolute_file_spec(opts.model, "--model", device),
-                               data=absolute_file_spec(run_data(opts), "--data", device))
-
-
-def absolute_file_spec(spec: str, option: str, device: DeviceConfig) -> str:
-    """`dir/mine.py:NAME` -> `/cwd/dir/mine.py:NAME` for a board that shares this host's files;
-    a relative path is refused for one that does not (it would mean the board's own folder).
-    An hf: spec is left to the capture, which makes its paths absolute (canonical_spec)."""
-    from edge_remat_agent.user_code import spec_file  # the agent's rule for what names a file
-    path = None if spec.startswith("hf:") else spec_file(spec)
-    if path is None or os.path.isabs(path):
-        return spec
-    if not shares_files(device):
-        raise RunProblem(f"{option} {spec}: {device.name} is reached over "
-                         f"{device.connection.kind} and reads {path} from its own disk, where "
-                         f"a relative path means nothing; give the absolute path the file has "
-                         f"on the board (and, for a model, the same one on this host)")
-    return os.path.abspath(path) + spec[len(path):]
 
 
 def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
@@ -388,36 +217,10 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           memory_limit_bytes=device.hardware.memory_limit_bytes,
                           plain_peak_bytes=plain_peak, profile=chosen.summary(),
                           paths={"graph": str(graph_path), "plan": str(plan_path)}, **outcome)
-    _distrust_a_profile_far_off(report, chosen, say)
+    forget_if_far_off(report, chosen, say)
     if opts.plots:
         report["plots"] = _draw(graph, plan_path, report, out, chosen.profile)
     return report
-
-
-# A measured profile whose steps run this many times faster or slower than it predicted was
-# not measured as the run trains (a busy machine, other shapes): the planned run's own misses
-# are within 1.1-1.7x here; a profile measured beside other heavy work missed by 16-53x.
-PROFILE_TRUST_RATIO = 3.0
-
-
-def _distrust_a_profile_far_off(report: dict, chosen: ChosenProfile, say: Say) -> None:
-    """Take a cached profile whose prediction missed the steady steps by more than
-    PROFILE_TRUST_RATIO out of the cache, and say so: otherwise every later run plans on it."""
-    from ..reports.run_report import steady_median
-    steps = report.get("step_time_s") or []
-    typical, _ = steady_median(steps)
-    predicted = report.get("predicted_time_s")
-    if len(steps) < 2 or not typical or not predicted:
-        return  # a first step alone pays the warm-up: no verdict from it
-    ratio = typical / predicted
-    if 1 / PROFILE_TRUST_RATIO <= ratio <= PROFILE_TRUST_RATIO or not chosen.forget():
-        return
-    note = (f"the profile predicted {predicted:.3g} s a step and the steps took {typical:.3g} s "
-            f"({ratio:.2f}x): it was likely measured while this machine was busy, or for "
-            "other shapes; it is out of the profile cache now, so the next run measures again")
-    report["misses"] = [*report.get("misses", []), note]
-    report["profile"] = {**report.get("profile", {}), "forgotten": True}
-    say(f"warning: {note}")
 
 
 # -- planning ------------------------------------------------------------------------------

@@ -142,3 +142,31 @@ def _measure(board, model: dict, graph_path: Path, out_dir: Path,
     if not fetched:
         raise RuntimeError(f"the profile job on {board.name} returned no profile file")
     return fetched[0]
+
+
+# A measured profile whose steps run this many times faster or slower than it predicted was
+# not measured as the run trains (a busy machine, other shapes): the planned run's own misses
+# are within 1.1-1.7x here; a profile measured beside other heavy work missed by 16-53x.
+PROFILE_TRUST_RATIO = 3.0
+
+
+def forget_if_far_off(report: dict, chosen: ChosenProfile,
+                      say: Callable[[str], None]) -> None:
+    """Take a cached profile whose prediction missed the steady steps by more than
+    PROFILE_TRUST_RATIO out of the cache, and say so: otherwise every later run plans on it."""
+    from ..reports.run_report import steady_median
+    steps = report.get("step_time_s") or []
+    typical, _ = steady_median(steps)
+    predicted = report.get("predicted_time_s")
+    if len(steps) < 2 or not typical or not predicted:
+        return  # a first step alone pays the warm-up: no verdict from it
+    ratio = typical / predicted
+    if 1 / PROFILE_TRUST_RATIO <= ratio <= PROFILE_TRUST_RATIO or not chosen.forget():
+        return
+    note = (f"the profile predicted {predicted:.3g} s a step and the steps took {typical:.3g} s "
+            f"({ratio:.2f}x): it was likely measured while this machine was busy, or for "
+            "other shapes; it is out of the profile cache now, so the next run measures again")
+    report["misses"] = [*report.get("misses", []), note]
+    report["profile"] = {**report.get("profile", {}), "forgotten": True}
+    say(f"warning: {note}")
+

@@ -1,0 +1,185 @@
+"""What `edge-remat run` is asked for (RunOptions) and every check that can be made of it
+before any work: options, the data spec, the link's kind, files the board must read."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from edge_remat_agent.capture import DEFAULT_MAX_NODES
+
+from ..devices import DeviceConfig
+from ..errors import UserError
+from ..units import Budget
+
+# Data a zoo model trains on when --data is not given (the rest repeat their example batch).
+DEFAULT_DATA = {"digits-cnn": "digits", "tinyllama-1.1b-lora": "text",
+                "tinyllama-2l-lora": "text", "llama-tiny-lora": "text"}
+
+
+@dataclass
+class RunOptions:
+    device: str
+    model: str
+    budget: Optional[Budget] = None  # text is read once, here (Budget.parse)
+    objective: str = "time"
+    deadline: Optional[float] = None
+    steps: int = 10
+    data: Optional[str] = None
+    memory_limit: Optional[int] = None
+    plain: bool = False
+    batch: Optional[int] = None
+    image: Optional[int] = None
+    seq: Optional[int] = None
+    seed: int = 0
+    optimizer: str = "sgd"
+    lr: Optional[float] = None
+    max_nodes: int = DEFAULT_MAX_NODES
+    params_home: str = "auto"  # ram | flash | auto (decided against the budget)
+    train: Optional[list] = None  # parameter name patterns to train; None: as the model comes
+    profile: Optional[str] = None
+    reprofile: bool = False
+    paging: Optional[str] = None
+    solver: str = "auto"
+    time_limit: float = 10.0
+    sweep: Optional[str] = None
+    out: str = "edge-remat-run"
+    plots: bool = True
+    check_gradients: bool = True
+    keep_running: bool = False  # Ctrl-C leaves the board's job running instead of cancelling
+    extra: dict = field(default_factory=dict)  # more params for the board's job
+    allocator: str = "glibc"  # the executor's: glibc | arena (the plan's arena layout)
+
+    def __post_init__(self) -> None:
+        if self.budget is not None:
+            self.budget = Budget.parse(self.budget)
+
+    @property
+    def model_info(self) -> dict:
+        return {"model": self.model, "batch": self.batch, "image": self.image, "seq": self.seq,
+                "seed": self.seed, "optimizer": self.optimizer, "train": self.train}
+
+
+def run_default(name: str):
+    """A RunOptions field's default: `edge-remat run` shows and uses this one value."""
+    return RunOptions.__dataclass_fields__[name].default
+
+
+class RunProblem(UserError):
+    """Options that cannot make a run (e.g. a budget nothing is left for); exit status 2."""
+
+
+def check_options(opts: RunOptions, device: DeviceConfig) -> None:
+    """Every option that can be checked before the capture, the profile and the solve (each
+    of which takes seconds to minutes) is checked here."""
+    import math
+
+    from ..checks import check_solver_options
+    from ..planner.build import PAGING_CHOICES
+    from ..sweep import parse_sweep
+
+    if opts.optimizer not in ("sgd", "adamw"):
+        raise RunProblem(f"unknown optimizer {opts.optimizer!r} (sgd | adamw)")
+    if opts.steps < 1:
+        raise RunProblem(f"--steps must be at least 1, not {opts.steps}")
+    if opts.lr is not None and not (math.isfinite(opts.lr) and opts.lr > 0):
+        raise RunProblem(f"--lr must be a positive number, not {opts.lr:g}")
+    if opts.paging is not None and opts.paging not in PAGING_CHOICES:
+        raise RunProblem(f"unknown --paging {opts.paging!r}: use one of "
+                         f"{', '.join(PAGING_CHOICES)}")
+    check_link_pages(opts.paging, device)
+    check_data(run_data(opts), device)
+    if opts.plain:
+        return
+    check_solver_options(opts.solver, opts.time_limit, None)
+    if opts.params_home == "flash" and not flash_allowed(opts.paging):
+        raise RunProblem(f"--params-home flash reads the parameters from flash every step, "
+                         f"which is paging, and --paging {opts.paging} rules flash out: use "
+                         f"--paging flash (or both), or --params-home ram")
+    if opts.budget is None and not device.hardware.memory_limit_bytes:
+        raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
+    if opts.sweep:
+        parse_sweep(opts.sweep)
+    if opts.profile:
+        from edge_remat_agent.formats import load_profile
+        if load_profile(opts.profile).plan_only:
+            raise RunProblem(f"{opts.profile} is a plan-only profile (a board no agent runs "
+                             "on): plan with it (`edge-remat plan --profile`), but run with the "
+                             "board's own profile, measured or modelled")
+
+
+def check_link_pages(paging: Optional[str], device: DeviceConfig) -> None:
+    """Host pages travel over the board's link, which a serial link cannot carry (it holds
+    the agent's frames only; transport/host_pages.py): refused before the capture and the
+    plan, from the device config, rather than at the run job after them."""
+    from ..planner.build import PAGING_CHOICES
+    if "host" in PAGING_CHOICES.get(paging or "none", ()) and \
+            device.connection.kind == "serial":
+        raise RunProblem(f"--paging {paging} pages to this host over the board's link, and "
+                         f"{device.name} is reached over serial, which cannot carry pages: "
+                         "use --paging flash (or none), or reach the board over SSH")
+
+
+def run_data(opts: RunOptions) -> str:
+    """The data spec the run trains on: --data, else the model's default."""
+    return opts.data or DEFAULT_DATA.get(opts.model, "example")
+
+
+def check_data(spec: str, device: DeviceConfig) -> None:
+    """A data spec the board cannot read is refused here, not after the capture, the profile
+    and the plan: the agent's own table of data names, and a data file this host can see."""
+    from edge_remat_agent.data import DataError, check_data_spec, load_data_function
+    from edge_remat_agent.user_code import spec_file
+    try:
+        check_data_spec(spec)
+        if spec_file(spec) is not None and shares_files(device):
+            load_data_function(spec)  # imported, not called: the file and the function exist
+    except DataError as exc:
+        raise RunProblem(str(exc)) from None
+
+
+def check_data_fits(spec: str, example_args: tuple) -> None:
+    """Bundled data that cannot feed the model (digits for a 3x32x32 model, text for images)
+    is refused once the capture has the model's example arguments, before the profile and the
+    plan, rather than on the board after them."""
+    from edge_remat_agent.data import DataError, check_data_fits as first_batch_fits
+    try:
+        first_batch_fits(spec, example_args)
+    except DataError as error:
+        raise RunProblem(f"--data {spec} cannot feed this model: {error}") from None
+
+
+def shares_files(device: DeviceConfig) -> bool:
+    """A local board (emulated ones included) reads this host's files; others have their own."""
+    return device.connection.kind == "local"
+
+
+def flash_allowed(paging: Optional[str]) -> bool:
+    """Whether --paging lets anything live on flash (by default the profile's tiers decide)."""
+    from ..planner.build import PAGING_CHOICES
+    return paging is None or "flash" in PAGING_CHOICES.get(paging, ())
+
+
+def for_board(opts: RunOptions, device: DeviceConfig) -> RunOptions:
+    """The options with the user's files (a MODULE:FACTORY model, a MODULE:FUNCTION data
+    module) named by absolute paths: the board reads them in another working directory."""
+    return dataclasses.replace(opts, model=absolute_file_spec(opts.model, "--model", device),
+                               data=absolute_file_spec(run_data(opts), "--data", device))
+
+
+def absolute_file_spec(spec: str, option: str, device: DeviceConfig) -> str:
+    """`dir/mine.py:NAME` -> `/cwd/dir/mine.py:NAME` for a board that shares this host's files;
+    a relative path is refused for one that does not (it would mean the board's own folder).
+    An hf: spec is left to the capture, which makes its paths absolute (canonical_spec)."""
+    from edge_remat_agent.user_code import spec_file  # the agent's rule for what names a file
+    path = None if spec.startswith("hf:") else spec_file(spec)
+    if path is None or os.path.isabs(path):
+        return spec
+    if not shares_files(device):
+        raise RunProblem(f"{option} {spec}: {device.name} is reached over "
+                         f"{device.connection.kind} and reads {path} from its own disk, where "
+                         f"a relative path means nothing; give the absolute path the file has "
+                         f"on the board (and, for a model, the same one on this host)")
+    return os.path.abspath(path) + spec[len(path):]
