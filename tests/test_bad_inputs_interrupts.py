@@ -384,3 +384,35 @@ def test_giving_up_on_the_link_names_the_job_and_the_way_back(tmp_path, monkeypa
     finally:
         stop_agent(workdir)
         sshd.stop()
+
+
+def test_the_way_back_to_a_job_on_a_board_emulated_by_memory_limit_reaches_it(tmp_path):
+    """`run --device D --memory-limit` emulates a board in a workdir of its own; the come-back
+    lines named `--device D` alone, whose agent is another, so job-status did not find the
+    job. They now carry --memory-limit, which job-status and job-cancel take."""
+    import re
+    import shlex
+
+    from edge_remat.cgroup import unavailable_reason
+    from edge_remat.devices import find_device
+    from edge_remat.transport.emulated import emulated_device, remove_board_cgroup
+    from helpers.board_fixtures import local_board
+    if unavailable_reason() is not None:
+        pytest.skip(f"no memory cgroup: {unavailable_reason()}")
+    with local_board(tmp_path, "plain-local"):
+        device = emulated_device(find_device("plain-local"), 2**30)
+        try:
+            proc = _start("run", "--device", "plain-local", "--memory-limit", "1GiB",
+                          "--model", "mlp", "--plain", "--steps", "1000000", "--keep-running",
+                          "--out", tmp_path / "run")
+            seen = _wait_for_line(proc, "/1000000:")
+            line = refused(_interrupt(proc, seen), INTERRUPTED, "keeps running")
+            status, cancel = re.findall(r"`edge-remat ([^`]+)`", line)
+            assert "--memory-limit 1073741824" in status, line
+            done = cli(*shlex.split(status.replace(" --wait", "")) + ["--json"],
+                       environ=env())
+            assert json.loads(done.stdout.splitlines()[-1])["status"] == "running", done
+            assert cli(*shlex.split(cancel), environ=env()).returncode == 0
+        finally:
+            stop_agent(device.connection.workdir)
+            remove_board_cgroup(device)

@@ -467,6 +467,21 @@ def job(
         print_outcome(record, as_json, board)
 
 
+EMULATED_BOARD_HELP = ("the board `run --memory-limit` emulated on this machine (its agent "
+                       "works in a folder of its own)")
+
+
+def _device(name: str, memory_limit: Optional[str]):
+    """The device config NAME, or the board `run --device NAME --memory-limit` emulated."""
+    from .devices import find_device
+    from .transport.emulated import emulated_device
+    from .units import parse_size
+    device = find_device(name)
+    if memory_limit:
+        device = emulated_device(device, int(parse_size(memory_limit, "--memory-limit")))
+    return device
+
+
 @app.command("job-status")
 @cli_errors
 @sigterm_as_ctrl_c()  # SIGTERM stops waiting as Ctrl-C does
@@ -475,10 +490,11 @@ def job_status(
     device: str = typer.Option(..., "--device", help="device name or config path"),
     wait: bool = typer.Option(False, "--wait", help="wait until the job is done"),
     out: Optional[str] = typer.Option(None, "--out", help="fetch its output files here"),
+    memory_limit: Optional[str] = typer.Option(None, "--memory-limit",
+                                               help=EMULATED_BOARD_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Come back for a job: its state, progress and result (the board keeps them)."""
-    from .devices import find_device
     from .errors import Interrupted
     from .outputs import output_folder
     from .remote import print_outcome, show_progress, to_stderr
@@ -486,7 +502,7 @@ def job_status(
 
     if out:
         output_folder(out)
-    with Board(find_device(device), on_event=to_stderr) as board:
+    with Board(_device(device, memory_limit), on_event=to_stderr) as board:
         try:
             record = (board.wait(job_id, None if as_json else show_progress) if wait
                       else board.job(job_id))
@@ -507,16 +523,17 @@ def job_status(
 def job_cancel(
     job_id: str = typer.Argument(..., metavar="ID"),
     device: str = typer.Option(..., "--device", help="device name or config path"),
+    memory_limit: Optional[str] = typer.Option(None, "--memory-limit",
+                                               help=EMULATED_BOARD_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Cancel a job on the board (queued: dropped; running: stopped, its files kept)."""
-    from .devices import find_device
     from .remote import to_stderr
     from .transport import Board
     from .transport.board import CANCEL_WAIT_S
     from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
-    with Board(find_device(device), on_event=to_stderr) as board:
+    with Board(_device(device, memory_limit), on_event=to_stderr) as board:
         record = board.cancel(job_id)
         if record["state"] not in TERMINAL_STATES:
             record = board.wait(job_id, timeout_s=CANCEL_WAIT_S)

@@ -258,6 +258,9 @@ class Board:
     def come_back(self, job_id: str, out_dir: "str | Path | None" = None) -> str:
         """The commands that come back for a job this command no longer waits on."""
         device = self.device.name
+        limit = self.device.hardware.memory_limit_bytes
+        if limit and self.device.connection.kind == "local":  # an emulated board: its own agent
+            device += f" --memory-limit {limit}"
         fetch = f" --out {shlex.quote(str(out_dir))}" if out_dir is not None else ""
         return (f"`edge-remat job-status {job_id} --device {device} --wait{fetch}` comes back "
                 f"for it, `edge-remat job-cancel {job_id} --device {device}` stops it")
