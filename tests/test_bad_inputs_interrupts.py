@@ -416,3 +416,21 @@ def test_the_way_back_to_a_job_on_a_board_emulated_by_memory_limit_reaches_it(tm
         finally:
             stop_agent(device.connection.workdir)
             remove_board_cgroup(device)
+
+
+def test_ctrl_c_during_devices_check_of_a_silent_port_ends_at_once(tmp_path):
+    """The checks ran in a thread pool, whose threads the process joins before it exits: a
+    Ctrl-C waited out the board's connect_timeout_s (10.6 s for a 10 s timeout)."""
+    import socket
+    silent = socket.create_server(("127.0.0.1", 0))  # listens, never answers
+    config = tmp_path / "silent.toml"
+    config.write_text(f'name = "silent"\n[connection]\nkind = "ssh"\nhost = "127.0.0.1"\n'
+                      f"port = {silent.getsockname()[1]}\nconnect_timeout_s = 30\n")
+    try:
+        proc = _start("devices", str(config), "--check")
+        time.sleep(2.0)  # connecting by now
+        started = time.monotonic()
+        refused(_interrupt(proc, []), INTERRUPTED, "interrupted")
+        assert time.monotonic() - started < 5
+    finally:
+        silent.close()
