@@ -359,19 +359,20 @@ def test_a_page_folder_that_cannot_be_made_says_which_field_to_change(tmp_path):
     """A page_dir under a file stands in for a read-only one (root writes anywhere else). QA:
     "cannot create a page directory under ...: Read-only file system", no remedy, and only
     after the capture."""
-    from types import SimpleNamespace
     from edge_remat_agent.executor.jobs import _check_page_dir
+    from edge_remat_agent.formats import Instruction, Plan
     from edge_remat_agent.pages import FlashStore, PageStoreError
     (tmp_path / "a-file").write_text("not a folder")
     page_dir = tmp_path / "a-file" / "pages"
     with pytest.raises(PageStoreError, match=r"Remedy: point page_dir at a writable folder.*"
                                              r"\[hardware\] page_dir"):
         FlashStore(str(page_dir))
-    flash_plan = SimpleNamespace(instructions=lambda: [SimpleNamespace(op="page_out",
-                                                                       tier="flash")])
+
+    def plan(*instructions) -> Plan:
+        return Plan(graph_fingerprint="x", budget_bytes=1, stages=[list(instructions)])
     with pytest.raises(ValueError, match=r"cannot hold pages: .*Remedy: point page_dir"):
-        _check_page_dir(flash_plan, str(page_dir))  # before the capture, in the run job
-    _check_page_dir(SimpleNamespace(instructions=lambda: []), str(page_dir))  # no flash: fine
+        _check_page_dir(plan(Instruction("page_out", "n", "flash")), str(page_dir))
+    _check_page_dir(plan(Instruction("compute", "n")), str(page_dir))  # no flash: fine
 
 
 def test_the_page_folder_check_before_the_capture_imports_no_torch(tmp_path):
@@ -383,8 +384,7 @@ def test_the_page_folder_check_before_the_capture_imports_no_torch(tmp_path):
     code = f"""
 import sys
 from edge_remat_agent.executor.jobs import _check_page_dir
-from edge_remat_agent.formats import Plan
-from edge_remat_agent.formats.plan import Instruction
+from edge_remat_agent.formats import Instruction, Plan
 plan = Plan(graph_fingerprint="x", budget_bytes=1, stages=[[Instruction("page_out", "n", "flash")]])
 _check_page_dir(plan, {str(tmp_path / 'pages')!r})
 print("torch" in sys.modules)
