@@ -54,6 +54,15 @@ def test_bundled_data_that_cannot_feed_the_model_is_refused_before_the_profile(t
     no_new_files(before, tmp_path)
 
 
+def test_an_infeasible_budget_leaves_no_files(tmp_path):
+    """Exit 2 writes nothing: the run had left the graph.json it captured before the budget
+    turned out infeasible (mlp's floor is 95% of its plain peak)."""
+    before = tree(tmp_path)
+    proc = _run("--budget", "50%", "--profile", PROFILE, "--out", "out", cwd=tmp_path)
+    refused(proc, BAD_INPUT, "smallest feasible budget")
+    no_new_files(before, tmp_path)
+
+
 def test_data_named_by_the_agents_own_table():
     from edge_remat_agent.data import DataError, check_data_spec
     for spec in ("example", "digits", "text", "my_pkg.data:batches", "data/mine.py:batches"):

@@ -22,7 +22,7 @@ from edge_remat_agent.formats.fields import dump_json
 from edge_remat_agent.units import counted
 
 from ..devices import DeviceConfig, find_device
-from ..errors import Interrupted
+from ..errors import EXIT_BAD_INPUT, Interrupted, classify
 from ..transport import Board, JobFailed, JobOutOfReach
 from ..units import Budget
 from .options import (RunOptions, RunProblem, check_data_fits, check_options, flash_allowed,
@@ -66,6 +66,10 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
             raise _interrupted(exc, opts, out) from None
         except JobOutOfReach as exc:
             raise _link_lost(exc, opts, out) from None
+        except Exception as exc:
+            if classify(exc)[0] == EXIT_BAD_INPUT:  # an infeasible budget, say: writes nothing
+                _remove_outputs_since(out, started)
+            raise
         finally:
             if device.hardware.memory_limit_bytes:
                 _retire_emulated(board, device, say)
@@ -95,6 +99,15 @@ def _remove_earlier_outputs(out: Path, started: float, say: Say) -> None:
     if stale:
         say(f"removed {', '.join(p.name for p in stale)} from {out}: an earlier run's, "
             "which this run did not write again")
+
+
+def _remove_outputs_since(out: Path, started: float) -> None:
+    """The outputs this run wrote (graph.json before a budget turned out infeasible, say), so
+    that bad input leaves no files, as every command's exit status 2 promises."""
+    for name in RUN_OUTPUTS:
+        path = out / name
+        if path.is_file() and path.stat().st_mtime >= started - 2.0:
+            path.unlink()
 
 
 def _interrupted(exc: BaseException, opts: RunOptions, out: Path) -> Interrupted:
