@@ -236,6 +236,8 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
     from pathlib import Path
 
     from .reports.report import sweep_table
+    from edge_remat_agent.units import counted
+
     from .sweep import SweepInterrupted, no_plan_error, parse_sweep, run_sweep
 
     try:
@@ -275,7 +277,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
     else:
         typer.echo(sweep_table(points, objective))
         if output and planned:
-            typer.echo(f"{planned} plan{'s' if planned != 1 else ''} of {len(points)} budgets "
+            typer.echo(f"{counted(planned, 'plan')} of {counted(len(points), 'budget')} "
                        f"written to {output}/")
     if stopped:
         from .errors import EXIT_INTERRUPTED
@@ -473,13 +475,10 @@ EMULATED_BOARD_HELP = ("the board `run --memory-limit` emulated on this machine 
 
 def _device(name: str, memory_limit: Optional[str]):
     """The device config NAME, or the board `run --device NAME --memory-limit` emulated."""
-    from .devices import find_device
-    from .transport.emulated import emulated_device
+    from .transport.emulated import find_board
     from .units import parse_size
-    device = find_device(name)
-    if memory_limit:
-        device = emulated_device(device, int(parse_size(memory_limit, "--memory-limit")))
-    return device
+    return find_board(name, int(parse_size(memory_limit, "--memory-limit"))
+                      if memory_limit else None)
 
 
 @app.command("job-status")

@@ -122,8 +122,8 @@ def arena_fit_note(plan_dict: dict[str, Any]) -> str:
         why = f"the lowest, {last['budget_bytes']} B, still {fmt_bytes(last['footprint_bytes'])}"
         todo = (f"try a lower --budget for the schedule (below {last['budget_bytes']} B) or "
                 "--arena cpsat (a tighter layout)")
-    return (f"{said}; --arena-fit could not fit it in {len(tries)} "
-            f"solve{'s' if len(tries) != 1 else ''} ({why}): {todo}")
+    return (f"{said}; --arena-fit could not fit it in {counted(len(tries), 'solve')} "
+            f"({why}): {todo}")
 
 
 def sim_table(summary: dict[str, Any], budget: int | None) -> str:
@@ -132,7 +132,8 @@ def sim_table(summary: dict[str, Any], budget: int | None) -> str:
             ("TDI", f"{summary['tdi_percent']:.2f} %"),
             ("time", f"{summary['time_s']:.4g} s"
                      + (f" (parameters' home IO {summary['home_io_time_s']:.4g} s)"
-                        if summary.get("home_io_time_s") else "")), ("energy", f"{summary['energy_j']:.4g} J"),
+                        if summary.get("home_io_time_s") else "")),
+            ("energy", f"{summary['energy_j']:.4g} J"),
             ("recomputed", str(summary["recomputed"])),
             ("paged", f"{summary['page_outs']} out, {summary['page_ins']} in")]
     width = max(len(k) for k, _ in rows)

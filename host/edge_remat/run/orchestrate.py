@@ -21,7 +21,7 @@ from typing import Callable, Optional
 from edge_remat_agent.formats.fields import dump_json
 from edge_remat_agent.units import counted
 
-from ..devices import DeviceConfig, find_device
+from ..devices import DeviceConfig
 from ..errors import EXIT_BAD_INPUT, Interrupted, classify
 from ..transport import Board, JobFailed, JobOutOfReach
 from ..units import Budget
@@ -42,12 +42,10 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     """Do the whole run; returns the report (also written to OUT/report.json). Ctrl-C cancels
     the board's job (unless opts.keep_running), writes OUT/report.json saying so and raises
     errors.Interrupted."""
-    from ..transport.emulated import emulated_device
+    from ..transport.emulated import find_board
     from ..outputs import output_folder
 
-    device = find_device(opts.device)
-    if opts.memory_limit:
-        device = emulated_device(device, opts.memory_limit)
+    device = find_board(opts.device, opts.memory_limit)
     check_options(opts, device)
     opts = for_board(opts, device)
     out = output_folder(opts.out)

@@ -13,7 +13,7 @@ import hashlib
 import os
 
 from ..cgroup import CgroupUnavailable, MemoryCgroup
-from ..devices import DeviceConfig
+from ..devices import DeviceConfig, find_device
 from ..errors import UserError
 from .errors import TransportError
 from .local import LocalTransport
@@ -33,6 +33,13 @@ def emulated_device(device: DeviceConfig, memory_limit_bytes: int) -> DeviceConf
                                          workdir=connection.workdir.rstrip("/") + "-limited")
     hardware = dataclasses.replace(device.hardware, memory_limit_bytes=int(memory_limit_bytes))
     return dataclasses.replace(device, connection=connection, hardware=hardware)
+
+
+def find_board(name: str, memory_limit_bytes: int | None = None) -> DeviceConfig:
+    """The device config NAME, or, with a limit, the board `--memory-limit` emulates on it:
+    what `run` trains on and what `job-status` / `job-cancel` come back to."""
+    device = find_device(name)
+    return emulated_device(device, memory_limit_bytes) if memory_limit_bytes else device
 
 
 def unlimited_twin(device: DeviceConfig) -> DeviceConfig:
