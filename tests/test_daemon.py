@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 
 from helpers.board_fixtures import agent_command, stop_agent
+from edge_remat.errors import killed_by_memory
+from edge_remat_agent.daemon.oom import oom_killer_ran, oom_kills
+from edge_remat_agent.daemon.worker import NOT_OOM, OOM_RAN, describe_exit
 from edge_remat_agent.wire.framing import FrameStream, PipeChannel
 from edge_remat_agent.wire.protocol import Client, RemoteError
 
@@ -144,6 +147,43 @@ def test_killed_job_process_is_reported_not_hidden(daemon):
     done = wait_done(client, job["id"])
     assert done["state"] == "failed"
     assert "SIGKILL" in done["error"] and "out-of-memory" in done["error"]
+
+
+@pytest.mark.skipif(oom_kills() is None, reason="this kernel hides its out-of-memory count")
+def test_a_sigkill_from_a_person_is_not_called_out_of_memory(daemon):
+    # The kernel counted no out-of-memory kill while the job ran (unless some other process on
+    # this machine happened to be killed for memory meanwhile: then the old guess stands).
+    client = daemon().client()
+    job = client.call("submit", kind="sleep", params={"seconds": 5, "steps": 50})[0]["job"]
+    running = wait_for_step(client, job["id"], 1)
+    before = oom_kills()
+    os.kill(running["pid"], signal.SIGKILL)
+    error = wait_done(client, job["id"])["error"]
+    if oom_kills() == before:
+        assert NOT_OOM in error and "a person or a program on the board killed it" in error
+        assert not killed_by_memory(error)  # the host reports a failed job (1), not killed (4)
+
+
+def test_the_out_of_memory_count_is_read_from_vmstat(tmp_path):
+    # A fixture file stands in for /proc/vmstat: this machine cannot be made to OOM-kill on cue.
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 12\noom_kill 7\nnuma_hit 3\n")
+    assert oom_kills(vmstat) == 7
+    assert oom_kills(tmp_path / "missing") is None
+    vmstat.write_text("nr_free_pages 12\n")  # a kernel older than 4.13
+    assert oom_kills(vmstat) is None
+    assert oom_killer_ran(7, 8) is True and oom_killer_ran(7, 7) is False
+    assert oom_killer_ran(None, 8) is None
+
+
+def test_each_sigkill_story_is_told_and_read_by_the_host():
+    unknown = describe_exit(-signal.SIGKILL)
+    by_oom = describe_exit(-signal.SIGKILL, oom_killer_ran=True)
+    by_someone = describe_exit(-signal.SIGKILL, oom_killer_ran=False)
+    assert "out-of-memory killer?" in unknown and killed_by_memory(unknown)
+    assert OOM_RAN in by_oom and killed_by_memory(by_oom)
+    assert NOT_OOM in by_someone and not killed_by_memory(by_someone)
+    assert describe_exit(-signal.SIGTERM) == "it was killed by SIGTERM"
 
 
 def test_cancel_a_running_job(daemon):

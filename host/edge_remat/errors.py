@@ -111,7 +111,11 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
 
 def killed_by_memory(error: str) -> bool:
     """Whether a failed job's error says the memory ran out (the executor's OutOfMemory, the
-    kernel's SIGKILL)."""
+    kernel's SIGKILL), and not that a SIGKILL came from elsewhere (the daemon checks the
+    kernel's count of out-of-memory kills)."""
+    from edge_remat_agent.daemon.worker import NOT_OOM  # light, but not needed at start-up
+    if "SIGKILL" in error and NOT_OOM in error:
+        return False
     return "OutOfMemory" in error or "SIGKILL" in error or "out of memory" in error.lower()
 
 

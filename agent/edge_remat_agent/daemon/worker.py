@@ -21,6 +21,7 @@ import time
 from typing import Callable, List, Optional
 
 from .layout import Layout
+from .oom import oom_killer_ran, oom_kills
 from .runner import ALREADY_RUNNING, lock_is_held
 from .store import JobStore, read_json
 
@@ -28,9 +29,15 @@ _log = logging.getLogger(__name__)
 POLL_S = 0.1
 STOP_GRACE_S = 5.0
 MAX_RESTARTS = 3
+# phrases of a SIGKILL's description that the host reads (errors.killed_by_memory)
+NOT_OOM = "not by the out-of-memory killer"
+OOM_RAN = "the kernel's out-of-memory killer ran meanwhile"
 
 
-def describe_exit(status: Optional[int]) -> str:
+def describe_exit(status: Optional[int], oom_killer_ran: Optional[bool] = None) -> str:
+    """How a job process that left no outcome ended. `oom_killer_ran`: whether the kernel
+    counted an out-of-memory kill while it ran (None: unknown); the host reads a SIGKILL as
+    running out of memory unless this says it was not."""
     if status is None:
         return "it ended while no daemon was watching"
     if status < 0:
@@ -38,8 +45,14 @@ def describe_exit(status: Optional[int]) -> str:
             name = signal.Signals(-status).name
         except ValueError:
             name = f"signal {-status}"
-        hint = " (the out-of-memory killer?)" if -status == signal.SIGKILL else ""
-        return f"it was killed by {name}{hint}"
+        if -status != signal.SIGKILL:
+            return f"it was killed by {name}"
+        if oom_killer_ran is None:
+            return f"it was killed by {name} (the out-of-memory killer?)"
+        if oom_killer_ran:
+            return f"it was killed by {name} ({OOM_RAN})"
+        return (f"it was killed by {name}, {NOT_OOM}: the kernel counted no out-of-memory "
+                "kill while it ran, so a person or a program on the board killed it")
     return f"it exited with status {status} without a result"
 
 
@@ -159,7 +172,8 @@ class Worker:
                     start_new_session=True)  # a Ctrl-C meant for the daemon is not for the job
             with self.cond:
                 self.store.update(record, state="running", pid=self._proc.pid,
-                                  started_s=record.get("started_s") or time.time())
+                                  started_s=record.get("started_s") or time.time(),
+                                  oom_kills_at_start=oom_kills())
                 self.on_change()
         status = self._watch(record)
         if status == ALREADY_RUNNING:  # an older job process still holds the job: adopt it
@@ -216,7 +230,9 @@ class Worker:
         now = time.time()
         if outcome is None:
             self.store.update(record, state="failed", finished_s=now, pid=None,
-                              error=f"the job process died: {describe_exit(status)}"
+                              error="the job process died: " + describe_exit(
+                                  status, oom_killer_ran(record.get("oom_kills_at_start"),
+                                                         oom_kills()))
                                     + _log_tail(job_dir / "log.txt"))
         elif outcome.get("ok"):
             self.store.update(record, state="finished", finished_s=now, pid=None,

@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from edge_remat_agent.daemon.worker import OOM_RAN
 from edge_remat_agent.formats.fields import dump_json
 from edge_remat_agent.units import counted
 
 from ..devices import DeviceConfig
-from ..errors import EXIT_BAD_INPUT, Interrupted, classify
+from ..errors import EXIT_BAD_INPUT, Interrupted, classify, killed_by_memory
 from ..transport import Board, JobFailed, JobOutOfReach
 from ..units import Budget
 from .options import (RunOptions, RunProblem, check_data_fits, check_options, flash_allowed,
@@ -366,13 +367,14 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
                 "result": full_result(record), **watch.readings()}
     except JobFailed as exc:
         error = str(exc.record.get("error"))
-        if not (watch.killed() or "SIGKILL" in error or "OutOfMemory" in error):
+        if not (watch.killed() or killed_by_memory(error)):
             raise
         progress = exc.record.get("progress") or {}
         at = completed_steps(progress, steps) + 1
         why = ("killed by the memory limit" if watch.killed() else
-               "killed by SIGKILL (the board's out-of-memory killer?)" if "SIGKILL" in error
-               else "out of memory")
+               "killed by SIGKILL (the board's out-of-memory killer"
+               + ("" if OOM_RAN in error else "?") + ")"
+               if "SIGKILL" in error else "out of memory")
         from edge_remat_agent.executor.jobs import CAPTURING
         when = f"while {CAPTURING} (before step 1)" if progress.get("message") == CAPTURING \
             else f"at step {at}"
