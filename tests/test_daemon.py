@@ -86,6 +86,16 @@ def wait_for_step(client: Client, job_id: str, step: int, timeout: float = 10.0)
     raise AssertionError(f"job {job_id} never reached step {step}")
 
 
+def wait_for_running(client: Client, job_id: str, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.call("job", job=job_id)[0]["job"]
+        if job["state"] == "running":
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} never started")
+
+
 def test_hello_names_the_agent_and_its_job_kinds(daemon):
     hello = daemon().client().hello("test")
     assert hello["protocol"] == 1
@@ -193,6 +203,21 @@ def test_cancel_a_running_job(daemon):
     client.call("cancel", job=job["id"])
     done = wait_done(client, job["id"])
     assert done["state"] == "failed" and done["error"] == "cancelled by the host"
+
+
+def test_a_cancelled_job_that_outlasts_sigterm_is_still_called_cancelled(daemon):
+    # Each step sleeps 8 s, past the 5 s the worker waits after SIGTERM before SIGKILL.
+    # Before, the SIGKILL that ends the cancel was reported as a stranger's kill -9.
+    client = daemon().client()
+    job = client.call("submit", kind="sleep", params={"seconds": 16, "steps": 2})[0]["job"]
+    wait_for_running(client, job["id"])
+    time.sleep(1.5)  # inside the first step's sleep, its SIGTERM handler installed
+    client.call("cancel", job=job["id"])
+    done = wait_done(client, job["id"])
+    assert done["state"] == "failed"
+    # (a SIGTERM that beat the handler ends it at once: "cancelled by the host" alone)
+    assert done["error"] in ("cancelled by the host (killed after it ignored SIGTERM for 5 s)",
+                             "cancelled by the host")
 
 
 def test_clean_stop_then_restart_resumes_the_job_and_keeps_results(daemon, tmp_path):

@@ -228,7 +228,13 @@ class Worker:
             self._requeue(record, "interrupted when the agent stopped")
             return
         now = time.time()
-        if outcome is None:
+        if outcome is None and self._cancel_requested:
+            # the cancel's own signal ended it before it could write its outcome
+            self.store.update(record, state="failed", finished_s=now, pid=None,
+                              error="cancelled by the host" + (
+                                  f" (killed after it ignored SIGTERM for {STOP_GRACE_S:g} s)"
+                                  if status == -signal.SIGKILL else ""))
+        elif outcome is None:
             self.store.update(record, state="failed", finished_s=now, pid=None,
                               error="the job process died: " + describe_exit(
                                   status, oom_killer_ran(record.get("oom_kills_at_start"),
