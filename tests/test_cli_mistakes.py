@@ -74,6 +74,28 @@ def test_plan_names_the_flash_bandwidth_it_cannot_read(tmp_path, read, write, wo
                 read, "--flash-write-bw", write), BAD_INPUT, *words)
 
 
+@pytest.mark.parametrize("figures,words", [
+    (["--flash-latency", "-1"], ["--flash-latency", ">= 0"]),
+    (["--flash-latency", "nan"], ["--flash-latency", "finite"]),
+    (["--flash-latency", "inf"], ["--flash-latency", "finite"]),
+    (["--flash-energy-per-byte", "-1e-6"], ["--flash-energy-per-byte", ">= 0"]),
+    (["--flash-energy-per-byte", "nan"], ["--flash-energy-per-byte", "finite"]),
+], ids=["latency negative", "latency nan", "latency inf", "energy negative", "energy nan"])
+def test_plan_refuses_flash_figures_a_profile_could_not_hold(tmp_path, figures, words):
+    """A negative energy made the energy objective page at a budget of 100% (paging 'earned'
+    joules); NaN was an internal error. Refused as a profile's tier is, before the graph is
+    read (it does not exist here), and nothing is written."""
+    refused(cli("plan", "--graph", tmp_path / "missing.json", "--budget", "1.0", "--paging",
+                "flash", "--flash-read-bw", "90MB", "--flash-write-bw", "40MB", *figures,
+                "-o", tmp_path / "plan.json"), BAD_INPUT, *words)
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_a_flash_latency_without_bandwidths_is_refused_not_ignored(tmp_path):
+    refused(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "1.0", "--flash-latency",
+                "-1"), BAD_INPUT, "both bandwidths")
+
+
 def test_memory_limit_on_a_remote_board_is_bad_input(tmp_path):
     refused(cli("run", "--device", "rpi4", "--memory-limit", "600MiB", "--model", "mlp",
                 "--out", tmp_path), BAD_INPUT, "--memory-limit", "--device local")

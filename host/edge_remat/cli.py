@@ -29,16 +29,34 @@ KEEP_RUNNING_HELP = ("on Ctrl-C leave the board's job running (default: cancel i
                      "how to come back for it")
 
 
+# The tier field each flash option gives: errors name the option, not the profile's field.
+FLASH_OPTIONS = {"read_bytes_per_s": "--flash-read-bw", "write_bytes_per_s": "--flash-write-bw",
+                 "latency_s": "--flash-latency", "read_j_per_byte": "--flash-energy-per-byte",
+                 "write_j_per_byte": "--flash-energy-per-byte"}
+
+
 def _tiers(read_bw, write_bw, latency, energy_per_byte) -> dict[str, Tier]:
-    if read_bw is None and write_bw is None:
+    """The flash tier the options give, checked as a profile's tier is (tier_from: figures
+    finite and >= 0, bandwidths > 0), so that no negative or NaN cost reaches the planner."""
+    if read_bw is None and write_bw is None and latency is None and energy_per_byte is None:
         return {}
-    if read_bw is None or write_bw is None:
-        raise FormatError("command line", "--flash-read-bw/--flash-write-bw", "both bandwidths")
+    if read_bw is None or write_bw is None:  # a latency alone has no tier to go to
+        raise FormatError("command line", "--flash-read-bw/--flash-write-bw",
+                          "both bandwidths, with the other --flash-* figures")
+    from edge_remat_agent.formats.fields import Reader
+    from edge_remat_agent.formats.profile import tier_from
+
     from .units import parse_size
-    read = parse_size(read_bw, "--flash-read-bw")  # bytes a second
-    write = parse_size(write_bw, "--flash-write-bw")
-    return {"flash": Tier(read, write, latency or 0.0, energy_per_byte or 0.0,
-                          energy_per_byte or 0.0)}
+    fields = {"read_bytes_per_s": parse_size(read_bw, "--flash-read-bw"),  # bytes a second
+              "write_bytes_per_s": parse_size(write_bw, "--flash-write-bw"),
+              "latency_s": latency, "read_j_per_byte": energy_per_byte,
+              "write_j_per_byte": energy_per_byte}
+    fields = {key: value for key, value in fields.items() if value is not None}
+    try:
+        return {"flash": tier_from(Reader(fields, "command line"))}
+    except FormatError as exc:
+        raise FormatError("command line", FLASH_OPTIONS[exc.field], exc.expected,
+                          fields[exc.field]) from None
 
 
 def _kept_measured(tiers: dict[str, Tier], prof) -> dict[str, Tier]:
@@ -139,13 +157,13 @@ def plan(
     else:
         from .units import Budget
         budget_value = Budget.parse(budget)
+    flash_tier = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
     if output:
         (output_folder(output, "-o") if sweep is not None else output_file(output, force))
     g = load_graph_file(graph)
     prof = load_profile(profile) if profile else None
     note_profile_fit(prof, g, str(profile), to_stderr)
-    tiers = _kept_measured(_tiers(flash_read_bw, flash_write_bw, flash_latency,
-                                  flash_energy_per_byte), prof)
+    tiers = _kept_measured(flash_tier, prof)
 
     plain_peak = functools.cache(lambda: plain_peak_bytes(g, prof))  # once, for fractions
 
