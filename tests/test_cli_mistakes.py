@@ -74,6 +74,18 @@ def test_plan_names_the_flash_bandwidth_it_cannot_read(tmp_path, read, write, wo
                 read, "--flash-write-bw", write), BAD_INPUT, *words)
 
 
+def test_a_small_bare_bandwidth_is_bytes_a_second_not_a_fraction(tmp_path):
+    """'--flash-read-bw 1' was refused as 'a fraction of the plain peak' (the budget's rule for
+    a bare number below 16): a bandwidth is never a fraction, so it is 1 byte a second."""
+    plan = tmp_path / "plan.json"
+    run = cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "1.0", "--paging", "flash",
+              "--flash-read-bw", "1", "--flash-write-bw", "8", "--solver", "heuristic:split",
+              "-o", plan)
+    assert run.returncode == 0, run.stderr
+    tier = json.loads(plan.read_text())["tiers"]["flash"]
+    assert (tier["read_bytes_per_s"], tier["write_bytes_per_s"]) == (1, 8)
+
+
 @pytest.mark.parametrize("figures,words", [
     (["--flash-latency", "-1"], ["--flash-latency", ">= 0"]),
     (["--flash-latency", "nan"], ["--flash-latency", "finite"]),

@@ -22,21 +22,22 @@ def parse_budget(text: str, option: str = "budget",
                  sizes_only: bool = False) -> tuple[str, float]:
     """'0.8' or '80%' -> ('fraction', 0.8); '512MiB' or '736128' -> ('bytes', 536870912).
     `option` names what is read in the messages (e.g. '--memory-limit'); `sizes_only`: a
-    fraction of the plain peak means nothing there (a board's RAM, a bandwidth)."""
+    fraction of the plain peak means nothing there (a board's RAM, a bandwidth), so a bare
+    number is bytes however small and a percentage is refused."""
     usage = "a size (512MiB, 2GB, 736128)" if sizes_only else \
         "a fraction (0.8), a percentage (80%) or a size (512MiB, 2GB, 736128)"
     quantity = split_quantity(text)
     if quantity is None:
         raise UnitError(f"cannot read {option} {text!r}: use {usage}")
     value, unit = quantity
+    if unit == "%" and sizes_only:
+        raise UnitError(f"{option} {text!r} is a percentage: use {usage}")
     if unit == "%":
         value /= 100.0
         unit = "fraction"
-    fraction = unit == "fraction" or (unit == "" and value < FRACTION_LIMIT)
+    fraction = unit == "fraction" or (unit == "" and value < FRACTION_LIMIT and not sizes_only)
     if fraction and value <= 0:
         raise UnitError(f"{option} {text!r} must be positive")
-    if fraction and sizes_only:
-        raise UnitError(f"{option} {text!r} reads as a fraction of the plain peak: use {usage}")
     if fraction and value < FRACTION_LIMIT:
         return "fraction", value
     if fraction:
