@@ -108,6 +108,20 @@ def test_a_flash_latency_without_bandwidths_is_refused_not_ignored(tmp_path):
                 "-1"), BAD_INPUT, "both bandwidths")
 
 
+@pytest.mark.parametrize("options,flash_offered", [
+    (["--paging", "host", "--profile", REPO / "profiles" / "rpi4.json"], False),  # flash only
+    (["--paging", "both", "--profile", REPO / "profiles" / "rpi4.json"], False),
+    (["--paging", "both"], True),
+], ids=["host", "both, flash in the profile", "both, no profile"])
+def test_paging_to_the_host_without_its_tier_names_no_flash_option(tmp_path, options,
+                                                                    flash_offered):
+    """The host tier is measured over the board's link: the --flash-* options, which the line
+    offered for --paging host too, cannot give it."""
+    line = refused(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.8", *options),
+                   BAD_INPUT, "host tier", "edge-remat profile")
+    assert ("--flash-read-bw" in line) == flash_offered, line
+
+
 def test_memory_limit_on_a_remote_board_is_bad_input(tmp_path):
     refused(cli("run", "--device", "rpi4", "--memory-limit", "600MiB", "--model", "mlp",
                 "--out", tmp_path), BAD_INPUT, "--memory-limit", "--device local")

@@ -67,8 +67,15 @@ class Problem:
             raise ProblemError(f"paging IO must be one of {IO_MODES}, got {self.io!r}")
         missing = [t for t in self.tiers if t not in self.costs.tiers]
         if missing:
-            raise ProblemError(f"paging to {missing} needs that tier's bandwidth: give a profile "
-                             "with the tier, or --flash-read-bw/--flash-write-bw")
+            many = len(missing) > 1
+            tiers = f"the {' and '.join(missing)} tier{'s' if many else ''}"
+            # only the flash tier can come from the command line; the host's is measured
+            raise ProblemError(
+                f"paging to {tiers} needs {'their' if many else 'its'} bandwidths: give a "
+                f"profile with {tiers} (`edge-remat profile --device D` measures "
+                f"{'them' if many else 'it'})"
+                + (", or --flash-read-bw/--flash-write-bw for flash" if "flash" in missing
+                   else ""))
         g = self.graph
         self.n = len(g)
         self.sizes = [node.out_bytes for node in g.nodes]
