@@ -410,6 +410,28 @@ def test_a_sweep_where_no_budget_plans_is_an_error_and_writes_nothing(cli, tmp_p
     assert [p.name for p in out.iterdir()] == ["plan-1.00.json"]
 
 
+def test_a_budget_that_misses_the_deadline_is_a_row_of_the_sweep(cli, tmp_path):
+    """An unmeetable deadline at 0.7 stopped the whole sweep (exit 2, nothing written) though
+    1.0 plans; it is now a row, as an infeasible budget is, with the smallest deadline."""
+    graph, out = tiny_graph(tmp_path), tmp_path / "plans"
+    sweep = ["plan", "--graph", graph, "--sweep", "0.4:1.0:0.3", "--deadline", "1.0",
+             "--time-limit", "3"]
+    proc = cli(*sweep, "-o", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = one_json(proc.stdout)["sweep"]
+    assert [r["status"] for r in rows] == ["infeasible", "infeasible_deadline", "optimal"]
+    assert rows[1]["smallest_feasible_deadline"] > 1.0
+    assert "smallest deadline that can be met" in rows[1]["message"]
+    assert [p.name for p in out.iterdir()] == ["plan-1.00.json"]
+    table = cli(*sweep)
+    assert table.returncode == 0 and "infeasible_deadline" in table.stdout
+    # where no budget meets it, the sweep is the error a single budget's would be
+    proc = cli("plan", "--graph", graph, "--sweep", "0.7:0.7:0.1", "--deadline", "1.0",
+               "--time-limit", "3", "--json")
+    assert proc.returncode == 2 and "smallest deadline" in proc.stderr
+    assert one_json(proc.stdout)["status"] == "infeasible_deadline"
+
+
 def test_run_help_says_the_real_defaults(cli):
     """--data's help said "digits for digits-cnn, else example" (the llama models get text);
     --budget's did not say that a bare number below 16 is a fraction."""

@@ -256,7 +256,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
     from .reports.report import sweep_table
     from edge_remat_agent.units import counted
 
-    from .sweep import SweepInterrupted, no_plan_error, parse_sweep, run_sweep
+    from .sweep import SweepInterrupted, no_plan_error, parse_sweep, run_sweep, smallest_feasible
 
     try:
         points, interrupted = run_sweep(make_problem, parse_sweep(sweep), solver, time_limit,
@@ -271,7 +271,8 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
     rows = []
     for point in points:
         row = {"fraction": point.fraction, "budget_bytes": point.budget_bytes,
-               "status": point.status, "message": point.message or None}
+               "status": point.status, "message": point.message or None,
+               **smallest_feasible(point)}
         if point.report is not None:
             pr, s = point.report.plan.predicted, point.report.plan.solver
             row.update(solver=s["name"], tdi_percent=pr["tdi_percent"], time_s=pr["time_s"],

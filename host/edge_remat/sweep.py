@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .planner.interrupt import PlanInterrupted
-from .planner.problem import InfeasibleBudget, Problem
+from .planner.problem import InfeasibleBudget, InfeasibleDeadline, Problem
 from .planner.solve import NoPlan, SolveReport, solve
 from .units import Budget, UnitError
 
@@ -21,10 +21,11 @@ from .units import Budget, UnitError
 class SweepPoint:
     fraction: float
     budget_bytes: int | None
-    status: str  # a plan status, or "infeasible" | "no plan"
+    status: str  # a plan status, or "infeasible" | "infeasible_deadline" | "no plan"
     report: SolveReport | None = None
     message: str = ""
     smallest_bytes: int | None = None  # where infeasible: the smallest budget with a chance
+    smallest_deadline: float | None = None  # where infeasible_deadline: the least one met
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -74,6 +75,10 @@ def run_sweep(make_problem: Callable[[Budget], Problem], fractions: list[float],
                                      "infeasible", message=str(exc),
                                      smallest_bytes=exc.smallest_bytes))
             continue
+        except InfeasibleDeadline as exc:  # a larger budget may meet it: the sweep goes on
+            points.append(SweepPoint(fraction, problem.budget_bytes, "infeasible_deadline",
+                                     message=str(exc), smallest_deadline=exc.smallest_deadline))
+            continue
         except NoPlan as exc:
             points.append(SweepPoint(fraction, problem.budget_bytes, "no plan",
                                      message=str(exc)))
@@ -90,9 +95,17 @@ def run_sweep(make_problem: Callable[[Budget], Problem], fractions: list[float],
     return points
 
 
+def smallest_feasible(point: SweepPoint) -> dict:
+    """A row's smallest feasible budget or deadline, named as `plan --json`'s error names them."""
+    return {key: value for key, value in (("smallest_feasible_budget_bytes", point.smallest_bytes),
+                                          ("smallest_feasible_deadline", point.smallest_deadline))
+            if value is not None}
+
+
 def no_plan_error(points: list[SweepPoint]) -> Exception:
     """The error of a sweep in which no budget planned, as a single budget's would be: the
-    smallest feasible budget where every one was below it, else the largest budget's reason."""
+    smallest feasible budget where every one was below it, the smallest deadline where the
+    largest budget missed the deadline, else the largest budget's reason."""
     span = f"{points[0].fraction:g}-{points[-1].fraction:g}" if len(points) > 1 else \
         f"{points[0].fraction:g}"
     smallest = max((p.smallest_bytes for p in points if p.smallest_bytes), default=None)
@@ -103,5 +116,9 @@ def no_plan_error(points: list[SweepPoint]) -> Exception:
         return InfeasibleBudget(
             f"no budget of the sweep ({span} of the plain peak) plans: the smallest feasible "
             f"budget is {smallest} bytes{share}; sweep from there", smallest)
+    if points[-1].status == "infeasible_deadline":  # the largest budget: the least deadline
+        return InfeasibleDeadline(f"no budget of the sweep ({span} of the plain peak) plans; "
+                                  f"at {points[-1].fraction:g}: {points[-1].message}",
+                                  points[-1].smallest_deadline)
     return NoPlan(f"no budget of the sweep ({span} of the plain peak) plans; at "
                   f"{points[-1].fraction:g}: {points[-1].message}")

@@ -142,13 +142,15 @@ def sim_table(summary: dict[str, Any], budget: int | None) -> str:
 
 def sweep_table(points, objective: str) -> str:
     """One line per budget of a sweep: what the plan costs and how sure the solver is."""
+    # the status column as wide as its widest entry ("infeasible_deadline" is 19)
+    width = max([11] + [len(point.status) for point in points])
     header = (f"{'budget':>7}  {'bytes':>12}  {'TDI %':>7}  {'energy J':>10}  {'time s':>10}  "
-              f"{'status':<11}  {'gap %':>6}  {'solver':<16}  {'solve s':>7}")
+              f"{'status':<{width}}  {'gap %':>6}  {'solver':<16}  {'solve s':>7}")
     lines = [f"# objective: {objective}", header, "-" * len(header)]
     for point in points:
         if point.report is None:
             lines.append(f"{point.fraction:>7.2f}  {_num(point.budget_bytes, '{:d}'):>12}  "
-                         f"{'-':>7}  {'-':>10}  {'-':>10}  {point.status:<11}  {'-':>6}  "
+                         f"{'-':>7}  {'-':>10}  {'-':>10}  {point.status:<{width}}  {'-':>6}  "
                          f"{'-':<16}  {'-':>7}")
             continue
         plan = point.report.plan
@@ -156,7 +158,7 @@ def sweep_table(points, objective: str) -> str:
         gap = None if s.get("gap") is None else 100 * s["gap"]
         lines.append(f"{point.fraction:>7.2f}  {plan.budget_bytes:>12d}  "
                      f"{pr['tdi_percent']:>7.2f}  {pr['energy_j']:>10.4g}  {pr['time_s']:>10.4g}  "
-                     f"{s['status']:<11}  {_num(gap, '{:.2f}'):>6}  {s['name']:<16}  "
+                     f"{s['status']:<{width}}  {_num(gap, '{:.2f}'):>6}  {s['name']:<16}  "
                      f"{s['solve_time_s']:>7.2f}")
     notes = [f"{p.fraction:.2f}: {p.message}" for p in points if p.message]
     return "\n".join(lines + notes)

@@ -337,13 +337,13 @@ def _describe_fit(fit: dict) -> str:
 
 
 def _sweep(make_problem, opts: RunOptions, out: Path, say: Say) -> None:
-    from ..sweep import parse_sweep, run_sweep
+    from ..sweep import parse_sweep, run_sweep, smallest_feasible
     say(f"budget sweep {opts.sweep}")
     rows = []
     for point in run_sweep(make_problem, parse_sweep(opts.sweep), opts.solver,
                            opts.time_limit, "cbc", None):
         row = {"fraction": point.fraction, "budget_bytes": point.budget_bytes,
-               "status": point.status}
+               "status": point.status, **smallest_feasible(point)}
         if point.report is not None:
             predicted = point.report.plan.predicted
             row.update(energy_j=predicted["energy_j"], time_s=predicted["time_s"],
