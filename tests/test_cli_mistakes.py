@@ -122,6 +122,53 @@ def test_paging_to_the_host_without_its_tier_names_no_flash_option(tmp_path, opt
     assert ("--flash-read-bw" in line) == flash_offered, line
 
 
+def test_arena_fit_without_an_arena_is_refused(tmp_path):
+    """--arena none --arena-fit planned without a word, no fit attempted."""
+    refused(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.9", "--arena", "none",
+                "--arena-fit", "-o", tmp_path / "plan.json"), BAD_INPUT, "--arena-fit",
+            "--arena none")
+    assert not (tmp_path / "plan.json").exists()
+
+
+FLASH = ["--flash-read-bw", "90MB", "--flash-write-bw", "40MB"]
+
+
+@pytest.mark.parametrize("options,words", [
+    (["--paging", "none", *FLASH], ["--flash-*", "--paging none"]),
+    (["--solver", "heuristic:split", "--backend", "highs"], ["--backend", "heuristic:split"]),
+    (["--solver", "heuristic:split", "--arena-time-limit", "5"], ["--arena-time-limit",
+                                                                   "best-fit"]),
+    (["--solver", "heuristic:split", "--paging-time", "free"], ["--paging-time free",
+                                                                "pages nothing"]),
+    (["--solver", "heuristic:split", "--paging", "none", "--paging-time", "free"],
+     ["--paging-time free", "--paging none"]),
+], ids=["flash figures, no paging", "backend, no MILP", "arena time, no cpsat arena",
+        "paging time, no tier", "paging time, paging none"])
+def test_an_option_that_others_rule_out_is_a_warning(tmp_path, options, words):
+    """Each was ignored in silence; the plan is still made and written, with one warning line
+    that names the option and why it does nothing."""
+    run = cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.9", "--time-limit", "3",
+              *options, "-o", tmp_path / "plan.json")
+    assert run.returncode == 0, run.stderr
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and all(word in warnings[0] for word in words), run.stderr
+    assert (tmp_path / "plan.json").exists()
+
+
+def test_arena_options_with_a_sweep_are_a_warning(tmp_path):
+    run = cli("plan", "--graph", tiny_graph(tmp_path), "--sweep", "0.9:1.0:0.1", "--solver",
+              "heuristic:split", "--arena-fit")
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.startswith("warning: the --arena* options are unused with --sweep")
+
+
+def test_options_that_take_effect_are_no_warning(tmp_path):
+    run = cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.9", "--time-limit", "3",
+              "--solver", "milp", "--backend", "highs", "--paging-time", "free", *FLASH,
+              "--arena", "cpsat", "--arena-time-limit", "5")
+    assert run.returncode == 0 and "warning" not in run.stderr, run.stderr
+
+
 def test_memory_limit_on_a_remote_board_is_bad_input(tmp_path):
     refused(cli("run", "--device", "rpi4", "--memory-limit", "600MiB", "--model", "mlp",
                 "--out", tmp_path), BAD_INPUT, "--memory-limit", "--device local")

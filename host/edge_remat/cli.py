@@ -77,6 +77,7 @@ BUDGET_HELP = (f"0.8 or 80% of the plain peak (a bare number below {FRACTION_LIM
 @app.command()
 @cli_errors
 def plan(
+    ctx: typer.Context,
     graph: str = typer.Option(..., "--graph", help="graph file (ours, node-link, or POET's)"),
     budget: Optional[str] = typer.Option(None, "--budget",
                                          help=BUDGET_HELP),
@@ -150,6 +151,9 @@ def plan(
     if not arena_time_limit > 0:
         raise FormatError("command line", "--arena-time-limit", "seconds above 0",
                           arena_time_limit)
+    if arena == "none" and arena_fit:
+        raise UserError("--arena-fit fits the plan's arena to the budget, and --arena none lays "
+                        "out no arena: drop --arena-fit, or give --arena best-fit or cpsat")
     target_deadline = parse_multiplier(deadline) if deadline else None
     if sweep is not None:
         from .sweep import parse_sweep
@@ -164,6 +168,9 @@ def plan(
     prof = load_profile(profile) if profile else None
     note_profile_fit(prof, g, str(profile), to_stderr)
     tiers = _kept_measured(flash_tier, prof)
+    for line in _unused_options(ctx, g, prof, tiers, paging, paging_time, solver, arena,
+                                sweep is not None, bool(flash_tier)):
+        to_stderr(f"warning: {line}")
 
     plain_peak = functools.cache(lambda: plain_peak_bytes(g, prof))  # once, for fractions
 
@@ -221,6 +228,37 @@ def plan(
         from .errors import EXIT_INTERRUPTED
         typer.echo(f"error: {stopped}", err=True)
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _unused_options(ctx: typer.Context, g, prof, tiers, paging, paging_time, solver, arena,
+                    sweep: bool, flash_given: bool) -> list[str]:
+    """Options the plan would silently ignore, given with others that rule them out: each a
+    warning (the plan is still right), so that no one believes they took effect."""
+    def typed(option: str) -> bool:  # given on the command line, not left at its default
+        source = ctx.get_parameter_source(option)  # click's enum (typer may vendor click)
+        return source is not None and source.name == "COMMANDLINE"
+
+    from edge_remat_agent.costs import build_costs
+
+    from .planner.build import PAGING_CHOICES, paging_tiers
+    unused = []
+    if flash_given and paging is not None and "flash" not in PAGING_CHOICES.get(paging, ()):
+        unused.append(f"the --flash-* figures are unused: --paging {paging} pages to no flash "
+                      "(use --paging flash or both to page there)")
+    if paging_time == "free" and not paging_tiers(paging, build_costs(g, prof, tiers)):
+        unused.append("--paging-time free is unused: this plan pages nothing (" +
+                      ("--paging none" if paging == "none" else "no tier's costs are given: a "
+                       "profile with one, or --flash-read-bw/--flash-write-bw") + ")")
+    if typed("backend") and solver not in ("auto", "milp"):
+        unused.append(f"--backend is unused: only the MILP solver has one, and --solver {solver} "
+                      "runs no MILP (--solver milp does)")
+    if sweep and any(typed(name) for name in ("arena", "arena_fit", "arena_time_limit")):
+        unused.append("the --arena* options are unused with --sweep: a sweep's plans carry no "
+                      "arena (plan one --budget for one)")
+    elif typed("arena_time_limit") and arena != "cpsat":
+        unused.append(f"--arena-time-limit is unused: it limits --arena cpsat's layout, and "
+                      f"--arena {arena} solves none")
+    return unused
 
 
 def _warn_arena_unfitted(plan_dict: dict) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from edge_remat_agent.costs import build_costs
+from edge_remat_agent.costs import CostModel, build_costs
 from edge_remat_agent.formats import Graph, Profile, Tier
 
 from ..units import Budget
@@ -69,6 +69,16 @@ def resolve_budget(budget: Budget | str | float, graph: Graph,
                           else plain_peak_bytes(graph, profile))
 
 
+def paging_tiers(paging: str | None, costs: CostModel) -> tuple[str, ...]:
+    """The tiers a plan may page to: --paging's choice, or by default (None) every tier whose
+    costs the inputs give (a profile, the command line, the graph's own page costs)."""
+    if paging is None:
+        return tuple(t for t in ("flash", "host") if t in costs.tiers)
+    if paging in PAGING_CHOICES:
+        return PAGING_CHOICES[paging]
+    raise ProblemError(f"--paging must be one of {', '.join(PAGING_CHOICES)}, got {paging!r}")
+
+
 def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile | None = None,
                   objective: str = "time", deadline: float | None = None,
                   paging: str | None = None, tiers: dict[str, Tier] | None = None,
@@ -90,12 +100,7 @@ def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile |
                            "whose ops draw random numbers and update state in its order; "
                            "plan it in its own order (--order given or auto)")
     costs = build_costs(graph, profile, tiers)
-    if paging is None:  # default: page wherever the inputs say what paging costs
-        chosen = tuple(t for t in ("flash", "host") if t in costs.tiers)
-    elif paging in PAGING_CHOICES:
-        chosen = PAGING_CHOICES[paging]
-    else:
-        raise ProblemError(f"--paging must be one of {', '.join(PAGING_CHOICES)}, got {paging!r}")
+    chosen = paging_tiers(paging, costs)
     reference = graph.capture.get("reference_peak_bytes", plain_peak)
     problem = Problem(graph, costs, resolve_budget(budget, graph, reference, profile),
                       objective, deadline, chosen, paging_time,
