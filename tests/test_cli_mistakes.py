@@ -312,3 +312,50 @@ def test_ctrl_c_while_the_cli_imports_is_one_line_and_status_130(tmp_path):
                           cwd=tmp_path, timeout=60)
     assert done.returncode == 130
     assert done.stderr == "error: interrupted (Ctrl-C)\n"
+
+
+def _with_stdout_closed(*args, cwd=None):
+    """The CLI with a stdout whose reader has gone, as under `edge-remat ... | head`."""
+    import os
+    import subprocess
+
+    from helpers.bad_inputs import COMMAND, env
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([*COMMAND, *map(str, args)], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, cwd=cwd, timeout=120,
+                              env=env())
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["unbuffered", "buffered"])
+def test_a_reader_that_stops_reading_stdout_is_no_error(tmp_path, buffered, monkeypatch):
+    """`plan -o P | true` said 'error: Broken pipe (check the path ...)', exit 2 (bad input,
+    nothing written) though P was written, or exit 1 with --json. A reader that has gone is
+    quiet, 141 (128 + SIGPIPE) as other commands; a command that fails keeps its status."""
+    monkeypatch.setenv("PYTHONUNBUFFERED", "" if buffered else "1")
+    graph = tiny_graph(tmp_path)
+    plan = tmp_path / "plan.json"
+    done = _with_stdout_closed("plan", "--graph", graph, "--budget", "1.0", "-o", plan)
+    assert (done.returncode, done.stderr) == (141, "")
+    assert json.loads(plan.read_text())["format"] == "edge-remat/plan"
+    done = _with_stdout_closed("version")
+    assert (done.returncode, done.stderr) == (141, "")
+    done = _with_stdout_closed("plan", "--graph", graph, "--budget", "0.1", "--json")
+    assert done.returncode == BAD_INPUT and done.stderr.startswith("error: budget"), done.stderr
+    assert "Broken pipe" not in done.stderr
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(tmp_path):
+    # only stdout's reader going is quiet: a broken pipe elsewhere (a socket, a FIFO written)
+    # while stdout is read is reported
+    import subprocess
+    import sys
+
+    from helpers.bad_inputs import env
+    check = "from edge_remat.errors import stdout_closed; print(stdout_closed(BrokenPipeError()))"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                          env=env(), timeout=60)
+    assert done.stdout.strip() == "False", done.stderr

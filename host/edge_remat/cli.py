@@ -21,8 +21,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Fine-tune PyTorch models on boards whose RAM is too small: "
                        "profile, plan (rematerialization + paging), deploy. Exit status: 0 done, "
                        "1 a job failed, 2 bad input, 3 board unreachable, 4 killed by memory, "
-                       "70 internal error, 130 interrupted; --debug (any command) shows "
-                       "tracebacks.")
+                       "70 internal error, 130 interrupted, 141 stdout closed by its reader; "
+                       "--debug (any command) shows tracebacks.")
 
 FORCE_HELP = "overwrite an existing output file"
 KEEP_RUNNING_HELP = ("on Ctrl-C leave the board's job running (default: cancel it) and say "
@@ -453,6 +453,7 @@ app.add_typer(fleet_app, name="fleet")
 
 
 @app.command()
+@cli_errors  # as every command: `edge-remat version | true` is not a failure
 def version() -> None:
     """Print the version."""
     from . import __version__
@@ -894,8 +895,8 @@ def _killed_line(report: dict) -> str:
 def main() -> None:
     """Every command's failures end in cli_errors; what escapes them (typer's own machinery)
     still ends in one line here, never a traceback, unless --debug."""
-    from .errors import last_resort, quiet_libraries, take_debug_flag
-    from .errors import EXIT_INTERRUPTED, is_cli_machinery
+    from .errors import last_resort, leave_quietly, quiet_libraries, stdout_closed
+    from .errors import EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED, is_cli_machinery, take_debug_flag
 
     debug = take_debug_flag(sys.argv)
     quiet_libraries()
@@ -904,6 +905,8 @@ def main() -> None:
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001
+        if stdout_closed(exc):
+            leave_quietly()
         if type(exc).__name__ == "NoArgsIsHelpError":  # the help is already shown
             sys.exit(getattr(exc, "exit_code", 2))
         if is_cli_machinery(exc) and hasattr(exc, "format_message"):  # a usage error
@@ -916,7 +919,14 @@ def main() -> None:
         if debug:
             raise
         sys.exit(last_resort(exc))
-    sys.exit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    try:  # what is still buffered: a reader that has gone (`| head`) shows here, not at exit
+        sys.stdout.flush()
+    except OSError as exc:
+        if stdout_closed(exc):
+            leave_quietly(code or EXIT_STDOUT_CLOSED)  # a failure keeps its own status
+        sys.exit(last_resort(exc))
+    sys.exit(code)
 
 
 if __name__ == "__main__":

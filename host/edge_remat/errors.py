@@ -9,6 +9,8 @@ exit status (README, "Exit statuses"); a traceback only with `--debug`.
     70   an internal error (a bug): rerun with --debug and report the traceback
     130  interrupted (Ctrl-C, or SIGTERM taken as Ctrl-C); the board's job was cancelled
          unless --keep-running; `plan` writes the best plan found so far
+    141  stdout was closed by its reader (`edge-remat plan ... | head`): quietly, as other
+         commands killed by SIGPIPE (128 + 13); what the command wrote before stays
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import functools
 import json
 import os
 import sys
+from typing import NoReturn
 
 EXIT_JOB_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -24,6 +27,7 @@ EXIT_UNREACHABLE = 3
 EXIT_KILLED = 4
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, the status `yes | head` leaves
 
 DEBUG_ENV = "EDGE_REMAT_DEBUG"
 # The agent's refusals that mean "your request was wrong", not "the board is broken".
@@ -119,12 +123,41 @@ def killed_by_memory(error: str) -> bool:
     return "OutOfMemory" in error or "SIGKILL" in error or "out of memory" in error.lower()
 
 
+def stdout_closed(exc: BaseException) -> bool:
+    """Whether `exc` is a broken pipe because stdout's reader has gone (`| head` read enough).
+    A broken pipe elsewhere (an SSH socket, a FIFO given as -o) is a failure to report; this
+    one is the reader's choice. The write end of a pipe whose readers have all closed polls as
+    POLLERR (a socket's as POLLHUP)."""
+    if not isinstance(exc, BrokenPipeError):
+        return False
+    import select
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll(), or stdout is no file
+        return False
+
+
+def leave_quietly(code: int = EXIT_STDOUT_CLOSED) -> NoReturn:
+    """Exit without a word once stdout's reader has gone; stdout now goes to /dev/null, so
+    that Python's own flush at exit does not fail again ("Exception ignored ...")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(code)
+
+
 def fail(message: str, code: int, as_json: bool = False, **extra) -> None:
     """Print the one line (and, with --json, one object on stdout); exit with `code`."""
     import typer
     if as_json:
         obj = {"status": "error", "error": message, **extra}
-        print(json.dumps(obj, default=str))
+        try:
+            print(json.dumps(obj, default=str))
+        except BrokenPipeError as exc:  # no one reads the object: the line still tells
+            if not stdout_closed(exc):
+                raise
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
@@ -152,6 +185,8 @@ def cli_errors(command):
         try:
             return command(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - the one place every failure ends
+            if stdout_closed(exc):  # before typer sees it: it would exit 1, a failed job
+                leave_quietly()
             if isinstance(exc, SystemExit) or is_cli_machinery(exc) or debug_enabled():
                 raise
             from .outputs import remove_folders_left_empty
