@@ -29,6 +29,8 @@ GRAPH_CASES = [
      ["time_s"]),
     ("unknown node kind", lambda g: json.dumps(_node(g, 0, kind="sideways")), ["kind"]),
     ("not UTF-8", lambda g: b"\xff\xfe\x00garbage", ["UTF-8"]),
+    ("nested 100000 deep", lambda g: "[" * 100_000 + "]" * 100_000,  # RecursionError: exit 70
+     ["valid JSON", "nested too deeply"]),
 ]
 
 

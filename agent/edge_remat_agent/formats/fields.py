@@ -123,6 +123,10 @@ def load_json(path: str | Path) -> Any:
     except json.JSONDecodeError as exc:
         raise FormatError(str(path), f"<json line {exc.lineno} col {exc.colno}>",
                           "valid JSON", exc.msg) from None
+    except RecursionError:  # `[[[[...` deeper than the parser's stack, which no file we
+        # read needs: bad input like any JSON that does not parse, not an internal error
+        raise FormatError(str(path), "<json>", "valid JSON",
+                          "arrays or objects nested too deeply to read") from None
 
 
 def dump_json(obj: Any, path: str | Path) -> None:
