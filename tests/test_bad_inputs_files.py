@@ -53,12 +53,21 @@ def test_broken_graph_file(tmp_path, case, breaks, words):
 
 
 def test_missing_graph_file(tmp_path):
+    # what to do too: the line ended at "got 'No such file or directory'"
     refused(cli("plan", "--graph", tmp_path / "nope.json", "--budget", "0.8"), BAD_INPUT,
-            "nope.json")
+            "nope.json", "no such file", ": check the path")
 
 
 def test_graph_file_is_a_folder(tmp_path):
-    refused(cli("plan", "--graph", tmp_path, "--budget", "0.8"), BAD_INPUT, str(tmp_path))
+    refused(cli("plan", "--graph", tmp_path, "--budget", "0.8"), BAD_INPUT, str(tmp_path),
+            "give the file itself, not a folder")
+
+
+def test_onnx_file_is_a_folder_is_said_as_for_a_graph(tmp_path):
+    # was "expected an ONNX model (IsADirectoryError: [Errno 21] Is a directory: ...)"
+    line = refused(cli("graph", "--onnx", tmp_path), BAD_INPUT, str(tmp_path),
+                   "give the ONNX file itself, not a folder")
+    assert "Errno" not in line
 
 
 def test_node_link_graph_with_a_cycle(tmp_path):
@@ -132,7 +141,8 @@ def test_graph_given_as_plan(tmp_path):
 
 def test_missing_plan_file(tmp_path):
     graph = tiny_graph(tmp_path)
-    refused(cli("simulate", tmp_path / "nope.json", "--graph", graph), BAD_INPUT, "nope.json")
+    refused(cli("simulate", tmp_path / "nope.json", "--graph", graph), BAD_INPUT, "nope.json",
+            ": check the path")
 
 
 # --- profiles ------------------------------------------------------------------------------

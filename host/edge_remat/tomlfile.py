@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edge_remat_agent.formats import FormatError
+from edge_remat_agent.formats.errors import unreadable_file
 
 
 def read_toml(path: Path, what: str) -> dict:
@@ -18,6 +19,6 @@ def read_toml(path: Path, what: str) -> dict:
         with open(path, "rb") as handle:
             return tomllib.load(handle)
     except OSError as exc:
-        raise FormatError(str(path), "<file>", f"a readable {what}", exc.strerror) from None
+        raise unreadable_file(path, exc, what) from None
     except tomllib.TOMLDecodeError as exc:
         raise FormatError(str(path), "<toml>", "valid TOML", str(exc)) from None

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .errors import FormatError
+from .errors import FormatError, unreadable_file
 
 _MISSING = object()
 
@@ -114,7 +114,7 @@ def load_json(path: str | Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise FormatError(str(path), "<file>", "a readable file", exc.strerror) from None
+        raise unreadable_file(path, exc) from None
     except UnicodeDecodeError as exc:
         raise FormatError(str(path), f"<byte {exc.start}>", "UTF-8 text (the file is cut short "
                           "or not JSON)", exc.reason) from None

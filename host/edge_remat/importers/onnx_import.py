@@ -20,6 +20,7 @@ from edge_remat_agent.capture.assemble import saved_bytes
 from edge_remat_agent.capture.estimate import DEFAULT_RATES, round_time
 from edge_remat_agent.capture.optimizer import OPTIMIZERS
 from edge_remat_agent.formats import FormatError, Graph, Node
+from edge_remat_agent.formats.errors import unreadable_file
 from edge_remat_agent.formats.graph import check_order
 
 HEAVY_OPS = {"Conv", "ConvTranspose", "ConvInteger", "Gemm", "MatMul", "MatMulInteger",
@@ -112,8 +113,8 @@ def _load(source: str):
     import onnx
     try:
         model = onnx.load(source)
-    except FileNotFoundError:
-        raise FormatError(source, "<file>", "an existing ONNX file") from None
+    except OSError as exc:  # missing, a folder: as every file read (not onnx's exception)
+        raise unreadable_file(source, exc, "ONNX file") from None
     except Exception as exc:
         raise FormatError(source, "<file>", f"an ONNX model ({type(exc).__name__}: {exc})") from exc
     try:
