@@ -161,6 +161,26 @@ def test_sweep_output_is_a_file(tmp_path):
             "not a folder")
 
 
+@pytest.mark.parametrize("command,option,what", [
+    (["plan", "--budget", "0.8"], "-o", "a file name"),
+    (["plan", "--sweep", "0.8:1:0.1"], "-o", "a folder name"),
+    (["graph", "--model", "mlp"], "-o", "a file name"),
+    (["plot", "--plan", "PLAN"], "--out", "a folder name"),
+    (["job", "echo", "--device", "local"], "--out", "a folder name"),
+], ids=["plan", "sweep", "graph", "plot", "job"])
+def test_an_empty_output_path_is_refused(tmp_path, command, option, what):
+    # `-o ''` printed the table, wrote nothing and exited 0 (an empty path read as no -o)
+    graph = tiny_graph(tmp_path)
+    plan = tiny_plan(tmp_path, graph) if "PLAN" in command else None
+    command = [plan if arg == "PLAN" else arg for arg in command]
+    if command[0] in ("plan", "plot"):
+        command += ["--graph", graph]
+    before = tree(tmp_path)
+    refused(cli(*command, option, "", cwd=tmp_path), BAD_INPUT, f"{option} is empty",
+            f"give {what}")
+    no_new_files(before, tmp_path)
+
+
 def test_graph_output_is_a_folder_refused_before_capture(tmp_path):
     before = tree(tmp_path)
     refused(cli("graph", "--model", "mlp", "-o", tmp_path), BAD_INPUT, "is a folder")

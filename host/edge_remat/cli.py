@@ -162,7 +162,7 @@ def plan(
         from .units import Budget
         budget_value = Budget.parse(budget)
     flash_tier = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
-    if output:
+    if output is not None:  # `-o ''` too, which is refused
         (output_folder(output, "-o") if sweep is not None else output_file(output, force))
     g = load_graph_file(graph)
     prof = load_profile(profile) if profile else None
@@ -425,7 +425,7 @@ def graph(
         raise FormatError("command line", "--model/--onnx", "exactly one of them")
     if optimizer not in ("sgd", "adamw"):
         raise UserError(f"unknown --optimizer {optimizer!r}: use sgd or adamw")
-    if output:
+    if output is not None:  # `-o ''` too, which is refused
         output_file(output, force)
     if onnx_file is not None and operator_level:
         raise UserError("--operator-level splits a captured model's ATen ops: use it with "
@@ -512,7 +512,7 @@ def job(
 
     values = parse_params(params, param)
     inputs = parse_inputs(input_file)
-    if out:
+    if out is not None:  # `--out ''` too, which is refused
         output_folder(out)
     with Board(find_device(device), on_event=to_stderr, keep_running=keep_running) as board:
         if detach:
@@ -557,7 +557,7 @@ def job_status(
     from .remote import print_outcome, show_progress, to_stderr
     from .transport import Board, JobFailed
 
-    if out:
+    if out is not None:  # `--out ''` too, which is refused
         output_folder(out)
     with Board(_device(device, memory_limit), on_event=to_stderr) as board:
         try:

@@ -15,7 +15,7 @@ from .errors import UserError
 def output_file(path: "str | os.PathLike[str]", force: bool, option: str = "-o") -> Path:
     """A file the command will write: not a folder, not someone's existing file unless
     `force`, in a folder that exists (made here) and can be written."""
-    path = Path(path)
+    path = Path(_named(path, option, "a file name"))
     if path.is_dir():
         raise UserError(f"{option} {path} is a folder: give a file name, e.g. "
                         f"{path / 'out.json'}")
@@ -28,10 +28,18 @@ def output_file(path: "str | os.PathLike[str]", force: bool, option: str = "-o")
 
 def output_folder(path: "str | os.PathLike[str]", option: str = "--out") -> Path:
     """A folder the command will write its files into (made here when missing)."""
-    path = Path(path)
+    path = Path(_named(path, option, "a folder name"))
     if path.exists() and not path.is_dir():
         raise UserError(f"{option} {path} is a file, not a folder: give a folder name")
     writable_folder(path, option)
+    return path
+
+
+def _named(path: "str | os.PathLike[str]", option: str, what: str):
+    """`path`, unless it is empty: `-o ''` asks for a file and names none (Path('') is the
+    current folder, and an empty option reads as no option where callers test its truth)."""
+    if not os.fspath(path).strip():
+        raise UserError(f"{option} is empty: give {what}")
     return path
 
 

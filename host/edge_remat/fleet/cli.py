@@ -53,7 +53,8 @@ def plan_command(
         from .backends import RayBackend
         backend = RayBackend(ray_address)  # a cluster that cannot be reached: nothing made
     try:
-        folder = output_folder(out or manifest.out or "edge-remat-fleet")
+        folder = output_folder(out if out is not None else  # `--out ''` is refused
+                               manifest.out or "edge-remat-fleet")
         result = run_fleet(manifest, Path(folder), backend, threads, say=to_stderr)
     finally:
         backend.close()
