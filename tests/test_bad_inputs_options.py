@@ -181,6 +181,23 @@ def test_an_empty_output_path_is_refused(tmp_path, command, option, what):
     no_new_files(before, tmp_path)
 
 
+@pytest.mark.parametrize("reads", ["--graph", "--profile", "--model", "--onnx"])
+def test_an_output_that_is_the_commands_own_input_is_refused_even_with_force(tmp_path, reads):
+    # `plan --graph G -o G --force` replaced the graph with its plan
+    graph = tiny_graph(tmp_path)
+    kept = tmp_path / "input"
+    kept.write_text('{"format": "edge-remat/profile"}')
+    command = {"--graph": ["plan", "--graph", kept, "--budget", "0.8"],
+               "--profile": ["plan", "--graph", graph, "--profile", kept, "--budget", "0.8"],
+               "--model": ["graph", "--model", f"{kept}:make"],
+               "--onnx": ["graph", "--onnx", kept]}[reads]
+    before = tree(tmp_path)
+    refused(cli(*command, "-o", tmp_path / "." / "input", "--force"), BAD_INPUT,
+            f"is the {reads} file", "give another file name")
+    no_new_files(before, tmp_path)
+    assert kept.read_text() == '{"format": "edge-remat/profile"}'
+
+
 def test_graph_output_is_a_folder_refused_before_capture(tmp_path):
     before = tree(tmp_path)
     refused(cli("graph", "--model", "mlp", "-o", tmp_path), BAD_INPUT, "is a folder")

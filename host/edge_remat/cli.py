@@ -163,7 +163,8 @@ def plan(
         budget_value = Budget.parse(budget)
     flash_tier = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
     if output is not None:  # `-o ''` too, which is refused
-        (output_folder(output, "-o") if sweep is not None else output_file(output, force))
+        (output_folder(output, "-o") if sweep is not None else
+         output_file(output, force, inputs={"--graph": graph, "--profile": profile}))
     g = load_graph_file(graph)
     prof = load_profile(profile) if profile else None
     note_profile_fit(prof, g, str(profile), to_stderr)
@@ -426,7 +427,9 @@ def graph(
     if optimizer not in ("sgd", "adamw"):
         raise UserError(f"unknown --optimizer {optimizer!r}: use sgd or adamw")
     if output is not None:  # `-o ''` too, which is refused
-        output_file(output, force)
+        from edge_remat_agent.user_code import spec_file
+        output_file(output, force, inputs={"--onnx": onnx_file,
+                                           "--model": spec_file(model) if model else None})
     if onnx_file is not None and operator_level:
         raise UserError("--operator-level splits a captured model's ATen ops: use it with "
                         "--model, not --onnx")

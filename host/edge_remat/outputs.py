@@ -12,13 +12,22 @@ from pathlib import Path
 from .errors import UserError
 
 
-def output_file(path: "str | os.PathLike[str]", force: bool, option: str = "-o") -> Path:
-    """A file the command will write: not a folder, not someone's existing file unless
-    `force`, in a folder that exists (made here) and can be written."""
+def output_file(path: "str | os.PathLike[str]", force: bool, option: str = "-o",
+                inputs: "dict[str, str | None] | None" = None) -> Path:
+    """A file the command will write: not a folder, not one of the command's `inputs`
+    ({option: path}) even with `force`, not someone's existing file unless `force`, in a
+    folder that exists (made here) and can be written."""
     path = Path(_named(path, option, "a file name"))
     if path.is_dir():
         raise UserError(f"{option} {path} is a folder: give a file name, e.g. "
                         f"{path / 'out.json'}")
+    for input_option, given in (inputs or {}).items():
+        # `plan --graph G -o G --force` replaced the graph with its plan: --force is for
+        # someone's old output, not for the file this command is reading
+        if given and path.exists() and os.path.exists(given) and os.path.samefile(path, given):
+            raise UserError(f"{option} {path} is the {input_option} file this command reads: "
+                            "writing there would replace it (even with --force); give "
+                            "another file name")
     if path.exists() and not force:
         raise UserError(f"{option} {path} already exists: add --force to overwrite it, or "
                         "choose another name")
