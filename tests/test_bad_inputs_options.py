@@ -218,6 +218,22 @@ def test_plot_out_unwritable(tmp_path):
                 f"{_unwritable_folder(tmp_path)}/plots"), BAD_INPUT, "--out")
 
 
+def test_plot_overwrites_its_pngs_only_with_force(tmp_path):
+    # plot replaced existing PNGs in silence, where plan -o and graph -o refuse without --force
+    graph = tiny_graph(tmp_path)
+    plan = tiny_plan(tmp_path, graph)
+    out = tmp_path / "plots"
+    out.mkdir()
+    (out / "memory.png").write_text("someone's figure")
+    refused(cli("plot", "--plan", plan, "--graph", graph, "--out", out), BAD_INPUT,
+            "memory.png already exists", "--force")
+    assert sorted(p.name for p in out.iterdir()) == ["memory.png"]
+    assert (out / "memory.png").read_text() == "someone's figure"
+    proc = cli("plot", "--plan", plan, "--graph", graph, "--out", out, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "memory.png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_job_out_is_a_file(tmp_path):
     target = tmp_path / "f"
     target.write_text("x")

@@ -831,6 +831,7 @@ def plot_command(
     out: str = typer.Option(".", "--out", help="folder for the PNG files"),
     profile: Optional[str] = typer.Option(None, "--profile", help="the profile the plan was "
                                           "made with: its workspaces in the memory traces"),
+    force: bool = typer.Option(False, "--force", help="overwrite existing PNG files"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Draw a plan (stage x node schedule; memory over one step against the budget) and a
@@ -840,23 +841,28 @@ def plot_command(
     from .reports import plots
     from .checks import replay
     from .importers.graph_import import load_graph_file
-    from .outputs import output_folder
+    from .outputs import output_file, output_folder
 
     if plan_file is None and sweep_file is None:
         raise FormatError("command line", "--plan/--sweep", "at least one of them")
+    if plan_file is not None and graph is None:
+        raise FormatError("command line", "--graph", "the graph the plan was made for")
     output_folder(out)
+    # the PNGs to be written, checked as plan -o and graph -o check theirs: no one's file
+    # replaced without --force, nor a file read here even with it
+    inputs = {"--plan": plan_file, "--graph": graph, "--sweep": sweep_file, "--profile": profile}
+    pngs = {name: output_file(Path(out) / f"{name}.png", force, "--out", inputs)
+            for name in ((["schedule", "memory"] if plan_file is not None else [])
+                         + (["sweep"] if sweep_file is not None else []))}
     written = []
     if plan_file is not None:
-        if graph is None:
-            raise FormatError("command line", "--graph", "the graph the plan was made for")
         g, p = load_graph_file(graph), load_plan(plan_file)
         replay(p, g, plan_file, graph)  # a plan for another graph draws nonsense: refused
         planned, plain = plots.memory_traces(g, p, load_profile(profile) if profile else None)
-        written += [plots.plot_schedule(g, p, Path(out) / "schedule.png"),
-                    plots.plot_memory(planned, p.budget_bytes, Path(out) / "memory.png",
-                                      plain=plain)]
+        written += [plots.plot_schedule(g, p, pngs["schedule"]),
+                    plots.plot_memory(planned, p.budget_bytes, pngs["memory"], plain=plain)]
     if sweep_file is not None:
-        written.append(plots.plot_sweep(_sweep_rows(sweep_file), Path(out) / "sweep.png"))
+        written.append(plots.plot_sweep(_sweep_rows(sweep_file), pngs["sweep"]))
     if as_json:
         print(json.dumps({"plots": [str(p) for p in written]}))
     else:
