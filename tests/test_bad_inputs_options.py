@@ -65,6 +65,11 @@ OTHER_OPTION_CASES = [
     ("graph: operator level of an onnx file", ["graph", "--onnx", "m.onnx", "--operator-level"],
      ["--operator-level", "--model"]),
     ("graph: batch 0", ["graph", "--model", "mlp", "--batch", "0"], ["--batch"]),
+    # the example inputs are real tensors: one of 1.1 PiB, past any address space (even with
+    # overcommit), was an internal error (exit 70)
+    ("graph: batch no machine holds", ["graph", "--model", "mlp", "--batch", str(10**11),
+                                       "-o", "g.json"],
+     [f"example inputs of batch {10**11}", "cannot allocate", "use a smaller --batch"]),
     ("run: no budget, no limit", ["run", "--device", "local", "--model", "mlp"],
      ["--budget"]),
     ("run: steps 0", ["run", "--device", "local", "--model", "mlp", "--budget", "0.5",

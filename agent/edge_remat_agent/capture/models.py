@@ -43,7 +43,8 @@ def load_model(spec: str, batch: int | None = None, image: int | None = None,
         try:
             result = factory(**kwargs)
         except Exception as exc:  # noqa: BLE001 - the user's code: say what it raised
-            raise CaptureError(spec, f"the factory raised {raised(exc)}") from exc
+            raise _too_big(spec, batch, exc) or CaptureError(
+                spec, f"the factory raised {raised(exc)}") from exc
     return _check_result(spec, result)
 
 
@@ -56,6 +57,24 @@ def _from_zoo(name, batch, image, seq, seed):
         return build(name, batch=batch, image=image, seq=seq, seed=seed)
     except ZooError as exc:
         raise CaptureError(name, str(exc)) from exc
+    except (RuntimeError, MemoryError) as exc:
+        raise _too_big(name, batch, exc) or exc
+
+
+def _too_big(spec: str, batch: int | None, exc: BaseException) -> CaptureError | None:
+    """The example inputs are real tensors (the weights are not): a --batch this machine
+    cannot allocate is bad input, said with the size, not an internal error. None where
+    `exc` is no failed allocation."""
+    import re
+    tried = re.search(r"tried to allocate (\d+) bytes", str(exc))
+    if not (tried or isinstance(exc, MemoryError)):
+        return None
+    from ..units import format_size
+    size = f"a {format_size(int(tried.group(1)))} tensor" if tried else "them"
+    what, todo = ((f"the example inputs of batch {batch}", "use a smaller --batch") if batch
+                  else ("the example inputs", "make smaller example inputs"))
+    return CaptureError(spec, f"cannot build {what}: this machine cannot allocate {size}; "
+                        f"{todo}")
 
 
 def _import(module_part: str, spec: str):
