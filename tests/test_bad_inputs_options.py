@@ -65,6 +65,9 @@ OTHER_OPTION_CASES = [
     ("graph: operator level of an onnx file", ["graph", "--onnx", "m.onnx", "--operator-level"],
      ["--operator-level", "--model"]),
     ("graph: batch 0", ["graph", "--model", "mlp", "--batch", "0"], ["--batch"]),
+    ("graph: empty module", ["graph", "--model", ":make"],  # was "importing  raised ..."
+     ["MODULE (before the ':') is empty", "MODULE:FACTORY"]),
+    ("graph: empty factory", ["graph", "--model", "m.py:"], ["FACTORY (after the ':') is empty"]),
     # the example inputs are real tensors: one of 1.1 PiB, past any address space (even with
     # overcommit), was an internal error (exit 70)
     ("graph: batch no machine holds", ["graph", "--model", "mlp", "--batch", str(10**11),

@@ -29,6 +29,10 @@ def load_model(spec: str, batch: int | None = None, image: int | None = None,
     if ":" not in spec:
         return _from_zoo(spec, batch, image, seq, seed)
     module_part, _, factory_name = spec.rpartition(":")
+    if not module_part or not factory_name:  # `:make` read as importing '': "Empty module name"
+        empty = "MODULE (before the ':')" if not module_part else "FACTORY (after the ':')"
+        raise CaptureError(spec, f"{empty} is empty: give MODULE:FACTORY, MODULE an importable "
+                           "module or a .py file, e.g. examples/my_model.py:make_model")
     factory = getattr(_import(module_part, spec), factory_name, None)
     if factory is None or not callable(factory):
         raise CaptureError(spec, f"{module_part} has no callable named {factory_name!r}")
