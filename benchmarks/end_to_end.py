@@ -925,7 +925,7 @@ def bench_model(name: str, options: dict, args, log) -> dict:
 def plan_at_or_above(graph, profile, budget_bytes: int, fraction: float, plain: int, args,
                      paging: str = "none"):
     """(solved, the budget it was planned at, a note saying why that is not the one asked for).
-    Below the planner's smallest feasible budget (one node's inputs, output and workspace at
+    Below the planner's floor (one node's inputs, output and workspace at
     once), and where no solver finds a schedule within the time limit (the floor is necessary,
     not sufficient), the budget is raised until a plan is found: the lowest budget ours
     reaches, which the peers are then measured against."""
@@ -942,10 +942,11 @@ def plan_at_or_above(graph, profile, budget_bytes: int, fraction: float, plain: 
         if error.smallest_bytes is None:
             raise
         smallest = error.smallest_bytes
-        floor = (f"the planner's smallest feasible budget (fixed + "
+        text = str(error)
+        floor = (f"the planner's floor (fixed + "
                  f"{(smallest - graph.fixed_bytes) / MiB:.1f} MiB = "
                  f"{(smallest - graph.fixed_bytes) / plain:.0%} of eager's peak: "
-                 f"{str(error).split(': ', 1)[-1].split(' needs')[0]} needs it)")
+                 f"{text[text.find('node '):].split(' needs')[0]} needs it)")
         note = (f"the lowest budget ours reaches, from {floor}; " if fraction <= 0 else
                 f"{_label(fraction)} is below {floor}; ")
         # then in steps of eager's peak: near the floor a plan may take more than the limit

@@ -1,7 +1,7 @@
 """Memory floors: how small a budget each model can train in, once every byte is planned.
 
 For each model it prints the plain peak (plain PyTorch: parameters, .grad buffers and optimizer
-state resident, one optimizer step after the backward), the smallest feasible budget of the
+state resident, one optimizer step after the backward), the floor (the least budget) of the
 graph as captured by default for a small board (fused updates, parameters and optimizer state
 homed on flash, refined to single ops where memory is decided) as a fraction and in bytes, and
 what sets it: the largest node's inputs + output + workspace. Beside it, the floor without

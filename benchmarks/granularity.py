@@ -1,7 +1,7 @@
 """Graph granularity against the memory floor: what `--max-nodes` buys.
 
 For each model and node budget: ATen ops captured, planner nodes, capture time, the plain
-schedule's peak, the smallest feasible budget (what `edge-remat plan --budget 1000` names) as
+schedule's peak, the floor, the least budget (what `edge-remat plan --budget 1000` names), as
 bytes and as a share of the plain peak, the activation-only floor (smallest budget minus fixed
 memory, against the plain peak minus fixed memory) and the node that sets it. `module` is the
 grouping capture made before refinement (the finest module level within 200 nodes): the

@@ -45,8 +45,8 @@ FLASH_SIZES = (64 * 2**10, 2**20, 16 * 2**20)
 
 
 def plan_at(graph, fraction: float, plain: int, profile, time_limit: float):
-    """The plan at fixed + fraction x eager's activation peak, or at the smallest feasible
-    budget when that is below it; (plan, problem, note)."""
+    """The plan at fixed + fraction x eager's activation peak, or at the floor (the
+    least a schedule needs) when that is below it; (plan, problem, note)."""
     from edge_remat.planner.build import build_problem
     from edge_remat.planner.problem import InfeasibleBudget, ProblemError
     from edge_remat.planner.solve import NoPlan, solve
@@ -59,7 +59,7 @@ def plan_at(graph, fraction: float, plain: int, profile, time_limit: float):
         smallest = error.smallest_bytes
     for extra in (0.0, 0.05, 0.1, 0.2):  # the floor is necessary, not sufficient
         budget = int(smallest + extra * (smallest - graph.fixed_bytes))
-        note = (f"{fraction:.0%} is below the smallest feasible budget; planned at fixed + "
+        note = (f"{fraction:.0%} is below the floor (the least a schedule needs); planned at fixed + "
                 f"{(budget - graph.fixed_bytes) / MiB:.1f} MiB "
                 f"({(budget - graph.fixed_bytes) / plain:.0%} of eager's activation peak)")
         try:

@@ -5,8 +5,8 @@ For every file, every budget (a fraction of the file's own `noremat_peak_bytes`)
 modes (`counted`: paging takes the time the tier says; `free`: POET's assumption), solve for the
 least energy under the deadline with paging to the file's SD card / flash, and print: status,
 energy and its breakdown, the lower bound and gap, recomputations, page-ins and page-outs, the time
-to the first and to the returned plan. A budget no schedule fits prints the smallest feasible one;
-a deadline no schedule meets prints the smallest deadline that can be met.
+to the first and to the returned plan. A budget no schedule fits prints the floor (the least
+bytes a schedule needs); a deadline no schedule meets prints the smallest deadline that can be met.
 
     python benchmarks/poet_problems.py                      # all files, 30/50/70 %, 1.5x, 30 s
     python benchmarks/poet_problems.py --files vgg16__m4 --budgets 0.5 --solver milp
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                     report = solve(p, args.solver, args.time_limit, workers=args.workers)
                 except InfeasibleBudget as exc:
                     row.update(status="infeasible", smallest_budget_bytes=exc.smallest_bytes)
-                    note = (f"smallest feasible budget {exc.smallest_bytes} B; POET: {note}"
-                            if note else f"smallest feasible budget {exc.smallest_bytes} B")
+                    note = (f"needs at least {exc.smallest_bytes} B; POET: {note}"
+                            if note else f"needs at least {exc.smallest_bytes} B")
                 except InfeasibleDeadline as exc:
                     row.update(status="deadline", smallest_deadline=exc.smallest_deadline)
                     note = f"smallest deadline {exc.smallest_deadline:.4g}x"

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 mult = smallest / peak if smallest else None
                 emit({**base, "method": "-", "status": "infeasible",
                       "smallest_budget_bytes": smallest, "smallest_multiplier": mult},
-                     note(f"infeasible: smallest feasible budget {fmt(mult, '.3f')}x plain peak"
+                     note(f"infeasible: needs at least {fmt(mult, '.3f')}x plain peak"
                           f" ({smallest} bytes)"))
                 continue
 

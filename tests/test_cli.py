@@ -116,15 +116,16 @@ def test_infeasible_budget(cli, tmp_path):
     plan_file = tmp_path / "plan.json"
     proc = cli("plan", "--graph", VGG16, "--budget", "0.7", "-o", plan_file)
     line = clean_error(proc)
-    assert "smallest feasible budget" in line
+    assert "needs at least" in line and "lower bound" in line
     assert not plan_file.exists()
 
     proc = cli("plan", "--graph", VGG16, "--budget", "0.7", "-o", plan_file, "--json")
     assert proc.returncode == 2
     out = one_json(proc.stdout)
     assert out["status"] == "infeasible"
-    smallest = out["smallest_feasible_budget_bytes"]
+    smallest = out["budget_floor_bytes"]
     assert isinstance(smallest, int) and smallest > 0
+    assert out["smallest_feasible_budget_bytes"] == smallest  # the older name, kept
     assert f"{smallest} bytes" in line  # the text names the same number, in bytes
     assert not plan_file.exists()
 
@@ -300,7 +301,7 @@ def test_sweep_prints_the_curve_and_writes_each_plan(cli, tmp_path):
     assert solved and rows[-1]["status"] == "optimal" and rows[-1]["tdi_percent"] == 0
     for row in rows:
         if row["status"] == "infeasible":
-            assert "smallest feasible budget" in row["message"]
+            assert "needs at least" in row["message"]
     # more memory never costs more time, and every plan replays within its budget
     tdis = [r["tdi_percent"] for r in solved]
     assert tdis == sorted(tdis, reverse=True)
@@ -401,7 +402,7 @@ def test_a_sweep_where_no_budget_plans_is_an_error_and_writes_nothing(cli, tmp_p
     """It exited 0, printed "plans written to DIR/" and left DIR empty."""
     graph, out = tiny_graph(tmp_path), tmp_path / "plans"
     line = clean_error(cli("plan", "--graph", graph, "--sweep", "0.01:0.05:0.02", "-o", out))
-    assert "no budget of the sweep" in line and "smallest feasible budget is" in line
+    assert "no budget of the sweep" in line and "every schedule needs at least" in line
     assert not out.exists()
     some = cli("plan", "--graph", graph, "--sweep", "0.05:1.0:0.95", "--time-limit", "10",
                "-o", out)

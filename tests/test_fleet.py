@@ -163,8 +163,8 @@ def test_failures_are_recorded_and_do_not_stop_the_others(fleet):
         assert "Ray worker failed" in row["error"] and "\n" not in row["error"]
     infeasible = [r for r in result.rows if r["status"] == "infeasible"]
     assert {(r["model"], r["budget"]) for r in infeasible} == {("mlp", "80%"), ("mlp", "90%")}
-    assert all("smallest feasible budget" in r["error"] for r in infeasible)
-    assert all(r["smallest_feasible_budget_bytes"] > r["budget_bytes"] for r in infeasible)
+    assert all("needs at least" in r["error"] for r in infeasible)
+    assert all(r["budget_floor_bytes"] > r["budget_bytes"] for r in infeasible)
     assert result.infeasible == infeasible and len(result.failed) == 6  # the crasher's only
     assert any(line.startswith("failed: crasher on rpi4 at 80%: capture failed: ")
                for line in lines)

@@ -37,18 +37,19 @@ def test_an_infeasible_budget_is_a_result_not_a_failure(tmp_path):
     assert (report["status"], report["failed"], report["infeasible"]) == ("done", 0, 1)
     low, high = report["rows"]
     assert low["status"] == "infeasible" and low["plan"] is None
-    assert low["smallest_feasible_budget_bytes"] > low["budget_bytes"]
-    assert "smallest feasible budget" in low["error"]  # the planner's why, kept for the table
-    assert high["status"] != "infeasible" and high["smallest_feasible_budget_bytes"] is None
-    assert "infeasible: tiny on rpi4 at 10%: smallest feasible budget " \
-        f"{low['smallest_feasible_budget_bytes']} bytes" in proc.stderr
+    assert low["budget_floor_bytes"] > low["budget_bytes"]
+    assert low["smallest_feasible_budget_bytes"] == low["budget_floor_bytes"]  # older name
+    assert "needs at least" in low["error"]  # the planner's why, kept for the table
+    assert high["status"] != "infeasible" and high["budget_floor_bytes"] is None
+    assert "infeasible: tiny on rpi4 at 10%: needs at least " \
+        f"{low['budget_floor_bytes']} bytes" in proc.stderr
 
     again = cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray")
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith("2 tasks: 1 planned (1 kept from before), 1 infeasible, "
                                    "0 failed")
     line = next(line for line in again.stdout.splitlines() if line.startswith("tiny "))
-    assert "infeasible" in line and "smallest feasible budget" in line and "node" not in line
+    assert "infeasible" in line and "needs at least" in line and "node" not in line
 
 
 def test_the_table_is_aligned_with_an_infeasible_deadline(tmp_path):

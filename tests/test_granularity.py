@@ -98,7 +98,7 @@ def test_the_floor_names_the_single_op_that_sets_it(tmp_path):
     assert len(node.attrs["ops"]) == 1 and node.attrs["ops"][0] in line, line
     assert f"({node.name})" in line and ":" in node.name  # e.g. ...backward:native_batch_norm_...
     smallest = build_problem(graph, "1000").smallest_budget()[0]
-    assert f"smallest feasible budget, {smallest} bytes" in line
+    assert f"needs at least {smallest} bytes" in line
 
 
 def split_plan_near_the_floor(graph):

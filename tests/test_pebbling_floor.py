@@ -63,12 +63,16 @@ def test_paging_lifts_the_game():
 
 
 def test_the_command_line_names_the_floor(tmp_path):
+    # It called the floor "the smallest feasible budget", which a floor (proven necessary,
+    # not sufficient) need not be: a budget at it may still not plan.
     path = tmp_path / "fan.json"
     fan().save(path)
     proc = cli("plan", "--graph", path, "--budget", "115", "--json", "-o", tmp_path / "p.json")
-    refused(proc, BAD_INPUT, "smallest feasible budget, 120 bytes", "whichever")
+    line = refused(proc, BAD_INPUT, "needs at least 120 bytes", "lower bound", "whichever")
+    assert "feasible" not in line
     out = json.loads(proc.stdout)
-    assert out["status"] == "infeasible" and out["smallest_feasible_budget_bytes"] == 120
+    assert out["status"] == "infeasible" and out["budget_floor_bytes"] == 120
+    assert out["smallest_feasible_budget_bytes"] == 120  # the older name, kept for readers
     assert not (tmp_path / "p.json").exists()
 
 

@@ -217,6 +217,19 @@ def test_no_plan_in_time_names_a_budget_that_has_one(monkeypatch):
     assert evaluate(p, solve(p, "heuristic:peak-search", time_limit=10).decisions).fits_budget
 
 
+def test_the_budget_named_says_how_far_above_the_asked_one_it_is():
+    # It said "a plan at 2546222 bytes (1.025x the 2134016 bytes this budget leaves beyond
+    # fixed memory)": a ratio of neither budget. Now the bytes (and share) above the budget.
+    from edge_remat.planner.solve import _budget_found_hint
+    graph = random_layered(60, seed=1)
+    graph.fixed_bytes = 10_000  # the ladder steps on the room beyond it
+    p = build_problem(graph, "0.8", order="given")
+    hint = _budget_found_hint(p, time.perf_counter() + 5)
+    named = int(str(hint).split("--budget ")[1].split(",")[0])
+    assert f"at {named} bytes ({named - p.budget_bytes} bytes, " in hint, hint
+    assert "above this budget): try --budget" in hint and "x the" not in hint
+
+
 def test_no_plan_and_no_ladder_budget_in_time_still_names_one(monkeypatch):
     # Where the ladder finds no budget in time (5000 nodes at 0.8 in 60 s), the error names the
     # peak of the schedule without recomputation in the problem's order, which always plans.

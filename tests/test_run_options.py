@@ -59,7 +59,7 @@ def test_an_infeasible_budget_leaves_no_files(tmp_path):
     turned out infeasible (mlp's floor is 95% of its plain peak)."""
     before = tree(tmp_path)
     proc = _run("--budget", "50%", "--profile", PROFILE, "--out", "out", cwd=tmp_path)
-    refused(proc, BAD_INPUT, "smallest feasible budget")
+    refused(proc, BAD_INPUT, "needs at least")
     no_new_files(before, tmp_path)
 
 
@@ -150,7 +150,7 @@ def test_paging_none_does_not_move_parameters_to_flash(tmp_path):
     on flash (about 85%). With --paging none the budget is refused, naming the floor."""
     proc = _run("--budget", "90%", "--paging", "none", "--profile", PROFILE,
                 "--no-grad-check", "--out", tmp_path / "run", cwd=tmp_path)
-    refused(proc, BAD_INPUT, "smallest feasible budget")
+    refused(proc, BAD_INPUT, "needs at least")
     assert "--params-home flash" not in proc.stderr
 
 

@@ -79,7 +79,10 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
         from .planner.interrupt import stopped_by
         return EXIT_INTERRUPTED, f"interrupted ({stopped_by()})", {"status": "interrupted"}
     if isinstance(exc, InfeasibleBudget):
+        # budget_floor_bytes is a lower bound; its older name, kept for existing readers,
+        # says "feasible", which it need not be
         return EXIT_BAD_INPUT, str(exc), {"status": "infeasible",
+                                          "budget_floor_bytes": exc.smallest_bytes,
                                           "smallest_feasible_budget_bytes": exc.smallest_bytes}
     if isinstance(exc, InfeasibleDeadline):
         return EXIT_BAD_INPUT, str(exc), {"status": "infeasible_deadline",

@@ -24,7 +24,7 @@ class SweepPoint:
     status: str  # a plan status, or "infeasible" | "infeasible_deadline" | "no plan"
     report: SolveReport | None = None
     message: str = ""
-    smallest_bytes: int | None = None  # where infeasible: the smallest budget with a chance
+    smallest_bytes: int | None = None  # where infeasible: the floor (a schedule needs at least)
     smallest_deadline: float | None = None  # where infeasible_deadline: the least one met
 
 
@@ -96,16 +96,19 @@ def run_sweep(make_problem: Callable[[Budget], Problem], fractions: list[float],
 
 
 def smallest_feasible(point: SweepPoint) -> dict:
-    """A row's smallest feasible budget or deadline, named as `plan --json`'s error names them."""
-    return {key: value for key, value in (("smallest_feasible_budget_bytes", point.smallest_bytes),
+    """A row's floor (with its older name, as `plan --json`'s error gives both) or smallest
+    deadline, named as `plan --json`'s error names them."""
+    return {key: value for key, value in (("budget_floor_bytes", point.smallest_bytes),
+                                          ("smallest_feasible_budget_bytes", point.smallest_bytes),
                                           ("smallest_feasible_deadline", point.smallest_deadline))
             if value is not None}
 
 
 def no_plan_error(points: list[SweepPoint]) -> Exception:
     """The error of a sweep in which no budget planned, as a single budget's would be: the
-    smallest feasible budget where every one was below it, the smallest deadline where the
-    largest budget missed the deadline, else the largest budget's reason."""
+    floor (the least bytes a schedule needs) where every one was below it, the smallest
+    deadline where the largest budget missed the deadline, else the largest budget's
+    reason."""
     span = f"{points[0].fraction:g}-{points[-1].fraction:g}" if len(points) > 1 else \
         f"{points[0].fraction:g}"
     smallest = max((p.smallest_bytes for p in points if p.smallest_bytes), default=None)
@@ -114,8 +117,8 @@ def no_plan_error(points: list[SweepPoint]) -> Exception:
         plain = largest.budget_bytes / largest.fraction if largest.budget_bytes else None
         share = f" ({smallest / plain:.3g} of the plain peak)" if plain else ""
         return InfeasibleBudget(
-            f"no budget of the sweep ({span} of the plain peak) plans: the smallest feasible "
-            f"budget is {smallest} bytes{share}; sweep from there", smallest)
+            f"no budget of the sweep ({span} of the plain peak) plans: every schedule needs at "
+            f"least {smallest} bytes{share}; sweep from there", smallest)
     if points[-1].status == "infeasible_deadline":  # the largest budget: the least deadline
         return InfeasibleDeadline(f"no budget of the sweep ({span} of the plain peak) plans; "
                                   f"at {points[-1].fraction:g}: {points[-1].message}",

@@ -1,7 +1,7 @@
 """Refine module-level groups where memory is decided, down to single ATen ops.
 
 No schedule runs a planner node without its inputs, its output and its workspace in RAM at once,
-so the node with the largest such working set sets the smallest feasible budget (floor.py). A
+so the node with the largest such working set sets the floor, the least budget (floor.py). A
 coarse group (a whole block's backward) has a large one; the ops inside it each have a smaller
 one. `refine` repeatedly splits the group with the largest working set one step finer, while the
 graph stays within `max_nodes`:

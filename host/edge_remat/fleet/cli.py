@@ -34,7 +34,7 @@ def plan_command(
     """Capture each model once, plan every (model, board, budget, deadline) with the board's
     profile, check each plan in the simulator, write the plans, a results table and a plot per
     model. Re-running skips what is already written and valid. A budget or deadline below
-    what a model allows is a result (infeasible: the smallest feasible one), not a failure.
+    what a model allows is a result (infeasible: the floor it needs), not a failure.
     Exit status 1: some tasks failed (each is in the table with its error)."""
     from pathlib import Path
 

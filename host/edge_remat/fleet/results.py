@@ -15,12 +15,15 @@ from .tasks import PlanTask
 COLUMNS = ("model", "board", "budget", "deadline", "status", "solver", "budget_bytes",
            "peak_bytes", "time_s", "energy_j", "tdi_percent", "recomputed", "page_ins",
            "page_outs", "lower_bound", "gap", "solve_time_s", "workers", "task_s", "resumed",
-           "plan", "smallest_feasible_budget_bytes", "smallest_feasible_deadline", "error")
+           "plan", "budget_floor_bytes", "smallest_feasible_budget_bytes",
+           "smallest_feasible_deadline", "error")
 # A budget or deadline below what the graph allows is an answer of the sweep, not a failure:
-# its row gives the smallest feasible one (as `edge-remat plan --json` names it) and the why.
-INFEASIBLE = {"infeasible": "smallest_feasible_budget_bytes",
+# its row gives the floor (the least bytes any schedule needs) or the smallest deadline met (as
+# `edge-remat plan --json` names them) and the why.
+INFEASIBLE = {"infeasible": "budget_floor_bytes",
               "infeasible_deadline": "smallest_feasible_deadline"}
-SMALLEST = tuple(INFEASIBLE.values())
+# smallest_feasible_budget_bytes: budget_floor_bytes's older name, kept for existing readers
+SMALLEST = (*INFEASIBLE.values(), "smallest_feasible_budget_bytes")
 
 
 def is_failure(row: dict) -> bool:
@@ -29,13 +32,13 @@ def is_failure(row: dict) -> bool:
 
 
 def infeasible_text(row: dict) -> str:
-    """'smallest feasible budget 21078136 bytes (20.10 MiB)', or the deadline's."""
+    """'needs at least 21078136 bytes (20.10 MiB)' (a floor), or the smallest deadline."""
     from ..units import fmt_bytes
     smallest = row[INFEASIBLE[row["status"]]]
     if smallest is None:  # the planner's line says why
         return row["error"]
     if row["status"] == "infeasible":
-        return f"smallest feasible budget {smallest} bytes ({fmt_bytes(smallest)})"
+        return f"needs at least {smallest} bytes ({fmt_bytes(smallest)})"
     return f"smallest feasible deadline {smallest:g}x the plain time"
 
 

@@ -10,7 +10,7 @@ Resumable: a graph captured with the same settings, and a plan for the same prob
 fingerprint: graph, budget, objective, deadline, tiers, profile) that the simulator replays
 with the figures it promises under the board's profile, are kept, not planned again. Failed
 tasks are recorded with their one-line error and tried again on the next run; so are tasks
-whose budget or deadline is infeasible, which are answers (the smallest feasible one), not
+whose budget or deadline is infeasible, which are answers (the floor, or the smallest deadline), not
 failures.
 
 Solver threads: the cores (Ray: the cluster's CPUs) shared out among the tasks in flight, so

@@ -38,7 +38,7 @@ class PlanTask:
 
 def failure(exc: BaseException) -> dict[str, Any]:
     """A failed task's outcome: the CLI's one line for the same error, its status and, for an
-    infeasible budget or deadline, the smallest feasible one (results.SMALLEST)."""
+    infeasible budget or deadline, the floor or the smallest deadline (results.SMALLEST)."""
     from ..errors import classify
     from .results import SMALLEST
     _, line, extra = classify(exc)

@@ -22,7 +22,8 @@ class ProblemError(ValueError):
 
 
 class InfeasibleBudget(ProblemError):
-    """No schedule fits the budget; carries the smallest budget that has a chance."""
+    """No schedule fits the budget; carries the floor: the proven least bytes a schedule needs
+    (the smallest budget that has a chance, not one known to plan)."""
 
     def __init__(self, message: str, smallest_bytes: int | None):
         super().__init__(message)
@@ -153,9 +154,10 @@ class Problem:
                    "in RAM at once, and whichever of them is computed last needs its own "
                    "inputs beside the others held, and so on back through the graph: no order "
                    f"of recomputation fits {game.bytes - 1} bytes")
+        # `smallest` is a proven floor, not a budget known to plan: a schedule may need more
         raise InfeasibleBudget(
-            f"budget {self.budget_bytes} bytes is below the smallest feasible budget, "
-            f"{smallest} bytes: {why}{fixed}" + ("" if game is None else " (without paging: "
+            f"budget {self.budget_bytes} bytes is too small: every schedule needs at least "
+            f"{smallest} bytes (a lower bound; a budget there may still not plan): {why}{fixed}" + ("" if game is None else " (without paging: "
                                                  "--paging flash or host lets a tensor come "
                                                  "back without its inputs)"), smallest)
 

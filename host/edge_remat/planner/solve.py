@@ -353,10 +353,12 @@ def _budget_found_hint(p: Problem, deadline: float) -> str:
         return (f"the schedule without recomputation in this order fits {plain} bytes "
                 f"({plain / p.budget_bytes:.3g}x this budget) and the feasibility phase found "
                 f"no smaller budget in time: try --budget {plain}, or a larger --time-limit")
-    room = f"{found:g}x this budget" if p.fixed == 0 else \
-        f"{found:g}x the {p.budget_bytes - p.fixed} bytes this budget leaves beyond fixed memory"
-    return (f"the feasibility phase finds a plan at {smallest} bytes ({room}): try --budget "
-            f"{smallest}, or a larger --time-limit")
+    # in bytes above the asked budget: the ladder's factor applies to the room beyond fixed
+    # memory, which a ratio beside two budgets did not say
+    above = smallest - p.budget_bytes
+    return (f"the feasibility phase finds a plan at {smallest} bytes ({above} bytes, "
+            f"{above / p.budget_bytes:.1%}, above this budget): try --budget {smallest}, or a "
+            "larger --time-limit")
 
 
 def _since(started: float, progress: Progress | None) -> Progress | None:

@@ -165,7 +165,7 @@ def plot_sweeps(series: "dict[str, Sequence[dict]]", path: "str | Path",
         ax.grid(alpha=0.3)
     if any_infeasible:
         top.plot([], [], color="#cb181d" if "" in series else "#636363", linestyle=":",
-                 label="no plan fits")
+                 label="no plan (below the floor, or none found)")
     if any_infeasible or any(series):
         top.legend(fontsize="small")
     bottom.set_xlabel("memory budget (MiB)")

@@ -189,7 +189,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     # With the profile's measured workspaces (kernel scratch included), as the planner sees it.
     plain_peak = plain_peak_bytes(graph, chosen.profile)
     # Homing parameters on flash is paging: not where --paging rules flash out (the budget
-    # then meets the planner's usual refusal, which names the smallest feasible one).
+    # then meets the planner's usual refusal, which names the floor).
     if opts.params_home == "auto" and flash_allowed(opts.paging) and \
             _below_floor(graph, chosen, opts, device, plain_peak):
         say("the budget is below what parameters in RAM allow: capturing again with "
