@@ -3,11 +3,12 @@ that ignores how its tensors pack loses part of its savings to fragmentation).
 
 The solvers bound the plan's tensor peak; the arena that holds those tensors at fixed offsets
 (arena.py) is larger wherever lifetimes leave gaps that no later block fits. Where the arena
-and fixed memory pass the budget, the schedule is solved again at a budget lowered by the
-overshoot: a schedule slightly dearer in time whose tensors pack into a smaller arena. The
-first schedule whose arena fits is kept (each retry is dearer: its budget is lower); where
-none fits within FIT_TRIES solves, the first schedule, and its layout says by how much it is
-over.
+and fixed memory pass the budget, the schedule is solved again at a budget the overshoot below
+its peak (below the last budget would not do: the last schedule already fits that, and comes
+back with the same arena): a schedule slightly dearer in time whose tensors pack into a smaller
+arena. The first schedule whose arena fits is kept (each retry is dearer: its budget is
+lower); where none fits within FIT_TRIES solves, the first schedule, and its layout says by how
+much it is over.
 """
 
 from __future__ import annotations
@@ -39,16 +40,16 @@ def fit_arena(graph: Graph, budget_bytes: int, report: SolveReport, layout: Aren
                 "time_s": report.plan.predicted.get("time_s")}
 
     tries = [tried(budget_bytes, report, layout)]
-    kept = (report, layout)
-    target, over = budget_bytes, footprint_bytes(report.plan, layout) - budget_bytes
+    kept, last = (report, layout), report
+    over = footprint_bytes(report.plan, layout) - budget_bytes
     while over > 0 and len(tries) < FIT_TRIES:
-        target -= over
+        target = last.plan.predicted["peak_bytes"] - over  # a schedule other than the last
         try:
             retry = solve_at(target)
         except (InfeasibleBudget, NoPlan) as error:
             tries.append({"budget_bytes": target, "no_plan": str(error).splitlines()[0]})
             break
-        retry_layout = lay_out(retry.plan)
+        retry_layout, last = lay_out(retry.plan), retry
         tries.append(tried(target, retry, retry_layout))
         over = footprint_bytes(retry.plan, retry_layout) - budget_bytes
         if over <= 0:

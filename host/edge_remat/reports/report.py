@@ -117,13 +117,18 @@ def arena_fit_note(plan_dict: dict[str, Any]) -> str:
     last = tries[-1]
     if "no_plan" in last:
         why = f"no schedule plans at {last['budget_bytes']} B"
-        todo = "try --arena cpsat (a tighter layout) or a larger budget"
+        todo = "a larger budget"
     else:
         why = f"the lowest, {last['budget_bytes']} B, still {fmt_bytes(last['footprint_bytes'])}"
-        todo = (f"try a lower --budget for the schedule (below {last['budget_bytes']} B) or "
-                "--arena cpsat (a tighter layout)")
+        todo = f"a lower --budget for the schedule (below {last['budget_bytes']} B)"
+    # the exact layout first, where it can fit: no arena is below the most bytes live at once
+    asked = fit.get("budget_bytes", plan_dict["budget_bytes"])
+    fixed = plan_dict["problem"]["fixed_bytes"]
+    if arena["method"] != "cpsat" and \
+            arena["details"].get("lower_bound_bytes", asked) + fixed <= asked:
+        todo = f"--arena cpsat (a tighter layout, which can fit), else {todo}"
     return (f"{said}; --arena-fit could not fit it in {counted(len(tries), 'solve')} "
-            f"({why}): {todo}")
+            f"({why}): try {todo}")
 
 
 def sim_table(summary: dict[str, Any], budget: int | None) -> str:
