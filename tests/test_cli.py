@@ -237,6 +237,26 @@ def test_simulate_plan_for_another_graph(cli, tmp_path):
     assert "graph_fingerprint" in line and "another graph" in line
 
 
+def test_simulate_warns_where_the_plans_recorded_figures_are_not_its_replays(cli, tmp_path):
+    """A plan whose `predicted.peak_bytes` said 5 replayed as "valid plan", exit 0, with no
+    word that the plan claims what its schedule does not do."""
+    graph = tiny_graph(tmp_path)
+    plan_file = tmp_path / "plan.json"
+    assert cli("plan", "--graph", graph, "--budget", "0.8", "-o", plan_file).returncode == 0
+    honest = cli("simulate", plan_file, "--graph", graph)
+    assert honest.returncode == 0 and "warning" not in honest.stderr, honest.stderr
+    plan = json.loads(plan_file.read_text())
+    peak = plan["predicted"]["peak_bytes"]
+    plan["predicted"].update(peak_bytes=5, time_s=plan["predicted"]["time_s"] * 2)
+    plan_file.write_text(json.dumps(plan))
+    proc = cli("simulate", plan_file, "--graph", graph)
+    assert proc.returncode == 0, proc.stderr
+    warning = proc.stderr.strip()
+    assert warning.startswith("warning: ") and "\n" not in warning, proc.stderr
+    assert f"peak_bytes 5 (the replay: {peak})" in warning and "time_s" in warning
+    assert "tdi_percent" not in warning and "the figures shown are the replay's" in warning
+
+
 def test_simulate_plan_with_unknown_node(cli, tmp_path):
     graph = tiny_graph(tmp_path)
     plan_file = tmp_path / "plan.json"

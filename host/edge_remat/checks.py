@@ -4,6 +4,7 @@ a graph the executor can run, a profile against the graph it costs, sizes no boa
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 from edge_remat_agent.formats import Graph, Plan, Profile
@@ -40,6 +41,27 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
     costs = build_costs(graph, profile, plan.tiers) if profile else plan_costs(graph, plan)
     io = "overlap" if plan.problem.get("io") == "overlap" else "sync"  # as it was planned
     return simulate(graph, costs, plan.stages, plan.budget_bytes, io=io)
+
+
+# The plan's `predicted` figures set against its replay's (the simulator's own figures, so a
+# plan made by the planner agrees to rounding): an edited or stale plan claims otherwise.
+RECORDED_FIGURES = ("peak_bytes", "tdi_percent", "time_s", "energy_j")
+
+
+def recorded_figures_differ(plan: Plan, summary: dict) -> list[str]:
+    """The plan's recorded figures its replay (`summary`) does not give, e.g. 'peak_bytes 5
+    (the replay: 3280840)'; compare only where the replay used the costs the plan had."""
+    differ = []
+    for key in RECORDED_FIGURES:
+        said, got = plan.predicted.get(key), summary.get(key)
+        if isinstance(said, (int, float)) and got is not None and \
+                not math.isclose(said, got, rel_tol=1e-6, abs_tol=1e-9):
+            differ.append(f"{key} {_figure(said)} (the replay: {_figure(got)})")
+    return differ
+
+
+def _figure(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
 
 
 def check_plan(plan: Plan, graph: Graph, plan_name: str, graph_name: str) -> None:

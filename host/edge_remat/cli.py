@@ -352,7 +352,7 @@ def simulate(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Replay a plan: check every instruction and add up peak RAM, time, energy and TDI."""
-    from .checks import note_profile_fit, replay
+    from .checks import note_profile_fit, recorded_figures_differ, replay
     from .importers.graph_import import load_graph_file
     from .remote import to_stderr
     from .reports.report import sim_table
@@ -367,6 +367,10 @@ def simulate(
     if planned_with and prof is None:
         to_stderr(f"note: the plan was made with the profile '{planned_with}' and is replayed "
                   "here with the graph's own costs; give --profile for its times and energy")
+    differ = recorded_figures_differ(p, summary) if planned_with == (prof and prof.name) else []
+    if differ:  # with other costs than the plan's, differences are expected (the note above)
+        to_stderr(f"warning: {plan_file} records figures its replay does not give: "
+                  f"{'; '.join(differ)}; the figures shown are the replay's")
     if as_json:
         print(json.dumps({"valid": True, "budget_bytes": p.budget_bytes, **summary}))
     else:
