@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -255,6 +256,33 @@ def test_simulate_warns_where_the_plans_recorded_figures_are_not_its_replays(cli
     assert warning.startswith("warning: ") and "\n" not in warning, proc.stderr
     assert f"peak_bytes 5 (the replay: {peak})" in warning and "time_s" in warning
     assert "tdi_percent" not in warning and "the figures shown are the replay's" in warning
+
+
+def test_costs_that_are_not_seconds_are_shown_in_the_files_units(cli, tmp_path):
+    """A node-link benchmark graph's FLOP-like costs printed as "time 1.029e+13 s" and
+    "energy 1.029e+13 J" (fcn8_vgg_train.json), in plan's table and simulate's."""
+    def rows(stdout: str) -> str:  # the time and energy rows
+        return "\n".join(line for line in stdout.splitlines()
+                         if line.startswith(("time", "energy")))
+
+    graph = tmp_path / "nl.json"
+    graph.write_text(json.dumps({
+        "directed": True, "multigraph": False, "graph": {"name": "nl"},
+        "nodes": [{"id": i, "cost_cpu": 1000 * (i + 1), "cost_ram": 10} for i in range(3)],
+        "links": [{"source": 0, "target": 1}, {"source": 1, "target": 2}]}))
+    plan_file = tmp_path / "plan.json"
+    planned = cli("plan", "--graph", graph, "--budget", "1.0", "--time-limit", "3",
+                  "-o", plan_file)
+    assert planned.returncode == 0, planned.stderr
+    simulated = cli("simulate", plan_file, "--graph", graph)
+    assert simulated.returncode == 0, simulated.stderr
+    for proc in (planned, simulated):
+        shown = rows(proc.stdout)
+        assert shown.count("cost units") >= 2 and not re.search(r"\d (s|J)\b", shown), shown
+    # a graph in our own format gives time_s: seconds, as before
+    own = cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "1.0", "--time-limit", "3")
+    assert re.search(r"^time +[\d.e+-]+ s ", rows(own.stdout), re.M), own.stdout
+    assert "cost units" not in own.stdout
 
 
 def test_simulate_plan_with_unknown_node(cli, tmp_path):

@@ -26,11 +26,16 @@ def check_sizes(graph: Graph, source: str) -> None:
                         f"board's memory (at most {MAX_BYTES} bytes): fix the graph")
 
 
+def replay_costs(plan: Plan, graph: Graph, profile: Optional[Profile] = None):
+    """The costs a replay uses: the profile's where one is given, else the plan's own."""
+    from edge_remat_agent.costs import build_costs, plan_costs
+    return build_costs(graph, profile, plan.tiers) if profile else plan_costs(graph, plan)
+
+
 def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
            profile: Optional[Profile] = None):
     """The simulator's replay of `plan` on `graph` (PlanError names a bad instruction); a plan
     made for another graph is refused first, by fingerprint."""
-    from edge_remat_agent.costs import build_costs, plan_costs
     from edge_remat_agent.simulate import simulate
 
     if plan.graph_fingerprint and plan.graph_fingerprint != graph.fingerprint():
@@ -38,7 +43,7 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
                         f"{plan.graph_fingerprint}), not for {graph_name} "
                         f"({graph.fingerprint()}): give the graph it was planned for, or plan "
                         f"again with `edge-remat plan --graph {graph_name}`")
-    costs = build_costs(graph, profile, plan.tiers) if profile else plan_costs(graph, plan)
+    costs = replay_costs(plan, graph, profile)
     io = "overlap" if plan.problem.get("io") == "overlap" else "sync"  # as it was planned
     return simulate(graph, costs, plan.stages, plan.budget_bytes, io=io)
 

@@ -352,7 +352,7 @@ def simulate(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Replay a plan: check every instruction and add up peak RAM, time, energy and TDI."""
-    from .checks import note_profile_fit, recorded_figures_differ, replay
+    from .checks import note_profile_fit, recorded_figures_differ, replay, replay_costs
     from .importers.graph_import import load_graph_file
     from .remote import to_stderr
     from .reports.report import sim_table
@@ -374,7 +374,7 @@ def simulate(
     if as_json:
         print(json.dumps({"valid": True, "budget_bytes": p.budget_bytes, **summary}))
     else:
-        typer.echo(sim_table(summary, p.budget_bytes))
+        typer.echo(sim_table(summary, p.budget_bytes, replay_costs(p, g, prof).cost_source))
         typer.echo("valid plan" + ("" if result.fits_budget else
                                    " — but its peak is OVER the budget"))
     if not result.fits_budget:

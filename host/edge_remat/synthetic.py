@@ -90,7 +90,7 @@ def random_layered(n: int, seed: int = 0, w: float = PUBLISHED_W, nlv: float = 0
     nodes = [Node(id=v, name=f"n{v}", kind="forward", op="random", inputs=sorted(inputs[v]),
                   out_bytes=sizes[v], time_s=costs[v]) for v in order]
     name = f"random_layered_n{n}_w{w:g}_nlv{nlv:g}_ed{adjacent_p:g}_scd{scd:g}_seed{seed}"
-    return Graph(nodes, name=name, cost_source="unknown",
+    return Graph(nodes, name=name, cost_source="synthetic",  # costs 1..999, not seconds
                  capture={"tool": "synthetic.random_layered", "seed": seed, "w": w, "nlv": nlv,
                           "adjacent_p": adjacent_p, "scd": scd})
 

@@ -53,7 +53,7 @@ class Graph:
     batch: int | None = None
     dtype: str | None = None
     capture: dict[str, Any] = field(default_factory=dict)  # how it was made (tool, source file)
-    cost_source: str = "unknown"  # "profile" | "estimate" | "published" | "unknown"
+    cost_source: str = "unknown"  # "profile" | "estimate" | "published" | "synthetic" | "unknown"
     planning_only: bool = False  # true when the executor cannot run it (e.g. imported from ONNX)
 
     def __post_init__(self) -> None:

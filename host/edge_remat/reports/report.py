@@ -17,6 +17,22 @@ def _order_note(plan_dict: dict) -> str:
     return "; memory-aware order" + (f", seed {seed}" if seed else "")
 
 
+# Costs that are not seconds: the node-link benchmark files' (FLOP-like `cost_cpu`, or
+# `duration`), random layered graphs' (integers 1..999) and unit costs (a file with none).
+COST_UNIT_SOURCES = ("published", "synthetic", "unit")
+
+
+def cost_units(cost_source: str | None) -> tuple[str, str]:
+    """(time unit, energy unit) of a plan's or replay's figures: seconds and joules, or the
+    graph file's own units where its costs are not seconds."""
+    return ("cost units", "cost units") if cost_source in COST_UNIT_SOURCES else ("s", "J")
+
+
+def problem_cost_units(problem: dict[str, Any]) -> tuple[str, str]:
+    """cost_units of a plan's `problem` record (plans before it recorded costs: seconds)."""
+    return cost_units(problem.get("costs", {}).get("cost_source"))
+
+
 def _num(value: Any, fmt: str = "{:.4g}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -30,6 +46,7 @@ def _home_io(predicted: dict[str, Any], key: str, unit: str) -> str:
 def plan_table(plan_dict: dict[str, Any]) -> str:
     s, pr = plan_dict["solver"], plan_dict["predicted"]
     budget = plan_dict["budget_bytes"]
+    sec, joule = problem_cost_units(plan_dict.get("problem", {}))
     rows = [
         ("status", f"{s['status']} ({s['name']}" + (f", fallback from {s['fallback_from']}"
                                                     if s.get("fallback_from") else "")
@@ -40,12 +57,12 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
                            "of budget)"),
         ("TDI", f"{pr['tdi_percent']:.2f} %  ({counted(pr['recomputed'], 'recomputation')}"
                 + _order_note(plan_dict) + ")"),
-        ("time", f"{_num(pr['time_s'])} s  (" + _home_io(pr, "home_io_time_s", "s")
-                 + f"paging {_num(pr['paging_time_s'])} s, "
+        ("time", f"{_num(pr['time_s'])} {sec}  (" + _home_io(pr, "home_io_time_s", sec)
+                 + f"paging {_num(pr['paging_time_s'])} {sec}, "
                  f"{counted(pr['page_outs'], 'page-out')}, {counted(pr['page_ins'], 'page-in')}"
                  + (f"; {pr['paging_hidden_share']:.0%} of the IO hidden behind compute"
                     if pr.get("paging_hidden_share") is not None else "") + ")"),
-        ("energy", f"{_num(pr['energy_j'])} J  (compute {_num(pr['energy_compute_j'])}"
+        ("energy", f"{_num(pr['energy_j'])} {joule}  (compute {_num(pr['energy_compute_j'])}"
                    + (f" with parameters' home IO {_num(pr['home_io_energy_j'])}"
                       if pr.get("home_io_energy_j") else "") + ", paging "
                    f"{_num(pr['energy_paging_j'])}, static {_num(pr['energy_static_j'])})"),
@@ -131,14 +148,16 @@ def arena_fit_note(plan_dict: dict[str, Any]) -> str:
             f"({why}): try {todo}")
 
 
-def sim_table(summary: dict[str, Any], budget: int | None) -> str:
+def sim_table(summary: dict[str, Any], budget: int | None,
+              cost_source: str | None = None) -> str:
+    sec, joule = cost_units(cost_source)
     rows = [("peak", fmt_bytes(summary["peak_bytes"]) + (
         f" ({summary['peak_bytes'] / budget:.1%} of budget)" if budget else "")),
             ("TDI", f"{summary['tdi_percent']:.2f} %"),
-            ("time", f"{summary['time_s']:.4g} s"
-                     + (f" (parameters' home IO {summary['home_io_time_s']:.4g} s)"
+            ("time", f"{summary['time_s']:.4g} {sec}"
+                     + (f" (parameters' home IO {summary['home_io_time_s']:.4g} {sec})"
                         if summary.get("home_io_time_s") else "")),
-            ("energy", f"{summary['energy_j']:.4g} J"),
+            ("energy", f"{summary['energy_j']:.4g} {joule}"),
             ("recomputed", str(summary["recomputed"])),
             ("paged", f"{summary['page_outs']} out, {summary['page_ins']} in")]
     width = max(len(k) for k, _ in rows)
@@ -147,11 +166,15 @@ def sim_table(summary: dict[str, Any], budget: int | None) -> str:
 
 def sweep_table(points, objective: str) -> str:
     """One line per budget of a sweep: what the plan costs and how sure the solver is."""
+    planned = next((p.report.plan for p in points if p.report is not None), None)
+    units = planned is not None and problem_cost_units(planned.problem)[0] != "s"
+    energy, time = ("energy", "time") if units else ("energy J", "time s")
     # the status column as wide as its widest entry ("infeasible_deadline" is 19)
     width = max([11] + [len(point.status) for point in points])
-    header = (f"{'budget':>7}  {'bytes':>12}  {'TDI %':>7}  {'energy J':>10}  {'time s':>10}  "
+    header = (f"{'budget':>7}  {'bytes':>12}  {'TDI %':>7}  {energy:>10}  {time:>10}  "
               f"{'status':<{width}}  {'gap %':>6}  {'solver':<16}  {'solve s':>7}")
-    lines = [f"# objective: {objective}", header, "-" * len(header)]
+    lines = [f"# objective: {objective}" + ("; energy and time in the graph file's cost units"
+                                            if units else ""), header, "-" * len(header)]
     for point in points:
         if point.report is None:
             lines.append(f"{point.fraction:>7.2f}  {_num(point.budget_bytes, '{:d}'):>12}  "
