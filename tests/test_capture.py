@@ -432,6 +432,28 @@ def test_an_uncapturable_op_is_named_with_its_module(tmp_path):
     assert spec in str(info.value) and "_local_scalar_dense" in str(info.value)
 
 
+def test_a_shape_error_is_one_line_without_torchs_logged_traceback(tmp_path):
+    """A Linear(4, 2) fed a (3, 5) tensor: fake tensors logged the failing op's traceback (about
+    19 lines) on stderr before our one-line error. Their log is off while tracing, and only then."""
+    import logging
+
+    from helpers.bad_inputs import BAD_INPUT, cli, refused
+    spec = _write(tmp_path, (
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(4, 2)\n"
+        "    def forward(self, x):\n"
+        "        return self.fc(x).sum()\n\n"
+        "def make():\n    return Net(), (torch.ones(3, 5),)\n")) + ":make"
+    proc = cli("graph", "--model", spec, "-o", tmp_path / "g.json")
+    line = refused(proc, BAD_INPUT, "in module 'fc'", "same reduction dim")
+    assert proc.stderr.strip() == line, proc.stderr
+    with pytest.raises(CaptureError, match="same reduction dim"):
+        capture_model(spec)
+    assert not logging.getLogger("torch._subclasses.fake_tensor").disabled  # restored
+
+
 def test_the_cli_turns_capture_errors_into_one_line_and_status_2(tmp_path):
     from edge_remat.cli import app
     spec = _write(tmp_path, "def make():\n    return nn.Linear(4, 3), (torch.ones(2, 4),)\n")

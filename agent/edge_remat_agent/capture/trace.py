@@ -12,6 +12,7 @@ forward hooks attach (copied by AOTAutograd onto the backward ops as well).
 from __future__ import annotations
 
 import contextlib
+import logging
 import operator
 import threading
 import time
@@ -105,8 +106,8 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
     scopes: list[str] = []
     start = time.perf_counter()
     with _TRACE_LOCK, _eager_composites(), _fresh_fake_dispatch_cache(), \
-            fx_traceback.preserve_node_meta(), _scope_hooks(module, scopes), \
-            contextlib.ExitStack() as stack:
+            _quiet_fake_tensor_log(), fx_traceback.preserve_node_meta(), \
+            _scope_hooks(module, scopes), contextlib.ExitStack() as stack:
         handle = module.register_forward_hook(_loss_check(model))
         try:
             joint = _export(stack, module, tuple(example_args), model, scopes)
@@ -137,6 +138,19 @@ def _fresh_fake_dispatch_cache():
         yield
     finally:
         FakeTensorMode.cache_clear()  # nor does a later trace find this one's entries
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log():
+    """Fake tensors log the traceback of an op that fails on them (a shape error in the
+    user's model: ~19 lines on stderr) before raising it; the CaptureError that follows says
+    the op, the module and torch's message in one line, so that log is off while tracing."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    was_disabled, log.disabled = log.disabled, True
+    try:
+        yield
+    finally:
+        log.disabled = was_disabled
 
 
 def _export(stack, module, args, model, scopes):
