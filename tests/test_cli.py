@@ -361,6 +361,17 @@ def test_sweep_prints_the_curve_and_writes_each_plan(cli, tmp_path):
     assert text.returncode == 0 and "TDI %" in text.stdout and "gap %" in text.stdout
 
 
+@pytest.mark.skipif(not (GRAPHS / "rl100.json").is_file(), reason="shared/ graphs not found")
+def test_a_sweep_in_memory_aware_orders_plans_each_budget(cli, tmp_path):
+    # rl100 plans 0.8 and 0.9 in different memory-aware orders. Before, the plan of 0.8 was the
+    # start of 0.9 as it stood, its node indices in the other order: exit 70 (LoweringError).
+    proc = cli("plan", "--graph", GRAPHS / "rl100.json", "--sweep", "0.8:0.9:0.1",
+               "--time-limit", "5", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = one_json(proc.stdout)["sweep"]
+    assert [r["status"] for r in rows] and all(r["peak_bytes"] <= r["budget_bytes"] for r in rows)
+
+
 def test_sweep_and_budget_together_is_an_error(cli, tmp_path):
     line = clean_error(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.8",
                            "--sweep", "0.5:1:0.1"))

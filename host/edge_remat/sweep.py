@@ -89,7 +89,7 @@ def run_sweep(make_problem: Callable[[Budget], Problem], fractions: list[float],
             raise SweepInterrupted(points) from None
         except KeyboardInterrupt:
             raise SweepInterrupted(points) from None
-        hint = report.decisions
+        hint = report
         points.append(SweepPoint(fraction, problem.budget_bytes, report.plan.solver["status"],
                                  report))
     return points

@@ -87,6 +87,16 @@ class SolveReport:
     evaluation: Evaluation
     baselines: dict[str, float | None] = field(default_factory=dict)
     decisions: list[StageDecision] | None = None  # a hint for a neighbouring problem
+    order: tuple[str, ...] = ()  # the node ids in the order the decisions index
+
+    def hint_for(self, p: Problem) -> list[StageDecision] | None:
+        """The decisions as a start for `p`, a neighbouring problem, where they index its
+        nodes: a problem at another budget may run in another memory-aware order."""
+        return self.decisions if self.order == node_order(p) else None
+
+
+def node_order(p: Problem) -> tuple[str, ...]:
+    return tuple(node.id for node in p.graph.nodes)
 
 
 class Incumbent:
@@ -161,10 +171,11 @@ def choose_solver(p: Problem) -> str:
 
 
 def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: str = "cbc",
-          workers: int | None = None, hint: list[StageDecision] | None = None,
+          workers: int | None = None, hint: SolveReport | None = None,
           progress: Progress | None = None) -> SolveReport:
     """The best plan the chosen solver finds within the time limit, never worse than the best
-    baseline (or than `hint`, a schedule from a neighbouring problem, when it fits this one).
+    baseline (or than the plan of `hint`, a neighbouring problem's report, when it is in this
+    problem's order and fits it).
 
     Where no plan meets the deadline, the fastest schedule that fits the budget is sought: if it
     meets the deadline it is returned, else InfeasibleDeadline names the deadline it does meet."""
@@ -172,7 +183,8 @@ def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: s
     # The time spent choosing the execution order (build_problem) is the plan's time too.
     started = clock.perf_counter() - p.order_s
     try:
-        return _solve(p, solver, time_limit, backend, workers, hint, progress, started)
+        return _solve(p, solver, time_limit, backend, workers,
+                      hint.hint_for(p) if hint is not None else None, progress, started)
     except (InfeasibleBudget, NoPlan):
         if p.deadline is None:
             raise
@@ -626,4 +638,4 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
                 budget_bytes=p.budget_bytes, objective=p.objective, solver=solver,
                 predicted=predicted, problem=problem, fingerprint=p.fingerprint(),
                 tiers={z: p.costs.tier_figures[z] for z in p.tiers if z in p.costs.tier_figures})
-    return SolveReport(plan, ev, summary, chosen.decisions)
+    return SolveReport(plan, ev, summary, chosen.decisions, node_order(p))
