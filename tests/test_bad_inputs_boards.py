@@ -201,6 +201,14 @@ def test_deploy_hand_written_graph(tmp_path, bench):
     _deploy_refused(tmp_path, bench, tiny_plan(tmp_path, graph), graph, "which model")
 
 
+def test_deploy_graph_naming_a_relative_model_file(tmp_path, bench):
+    """An old graph.json stored `examples/my_model.py:make_model` as given: the board, in its
+    own folder, could not find the file, and failed after the job was queued."""
+    graph = tiny_graph(tmp_path, capture={"source": {"model": "examples/my_model.py:make_model"}})
+    _deploy_refused(tmp_path, bench, tiny_plan(tmp_path, graph), graph,
+                    "relative path, examples/my_model.py", "capture it again", "absolute path")
+
+
 def test_deploy_plan_without_graph_fingerprint(tmp_path, bench):
     graph = tiny_graph(tmp_path, capture=CAPTURED)
     plan = tiny_plan(tmp_path, graph)

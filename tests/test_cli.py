@@ -513,6 +513,17 @@ def test_run_refuses_profile_with_reprofile(cli, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_graph_stores_a_model_file_by_its_absolute_path(cli, tmp_path):
+    """`graph --model examples/my_model.py:make_model` stored the path as given; the board,
+    rebuilding the model in its own folder for `deploy`, could not find the file."""
+    root = Path(__file__).resolve().parents[1]
+    made = cli("graph", "--model", "examples/my_model.py:make_model", "--batch", "4",
+               "-o", tmp_path / "g.json", cwd=root)
+    assert made.returncode == 0, made.stderr
+    stored = json.loads((tmp_path / "g.json").read_text())["capture"]["source"]["model"]
+    assert stored == f"{root / 'examples' / 'my_model.py'}:make_model"
+
+
 def test_status_labels_do_not_contradict_themselves(cli, tmp_path):
     """my_model at 50% with paging: "optimal (heuristic:paging, fallback from cpsat optimal)"
     and gap 3.33% beside "optimal", unexplained."""

@@ -24,6 +24,15 @@ def spec_file(spec: str) -> str | None:
     return module_part if colon and names_file(module_part) else None
 
 
+def with_absolute_file(spec: str) -> str:
+    """`dir/mine.py:NAME` -> `/cwd/dir/mine.py:NAME`: whatever reads the spec later (a board,
+    a graph file's reader) works in another folder. Other specs are returned as they are."""
+    path = spec_file(spec)
+    if path is None or os.path.isabs(path):
+        return spec
+    return os.path.abspath(path) + spec[len(path):]
+
+
 def names_file(module_part: str) -> bool:
     return module_part.endswith(".py") or os.sep in module_part or "/" in module_part
 

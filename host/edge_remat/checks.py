@@ -5,6 +5,7 @@ a graph the executor can run, a profile against the graph it costs, sizes no boa
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, Optional
 
 from edge_remat_agent.formats import Graph, Plan, Profile
@@ -93,10 +94,18 @@ def check_runnable(graph: Graph, graph_name: str) -> None:
         raise UserError(f"{graph_name} is for planning only (imported from ONNX: it has no "
                         "PyTorch ops to run): capture the model with `edge-remat graph --model "
                         "MODULE:FACTORY` to run it on a board")
-    if "model" not in (graph.capture.get("source") or {}):
+    model = (graph.capture.get("source") or {}).get("model")
+    if model is None:
         raise UserError(f"{graph_name} does not say which model it was captured from (a "
                         "benchmark or hand-written graph plans, but cannot run): capture the "
                         "model with `edge-remat graph --model NAME|MODULE:FACTORY`")
+    from edge_remat_agent.user_code import spec_file
+    file = None if model.startswith("hf:") else spec_file(model)
+    if file is not None and not os.path.isabs(file):  # captured before `graph` made it absolute
+        raise UserError(f"{graph_name} names its model's file by a relative path, {file}: the "
+                        "board builds the model in another folder, where it means nothing; "
+                        f"capture it again (`edge-remat graph --model {model}` stores the "
+                        "absolute path) or give the absolute path in --model")
 
 
 def profile_coverage(profile: Profile, graph: Graph) -> "tuple[int, int]":

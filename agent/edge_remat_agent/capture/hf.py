@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from .errors import CaptureError
+from ..user_code import with_absolute_file
 
 PREFIX = "hf:"
 TASKS = {  # task -> (Auto class, inputs the example batch gives, in order)
@@ -107,9 +108,10 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def canonical_spec(spec: str) -> str:
-    """The spec with local paths made absolute (the board rebuilds from it elsewhere)."""
+    """The spec with local paths made absolute (the board rebuilds from it elsewhere): an hf:
+    spec's checkpoint, config and adapter, a MODULE:FACTORY's file."""
     if not is_hf_spec(spec):
-        return spec
+        return with_absolute_file(spec)
     model, options = parse_spec(spec)
     if _is_path(model):
         model = os.path.abspath(model)

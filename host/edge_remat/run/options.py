@@ -173,7 +173,8 @@ def absolute_file_spec(spec: str, option: str, device: DeviceConfig) -> str:
     """`dir/mine.py:NAME` -> `/cwd/dir/mine.py:NAME` for a board that shares this host's files;
     a relative path is refused for one that does not (it would mean the board's own folder).
     An hf: spec is left to the capture, which makes its paths absolute (canonical_spec)."""
-    from edge_remat_agent.user_code import spec_file  # the agent's rule for what names a file
+    # the agent's rules for what names a file, and for making it absolute
+    from edge_remat_agent.user_code import spec_file, with_absolute_file
     path = None if spec.startswith("hf:") else spec_file(spec)
     if path is None or os.path.isabs(path):
         return spec
@@ -182,4 +183,4 @@ def absolute_file_spec(spec: str, option: str, device: DeviceConfig) -> str:
                          f"{device.connection.kind} and reads {path} from its own disk, where "
                          f"a relative path means nothing; give the absolute path the file has "
                          f"on the board (and, for a model, the same one on this host)")
-    return os.path.abspath(path) + spec[len(path):]
+    return with_absolute_file(spec)
