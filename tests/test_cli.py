@@ -494,11 +494,14 @@ def test_a_budget_that_misses_the_deadline_is_a_row_of_the_sweep(cli, tmp_path):
 
 def test_run_help_says_the_real_defaults(cli):
     """--data's help said "digits for digits-cnn, else example" (the llama models get text);
-    --budget's did not say that a bare number below 16 is a fraction."""
+    --budget's did not say that a bare number below 16 is a fraction; --lr's said sgd 0.1."""
     from edge_remat.run.options import DEFAULT_DATA
+    from edge_remat_agent.capture.optimizer import TORCH_OPTIMIZERS
     text = " ".join(cli("run", "--help").stdout.replace("│", " ").split())
     for model, data in DEFAULT_DATA.items():
         assert model in text and f"{data} for" in text
+    for name, (_, settings) in TORCH_OPTIMIZERS.items():  # what the board trains with
+        assert f"{name} {settings['lr']:g}" in text
     assert "a bare number below 16 is a fraction" in text
     plan_help = " ".join(cli("plan", "--help").stdout.replace("│", " ").split())
     assert "a bare number below 16 is a fraction" in plan_help

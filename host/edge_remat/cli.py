@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from edge_remat_agent.capture import DEFAULT_MAX_NODES
+from edge_remat_agent.capture import DEFAULT_LR, DEFAULT_MAX_NODES
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
 from .errors import EXIT_BAD_INPUT, EXIT_KILLED, UserError, cli_errors
@@ -716,6 +716,8 @@ def profile(
 from .run.options import DEFAULT_DATA, run_default  # noqa: E402 - light (no torch)
 
 # --data's default, from the table `run` uses, so that the help cannot drift from it
+# --lr's defaults, from the optimizers' own table, so that the help cannot drift from them
+LR_HELP = "learning rate (" + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items()) + ")"
 DATA_DEFAULT_HELP = "; ".join(
     f"{data} for {', '.join(m for m, d in DEFAULT_DATA.items() if d == data)}"
     for data in dict.fromkeys(DEFAULT_DATA.values())) + "; else example"
@@ -747,7 +749,7 @@ def run_command(
     seq: Optional[int] = typer.Option(None, "--seq", min=1),
     seed: int = typer.Option(run_default("seed"), "--seed"),
     optimizer: str = typer.Option(run_default("optimizer"), "--optimizer", help="sgd (momentum) | adamw"),
-    lr: Optional[float] = typer.Option(None, "--lr", help="learning rate (sgd 0.1, adamw 1e-3)"),
+    lr: Optional[float] = typer.Option(None, "--lr", help=LR_HELP),
     max_nodes: int = typer.Option(run_default("max_nodes"), "--max-nodes", min=5,
                                   help="at most this many planner nodes in the captured graph"),
     params_home: str = typer.Option(run_default("params_home"), "--params-home", help="ram | flash | auto (flash "

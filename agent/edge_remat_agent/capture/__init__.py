@@ -79,8 +79,11 @@ from .errors import CaptureError
 
 # Planner nodes a capture makes by default: the solvers handle a few hundred well.
 DEFAULT_MAX_NODES = 200
+# Each optimizer's learning rate unless --lr gives one (optimizer.TORCH_OPTIMIZERS; light, so
+# that the CLI's help reads it without importing torch).
+DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
 
-__all__ = ["CaptureError", "DEFAULT_MAX_NODES", "Captured", "capture_model", "capture_module", "recapture"]
+__all__ = ["CaptureError", "DEFAULT_LR", "DEFAULT_MAX_NODES", "Captured", "capture_model", "capture_module", "recapture"]
 
 
 def __getattr__(name):  # torch-heavy parts load on first use

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import DEFAULT_LR
 from .errors import CaptureError
 
 
@@ -91,8 +92,8 @@ def _bytes(t: torch.Tensor) -> int:
 # What the executor trains with, and the eager reference too: one place, so that both take
 # exactly the same steps. foreach=False keeps temporaries one parameter large (temp_copies).
 TORCH_OPTIMIZERS = {
-    "sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9, "foreach": False}),
-    "adamw": (torch.optim.AdamW, {"lr": 1e-3, "foreach": False}),
+    "sgd": (torch.optim.SGD, {"lr": DEFAULT_LR["sgd"], "momentum": 0.9, "foreach": False}),
+    "adamw": (torch.optim.AdamW, {"lr": DEFAULT_LR["adamw"], "foreach": False}),
 }
 
 
