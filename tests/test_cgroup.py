@@ -114,3 +114,20 @@ def test_devices_check_shows_an_emulated_boards_limit_as_its_ram(tmp_path):
     check = json.loads(result.stdout)["devices"][0]["check"]
     assert check["ram_limit_bytes"] == 150 * MIB and 0 < check["ram_free_bytes"] < 150 * MIB
     assert "150.00 MiB (limit)" in table.stdout
+
+
+@needs_cgroup
+def test_an_agent_that_cannot_start_in_its_limit_leaves_no_cgroup(tmp_path):
+    """QA: a board limited below what the agent needs failed to start (exit 3) and left its
+    memory cgroup behind; the run that made it removes it."""
+    from typer.testing import CliRunner
+    from helpers.board_fixtures import local_board
+    from edge_remat.cli import app
+    from edge_remat.devices import find_device
+    from edge_remat.transport.emulated import cgroup_name
+    with local_board(tmp_path, "tiny", memory_limit_bytes=8 * MIB):
+        result = CliRunner().invoke(app, ["job", "sysinfo", "--device", "tiny"])
+        name = cgroup_name(find_device("tiny"))
+    assert result.exit_code == 3, result.output
+    assert "the agent did not start" in result.output
+    assert MemoryCgroup.existing(name) is None

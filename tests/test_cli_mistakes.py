@@ -64,6 +64,18 @@ def test_run_names_the_memory_limit_it_cannot_read(tmp_path, args, words):
             BAD_INPUT, *words)
 
 
+@pytest.mark.parametrize("limit,shown", [("10MiB", "10.00 MiB"), ("600", "600 B")],
+                         ids=["10MiB", "bare number"])
+def test_run_refuses_a_memory_limit_the_agent_cannot_start_in(tmp_path, limit, shown):
+    """Both exited 3 after the capture ("the agent did not start ... the other end closed the
+    connection"), leaving OUT/graph.json and the memory cgroup; now refused before any work."""
+    refused(cli("run", "--device", "local", "--model", "mlp", "--memory-limit", limit,
+                "--budget", "80%", "--out", tmp_path / "out"), BAD_INPUT,
+            f"--memory-limit {shown} is below the 64 MiB", "give at least 64MiB",
+            "a number without a unit is bytes")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("read,write,words", [
     ("0", "0", ["--flash-read-bw '0' must be positive"]),
     ("90MB", "0", ["--flash-write-bw '0' must be positive"]),

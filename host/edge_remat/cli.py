@@ -714,6 +714,7 @@ def profile(
 # -- end to end: `run` (logic in run/, reports/, transport/emulated.py) -------------------
 
 from .run.options import DEFAULT_DATA, run_default  # noqa: E402 - light (no torch)
+from .transport.emulated import MIN_MEMORY_LIMIT_BYTES  # noqa: E402 - light
 
 # --data's default, from the table `run` uses, so that the help cannot drift from it
 # --lr's defaults, from the optimizers' own table, so that the help cannot drift from them
@@ -741,7 +742,8 @@ def run_command(
                                        f"(default: {DATA_DEFAULT_HELP})"),
     memory_limit: Optional[str] = typer.Option(None, "--memory-limit", help="emulate a board "
                                                "with this much RAM, e.g. 600MiB (a memory "
-                                               "cgroup; local devices, root)"),
+                                               "cgroup; local devices, root; at least "
+                                               f"{MIN_MEMORY_LIMIT_BYTES // 2**20}MiB)"),
     plain: bool = typer.Option(False, "--plain", help="ordinary PyTorch training instead of the "
                                "plan (the comparison)"),
     batch: Optional[int] = typer.Option(None, "--batch", min=1),

@@ -15,8 +15,18 @@ import os
 from ..cgroup import CgroupUnavailable, MemoryCgroup
 from ..devices import DeviceConfig, find_device
 from ..errors import UserError
+from ..units import fmt_bytes
 from .errors import TransportError
 from .local import LocalTransport
+
+# The smallest limit `--memory-limit` gives a board: what its agent (the relay and the daemon,
+# no torch) needs to start, with margin: they peaked at 38 MiB here, and at 16 MiB the agent
+# died before it answered, a cryptic lost link. Above it, a job too big for the limit is
+# killed and said so (exit 4): a run's job takes about 280 MiB before the model's own memory
+# (Python and torch: this machine's profile's runtime_baseline_bytes, 231 MiB; a run of the
+# 18 MiB mlp peaked at 280 MiB).
+MIN_MEMORY_LIMIT_BYTES = 64 * 2**20
+
 
 def emulated_device(device: DeviceConfig, memory_limit_bytes: int) -> DeviceConfig:
     """`device` (kind local) as an emulated board with this limit. A device that had no limit
@@ -27,6 +37,12 @@ def emulated_device(device: DeviceConfig, memory_limit_bytes: int) -> DeviceConf
         raise UserError(f"--memory-limit emulates a board on this machine; {device.name} "
                         f"is reached over {device.connection.kind} (its own RAM is its "
                         "limit): use --device local or emulated-board")
+    if memory_limit_bytes < MIN_MEMORY_LIMIT_BYTES:
+        least = MIN_MEMORY_LIMIT_BYTES // 2**20
+        raise UserError(f"--memory-limit {fmt_bytes(memory_limit_bytes)} is below the {least} "
+                        "MiB an emulated board's agent needs to start (a run's job needs about "
+                        "280 MiB more for Python, torch and the capture, before the model's own "
+                        f"memory): give at least {least}MiB (a number without a unit is bytes)")
     connection = device.connection
     if not device.hardware.memory_limit_bytes:
         connection = dataclasses.replace(connection,
@@ -39,7 +55,7 @@ def find_board(name: str, memory_limit_bytes: int | None = None) -> DeviceConfig
     """The device config NAME, or, with a limit, the board `--memory-limit` emulates on it:
     what `run` trains on and what `job-status` / `job-cancel` come back to."""
     device = find_device(name)
-    return emulated_device(device, memory_limit_bytes) if memory_limit_bytes else device
+    return device if memory_limit_bytes is None else emulated_device(device, memory_limit_bytes)
 
 
 def unlimited_twin(device: DeviceConfig) -> DeviceConfig:
@@ -80,15 +96,26 @@ class EmulatedTransport(LocalTransport):
     def open(self):
         self.cgroup = board_cgroup(self.device)
         self.wrap = self.cgroup.exec_prefix()
-        session = super().open()
+        try:
+            session = super().open()
+        except BaseException:
+            self._remove_cgroup_if_empty()
+            raise
         daemon = session.info.get("pid")
         if isinstance(daemon, int) and not self.cgroup.holds(daemon):
             self.close()
+            self._remove_cgroup_if_empty()
             raise TransportError(
                 f"an agent daemon (pid {daemon}) already runs for {self.workdir} outside the "
                 f"memory limit; stop it (`edge-remat-agent stop --workdir {self.workdir}`) and "
                 "try again")
         return session
+
+    def _remove_cgroup_if_empty(self) -> None:
+        """An agent that did not start leaves the cgroup made for it, unless something still
+        runs there (another run's agent: removing the group would kill it)."""
+        if self.cgroup is not None and not self.cgroup.pids():
+            self.cgroup.remove()
 
 
 def emulated_transport(device: DeviceConfig, archive=None) -> EmulatedTransport:
