@@ -249,7 +249,15 @@ def test_job_out_is_a_file(tmp_path):
             "not a folder")
 
 
-def test_debug_shows_the_traceback(tmp_path):
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback_and_keeps_the_exit_status(tmp_path, where):
+    """--debug turned bad input's exit status 2 into Python's 1 (a job failed, by the table)."""
     graph = tiny_graph(tmp_path)
-    proc = cli("plan", "--debug", "--graph", graph, "--budget", "lots")
-    assert proc.returncode != 0 and "Traceback" in proc.stderr
+    args = ["plan", "--graph", graph, "--budget", "lots"]
+    proc = cli(*(["--debug", *args] if where == "before" else [*args, "--debug"]))
+    assert proc.returncode == BAD_INPUT, proc.stderr
+    assert "Traceback" in proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1].startswith("error: cannot read budget")
+    missing = cli("plan", "--debug", "--graph", tmp_path / "none.json", "--budget", "0.5",
+                  "-o", tmp_path / "p.json")
+    assert missing.returncode == BAD_INPUT and "Traceback" in missing.stderr

@@ -911,11 +911,11 @@ def _killed_line(report: dict) -> str:
 
 def main() -> None:
     """Every command's failures end in cli_errors; what escapes them (typer's own machinery)
-    still ends in one line here, never a traceback, unless --debug."""
+    still ends in one line here (--debug: after its traceback)."""
     from .errors import last_resort, leave_quietly, quiet_libraries, stdout_closed
     from .errors import EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED, is_cli_machinery, take_debug_flag
 
-    debug = take_debug_flag(sys.argv)
+    take_debug_flag(sys.argv)
     quiet_libraries()
     try:
         code = app(prog_name="edge-remat", standalone_mode=False)
@@ -933,8 +933,6 @@ def main() -> None:
         if is_cli_machinery(exc) and type(exc).__name__ == "Abort":  # Ctrl-C at a prompt
             typer.echo("error: interrupted (Ctrl-C)", err=True)
             sys.exit(EXIT_INTERRUPTED)
-        if debug:
-            raise
         sys.exit(last_resort(exc))
     code = code if isinstance(code, int) else 0
     try:  # what is still buffered: a reader that has gone (`| head`) shows here, not at exit

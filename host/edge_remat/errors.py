@@ -1,5 +1,6 @@
 """The command line's one error path: every failure becomes one `error:` line and a documented
-exit status (README, "Exit statuses"); a traceback only with `--debug`.
+exit status (README, "Exit statuses"); `--debug` shows the traceback before the line, the
+exit status the same.
 
     0    done
     1    a job failed on the board
@@ -58,6 +59,15 @@ def take_debug_flag(argv: list) -> bool:
         argv[:] = [a for i, a in enumerate(argv) if i >= end or a != "--debug"]
         os.environ[DEBUG_ENV] = "1"
     return found
+
+
+def traceback_if_debug(exc: BaseException) -> None:
+    """--debug: the traceback, on stderr before the one line. The exit status stays the one
+    the table gives (bad input is still 2): a script or a bug report made with --debug must
+    not see another class of failure."""
+    if debug_enabled():
+        import traceback
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
 
 
 def classify(exc: BaseException) -> "tuple[int, str, dict]":
@@ -172,15 +182,17 @@ def run_script(main) -> None:
     try:
         code = main()
     except BaseException as exc:  # noqa: BLE001 - the script's one exit
-        if isinstance(exc, SystemExit) or debug_enabled():
+        if isinstance(exc, SystemExit):
             raise
+        traceback_if_debug(exc)
         code, message, _ = classify(exc)
         print(f"error: {message}", file=sys.stderr)
     sys.exit(code or 0)
 
 
 def cli_errors(command):
-    """Decorate a command: any exception becomes `fail(...)`; --debug re-raises it."""
+    """Decorate a command: any exception becomes `fail(...)` (with --debug, after its
+    traceback)."""
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         from .outputs import count_folders_made_from_now
@@ -190,8 +202,9 @@ def cli_errors(command):
         except BaseException as exc:  # noqa: BLE001 - the one place every failure ends
             if stdout_closed(exc):  # before typer sees it: it would exit 1, a failed job
                 leave_quietly()
-            if isinstance(exc, SystemExit) or is_cli_machinery(exc) or debug_enabled():
+            if isinstance(exc, SystemExit) or is_cli_machinery(exc):
                 raise
+            traceback_if_debug(exc)
             from .outputs import remove_folders_left_empty
             remove_folders_left_empty()
             code, message, extra = classify(exc)
@@ -216,6 +229,7 @@ def quiet_libraries() -> None:
 
 def last_resort(exc: BaseException) -> int:
     """For what escapes every command (typer itself): one line, an exit status."""
+    traceback_if_debug(exc)
     code, message, _ = classify(exc)
     print(f"error: {message}", file=sys.stderr)
     return code
