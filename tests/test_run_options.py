@@ -190,3 +190,19 @@ def test_each_device_config_emulates_its_board_in_a_workdir_of_its_own(tmp_path)
     already = load_device(write_local_device(tmp_path, "three", tmp_path / "three",
                                              memory_limit_bytes=2**29))
     assert emulated_device(already, 2**30).connection.workdir == str(tmp_path / "three")
+
+
+@pytest.mark.slow  # a real run on the local board (~15 s)
+def test_a_malloc_the_board_lacks_is_a_warning_on_the_terminal_and_in_report_txt(tmp_path):
+    """--malloc tcmalloc without its library ran under glibc's malloc, said only in
+    report.json; an option asked for and dropped deserves a `warning:` line."""
+    from edge_remat_agent.allocator import malloc_library
+    if malloc_library("tcmalloc") is not None:
+        pytest.skip("tcmalloc is installed here: the run would use it")
+    proc = _run("--budget", "98%", "--malloc", "tcmalloc", "--profile", PROFILE,
+                "--no-grad-check", "--out", tmp_path / "out", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    said = "warning: --malloc tcmalloc: libtcmalloc_minimal.so.4 is not installed here"
+    assert said in proc.stderr
+    assert "--malloc tcmalloc: libtcmalloc_minimal.so.4" in (tmp_path / "out" / "report.txt"
+                                                              ).read_text()

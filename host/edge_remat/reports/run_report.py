@@ -240,11 +240,24 @@ def report_text(report: dict) -> str:
                      f"data: {report.get('data')})")
     for miss in report.get("misses", []):
         lines.append(f"miss          {miss}")
+    malloc = malloc_warning(report)
+    if malloc:
+        lines.append(f"warning       {malloc}")
     for path in report.get("plots", []):
         lines.append(f"plot          {path}")
     if report.get("report"):
         lines.append(f"report        {report['report']}")
     return "\n".join(lines)
+
+
+def malloc_warning(report: dict) -> Optional[str]:
+    """Where the board could not run under the malloc --malloc asked for (its library is not
+    installed there, say), what it ran under and why: said as a `warning:` on the terminal
+    and in report.txt, not only in report.json."""
+    malloc = report.get("malloc") or {}
+    if not malloc.get("note"):
+        return None
+    return f"--malloc {malloc.get('requested')}: {malloc['note']}"
 
 
 def _classes_text(report: dict) -> list[str]:

@@ -162,7 +162,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
 
     from ..planner.build import plain_peak_bytes
     from ..remote import require_kind
-    from ..reports.run_report import build_report
+    from ..reports.run_report import build_report, malloc_warning
 
     def capture(home: str):
         return capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
@@ -229,6 +229,9 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           memory_limit_bytes=device.hardware.memory_limit_bytes,
                           plain_peak_bytes=plain_peak, profile=chosen.summary(),
                           paths={"graph": str(graph_path), "plan": str(plan_path)}, **outcome)
+    malloc = malloc_warning(report)
+    if malloc:
+        say(f"warning: {malloc}")
     forget_if_far_off(report, chosen, say)
     if opts.plots:
         report["plots"] = _draw(graph, plan_path, report, out, chosen.profile)
