@@ -1,5 +1,6 @@
 """What the user's guide lists must match the code it describes: the zoo's models, the graph
-format's node kinds, and the Hugging Face example's config, which must build."""
+format's node kinds, the solvers' heuristics, `run`'s synopsis, and the Hugging Face example's
+config, which must build."""
 
 from __future__ import annotations
 
@@ -51,3 +52,22 @@ def test_the_hf_example_config_builds_a_model():
     assert configs[1].group(1) == text
     module, args = load_hf(f"hf:gpt2?config={text}", batch=1, seq=8)
     assert module(*args).ndim == 0 and json.loads(text)["n_embd"] == module.model.config.n_embd
+
+
+def test_the_solvers_bullet_names_every_heuristic():
+    """The README's list of baselines left out heuristic:peak-search."""
+    from edge_remat.planner.baselines import BASELINES
+    text = bullet((REPO / "README.md").read_text(), "**Solvers**")
+    assert set(re.findall(r"`heuristic:([a-z-]+)`", text)) == set(BASELINES)
+
+
+@pytest.mark.parametrize("guide", [REPO / "README.md", REPO / "docs" / "running.md"],
+                         ids=lambda path: path.name)
+def test_the_run_synopsis_lists_every_data_spec_and_requires_a_budget(guide):
+    """It showed `[--budget ...]` as optional (it is required without a memory limit) and left
+    `text` out of --data."""
+    from edge_remat_agent.data import DATA_SPECS
+    synopsis = re.search(r"^edge-remat run --device DEVICE .*?```", guide.read_text(),
+                         re.M | re.S).group(0)
+    assert re.search(r"--data ([\w|:]+)", synopsis).group(1).split("|") == list(DATA_SPECS)
+    assert "--model MODEL --budget" in synopsis
