@@ -96,6 +96,15 @@ def test_devices_lists_every_config(configs):
         assert re.search(rf"^{re.escape(name)}\s", out, re.M), out
 
 
+def test_devices_shows_an_emulated_boards_limit_without_asking_it(configs):
+    """`devices` said "(ask board)" for an emulated board though its config gives the limit;
+    only --check showed it."""
+    local_config(configs, "limited", hardware="memory_limit_bytes = 629145600\n")
+    code, out, _ = cli("devices", "limited")
+    assert code == 0, out
+    assert re.search(r"^limited\s.*600\.00 MiB \(limit\)", out, re.M), out
+
+
 def test_devices_check_reports_versions_ram_and_disk(configs):
     code, out, _ = cli("devices", "bench", "--check", "--json")
     assert code == 0, out

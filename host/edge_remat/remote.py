@@ -92,6 +92,7 @@ def device_rows(names: List[str], check: bool) -> List[dict]:
             continue
         rows.append({"name": device.name, "kind": device.connection.kind,
                      "address": device.address(), "ram_bytes": device.hardware.ram_bytes,
+                     "memory_limit_bytes": device.hardware.memory_limit_bytes,
                      "sensor": device.hardware.sensor, "family": device.hardware.family,
                      "config": str(device.path), "_device": device})
     if check:
@@ -150,12 +151,13 @@ def devices_table(rows: List[dict], check: bool) -> str:
 
 
 def ram_cell(row: dict, result: Optional[dict]) -> str:
-    """The config's ram_bytes; else the board's memory limit (an emulated board's cgroup),
-    else its physical RAM."""
+    """The config's ram_bytes; else the board's memory limit (an emulated board's cgroup, as
+    the board says, or as its config gives it: no need to ask), else its physical RAM."""
     if row["ram_bytes"]:
         return fmt_bytes(row["ram_bytes"])
-    if result and result.get("ram_limit_bytes"):
-        return fmt_bytes(result["ram_limit_bytes"]) + " (limit)"
+    limit = (result or {}).get("ram_limit_bytes") or row.get("memory_limit_bytes")
+    if limit:
+        return fmt_bytes(limit) + " (limit)"
     if result and result.get("ram_total_bytes"):
         return fmt_bytes(result["ram_total_bytes"]) + " (board)"
     return "(ask board)"
