@@ -147,6 +147,14 @@ def test_plan_output_in_unwritable_folder(tmp_path):
             BAD_INPUT, "cannot")
 
 
+def test_plan_output_in_proc_gives_the_true_reason(tmp_path):
+    """/proc answers a new file with ENOENT: the line said "cannot write in /proc: No such file
+    or directory", of a folder that is there."""
+    refused(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.8", "-o",
+                "/proc/x.json"), BAD_INPUT,
+            "cannot write in /proc: its filesystem does not let files be made in it")
+
+
 def test_plan_output_under_a_file(tmp_path):
     graph = tiny_graph(tmp_path)
     before = tree(tmp_path)

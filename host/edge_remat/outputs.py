@@ -5,6 +5,7 @@ a temporary file beside the target, renamed over it, removed on failure)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -88,8 +89,12 @@ def writable_folder(folder: Path, option: str) -> None:
         with tempfile.TemporaryFile(dir=folder, prefix=".edge-remat-probe-"):
             pass
     except OSError as exc:
-        raise UserError(f"{option}: cannot write in {folder}: {exc.strerror or exc} (choose "
-                        "a folder you can write)") from None
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.ENOENT and folder.is_dir():  # procfs answers ENOENT to a new file
+            reason = ("its filesystem does not let files be made in it (a virtual one, such as "
+                      "/proc)")
+        raise UserError(f"{option}: cannot write in {folder}: {reason} (choose a folder you "
+                        "can write)") from None
 
 
 def _first_file(folder: Path) -> Path:
