@@ -69,7 +69,7 @@ def test_ctrl_c_cancels_the_board_job(tmp_path, bench):
     # said at once, before the board answers, with what a second Ctrl-C does
     assert "cancelling job nap-1 (up to 10 s; Ctrl-C again leaves it running)" in done.stderr
     state = _state("nap-1")
-    assert state["status"] == "failed" and "cancelled" in state["error"], (line, state)
+    assert state["status"] == "cancelled" and "cancelled" in state["error"], (line, state)
 
 
 def test_sigterm_cancels_the_board_job_as_ctrl_c_does(tmp_path, bench):
@@ -81,7 +81,7 @@ def test_sigterm_cancels_the_board_job_as_ctrl_c_does(tmp_path, bench):
     refused(subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err),
             INTERRUPTED, "interrupted (SIGTERM)", "cancelled job nap-term")
     state = _state("nap-term")
-    assert state["status"] == "failed" and "cancelled" in state["error"], state
+    assert state["status"] == "cancelled" and "cancelled" in state["error"], state
 
 
 def test_ctrl_c_with_keep_running_then_job_cancel(tmp_path, bench):
@@ -94,7 +94,7 @@ def test_ctrl_c_with_keep_running_then_job_cancel(tmp_path, bench):
     cancel = cli("job-cancel", "nap-2", "--device", "bench", environ=env())
     assert cancel.returncode == 0, cancel.stderr
     assert "cancelled" in cancel.stdout
-    assert _state("nap-2")["status"] == "failed"
+    assert _state("nap-2")["status"] == "cancelled"
 
 
 def test_ctrl_c_while_waiting_for_someone_elses_job(tmp_path, bench):

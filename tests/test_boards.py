@@ -210,6 +210,22 @@ def test_detached_job_and_coming_back_for_it(configs):
     assert json.loads(out)["result"]["steps"] == 3
 
 
+def test_a_cancelled_job_is_reported_cancelled_with_exit_130(configs):
+    """After job-cancel, job-status --wait said "failed" and exited 1 (a job failed)."""
+    code, out, _ = cli("job", "sleep", "--device", "bench", "--params",
+                       '{"seconds": 30, "steps": 10}', "--id", "nap-2", "--detach")
+    assert code == 0, out
+    code, out, _ = cli("job-cancel", "nap-2", "--device", "bench")
+    assert code == 0 and "cancelled by the host" in out, out
+    code, out, err = cli("job-status", "nap-2", "--device", "bench", "--wait")
+    assert code == 130, (out, err)
+    assert "job nap-2 cancelled" in err and "failed" not in err, err
+    assert err.strip().splitlines()[-1].startswith(
+        "error: job nap-2 on bench was cancelled by the host: it did not finish"), err
+    code, out, _ = cli("job-status", "nap-2", "--device", "bench", "--json")
+    assert code == 130 and json.loads(out)["status"] == "cancelled"
+
+
 def test_failed_job_exits_1_with_its_error(configs):
     code, out, err = cli("job", "echo", "--device", "bench", "--param", "fail=bad weights",
                          "--json")

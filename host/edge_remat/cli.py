@@ -562,7 +562,8 @@ def job_status(
     from .errors import Interrupted
     from .outputs import output_folder
     from .remote import print_outcome, show_progress, to_stderr
-    from .transport import Board, JobFailed
+    from .transport import Board
+    from .transport.errors import job_failed
 
     if out is not None:  # `--out ''` too, which is refused
         output_folder(out)
@@ -575,8 +576,7 @@ def job_status(
                               f"(`edge-remat job-cancel {job_id} --device {device}` stops it)",
                               job=job_id, cancelled=False) from None
         if record["state"] == "failed":
-            raise JobFailed(f"job {job_id} failed on {board.name}: {record.get('error')}",
-                            record)
+            raise job_failed(record, f"job {job_id}", board.name)
         if out and record["state"] == "finished":
             record["fetched"] = [str(p) for p in board.fetch_outputs(record, out)]
         print_outcome(record, as_json, board)

@@ -9,7 +9,8 @@ exit status the same.
     4    killed: the run ran out of memory (the memory limit, the board's OOM killer)
     70   an internal error (a bug): rerun with --debug and report the traceback
     130  interrupted (Ctrl-C, or SIGTERM taken as Ctrl-C); the board's job was cancelled
-         unless --keep-running; `plan` writes the best plan found so far
+         unless --keep-running; `plan` writes the best plan found so far. Also a job the host
+         cancelled (job-cancel) that a command waited on or came back for
     141  stdout was closed by its reader (`edge-remat plan ... | head`): quietly, as other
          commands killed by SIGPIPE (128 + 13); what the command wrote before stays
 """
@@ -80,7 +81,7 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
     from .planner.problem import InfeasibleBudget, InfeasibleDeadline, ProblemError
     from .planner.solve import NoPlan
     from .transport import AgentError, JobFailed, JobOutOfReach, TransportError
-    from .transport.errors import SshConfigError
+    from .transport.errors import SshConfigError, cancelled_by_host
     from .units import UnitError
 
     if isinstance(exc, Interrupted):
@@ -97,6 +98,8 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
     if isinstance(exc, InfeasibleDeadline):
         return EXIT_BAD_INPUT, str(exc), {"status": "infeasible_deadline",
                                           "smallest_feasible_deadline": exc.smallest_deadline}
+    if isinstance(exc, JobFailed) and cancelled_by_host(exc.record or {}):
+        return EXIT_INTERRUPTED, str(exc), {"status": "cancelled", "job": exc.record}
     if isinstance(exc, JobFailed):
         killed = killed_by_memory(str((exc.record or {}).get("error")))
         return (EXIT_KILLED if killed else EXIT_JOB_FAILED), str(exc), \

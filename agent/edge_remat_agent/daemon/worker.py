@@ -32,6 +32,9 @@ MAX_RESTARTS = 3
 # phrases of a SIGKILL's description that the host reads (errors.killed_by_memory)
 NOT_OOM = "not by the out-of-memory killer"
 OOM_RAN = "the kernel's out-of-memory killer ran meanwhile"
+# how a job the host cancelled begins its error (state failed); the host reads it
+# (transport.errors.cancelled_by_host) to say "cancelled", exit status 130
+CANCELLED = "cancelled by the host"
 
 
 def describe_exit(status: Optional[int], oom_killer_ran: Optional[bool] = None) -> str:
@@ -82,7 +85,7 @@ class Worker:
     def cancel(self, record: dict) -> None:
         """Called with cond held."""
         if record["state"] == "queued":
-            self.store.update(record, state="failed", error="cancelled by the host",
+            self.store.update(record, state="failed", error=CANCELLED,
                               finished_s=time.time())
             self.on_change()
         elif record["state"] == "running" and record is self.current:
@@ -231,7 +234,7 @@ class Worker:
         if outcome is None and self._cancel_requested:
             # the cancel's own signal ended it before it could write its outcome
             self.store.update(record, state="failed", finished_s=now, pid=None,
-                              error="cancelled by the host" + (
+                              error=CANCELLED + (
                                   f" (killed after it ignored SIGTERM for {STOP_GRACE_S:g} s)"
                                   if status == -signal.SIGKILL else ""))
         elif outcome is None:
@@ -245,7 +248,7 @@ class Worker:
                               result=outcome.get("result"), error=None)
         elif outcome.get("cancelled"):
             self.store.update(record, state="failed", finished_s=now, pid=None,
-                              error="cancelled by the host")
+                              error=CANCELLED)
         else:
             self.store.update(record, state="failed", finished_s=now, pid=None,
                               error=str(outcome.get("error")),

@@ -25,8 +25,8 @@ from edge_remat_agent.wire.protocol import TERMINAL_STATES
 from ..devices import DeviceConfig
 from ..errors import Interrupted
 from ..planner.interrupt import stopped_by
-from .errors import (AgentError, BoardMissingTorch, BoardUnreachable, JobFailed, JobOutOfReach,
-                     LinkLost, TransportError)
+from .errors import (AgentError, BoardMissingTorch, BoardUnreachable, JobOutOfReach, LinkLost,
+                     TransportError, cancelled_by_host, job_failed)
 from .hints import torch_hint
 from .session import AgentSession, file_sha256
 from .zipapp import AgentArchive, build_agent_archive
@@ -246,8 +246,7 @@ class Board:
         except LinkLost as exc:  # reconnecting gave up; the job goes on without us
             raise self.out_of_reach(job_id, exc, out_dir) from None
         if record["state"] == "failed":
-            raise JobFailed(f"job {record['id']} ({kind}) failed on {self.name}: "
-                            f"{record.get('error')}", record)
+            raise job_failed(record, f"job {record['id']} ({kind})", self.name)
         if out_dir is not None:
             try:
                 record["fetched"] = [str(p) for p in self.fetch_outputs(record, out_dir)]
@@ -355,7 +354,8 @@ def summary(record: dict) -> str:
     fraction = progress.get("fraction")
     done = f" {fraction * 100:.0f}%" if isinstance(fraction, (int, float)) else ""
     message = f" {progress.get('message')}" if progress.get("message") else ""
-    return f"job {record['id']} {record['state']}{done}{message}"
+    state = "cancelled" if cancelled_by_host(record) else record["state"]
+    return f"job {record['id']} {state}{done}{message}"
 
 
 def dumps(record: dict) -> str:

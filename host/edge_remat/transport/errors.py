@@ -67,6 +67,23 @@ class JobFailed(TransportError):
         super().__init__(message)
 
 
+def cancelled_by_host(record: dict) -> bool:
+    """Whether a failed job is one the host cancelled (job-cancel, a Ctrl-C): the agent records
+    it as failed, its error beginning "cancelled by the host"."""
+    from edge_remat_agent.daemon.worker import CANCELLED  # light, but not needed at start-up
+    return record.get("state") == "failed" and str(record.get("error") or "").startswith(
+        CANCELLED)
+
+
+def job_failed(record: dict, job: str, board: str) -> JobFailed:
+    """The error for a job that ended failed (`job`: "job ID" or "job ID (kind)"); one the host
+    cancelled says so (classify gives it exit status 130, interrupted, not 1)."""
+    if cancelled_by_host(record):
+        return JobFailed(f"{job} on {board} was {record['error']}: it did not finish; run it "
+                         "again to have its results", record)
+    return JobFailed(f"{job} failed on {board}: {record.get('error')}", record)
+
+
 # Retrying cannot fix these: a reconnect loop gives up on them at once.
 FATAL = (HostKeyUnknown, HostKeyChanged, AuthRefused, BoardMissingPython, BoardMissingTorch,
          BoardOutOfDisk, SshConfigError)
