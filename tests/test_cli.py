@@ -527,6 +527,19 @@ def test_graph_stores_a_model_file_by_its_absolute_path(cli, tmp_path):
     assert stored == f"{root / 'examples' / 'my_model.py'}:make_model"
 
 
+def test_an_operator_level_graph_shows_no_level_and_refuses_one(cli, tmp_path):
+    """It printed "level 3" (the module level it split, no figure of its nodes) and ignored
+    --level in silence."""
+    made = cli("graph", "--model", "mlp", "--operator-level", "-o", tmp_path / "g.json")
+    assert made.returncode == 0, made.stderr
+    nodes = next(line for line in made.stdout.splitlines() if line.startswith("nodes"))
+    assert "level" not in nodes and "one per ATen op" in nodes
+    line = clean_error(cli("graph", "--model", "mlp", "--operator-level", "--level", "2",
+                           "-o", tmp_path / "h.json"))
+    assert "--level" in line and "--operator-level" in line and "give one of them" in line
+    assert not (tmp_path / "h.json").exists()
+
+
 def test_status_labels_do_not_contradict_themselves(cli, tmp_path):
     """my_model at 50% with paging: "optimal (heuristic:paging, fallback from cpsat optimal)"
     and gap 3.33% beside "optimal", unexplained."""

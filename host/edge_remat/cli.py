@@ -407,7 +407,7 @@ def graph(
                                              "--max-nodes)"),
     operator_level: bool = typer.Option(False, "--operator-level", help="one planner node per "
                                         "ATen op that allocates (hundreds to thousands of "
-                                        "nodes); --max-nodes and --level do not apply"),
+                                        "nodes); --max-nodes does not apply, --level is refused"),
     params_home: str = typer.Option("ram", "--params-home", help="ram | flash: where "
                                     "parameters and optimizer state live between uses (flash: "
                                     "loaded and written back by planned nodes)"),
@@ -437,6 +437,10 @@ def graph(
     if onnx_file is not None and operator_level:
         raise UserError("--operator-level splits a captured model's ATen ops: use it with "
                         "--model, not --onnx")
+    if operator_level and level is not None:  # it was dropped in silence
+        raise UserError("--level picks the module-tree depth of the planner's nodes; "
+                        "--operator-level makes one node per ATen op, where no level applies: "
+                        "give one of them")
     if onnx_file is not None:
         from .importers.onnx_import import graph_from_onnx
         g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)

@@ -14,7 +14,10 @@ def graph_summary(graph: Graph, plain_peak: int, output: str | None) -> dict[str
     return {
         "model": cap.get("model", graph.name), "batch": graph.batch,
         "captured_nodes": cap.get("captured_nodes"), "nodes": len(graph),
-        "level": cap.get("level"), "fixed_bytes": graph.fixed_bytes,
+        # an operator-level graph's nodes are single ops: the module level it split is no
+        # figure of it (capture["level"] stays in the file, for recapture)
+        "level": None if cap.get("operator_level") else cap.get("level"),
+        "operator_level": bool(cap.get("operator_level")), "fixed_bytes": graph.fixed_bytes,
         "fixed": cap.get("fixed"), "saved_bytes": cap.get("saved_bytes"),
         "plain_peak_bytes": plain_peak, "capture_s": cap.get("capture_s"),
         "optimizer": cap.get("optimizer"), "cost_source": graph.cost_source,
@@ -27,7 +30,8 @@ def graph_table(summary: dict[str, Any]) -> str:
     fixed = summary.get("fixed") or {}
     parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in fixed.items()
                       if k != "total" and v)
-    level = f", level {summary['level']}" if summary.get("level") is not None else ""
+    level = ", one per ATen op that allocates" if summary.get("operator_level") else \
+        f", level {summary['level']}" if summary.get("level") is not None else ""
     rows = [
         ("model", f"{summary['model']} (batch {summary['batch']})"
                   + ("  [planning only]" if summary["planning_only"] else "")),
