@@ -184,7 +184,7 @@ def test_devices_check_of_an_unreachable_board_says_why(configs):
     (configs / "gone.toml").write_text('[connection]\nkind = "ssh"\nhost = "127.0.0.1"\n'
                                        'port = 1\nconnect_timeout_s = 2\n')
     code, out, err = cli("devices", "gone", "--check")
-    assert code == 3 and "error: 1 of 1 board(s) failed the check: gone" in err  # unreachable
+    assert code == 3 and "error: 1 of 1 board failed the check: gone" in err  # unreachable
     assert re.search(r"^gone: cannot reach 127\.0\.0\.1:1: Connection refused", out, re.M), out
 
 

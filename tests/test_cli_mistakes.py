@@ -46,6 +46,26 @@ def test_the_smallest_deadline_named_is_met_when_passed_back(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.parametrize("command", [["plan", "--budget", "0.8"],
+                                     ["run", "--device", "local", "--model", "mlp",
+                                      "--budget", "0.8"]], ids=["plan", "run"])
+def test_a_deadline_it_cannot_read_is_named(tmp_path, command):
+    """The line said "cannot read 'abc'", unlike the budget's, which names its option."""
+    graph = ["--graph", tiny_graph(tmp_path)] if command[0] == "plan" else []
+    refused(cli(*command, *graph, "--deadline", "abc", "--out" if command[0] == "run" else "-o",
+                tmp_path / "out"), BAD_INPUT, "cannot read --deadline 'abc'")
+
+
+def test_a_size_no_board_holds_names_the_limit_in_an_accepted_unit(tmp_path):
+    """It said "1 EiB", a unit the parser refuses."""
+    line = refused(cli("plan", "--graph", tiny_graph(tmp_path), "--budget",
+                       "2000000000000000000"), BAD_INPUT, "1152921504606846976 bytes, "
+                   "1048576 TiB")
+    assert "EiB" not in line
+    assert cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "1048576TiB",
+               "--solver", "heuristic:keep-all", "-o", tmp_path / "p.json").returncode == 0
+
+
 @pytest.mark.parametrize("limit", ["0", "-1", "nan"])
 @pytest.mark.parametrize("command", [["plan", "--budget", "0.8"], ["plan", "--sweep",
                                                                     "0.5:1.0:0.25"]],

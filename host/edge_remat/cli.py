@@ -128,7 +128,6 @@ def plan(
     from .planner.plan_file import make_plan
     from .remote import to_stderr
     from .reports.report import plan_table
-    from .units import parse_multiplier
 
     # The options first, then the files: nothing slow happens before all of them are checked.
     if objective not in ("time", "energy"):
@@ -154,7 +153,7 @@ def plan(
     if arena == "none" and arena_fit:
         raise UserError("--arena-fit fits the plan's arena to the budget, and --arena none lays "
                         "out no arena: drop --arena-fit, or give --arena best-fit or cpsat")
-    target_deadline = parse_multiplier(deadline) if deadline else None
+    target_deadline = _deadline(deadline)
     if sweep is not None:
         from .sweep import parse_sweep
         parse_sweep(sweep)
@@ -492,8 +491,10 @@ def devices(
         typer.echo(devices_table(rows, check))
     failed = [r["name"] for r in rows if check and not r.get("check", {}).get("ok", False)]
     if failed:  # a board that cannot be reached or used: the status `deploy` would exit with
+        from edge_remat_agent.units import counted
+
         from .errors import EXIT_UNREACHABLE
-        typer.echo(f"error: {len(failed)} of {len(rows)} board(s) failed the check: "
+        typer.echo(f"error: {len(failed)} of {counted(len(rows), 'board')} failed the check: "
                    f"{', '.join(failed)} (why: above)", err=True)
         raise typer.Exit(EXIT_UNREACHABLE)
 
@@ -812,7 +813,7 @@ def run_command(
     options = RunOptions(
         device=device, model=model, budget=Budget.parse(budget) if budget else None,
         objective=objective,
-        deadline=_multiplier(deadline), steps=steps, data=data,
+        deadline=_deadline(deadline), steps=steps, data=data,
         memory_limit=limit, plain=plain, batch=batch, image=image, seq=seq, seed=seed,
         optimizer=optimizer, lr=lr, max_nodes=max_nodes, params_home=params_home, train=train,
         profile=profile_file,
@@ -896,9 +897,10 @@ def _sweep_rows(path: str) -> list:
                     f"prints (an object with a \"sweep\" list), got {what}")
 
 
-def _multiplier(text: Optional[str]) -> Optional[float]:
+def _deadline(text: Optional[str]) -> Optional[float]:
+    """--deadline's multiple of the plain time (plan and run), None where not given."""
     from .units import parse_multiplier
-    return parse_multiplier(text) if text else None
+    return parse_multiplier(text, "--deadline") if text else None
 
 
 def _killed_line(report: dict) -> str:

@@ -50,7 +50,7 @@ def parse_budget(text: str, option: str = "budget",
         raise UnitError(f"{option} {text!r} must be positive")
     if not math.isfinite(value) or value * SIZE_UNITS[unit] > MAX_BYTES:
         raise UnitError(f"{option} {text!r} is larger than any board's memory (at most "
-                        f"{MAX_BYTES} bytes, 1 EiB)")
+                        f"{MAX_BYTES} bytes, {MAX_BYTES // SIZE_UNITS['tib']} TiB)")
     return "bytes", value * SIZE_UNITS[unit]
 
 
@@ -90,15 +90,17 @@ class Budget:
             fmt_bytes(self.bytes)
 
 
-def parse_multiplier(text: str) -> float:
-    """'1.3' or '1.3x' -> 1.3 (a deadline, as a multiple of the plain schedule's time)."""
+def parse_multiplier(text: str, option: str = "") -> float:
+    """'1.3' or '1.3x' -> 1.3 (a deadline, as a multiple of the plain schedule's time); the
+    messages name `option` (e.g. --deadline) where given."""
     s = str(text).strip().lower().rstrip("x×")
+    named = f"{option} {text!r}" if option else repr(text)
     try:
         value = float(s)
     except ValueError:
-        raise UnitError(f"cannot read {text!r}: use a multiple such as 1.3 or 1.3x") from None
+        raise UnitError(f"cannot read {named}: use a multiple such as 1.3 or 1.3x") from None
     if not math.isfinite(value) or value <= 0:
-        raise UnitError(f"{text!r} must be a positive finite multiple such as 1.3")
+        raise UnitError(f"{named} must be a positive finite multiple such as 1.3")
     return value
 
 
