@@ -290,6 +290,22 @@ def test_deploy_runs_the_plan_on_the_board_through_the_daemon(user_capture, loca
         str(tmp_path / "board"))
 
 
+def test_deploy_says_what_the_run_measured_in_words(user_capture, local_board, tmp_path):
+    # Before, deploy without --json printed the job's result as a JSON dump.
+    from edge_remat.cli import app
+    captured = user_capture()
+    graph_file, plan_file = tmp_path / "graph.json", tmp_path / "plan.json"
+    captured.graph.save(graph_file)
+    every_forward_recomputed(captured.graph).save(plan_file)
+    result = CliRunner().invoke(app, ["deploy", str(plan_file), "--device", local_board,
+                                      "--graph", str(graph_file), "--steps", "2",
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "2 steps on" in result.stdout and "ledger peak" in result.stdout
+    assert "gradients    bitwise equal to eager PyTorch" in result.stdout
+    assert "{" not in result.stdout and "fetched " in result.stdout
+
+
 def test_a_graph_this_machine_does_not_capture_is_refused(user_capture, tmp_path):
     graph = user_capture().graph
     nodes = [dataclasses.replace(n) for n in graph.nodes]

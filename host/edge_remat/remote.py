@@ -228,6 +228,16 @@ def parse_inputs(pairs: List[str]) -> Dict[str, Path]:
     return inputs
 
 
+def full_result(record: dict) -> dict:
+    """The job's result; where it names a report file it fetched (the executor's
+    run_report.json), that file, which holds every step."""
+    result = record.get("result") or {}
+    for path in record.get("fetched", []):
+        if Path(path).name == "run_report.json":
+            return json.loads(Path(path).read_text())
+    return result
+
+
 def print_outcome(record: dict, as_json: bool, board: Board) -> None:
     if as_json:
         print(json.dumps({"status": record["state"], "job": record["id"],
@@ -237,7 +247,12 @@ def print_outcome(record: dict, as_json: bool, board: Board) -> None:
         return
     typer.echo(summary(record))
     if record.get("result") is not None:
-        typer.echo(json.dumps(record["result"], indent=1, default=str))
+        report = full_result(record)
+        if record.get("kind") == "run" and "summary" in report:  # a plan run: as the board's
+            from edge_remat_agent.run_command import summary_text  # own `run` says it
+            typer.echo(summary_text(report))
+        else:
+            typer.echo(json.dumps(record["result"], indent=1, default=str))
     for path in record.get("fetched", []):
         typer.echo(f"fetched {path}")
 

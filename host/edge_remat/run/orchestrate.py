@@ -24,6 +24,7 @@ from edge_remat_agent.units import counted
 
 from ..devices import DeviceConfig
 from ..errors import EXIT_BAD_INPUT, Interrupted, classify, killed_by_memory
+from ..remote import full_result
 from ..transport import Board, JobFailed, JobOutOfReach
 from ..units import Budget
 from .options import (RunOptions, RunProblem, check_data_fits, check_options, flash_allowed,
@@ -383,17 +384,6 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
             else f"at step {at}"
         return {"status": "killed", "killed_at_step": at, "message": f"{why} {when}",
                 "result": progress.get("data") or {}, **watch.readings()}
-
-
-def full_result(record: dict) -> dict:
-    """The job's result; where it names a report file it fetched (the executor's
-    run_report.json), that file, which holds every step."""
-    result = record.get("result") or {}
-    for path in record.get("fetched", []):
-        if Path(path).name == "run_report.json":
-            import json
-            return json.loads(Path(path).read_text())
-    return result
 
 
 def completed_steps(progress: dict, steps: int) -> int:
