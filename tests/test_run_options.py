@@ -4,6 +4,8 @@ the parameters' home (homing them on flash is paging)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from helpers.bad_inputs import BAD_INPUT, REPO, cli, no_new_files, refused, tree
@@ -206,3 +208,16 @@ def test_a_malloc_the_board_lacks_is_a_warning_on_the_terminal_and_in_report_txt
     assert said in proc.stderr
     assert "--malloc tcmalloc: libtcmalloc_minimal.so.4" in (tmp_path / "out" / "report.txt"
                                                               ).read_text()
+
+
+def test_the_plain_comparison_runs_under_the_malloc_asked_for(tmp_path):
+    """Before, `run --plain --malloc jemalloc` ran plain PyTorch under glibc's malloc: the
+    option reached only the planned run's job."""
+    from edge_remat_agent.allocator import malloc_library
+    if malloc_library("jemalloc") is None:
+        pytest.skip("jemalloc is not installed here")
+    proc = _run("--plain", "--malloc", "jemalloc", "--out", tmp_path / "out", cwd=tmp_path,
+                timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["malloc"] == {"requested": "jemalloc", "running": "jemalloc"}

@@ -4,7 +4,8 @@ Eager autograd and a torch optimizer over the same model, weights and data as a 
 each step is reported (loss, time, resident peak) the moment it is done, so that a run the
 kernel kills for memory still says how far it got. The daemon runs it as the job kind
 "train-plain" with params `model`, `steps` and optionally `batch`, `image`, `seq`, `seed`,
-`optimizer`, `lr`, `data` (a data spec, see edge_remat_agent.data).
+`optimizer`, `lr`, `data` (a data spec, see edge_remat_agent.data), `malloc` (as the
+planned run's job takes it: executor/jobs.py).
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
 
 def plain_train_job(ctx, params: dict) -> dict:
     from .daemon.registry import JobCancelled
+    from .executor.jobs import requested_malloc, start_under
+    # under the malloc asked for, as a planned run is: the comparison is like for like
+    malloc = start_under(requested_malloc(params), ctx)
     steps = int(params.get("steps", 10))
 
     def on_step(report: dict) -> None:
@@ -77,7 +81,8 @@ def plain_train_job(ctx, params: dict) -> dict:
         value = params.get(name)
         return None if value is None else kind(value)
 
-    return train_plain(str(params["model"]), steps, optional("batch"), optional("image"),
-                       optional("seq"), int(params.get("seed", 0)),
-                       str(params.get("optimizer", "sgd")), optional("lr", float),
-                       params.get("data"), on_step, params.get("train"))
+    report = train_plain(str(params["model"]), steps, optional("batch"), optional("image"),
+                         optional("seq"), int(params.get("seed", 0)),
+                         str(params.get("optimizer", "sgd")), optional("lr", float),
+                         params.get("data"), on_step, params.get("train"))
+    return {**report, "malloc": malloc}

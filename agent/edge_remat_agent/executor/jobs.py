@@ -39,7 +39,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     for name in ("plan", "graph"):
         if not params.get(name):
             raise ValueError(f"the run job needs a {name} file (param {name!r})")
-    malloc = _start_under(requested_malloc(params), ctx)
+    malloc = start_under(requested_malloc(params), ctx)
     graph = load_graph(ctx.input_path(str(params["graph"])))
     plan = load_plan(ctx.input_path(str(params["plan"])))
     steps = int(params.get("steps", 10))
@@ -110,7 +110,7 @@ def requested_malloc(params: dict) -> str:
     return malloc
 
 
-def _start_under(malloc: str, ctx: JobContext) -> dict:
+def start_under(malloc: str, ctx: JobContext) -> dict:
     """Start this job process again under `malloc` (a preload takes effect only when a process
     starts: exec, same pid, the job's lock taken again by the new image) where it is not
     already running under it; what the report says of it. Under jemalloc the arena executor's

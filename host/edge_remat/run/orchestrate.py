@@ -150,11 +150,22 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
     require_kind(board, "train-plain", "train plainly")
     params = {k: v for k, v in opts.model_info.items() if v is not None}
     params.update(steps=opts.steps, data=data, **lr)
+    if opts.extra.get("malloc"):
+        params["malloc"] = opts.extra["malloc"]
     say(f"{board.name}: plain PyTorch training of {opts.model}, {counted(opts.steps, 'step')}")
     outcome = _train(board, device, "train-plain", params, None, out, opts.steps, say)
-    return build_report(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
-                        data=data, memory_limit_bytes=device.hardware.memory_limit_bytes,
-                        **outcome)
+    report = build_report(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
+                          data=data, memory_limit_bytes=device.hardware.memory_limit_bytes,
+                          **outcome)
+    _say_malloc(report, say)
+    return report
+
+
+def _say_malloc(report: dict, say: Say) -> None:
+    from ..reports.run_report import malloc_warning
+    malloc = malloc_warning(report)
+    if malloc:
+        say(f"warning: {malloc}")
 
 
 def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str, lr: dict,
@@ -163,7 +174,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
 
     from ..planner.build import plain_peak_bytes
     from ..remote import require_kind
-    from ..reports.run_report import build_report, malloc_warning
+    from ..reports.run_report import build_report
 
     def capture(home: str):
         return capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
@@ -230,9 +241,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           memory_limit_bytes=device.hardware.memory_limit_bytes,
                           plain_peak_bytes=plain_peak, profile=chosen.summary(),
                           paths={"graph": str(graph_path), "plan": str(plan_path)}, **outcome)
-    malloc = malloc_warning(report)
-    if malloc:
-        say(f"warning: {malloc}")
+    _say_malloc(report, say)
     forget_if_far_off(report, chosen, say)
     if opts.plots:
         report["plots"] = _draw(graph, plan_path, report, out, chosen.profile)
