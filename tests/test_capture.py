@@ -407,6 +407,24 @@ def test_a_factory_that_returns_no_module_is_named(tmp_path):
         capture_model(spec)
 
 
+def test_a_factory_that_cannot_be_called_says_which_parameters_it_may_take(tmp_path):
+    # Before: "the factory raised TypeError: ... (models.py line 48)", our own file's line.
+    spec = _write(tmp_path, "def make(width):\n    return nn.Linear(4, 3), (torch.ones(2, 4),)\n")
+    with pytest.raises(CaptureError) as error:
+        capture_model(spec + ":make", batch=8)
+    said = str(error.value)
+    assert "cannot be called as make(): make() missing 1 required positional argument: 'width'" \
+        in said
+    assert "only batch, image, seq and seed" in said and "models.py line" not in said
+
+
+def test_a_factory_that_raises_names_the_users_own_line(tmp_path):
+    spec = _write(tmp_path, "def make():\n    raise TypeError('width must be even')\n")
+    with pytest.raises(CaptureError, match=r"raised TypeError: width must be even "
+                                           r"\(bad_models.py line 5\)"):
+        capture_model(spec + ":make")
+
+
 def test_a_forward_that_does_not_return_a_scalar_is_named(tmp_path):
     spec = _write(tmp_path, "def make():\n    return nn.Linear(4, 3), (torch.ones(2, 4),)\n")
     with pytest.raises(CaptureError, match=r"make.*scalar training loss.*shape \(2, 3\)"):

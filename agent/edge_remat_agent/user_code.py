@@ -65,7 +65,16 @@ def import_user_module(module_part: str, prefix: str) -> ModuleType:
 
 
 def raised(exc: BaseException) -> str:
-    """`ValueError: message (my_model.py line 12)`: the user's own line, where it was."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" ({Path(frames[-1].filename).name} line {frames[-1].lineno})" if frames else ""
+    """`ValueError: message (my_model.py line 12)`: the user's own line, where it was (not
+    ours: a call that failed before any of the user's code ran names no line)."""
+    frame = users_frame(exc)
+    where = f" ({Path(frame.filename).name} line {frame.lineno})" if frame else ""
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+def users_frame(exc: BaseException):
+    """The innermost frame of the traceback outside this package, or None."""
+    ours = Path(__file__).resolve().parent
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if ours not in Path(f.filename).resolve().parents]
+    return frames[-1] if frames else None

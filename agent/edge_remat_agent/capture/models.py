@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..user_code import UserCodeError, import_user_module, raised
+from ..user_code import UserCodeError, import_user_module, raised, users_frame
 from .errors import CaptureError
 
 FACTORY_OPTIONS = ("batch", "image", "seq", "seed")
@@ -46,6 +46,14 @@ def load_model(spec: str, batch: int | None = None, image: int | None = None,
         torch.manual_seed(seed)  # the same initial weights on the host and on the board
         try:
             result = factory(**kwargs)
+        except TypeError as exc:
+            if users_frame(exc) is not None:  # raised inside the factory
+                raise CaptureError(spec, f"the factory raised {raised(exc)}") from exc
+            raise CaptureError(spec, f"the factory cannot be called as {factory_name}("
+                               + ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+                               + f"): {exc}; its parameters may be only batch, image, seq "
+                               "and seed (by those names), each with a default or given "
+                               "on the command line") from exc
         except Exception as exc:  # noqa: BLE001 - the user's code: say what it raised
             raise _too_big(spec, batch, exc) or CaptureError(
                 spec, f"the factory raised {raised(exc)}") from exc
