@@ -391,3 +391,13 @@ def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(tmp_path):
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                           env=env(), timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_usage_error_with_json_prints_the_object_too(tmp_path):
+    """README: with --json a failure also prints one object on stdout; a usage error (a missing
+    option, caught by typer before any command runs) printed only the line."""
+    proc = cli("plan", "--json", cwd=tmp_path)
+    assert proc.returncode == BAD_INPUT
+    answer = json.loads(proc.stdout)
+    assert answer["status"] == "error" and "Missing option '--graph'" in answer["error"]
+    assert proc.stderr.startswith("error: Missing option '--graph'")

@@ -934,7 +934,10 @@ def main() -> None:
             sys.exit(getattr(exc, "exit_code", 2))
         if is_cli_machinery(exc) and hasattr(exc, "format_message"):  # a usage error
             where = getattr(getattr(exc, "ctx", None), "command_path", None) or "edge-remat"
-            typer.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)
+            message = f"{exc.format_message()} (see `{where} --help`)"
+            if "--json" in sys.argv[1:]:  # a script reads stdout: it gets the error there too
+                print(json.dumps({"status": "error", "error": message}))
+            typer.echo(f"error: {message}", err=True)
             sys.exit(getattr(exc, "exit_code", 2))
         if is_cli_machinery(exc) and type(exc).__name__ == "Abort":  # Ctrl-C at a prompt
             typer.echo("error: interrupted (Ctrl-C)", err=True)
