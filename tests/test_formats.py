@@ -146,14 +146,26 @@ def test_unhashable_node_link_endpoint(tmp_path):
 def test_node_link_cycle(tmp_path):
     g = node_link_dict()
     g["links"].append({"source": 2, "target": 0})
-    expect_format_error(load_graph_file, write(tmp_path, "cycle.json", g), "links", "cycle")
+    err = expect_format_error(load_graph_file, write(tmp_path, "cycle.json", g), "links", "cycle")
+    # the cycle itself, in the links' direction (from whichever node it starts)
+    assert any(f"the cycle {a} -> {b} -> {c} -> {a}" in str(err)
+               for a, b, c in ((0, 1, 2), (1, 2, 0), (2, 0, 1)))
 
 
 def test_node_link_cycle_with_order(tmp_path):
+    # Before, this named 'nodes[0].inputs', a field of our format that the file does not have.
     g = node_link_dict()
     g["links"].append({"source": 2, "target": 0})
     g["graph"]["order"] = [0, 1, 2]
-    expect_format_error(load_graph_file, write(tmp_path, "cycle.json", g), "inputs", "cycle")
+    expect_format_error(load_graph_file, write(tmp_path, "cycle.json", g), "links", "cycle")
+
+
+def test_node_link_order_that_runs_a_node_before_its_input(tmp_path):
+    g = node_link_dict()
+    g["graph"]["order"] = [0, 2, 1]
+    err = expect_format_error(load_graph_file, write(tmp_path, "order.json", g), "graph.order",
+                              "after its inputs")
+    assert "node 2 comes before its input 1" in str(err)
 
 
 def test_node_link_self_loop(tmp_path):

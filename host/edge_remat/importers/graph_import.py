@@ -79,17 +79,32 @@ def graph_from_node_link(obj: dict[str, Any], source: str) -> Graph:
         if src not in nodes[dst]["inputs"]:
             nodes[dst]["inputs"].append(src)
     order = attrs.get("order") if isinstance(attrs, dict) else None
+    topological = _topological(nodes, source)  # a cycle is the links' fault, whatever the order
     if order is not None:
         if not isinstance(order, list) or sorted(map(repr, order)) != sorted(map(repr, nodes)):
             raise FormatError(source, "graph.order", "every node id exactly once")
+        _check_given_order(nodes, order, source)
     else:
-        order = _topological(nodes, source)
+        order = topological
     graph = Graph(nodes=[Node(op=nodes[i]["name"], **nodes[i]) for i in order],
                   name=str(attrs.get("name", Path(source).stem)) if isinstance(attrs, dict)
                   else Path(source).stem, capture={"tool": "networkx node-link", "file": source},
                   cost_source="published")
     check_order(graph, source)
     return graph
+
+
+def _check_given_order(nodes: dict[Any, dict[str, Any]], order: list[Any], source: str) -> None:
+    """The file's execution order runs every node after its inputs (said of graph.order, the
+    field the file has, not of the nodes list our format would build from it)."""
+    done = set()
+    for node_id in order:
+        late = [dep for dep in nodes[node_id]["inputs"] if dep not in done]
+        if late:
+            raise FormatError(source, "graph.order", "an execution order that runs every node "
+                              f"after its inputs (node {node_id!r} comes before its input "
+                              f"{late[0]!r})")
+        done.add(node_id)
 
 
 def _topological(nodes: dict[Any, dict[str, Any]], source: str) -> list[Any]:
@@ -111,7 +126,19 @@ def _topological(nodes: dict[Any, dict[str, Any]], source: str) -> list[Any]:
             if indegree[user] == 0:
                 heapq.heappush(ready, (position[user], user))
     if len(order) < len(nodes):
-        stuck = [i for i, d in indegree.items() if d > 0][:8]
-        raise FormatError(source, "links", "an acyclic graph (it has a cycle through "
-                          f"{stuck})")
+        raise FormatError(source, "links", "an acyclic graph (it has the cycle "
+                          + " -> ".join(map(repr, _a_cycle(nodes, indegree))) + ")")
     return order
+
+
+def _a_cycle(nodes: dict[Any, dict[str, Any]], indegree: dict[Any, int]) -> list[Any]:
+    """One cycle among the nodes Kahn's algorithm left (each of them has an input left too):
+    walk back through such inputs until a node repeats."""
+    stuck = {i for i, d in indegree.items() if d > 0}
+    path, seen, node_id = [], {}, next(iter(stuck))
+    while node_id not in seen:
+        seen[node_id] = len(path)
+        path.append(node_id)
+        node_id = next(dep for dep in nodes[node_id]["inputs"] if dep in stuck)
+    cycle = path[seen[node_id]:][::-1]  # inputs first: the direction of the links
+    return cycle + [cycle[0]]
