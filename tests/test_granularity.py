@@ -9,7 +9,6 @@ bert-mini at the size where its forward layers set the floor without paging."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
