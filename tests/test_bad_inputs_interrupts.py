@@ -153,6 +153,20 @@ def test_sigterm_stops_planning_as_ctrl_c_does(tmp_path):
     assert replayed.returncode == 0 and json.loads(replayed.stdout)["valid"], replayed.stderr
 
 
+def test_ctrl_c_before_any_plan_says_nothing_was_written_and_what_helps(tmp_path):
+    """Before: a bare 'error: interrupted (Ctrl-C)'. 5000 nodes seed 1 at 0.8 plans nothing
+    in its first minute (docs/planner.md), so a Ctrl-C at 5 s comes before any plan."""
+    from edge_remat.synthetic import random_layered
+    graph = tmp_path / "rl5000.json"
+    random_layered(5000, seed=1, w=0.31).save(graph)
+    plan = tmp_path / "plan.json"
+    proc = _start("plan", "--graph", graph, "--budget", "0.8", "--time-limit", "60", "-o", plan)
+    time.sleep(5)
+    refused(_interrupt(proc, []), INTERRUPTED, "before any plan within the budget was found",
+            "nothing was written", "larger --budget")
+    assert not plan.exists()
+
+
 def test_ctrl_c_during_a_sweep_keeps_the_budgets_solved(tmp_path):
     """The first budget is below the floor (settled at once), the second is solving when
     Ctrl-C comes: both are in the table, the second's best plan so far is written."""

@@ -372,6 +372,18 @@ def test_a_sweep_in_memory_aware_orders_plans_each_budget(cli, tmp_path):
     assert [r["status"] for r in rows] and all(r["peak_bytes"] <= r["budget_bytes"] for r in rows)
 
 
+@pytest.mark.skipif(not (GRAPHS / "rl100.json").is_file(), reason="shared/ graphs not found")
+def test_plan_json_says_what_the_table_says_beside_the_figures(cli, tmp_path):
+    # Before, --json left out the bound's scope, the plan times, the order and the units.
+    proc = cli("plan", "--graph", GRAPHS / "rl100.json", "--budget", "0.8", "--time-limit", "3",
+               "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = one_json(proc.stdout)
+    assert out["bound_scope"] and out["first_plan_s"] <= out["best_plan_s"] <= out["solve_time_s"]
+    assert out["order"] == "memory"
+    assert out["units"] == {"time": "cost units", "energy": "cost units"}  # a published graph
+
+
 def test_sweep_and_budget_together_is_an_error(cli, tmp_path):
     line = clean_error(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.8",
                            "--sweep", "0.5:1:0.1"))

@@ -127,7 +127,7 @@ def plan(
     from .planner.ordering import ORDER_SHARE, ORDERS
     from .planner.plan_file import make_plan
     from .remote import to_stderr
-    from .reports.report import plan_table
+    from .reports.report import plan_table, problem_cost_units
 
     # The options first, then the files: nothing slow happens before all of them are checked.
     if objective not in ("time", "energy"):
@@ -199,6 +199,11 @@ def plan(
                                        order=order, arena_fit=arena_fit)
     except PlanInterrupted as stop:  # Ctrl-C or SIGTERM: the best plan so far is written
         result, report, interrupted = stop.report.plan.to_dict(), stop.report, True
+    except KeyboardInterrupt:  # before any plan within the budget: say so, and what helps
+        from .errors import Interrupted
+        raise Interrupted(f"interrupted ({stopped_by()}) before any plan within the budget was "
+                          "found, so nothing was written: let it run longer, or give a larger "
+                          "--budget, which plans sooner") from None
     if progress is not None:
         typer.echo("", err=True)
     note_budget_above_ram(prof, result["budget_bytes"], str(profile), to_stderr)
@@ -217,6 +222,12 @@ def plan(
             "recomputed": pr["recomputed"], "page_ins": pr["page_ins"],
             "page_outs": pr["page_outs"], "lower_bound": s["lower_bound"], "gap": s["gap"],
             "solve_time_s": s["solve_time_s"], "baselines": s["baselines"],
+            # what the table says beside the figures: the bound's scope, when the plans came,
+            # the order, who proved or fell back, and the unit of time and energy
+            **{key: s[key] for key in ("bound_scope", "first_plan_s", "best_plan_s",
+                                       "fallback_from", "proven_optimal_by") if key in s},
+            "order": result.get("problem", {}).get("order"),
+            "units": dict(zip(("time", "energy"), problem_cost_units(result.get("problem", {})))),
             "arena": _arena_summary(result), "plan": output,
             **({"error": stopped} if stopped else {})}))
     else:
