@@ -478,7 +478,11 @@ def _kept_plan_note(solver: str, status: str) -> dict:
     better."""
     if status == "optimal":
         return {"proven_optimal_by": solver}
-    return {"fallback": f"{solver} {status}"}
+    # "cpsat unknown" read as a riddle: say what the exact solver's status means here
+    said = {"unknown": "found no plan in time", "feasible": "found none better in time",
+            "timeout": "found none better in time"}
+    return {"fallback": f"{solver}, which {said[status]}" if status in said
+            else f"{solver} {status}"}
 
 
 def _cpsat_none_why(outcome) -> str:
