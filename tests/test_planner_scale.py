@@ -379,3 +379,19 @@ def test_benchmark_frontier_is_a_budget_the_feasibility_phase_plans():
     decisions = feasible_schedule(p, 5.0)
     assert decisions is not None
     assert evaluate(p, decisions).feasible
+
+
+def test_searches_that_give_up_early_do_not_ask_for_more_time(monkeypatch):
+    # Scale QA: "no heuristic fits within 60 s ... or a larger --time-limit" after 13 s, when
+    # the searches had given up (no move helps) and more time could not help.
+    import edge_remat.planner.solve as solve_module
+    monkeypatch.setattr(solve_module, "LNS_ONLY_NODES", 0)  # the large-graph path, small graph
+    monkeypatch.setattr(solve_module, "MILP_MAX_NODES", 0)
+    graph = random_layered(150, seed=1)
+    started = time.perf_counter()
+    with pytest.raises(solve_module.NoPlan) as caught:
+        solve(build_problem(graph, "0.45", order="given"), "auto", time_limit=30)
+    said = str(caught.value)
+    assert "no heuristic fits: they gave up after" in said and "of the 30 s allowed" in said
+    assert "larger --time-limit" not in said and "try --budget" in said
+    assert time.perf_counter() - started < 40

@@ -295,11 +295,18 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
     if solver == "heuristic":
         if best_known is None:
             orders = len(order_details.get("orders_tried", ()))
-            raise NoPlan(f"no heuristic fits within {time_limit:g} s"
+            spent = clock.perf_counter() - started
+            # the searches may give up (no move lowers the RAM over the budget) long before
+            # the limit: then more time would not help, and the line must not say it did
+            gave_up = spent < GAVE_UP_SHARE * time_limit
+            raise NoPlan((f"no heuristic fits: they gave up after {spent:.0f} s of the "
+                          f"{time_limit:g} s allowed, no move lowering the RAM over the budget"
+                          if gave_up else f"no heuristic fits within {time_limit:g} s")
                          + (f" in any of {orders} memory-aware orders" if orders > 1 else "")
                          + ", and on a graph this large "
                          f"({p.n} nodes) the exact solvers find none from scratch; "
-                         + _budget_found_hint(p, started + time_limit))
+                         + _budget_found_hint(p, started + time_limit,
+                                              more_time_helps=not gave_up))
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
                        timing={"first_plan_s": first_plan, "best_plan_s": best_at},
                        **order_details)
@@ -318,6 +325,9 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
 # recomputation, which always plans, and stops at its first miss.
 LADDER_STEPS = (1.5, 1.4, 1.3, 1.25, 1.2, 1.15, 1.1, 1.075, 1.05, 1.025)
 HINT_EXTRA, HINT_EXTRA_MAX_S = 0.25, 5.0
+# the searches ended before this share of the limit: they gave up, and more time would
+# not have helped
+GAVE_UP_SHARE = 0.8
 
 
 def feasibility_plans_at(p: Problem, budget_bytes: int, deadline: float) -> bool:
@@ -348,10 +358,12 @@ def _hint_deadline(started: float, time_limit: float) -> float:
                clock.perf_counter() + min(HINT_EXTRA_MAX_S, HINT_EXTRA * time_limit))
 
 
-def _budget_found_hint(p: Problem, deadline: float) -> str:
+def _budget_found_hint(p: Problem, deadline: float, more_time_helps: bool = True) -> str:
     """What to try next: the smallest budget of LADDER_STEPS (x the room for tensors), from the
     top down, for which the feasibility phase finds a plan before the deadline (a perf_counter
-    time), else the plain schedule's peak in this order."""
+    time), else the plain schedule's peak in this order; and a larger time limit, where the
+    search used it all."""
+    more_time = ", or a larger --time-limit" if more_time_helps else ""
     plain = plain_peak_in_order(p)
     smallest, found = plain, None
     for step in LADDER_STEPS:
@@ -364,13 +376,13 @@ def _budget_found_hint(p: Problem, deadline: float) -> str:
     if found is None:
         return (f"the schedule without recomputation in this order fits {plain} bytes "
                 f"({plain / p.budget_bytes:.3g}x this budget) and the feasibility phase found "
-                f"no smaller budget in time: try --budget {plain}, or a larger --time-limit")
+                f"no smaller budget in time: try --budget {plain}{more_time}")
     # in bytes above the asked budget: the ladder's factor applies to the room beyond fixed
     # memory, which a ratio beside two budgets did not say
     above = smallest - p.budget_bytes
     return (f"the feasibility phase finds a plan at {smallest} bytes ({above} bytes, "
-            f"{above / p.budget_bytes:.1%}, above this budget): try --budget {smallest}, or a "
-            "larger --time-limit")
+            f"{above / p.budget_bytes:.1%}, above this budget): try --budget {smallest}"
+            + more_time)
 
 
 def _since(started: float, progress: Progress | None) -> Progress | None:
