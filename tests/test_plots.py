@@ -70,3 +70,47 @@ def test_memory_traces_peak_where_the_plan_and_the_report_say(tmp_path):
     assert max(planned_trace) == plan.predicted["peak_bytes"]
     assert max(plain_trace) == plain_peak_bytes(graph, profile)
     assert max(plots.memory_traces(graph, plan)[0]) < plan.predicted["peak_bytes"]
+
+
+LARGE_PLOT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))  # a broken cap fails, not the host
+from edge_remat.reports import plots
+from edge_remat.synthetic import random_layered
+from edge_remat_agent.formats import Instruction, Plan
+graph = random_layered(3000, seed=1)
+# the plain schedule that never frees: every stage holds every node before it
+plan = Plan([[Instruction("compute", node.id)] for node in graph.nodes], "", 0)
+plots.plot_schedule(graph, plan, sys.argv[1])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_schedule_of_a_large_plan_is_bounded_and_binned(tmp_path):
+    # 3000 stages x 3000 nodes drew a 40000 x 33000 px figure (1050 nodes: 11244 x 9155 px,
+    # 4 GB; 5000: the OOM killer; QA): now at most MAX_INCHES a side, binned to MAX_CELLS
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from PIL import Image
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [str(root / "host"), str(root / "agent"), os.environ.get("PYTHONPATH", "")]))
+    path = tmp_path / "schedule.png"
+    done = subprocess.run([sys.executable, "-c", LARGE_PLOT, str(path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) < 600 * 1024  # peak RSS in KiB
+    with Image.open(path) as image:
+        assert max(image.size) <= 3000
+
+
+def test_a_binned_schedule_cell_is_the_most_notable_of_those_it_covers(planned):
+    graph, plan = planned
+    full = plots.schedule_matrix(graph, plan)
+    binned = plots.schedule_matrix(graph, plan, 2, 3)
+    assert binned.shape == (-(-full.shape[0] // 2), -(-full.shape[1] // 3))
+    for r, row in enumerate(binned):
+        for c, cell in enumerate(row):
+            assert cell == full[2 * r:2 * r + 2, 3 * c:3 * c + 3].max()

@@ -1,6 +1,7 @@
 """Pictures of a plan and a run (PNG, matplotlib's Agg backend, imported only when drawing).
 
     schedule.png  stage x node: computed / kept in RAM / paged to flash or host
+                  (binned above MAX_CELLS stages or nodes, in at most MAX_INCHES a side)
     memory.png    RAM over one step's instructions, planned and plain, against the budget, with
                   what the board measured (tensor peak, process peak, the kernel's peak, limit)
     sweep.png     a budget sweep (`edge-remat plan --sweep ... --json`): energy and time
@@ -28,18 +29,25 @@ def _pyplot():
     return plt
 
 
-def schedule_matrix(graph: Graph, plan: Plan) -> list[list[int]]:
-    """One row per stage, one column per node: what the stage did with the node's output."""
-    ram: set[int] = set()
+def schedule_matrix(graph: Graph, plan: Plan, stages_per_row: int = 1,
+                    nodes_per_column: int = 1):
+    """One row per stage, one column per node: what the stage did with the node's output (a
+    numpy uint8 array). Binned (more than one stage or node a cell), a cell holds the largest
+    code of those it covers, the most notable: computed, on host, on flash, kept in RAM.
+    Built row by row into the binned array, so a large plan never holds stages x nodes."""
+    import numpy as np
+    n, ram = len(graph), set()
     tiers: dict[str, set[int]] = {"flash": set(), "host": set()}
-    rows = []
-    for stage in plan.stages:
-        computed = set()
+    held = np.full(n, EMPTY, np.uint8)  # each node's code before this stage's computations
+    rows = np.zeros((-(-len(plan.stages) // stages_per_row), -(-n // nodes_per_column)), np.uint8)
+    starts = np.arange(0, n, nodes_per_column)
+    for k, stage in enumerate(plan.stages):
+        computed = []
         for ins in stage:
             i = graph.index[ins.node]
             if ins.op == "compute":
                 ram.add(i)
-                computed.add(i)
+                computed.append(i)
             elif ins.op == "free":
                 ram.discard(i)
             elif ins.op == "page_out":
@@ -47,31 +55,52 @@ def schedule_matrix(graph: Graph, plan: Plan) -> list[list[int]]:
                 tiers[ins.tier].add(i)
             elif ins.op == "page_in":
                 ram.add(i)
-        row = []
-        for i in range(len(graph)):
-            row.append(COMPUTED if i in computed else IN_RAM if i in ram else
-                       ON_FLASH if i in tiers["flash"] else ON_HOST if i in tiers["host"]
-                       else EMPTY)
-        rows.append(row)
+            held[i] = (IN_RAM if i in ram else ON_FLASH if i in tiers["flash"] else
+                       ON_HOST if i in tiers["host"] else EMPTY)
+        row = held.copy()
+        row[computed] = COMPUTED
+        binned = np.maximum.reduceat(row, starts) if n else row
+        np.maximum(rows[k // stages_per_row], binned, out=rows[k // stages_per_row])
     return rows
 
 
+# The schedule's size caps: a plan of thousands of stages and nodes drew one figure inch per
+# 8 nodes (11244 x 9155 px for 1050 nodes, 23 GB and the OOM killer for 5000; QA). At most
+# MAX_CELLS cells a side (binned above it; a cell still a few pixels) in at most MAX_INCHES a
+# side, about 2600 px at _save's 110 dpi, with the text scaled up with the figure to be read.
+MAX_CELLS = 1000
+MAX_INCHES = 24.0
+
+
 def plot_schedule(graph: Graph, plan: Plan, path: "str | Path", title: str = "") -> Path:
+    import numpy as np
     plt = _pyplot()
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
-    matrix = schedule_matrix(graph, plan)
-    fig, ax = plt.subplots(figsize=(max(6, len(graph) * 0.12 + 2), max(4, len(matrix) * 0.1 + 2)))
-    ax.imshow(matrix, cmap=ListedColormap(CELL_COLOURS), vmin=0, vmax=len(CELL_COLOURS) - 1,
-              aspect="auto", interpolation="nearest")
-    ax.set_xlabel("node (graph order)")
-    ax.set_ylabel("stage")
-    ax.set_title(title or f"schedule: {len(matrix)} stages x {len(graph)} nodes")
-    used = {cell for row in matrix for cell in row} | {COMPUTED, IN_RAM}
-    ax.legend(handles=[Patch(facecolor=CELL_COLOURS[c], edgecolor="grey", label=CELL_LABELS[c])
-                       for c in sorted(used) if c != EMPTY],
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
-    return _save(fig, path)
+    stages, nodes = len(plan.stages), len(graph)
+    per_row, per_column = (max(1, -(-count // MAX_CELLS)) for count in (stages, nodes))
+    matrix = schedule_matrix(graph, plan, per_row, per_column)
+    size = (min(MAX_INCHES, max(6, nodes * 0.12 + 2)), min(MAX_INCHES, max(4, stages * 0.1 + 2)))
+    with plt.rc_context({"font.size": 10 * min(2.4, max(1.0, max(size) / 10))}):
+        fig, ax = plt.subplots(figsize=size)
+        # extent in stages and nodes, not cells: the axes read the same binned or not; codes
+        # resampled before colouring ("data"), not as RGBA floats: a third of the memory
+        ax.imshow(matrix, cmap=ListedColormap(CELL_COLOURS), vmin=0, vmax=len(CELL_COLOURS) - 1,
+                  aspect="auto", interpolation="nearest", interpolation_stage="data",
+                  extent=(-0.5, matrix.shape[1] * per_column - 0.5,
+                          matrix.shape[0] * per_row - 0.5, -0.5))
+        ax.set_xlim(-0.5, nodes - 0.5)
+        ax.set_ylim(stages - 0.5, -0.5)
+        ax.set_xlabel("node (graph order)")
+        ax.set_ylabel("stage")
+        binned = (f"\nbinned: a cell is {per_row} x {per_column} (stages x nodes), "
+                  "the most notable shown" if per_row > 1 or per_column > 1 else "")
+        ax.set_title((title or f"schedule: {stages} stages x {nodes} nodes") + binned)
+        used = set(np.unique(matrix).tolist()) | {COMPUTED, IN_RAM}
+        ax.legend(handles=[Patch(facecolor=CELL_COLOURS[c], edgecolor="grey",
+                                 label=CELL_LABELS[c]) for c in sorted(used) if c != EMPTY],
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+        return _save(fig, path)
 
 
 def memory_traces(graph: Graph, plan: Plan,
