@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
 import tempfile
 import time as clock
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,12 @@ BACKENDS = ("cbc", "highs")
 # interrupt. my_model at 50% (12,407 columns) on 2 shared cores: built in 0.58-0.76 s, then
 # 0.45 s in PuLP's files and CBC 0.9-1.6 s past its -sec. Never below MIN_SOLVER_S.
 UNCOVERED_PER_BUILD, MIN_SOLVER_S = 3.0, 0.5
+# The model grows with n^2 (x the mean in-degree, x the tiers): random_layered(n, seed=0) at
+# 0.8 without paging, built on 2 shared cores: 100 nodes 33,068 variables in 2.1 s and 123 MB,
+# 200 nodes 151,577 in 13.7 s and 643 MB, 300 nodes 356,192 in 34 s and 1.6 GB (about 0.1 ms
+# and 4.5 kB a variable; writing the model file for CBC takes longer again). An explicit
+# `--solver milp` above MAX_VARIABLES is refused: 1000 nodes would take 9+ GB and minutes.
+MAX_VARIABLES, BYTES_PER_VARIABLE = 400_000, 4500
 
 
 @dataclass
@@ -47,41 +56,108 @@ class MilpOutcome:
     backend: str
 
 
+def model_variables(p: Problem) -> int:
+    """How many variables the MILP of `p` has (what _Model builds), without building it."""
+    n, tiers = p.n, len(p.tiers)
+    pairs = n * (n - 1) // 2  # (t, i) with i < t
+    free = sum((n - k) * (len(p.deps[k]) + 1) for k in range(n))
+    held = sum(1 for z in p.tiers if p.costs.tiers[z].capacity_bytes is not None) * n
+    return 2 * pairs + tiers * (3 * pairs + n) + free + pairs + n + held
+
+
+def too_large(p: Problem) -> str | None:
+    """Why the MILP of `p` is not worth building (None where it is)."""
+    count = model_variables(p)
+    if count <= MAX_VARIABLES:
+        return None
+    return (f"--solver milp on {p.n} nodes would build a {count:,}-variable model (about "
+            f"{count * BYTES_PER_VARIABLE / 1e9:.1f} GB and minutes to build; the MILP is kept "
+            f"to {MAX_VARIABLES:,}): use --solver auto or cpsat")
+
+
+@contextmanager
+def solver_files():
+    """A folder for the solver's files (PuLP's model and warm start, CBC's solution and log)
+    that, however it is left, leaves neither its files nor a process naming it: CBC runs on as
+    an orphan where Ctrl-C interrupts PuLP's wait for it, or kills the isolated child that
+    started it (minutes of CPU, and 68 MB model files in /tmp, at 241 nodes)."""
+    folder = tempfile.mkdtemp(prefix="edge-remat-milp-")
+    try:
+        yield folder
+    finally:
+        _kill_processes_naming(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _kill_processes_naming(folder: str) -> None:
+    """SIGKILL (CBC may take minutes to obey SIGTERM) every process with a file of `folder` on
+    its command line; reaped where it is this process's child. Linux (/proc) only."""
+    prefix = os.path.join(folder, "").encode()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone, or not ours to read
+        if int(entry.name) != os.getpid() and any(a.startswith(prefix) for a in args):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                os.waitpid(int(entry.name), 0)
+            except (ProcessLookupError, ChildProcessError, PermissionError):
+                pass  # gone already, or an orphan that init reaps
+
+
+class _OutOfTime(Exception):
+    """The model was not built before its deadline."""
+
+
 def solve_milp(p: Problem, time_limit: float = 60.0, backend: str = "cbc",
                warm_start: list[StageDecision] | None = None, threads: int | None = None,
-               budget_margin_bytes: int = 0) -> MilpOutcome:
-    """The MILP's best schedule within `time_limit` seconds, model building included."""
+               budget_margin_bytes: int = 0, files: str | None = None) -> MilpOutcome:
+    """The MILP's best schedule within `time_limit` seconds, model building included.
+    `files`: a folder from solver_files() for the solver's files (one of its own otherwise)."""
+    if files is None:
+        with solver_files() as files:
+            return solve_milp(p, time_limit, backend, warm_start, threads,
+                              budget_margin_bytes, files)
     import pulp  # heavy, and only needed when this solver is chosen
 
     if backend not in BACKENDS:
         raise ValueError(f"MILP backend must be one of {BACKENDS}, got {backend!r}")
     started = clock.perf_counter()
-    model = _Model(p, pulp, p.budget_bytes - budget_margin_bytes)
+    # Past this the time left cannot cover the solver's start (see UNCOVERED_PER_BUILD), so
+    # the build stops there and the solver is not started: 241 nodes once took 30 s of a 20 s
+    # limit to build, then CBC ran for minutes.
+    build_deadline = started + time_limit / (1 + UNCOVERED_PER_BUILD)
+    try:
+        model = _Model(p, pulp, p.budget_bytes - budget_margin_bytes, build_deadline)
+    except _OutOfTime:
+        return MilpOutcome(None, "build-timeout", None, None, clock.perf_counter() - started,
+                           backend)
     if warm_start is not None:
         model.set_start(warm_start)
     threads = threads or os.cpu_count() or 1
     built_s = clock.perf_counter() - started
     time_limit = max(MIN_SOLVER_S, time_limit - (1 + UNCOVERED_PER_BUILD) * built_s)
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "cbc.log"
-        if backend == "cbc":
-            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads,
-                                       warmStart=warm_start is not None, logPath=str(log),
-                                       gapRel=1e-6)
-        else:
-            quiet_highspy()  # PuLP's HiGHS makes a solver: its banner is spent first
-            solver = pulp.HiGHS(msg=False, timeLimit=time_limit, threads=threads, gapRel=1e-6)
-        try:
-            model.prob.solve(solver)
-        except pulp.PulpSolverError:  # CBC exited non-zero (once in ~10 runs cut off at 0.5 s,
-            # my_model at 50%): no answer from it, which the heuristics' plan outlives
-            return MilpOutcome(None, "failed", None, None, clock.perf_counter() - started,
-                               backend)
-        bound = _cbc_bound(log) if backend == "cbc" else _highs_bound(model.prob)
-        if bound is not None:  # solvers report the bound without the objective's constant term
-            bound += model.prob.objective.constant
-        stopped_early = _cbc_stopped(log) if backend == "cbc" else _highs_stopped(model.prob)
-        cut_short = backend == "cbc" and _cbc_preprocessing_cut_short(log, time_limit)
+    log = Path(files) / "cbc.log"
+    if backend == "cbc":
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads,
+                                   warmStart=warm_start is not None, logPath=str(log),
+                                   gapRel=1e-6)
+        solver.tmpDir = files  # its model, warm start and solution: see solver_files
+    else:
+        quiet_highspy()  # PuLP's HiGHS makes a solver: its banner is spent first
+        solver = pulp.HiGHS(msg=False, timeLimit=time_limit, threads=threads, gapRel=1e-6)
+    try:
+        model.prob.solve(solver)
+    except pulp.PulpSolverError:  # CBC exited non-zero (once in ~10 runs cut off at 0.5 s,
+        # my_model at 50%): no answer from it, which the heuristics' plan outlives
+        return MilpOutcome(None, "failed", None, None, clock.perf_counter() - started,
+                           backend)
+    bound = _cbc_bound(log) if backend == "cbc" else _highs_bound(model.prob)
+    if bound is not None:  # solvers report the bound without the objective's constant term
+        bound += model.prob.objective.constant
+    stopped_early = _cbc_stopped(log) if backend == "cbc" else _highs_stopped(model.prob)
+    cut_short = backend == "cbc" and _cbc_preprocessing_cut_short(log, time_limit)
     elapsed = clock.perf_counter() - started
     scale = model.objective_scale
     status_code, sol_status = model.prob.status, model.prob.sol_status
@@ -101,8 +177,15 @@ def solve_milp(p: Problem, time_limit: float = 60.0, backend: str = "cbc",
 
 
 class _Model:
-    def __init__(self, p: Problem, pulp, budget_bytes: int):
+    def __init__(self, p: Problem, pulp, budget_bytes: int, deadline: float = float("inf")):
         self.p, n, tiers = p, p.n, p.tiers
+
+        def stages(first=0):  # 0..n-1, the deadline checked between stages
+            for t in range(first, n):
+                if clock.perf_counter() > deadline:
+                    raise _OutOfTime
+                yield t
+
         mem_scale = float(max(budget_bytes - p.fixed, 1))
         size = [s / mem_scale for s in p.sizes]
         ws = [w / mem_scale for w in p.workspace]
@@ -111,13 +194,13 @@ class _Model:
         B, C = pulp.LpBinary, pulp.LpContinuous
         V = pulp.LpVariable
         one = 1  # R[t,t] is the constant 1
-        R = {(t, i): V(f"R_{t}_{i}", cat=B) for t in range(n) for i in range(t)}
-        S = {(t, i): V(f"S_{t}_{i}", cat=B) for t in range(1, n) for i in range(t)}
-        In = {(z, t, i): V(f"In_{z}_{t}_{i}", cat=B) for z in tiers for t in range(1, n)
+        R = {(t, i): V(f"R_{t}_{i}", cat=B) for t in stages() for i in range(t)}
+        S = {(t, i): V(f"S_{t}_{i}", cat=B) for t in stages(1) for i in range(t)}
+        In = {(z, t, i): V(f"In_{z}_{t}_{i}", cat=B) for z in tiers for t in stages(1)
               for i in range(t)}
-        Out = {(z, t, i): V(f"Out_{z}_{t}_{i}", cat=B) for z in tiers for t in range(n)
+        Out = {(z, t, i): V(f"Out_{z}_{t}_{i}", cat=B) for z in tiers for t in stages()
                for i in range(t + 1)}
-        F = {(z, t, i): V(f"F_{z}_{t}_{i}", 0, 1, cat=C) for z in tiers for t in range(1, n)
+        F = {(z, t, i): V(f"F_{z}_{t}_{i}", 0, 1, cat=C) for z in tiers for t in stages(1)
              for i in range(t)}
 
         def r(t, i):
@@ -135,7 +218,7 @@ class _Model:
         def available(t, i):  # in RAM before stage t's computes reach node i
             return s(t, i) + paged_in(t, i) + (r(t, i) if i <= t else 0)
 
-        for t in range(n):
+        for t in stages():
             for i in range(t):
                 # a tensor enters RAM once per stage: resident, paged in, or computed
                 prob += s(t, i) + paged_in(t, i) + R[t, i] <= 1
@@ -156,7 +239,7 @@ class _Model:
         # Free[t,i,k]: i leaves RAM after computing k; only if k is i's last computed user in the
         # stage and i is neither kept nor paged out. Upper bounds suffice: freeing only helps.
         free_terms: dict[tuple[int, int], list] = {}
-        for t in range(n):
+        for t in stages():
             for k in range(t + 1):
                 terms = []
                 for i in (*p.deps[k], k):
@@ -171,7 +254,7 @@ class _Model:
                             prob += fr <= 1 - r(t, j)
                     terms.append(size[i] * fr)
                 free_terms[t, k] = terms
-        for t in range(n):
+        for t in stages():
             start = pulp.lpSum(size[i] * (s(t, i) + paged_in(t, i)) for i in range(t))
             prev = None
             for k in range(t + 1):

@@ -19,7 +19,7 @@ from .evaluate import Evaluation, evaluate
 from .interrupt import PlanInterrupted, SearchInterrupted
 from .order_portfolio import (RESCUE_TRY_SHARE, OrdersAhead, cheaper_order,
                               first_order_that_plans)
-from .problem import InfeasibleBudget, InfeasibleDeadline, Problem
+from .problem import InfeasibleBudget, InfeasibleDeadline, Problem, ProblemError
 from .stages import StageDecision, is_plain
 
 # Above this many nodes the stage x node MILP (O(n^2) binaries) is not worth starting.
@@ -180,6 +180,10 @@ def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: s
     Where no plan meets the deadline, the fastest schedule that fits the budget is sought: if it
     meets the deadline it is returned, else InfeasibleDeadline names the deadline it does meet."""
     p.check_budget()
+    if solver == "milp":  # asked for by name: auto only picks it where it is small
+        from .milp import too_large
+        if (why := too_large(p)) is not None:
+            raise ProblemError(why)
     # The time spent choosing the execution order (build_problem) is the plan's time too.
     started = clock.perf_counter() - p.order_s
     try:
@@ -511,27 +515,30 @@ def _cpsat_none_why(outcome) -> str:
 
 def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started, time_limit,
                 summary) -> SolveReport:
-    from .milp import solve_milp
+    from .milp import solve_milp, solver_files
     library = "highspy"  # PuLP imports highspy whichever backend it runs
     margin, outcome, milp_best = 0, None, None
     # every attempt shares the time left: a re-solve once had the whole of it again, and a
     # 10 s limit became 20 s
     deadline = clock.perf_counter() + remaining
-    for attempt in range(3):
-        left = deadline - clock.perf_counter()
-        if attempt > 0 and left < MILP_RETRY_MIN_S:
-            break
-        outcome = isolated.call(library, solve_milp, p, max(left, MILP_RETRY_MIN_S), backend,
-                                best_known.decisions if best_known else None, workers,
-                                budget_margin_bytes=margin)
-        if outcome.decisions is None:
-            break
-        evaluation = evaluate(p, outcome.decisions)
-        if evaluation.feasible:
-            milp_best = Candidate(f"milp:{backend}", evaluation, outcome.decisions)
-            break
-        # The solver's tolerance let memory or time creep over by a hair: tighten and re-solve.
-        margin += max(1, evaluation.sim.peak_bytes - p.budget_bytes) * 2
+    # made here, where Ctrl-C lands: leaving it kills CBC (even where the child process that
+    # started it was killed) and removes PuLP's files
+    with solver_files() as files:
+        for attempt in range(3):
+            left = deadline - clock.perf_counter()
+            if attempt > 0 and left < MILP_RETRY_MIN_S:
+                break
+            outcome = isolated.call(library, solve_milp, p, max(left, MILP_RETRY_MIN_S),
+                                    backend, best_known.decisions if best_known else None,
+                                    workers, budget_margin_bytes=margin, files=files)
+            if outcome.decisions is None:
+                break
+            evaluation = evaluate(p, outcome.decisions)
+            if evaluation.feasible:
+                milp_best = Candidate(f"milp:{backend}", evaluation, outcome.decisions)
+                break
+            # The solver's tolerance let memory or time creep over by a hair: tighten, re-solve.
+            margin += max(1, evaluation.sim.peak_bytes - p.budget_bytes) * 2
     bound = outcome.bound if outcome else None
     done = clock.perf_counter() - started
     if milp_best is not None and (best_known is None or milp_best.evaluation.objective
@@ -547,8 +554,9 @@ def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
                        **_kept_plan_note(f"milp:{backend}", outcome.status))
     if outcome.status == "infeasible":
         raise _infeasible(p, "MILP")
-    why = "the MILP solver failed" if outcome.status == "failed" else \
-        "the MILP found none in time"
+    why = {"failed": "the MILP solver failed",
+           "build-timeout": "the MILP's model took the time to build, so it was not solved"}.get(
+        outcome.status, "the MILP found none in time")
     raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and {why}); "
                  + _budget_found_hint(p, _hint_deadline(started, time_limit)))
 
