@@ -156,3 +156,19 @@ def test_an_arena_fit_that_fails_says_so(tmp_path):
     assert arena["over_budget_bytes"] > 0 and "warning" not in as_json.stderr
     plain = CliRunner().invoke(app, args)
     assert "--arena-fit re-plans at lower budgets" in plain.stdout
+
+
+def test_an_optimal_layout_over_the_budget_by_its_alignment_says_so():
+    """Scale QA: "optimal layout, 1.000x the planned tensor peak" beside "arena fits no ... by
+    1.82 KiB" read as a contradiction; the excess was the storages' 64-byte alignment. The
+    note reads the plan record the planner writes (these figures: gpt2-small operator-level)."""
+    from edge_remat.reports.report import arena_fit_note
+    plan = {"budget_bytes": 725_600_000, "problem": {"fixed_bytes": 20_000},
+            "arena": {"size_bytes": 725_581_862, "method": "best-fit",
+                      "details": {"status": "optimal", "lower_bound_bytes": 725_581_862,
+                                  "planned_tensor_peak_bytes": 725_579_070}}}
+    note = arena_fit_note(plan)
+    assert "by 1.82 KiB (1862 B, no more than the alignment padding, 2.73 KiB" in note
+    assert "64-byte boundary" in note
+    plan["arena"]["details"]["lower_bound_bytes"] = 725_579_070  # no padding: not the cause
+    assert "alignment" not in arena_fit_note(plan)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edge_remat_agent.lifetimes import ALIGNMENT
 from edge_remat_agent.units import counted
 
 from ..units import fmt_bytes
@@ -126,8 +127,16 @@ def arena_fit_note(plan_dict: dict[str, Any]) -> str:
             f" (--arena-fit planned the schedule at {fit['planned_at_bytes']} B)" if lowered
             else "")
     footprint = arena["size_bytes"] + plan_dict["problem"]["fixed_bytes"]
+    # an optimal layout "1.000x the planned peak" that still passes the budget read as a
+    # contradiction: where the excess is no more than the storages' alignment, say so
+    # (the layout's lower bound counts each storage at its aligned size, the peak at its own)
+    details = arena["details"]
+    padding = details.get("lower_bound_bytes", 0) - details.get("planned_tensor_peak_bytes", 0)
+    cause = (f", no more than the alignment padding, {fmt_bytes(padding)}: each storage "
+             f"starts on a {ALIGNMENT}-byte boundary" if 0 < over <= padding else "")
     said = (f"arena + fixed memory {fmt_bytes(footprint)} pass the budget by "
-            f"{fmt_bytes(over)} ({over} B), so `run --allocator arena` needs that much more")
+            f"{fmt_bytes(over)} ({over} B{cause}), so `run --allocator arena` needs that much "
+            "more")
     if "tries" not in fit:
         return f"{said}; --arena-fit re-plans at lower budgets until it fits"
     tries = fit["tries"]
