@@ -82,7 +82,9 @@ graph = random_layered(3000, seed=1)
 # the plain schedule that never frees: every stage holds every node before it
 plan = Plan([[Instruction("compute", node.id)] for node in graph.nodes], "", 0)
 plots.plot_schedule(graph, plan, sys.argv[1])
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+# this image's own peak (VmHWM starts again at exec; ru_maxrss keeps the forking parent's,
+# the test runner's, which grows through a full run)
+print(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM")))
 """
 
 
@@ -95,8 +97,6 @@ def test_schedule_of_a_large_plan_is_bounded_and_binned(tmp_path):
     from pathlib import Path
     from PIL import Image
     root = Path(__file__).resolve().parents[1]
-    # a clean environment: what earlier tests left in os.environ (a preloaded malloc, say)
-    # raised the measured peak from 0.25 to 0.68 GB in a full run
     env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
            "OPENBLAS_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": os.pathsep.join(
                [str(root / "host"), str(root / "agent"), os.environ.get("PYTHONPATH", "")])}
@@ -105,7 +105,7 @@ def test_schedule_of_a_large_plan_is_bounded_and_binned(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     # peak RSS in KiB: 0.25 GB here; the unbinned drawing failed at its 3 GB cap
-    assert int(done.stdout.split()[-1]) < 1024 * 1024
+    assert int(done.stdout.split()[-1]) < 600 * 1024
     with Image.open(path) as image:
         assert max(image.size) <= 3000
 
