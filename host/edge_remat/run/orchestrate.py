@@ -150,8 +150,7 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
     require_kind(board, "train-plain", "train plainly")
     params = {k: v for k, v in opts.model_info.items() if v is not None}
     params.update(steps=opts.steps, data=data, **lr)
-    if opts.extra.get("malloc"):
-        params["malloc"] = opts.extra["malloc"]
+    params.update(opts.extra)  # the board job's extra params (--malloc), as a planned run's
     say(f"{board.name}: plain PyTorch training of {opts.model}, {counted(opts.steps, 'step')}")
     outcome = _train(board, device, "train-plain", params, None, out, opts.steps, say)
     report = build_report(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
