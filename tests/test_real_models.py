@@ -63,10 +63,12 @@ def configs(tmp_path_factory) -> Path:
 
 
 def check_capture_and_plan(spec: str, tmp_path: Path, batch: int = 2, seq: int = 16,
-                           isolated: bool = False, update: str = "fused") -> dict:
+                           isolated: bool = False, update: str = "fused",
+                           params_home: str = "ram") -> dict:
     """Saved bytes against eager's hooks; a plan that recomputes every forward node and pages
     some to flash, run for two steps, its first step's gradients against eager's."""
-    captured = capture_model(spec, batch=batch, seq=seq, seed=1, update=update)
+    captured = capture_model(spec, batch=batch, seq=seq, seed=1, update=update,
+                             params_home=params_home)
     module, args = load_model(captured.graph.capture["source"]["model"], batch=batch, seq=seq,
                               seed=1)
     module.train()
@@ -98,6 +100,19 @@ def test_gpt2_runs_on_the_board_with_lifted_constants_and_tied_embeddings(config
     assert any(n.attrs.get("random") for n in result["captured"].graph.nodes)  # dropout
     assert result["report"]["grad_check"]["compared"] == trainable_count(
         result["captured"].module)  # parameters() lists the tied weight once
+
+
+@needs_transformers
+def test_gpt2_tied_embeddings_train_with_parameters_homed_on_flash(configs, tmp_path):
+    """`lm_head.weight` is `wte.weight` under a second name: its readers load the one param
+    node's value (lm_head once read a placeholder no param node loaded: "mat2 must be a
+    matrix" at its first compute, the `run` path whenever the budget homes parameters on
+    flash)."""
+    spec = f"hf:gpt2?config={configs / 'gpt2.json'}"
+    result = check_capture_and_plan(spec, tmp_path, isolated=True, params_home="flash")
+    graph = result["captured"].graph
+    loaded = [name for n in graph.nodes if n.kind == "param" for name in n.attrs["params"]]
+    assert "model.transformer.wte.weight" in loaded and "model.lm_head.weight" not in loaded
 
 
 @needs_transformers

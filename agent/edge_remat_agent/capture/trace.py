@@ -115,6 +115,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
             handle.remove()
     trace = _from_descriptors(model, joint.graph_module)
     _sum_tied_gradients(trace, module)
+    _read_tied_parameters_once(trace, module)
     _unread_running_statistics(trace)
     _keep_dropout_masks(trace)
     _copy_small_saved_outputs(trace)
@@ -216,6 +217,27 @@ def _sum_tied_gradients(trace: JointTrace, module: nn.Module) -> None:
             del trace.grads[value]
         trace.grads[total.name] = first_name[key]
     trace.graph_changed()
+
+
+def _read_tied_parameters_once(trace: JointTrace, module: nn.Module) -> None:
+    """Every reader of a tied parameter reads its first name's placeholder.
+
+    AOTAutograd gives a parameter shared by two modules one placeholder per name (GPT-2's
+    `lm_head.weight` beside `transformer.wte.weight`). A parameter is one tensor to load, page
+    and update: with parameters homed on flash its param node loads the first name's
+    placeholder only, and `lm_head` read the other, left unbound ("mat2 must be a matrix").
+    The other placeholders stay in the signature, read by nothing."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    first: dict[int, torch.fx.Node] = {}
+    changed = False
+    for placeholder, name in trace.params.items():
+        node = trace.node(placeholder)
+        kept = first.setdefault(id(params[name]), node)
+        if kept is not node and node.users:
+            node.replace_all_uses_with(kept)
+            changed = True
+    if changed:
+        trace.graph_changed()
 
 
 def _unread_running_statistics(trace: JointTrace) -> None:
