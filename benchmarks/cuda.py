@@ -27,6 +27,7 @@ measured step time of eager (close to 1 when every node is timed to its completi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -102,11 +103,7 @@ def make_plan(graph, budget: str, time_limit: float, paging: str = "none", tiers
 
 
 def _has_ortools() -> bool:
-    try:
-        import ortools  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    return importlib.util.find_spec("ortools") is not None
 
 
 def measured(report: dict, skip_first: bool) -> dict:

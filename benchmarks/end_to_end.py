@@ -124,6 +124,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import importlib
 import os
 import statistics
 import sys
@@ -526,7 +527,7 @@ def sac_ilp_probe(name: str) -> str:
 
 def _sac_ilp_probe_here(name: str) -> str:
     try:
-        import torch.distributed._tools.sac_ilp  # noqa: F401 - needs PuLP
+        importlib.import_module("torch.distributed._tools.sac_ilp")  # needs PuLP
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.distributed._tools.runtime_estimator import RuntimeEstimator
         from torch.distributed._tools.sac_estimator import SACEstimator

@@ -8,6 +8,7 @@ test_bad_inputs_interrupts.py."""
 from __future__ import annotations
 
 import _thread
+import importlib
 import threading
 import time
 
@@ -31,7 +32,7 @@ def test_ctrl_c_in_the_lns_returns_its_best_plan_so_far(monkeypatch):
     # first, so that the interrupt lands in the search.
     if isolated.needs_isolation("ortools"):  # checked as it runs: other tests may load highspy
         pytest.skip("highspy is loaded here: the LNS would run in a child process")
-    import ortools.sat.python.cp_model  # noqa: F401
+    importlib.import_module("ortools.sat.python.cp_model")
     p = build_problem(random_layered(500, seed=0), "0.8", order="given")
     real_improve = lns.improve
 

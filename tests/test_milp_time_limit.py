@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from helpers.exact_problems import problem
 from helpers.small_graphs import training_chain
 

@@ -6,6 +6,7 @@ Checkmate and Moccasin, on whose hard instances these mechanisms were built and 
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 import time
@@ -126,7 +127,7 @@ def test_covering_bound_sums_what_the_stage_bound_takes_only_at_one_stage():
     largest single stage's (0.82% TDI), below a plan's cost, and the one a large plan reports.
     OR-Tools is loaded first, so HiGHS runs in a child interpreter, whose native banner on
     stdout must not corrupt the reply (it did)."""
-    import ortools.sat.python.cp_model  # noqa: F401
+    importlib.import_module("ortools.sat.python.cp_model")
     assert isolated.needs_isolation("highspy")
     p = build_problem(random_layered(500, seed=1), "0.8", order="given")
     plan = evaluate(p, feasible_schedule(p, time_limit=30))

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..profiler.identity import cgroup_memory_limit_bytes, cgroup_memory_usage
+from ..cgroup_memory import cgroup_memory_limit_bytes, cgroup_memory_usage
 
 
 def runtime_baseline(module: torch.nn.Module) -> dict[str, Any]:

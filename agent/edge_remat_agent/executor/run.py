@@ -105,13 +105,14 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                               overlap, placement)
         for i in range(steps):
             batch = batches(i)
-            check = None
             if check_gradients and i == 0:
                 reference = eager_reference_with(home, module, batch, device)
 
                 def check(loss, grads, reference=reference):
                     nonlocal grad_check
                     grad_check = compare(reference, loss, grads, module)
+            else:
+                check = None
             reset_peaks(device)
             if arena is not None:
                 arena.start_step()

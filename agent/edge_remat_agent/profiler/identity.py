@@ -12,10 +12,8 @@ from typing import Any
 
 import torch
 
-# The memory figures are read without torch (the daemon's sysinfo needs them too); here for
-# the profile's identity and for baseline.py, which import them from this module.
-from ..cgroup_memory import (cgroup_memory_limit_bytes, cgroup_memory_usage,  # noqa: F401
-                             ram_total_bytes)
+# The memory figures are read without torch (the daemon's sysinfo needs them too).
+from ..cgroup_memory import cgroup_memory_limit_bytes, ram_total_bytes
 from ..cgroup_memory import read_under as _read
 
 # ARM's MIDR part numbers (implementer 0x41) for the cores of the boards we target; arm64

@@ -27,7 +27,7 @@ from .interrupt import SearchInterrupted
 from .intervals import COMPUTE, Residency, Timeline, decisions_from_intervals, \
     intervals_from_decisions
 from .problem import Problem
-from .scaling import Scale, cost_scale, memory_scale
+from .scaling import cost_scale, memory_scale
 from .stages import StageDecision
 
 DEFAULT_MAX_RESIDENCIES = 2

@@ -407,12 +407,13 @@ def _improve_by_lns(p: Problem, start: Candidate, seconds: float, workers: int |
     `rounds`: each stream's (reproducible runs). `progress` is told each new best of the
     first stream, with the stage model's bound."""
     from .lns import improve_decisions
-    told = None
     if progress is not None:
         began, bound = clock.perf_counter(), stage_lower_bound(p)
 
         def told(change: float) -> None:  # the objective moves as the recompute cost does
             progress(clock.perf_counter() - began, start.evaluation.objective + change, bound)
+    else:
+        told = None
     exact = have_cpsat()  # exact rounds, in a child process if this one holds highspy
     streams = [isolated.Child(improve_decisions, (p, start.decisions,
                                                   max(0.0, seconds - CHILD_START_S)),

@@ -185,12 +185,13 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     graph = captured.graph
     graph_path = out / "graph.json"
     graph.save(graph_path)
-    twin = None
     if device.hardware.memory_limit_bytes:
         from ..transport.emulated import unlimited_twin
 
         def twin() -> Board:
             return Board(unlimited_twin(device), on_event=say)
+    else:
+        twin = None
     chosen = choose_profile(board, device, opts.model_info, graph_path, out, opts.profile,
                             opts.reprofile, twin, say)
     say(f"profile: {chosen.describe()}")
