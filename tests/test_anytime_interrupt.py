@@ -115,7 +115,7 @@ def test_with_one_heuristic_asked_ctrl_c_keeps_only_its_plan(monkeypatch):
 
 
 def test_the_lns_shows_its_progress_as_the_plan_improves():
-    """What a terminal's status line shows (cpsat.print_progress): each new best of the LNS,
+    """What a terminal's status line shows (status_line.StatusLine): each new best of the LNS,
     timed from the start of planning, down to the plan returned, with the stage model's bound
     below it."""
     p = build_problem(random_layered(500, seed=0), "0.8", order="given")

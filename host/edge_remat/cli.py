@@ -185,12 +185,11 @@ def plan(
             _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
                         as_json, objective)
         return
-    progress = None
-    if not as_json and sys.stderr.isatty():
-        from .planner.cpsat import print_progress as progress
+    from .planner.status_line import status_line
     interrupted = False
     try:
-        with sigterm_as_ctrl_c():
+        # on a terminal only: a log or a pipe gets the table alone
+        with sigterm_as_ctrl_c(), status_line(not as_json and sys.stderr.isatty()) as progress:
             plain = plain_peak() if budget_value.fraction is not None else None
             result, report = make_plan(g, budget_value, prof, objective, target_deadline,
                                        paging, tiers, paging_time, solver, time_limit,
@@ -204,8 +203,6 @@ def plan(
         raise Interrupted(f"interrupted ({stopped_by()}) before any plan within the budget was "
                           "found, so nothing was written: let it run longer, or give a larger "
                           "--budget, which plans sooner") from None
-    if progress is not None:
-        typer.echo("", err=True)
     note_budget_above_ram(prof, result["budget_bytes"], str(profile), to_stderr)
     if output:
         report.plan.save(output)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time as clock
 from dataclasses import dataclass, field
@@ -434,12 +433,3 @@ class _Model:
                 runs[v].append(Residency(value(self.start[v, j]), value(self.end[v, j]), opener,
                                          page_out))
         return runs
-
-
-def print_progress(seconds: float, objective: float, bound: float) -> None:
-    """One status line on a terminal, rewritten in place as the planner improves its plan
-    (CP-SAT's solutions, the window LNS's): Ctrl-C keeps the best so far."""
-    gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / abs(objective))
-    sys.stderr.write(f"\r  plan {seconds:7.1f} s   best {objective:.6g}   bound {bound:.6g}"
-                     f"   gap {100 * gap:6.2f}%   ")
-    sys.stderr.flush()

@@ -11,6 +11,7 @@ from .build import build_problem
 from .interrupt import PlanInterrupted
 from .ordering import ORDER_SHARE
 from .solve import Progress, SolveReport, solve
+from .status_line import announce
 
 
 def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | None = None,
@@ -33,6 +34,7 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
         return build_problem(graph, budget, profile, objective, deadline, paging, tiers,
                              paging_time, plain, io, order, order_time_s=ORDER_SHARE * seconds)
 
+    announce(progress, "preparing the problem")
     problem = problem_at(budget, time_limit, plain_peak)
 
     def lay_out(plan, method: str = arena):
@@ -46,6 +48,7 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
             stop.report.plan.arena = lay_out(stop.report.plan, "best-fit")
         raise
     if arena != "none":
+        announce(progress, "laying out the arena")
         layout = lay_out(report.plan)
         if arena_fit:
             from .arena_fit import RETRY_TIME_SHARE, fit_arena

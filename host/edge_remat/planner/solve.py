@@ -21,6 +21,7 @@ from .order_portfolio import (RESCUE_TRY_SHARE, OrdersAhead, cheaper_order,
                               first_order_that_plans)
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem, ProblemError
 from .stages import StageDecision, is_plain
+from .status_line import announce
 
 # Above this many nodes the stage x node MILP (O(n^2) binaries) is not worth starting.
 MILP_MAX_NODES = 300
@@ -231,6 +232,7 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
         if asked is None or candidate.solver == f"heuristic:{asked}":
             incumbent.offer(p, candidate)
 
+    announce(progress, "heuristics (feasibility phase)")
     baselines = run_baselines(p, time_limit, share, keep)
     summary = {name: (c.evaluation.value if c and c.evaluation.feasible else None)
                for name, c in baselines.items()}
@@ -247,6 +249,7 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
     best_at = best_known.found_at - started if best_known else None
     order_details = {}
     if other_orders and (best_known is None or not is_plain(best_known.decisions)):
+        announce(progress, "other execution orders")
         if best_known is None:
             start, tried = first_order_that_plans(p, started + RESCUE_END * time_limit,
                                                   time_limit, ahead)
@@ -274,6 +277,7 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
         left = time_limit - (clock.perf_counter() - started)
         share = left - LNS_RESERVE * time_limit if p.n >= LNS_ONLY_NODES \
             else LNS_SHARE * time_limit
+        announce(progress, "window LNS")
         improved = _improve_by_lns(p, best_known, max(0.0, min(share, left)), workers,
                                    progress=_since(started, progress))
         if improved is not None:
@@ -303,6 +307,7 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
             # the searches may give up (no move lowers the RAM over the budget) long before
             # the limit: then more time would not help, and the line must not say it did
             gave_up = spent < GAVE_UP_SHARE * time_limit
+            announce(progress, "no plan: looking for a budget that plans")
             raise NoPlan((f"no heuristic fits: they gave up after {spent:.0f} s of the "
                           f"{time_limit:g} s allowed, no move lowering the RAM over the budget"
                           if gave_up else f"no heuristic fits within {time_limit:g} s")
@@ -313,8 +318,9 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
                                               more_time_helps=not gave_up))
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
                        timing={"first_plan_s": first_plan, "best_plan_s": best_at},
-                       **order_details)
+                       progress=progress, **order_details)
     remaining = max(1.0, time_limit - (clock.perf_counter() - started))
+    announce(progress, "CP-SAT" if solver == "cpsat" else "MILP")
     if solver == "cpsat":
         return _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit,
                             summary, progress, best_at)
@@ -474,15 +480,17 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
             best_at = known_at if known_at is not None else first_plan  # CP-SAT only
             # confirmed the plan known before it started
         return _report(p, found, outcome.status, outcome.bound, started, time_limit, summary,
-                       timing={"first_plan_s": first_plan, "best_plan_s": best_at}, **details)
+                       timing={"first_plan_s": first_plan, "best_plan_s": best_at},
+                       progress=progress, **details)
     if best_known is not None:
         return _report(p, best_known, "optimal" if outcome.status == "optimal" else "timeout",
                        outcome.bound, started, time_limit, summary,
                        timing={"first_plan_s": first_plan,
                                "best_plan_s": known_at if known_at is not None else first_plan},
-                       **_kept_plan_note("cpsat", outcome.status), **details)
+                       progress=progress, **_kept_plan_note("cpsat", outcome.status), **details)
     if outcome.status == "infeasible":
         raise _infeasible(p, "CP-SAT")
+    announce(progress, "no plan: looking for a budget that plans")
     raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and "
                  f"{_cpsat_none_why(outcome)}); "
                  + _budget_found_hint(p, _hint_deadline(started, time_limit)))
@@ -623,7 +631,8 @@ def _cover_bound(p: Problem, seconds: float) -> dict:
 
 def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, started: float,
             time_limit: float, summary: dict[str, float | None], timing: dict | None = None,
-            fallback: str | None = None, **details) -> SolveReport:
+            fallback: str | None = None, progress: Progress | None = None,
+            **details) -> SolveReport:
     ev = chosen.evaluation
     value = ev.value
     # A bound always: the combinatorial stage-model bounds where they are stronger (they also
@@ -636,6 +645,7 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
         bound, details["bound_scope"] = stage_bound, BOUND_SCOPE
     details["stage_model_bound"] = stage_bound
     if p.n >= COVER_MIN_NODES and status != "interrupted":  # Ctrl-C wants out now
+        announce(progress, "lower bound (covering problem)")
         cover = _cover_bound(p, min(COVER_MAX_S, COVER_SHARE * time_limit))
         details["cover_bound"] = cover
         if cover.get("bound") is not None and cover["bound"] > bound:

@@ -1,0 +1,91 @@
+"""The planner's status line (planner/status_line.py): on a terminal it shows the time and the
+phase from the start, before any plan exists, and redraws itself between new bests; off a
+terminal there is none."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+
+from helpers.bad_inputs import COMMAND, env
+
+from edge_remat.planner.plan_file import make_plan
+from edge_remat.planner.status_line import StatusLine, status_line
+from edge_remat.synthetic import random_layered
+
+
+def drawn(text: str) -> list[str]:
+    """The lines a terminal showed one after another (each redraw starts with a carriage
+    return), padding stripped."""
+    return [part.strip() for part in re.split(r"[\r\n]", text) if part.strip()]
+
+
+def test_a_large_plan_shows_its_phases_and_a_ticking_clock_before_its_first_best():
+    """500 nodes: before this status line existed the terminal stayed blank until the LNS's
+    first new best (16 s at 2000 nodes). Now each phase is named as it starts and the clock
+    is redrawn between, and the line is ended before the table."""
+    stream = io.StringIO()
+    line = StatusLine(stream, tick_s=0.05)
+    line.start()
+    try:
+        make_plan(random_layered(500, seed=0), "0.8", time_limit=4, workers=1, progress=line)
+    finally:
+        line.close()
+    shown = drawn(stream.getvalue())
+    first_best = next((i for i, text in enumerate(shown) if "best" in text), len(shown))
+    before = shown[:first_best]
+    phases = [re.sub(r"^plan +[\d.]+ s +", "", text) for text in shown]
+    for phase in ("preparing the problem", "heuristics (feasibility phase)", "window LNS",
+                  "lower bound (covering problem)", "laying out the arena"):
+        assert any(p.startswith(phase) for p in phases), (phase, phases)
+    seconds = [float(re.match(r"plan +([\d.]+) s", text).group(1)) for text in before]
+    assert len(before) >= 3 and seconds == sorted(seconds) and seconds[-1] > 0, before
+    assert stream.getvalue().endswith("\n")
+
+
+def test_the_clock_ticks_without_news_and_stops_when_closed():
+    stream = io.StringIO()
+    with status_line(True, stream, tick_s=0.05) as line:
+        line.phase("waiting")
+        line.ticker.join(0.35)  # no phase, no new best: only the ticker draws
+    assert len([t for t in drawn(stream.getvalue()) if t.endswith("waiting")]) >= 3
+    ended = stream.getvalue()
+    line.draw()  # closed: nothing more is drawn after the line's end
+    assert stream.getvalue() == ended and not line.ticker.is_alive()
+
+
+def _plan_with_stderr(tmp_path, stderr) -> subprocess.CompletedProcess:
+    graph = tmp_path / "g.json"
+    random_layered(60, seed=1).save(graph)
+    return subprocess.run([*COMMAND, "plan", "--graph", str(graph), "--budget", "0.8",
+                           "--time-limit", "2", "--solver", "heuristic:peak-search"],
+                          stdout=subprocess.PIPE, stderr=stderr, env=env(), timeout=120)
+
+
+def test_on_a_terminal_the_plan_command_draws_the_line_and_ends_it(tmp_path):
+    main, terminal = os.openpty()
+    try:
+        done = _plan_with_stderr(tmp_path, terminal)
+        os.close(terminal)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(main)
+    assert done.returncode == 0
+    text = shown.decode()
+    assert "\r  plan " in text and "preparing the problem" in text and text.endswith("\n")
+    assert done.stdout.decode().startswith("status")
+
+
+def test_off_a_terminal_there_is_no_status_line(tmp_path):
+    done = _plan_with_stderr(tmp_path, subprocess.PIPE)
+    assert done.returncode == 0 and done.stderr == b""
