@@ -70,7 +70,7 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
         ("bound", _num(s.get("lower_bound"))),
         ("gap", _num(None if s.get("gap") is None else 100 * s["gap"], "{:.2f} %")
                 + _gap_note(s)),
-        ("solve time", f"{s['solve_time_s']:.2f} s"),
+        ("solve time", f"{s['solve_time_s']:.2f} s" + _overrun_note(s)),
     ]
     arena = plan_dict.get("arena")
     if arena is not None:
@@ -85,6 +85,17 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
                      + arena_fit_note(plan_dict)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _overrun_note(s: dict[str, Any]) -> str:
+    """Where the first plan came after the time limit (a short limit on a large graph), say
+    so: the search does not stop before it has a plan, and a solve time past the limit with no
+    word read as the limit ignored."""
+    limit, first = s.get("time_limit_s"), s.get("first_plan_s")
+    if limit is None or first is None or first <= limit or s["solve_time_s"] <= limit:
+        return ""
+    return (f"  (past the {limit:g} s time limit: the first plan took {first:.2f} s, and "
+            "planning does not stop before it has one)")
 
 
 def _gap_note(s: dict[str, Any]) -> str:
