@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from edge_remat_agent.lifetimes import ALIGNMENT
@@ -208,5 +209,26 @@ def sweep_table(points, objective: str) -> str:
                      f"{pr['tdi_percent']:>7.2f}  {pr['energy_j']:>10.4g}  {pr['time_s']:>10.4g}  "
                      f"{s['status']:<{width}}  {_num(gap, '{:.2f}'):>6}  {s['name']:<16}  "
                      f"{s['solve_time_s']:>7.2f}")
-    notes = [f"{p.fraction:.2f}: {p.message}" for p in points if p.message]
-    return "\n".join(lines + notes)
+    return "\n".join(lines + _sweep_notes(points))
+
+
+def _sweep_notes(points) -> list[str]:
+    """Each budget's message under the table, said once: budgets whose message differs from
+    an earlier one's only in its figures (the same long 'no plan' explanation at each budget)
+    are named on one line after it."""
+    first: dict[str, Any] = {}  # a message with its figures blanked -> (first point, the rest)
+    for point in points:
+        if point.message:
+            first.setdefault(re.sub(r"\d+(\.\d+)?", "#", point.message), (point, []))[1].append(
+                point)
+    notes = []
+    for said, alike in first.values():
+        notes.append(f"{said.fraction:.2f}: {said.message}")
+        rest = alike[1:]
+        if rest:
+            own = "" if all(p.message == said.message for p in rest) else \
+                f", with {'its' if len(rest) == 1 else 'their'} own figures (--json has " \
+                "each budget's message)"
+            notes.append(", ".join(f"{p.fraction:.2f}" for p in rest)
+                         + f": the same as {said.fraction:.2f}{own}")
+    return notes
