@@ -112,3 +112,13 @@ def test_a_file_that_is_not_onnx_is_a_clear_error(tmp_path):
     assert result.exit_code == 2 and result.output.startswith("error:")
     result = CliRunner().invoke(app, ["graph"])
     assert result.exit_code == 2 and "--model/--onnx" in result.output
+
+
+def test_graph_warns_that_onnx_fixes_the_shapes(small_cnn):
+    """--image and --seq do nothing to an ONNX file's graph (it fixes every shape but the
+    batch): said, where before they were dropped in silence."""
+    result = CliRunner().invoke(app, ["graph", "--onnx", str(small_cnn), "--batch", "4",
+                                      "--image", "64", "--json"])
+    assert result.exit_code == 0, result.output
+    assert "warning: --image has no effect with --onnx: the file fixes every shape but the " \
+        "batch" in result.stderr

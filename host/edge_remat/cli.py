@@ -448,6 +448,9 @@ def graph(
         raise UserError("--level picks the module-tree depth of the planner's nodes; "
                         "--operator-level makes one node per ATen op, where no level applies: "
                         "give one of them")
+    from .remote import to_stderr
+    for line in _shape_options_without_effect(model, image, seq):
+        to_stderr(f"warning: {line}")
     if onnx_file is not None:
         from .importers.onnx_import import graph_from_onnx
         g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)
@@ -464,6 +467,17 @@ def graph(
         typer.echo(graph_table(summary))
         if output:
             typer.echo(f"graph written to {output}")
+
+
+def _shape_options_without_effect(model: Optional[str], image: Optional[int],
+                                  seq: Optional[int]) -> list[str]:
+    """Why each of --image and --seq given does nothing: the zoo's table says which one a
+    model reads (zoo.READS); an ONNX file fixes every shape but the batch."""
+    if model is not None:
+        from edge_remat_agent.zoo import options_without_effect
+        return options_without_effect(model, image, seq)
+    return [f"--{option} has no effect with --onnx: the file fixes every shape but the batch"
+            for option, value in (("image", image), ("seq", seq)) if value is not None]
 
 
 from .fleet.cli import app as fleet_app  # noqa: E402 - `edge-remat fleet plan` (fleet/)
@@ -818,6 +832,8 @@ def run_command(
     if params_home not in ("auto", *PARAM_HOMES):  # before any capture starts
         raise FormatError("command line", "--params-home", " or ".join(("auto", *PARAM_HOMES)),
                           params_home)
+    for line in _shape_options_without_effect(model, image, seq):
+        to_stderr(f"warning: {line}")
     options = RunOptions(
         device=device, model=model, budget=Budget.parse(budget) if budget else None,
         objective=objective,

@@ -48,6 +48,24 @@ MODELS = {
     "llama-tiny-lora": llama.llama_tiny_lora,
 }
 SEEDED = {"tinyllama-1.1b-lora", "tinyllama-2l-lora", "llama-tiny-lora"}  # take `seed`
+# The one shape option each model reads (`image`: the side of its input images; `seq`: its
+# sequence length, digits-cnn's image the size it enlarges the 8x8 digits to): every factory
+# takes both, so the other one given has no effect (`graph` and `run` warn of it).
+READS = {name: "image" for name in ("mlp", "resnet18", "resnet18-imagenet", "resnet50",
+                                     "resnet50-imagenet", "mobilenet_v2", "vgg11", "vgg16",
+                                     "digits-cnn")}
+READS.update({name: "seq" for name in MODELS if name not in READS})
+
+
+def options_without_effect(name: str, image: int | None, seq: int | None) -> list[str]:
+    """Why each shape option given has no effect on zoo model `name` ([] for a model not in
+    the zoo: a factory's own parameters, or a transformers model's task, decide there)."""
+    reads = READS.get(name)
+    if reads is None:
+        return []
+    given = {"image": image, "seq": seq}
+    return [f"--{option} has no effect on {name}, which reads only --{reads}"
+            for option, value in given.items() if value is not None and option != reads]
 
 
 def build(name, batch=None, image=None, seq=None, seed=0, **keywords):
@@ -75,4 +93,4 @@ def build(name, batch=None, image=None, seq=None, seed=0, **keywords):
             raise ZooError(f"{name}: {exc}") from exc
 
 
-__all__ = ["MODELS", "ZooError", "build"]
+__all__ = ["MODELS", "READS", "ZooError", "build", "options_without_effect"]
