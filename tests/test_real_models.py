@@ -116,6 +116,21 @@ def test_gpt2_tied_embeddings_train_with_parameters_homed_on_flash(configs, tmp_
 
 
 @needs_transformers
+def test_plain_run_reads_an_hf_config_named_by_a_relative_path(configs, tmp_path):
+    """`run --plain` sends the spec to the board without capturing it first: its relative
+    config path is made absolute as the capture's is (the board's job once looked for
+    `gpt2.json` in its own folder: 'cannot read the config file')."""
+    from helpers.bad_inputs import cli
+    (tmp_path / "gpt2.json").write_text((configs / "gpt2.json").read_text())
+    proc = cli("run", "--device", "local", "--model", "hf:gpt2?config=gpt2.json", "--plain",
+               "--steps", 1, "--batch", 2, "--seq", 16, "--out", tmp_path / "out",
+               "--no-plots", "--json", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["mode"] == "plain" and report["steps_done"] == 1
+
+
+@needs_transformers
 @pytest.mark.parametrize("model", ["llama", "bert", "vit", "whisper"])
 def test_transformers_models_train_bitwise_like_eager(model, configs, tmp_path):
     check_capture_and_plan(f"hf:{model}?config={configs / (model + '.json')}", tmp_path)

@@ -172,10 +172,15 @@ def for_board(opts: RunOptions, device: DeviceConfig) -> RunOptions:
 def absolute_file_spec(spec: str, option: str, device: DeviceConfig) -> str:
     """`dir/mine.py:NAME` -> `/cwd/dir/mine.py:NAME` for a board that shares this host's files;
     a relative path is refused for one that does not (it would mean the board's own folder).
-    An hf: spec is left to the capture, which makes its paths absolute (canonical_spec)."""
+    An hf: spec's config, adapter and checkpoint paths are made absolute as the capture makes
+    them (an SSH board needs the same files at the same paths): `--plain` sends the spec to
+    the board without a capture, which then read `config=small.json` in its own folder."""
     # the agent's rules for what names a file, and for making it absolute
+    from edge_remat_agent.capture.hf import canonical_spec, is_hf_spec
     from edge_remat_agent.user_code import spec_file, with_absolute_file
-    path = None if spec.startswith("hf:") else spec_file(spec)
+    if is_hf_spec(spec):
+        return canonical_spec(spec)
+    path = spec_file(spec)
     if path is None or os.path.isabs(path):
         return spec
     if not shares_files(device):
