@@ -36,6 +36,8 @@ TINY = {  # small but complete architectures: every layer kind of the real model
               "pad_token_id": 0},
     "bert": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 2, "vocab_size": 128, "max_position_embeddings": 64},
+    "opt": {"hidden_size": 32, "ffn_dim": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "vocab_size": 128, "max_position_embeddings": 64, "word_embed_proj_dim": 32},
     "vit": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 2, "image_size": 32, "patch_size": 8, "num_labels": 10},
     "whisper": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
@@ -131,9 +133,21 @@ def test_plain_run_reads_an_hf_config_named_by_a_relative_path(configs, tmp_path
 
 
 @needs_transformers
-@pytest.mark.parametrize("model", ["llama", "bert", "vit", "whisper"])
+@pytest.mark.parametrize("model", ["llama", "bert", "opt", "vit", "whisper"])
 def test_transformers_models_train_bitwise_like_eager(model, configs, tmp_path):
     check_capture_and_plan(f"hf:{model}?config={configs / (model + '.json')}", tmp_path)
+
+
+@needs_transformers
+def test_opt_gets_the_positions_it_counts_from_the_padding_mask(configs):
+    """OPT counts its learned positions from the 2D mask; handed the 4D mask alone it failed
+    to broadcast (capture: 'Attempting to broadcast a dimension of length 16'). Its loss is
+    transformers' own, given the 2D mask, on the padded example batch."""
+    module, (ids, mask, labels) = load_model(f"hf:opt?config={configs / 'opt.json'}",
+                                             batch=2, seq=16, seed=1)
+    module.eval()  # no dropout: the two calls draw nothing
+    own = module.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    assert torch.equal(module(ids, mask, labels), own)
 
 
 @needs_transformers

@@ -49,6 +49,9 @@ TASKS = {  # task -> (Auto class, inputs the example batch gives, in order)
 # causal-LM head too, Whisper a decoder-only one; their own training heads come before).
 _DEFAULT_ORDER = ("speech-seq2seq", "image-cls", "masked-lm", "causal-lm", "seq-cls")
 _OPTIONS = ("config", "adapter", "task")
+# Model types whose positions transformers counts from the 2D padding mask: they get them as
+# `position_ids` beside the 4D mask (TrainingLoss).
+POSITIONS_FROM_PADDING = frozenset({"opt"})
 _READABLE = "/:,{}[]\" "  # left as they are in a canonical spec: paths and inline JSON
 
 
@@ -62,19 +65,30 @@ class TrainingLoss(nn.Module):
     (`mask.sum() == mask.numel()`) to skip the mask: a branch on tensor values, which no static
     graph holds; a 4D mask is used as it is, in eager PyTorch as in the captured graph."""
 
-    def __init__(self, model: nn.Module, input_names: tuple[str, ...], causal: bool = True):
+    def __init__(self, model: nn.Module, input_names: tuple[str, ...], causal: bool = True,
+                 positions_from_padding: bool = False):
         super().__init__()
         self.model = model
         self.input_names = tuple(input_names)
         self.causal = causal
+        self.positions_from_padding = positions_from_padding
 
     def forward(self, *args):
         inputs = dict(zip(self.input_names, args))
         mask = inputs.get("attention_mask")
         if mask is not None and mask.dim() == 2:
+            if self.positions_from_padding:  # what the model would count from the 2D mask
+                inputs["position_ids"] = padding_positions(mask)
             inputs["attention_mask"] = attention_mask_4d(mask, self.causal)
         out = self.model(**inputs)
         return out.loss if hasattr(out, "loss") else out[0]
+
+
+def padding_positions(padding: torch.Tensor) -> torch.Tensor:
+    """Each token's position counted over the tokens before it, -1 on padding: OPT's learned
+    positions (`OPTLearnedPositionalEmbedding`), which it counts from the 2D mask itself and
+    which a 4D mask cannot give it."""
+    return (padding.cumsum(dim=1) * padding - 1).long()
 
 
 def attention_mask_4d(padding: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -143,7 +157,8 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
     model.train()
     generator = torch.Generator().manual_seed(seed)
     args = _example_batch(spec, task, config, batch or 2, seq or 32, generator)
-    return TrainingLoss(model, input_names, causal=task == "causal-lm"), args
+    return TrainingLoss(model, input_names, causal=task == "causal-lm",
+                        positions_from_padding=config.model_type in POSITIONS_FROM_PADDING), args
 
 
 def example_input_names(module: nn.Module) -> tuple[str, ...] | None:
