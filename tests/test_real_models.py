@@ -139,6 +139,22 @@ def test_transformers_models_train_bitwise_like_eager(model, configs, tmp_path):
 
 
 @needs_transformers
+@pytest.mark.parametrize("model,field", [("gpt2", "n_positions"),
+                                         ("bert", "max_position_embeddings"),
+                                         ("opt", "max_position_embeddings")])
+def test_a_sequence_longer_than_learned_positions_is_refused(model, field, configs):
+    """Fake tensors do not check an embedding's indices: --seq 80 against 64 learned positions
+    captured and planned, and the board's first step failed ('index out of range in self')."""
+    spec = f"hf:{model}?config={configs / (model + '.json')}"
+    with pytest.raises(CaptureError, match=f"--seq 80 .* learned positions \\(64, the config's "
+                                           f"{field}\\)"):
+        load_model(spec, batch=2, seq=80, seed=1)
+    load_model(spec, batch=2, seq=64, seed=1)
+    # rotary positions have no table: any length
+    load_model(f"hf:llama?config={configs / 'llama.json'}", batch=2, seq=80, seed=1)
+
+
+@needs_transformers
 def test_opt_gets_the_positions_it_counts_from_the_padding_mask(configs):
     """OPT counts its learned positions from the 2D mask; handed the 4D mask alone it failed
     to broadcast (capture: 'Attempting to broadcast a dimension of length 16'). Its loss is

@@ -155,6 +155,8 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
         if "adapter" in options:
             model = _with_adapter(spec, model, options["adapter"])
     model.train()
+    if task in ("causal-lm", "masked-lm", "seq-cls"):
+        _check_positions(spec, model, config, seq or 32)
     generator = torch.Generator().manual_seed(seed)
     args = _example_batch(spec, task, config, batch or 2, seq or 32, generator)
     return TrainingLoss(model, input_names, causal=task == "causal-lm",
@@ -289,6 +291,25 @@ def _with_adapter(spec: str, model: nn.Module, adapter: str) -> nn.Module:
     except (ValueError, TypeError, KeyError) as exc:
         raise CaptureError(spec, f"cannot apply the adapter: {str(exc).splitlines()[0][:200]}"
                            ) from None
+
+
+def _check_positions(spec: str, model: nn.Module, config, seq: int) -> None:
+    """A sequence longer than a learned position table (GPT-2's `wpe`, BERT's, OPT's with its
+    offset of 2) is refused here: traced with fake tensors it captured and planned, then the
+    board's first step stopped at "IndexError: index out of range in self". Rotary models
+    (Llama, Qwen2) have no table and take any length."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if not limit or seq <= limit:
+        return
+    tables = [m for m in model.modules() if isinstance(m, nn.Embedding)
+              and limit <= m.num_embeddings <= limit + 2
+              and m.num_embeddings != getattr(config, "vocab_size", None)]
+    if tables:
+        field = getattr(config, "attribute_map", {}).get("max_position_embeddings",
+                                                         "max_position_embeddings")
+        raise CaptureError(spec, f"--seq {seq} is longer than the model's learned positions "
+                                 f"({limit}, the config's {field}): give --seq {limit} or "
+                                 f"less, or a larger {field} in the config")
 
 
 def _example_batch(spec: str, task: str, config, batch: int, seq: int,
