@@ -18,6 +18,7 @@ from helpers.brute_force import brute_force
 from helpers.small_graphs import state_chain
 from helpers.exact_problems import assert_matches_brute_force, problem
 from helpers.executor_plans import eager_parameters
+from helpers.user_models import spec as user_model
 
 from edge_remat_agent.capture import capture_model
 from edge_remat_agent.executor import ExecutorError
@@ -91,6 +92,8 @@ CASES = [
     ("adamw-flash-paging", USER_MODEL, "adamw", "flash", 0.5, None, "flash"),
     # partial fine-tuning: frozen parameters are read-only pages
     ("frozen-flash", USER_MODEL, "sgd", "flash", 0.4, ["head.*", "block2.*"], "none"),
+    # an output head tied to the embedding: its reader loads the one tensor on flash
+    ("tied-flash", user_model("make_tied_lm"), "sgd", "flash", 0.5, None, "none"),
 ]
 
 
