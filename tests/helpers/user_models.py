@@ -29,5 +29,33 @@ def make_tied_lm(batch: int = 4, seq: int = 16, seed: int = 0):
     return TiedLM(), (torch.randint(0, 100, (batch, seq)),)
 
 
+class SmallUNet(nn.Module):
+    """A U-Net: concatenated skips, a transposed convolution and bilinear, bicubic and nearest
+    upsampling, a pixel-wise binary cross-entropy."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.down = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU(inplace=True))
+        self.mid = nn.Sequential(nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU())
+        self.up = nn.ConvTranspose2d(2 * width, width, 2, stride=2)
+        self.fuse = nn.Conv2d(3 * width, width, 3, padding=1)
+        self.out = nn.Conv2d(width, 1, 1)
+
+    def forward(self, images, masks):
+        skip = self.down(images)
+        deep = self.mid(F.max_pool2d(skip, 2))
+        smooth = F.interpolate(deep, scale_factor=2, mode="bilinear", align_corners=False)
+        sharp = F.interpolate(deep, scale_factor=2, mode="bicubic", align_corners=True)
+        near = F.interpolate(deep, scale_factor=2, mode="nearest")
+        x = torch.cat([self.up(deep) + smooth[:, ::2] + sharp[:, 1::2], near[:, :8], skip], 1)
+        return F.binary_cross_entropy_with_logits(self.out(F.relu(self.fuse(x))), masks)
+
+
+def make_unet(batch: int = 4, image: int = 16, seed: int = 0):
+    torch.manual_seed(seed)
+    images = torch.randn(batch, 3, image, image)
+    return SmallUNet(), (images, (images.mean(1, keepdim=True) > 0).float())
+
+
 def spec(factory: str) -> str:
     return f"{HERE}:{factory}"

@@ -424,13 +424,23 @@ def _loss_check(model: str):
 # that eager PyTorch runs as their C++ composites: dropout (see _eager_composites) and the
 # recurrent layers (the C++ LSTM/GRU precomputes, saves and accumulates differently from the
 # Python decomposition: other memory, other bits, other random draws for inter-layer dropout).
+# Upsampling (F.interpolate, nn.Upsample) has Python decompositions into index and arithmetic
+# ops that round differently from eager's C++ kernels (a U-Net's bilinear upsampling: gradients
+# 1.4e-8 off eager's, bicubic 7.5e-9).
+_UPSAMPLING = tuple(f"{op}.{overload}" for op in (
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+    "_upsample_nearest_exact2d", "_upsample_nearest_exact3d") for overload in ("default", "vec")) + (
+    "upsample_linear1d.vec", "upsample_bilinear2d.default", "upsample_bilinear2d.vec",
+    "upsample_trilinear3d.vec", "upsample_bicubic2d.default", "upsample_bicubic2d.vec",
+    "_upsample_bilinear2d_aa.vec", "_upsample_bicubic2d_aa.vec")
 _EAGER_COMPOSITES = ("dropout.default", "lstm.input", "lstm.data", "gru.input", "gru.data",
-                     "rnn_tanh.input", "rnn_tanh.data", "rnn_relu.input", "rnn_relu.data")
+                     "rnn_tanh.input", "rnn_tanh.data", "rnn_relu.input", "rnn_relu.data",
+                     *_UPSAMPLING)
 
 
 @contextlib.contextmanager
 def _eager_composites():
-    """Trace dropout and recurrent layers as eager PyTorch runs them on this machine.
+    """Trace dropout, recurrent layers and upsampling as eager PyTorch runs them on this machine.
 
     While tracing, PyTorch's Python dispatcher replaces `aten.dropout` with `native_dropout`
     (which keeps a 1-byte mask). Eager CPU runs the C++ composite instead: a float noise tensor
