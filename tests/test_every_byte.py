@@ -96,6 +96,8 @@ CASES = [
     ("tied-flash", user_model("make_tied_lm"), "sgd", "flash", 0.5, None, "none"),
     # upsampling traced as eager's kernels (their Python decompositions round differently)
     ("unet-upsampling", user_model("make_unet"), "sgd", "ram", 0.6, None, "none"),
+    # a batch as a dict and a list: the graph's inputs are its leaves
+    ("dict-batch", user_model("make_dict_batch"), "sgd", "ram", 0.9, None, "none"),
 ]
 
 

@@ -57,5 +57,25 @@ def make_unet(batch: int = 4, image: int = 16, seed: int = 0):
     return SmallUNet(), (images, (images.mean(1, keepdim=True) > 0).float())
 
 
+class DictBatch(nn.Module):
+    """A forward that takes its batch as a dict and a list, as data loaders hand them."""
+
+    def __init__(self):
+        super().__init__()
+        self.image = nn.Linear(12, 16)
+        self.meta = nn.Linear(4, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, batch, extras):
+        h = F.gelu(self.image(batch["image"]) + self.meta(extras[0]) * extras[1]["scale"])
+        return F.cross_entropy(self.head(h), batch["label"])
+
+
+def make_dict_batch(batch: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    return DictBatch(), ({"label": torch.randint(0, 3, (batch,)), "image": torch.randn(batch, 12)},
+                         [torch.randn(batch, 4), {"scale": torch.rand(batch, 1)}])
+
+
 def spec(factory: str) -> str:
     return f"{HERE}:{factory}"

@@ -36,7 +36,7 @@ AOTAutograd (~90 MB resident on top of torch), which then never enters the train
 Binding the graph's inputs (`graph.capture["signature"]`, also on `Captured.trace`):
     params        placeholder -> parameter name (module.named_parameters(remove_duplicate=False))
     buffers       placeholder -> buffer name
-    user_inputs   placeholder -> index into the example arguments (the batch)
+    user_inputs   placeholder -> index into the example arguments' leaves (the batch, flattened)
     tangent       placeholder fed with ones of the loss's shape (d loss / d loss)
     loss          the value holding the loss
     grads         value -> parameter name: write it to param.grad (assign, not accumulate)

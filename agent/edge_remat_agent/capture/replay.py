@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx, nn
 
 from ..formats import Graph, NodeId
@@ -43,7 +44,9 @@ def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
     params, buffers = named if named is not None else named_tensors(module)
     env = {ph: params[name].detach() for ph, name in trace.params.items() if ph not in loaded}
     env.update({ph: buffers[name].detach() for ph, name in trace.buffers.items()})
-    env.update({ph: _on(example_args[i], device) for ph, i in trace.user_inputs.items()})
+    # The trace numbers the batch's leaves: a dict or nested argument is several inputs.
+    leaves = pytree.tree_leaves(tuple(example_args))
+    env.update({ph: _on(leaves[i], device) for ph, i in trace.user_inputs.items()})
     constants = trace.constants() if constants is None else constants
     env.update({name: _on(t, device) for name, t in constants.items()})
     loss = trace.node(trace.tangent).meta["val"]
