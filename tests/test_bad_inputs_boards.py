@@ -250,6 +250,16 @@ def raises():
     raise RuntimeError("no weights here")
 def not_a_tuple():
     return 3
+def grad_hook():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 1)
+        def forward(self, x):
+            return self.fc(x).square().mean()
+    net = Net()
+    net.fc.weight.register_hook(lambda g: g.clamp(-0.01, 0.01))  # eager clips, a plan would not
+    return net, (torch.randn(2, 4),)
 '''
 
 FACTORY_CASES = [
@@ -258,6 +268,7 @@ FACTORY_CASES = [
     ("no such function", "factory.py:missing", ["missing"]),
     ("no such file", "nofile.py:make", ["no such file"]),
     ("import raises", "broken.py:make", ["ZeroDivisionError"]),
+    ("gradient hook", "factory.py:grad_hook", ["fc.weight", "gradient hook", "remove it"]),
 ]
 
 

@@ -103,6 +103,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
     if not isinstance(example_args, (tuple, list)):
         raise CaptureError(model, "example_args must be a tuple of the forward's arguments, got "
                            f"{type(example_args).__name__}")
+    _refuse_parameter_hooks(module, model)
     scopes: list[str] = []
     start = time.perf_counter()
     with _TRACE_LOCK, _eager_composites(), _fresh_fake_dispatch_cache(), \
@@ -122,6 +123,21 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
     _size_opaque_workspaces(trace)
     trace.capture_s = time.perf_counter() - start
     return trace
+
+
+def _refuse_parameter_hooks(module: nn.Module, model: str) -> None:
+    """A hook on a parameter's gradient (`param.register_hook`, gradient clipping or noise)
+    runs in eager's `.grad` accumulation, outside the traced graph: the plan would train with
+    other gradients than eager's, so it is refused."""
+    for name, param in module.named_parameters():
+        kinds = [kind for kind, hooks in (("register_hook", param._backward_hooks),
+                                          ("register_post_accumulate_grad_hook",
+                                           getattr(param, "_post_accumulate_grad_hooks", None)))
+                 if hooks]
+        if kinds:
+            raise CaptureError(model, f"parameter '{name}' has a gradient hook ({kinds[0]}), "
+                               "which the captured step would not run: remove it (clip or "
+                               "change gradients in the forward or the loss instead)")
 
 
 @contextlib.contextmanager
