@@ -98,6 +98,8 @@ CASES = [
     ("unet-upsampling", user_model("make_unet"), "sgd", "ram", 0.6, None, "none"),
     # a batch as a dict and a list: the graph's inputs are its leaves
     ("dict-batch", user_model("make_dict_batch"), "sgd", "ram", 0.9, None, "none"),
+    # AdamW in RAM: its per-parameter step counts are fixed memory too
+    ("adamw-ram", user_model("make_dict_batch"), "adamw", "ram", 0.9, None, "none"),
 ]
 
 

@@ -23,14 +23,20 @@ class Optimizer:
     temp_copies: int  # temporaries of one parameter's size while it is updated (foreach off)
     flops_per_element: int
     tensors_moved: int  # parameter-sized tensors read or written per update
+    scalar_state_bytes: int = 0  # per trainable parameter tensor, whatever its size
+
+    def state_bytes(self, param_bytes: int, tensors: int) -> int:
+        """The optimizer state of `tensors` trainable parameters of `param_bytes` in all."""
+        return self.state_copies * param_bytes + self.scalar_state_bytes * tensors
 
 
 OPTIMIZERS = {
     # buf = momentum * buf + grad; param -= lr * buf
     "sgd": Optimizer("sgd", state_copies=1, temp_copies=0, flops_per_element=4, tensors_moved=5),
-    # m, v moments; denom = sqrt(v) / bias_correction + eps is one temporary
+    # m, v moments; denom = sqrt(v) / bias_correction + eps is one temporary; each parameter's
+    # step count is a float32 scalar tensor
     "adamw": Optimizer("adamw", state_copies=2, temp_copies=1, flops_per_element=12,
-                       tensors_moved=9),
+                       tensors_moved=9, scalar_state_bytes=4),
 }
 
 
@@ -48,7 +54,8 @@ def fixed_memory(module: nn.Module, example_args, optimizer: Optimizer) -> dict[
     out = {
         "parameters": sum(_bytes(p) for p in params),
         "gradients": sum(_bytes(p) for p in trainable),
-        "optimizer_state": optimizer.state_copies * sum(_bytes(p) for p in trainable),
+        "optimizer_state": optimizer.state_bytes(sum(_bytes(p) for p in trainable),
+                                                 len(trainable)),
         "buffers": sum(_bytes(b) for b in _unique(module.buffers())),
         "inputs": sum(_bytes(t) for t in _unique(_tensors(example_args))),
     }

@@ -139,7 +139,7 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
                          nodes, rates))
         planned["gradients"] += group.nbytes
         if paged:
-            planned["optimizer_state"] += optimizer.state_copies * group.nbytes
+            planned["optimizer_state"] += optimizer.state_bytes(group.nbytes, len(group.params))
     ordered: list[Node] = []
     for index, node in enumerate(nodes):
         ordered += before.get(index, [])
@@ -163,7 +163,7 @@ def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: s
     flops = optimizer.flops_per_element * group.elements
     moved = optimizer.tensors_moved * group.nbytes
     time = max(flops / rates.flops_per_s, moved / rates.bytes_per_s) + rates.op_overhead_s
-    state_bytes = optimizer.state_copies * group.nbytes
+    state_bytes = optimizer.state_bytes(group.nbytes, len(group.params))
     reads = {value: nodes[index].id for value, index in group.grads.items()}
     owners = {nodes[index].attrs.get("grad_owners", {}).get(value)
               for value, index in group.grads.items()} - {None}
