@@ -260,6 +260,10 @@ def grad_hook():
     net = Net()
     net.fc.weight.register_hook(lambda g: g.clamp(-0.01, 0.01))  # eager clips, a plan would not
     return net, (torch.randn(2, 4),)
+def on_meta():
+    with torch.device("meta"):
+        net = torch.nn.Linear(4, 1)
+    return net, (torch.randn(2, 4),)
 '''
 
 FACTORY_CASES = [
@@ -269,6 +273,7 @@ FACTORY_CASES = [
     ("no such file", "nofile.py:make", ["no such file"]),
     ("import raises", "broken.py:make", ["ZeroDivisionError"]),
     ("gradient hook", "factory.py:grad_hook", ["fc.weight", "gradient hook", "remove it"]),
+    ("weights on meta", "factory.py:on_meta", ["'weight'", "meta device", "real weights"]),
 ]
 
 

@@ -22,7 +22,7 @@ from .optimizer import optimizer_named
 from .state import PARAM_HOMES, UPDATE_MODES
 from .refine import name_ops, refine, split_to_ops
 from .trace import TOOL, JointTrace, trace_joint
-from ..weights.deferred import deferred_weights, traceable
+from ..weights.deferred import deferred_weights, is_deferred, traceable
 
 from . import DEFAULT_MAX_NODES
 
@@ -53,12 +53,24 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
     spec = canonical_spec(spec)  # the board rebuilds the model from it, in another directory
     with deferred_weights():  # tracing needs shapes only: no model's weights in RAM
         module, args = load_model(spec, batch, image, seq, seed)
+    _refuse_meta_weights(module, spec)
     source = {"model": spec, "batch": batch, "image": image, "seq": seq, "seed": seed}
     if train is not None:
         freeze_except(module, train, spec)
         source["train"] = list(train)
     return capture_module(module, args, spec, optimizer, max_nodes, level, source, start,
                           update, params_home, refined, operator_level)
+
+
+def _refuse_meta_weights(module: nn.Module, spec: str) -> None:
+    """A model whose parameters are on `meta` traces (capture needs only shapes), but the board
+    has no values to train unless the model makes them itself (`weight_seed`, zoo/llama.py):
+    refused here, not at the board's first step."""
+    if is_deferred(module) and getattr(module, "weight_seed", None) is None:
+        name = next(n for n, p in module.named_parameters() if p.device.type == "meta")
+        raise CaptureError(spec, f"parameter '{name}' is on the meta device, with no values to "
+                           "train: build the model with real weights (e.g. "
+                           "model.to_empty(device='cpu'), then initialise or load them)")
 
 
 def capture_module(module: nn.Module, example_args, model: str = "model",
