@@ -16,6 +16,7 @@ import logging
 import operator
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,7 +174,12 @@ def _quiet_fake_tensor_log():
 def _export(stack, module, args, model, scopes):
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
     try:
-        return aot_export_joint_with_descriptors(stack, module, args)
+        with warnings.catch_warnings():
+            # AOTAutograd traces backward under anomaly mode, which warns "Error detected in
+            # ..." with an empty forward traceback before a failing backward raises; the
+            # CaptureError below says it in one line.
+            warnings.filterwarnings("ignore", message="Error detected in")
+            return aot_export_joint_with_descriptors(stack, module, args)
     except CaptureError:
         raise
     except Exception as exc:  # anything torch cannot trace: say which op and where
@@ -192,6 +198,11 @@ def _explain(exc: Exception, model: str, scopes: list[str]) -> CaptureError:
         problem = "its output shape depends on tensor values (e.g. nonzero, boolean masking)"
     elif isinstance(exc, ft.UnsupportedOperatorException):
         problem = "it has no fake-tensor (meta) implementation, so it cannot be traced"
+    elif "modified by an inplace operation" in message:
+        # torch's hint points at a backtrace that anomaly mode would print; there is none
+        problem = (f"{type(exc).__name__}: {message.split(' Hint:')[0]} Plain PyTorch's "
+                   "backward fails the same way: make that in-place op (x.add_(), x += y, "
+                   "inplace=True) out-of-place")
     else:
         problem = f"{type(exc).__name__}: {message}"
         if op is None:
