@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from helpers.bad_inputs import BAD_INPUT, cli, no_new_files, refused, tiny_graph, tiny_plan, tree
+from helpers.bad_inputs import BAD_INPUT, REPO, cli, no_new_files, refused, tiny_graph, tiny_plan, tree
 
 pytestmark = pytest.mark.slow
 
@@ -212,6 +212,45 @@ def test_an_output_that_is_the_commands_own_input_is_refused_even_with_force(tmp
             f"is the {reads} file", "give another file name")
     no_new_files(before, tmp_path)
     assert kept.read_text() == '{"format": "edge-remat/profile"}'
+
+
+@pytest.mark.parametrize("reads", ["--graph", "--profile"])
+def test_a_sweep_folder_whose_plan_names_an_input_is_refused(tmp_path, reads):
+    # `plan --graph D/plan-0.80.json --sweep 0.8:0.8:0.1 -o D` replaced the graph with a plan:
+    # only output files were checked against the inputs, not the files written into a folder
+    out = tmp_path / "sweep"
+    out.mkdir()
+    graph = tiny_graph(tmp_path)
+    kept = out / "plan-0.80.json"
+    kept.write_bytes((REPO / "profiles" / "jetson-nano.json").read_bytes() if reads == "--profile"
+                     else graph.read_bytes())
+    before, text = tree(tmp_path), kept.read_text()
+    inputs = {"--graph": ["--graph", kept], "--profile": ["--graph", graph, "--profile", kept]}
+    refused(cli("plan", *inputs[reads], "--sweep", "0.8:0.8:0.1", "-o", out), BAD_INPUT,
+            f"-o {out} is where this command writes plan-0.80.json, the {reads} file it reads")
+    no_new_files(before, tmp_path)
+    assert kept.read_text() == text
+
+
+def test_a_run_folder_that_holds_an_input_at_an_output_name_is_refused(tmp_path):
+    """run writes report.json (and graph.json, plan.json, ...) into --out: a --profile kept
+    there under one of those names would be replaced at the end of the run."""
+    out = tmp_path / "run"
+    out.mkdir()
+    kept = out / "report.json"
+    kept.write_bytes((REPO / "profiles" / "jetson-nano.json").read_bytes())
+    before, text = tree(tmp_path), kept.read_text()
+    refused(cli("run", "--device", "local", "--model", "mlp", "--budget", "0.5", "--profile",
+                kept, "--out", out), BAD_INPUT, "writes report.json, the --profile file")
+    no_new_files(before, tmp_path)
+    assert kept.read_text() == text
+
+
+def test_a_sweep_folder_beside_its_inputs_is_fine(tmp_path):
+    graph = tiny_graph(tmp_path)
+    done = cli("plan", "--graph", graph, "--sweep", "1.0:1.0:0.1", "-o", tmp_path,
+               "--solver", "heuristic:keep-all")
+    assert done.returncode == 0 and (tmp_path / "plan-1.00.json").is_file(), done.stderr
 
 
 def test_graph_output_is_a_folder_refused_before_capture(tmp_path):

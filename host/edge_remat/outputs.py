@@ -6,6 +6,7 @@ a temporary file beside the target, renamed over it, removed on failure)."""
 from __future__ import annotations
 
 import errno
+import fnmatch
 import os
 import tempfile
 from pathlib import Path
@@ -36,11 +37,26 @@ def output_file(path: "str | os.PathLike[str]", force: bool, option: str = "-o",
     return path
 
 
-def output_folder(path: "str | os.PathLike[str]", option: str = "--out") -> Path:
-    """A folder the command will write its files into (made here when missing)."""
+def output_folder(path: "str | os.PathLike[str]", option: str = "--out",
+                  inputs: "dict[str, str | None] | None" = None,
+                  writes: tuple[str, ...] = ()) -> Path:
+    """A folder the command will write its files into (made here when missing), where none
+    of the command's `inputs` ({option: path}) lies at a path it `writes` (patterns relative
+    to the folder, fnmatch's: 'plan-*.json')."""
     path = Path(_named(path, option, "a folder name"))
     if path.exists() and not path.is_dir():
         raise UserError(f"{option} {path} is a file, not a folder: give a folder name")
+    folder = os.path.realpath(path)
+    for input_option, given in (inputs or {}).items():
+        if not given:
+            continue
+        inside = os.path.relpath(os.path.realpath(given), folder)
+        if not inside.startswith(os.pardir) and any(fnmatch.fnmatch(inside, pattern)
+                                                    for pattern in writes):
+            # `plan --sweep -o D --graph D/plan-0.50.json` replaced the graph with a plan
+            raise UserError(f"{option} {path} is where this command writes {inside}, the "
+                            f"{input_option} file it reads: writing there would replace it; "
+                            "give another folder")
     writable_folder(path, option)
     return path
 

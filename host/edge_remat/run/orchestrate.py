@@ -50,7 +50,11 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     device = find_board(opts.device, opts.memory_limit)
     check_options(opts, device)
     opts = for_board(opts, device)
-    out = output_folder(opts.out)
+    from edge_remat_agent.user_code import spec_file
+    out = output_folder(opts.out, inputs={"--profile": opts.profile,
+                                          "--model": spec_file(opts.model),
+                                          "--data": spec_file(opts.data or "")},
+                        writes=RUN_OUTPUTS)
     started = time.time()
     data = opts.data
     # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
