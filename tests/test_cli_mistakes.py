@@ -262,6 +262,28 @@ def test_the_agents_storage_profile_refuses_options_no_measurement_can_use(tmp_p
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", [
+    ["profile-storage", "--page-dir", ".", "--sizes", "4KiB", "--no-footprint"],
+    ["profile", "--sizes", "4KiB", "--no-footprint"],
+    ["run", "plan.json", "--graph", "graph.json"]])
+def test_the_agents_commands_refuse_an_empty_output_name_before_any_work(tmp_path, command):
+    """As the host's commands do (outputs.py, the same check): before, `profile -o ''` measured
+    the board and then failed to write '.' ('Device or resource busy'), and run's -o '' was
+    taken as no -o."""
+    import subprocess
+    import sys
+    from helpers.bad_inputs import env
+    graph = tiny_graph(tmp_path)
+    tiny_plan(tmp_path, graph)
+    graph.rename(tmp_path / "graph.json")
+    before = sorted(tmp_path.rglob("*"))
+    proc = subprocess.run([sys.executable, "-m", "edge_remat_agent", *command, "-o", ""],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env())
+    line = refused(proc, BAD_INPUT, "-o is empty: give a file name")
+    assert proc.stderr.strip().splitlines() == [line]  # nothing measured or run first
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_an_error_no_agent_command_foresaw_is_one_line(monkeypatch, capsys):
     # e.g. a model whose own code raises in the gradient check's eager step (an hf model fed
     # more tokens than it has positions): one line, and the traceback on request

@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from . import profile_storage
+from .output_names import empty_name
 from .profile_storage import profile_options
 
 
@@ -47,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     from .formats import FormatError
     from .profiler import write_profile
     from .profiler.measure import board_errors, measure_profile, profile_summary
+    if (empty := empty_name(args.output, "-o", "a file name")) is not None:
+        print(f"error: {empty}", file=sys.stderr)  # before the work, not when writing after it
+        return 2
     try:
         profile = measure_profile(profile_options(args))
         write_profile(profile, args.output)

@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from .output_names import empty_name
 from .units import parse_size
 
 
@@ -77,6 +78,9 @@ def profile_options(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from .profiler import write_profile
     from .profiler.measure import board_errors, measure_board
+    if (empty := empty_name(args.output, "-o", "a file name")) is not None:
+        print(f"error: {empty}", file=sys.stderr)  # before the work, not when writing after it
+        return 2
     try:
         profile = measure_board(profile_options(args))
         write_profile(profile, args.output)

@@ -13,6 +13,7 @@ import json
 import sys
 from typing import Any
 
+from .output_names import empty_name
 from .units import counted, format_size
 
 
@@ -49,6 +50,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from .formats import FormatError, load_graph, load_plan
+    if (empty := empty_name(args.output, "-o", "a file name")) is not None:
+        print(f"error: {empty}", file=sys.stderr)  # before the work, not when writing after it
+        return 2
     try:
         graph, plan = load_graph(args.graph), load_plan(args.plan)
     except (FormatError, OSError, ValueError) as error:

@@ -11,6 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from edge_remat_agent.output_names import empty_name
+
 from .errors import UserError
 
 
@@ -62,10 +64,9 @@ def output_folder(path: "str | os.PathLike[str]", option: str = "--out",
 
 
 def _named(path: "str | os.PathLike[str]", option: str, what: str):
-    """`path`, unless it is empty: `-o ''` asks for a file and names none (Path('') is the
-    current folder, and an empty option reads as no option where callers test its truth)."""
-    if not os.fspath(path).strip():
-        raise UserError(f"{option} is empty: give {what}")
+    """`path`, unless it is empty (output_names.empty_name)."""
+    if (empty := empty_name(path, option, what)) is not None:
+        raise UserError(empty)
     return path
 
 
