@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -157,6 +158,24 @@ def test_killed_job_process_is_reported_not_hidden(daemon):
     done = wait_done(client, job["id"])
     assert done["state"] == "failed"
     assert "SIGKILL" in done["error"] and "out-of-memory" in done["error"]
+
+
+def test_a_job_whose_folder_is_removed_while_it_runs_says_so_and_the_next_job_runs(daemon):
+    """Before, the record's save into the missing folder raised in the worker: the job read
+    'internal error in the agent' and the worker thread died, so no later job ever ran."""
+    started = daemon()
+    client = started.client()
+    job = client.call("submit", kind="sleep", params={"seconds": 3, "steps": 30})[0]["job"]
+    wait_for_step(client, job["id"], 1)
+    job_dir = started.workdir / "jobs" / job["id"]
+    shutil.rmtree(job_dir)
+    done = wait_done(client, job["id"])
+    assert done["state"] == "failed"
+    assert done["error"].startswith(f"the job's working directory {job_dir} vanished while it "
+                                    "ran (removed on the board)"), done["error"]
+    assert json.loads((job_dir / "job.json").read_text())["error"] == done["error"]
+    after = client.call("submit", kind="echo", params={"say": "still here"})[0]["job"]
+    assert wait_done(client, after["id"])["state"] == "finished"
 
 
 @pytest.mark.skipif(oom_kills() is None, reason="this kernel hides its out-of-memory count")

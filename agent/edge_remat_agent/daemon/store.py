@@ -81,7 +81,11 @@ class JobStore:
     def save(self, record: dict) -> None:
         on_disk = {k: v for k, v in record.items()
                    if k != "progress" and not k.startswith("_")}
-        write_json_atomic(self.layout.job_dir(record["id"]) / "job.json", on_disk)
+        job_dir = self.layout.job_dir(record["id"])
+        # made again where it was removed while the job ran: the record, which says so,
+        # must outlive the daemon like any other (and its writing must not fail the worker)
+        job_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(job_dir / "job.json", on_disk)
 
     def update(self, record: dict, **changes: object) -> None:
         record.update(changes)

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Callable, List, Optional
 
 from .layout import Layout
@@ -223,6 +224,13 @@ class Worker:
         """Called with cond held, once the job process is gone."""
         job_dir = self.layout.job_dir(record["id"])
         record.pop("_adopt", None)
+        gone = _vanished(job_dir, self.layout.root)
+        if gone is not None:  # its outcome went with it: say what happened, not "internal error"
+            self.store.update(record, state="failed", finished_s=time.time(), pid=None,
+                              error=f"the job's working directory {gone} vanished while it "
+                                    "ran (removed on the board), and its files and outcome "
+                                    "with it; submit the job again")
+            return
         progress = read_json(job_dir / "progress.json")
         if progress is not None:
             record["progress"] = progress
@@ -263,6 +271,14 @@ class Worker:
         self.store.update(record, state="queued", pid=None, restarts=restarts,
                           note=f"{why}; it starts again from the beginning (a job that "
                                "keeps checkpoints in its state folder picks up from them)")
+
+
+def _vanished(job_dir: Path, root: Path) -> Optional[Path]:
+    """The folder of the job's that is gone, the agent's whole workdir where that is, or None
+    where the job's folder is still there."""
+    if job_dir.is_dir():
+        return None
+    return root if not root.is_dir() else job_dir
 
 
 def _log_tail(path, lines: int = 3) -> str:
