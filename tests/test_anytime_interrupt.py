@@ -117,14 +117,18 @@ def test_with_one_heuristic_asked_ctrl_c_keeps_only_its_plan(monkeypatch):
 def test_the_lns_shows_its_progress_as_the_plan_improves():
     """What a terminal's status line shows (status_line.StatusLine): each new best of the LNS,
     timed from the start of planning, down to the plan returned, with the stage model's bound
-    below it."""
+    below it; then, once it is known, the plan with its final bound (the covering problem's)."""
     p = build_problem(random_layered(500, seed=0), "0.8", order="given")
     seen = []
     report = solve(p, "auto", time_limit=10, workers=1,
                    progress=lambda *figures: seen.append(figures))
-    assert report.plan.solver["name"].endswith("+lns") and len(seen) >= 2
-    seconds, objectives, bounds = zip(*seen)
+    assert report.plan.solver["name"].endswith("+lns") and len(seen) >= 3
+    *lns, final = seen
+    seconds, objectives, bounds = zip(*lns)
     assert list(seconds) == sorted(seconds) and 0 < seconds[-1] < 10
     assert all(a > b for a, b in zip(objectives, objectives[1:]))  # each a new best
     assert objectives[-1] == pytest.approx(report.evaluation.objective, rel=1e-9)
     assert set(bounds) == {bounds[0]} and bounds[0] <= objectives[-1]
+    assert final[0] >= seconds[-1]
+    assert final[1] == pytest.approx(report.evaluation.objective, rel=1e-9)
+    assert final[2] == report.plan.solver["lower_bound"] >= bounds[0]

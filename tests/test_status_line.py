@@ -30,7 +30,8 @@ def test_a_large_plan_shows_its_phases_and_a_ticking_clock_before_its_first_best
     line = StatusLine(stream, tick_s=0.05)
     line.start()
     try:
-        make_plan(random_layered(500, seed=0), "0.8", time_limit=4, workers=1, progress=line)
+        plan, _ = make_plan(random_layered(500, seed=0), "0.8", time_limit=4, workers=1,
+                            progress=line)
     finally:
         line.close()
     shown = drawn(stream.getvalue())
@@ -43,6 +44,11 @@ def test_a_large_plan_shows_its_phases_and_a_ticking_clock_before_its_first_best
     seconds = [float(re.match(r"plan +([\d.]+) s", text).group(1)) for text in before]
     assert len(before) >= 3 and seconds == sorted(seconds) and seconds[-1] > 0, before
     assert stream.getvalue().endswith("\n")
+    # the plan's final bound (the covering problem's, stronger than the stage model's the LNS
+    # shows) is on the line once it is known, before the table
+    bounds = [m.group(1) for m in (re.search(r" bound (\S+) +gap", t) for t in shown) if m]
+    assert "idle-gap covering" in plan["solver"]["bound_scope"]
+    assert bounds[-1] == f"{plan['solver']['lower_bound']:.6g}", (bounds, plan["solver"])
 
 
 def test_the_clock_ticks_without_news_and_stops_when_closed():

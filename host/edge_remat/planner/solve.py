@@ -655,6 +655,8 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
     gap = None
     if bound is not None and math.isfinite(bound):
         gap = 0.0 if value <= 0 else max(0.0, (value - bound) / abs(value))
+        if progress is not None:  # the final bound, known only now, while the arena is laid
+            progress(clock.perf_counter() - started, value, bound)
     solver = {"name": chosen.solver, "status": status, "lower_bound": bound, "gap": gap,
               "solve_time_s": clock.perf_counter() - started, "time_limit_s": time_limit,
               "baselines": summary, **(timing or {}), **details}
