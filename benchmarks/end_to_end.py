@@ -139,6 +139,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edge_remat_agent.profiler.allocations import quiet_native_stderr
+
 MODELS = [("resnet18", {"batch": 16, "image": 64}), ("bert-mini", {"batch": 16, "seq": 128})]
 QUICK = [("resnet18", {"batch": 8, "image": 32}), ("bert-mini", {"batch": 8, "seq": 64})]
 FRACTIONS = (0.5, 0.3, 0.0)  # 0.0: the lowest budget ours reaches (the planner's floor)
@@ -182,12 +184,14 @@ class ActivationMeter:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
             ActivationMeter._hook = register_optimizer_step_pre_hook(_before_optimizer_step)
         self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._profile.__enter__()
+        with quiet_native_stderr():  # kineto's profiler_start line, not ours
+            self._profile.__enter__()
         ActivationMeter.active = self
 
     def stop(self) -> Peak:
         ActivationMeter.active = None
-        self._profile.__exit__(None, None, None)
+        with quiet_native_stderr():
+            self._profile.__exit__(None, None, None)
         self.peak = self._analyse()
         return self.peak
 
@@ -198,7 +202,8 @@ class ActivationMeter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             ActivationMeter.active = None
-            self._profile.__exit__(exc_type, exc, tb)
+            with quiet_native_stderr():
+                self._profile.__exit__(exc_type, exc, tb)
             return
         self.stop()
 

@@ -62,7 +62,7 @@ class AllocatorPeak:
                 return self  # someone else's profiler is running: one at a time, not measured
             from torch.profiler import ProfilerActivity, profile
             self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-            with _quiet_native_stderr():
+            with quiet_native_stderr():
                 self._profile.__enter__()
         elif self.device.type == "cuda" and torch.cuda.is_available():
             synchronize(self.device)
@@ -73,7 +73,7 @@ class AllocatorPeak:
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._profile is not None:
             profile, self._profile = self._profile, None
-            with _quiet_native_stderr():
+            with quiet_native_stderr():
                 profile.__exit__(exc_type, exc, tb)
             if exc_type is None:
                 self.peak_bytes, self.retained_bytes, self.events = cpu_peak(profile)
@@ -88,10 +88,11 @@ class AllocatorPeak:
 
 
 @contextlib.contextmanager
-def _quiet_native_stderr():
+def quiet_native_stderr():
     """Kineto writes a "profiler_start" / "profiler_stop" line to file descriptor 2 on every
-    window, with no setting to silence it: two lines per graph node in a profile's output.
-    Only the start and stop calls run with fd 2 pointed at /dev/null."""
+    window, with no setting to silence it (KINETO_LOG_LEVEL leaves these): two lines per graph
+    node in a profile's output. Only the start and stop calls run with fd 2 pointed at
+    /dev/null; an error there still raises, and whatever runs between writes as ever."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
