@@ -239,7 +239,7 @@ class _Listener:
 
 
 class _Model:
-    def __init__(self, p: Problem, limits: list[int], cp_model, peak_phase: bool = False):
+    def __init__(self, p: Problem, limits: list[int], cp_model):
         self.p, self.limits, self.cp = p, limits, cp_model
         m = self.model = cp_model.CpModel()
         n, line, tiers = p.n, Timeline(p.n), p.tiers
@@ -305,12 +305,7 @@ class _Model:
                     ram_intervals.append(ws)
                     ram_demands.append(self.mem.up(p.workspace[v]))
         self.capacity = capacity
-        if peak_phase:  # the RAM limit becomes a variable to push down (see _peak_phase)
-            top = capacity + sum(ram_demands)
-            self.peak = m.NewIntVar(capacity, top, "peak")
-            m.AddCumulative(ram_intervals, ram_demands, self.peak)
-        else:
-            m.AddCumulative(ram_intervals, ram_demands, capacity)
+        m.AddCumulative(ram_intervals, ram_demands, capacity)
 
         # every compute of w finds each input in exactly one residency that covers it
         self.cover = {}
