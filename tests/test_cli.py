@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -69,13 +68,23 @@ def clean_error(proc: subprocess.CompletedProcess) -> str:
 
 # --- help --------------------------------------------------------------------------------------
 
+HEAVY_MODULES = ("torch", "ortools", "pulp", "numpy", "highspy", "paramiko", "matplotlib")
+
+
 def test_help_is_fast(cli):
-    started = time.perf_counter()
+    """--help imports none of the heavy packages (torch alone takes seconds to import): checked
+    by the modules loaded, not by a wall clock, which a loaded host stretches (4.1 s once)."""
     proc = cli("--help")
-    elapsed = time.perf_counter() - started
     assert proc.returncode == 0, proc.stderr
     assert "plan" in proc.stdout and "simulate" in proc.stdout
-    assert elapsed < 2.0, f"--help took {elapsed:.2f} s"
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['edge-remat', '--help']\n"
+             "try:\n    runpy.run_module('edge_remat', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             f"print([m for m in {HEAVY_MODULES!r} if m in sys.modules], file=sys.stderr)")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=120, env=dict(os.environ, COLUMNS="100", NO_COLOR="1"))
+    assert loaded.stderr.strip().splitlines()[-1] == "[]", loaded.stderr
 
 
 def test_plan_help(cli):
