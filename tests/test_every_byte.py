@@ -136,6 +136,18 @@ def test_parameters_after_the_steps_equal_plain_pytorch(label, spec, optimizer, 
         assert frozen and all(torch.equal(initial[n], actual[n]) for n in frozen)
 
 
+def test_dropout_on_a_transposed_tensor_draws_as_eager(tmp_path):
+    """nn.TransformerEncoderLayer (batch first) drops out attention's transposed output: the
+    plan's losses and parameters stay eager's bit for bit. (Only these: its ledger peak passes
+    the predicted one by about 1%, an accounting miss not yet found.)"""
+    spec = user_model("make_encoder")
+    captured, _, report = _planned(spec, "sgd", "ram", 0.6, tmp_path, batch=8, image=16)
+    assert report["grad_check"]["bitwise_equal"] and report["grad_check"]["loss_equal"]
+    expected = _eager_parameters(spec, "sgd", None, captured.example_args, batch=8, image=16)
+    actual = captured.module.state_dict()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+
+
 def test_lora_on_a_language_model_with_the_base_paged_read_only(tmp_path):
     captured, plan, report = _planned("gpt-tiny-lora", "adamw", "flash", 0.5, tmp_path)
     expected = _eager_parameters("gpt-tiny-lora", "adamw", None, captured.example_args)

@@ -77,5 +77,25 @@ def make_dict_batch(batch: int = 8, seed: int = 0):
                          [torch.randn(batch, 4), {"scale": torch.rand(batch, 1)}])
 
 
+class Encoder(nn.Module):
+    """nn.TransformerEncoder, batch first, with dropout: it drops out attention's transposed
+    (non-contiguous) output."""
+
+    def __init__(self, width=32):
+        super().__init__()
+        self.embed = nn.Linear(10, width)
+        layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x, y):
+        return F.mse_loss(self.head(self.encoder(self.embed(x)).mean(1)).squeeze(-1), y)
+
+
+def make_encoder(batch: int = 8, seq: int = 10, seed: int = 0):
+    torch.manual_seed(seed)
+    return Encoder(), (torch.randn(batch, seq, 10), torch.randn(batch))
+
+
 def spec(factory: str) -> str:
     return f"{HERE}:{factory}"

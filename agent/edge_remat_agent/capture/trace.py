@@ -119,6 +119,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
     _sum_tied_gradients(trace, module)
     _read_tied_parameters_once(trace, module)
     _unread_running_statistics(trace)
+    _draw_in_memory_order(trace)
     _keep_dropout_masks(trace)
     _copy_small_saved_outputs(trace)
     _size_opaque_workspaces(trace)
@@ -263,6 +264,41 @@ def _read_tied_parameters_once(trace: JointTrace, module: nn.Module) -> None:
         if kept is not node and node.users:
             node.replace_all_uses_with(kept)
             changed = True
+    if changed:
+        trace.graph_changed()
+
+
+def _draw_in_memory_order(trace: JointTrace) -> None:
+    """Dropout's noise drawn in the order eager draws it, on a non-contiguous input too.
+
+    Eager CPU dropout fills `empty_like(input)`, which keeps the input's strides, in place, and
+    `bernoulli_` fills in memory order; functionalized, it is `bernoulli(empty_like(input))`,
+    whose output is contiguous, filled in logical order. On a transposed input (an
+    nn.TransformerEncoderLayer with batch_first=True drops out attention's transposed output)
+    each element got another draw than eager's: other losses and gradients. Drawing into the
+    permutation whose logical order is the input's memory order, then permuting back, gives
+    every element eager's draw."""
+    graph = trace.graph_module.graph
+    changed = False
+    for node in list(graph.nodes):
+        if node.target is not torch.ops.aten.bernoulli.p:
+            continue
+        like = node.args[0].meta.get("val")
+        if like is None or like.is_contiguous() or like.dim() < 2:
+            continue
+        perm = sorted(range(like.dim()), key=lambda d: -like.stride(d))
+        inverse = sorted(range(like.dim()), key=perm.__getitem__)
+        with graph.inserting_before(node):
+            ordered = graph.call_function(torch.ops.aten.permute.default, (node.args[0], perm))
+        ordered.meta.update(node.meta, val=like.permute(perm))
+        node.args = (ordered, *node.args[1:])
+        drawn = like.permute(perm).contiguous()
+        node.meta["val"] = drawn
+        with graph.inserting_after(node):
+            back = graph.call_function(torch.ops.aten.permute.default, (node, inverse))
+        back.meta.update(node.meta, val=drawn.permute(inverse))
+        node.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
+        changed = True
     if changed:
         trace.graph_changed()
 
