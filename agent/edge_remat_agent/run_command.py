@@ -88,8 +88,26 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         print(summary_text(report))
-    check = report["grad_check"]
-    return 0 if check is None or check["bitwise_equal"] else 1
+    mismatch = gradient_mismatch(report.get("grad_check"))
+    if mismatch:
+        print(f"error: {mismatch}", file=sys.stderr)
+    return 1 if mismatch else 0
+
+
+def gradient_mismatch(check: Any) -> str | None:
+    """The error line of a gradient check that found the plan's step unlike eager PyTorch's
+    (None where it agreed or did not run): a run or deploy exits 1 with it, not 0 beside a
+    report that says so in one of its lines."""
+    if not isinstance(check, dict) or check.get("bitwise_equal") is not False:
+        return None
+    differing = check.get("differing", []) + check.get("missing", []) + check.get("extra", [])
+    which = ", ".join(differing[:3]) + (" ..." if len(differing) > 3 else "") if differing \
+        else "the loss"
+    return (f"the planned step's gradients differ from eager PyTorch's (max |diff| "
+            f"{check.get('max_abs_diff', float('nan')):.3g}; {which}): training under this plan "
+            "is not exact. A forward that reads Python state the capture fixed (a call counter, "
+            "a flag) does this; otherwise it is a bug in edge-remat: report it with the model, "
+            "graph and plan")
 
 
 def _step_line(record: dict, total: int) -> str:

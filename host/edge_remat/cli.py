@@ -13,7 +13,7 @@ import typer
 from edge_remat_agent.capture import DEFAULT_LR, DEFAULT_MAX_NODES
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
-from .errors import EXIT_BAD_INPUT, EXIT_KILLED, UserError, cli_errors
+from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_KILLED, UserError, cli_errors
 from .planner.interrupt import sigterm_as_ctrl_c
 from .units import FRACTION_LIMIT
 
@@ -696,6 +696,16 @@ def deploy(
                                    {"plan": plan_file, "graph": graph}, out,
                                    on_update=None if as_json else show_progress)
         print_outcome(record, as_json, board)
+    _exit_if_gradients_differ((record.get("result") or {}).get("grad_check"))
+
+
+def _exit_if_gradients_differ(check) -> None:
+    """Exit 1 with its line where the run's gradient check found the plan unlike eager."""
+    from edge_remat_agent.run_command import gradient_mismatch
+    mismatch = gradient_mismatch(check)
+    if mismatch:
+        typer.echo(f"error: {mismatch}", err=True)
+        raise typer.Exit(EXIT_JOB_FAILED)
 
 
 @app.command()
@@ -856,6 +866,7 @@ def run_command(
         typer.echo(report_text(report))
     if killed:
         raise typer.Exit(EXIT_KILLED)
+    _exit_if_gradients_differ(report.get("grad_check"))
 
 
 @app.command("plot")
