@@ -16,6 +16,7 @@ import torch
 from edge_remat_agent.capture import CaptureError, capture_model
 from edge_remat_agent.capture.measure import eager_saved_bytes_as_captured
 from edge_remat_agent.capture.models import load_model
+from edge_remat_agent.data import batches
 from edge_remat_agent.executor import run_plan
 from helpers.executor_plans import every_forward_recomputed, trainable_count, with_paging
 
@@ -152,6 +153,36 @@ def test_a_sequence_longer_than_learned_positions_is_refused(model, field, confi
     load_model(spec, batch=2, seq=64, seed=1)
     # rotary positions have no table: any length
     load_model(f"hf:llama?config={configs / 'llama.json'}", batch=2, seq=80, seed=1)
+
+
+@needs_transformers
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_bundled_text_trains_an_hf_causal_lm_bitwise_and_its_loss_falls(model, tmp_path):
+    """`--data text` was refused for every hf: model ('gives 2 arguments; the model takes 3'):
+    it gives transformers' own batch, input_ids, a mask of ones and labels = input_ids
+    (unshifted: the model shifts them), ids below the model's vocabulary."""
+    (tmp_path / "config.json").write_text(json.dumps({**TINY[model], "vocab_size": 300}))
+    captured = capture_model(f"hf:{model}?config={tmp_path / 'config.json'}", batch=2, seq=32,
+                             seed=1)
+    ids, mask, labels = next(batches("text", captured.example_args, 1, captured.module))
+    assert torch.equal(labels, ids) and bool(mask.all()) and int(ids.max()) < 300
+    report = run_plan(captured.graph, every_forward_recomputed(captured.graph), 6,
+                      str(tmp_path / "pages"), data="text", seed=1, captured=captured)
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]
+    losses = [step["loss"] for step in report["steps"]]
+    assert losses[-1] < losses[0], losses
+
+
+@needs_transformers
+@pytest.mark.parametrize("model,words", [
+    ("bert", "feeds causal language models; this model trains a masked-lm head"),
+    ("gpt2", "the model's vocabulary has 128: give it a vocab_size of at least 259")])
+def test_bundled_text_refuses_what_it_cannot_feed_in_one_line(model, words, configs):
+    from edge_remat.run.options import RunProblem, check_data_fits
+    module, args = load_model(f"hf:{model}?config={configs / (model + '.json')}", batch=2,
+                              seq=16, seed=1)
+    with pytest.raises(RunProblem, match=f"^--data text cannot feed this model: .*{words}"):
+        check_data_fits("text", args, module)
 
 
 @needs_transformers

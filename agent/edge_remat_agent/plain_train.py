@@ -36,7 +36,7 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
     # The optimizer (and --lr) and the batches a planned run uses too (executor/run.py):
     # both runs take the same steps on the same data.
     opt = torch_optimizer(optimizer, module, lr)
-    feed = batches(data, example_args, seed)
+    feed = batches(data, example_args, seed, module)
     report: dict[str, Any] = {"model": model, "optimizer": optimizer,
                               "lr": opt.param_groups[0]["lr"], "data": data or "example",
                               "steps": 0, "loss": [], "step_time_s": [], "rss_peak_bytes": [],

@@ -66,12 +66,15 @@ class TrainingLoss(nn.Module):
     graph holds; a 4D mask is used as it is, in eager PyTorch as in the captured graph."""
 
     def __init__(self, model: nn.Module, input_names: tuple[str, ...], causal: bool = True,
-                 positions_from_padding: bool = False):
+                 positions_from_padding: bool = False, task: str | None = None,
+                 vocab_size: int | None = None):
         super().__init__()
         self.model = model
         self.input_names = tuple(input_names)
         self.causal = causal
         self.positions_from_padding = positions_from_padding
+        self.task = task  # with vocab_size: how the bundled text feeds it (data.batches)
+        self.vocab_size = vocab_size
 
     def forward(self, *args):
         inputs = dict(zip(self.input_names, args))
@@ -160,7 +163,8 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
     generator = torch.Generator().manual_seed(seed)
     args = _example_batch(spec, task, config, batch or 2, seq or 32, generator)
     return TrainingLoss(model, input_names, causal=task == "causal-lm",
-                        positions_from_padding=config.model_type in POSITIONS_FROM_PADDING), args
+                        positions_from_padding=config.model_type in POSITIONS_FROM_PADDING,
+                        task=task, vocab_size=getattr(config, "vocab_size", None)), args
 
 
 def example_input_names(module: nn.Module) -> tuple[str, ...] | None:

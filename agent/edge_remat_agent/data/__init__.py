@@ -7,13 +7,17 @@ model's example arguments, so the executor and plain training feed it straight t
     "digits"           the bundled handwritten digits (digits.csv.gz, 1797 8x8 images),
                        shuffled per epoch; for models that take (images [B,1,8,8], labels [B])
     "text"             the bundled English text (story.txt) as byte-level tokens, for language
-                       models that take (input_ids [B,S], labels [B,S]) with a vocabulary >= 259
+                       models with a vocabulary >= 259 that take (input_ids [B,S], labels
+                       [B,S]), or hf: causal LMs (input_ids, attention_mask, labels)
     "MODULE:FUNCTION"  your own: FUNCTION(batch, seed) yields argument tuples forever; MODULE
                        is an importable module or a Python file (`my_data.py`, `data/mine.py`),
                        as for a model's MODULE:FACTORY
 
-    for args in batches("digits", example_args, seed=0):
+    for args in batches("digits", example_args, seed=0, model=module):
         loss = module(*args)
+
+`model` (optional) is the module the batches feed: an hf: model says which head it trains and
+its vocabulary (`task`, `vocab_size`: capture/hf.py TrainingLoss), which "text" follows.
 
 The host checks a spec with the same table before it sends it (`check_data_spec`), and names a
 file by its absolute path (user_code.spec_file): the board reads it in another working
@@ -26,7 +30,7 @@ from typing import Callable, Iterator
 
 from ..user_code import UserCodeError, import_user_module, names_file
 from .digits import digits_batches, load_digits
-from .text import text_batches
+from .text import SMALLEST_VOCAB, text_batches
 
 NAMED_DATA = ("example", "digits", "text")
 DATA_SPECS = NAMED_DATA + ("MODULE:FUNCTION",)
@@ -36,8 +40,9 @@ class DataError(ValueError):
     """A data spec that cannot feed this model (unknown name, shapes that do not match)."""
 
 
-def batches(spec: str | None, example_args: tuple, seed: int = 0) -> Iterator[tuple]:
-    """An endless iterator of argument tuples for `module(*args)`."""
+def batches(spec: str | None, example_args: tuple, seed: int = 0,
+            model=None) -> Iterator[tuple]:
+    """An endless iterator of argument tuples for `model(*args)`."""
     import torch
 
     spec = spec or "example"
@@ -48,18 +53,18 @@ def batches(spec: str | None, example_args: tuple, seed: int = 0) -> Iterator[tu
     if spec == "digits":
         source = digits_batches(batch, seed)
     elif spec == "text":
-        source = text_batches(batch, _seq_length(example_args), seed)
+        source = text_batches(batch, _seq_length(example_args), seed, _text_layout(model))
     else:
         source = iter(load_data_function(spec)(batch, seed))
     return _checked(spec, source, example_args, torch)
 
 
-def check_data_fits(spec: str, example_args: tuple, seed: int = 0) -> None:
+def check_data_fits(spec: str, example_args: tuple, seed: int = 0, model=None) -> None:
     """The first batch of bundled data against the model's example arguments (DataError if
     it cannot feed them). A MODULE:FUNCTION is left to where it runs: it may read data only
     the board has."""
     if spec in NAMED_DATA and spec != "example":
-        next(batches(spec, example_args, seed))
+        next(batches(spec, example_args, seed, model))
 
 
 def check_data_spec(spec: str) -> None:
@@ -114,6 +119,23 @@ def _seq_length(example_args: tuple) -> int:
         if hasattr(arg, "shape") and len(arg.shape) == 2:
             return int(arg.shape[1])
     raise DataError("data 'text' feeds models that take token ids [batch, seq]")
+
+
+def _text_layout(model) -> str:
+    """How "text" feeds `model`: a transformers model by its task (only a causal LM learns
+    from plain text: a masked LM needs a mask token the byte tokenizer lacks, a classifier
+    class labels), anything else as (input_ids, next-token labels)."""
+    task = getattr(model, "task", None)
+    if task not in (None, "causal-lm"):
+        raise DataError(f"data 'text' feeds causal language models; this model trains a {task} "
+                        "head (no mask token or class labels in the bundled text): use "
+                        "--data example or your own MODULE:FUNCTION")
+    vocab = getattr(model, "vocab_size", None)
+    if vocab is not None and vocab < SMALLEST_VOCAB:
+        raise DataError(f"data 'text' is byte tokens (ids up to {SMALLEST_VOCAB - 1}); the "
+                        f"model's vocabulary has {vocab}: give it a vocab_size of at least "
+                        f"{SMALLEST_VOCAB}")
+    return "next-token" if task is None else task
 
 
 def _checked(spec: str, source, example_args: tuple, torch) -> Iterator[tuple]:

@@ -4,6 +4,10 @@ concerns) and a byte-level tokenizer that needs no download: token = 3 + byte va
 (TinyLlama's 32000 included: the ids above 258 simply never occur).
 
     for input_ids, labels in text_batches(batch=1, seq=128, seed=0): ...
+
+Two layouts: "next-token" (the zoo's language models: input_ids and the next token as
+labels) and "causal-lm" (transformers' causal LMs: input_ids, an attention mask of ones and
+labels equal to input_ids, unshifted, because the model shifts them itself).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Iterator
 FILE = "story.txt"
 PAD, BOS, EOS, OFFSET = 0, 1, 2, 3
 SMALLEST_VOCAB = OFFSET + 256
+LAYOUTS = ("next-token", "causal-lm")
 
 
 def encode(text: str) -> list[int]:
@@ -31,9 +36,10 @@ def story_tokens() -> tuple[int, ...]:
     return tuple(encode(text))
 
 
-def text_batches(batch: int, seq: int, seed: int = 0) -> Iterator[tuple]:
-    """(input_ids [batch, seq], labels [batch, seq]: the next token) forever: windows of the
-    story at starts shuffled with `seed`, a fresh shuffle each pass."""
+def text_batches(batch: int, seq: int, seed: int = 0,
+                 layout: str = "next-token") -> Iterator[tuple]:
+    """Batches of `layout` (above) forever: windows of the story at starts shuffled with
+    `seed`, a fresh shuffle each pass."""
     import torch
     tokens = torch.tensor(story_tokens(), dtype=torch.int64)
     if tokens.numel() < seq + 1:
@@ -44,4 +50,13 @@ def text_batches(batch: int, seq: int, seed: int = 0) -> Iterator[tuple]:
         order = starts[torch.randperm(len(starts), generator=generator)]
         for k in range(0, len(order) - batch + 1, batch):
             windows = torch.stack([tokens[s:s + seq + 1] for s in order[k:k + batch].tolist()])
-            yield windows[:, :-1].clone(), windows[:, 1:].clone()
+            yield _arranged(windows, layout)
+
+
+def _arranged(windows, layout: str) -> tuple:
+    """[batch, seq + 1] token windows -> the model's arguments."""
+    import torch
+    ids = windows[:, :-1].clone()
+    if layout == "causal-lm":
+        return ids, torch.ones_like(ids), ids.clone()
+    return ids, windows[:, 1:].clone()

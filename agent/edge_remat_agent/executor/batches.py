@@ -34,17 +34,18 @@ def data_name(data: Any) -> str:
 
 
 def batch_source(data: Any, example_args: tuple, device: torch.device,
-                 seed: int = 0) -> BatchSource:
+                 seed: int = 0, model: torch.nn.Module | None = None) -> BatchSource:
     """data: None or "example" (the example batch every step), a data spec such as "digits" or
-    "MODULE:FUNCTION" (edge_remat_agent.data, shuffled with `seed`), a callable step -> batch,
-    or an iterable of batches."""
+    "MODULE:FUNCTION" (edge_remat_agent.data, shuffled with `seed`, for `model`), a callable
+    step -> batch, or an iterable of batches."""
     if is_example(data):
         fixed = _to_device(tuple(example_args), device)
         return lambda step: fixed
     if isinstance(data, str):
         from ..data import DataError, batches
         try:
-            data = _data_errors(batches(data.strip(), tuple(example_args), seed), DataError)
+            data = _data_errors(batches(data.strip(), tuple(example_args), seed, model),
+                                DataError)
         except DataError as error:
             raise BadBatch(str(error)) from None
     if callable(data):

@@ -81,7 +81,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     device = torch.device(device)
     module = _on_device(captured.module, device)
     power = open_power_sensor(sensor)
-    batches = batch_source(data, captured.example_args, device, 0 if seed is None else seed)
+    batches = batch_source(data, captured.example_args, device, 0 if seed is None else seed,
+                           module)
     ledger = LiveTensorLedger(classify=ledger_classifier(captured.trace))
     malloc = map_large_blocks() if map_large_allocations else steady_heap()
     records: list[dict] = []
@@ -214,7 +215,7 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
     module, example_args = model[0].to(device), tuple(model[1])
     optimizer = torch_optimizer(graph.capture.get("optimizer", "sgd"), module, lr)
     power = open_power_sensor(sensor)
-    batches = batch_source(data, example_args, device, 0 if seed is None else seed)
+    batches = batch_source(data, example_args, device, 0 if seed is None else seed, module)
     ledger = LiveTensorLedger()  # StepMeter wants one; eager tensors are not registered
     allocator = map_large_blocks() if map_large_allocations else steady_heap()
     records: list[dict] = []

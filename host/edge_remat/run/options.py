@@ -140,13 +140,13 @@ def check_data(spec: str, device: DeviceConfig) -> None:
         raise RunProblem(str(exc)) from None
 
 
-def check_data_fits(spec: str, example_args: tuple) -> None:
+def check_data_fits(spec: str, example_args: tuple, model=None) -> None:
     """Bundled data that cannot feed the model (digits for a 3x32x32 model, text for images)
     is refused once the capture has the model's example arguments, before the profile and the
     plan, rather than on the board after them."""
     from edge_remat_agent.data import DataError, check_data_fits as first_batch_fits
     try:
-        first_batch_fits(spec, example_args)
+        first_batch_fits(spec, example_args, model=model)
     except DataError as error:
         raise RunProblem(f"--data {spec} cannot feed this model: {error}") from None
 

@@ -185,7 +185,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
 
     say(f"capturing {opts.model}'s training step")
     captured = capture("ram" if opts.params_home == "auto" else opts.params_home)
-    check_data_fits(run_data(opts), captured.example_args)
+    check_data_fits(run_data(opts), captured.example_args, captured.module)
     graph = captured.graph
     graph_path = out / "graph.json"
     graph.save(graph_path)
