@@ -221,3 +221,13 @@ def test_the_plain_comparison_runs_under_the_malloc_asked_for(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["malloc"] == {"requested": "jemalloc", "running": "jemalloc"}
+
+
+def test_a_budget_above_the_plain_peak_is_said_in_words_not_a_percentage_over_100():
+    """Under --memory-limit a small model's line read 'budget 221.0 MiB (1079% of the plain
+    peak)'."""
+    from edge_remat.run.orchestrate import budget_words
+    assert budget_words(221 * 2**20, int(20.5 * 2**20)) == (
+        "budget 221.0 MiB, above the plain peak of 20.5 MiB: no recomputation needed")
+    assert budget_words(10 * 2**20, 20 * 2**20) == "budget 10.0 MiB (50% of the plain peak)"
+    assert budget_words(20 * 2**20, 20 * 2**20) == "budget 20.0 MiB (100% of the plain peak)"
