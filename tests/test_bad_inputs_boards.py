@@ -299,3 +299,40 @@ def test_model_factory_fails(tmp_path, case, spec, words):
     assert proc.stderr.strip() == line  # nothing else: no warning torch printed on the way
     assert "backtrace" not in line  # torch's hint points at a traceback nobody printed
     no_new_files(before, tmp_path, allowed=["__pycache__"])
+
+
+def test_a_job_run_by_another_build_of_the_agent_says_so_first(tmp_path, bench):
+    """Another checkout's agent, busy on the shared board when this host connects, is kept and
+    runs this host's job with its own code: the job's error (e.g. 'PlanMismatch ... another
+    torch version or model code?') then blamed the wrong cause. The host knows the builds
+    differ (the daemon's hello) and says that first."""
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    import edge_remat_agent
+    from edge_remat.devices import find_device
+    from edge_remat.transport import Board, JobFailed
+    from edge_remat.transport.zipapp import AgentArchive, archive_bytes
+    package = tmp_path / "other" / "edge_remat_agent"
+    shutil.copytree(Path(edge_remat_agent.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(package / "__init__.py", "a") as handle:
+        handle.write("\n# another checkout's build\n")
+    data = archive_bytes(package)
+    (tmp_path / "other.pyz").write_bytes(data)
+    other = AgentArchive(tmp_path / "other.pyz", hashlib.sha256(data).hexdigest())
+    device = find_device("bench")
+    with Board(device, archive=other) as board:
+        board.submit("sleep", {"seconds": 3, "steps": 3})
+    with Board(device) as board:
+        with pytest.raises(JobFailed) as failed:
+            board.run_job("echo", {"fail": "PlanMismatch: another torch version?"})
+    message = str(failed.value)
+    assert "\n" not in message and "the board said: RuntimeError: PlanMismatch" in message, message
+    assert message.index(f"the board's agent is another build ({other.sha256[:12]})") \
+        < message.index("the board said: RuntimeError: PlanMismatch"), message
+    with Board(device) as board:  # once idle, this host's agent replaces it: no such words
+        with pytest.raises(JobFailed) as failed:
+            board.run_job("echo", {"fail": "boom"})
+    assert "another build" not in str(failed.value) and "boom" in str(failed.value)

@@ -604,7 +604,7 @@ def job_status(
                               f"(`edge-remat job-cancel {job_id} --device {device}` stops it)",
                               job=job_id, cancelled=False) from None
         if record["state"] == "failed":
-            raise job_failed(record, f"job {job_id}", board.name)
+            raise job_failed(record, f"job {job_id}", board.name, board.stale_agent_cause())
         if out and record["state"] == "finished":
             record["fetched"] = [str(p) for p in board.fetch_outputs(record, out)]
         print_outcome(record, as_json, board)

@@ -106,12 +106,30 @@ class Board:
 
     def _note_build(self) -> None:
         """An idle daemon of another build is replaced on connect; a busy one is kept."""
-        archive = getattr(self.transport, "archive", None)
-        build = self.hello_info.get("build", "")
         running = self.hello_info.get("running")
-        if archive is not None and build and build != archive.sha256 and running:
+        build = self._other_build()
+        if build and running:
             self.on_event(f"{self.name}: the board's agent is another build ({build[:12]}), "
                           f"kept while it runs job {running}; the new one starts when idle")
+
+    def _other_build(self) -> str:
+        """The build of the board's agent where it is not this host's (else ''): a daemon
+        that was busy when this host connected, which runs this host's jobs too."""
+        archive = getattr(self.transport, "archive", None)
+        build = self.hello_info.get("build", "")
+        return build if archive is not None and build and build != archive.sha256 else ""
+
+    def stale_agent_cause(self) -> str:
+        """Why a failed job may be the board's agent's doing rather than the job's: it ran on
+        another build than this host's (e.g. another checkout's agent, busy on a shared
+        board), whose code may differ. '' where the builds agree."""
+        build = self._other_build()
+        if not build:
+            return ""
+        return (f"the board's agent is another build ({build[:12]}) than this host's "
+                f"({self.transport.archive.sha256[:12]}): it was busy when this host "
+                "connected, so it ran this job with its own code; run again once it is idle "
+                "(this host's agent then replaces it)")
 
     def close(self) -> None:
         session, self._session = self._session, None
@@ -246,7 +264,8 @@ class Board:
         except LinkLost as exc:  # reconnecting gave up; the job goes on without us
             raise self.out_of_reach(job_id, exc, out_dir) from None
         if record["state"] == "failed":
-            raise job_failed(record, f"job {record['id']} ({kind})", self.name)
+            raise job_failed(record, f"job {record['id']} ({kind})", self.name,
+                             self.stale_agent_cause())
         if out_dir is not None:
             try:
                 record["fetched"] = [str(p) for p in self.fetch_outputs(record, out_dir)]
