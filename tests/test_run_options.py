@@ -156,10 +156,38 @@ def test_paging_none_does_not_move_parameters_to_flash(tmp_path):
     assert "--params-home flash" not in proc.stderr
 
 
+@pytest.mark.parametrize("paging, budget, hint", [
+    ("none", "90%", "--paging flash would home the parameters"),
+    ("host", "90%", "--paging both would home the parameters"),
+    ("host", "50%", None),  # below the floor with parameters on flash too: no hint
+])
+def test_a_budget_only_parameters_on_flash_meet_names_the_paging_that_homes_them(
+        tmp_path, paging, budget, hint):
+    """mlp at 90%: below the floor with parameters in RAM, above it with them on flash
+    (about 85%), which --paging none or host rules out. The refusal did not say that
+    --paging flash or both would move them (QA: a LoRA Llama refused at 50% with --paging
+    host, planned at 60% with --paging both)."""
+    profile = json.loads(PROFILE.read_text())  # with a host tier, as a measured one has
+    profile["tiers"]["host"] = {**profile["tiers"]["flash"], "capacity_bytes": None}
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    proc = _run("--budget", budget, "--paging", paging, "--profile", tmp_path / "profile.json",
+                "--no-grad-check", "--out", tmp_path / "run", cwd=tmp_path)
+    refused(proc, BAD_INPUT, "needs at least")
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1, proc.stderr
+    if hint is None:
+        assert "would home" not in error[0], error[0]
+    else:
+        assert error[0].index("needs at least") < error[0].index(hint), error[0]
+
+
 def test_only_paging_that_allows_flash_may_home_parameters_there():
     from edge_remat.run.options import flash_allowed
     assert [flash_allowed(p) for p in (None, "flash", "both", "host", "none")] == \
         [True, True, True, False, False]
+    from edge_remat.run.options import paging_with_flash
+    assert [paging_with_flash(p) for p in ("none", "host", "flash", "both")] == \
+        ["flash", "both", "flash", "both"]
 
 
 def test_outputs_an_earlier_run_left_and_this_one_did_not_write_are_removed(tmp_path):

@@ -162,6 +162,13 @@ def flash_allowed(paging: Optional[str]) -> bool:
     return paging is None or "flash" in PAGING_CHOICES.get(paging, ())
 
 
+def paging_with_flash(paging: Optional[str]) -> str:
+    """The --paging choice that adds flash to `paging`'s tiers (none -> flash, host -> both)."""
+    from ..planner.build import PAGING_CHOICES
+    tiers = {"flash", *PAGING_CHOICES.get(paging or "none", ())}
+    return next(name for name, chosen in PAGING_CHOICES.items() if set(chosen) == tiers)
+
+
 def for_board(opts: RunOptions, device: DeviceConfig) -> RunOptions:
     """The options with the user's files (a MODULE:FACTORY model, a MODULE:FUNCTION data
     module) named by absolute paths: the board reads them in another working directory."""

@@ -28,7 +28,7 @@ from ..remote import full_result
 from ..transport import Board, JobFailed, JobOutOfReach
 from ..units import Budget
 from .options import (RunOptions, RunProblem, check_data_fits, check_options, flash_allowed,
-                      for_board, run_data)
+                      for_board, paging_with_flash, run_data)
 from .profiles import ChosenProfile, choose_profile, forget_if_far_off
 
 # With a memory limit and no --budget, the plan gets what is left after the runtime's own memory
@@ -176,6 +176,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     from edge_remat_agent.capture import capture_model
 
     from ..planner.build import plain_peak_bytes
+    from ..planner.problem import InfeasibleBudget
     from ..remote import require_kind
     from ..reports.run_report import build_report
 
@@ -217,7 +218,10 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     if reserve and opts.budget is None:
         say(f"keeping {reserve / 2**20:.0f} MiB out of the budget for reading the next "
             "weights ahead from the weight page store")
-    plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say, reserve)
+    try:
+        plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say, reserve)
+    except InfeasibleBudget as error:
+        raise _with_flash_hint(error, capture, chosen, opts, device, plain_peak, say) from None
     from ..checks import note_budget_above_ram
     note_budget_above_ram(chosen.profile, plan_dict["budget_bytes"],
                           f"the profile of {device.name}", say)
@@ -299,6 +303,30 @@ def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceC
     except InfeasibleBudget:
         return True
     return False
+
+
+def _with_flash_hint(error, capture, chosen: ChosenProfile, opts: RunOptions,
+                     device: DeviceConfig, plain_peak: int, say: Say):
+    """The planner's refusal of the budget, saying which --paging would home the parameters on
+    flash where --paging rules flash out (so they stayed in RAM) and, captured that way, the
+    budget is above the floor; else the refusal as it was."""
+    import dataclasses
+
+    from ..planner.problem import InfeasibleBudget, ProblemError
+    if opts.params_home != "auto" or flash_allowed(opts.paging):
+        return error
+    wider = paging_with_flash(opts.paging)
+    say(f"checking whether --paging {wider} (parameters homed on flash) would fit the budget")
+    on_flash = capture("flash")
+    try:
+        if _below_floor(on_flash.graph, chosen, dataclasses.replace(opts, paging=wider),
+                        device, plain_peak, read_ahead_reserve(on_flash)):
+            return error
+    except ProblemError:  # e.g. a profile without a flash tier: no hint to give
+        return error
+    return InfeasibleBudget(f"{error}; --paging {wider} would home the parameters and optimizer "
+                            "state on flash, out of RAM, and this budget is above that "
+                            "graph's floor", error.smallest_bytes)
 
 
 def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
