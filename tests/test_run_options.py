@@ -252,10 +252,18 @@ def test_the_plain_comparison_runs_under_the_malloc_asked_for(tmp_path):
 
 
 def test_a_budget_above_the_plain_peak_is_said_in_words_not_a_percentage_over_100():
-    """Under --memory-limit a small model's line read 'budget 221.0 MiB (1079% of the plain
-    peak)'."""
-    from edge_remat.run.orchestrate import budget_words
-    assert budget_words(221 * 2**20, int(20.5 * 2**20)) == (
-        "budget 221.0 MiB, above the plain peak of 20.5 MiB: no recomputation needed")
-    assert budget_words(10 * 2**20, 20 * 2**20) == "budget 10.0 MiB (50% of the plain peak)"
-    assert budget_words(20 * 2**20, 20 * 2**20) == "budget 20.0 MiB (100% of the plain peak)"
+    """Under --memory-limit a small model's planning line read 'budget 221.0 MiB (1079% of the
+    plain peak)', and the report's plan line '(1041% of plain 21.23 MiB)'."""
+    from edge_remat.reports.run_report import build_report, report_text
+    from edge_remat.units import budget_against_plain
+    assert budget_against_plain(221 * 2**20, int(20.5 * 2**20)) == (
+        "budget 221.00 MiB, above the plain peak of 20.50 MiB: no recomputation needed")
+    assert budget_against_plain(10 * 2**20, 20 * 2**20) == \
+        "budget 10.00 MiB (50% of plain 20.00 MiB)"
+    assert budget_against_plain(20 * 2**20, 20 * 2**20) == \
+        "budget 20.00 MiB (100% of plain 20.00 MiB)"
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
+                          result={"steps": []}, plan={"budget_bytes": 221 * 2**20},
+                          plain_peak_bytes=int(20.5 * 2**20))
+    line = next(x for x in report_text(report).splitlines() if x.startswith("plan "))
+    assert "budget 221.00 MiB, above the plain peak of 20.50 MiB: no recomputation" in line

@@ -121,3 +121,13 @@ def fmt_bytes(n: float | None) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def budget_against_plain(budget_bytes: int, plain_bytes: int) -> str:
+    """'budget B (N% of plain P)'; above plain PyTorch's peak, which the plain schedule already
+    fits, 'budget B, above the plain peak of P: no recomputation needed' (a share over 100%
+    read as if something were planned)."""
+    budget, plain = fmt_bytes(budget_bytes), fmt_bytes(plain_bytes)
+    if budget_bytes > plain_bytes:
+        return f"budget {budget}, above the plain peak of {plain}: no recomputation needed"
+    return f"budget {budget} ({budget_bytes / plain_bytes:.0%} of plain {plain})"

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from edge_remat_agent.units import counted
 
-from ..units import fmt_bytes
+from ..units import budget_against_plain, fmt_bytes
 
 STEP_FIELDS = ("loss", "step_time_s", "ledger_peak_bytes", "rss_peak_bytes", "energy_j")
 _ALIASES = {"wall_s": "step_time_s", "time_s": "step_time_s", "rss_peak": "rss_peak_bytes",
@@ -194,9 +194,9 @@ def report_text(report: dict) -> str:
                      + ("; power is a model estimate" if profile.get("power_estimate") else ""))
     if report["mode"] == "planned" and report.get("budget_bytes"):
         plain = report.get("plain_peak_bytes")
-        share = f" ({report['budget_bytes'] / plain:.0%} of plain {fmt_bytes(plain)})" \
-            if plain else ""
-        lines.append(f"plan      budget {fmt_bytes(report['budget_bytes'])}{share}, solver "
+        budget = budget_against_plain(report["budget_bytes"], plain) if plain else \
+            f"budget {fmt_bytes(report['budget_bytes'])}"
+        lines.append(f"plan      {budget}, solver "
                      f"{report.get('solver')}, "
                      f"{counted(report.get('recomputed'), 'recomputation')}, "
                      f"{counted(report.get('page_outs'), 'page-out')} / "

@@ -26,7 +26,7 @@ from ..devices import DeviceConfig
 from ..errors import EXIT_BAD_INPUT, Interrupted, classify, killed_by_memory
 from ..remote import full_result
 from ..transport import Board, JobFailed, JobOutOfReach
-from ..units import Budget
+from ..units import Budget, budget_against_plain
 from .options import (RunOptions, RunProblem, check_data_fits, check_options, flash_allowed,
                       for_board, paging_with_flash, run_data)
 from .profiles import ChosenProfile, choose_profile, forget_if_far_off
@@ -339,7 +339,7 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
                              opts.paging, plain_peak=plain_peak)
 
     problem = make_problem(run_budget(opts, device, chosen, reserve_bytes))
-    say(f"planning: {budget_words(problem.budget_bytes, plain_peak)}, {opts.objective}")
+    say(f"planning: {budget_against_plain(problem.budget_bytes, plain_peak)}, {opts.objective}")
     solved = solve(problem, opts.solver, opts.time_limit)
     from ..planner.arena import plan_arena
 
@@ -366,16 +366,6 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
     if opts.sweep:
         _sweep(make_problem, opts, out, say)
     return plan_dict, plan_path
-
-
-def budget_words(budget_bytes: int, plain_peak: int) -> str:
-    """The budget against plain PyTorch's peak: a share of it, or, above it, that the plain
-    schedule already fits (a percentage over 100 read as if something were planned)."""
-    budget = f"budget {budget_bytes / 2**20:.1f} MiB"
-    if budget_bytes > plain_peak:
-        return (f"{budget}, above the plain peak of {plain_peak / 2**20:.1f} MiB: no "
-                "recomputation needed")
-    return f"{budget} ({budget_bytes / plain_peak:.0%} of the plain peak)"
 
 
 def _describe_fit(fit: dict) -> str:
