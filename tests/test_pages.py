@@ -45,10 +45,10 @@ def assert_same(original: torch.Tensor, restored: torch.Tensor) -> None:
     assert not restored.requires_grad
 
 
-@pytest.fixture(params=["flash", "memory", "link"])
+@pytest.fixture(params=["flash", "flash-uncached", "memory", "link"])
 def store(request, tmp_path):
-    if request.param == "flash":
-        with FlashStore(tmp_path / "pages") as flash:
+    if request.param.startswith("flash"):  # uncached: read around the page cache (O_DIRECT)
+        with FlashStore(tmp_path / "pages", drop_cache=request.param == "flash-uncached") as flash:
             yield flash
     elif request.param == "memory":
         yield MemoryStore()
@@ -152,8 +152,9 @@ def test_flash_detects_a_flipped_payload_byte(tmp_path):
     (lambda data: data[:8] + b"\xff\xff\xff\x7f" + data[12:], "implausible"),
     (lambda data: data[:4] + b"\x09" + data[5:], "page version 9"),
 ], ids=["truncated", "extended", "magic", "header", "header length", "version"])
-def test_flash_detects_damaged_files(tmp_path, damage, expected):
-    with FlashStore(tmp_path) as flash:
+@pytest.mark.parametrize("drop_cache", [False, True], ids=["cached", "uncached"])
+def test_flash_detects_damaged_files(tmp_path, damage, expected, drop_cache):
+    with FlashStore(tmp_path, drop_cache=drop_cache) as flash:
         flash.put("n", torch.ones(64))
         path = flash.path_of("n")
         with open(path, "rb") as page:

@@ -37,6 +37,7 @@ import torch
 
 from .base import IndexedPageStore
 from .codec import EncodedPage, encode, read_from
+from .direct import open_direct
 from .errors import (PAGE_DIR_REMEDY, PageCorrupted, PageMissing, PageStoreError,
                      PageStoreFull)
 
@@ -62,10 +63,11 @@ class FlashStore(IndexedPageStore):
                  fsync: bool = False, drop_cache: bool = False):
         """`fsync`: each page is on the device before put returns (what the profiler times).
 
-        `drop_cache`: after writing (and fsync) and after reading a page, tell the kernel to
-        drop its cached copy. The page cache is RAM, the very thing paging frees, and inside a
-        memory cgroup it is charged to the run; it also makes reads come from the device, so
-        timings are the flash's, not RAM's.
+        `drop_cache`: after writing (and fsync) a page, tell the kernel to drop its cached
+        copy, and read pages around the cache (O_DIRECT, direct.py; where the filesystem
+        refuses it, read and then drop). The page cache is RAM, the very thing paging frees,
+        and inside a memory cgroup it is charged to the run; it also makes reads come from the
+        device, so timings are the flash's, not RAM's.
 
         Opening a store removes what dead runs left in `page_dir` (see the module's docstring);
         `cleaned_stale` is {"directories", "files", "bytes"} removed.
@@ -184,9 +186,12 @@ class FlashStore(IndexedPageStore):
         with self._lock:
             path = self.path_of(key)
         try:
-            with open(path, "rb", buffering=0) as stream:  # unbuffered: readinto the tensor itself
+            # Read around the page cache where it is to be dropped: a buffered read held the
+            # whole page in the cache, charged to the run, until the drop after it.
+            direct = open_direct(path) if self.drop_cache else None
+            with direct or open(path, "rb", buffering=0) as stream:  # readinto the tensor
                 tensor = read_from(stream, key, path)
-                if self.drop_cache:
+                if self.drop_cache and direct is None:
                     _drop_cached_pages(stream.fileno())
         except FileNotFoundError:
             raise PageCorrupted(key, path, "the page file has been removed") from None
