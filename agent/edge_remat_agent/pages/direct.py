@@ -1,11 +1,12 @@
-"""Reading a page file around the page cache (O_DIRECT), as a stream codec.read_from takes.
+"""Reading and writing page files around the page cache (O_DIRECT).
 
 A buffered read of a page fills the page cache with the whole file before the store can drop
 it, and inside a memory cgroup that cache is charged to the run: for a moment the page is held
 twice, once in the tensor and once in the cache. A 31 MiB Llama embedding homed on flash,
 loaded at the plan's peak, put the kernel's peak 31 MiB above the plan. Here the bytes go from
 the device into a 1 MiB aligned staging buffer (O_DIRECT wants aligned offsets, lengths and
-memory) and are copied where the caller asks, so the cache never holds the page.
+memory) and are copied where the caller asks, so the cache never holds the page. Writes
+likewise: a buffered write held the page dirty in the cache until fsync and the drop after it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,45 @@ def open_direct(path: str) -> "DirectReader | None":
     except OSError:
         return None
     return DirectReader(fd)
+
+
+def write_direct(fd: int, parts: list, total: int) -> bool:
+    """Write `parts` (bytes-like, `total` bytes in all) from offset 0 of `fd` around the page
+    cache; False, with nothing written, where the file cannot be switched to O_DIRECT."""
+    import fcntl
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+    except OSError:
+        return False
+    staging = mmap.mmap(-1, STAGING)
+    try:
+        filled = offset = 0
+        for part in parts:
+            view = memoryview(part).cast("B")
+            while view.nbytes:
+                take = min(view.nbytes, STAGING - filled)
+                staging[filled:filled + take] = view[:take]
+                filled, view = filled + take, view[take:]
+                if filled == STAGING:
+                    offset += _write_block(fd, staging, filled, offset)
+                    filled = 0
+        if filled:  # the tail, padded to whole blocks, then the file cut to its length
+            _write_block(fd, staging, filled, offset)
+        os.ftruncate(fd, total)
+    finally:
+        staging.close()
+    return True
+
+
+def _write_block(fd: int, staging: mmap.mmap, nbytes: int, offset: int) -> int:
+    padded = -(-nbytes // ALIGN) * ALIGN
+    view = memoryview(staging)[:padded]
+    done = 0
+    while done < padded:
+        done += os.pwrite(fd, view[done:], offset + done)
+    return nbytes
 
 
 class DirectReader:

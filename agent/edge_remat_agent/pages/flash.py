@@ -37,7 +37,7 @@ import torch
 
 from .base import IndexedPageStore
 from .codec import EncodedPage, encode, read_from
-from .direct import open_direct
+from .direct import open_direct, write_direct
 from .errors import (PAGE_DIR_REMEDY, PageCorrupted, PageMissing, PageStoreError,
                      PageStoreFull)
 
@@ -63,9 +63,9 @@ class FlashStore(IndexedPageStore):
                  fsync: bool = False, drop_cache: bool = False):
         """`fsync`: each page is on the device before put returns (what the profiler times).
 
-        `drop_cache`: after writing (and fsync) a page, tell the kernel to drop its cached
-        copy, and read pages around the cache (O_DIRECT, direct.py; where the filesystem
-        refuses it, read and then drop). The page cache is RAM, the very thing paging frees,
+        `drop_cache`: write and read pages around the page cache (O_DIRECT, direct.py; where
+        the filesystem refuses it, drop the cached copy after writing, with fsync, and after
+        reading). The page cache is RAM, the very thing paging frees,
         and inside a memory cgroup it is charged to the run; it also makes reads come from the
         device, so timings are the flash's, not RAM's.
 
@@ -160,10 +160,13 @@ class FlashStore(IndexedPageStore):
             flags = os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
             fd = os.open(partial, flags if spare else flags | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                _write_all(fd, page.header)
-                _write_all(fd, page.payload)
-                if spare and spare[1] != page.total_bytes:
-                    os.ftruncate(fd, page.total_bytes)  # a header a few bytes longer or shorter
+                # Around the page cache where it is to be dropped (see get).
+                if not (self.drop_cache and write_direct(fd, [page.header, page.payload],
+                                                         page.total_bytes)):
+                    _write_all(fd, page.header)
+                    _write_all(fd, page.payload)
+                    if spare and spare[1] != page.total_bytes:
+                        os.ftruncate(fd, page.total_bytes)  # a header longer or shorter
                 if self.fsync:
                     _sync_data(fd)  # the data and the file's size: nothing else is needed back
                 if self.drop_cache:
