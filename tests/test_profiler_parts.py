@@ -279,6 +279,8 @@ def test_the_runtime_baseline_is_a_memory_limited_groups_figure_or_the_resident_
     from edge_remat_agent.executor import baseline
     model = torch.nn.Linear(256, 256)  # 257 KiB of parameters, resident
     monkeypatch.setattr(baseline, "cgroup_memory_usage", lambda: (2 * 10**9, "cgroup v1 shared"))
+    # the group is made up: its peak is not this process's group's to restart
+    monkeypatch.setattr(baseline, "restart_cgroup_peak", lambda: False)
     monkeypatch.setattr(baseline, "cgroup_memory_limit_bytes", lambda: None)
     alone = baseline.runtime_baseline(model)
     assert alone["source"].startswith("process resident set")

@@ -59,24 +59,46 @@ def cgroup_memory_limit_bytes(root: str = "/") -> int | None:
     return min(real) if real else None
 
 
-def cgroup_memory_usage(root: str = "/") -> tuple[int, str] | None:
-    """(bytes the kernel charges this process's own memory cgroup now, which group), or None
-    where the process is in the root group (whose figure is the whole machine's) or there is
-    none. The runtime baseline of a run (executor/baseline.py) reads it."""
+def _own_group_folders(root: str) -> list[tuple[str, int, str]]:
+    """(folder, version, group path) where this process's own memory cgroup may be, in order;
+    none where the process is in the root group (whose figures are the whole machine's)."""
+    folders = []
     for line in (read_under(root, "/proc/self/cgroup") or "").splitlines():
         hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if path.rstrip("/") == "":
             continue
         if hierarchy == "0" and controllers == "":
-            files = [(f"/sys/fs/cgroup{path.rstrip('/')}/memory.current", 2)]
+            folders.append((f"/sys/fs/cgroup{path.rstrip('/')}", 2, path))
         elif "memory" in controllers.split(","):
             # Inside a container the hierarchy may be mounted at the group itself.
-            files = [(f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.usage_in_bytes", 1),
-                     ("/sys/fs/cgroup/memory/memory.usage_in_bytes", 1)]
-        else:
-            continue
-        for file, version in files:
-            value = read_under(root, file)
-            if value and value.isdigit():
-                return int(value), f"cgroup v{version} {os.path.basename(path.rstrip('/'))}"
+            folders += [(f"/sys/fs/cgroup/memory{path.rstrip('/')}", 1, path),
+                        ("/sys/fs/cgroup/memory", 1, path)]
+    return folders
+
+
+def cgroup_memory_usage(root: str = "/") -> tuple[int, str] | None:
+    """(bytes the kernel charges this process's own memory cgroup now, which group), or None
+    where the process is in the root group (whose figure is the whole machine's) or there is
+    none. The runtime baseline of a run (executor/baseline.py) reads it."""
+    for folder, version, path in _own_group_folders(root):
+        value = read_under(root, f"{folder}/{'memory.current' if version == 2 else 'memory.usage_in_bytes'}")
+        if value and value.isdigit():
+            return int(value), f"cgroup v{version} {os.path.basename(path.rstrip('/'))}"
     return None
+
+
+def restart_cgroup_peak(root: str = "/") -> bool:
+    """Restart this process's memory cgroup's high-water mark from its usage now, where the
+    kernel lets it (cgroup v1's memory.max_usage_in_bytes, with write access; v2's memory.peak
+    has no reset for the whole group). True if done."""
+    for folder, version, _ in _own_group_folders(root):
+        if version != 1 or read_under(root, f"{folder}/memory.max_usage_in_bytes") is None:
+            continue
+        try:
+            with open(os.path.join(root, folder.lstrip("/"), "memory.max_usage_in_bytes"),
+                      "w") as handle:
+                handle.write("0")
+            return True
+        except OSError:
+            return False
+    return False

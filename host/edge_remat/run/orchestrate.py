@@ -407,8 +407,9 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
     try:
         record = board.run_job(kind, params, inputs, out / "board",
                                on_update=lambda record: say(summary(record)))
+        result = full_result(record)
         return {"status": "finished", "message": f"finished {counted(steps, 'step')}",
-                "result": full_result(record), **watch.readings()}
+                "result": result, **watch.readings(result)}
     except JobFailed as exc:
         error = str(exc.record.get("error"))
         if not (watch.killed() or killed_by_memory(error)):

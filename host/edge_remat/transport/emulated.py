@@ -152,11 +152,15 @@ class KernelWatch:
     def killed(self) -> bool:
         return self.group is not None and self.group.oom_kills() > self.kills_before
 
-    def readings(self) -> dict:
+    def readings(self, result: dict | None = None) -> dict:
+        """The kernel's peak and what it spans; `result` is the job's, whose runtime baseline
+        restarts the peak where the kernel lets it (the board's capture and set-up left out)."""
         if self.group is None:
             return {}
         name = "memory.peak" if self.group.version == 2 else "memory.max_usage_in_bytes"
         scope = "since the job started" if self.peak_reset else "since the board started"
+        if ((result or {}).get("runtime_baseline") or {}).get("peak_restarted"):
+            scope = "since the runtime baseline, just before step 1"
         return {"kernel_peak_bytes": self.group.peak_bytes(),
                 "kernel_peak_source": f"cgroup v{self.group.version} {name}, {scope}; the "
                                       "whole board: agent, job and page cache"}
