@@ -28,6 +28,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from ..pages.direct import pread_direct
+
 MAGIC = b"EDGE-REMAT-WTS1\n"
 ALIGN = 4096
 FORMAT = "edge-remat/weights"
@@ -180,14 +182,7 @@ class WeightFile:
         target = value.numpy()
         try:
             if self.direct:
-                staging = self._staging()
-                done = 0
-                while done < nbytes:
-                    chunk = min(STAGING, _padded(nbytes - done))
-                    _read_all(self.fd, staging.data[:chunk], row["offset"] + done)
-                    take = min(chunk, nbytes - done)
-                    target[done:done + take] = staging[:take]
-                    done += take
+                pread_direct(self.fd, target, row["offset"], self._staging())
             else:
                 _read_all(self.fd, target.data, row["offset"])
                 _drop(self.fd, row["offset"], nbytes)
