@@ -502,3 +502,38 @@ def test_cli_json_reports_the_graph_and_its_plain_peak(tmp_path):
     assert summary["plain_peak_bytes"] == plain_peak_bytes(graph)
     assert summary["nodes"] == len(graph) and graph.capture["optimizer"] == "adamw"
     assert summary["plain_peak_bytes"] >= summary["fixed_bytes"] + summary["saved_bytes"]
+
+
+LOSSES_REDUCED_IN_PLACE = {
+    "mse_loss": lambda out, y: torch.nn.functional.mse_loss(out, y),
+    "smooth_l1_loss": lambda out, y: torch.nn.functional.smooth_l1_loss(out, y),
+    "soft_margin_loss": lambda out, y: torch.nn.functional.soft_margin_loss(out, y.sign()),
+    "binary_cross_entropy": lambda out, y: torch.nn.functional.binary_cross_entropy(
+        out.sigmoid(), y.sigmoid()),
+}
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES_REDUCED_IN_PLACE))
+def test_a_loss_reduced_in_its_elementwise_storage_is_counted_at_that_size(loss):
+    """Eager's CPU kernels of these losses return the scalar on the storage of the elementwise
+    loss (mse_loss of 8 values keeps 32 bytes); the graph counts what the executor's ledger
+    will: an nn.TransformerEncoder trained on mse_loss ran 28 bytes over its plan."""
+    from edge_remat_agent.capture.storage import storages
+
+    class Regression(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x, y):
+            return LOSSES_REDUCED_IN_PLACE[loss](self.fc(x), y)
+
+    torch.manual_seed(0)
+    module, args = Regression(), (torch.randn(8, 4), torch.randn(8, 3))
+    captured = capture_module(module, args, loss)
+    trace = captured.trace
+    eager = module(*args).untyped_storage().nbytes()
+    assert eager == 8 * 3 * 4  # what the kernel keeps: the test means nothing otherwise
+    assert storages(trace.graph_module)[trace.loss].nbytes == eager
+    # The loss is held to the step's end: fixed memory at that size (d(loss)/d(loss) beside it)
+    assert captured.graph.capture["fixed"]["step_state"] == eager + 4

@@ -58,7 +58,7 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
     _name_uniquely(nodes)
     saved = saved_bytes(nodes)
     fixed = fixed_memory(module, example_args, optimizer)
-    fixed["step_state"] = _step_state_bytes(trace)
+    fixed["step_state"] = _step_state_bytes(trace, store)
     fixed["constants"] = sum(storage_nbytes(t) for t in trace.constants().values())
     fixed["total"] += fixed["step_state"] + fixed["constants"]
     planned = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
@@ -89,13 +89,14 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
     return graph, {"saved_bytes": saved, "fixed": fixed, "planned": planned}
 
 
-def _step_state_bytes(trace: JointTrace) -> int:
+def _step_state_bytes(trace: JointTrace, store: dict[str, Storage]) -> int:
     """Bytes the executor holds from a node's first run to the step's end whatever the
     schedule: the new batch-norm statistics (applied once, after the optimizer step), the loss
-    and d(loss)/d(loss). Fixed memory, so that the plan's peak is the executor's."""
+    and d(loss)/d(loss). Fixed memory, so that the plan's peak is the executor's: counted by
+    their storages, as the executor's ledger counts them (a loss may keep a larger one).
+    `store`: storages(trace.graph_module)."""
     names = [*trace.buffer_updates, trace.loss, trace.tangent]
-    values = [trace.node(name).meta.get("val") for name in names]
-    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+    return sum({store[name].root: store[name].nbytes for name in names if name in store}.values())
 
 
 def saved_bytes(nodes: list[Node]) -> int:

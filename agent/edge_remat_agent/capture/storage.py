@@ -7,6 +7,7 @@ the same annotations functionalization relies on, so there is no list of view op
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 
@@ -18,6 +19,11 @@ _ALIASING_WITHOUT_ANNOTATION = {"aten::_unsafe_view"}
 # The same for each tensor of the list they return (the C++ GRU splits its gates with these).
 _LIST_ALIASING_WITHOUT_ANNOTATION = {"aten::unsafe_split", "aten::unsafe_split_with_sizes",
                                      "aten::unsafe_chunk"}
+# Losses whose eager CPU kernel reduces (mean or sum) into the storage of the elementwise loss:
+# the scalar it returns keeps that storage, one element per element of the broadcast inputs,
+# where the meta kernel gives it its own 4 bytes (mse_loss of 8 values: 32 bytes, not 4).
+_REDUCED_IN_THE_ELEMENTWISE_LOSS = {"aten::mse_loss", "aten::smooth_l1_loss",
+                                    "aten::soft_margin_loss", "aten::binary_cross_entropy"}
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,21 @@ def storages(gm: fx.GraphModule) -> dict[str, Storage]:
         if base is not None and base.name in out:
             out[node.name] = out[base.name]
         else:
-            out[node.name] = Storage(node.name, storage_nbytes(val))
+            out[node.name] = Storage(node.name, _eager_storage_nbytes(node, val))
     return out
+
+
+def _eager_storage_nbytes(node: fx.Node, val: torch.Tensor) -> int:
+    """The bytes of the storage eager's kernel gives `node`'s value (see
+    _REDUCED_IN_THE_ELEMENTWISE_LOSS), which the traced value's own may understate."""
+    nbytes = storage_nbytes(val)
+    if not isinstance(node.target, torch._ops.OpOverload) \
+            or node.target._schema.name not in _REDUCED_IN_THE_ELEMENTWISE_LOSS:
+        return nbytes
+    shapes = [arg.meta["val"].shape for arg in node.all_input_nodes
+              if isinstance(arg.meta.get("val"), torch.Tensor)]
+    elements = math.prod(torch.broadcast_shapes(*shapes))
+    return max(nbytes, elements * val.element_size())
 
 
 def storage_nbytes(t: torch.Tensor) -> int:
