@@ -86,10 +86,7 @@ def test_every_captured_node_is_in_exactly_one_planner_node(resnet18):
     for node in graph.nodes:
         assert set(node.attrs["outputs"]) <= set(node.attrs["members"])
         read_from = {producer[v] for v in node.attrs.get("reads", {})}
-        if node.kind == "update":  # also the owners of gradients that are views (state.py)
-            assert read_from <= set(node.inputs)
-        else:
-            assert read_from == set(node.inputs)
+        assert read_from == set(node.inputs)
         for value, source in node.attrs.get("reads", {}).items():
             assert value in graph.node(source).attrs["outputs"]
 

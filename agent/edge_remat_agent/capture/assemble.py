@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
+from dataclasses import replace
 
 import torch
 from torch import fx, nn
@@ -43,6 +44,7 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
     or "step" (one optimizer step after the backward; they are all fixed memory)."""
     fused = update == "fused"
     store = storages(trace.graph_module)
+    groups = _gradient_views_with_their_storage(trace, groups, store)
     group_of = {name: i for i, g in enumerate(groups) for name in g.members}
     fixed_roots = {s.root for name, s in store.items() if trace.node(name).op == "placeholder"}
     if not fused:
@@ -70,12 +72,6 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
             own = [root for root in grad_roots if group_of.get(root) == index]
             if own:
                 node.attrs["grad_bytes"] = sum(store[root].nbytes for root in own)
-            # A gradient that is a view of another node's value (the transpose of a mm, once
-            # refinement split them) keeps that node's storage alive until the update.
-            owners = {v: group_of[store[v].root] for v in node.attrs.get("grads", {})
-                      if v in store and group_of.get(store[v].root, index) != index}
-            if owners:
-                node.attrs["grad_owners"] = owners
         state = plan_state(nodes, param_groups(trace, module, nodes), optimizer, params_home,
                            rates)
         nodes, planned = state.nodes, state.planned
@@ -87,6 +83,33 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
     graph = Graph(nodes=nodes, name=trace.model, fixed_bytes=fixed["total"],
                   batch=_batch(example_args), dtype=_dtype(module), cost_source="estimate")
     return graph, {"saved_bytes": saved, "fixed": fixed, "planned": planned}
+
+
+def _gradient_views_with_their_storage(trace: JointTrace, groups: list[Group],
+                                       store: dict[str, Storage]) -> list[Group]:
+    """`groups` with each gradient that is a view of another group's value (the transpose of
+    a mm that the backward took in another module's group, or in a node of its own once
+    refinement split them) moved to the group that owns its storage. The update reads it from
+    there, and the storage goes when that node is freed. Left where it was, the gradient
+    would keep the storage alive as long as its node's other outputs, which the plan does not
+    count (nn.TransformerEncoder's out_proj weight gradient, 4 KiB over the plan). Moving a
+    view adds no input: the views before it are replayed from the owner's value."""
+    group_of = {name: i for i, g in enumerate(groups) for name in g.members}
+    moved: dict[int, list[str]] = {}
+    for value in trace.grads:
+        root = store[value].root if value in store else value
+        owner, holder = group_of.get(root), group_of.get(value)
+        if owner is not None and holder is not None and owner != holder:
+            moved.setdefault(owner, []).append(value)
+    if not moved:
+        return groups
+    leaving = {value for values in moved.values() for value in values}
+    out = []
+    for i, group in enumerate(groups):
+        members = [name for name in group.members if name not in leaving] + moved.get(i, [])
+        if members:  # a node that held only the view is gone
+            out.append(replace(group, members=members))
+    return out
 
 
 def _step_state_bytes(trace: JointTrace, store: dict[str, Storage]) -> int:

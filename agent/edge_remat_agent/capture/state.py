@@ -165,9 +165,7 @@ def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: s
     time = max(flops / rates.flops_per_s, moved / rates.bytes_per_s) + rates.op_overhead_s
     state_bytes = optimizer.state_bytes(group.nbytes, len(group.params))
     reads = {value: nodes[index].id for value, index in group.grads.items()}
-    owners = {nodes[index].attrs.get("grad_owners", {}).get(value)
-              for value, index in group.grads.items()} - {None}
-    inputs = sorted({nodes[index].id for index in [*group.grads.values(), *owners]}, key=str)
+    inputs = sorted({nodes[index].id for index in group.grads.values()}, key=str)
     # gradient value -> parameter name, as the producing node's `grads` say
     update_grads = {value: nodes[index].attrs["grads"][value]
                     for value, index in group.grads.items()}
