@@ -80,7 +80,9 @@ def _split_one(graph: Graph, groups: list[Group], splitter: "_Splitter",
                done: set[tuple[str, ...]], max_nodes: int, build: BuildGraph):
     """Split the first splittable group, by largest working set: the node itself, else the
     producers it reads from that hold more than it reads."""
-    index = {g.members[0]: i for i, g in enumerate(groups) if g.members}
+    # by every member: a node may lack its group's first one (a gradient view that assemble
+    # moves to the node owning its storage)
+    index = {name: i for i, g in enumerate(groups) for name in g.members}
     sets = working_sets(graph)
     for k in sorted(range(len(graph)), key=lambda k: (-sets[k], k)):
         for node in [graph.nodes[k], *_wasteful_producers(graph, graph.nodes[k])]:
