@@ -44,10 +44,11 @@ def test_a_large_plan_shows_its_phases_and_a_ticking_clock_before_its_first_best
     seconds = [float(re.match(r"plan +([\d.]+) s", text).group(1)) for text in before]
     assert len(before) >= 3 and seconds == sorted(seconds) and seconds[-1] > 0, before
     assert stream.getvalue().endswith("\n")
-    # the plan's final bound (the covering problem's, stronger than the stage model's the LNS
-    # shows) is on the line once it is known, before the table
+    # the plan's final bound (the covering problem's where HiGHS gets it in its share of the
+    # time and it is the stronger, else the stage model's) is on the line once it is known,
+    # before the table: which of the two wins depends on the host's load (the full suite once
+    # got the stage model's)
     bounds = [m.group(1) for m in (re.search(r" bound (\S+) +gap", t) for t in shown) if m]
-    assert "idle-gap covering" in plan["solver"]["bound_scope"]
     assert bounds[-1] == f"{plan['solver']['lower_bound']:.6g}", (bounds, plan["solver"])
 
 
