@@ -26,7 +26,8 @@ from .coarsen import Group, op_name
 from .estimate import DEFAULT_RATES, Rates, op_cost, round_time
 from .optimizer import Optimizer, fixed_memory, largest_trainable_bytes, trainable_elements
 from .state import param_groups, plan_state
-from .storage import Storage, aliased_input, storage_nbytes, storages
+from .storage import (Storage, aliased_input, storage_nbytes, storages,
+                      unpicked_result_nbytes)
 from .trace import JointTrace
 
 # Ops that draw random numbers: their groups must replay the RNG state when recomputed.
@@ -224,6 +225,11 @@ def _transient_peak(members: list[fx.Node], store: dict[str, Storage], member_se
         allocs[born] = allocs.get(born, 0) + store[root].nbytes
         if root not in keep:
             frees[end] = frees.get(end, 0) + store[root].nbytes
+    for k, node in enumerate(members):  # results nothing picks: made and dropped at the op
+        unpicked = unpicked_result_nbytes(node)
+        if unpicked:
+            allocs[k] = allocs.get(k, 0) + unpicked
+            frees[k] = frees.get(k, 0) + unpicked
     for k in range(len(members)):
         live += allocs.get(k, 0)
         peak = max(peak, live)

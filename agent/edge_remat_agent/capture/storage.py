@@ -62,6 +62,25 @@ def _eager_storage_nbytes(node: fx.Node, val: torch.Tensor) -> int:
     return max(nbytes, elements * val.element_size())
 
 
+def unpicked_result_nbytes(node: fx.Node) -> int:
+    """Bytes of the results of an op with several that no getitem picks (an LSTM backward's
+    unused state gradients): eager makes them with the rest and frees them at once, so they
+    are held while the op runs. Results that alias an input own no memory."""
+    val = node.meta.get("val")
+    if not isinstance(val, (tuple, list)) or not isinstance(node.target, torch._ops.OpOverload):
+        return 0
+    picked = {user.args[1] for user in node.users if user.target is operator.getitem}
+    returns = node.target._schema.returns
+    total = 0
+    for index, item in enumerate(val):
+        if index in picked or not isinstance(item, torch.Tensor):
+            continue
+        if len(returns) == len(val) and returns[index].alias_info is not None:
+            continue  # a view of an input
+        total += storage_nbytes(item)
+    return total
+
+
 def storage_nbytes(t: torch.Tensor) -> int:
     try:
         return int(t.untyped_storage().nbytes())
