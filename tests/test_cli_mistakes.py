@@ -402,6 +402,14 @@ def test_a_reader_that_stops_reading_stdout_is_no_error(tmp_path, buffered, monk
     assert "Broken pipe" not in done.stderr
 
 
+@pytest.mark.parametrize("command", [["--help"], ["plan", "--help"]], ids=" ".join)
+def test_help_piped_into_head_is_quiet(command):
+    # typer prints help through rich, and a reader gone during it (`edge-remat --help | head -1`)
+    # was exit 1 (typer's own catch of EPIPE) with nothing said: 141 as any command's stdout
+    done = _with_stdout_closed(*command)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
 def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(tmp_path):
     # only stdout's reader going is quiet: a broken pipe elsewhere (a socket, a FIFO written)
     # while stdout is read is reported

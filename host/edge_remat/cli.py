@@ -956,12 +956,16 @@ def main() -> None:
     still ends in one line here (--debug: after its traceback)."""
     from .errors import last_resort, leave_quietly, quiet_libraries, stdout_closed
     from .errors import EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED, is_cli_machinery, take_debug_flag
+    from .errors import broken_pipes_reach_us
 
     take_debug_flag(sys.argv)
     quiet_libraries()
+    broken_pipes_reach_us()
     try:
         code = app(prog_name="edge-remat", standalone_mode=False)
-    except SystemExit:
+    except SystemExit as exc:  # typer ends a broken pipe outside a command (--help) in exit 1
+        if isinstance(exc.__context__, BrokenPipeError) and stdout_closed(exc.__context__):
+            leave_quietly()
         raise
     except BaseException as exc:  # noqa: BLE001
         if stdout_closed(exc):

@@ -17,6 +17,7 @@ exit status the same.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -153,6 +154,17 @@ def stdout_closed(exc: BaseException) -> bool:
         return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
     except (AttributeError, OSError, ValueError):  # no poll(), or stdout is no file
         return False
+
+
+def broken_pipes_reach_us() -> None:
+    """Let a broken pipe in rich (typer's help, `edge-remat --help | head -1`) end as any other
+    on stdout: rich's own handler exits 1 without a word, which reads as a failure."""
+    from rich.console import Console
+
+    def raise_it(console) -> None:
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    Console.on_broken_pipe = raise_it
 
 
 def leave_quietly(code: int = EXIT_STDOUT_CLOSED) -> NoReturn:
