@@ -473,9 +473,13 @@ def graph(
 def _shape_options_without_effect(model: Optional[str], image: Optional[int],
                                   seq: Optional[int]) -> list[str]:
     """Why each of --image and --seq given does nothing: the zoo's table says which one a
-    model reads (zoo.READS); an ONNX file fixes every shape but the batch."""
+    model reads (zoo.READS), an hf: model's task does; an ONNX file fixes every shape but the
+    batch."""
     if model is not None:
+        from edge_remat_agent.capture import hf
         from edge_remat_agent.zoo import options_without_effect
+        if hf.is_hf_spec(model):
+            return hf.options_without_effect(model, image, seq)
         return options_without_effect(model, image, seq)
     return [f"--{option} has no effect with --onnx: the file fixes every shape but the batch"
             for option, value in (("image", image), ("seq", seq)) if value is not None]

@@ -146,11 +146,7 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
     directory has them)."""
     transformers = _require("transformers", spec)
     model_name, options = parse_spec(spec)
-    overrides = _json_option(spec, options, "config")
-    if image is not None:
-        overrides.setdefault("image_size", image)  # vision models: the patch grid follows
-    config = _config(transformers, spec, model_name, overrides)
-    task = _task(spec, config, options.get("task"))
+    config, task = _config_and_task(transformers, spec, image)
     auto_name, input_names = TASKS[task]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -167,11 +163,32 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
                         task=task, vocab_size=getattr(config, "vocab_size", None)), args
 
 
+def options_without_effect(spec: str, image: int | None, seq: int | None) -> list[str]:
+    """Why each of --image and --seq given has no effect on an hf: model: an image classifier
+    reads only --image (its config's image_size), every other task only --seq."""
+    if image is None and seq is None:
+        return []
+    from ..zoo import unread_shape_options
+    _, task = _config_and_task(_require("transformers", spec), spec, image)
+    reads = "image" if "pixel_values" in TASKS[task][1] else "seq"
+    return unread_shape_options(f"{spec} ({task})", reads, image, seq)
+
+
 def example_input_names(module: nn.Module) -> tuple[str, ...] | None:
     return getattr(module, "input_names", None)
 
 
 # -- the parts ------------------------------------------------------------------------------
+
+def _config_and_task(transformers, spec: str, image: int | None):
+    """The spec's config (with --image as its image_size) and the task it trains."""
+    model_name, options = parse_spec(spec)
+    overrides = _json_option(spec, options, "config")
+    if image is not None:
+        overrides.setdefault("image_size", image)  # vision models: the patch grid follows
+    config = _config(transformers, spec, model_name, overrides)
+    return config, _task(spec, config, options.get("task"))
+
 
 def _require(package: str, spec: str):
     try:

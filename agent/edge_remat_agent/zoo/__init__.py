@@ -63,6 +63,13 @@ def options_without_effect(name: str, image: int | None, seq: int | None) -> lis
     reads = READS.get(name)
     if reads is None:
         return []
+    return unread_shape_options(name, reads, image, seq)
+
+
+def unread_shape_options(name: str, reads: str, image: int | None,
+                         seq: int | None) -> list[str]:
+    """The rule for any model that reads one shape option (`reads`): each other one given has
+    no effect (the zoo's table says which for its models, hf.py's task for transformers')."""
     given = {"image": image, "seq": seq}
     return [f"--{option} has no effect on {name}, which reads only --{reads}"
             for option, value in given.items() if value is not None and option != reads]
@@ -93,4 +100,5 @@ def build(name, batch=None, image=None, seq=None, seed=0, **keywords):
             raise ZooError(f"{name}: {exc}") from exc
 
 
-__all__ = ["MODELS", "READS", "ZooError", "build", "options_without_effect"]
+__all__ = ["MODELS", "READS", "ZooError", "build", "options_without_effect",
+           "unread_shape_options"]
