@@ -16,7 +16,8 @@ type has, in the order speech-seq2seq, image-cls, masked-lm, causal-lm, seq-cls)
 
 The module returned computes the task's training loss from positional arguments (transformers'
 own `labels` loss), and the example batch matches the task: token ids, an attention mask (the
-last sequence padded by a quarter, so masks are exercised) and labels; pixel values and class
+last sequence padded by a quarter, so masks are exercised; a classifier's with the config's
+pad_token_id, or not at all where it names none) and labels; pixel values and class
 labels; log-mel features and decoder labels. `example_input_names(module)` names them.
 
 Relative paths are made absolute (`canonical_spec`), because the board rebuilds the model from
@@ -348,17 +349,34 @@ def _example_batch(spec: str, task: str, config, batch: int, seq: int,
     vocab = getattr(config, "vocab_size", None)
     if not vocab:
         raise CaptureError(spec, "the config has no vocab_size to draw token ids from")
+    if task == "seq-cls":
+        return (*_classified_tokens(config, vocab, batch, seq, generator),
+                _class_labels(config, batch, generator))
     ids = torch.randint(0, vocab, (batch, seq), generator=generator)
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[-1, seq - seq // 4:] = 0  # the last sequence is padded: masks matter
-    if task == "seq-cls":
-        return ids, mask, _class_labels(config, batch, generator)
     labels = ids.masked_fill(mask == 0, -100)
     if task == "masked-lm":  # predict 15% of the tokens, as BERT's pre-training does
         chosen = torch.rand(batch, seq, generator=generator) < 0.15
         chosen[:, 0] = True
         labels = labels.masked_fill(~chosen, -100)
     return ids, mask, labels
+
+
+def _classified_tokens(config, vocab: int, batch: int, seq: int,
+                       generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and mask for a sequence classifier, which reads the ids under the padding too:
+    a decoder (GPT-2, Llama) classifies each sequence by its last token that is not the
+    config's pad_token_id. The last sequence is padded with that id, and no other token is it;
+    a config that names none gets no padding (such a decoder classifies the last token)."""
+    pad = getattr(config, "pad_token_id", None)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if pad is None or not 0 <= pad < vocab or vocab < 2:
+        return torch.randint(0, vocab, (batch, seq), generator=generator), mask
+    ids = torch.randint(0, vocab - 1, (batch, seq), generator=generator)
+    ids += (ids >= pad).long()  # every id but pad
+    mask[-1, seq - seq // 4:] = 0  # the last sequence is padded: masks matter
+    return ids.masked_fill(mask == 0, pad), mask
 
 
 def _class_labels(config, batch: int, generator: torch.Generator) -> torch.Tensor:
