@@ -96,3 +96,65 @@ def test_on_a_terminal_the_plan_command_draws_the_line_and_ends_it(tmp_path):
 def test_off_a_terminal_there_is_no_status_line(tmp_path):
     done = _plan_with_stderr(tmp_path, subprocess.PIPE)
     assert done.returncode == 0 and done.stderr == b""
+
+
+def screen(shown: str) -> list[str]:
+    """What a terminal shows after `shown`: a carriage return moves to the line's start, and
+    what follows overwrites it."""
+    rows, row, column = [[]], 0, 0
+    for char in shown:
+        if char == "\r":
+            column = 0
+        elif char == "\n":
+            rows.append([])
+            row, column = row + 1, 0
+        else:
+            line = rows[row]
+            line.extend(" " * (column + 1 - len(line)))
+            line[column] = char
+            column += 1
+    return ["".join(r).rstrip() for r in rows]
+
+
+WRITES_BETWEEN = """
+import sys, time, warnings, typer
+from edge_remat.planner.status_line import status_line
+with status_line(True, tick_s=0.02) as line:
+    line.phase("window LNS")
+    time.sleep(0.1)
+    warnings.warn("a library's warning")
+    time.sleep(0.1)
+    typer.echo("warning: an echoed line", err=True)
+    print("error: a", "printed line", file=sys.stderr)
+    time.sleep(0.1)
+"""
+
+
+def test_a_warning_written_meanwhile_clears_the_line_and_the_line_is_drawn_again():
+    """A warning printed while the line was drawn ran on after it on the same terminal line
+    ('  plan 0.2 s   window LNS<warning>'): each stderr write now clears it first and redraws it
+    below once the text's line ends."""
+    import sys
+    main, terminal = os.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-c", WRITES_BETWEEN], stderr=terminal,
+                              env=env(), timeout=60)
+        os.close(terminal)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(main)
+    assert done.returncode == 0
+    rows = [row for row in screen(shown.decode().replace("\r\n", "\n")) if row]
+    warned = next(i for i, row in enumerate(rows) if "UserWarning" in row)
+    assert rows[warned].startswith("<string>:") and "plan" not in rows[warned], rows
+    assert rows[warned + 1:] == ["warning: an echoed line", "error: a printed line",
+                                 rows[-1]], rows
+    assert re.fullmatch(r"plan +[\d.]+ s +window LNS", rows[-1].strip()), rows

@@ -25,6 +25,8 @@ class StatusLine:
         self.doing = "starting"
         self.best: tuple[float, float] | None = None  # (objective, bound)
         self.width = 0  # of the line drawn last: a shorter one is padded over it
+        self.shown = False  # the line is on the terminal, the cursor at its end
+        self.held = False  # another writer's line is unfinished: no redraw over it
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.ticker = threading.Thread(target=self._tick, name="status line", daemon=True)
@@ -47,12 +49,32 @@ class StatusLine:
 
     def draw(self) -> None:
         with self.lock:
-            if self.stopped.is_set():
-                return
-            line = self.text()
-            self.stream.write("\r" + line + " " * max(0, self.width - len(line)))
+            if not self.stopped.is_set():
+                self._draw()
+
+    def _draw(self) -> None:  # under the lock
+        if self.held:
+            return
+        line = self.text()
+        self.stream.write("\r" + line + " " * max(0, self.width - len(line)))
+        self.stream.flush()
+        self.width, self.shown = len(line), True
+
+    def write_between(self, text: str) -> int:
+        """Write another line of stderr's (a warning): the status line is cleared first, so
+        that the text does not run on after it, and redrawn below once the text's line ends."""
+        if not text:  # b"" too: click asks whether stderr is binary by writing it
+            return self.stream.write(text)
+        with self.lock:
+            if self.shown:
+                self.stream.write("\r" + " " * self.width + "\r")
+                self.width, self.shown = 0, False
+            written = self.stream.write(text)
+            self.held = not text.endswith("\n")
+            if not self.stopped.is_set():
+                self._draw()
             self.stream.flush()
-            self.width = len(line)
+        return written
 
     def start(self) -> None:
         self.draw()
@@ -62,9 +84,10 @@ class StatusLine:
         """Stop redrawing and end the line, so that what is printed next starts on its own."""
         with self.lock:
             self.stopped.set()
-            if self.width:
+            if self.shown:
                 self.stream.write("\n")
                 self.stream.flush()
+                self.shown = False
         if self.ticker.is_alive():
             self.ticker.join()
 
@@ -76,16 +99,35 @@ class StatusLine:
 @contextlib.contextmanager
 def status_line(live: bool, stream: TextIO | None = None,
                 tick_s: float = TICK_S) -> Iterator[StatusLine | None]:
-    """A StatusLine on `stream` (stderr) while the block runs where `live`, else None."""
+    """A StatusLine on `stream` (stderr) while the block runs where `live`, else None. Meanwhile
+    sys.stderr is one that clears the line before each write (warnings, `error:` lines) and
+    redraws it after: the text would otherwise run on after the status line's."""
     if not live:
         yield None
         return
-    line = StatusLine(stream or sys.stderr, tick_s)
+    others = sys.stderr
+    line = StatusLine(stream or others, tick_s)
+    if line.stream is others:
+        sys.stderr = _WritingBetween(line, others)
     line.start()
     try:
         yield line
     finally:
         line.close()
+        sys.stderr = others
+
+
+class _WritingBetween:
+    """sys.stderr while a status line is drawn: its writes go through `write_between`."""
+
+    def __init__(self, line: StatusLine, stream: TextIO):
+        self.line, self.stream = line, stream
+
+    def write(self, text: str) -> int:
+        return self.line.write_between(text)
+
+    def __getattr__(self, name: str):  # flush, fileno, isatty, encoding: the stream's own
+        return getattr(self.stream, name)
 
 
 def announce(progress: object, doing: str) -> None:
