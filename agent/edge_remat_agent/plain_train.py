@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from .diverged import first_nonfinite_loss
+
 
 def train_plain(model: str, steps: int, batch: Optional[int] = None,
                 image: Optional[int] = None, seq: Optional[int] = None, seed: int = 0,
@@ -72,7 +74,8 @@ def plain_train_job(ctx, params: dict) -> dict:
         step = report["steps"]
         ctx.progress(step / steps, f"step {step}/{steps}: loss {report['loss'][-1]:.4f}",
                      step=step, loss=report["loss"], step_time_s=report["step_time_s"],
-                     rss_peak_bytes=report["rss_peak_bytes"])
+                     rss_peak_bytes=report["rss_peak_bytes"],
+                     nonfinite_loss=first_nonfinite_loss(report["loss"]))
         ctx.flush()  # now, not in 0.2 s: the next step may be killed before then
         if ctx.cancelled:
             raise JobCancelled()

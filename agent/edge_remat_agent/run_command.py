@@ -60,9 +60,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from .executor import BadInput, ExecutorError, run_plan
 
+    from .diverged import LossWatch, first_nonfinite_loss
+    loss_watch, losses = LossWatch(), []
+
     def progress(index: int, total: int, record: dict) -> None:
         if not args.json:
             print(_step_line(record, total), file=sys.stderr, flush=True)
+        losses.append(record["loss"])
+        warning = loss_watch.see(first_nonfinite_loss(losses))
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
 
     try:
         report = run_plan(graph, plan, args.steps, args.page_dir,
@@ -135,6 +142,9 @@ def summary_text(report: dict) -> str:
     ]
     if s["energy_j"] is not None:
         lines.append(f"  energy       {s['energy_j']:.3g} J over the run ({report['sensor']})")
+    if s.get("nonfinite_loss"):
+        from .diverged import nonfinite_loss_warning
+        lines.append(f"  warning      {nonfinite_loss_warning(s['nonfinite_loss'])}")
     check = report["grad_check"]
     if check is not None:
         lines.append("  gradients    " + (

@@ -546,7 +546,7 @@ def job(
     """Run a job on the board's agent; survives dropped links (reconnects, same job)."""
     from .devices import find_device
     from .outputs import output_folder
-    from .remote import parse_inputs, parse_params, print_outcome, show_progress, to_stderr
+    from .remote import parse_inputs, parse_params, print_outcome, progress_printer, to_stderr
     from .transport import Board
 
     values = parse_params(params, param)
@@ -562,7 +562,7 @@ def job(
                   if as_json else record["id"])
             return
         record = board.run_job(kind, values, inputs, out, job_id,
-                               on_update=None if as_json else show_progress)
+                               on_update=None if as_json else progress_printer())
         print_outcome(record, as_json, board)
 
 
@@ -593,7 +593,7 @@ def job_status(
     """Come back for a job: its state, progress and result (the board keeps them)."""
     from .errors import Interrupted
     from .outputs import output_folder
-    from .remote import print_outcome, show_progress, to_stderr
+    from .remote import print_outcome, progress_printer, to_stderr
     from .transport import Board
     from .transport.errors import job_failed
 
@@ -601,7 +601,7 @@ def job_status(
         output_folder(out)
     with Board(_device(device, memory_limit), on_event=to_stderr) as board:
         try:
-            record = (board.wait(job_id, None if as_json else show_progress) if wait
+            record = (board.wait(job_id, None if as_json else progress_printer()) if wait
                       else board.job(job_id))
         except KeyboardInterrupt:  # someone else's job, maybe: waiting stops, the job goes on
             raise Interrupted(f"stopped waiting; job {job_id} keeps running on {board.name} "
@@ -677,7 +677,7 @@ def deploy(
     from .devices import find_device
     from .importers.graph_import import load_graph_file
     from .outputs import output_folder
-    from .remote import print_outcome, require_kind, show_progress, to_stderr
+    from .remote import print_outcome, require_kind, progress_printer, to_stderr
     from .transport import Board
 
     # Everything the host can check, before anything is sent (the board checks again).
@@ -698,7 +698,7 @@ def deploy(
         with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
             record = board.run_job("run", {**params, **page_params},
                                    {"plan": plan_file, "graph": graph}, out,
-                                   on_update=None if as_json else show_progress)
+                                   on_update=None if as_json else progress_printer())
         print_outcome(record, as_json, board)
     _exit_if_gradients_differ((record.get("result") or {}).get("grad_check"))
 
@@ -728,7 +728,7 @@ def profile(
     from .devices import find_device
     from .importers.graph_import import load_graph_file
     from .outputs import output_folder
-    from .remote import parse_params, print_outcome, require_kind, show_progress, to_stderr
+    from .remote import parse_params, print_outcome, require_kind, progress_printer, to_stderr
     from .transport import Board
 
     values = parse_params(None, param)
@@ -749,7 +749,7 @@ def profile(
         with link_pages(board, to_stderr) as page_params:
             record = board.run_job("profile", {**page_params, **values},
                                    {"graph": graph} if graph else {}, out,
-                                   on_update=None if as_json else show_progress)
+                                   on_update=None if as_json else progress_printer())
         print_outcome(record, as_json, board)
 
 

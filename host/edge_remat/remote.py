@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import typer
 
@@ -22,8 +22,19 @@ def to_stderr(message: str) -> None:
     typer.echo(message, err=True)
 
 
-def show_progress(record: dict) -> None:
-    to_stderr(summary(record))
+def progress_printer(say: Callable[[str], None] = to_stderr) -> Callable[[dict], None]:
+    """A job's progress callback: each update as one line, and a training job's first loss
+    that is not finite as a `warning:` line (the run goes on; its report says so too)."""
+    from edge_remat_agent.diverged import LossWatch
+    watch = LossWatch()
+
+    def show(record: dict) -> None:
+        say(summary(record))
+        data = (record.get("progress") or {}).get("data") or {}
+        warning = watch.see(data.get("nonfinite_loss"))
+        if warning:
+            say(f"warning: {warning}")
+    return show
 
 
 # -- devices -------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..allocator import MALLOCS, missing_malloc, preload_environment, running_malloc
 from ..daemon.registry import JobContext
+from ..diverged import first_nonfinite_loss
 
 # Set in the environment of a job process started again under a malloc: it is not restarted
 # twice, even where the preload did not take.
@@ -52,14 +53,19 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     lr = None if params.get("lr") is None else float(params["lr"])
     page_dir = str(params.get("page_dir") or ctx.workdir / "pages")
 
+    losses: list = []
+
     def progress(index: int, total: int, record: dict) -> None:
         ctx.check_cancelled()
+        losses.append(record["loss"])
         ctx.progress((index + 1) / total,
                      f"step {index + 1}/{total}: loss {record['loss']:.4g}, "
                      f"{record['step_time_s']:.3g} s, peak {record['ledger_peak_bytes']} B",
                      step=index + 1, loss=record["loss"], step_time_s=record["step_time_s"],
                      ledger_peak_bytes=record["ledger_peak_bytes"],
-                     rss_peak_bytes=record["rss_peak_bytes"])
+                     rss_peak_bytes=record["rss_peak_bytes"],
+                     # the host may see only the latest step's progress: the first kept here
+                     nonfinite_loss=first_nonfinite_loss(losses))
 
     _check_page_dir(plan, page_dir)
     ctx.progress(0.0, CAPTURING)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from ..diverged import first_nonfinite_loss
 from ..profiler import StepMeasurement
 from .interpreter import StepCounts
 
@@ -44,6 +45,7 @@ def summarize(records: list[dict[str, Any]],
         "rss_peak_bytes": max(r["rss_peak_bytes"] for r in records),
         "energy_j": None if any(e is None for e in energies) else sum(energies),
         "final_loss": records[-1]["loss"],
+        "nonfinite_loss": first_nonfinite_loss(r["loss"] for r in records),
     }
     if predicted is None:
         return out

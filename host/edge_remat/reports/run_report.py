@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Optional
 
+from edge_remat_agent.diverged import first_nonfinite_loss, nonfinite_loss_warning
 from edge_remat_agent.units import counted
 
 from ..units import budget_against_plain, fmt_bytes
@@ -74,6 +75,7 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         # What the board says it trained on; a board whose job does not say gets the request.
         "data": (result or {}).get("data") or f"{data} (requested; the board does not say)",
         "steps_done": sum(1 for v in per_step["loss"] if v is not None),
+        "nonfinite_loss": first_nonfinite_loss(per_step["loss"]),  # training diverged there
         **per_step,
         "measured_peak_bytes": _max(per_step["rss_peak_bytes"]),
         "tensor_peak_bytes": _max(per_step["ledger_peak_bytes"]),
@@ -238,6 +240,8 @@ def report_text(report: dict) -> str:
         trend = "down" if losses[-1] < losses[0] else "NOT down"
         lines.append(f"loss          {losses[0]:.4f} -> {losses[-1]:.4f} ({trend}, "
                      f"data: {report.get('data')})")
+    if report.get("nonfinite_loss"):
+        lines.append(f"warning       {nonfinite_loss_warning(report['nonfinite_loss'])}")
     for miss in report.get("misses", []):
         lines.append(f"miss          {miss}")
     malloc = malloc_warning(report)

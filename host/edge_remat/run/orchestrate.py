@@ -401,12 +401,12 @@ def _sweep(make_problem, opts: RunOptions, out: Path, say: Say) -> None:
 def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
            inputs: Optional[dict], out: Path, steps: int, say: Say) -> dict:
     """Run the training job; a job the kernel killed becomes a report, not an exception."""
+    from ..remote import progress_printer
     from ..transport.emulated import KernelWatch
-    from ..transport.board import summary
     watch = KernelWatch.for_device(device)
     try:
         record = board.run_job(kind, params, inputs, out / "board",
-                               on_update=lambda record: say(summary(record)))
+                               on_update=progress_printer(say))
         result = full_result(record)
         return {"status": "finished", "message": f"finished {counted(steps, 'step')}",
                 "result": result, **watch.readings(result)}
