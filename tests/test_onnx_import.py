@@ -122,3 +122,31 @@ def test_graph_warns_that_onnx_fixes_the_shapes(small_cnn):
     assert result.exit_code == 0, result.output
     assert "warning: --image has no effect with --onnx: the file fixes every shape but the " \
         "batch" in result.stderr
+
+
+def test_a_file_that_fixes_its_batch_is_planned_at_that_batch_and_says_so(small_cnn, tmp_path):
+    """torch.onnx.export without dynamic axes fixes the batch: every size is that batch's, so
+    the graph's batch is the file's and --batch, which changes nothing, says so (it was shown
+    as the batch, `cnn.onnx (batch 8)` over sizes made at batch 4)."""
+    fixed_batch, features = 4, 16
+    weight = numpy_helper.from_array(np.ones((CLASSES, features), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["logits"], transB=1, name="fc")], "fixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [fixed_batch, features])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [fixed_batch, CLASSES])],
+        [weight])
+    path = tmp_path / "fixed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    result = CliRunner().invoke(app, ["graph", "--onnx", str(path), "--batch", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["batch"] == fixed_batch
+    assert summary["fixed"]["inputs"] == fixed_batch * features * 4
+    assert f"warning: --batch 8 has no effect: {path} fixes the batch at {fixed_batch}" \
+        in result.stderr
+    result = CliRunner().invoke(app, ["graph", "--onnx", str(path), "--json"])
+    assert json.loads(result.stdout)["batch"] == fixed_batch and "warning" not in result.stderr
+    # A symbolic batch still takes --batch, without a warning.
+    result = CliRunner().invoke(app, ["graph", "--onnx", str(small_cnn), "--batch", "8",
+                                      "--json"])
+    assert json.loads(result.stdout)["batch"] == 8 and "warning" not in result.stderr

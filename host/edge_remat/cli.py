@@ -455,6 +455,11 @@ def graph(
     if onnx_file is not None:
         from .importers.onnx_import import graph_from_onnx
         g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)
+        if batch is not None and g.batch != batch:
+            to_stderr(f"warning: --batch {batch} has no effect: {onnx_file} fixes the batch at "
+                      f"{g.batch} (no input dimension is symbolic); export it with a dynamic "
+                      "batch dimension (torch.onnx.export's dynamic_axes or dynamic_shapes) to "
+                      "choose the batch here")
     else:
         from edge_remat_agent.capture import capture_model
         g = capture_model(model, batch, image, seq, seed, optimizer, max_nodes, level,

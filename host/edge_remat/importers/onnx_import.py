@@ -6,7 +6,8 @@ group; the ops after it join it). The backward is the mirror image, under the us
 a layer's backward reads its inputs and its outputs (what conv/matmul and activations save),
 produces gradients the size of its activation inputs, recomputes what it needs inside the layer
 (its workspace) and costs twice the layer's forward. A loss node reads the model's outputs.
-Dimensions that are symbolic or unknown (the batch, usually) are set to `--batch` (default 1).
+Dimensions that are symbolic or unknown (the batch, usually) are set to `--batch` (default 1);
+a file whose inputs name no symbolic dimension fixes its batch, and the graph says that one.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def graph_from_onnx(path: str | Path, batch: int | None = None, optimizer: str =
              "inputs": sum(nbytes(i.name) for i in g.input if i.name not in initializers)}
     fixed["total"] = sum(fixed.values())
     graph = Graph(nodes=nodes, name=Path(source).stem, fixed_bytes=fixed["total"],
-                  batch=batch or 1, dtype="float32", cost_source="estimate", planning_only=True)
+                  batch=_file_batch(g, initializers, shapes, assumed) or batch or 1, dtype="float32", cost_source="estimate", planning_only=True)
     check_order(graph, source)
     graph.capture = {
         "tool": f"onnx {_onnx_version()} (shape inference)", "model": source,
@@ -107,6 +108,19 @@ def graph_from_onnx(path: str | Path, batch: int | None = None, optimizer: str =
         "capture_s": round(time.perf_counter() - start, 4),
     }
     return graph
+
+
+def _file_batch(g, initializers, shapes, assumed) -> int | None:
+    """The batch the file itself fixes: the first input's leading dimension, where no dimension
+    was symbolic (those took --batch). A file exported without a dynamic batch axis sized every
+    tensor at its own batch, so --batch does not change it (it was reported as the batch)."""
+    if assumed:
+        return None
+    for value in g.input:
+        dims = shapes.get(value.name)
+        if value.name not in initializers and dims:
+            return dims[0]
+    return None
 
 
 def _load(source: str):
