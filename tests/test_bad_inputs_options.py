@@ -36,6 +36,9 @@ PLAN_OPTION_CASES = [
     ("unknown option", ["--budget", "0.8", "--budjet", "1"], ["--budjet", "--help"]),
     ("workers not a number", ["--budget", "0.8", "--workers", "many"], ["--workers"]),
     ("infeasible budget", ["--budget", "0.1"], ["needs at least"]),
+    # it said "finds no schedule within the budget" at the plain peak: nothing to page to
+    ("paging heuristic without a tier", ["--budget", "1.0", "--solver", "heuristic:paging"],
+     ["heuristic:paging", "--paging flash"]),
 ]
 
 

@@ -185,6 +185,11 @@ def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: s
         from .milp import too_large
         if (why := too_large(p)) is not None:
             raise ProblemError(why)
+    if solver == "heuristic:paging" and not p.tiers:  # it pages or plans nothing: said as
+        # "finds no schedule within the budget" even at a budget the plain schedule fits
+        raise ProblemError("heuristic:paging pages tensors out, and this plan may page to no "
+                           "tier: give --paging flash, host or both (flash with a profile that "
+                           "has it, or --flash-read-bw/--flash-write-bw)")
     # The time spent choosing the execution order (build_problem) is the plan's time too.
     started = clock.perf_counter() - p.order_s
     try:
