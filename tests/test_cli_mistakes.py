@@ -174,8 +174,11 @@ FLASH = ["--flash-read-bw", "90MB", "--flash-write-bw", "40MB"]
                                                                 "pages nothing"]),
     (["--solver", "heuristic:split", "--paging", "none", "--paging-time", "free"],
      ["--paging-time free", "--paging none"]),
+    # the table's joules were the step time at 1 W, said as a board's
+    (["--solver", "heuristic:split", "--objective", "energy"], ["--objective energy", "1 W",
+                                                                "--profile"]),
 ], ids=["flash figures, no paging", "backend, no MILP", "arena time, no cpsat arena",
-        "paging time, no tier", "paging time, paging none"])
+        "paging time, no tier", "paging time, paging none", "energy, no power"])
 def test_an_option_that_others_rule_out_is_a_warning(tmp_path, options, words):
     """Each was ignored in silence; the plan is still made and written, with one warning line
     that names the option and why it does nothing."""
@@ -198,6 +201,20 @@ def test_options_that_take_effect_are_no_warning(tmp_path):
     run = cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.9", "--time-limit", "3",
               "--solver", "milp", "--backend", "highs", "--paging-time", "free", *FLASH,
               "--arena", "cpsat", "--arena-time-limit", "5")
+    assert run.returncode == 0 and "warning" not in run.stderr, run.stderr
+
+
+def test_energy_with_the_power_of_a_profile_or_of_the_graph_is_no_warning(tmp_path):
+    profile = REPO / "profiles" / "jetson-nano.json"
+    run = cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.9", "--solver",
+              "heuristic:split", "--objective", "energy", "--profile", profile)
+    assert run.returncode == 0 and "warning" not in run.stderr, run.stderr
+    graph = json.loads(tiny_graph(tmp_path).read_text())
+    for node in graph["nodes"]:
+        node["energy_j"] = 2 * node["time_s"]
+    (tmp_path / "energies.json").write_text(json.dumps(graph))
+    run = cli("plan", "--graph", tmp_path / "energies.json", "--budget", "0.9", "--solver",
+              "heuristic:split", "--objective", "energy")
     assert run.returncode == 0 and "warning" not in run.stderr, run.stderr
 
 

@@ -170,7 +170,7 @@ def plan(
     note_profile_fit(prof, g, str(profile), to_stderr)
     tiers = _kept_measured(flash_tier, prof)
     for line in _unused_options(ctx, g, prof, tiers, paging, paging_time, solver, arena,
-                                sweep is not None, bool(flash_tier)):
+                                sweep is not None, bool(flash_tier), objective):
         to_stderr(f"warning: {line}")
 
     plain_peak = functools.cache(lambda: plain_peak_bytes(g, prof))  # once, for fractions
@@ -240,7 +240,7 @@ def plan(
 
 
 def _unused_options(ctx: typer.Context, g, prof, tiers, paging, paging_time, solver, arena,
-                    sweep: bool, flash_given: bool) -> list[str]:
+                    sweep: bool, flash_given: bool, objective: str = "time") -> list[str]:
     """Options the plan would silently ignore, given with others that rule them out: each a
     warning (the plan is still right), so that no one believes they took effect."""
     def typed(option: str) -> bool:  # given on the command line, not left at its default
@@ -267,6 +267,12 @@ def _unused_options(ctx: typer.Context, g, prof, tiers, paging, paging_time, sol
     elif typed("arena_time_limit") and arena != "cpsat":
         unused.append(f"--arena-time-limit is unused: it limits --arena cpsat's layout, and "
                       f"--arena {arena} solves none")
+    if objective == "energy" and build_costs(g, prof, tiers).power_source == "default":
+        # the table's joules were then 1 W x the step time, no idle power: no board's figures
+        unused.append("--objective energy has no power to count: without a profile (or node "
+                      "energies in the graph) compute is costed at 1 W and idle power at 0, so "
+                      "the energies shown are not a board's; give --profile with the board's "
+                      "power")
     return unused
 
 
