@@ -314,3 +314,26 @@ def test_a_graph_this_machine_does_not_capture_is_refused(user_capture, tmp_path
     plan = every_forward_recomputed(graph)
     with pytest.raises(PlanMismatch, match="re-capturing gave a different graph.*Remedy"):
         run_plan(graph, plan, 1, str(tmp_path))
+
+
+def test_deploy_says_a_plan_records_figures_its_replay_does_not_give(user_capture, local_board,
+                                                                     tmp_path):
+    """A plan whose `predicted` was edited by hand ran without a word, and the report said
+    "4.43 MiB measured, 100 B predicted (OVER the prediction)": the board compares against the
+    recorded figures, so deploy says, as `simulate` does, that they are not the replay's."""
+    from edge_remat.cli import app
+    captured = user_capture()
+    graph_file, plan_file = tmp_path / "graph.json", tmp_path / "plan.json"
+    captured.graph.save(graph_file)
+    every_forward_recomputed(captured.graph).save(plan_file)
+    args = ["deploy", str(plan_file), "--device", local_board, "--graph", str(graph_file),
+            "--steps", "1", "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0 and "warning" not in result.stderr, result.output
+    plan = json.loads(plan_file.read_text())
+    replayed_peak, plan["predicted"]["peak_bytes"] = plan["predicted"]["peak_bytes"], 100
+    plan_file.write_text(json.dumps(plan))
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert f"warning: {plan_file} records figures its replay does not give: peak_bytes 100 " \
+        f"(the replay: {replayed_peak})" in result.stderr

@@ -66,13 +66,27 @@ def recorded_figures_differ(plan: Plan, summary: dict) -> list[str]:
     return differ
 
 
+def recorded_figures_warning(plan: Plan, plan_name: str, summary: dict,
+                             profile: Optional[Profile] = None,
+                             then: str = "the figures shown are the replay's") -> Optional[str]:
+    """The warning for a plan whose recorded figures its replay (`summary`) does not give, or
+    None; compared only where the replay used the costs the plan was made with (with other
+    costs, differences are expected). `then` says what follows from it."""
+    if plan.problem.get("profile") != (profile and profile.name):
+        return None
+    differ = recorded_figures_differ(plan, summary)
+    return (f"warning: {plan_name} records figures its replay does not give: "
+            f"{'; '.join(differ)}; {then}") if differ else None
+
+
 def _figure(value: float) -> str:
     return str(value) if isinstance(value, int) else f"{value:.6g}"
 
 
-def check_plan(plan: Plan, graph: Graph, plan_name: str, graph_name: str) -> None:
+def check_plan(plan: Plan, graph: Graph, plan_name: str, graph_name: str):
     """Refuse, on the host, a plan the board would refuse or that would break its promise:
-    made for another graph, an invalid instruction, a peak over its own budget."""
+    made for another graph, an invalid instruction, a peak over its own budget. Returns the
+    replay."""
     check_sizes(graph, graph_name)
     if not plan.graph_fingerprint:
         raise UserError(f"{plan_name} does not say which graph it was made for (no "
@@ -85,6 +99,7 @@ def check_plan(plan: Plan, graph: Graph, plan_name: str, graph_name: str) -> Non
                         f"{fmt_bytes(plan.budget_bytes)}: the board would run out of the "
                         f"memory it was promised; plan again with `edge-remat plan --graph "
                         f"{graph_name} --budget ...`")
+    return result
 
 
 def check_runnable(graph: Graph, graph_name: str) -> None:

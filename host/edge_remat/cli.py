@@ -366,7 +366,7 @@ def simulate(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Replay a plan: check every instruction and add up peak RAM, time, energy and TDI."""
-    from .checks import note_profile_fit, recorded_figures_differ, replay, replay_costs
+    from .checks import note_profile_fit, recorded_figures_warning, replay, replay_costs
     from .importers.graph_import import load_graph_file
     from .remote import to_stderr
     from .reports.report import sim_table
@@ -381,10 +381,8 @@ def simulate(
     if planned_with and prof is None:
         to_stderr(f"note: the plan was made with the profile '{planned_with}' and is replayed "
                   "here with the graph's own costs; give --profile for its times and energy")
-    differ = recorded_figures_differ(p, summary) if planned_with == (prof and prof.name) else []
-    if differ:  # with other costs than the plan's, differences are expected (the note above)
-        to_stderr(f"warning: {plan_file} records figures its replay does not give: "
-                  f"{'; '.join(differ)}; the figures shown are the replay's")
+    if (stale := recorded_figures_warning(p, plan_file, summary, prof)) is not None:
+        to_stderr(stale)
     if as_json:
         print(json.dumps({"valid": True, "budget_bytes": p.budget_bytes, **summary}))
     else:
@@ -684,7 +682,7 @@ def deploy(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Push the agent, the plan and the graph; run the plan on the board; fetch the report."""
-    from .checks import check_plan, check_runnable
+    from .checks import check_plan, check_runnable, recorded_figures_warning
     from .devices import find_device
     from .importers.graph_import import load_graph_file
     from .outputs import output_folder
@@ -697,7 +695,14 @@ def deploy(
     plan = load_plan(plan_file)
     g = load_graph_file(graph)
     check_runnable(g, graph)
-    check_plan(plan, g, plan_file, graph)
+    replayed = check_plan(plan, g, plan_file, graph)
+    # the board reports against the plan's recorded figures: an edited one ("100 B predicted
+    # (OVER the prediction)") is said before the run, as `simulate` says it
+    stale = recorded_figures_warning(plan, plan_file, replayed.summary(), then="the run's "
+                                     "report compares the board's against the recorded ones; "
+                                     "plan again for true predictions")
+    if stale is not None:
+        to_stderr(stale)
     output_folder(out)
     config = find_device(device)
     params: dict = {"steps": steps}
