@@ -48,3 +48,23 @@ def test_budget_below_one_layer_is_refused_with_the_smallest():
     with pytest.raises(InfeasibleBudget) as err:
         build_problem(graph, 0.3, objective="energy", deadline=1.5).check_budget()
     assert err.value.smallest_bytes == 3256 and "3256" in str(err.value)
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda raw: raw["edges"].append([5, 2]), ["[5, 2] in 'edges' but not in node 2's preds"]),
+    (lambda raw: raw["edges"].append([5, 5]), ["[5, 5]"]),
+    (lambda raw: raw["edges"].append([0, 999]), ["[0, 999]"]),
+    (lambda raw: raw["edges"].insert(0, [0]), ["edges[0]", "a pair of node ids"]),
+    (lambda raw: raw["edges"].remove(raw["edges"][-1]), ["in node", "preds but not in 'edges'"]),
+], ids=["a cycle", "a node reading itself", "a node not there", "not a pair", "an edge gone"])
+def test_edges_that_disagree_with_the_preds_are_refused(tmp_path, edit, words):
+    """The graph is built from the nodes' preds: an edge edited in `edges` alone (a cycle, a
+    self-loop, a missing node) planned as if never made, without a word."""
+    from edge_remat_agent.formats import FormatError
+    raw = json.loads((POET / "linear__m4.json").read_text())
+    edit(raw)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(FormatError, match="field 'edges") as caught:
+        load_graph_file(path)
+    assert all(word in str(caught.value) for word in words), caught.value
