@@ -343,6 +343,33 @@ def test_plot_names_the_kind_of_file_given_for_a_sweep(tmp_path):
     assert not (tmp_path / "plots").exists()
 
 
+@pytest.mark.parametrize("edit,words", [
+    (lambda rows: rows[-1].update(energy_j="x"), ["sweep[", "energy_j", "finite number"]),
+    (lambda rows: rows.clear(), ["at least one budget's row"]),
+    (lambda rows: rows[-1].update(budget_bytes=-5), ["budget_bytes", ">= 1"]),
+    (lambda rows: rows[-1].update(time_s=None), ["time_s", "where the row has an energy"]),
+], ids=["energy as words", "no rows", "negative budget", "energy without a time"])
+def test_plot_refuses_a_sweep_whose_rows_are_not_figures(tmp_path, edit, words):
+    """A hand-edited sweep was drawn: "x" as a category among the energies (the axis out of
+    order), no rows as an empty chart, exit 0."""
+    graph = tiny_graph(tmp_path)
+    proc = cli("plan", "--graph", graph, "--sweep", "0.9:1.0:0.1", "--solver",
+               "heuristic:split", "--json")
+    assert proc.returncode == 0, proc.stderr
+    sweep = json.loads(proc.stdout)
+    assert cli("plot", "--sweep", _written(tmp_path / "ok.json", sweep), "--out",
+               tmp_path / "ok").returncode == 0
+    edit(sweep["sweep"])
+    refused(cli("plot", "--sweep", _written(tmp_path / "edited.json", sweep), "--out",
+                tmp_path / "plots"), BAD_INPUT, *words)
+    assert not (tmp_path / "plots").exists()
+
+
+def _written(path: Path, obj) -> Path:
+    path.write_text(json.dumps(obj))
+    return path
+
+
 def test_an_unknown_hf_model_type_is_named_with_close_ones(tmp_path):
     transformers = pytest.importorskip("transformers", reason="pip install -e '.[hf]'")
     known = len(list(transformers.CONFIG_MAPPING.keys()))  # a lazy mapping: len() says 0

@@ -940,9 +940,21 @@ def plot_command(
 
 def _sweep_rows(path: str) -> list:
     """The rows of a budget sweep's JSON; another file (a plan, a graph) is named as what it is."""
-    from edge_remat_agent.formats.fields import load_json
+    from edge_remat_agent.formats.fields import Reader, load_json
     data = load_json(path)
     if isinstance(data, dict) and isinstance(data.get("sweep"), list):
+        # each row's figures checked as a plan's are: a hand-edited "x" was drawn as a
+        # category on the energy axis, an empty sweep as an empty chart
+        sweep = Reader(data, path)
+        if not data["sweep"]:
+            raise sweep.error("sweep", "at least one budget's row")
+        for k in range(len(data["sweep"])):
+            row = sweep.item("sweep", k)
+            row.integer("budget_bytes", minimum=1)
+            solved = [row.number(key, None) is not None for key in ("energy_j", "time_s")]
+            if solved[0] != solved[1]:
+                raise row.error("time_s", "a time where the row has an energy, and none where "
+                                "it has none", row.raw("time_s", None))
         return data["sweep"]
     if isinstance(data, dict):
         what = f"a file of format {data['format']}" if isinstance(data.get("format"), str) \
