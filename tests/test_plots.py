@@ -57,6 +57,35 @@ def test_sweep_plot_takes_the_plan_commands_json(tmp_path):
     assert is_png(plots.plot_sweep(rows, tmp_path / "sweep.png"))
 
 
+def test_a_sweep_in_a_graph_files_cost_units_is_labelled_in_them(tmp_path):
+    """A published or random layered graph's costs are its file's units: `plan` said so, but
+    the sweep's JSON did not, and its plot labelled 14,000 "cost units" a step as seconds and
+    joules. The labels are read from the SVG, where matplotlib keeps each text."""
+    import json
+    import subprocess
+    import sys
+
+    from edge_remat.synthetic import random_layered
+    graph = tmp_path / "rl.json"
+    random_layered(20, seed=0).save(graph)
+    proc = subprocess.run([sys.executable, "-m", "edge_remat", "plan", "--graph", str(graph),
+                           "--sweep", "0.9:1.0:0.1", "--solver", "heuristic:split", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    sweep = json.loads(proc.stdout)
+    assert sweep["units"] == {"time": "cost units", "energy": "cost units"}
+    (tmp_path / "sweep.json").write_text(proc.stdout)
+    proc = subprocess.run([sys.executable, "-m", "edge_remat", "plot", "--sweep",
+                           str(tmp_path / "sweep.json"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and is_png(tmp_path / "sweep.png"), proc.stderr
+    svg = plots.plot_sweep(sweep["sweep"], tmp_path / "sweep.svg",
+                           units=(sweep["units"]["time"], sweep["units"]["energy"]))
+    text = svg.read_text()
+    assert "energy per step (cost units)" in text and "time per step (cost units)" in text
+    assert "(J)" not in text and "(s)" not in text
+
+
 def test_memory_traces_peak_where_the_plan_and_the_report_say(tmp_path):
     # A profile whose measured workspace the graph does not know: the traces drawn beside a
     # run's report peak at the plan's predicted peak and at the plain peak the report names.

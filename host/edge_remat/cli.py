@@ -306,7 +306,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
                 objective: str) -> None:
     from pathlib import Path
 
-    from .reports.report import sweep_table
+    from .reports.report import sweep_cost_units, sweep_table
     from edge_remat_agent.units import counted
 
     from .sweep import SweepInterrupted, no_plan_error, parse_sweep, run_sweep, smallest_feasible
@@ -345,6 +345,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
                   if points[-1].status == "interrupted" else "")) if interrupted else None
     if as_json:
         print(json.dumps({"objective": objective, "sweep": rows,
+                          "units": dict(zip(("time", "energy"), sweep_cost_units(points))),
                           **({"status": "interrupted", "error": stopped} if stopped else {})}))
     else:
         typer.echo(sweep_table(points, objective))
@@ -931,15 +932,17 @@ def plot_command(
         written += [plots.plot_schedule(g, p, pngs["schedule"]),
                     plots.plot_memory(planned, p.budget_bytes, pngs["memory"], plain=plain)]
     if sweep_file is not None:
-        written.append(plots.plot_sweep(_sweep_rows(sweep_file), pngs["sweep"]))
+        rows, units = _sweep_rows(sweep_file)
+        written.append(plots.plot_sweep(rows, pngs["sweep"], units=units))
     if as_json:
         print(json.dumps({"plots": [str(p) for p in written]}))
     else:
         typer.echo("\n".join(f"wrote {p}" for p in written))
 
 
-def _sweep_rows(path: str) -> list:
-    """The rows of a budget sweep's JSON; another file (a plan, a graph) is named as what it is."""
+def _sweep_rows(path: str) -> tuple[list, tuple[str, str]]:
+    """The rows of a budget sweep's JSON and its (time, energy) units (seconds and joules
+    where it says none); another file (a plan, a graph) is named as what it is."""
     from edge_remat_agent.formats.fields import Reader, load_json
     data = load_json(path)
     if isinstance(data, dict) and isinstance(data.get("sweep"), list):
@@ -955,7 +958,8 @@ def _sweep_rows(path: str) -> list:
             if solved[0] != solved[1]:
                 raise row.error("time_s", "a time where the row has an energy, and none where "
                                 "it has none", row.raw("time_s", None))
-        return data["sweep"]
+        units = sweep.child("units", None)
+        return data["sweep"], ((units.str("time"), units.str("energy")) if units else ("s", "J"))
     if isinstance(data, dict):
         what = f"a file of format {data['format']}" if isinstance(data.get("format"), str) \
             else "an object with no \"sweep\" list"

@@ -162,16 +162,19 @@ def plot_memory(planned: Sequence[int], budget_bytes: int, path: "str | Path",
     return _save(fig, path)
 
 
-def plot_sweep(rows: Sequence[dict], path: "str | Path", title: str = "") -> Path:
-    """Rows as `edge-remat plan --sweep --json` prints them (budget_bytes, energy_j, time_s)."""
-    return plot_sweeps({"": rows}, path, title)
+def plot_sweep(rows: Sequence[dict], path: "str | Path", title: str = "",
+               units: tuple[str, str] = ("s", "J")) -> Path:
+    """Rows as `edge-remat plan --sweep --json` prints them (budget_bytes, energy_j, time_s);
+    `units`: its (time, energy) units, a graph file's cost units where its costs are not
+    seconds (they were labelled s and J)."""
+    return plot_sweeps({"": rows}, path, title, units)
 
 
 SERIES_COLOURS = ("#08519c", "#e6550d", "#31a354", "#756bb1", "#636363", "#d6616b")
 
 
 def plot_sweeps(series: "dict[str, Sequence[dict]]", path: "str | Path",
-                title: str = "") -> Path:
+                title: str = "", units: tuple[str, str] = ("s", "J")) -> Path:
     """One line per series (e.g. per board in a fleet), each a sweep's rows; a budget with no
     plan is a dotted vertical line in the series' colour."""
     plt = _pyplot()
@@ -189,7 +192,8 @@ def plot_sweeps(series: "dict[str, Sequence[dict]]", path: "str | Path",
             for r in infeasible:
                 ax.axvline(r["budget_bytes"] / MIB, color=colour if label else "#cb181d",
                            linestyle=":", alpha=0.6)
-    for ax, label in ((top, "energy per step (J)"), (bottom, "time per step (s)")):
+    for ax, label in ((top, f"energy per step ({units[1]})"),
+                      (bottom, f"time per step ({units[0]})")):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     if any_infeasible:

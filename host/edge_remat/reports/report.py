@@ -185,10 +185,16 @@ def sim_table(summary: dict[str, Any], budget: int | None,
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def sweep_cost_units(points) -> tuple[str, str]:
+    """(time unit, energy unit) of a sweep's figures: its plans', seconds and joules where
+    none planned."""
+    planned = next((p.report.plan for p in points if p.report is not None), None)
+    return problem_cost_units(planned.problem) if planned is not None else ("s", "J")
+
+
 def sweep_table(points, objective: str) -> str:
     """One line per budget of a sweep: what the plan costs and how sure the solver is."""
-    planned = next((p.report.plan for p in points if p.report is not None), None)
-    units = planned is not None and problem_cost_units(planned.problem)[0] != "s"
+    units = sweep_cost_units(points)[0] != "s"
     energy, time = ("energy", "time") if units else ("energy J", "time s")
     # the status column as wide as its widest entry ("infeasible_deadline" is 19)
     width = max([11] + [len(point.status) for point in points])
