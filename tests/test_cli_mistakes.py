@@ -232,6 +232,12 @@ def test_simulate_refuses_a_plan_over_its_own_budget_and_says_so(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps(plan))
     refused(cli("simulate", tmp_path / "p.json", "--graph", graph), BAD_INPUT,
             f"peak, {plan['predicted']['peak_bytes']} bytes, is over its budget")
+    # --json: the one object says so too (it was the replay's alone, "valid": true, no error)
+    proc = cli("simulate", tmp_path / "p.json", "--graph", graph, "--json")
+    refused(proc, BAD_INPUT, "over its budget", json_out=True)
+    said = json.loads(proc.stdout)
+    assert said["status"] == "error" and said["fits_budget"] is False
+    assert said["peak_bytes"] == plan["predicted"]["peak_bytes"]
 
 
 def test_simulate_without_the_plans_profile_says_whose_costs_it_replays(tmp_path):

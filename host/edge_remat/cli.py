@@ -13,7 +13,7 @@ import typer
 from edge_remat_agent.capture import DEFAULT_LR, DEFAULT_MAX_NODES
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
-from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_KILLED, UserError, cli_errors
+from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_KILLED, UserError, cli_errors, fail
 from .planner.interrupt import sigterm_as_ctrl_c
 from .units import FRACTION_LIMIT
 
@@ -384,17 +384,20 @@ def simulate(
                   "here with the graph's own costs; give --profile for its times and energy")
     if (stale := recorded_figures_warning(p, plan_file, summary, prof)) is not None:
         to_stderr(stale)
-    if as_json:
-        print(json.dumps({"valid": True, "budget_bytes": p.budget_bytes, **summary}))
+    # A plan that breaks its own budget is bad input, not a job that failed on a board.
+    over = None if result.fits_budget else (f"the plan's peak, {result.peak_bytes} bytes, is "
+                                            f"over its budget of {p.budget_bytes} bytes")
+    if as_json:  # the one object: with --json, a failure's has its status and error
+        replayed = {"valid": True, "budget_bytes": p.budget_bytes, **summary}
+        if over:
+            fail(over, EXIT_BAD_INPUT, as_json=True, **replayed)
+        print(json.dumps(replayed))
     else:
         typer.echo(sim_table(summary, p.budget_bytes, replay_costs(p, g, prof).cost_source))
         typer.echo("valid plan" + ("" if result.fits_budget else
                                    " — but its peak is OVER the budget"))
-    if not result.fits_budget:
-        # A plan that breaks its own budget is bad input, not a job that failed on a board.
-        typer.echo(f"error: the plan's peak, {result.peak_bytes} bytes, is over its budget of "
-                   f"{p.budget_bytes} bytes", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT)
+    if over:
+        fail(over, EXIT_BAD_INPUT)
 
 
 @app.command()
