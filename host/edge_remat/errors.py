@@ -87,7 +87,7 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
 
     if isinstance(exc, Interrupted):
         return EXIT_INTERRUPTED, str(exc), {"status": "interrupted", **exc.extra}
-    if isinstance(exc, KeyboardInterrupt):
+    if ctrl_c_behind(exc):
         from .planner.interrupt import stopped_by
         return EXIT_INTERRUPTED, f"interrupted ({stopped_by()})", {"status": "interrupted"}
     if isinstance(exc, InfeasibleBudget):
@@ -128,6 +128,32 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
                                "it?)", {}
     return EXIT_INTERNAL, (f"internal error ({type(exc).__name__}: {exc}); rerun with --debug "
                            "for the traceback and report it"), {}
+
+
+def ctrl_c_behind(exc: BaseException) -> bool:
+    """Whether `exc` is a Ctrl-C, or an error a Ctrl-C caused: a C extension whose module
+    initialisation it interrupted raises ImportError("initialization failed") from it
+    (pybind11: OR-Tools, highspy), which is no bug of ours."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__
+    return False
+
+
+def import_extension(name: str):
+    """importlib.import_module(name), where a Ctrl-C that interrupted the module's
+    initialisation stays the KeyboardInterrupt it is (see ctrl_c_behind), so that whatever
+    handles Ctrl-C (the anytime plan, run's report) handles it."""
+    import importlib
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if ctrl_c_behind(exc):
+            raise KeyboardInterrupt from exc
+        raise
 
 
 def killed_by_memory(error: str) -> bool:

@@ -23,6 +23,8 @@ from edge_remat_agent.formats.arena import ArenaLayout, Slot
 from edge_remat_agent.lifetimes import ALIGNMENT, Block, check_layout, peak_load, \
     schedule_blocks
 
+from ..errors import import_extension
+
 ARENA_METHODS = ("none", "best-fit", "cpsat")
 
 
@@ -61,7 +63,7 @@ def cpsat_layout(blocks: list[Block], hint: list[int], lower_bound: int, time_li
                  workers: int | None = None, alignment: int = ALIGNMENT) -> dict[str, Any]:
     """The smallest arena CP-SAT finds within `time_limit`, starting from `hint`. Returns
     offsets, status ("optimal" | "feasible") and the bound it proved."""
-    from ortools.sat.python import cp_model
+    cp_model = import_extension("ortools.sat.python.cp_model")
 
     from .cpsat import solve_interruptibly
     units = [-(-b.nbytes // alignment) for b in blocks]

@@ -22,6 +22,7 @@ import time as clock
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..errors import import_extension
 from .interrupt import SearchInterrupted
 from .intervals import COMPUTE, Residency, Timeline, decisions_from_intervals, \
     intervals_from_decisions
@@ -90,7 +91,7 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
                 progress: Progress | None = None,
                 parameters: dict | None = None) -> CpsatOutcome:
     started = clock.perf_counter()
-    from ortools.sat.python import cp_model  # heavy, and clashes with highspy (see DESIGN.md)
+    cp_model = import_extension("ortools.sat.python.cp_model")  # heavy, and clashes with highspy (see DESIGN.md)
 
     workers = workers or os.cpu_count() or 1
     hint_runs = intervals_from_decisions(p, hint) if hint is not None else None

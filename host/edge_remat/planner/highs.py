@@ -12,13 +12,15 @@ import os
 import sys
 from contextlib import contextmanager
 
+from ..errors import import_extension
+
 _quiet = False
 
 
 def quiet_highspy():
     """The highspy module, its banner already spent."""
     global _quiet
-    import highspy
+    highspy = import_extension("highspy")
     if not _quiet:
         with _descriptor_silenced(1):
             highspy.Highs()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import import_extension
 from .events import EventSchedule, recompute_cost
 from .scaling import cost_scale, memory_scale
 
@@ -132,7 +133,7 @@ def solve_window(sched: EventSchedule, capacity: int, first: int, stages: int,
                  seed: int = 0) -> WindowResult:
     """The cheapest recomputations of stages first .. first+stages-1 that CP-SAT finds (1
     worker) with the rest of `sched` (within `capacity`) fixed; computes None unless cheaper."""
-    from ortools.sat.python import cp_model  # never beside highspy: see isolated.py
+    cp_model = import_extension("ortools.sat.python.cp_model")  # never beside highspy: see isolated.py
 
     from .cpsat import solve_interruptibly
 
