@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from helpers.bad_inputs import (BAD_INPUT, COMMAND, INTERRUPTED, JOB_FAILED, UNREACHABLE, cli,
-                                env, refused, tiny_graph)
+from helpers.bad_inputs import (BAD_INPUT, COMMAND, INTERRUPTED, JOB_FAILED, REPO, UNREACHABLE,
+                                cli, env, refused, tiny_graph)
 from helpers.board_fixtures import local_bench_device, needs_sshd, stop_agent
 from helpers.small_graphs import random_dag
 
@@ -448,3 +448,21 @@ def test_ctrl_c_during_devices_check_of_a_silent_port_ends_at_once(tmp_path):
         assert time.monotonic() - started < 5
     finally:
         silent.close()
+
+
+def test_ctrl_c_in_an_extensions_initialisation_while_run_plans_writes_the_report(tmp_path,
+                                                                                   bench):
+    """QA: SIGINT 1 s after `run` said "planning:" met OR-Tools' pybind11 initialisation:
+    `error: internal error (ImportError: initialization failed)`, exit 70, no report.json."""
+    import os
+
+    from test_anytime_interrupt import _ortools_whose_init_meets_ctrl_c
+    stub = _ortools_whose_init_meets_ctrl_c(tmp_path / "stub")
+    environ = env()
+    environ["PYTHONPATH"] = os.pathsep.join([str(stub), environ["PYTHONPATH"]])
+    out = tmp_path / "run"
+    proc = cli("run", "--device", "bench", "--model", "mlp", "--budget", "0.9", "--steps", "1",
+               "--profile", REPO / "profiles" / "this-machine.json", "--out", out,
+               environ=environ)
+    refused(proc, INTERRUPTED, "interrupted (Ctrl-C)", "report.json")
+    assert json.loads((out / "report.json").read_text())["status"] == "interrupted"
