@@ -446,3 +446,25 @@ def test_out_of_disk_names_the_margin_it_keeps(tmp_path, monkeypatch):
         files.put_file(Layout(tmp_path).ensure(), request, data)
     assert "the file needs 139294 bytes and 1048576 more (1 MiB) are kept free" in str(
         refused.value)
+
+
+def test_a_job_cancelled_between_its_own_checks_stops_at_once(daemon, tmp_path):
+    """QA: Ctrl-C while a profile measured the board (flash, power, footprint) or a run
+    captured its graph: those phases never look at ctx.cancelled, so the job sat out the
+    5 s grace and was SIGKILLed, the host waiting 10-15 s ("up to 10 s", it said). Here the
+    profile job's idle-power window (30 s, no check inside) is cancelled."""
+    client = daemon().client()
+    job = client.call("submit", kind="profile",
+                      params={"sizes": [65536], "idle_s": 30, "busy_s": 0.1,
+                              "no_footprint": True})[0]["job"]
+    log = tmp_path / "board" / "jobs" / job["id"] / "log.txt"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "power:" in log.read_text()):  # the idle window began
+        assert time.monotonic() < deadline, "the profile job never reached its power pass"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    cancelled_at = time.monotonic()
+    client.call("cancel", job=job["id"])
+    done = wait_done(client, job["id"])
+    assert done["state"] == "failed" and done["error"] == "cancelled by the host", done
+    assert time.monotonic() - cancelled_at < 4.0  # not the grace's SIGKILL

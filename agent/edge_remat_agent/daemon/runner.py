@@ -53,22 +53,36 @@ def run_job_process(layout: Layout, job_id: str) -> int:
     ctx = JobContext(job_id, job_dir, layout.root,
                      progress_sink=lambda p: write_json_atomic(job_dir / "progress.json", p))
 
-    def on_term(signum, frame):  # the daemon asks nicely first: stop at the next check
-        ctx.cancelled = True
+    in_job = [False]
+
+    def on_term(signum, frame):
+        # The daemon asks nicely first (SIGKILL after STOP_GRACE_S): stop here, wherever the
+        # job is. Jobs check ctx.cancelled only between steps or nodes, so a capture, the
+        # profile's flash, power and footprint passes or a long step outlasted the grace
+        # and were killed (their page probes left behind). Raised once: not again into the
+        # clean-up the first one runs, nor into the outcome written after the job.
+        first, ctx.cancelled = not ctx.cancelled, True
+        if first and in_job[0]:
+            raise JobCancelled()
 
     signal.signal(signal.SIGTERM, on_term)
     try:
         kind = get_kind(str(record.get("kind")))
         if kind is None:
             raise LookupError(f"this agent has no job kind {record.get('kind')!r}")
-        result = kind.function()(ctx, dict(record.get("params") or {}))
+        in_job[0] = True
+        try:
+            result = kind.function()(ctx, dict(record.get("params") or {}))
+        finally:
+            in_job[0] = False
         json.dumps(result)  # a result that cannot be sent is the job's bug: say so here
         outcome = {"ok": True, "result": result}
-    except JobCancelled:
-        outcome = {"ok": False, "cancelled": True, "error": "cancelled"}
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, none crashes us
-        outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                   "traceback": traceback.format_exc(limit=20)}
+        # after a cancel, whatever the job made of the JobCancelled raised into it
+        outcome = {"ok": False, "cancelled": True, "error": "cancelled"} \
+            if isinstance(exc, JobCancelled) or ctx.cancelled else \
+            {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+             "traceback": traceback.format_exc(limit=20)}
     ctx.flush()
     write_json_atomic(job_dir / "outcome.json", outcome)
     return 0
