@@ -466,3 +466,20 @@ def test_ctrl_c_in_an_extensions_initialisation_while_run_plans_writes_the_repor
                environ=environ)
     refused(proc, INTERRUPTED, "interrupted (Ctrl-C)", "report.json")
     assert json.loads((out / "report.json").read_text())["status"] == "interrupted"
+
+
+def test_ctrl_c_while_a_job_reports_no_progress_cancels_within_seconds(tmp_path, bench):
+    """QA: Ctrl-C 1 s into `deploy`'s capture on the board (no progress for ~15 s) ended
+    9.6 s later, the board's job ~9 s after its cancel was due: the cancel waited behind the
+    host's 10 s long poll on the same connection, then the job sat out its SIGTERM grace."""
+    proc = _start("job", "sleep", "--device", "bench", "--id", "nap-2", "--param", "seconds=60",
+                  "--param", "steps=1")
+    seen = _wait_for_line(proc, "running")
+    time.sleep(1.0)  # the host is in its long poll now
+    started = time.monotonic()
+    done = _interrupt(proc, seen)
+    refused(done, INTERRUPTED, "cancelled job nap-2")
+    assert time.monotonic() - started < 5.0
+    state = _state("nap-2")
+    assert state["status"] == "cancelled", state
+    assert state["job"]["error"] == "cancelled by the host", state  # not killed after a grace

@@ -468,3 +468,21 @@ def test_a_job_cancelled_between_its_own_checks_stops_at_once(daemon, tmp_path):
     done = wait_done(client, job["id"])
     assert done["state"] == "failed" and done["error"] == "cancelled by the host", done
     assert time.monotonic() - cancelled_at < 4.0  # not the grace's SIGKILL
+
+
+def test_a_cancel_sent_behind_an_abandoned_wait_is_answered_at_once(daemon):
+    """QA: Ctrl-C while the host long-polled a job that reported no progress (a capture on
+    the board) sent its cancel on the same connection, where it waited behind the 10 s poll:
+    the board got the cancel 10 s after Ctrl-C. The wait is abandoned here as the host's
+    KeyboardInterrupt leaves it: sent, its answer never read."""
+    client = daemon().client()
+    job = client.call("submit", kind="sleep", params={"seconds": 30, "steps": 1})[0]["job"]
+    wait_for_running(client, job["id"])
+    rev = client.call("job", job=job["id"])[0]["job"]["rev"]
+    client.stream.send({"type": "wait", "id": 10**6, "job": job["id"], "after_rev": rev,
+                        "timeout_s": 8})
+    asked = time.monotonic()
+    answer = client.call("cancel", job=job["id"])[0]  # skips the wait's answer by its id
+    assert answer["type"] == "reply" and time.monotonic() - asked < 2.0
+    done = wait_done(client, job["id"])
+    assert done["error"] == "cancelled by the host" and time.monotonic() - asked < 4.0, done

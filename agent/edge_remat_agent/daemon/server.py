@@ -215,6 +215,7 @@ class Daemon:
 
     def _serve_connection(self, conn: socket.socket, trusted: bool) -> None:
         stream = FrameStream(conn)
+        sending = threading.Lock()  # a long poll's thread answers beside this loop
         try:
             while not self._stop.is_set():
                 try:
@@ -226,9 +227,19 @@ class Daemon:
                     return
                 if not trusted and request.get("type") == "put_file":
                     request = dict(request, _untrusted=True)
+                if request.get("type") == "wait":
+                    # A long poll answers from a thread of its own: a host whose Ctrl-C
+                    # abandoned it sends its cancel on this connection next, which otherwise
+                    # waited behind it for up to its timeout (10 s). The host's client skips
+                    # the late answer by its id.
+                    threading.Thread(target=self._answer_wait,
+                                     args=(stream, sending, request, body), daemon=True,
+                                     name="agent-wait").start()
+                    continue
                 answer, data, after = self._dispatch(request, body)
-                if not _send_quietly(stream, answer, data):
-                    return
+                with sending:
+                    if not _send_quietly(stream, answer, data):
+                        return
                 if after is not None:
                     after()
         finally:
@@ -236,6 +247,12 @@ class Daemon:
                 self._connections.discard(conn)
                 self._last_activity = time.monotonic()
             _close(conn)
+
+    def _answer_wait(self, stream: FrameStream, sending: threading.Lock, request: dict,
+                     body: bytes) -> None:
+        answer, data, _ = self._dispatch(request, body)
+        with sending:
+            _send_quietly(stream, answer, data)  # a closed link: its loop has ended too
 
     def _dispatch(self, request: dict, body: bytes):
         handler = self._handlers.get(str(request.get("type")))
