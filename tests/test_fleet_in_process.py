@@ -99,3 +99,20 @@ def test_the_example_manifests_budgets_are_all_feasible():
                 build_problem(graph, budget, board.profile, manifest.plan.objective, None,
                               manifest.plan.paging, None, manifest.plan.paging_time
                               ).check_budget()
+
+
+def test_a_profile_measured_for_another_model_is_said_as_plan_says_it(tmp_path):
+    """QA: a fleet board whose measured profile timed another model's operators planned with
+    estimated node times without a word (`edge-remat plan` warns)."""
+    manifest = small_fleet(tmp_path, ["97%"])
+    manifest.write_text(manifest.read_text().replace(
+        str(REPO / "profiles" / "rpi4.json"), str(REPO / "profiles" / "this-machine.json")))
+    proc = cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: rpi4's profile (" in proc.stderr
+    assert "measured 0 of the 5 nodes of 'tiny' (it was measured for another model or " \
+           "shapes)" in proc.stderr
+    (tmp_path / "modelled").mkdir()  # a modelled profile times no operator: nothing to say
+    quiet = cli("fleet", "plan", small_fleet(tmp_path / "modelled", ["97%"]), "--out",
+                tmp_path / "out2", "--no-ray")
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr

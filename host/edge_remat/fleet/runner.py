@@ -83,6 +83,7 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
             to_capture.append(model)
         else:
             graphs[model.name] = graph
+            _say_profile_fit(graph, manifest.boards, say)
     for task in tasks:
         if task.model in graphs:
             kept = _kept_plan(task, graphs[task.model], boards[task.board].profile, manifest, out)
@@ -127,6 +128,7 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
         graph.save(folder / "graph.json")
         dump_json(model.capture_args(), folder / "capture.json")
         say(f"captured {model.name}: {len(graph.nodes)} nodes in {outcome['seconds']:.1f} s")
+        _say_profile_fit(graph, manifest.boards, say)
         graphs[model.name] = graph
         shared_graphs[model.name] = backend.share(graph)
         for task in mine:
@@ -177,6 +179,18 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
     files = write_results(ordered, out, str(manifest.path))
     return FleetResult(ordered, files, workers, in_flight_max, time.perf_counter() - started,
                        progress.slowest())
+
+
+def _say_profile_fit(graph: Graph, boards: list, say: Callable[[str], None]) -> None:
+    """`plan`'s warning for a measured profile made for another model or shapes (its node
+    times are estimates), once per model and board: the tasks plan in workers that print
+    nothing, and QA's fleet planned with such a profile without a word. (A modelled profile,
+    which times no operator, is what a manifest's `device` asks for: no note.)"""
+    from ..checks import note_profile_fit
+    for board in boards:
+        if board.profile.ops:
+            note_profile_fit(board.profile, graph, f"{board.name}'s profile "
+                             f"({board.profile_path})", say)
 
 
 def _known_graph(model: ModelEntry, out: Path) -> Optional[Graph]:
