@@ -378,6 +378,21 @@ def test_profile_storage_command_errors(tmp_path, capsys):
                   "-o", "x.json"])
 
 
+@pytest.mark.parametrize("sensor, says", [("none", "no power sensor asked for (--sensor none)"),
+                                           ("no-such-meter", "no power sensor named")])
+def test_a_sensor_that_gives_no_power_is_refused_before_anything_is_measured(
+        tmp_path, capsys, sensor, says):
+    """A measured profile needs power: before, the flash was timed first and the command then
+    failed on the missing power figures, its work thrown away."""
+    pages, out = tmp_path / "pages", tmp_path / "p.json"
+    code = cli.main(["profile-storage", "--page-dir", str(pages), "--sizes", "4KiB",
+                     "--share-s", "0", "--sensor", sensor, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err  # no "flash:"
+    assert not out.exists() and not pages.exists()
+
+
 def test_profile_options_from_job_params():
     """The daemon's profile job reads its params as the profile command's options."""
     from edge_remat_agent.profiler.measure import ProfileOptions

@@ -4,7 +4,7 @@ Kept outside the profiler package so the agent's CLI starts without importing to
 
     edge-remat-agent profile-storage --page-dir /data/pages -o profile.json
         [--sizes 4KiB,64KiB,1MiB | --min-size 4KiB --max-size 64MiB] [--no-fsync]
-        [--sensor auto|none|NAME] [--idle-s 2] [--busy-s 2] [--model mlp|module:function]
+        [--sensor auto|NAME] [--idle-s 2] [--busy-s 2] [--model mlp|module:function]
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def add_board_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flash-capacity", type=parse_size,
                    help="flash capacity to record (default: free space under --page-dir)")
     p.add_argument("--sensor",
-                   help="power sensor name, 'auto' (detect; else the labelled model estimate) "
-                        "or 'none'")
+                   help="power sensor name or 'auto' (detect; else the labelled model estimate); "
+                        "a profile needs power figures, so 'none' is refused")
     p.add_argument("--idle-s", type=float, help="idle power window (default 2)")
     p.add_argument("--busy-s", type=float, help="busy power window (default 2)")
     p.add_argument("--model", help="for the runtime footprint: a zoo name (mlp, resnet18, ...) "

@@ -102,6 +102,7 @@ def _param(key: str, value: Any) -> Any:
 
 def measure_profile(options: ProfileOptions, progress=None) -> Profile:
     """The measured profile (not yet written). progress(index, total, node measurement)."""
+    check_power_sensor(options)
     graph = captured = None
     if options.graph:
         from ..executor.run import capture_here
@@ -144,6 +145,7 @@ def measure_board(options: ProfileOptions) -> Profile:
     identity, as a measured profile without op costs. Raises what `board_errors()` names."""
     from . import (board_identity, measure_flash, measure_power, measure_runtime_footprint,
                    measured_profile, sizes_between)
+    check_power_sensor(options)
     sizes = options.sizes or sizes_between(options.min_size, options.max_size)
     flash = None
     if options.page_dir:
@@ -163,6 +165,16 @@ def measure_board(options: ProfileOptions) -> Profile:
         footprint = measure_runtime_footprint(build)
     return measured_profile(board_identity(sensor=power.sensor), power, flash=flash, host=host,
                             footprint=footprint, name=options.name)
+
+
+def check_power_sensor(options: ProfileOptions) -> None:
+    """A measured profile needs power figures: a sensor that will not open (`--sensor none`, a
+    name the board lacks) is said before the capture and the flash's minutes, not after them."""
+    from .power import choose_sensor
+    from .profile_writer import no_power_figures
+    sensor, reasons = choose_sensor(options.sensor)  # SensorError: a name that does not open
+    if sensor is None:
+        raise no_power_figures(reasons)
 
 
 def measure_host_link(address: str, sizes, window_s: float, share_s: float = SHARE_MAX_S):

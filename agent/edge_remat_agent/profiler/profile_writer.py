@@ -22,9 +22,7 @@ def measured_profile(identity: dict[str, Any], power: PowerMeasurement,
                      footprint: RuntimeFootprint | None = None,
                      ops: dict[str, OpCost] | None = None, name: str | None = None) -> Profile:
     if not power.measured:
-        raise ProfileIncomplete("no idle/active power figures: " + "; ".join(power.reasons)
-                                + ". Remedy: attach or name a sensor (--sensor NAME), or let "
-                                "--sensor auto fall back to the labelled model estimate")
+        raise no_power_figures(power.reasons)
     tiers = {m.name: m.fit() for m in (flash, host) if m is not None}
     measurements: dict[str, Any] = {
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -38,6 +36,13 @@ def measured_profile(identity: dict[str, Any], power: PowerMeasurement,
                    tiers=tiers, ops=dict(ops or {}), ram_total_bytes=effective_ram_bytes(identity),
                    runtime_baseline_bytes=footprint.baseline_bytes if footprint else None,
                    name=name or _default_name(identity), measurements=measurements)
+
+
+def no_power_figures(reasons: list[str]) -> ProfileIncomplete:
+    """Why a measured profile cannot be written without power, and what to do."""
+    return ProfileIncomplete("no idle/active power figures: " + "; ".join(reasons)
+                             + ". Remedy: attach or name a sensor (--sensor NAME), or let "
+                             "--sensor auto fall back to the labelled model estimate")
 
 
 def write_profile(profile: Profile, path: str | os.PathLike) -> None:
