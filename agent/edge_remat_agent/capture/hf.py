@@ -30,6 +30,7 @@ import difflib
 import json
 import os
 import urllib.parse
+import warnings
 from typing import Any
 
 import torch
@@ -303,6 +304,15 @@ def _has_weights(folder: str) -> bool:
 
 def _with_adapter(spec: str, model: nn.Module, adapter: str) -> nn.Module:
     peft = _require("peft", spec)
+    with warnings.catch_warnings():
+        # the pinned peft reads transformers' deprecated `is_gradient_checkpointing` itself:
+        # a FutureWarning on every adapter capture that no user can act on
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        return _apply_adapter(peft, spec, model, adapter)
+
+
+def _apply_adapter(peft: Any, spec: str, model: nn.Module, adapter: str) -> nn.Module:
     if not adapter.lstrip().startswith("{") and os.path.isdir(adapter) \
             and _has_weights(adapter):
         return peft.PeftModel.from_pretrained(model, adapter, is_trainable=True)
