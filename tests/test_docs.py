@@ -54,6 +54,27 @@ def test_the_hf_example_config_builds_a_model():
     assert module(*args).ndim == 0 and json.loads(text)["n_embd"] == module.model.config.n_embd
 
 
+def test_the_hf_llama_example_makes_the_files_it_names_and_they_build():
+    """`run --model 'hf:llama?config=llama.json&adapter=lora.json'` named two files nothing in
+    the guide made: a reader typing it got an error."""
+    pytest.importorskip("peft", reason="pip install -e '.[hf]'")
+    from edge_remat_agent.capture.hf import load_hf
+
+    shown = []
+    for guide in GUIDES:
+        text = guide.read_text()
+        assert "hf:llama?config=llama.json&adapter=lora.json" in text
+        shown.append([re.search(rf"^echo '(\{{.*\}})' > {name}\.json$", text, re.M)
+                      for name in ("llama", "lora")])
+    assert all(all(pair) for pair in shown), "each guide makes llama.json and lora.json"
+    config, adapter = (match.group(1) for match in shown[0])
+    assert [match.group(1) for match in shown[1]] == [config, adapter]
+    module, args = load_hf(f"hf:llama?config={config}&adapter={adapter}", batch=1, seq=8)
+    trained = [name for name, p in module.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in name for name in trained)
+    assert module(*args).ndim == 0
+
+
 def test_the_solvers_bullet_names_every_heuristic():
     """The README's list of baselines left out heuristic:peak-search."""
     from edge_remat.planner.baselines import BASELINES
