@@ -25,8 +25,8 @@ from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.intervals import decisions_from_intervals, intervals_from_decisions
 from edge_remat.planner.milp import solve_milp
 from edge_remat.planner.problem import InfeasibleBudget
-from edge_remat.planner.solve import solve
-from edge_remat.synthetic import random_layered
+from edge_remat.planner.solve import run_baselines, solve
+from edge_remat.synthetic import published_w, random_layered
 from edge_remat_agent.formats import Graph, Node
 
 pytestmark = pytest.mark.slow
@@ -199,6 +199,18 @@ def test_auto_chooses_cpsat_and_says_so():
     assert solver["first_plan_s"] is not None and solver["bound_scope"] == "stage model"
     baseline_values = [v for v in solver["baselines"].values() if v is not None]
     assert report.evaluation.value <= min(baseline_values, default=math.inf) * (1 + 1e-9)
+
+
+def test_a_plain_schedule_within_the_budget_is_optimal_without_a_search():
+    """Each node computed once and nothing paged: no schedule costs less, so no solver is
+    started (CP-SAT once spent its whole limit on 30 nodes proving this, 'timeout')."""
+    p = build_problem(random_layered(30, seed=3, w=published_w(30)), "0.6")
+    for solver in ("auto", "cpsat", "milp"):
+        report = solve(p, solver, time_limit=20)
+        s = report.plan.solver
+        assert s["name"] == "heuristic:keep-all" and s["status"] == "optimal", s
+        assert s["proven_optimal_by"] == "its cost: each node computed once, nothing paged"
+        assert s["gap"] == 0.0
 
 
 @pytest.mark.skipif(not (SHARED / "benchmarks" / "graphs" / "rl100.json").is_file(),
