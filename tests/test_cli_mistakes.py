@@ -190,6 +190,24 @@ def test_an_option_that_others_rule_out_is_a_warning(tmp_path, options, words):
     assert (tmp_path / "plan.json").exists()
 
 
+@pytest.mark.parametrize("budget,warned", [("50", True), ("16", True), ("100", True),
+                                            ("15", False), ("101", False), ("50%", False),
+                                            ("0.5", False), ("50KiB", False)])
+def test_a_bare_number_read_as_a_few_bytes_is_a_warning(tmp_path, budget, warned):
+    """`--budget 50` is 50 bytes, by the documented rule: said only as 'budget 50 bytes is too
+    small', where 50% was meant."""
+    run = cli("plan", "--graph", tiny_graph(tmp_path), "--budget", budget, "--time-limit", "3",
+              "-o", tmp_path / "plan.json")
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("warning: ")]
+    if warned:
+        assert warnings == [f"warning: --budget {budget} is read as {budget} bytes (a bare "
+                            "number below 16 is a fraction of the plain peak, from 16 up "
+                            f"bytes): for {budget}% of the plain peak, write {budget}%"], \
+            run.stderr
+    else:
+        assert not [w for w in warnings if "read as" in w], run.stderr
+
+
 def test_arena_options_with_a_sweep_are_a_warning(tmp_path):
     run = cli("plan", "--graph", tiny_graph(tmp_path), "--sweep", "0.9:1.0:0.1", "--solver",
               "heuristic:split", "--arena-fit")

@@ -158,8 +158,10 @@ def plan(
         from .sweep import parse_sweep
         parse_sweep(sweep)
     else:
-        from .units import Budget
+        from .units import Budget, bare_bytes_note
         budget_value = Budget.parse(budget)
+        if (note := bare_bytes_note(budget)) is not None:
+            to_stderr(f"warning: {note}")
     flash_tier = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
     if output is not None:  # `-o ''` too, which is refused
         inputs = {"--graph": graph, "--profile": profile}
@@ -869,6 +871,9 @@ def run_command(
                           params_home)
     for line in _shape_options_without_effect(model, image, seq):
         to_stderr(f"warning: {line}")
+    from .units import bare_bytes_note
+    if budget and (note := bare_bytes_note(budget)) is not None:
+        to_stderr(f"warning: {note}")
     options = RunOptions(
         device=device, model=model, budget=Budget.parse(budget) if budget else None,
         objective=objective,

@@ -54,6 +54,17 @@ def parse_budget(text: str, option: str = "budget",
     return "bytes", value * SIZE_UNITS[unit]
 
 
+def bare_bytes_note(text: str, option: str = "--budget") -> str | None:
+    """A warning for a bare number from FRACTION_LIMIT to 100 (`--budget 50`): read as that
+    many bytes, which no model trains in, where a percentage was almost surely meant."""
+    quantity = split_quantity(str(text))
+    if quantity is None or quantity[1] != "" or not FRACTION_LIMIT <= quantity[0] <= 100:
+        return None
+    return (f"{option} {text} is read as {quantity[0]:g} bytes (a bare number below "
+            f"{FRACTION_LIMIT} is a fraction of the plain peak, from {FRACTION_LIMIT} up bytes): "
+            f"for {quantity[0]:g}% of the plain peak, write {quantity[0]:g}%")
+
+
 def parse_size(text: str, option: str) -> float:
     """A size option ('600MiB', or '90MB' a second): bytes; the messages name the option."""
     return parse_budget(text, option, sizes_only=True)[1]
