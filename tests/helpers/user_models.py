@@ -97,5 +97,35 @@ def make_encoder(batch: int = 8, seq: int = 10, seed: int = 0):
     return Encoder(), (torch.randn(batch, seq, 10), torch.randn(batch))
 
 
+class Noisy(nn.Module):
+    """An MLP with randomness beyond nn.Dropout in its middle: RReLU in training mode, or a
+    straight-through (hard) Gumbel-softmax."""
+
+    def __init__(self, middle: str):
+        super().__init__()
+        self.a = nn.Linear(16, 32)
+        self.b = nn.Linear(32, 32)
+        self.c = nn.Linear(32, 4)
+        self.middle = middle
+
+    def forward(self, x, y):
+        h = torch.tanh(self.a(x))
+        if self.middle == "rrelu":
+            h = F.rrelu(h, training=True)
+        else:
+            h = F.gumbel_softmax(h, tau=0.5, hard=True) * h
+        return F.cross_entropy(self.c(torch.tanh(self.b(h))), y)
+
+
+def make_rrelu(batch: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    return Noisy("rrelu"), (torch.randn(batch, 16), torch.randint(0, 4, (batch,)))
+
+
+def make_hard_gumbel(batch: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    return Noisy("gumbel"), (torch.randn(batch, 16), torch.randint(0, 4, (batch,)))
+
+
 def spec(factory: str) -> str:
     return f"{HERE}:{factory}"

@@ -30,10 +30,11 @@ from .storage import (Storage, aliased_input, storage_nbytes, storages,
                       unpicked_result_nbytes)
 from .trace import JointTrace
 
-# Ops that draw random numbers: their groups must replay the RNG state when recomputed.
-_RANDOM_OPS = {"native_dropout", "bernoulli", "rand", "rand_like", "randn", "randn_like",
-               "randint", "randint_like", "randperm", "normal", "uniform", "exponential",
-               "multinomial", "poisson", "rrelu_with_noise", "_fused_dropout"}
+def _draws_random_numbers(node: fx.Node) -> bool:
+    """Whether an op draws from the generator: its group must replay the generator state when
+    recomputed. ATen tags every such op, functionalized variants included (a list of names
+    missed `rrelu_with_noise_functional`, RReLU in training mode)."""
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
 
 
 def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_args,
@@ -182,7 +183,7 @@ def _planner_node(index: int, group: Group, links, outputs: list[str], trace: Jo
         attrs["buffer_updates"] = updates
     if trace.loss in member_set:
         attrs["loss"] = trace.loss
-    if any(op_name(n) in _RANDOM_OPS for n in members):
+    if any(_draws_random_numbers(n) for n in members):
         attrs["random"] = True
     main = _main_op(members, costs)
     name = group.label or ((group.scope or "model") if group.kind == "forward" else
