@@ -5,11 +5,19 @@ computed again after its update has stepped the weights, whatever the solver dec
 from __future__ import annotations
 
 import pytest
+import torch
 
-from helpers.executor_plans import every_forward_recomputed
+from helpers.executor_plans import every_forward_recomputed, keep_all
 from helpers.user_models import spec as user_model
 from edge_remat_agent.capture import capture_model
 from edge_remat_agent.executor.run import run_plan
+from edge_remat_agent.formats import Instruction, Plan
+from edge_remat_agent.simulate import PlanError, simulate
+from edge_remat_agent.costs import build_costs
+from edge_remat.planner.baselines import BASELINES
+from edge_remat.planner.build import build_problem
+from edge_remat.planner.evaluate import evaluate
+from edge_remat.planner.problem import InfeasibleBudget
 
 pytestmark = pytest.mark.slow
 
@@ -22,3 +30,43 @@ def test_rrelu_in_training_mode_replays_its_noise_when_recomputed(tmp_path):
     report = run_plan(captured.graph, every_forward_recomputed(captured.graph), 2,
                       str(tmp_path / "pages"), captured=captured, seed=0)
     assert report["grad_check"]["bitwise_equal"], report["grad_check"]["differing"]
+
+
+def _near_floor(graph):
+    try:
+        p = build_problem(graph, 0.5, None, "time", None, "none", {})
+        p.check_budget()
+        return p
+    except InfeasibleBudget as floor:
+        return build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None,
+                             "none", {})
+
+
+def test_a_parameter_reader_is_kept_not_recomputed_after_its_update(tmp_path):
+    """The split heuristic, near the floor of an MLP with a hard Gumbel-softmax, frees a
+    backward `mm` that reads a layer's weight and recomputes it for a user after that layer's
+    update: it computed from the stepped weights (a.weight's gradient off by 1e-5). Lowering
+    keeps the value from before the update instead."""
+    captured = capture_model(user_model("make_hard_gumbel"), operator_level=True)
+    p = _near_floor(captured.graph)
+    decisions = BASELINES["split"](p)
+    nodes = captured.graph.nodes
+    updates = [u for u, node in enumerate(nodes) if node.kind == "update"]
+    assert [i for t, d in enumerate(decisions) for i in d.compute[:-1]
+            if nodes[i].kind == "backward" and any(i < u < t for u in updates)]
+    evaluation = evaluate(p, decisions)
+    plan = Plan(evaluation.stages, captured.graph.fingerprint(), 2**62,
+                predicted=evaluation.sim.summary())
+    report = run_plan(captured.graph, plan, 2, str(tmp_path / "pages"), captured=captured,
+                      seed=0)
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]["differing"]
+
+
+def test_the_simulator_refuses_a_plan_that_recomputes_a_reader_after_its_update():
+    graph = capture_model(user_model("make_hard_gumbel"), operator_level=True).graph
+    reader = next(n for n in graph.nodes if n.name == "b.backward:mm")  # reads b.weight
+    update = next(n for n in graph.nodes if n.kind == "update" and n.name.startswith("b:"))
+    stages = keep_all(graph).stages + [[Instruction("free", reader.id),
+                                        Instruction("compute", reader.id)]]
+    with pytest.raises(PlanError, match=f"update node {update.id!r} has already stepped"):
+        simulate(graph, build_costs(graph, None), stages)

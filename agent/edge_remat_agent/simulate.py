@@ -88,6 +88,7 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
     sizes = [n.out_bytes for n in graph.nodes]
     workspace = costs.workspace(graph)  # a profile's where it measured one (costs.build_costs)
     deps = [[graph.index[d] for d in n.inputs] for n in graph.nodes]
+    stepped = graph.stepped_by()
     ram: set[int] = set()
     tiers: dict[str, set[int]] = {name: set() for name in costs.tiers}
     tier_bytes = {name: 0 for name in costs.tiers}
@@ -115,6 +116,10 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
                     raise fail(f"inputs {missing} are not in RAM")
                 if i in ram:
                     raise fail("the node's output is already in RAM")
+                if i in stepped and computed[stepped[i]]:
+                    raise fail(f"it reads parameters that update node "
+                               f"{graph.nodes[stepped[i]].id!r} has already stepped: computed "
+                               "again after it, it would use the new weights")
                 now = ram_bytes + sizes[i] + workspace[i]
                 ram.add(i)
                 ram_bytes += sizes[i]

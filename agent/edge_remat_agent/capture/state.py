@@ -17,9 +17,12 @@ step state (graph.capture["fixed"] says how much of each).
 
 A parameter group is the parameters one module owns directly, split by trainability. Its update
 node is placed after every node that reads the group *and* every node that reads their outputs:
-an update modifies parameters in place, and this placement makes any later recompute of a
-reader harmless (nobody reads its result), so every schedule of the graph is exact without the
-solvers knowing about updates.
+an update modifies parameters in place, so a reader recomputed after it would compute from the
+new weights. The placement leaves no first computation that needs a reader after the update,
+but a recomputed user can (a backward `mm` with the weight, freed, and its user recomputed in a
+later layer's stage): the update names its readers (`param_readers`), and lowering keeps such
+a reader's value rather than recompute it (host planner/stages.py); the simulator refuses a
+plan that recomputes one after its update.
 """
 
 from __future__ import annotations
@@ -134,9 +137,15 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
             last = max(last, index, *users[index])
         update_key = f"update:{key}"
         key += 1
-        after.setdefault(last, []).append(
-            _update_node(update_key, group, optimizer, param_key, params_home if paged else None,
-                         nodes, rates))
+        update = _update_node(update_key, group, optimizer, param_key,
+                              params_home if paged else None, nodes, rates)
+        # The placement keeps a reader's recompute after the update unread only by its direct
+        # users: a user recomputed later would need it again, computed from the new weights.
+        # The planner keeps such a reader's value instead (planner/stages.py).
+        update.attrs["param_readers"] = sorted(
+            [nodes[index].id for index in group.readers] + ([param_key] if param_key else []),
+            key=str)
+        after.setdefault(last, []).append(update)
         planned["gradients"] += group.nbytes
         if paged:
             planned["optimizer_state"] += optimizer.state_bytes(group.nbytes, len(group.params))
@@ -196,6 +205,8 @@ def _renumber(nodes: list[Node]) -> None:
     for node in nodes:
         node.id = new_id[node.id]
         node.inputs = sorted({new_id[dep] for dep in node.inputs})
+        if "param_readers" in node.attrs:
+            node.attrs["param_readers"] = sorted(new_id[r] for r in node.attrs["param_readers"])
         reads = node.attrs.get("reads")
         if reads:
             node.attrs["reads"] = {value: new_id[producer] for value, producer in reads.items()}

@@ -72,6 +72,15 @@ class Graph:
     def node(self, node_id: NodeId) -> Node:
         return self.nodes[self.index[node_id]]
 
+    def stepped_by(self) -> dict[int, int]:
+        """Node index -> index of the first update node that steps parameters it reads (the
+        update's `param_readers`): computed after that update, it would read the new weights."""
+        stepped: dict[int, int] = {}
+        for u, node in enumerate(self.nodes):
+            for reader in node.attrs.get("param_readers", ()):
+                stepped.setdefault(self.index[reader], u)
+        return stepped
+
     def to_dict(self) -> dict[str, Any]:
         return {"format": "edge-remat/graph", "version": 1, "name": self.name,
                 "fixed_bytes": self.fixed_bytes, "batch": self.batch, "dtype": self.dtype,

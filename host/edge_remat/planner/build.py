@@ -52,8 +52,11 @@ def plain_reference(graph: Graph) -> Graph:
         fixed += grad_bytes
         nodes.append(replace(node, inputs=[d for d in node.inputs if d not in param_ids],
                              out_bytes=node.out_bytes - grad_bytes))
+    # the one step comes last, after every reader: its readers (param nodes gone) need no check
+    attrs = {k: v for k, v in updates[-1].attrs.items() if k != "param_readers"}
     nodes.append(replace(updates[-1], id="optimizer.step", name="optimizer.step", inputs=[],
-                         workspace_bytes=max(n.attrs.get("temp_bytes", 0) for n in updates)))
+                         workspace_bytes=max(n.attrs.get("temp_bytes", 0) for n in updates),
+                         attrs=attrs))
     return Graph(nodes=nodes, name=graph.name, fixed_bytes=fixed, batch=graph.batch,
                  dtype=graph.dtype, capture=graph.capture, cost_source=graph.cost_source)
 

@@ -89,6 +89,8 @@ class Problem:
             for i in ds:
                 self.users[i].append(k)
         self.fixed = g.fixed_bytes + self.costs.runtime_warm_bytes
+        # node -> the update that steps the parameters it reads (no recompute after it)
+        self.stepped = g.stepped_by()
         self.plain_time = sum(self.costs.time_s)
 
     def next_use(self, i: int, t: int) -> int | None:

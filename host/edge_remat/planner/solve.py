@@ -20,7 +20,7 @@ from .interrupt import PlanInterrupted, SearchInterrupted
 from .order_portfolio import (RESCUE_TRY_SHARE, OrdersAhead, cheaper_order,
                               first_order_that_plans)
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem, ProblemError
-from .stages import StageDecision, is_plain
+from .stages import StageDecision, is_plain, no_recompute_after_update
 from .status_line import announce
 
 # Above this many nodes the stage x node MILP (O(n^2) binaries) is not worth starting.
@@ -477,10 +477,14 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
     found = None
     if outcome.decisions is not None:
         evaluation = evaluate(p, outcome.decisions)
-        if not evaluation.feasible:  # the model and the simulator disagree: a bug, never output
+        if evaluation.feasible:
+            found = Candidate("cpsat", evaluation, outcome.decisions)
+        elif no_recompute_after_update(p, outcome.decisions) is outcome.decisions:
+            # the model and the simulator disagree: a bug, never output
             raise RuntimeError("CP-SAT returned a plan the simulator rejects "
                                f"(peak {evaluation.sim.peak_bytes} of {p.budget_bytes} bytes)")
-        found = Candidate("cpsat", evaluation, outcome.decisions)
+        # else it recomputed a parameter reader after its update, which the model does not
+        # know of: kept instead (stages.py), its value no longer fits
     if outcome.first_solution_s is not None:
         cp_first = offset + outcome.first_solution_s
         first_plan = cp_first if first_plan is None else min(first_plan, cp_first)

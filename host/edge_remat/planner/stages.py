@@ -91,6 +91,7 @@ def lower(p: Problem, decisions: list[StageDecision]) -> tuple[Stages, int]:
     """The whole schedule and its peak RAM."""
     if len(decisions) != p.n:
         raise LoweringError(f"{len(decisions)} stages for {p.n} nodes")
+    decisions = no_recompute_after_update(p, decisions)
     ram: set[int] = set()
     tiers: dict[str, set[int]] = {}
     stages, peak = [], p.fixed
@@ -99,3 +100,35 @@ def lower(p: Problem, decisions: list[StageDecision]) -> tuple[Stages, int]:
         stages.append(instructions)
         peak = max(peak, stage_peak)
     return stages, peak
+
+
+def no_recompute_after_update(p: Problem, decisions: list[StageDecision]) -> list[StageDecision]:
+    """The decisions with every recompute of a parameter reader after its update replaced: the
+    update steps the parameters in place, so computed again the reader would use the new
+    weights. Its value from before the update is paged in where a copy was paged out, else
+    kept in RAM from its last computation. Solvers do not model this (it is rare: a backward
+    node freed, then needed by a user recomputed in a later stage); the evaluation's replay
+    counts the memory it takes."""
+    if not p.stepped:
+        return decisions
+    last: dict[int, int] = {}  # node -> stage of its last computation
+    paged: dict[int, str] = {}  # node -> a tier holding a copy of its value
+    out = decisions
+    for t, d in enumerate(decisions):
+        for i in d.compute:
+            update = p.stepped.get(i)
+            if update is None or t <= update:
+                last[i] = t
+                continue
+            if out is decisions:
+                out = [StageDecision(list(e.compute), set(e.keep), list(e.page_in),
+                                     list(e.page_out)) for e in decisions]
+            out[t].compute.remove(i)
+            if i in paged:
+                out[t].page_in.append((i, paged[i]))
+            else:
+                for s in range(last[i], t):
+                    out[s].keep.add(i)
+        for i, tier in d.page_out:
+            paged[i] = tier
+    return out
