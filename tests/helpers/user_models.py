@@ -127,5 +127,32 @@ def make_hard_gumbel(batch: int = 8, seed: int = 0):
     return Noisy("gumbel"), (torch.randn(batch, 16), torch.randint(0, 4, (batch,)))
 
 
+class Parametrized(nn.Module):
+    """Layers behind parametrizations: weight_norm, spectral_norm (its power iteration updates
+    buffers in forward) and a user's own (a symmetrised weight)."""
+
+    def __init__(self):
+        from torch.nn.utils import parametrize
+        from torch.nn.utils.parametrizations import spectral_norm, weight_norm
+        super().__init__()
+        self.a = weight_norm(nn.Linear(16, 32))
+        self.b = spectral_norm(nn.Linear(32, 32))
+        self.c = nn.Linear(32, 4)
+        parametrize.register_parametrization(self.c, "weight", _Symmetrised())
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.c(torch.relu(self.b(torch.relu(self.a(x))))), y)
+
+
+class _Symmetrised(nn.Module):
+    def forward(self, w):
+        return w * 0.5 + 0.5 * w.flip(0)
+
+
+def make_parametrized(batch: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    return Parametrized(), (torch.randn(batch, 16), torch.randint(0, 4, (batch,)))
+
+
 def spec(factory: str) -> str:
     return f"{HERE}:{factory}"

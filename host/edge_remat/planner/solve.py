@@ -356,7 +356,10 @@ def feasibility_plans_at(p: Problem, budget_bytes: int, deadline: float) -> bool
     """Whether the feasibility phase finds a plan within `budget_bytes` for the problem's graph
     and costs before the deadline (a perf_counter time)."""
     wider = replace(p, budget_bytes=budget_bytes)
-    return BASELINES[FEASIBILITY_PHASE](wider, deadline) is not None
+    decisions = BASELINES[FEASIBILITY_PHASE](wider, deadline)
+    # replayed, not taken on the heuristic's word: lowering may keep a parameter reader's
+    # value past its update (stages.py), which the heuristic did not count
+    return decisions is not None and evaluate(wider, decisions).fits_budget
 
 
 def _ladder_budget(p: Problem, factor: float) -> int:
