@@ -154,5 +154,22 @@ def make_parametrized(batch: int = 8, seed: int = 0):
     return Parametrized(), (torch.randn(batch, 16), torch.randint(0, 4, (batch,)))
 
 
+class GruClassifier(nn.Module):
+    """nn.GRU over a sequence, classified from its last step."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.gru = nn.GRU(16, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, 4)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.head(self.gru(x)[0][:, -1]), y)
+
+
+def make_gru(hidden: int = 32, batch: int = 4, seed: int = 0):
+    torch.manual_seed(seed)
+    return GruClassifier(hidden), (torch.randn(batch, 3, 16), torch.randint(0, 4, (batch,)))
+
+
 def spec(factory: str) -> str:
     return f"{HERE}:{factory}"

@@ -62,6 +62,24 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
                           update, params_home, refined, operator_level)
 
 
+# Eager CPU GRUs add into and apply sigmoid to their gates in place, on strided views of the
+# gate projections: the sigmoid then runs row by row, a row's tail past whole vector loops in
+# scalar code. The captured graph applies it to a contiguous sum, vectorised throughout, so the
+# tails round differently (gradients ~1e-8 off eager's at hidden sizes 16, 20, 24, 48 here, with
+# AVX512; exact at 32, 64, 96): a multiple of 32 has no tail on any CPU torch vectorises for.
+_GRU_ROW = 32
+
+
+def _refuse_inexact_grus(module: nn.Module, model: str) -> None:
+    for name, layer in module.named_modules():
+        if isinstance(layer, (nn.GRU, nn.GRUCell)) and layer.hidden_size % _GRU_ROW:
+            raise CaptureError(model, f"{type(layer).__name__} '{name}' has hidden size "
+                               f"{layer.hidden_size}: eager PyTorch computes its gates in place "
+                               "on strided views, which the captured graph cannot round alike "
+                               f"(gradients would differ from eager's): use a hidden size that "
+                               f"is a multiple of {_GRU_ROW}, or nn.LSTM")
+
+
 def _refuse_meta_weights(module: nn.Module, spec: str) -> None:
     """A model whose parameters are on `meta` traces (capture needs only shapes), but the board
     has no values to train unless the model makes them itself (`weight_seed`, zoo/llama.py):
@@ -89,6 +107,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
                            f"{', '.join(PARAM_HOMES)}, got {params_home!r}")
     if params_home != "ram" and update != "fused":
         raise CaptureError(model, "parameters can live on a page tier only with fused updates")
+    _refuse_inexact_grus(module, model)
     trace = trace_joint(traceable(module), example_args, model)  # no weights made for it
 
     def build(groups: list[Group]) -> tuple[Graph, dict]:
