@@ -431,6 +431,22 @@ def test_a_forward_that_does_not_return_a_scalar_is_named(tmp_path):
         capture_model(spec + ":make")
 
 
+def test_a_parameter_changed_in_forward_is_named_with_what_to_do(tmp_path):
+    # Before: "the forward mutates ParamAOTInput(target='emb.weight') in place ..."
+    spec = _write(tmp_path, (
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.emb = nn.Embedding(10, 4, max_norm=1.0)\n"
+        "    def forward(self, ids):\n"
+        "        return self.emb(ids).sum()\n\n"
+        "def make():\n"
+        "    return Net(), (torch.arange(6).view(2, 3),)\n"))
+    with pytest.raises(CaptureError, match=r"changes parameter 'emb.weight' in place \(nn.Embedding "
+                                           r"with max_norm.*: change parameters outside forward"):
+        capture_model(spec + ":make")
+
+
 def test_an_uncapturable_op_is_named_with_its_module(tmp_path):
     spec = _write(tmp_path, (
         "class Gate(nn.Module):\n"

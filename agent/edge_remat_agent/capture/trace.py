@@ -610,10 +610,15 @@ def _from_descriptors(model: str, gm: fx.GraphModule) -> JointTrace:
                 buffer_updates[value.name] = target.target
             elif isinstance(target, d.PlainAOTInput):
                 input_updates[value.name] = target.idx
+            elif isinstance(target, d.ParamAOTInput):
+                raise CaptureError(model, f"the forward changes parameter '{target.target}' in "
+                                   "place (nn.Embedding with max_norm renormalises its weight "
+                                   "so), which a training graph cannot express: change "
+                                   "parameters outside forward (e.g. renormalise after the "
+                                   "optimizer step)")
             else:
                 raise CaptureError(model, f"the forward mutates {target!r} in place, which a "
-                                   "training graph cannot express (parameters must not be "
-                                   "mutated inside forward)")
+                                   "training graph cannot express")
     if loss is None or tangent is None:
         raise CaptureError(model, "the traced graph has no loss output")
     return JointTrace(model, gm, params, buffers, user_inputs, tangent, loss, grads,
