@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+import torch
 
 from helpers.executor_plans import every_forward_recomputed, keep_all
 from helpers.user_models import spec as user_model
@@ -104,3 +105,27 @@ def test_a_gru_is_captured_only_where_its_gates_round_as_eagers(hidden, exact, t
     report = run_plan(captured.graph, every_forward_recomputed(captured.graph), 1,
                       str(tmp_path / "pages"), captured=captured, seed=0)
     assert report["grad_check"]["bitwise_equal"], report["grad_check"]["differing"]
+
+
+def test_an_op_without_a_deterministic_kernel_is_named_with_what_to_do(tmp_path):
+    """nn.MaxUnpool2d has none: the run stopped with PyTorch's advice to turn determinism off,
+    which a run cannot follow and stay exact."""
+    from edge_remat_agent.executor import BadInput
+    from helpers.executor_plans import keep_all as keep_all_plan
+    torch.manual_seed(0)
+    module, args = Unpooling(), (torch.randn(2, 3, 8, 8),)
+    captured = capture_module(module, args, "unpool")
+    with pytest.raises(BadInput, match=r"the model runs max_unpooling2d_forward_out, which has "
+                                       r"no deterministic kernel on cpu: .* replace it"):
+        run_plan(captured.graph, keep_all_plan(captured.graph), 1, str(tmp_path / "pages"),
+                 captured=captured, seed=0)
+
+
+class Unpooling(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        pooled, indices = torch.nn.functional.max_pool2d(self.conv(x), 2, return_indices=True)
+        return torch.nn.functional.max_unpool2d(pooled, indices, 2).square().mean()

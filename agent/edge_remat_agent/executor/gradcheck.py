@@ -12,13 +12,14 @@ while the planned step runs: on a board too small for plain training, turn the c
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..capture.replay import rng_state, set_rng_state
-from .errors import ExecutorError, first_line, is_out_of_memory
+from .errors import BadInput, ExecutorError, first_line, is_out_of_memory
 from .step import eager_forward_backward
 
 
@@ -114,6 +115,15 @@ def deterministic(device: torch.device):
     fill.fill_uninitialized_memory = False
     try:
         yield
+    except Exception as error:
+        # PyTorch's own line says to turn determinism off, which a run cannot do and stay exact
+        op = re.search(r"(\w+) does not have a deterministic implementation", str(error))
+        if op is None:
+            raise
+        raise BadInput(f"the model runs {op.group(1)}, which has no deterministic kernel on "
+                       f"{device.type}: a planned step must repeat eager PyTorch's bit for bit, "
+                       "so every op needs one; replace it in the model (nn.MaxUnpool2d, for "
+                       "one: scatter the pooled values by their indices)") from None
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         fill.fill_uninitialized_memory = before[2]
