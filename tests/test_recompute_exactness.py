@@ -129,3 +129,18 @@ class Unpooling(torch.nn.Module):
     def forward(self, x):
         pooled, indices = torch.nn.functional.max_pool2d(self.conv(x), 2, return_indices=True)
         return torch.nn.functional.max_unpool2d(pooled, indices, 2).square().mean()
+
+
+def test_cpsat_whose_plan_recomputes_a_reader_after_its_update_is_no_plan_not_a_crash():
+    """CP-SAT's model does not know of updates: its plan for the parametrized model near the
+    floor recomputed a reader after its update, and kept instead it no longer fit. That was
+    'CP-SAT returned a plan the simulator rejects' (an internal error, exit 70); now the plan
+    is dropped, and what stays is a plan within the budget or a NoPlan naming one."""
+    from edge_remat.planner.solve import NoPlan, solve
+    graph = capture_model(user_model("make_parametrized"), operator_level=True).graph
+    p = _near_floor(graph)
+    try:
+        plan = solve(p, "cpsat", time_limit=10).plan
+    except NoPlan:
+        return
+    assert plan.predicted["peak_bytes"] <= p.budget_bytes

@@ -486,8 +486,11 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
             # the model and the simulator disagree: a bug, never output
             raise RuntimeError("CP-SAT returned a plan the simulator rejects "
                                f"(peak {evaluation.sim.peak_bytes} of {p.budget_bytes} bytes)")
-        # else it recomputed a parameter reader after its update, which the model does not
-        # know of: kept instead (stages.py), its value no longer fits
+        else:  # it recomputed a parameter reader after its update, which the model does not
+            # know of: kept instead (stages.py), its value no longer fits; its optimum is no
+            # longer the plans' (its bound still is one)
+            outcome = replace(outcome, status="feasible" if outcome.status == "optimal"
+                              else outcome.status)
     if outcome.first_solution_s is not None:
         cp_first = offset + outcome.first_solution_s
         first_plan = cp_first if first_plan is None else min(first_plan, cp_first)
