@@ -44,6 +44,7 @@ def dtr_plan(graph: Graph, fraction: float = 0.6) -> Plan:
     from edge_remat.planner.build import build_problem
     from edge_remat.planner.solve import solve
     from edge_remat.planner.problem import InfeasibleBudget
+    from edge_remat.planner.solve import NoPlan
     budget = activation_budget(graph, fraction)
     try:
         problem = build_problem(graph, budget, None, "time", None, "flash", {"flash": FLASH})
@@ -51,6 +52,14 @@ def dtr_plan(graph: Graph, fraction: float = 0.6) -> Plan:
     except InfeasibleBudget as below_the_floor:  # the graph's floor, with a little room
         problem = build_problem(graph, int(below_the_floor.smallest_bytes * 1.02), None,
                                 "time", None, "flash", {"flash": FLASH})
+    # DTR near the floor may recompute a parameter reader after its update; kept instead
+    # (planner/stages.py), its plan can pass the budget: then a little more room, until one fits
+    for _ in range(40):
+        try:
+            return solve(problem, "heuristic:dtr").plan
+        except NoPlan:
+            problem = build_problem(graph, int(problem.budget_bytes * 1.01), None, "time",
+                                    None, "flash", {"flash": FLASH})
     return solve(problem, "heuristic:dtr").plan
 
 
