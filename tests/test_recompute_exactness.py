@@ -9,7 +9,6 @@ import time
 
 import pytest
 import torch
-import torch
 
 from helpers.executor_plans import every_forward_recomputed, keep_all
 from helpers.user_models import spec as user_model
