@@ -14,7 +14,7 @@ from helpers.executor_plans import every_forward_recomputed, keep_all
 from helpers.user_models import spec as user_model
 from edge_remat_agent.capture import CaptureError, capture_model, capture_module
 from edge_remat_agent.executor.run import run_plan
-from edge_remat_agent.formats import Instruction, Plan
+from edge_remat_agent.formats import Graph, Instruction, Node, Plan
 from edge_remat_agent.simulate import PlanError, simulate
 from edge_remat_agent.costs import build_costs
 from edge_remat.planner.baselines import BASELINES
@@ -130,16 +130,33 @@ class Unpooling(torch.nn.Module):
         return torch.nn.functional.max_unpool2d(pooled, indices, 2).square().mean()
 
 
-def test_cpsat_whose_plan_recomputes_a_reader_after_its_update_is_no_plan_not_a_crash():
-    """CP-SAT's model does not know of updates: its plan for the parametrized model near the
-    floor recomputed a reader after its update, and kept instead it no longer fit. That was
-    'CP-SAT returned a plan the simulator rejects' (an internal error, exit 70); now the plan
-    is dropped, and what stays is a plan within the budget or a NoPlan naming one."""
-    from edge_remat.planner.solve import NoPlan, solve
+def _reader_pushed_out_by_its_update() -> Graph:
+    """`r` reads a parameter that `u` steps; `u`'s workspace leaves no room to keep `r`, and
+    `y` reads `r` after `u`: the one schedule within 150 bytes recomputes `r` after `u`."""
+    def node(name, inputs, out, kind="forward", **extra):
+        return Node(id=name, name=name, kind=kind, op="op", inputs=inputs, out_bytes=out,
+                    time_s=1.0, **extra)
+    return Graph([node("x", [], 10), node("r", ["x"], 100),
+                  node("u", ["x"], 0, kind="update", workspace_bytes=100,
+                       attrs={"param_readers": ["r"]}),
+                  node("y", ["r"], 10)], name="reader-and-update")
+
+
+def test_the_exact_solvers_never_recompute_a_reader_after_its_update():
+    """Their models forbid it. Before, both recomputed `r` after `u` (the only schedule
+    within the budget); kept instead, the plan no longer fit and was dropped, or CP-SAT's
+    plan stopped the planner ('CP-SAT returned a plan the simulator rejects', exit 70). Near
+    the floor of the parametrized model CP-SAT's plan recomputed 3 readers after their
+    updates and `solve` found no plan; now it plans within the budget."""
+    from edge_remat.planner import isolated
+    from edge_remat.planner.cpsat import solve_cpsat
+    from edge_remat.planner.milp import solve_milp
+    from edge_remat.planner.solve import solve
+    p = build_problem(_reader_pushed_out_by_its_update(), 150, order="given")
+    assert p.stepped == {1: 2}
+    assert isolated.call("ortools", solve_cpsat, p, 20, workers=2).status == "infeasible"
+    assert isolated.call("highspy", solve_milp, p, 20, threads=2).status == "infeasible"
     graph = capture_model(user_model("make_parametrized"), operator_level=True).graph
     p = _near_floor(graph)
-    try:
-        plan = solve(p, "cpsat", time_limit=10).plan
-    except NoPlan:
-        return
+    plan = solve(p, "cpsat", time_limit=20).plan
     assert plan.predicted["peak_bytes"] <= p.budget_bytes

@@ -318,6 +318,8 @@ class _Model:
                     self.stage[v, j] = stage
                     c = m.NewBoolVar(f"c{v}_{j}")
                     m.Add(start == W * stage + 1 + v).OnlyEnforceIf(c)
+                    if v in p.stepped:  # not computed after its update: stepped weights
+                        m.Add(stage <= p.stepped[v]).OnlyEnforceIf(c)
                     openers = [c]
                     for z in tiers:
                         pin = m.NewBoolVar(f"p{v}_{j}_{z}")

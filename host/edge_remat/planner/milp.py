@@ -222,6 +222,8 @@ class _Model:
             for i in range(t):
                 # a tensor enters RAM once per stage: resident, paged in, or computed
                 prob += s(t, i) + paged_in(t, i) + R[t, i] <= 1
+                if t > p.stepped.get(i, t):  # computed after its update: stepped weights
+                    prob += R[t, i] == 0
             for k in range(t + 1):
                 for i in p.deps[k]:
                     prob += r(t, k) <= available(t, i)
