@@ -393,6 +393,21 @@ def test_a_sensor_that_gives_no_power_is_refused_before_anything_is_measured(
     assert not out.exists() and not pages.exists()
 
 
+def test_a_graph_with_parameters_on_flash_is_refused_before_anything_is_measured(
+        tmp_path, capsys):
+    """Timing nodes runs the step with parameters in RAM: before, the job measured the board,
+    then failed in the first homed update ("'NoneType' object has no attribute 'commit'")."""
+    from edge_remat_agent.capture import capture_model
+    graph = tmp_path / "flash.json"
+    capture_model("mlp", batch=2, image=8, params_home="flash").graph.save(graph)
+    out = tmp_path / "p.json"
+    code = cli.main(["profile", "--graph", str(graph), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "keeps parameters on flash" in err and "--params-home ram" in err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
 def test_profile_options_from_job_params():
     """The daemon's profile job reads its params as the profile command's options."""
     from edge_remat_agent.profiler.measure import ProfileOptions

@@ -108,6 +108,7 @@ def measure_profile(options: ProfileOptions, progress=None) -> Profile:
         from ..executor.run import capture_here
         from ..formats import load_graph
         graph = load_graph(options.graph)
+        refuse_parameters_on_flash(graph, options.graph)
         captured = capture_here(graph)
         model = str(graph.capture.get("source", {}).get("model", ":"))
         if not options.model and ":" not in model:
@@ -175,6 +176,17 @@ def check_power_sensor(options: ProfileOptions) -> None:
     sensor, reasons = choose_sensor(options.sensor)  # SensorError: a name that does not open
     if sensor is None:
         raise no_power_figures(reasons)
+
+
+def refuse_parameters_on_flash(graph, path) -> None:
+    """Node timing runs a graph's steps with every parameter in RAM: the update nodes of one
+    that keeps them on flash need a parameter home (before: "AttributeError: 'NoneType'
+    object has no attribute 'commit'" after the flash and power were measured)."""
+    from ..executor.updates import homed_parameters
+    if homed_parameters(graph):
+        raise ValueError(f"{path} keeps parameters on flash (captured with --params-home "
+                         "flash), and timing its nodes needs them in RAM: profile the graph "
+                         "captured with --params-home ram, whose compute nodes are the same")
 
 
 def measure_host_link(address: str, sizes, window_s: float, share_s: float = SHARE_MAX_S):
