@@ -105,7 +105,9 @@ def test_a_run_whose_loss_stays_finite_says_nothing_of_it(model, tmp_path):
 
 
 @pytest.mark.slow  # a real board round: the agent, profiling, planning, training
-@pytest.mark.parametrize("how", [["--budget", "90%"], ["--plain"]], ids=["planned", "plain"])
+# 100%: a budget every graph meets; the profile measured here decides the floor (its kernels'
+# scratch), which was 95% of the plain peak in one full-suite run and below 90% in others.
+@pytest.mark.parametrize("how", [["--budget", "100%"], ["--plain"]], ids=["planned", "plain"])
 def test_run_warns_once_and_its_report_says_so(model, tmp_path, monkeypatch, how):
     _, workdir = local_bench_device(tmp_path, monkeypatch)
     try:
