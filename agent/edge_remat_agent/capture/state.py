@@ -20,9 +20,9 @@ node is placed after every node that reads the group *and* every node that reads
 an update modifies parameters in place, so a reader recomputed after it would compute from the
 new weights. The placement leaves no first computation that needs a reader after the update,
 but a recomputed user can (a backward `mm` with the weight, freed, and its user recomputed in a
-later layer's stage): the update names its readers (`param_readers`), and lowering keeps such
-a reader's value rather than recompute it (host planner/stages.py); the simulator refuses a
-plan that recomputes one after its update.
+later layer's stage): the update names its readers (`param_readers`). The exact solvers'
+models forbid such a recompute, lowering keeps a heuristic plan's reader value instead (host
+planner/stages.py), and the simulator refuses a plan that recomputes one after its update.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
                               params_home if paged else None, nodes, rates)
         # The placement keeps a reader's recompute after the update unread only by its direct
         # users: a user recomputed later would need it again, computed from the new weights.
-        # The planner keeps such a reader's value instead (planner/stages.py).
+        # The planner never recomputes a reader after its update (see the module docstring).
         update.attrs["param_readers"] = sorted(
             [nodes[index].id for index in group.readers] + ([param_key] if param_key else []),
             key=str)

@@ -94,7 +94,8 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
                 progress: Progress | None = None,
                 parameters: dict | None = None) -> CpsatOutcome:
     started = clock.perf_counter()
-    cp_model = import_extension("ortools.sat.python.cp_model")  # heavy, and clashes with highspy (see DESIGN.md)
+    # heavy, and clashes with highspy (see DESIGN.md)
+    cp_model = import_extension("ortools.sat.python.cp_model")
 
     workers = workers or os.cpu_count() or 1
     hint_runs = intervals_from_decisions(p, hint) if hint is not None else None

@@ -20,7 +20,7 @@ from .interrupt import PlanInterrupted, SearchInterrupted
 from .order_portfolio import (RESCUE_TRY_SHARE, OrdersAhead, cheaper_order,
                               first_order_that_plans)
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem, ProblemError
-from .stages import StageDecision, is_plain, no_recompute_after_update
+from .stages import StageDecision, is_plain
 from .status_line import announce
 
 # Above this many nodes the stage x node MILP (O(n^2) binaries) is not worth starting.
@@ -480,17 +480,12 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
     found = None
     if outcome.decisions is not None:
         evaluation = evaluate(p, outcome.decisions)
-        if evaluation.feasible:
-            found = Candidate("cpsat", evaluation, outcome.decisions)
-        elif no_recompute_after_update(p, outcome.decisions) is outcome.decisions:
-            # the model and the simulator disagree: a bug, never output
+        # the model forbids recomputing a parameter reader after its update, so lowering
+        # replays its plan as it is: where the simulator disagrees, a bug, never output
+        if not evaluation.feasible:
             raise RuntimeError("CP-SAT returned a plan the simulator rejects "
                                f"(peak {evaluation.sim.peak_bytes} of {p.budget_bytes} bytes)")
-        else:  # it recomputed a parameter reader after its update, which the model does not
-            # know of: kept instead (stages.py), its value no longer fits; its optimum is no
-            # longer the plans' (its bound still is one)
-            outcome = replace(outcome, status="feasible" if outcome.status == "optimal"
-                              else outcome.status)
+        found = Candidate("cpsat", evaluation, outcome.decisions)
     if outcome.first_solution_s is not None:
         cp_first = offset + outcome.first_solution_s
         first_plan = cp_first if first_plan is None else min(first_plan, cp_first)

@@ -106,9 +106,10 @@ def no_recompute_after_update(p: Problem, decisions: list[StageDecision]) -> lis
     """The decisions with every recompute of a parameter reader after its update replaced: the
     update steps the parameters in place, so computed again the reader would use the new
     weights. Its value from before the update is paged in where a copy was paged out, else
-    kept in RAM from its last computation. Solvers do not model this (it is rare: a backward
-    node freed, then needed by a user recomputed in a later stage); the evaluation's replay
-    counts the memory it takes."""
+    kept in RAM from its last computation. CP-SAT's and the MILP's models forbid such a
+    recompute, so their plans pass unchanged; the heuristics do not model it (it is rare: a
+    backward node freed, then needed by a user recomputed in a later stage), and the
+    evaluation's replay counts the memory their repaired plans take."""
     if not p.stepped:
         return decisions
     last: dict[int, int] = {}  # node -> stage of its last computation

@@ -133,7 +133,8 @@ def solve_window(sched: EventSchedule, capacity: int, first: int, stages: int,
                  seed: int = 0) -> WindowResult:
     """The cheapest recomputations of stages first .. first+stages-1 that CP-SAT finds (1
     worker) with the rest of `sched` (within `capacity`) fixed; computes None unless cheaper."""
-    cp_model = import_extension("ortools.sat.python.cp_model")  # never beside highspy: see isolated.py
+    # never beside highspy: see isolated.py
+    cp_model = import_extension("ortools.sat.python.cp_model")
 
     from .cpsat import solve_interruptibly
 
