@@ -77,12 +77,14 @@ def profile_options(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from .profiler import write_profile
-    from .profiler.measure import board_errors, measure_board
+    from .profiler.measure import board_errors, check_power_sensor, measure_board
     if (empty := empty_name(args.output, "-o", "a file name")) is not None:
         print(f"error: {empty}", file=sys.stderr)  # before the work, not when writing after it
         return 2
     try:
-        profile = measure_board(profile_options(args))
+        options = profile_options(args)
+        check_power_sensor(options)  # before the flash's minutes (measure_profile checks too)
+        profile = measure_board(options)
         write_profile(profile, args.output)
     except board_errors() as error:
         print(f"error: {error}", file=sys.stderr)

@@ -143,10 +143,10 @@ def measure_profile(options: ProfileOptions, progress=None) -> Profile:
 
 def measure_board(options: ProfileOptions) -> Profile:
     """Flash (with page_dir), the host link (with host_pages), power, runtime footprint and
-    identity, as a measured profile without op costs. Raises what `board_errors()` names."""
+    identity, as a measured profile without op costs. Raises what `board_errors()` names;
+    callers check the sensor first (check_power_sensor), before any other work of theirs."""
     from . import (board_identity, measure_flash, measure_power, measure_runtime_footprint,
                    measured_profile, sizes_between)
-    check_power_sensor(options)
     sizes = options.sizes or sizes_between(options.min_size, options.max_size)
     flash = None
     if options.page_dir:
