@@ -142,6 +142,18 @@ def _reader_pushed_out_by_its_update() -> Graph:
                   node("y", ["r"], 10)], name="reader-and-update")
 
 
+def test_the_lns_window_never_offers_a_reader_after_its_update():
+    """The window model's candidates follow the exact solvers' rule: before, `r` was a
+    candidate at `y`'s stage, after `u` stepped its weights, and lowering had to undo what
+    the window chose."""
+    from edge_remat.planner.events import EventSchedule
+    from edge_remat.planner.window import candidates_at
+    p = build_problem(_reader_pushed_out_by_its_update(), 150, order="given")
+    sched = EventSchedule(p)
+    assert p.stepped == {1: 2}
+    assert 1 not in candidates_at(sched, 3, [])  # before: [0, 1]
+
+
 def test_the_exact_solvers_never_recompute_a_reader_after_its_update():
     """Their models forbid it. Before, both recomputed `r` after `u` (the only schedule
     within the budget); kept instead, the plan no longer fit and was dropped, or CP-SAT's

@@ -63,7 +63,9 @@ def recomputed_in(sched: EventSchedule, a: int, b: int) -> dict[int, list[int]]:
 
 def candidates_at(sched: EventSchedule, t: int, now: list[int]) -> list[int]:
     """The nodes the model may recompute in stage t: those recomputed there `now`, then t's
-    inputs and theirs (DEPTH levels, at most PER_STAGE in all)."""
+    inputs and theirs (DEPTH levels, at most PER_STAGE in all). A parameter reader is no
+    candidate after its update, which steps the weights it reads (CP-SAT's and the MILP's
+    rule): lowering would have to undo such a recomputation."""
     p = sched.p
     chosen, seen = list(now), set(now) | {t}
     level = [t, *now]
@@ -73,7 +75,8 @@ def candidates_at(sched: EventSchedule, t: int, now: list[int]) -> list[int]:
             for x in p.deps[w]:
                 if x not in seen:
                     seen.add(x)
-                    following.append(x)
+                    if t <= p.stepped.get(x, t):
+                        following.append(x)
         room = PER_STAGE - len(chosen)
         if room <= 0:
             break
