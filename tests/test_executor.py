@@ -290,6 +290,34 @@ def test_deploy_runs_the_plan_on_the_board_through_the_daemon(user_capture, loca
         str(tmp_path / "board"))
 
 
+def test_a_page_dir_under_the_home_pages_there_not_in_a_folder_named_tilde(user_capture,
+                                                                          tmp_path, monkeypatch):
+    """Every shipped device config sets `page_dir = "~/..."`. Before, the board's job took it
+    as a relative path: it paged (and kept a 1.1B model's 4.4 GB of weights) in WORKDIR/~/...,
+    while `devices check` tested the real folder under the home."""
+    from edge_remat.cli import app
+    from edge_remat.devices import write_local_device
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(tmp_path / "configs"))
+    workdir = tmp_path / "board"
+    write_local_device(tmp_path / "configs", "tilde", workdir, page_dir="~/board-pages")
+    captured = user_capture()
+    graph_file, plan_file = tmp_path / "graph.json", tmp_path / "plan.json"
+    captured.graph.save(graph_file)
+    with_paging(every_forward_recomputed(captured.graph), captured.graph).save(plan_file)
+    try:
+        result = CliRunner().invoke(app, ["deploy", str(plan_file), "--device", "tilde",
+                                          "--graph", str(graph_file), "--steps", "1",
+                                          "--out", str(tmp_path / "out"), "--json"])
+    finally:
+        stop_agent(workdir)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "run_report.json").read_text())
+    assert report["page_outs"] > 0
+    assert report["tiers"]["flash"]["page_dir"].startswith(str(tmp_path / "home" / "board-pages"))
+    assert not (workdir / "~").exists()
+
+
 def test_deploy_says_what_the_run_measured_in_words(user_capture, local_board, tmp_path):
     # Before, deploy without --json printed the job's result as a JSON dump.
     from edge_remat.cli import app

@@ -30,6 +30,13 @@ JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 WRITABLE_TOP = ("inputs", "agents", "agent.current")
 
 
+def job_page_dir(page_dir: "str | None", workdir: "str | os.PathLike[str]") -> str:
+    """The folder a job pages to: the device config's `page_dir` as the board reads it (`~` is
+    the board user's home, a relative path lies under the workdir), else WORKDIR/pages."""
+    chosen = Path(os.path.expanduser(page_dir)) if page_dir else Path("pages")
+    return str(Path(workdir) / chosen)  # an absolute `chosen` replaces the workdir
+
+
 class Layout:
     def __init__(self, workdir: "str | os.PathLike[str] | None" = None):
         chosen = workdir or os.environ.get("EDGE_REMAT_WORKDIR") or DEFAULT_WORKDIR

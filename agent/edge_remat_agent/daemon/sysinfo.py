@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import __version__
+from .layout import job_page_dir
 
 
 def torch_version() -> Optional[str]:
@@ -122,5 +123,5 @@ def collect(workdir: Path, build: str = "", page_dir: "str | None" = None) -> di
         "disk_total_bytes": disk_total,
         "disk_free_bytes": disk_free,
         "workdir": str(workdir),
-        "page_dir": page_dir_status(Path(page_dir or Path(workdir) / "pages").expanduser()),
+        "page_dir": page_dir_status(Path(job_page_dir(page_dir, workdir))),
     }

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from ..allocator import MALLOCS, missing_malloc, preload_environment, running_malloc
+from ..daemon.layout import job_page_dir
 from ..daemon.registry import JobContext
 from ..diverged import first_nonfinite_loss
 
@@ -51,7 +52,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                          "optimizer's. Capture again with that optimizer and plan again")
     seed = None if params.get("seed") is None else int(params["seed"])
     lr = None if params.get("lr") is None else float(params["lr"])
-    page_dir = str(params.get("page_dir") or ctx.workdir / "pages")
+    page_dir = job_page_dir(params.get("page_dir"), ctx.workdir)
 
     losses: list = []
 

@@ -8,6 +8,7 @@ by the host into its --out folder) and returns the profile's summary.
 
 from __future__ import annotations
 
+from ..daemon.layout import job_page_dir
 from ..daemon.registry import JobContext
 
 
@@ -17,7 +18,7 @@ def profile_job(ctx: JobContext, params: dict) -> dict:
     options = dict(params)
     if options.get("graph"):
         options["graph"] = str(ctx.input_path(str(options["graph"])))
-    options.setdefault("page_dir", str(ctx.workdir / "pages"))
+    options["page_dir"] = job_page_dir(options.get("page_dir"), ctx.workdir)
     profile_options = ProfileOptions.from_params(options)
 
     def progress(index: int, total: int, node) -> None:
