@@ -62,6 +62,12 @@ SOLVERS = ("auto", "cpsat", "milp")
 # the time limit (at most COVER_MAX_S); as an integer program up to COVER_INTEGER_NODES nodes
 # (500 nodes: 1 s, 2.02% TDI against the LP's 1.88%), its LP above (5000 nodes: 0.5 s).
 COVER_MIN_NODES, COVER_SHARE, COVER_MAX_S, COVER_INTEGER_NODES = 300, 0.03, 5.0, 1500
+# The exact solver is started only with this much of the time limit left (OR-Tools takes about
+# that to load and build a 200-node model, measured with `plan --model resnet18 --time-limit`);
+# with less, the best heuristic's plan is returned as it is, so that a small --time-limit is kept
+# (0.1 s took 0.8 s when CP-SAT had a floor of 1 s). Where no heuristic plan exists, the exact
+# solver gets at least this much.
+EXACT_MIN_S = 0.25
 # The MILP re-solves with a tighter budget where the simulator rejects its plan by a hair, if
 # at least this much of the time limit is left; otherwise the best heuristic's plan stands.
 MILP_RETRY_MIN_S = 1.0
@@ -198,7 +204,8 @@ def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: s
     except (InfeasibleBudget, NoPlan):
         if p.deadline is None:
             raise
-        left = max(1.0, time_limit - (clock.perf_counter() - started))
+        # a second at least for the fastest schedule, but no more than the limit itself
+        left = max(min(1.0, time_limit), time_limit - (clock.perf_counter() - started))
         return _fastest_within_budget(p, solver, left, backend, workers, started, time_limit)
 
 
@@ -331,7 +338,14 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
                        timing={"first_plan_s": first_plan, "best_plan_s": best_at},
                        progress=progress, **order_details)
-    remaining = max(1.0, time_limit - (clock.perf_counter() - started))
+    remaining = time_limit - (clock.perf_counter() - started)
+    if best_known is not None and remaining < EXACT_MIN_S:
+        return _report(p, best_known, "timeout", None, started, time_limit, summary,
+                       timing={"first_plan_s": first_plan, "best_plan_s": best_at},
+                       progress=progress, **order_details,
+                       fallback=f"{solver}, not started: {max(0.0, remaining):.2f} s of the "
+                       "time limit was left")
+    remaining = max(EXACT_MIN_S, remaining)
     announce(progress, "CP-SAT" if solver == "cpsat" else "MILP")
     if solver == "cpsat":
         return _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_limit,
@@ -554,7 +568,7 @@ def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
             left = deadline - clock.perf_counter()
             if attempt > 0 and left < MILP_RETRY_MIN_S:
                 break
-            outcome = isolated.call(library, solve_milp, p, max(left, MILP_RETRY_MIN_S),
+            outcome = isolated.call(library, solve_milp, p, max(left, EXACT_MIN_S),
                                     backend, best_known.decisions if best_known else None,
                                     workers, budget_margin_bytes=margin, files=files)
             if outcome.decisions is None:
