@@ -228,7 +228,7 @@ def test_the_budget_named_says_how_far_above_the_asked_one_it_is():
     hint = _budget_found_hint(p, time.perf_counter() + 5)
     named = int(str(hint).split("--budget ")[1].split(",")[0])
     assert f"at {named} bytes ({named - p.budget_bytes} bytes, " in hint, hint
-    assert "above this budget): try --budget" in hint and "x the" not in hint
+    assert "above this budget); the least budget that plans" in hint and "x the" not in hint
 
 
 def test_no_plan_and_no_ladder_budget_in_time_still_names_one(monkeypatch):

@@ -125,6 +125,11 @@ class Problem:
     def overlapped(self) -> bool:
         return self.io == "overlap" and bool(self.tiers)
 
+    def node_floor_bytes(self) -> int:
+        """A proven floor found at once: no schedule fits below a node's inputs + output +
+        workspace, plus fixed memory (smallest_budget may search seconds for a higher one)."""
+        return self.fixed + floor_node(self.graph, self.workspace)[0]
+
     def smallest_budget(self) -> tuple[int, int]:
         """(bytes, node index): no schedule fits below a node's inputs + output + workspace;
         without paging, nor below the pebbling floor (pebbling.py) where that is higher."""

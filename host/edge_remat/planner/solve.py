@@ -412,16 +412,21 @@ def _budget_found_hint(p: Problem, deadline: float, more_time_helps: bool = True
         if deadline - clock.perf_counter() <= 1.0 or not feasibility_plans_at(p, budget, deadline):
             break
         smallest, found = budget, step
+    # a budget that plans, not the least: a budget between the floor and it may plan too
+    # (with more time, or in a step the ladder does not try), and the error says so
+    between = (f"; the least budget that plans lies between the floor, "
+               f"{p.node_floor_bytes()} bytes (a proven lower bound), and {{}}")
     if found is None:
         return (f"the schedule without recomputation in this order fits {plain} bytes "
                 f"({plain / p.budget_bytes:.3g}x this budget) and the feasibility phase found "
-                f"no smaller budget in time: try --budget {plain}{more_time}")
+                f"no smaller budget in time" + between.format(plain)
+                + f": try --budget {plain}{more_time}")
     # in bytes above the asked budget: the ladder's factor applies to the room beyond fixed
     # memory, which a ratio beside two budgets did not say
     above = smallest - p.budget_bytes
     return (f"the feasibility phase finds a plan at {smallest} bytes ({above} bytes, "
-            f"{above / p.budget_bytes:.1%}, above this budget): try --budget {smallest}"
-            + more_time)
+            f"{above / p.budget_bytes:.1%}, above this budget)" + between.format(smallest)
+            + f": try --budget {smallest}" + more_time)
 
 
 def _since(started: float, progress: Progress | None) -> Progress | None:

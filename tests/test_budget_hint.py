@@ -1,0 +1,26 @@
+"""The budget a no-plan error names is one that plans, not the least: the message says that the
+least lies between the floor and it (it said only "try --budget N", and a smaller one planned)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from edge_remat.planner.build import build_problem
+from edge_remat.planner.evaluate import evaluate
+from edge_remat.planner.solve import _budget_found_hint, solve
+from edge_remat.synthetic import random_layered
+
+
+def test_the_named_budget_is_given_as_an_upper_end_with_the_floor_below():
+    p = build_problem(random_layered(60, seed=1), "0.8", order="given")
+    hint = _budget_found_hint(p, time.perf_counter() + 5)
+    named = int(re.search(r"try --budget (\d+)", hint).group(1))
+    # the asked budget, below the named one, plans too: the named one is not the least
+    assert named > p.budget_bytes
+    assert evaluate(p, solve(p, "auto", time_limit=5).decisions).fits_budget
+    floor = re.search(r"lies between the floor, (\d+) bytes \(a proven lower bound\), "
+                      rf"and {named}: try --budget {named}", hint)
+    assert floor is not None, hint
+    assert int(floor.group(1)) == p.node_floor_bytes() <= p.budget_bytes
+    assert int(floor.group(1)) <= p.smallest_budget()[0]  # no higher than the proven floor
