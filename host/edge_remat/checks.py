@@ -154,11 +154,26 @@ def note_profile_fit(profile: Optional[Profile], graph: Graph, profile_name: str
 def note_budget_above_ram(profile: Optional[Profile], budget_bytes: int, profile_name: str,
                           say: Callable[[str], None]) -> None:
     """A budget the profile's board cannot hold plans, but is no plan for that board."""
-    ram = profile.ram_total_bytes if profile is not None else None
-    if ram and budget_bytes > ram:
-        say(f"warning: the budget, {fmt_bytes(budget_bytes)}, is more than the "
-            f"{fmt_bytes(ram)} of RAM {profile_name} gives its board: this plan will not "
-            "fit there; give a budget in bytes below it")
+    note_above_ram(profile.ram_total_bytes if profile is not None else None, "the budget",
+                   budget_bytes, profile_name, "give a budget in bytes below it", say)
+
+
+def note_plan_above_ram(config, peak_bytes: int, say: Callable[[str], None]) -> None:
+    """deploy: a plan whose predicted peak the device config's board cannot hold (its memory
+    limit where it has one) is said before it is shipped, as `run` says its budget."""
+    hardware = config.hardware
+    ram = hardware.memory_limit_bytes or hardware.ram_bytes
+    whose = f"the device config {config.name!r}" + (
+        " (its memory limit)" if hardware.memory_limit_bytes else "")
+    note_above_ram(ram, "the plan's predicted peak", peak_bytes, whose,
+                   "plan again with a budget in bytes below it", say)
+
+
+def note_above_ram(ram_bytes: Optional[int], what: str, amount: int, whose: str, fix: str,
+                   say: Callable[[str], None]) -> None:
+    if ram_bytes and amount > ram_bytes:
+        say(f"warning: {what}, {fmt_bytes(amount)}, is more than the {fmt_bytes(ram_bytes)} "
+            f"of RAM {whose} gives its board: this plan will not fit there; {fix}")
 
 
 def check_solver_options(solver: str, time_limit: float, workers: Optional[int],

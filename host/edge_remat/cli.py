@@ -688,7 +688,7 @@ def deploy(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Push the agent, the plan and the graph; run the plan on the board; fetch the report."""
-    from .checks import check_plan, check_runnable, recorded_figures_warning
+    from .checks import check_plan, check_runnable, note_plan_above_ram, recorded_figures_warning
     from .devices import find_device
     from .importers.graph_import import load_graph_file
     from .outputs import output_folder
@@ -711,6 +711,7 @@ def deploy(
         to_stderr(stale)
     output_folder(out)
     config = find_device(device)
+    note_plan_above_ram(config, replayed.peak_bytes, to_stderr)
     params: dict = {"steps": steps}
     if config.hardware.page_dir:  # the board's flash, as its device config says
         params["page_dir"] = config.hardware.page_dir

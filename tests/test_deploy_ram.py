@@ -1,0 +1,48 @@
+"""deploy says, before it ships, that a plan's predicted peak is above the RAM its device
+config gives the board (it said nothing, and `run` warns of such a budget); the run goes on, as
+`run`'s does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers.bad_inputs import cli, env
+from helpers.board_fixtures import local_board
+
+pytestmark = pytest.mark.slow
+
+
+def test_deploy_warns_of_a_plan_above_the_boards_ram_before_shipping(tmp_path):
+    graph, plan = tmp_path / "graph.json", tmp_path / "plan.json"
+    assert cli("graph", "--model", "mlp", "--batch", "2", "-o", graph).returncode == 0
+    assert cli("plan", "--graph", graph, "--budget", "100%", "-o", plan).returncode == 0
+    peak = json.loads(plan.read_text())["predicted"]["peak_bytes"]
+    with local_board(tmp_path, "small", ram_bytes=peak // 2):
+        proc = cli("deploy", plan, "--device", "small", "--graph", graph, "--steps", "1",
+                   "--out", tmp_path / "out", timeout=300,
+                   environ=env(EDGE_REMAT_DEVICE_CONFIGS=str(tmp_path / "configs"),
+                               XDG_CACHE_HOME=str(tmp_path / "cache")))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    warning = [i for i, line in enumerate(lines) if line.startswith("warning: the plan's "
+                                                                     "predicted peak")]
+    assert len(warning) == 1, proc.stderr
+    assert "device config 'small'" in lines[warning[0]]
+    assert "this plan will not fit there" in lines[warning[0]]
+    # said before anything went to the board (the agent's copy, the job's lines)
+    assert all(not line.startswith("job ") for line in lines[:warning[0]]), proc.stderr
+
+
+def test_deploy_says_nothing_of_a_plan_within_the_boards_ram(tmp_path):
+    graph, plan = tmp_path / "graph.json", tmp_path / "plan.json"
+    assert cli("graph", "--model", "mlp", "--batch", "2", "-o", graph).returncode == 0
+    assert cli("plan", "--graph", graph, "--budget", "100%", "-o", plan).returncode == 0
+    peak = json.loads(plan.read_text())["predicted"]["peak_bytes"]
+    with local_board(tmp_path, "roomy", ram_bytes=peak * 4):
+        proc = cli("deploy", plan, "--device", "roomy", "--graph", graph, "--steps", "1",
+                   "--out", tmp_path / "out", timeout=300,
+                   environ=env(EDGE_REMAT_DEVICE_CONFIGS=str(tmp_path / "configs"),
+                               XDG_CACHE_HOME=str(tmp_path / "cache")))
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: the plan's predicted peak" not in proc.stderr
