@@ -606,9 +606,14 @@ def job_status(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Come back for a job: its state, progress and result (the board keeps them)."""
+    from pathlib import Path
+
+    from edge_remat_agent.wire.protocol import TERMINAL_STATES
+
     from .errors import Interrupted
     from .outputs import output_folder
     from .remote import print_outcome, progress_printer, to_stderr
+    from .run.come_back import final_status, settle_lost_report
     from .transport import Board
     from .transport.errors import job_failed
 
@@ -622,10 +627,15 @@ def job_status(
             raise Interrupted(f"stopped waiting; job {job_id} keeps running on {board.name} "
                               f"(`edge-remat job-cancel {job_id} --device {device}` stops it)",
                               job=job_id, cancelled=False) from None
-        if record["state"] == "failed":
-            raise job_failed(record, f"job {job_id}", board.name, board.stale_agent_cause())
         if out and record["state"] == "finished":
             record["fetched"] = [str(p) for p in board.fetch_outputs(record, out)]
+        if out and record["state"] in TERMINAL_STATES:  # a run's report said link_lost
+            settled = settle_lost_report(Path(out), job_id, record)
+            if settled is not None:
+                to_stderr(f"{settled} now says how job {job_id} ended: "
+                          f"{final_status(record)} (it said link_lost)")
+        if record["state"] == "failed":
+            raise job_failed(record, f"job {job_id}", board.name, board.stale_agent_cause())
         print_outcome(record, as_json, board)
 
 

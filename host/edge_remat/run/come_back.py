@@ -1,0 +1,48 @@
+"""A run that gave up on its link wrote OUT/report.json saying `link_lost` (orchestrate.py);
+the job may go on and end on the board. `job-status ID --wait --out OUT/board`, the way back the
+line named, then rewrites that report with the job's real final state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from edge_remat_agent.formats.fields import dump_json
+
+from ..errors import killed_by_memory
+from ..transport.errors import cancelled_by_host
+
+
+def final_status(record: dict) -> str:
+    """A run report's status for an ended job's record, as `run` would have said it."""
+    if record["state"] != "failed":
+        return record["state"]  # finished
+    if cancelled_by_host(record):
+        return "cancelled"
+    return "killed" if killed_by_memory(str(record.get("error"))) else "failed"
+
+
+def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[Path]:
+    """Rewrite the `link_lost` run report of job `job_id`, ended as `record` says (in `out`, or its parent: the run's
+    OUT, where `out` is OUT/board) with the job's final state; its path, or None where there is
+    no such report."""
+    for path in (out.parent / "report.json", out / "report.json"):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(report, dict) or report.get("status") != "link_lost" \
+                or report.get("job") != job_id:
+            continue
+        status = final_status(record)
+        board_report = out / "run_report.json"
+        report.update(status=status, link_lost=report.get("message"),
+                      message=f"the link was lost, and the job then ended on the board: "
+                      f"{status}" + (f" ({record['error']})" if record.get("error") else ""),
+                      job_state=record["state"])
+        if status == "finished" and board_report.is_file():
+            report["board_report"] = str(board_report)
+        dump_json(report, path)
+        return path
+    return None
