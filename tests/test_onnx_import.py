@@ -150,3 +150,42 @@ def test_a_file_that_fixes_its_batch_is_planned_at_that_batch_and_says_so(small_
     result = CliRunner().invoke(app, ["graph", "--onnx", str(small_cnn), "--batch", "8",
                                       "--json"])
     assert json.loads(result.stdout)["batch"] == 8 and "warning" not in result.stderr
+
+
+def _mlp_file(tmp_path, ops):
+    """x @ W, relu, @ W: the ops as (op_type, inputs, output, name), in the file's order."""
+    weight = numpy_helper.from_array(np.ones((4, 4), dtype=np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node(op, list(ins), [out], name=name) for op, ins, out, name in ops], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [weight])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+MM1, RELU, MM2 = ("MatMul", ("x", "W"), "h", "mm1"), ("Relu", ("h",), "r", "relu"), \
+    ("MatMul", ("r", "W"), "y", "mm2")
+
+
+@pytest.mark.parametrize("ops, field, got", [
+    ([MM2, MM1, RELU], "graph.node[0].input", "'r'"),  # out of order: was KeyError, exit 70
+    ([MM1, ("Relu", ("zz",), "r", "relu"), MM2], "graph.node[1].input", "'zz'"),
+    ([("MatMul", ("r", "W"), "h", "mm1"), RELU, MM2], "graph.node[0].input", "'r'"),  # a cycle
+    ([MM1, ("Relu", ("h",), "h", "relu"), ("MatMul", ("h", "W"), "y", "mm2")],
+     "graph.node[1].output", "'h'"),
+], ids=["out of order", "an undefined input", "a cycle", "an output made twice"])
+def test_a_malformed_onnx_graph_names_the_node_and_value(tmp_path, ops, field, got):
+    """Each was planned without a word (or an internal error): the line names the node and
+    the value that is wrong."""
+    path = _mlp_file(tmp_path, ops)
+    with pytest.raises(FormatError) as caught:
+        graph_from_onnx(path)
+    assert f"field {field!r}:" in str(caught.value) and f"got {got}" in str(caught.value), \
+        caught.value
+    result = CliRunner().invoke(app, ["graph", "--onnx", str(path), "-o", str(tmp_path / "g")])
+    assert result.exit_code == 2 and result.output.startswith("error:"), result.output
+
+
+def test_a_well_formed_onnx_graph_still_imports(tmp_path):
+    assert len(graph_from_onnx(_mlp_file(tmp_path, [MM1, RELU, MM2])).nodes) > 3

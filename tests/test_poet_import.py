@@ -68,3 +68,31 @@ def test_edges_that_disagree_with_the_preds_are_refused(tmp_path, edit, words):
     with pytest.raises(FormatError, match="field 'edges") as caught:
         load_graph_file(path)
     assert all(word in str(caught.value) for word in words), caught.value
+
+
+def _node3(key, value):
+    return lambda raw: raw["nodes"][3].__setitem__(key, value)
+
+
+@pytest.mark.parametrize("edit, field, words", [
+    (_node3("preds", ["x"]), "nodes[3].preds[0]", "a node id"),
+    (_node3("preds", [999]), "nodes[3].preds", "ids of nodes in this graph"),
+    (_node3("preds", [3]), "nodes[3].preds", "no self-loop"),
+    (lambda raw: raw["nodes"].__setitem__(slice(2, 4), [raw["nodes"][3], raw["nodes"][2]]),
+     "nodes[2].preds", "come earlier"),
+    (_node3("backward", "no"), "nodes[3].backward", "true or false"),
+    (lambda raw: raw.__setitem__("format", "poet-benchmark-problem/9"), "format",
+     "poet-benchmark-problem/1"),
+], ids=["a pred not an id", "a pred not there", "a node its own pred", "out of order",
+        "backward not a boolean", "another format version"])
+def test_a_malformed_problem_names_the_field_that_is_wrong(tmp_path, edit, field, words):
+    """The errors named our format's field (`inputs`) for POET's `preds`, accepted any truthy
+    `backward`, and read a file of another format version as a node-link graph ('out_cost')."""
+    from edge_remat_agent.formats import FormatError
+    raw = json.loads((POET / "linear__m4.json").read_text())
+    edit(raw)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(FormatError) as caught:
+        load_graph_file(path)
+    assert f"field {field!r}:" in str(caught.value) and words in str(caught.value), caught.value

@@ -67,6 +67,14 @@ class Reader:
             raise self.error(key, f"an integer >= {minimum}", value)
         return value
 
+    def boolean(self, key: str, default: Any = _MISSING) -> Any:
+        value = self.raw(key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, bool):
+            raise self.error(key, "true or false", value)
+        return value
+
     def object(self, key: str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:

@@ -137,8 +137,9 @@ def _node_from(r: Reader) -> Node:
                 attrs=r.object("attrs", None) or {})
 
 
-def check_order(graph: Graph, source: str) -> None:
-    """Ids unique, inputs known and earlier in the order (which also rules out cycles)."""
+def check_order(graph: Graph, source: str, inputs_field: str = "inputs") -> None:
+    """Ids unique, inputs known and earlier in the order (which also rules out cycles).
+    `inputs_field`: what the file calls a node's inputs (POET's `preds`), for the errors."""
     if not graph.nodes:
         raise FormatError(source, "nodes", "at least one node")
     seen: set[NodeId] = set()
@@ -148,15 +149,15 @@ def check_order(graph: Graph, source: str) -> None:
             raise FormatError(source, f"{where}.id", "a unique node id", node.id)
         for dep in node.inputs:
             if dep == node.id:
-                raise FormatError(source, f"{where}.inputs", "no self-loop", dep)
+                raise FormatError(source, f"{where}.{inputs_field}", "no self-loop", dep)
             if dep not in graph.index:
-                raise FormatError(source, f"{where}.inputs", "ids of nodes in this graph", dep)
+                raise FormatError(source, f"{where}.{inputs_field}", "ids of nodes in this graph", dep)
             if dep not in seen:
-                raise FormatError(source, f"{where}.inputs",
+                raise FormatError(source, f"{where}.{inputs_field}",
                                   "inputs that come earlier in the node order (a cycle, or nodes "
                                   "out of execution order)", dep)
         if len(set(node.inputs)) != len(node.inputs):
-            raise FormatError(source, f"{where}.inputs", "each input once", node.inputs)
+            raise FormatError(source, f"{where}.{inputs_field}", "each input once", node.inputs)
         seen.add(node.id)
 
 

@@ -39,7 +39,7 @@ def _load_any(path: str | Path) -> Graph:
     if obj.get("format") == "poet-benchmark-problem/1":
         from .poet_import import graph_from_poet
         return graph_from_poet(obj, source)
-    if "nodes" in obj and ("links" in obj or "edges" in obj):
+    if "format" not in obj and "nodes" in obj and ("links" in obj or "edges" in obj):
         return graph_from_node_link(obj, source)
     raise FormatError(source, "format", "'edge-remat/graph', 'poet-benchmark-problem/1', or a "
                       "networkx node-link graph (with 'nodes' and 'links')", obj.get("format"))
@@ -66,7 +66,7 @@ def graph_from_node_link(obj: dict[str, Any], source: str) -> Graph:
             "id": node_id, "name": str(n.obj.get("name", node_id)),
             "time_s": None if cost_key is None else float(n.number(cost_key)),
             "out_bytes": n.integer(size_key),
-            "kind": "backward" if n.obj.get("backward") else "forward", "inputs": []}
+            "kind": "backward" if n.boolean("backward", False) else "forward", "inputs": []}
     for k, link in enumerate(raw_links):
         lr = Reader(link, source, f"links[{k}]")
         src_key, dst_key = ("source", "target") if "source" in link else ("0", "1")

@@ -41,6 +41,7 @@ def graph_from_onnx(path: str | Path, batch: int | None = None, optimizer: str =
     source = str(path)
     model = _load(source)
     g = model.graph
+    _check_values(g, source)
     sizes, shapes, assumed = _values(g, batch or 1)
     initializers = {t.name: t for t in g.initializer}
     ops = [n for n in g.node if n.op_type != "Constant"]
@@ -108,6 +109,34 @@ def graph_from_onnx(path: str | Path, batch: int | None = None, optimizer: str =
         "capture_s": round(time.perf_counter() - start, 4),
     }
     return graph
+
+
+def _check_values(g, source: str) -> None:
+    """Every value an op reads is a graph input, an initializer, a Constant's or an earlier op's
+    output, and each is made once (ONNX lists nodes in topological order): a file out of
+    order was an internal error (KeyError), and one whose op read an undefined value or whose
+    ops formed a cycle was planned without a word."""
+    made = {value.name: "a graph input" for value in g.input}
+    for t in g.initializer:
+        made[t.name] = "an initializer"
+    for k, op in enumerate(g.node):  # a Constant has no inputs: wherever it is, it can come first
+        if op.op_type == "Constant":
+            made.update((out, f"graph.node[{k}] ({op.name or op.op_type})") for out in op.output)
+    for k, op in enumerate(g.node):
+        where = f"graph.node[{k}] ({op.name or op.op_type})"
+        for name in op.input:
+            if name and name not in made:  # "" is an optional input left out
+                raise FormatError(source, f"graph.node[{k}].input", "a graph input, an "
+                                  "initializer or an earlier node's output (ONNX lists nodes "
+                                  f"in topological order) for {where}", name)
+        if op.op_type == "Constant":
+            continue
+        for name in op.output:
+            if name and name in made:
+                raise FormatError(source, f"graph.node[{k}].output", "names no other value has "
+                                  f"(it is {made[name]}'s too)", name)
+            if name:
+                made[name] = where
 
 
 def _file_batch(g, initializers, shapes, assumed) -> int | None:

@@ -22,13 +22,16 @@ def graph_from_poet(obj: dict[str, Any], source: str) -> Graph:
     for k, _ in enumerate(r.list("nodes")):
         n = r.item("nodes", k)
         preds = n.list("preds")
+        for j, pred in enumerate(preds):
+            if isinstance(pred, bool) or not isinstance(pred, int):
+                raise n.error(f"preds[{j}]", "a node id (an integer)", pred)
         read += [(pred, n.raw("id")) for pred in preds]
         page = {"in_time_s": n.number("pagein_time_s", 0.0),
                 "in_energy_j": n.number("pagein_energy_j"),
                 "out_time_s": n.number("pageout_time_s", 0.0),
                 "out_energy_j": n.number("pageout_energy_j")}
         nodes.append(Node(id=n.integer("id"), name=n.str("name"),
-                          kind="backward" if n.raw("backward") else "forward",
+                          kind="backward" if n.boolean("backward") else "forward",
                           op=n.str("layer_type", "layer"),
                           inputs=list(dict.fromkeys(preds)),  # POET repeats multi-edges
                           out_bytes=n.integer("mem_bytes"), time_s=n.number("runtime_s"),
@@ -39,7 +42,7 @@ def graph_from_poet(obj: dict[str, Any], source: str) -> Graph:
                   capture={"tool": "POET benchmark problem", "file": source,
                            "reference_peak_bytes": totals.integer("noremat_peak_bytes")},
                   cost_source="published (POET device model)", planning_only=True)
-    check_order(graph, source)  # the nodes' own faults (ids, inputs, order) first
+    check_order(graph, source, "preds")  # the nodes' own faults (ids, preds, order) first
     _check_edges(r, read)
     return graph
 
