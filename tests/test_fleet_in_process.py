@@ -116,3 +116,26 @@ def test_a_profile_measured_for_another_model_is_said_as_plan_says_it(tmp_path):
     quiet = cli("fleet", "plan", small_fleet(tmp_path / "modelled", ["97%"]), "--out",
                 tmp_path / "out2", "--no-ray")
     assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
+
+
+def test_a_synthetic_graphs_costs_are_labelled_cost_units_as_plan_labels_them(tmp_path):
+    """A random layered graph's costs are unitless (`cost_source: synthetic`): the table said
+    "5.062e+04s 2.531e+05J" where `plan` says "cost units"."""
+    from edge_remat.synthetic import random_layered
+    random_layered(60, seed=1).save(tmp_path / "rl60.json")
+    manifest = small_fleet(tmp_path, ["97%"])
+    manifest.write_text(manifest.read_text().replace("tiny.json", "rl60.json"))
+    proc = cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray")
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("rl60 "))
+    assert not row.rstrip().endswith("J") and "s " not in row.split("KiB", 1)[1], row
+    assert "time and energy of rl60 are in the graph's cost units" in proc.stdout
+    [result] = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    assert result["units"] == {"time": "cost units", "energy": "cost units"}
+
+    (tmp_path / "tiny").mkdir()  # a graph in seconds keeps its s and J
+    proc = cli("fleet", "plan", small_fleet(tmp_path / "tiny", ["97%"]), "--out",
+               tmp_path / "tiny" / "out", "--no-ray")
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("tiny "))
+    assert row.rstrip().endswith("J") and "cost units" not in proc.stdout, proc.stdout

@@ -76,7 +76,7 @@ def summary_text(result, folder) -> str:
     from edge_remat_agent.units import counted
 
     from ..units import fmt_bytes
-    from .results import INFEASIBLE, infeasible_text
+    from .results import INFEASIBLE, infeasible_text, row_units
     rows = result.rows
     resumed = sum(1 for row in rows if row["resumed"])
     planned = len(rows) - len(result.failed) - len(result.infeasible)
@@ -97,8 +97,14 @@ def summary_text(result, folder) -> str:
             lines.append(f"{start} " + (infeasible_text(row) if row["status"] in INFEASIBLE
                                         else row["error"]))
             continue
+        seconds = row_units([row]) == ("s", "J")  # else the graph's cost units: no suffix
         lines.append(f"{start} {fmt_bytes(row['peak_bytes']):>10} "
-                     f"{row['time_s']:>9.4g}s {row['energy_j']:>8.4g}J")
+                     f"{row['time_s']:>9.4g}{'s' if seconds else ' '} "
+                     f"{row['energy_j']:>8.4g}{'J' if seconds else ' '}")
+    in_cost_units = sorted({row["model"] for row in rows if row_units([row])[0] != "s"})
+    if in_cost_units:
+        lines += ["", f"time and energy of {', '.join(in_cost_units)} are in the graph's cost "
+                  "units (its file's costs are not seconds), not s and J"]
     if result.slowest:
         lines += ["", "slowest: " + "; ".join(f"{label} {seconds:.1f} s"
                                                for seconds, label in result.slowest)]

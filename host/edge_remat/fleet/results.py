@@ -42,9 +42,19 @@ def infeasible_text(row: dict) -> str:
     return f"smallest feasible deadline {smallest:g}x the plain time"
 
 
+def row_units(rows: list[dict]) -> tuple[str, str]:
+    """(time, energy) units of a model's planned rows (one graph: one kind of costs); seconds
+    and joules where none planned, or rows written before they said."""
+    units = next((row["units"] for row in rows if row.get("units")), None)
+    return (units["time"], units["energy"]) if units else ("s", "J")
+
+
 def plan_row(task: PlanTask, plan: dict, seconds: Optional[float], resumed: bool) -> dict:
+    from ..reports.report import problem_cost_units
     pr, s = plan["predicted"], plan["solver"]
-    return {**_keys(task), "status": s["status"], "solver": s["name"],
+    # as `plan --json` names them: a graph file's cost units where its costs are not seconds
+    units = dict(zip(("time", "energy"), problem_cost_units(plan.get("problem", {}))))
+    return {**_keys(task), "status": s["status"], "solver": s["name"], "units": units,
             "budget_bytes": plan["budget_bytes"], "peak_bytes": pr["peak_bytes"],
             "time_s": pr["time_s"], "energy_j": pr["energy_j"],
             "tdi_percent": pr["tdi_percent"], "recomputed": pr["recomputed"],
@@ -57,7 +67,7 @@ def plan_row(task: PlanTask, plan: dict, seconds: Optional[float], resumed: bool
 
 def failed_row(task: PlanTask, outcome: dict) -> dict:
     row: dict[str, Any] = {key: None for key in COLUMNS}
-    row.update(_keys(task), status=outcome["status"], budget_bytes=outcome.get("budget_bytes"),
+    row.update(_keys(task), units=None, status=outcome["status"], budget_bytes=outcome.get("budget_bytes"),
                task_s=outcome.get("seconds"), resumed=False, error=outcome["error"],
                **{key: outcome.get(key) for key in SMALLEST})
     return row
@@ -96,5 +106,6 @@ def plot_models(rows: list[dict], out: Path) -> list[Path]:
                                     if several_deadlines and row["deadline"] else "")
             series.setdefault(label, []).append(row)
         written.append(plot_sweeps(series, out / model / "sweep.png",
-                                   f"{model}: cost of training against the memory budget"))
+                                   f"{model}: cost of training against the memory budget",
+                                   row_units(mine)))
     return written
