@@ -171,7 +171,9 @@ def plan(
     prof = load_profile(profile) if profile else None
     note_profile_fit(prof, g, str(profile), to_stderr)
     tiers = _kept_measured(flash_tier, prof)
-    for line in _unused_options(ctx, g, prof, tiers, paging, paging_time, solver, arena,
+    from edge_remat_agent.costs import build_costs
+    costs = build_costs(g, prof, tiers)  # once: the checks below and every problem read it
+    for line in _unused_options(ctx, costs, paging, paging_time, solver, arena,
                                 sweep is not None, bool(flash_tier), objective):
         to_stderr(f"warning: {line}")
 
@@ -180,7 +182,8 @@ def plan(
     def make_problem(budget):
         return build_problem(g, budget, prof, objective, target_deadline, paging, tiers,
                              paging_time, plain_peak() if budget.fraction is not None else None,
-                             io=paging_io, order=order, order_time_s=ORDER_SHARE * time_limit)
+                             io=paging_io, order=order, order_time_s=ORDER_SHARE * time_limit,
+                             costs=costs)
 
     from .planner.interrupt import PlanInterrupted, sigterm_as_ctrl_c, stopped_by
     if sweep is not None:
@@ -198,7 +201,7 @@ def plan(
                                        paging, tiers, paging_time, solver, time_limit,
                                        backend, workers, progress, plain, io=paging_io,
                                        arena=arena, arena_time_limit=arena_time_limit,
-                                       order=order, arena_fit=arena_fit)
+                                       order=order, arena_fit=arena_fit, costs=costs)
     except PlanInterrupted as stop:  # Ctrl-C or SIGTERM: the best plan so far is written
         result, report, interrupted = stop.report.plan.to_dict(), stop.report, True
     except KeyboardInterrupt:  # before any plan within the budget: say so, and what helps
@@ -241,7 +244,7 @@ def plan(
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _unused_options(ctx: typer.Context, g, prof, tiers, paging, paging_time, solver, arena,
+def _unused_options(ctx: typer.Context, costs, paging, paging_time, solver, arena,
                     sweep: bool, flash_given: bool, objective: str = "time") -> list[str]:
     """Options the plan would silently ignore, given with others that rule them out: each a
     warning (the plan is still right), so that no one believes they took effect."""
@@ -249,14 +252,12 @@ def _unused_options(ctx: typer.Context, g, prof, tiers, paging, paging_time, sol
         source = ctx.get_parameter_source(option)  # click's enum (typer may vendor click)
         return source is not None and source.name == "COMMANDLINE"
 
-    from edge_remat_agent.costs import build_costs
-
     from .planner.build import PAGING_CHOICES, paging_tiers
     unused = []
     if flash_given and paging is not None and "flash" not in PAGING_CHOICES.get(paging, ()):
         unused.append(f"the --flash-* figures are unused: --paging {paging} pages to no flash "
                       "(use --paging flash or both to page there)")
-    if paging_time == "free" and not paging_tiers(paging, build_costs(g, prof, tiers)):
+    if paging_time == "free" and not paging_tiers(paging, costs):
         unused.append("--paging-time free is unused: this plan pages nothing (" +
                       ("--paging none" if paging == "none" else "no tier's costs are given: a "
                        "profile with one, or --flash-read-bw/--flash-write-bw") + ")")
@@ -269,7 +270,7 @@ def _unused_options(ctx: typer.Context, g, prof, tiers, paging, paging_time, sol
     elif typed("arena_time_limit") and arena != "cpsat":
         unused.append(f"--arena-time-limit is unused: it limits --arena cpsat's layout, and "
                       f"--arena {arena} solves none")
-    if objective == "energy" and build_costs(g, prof, tiers).power_source == "default":
+    if objective == "energy" and costs.power_source == "default":
         # the table's joules were then 1 W x the step time, no idle power: no board's figures
         unused.append("--objective energy has no power to count: without a profile (or node "
                       "energies in the graph) compute is costed at 1 W and idle power at 0, so "

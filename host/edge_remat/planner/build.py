@@ -87,7 +87,7 @@ def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile |
                   paging: str | None = None, tiers: dict[str, Tier] | None = None,
                   paging_time: str = "counted", plain_peak: int | None = None,
                   io: str = "overlap", order: str = "auto",
-                  order_time_s: float | None = None) -> Problem:
+                  order_time_s: float | None = None, costs: CostModel | None = None) -> Problem:
     """`plain_peak`: the plain schedule's peak when the caller has it (a fraction's
     reference, unless the graph brings its own). `io`: paging overlapped with compute
     (planner/overlap.py) or stop-the-world ("sync"). `order`: "given" plans the graph's own
@@ -95,14 +95,15 @@ def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile |
     free (`Graph.replayed` false); "auto" the memory-aware one where it is free and leaves
     less RAM above the budget. A fractional budget is always of the given order's peak.
     `order_time_s`: at most this long for choosing the order (callers with a time limit give
-    ordering.ORDER_SHARE of it); the time taken is `order_s`, which solve() counts."""
+    ordering.ORDER_SHARE of it); the time taken is `order_s`, which solve() counts. `costs`:
+    build_costs(graph, profile, tiers) where the caller has built it already (plan's checks)."""
     if order not in ORDERS:
         raise ProblemError(f"--order must be one of {', '.join(ORDERS)}, got {order!r}")
     if order == "memory" and graph.replayed:
         raise ProblemError(f"--order memory: graph '{graph.name}' was captured from a model, "
                            "whose ops draw random numbers and update state in its order; "
                            "plan it in its own order (--order given or auto)")
-    costs = build_costs(graph, profile, tiers)
+    costs = costs or build_costs(graph, profile, tiers)
     chosen = paging_tiers(paging, costs)
     reference = graph.capture.get("reference_peak_bytes", plain_peak)
     problem = Problem(graph, costs, resolve_budget(budget, graph, reference, profile),

@@ -4,6 +4,7 @@ this, so that a fleet's plan file is the plan the command gives for the same inp
 
 from __future__ import annotations
 
+from edge_remat_agent.costs import CostModel
 from edge_remat_agent.formats import Graph, Profile, Tier
 
 from ..units import Budget
@@ -22,17 +23,20 @@ def make_plan(graph: Graph, budget: "Budget | str | float", profile: Profile | N
               progress: Progress | None = None, plain_peak: int | None = None,
               io: str = "overlap", arena: str = "best-fit",
               arena_time_limit: float = 10.0, order: str = "auto",
-              arena_fit: bool = False) -> "tuple[dict, SolveReport]":
+              arena_fit: bool = False,
+              costs: CostModel | None = None) -> "tuple[dict, SolveReport]":
     """(the plan as written, the solver's report). Raises InfeasibleBudget,
     InfeasibleDeadline or NoPlan where no plan can be had. `plain_peak`: a fraction's
     reference when the caller has it already. `arena`: the address layout the plan carries
     (planner/arena.py: best-fit | cpsat | none); `arena_fit`: where the arena and fixed
     memory pass the budget, solve again lower until they fit (planner/arena_fit.py). Ctrl-C
     once a plan exists raises PlanInterrupted with the best plan so far (arena laid out
-    best-fit, not fitted; during the fitting, the plan at the budget asked)."""
+    best-fit, not fitted; during the fitting, the plan at the budget asked). `costs`: the
+    graph's cost model where the caller has built it (build_problem's `costs`)."""
     def problem_at(budget, seconds: float, plain: int | None = None):
         return build_problem(graph, budget, profile, objective, deadline, paging, tiers,
-                             paging_time, plain, io, order, order_time_s=ORDER_SHARE * seconds)
+                             paging_time, plain, io, order, order_time_s=ORDER_SHARE * seconds,
+                             costs=costs)
 
     announce(progress, "preparing the problem")
     problem = problem_at(budget, time_limit, plain_peak)
