@@ -6,6 +6,7 @@
       daemon.json         how to reach it: pid, build, TCP address if any
       daemon.log          its log
       agents/<sha>.pyz    agent archives pushed by the host, named by content, never rewritten
+                          (old ones removed by a daemon starting: archives.py)
       agent.current       the name of the archive the board should run
       inputs/             files the host pushed (plans, graphs)
       jobs/<id>/          one job: job.json (daemon), progress.json + outcome.json (job

@@ -25,7 +25,8 @@ from ..wire.protocol import (BAD_REQUEST, BUSY, CONFLICT, INTERNAL, MISSING_TORC
                              UNKNOWN_KIND, error_reply, reply)
 from . import files
 from .files import RequestError
-from .identity import agent_command, own_build
+from .archives import prune_archives
+from .identity import agent_command, own_build, running_archive
 from .layout import Layout, unix_socket_address
 from .registry import broken_plugins, job_kinds
 from .store import JobStore, write_json_atomic
@@ -90,6 +91,7 @@ class Daemon:
         """Take the workdir's lock, recover jobs, open the listeners (returns at once)."""
         self._take_lock()
         self.store.load()
+        prune_archives(self.layout, running_archive())  # the lock held: one daemon at a time
         if self.unix:
             self._listen_unix()
         if self.tcp:
