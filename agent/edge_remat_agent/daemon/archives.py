@@ -29,15 +29,17 @@ def archives_in_use(agents: Path, proc: Path = Path("/proc")) -> Optional[Set[Pa
         if not entry.name.isdigit():
             continue
         try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-            cwd = Path(os.readlink(entry / "cwd"))
-        except OSError:  # gone meanwhile, or not ours to read
+            args = [os.fsdecode(a) for a in (entry / "cmdline").read_bytes().split(b"\0")
+                    if a.endswith(b".pyz")]
+        except OSError:  # gone meanwhile
             continue
         for arg in args:
-            if arg.endswith(b".pyz"):
-                path = cwd / os.fsdecode(arg)  # an absolute argument stays as it is
-                if path.parent.resolve() == agents.resolve():
-                    used.add(path.resolve())
+            try:  # a relative argument is the process's cwd's
+                path = Path(os.readlink(entry / "cwd")) / arg
+            except OSError:  # another user's process: its name alone, to be safe
+                path = agents / Path(arg).name
+            if path.parent.resolve() == agents.resolve():
+                used.add(path.resolve())
     return used
 
 
