@@ -369,7 +369,8 @@ def test_run_keep_running_on_an_emulated_board_leaves_its_job_running(tmp_path, 
 def test_giving_up_on_the_link_names_the_job_and_the_way_back(tmp_path, monkeypatch):
     """sshd stops mid-run and reconnecting gives up: exit 3, the line names the job and the
     job-status / job-cancel commands, OUT/report.json says the link was lost; and the job is
-    there to come back to once sshd is up again."""
+    there to come back to once sshd is up again; the job-status line the error names (with its
+    --out) then rewrites the report with how the job ended (it stayed link_lost)."""
     import re
 
     from helpers.board_fixtures import SshServer, ssh_device_config
@@ -395,6 +396,13 @@ def test_giving_up_on_the_link_names_the_job_and_the_way_back(tmp_path, monkeypa
         sshd.start()
         cancel = cli("job-cancel", job_id, "--device", "loopback", environ=env())
         assert cancel.returncode == 0 and job_id in cancel.stdout, cancel.stderr
+        back = re.search(r"`edge-remat (job-status [^`]+)`", line).group(1)
+        assert f"--out {out / 'board'}" in back, back
+        came_back = cli(*back.split(), environ=env())
+        assert came_back.returncode == INTERRUPTED, came_back.stderr
+        report = json.loads((out / "report.json").read_text())
+        assert report["status"] == "cancelled" and report["job"] == job_id, report
+        assert report["link_lost"].startswith("cannot reach"), report
     finally:
         stop_agent(workdir)
         sshd.stop()
