@@ -48,6 +48,16 @@ def model(tmp_path):
     return f"{path}:make"
 
 
+def _assert_the_host_warns(records: list, mode: str, model: str, result: dict) -> None:
+    """The host's progress line and its report (planned or plain) name the step, once."""
+    assert [line.split(":")[:2] for line in _late_host(records)] == \
+        [["warning", " the loss is not finite (inf) at step 3"]]
+    host = build_report(mode=mode, status="finished", device="bench", model=model,
+                        steps=STEPS, result=result)
+    assert host["nonfinite_loss"] == FIRST
+    assert "warning       the loss is not finite (inf) at step 3" in report_text(host)
+
+
 def _late_host(records: list) -> list[str]:
     """What a host that polled only once, after the last step, says (it sees the newest
     progress alone: the daemon writes it at most every 0.2 s)."""
@@ -72,12 +82,7 @@ def test_a_planned_run_says_at_which_step_the_loss_stopped_being_finite(model, t
     assert report["summary"]["nonfinite_loss"] == FIRST
     assert report["grad_check"]["bitwise_equal"]  # the plan is still exact: the model diverged
     assert "warning      the loss is not finite (inf) at step 3" in summary_text(report)
-    assert [line.split(":")[:2] for line in _late_host(records)] == \
-        [["warning", " the loss is not finite (inf) at step 3"]]
-    host = build_report(mode="planned", status="finished", device="bench", model=model,
-                        steps=STEPS, result=report)
-    assert host["nonfinite_loss"] == FIRST
-    assert "warning       the loss is not finite (inf) at step 3" in report_text(host)
+    _assert_the_host_warns(records, "planned", model, report)
 
 
 def test_plain_training_says_it_too(model, tmp_path):
@@ -85,12 +90,7 @@ def test_plain_training_says_it_too(model, tmp_path):
     ctx = JobContext("plain-test", tmp_path / "job", tmp_path, records.append)
     result = plain_train_job(ctx, {"model": model, "steps": STEPS, "lr": LR})
     ctx.flush()
-    assert [line.split(":")[:2] for line in _late_host(records)] == \
-        [["warning", " the loss is not finite (inf) at step 3"]]
-    host = build_report(mode="plain", status="finished", device="bench", model=model,
-                        steps=STEPS, result=result)
-    assert host["nonfinite_loss"] == FIRST
-    assert "warning       the loss is not finite (inf) at step 3" in report_text(host)
+    _assert_the_host_warns(records, "plain", model, result)
 
 
 def test_a_run_whose_loss_stays_finite_says_nothing_of_it(model, tmp_path):

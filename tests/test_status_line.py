@@ -71,10 +71,11 @@ def _plan_with_stderr(tmp_path, stderr) -> subprocess.CompletedProcess:
                           stdout=subprocess.PIPE, stderr=stderr, env=env(), timeout=120)
 
 
-def test_on_a_terminal_the_plan_command_draws_the_line_and_ends_it(tmp_path):
+def _on_a_terminal(run) -> tuple[subprocess.CompletedProcess, str]:
+    """run(terminal) with its stderr on a pseudo-terminal: its result and what it showed."""
     main, terminal = os.openpty()
     try:
-        done = _plan_with_stderr(tmp_path, terminal)
+        done = run(terminal)
         os.close(terminal)
         shown = b""
         while True:
@@ -87,8 +88,12 @@ def test_on_a_terminal_the_plan_command_draws_the_line_and_ends_it(tmp_path):
             shown += chunk
     finally:
         os.close(main)
+    return done, shown.decode()
+
+
+def test_on_a_terminal_the_plan_command_draws_the_line_and_ends_it(tmp_path):
+    done, text = _on_a_terminal(lambda terminal: _plan_with_stderr(tmp_path, terminal))
     assert done.returncode == 0
-    text = shown.decode()
     assert "\r  plan " in text and "preparing the problem" in text and text.endswith("\n")
     assert done.stdout.decode().startswith("status")
 
@@ -135,24 +140,10 @@ def test_a_warning_written_meanwhile_clears_the_line_and_the_line_is_drawn_again
     ('  plan 0.2 s   window LNS<warning>'): each stderr write now clears it first and redraws it
     below once the text's line ends."""
     import sys
-    main, terminal = os.openpty()
-    try:
-        done = subprocess.run([sys.executable, "-c", WRITES_BETWEEN], stderr=terminal,
-                              env=env(), timeout=60)
-        os.close(terminal)
-        shown = b""
-        while True:
-            try:
-                chunk = os.read(main, 4096)
-            except OSError:  # the terminal's other end is closed: all read
-                break
-            if not chunk:
-                break
-            shown += chunk
-    finally:
-        os.close(main)
+    done, shown = _on_a_terminal(lambda terminal: subprocess.run(
+        [sys.executable, "-c", WRITES_BETWEEN], stderr=terminal, env=env(), timeout=60))
     assert done.returncode == 0
-    rows = [row for row in screen(shown.decode().replace("\r\n", "\n")) if row]
+    rows = [row for row in screen(shown.replace("\r\n", "\n")) if row]
     warned = next(i for i, row in enumerate(rows) if "UserWarning" in row)
     assert rows[warned].startswith("<string>:") and "plan" not in rows[warned], rows
     assert rows[warned + 1:] == ["warning: an echoed line", "error: a printed line",
