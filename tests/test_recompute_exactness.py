@@ -35,6 +35,24 @@ def test_rrelu_in_training_mode_replays_its_noise_when_recomputed(tmp_path):
     assert report["grad_check"]["bitwise_equal"], report["grad_check"]["differing"]
 
 
+def test_linalg_solve_cholesky_and_inv_capture_and_recompute_exactly(tmp_path):
+    """They run `_linalg_check_errors`, which AOTAutograd orders by an effect token: capture
+    refused it with 'unexpected graph input primals_1 (ForwardTokenAOTInput(idx=0))'."""
+    captured = capture_model(user_model("make_gaussian"), operator_level=True)
+    report = run_plan(captured.graph, every_forward_recomputed(captured.graph), 2,
+                      str(tmp_path / "pages"), captured=captured, seed=0)
+    assert report["recomputed"] > 0
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]["differing"]
+
+
+def test_a_singular_matrix_raises_in_the_planned_step_as_in_eager(tmp_path):
+    """The unwrapped check still runs: a singular solve is eager's error, not garbage."""
+    captured = capture_model(user_model("make_singular_solve"))
+    with pytest.raises(Exception, match="input matrix is singular"):
+        run_plan(captured.graph, keep_all(captured.graph), 1, str(tmp_path / "pages"),
+                 captured=captured, check_gradients=False)
+
+
 def _near_floor(graph):
     try:
         p = build_problem(graph, 0.5, None, "time", None, "none", {})

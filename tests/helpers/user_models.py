@@ -171,5 +171,37 @@ def make_gru(hidden: int = 32, batch: int = 4, seed: int = 0):
     return GruClassifier(hidden), (torch.randn(batch, 3, 16), torch.randint(0, 4, (batch,)))
 
 
+class Gaussian(nn.Module):
+    """A Gaussian negative log-likelihood with a learned covariance: linalg.cholesky, solve and
+    inv, which check LAPACK's status as eager does (an effectful op in the joint graph).
+    `singular` makes every matrix rank one, where eager's solve raises."""
+
+    def __init__(self, dim: int = 4, singular: bool = False):
+        super().__init__()
+        self.factor = nn.Linear(dim, dim * dim)
+        self.dim, self.singular = dim, singular
+
+    def forward(self, x):
+        m = self.factor(x).view(-1, self.dim, self.dim)
+        if self.singular:
+            m = m[:, :, :1].expand(-1, self.dim, self.dim)
+            return torch.linalg.solve(m, x.unsqueeze(-1)).sum()
+        cov = m @ m.transpose(1, 2) + torch.eye(self.dim)
+        chol = torch.linalg.cholesky(cov)
+        white = torch.linalg.solve(cov, x.unsqueeze(-1)).squeeze(-1)
+        return ((x * white).sum(-1) + 2 * chol.diagonal(dim1=1, dim2=2).log().sum(-1)).mean() \
+            + torch.linalg.inv(cov).diagonal(dim1=1, dim2=2).mean()
+
+
+def make_gaussian(batch: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    return Gaussian(), (torch.randn(batch, 4),)
+
+
+def make_singular_solve(batch: int = 2, seed: int = 0):
+    torch.manual_seed(seed)
+    return Gaussian(singular=True), (torch.randn(batch, 4),)
+
+
 def spec(factory: str) -> str:
     return f"{HERE}:{factory}"

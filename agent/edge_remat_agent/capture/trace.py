@@ -25,6 +25,7 @@ import torch.fx.traceback as fx_traceback
 from torch import fx, nn
 from torch._C import DispatchKey
 
+from .effects import drop_effect_tokens
 from .errors import CaptureError
 
 SCOPE_KEY = "edge_remat_scope"  # our key inside node.meta["custom"]
@@ -115,6 +116,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
             joint = _export(stack, module, tuple(example_args), model, scopes)
         finally:
             handle.remove()
+    drop_effect_tokens(model, joint.graph_module)
     trace = _from_descriptors(model, joint.graph_module)
     _sum_tied_gradients(trace, module)
     _read_tied_parameters_once(trace, module)
