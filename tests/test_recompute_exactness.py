@@ -53,6 +53,22 @@ def test_a_singular_matrix_raises_in_the_planned_step_as_in_eager(tmp_path):
                  captured=captured, check_gradients=False)
 
 
+def test_a_prod_trained_through_is_refused_naming_op_and_module():
+    """Its traced backward is the zero-safe formula, eager's `grad * (result / input)` when
+    the input holds no zero: the gradient check failed (a.weight off by 2e-7 to 2e-4)."""
+    with pytest.raises(CaptureError) as info:
+        capture_model(user_model("make_trained_prod"))
+    assert (info.value.op, info.value.module) == ("aten.prod.dim_int", "inner")
+    assert "cumprod" in str(info.value)
+
+
+def test_a_prod_outside_the_gradient_and_the_suggested_cumprod_run_exactly(tmp_path):
+    captured = capture_model(user_model("make_untrained_prod"))
+    report = run_plan(captured.graph, every_forward_recomputed(captured.graph), 2,
+                      str(tmp_path / "pages"), captured=captured, seed=0)
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]["differing"]
+
+
 def _near_floor(graph):
     try:
         p = build_problem(graph, 0.5, None, "time", None, "none", {})

@@ -203,5 +203,42 @@ def make_singular_solve(batch: int = 2, seed: int = 0):
     return Gaussian(singular=True), (torch.randn(batch, 4),)
 
 
+class Products(nn.Module):
+    """torch.prod in a block, trained through (`trained=True`), or only under no_grad beside
+    the cumulative product the refusal suggests."""
+
+    def __init__(self, trained: bool):
+        super().__init__()
+        self.block = nn.Linear(8, 5)
+        self.trained = trained
+
+    def forward(self, x):
+        h = self.block(x) + 2
+        if self.trained:
+            return h.prod(1).mean()
+        with torch.no_grad():
+            scale = h.prod(1, keepdim=True)
+        return torch.cumprod(h, 1).select(1, -1).mean() + (h / scale).mean()
+
+
+class _Wrapped(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        return self.inner(*args)
+
+
+def make_trained_prod(batch: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    return _Wrapped(Products(trained=True)), (torch.randn(batch, 8),)
+
+
+def make_untrained_prod(batch: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    return Products(trained=False), (torch.randn(batch, 8),)
+
+
 def spec(factory: str) -> str:
     return f"{HERE}:{factory}"

@@ -27,6 +27,7 @@ from torch._C import DispatchKey
 
 from .effects import drop_effect_tokens
 from .errors import CaptureError
+from .inexact import refuse_value_dependent_backwards
 
 SCOPE_KEY = "edge_remat_scope"  # our key inside node.meta["custom"]
 
@@ -117,6 +118,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
         finally:
             handle.remove()
     drop_effect_tokens(model, joint.graph_module)
+    refuse_value_dependent_backwards(model, joint.graph_module.graph, SCOPE_KEY)
     trace = _from_descriptors(model, joint.graph_module)
     _sum_tied_gradients(trace, module)
     _read_tied_parameters_once(trace, module)
