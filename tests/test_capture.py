@@ -447,6 +447,23 @@ def test_a_parameter_changed_in_forward_is_named_with_what_to_do(tmp_path):
         capture_model(spec + ":make")
 
 
+def test_a_sparse_embedding_gradient_is_refused_at_capture(tmp_path):
+    """Before, capture passed and the board's first job failed (exit 1) with 'Cannot access
+    storage of SparseTensorImpl'."""
+    spec = _write(tmp_path, (
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.emb = nn.Embedding(10, 4, sparse=True)\n"
+        "    def forward(self, ids):\n"
+        "        return self.emb(ids).pow(2).sum()\n\n"
+        "def make():\n"
+        "    return Net(), (torch.arange(6).view(2, 3),)\n"))
+    with pytest.raises(CaptureError, match=r"parameter 'emb.weight' gets a sparse gradient.*"
+                                           r"build it with sparse=False"):
+        capture_model(spec + ":make")
+
+
 def test_an_uncapturable_op_is_named_with_its_module(tmp_path):
     spec = _write(tmp_path, (
         "class Gate(nn.Module):\n"

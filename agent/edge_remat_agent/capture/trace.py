@@ -580,6 +580,17 @@ def _copy_for_second_parameter(gm: fx.GraphModule, output: fx.Node, position: in
     return copy
 
 
+def _refuse_sparse_gradient(model: str, grad: fx.Node, param: str) -> None:
+    """A sparse gradient (nn.Embedding or EmbeddingBag with sparse=True) has no storage the
+    executor can account, page or hand the optimizer: the job failed at its first node with
+    'Cannot access storage of SparseTensorImpl'."""
+    val = grad.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.layout != torch.strided:
+        raise CaptureError(model, f"parameter '{param}' gets a sparse gradient ({val.layout}, "
+                           "nn.Embedding or EmbeddingBag with sparse=True), which the executor "
+                           "does not run: build it with sparse=False")
+
+
 def _from_descriptors(model: str, gm: fx.GraphModule) -> JointTrace:
     from torch._functorch._aot_autograd import descriptors as d
     params, buffers, user_inputs, tangent = {}, {}, {}, None
@@ -605,6 +616,7 @@ def _from_descriptors(model: str, gm: fx.GraphModule) -> JointTrace:
         if isinstance(desc, d.PlainAOTOutput):
             loss = value.name
         elif isinstance(desc, d.GradAOTOutput) and isinstance(desc.grad_of, d.ParamAOTInput):
+            _refuse_sparse_gradient(model, value, desc.grad_of.target)
             if value.name in grads:  # one value is two parameters' gradient (an LSTM's biases)
                 value = _copy_for_second_parameter(gm, output, position)
             grads[value.name] = desc.grad_of.target
