@@ -464,6 +464,25 @@ def test_a_sparse_embedding_gradient_is_refused_at_capture(tmp_path):
         capture_model(spec + ":make")
 
 
+def test_a_tensor_kept_as_a_plain_attribute_is_named_with_what_to_do(tmp_path):
+    """Before: torch's own 'Please convert all Tensors to FakeTensors first or instantiate
+    FakeTensorMode with allow_non_fake_inputs', advice for its tracer, not the model."""
+    spec = _write(tmp_path, (
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(4, 4)\n"
+        "        self.idx = torch.tensor([0, 1, 0])\n"
+        "    def forward(self, x):\n"
+        "        return torch.zeros(2, 4).index_add(0, self.idx, self.fc(x)).pow(2).sum()\n\n"
+        "def make():\n"
+        "    return Net(), (torch.ones(3, 4),)\n"))
+    with pytest.raises(CaptureError) as info:
+        capture_model(spec + ":make")
+    assert info.value.op == "aten.index_add.default"
+    assert "register_buffer" in str(info.value) and "FakeTensor" not in str(info.value)
+
+
 def test_an_uncapturable_op_is_named_with_its_module(tmp_path):
     spec = _write(tmp_path, (
         "class Gate(nn.Module):\n"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
+import re
 import threading
 import time
 import warnings
@@ -203,6 +204,14 @@ def _explain(exc: Exception, model: str, scopes: list[str]) -> CaptureError:
         problem = "its output shape depends on tensor values (e.g. nonzero, boolean masking)"
     elif isinstance(exc, ft.UnsupportedOperatorException):
         problem = "it has no fake-tensor (meta) implementation, so it cannot be traced"
+    elif "Please convert all Tensors to FakeTensors" in message:
+        # torch's advice (allow_non_fake_inputs) is about its tracer, not the user's model
+        found = re.search(r"Found in (aten\.[\w.]+)\(", message)
+        op = op or (found.group(1) if found else None)
+        problem = ("it reads a tensor that is neither a parameter, a buffer nor an example "
+                   "argument (a plain attribute such as self.idx = torch.tensor(...), or a "
+                   "global), which the captured graph cannot hold: register it with "
+                   "self.register_buffer(name, tensor), or make it inside forward")
     elif "modified by an inplace operation" in message:
         # torch's hint points at a backtrace that anomaly mode would print; there is none
         problem = (f"{type(exc).__name__}: {message.split(' Hint:')[0]} Plain PyTorch's "
