@@ -483,6 +483,24 @@ def test_a_tensor_kept_as_a_plain_attribute_is_named_with_what_to_do(tmp_path):
     assert "register_buffer" in str(info.value) and "FakeTensor" not in str(info.value)
 
 
+def test_a_distributions_value_check_says_to_turn_validation_off(tmp_path):
+    """torch.distributions validates its arguments' values by default (an .item()): the line
+    named only _local_scalar_dense, with no hint that the distribution was the cause."""
+    spec = _write(tmp_path, (
+        "from torch.distributions import Normal\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(4, 2)\n"
+        "    def forward(self, x):\n"
+        "        mu, log_std = self.fc(x).unbind(-1)\n"
+        "        return -Normal(mu, log_std.exp()).log_prob(x[:, 0]).mean()\n\n"
+        "def make():\n"
+        "    return Net(), (torch.ones(3, 4),)\n"))
+    with pytest.raises(CaptureError, match=r"_local_scalar_dense.*validate_args=False"):
+        capture_model(spec + ":make")
+
+
 def test_an_uncapturable_op_is_named_with_its_module(tmp_path):
     spec = _write(tmp_path, (
         "class Gate(nn.Module):\n"

@@ -200,6 +200,9 @@ def _explain(exc: Exception, model: str, scopes: list[str]) -> CaptureError:
     if isinstance(exc, ft.DataDependentOutputException):
         problem = ("it reads a tensor's value in Python (.item(), bool(), if/while on a tensor), "
                    "which a static training graph cannot capture")
+        if _raised_in_distributions(exc):
+            problem += (" (torch.distributions checks its arguments' values: build the "
+                        "distribution with validate_args=False)")
     elif isinstance(exc, ft.DynamicOutputShapeException):
         problem = "its output shape depends on tensor values (e.g. nonzero, boolean masking)"
     elif isinstance(exc, ft.UnsupportedOperatorException):
@@ -473,6 +476,16 @@ def _shape_of(value):
 def _zeros_like_val(node: fx.Node):
     val = node.meta["val"]
     return torch.zeros(tuple(val.shape), dtype=val.dtype)
+
+
+def _raised_in_distributions(exc: BaseException) -> bool:
+    """Whether torch.distributions' argument validation (a value check) led to the error."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if "/torch/distributions/" in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _op_from_message(message: str) -> str | None:
