@@ -54,6 +54,8 @@ _OPTIONS = ("config", "adapter", "task")
 # Model types whose positions transformers counts from the 2D padding mask: they get them as
 # `position_ids` beside the 4D mask (TrainingLoss).
 POSITIONS_FROM_PADDING = frozenset({"opt"})
+# The attention layer types (the config's `layer_types`) whose masks TrainingLoss builds.
+FULL, SLIDING = "full_attention", "sliding_attention"
 _READABLE = "/:,{}[]\" "  # left as they are in a canonical spec: paths and inline JSON
 
 
@@ -61,15 +63,20 @@ class TrainingLoss(nn.Module):
     """`model(**dict(zip(input_names, args))).loss`: a transformers model as the executor wants
     it, a module whose positional arguments are the batch and whose result is the loss.
 
-    A 2D padding mask becomes the 4D boolean mask transformers itself would build (`causal`:
-    key j visible from query i when j <= i and j is not padding; otherwise: when j is not
-    padding). Given a 2D mask, transformers first asks whether the batch has any padding at all
-    (`mask.sum() == mask.numel()`) to skip the mask: a branch on tensor values, which no static
-    graph holds; a 4D mask is used as it is, in eager PyTorch as in the captured graph."""
+    A 2D padding mask becomes the 4D mask transformers itself would build (`causal`: key j
+    visible from query i when j <= i and j is not padding; otherwise: when j is not padding;
+    on layers with a sliding window also when j > i - window), boolean for SDPA and 0 / the
+    dtype's minimum for eager attention, which adds it to the scores. Layers of more than one
+    attention type (Gemma-2's sliding and full) get a dict, one mask per type, as the model
+    accepts it. Given a 2D mask, transformers first asks whether the batch has any padding at
+    all (`mask.sum() == mask.numel()`) to skip the mask: a branch on tensor values, which no
+    static graph holds; a 4D mask is used as it is, in eager PyTorch as in the captured
+    graph."""
 
     def __init__(self, model: nn.Module, input_names: tuple[str, ...], causal: bool = True,
                  positions_from_padding: bool = False, task: str | None = None,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, attention_types: tuple[str, ...] = (FULL,),
+                 sliding_window: int | None = None):
         super().__init__()
         self.model = model
         self.input_names = tuple(input_names)
@@ -77,6 +84,8 @@ class TrainingLoss(nn.Module):
         self.positions_from_padding = positions_from_padding
         self.task = task  # with vocab_size: how the bundled text feeds it (data.batches)
         self.vocab_size = vocab_size
+        self.attention_types = tuple(attention_types)
+        self.sliding_window = sliding_window
 
     def forward(self, *args):
         inputs = dict(zip(self.input_names, args))
@@ -84,9 +93,19 @@ class TrainingLoss(nn.Module):
         if mask is not None and mask.dim() == 2:
             if self.positions_from_padding:  # what the model would count from the 2D mask
                 inputs["position_ids"] = padding_positions(mask)
-            inputs["attention_mask"] = attention_mask_4d(mask, self.causal)
+            inputs["attention_mask"] = self._attention_masks(mask)
         out = self.model(**inputs)
         return out.loss if hasattr(out, "loss") else out[0]
+
+    def _attention_masks(self, padding: torch.Tensor):
+        eager = getattr(self.model.config, "_attn_implementation", None) == "eager"
+        dtype = next(self.model.parameters()).dtype
+        masks = {}
+        for kind in self.attention_types:
+            window = self.sliding_window if kind == SLIDING else None
+            mask = attention_mask_4d(padding, self.causal, window)
+            masks[kind] = additive_mask(mask, dtype) if eager else mask
+        return masks[self.attention_types[0]] if len(masks) == 1 else masks
 
 
 def padding_positions(padding: torch.Tensor) -> torch.Tensor:
@@ -96,14 +115,27 @@ def padding_positions(padding: torch.Tensor) -> torch.Tensor:
     return (padding.cumsum(dim=1) * padding - 1).long()
 
 
-def attention_mask_4d(padding: torch.Tensor, causal: bool) -> torch.Tensor:
-    """[batch, seq] padding mask (1 = token) -> [batch, 1, seq, seq] boolean attention mask."""
+def attention_mask_4d(padding: torch.Tensor, causal: bool,
+                      window: int | None = None) -> torch.Tensor:
+    """[batch, seq] padding mask (1 = token) -> [batch, 1, seq, seq] boolean attention mask;
+    `window`: a causal query i sees only keys j > i - window (transformers'
+    `sliding_window_overlay`)."""
     keys = padding.bool()[:, None, None, :]
     if not causal:
         return keys.expand(-1, 1, padding.shape[1], -1)
     seq = padding.shape[1]
     visible = torch.ones(seq, seq, dtype=torch.bool, device=padding.device).tril()
+    if window is not None:
+        visible = visible.triu(1 - window)
     return visible[None, None] & keys
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as eager attention adds it to the scores: 0 where visible, the dtype's
+    minimum elsewhere (transformers' `eager_mask`). Added as booleans, a visible key got +1
+    and a hidden one 0: GPT-J saw the tokens after each one."""
+    return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device),
+                       torch.finfo(dtype).min)
 
 
 def is_hf_spec(spec: str) -> bool:
@@ -160,9 +192,11 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
         _check_positions(spec, model, config, seq or 32)
     generator = torch.Generator().manual_seed(seed)
     args = _example_batch(spec, task, config, batch or 2, seq or 32, generator)
-    return TrainingLoss(model, input_names, causal=task == "causal-lm",
+    causal = task == "causal-lm"
+    return TrainingLoss(model, input_names, causal=causal,
                         positions_from_padding=config.model_type in POSITIONS_FROM_PADDING,
-                        task=task, vocab_size=getattr(config, "vocab_size", None)), args
+                        task=task, vocab_size=getattr(config, "vocab_size", None),
+                        **_attention_layout(spec, config, causal)), args
 
 
 def options_without_effect(spec: str, image: int | None, seq: int | None) -> list[str]:
@@ -342,6 +376,24 @@ def _check_positions(spec: str, model: nn.Module, config, seq: int) -> None:
         raise CaptureError(spec, f"--seq {seq} is longer than the model's learned positions "
                                  f"({limit}, the config's {field}): give --seq {limit} or "
                                  f"less, or a larger {field} in the config")
+
+
+def _attention_layout(spec: str, config, causal: bool) -> dict[str, Any]:
+    """The attention types of the model's layers and its sliding window, as transformers
+    masks them: the config's `layer_types`, else every layer sliding where the config sets a
+    `sliding_window` (Mistral, Mixtral, Phi-3 pick `create_sliding_window_causal_mask` so).
+    Without it, Mistral trained on a full causal mask, a silently different model."""
+    window = getattr(config, "sliding_window", None) if causal else None
+    types = getattr(config, "layer_types", None)
+    if not window:
+        return {"attention_types": (FULL,), "sliding_window": None}
+    kinds = tuple(dict.fromkeys(types)) if types else (SLIDING,)
+    other = sorted(set(kinds) - {FULL, SLIDING})
+    if other:
+        raise CaptureError(spec, f"layers of attention type {', '.join(other)}: edge-remat "
+                           "builds full and sliding-window masks only; give a model whose "
+                           "config's layer_types are full_attention or sliding_attention")
+    return {"attention_types": kinds, "sliding_window": int(window)}
 
 
 def _example_batch(spec: str, task: str, config, batch: int, seq: int,
