@@ -46,3 +46,16 @@ def test_the_wrapper_masks_attention_as_transformers_does(case):
     model, config = CASES[case]
     own, wrapped = own_and_wrapped_loss(f"hf:{model}?config={json.dumps(config)}")
     assert torch.equal(own, wrapped), (case, float(own), float(wrapped))
+
+
+@pytest.mark.parametrize("model,config", [
+    ("llama", DECODER),
+    ("gpt2", {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 64,
+              "pad_token_id": 0}),
+    ("bert", {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+              "num_attention_heads": 2, "vocab_size": 128})])
+def test_a_decoders_classifier_attends_causally_an_encoders_both_ways(model, config):
+    """A decoder classifies a sequence by its last token, having read only the ones before it;
+    handed a padding-only mask, Llama's and GPT-2's classifiers read the whole sequence."""
+    own, wrapped = own_and_wrapped_loss(f"hf:{model}?config={json.dumps(config)}&task=seq-cls")
+    assert torch.equal(own, wrapped), (model, float(own), float(wrapped))

@@ -192,7 +192,7 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
         _check_positions(spec, model, config, seq or 32)
     generator = torch.Generator().manual_seed(seed)
     args = _example_batch(spec, task, config, batch or 2, seq or 32, generator)
-    causal = task == "causal-lm"
+    causal = task == "causal-lm" or (task == "seq-cls" and _decoder_only(transformers, config))
     return TrainingLoss(model, input_names, causal=causal,
                         positions_from_padding=config.model_type in POSITIONS_FROM_PADDING,
                         task=task, vocab_size=getattr(config, "vocab_size", None),
@@ -376,6 +376,15 @@ def _check_positions(spec: str, model: nn.Module, config, seq: int) -> None:
         raise CaptureError(spec, f"--seq {seq} is longer than the model's learned positions "
                                  f"({limit}, the config's {field}): give --seq {limit} or "
                                  f"less, or a larger {field} in the config")
+
+
+def _decoder_only(transformers, config) -> bool:
+    """A model type with a causal-LM head and no masked-LM one (GPT-2, Llama; not BERT, which
+    has both): its sequence classifier attends causally, as transformers runs it (given a
+    padding-only mask, a Llama classifier saw the tokens after each one)."""
+    def has(auto_name):
+        return type(config) in getattr(transformers, auto_name)._model_mapping
+    return has("AutoModelForCausalLM") and not has("AutoModelForMaskedLM")
 
 
 def _attention_layout(spec: str, config, causal: bool) -> dict[str, Any]:
