@@ -30,6 +30,12 @@ CASES = {
     "mistral-window-eager": ("mistral", {**DECODER, "sliding_window": 8,
                                          "attn_implementation": "eager"}),
     "gemma2-alternating": ("gemma2", {**DECODER, "head_dim": 8, "sliding_window": 8}),
+    # models that read the 2D mask themselves: BLOOM's ALiBi, DeBERTa's relative attention
+    "bloom-alibi": ("bloom", {"n_layer": 2, "hidden_size": 32, "n_head": 2, "vocab_size": 128}),
+    "deberta-v2-relative": ("deberta-v2", {
+        "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+        "num_attention_heads": 2, "vocab_size": 128, "max_position_embeddings": 64,
+        "relative_attention": True, "position_buckets": 16, "pos_att_type": ["p2c", "c2p"]}),
 }
 
 

@@ -54,6 +54,10 @@ _OPTIONS = ("config", "adapter", "task")
 # Model types whose positions transformers counts from the 2D padding mask: they get them as
 # `position_ids` beside the 4D mask (TrainingLoss).
 POSITIONS_FROM_PADDING = frozenset({"opt"})
+# Model types that read the 2D padding mask itself, on no branch of its values: BLOOM builds
+# its ALiBi positions from it, DeBERTa its own pairwise mask. Handed a 4D mask, neither
+# captured ("too many values to unpack", "Attempting to broadcast a dimension").
+READS_2D_MASK = frozenset({"bloom", "deberta", "deberta-v2"})
 # The attention layer types (the config's `layer_types`) whose masks TrainingLoss builds.
 FULL, SLIDING = "full_attention", "sliding_attention"
 _READABLE = "/:,{}[]\" "  # left as they are in a canonical spec: paths and inline JSON
@@ -76,7 +80,7 @@ class TrainingLoss(nn.Module):
     def __init__(self, model: nn.Module, input_names: tuple[str, ...], causal: bool = True,
                  positions_from_padding: bool = False, task: str | None = None,
                  vocab_size: int | None = None, attention_types: tuple[str, ...] = (FULL,),
-                 sliding_window: int | None = None):
+                 sliding_window: int | None = None, reads_2d_mask: bool = False):
         super().__init__()
         self.model = model
         self.input_names = tuple(input_names)
@@ -86,11 +90,12 @@ class TrainingLoss(nn.Module):
         self.vocab_size = vocab_size
         self.attention_types = tuple(attention_types)
         self.sliding_window = sliding_window
+        self.reads_2d_mask = reads_2d_mask
 
     def forward(self, *args):
         inputs = dict(zip(self.input_names, args))
         mask = inputs.get("attention_mask")
-        if mask is not None and mask.dim() == 2:
+        if mask is not None and mask.dim() == 2 and not self.reads_2d_mask:
             if self.positions_from_padding:  # what the model would count from the 2D mask
                 inputs["position_ids"] = padding_positions(mask)
             inputs["attention_mask"] = self._attention_masks(mask)
@@ -196,6 +201,7 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
     return TrainingLoss(model, input_names, causal=causal,
                         positions_from_padding=config.model_type in POSITIONS_FROM_PADDING,
                         task=task, vocab_size=getattr(config, "vocab_size", None),
+                        reads_2d_mask=config.model_type in READS_2D_MASK,
                         **_attention_layout(spec, config, causal)), args
 
 
