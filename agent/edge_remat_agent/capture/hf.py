@@ -228,6 +228,10 @@ def _config_and_task(transformers, spec: str, image: int | None):
     overrides = _json_option(spec, options, "config")
     if image is not None:
         overrides.setdefault("image_size", image)  # vision models: the patch grid follows
+    # mixture-of-experts layers: transformers' default, torch._grouped_mm, has no CPU kernel
+    # for float32 to trace ("Expected inputs of BF16 type"), and its eager loop picks tokens
+    # with nonzero(); batched_mm gathers each token's experts' weights, shapes fixed
+    overrides.setdefault("experts_implementation", "batched_mm")
     config = _config(transformers, spec, model_name, overrides)
     return config, _task(spec, config, options.get("task"))
 
