@@ -326,6 +326,8 @@ def _model(transformers, spec: str, model_name: str, config, auto_name: str) -> 
     arch = next(iter(getattr(config, "architectures", None) or []), None)
     cls = getattr(transformers, arch, None) if arch else None
     auto = getattr(transformers, auto_name)
+    if cls is None:
+        cls = _head_class(auto, config)
     try:
         if _is_path(model_name) and _has_weights(model_name):
             return (cls or auto).from_pretrained(model_name, config=config)
@@ -334,6 +336,15 @@ def _model(transformers, spec: str, model_name: str, config, auto_name: str) -> 
         return auto.from_config(config)
     except Exception as exc:  # noqa: BLE001 - a bad config or checkpoint, in the library's words
         raise CaptureError(spec, f"cannot build the model: {_first_line(exc)}") from None
+
+
+def _head_class(auto, config):
+    """Where the Auto class maps this config to several model classes (DeiT's image classifier,
+    with and without its teacher), the first, as `architectures` would pick it: `from_config`
+    itself then iterated the config's `architectures`, None ('NoneType' object is not
+    iterable). Otherwise None: `from_config` picks it."""
+    found = auto._model_mapping.get(type(config), None)
+    return found[0] if isinstance(found, (tuple, list)) else None
 
 
 def _first_line(exc: BaseException) -> str:

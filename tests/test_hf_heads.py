@@ -1,0 +1,25 @@
+"""Heads and adapters an hf: spec builds, or refuses in one line: a model type whose Auto
+class maps to several heads, and PEFT's prompt-learning adapters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from edge_remat_agent.capture import CaptureError  # noqa: E402
+from edge_remat_agent.capture.hf import load_hf  # noqa: E402
+
+DEIT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "patch_size": 8, "num_labels": 10}
+
+
+def test_a_model_type_with_two_image_classifiers_builds_the_first():
+    """DeiT's image classifier comes with and without its distillation teacher: transformers'
+    `from_config` then read the config's `architectures`, None ("cannot build the model:
+    TypeError: 'NoneType' object is not iterable")."""
+    module, (pixels, labels) = load_hf(f"hf:deit?config={json.dumps(DEIT)}", batch=2, image=32)
+    assert type(module.model).__name__ == "DeiTForImageClassification"
+    module(pixels, labels).backward()
