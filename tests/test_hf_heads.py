@@ -23,3 +23,16 @@ def test_a_model_type_with_two_image_classifiers_builds_the_first():
     module, (pixels, labels) = load_hf(f"hf:deit?config={json.dumps(DEIT)}", batch=2, image=32)
     assert type(module.model).__name__ == "DeiTForImageClassification"
     module(pixels, labels).backward()
+
+
+@pytest.mark.parametrize("peft_type", ["PREFIX_TUNING", "PROMPT_TUNING"])
+def test_a_prompt_learning_adapter_is_refused_naming_the_cause(peft_type):
+    """Virtual tokens are prepended to the 2D padding mask, and the model is handed a 4D one:
+    capture failed with 'Number of dimensions of tensors must match'."""
+    pytest.importorskip("peft")
+    llama = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+             "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 64}
+    adapter = {"peft_type": peft_type, "task_type": "CAUSAL_LM", "num_virtual_tokens": 4}
+    with pytest.raises(CaptureError, match=f"the {peft_type} adapter prepends virtual tokens "
+                                           r".*use an adapter on the weights \(LORA, IA3\)"):
+        load_hf(f"hf:llama?config={json.dumps(llama)}&adapter={json.dumps(adapter)}")

@@ -364,7 +364,20 @@ def _with_adapter(spec: str, model: nn.Module, adapter: str) -> nn.Module:
         # a FutureWarning on every adapter capture that no user can act on
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
                                 category=FutureWarning)
-        return _apply_adapter(peft, spec, model, adapter)
+        adapted = _apply_adapter(peft, spec, model, adapter)
+    _check_not_prompt_learning(spec, adapted)
+    return adapted
+
+
+def _check_not_prompt_learning(spec: str, model: nn.Module) -> None:
+    """Prefix, prompt and p-tuning prepend virtual tokens to the 2D padding mask, which the
+    model is handed as a 4D one (TrainingLoss): capture failed on "Number of dimensions of
+    tensors must match", which names neither cause nor way out."""
+    config = model.peft_config[model.active_adapter]
+    if getattr(config, "is_prompt_learning", False):
+        raise CaptureError(spec, f"the {config.peft_type.value} adapter prepends virtual "
+                           "tokens to the padding mask, and edge-remat hands the model a 4D "
+                           "mask it cannot extend: use an adapter on the weights (LORA, IA3)")
 
 
 def _apply_adapter(peft: Any, spec: str, model: nn.Module, adapter: str) -> nn.Module:
