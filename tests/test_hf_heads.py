@@ -36,3 +36,19 @@ def test_a_prompt_learning_adapter_is_refused_naming_the_cause(peft_type):
     with pytest.raises(CaptureError, match=f"the {peft_type} adapter prepends virtual tokens "
                                            r".*use an adapter on the weights \(LORA, IA3\)"):
         load_hf(f"hf:llama?config={json.dumps(llama)}&adapter={json.dumps(adapter)}")
+
+
+@pytest.mark.parametrize("image", [None, 48])  # the config's 32, or --image
+def test_a_two_tower_models_image_classifier_gets_images_its_tower_reads(image):
+    """CLIP's image size is its vision_config's: the example batch was drawn at the top-level
+    config's (none: 224) and --image set a field no tower reads ("Input image size (224*224)
+    doesn't match model (32*32)")."""
+    clip = {"text_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                            "num_attention_heads": 2, "vocab_size": 64},
+            "vision_config": {"hidden_size": 32, "intermediate_size": 64,
+                              "num_hidden_layers": 1, "num_attention_heads": 2,
+                              "patch_size": 8, **({} if image else {"image_size": 32})}}
+    module, (pixels, labels) = load_hf(f"hf:clip?config={json.dumps(clip)}", batch=2,
+                                       image=image)
+    assert pixels.shape[-1] == (image or 32)
+    module(pixels, labels).backward()

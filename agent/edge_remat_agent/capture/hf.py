@@ -233,6 +233,10 @@ def _config_and_task(transformers, spec: str, image: int | None):
     # with nonzero(); batched_mm gathers each token's experts' weights, shapes fixed
     overrides.setdefault("experts_implementation", "batched_mm")
     config = _config(transformers, spec, model_name, overrides)
+    vision = getattr(config, "vision_config", None)
+    if image is not None and vision is not None \
+            and "image_size" not in (overrides.get("vision_config") or {}):
+        vision.image_size = image  # two towers (CLIP): the image tower reads its own config
     return config, _task(spec, config, options.get("task"))
 
 
@@ -442,8 +446,9 @@ def _attention_layout(spec: str, config, causal: bool) -> dict[str, Any]:
 def _example_batch(spec: str, task: str, config, batch: int, seq: int,
                    generator: torch.Generator) -> tuple:
     if task == "image-cls":
-        size = _pair(getattr(config, "image_size", 224))
-        pixels = torch.randn(batch, getattr(config, "num_channels", 3), *size,
+        vision = getattr(config, "vision_config", None) or config  # CLIP's image tower
+        size = _pair(getattr(vision, "image_size", 224))
+        pixels = torch.randn(batch, getattr(vision, "num_channels", 3), *size,
                              generator=generator)
         return pixels, _class_labels(config, batch, generator)
     if task == "speech-seq2seq":
