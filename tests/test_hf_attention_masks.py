@@ -30,6 +30,12 @@ CASES = {
     "mistral-window-eager": ("mistral", {**DECODER, "sliding_window": 8,
                                          "attn_implementation": "eager"}),
     "gemma2-alternating": ("gemma2", {**DECODER, "head_dim": 8, "sliding_window": 8}),
+    # an encoder's local attention, both ways, on two of every three layers
+    "modernbert-local": ("modernbert", {
+        "num_hidden_layers": 3, "hidden_size": 32, "intermediate_size": 64,
+        "num_attention_heads": 2, "vocab_size": 128, "max_position_embeddings": 64,
+        "local_attention": 8, "global_attn_every_n_layers": 3, "pad_token_id": 0,
+        "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2}),
     # models that read the 2D mask themselves: BLOOM's ALiBi, DeBERTa's relative attention
     "bloom-alibi": ("bloom", {"n_layer": 2, "hidden_size": 32, "n_head": 2, "vocab_size": 128}),
     "deberta-v2-relative": ("deberta-v2", {

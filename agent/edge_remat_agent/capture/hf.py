@@ -124,14 +124,18 @@ def attention_mask_4d(padding: torch.Tensor, causal: bool,
                       window: int | None = None) -> torch.Tensor:
     """[batch, seq] padding mask (1 = token) -> [batch, 1, seq, seq] boolean attention mask;
     `window`: a causal query i sees only keys j > i - window (transformers'
-    `sliding_window_overlay`)."""
+    `sliding_window_overlay`), a bidirectional one keys |i - j| <= window (ModernBERT)."""
     keys = padding.bool()[:, None, None, :]
-    if not causal:
-        return keys.expand(-1, 1, padding.shape[1], -1)
     seq = padding.shape[1]
-    visible = torch.ones(seq, seq, dtype=torch.bool, device=padding.device).tril()
-    if window is not None:
-        visible = visible.triu(1 - window)
+    if not causal and window is None:
+        return keys.expand(-1, 1, seq, -1)
+    visible = torch.ones(seq, seq, dtype=torch.bool, device=padding.device)
+    if causal:
+        visible = visible.tril()
+        if window is not None:
+            visible = visible.triu(1 - window)
+    else:  # both ways: |i - j| <= window (`sliding_window_bidirectional_overlay`)
+        visible = visible.triu(-window).tril(window)
     return visible[None, None] & keys
 
 
@@ -427,11 +431,13 @@ def _decoder_only(transformers, config) -> bool:
 
 def _attention_layout(spec: str, config, causal: bool) -> dict[str, Any]:
     """The attention types of the model's layers and its sliding window, as transformers
-    masks them: the config's `layer_types`, else every layer sliding where the config sets a
-    `sliding_window` (Mistral, Mixtral, Phi-3 pick `create_sliding_window_causal_mask` so).
-    Without it, Mistral trained on a full causal mask, a silently different model."""
-    window = getattr(config, "sliding_window", None) if causal else None
+    masks them: the config's `layer_types`, else every layer of a decoder sliding where the
+    config sets a `sliding_window` (Mistral, Mixtral, Phi-3 pick
+    `create_sliding_window_causal_mask` so). Without it, Mistral trained on a full causal mask
+    and ModernBERT's local layers saw the whole sequence: silently different models."""
     types = getattr(config, "layer_types", None)
+    # an encoder slides where its layer_types say so (ModernBERT's local attention)
+    window = getattr(config, "sliding_window", None) if causal or types else None
     if not window:
         return {"attention_types": (FULL,), "sliding_window": None}
     kinds = tuple(dict.fromkeys(types)) if types else (SLIDING,)
