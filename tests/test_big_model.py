@@ -194,3 +194,21 @@ def test_the_full_size_model_is_tinyllamas_shape_and_is_built_without_memory():
     assert sum(p.numel() for _, p in params) == 1_100_048_384 + 1_126_400
     assert sum(p.numel() for _, p in params if p.requires_grad) == 1_126_400
     assert tokens.shape == labels.shape == (1, 128)
+
+
+def test_a_run_with_parameters_on_flash_measures_its_profile_on_the_graph_with_them_in_ram(
+        tmp_path):
+    """No --profile and an empty cache: the board's profile job times nodes with parameters
+    in RAM, and refuses the flash graph. QA: `run --params-home flash` without --profile
+    failed in the profile job (exit 1, 'keeps parameters on flash')."""
+    with local_board(tmp_path, "fresh-board", page_dir=tmp_path / "pages"):
+        code, out, err = _cli("run", "--device", "fresh-board", "--model", "llama-tiny-lora",
+                              "--optimizer", "adamw", "--params-home", "flash",
+                              "--budget", "60%", "--steps", 1, "--time-limit", 2,
+                              "--no-plots", "--out", tmp_path / "run", "--json")
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    assert report["status"] == "finished" and report["profile"]["how"] == "measured"
+    assert report["grad_check"]["bitwise_equal"] is True
+    graph = json.loads((tmp_path / "run" / "graph.json").read_text())
+    assert graph["capture"]["params_home"] == "flash"  # the run's graph, not the profiled one

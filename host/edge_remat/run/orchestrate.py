@@ -197,8 +197,22 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
             return Board(unlimited_twin(device), on_event=say)
     else:
         twin = None
+
+    def graph_with_parameters_in_ram() -> Path:
+        """What the profile job times for a graph captured with parameters on flash: the
+        same model with them in RAM (its nodes need no parameter home; the compute nodes are
+        the same). Before, `run --params-home flash` without --profile failed in the job."""
+        path = out / "profile" / "graph-params-in-ram.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        capture("ram").graph.save(path)
+        return path
+
+    flash_homed = opts.params_home == "flash"
     chosen = choose_profile(board, device, opts.model_info, graph_path, out, opts.profile,
-                            opts.reprofile, twin, say)
+                            opts.reprofile, twin, say,
+                            graph_with_parameters_in_ram if flash_homed else None)
+    if flash_homed and chosen.how in ("measured", "cached"):
+        chosen = _measured_for_another_graph(chosen, graph, say)
     say(f"profile: {chosen.describe()}")
     if chosen.how == "given":
         from ..checks import note_profile_fit
