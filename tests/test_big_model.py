@@ -212,3 +212,26 @@ def test_a_run_with_parameters_on_flash_measures_its_profile_on_the_graph_with_t
     assert report["grad_check"]["bitwise_equal"] is True
     graph = json.loads((tmp_path / "run" / "graph.json").read_text())
     assert graph["capture"]["params_home"] == "flash"  # the run's graph, not the profiled one
+
+
+@pytest.mark.cgroup
+@pytest.mark.skipif(CGROUP is not None, reason=f"no memory cgroup: {CGROUP}")
+@pytest.mark.parametrize("limit, said", [
+    # 600 - 231 runtime - 160 headroom = 209 MiB: the 250 MiB read-ahead leaves nothing
+    ("600MiB", "leaves nothing for training after the runtime's own 231 MiB, 160 MiB headroom "
+               "and 250 MiB for reading weights ahead"),
+    # a budget of 159 MiB, below the floor (267 MiB): the limit that leaves the floor
+    ("800MiB", "that budget is what the 800 MiB memory limit leaves after the runtime's own "
+               "231 MiB, 160 MiB headroom and 250 MiB for reading weights ahead: give "
+               "--memory-limit 908MiB or more")])
+def test_a_memory_limit_too_small_for_the_plan_names_what_it_holds_and_the_limit_to_give(
+        llama_board, limit, said):
+    """QA: 600 MiB 'left nothing after the runtime's own 231 MiB and 160 MiB headroom' (209 MiB
+    left by those figures: the read-ahead unsaid), and 800 MiB said only 'budget 166730544
+    bytes is too small', a budget the user never gave. Both before the board's job."""
+    code, out, err = _cli("run", "--device", "llama-board", "--memory-limit", limit, *MODEL,
+                          "--params-home", "flash", "--steps", 1, "--profile", PROFILE,
+                          "--no-plots", "--out", llama_board / f"too-small-{limit}")
+    assert code == 2, (out, err)
+    assert said in err and "Traceback" not in err
+    assert "running the plan" not in err

@@ -13,6 +13,7 @@ the board by design does not have.
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -236,7 +237,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     try:
         plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say, reserve)
     except InfeasibleBudget as error:
-        raise _with_flash_hint(error, capture, chosen, opts, device, plain_peak, say) from None
+        error = _with_flash_hint(error, capture, chosen, opts, device, plain_peak, say)
+        raise _with_limit_hint(error, opts, device, chosen, reserve) from None
     from ..checks import note_budget_above_ram
     note_budget_above_ram(chosen.profile, plan_dict["budget_bytes"],
                           f"the profile of {device.name}", say)
@@ -297,14 +299,43 @@ def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile,
     limit = device.hardware.memory_limit_bytes
     if not limit:
         raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
-    runtime = (chosen.profile.runtime_baseline_bytes if chosen.profile and
-               chosen.profile.runtime_baseline_bytes else DEFAULT_RUNTIME_BYTES)
-    left = limit - runtime - RUNTIME_HEADROOM_BYTES - reserve_bytes
+    taken, what = limit_overheads(chosen, reserve_bytes)
+    left = limit - taken
     if left <= 0:
         raise RunProblem(f"the memory limit ({limit / 2**20:.0f} MiB) leaves nothing for "
-                         f"training after the runtime's own {runtime / 2**20:.0f} MiB and "
-                         f"{RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB headroom")
+                         f"training after {what}")
     return Budget(bytes=left)
+
+
+def limit_overheads(chosen: ChosenProfile, reserve_bytes: int = 0) -> tuple[int, str]:
+    """What a memory limit holds beside the plan's budget, in bytes and in words: the
+    runtime, the headroom and the weight store's read-ahead (QA: a 600 MiB limit 'left
+    nothing after the runtime's own 231 MiB and 160 MiB headroom', the 250 MiB read-ahead
+    that made it so unsaid)."""
+    runtime = (chosen.profile.runtime_baseline_bytes if chosen.profile and
+               chosen.profile.runtime_baseline_bytes else DEFAULT_RUNTIME_BYTES)
+    parts = [f"the runtime's own {runtime / 2**20:.0f} MiB",
+             f"{RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB headroom"]
+    if reserve_bytes:
+        parts.append(f"{reserve_bytes / 2**20:.0f} MiB for reading weights ahead")
+    return (runtime + RUNTIME_HEADROOM_BYTES + reserve_bytes,
+            ", ".join(parts[:-1]) + " and " + parts[-1])
+
+
+def _with_limit_hint(error, opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile,
+                     reserve_bytes: int):
+    """A budget derived from --memory-limit that is below the floor: the refusal names the
+    limit that leaves the floor (QA: '--memory-limit 800MiB' said only 'budget 166730544
+    bytes is too small', a budget the user never gave)."""
+    from ..planner.problem import InfeasibleBudget
+    limit = device.hardware.memory_limit_bytes
+    if opts.budget is not None or not limit or not error.smallest_bytes:
+        return error
+    taken, what = limit_overheads(chosen, reserve_bytes)
+    return InfeasibleBudget(f"{error}; that budget is what the {limit / 2**20:.0f} MiB memory "
+                            f"limit leaves after {what}: give --memory-limit "
+                            f"{math.ceil((error.smallest_bytes + taken) / 2**20)}MiB or more",
+                            error.smallest_bytes)
 
 
 def read_ahead_reserve(captured) -> int:
