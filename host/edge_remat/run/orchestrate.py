@@ -242,6 +242,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     from ..checks import note_budget_above_ram
     note_budget_above_ram(chosen.profile, plan_dict["budget_bytes"],
                           f"the profile of {device.name}", say)
+    _note_budget_past_limit(plan_dict["budget_bytes"], opts, device, chosen, reserve, say)
     require_kind(board, "run", "execute plans")
     limited = bool(device.hardware.memory_limit_bytes)
     # The board builds the batches from `data` with `seed` and the optimizer with `lr` the way
@@ -320,6 +321,22 @@ def limit_overheads(chosen: ChosenProfile, reserve_bytes: int = 0) -> tuple[int,
         parts.append(f"{reserve_bytes / 2**20:.0f} MiB for reading weights ahead")
     return (runtime + RUNTIME_HEADROOM_BYTES + reserve_bytes,
             ", ".join(parts[:-1]) + " and " + parts[-1])
+
+
+def _note_budget_past_limit(budget_bytes: int, opts: RunOptions, device: DeviceConfig,
+                            chosen: ChosenProfile, reserve_bytes: int, say: Say) -> None:
+    """A --budget that, with what the limit holds beside it, passes --memory-limit: said
+    before the run (QA: --budget 90% under 1 GiB planned 824 MiB, and the board was killed
+    at step 1 with no word before)."""
+    limit = device.hardware.memory_limit_bytes
+    if opts.budget is None or not limit:
+        return
+    taken, what = limit_overheads(chosen, reserve_bytes)
+    if budget_bytes + taken > limit:
+        say(f"warning: the budget, {budget_bytes / 2**20:.0f} MiB, and {what} pass the "
+            f"{limit / 2**20:.0f} MiB memory limit: the limit will likely kill the run; leave "
+            f"out --budget to plan for what the limit leaves ({max(0, limit - taken) / 2**20:.0f} "
+            "MiB)")
 
 
 def _with_limit_hint(error, opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile,
