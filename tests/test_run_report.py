@@ -153,6 +153,36 @@ def test_a_measured_profile_is_cached_and_reused(tmp_path, monkeypatch):
     assert other.how == "measured"  # another model: measured again
 
 
+def test_the_twin_that_measures_a_limited_board_is_stopped_when_its_profile_job_fails(
+        tmp_path, monkeypatch):
+    """An emulated board is measured by its unlimited twin, whose agent is stopped after the
+    profile job. QA: a profile job that failed left the twin's daemon running (an hour's
+    idle exit: `serve --daemon ... local-board-limited-unlimited`)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    device = load_device(REPO / "device_configs" / "local.toml")
+
+    class FailingTwin(FakeBoard):
+        stopped = False
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def run_job(self, kind, params, inputs, out_dir):
+            raise RuntimeError("job profile-1 (profile) failed on the twin")
+
+        def stop_agent(self):
+            self.stopped = True
+
+    twin = FailingTwin(["profile"])
+    with pytest.raises(RuntimeError, match="failed on the twin"):
+        run_profiles.choose_profile(FakeBoard(["profile"]), device, {"model": "mlp"},
+                                    tmp_path / "g.json", tmp_path, measuring_board=lambda: twin)
+    assert twin.stopped
+
+
 def test_a_board_that_cannot_measure_plans_with_its_modelled_profile(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     device = load_device(REPO / "device_configs" / "android-termux.toml")

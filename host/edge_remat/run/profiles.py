@@ -109,8 +109,10 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
             fetched = _measure(board, model, graph_path, out_dir, say)
         else:
             with measuring_board() as twin:
-                fetched = _measure(twin, model, graph_path, out_dir, say)
-                twin.stop_agent()
+                try:
+                    fetched = _measure(twin, model, graph_path, out_dir, say)
+                finally:  # a failed job too: the twin's agent would idle for an hour
+                    twin.stop_agent()
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(fetched, cached)
