@@ -85,6 +85,45 @@ def test_arm_board_command_bad_input_is_one_error_line(tmp_path):
     assert "running: no" in result.stdout
 
 
+def test_an_interrupted_build_stage_stops_with_the_command(tmp_path):
+    """Ctrl-C while a stage streams: the stage (debootstrap, pip) is interrupted and waited
+    for. QA: the host said 'interrupted' while debootstrap went on writing rootfs.partial."""
+    def ctrl_c(message):
+        raise KeyboardInterrupt
+    command = ["sh", "-c", "echo $$; exec sleep 60"]  # its pid, then a stage that takes long
+    with pytest.raises(KeyboardInterrupt):
+        arm_board._stream(command, tmp_path / "stage.log", ctrl_c, lambda line: line)
+    pid = int((tmp_path / "stage.log").read_text().split()[0])
+    assert not Path(f"/proc/{pid}").exists()  # ended and reaped, not left running
+
+
+@pytest.mark.arm
+def test_ctrl_c_during_the_build_exits_130_and_leaves_nothing_running(tmp_path):
+    """The README's table: 130 is interrupted (tools/arm-board said 1). The build starts for
+    real (debootstrap reaches Debian's mirror) and is interrupted at its first stage line."""
+    import os
+    import signal
+    reason = arm_board.unavailable_reason()
+    if reason:
+        pytest.skip(f"no arm64 board here: {reason}")
+    folder = tmp_path / "board"
+    process = subprocess.Popen([sys.executable, str(REPO / "tools" / "arm-board"), "--dir",
+                                str(folder), "build"], stderr=subprocess.PIPE, text=True,
+                               start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    for line in process.stderr:  # as a terminal's Ctrl-C: the whole foreground group
+        lines.append(line)
+        if "debootstrap: " in line:
+            os.killpg(process.pid, signal.SIGINT)
+            break
+    lines += process.stderr.readlines()
+    assert process.wait(60) == 130, lines
+    assert lines[-1].startswith("error: interrupted (run the same command again")
+    left = subprocess.run(["pgrep", "-f", str(folder)], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout  # no debootstrap left writing into the folder
+
+
 # -- on the board --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

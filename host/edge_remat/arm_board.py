@@ -500,17 +500,35 @@ def _stream(command: list, log_path: Path, say: Say, progress) -> None:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    text=True, stdin=subprocess.DEVNULL)
         tail = []
-        for line in process.stdout:
-            log.write(line)
-            tail = (tail + [line.rstrip()])[-15:]
-            message = progress(line) if progress else None
-            if message:
-                say(message)
+        try:
+            for line in process.stdout:
+                log.write(line)
+                tail = (tail + [line.rstrip()])[-15:]
+                message = progress(line) if progress else None
+                if message:
+                    say(message)
+        except BaseException:  # Ctrl-C, SIGTERM: the stage stops with the command
+            _stop(process)
+            raise
         code = process.wait()
     if code != 0:
         shown = "\n".join(t for t in tail if not t.startswith("WARNING: Location"))
         raise ArmBoardError(f"`{' '.join(command[:6])} ...` failed with status {code} "
                             f"(log: {log_path}):\n{shown}")
+
+
+def _stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """Interrupt a build stage as Ctrl-C would and wait for it (debootstrap cleans up on
+    SIGINT), killing it after grace_s. QA: the host said 'interrupted' while debootstrap still
+    wrote into rootfs.partial, the next build's to remove."""
+    import signal
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _run(command: list, what: str) -> None:

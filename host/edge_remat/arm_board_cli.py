@@ -1,6 +1,6 @@
 """`tools/arm-board build | start | stop | status | ssh`: the ARM64 board's command line.
 
-Every failure is one `error:` line (exit status 1; 2 for bad arguments)."""
+Every failure is one `error:` line (exit status 1; 2 for bad arguments; 130 interrupted)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import time
 from edge_remat_agent.units import format_size, parse_size
 
 from .arm_board import ArmBoard, ArmBoardError
+from .errors import EXIT_INTERRUPTED
 
 
 def _say(message: str) -> None:
@@ -69,7 +70,7 @@ def main(argv: "list[str] | None" = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted (run the same command again: finished stages are kept)",
               file=sys.stderr)
-        return 1
+        return EXIT_INTERRUPTED
     return 0
 
 
