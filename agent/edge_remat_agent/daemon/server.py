@@ -28,6 +28,7 @@ from .files import RequestError
 from .archives import prune_archives
 from .identity import agent_command, own_build, running_archive
 from .layout import Layout, unix_socket_address
+from .misplaced_pages import remove_misplaced_pages
 from .registry import broken_plugins, job_kinds
 from .store import JobStore, write_json_atomic
 from .sysinfo import collect, torch_version
@@ -92,6 +93,8 @@ class Daemon:
         self._take_lock()
         self.store.load()
         prune_archives(self.layout, running_archive())  # the lock held: one daemon at a time
+        if not self.store.in_state("running"):  # an adopted job may still page there
+            remove_misplaced_pages(self.layout.root)
         if self.unix:
             self._listen_unix()
         if self.tcp:
