@@ -38,6 +38,11 @@ CASES = {
         "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2}),
     # models that read the 2D mask themselves: BLOOM's ALiBi, DeBERTa's relative attention
     "bloom-alibi": ("bloom", {"n_layer": 2, "hidden_size": 32, "n_head": 2, "vocab_size": 128}),
+    # an encoder made a decoder by its config attends causally, whatever its head
+    "bert-decoder-classifier": ("bert", {
+        "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+        "num_attention_heads": 2, "vocab_size": 128, "pad_token_id": 0, "is_decoder": True,
+        "architectures": ["BertForSequenceClassification"]}),
     "deberta-v2-relative": ("deberta-v2", {
         "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
         "num_attention_heads": 2, "vocab_size": 128, "max_position_embeddings": 64,
@@ -71,3 +76,93 @@ def test_a_decoders_classifier_attends_causally_an_encoders_both_ways(model, con
     handed a padding-only mask, Llama's and GPT-2's classifiers read the whole sequence."""
     own, wrapped = own_and_wrapped_loss(f"hf:{model}?config={json.dumps(config)}&task=seq-cls")
     assert torch.equal(own, wrapped), (model, float(own), float(wrapped))
+
+
+# -- every architecture the wrapper supports, each task it has a head for ------------------
+# Tiny configs (2 layers, 32 wide, vocab 128); the text ones name a pad_token_id, so every
+# task's batch has padding (a sequence classifier pads only with it), and the windowed ones
+# a window under --seq 16.
+ENCODER = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+           "num_attention_heads": 2, "vocab_size": 128, "max_position_embeddings": 64,
+           "pad_token_id": 0}
+PATCHES = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+           "num_attention_heads": 2, "image_size": 32, "patch_size": 8}
+ARCHITECTURES = {
+    "albert": {**ENCODER, "embedding_size": 16},
+    "bert": ENCODER,
+    "bloom": {"n_layer": 2, "hidden_size": 32, "n_head": 2, "vocab_size": 128,
+              "pad_token_id": 3},
+    "deberta-v2": CASES["deberta-v2-relative"][1] | {"pad_token_id": 0},
+    "distilbert": {"n_layers": 2, "dim": 32, "hidden_dim": 64, "n_heads": 2, "vocab_size": 128,
+                   "max_position_embeddings": 64, "pad_token_id": 0},
+    "electra": {**ENCODER, "embedding_size": 16},
+    "falcon": {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+               "vocab_size": 128, "pad_token_id": 0},
+    "gemma": {**DECODER, "head_dim": 8},
+    "gemma2": CASES["gemma2-alternating"][1],
+    "gpt2": {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 64,
+             "pad_token_id": 0},
+    "gpt_neo": {"num_layers": 2, "hidden_size": 32, "num_heads": 2, "vocab_size": 128,
+                "max_position_embeddings": 64, "attention_types": [[["global", "local"], 1]],
+                "window_size": 8, "pad_token_id": 0},
+    "llama": DECODER,
+    "mistral": CASES["mistral-window"][1],
+    "mixtral": {**DECODER, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "sliding_window": 8},
+    "mobilebert": {**ENCODER, "embedding_size": 16, "intra_bottleneck_size": 16,
+                   "true_hidden_size": 16, "intermediate_size": 32,
+                   "num_feedforward_networks": 1},
+    "modernbert": CASES["modernbert-local"][1],
+    "opt": {"num_hidden_layers": 2, "hidden_size": 32, "ffn_dim": 64, "num_attention_heads": 2,
+            "word_embed_proj_dim": 32, "vocab_size": 128, "max_position_embeddings": 64,
+            "pad_token_id": 1},
+    "phi": DECODER,
+    "phi3": {**DECODER, "sliding_window": 8},
+    "qwen2": DECODER,
+    "roberta": {**ENCODER, "pad_token_id": 1},
+    "stablelm": DECODER,
+    # no mask: the loss is still transformers' own
+    "convnext": {"depths": [1, 1], "hidden_sizes": [8, 16], "num_stages": 2, "image_size": 32},
+    "deit": PATCHES,
+    "mobilevit": {"image_size": 64, "hidden_sizes": [16, 24, 32],
+                  "neck_hidden_sizes": [8, 8, 16, 16, 24, 32, 64]},
+    "segformer": {"num_encoder_blocks": 2, "depths": [1, 1], "hidden_sizes": [8, 16],
+                  "sr_ratios": [2, 1], "num_attention_heads": [1, 2], "patch_sizes": [7, 3],
+                  "strides": [4, 2], "mlp_ratios": [2, 2], "decoder_hidden_size": 16,
+                  "image_size": 32},
+    "swin": {"embed_dim": 8, "depths": [1, 1], "num_heads": [1, 2], "window_size": 4,
+             "image_size": 32, "patch_size": 4},
+    "vit": PATCHES,
+}
+
+
+def tasks_with_a_head(model: str) -> list[str]:
+    """The wrapper's tasks this model type has a transformers head for (BERT: causal-lm,
+    masked-lm, seq-cls; ViT: image-cls)."""
+    import transformers
+    from edge_remat_agent.capture.hf import TASKS
+    config = type(transformers.AutoConfig.for_model(model))
+    return [task for task, (auto_name, _) in TASKS.items()
+            if config in getattr(transformers, auto_name)._model_mapping]
+
+
+@pytest.mark.parametrize("model,task", [(model, task) for model in sorted(ARCHITECTURES)
+                                        for task in tasks_with_a_head(model)])
+def test_every_architecture_trains_transformers_own_loss(model, task):
+    """A wrong mask (or position, or head) trains another model with gradients equal to eager's
+    on it: only the loss against transformers' own, given the 2D mask, tells."""
+    spec = f"hf:{model}?config={json.dumps(ARCHITECTURES[model])}&task={task}"
+    module, args = load_hf(spec, batch=2, seq=16, seed=1)
+    mask = dict(zip(module.input_names, args)).get("attention_mask")
+    assert task == "image-cls" or not bool(mask.all()), "the batch should have padding"
+    own, wrapped = own_and_wrapped_loss(spec)
+    assert torch.equal(own, wrapped), (model, task, float(own), float(wrapped))
+
+
+def test_an_encoder_asked_for_causal_lm_with_is_decoder_false_is_refused():
+    """BERT's causal-LM head with is_decoder false attends both ways: each token sees the one
+    it predicts. Unset, is_decoder is made true (the cases above); set false, refused."""
+    from edge_remat_agent.capture.errors import CaptureError
+    config = {**ENCODER, "is_decoder": False}
+    with pytest.raises(CaptureError, match="set is_decoder true"):
+        load_hf(f"hf:bert?config={json.dumps(config)}&task=causal-lm")

@@ -201,7 +201,7 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
         _check_positions(spec, model, config, seq or 32)
     generator = torch.Generator().manual_seed(seed)
     args = _example_batch(spec, task, config, batch or 2, seq or 32, generator)
-    causal = task == "causal-lm" or (task == "seq-cls" and _decoder_only(transformers, config))
+    causal = _attends_causally(transformers, config, task)
     return TrainingLoss(model, input_names, causal=causal,
                         positions_from_padding=config.model_type in POSITIONS_FROM_PADDING,
                         task=task, vocab_size=getattr(config, "vocab_size", None),
@@ -241,7 +241,9 @@ def _config_and_task(transformers, spec: str, image: int | None):
     if image is not None and vision is not None \
             and "image_size" not in (overrides.get("vision_config") or {}):
         vision.image_size = image  # two towers (CLIP): the image tower reads its own config
-    return config, _task(spec, config, options.get("task"))
+    task = _task(spec, config, options.get("task"))
+    _decoder_for_causal_lm(transformers, spec, config, task, overrides)
+    return config, task
 
 
 def _require(package: str, spec: str):
@@ -322,9 +324,7 @@ def _task(spec: str, config, asked: str | None) -> str:
                 return task
     import transformers
     for task in _DEFAULT_ORDER:
-        auto_name = TASKS[task][0]
-        mapping = getattr(transformers, auto_name)._model_mapping
-        if type(config) in mapping:
+        if _has_head(transformers, config, TASKS[task][0]):
             return task
     raise CaptureError(spec, f"no training head for model type {config.model_type!r}; set "
                        f"task to one of {', '.join(TASKS)}")
@@ -420,13 +420,49 @@ def _check_positions(spec: str, model: nn.Module, config, seq: int) -> None:
                                  f"less, or a larger {field} in the config")
 
 
+def _decoder_for_causal_lm(transformers, spec: str, config, task: str,
+                           overrides: dict[str, Any]) -> None:
+    """An encoder's causal-LM head (BERT's, RoBERTa's, ELECTRA's) attends causally only on a
+    config with `is_decoder` true; transformers' default is false, so it attended both ways,
+    each token seeing the ones it predicts, while the wrapper masked causally: not the model
+    transformers trains. The task asks for a decoder, so it gets one unless the config
+    refuses it."""
+    if task != "causal-lm" or not _encoder_decoder_both(transformers, config):
+        return
+    if overrides.get("is_decoder") is False:
+        raise CaptureError(spec, "task causal-lm on an encoder with is_decoder false attends "
+                           "both ways, each token seeing the next one it predicts: set "
+                           "is_decoder true in the config, or leave it out")
+    config.is_decoder = True
+
+
+def _attends_causally(transformers, config, task: str) -> bool:
+    """Whether transformers masks this model's attention causally: a decoder's causal LM and
+    sequence classifier; an encoder that can be a decoder (BERT) when its config's
+    `is_decoder` says so, whatever the head (BERT's classifier with is_decoder true attended
+    causally in transformers, both ways in the wrapper)."""
+    if _encoder_decoder_both(transformers, config):
+        return bool(getattr(config, "is_decoder", False))
+    return task == "causal-lm" or (task == "seq-cls" and _decoder_only(transformers, config))
+
+
+def _encoder_decoder_both(transformers, config) -> bool:
+    """A model type with a masked-LM and a causal-LM head (BERT, RoBERTa, ELECTRA): an encoder
+    whose config's `is_decoder` makes it a decoder."""
+    return _has_head(transformers, config, "AutoModelForCausalLM") \
+        and _has_head(transformers, config, "AutoModelForMaskedLM")
+
+
+def _has_head(transformers, config, auto_name: str) -> bool:
+    return type(config) in getattr(transformers, auto_name)._model_mapping
+
+
 def _decoder_only(transformers, config) -> bool:
     """A model type with a causal-LM head and no masked-LM one (GPT-2, Llama; not BERT, which
     has both): its sequence classifier attends causally, as transformers runs it (given a
     padding-only mask, a Llama classifier saw the tokens after each one)."""
-    def has(auto_name):
-        return type(config) in getattr(transformers, auto_name)._model_mapping
-    return has("AutoModelForCausalLM") and not has("AutoModelForMaskedLM")
+    return _has_head(transformers, config, "AutoModelForCausalLM") \
+        and not _has_head(transformers, config, "AutoModelForMaskedLM")
 
 
 def _attention_layout(spec: str, config, causal: bool) -> dict[str, Any]:
