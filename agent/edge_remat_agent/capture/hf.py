@@ -58,6 +58,11 @@ POSITIONS_FROM_PADDING = frozenset({"opt"})
 # its ALiBi positions from it, DeBERTa its own pairwise mask. Handed a 4D mask, neither
 # captured ("too many values to unpack", "Attempting to broadcast a dimension").
 READS_2D_MASK = frozenset({"bloom", "deberta", "deberta-v2"})
+# Encoder-decoders whose sequence classifier reads each sequence at its <eos> tokens, found by
+# value (`unique_consecutive`, boolean indexing): shapes no static graph holds. T5's failed
+# first on its default config's missing decoder_start_token_id, naming neither cause.
+CLASSIFY_AT_EOS = frozenset({"bart", "bigbird_pegasus", "mbart", "mt5", "mvp", "plbart", "t5",
+                             "umt5"})
 # The attention layer types (the config's `layer_types`) whose masks TrainingLoss builds.
 FULL, SLIDING = "full_attention", "sliding_attention"
 _READABLE = "/:,{}[]\" "  # left as they are in a canonical spec: paths and inline JSON
@@ -242,6 +247,10 @@ def _config_and_task(transformers, spec: str, image: int | None):
             and "image_size" not in (overrides.get("vision_config") or {}):
         vision.image_size = image  # two towers (CLIP): the image tower reads its own config
     task = _task(spec, config, options.get("task"))
+    if task == "seq-cls" and config.model_type in CLASSIFY_AT_EOS:
+        raise CaptureError(spec, f"{config.model_type}'s sequence classifier finds each "
+                           "sequence's <eos> tokens by value, an output shape no static graph "
+                           "holds: edge-remat cannot train it")
     _decoder_for_causal_lm(transformers, spec, config, task, overrides)
     return config, task
 
@@ -311,23 +320,44 @@ def _check_model_type(transformers, spec: str, model_name: str) -> None:
 
 
 def _task(spec: str, config, asked: str | None) -> str:
+    import transformers
+    heads = [task for task in _DEFAULT_ORDER if _has_head(transformers, config, TASKS[task][0])]
+    architectures = getattr(config, "architectures", None) or []
     if asked is not None:
         if asked not in TASKS:
             raise CaptureError(spec, f"unknown task {asked!r}; tasks: {', '.join(TASKS)}")
+        if asked not in heads and not architectures:
+            raise CaptureError(spec, f"model type {config.model_type!r} has no {asked} head; "
+                               + _tasks_it_has(transformers, config, heads))
         return asked
-    for arch in getattr(config, "architectures", None) or []:
+    for arch in architectures:
         for task, suffix in (("causal-lm", "ForCausalLM"), ("causal-lm", "LMHeadModel"),
                              ("masked-lm", "ForMaskedLM"), ("seq-cls", "ForSequenceClassif"),
                              ("image-cls", "ForImageClassification"),
                              ("speech-seq2seq", "ForConditionalGeneration")):
             if suffix in arch:
                 return task
-    import transformers
-    for task in _DEFAULT_ORDER:
-        if _has_head(transformers, config, TASKS[task][0]):
-            return task
-    raise CaptureError(spec, f"no training head for model type {config.model_type!r}; set "
-                       f"task to one of {', '.join(TASKS)}")
+    if heads:
+        return heads[0]
+    raise CaptureError(spec, f"no training head for model type {config.model_type!r}: "
+                       + _tasks_it_has(transformers, config, heads))
+
+
+# transformers' heads for audio encoders (wav2vec2, HuBERT), none a task edge-remat trains
+_AUDIO_HEADS = {"CTC": "AutoModelForCTC",
+                "audio classification": "AutoModelForAudioClassification"}
+
+
+def _tasks_it_has(transformers, config, heads: list[str]) -> str:
+    """The tasks the model type has a head for; where none, what it is for instead: the
+    message listed every task for wav2vec2, none of which it has."""
+    if heads:
+        return f"its tasks: {', '.join(heads)}"
+    audio = [name for name, auto_name in _AUDIO_HEADS.items()
+             if _has_head(transformers, config, auto_name)]
+    what = f"its heads are for {' and '.join(audio)}, audio tasks" if audio \
+        else "it has none"
+    return f"{what} edge-remat does not train (it trains {', '.join(TASKS)})"
 
 
 def _model(transformers, spec: str, model_name: str, config, auto_name: str) -> nn.Module:
