@@ -122,6 +122,7 @@ ARCHITECTURES = {
     "roberta": {**ENCODER, "pad_token_id": 1},
     "stablelm": DECODER,
     # no mask: the loss is still transformers' own
+    "beit": {**PATCHES, "use_relative_position_bias": True},
     "convnext": {"depths": [1, 1], "hidden_sizes": [8, 16], "num_stages": 2, "image_size": 32},
     "deit": PATCHES,
     "mobilevit": {"image_size": 64, "hidden_sizes": [16, 24, 32],

@@ -41,6 +41,10 @@ TINY = {  # small but complete architectures: every layer kind of the real model
             "vocab_size": 128, "max_position_embeddings": 64, "word_embed_proj_dim": 32},
     "vit": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 2, "image_size": 32, "patch_size": 8, "num_labels": 10},
+    # relative position bias: its index comes from a helper transformers caches
+    "beit": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "image_size": 32, "patch_size": 8, "num_labels": 10,
+             "use_relative_position_bias": True},
     # the masks each builds: ALiBi from the 2D one, a sliding window
     "bloom": {"n_layer": 2, "hidden_size": 32, "n_head": 2, "vocab_size": 128},
     "mistral": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -145,7 +149,7 @@ def test_plain_run_reads_an_hf_config_named_by_a_relative_path(configs, tmp_path
 
 @needs_transformers
 @pytest.mark.parametrize("model", ["llama", "bert", "opt", "vit", "whisper", "bloom",
-                                   "mistral", "mixtral"])
+                                   "mistral", "mixtral", "beit"])
 def test_transformers_models_train_bitwise_like_eager(model, configs, tmp_path):
     check_capture_and_plan(f"hf:{model}?config={configs / (model + '.json')}", tmp_path)
 

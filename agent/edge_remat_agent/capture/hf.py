@@ -26,9 +26,11 @@ the same spec, in another working directory: the files must be there on the boar
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
+import sys
 import urllib.parse
 import warnings
 from typing import Any
@@ -104,7 +106,8 @@ class TrainingLoss(nn.Module):
             if self.positions_from_padding:  # what the model would count from the 2D mask
                 inputs["position_ids"] = padding_positions(mask)
             inputs["attention_mask"] = self._attention_masks(mask)
-        out = self.model(**inputs)
+        with _uncached_tensor_helpers():
+            out = self.model(**inputs)
         return out.loss if hasattr(out, "loss") else out[0]
 
     def _attention_masks(self, padding: torch.Tensor):
@@ -116,6 +119,30 @@ class TrainingLoss(nn.Module):
             mask = attention_mask_4d(padding, self.causal, window)
             masks[kind] = additive_mask(mask, dtype) if eager else mask
         return masks[self.attention_types[0]] if len(masks) == 1 else masks
+
+
+@contextlib.contextmanager
+def _uncached_tensor_helpers():
+    """transformers' `compile_compatible_method_lru_cache` (BEiT's relative position index,
+    DETR's, SAM's) caches the tensor a helper returns unless torch.compile is tracing: under
+    our trace, the tensor one tracing pass made (a fake one) was handed to the next, and
+    capture failed on "Unexpected fake buffer _tensor_constant0". The wrapper asks only
+    `pytorch_utils.is_torchdynamo_compiling`; answered yes, each call computes its tensor
+    afresh, as under torch.compile: the same values, in eager and in the graph."""
+    utils = sys.modules.get("transformers.pytorch_utils")
+    asks = getattr(utils, "is_torchdynamo_compiling", None)
+    if asks is None:
+        yield
+        return
+    utils.is_torchdynamo_compiling = _compiling
+    try:
+        yield
+    finally:
+        utils.is_torchdynamo_compiling = asks
+
+
+def _compiling() -> bool:
+    return True
 
 
 def padding_positions(padding: torch.Tensor) -> torch.Tensor:
