@@ -75,12 +75,18 @@ def resident_peak_bytes(run: Callable[[], Any]) -> int | None:
     oneDNN's own malloc, a library's thread-local buffers), which torch's allocator events do
     not all see. Freed heap memory is handed back first (malloc_trim), so that memory the
     call takes is counted rather than found among free heap pages. None where the kernel's
-    high-water mark cannot be reset (not Linux)."""
+    high-water mark cannot be reset (not Linux).
+    The rise is counted from the high-water mark as the reset left it, not from the resident
+    set: the kernel sets the mark from its approximate (per-CPU) resident counters, and after
+    other threads freed memory it may start pages above the exact resident set (one read of
+    /proc/self/status, Linux 6.18, 2 CPUs: 36-100 KiB above VmRSS and smaps_rollup's Rss).
+    Counted from the resident set, every tiny op of a small model's profile took that gap
+    for scratch (60-150 KiB, the same on every repeat)."""
     from ..allocator import give_back_freed_memory
     give_back_freed_memory()
     if not reset_kernel_peak():
         return None
-    start = current_rss_bytes()
+    start = max(current_rss_bytes(), kernel_peak_rss_bytes() or 0)
     run()
     peak = kernel_peak_rss_bytes()
     return None if peak is None else max(0, peak - start)
