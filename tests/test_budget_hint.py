@@ -8,6 +8,7 @@ import time
 
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.evaluate import evaluate
+from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import _budget_found_hint, solve
 from edge_remat.synthetic import random_layered
 
@@ -22,5 +23,21 @@ def test_the_named_budget_is_given_as_an_upper_end_with_the_floor_below():
     floor = re.search(r"lies between the floor, (\d+) bytes \(a proven lower bound\), "
                       rf"and {named}: try --budget {named}", hint)
     assert floor is not None, hint
-    assert int(floor.group(1)) == p.node_floor_bytes() <= p.budget_bytes
-    assert int(floor.group(1)) <= p.smallest_budget()[0]  # no higher than the proven floor
+    assert int(floor.group(1)) == p.smallest_budget()[0] <= p.budget_bytes
+
+
+def test_the_floor_named_is_the_one_a_smaller_budget_is_refused_at():
+    """rl60 seed 1: a node's inputs + output need 21840 bytes, the pebbling floor 24350. The
+    hint named 21840 as 'the floor', while `plan --budget 21840` .. 24349 was refused as too
+    small, needing at least 24350: the same command gave two floors for one graph."""
+    graph = random_layered(60, seed=1)
+    p = build_problem(graph, "0.8", order="given")
+    hint = _budget_found_hint(p, time.perf_counter() + 5)
+    floor = int(re.search(r"lies between the floor, (\d+) bytes", hint).group(1))
+    build_problem(graph, str(floor), order="given").check_budget()  # not refused
+    try:
+        build_problem(graph, str(floor - 1), order="given").check_budget()
+    except InfeasibleBudget as refused:
+        assert refused.smallest_bytes == floor, (refused.smallest_bytes, floor)
+    else:
+        raise AssertionError(f"a budget below the floor the hint names ({floor}) is accepted")

@@ -125,17 +125,13 @@ class Problem:
     def overlapped(self) -> bool:
         return self.io == "overlap" and bool(self.tiers)
 
-    def node_floor_bytes(self) -> int:
-        """A proven floor found at once: no schedule fits below a node's inputs + output +
-        workspace, plus fixed memory (smallest_budget may search seconds for a higher one)."""
-        return self.fixed + floor_node(self.graph, self.workspace)[0]
-
-    def smallest_budget(self) -> tuple[int, int]:
+    def smallest_budget(self, seconds: float = 2.0) -> tuple[int, int]:
         """(bytes, node index): no schedule fits below a node's inputs + output + workspace;
-        without paging, nor below the pebbling floor (pebbling.py) where that is higher."""
+        without paging, nor below the pebbling floor (pebbling.py) where that is higher (its
+        search stops after `seconds`, the floor proven by then standing)."""
         need, k = floor_node(self.graph, self.workspace)
         game = None if self.tiers else pebbling_floor(self.sizes, self.deps, self.workspace,
-                                                      need)
+                                                      need, seconds)
         return (self.fixed + game.bytes, game.node) if game else (self.fixed + need, k)
 
     def check_budget(self) -> None:

@@ -364,6 +364,9 @@ HINT_EXTRA, HINT_EXTRA_MAX_S = 0.25, 5.0
 # the searches ended before this share of the limit: they gave up, and more time would
 # not have helped
 GAVE_UP_SHARE = 0.8
+# of the time the hint has, what the floor it names may take (the pebbling floor's search,
+# at most its 2 s), before the ladder
+FLOOR_SHARE = 0.25
 
 
 def feasibility_plans_at(p: Problem, budget_bytes: int, deadline: float) -> bool:
@@ -403,6 +406,8 @@ def _budget_found_hint(p: Problem, deadline: float, more_time_helps: bool = True
     time), else the plain schedule's peak in this order; and a larger time limit, where the
     search used it all."""
     more_time = ", or a larger --time-limit" if more_time_helps else ""
+    left = deadline - clock.perf_counter()
+    floor, _ = p.smallest_budget(max(0.1, min(2.0, FLOOR_SHARE * left)))
     plain = plain_peak_in_order(p)
     smallest, found = plain, None
     for step in LADDER_STEPS:
@@ -413,9 +418,11 @@ def _budget_found_hint(p: Problem, deadline: float, more_time_helps: bool = True
             break
         smallest, found = budget, step
     # a budget that plans, not the least: a budget between the floor and it may plan too
-    # (with more time, or in a step the ladder does not try), and the error says so
+    # (with more time, or in a step the ladder does not try), and the error says so. The floor
+    # is the one a smaller budget is refused at (without paging the pebbling floor, above a
+    # node's inputs + output; searched before the ladder, which may run to the deadline)
     between = (f"; the least budget that plans lies between the floor, "
-               f"{p.node_floor_bytes()} bytes (a proven lower bound), and {{}}")
+               f"{floor} bytes (a proven lower bound), and {{}}")
     if found is None:
         return (f"the schedule without recomputation in this order fits {plain} bytes "
                 f"({plain / p.budget_bytes:.3g}x this budget) and the feasibility phase found "
