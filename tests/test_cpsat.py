@@ -201,6 +201,16 @@ def test_auto_chooses_cpsat_and_says_so():
     assert report.evaluation.value <= min(baseline_values, default=math.inf) * (1 + 1e-9)
 
 
+def test_a_milp_bound_names_its_model():
+    """The MILP is the stage model: where its bound was kept (above the combinatorial one) the
+    plan carried no bound_scope at all (rl16 seed 0 at 0.8: optimal, bound 9328.9, scope None),
+    though every plan is to say which model its bound belongs to."""
+    p = build_problem(random_layered(16, seed=0), "0.8", order="given")
+    solver = solve(p, "milp", time_limit=20).plan.solver
+    assert solver["name"] == "milp:cbc" and solver["lower_bound"] > solver["stage_model_bound"]
+    assert solver["bound_scope"] == "stage model"
+
+
 def test_a_small_graph_that_needs_recomputation_plans_through_the_limited_model_first():
     """30 nodes at 0.7 (the memory-aware order, no heuristic fits): the exact model alone found
     no plan in 10-25 s here (its first came at 56-88 s), while two residencies a node give the

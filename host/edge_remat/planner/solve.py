@@ -593,17 +593,18 @@ def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
             margin += max(1, evaluation.sim.peak_bytes - p.budget_bytes) * 2
     bound = outcome.bound if outcome else None
     done = clock.perf_counter() - started
+    scope = {"bound_scope": "stage model"}  # the MILP is the stage model, its bound one of it
     if milp_best is not None and (best_known is None or milp_best.evaluation.objective
                                   <= best_known.evaluation.objective * (1 + 1e-9)):
         return _report(p, milp_best, outcome.status, bound, started, time_limit, summary,
                        timing={"first_plan_s": first_plan if first_plan is not None else done,
-                               "best_plan_s": done})
+                               "best_plan_s": done}, **scope)
     if best_known is not None:
         status = "timeout" if outcome.status != "optimal" else "optimal"
         return _report(p, best_known, status, bound, started, time_limit, summary,
                        timing={"first_plan_s": first_plan,
                                "best_plan_s": best_known.found_at - started},
-                       **_kept_plan_note(f"milp:{backend}", outcome.status))
+                       **_kept_plan_note(f"milp:{backend}", outcome.status), **scope)
     if outcome.status == "infeasible":
         raise _infeasible(p, "MILP")
     why = {"failed": "the MILP solver failed",
