@@ -39,6 +39,19 @@ def test_smallest_deadline_is_the_fastest_schedule(solver):
     assert solve(p, solver, time_limit=30).evaluation.feasible
 
 
+def test_a_heuristic_that_misses_a_deadline_does_not_say_none_meets_it():
+    """At 1.1x, a deadline CP-SAT meets (its proven smallest is 1.053x), heuristic:paging's
+    fastest plan takes 1.1711x: its error said 'no schedule within 17 bytes meets the deadline',
+    a claim only an exact search can make."""
+    p = problem(training_chain(3, 1), 0.5, "energy", deadline=1.1, paging=True, static_w=0.1)
+    assert solve(p, "cpsat", time_limit=30).evaluation.feasible
+    with pytest.raises(InfeasibleDeadline) as caught:
+        solve(p, "heuristic:paging", time_limit=30)
+    message = str(caught.value)
+    assert message.startswith("heuristic:paging found no schedule within"), message
+    assert "at most 1.172x" in message and "proven" not in message  # 1.1711, rounded up
+
+
 def test_paging_time_modes_have_their_own_smallest_deadline():
     """Paging that takes time (counted) needs a later deadline than POET's free paging."""
     smallest = {}

@@ -633,8 +633,11 @@ def _fastest_within_budget(p: Problem, solver: str, time_limit: float, backend: 
                                 "fastest plan within the budget")
     proven = report.plan.solver["status"] == "optimal"
     smallest = round_up(achieved, 4)  # up, as printed: passed back, it is met
+    # unproven, the search found none: a heuristic's miss is no proof that none exists
+    found_none = (f"no schedule within {p.budget_bytes} bytes meets" if proven else
+                  f"{solver} found no schedule within {p.budget_bytes} bytes that meets")
     raise InfeasibleDeadline(
-        f"no schedule within {p.budget_bytes} bytes meets the deadline of {p.deadline:g}x the "
+        f"{found_none} the deadline of {p.deadline:g}x the "
         f"plain time; the smallest deadline that can be met is "
         + (f"{smallest:g}x (proven by {report.plan.solver['name']})" if proven else
            f"at most {smallest:g}x (the fastest plan {report.plan.solver['name']} found in "
