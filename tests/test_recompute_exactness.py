@@ -69,6 +69,17 @@ def test_a_prod_outside_the_gradient_and_the_suggested_cumprod_run_exactly(tmp_p
     assert report["grad_check"]["bitwise_equal"], report["grad_check"]["differing"]
 
 
+@pytest.mark.parametrize("operator_level", [False, True])
+def test_a_gradient_viewing_a_view_of_another_nodes_value_runs_exactly(operator_level, tmp_path):
+    """functional_call's weight offset gets `t(t(mm))`: the gradient moved to mm's node, its
+    inner transpose stayed behind, so the node replayed `t(mm)` before computing mm and the
+    run failed with "KeyError: 'mm'" at every budget."""
+    captured = capture_model(user_model("make_functional_call"), operator_level=operator_level)
+    report = run_plan(captured.graph, every_forward_recomputed(captured.graph), 2,
+                      str(tmp_path / "pages"), captured=captured, seed=0)
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]["differing"]
+
+
 def _near_floor(graph):
     try:
         p = build_problem(graph, 0.5, None, "time", None, "none", {})

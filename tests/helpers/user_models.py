@@ -240,5 +240,24 @@ def make_untrained_prod(batch: int = 8, seed: int = 0):
     return Products(trained=False), (torch.randn(batch, 8),)
 
 
+class FunctionalCall(nn.Module):
+    """A layer called through torch.func.functional_call with a learned offset on its weight:
+    the offset's gradient is `t(t(mm))`, a view of a view of the layer's weight gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+        self.delta = nn.Parameter(torch.zeros(8, 8))
+
+    def forward(self, x):
+        params = {"weight": self.inner.weight + self.delta, "bias": self.inner.bias}
+        return (torch.func.functional_call(self.inner, params, (x,)) ** 2).mean()
+
+
+def make_functional_call(batch: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    return FunctionalCall(), (torch.randn(batch, 8),)
+
+
 def spec(factory: str) -> str:
     return f"{HERE}:{factory}"

@@ -95,14 +95,19 @@ def _gradient_views_with_their_storage(trace: JointTrace, groups: list[Group],
     there, and the storage goes when that node is freed. Left where it was, the gradient
     would keep the storage alive as long as its node's other outputs, which the plan does not
     count (nn.TransformerEncoder's out_proj weight gradient, 4 KiB over the plan). Moving a
-    view adds no input: the views before it are replayed from the owner's value."""
+    view adds no input. The views between the owner's value and the gradient move with it:
+    left in another group (`t(t(mm))` from torch.func.functional_call, the inner transpose in
+    the update's group), the owner would replay them before computing the value they view."""
     group_of = {name: i for i, g in enumerate(groups) for name in g.members}
     moved: dict[int, list[str]] = {}
     for value in trace.grads:
         root = store[value].root if value in store else value
         owner, holder = group_of.get(root), group_of.get(value)
         if owner is not None and holder is not None and owner != holder:
-            moved.setdefault(owner, []).append(value)
+            chain, _ = _view_chain(trace.node(value))
+            for name in chain:  # base first: the order the owner computes them in
+                if group_of.get(name, owner) != owner and name not in moved.setdefault(owner, []):
+                    moved[owner].append(name)
     if not moved:
         return groups
     leaving = {value for values in moved.values() for value in values}
