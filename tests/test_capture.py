@@ -488,6 +488,31 @@ def test_a_parameter_changed_in_forward_is_named_with_what_to_do(tmp_path):
         capture_model(spec + ":make")
 
 
+@pytest.mark.parametrize("wrap, what", [
+    ("torch.jit.script(nn.Linear(4, 4))", "module 'inner' is a TorchScript module"),
+    ("torch.compile(nn.Linear(4, 4))", "module 'inner' is wrapped by torch.compile"),
+])
+def test_a_compiled_submodule_is_refused_by_name(tmp_path, wrap, what):
+    """Before: a TorchScript submodule was an internal error (exit 70, 'register_forward_pre_hook
+    is not supported on ScriptModules'); torch.compile's failed inside functionalization
+    ('Attempting to use FunctionalTensor on its own')."""
+    spec = _write(tmp_path, (
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        f"        self.inner = {wrap}\n"
+        "    def forward(self, x):\n"
+        "        return self.inner(x).pow(2).sum()\n\n"
+        "def make():\n"
+        "    return Net(), (torch.ones(3, 4),)\n"))
+    with pytest.raises(CaptureError, match=rf"{what}.*capture cannot trace: .*leave out"):
+        capture_model(spec + ":make")
+    from edge_remat.cli import app
+    result = CliRunner().invoke(app, ["graph", "--model", spec + ":make", "-o",
+                                      str(tmp_path / "g.json")])
+    assert result.exit_code == 2, result.output
+
+
 def test_a_sparse_embedding_gradient_is_refused_at_capture(tmp_path):
     """Before, capture passed and the board's first job failed (exit 1) with 'Cannot access
     storage of SparseTensorImpl'."""

@@ -91,6 +91,23 @@ def _refuse_meta_weights(module: nn.Module, spec: str) -> None:
                            "model.to_empty(device='cpu'), then initialise or load them)")
 
 
+def _refuse_compiled_modules(module: nn.Module, model: str) -> None:
+    """A TorchScript or torch.compile module runs compiled code that capture cannot trace
+    (TorchScript takes no hooks: an internal error, exit 70; torch.compile's code failed
+    inside functionalization), and whose kernels would not round as eager's: refused by name."""
+    from torch._dynamo.eval_frame import OptimizedModule
+    for path, sub in module.named_modules():
+        where = f"module '{path}'" if path else "the model"
+        if isinstance(sub, torch.jit.ScriptModule):
+            raise CaptureError(model, f"{where} is a TorchScript module (torch.jit.script or "
+                               "torch.jit.trace), which capture cannot trace: build it as a "
+                               "plain nn.Module (leave out torch.jit)")
+        if isinstance(sub, OptimizedModule):
+            raise CaptureError(model, f"{where} is wrapped by torch.compile, whose compiled "
+                               "code capture cannot trace: use the module itself (leave out "
+                               "torch.compile, or take its ._orig_mod)")
+
+
 def capture_module(module: nn.Module, example_args, model: str = "model",
                    optimizer: str = "sgd", max_nodes: int = DEFAULT_MAX_NODES,
                    level: int | None = None, source: dict[str, Any] | None = None,
@@ -108,6 +125,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
     if params_home != "ram" and update != "fused":
         raise CaptureError(model, "parameters can live on a page tier only with fused updates")
     _refuse_inexact_grus(module, model)
+    _refuse_compiled_modules(module, model)
     trace = trace_joint(traceable(module), example_args, model)  # no weights made for it
 
     def build(groups: list[Group]) -> tuple[Graph, dict]:
