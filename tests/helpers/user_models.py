@@ -259,5 +259,26 @@ def make_functional_call(batch: int = 8, seed: int = 0):
     return FunctionalCall(), (torch.randn(batch, 8),)
 
 
+class BagOfWords(nn.Module):
+    """A text classifier over nn.EmbeddingBag in mean or max mode."""
+
+    def __init__(self, mode: str):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(50, 16, mode=mode)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, tokens, labels):
+        return F.cross_entropy(self.head(self.bag(tokens)), labels)
+
+
+def make_bag_of_words(mode: str = "mean", batch: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    return BagOfWords(mode), (torch.randint(0, 50, (batch, 6)), torch.randint(0, 4, (batch,)))
+
+
+def make_bag_of_words_max(batch: int = 8, seed: int = 0):
+    return make_bag_of_words("max", batch, seed)
+
+
 def spec(factory: str) -> str:
     return f"{HERE}:{factory}"
