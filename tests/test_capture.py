@@ -513,6 +513,26 @@ def test_a_compiled_submodule_is_refused_by_name(tmp_path, wrap, what):
     assert result.exit_code == 2, result.output
 
 
+def test_a_torchscript_function_called_in_forward_is_refused_by_name(tmp_path):
+    """Before, it captured and every run failed the gradient check (exit 1): TorchScript's
+    autodiff derives a tanh-GELU's backward with its own formulas (a.weight, a.bias differed)."""
+    spec = _write(tmp_path, (
+        "@torch.jit.script\n"
+        "def gelu(x):\n"
+        "    return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.a = nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        return gelu(self.a(x)).pow(2).sum()\n\n"
+        "def make():\n"
+        "    return Net(), (torch.ones(3, 4),)\n"))
+    with pytest.raises(CaptureError, match=r"the model calls 'gelu', a TorchScript function.*"
+                                           r"leave out @torch.jit.script"):
+        capture_model(spec + ":make")
+
+
 def test_a_sparse_embedding_gradient_is_refused_at_capture(tmp_path):
     """Before, capture passed and the board's first job failed (exit 1) with 'Cannot access
     storage of SparseTensorImpl'."""

@@ -106,6 +106,28 @@ def _refuse_compiled_modules(module: nn.Module, model: str) -> None:
             raise CaptureError(model, f"{where} is wrapped by torch.compile, whose compiled "
                                "code capture cannot trace: use the module itself (leave out "
                                "torch.compile, or take its ._orig_mod)")
+        called = _script_functions_called(type(sub).forward)
+        if called:
+            raise CaptureError(model, f"{where} calls '{called[0]}', a TorchScript function "
+                               "(torch.jit.script), whose backward TorchScript derives with "
+                               "its own formulas, so the planned step's gradients could not "
+                               "be eager's bit for bit: make it a plain Python function "
+                               "(leave out @torch.jit.script)")
+
+
+def _script_functions_called(function) -> list[str]:
+    """The global names `function`'s code (and the code nested in it) reads that are
+    TorchScript functions. Traced, their forward is eager's, but eager's backward is
+    TorchScript's autodiff: a tanh-GELU's weight gradient differed from the plan's in the last
+    bits (gradient check failed, exit 1)."""
+    code, scope = getattr(function, "__code__", None), getattr(function, "__globals__", {})
+    found, codes = [], [code] if code is not None else []
+    while codes:
+        current = codes.pop()
+        codes += [c for c in current.co_consts if hasattr(c, "co_names")]
+        found += [n for n in current.co_names
+                  if isinstance(scope.get(n), torch.jit.ScriptFunction) and n not in found]
+    return found
 
 
 def capture_module(module: nn.Module, example_args, model: str = "model",
