@@ -533,6 +533,29 @@ def test_a_torchscript_function_called_in_forward_is_refused_by_name(tmp_path):
         capture_model(spec + ":make")
 
 
+def test_an_ema_teacher_updated_in_forward_is_told_to_hold_its_copy_as_buffers(tmp_path):
+    """A mean teacher (BYOL, DINO) updates a frozen copy of the student in place in forward:
+    the refusal spoke only of nn.Embedding's max_norm and of changing parameters outside
+    forward, which a model trained by `edge-remat run` cannot do. Buffers it may update."""
+    spec = _write(tmp_path, (
+        "import copy\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.student = nn.Linear(4, 4)\n"
+        "        self.teacher = copy.deepcopy(self.student).requires_grad_(False)\n"
+        "    def forward(self, x):\n"
+        "        with torch.no_grad():\n"
+        "            for t, s in zip(self.teacher.parameters(), self.student.parameters()):\n"
+        "                t.mul_(0.9).add_(s, alpha=0.1)\n"
+        "        return (self.student(x) - self.teacher(x)).pow(2).sum()\n\n"
+        "def make():\n"
+        "    return Net(), (torch.ones(3, 4),)\n"))
+    with pytest.raises(CaptureError, match=r"changes parameter 'teacher.weight' in place.*EMA "
+                                           r"teacher.*as buffers \(register_buffer\)"):
+        capture_model(spec + ":make")
+
+
 def test_a_sparse_embedding_gradient_is_refused_at_capture(tmp_path):
     """Before, capture passed and the board's first job failed (exit 1) with 'Cannot access
     storage of SparseTensorImpl'."""

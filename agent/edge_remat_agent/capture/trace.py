@@ -651,9 +651,12 @@ def _from_descriptors(model: str, gm: fx.GraphModule) -> JointTrace:
             elif isinstance(target, d.ParamAOTInput):
                 raise CaptureError(model, f"the forward changes parameter '{target.target}' in "
                                    "place (nn.Embedding with max_norm renormalises its weight "
-                                   "so), which a training graph cannot express: change "
-                                   "parameters outside forward (e.g. renormalise after the "
-                                   "optimizer step)")
+                                   "so, as do an EMA teacher's update and weight clipping), "
+                                   "which a training graph cannot express: change parameters "
+                                   "outside forward (e.g. renormalise after the optimizer "
+                                   "step), or hold what the forward updates itself (an EMA "
+                                   "copy) as buffers (register_buffer), which it may update in "
+                                   "place")
             else:
                 raise CaptureError(model, f"the forward mutates {target!r} in place, which a "
                                    "training graph cannot express")
