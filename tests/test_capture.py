@@ -556,6 +556,25 @@ def test_an_ema_teacher_updated_in_forward_is_told_to_hold_its_copy_as_buffers(t
         capture_model(spec + ":make")
 
 
+def test_a_value_check_inside_a_functional_loss_names_the_loss(tmp_path):
+    """F.gaussian_nll_loss checks its variance with torch.any(var < 0): the line blamed
+    '.item(), bool(), if/while on a tensor' that the model never wrote, naming no call."""
+    spec = _write(tmp_path, (
+        "import torch.nn.functional as F\n\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.mean, self.var = nn.Linear(4, 4), nn.Linear(4, 4)\n"
+        "    def forward(self, x, y):\n"
+        "        return F.gaussian_nll_loss(self.mean(x), y, F.softplus(self.var(x)))\n\n"
+        "def make():\n"
+        "    return Net(), (torch.ones(3, 4), torch.zeros(3, 4))\n"))
+    with pytest.raises(CaptureError, match=r"reads a tensor's value in Python.*\(in "
+                                           r"torch.nn.functional.gaussian_nll_loss, which the "
+                                           r"model calls\)"):
+        capture_model(spec + ":make")
+
+
 def test_a_sparse_embedding_gradient_is_refused_at_capture(tmp_path):
     """Before, capture passed and the board's first job failed (exit 1) with 'Cannot access
     storage of SparseTensorImpl'."""

@@ -205,6 +205,10 @@ def _explain(exc: Exception, model: str, scopes: list[str]) -> CaptureError:
                         "distribution with validate_args=False)")
     elif isinstance(exc, ft.DynamicOutputShapeException):
         problem = "its output shape depends on tensor values (e.g. nonzero, boolean masking)"
+    if isinstance(exc, (ft.DataDependentOutputException, ft.DynamicOutputShapeException)):
+        caller = _functional_that_raised(exc)
+        if caller:  # the user wrote no such op: name the library call that runs it
+            problem += f" (in torch.nn.functional.{caller}, which the model calls)"
     elif isinstance(exc, ft.UnsupportedOperatorException):
         problem = "it has no fake-tensor (meta) implementation, so it cannot be traced"
     elif "Please convert all Tensors to FakeTensors" in message:
@@ -486,6 +490,19 @@ def _raised_in_distributions(exc: BaseException) -> bool:
             return True
         tb = tb.tb_next
     return False
+
+
+def _functional_that_raised(exc: BaseException) -> str | None:
+    """The torch.nn.functional function the model called on the way to the error (the first
+    such frame): gaussian_nll_loss checks its variance with torch.any, ctc_loss's kernel sizes
+    its result from the target lengths' values."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename.replace("\\", "/").endswith("/torch/nn/functional.py"):
+            return code.co_name
+        tb = tb.tb_next
+    return None
 
 
 def _op_from_message(message: str) -> str | None:
