@@ -492,10 +492,14 @@ def test_a_parameter_changed_in_forward_is_named_with_what_to_do(tmp_path):
     ("torch.jit.script(nn.Linear(4, 4))", "module 'inner' is a TorchScript module"),
     ("torch.compile(nn.Linear(4, 4))", "module 'inner' is wrapped by torch.compile"),
 ])
-def test_a_compiled_submodule_is_refused_by_name(tmp_path, wrap, what):
+def test_a_compiled_submodule_is_refused_by_name(tmp_path, monkeypatch, wrap, what):
     """Before: a TorchScript submodule was an internal error (exit 70, 'register_forward_pre_hook
     is not supported on ScriptModules'); torch.compile's failed inside functionalization
     ('Attempting to use FunctionalTensor on its own')."""
+    # torch.compile() turns torch.distributions' argument validation off for the process:
+    # restored afterwards, for the tests that rely on it
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args",
+                        torch.distributions.Distribution._validate_args)
     spec = _write(tmp_path, (
         "class Net(nn.Module):\n"
         "    def __init__(self):\n"
