@@ -80,10 +80,12 @@ def write_direct(fd: int, parts: list, total: int) -> bool:
 
 def _write_block(fd: int, staging: mmap.mmap, nbytes: int, offset: int) -> int:
     padded = -(-nbytes // ALIGN) * ALIGN
-    view = memoryview(staging)[:padded]
-    done = 0
-    while done < padded:
-        done += os.pwrite(fd, view[done:], offset + done)
+    # Released on the way out, an error too: a view the traceback kept would make closing
+    # the staging buffer raise BufferError in place of the error (ENOSPC: a full flash).
+    with memoryview(staging) as whole, whole[:padded] as view:
+        done = 0
+        while done < padded:
+            done += os.pwrite(fd, view[done:], offset + done)
     return nbytes
 
 
