@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -332,6 +333,12 @@ def test_deploy_says_what_the_run_measured_in_words(user_capture, local_board, t
     assert "2 steps on" in result.stdout and "ledger peak" in result.stdout
     assert "gradients    bitwise equal to eager PyTorch" in result.stdout
     assert "{" not in result.stdout and "fetched " in result.stdout
+    # Coming back for the finished job without --out: its result, the report left on the board
+    # (QA: 'error: internal error (KeyError: 'model')', exit 70, the summary needing the report)
+    job = re.search(r"job (run-\S+) finished", result.output).group(1)
+    status = CliRunner().invoke(app, ["job-status", job, "--device", local_board])
+    assert status.exit_code == 0, status.output
+    assert f"job {job} finished" in status.stdout and '"summary"' in status.stdout
 
 
 def test_a_graph_this_machine_does_not_capture_is_refused(user_capture, tmp_path):

@@ -259,8 +259,10 @@ def print_outcome(record: dict, as_json: bool, board: Board) -> None:
     typer.echo(summary(record))
     if record.get("result") is not None:
         report = full_result(record)
-        if record.get("kind") == "run" and "summary" in report:  # a plan run: as the board's
-            from edge_remat_agent.run_command import summary_text  # own `run` says it
+        # The job's result carries the summary alone; the words need the board's whole report
+        # (the model, what was recomputed), which is here once fetched (`--out`).
+        if record.get("kind") == "run" and "summary" in report and "model" in report:
+            from edge_remat_agent.run_command import summary_text  # as the board's own `run`
             typer.echo(summary_text(report))
         else:
             typer.echo(json.dumps(record["result"], indent=1, default=str))
