@@ -117,6 +117,28 @@ def test_devices_check_shows_an_emulated_boards_limit_as_its_ram(tmp_path):
 
 
 @needs_cgroup
+def test_devices_check_leaves_no_agent_or_cgroup_on_an_emulated_board(tmp_path):
+    """QA: `devices --check` started the emulated board's agent in its memory cgroup and left
+    both there (the daemon exits after an idle hour), as a run, which retires them, does not."""
+    from typer.testing import CliRunner
+    from helpers.board_fixtures import local_board
+    from edge_remat.cli import app
+    from edge_remat.devices import find_device
+    from edge_remat.transport.emulated import cgroup_name
+    from edge_remat_agent.daemon.layout import Layout
+    from edge_remat_agent.daemon.runner import lock_is_held
+    with local_board(tmp_path, "small", memory_limit_bytes=150 * MIB):
+        result = CliRunner().invoke(app, ["devices", "small", "--check"])
+        left = MemoryCgroup.existing(cgroup_name(find_device("small")))
+        daemon_up = lock_is_held(Layout(tmp_path / "board").lock_path)
+        if left is not None:
+            left.remove()
+    assert result.exit_code == 0, result.output
+    assert "150.00 MiB (limit)" in result.stdout
+    assert not daemon_up and left is None
+
+
+@needs_cgroup
 def test_an_agent_that_cannot_start_in_its_limit_leaves_no_cgroup(tmp_path):
     """QA: a board limited below what the agent needs failed to start (exit 3) and left its
     memory cgroup behind; the run that made it removes it."""

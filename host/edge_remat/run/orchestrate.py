@@ -77,7 +77,8 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
             raise
         finally:
             if device.hardware.memory_limit_bytes:
-                _retire_emulated(board, device, say)
+                from ..transport.emulated import retire_emulated
+                retire_emulated(board, device, say)
     report["reconnects"] = board.reconnects
     report["report"] = str(out / "report.json")
     dump_json(report, out / "report.json")
@@ -532,31 +533,6 @@ def host_gradient_check(graph, plan_path: Path, captured=None) -> dict:
     where = "on the host, outside the memory limit: the same plan, the example batch"
     return dict(check, where=where) if isinstance(check, dict) else \
         {"result": check, "where": where}
-
-
-def _retire_emulated(board: Board, device: DeviceConfig, say: Say) -> None:
-    """Stop the emulated board's agent and remove its cgroup, so that the next run starts
-    afresh, but only when its daemon says no job runs or waits there: removing the cgroup
-    kills every process in it, another host's job or ours left running (--keep-running)
-    included. A board this run never reached, or cannot ask, is left as it is."""
-    from edge_remat_agent.wire.protocol import BUSY
-
-    from ..transport import AgentError, TransportError
-    from ..transport.emulated import remove_board_cgroup
-    if not board.connected:
-        return  # connecting now would start an agent only to stop it
-    try:
-        board.stop_agent(if_idle=True)
-    except AgentError as exc:
-        if exc.code == BUSY:
-            running = exc.details.get("running")
-            say(f"{board.name}: its agent and memory cgroup stay up: "
-                f"{'job ' + running if running else 'a queued job'} is there (another "
-                "run's, or one left running)")
-        return
-    except (TransportError, OSError):
-        return
-    remove_board_cgroup(device)
 
 
 # -- plots ---------------------------------------------------------------------------------

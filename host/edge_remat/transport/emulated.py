@@ -131,6 +131,31 @@ def remove_board_cgroup(device: DeviceConfig) -> None:
         group.remove()
 
 
+def retire_emulated(board, device: DeviceConfig, say) -> None:
+    """Stop the emulated board's agent and remove its cgroup, so that the next run (or check)
+    starts afresh, but only when its daemon says no job runs or waits there: removing the
+    cgroup kills every process in it, another host's job or one left running (--keep-running)
+    included. A board never reached, or that cannot be asked, is left as it is. `board`: an
+    open Board; `say(line)` tells why a busy board stays up."""
+    from edge_remat_agent.wire.protocol import BUSY
+
+    from .errors import AgentError
+    if not board.connected:
+        return  # connecting now would start an agent only to stop it
+    try:
+        board.stop_agent(if_idle=True)
+    except AgentError as exc:
+        if exc.code == BUSY:
+            running = exc.details.get("running")
+            say(f"{board.name}: its agent and memory cgroup stay up: "
+                f"{'job ' + running if running else 'a queued job'} is there (another "
+                "run's, or one left running)")
+        return
+    except (TransportError, OSError):
+        return
+    remove_board_cgroup(device)
+
+
 class KernelWatch:
     """The kernel's view of one job on an emulated board: its out-of-memory kills and the
     cgroup's peak. Made just before the job (v1 restarts the peak there); no-op elsewhere."""
