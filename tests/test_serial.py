@@ -180,3 +180,29 @@ def test_no_agent_on_the_line_is_a_clear_error(ptys, tmp_path):
 def test_missing_port_is_a_clear_error(tmp_path, ptys):
     with pytest.raises(BoardUnreachable, match="does not exist: is the board plugged in"):
         Board(serial_device(tmp_path, ptys, port=str(tmp_path / "ttyUSB9"))).hello()
+
+
+def test_the_serial_setup_docs_boards_md_gives_serves_the_line(ptys, tmp_path):
+    """docs/boards.md "A board on a serial line", as a user follows it: the archive the host
+    builds, copied to the board and run with `serve --serial`; the host's config names its end
+    and the baud; `devices NAME --check` answers (QA: the docs named `serve --serial` and
+    nothing else: not how the agent gets to a board with no SSH, nor a serial config)."""
+    import shutil
+    import sys
+    from typer.testing import CliRunner
+    from edge_remat.cli import app
+    copied = tmp_path / "agent.pyz"  # what the user carries to the board
+    shutil.copy(build_agent_archive().path, copied)
+    workdir = tmp_path / "board"
+    proc = subprocess.Popen([sys.executable, str(copied), "serve", "--serial", ptys.board_end,
+                             "--baud", "921600", "--workdir", str(workdir)],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agent.log", "wb"))
+    try:
+        serial_device(tmp_path, ptys)  # writes serial.toml: kind, port, baud, timeouts
+        result = CliRunner().invoke(app, ["devices", str(tmp_path / "serial.toml"), "--check"])
+        assert result.exit_code == 0, result.output
+        assert "@ 921600 baud" in result.stdout and "2.13.0" in result.stdout
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        stop_agent(workdir)
