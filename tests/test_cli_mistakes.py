@@ -499,3 +499,28 @@ def test_a_usage_error_with_json_prints_the_object_too(tmp_path):
     answer = json.loads(proc.stdout)
     assert answer["status"] == "error" and "Missing option '--graph'" in answer["error"]
     assert proc.stderr.startswith("error: Missing option '--graph'")
+
+
+def test_a_second_ctrl_c_while_the_error_is_said_keeps_its_line(capsys, monkeypatch):
+    """QA: Ctrl-C twice, 0.3 s apart, on `edge-remat job sleep --device B`: the first cancelled
+    the job at once, the second came while the line was being made and the command ended at
+    130 with no line. Here the second Ctrl-C is a real SIGINT sent to this process then."""
+    import os
+    import signal
+    from edge_remat import errors, outputs
+
+    @errors.cli_errors
+    def command():
+        raise errors.Interrupted("interrupted (Ctrl-C); cancelled job J on B", job="J",
+                                 cancelled=True)
+    monkeypatch.setattr(outputs, "remove_folders_left_empty",
+                        lambda: os.kill(os.getpid(), signal.SIGINT))
+    import typer
+    try:
+        with pytest.raises(typer.Exit) as ended:
+            command()
+    except KeyboardInterrupt:
+        pytest.fail("the second Ctrl-C ended the command before its line")
+    assert ended.value.exit_code == 130
+    assert "error: interrupted (Ctrl-C); cancelled job J on B" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C works again
