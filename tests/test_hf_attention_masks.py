@@ -167,3 +167,47 @@ def test_an_encoder_asked_for_causal_lm_with_is_decoder_false_is_refused():
     config = {**ENCODER, "is_decoder": False}
     with pytest.raises(CaptureError, match="set is_decoder true"):
         load_hf(f"hf:bert?config={json.dumps(config)}&task=causal-lm")
+
+
+# -- encoder-decoder LMs (task seq2seq-lm) ---------------------------------------------------
+# The source is padded (with the pad id, the mask 0) and the target differently (-100): the one
+# mask is read by the encoder and by the decoder's cross-attention, whose queries are the
+# target's; the decoder masks itself causally. No layerdrop (M2M-100's default draws it).
+SEQ2SEQ_BART = {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2,
+                "encoder_attention_heads": 2, "decoder_attention_heads": 2,
+                "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "vocab_size": 128,
+                "max_position_embeddings": 64, "pad_token_id": 1, "bos_token_id": 0,
+                "eos_token_id": 2, "decoder_start_token_id": 2}
+SEQ2SEQ_T5 = {"d_model": 32, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2,
+              "num_heads": 2, "d_kv": 16, "vocab_size": 128,
+              "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16,
+              "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0}
+SEQ2SEQ = {
+    # relative position bias, no absolute positions; mT5 unties its embeddings, UMT5 has a
+    # bias per layer
+    "t5": SEQ2SEQ_T5, "mt5": SEQ2SEQ_T5, "umt5": SEQ2SEQ_T5,
+    # learned positions (BART, mBART, PLBART: mBART and PLBART start the decoder from each
+    # target's last token), sinusoidal ones (Marian, Pegasus, M2M-100)
+    "bart": SEQ2SEQ_BART,
+    "mbart": SEQ2SEQ_BART | {"decoder_start_token_id": None},
+    "plbart": SEQ2SEQ_BART | {"decoder_start_token_id": None},
+    "marian": SEQ2SEQ_BART | {"pad_token_id": 127, "decoder_start_token_id": 127,
+                              "decoder_vocab_size": 128},
+    "pegasus": SEQ2SEQ_BART | {"pad_token_id": 0, "decoder_start_token_id": 0},
+    "blenderbot": SEQ2SEQ_BART | {"pad_token_id": 0, "decoder_start_token_id": 1},
+    "blenderbot-small": SEQ2SEQ_BART | {"pad_token_id": 0, "decoder_start_token_id": 1},
+    "m2m_100": SEQ2SEQ_BART | {"encoder_layerdrop": 0, "decoder_layerdrop": 0},
+    "bigbird_pegasus": SEQ2SEQ_BART | {"pad_token_id": 0, "attention_type": "original_full"},
+}
+
+
+@pytest.mark.parametrize("model", sorted(SEQ2SEQ))
+def test_every_seq2seq_lm_trains_transformers_own_loss(model):
+    """transformers' loss, given the 2D mask and the labels (it shifts them into the decoder's
+    inputs itself), against the wrapper's, bit for bit, on a padded source and target."""
+    spec = f"hf:{model}?config={json.dumps(SEQ2SEQ[model])}&task=seq2seq-lm"
+    module, (ids, mask, labels) = load_hf(spec, batch=2, seq=16, seed=1)
+    assert not bool(mask.all()) and bool((labels == -100).any())
+    assert not torch.equal(mask == 0, labels == -100), "source and target padded alike"
+    own, wrapped = own_and_wrapped_loss(spec)
+    assert torch.equal(own, wrapped), (model, float(own), float(wrapped))

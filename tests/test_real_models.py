@@ -61,6 +61,16 @@ TINY = {  # small but complete architectures: every layer kind of the real model
                 "max_source_positions": 16, "max_target_positions": 32, "vocab_size": 128,
                 "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0,
                 "decoder_start_token_id": 0},
+    # encoder-decoder LMs (task seq2seq-lm): relative position bias; learned positions
+    "t5": {"d_model": 32, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 2,
+           "d_kv": 16, "vocab_size": 128, "relative_attention_num_buckets": 8,
+           "relative_attention_max_distance": 16, "pad_token_id": 0, "eos_token_id": 1,
+           "decoder_start_token_id": 0},
+    "bart": {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2,
+             "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64,
+             "decoder_ffn_dim": 64, "vocab_size": 128, "max_position_embeddings": 64,
+             "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+             "decoder_start_token_id": 2},
 }
 ADAPTERS = {
     "lora": {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8,
@@ -149,7 +159,7 @@ def test_plain_run_reads_an_hf_config_named_by_a_relative_path(configs, tmp_path
 
 @needs_transformers
 @pytest.mark.parametrize("model", ["llama", "bert", "opt", "vit", "whisper", "bloom",
-                                   "mistral", "mixtral", "beit"])
+                                   "mistral", "mixtral", "beit", "t5", "bart"])
 def test_transformers_models_train_bitwise_like_eager(model, configs, tmp_path):
     check_capture_and_plan(f"hf:{model}?config={configs / (model + '.json')}", tmp_path)
 
@@ -190,7 +200,7 @@ def test_bundled_text_trains_an_hf_causal_lm_bitwise_and_its_loss_falls(model, t
 
 @needs_transformers
 @pytest.mark.parametrize("model,words", [
-    ("bert", "feeds causal language models; this model trains a masked-lm head"),
+    ("bert", "feeds causal and seq2seq language models; this model trains a masked-lm head"),
     ("gpt2", "the model's vocabulary has 128: give it a vocab_size of at least 259")])
 def test_bundled_text_refuses_what_it_cannot_feed_in_one_line(model, words, configs):
     from edge_remat.run.options import RunProblem, check_data_fits
@@ -224,6 +234,44 @@ def test_peft_adapters_train_only_their_parameters_bitwise(adapter, configs, tmp
     assert result["report"]["grad_check"]["compared"] == trainable_count(module)
     fixed = result["captured"].graph.capture["fixed"]
     assert fixed["gradients"] < fixed["parameters"] / 4  # gradients only for the adapter
+
+
+@needs_transformers
+@needs_peft
+@pytest.mark.parametrize("model,targets", [("t5", ["q", "v"]), ("bart", ["q_proj", "v_proj"])])
+def test_lora_on_an_encoder_decoder_trains_only_its_parameters_bitwise(model, targets, configs,
+                                                                       tmp_path):
+    adapter = {"peft_type": "LORA", "task_type": "SEQ_2_SEQ_LM", "r": 4, "lora_alpha": 8,
+               "lora_dropout": 0.1, "target_modules": targets}
+    spec = f"hf:{model}?config={configs / (model + '.json')}&adapter={json.dumps(adapter)}"
+    result = check_capture_and_plan(spec, tmp_path)
+    module = result["captured"].module
+    assert type(module.model).__name__ == "PeftModelForSeq2SeqLM"
+    # q and v of every attention: the encoder's, the decoder's self- and cross-attention
+    assert trainable_count(module) == 2 * 2 * (2 + 2 * 2)
+    assert result["report"]["grad_check"]["compared"] == trainable_count(module)
+
+
+@needs_transformers
+@pytest.mark.parametrize("model", ["t5", "bart"])
+def test_bundled_text_trains_a_seq2seq_lm_to_continue_it_bitwise(model, tmp_path):
+    """`--data text` for an encoder-decoder: a window of the story as the source, the window
+    after it as the labels (the model shifts them into its decoder's inputs)."""
+    from edge_remat_agent.data.text import story_tokens
+    (tmp_path / "config.json").write_text(json.dumps({**TINY[model], "vocab_size": 300}))
+    captured = capture_model(f"hf:{model}?config={tmp_path / 'config.json'}", batch=2, seq=16,
+                             seed=1)
+    ids, mask, labels = next(batches("text", captured.example_args, 1, captured.module))
+    story = torch.tensor(story_tokens())
+    for row in torch.cat([ids, labels], dim=1):  # the continuation, token for token
+        start = int((story.unfold(0, 32, 1) == row).all(dim=1).nonzero()[0])
+        assert torch.equal(story[start:start + 32], row)
+    assert bool(mask.all()) and ids.shape == labels.shape == (2, 16)
+    report = run_plan(captured.graph, every_forward_recomputed(captured.graph), 6,
+                      str(tmp_path / "pages"), data="text", seed=1, captured=captured)
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]
+    losses = [step["loss"] for step in report["steps"]]
+    assert losses[-1] < losses[0], losses
 
 
 @pytest.mark.parametrize("model,seq", [("conv-gru", 16), ("lstm-lm", 8)])

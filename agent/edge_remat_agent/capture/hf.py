@@ -11,14 +11,15 @@ inline JSON object) of config fields to change, e.g. `{"n_layer": 2, "n_embd": 6
 `adapter` is a PEFT config (an `adapter_config.json` file or inline JSON, e.g.
 `{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}`) or a local adapter
 directory (its config and weights). `task` names the head and loss when `architectures` does not:
-causal-lm, masked-lm, seq-cls, image-cls, speech-seq2seq (default: the first of these the model
-type has, in the order speech-seq2seq, image-cls, masked-lm, causal-lm, seq-cls).
+causal-lm, seq2seq-lm, masked-lm, seq-cls, image-cls, speech-seq2seq (default: the first of
+these the model type has, in the order speech-seq2seq, image-cls, seq2seq-lm, masked-lm,
+causal-lm, seq-cls).
 
 The module returned computes the task's training loss from positional arguments (transformers'
 own `labels` loss), and the example batch matches the task: token ids, an attention mask (the
 last sequence padded by a quarter, so masks are exercised; a classifier's with the config's
-pad_token_id, or not at all where it names none) and labels; pixel values and class
-labels; log-mel features and decoder labels. `example_input_names(module)` names them.
+pad_token_id, or not at all where it names none) and labels (a seq2seq LM's: a target of its
+own, padded with -100); pixel values and class labels; log-mel features and decoder labels. `example_input_names(module)` names them.
 
 Relative paths are made absolute (`canonical_spec`), because the board rebuilds the model from
 the same spec, in another working directory: the files must be there on the board too.
@@ -44,14 +45,17 @@ from ..user_code import with_absolute_file
 PREFIX = "hf:"
 TASKS = {  # task -> (Auto class, inputs the example batch gives, in order)
     "causal-lm": ("AutoModelForCausalLM", ("input_ids", "attention_mask", "labels")),
+    "seq2seq-lm": ("AutoModelForSeq2SeqLM", ("input_ids", "attention_mask", "labels")),
     "masked-lm": ("AutoModelForMaskedLM", ("input_ids", "attention_mask", "labels")),
     "seq-cls": ("AutoModelForSequenceClassification", ("input_ids", "attention_mask", "labels")),
     "image-cls": ("AutoModelForImageClassification", ("pixel_values", "labels")),
     "speech-seq2seq": ("AutoModelForSpeechSeq2Seq", ("input_features", "labels")),
 }
 # Without `architectures`: the first head the model type has, most specific first (BERT has a
-# causal-LM head too, Whisper a decoder-only one; their own training heads come before).
-_DEFAULT_ORDER = ("speech-seq2seq", "image-cls", "masked-lm", "causal-lm", "seq-cls")
+# causal-LM head too, Whisper a decoder-only one; their own training heads come before; BART's
+# and mBART's Auto masked-LM class is their seq2seq one, trained on its own labels).
+_DEFAULT_ORDER = ("speech-seq2seq", "image-cls", "seq2seq-lm", "masked-lm", "causal-lm",
+                  "seq-cls")
 _OPTIONS = ("config", "adapter", "task")
 # Model types whose positions transformers counts from the 2D padding mask: they get them as
 # `position_ids` beside the 4D mask (TrainingLoss).
@@ -65,6 +69,23 @@ READS_2D_MASK = frozenset({"bloom", "deberta", "deberta-v2"})
 # first on its default config's missing decoder_start_token_id, naming neither cause.
 CLASSIFY_AT_EOS = frozenset({"bart", "bigbird_pegasus", "mbart", "mt5", "mvp", "plbart", "t5",
                              "umt5"})
+# Encoder-decoders whose seq2seq LM asks about its batch's values on the way (the op a static
+# graph cannot hold), in their own words; each failed at capture on `_local_scalar_dense`.
+SEQ2SEQ_READS_VALUES = {
+    "fsmt": "asks whether its decoder inputs hold any padding (padding_mask.any())",
+    "led": "asks whether any token attends globally (is_index_global_attn.any().item())",
+    "longt5": "splits the 2D padding mask into local blocks, asking first whether it has any "
+              "padding (padding_mask.all())",
+    "mvp": "checks that its attention mask is [batch, 1, target, source] for the encoder and "
+           "the cross-attention alike, and asks the 2D one whether it has any padding",
+    "pegasus_x": "splits the 2D padding mask into local blocks, asking first whether it has "
+                 "any padding (padding_mask.all())",
+    "prophetnet": "asserts its shifted labels are not negative (torch.all(...).item())",
+    "xlm-prophetnet": "asserts its shifted labels are not negative (torch.all(...).item())",
+}
+# Seq2seq LMs that start the decoder from each target's own last token (the language id),
+# not the config's decoder_start_token_id.
+STARTS_FROM_LABELS = frozenset({"mbart", "plbart"})
 # The attention layer types (the config's `layer_types`) whose masks TrainingLoss builds.
 FULL, SLIDING = "full_attention", "sliding_attention"
 _READABLE = "/:,{}[]\" "  # left as they are in a canonical spec: paths and inline JSON
@@ -82,12 +103,15 @@ class TrainingLoss(nn.Module):
     accepts it. Given a 2D mask, transformers first asks whether the batch has any padding at
     all (`mask.sum() == mask.numel()`) to skip the mask: a branch on tensor values, which no
     static graph holds; a 4D mask is used as it is, in eager PyTorch as in the captured
-    graph."""
+    graph. An encoder-decoder (`cross_attention`) reads the one mask twice, in its encoder's
+    self-attention and its decoder's cross-attention, whose queries are the labels' length:
+    it gets the [batch, 1, 1, seq] key mask both broadcast (its decoder masks itself)."""
 
     def __init__(self, model: nn.Module, input_names: tuple[str, ...], causal: bool = True,
                  positions_from_padding: bool = False, task: str | None = None,
                  vocab_size: int | None = None, attention_types: tuple[str, ...] = (FULL,),
-                 sliding_window: int | None = None, reads_2d_mask: bool = False):
+                 sliding_window: int | None = None, reads_2d_mask: bool = False,
+                 cross_attention: bool = False):
         super().__init__()
         self.model = model
         self.input_names = tuple(input_names)
@@ -98,6 +122,7 @@ class TrainingLoss(nn.Module):
         self.attention_types = tuple(attention_types)
         self.sliding_window = sliding_window
         self.reads_2d_mask = reads_2d_mask
+        self.cross_attention = cross_attention
 
     def forward(self, *args):
         inputs = dict(zip(self.input_names, args))
@@ -106,19 +131,30 @@ class TrainingLoss(nn.Module):
             if self.positions_from_padding:  # what the model would count from the 2D mask
                 inputs["position_ids"] = padding_positions(mask)
             inputs["attention_mask"] = self._attention_masks(mask)
+            if self.cross_attention:
+                inputs["decoder_attention_mask"] = self._decoder_mask(inputs["labels"])
         with _uncached_tensor_helpers():
             out = self.model(**inputs)
         return out.loss if hasattr(out, "loss") else out[0]
 
     def _attention_masks(self, padding: torch.Tensor):
-        eager = getattr(self.model.config, "_attn_implementation", None) == "eager"
-        dtype = next(self.model.parameters()).dtype
         masks = {}
         for kind in self.attention_types:
             window = self.sliding_window if kind == SLIDING else None
-            mask = attention_mask_4d(padding, self.causal, window)
-            masks[kind] = additive_mask(mask, dtype) if eager else mask
+            mask = padding.bool()[:, None, None, :] if self.cross_attention \
+                else attention_mask_4d(padding, self.causal, window)
+            masks[kind] = self._as_the_model_reads(mask)
         return masks[self.attention_types[0]] if len(masks) == 1 else masks
+
+    def _decoder_mask(self, labels: torch.Tensor) -> torch.Tensor:
+        """The decoder's causal mask over every target position, padded ones included, as
+        transformers builds it without a decoder_attention_mask: from a mask of ones, whose
+        values it then asks about (BART: "reads a tensor's value" at capture)."""
+        return self._as_the_model_reads(attention_mask_4d(torch.ones_like(labels), causal=True))
+
+    def _as_the_model_reads(self, mask: torch.Tensor) -> torch.Tensor:
+        eager = getattr(self.model.config, "_attn_implementation", None) == "eager"
+        return additive_mask(mask, next(self.model.parameters()).dtype) if eager else mask
 
 
 @contextlib.contextmanager
@@ -229,7 +265,7 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
         if "adapter" in options:
             model = _with_adapter(spec, model, options["adapter"])
     model.train()
-    if task in ("causal-lm", "masked-lm", "seq-cls"):
+    if task in ("causal-lm", "masked-lm", "seq-cls", "seq2seq-lm"):
         _check_positions(spec, model, config, seq or 32)
     generator = torch.Generator().manual_seed(seed)
     args = _example_batch(spec, task, config, batch or 2, seq or 32, generator)
@@ -238,6 +274,7 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
                         positions_from_padding=config.model_type in POSITIONS_FROM_PADDING,
                         task=task, vocab_size=getattr(config, "vocab_size", None),
                         reads_2d_mask=config.model_type in READS_2D_MASK,
+                        cross_attention=task == "seq2seq-lm",
                         **_attention_layout(spec, config, causal)), args
 
 
@@ -278,8 +315,27 @@ def _config_and_task(transformers, spec: str, image: int | None):
         raise CaptureError(spec, f"{config.model_type}'s sequence classifier finds each "
                            "sequence's <eos> tokens by value, an output shape no static graph "
                            "holds: edge-remat cannot train it")
+    if task == "seq2seq-lm":
+        _check_seq2seq(spec, config)
     _decoder_for_causal_lm(transformers, spec, config, task, overrides)
     return config, task
+
+
+def _check_seq2seq(spec: str, config) -> None:
+    """An encoder-decoder's LM, refused in one line where it cannot train as transformers
+    runs it: the decoder's inputs are the labels shifted right behind the config's
+    decoder_start_token_id (T5's default config names none: "AttributeError: 'T5Config'
+    object has no attribute 'decoder_start_token_id'" from inside the model)."""
+    kind = config.model_type
+    if kind in SEQ2SEQ_READS_VALUES:
+        raise CaptureError(spec, f"{kind}'s seq2seq LM {SEQ2SEQ_READS_VALUES[kind]}, a branch "
+                           "on tensor values no static graph holds: edge-remat cannot train it")
+    if kind not in STARTS_FROM_LABELS \
+            and getattr(config, "decoder_start_token_id", None) is None:
+        raise CaptureError(spec, "the config names no decoder_start_token_id, the token the "
+                           "decoder's inputs (the labels shifted right) start with: add it to "
+                           "the config (T5's checkpoints use 0, their pad_token_id; BART's 2, "
+                           "their eos_token_id)")
 
 
 def _require(package: str, spec: str):
@@ -358,16 +414,24 @@ def _task(spec: str, config, asked: str | None) -> str:
                                + _tasks_it_has(transformers, config, heads))
         return asked
     for arch in architectures:
-        for task, suffix in (("causal-lm", "ForCausalLM"), ("causal-lm", "LMHeadModel"),
-                             ("masked-lm", "ForMaskedLM"), ("seq-cls", "ForSequenceClassif"),
-                             ("image-cls", "ForImageClassification"),
-                             ("speech-seq2seq", "ForConditionalGeneration")):
-            if suffix in arch:
-                return task
+        task = _task_of_class(transformers, arch)
+        if task is not None:
+            return task
     if heads:
         return heads[0]
     raise CaptureError(spec, f"no training head for model type {config.model_type!r}: "
                        + _tasks_it_has(transformers, config, heads))
+
+
+def _task_of_class(transformers, class_name: str) -> str | None:
+    """The task whose Auto class builds `class_name`, most specific first: T5's and BART's
+    ForConditionalGeneration is a seq2seq LM, Whisper's a speech one (told apart by the name's
+    suffix, every ForConditionalGeneration was taken for speech)."""
+    for task in _DEFAULT_ORDER:
+        names = getattr(transformers, TASKS[task][0])._model_mapping._model_mapping.values()
+        if any(class_name in ((name,) if isinstance(name, str) else name) for name in names):
+            return task
+    return None
 
 
 # transformers' heads for audio encoders (wav2vec2, HuBERT), none a task edge-remat trains
@@ -559,8 +623,13 @@ def _example_batch(spec: str, task: str, config, batch: int, seq: int,
     if not vocab:
         raise CaptureError(spec, "the config has no vocab_size to draw token ids from")
     if task == "seq-cls":
-        return (*_classified_tokens(config, vocab, batch, seq, generator),
+        return (*_padded_tokens(config, vocab, batch, seq, generator),
                 _class_labels(config, batch, generator))
+    if task == "seq2seq-lm":  # a source and a target of its own, each padded differently
+        ids, mask = _padded_tokens(config, vocab, batch, seq, generator)
+        labels = torch.randint(0, vocab, (batch, seq), generator=generator)
+        labels[-1, seq - seq // 3:] = -100  # as transformers' DataCollatorForSeq2Seq pads
+        return ids, mask, labels
     ids = torch.randint(0, vocab, (batch, seq), generator=generator)
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[-1, seq - seq // 4:] = 0  # the last sequence is padded: masks matter
@@ -572,12 +641,13 @@ def _example_batch(spec: str, task: str, config, batch: int, seq: int,
     return ids, mask, labels
 
 
-def _classified_tokens(config, vocab: int, batch: int, seq: int,
-                       generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and mask for a sequence classifier, which reads the ids under the padding too:
-    a decoder (GPT-2, Llama) classifies each sequence by its last token that is not the
-    config's pad_token_id. The last sequence is padded with that id, and no other token is it;
-    a config that names none gets no padding (such a decoder classifies the last token)."""
+def _padded_tokens(config, vocab: int, batch: int, seq: int,
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and mask padded as a tokenizer pads them, for a sequence classifier, which
+    reads the ids under the padding too (a decoder, GPT-2 or Llama, classifies each sequence
+    by its last token that is not the config's pad_token_id), and an encoder-decoder's source.
+    The last sequence is padded with that id, and no other token is it; a config that names
+    none gets no padding (such a decoder classifies the last token)."""
     pad = getattr(config, "pad_token_id", None)
     mask = torch.ones(batch, seq, dtype=torch.long)
     if pad is None or not 0 <= pad < vocab or vocab < 2:

@@ -8,7 +8,8 @@ model's example arguments, so the executor and plain training feed it straight t
                        shuffled per epoch; for models that take (images [B,1,8,8], labels [B])
     "text"             the bundled English text (story.txt) as byte-level tokens, for language
                        models with a vocabulary >= 259 that take (input_ids [B,S], labels
-                       [B,S]), or hf: causal LMs (input_ids, attention_mask, labels)
+                       [B,S]), or hf: causal and seq2seq LMs (input_ids, attention_mask,
+                       labels; a seq2seq LM's labels are the text that follows its input)
     "MODULE:FUNCTION"  your own: FUNCTION(batch, seed) yields argument tuples forever; MODULE
                        is an importable module or a Python file (`my_data.py`, `data/mine.py`),
                        as for a model's MODULE:FACTORY
@@ -122,12 +123,13 @@ def _seq_length(example_args: tuple) -> int:
 
 
 def _text_layout(model) -> str:
-    """How "text" feeds `model`: a transformers model by its task (only a causal LM learns
-    from plain text: a masked LM needs a mask token the byte tokenizer lacks, a classifier
-    class labels), anything else as (input_ids, next-token labels)."""
+    """How "text" feeds `model`: a transformers model by its task (a causal LM and a seq2seq
+    LM learn from plain text: a masked LM needs a mask token the byte tokenizer lacks, a
+    classifier class labels), anything else as (input_ids, next-token labels)."""
     task = getattr(model, "task", None)
-    if task not in (None, "causal-lm"):
-        raise DataError(f"data 'text' feeds causal language models; this model trains a {task} "
+    if task not in (None, "causal-lm", "seq2seq-lm"):
+        raise DataError(f"data 'text' feeds causal and seq2seq language models; this model "
+                        f"trains a {task} "
                         "head (no mask token or class labels in the bundled text): use "
                         "--data example or your own MODULE:FUNCTION")
     vocab = getattr(model, "vocab_size", None)
