@@ -123,3 +123,14 @@ def test_whisper_is_still_a_speech_model():
                "decoder_start_token_id": 0, "architectures": ["WhisperForConditionalGeneration"]}
     module, _ = load_hf(f"hf:whisper?config={json.dumps(whisper)}", batch=2, seq=8)
     assert module.task == "speech-seq2seq"
+
+
+@pytest.mark.parametrize("model,fields", [
+    ("m2m_100", "decoder_layerdrop and encoder_layerdrop"),  # its default config: 0.05
+    ("bart", "encoder_layerdrop")])
+def test_layerdrop_is_refused_naming_the_fields_to_set(model, fields):
+    """LayerDrop draws whether to skip a layer and branches on the draw: hf:m2m_100 failed at
+    capture on 'aten._local_scalar_dense' in its encoder."""
+    config = {"encoder_layerdrop": 0.1} if model == "bart" else {}
+    with pytest.raises(CaptureError, match=f"LayerDrop .* set {fields} 0 in the config"):
+        load_hf(f"hf:{model}?config={json.dumps(config)}", batch=2, seq=16)
