@@ -14,6 +14,7 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("transformers")
 
 from edge_remat_agent.capture.hf import load_hf  # noqa: E402
+from helpers.small_llms import SMALL_LLMS, small_llm_spec  # noqa: E402
 
 DECODER = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
@@ -211,3 +212,13 @@ def test_every_seq2seq_lm_trains_transformers_own_loss(model):
     assert not torch.equal(mask == 0, labels == -100), "source and target padded alike"
     own, wrapped = own_and_wrapped_loss(spec)
     assert torch.equal(own, wrapped), (model, float(own), float(wrapped))
+
+
+# -- small decoder LLMs people fine-tune on edge boards (helpers/small_llms.py), with LoRA --
+@pytest.mark.parametrize("shape", sorted(SMALL_LLMS))
+def test_small_llm_shapes_with_lora_train_transformers_own_loss(shape):
+    pytest.importorskip("peft")
+    module, (ids, mask, labels) = load_hf(small_llm_spec(shape), batch=2, seq=16, seed=1)
+    assert not bool(mask.all()) and type(module.model).__name__ == "PeftModelForCausalLM"
+    own, wrapped = own_and_wrapped_loss(small_llm_spec(shape))
+    assert torch.equal(own, wrapped), (shape, float(own), float(wrapped))

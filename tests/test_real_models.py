@@ -19,6 +19,7 @@ from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.data import batches
 from edge_remat_agent.executor import run_plan
 from helpers.executor_plans import every_forward_recomputed, trainable_count, with_paging
+from helpers.small_llms import SMALL_LLMS, small_llm_spec
 
 pytestmark = pytest.mark.slow
 
@@ -91,17 +92,22 @@ def configs(tmp_path_factory) -> Path:
 
 def check_capture_and_plan(spec: str, tmp_path: Path, batch: int = 2, seq: int = 16,
                            isolated: bool = False, update: str = "fused",
-                           params_home: str = "ram") -> dict:
+                           params_home: str = "ram", check_saved: bool = True) -> dict:
     """Saved bytes against eager's hooks; a plan that recomputes every forward node and pages
-    some to flash, run for two steps, its first step's gradients against eager's."""
+    some to flash, run for two steps, its first step's gradients against eager's.
+    `check_saved` False: frozen weights homed on flash that the backward reads (an adapter's
+    base model) are values the graph holds from forward to backward, and eager's hooks count
+    no parameter (tiny Qwen2.5 + LoRA: 272132 bytes against 239364, 32768 = its 128 x 64
+    embedding; 239364 with the weights in RAM)."""
     captured = capture_model(spec, batch=batch, seq=seq, seed=1, update=update,
                              params_home=params_home)
     module, args = load_model(captured.graph.capture["source"]["model"], batch=batch, seq=seq,
                               seed=1)
     module.train()
-    eager = eager_saved_bytes_as_captured(module, args, captured.trace)
-    saved = captured.graph.capture["saved_bytes"]
-    assert abs(saved / eager - 1) <= 0.10, (spec, saved, eager)
+    if check_saved:
+        eager = eager_saved_bytes_as_captured(module, args, captured.trace)
+        saved = captured.graph.capture["saved_bytes"]
+        assert abs(saved / eager - 1) <= 0.10, (spec, saved, eager)
     graph = captured.graph
     plan = with_paging(every_forward_recomputed(graph), graph, every=3)
     report = run_plan(graph, plan, 2, str(tmp_path / "pages"), seed=4,
@@ -272,6 +278,19 @@ def test_bundled_text_trains_a_seq2seq_lm_to_continue_it_bitwise(model, tmp_path
     assert report["grad_check"]["bitwise_equal"], report["grad_check"]
     losses = [step["loss"] for step in report["steps"]]
     assert losses[-1] < losses[0], losses
+
+
+@needs_transformers
+@needs_peft
+@pytest.mark.parametrize("shape", sorted(SMALL_LLMS))
+def test_small_llm_shapes_with_lora_train_bitwise_with_weights_on_flash(shape, tmp_path):
+    """Qwen2.5, Qwen3, SmolLM2, Llama-3.2, Phi-3-mini, Gemma-2, Gemma-3 shapes (tiny), LoRA on
+    their attention, the frozen weights read from flash by param nodes."""
+    result = check_capture_and_plan(small_llm_spec(shape), tmp_path, params_home="flash",
+                                    check_saved=False)
+    module, graph = result["captured"].module, result["captured"].graph
+    assert result["report"]["grad_check"]["compared"] == trainable_count(module)
+    assert any(n.kind == "param" for n in graph.nodes)
 
 
 @pytest.mark.parametrize("model,seq", [("conv-gru", 16), ("lstm-lm", 8)])
