@@ -222,3 +222,15 @@ def test_small_llm_shapes_with_lora_train_transformers_own_loss(shape):
     assert not bool(mask.all()) and type(module.model).__name__ == "PeftModelForCausalLM"
     own, wrapped = own_and_wrapped_loss(small_llm_spec(shape))
     assert torch.equal(own, wrapped), (shape, float(own), float(wrapped))
+
+
+def test_barts_masked_lm_head_is_its_seq2seq_lm_and_is_masked_as_one():
+    """BART's masked-LM head is BartForConditionalGeneration: it got an encoder's 4D mask and
+    no decoder mask, and its decoder then asked a mask of ones whether it had padding
+    (`graph --model 'hf:bart?...&task=masked-lm'`: "op aten._local_scalar_dense in module
+    'model.model.decoder'"). It trains transformers' own loss and captures."""
+    from edge_remat_agent.capture import capture_model
+    spec = f"hf:bart?config={json.dumps(SEQ2SEQ_BART)}&task=masked-lm"
+    own, wrapped = own_and_wrapped_loss(spec)
+    assert torch.equal(own, wrapped), (float(own), float(wrapped))
+    assert capture_model(spec, batch=2, seq=16, seed=1).graph.nodes

@@ -274,7 +274,7 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
                         positions_from_padding=config.model_type in POSITIONS_FROM_PADDING,
                         task=task, vocab_size=getattr(config, "vocab_size", None),
                         reads_2d_mask=config.model_type in READS_2D_MASK,
-                        cross_attention=task == "seq2seq-lm",
+                        cross_attention=_trains_a_seq2seq_lm(transformers, config, task),
                         **_attention_layout(spec, config, causal)), args
 
 
@@ -316,7 +316,7 @@ def _config_and_task(transformers, spec: str, image: int | None):
                            "sequence's <eos> tokens by value, an output shape no static graph "
                            "holds: edge-remat cannot train it")
     _check_no_layerdrop(spec, config)
-    if task == "seq2seq-lm":
+    if _trains_a_seq2seq_lm(transformers, config, task):
         _check_seq2seq(spec, config)
     _decoder_for_causal_lm(transformers, spec, config, task, overrides)
     return config, task
@@ -333,6 +333,19 @@ def _check_no_layerdrop(spec: str, config) -> None:
         raise CaptureError(spec, f"LayerDrop ({', '.join(fields)} > 0) skips layers at random, "
                            "a branch on a tensor's value no static graph holds: set "
                            f"{' and '.join(fields)} 0 in the config")
+
+
+def _trains_a_seq2seq_lm(transformers, config, task: str) -> bool:
+    """Whether the task's head is an encoder-decoder LM: seq2seq-lm's, and BART's, mBART's
+    and MVP's masked-LM head, which is that same class (given no decoder mask, BART's decoder
+    asked a mask of ones whether it had padding: `hf:bart?task=masked-lm` failed at capture
+    on aten._local_scalar_dense)."""
+    if task == "seq2seq-lm":
+        return True
+    head = getattr(transformers, TASKS[task][0])._model_mapping
+    seq2seq = transformers.AutoModelForSeq2SeqLM._model_mapping
+    kind = type(config)
+    return kind in head and kind in seq2seq and head[kind] is seq2seq[kind]
 
 
 def _check_seq2seq(spec: str, config) -> None:
