@@ -234,3 +234,29 @@ def test_barts_masked_lm_head_is_its_seq2seq_lm_and_is_masked_as_one():
     own, wrapped = own_and_wrapped_loss(spec)
     assert torch.equal(own, wrapped), (float(own), float(wrapped))
     assert capture_model(spec, batch=2, seq=16, seed=1).graph.nodes
+
+
+T5GEMMA_HALF = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+                "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                "vocab_size": 128}
+T5GEMMA = {"vocab_size": 128, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
+           "decoder_start_token_id": 2}
+
+
+def test_t5gemma_trains_its_own_loss_where_its_window_covers_the_sequence():
+    half = T5GEMMA_HALF | {"sliding_window": 16}
+    spec = f"hf:t5gemma?config={json.dumps(T5GEMMA | {'encoder': half, 'decoder': half})}"
+    own, wrapped = own_and_wrapped_loss(spec, seq=16)
+    assert torch.equal(own, wrapped), (float(own), float(wrapped))
+
+
+def test_an_encoder_decoder_window_shorter_than_the_sequence_is_refused():
+    """T5Gemma's sliding layers at window 8, --seq 16: the wrapper's masks have no window, and
+    its loss was not transformers' own (4.895273 against 4.890446), silently."""
+    from edge_remat_agent.capture.errors import CaptureError
+    half = T5GEMMA_HALF | {"sliding_window": 8}
+    spec = f"hf:t5gemma?config={json.dumps(T5GEMMA | {'encoder': half, 'decoder': half})}"
+    with pytest.raises(CaptureError, match="sliding window of 8 tokens, shorter than --seq 16"
+                                           ".*give --seq 8 or less"):
+        load_hf(spec, batch=2, seq=16)
+    load_hf(spec, batch=2, seq=8)

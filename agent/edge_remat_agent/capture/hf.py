@@ -270,11 +270,14 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
     generator = torch.Generator().manual_seed(seed)
     args = _example_batch(spec, task, config, batch or 2, seq or 32, generator)
     causal = _attends_causally(transformers, config, task)
+    encoder_decoder = _trains_a_seq2seq_lm(transformers, config, task)
+    if encoder_decoder:
+        _check_windows_cover(spec, config, seq or 32)
     return TrainingLoss(model, input_names, causal=causal,
                         positions_from_padding=config.model_type in POSITIONS_FROM_PADDING,
                         task=task, vocab_size=getattr(config, "vocab_size", None),
                         reads_2d_mask=config.model_type in READS_2D_MASK,
-                        cross_attention=_trains_a_seq2seq_lm(transformers, config, task),
+                        cross_attention=encoder_decoder,
                         **_attention_layout(spec, config, causal)), args
 
 
@@ -346,6 +349,30 @@ def _trains_a_seq2seq_lm(transformers, config, task: str) -> bool:
     seq2seq = transformers.AutoModelForSeq2SeqLM._model_mapping
     kind = type(config)
     return kind in head and kind in seq2seq and head[kind] is seq2seq[kind]
+
+
+def _check_windows_cover(spec: str, config, seq: int) -> None:
+    """An encoder-decoder gets one key mask (its encoder and cross-attention) and a full
+    causal one (its decoder), neither with a sliding window: T5Gemma's sliding layers, at a
+    window under --seq, trained another model than transformers' (loss 4.895273 wrapped
+    against 4.890446 its own, window 8, --seq 16); at a window of --seq or more they agree."""
+    windows = [w for w in _values_of(config.to_dict(), "sliding_window")
+               if isinstance(w, int) and w < seq]
+    if windows:
+        window = min(windows)
+        raise CaptureError(spec, f"{config.model_type}'s layers attend within a sliding window "
+                           f"of {window} tokens, shorter than --seq {seq}, and edge-remat hands "
+                           "an encoder-decoder masks without windows: give --seq "
+                           f"{window} or less, or a sliding_window of at least {seq}")
+
+
+def _values_of(fields: dict, name: str) -> list:
+    """Every value of the field `name` in a config's dict and the sub-configs in it."""
+    found = [fields[name]] if name in fields else []
+    for value in fields.values():
+        if isinstance(value, dict):
+            found += _values_of(value, name)
+    return found
 
 
 def _check_seq2seq(spec: str, config) -> None:
