@@ -652,6 +652,50 @@ def test_an_uncapturable_op_is_named_with_its_module(tmp_path):
     assert spec in str(info.value) and "_local_scalar_dense" in str(info.value)
 
 
+def test_ctc_loss_is_refused_naming_it_why_and_what_to_do(tmp_path):
+    """Before: 'op aten._ctc_loss.Tensor in module 'loss': its output shape depends on tensor
+    values (e.g. nonzero, boolean masking)', naming neither nn.CTCLoss nor a way out."""
+    from helpers.bad_inputs import BAD_INPUT, cli, refused
+    spec = _write(tmp_path, (
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc, self.loss = nn.Linear(8, 5), nn.CTCLoss()\n"
+        "    def forward(self, x, targets, input_lengths, target_lengths):\n"
+        "        return self.loss(self.fc(x).log_softmax(-1), targets, input_lengths,\n"
+        "                         target_lengths)\n\n"
+        "def make():\n"
+        "    lengths = torch.full((2,), 12, dtype=torch.long), torch.full((2,), 4, dtype=torch.long)\n"
+        "    return Net(), (torch.randn(12, 2, 8), torch.randint(1, 5, (2, 4)), *lengths)\n")) + ":make"
+    proc = cli("graph", "--model", spec, "-o", tmp_path / "g.json")
+    line = refused(proc, BAD_INPUT, "in module 'loss'", "nn.CTCLoss (F.ctc_loss)",
+                   "output shape depends on the data", "examples/ctc_model.py")
+    assert proc.stderr.strip() == line, proc.stderr
+
+
+def test_the_ctc_example_captures_with_nn_ctc_losss_loss_and_gradients():
+    """What the refusal above points to: the CTC loss in plain tensor ops captures, and equals
+    F.ctc_loss (value; parameter gradients to float rounding: torch's backward takes a
+    shortcut through log_softmax, so the gradient of log_probs itself differs)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ctc_example", ROOT / "examples" / "ctc_model.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for seed in range(3):
+        model, (frames, targets, input_lengths, target_lengths) = example.make_model(seed=seed)
+        grads = []
+        for loss_fn in (example.ctc_loss, torch.nn.functional.ctc_loss):
+            log_probs = model.encoder(frames).log_softmax(-1).transpose(0, 1)
+            loss = loss_fn(log_probs, targets, input_lengths, target_lengths)
+            grads.append((loss, torch.autograd.grad(loss, list(model.parameters()))))
+        (mine, my_grads), (torchs, torch_grads) = grads
+        torch.testing.assert_close(mine, torchs)
+        for a, b in zip(my_grads, torch_grads):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    captured = capture_model(f"{ROOT / 'examples' / 'ctc_model.py'}:make_model", batch=2)
+    assert len(captured.graph) > 1 and not captured.graph.planning_only
+
+
 def test_a_shape_error_is_one_line_without_torchs_logged_traceback(tmp_path):
     """A Linear(4, 2) fed a (3, 5) tensor: fake tensors logged the failing op's traceback (about
     19 lines) on stderr before our one-line error. Their log is off while tracing, and only then."""

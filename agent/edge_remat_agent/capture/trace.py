@@ -192,6 +192,17 @@ def _export(stack, module, args, model, scopes):
         raise _explain(exc, model, scopes) from exc
 
 
+# Ops torch tags dynamic_output_shape that users meet under another name: which layer it is,
+# why its shape is not static, and what captures instead (docs/capture.md).
+_DYNAMIC_SHAPE_OPS = {
+    "_ctc_loss": "nn.CTCLoss (F.ctc_loss) cannot be captured: its output shape depends on the "
+                 "data (the alignment table it keeps for backward is as long as the longest "
+                 "target, a length read from the tensors, lists too), and a static training "
+                 "graph cannot hold that; write the loss in plain tensor ops instead, as "
+                 "the repository's examples/ctc_model.py does (the same loss, static shapes)",
+}
+
+
 def _explain(exc: Exception, model: str, scopes: list[str]) -> CaptureError:
     from torch._subclasses import fake_tensor as ft
     func = getattr(exc, "func", None)
@@ -204,7 +215,9 @@ def _explain(exc: Exception, model: str, scopes: list[str]) -> CaptureError:
             problem += (" (torch.distributions checks its arguments' values: build the "
                         "distribution with validate_args=False)")
     elif isinstance(exc, ft.DynamicOutputShapeException):
-        problem = "its output shape depends on tensor values (e.g. nonzero, boolean masking)"
+        packet = op.split(".")[1] if op and "." in op else ""  # aten._ctc_loss.Tensor
+        problem = _DYNAMIC_SHAPE_OPS.get(packet, "its output shape depends on tensor values "
+                                         "(e.g. nonzero, boolean masking)")
     if isinstance(exc, (ft.DataDependentOutputException, ft.DynamicOutputShapeException)):
         caller = _functional_that_raised(exc)
         if caller:  # the user wrote no such op: name the library call that runs it
