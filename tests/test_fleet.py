@@ -290,6 +290,51 @@ profile = "{PROFILES['rpi4']}"
     assert "--ray-address" in line and not (tmp_path / "out").exists()
 
 
+def _in_session(session: int) -> list:
+    """The names of the processes of a session (Linux /proc)."""
+    names = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.getsid(int(entry)) == session:
+                names.append(Path(f"/proc/{entry}/comm").read_text().strip())
+        except OSError:
+            pass
+    return names
+
+
+def test_ctrl_c_while_ray_starts_exits_130_with_ray_gone_and_no_token_notice(tmp_path):
+    """A terminal's Ctrl-C (the whole foreground group) while the local Ray instance starts:
+    it exited 130, but Ray's dashboard and runtime-env agents lived on for 70 s after, and
+    Ray's warning 'Token authentication is enabled for this Ray cluster. Set
+    RAY_AUTH_MODE=disabled to opt out' came first, nothing a fleet's user can act on."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    (tmp_path / "fleet.toml").write_text(f"""
+budgets = ["80%"]
+[[models]]
+model = "mlp"
+[[boards]]
+profile = "{PROFILES['rpi4']}"
+""")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edge_remat", "fleet", "plan", str(tmp_path / "fleet.toml"),
+         "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env(), start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    began = time.monotonic()
+    while "raylet" not in _in_session(process.pid):  # Ray's node is coming up
+        assert process.poll() is None and time.monotonic() - began < 120, process.communicate()
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines() == ["error: interrupted (Ctrl-C)"], err
+    time.sleep(1)  # the ones killed last: reaped
+    assert _in_session(process.pid) == []  # before: the dashboard and runtime-env agents
+
+
 def test_the_example_manifest_is_valid():
     from edge_remat.fleet.manifest import load_manifest
 

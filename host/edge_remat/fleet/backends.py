@@ -6,6 +6,8 @@ submits, waits and collects."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from typing import Any, Callable, Optional
 
@@ -78,8 +80,13 @@ class RayBackend:
                     ray.init(address=address, logging_level="warning",
                              log_to_driver=False)
                 else:  # a local instance on this machine's cores, for this run only
-                    ray.init(include_dashboard=False, logging_level="warning",
-                             log_to_driver=False)
+                    try:
+                        with _quiet_token_notice():
+                            ray.init(include_dashboard=False, logging_level="warning",
+                                     log_to_driver=False)
+                    except BaseException:  # Ctrl-C while it starts: its processes go too
+                        _stop_local_ray(ray)
+                        raise
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = f"the Ray cluster at {address}" if address else "a local Ray instance"
                 raise UserError(f"cannot connect to {where}: {str(exc).splitlines()[0]} (check "
@@ -125,7 +132,114 @@ class RayBackend:
 
     def close(self) -> None:
         if self._started:
-            self.ray.shutdown()
+            _stop_local_ray(self.ray)
+
+
+@contextlib.contextmanager
+def _quiet_token_notice():
+    """Ray 2.60 turns token authentication on for a local instance and says so in a warning
+    ("Set RAY_AUTH_MODE=disabled to opt out"): nothing for a fleet's user to do, and opting out
+    would open the instance to anyone on the network. Its logger is quiet while Ray starts
+    (setting RAY_AUTH_MODE=token ourselves instead left the driver without the token: 'Failed
+    to start GCS')."""
+    log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _stop_local_ray(ray) -> None:
+    """Shut down the local instance this process started, and end what of it outlives
+    ray.shutdown(): the raylet's agents (dashboard, runtime env) and workers, orphaned when a
+    terminal's Ctrl-C killed the raylet, lived on for about a minute (70 s after a Ctrl-C while
+    Ray started). They are this process's descendants, or, once orphaned, Ray's programs in its
+    process group (which a terminal's Ctrl-C reached): found before the shutdown, stopped
+    after it (and again after it: a raylet that was still starting spawned its agents
+    meanwhile)."""
+    import signal
+    import time
+    ray_dir = os.path.dirname(ray.__file__)
+    ours = {**_descendants(os.getpid()), **_rays_in_my_group(ray_dir)}
+    try:
+        ray.shutdown()
+    except BaseException:  # noqa: BLE001 - a second Ctrl-C, a half-started instance
+        pass
+    ours.update(_rays_in_my_group(ray_dir))  # agents a raylet still starting spawned meanwhile
+    left = [pid for pid in ours if _alive(pid, ours[pid])]
+    for sig, grace_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        end = time.monotonic() + grace_s
+        while left and time.monotonic() < end:
+            time.sleep(0.05)
+            left = [pid for pid in left if _alive(pid, ours[pid])]
+
+
+def _descendants(root: int) -> dict:
+    """{pid: start time} of every process below `root`, read from /proc (Linux; elsewhere
+    none, and ray.shutdown() alone stops the instance)."""
+    children: dict = {}
+    starts: dict = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat:
+                children.setdefault(stat[0], []).append(int(entry))
+                starts[int(entry)] = stat[1]
+    found, todo = {}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = starts[child]
+            todo.append(child)
+    return found
+
+
+def _rays_in_my_group(ray_dir: str) -> dict:
+    """{pid: start time} of Ray's programs (run from its package folder, or a worker that
+    renamed itself ray::...) in this process's group, other than this process."""
+    group, found = os.getpgid(0), {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if os.getpgid(int(entry)) != group:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                command = handle.read().decode(errors="replace")
+        except OSError:
+            continue
+        stat = _stat(int(entry))
+        if stat and (ray_dir + os.sep in command or command.startswith("ray::")):
+            found[int(entry)] = stat[1]
+    return found
+
+
+def _stat(pid: int):
+    """(parent pid, start time) of a process, None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), int(fields[19])
+
+
+def _alive(pid: int, started) -> bool:
+    """Still the process found before (not a new one given the same pid), and not a zombie."""
+    stat = _stat(pid)
+    if stat is None or stat[1] != started:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
