@@ -124,6 +124,49 @@ def test_ctrl_c_during_the_build_exits_130_and_leaves_nothing_running(tmp_path):
     assert left.stdout == "", left.stdout  # no debootstrap left writing into the folder
 
 
+def test_a_root_filesystem_without_python3_is_not_a_built_board(tmp_path):
+    """A rootfs folder left without python3 (a build stopped part way, or emptied by hand)
+    beside a built.json: the board is not built, so the next use builds it again instead of
+    starting sshd from a folder that has none."""
+    board = ArmBoard(tmp_path)
+    (board.rootfs / "usr/sbin").mkdir(parents=True)
+    (board.rootfs / "usr/sbin/sshd").write_text("")
+    board.built_file.write_text(json.dumps({"version": arm_board.BUILD_VERSION, "build_s": 1.0}))
+    assert board.built() is None
+    (board.rootfs / "usr/bin").mkdir()
+    (board.rootfs / "usr/bin/python3").write_text("")
+    assert board.built() is not None
+
+
+@pytest.mark.arm
+def test_a_build_replaces_a_root_filesystem_left_without_python3(tmp_path):
+    """A rootfs folder without python3: the build said nothing of it, ran debootstrap for
+    minutes into rootfs.partial, then failed renaming it ('Directory not empty'). Now it is
+    removed, saying so, before debootstrap starts (interrupted at its first stage line)."""
+    import os
+    import signal
+    reason = arm_board.unavailable_reason()
+    if reason:
+        pytest.skip(f"no arm64 board here: {reason}")
+    folder = tmp_path / "board"
+    (folder / "rootfs" / "etc").mkdir(parents=True)
+    (folder / "rootfs" / "etc" / "hostname").write_text("half-built\n")
+    process = subprocess.Popen([sys.executable, str(REPO / "tools" / "arm-board"), "--dir",
+                                str(folder), "build"], stderr=subprocess.PIPE, text=True,
+                               start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if "debootstrap: " in line:
+            os.killpg(process.pid, signal.SIGINT)
+            break
+    lines += process.stderr.readlines()
+    assert process.wait(60) == 130, lines
+    assert any("has no python3 or sshd" in line and "removing it" in line for line in lines), lines
+    assert not (folder / "rootfs").exists()
+
+
 # -- on the board --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

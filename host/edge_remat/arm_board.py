@@ -130,9 +130,14 @@ class ArmBoard:
 
     def built(self) -> Optional[dict]:
         facts = _read_json(self.built_file)
-        if facts and facts.get("version") == BUILD_VERSION and self.rootfs.is_dir():
+        if facts and facts.get("version") == BUILD_VERSION and self._rootfs_complete():
             return facts
         return None
+
+    def _rootfs_complete(self) -> bool:
+        """Whether the root filesystem has what debootstrap installs for the board (a folder
+        without them was left by a build stopped part way, or emptied by hand)."""
+        return all((self.rootfs / path).exists() for path in ("usr/bin/python3", "usr/sbin/sshd"))
 
     def state(self) -> Optional[dict]:
         """The running board's state (pid, port, ...), or None when it does not run."""
@@ -184,8 +189,18 @@ class ArmBoard:
         return facts
 
     def _debootstrap(self, say: Say) -> None:
-        if (self.rootfs / "usr/bin/python3").exists() and (self.rootfs / "usr/sbin/sshd").exists():
+        if self._rootfs_complete():
             return
+        if self.rootfs.exists():  # else the rename below fails: "Directory not empty"
+            if self.state() is not None:
+                raise ArmBoardError(f"{self.rootfs} has no python3 or sshd, and the board runs "
+                                    "from it: tools/arm-board stop, then build again")
+            say(f"arm64 board: {self.rootfs} has no python3 or sshd (a build stopped part way): "
+                "removing it to build it again")
+            _remove_tree(self.rootfs)
+            if self.rootfs.exists():
+                raise ArmBoardError(f"cannot remove the unfinished {self.rootfs}: remove it "
+                                    f"(rm -rf {self.rootfs}), then build again")
         partial = self.dir / "rootfs.partial"
         if partial.exists():
             _remove_tree(partial)
