@@ -225,6 +225,49 @@ def test_a_cancelled_job_is_reported_cancelled_with_exit_130(configs):
     assert code == 130 and json.loads(out)["status"] == "cancelled"
 
 
+def test_a_job_quiet_for_a_while_is_shown_again_saying_how_long(configs, monkeypatch):
+    """A job phase that reports nothing for minutes left the terminal silent (profile on the
+    emulated arm64 board: 9+ min). Its line comes again every QUIET_S (30 s; 0.5 s here),
+    saying how long it has been at it, then the finish once."""
+    from edge_remat.transport import board
+    monkeypatch.setattr(board, "QUIET_S", 0.5)
+    monkeypatch.setattr(board, "WAIT_POLL_S", 0.2)
+    code, out, err = cli("job", "sleep", "--device", "bench", "--params",
+                         '{"seconds": 2.5, "steps": 1}', "--id", "nap-quiet")
+    assert code == 0, err
+    lines = err.strip().splitlines()
+    still = [line for line in lines if "(still at it: " in line or "(still queued: " in line]
+    assert len(still) >= 2, lines
+    assert all(line.startswith("job nap-quiet running") and "since the job was sent)" in line
+               for line in still), still
+    assert lines[-1].startswith("job nap-quiet finished") and "still" not in lines[-1], lines
+
+
+def test_work_quiet_for_a_while_on_the_host_says_it_is_still_at_it(tmp_path):
+    """The arm64 board's build stages (pip downloading 2.7 GB of wheels quietly, the rootfs's
+    debootstrap between its stage lines) said nothing for minutes: each says, every QUIET_S,
+    that it is still at it and how far it got."""
+    import subprocess
+
+    from edge_remat.heartbeat import still_saying
+    said = []
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    grow = "for i in 1 2 3 4 5 6; do head -c 1000000 /dev/zero > f$i; sleep 0.2; done"
+    with still_saying(said.append, "arm64 board: wheels",
+                      lambda: f"{sum(f.stat().st_size for f in folder.iterdir())} bytes so far",
+                      every_s=0.3):
+        subprocess.run(["sh", "-c", grow], cwd=folder, check=True)
+    count = len(said)
+    time.sleep(0.5)
+    assert len(said) == count, "it stops with the block"
+    assert 2 <= count <= 6, said
+    assert all(re.fullmatch(r"arm64 board: wheels: still at it, \d+s \(\d+ bytes so far\)", line)
+               for line in said), said
+    sizes = [int(line.split("(")[1].split()[0]) for line in said]
+    assert sizes == sorted(sizes) and sizes[-1] > sizes[0], said
+
+
 def test_failed_job_exits_1_with_its_error(configs):
     code, out, err = cli("job", "echo", "--device", "bench", "--param", "fail=bad weights",
                          "--json")

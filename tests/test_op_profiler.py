@@ -153,6 +153,26 @@ def test_profile_job_on_the_board_through_the_daemon(graph_file, tmp_path, monke
     assert profile.source == "measured" and profile.ops and "flash" in profile.tiers
 
 
+def test_the_profile_job_says_each_phase_as_it_starts(graph_file, tmp_path, monkeypatch):
+    """On the emulated arm64 board the job said 'measuring the board (flash, power,
+    footprint)' and then nothing while it captured the graph there (6 min under load) and
+    measured flash, power and the footprint: each phase is now a progress line of its own."""
+    from helpers.board_fixtures import local_bench_device
+    _, workdir = local_bench_device(tmp_path, monkeypatch)
+    params = [arg for pair in ("sensor=model", "idle_s=0.1", "busy_s=0.1", "sizes=4KiB")
+              for arg in ("--param", pair)]
+    try:
+        result = CliRunner().invoke(app, ["profile", "--device", "bench", "--graph",
+                                          str(graph_file), *params, "--out", str(tmp_path / "out")])
+    finally:
+        stop_agent(workdir)
+    assert result.exit_code == 0, result.output
+    phases = [line.split("running 0% ", 1)[1].split(":")[0]
+              for line in result.stderr.splitlines()
+              if " running 0% " in line and "(still " not in line]
+    assert phases == ["capture", "flash", "host link", "power", "footprint", "ops"], result.stderr
+
+
 def test_resident_peak_counts_memory_the_allocator_events_do_not_see():
     """Scratch malloc'd outside c10's allocator (as oneDNN may) raises the resident set: the
     resident measure sees it, the allocator's events do not."""

@@ -37,7 +37,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Optional
 
+from edge_remat_agent.units import format_size
+
 from .cgroup import CgroupUnavailable, MemoryCgroup, find_memory_hierarchy
+from .heartbeat import still_saying
 
 DEFAULT_CACHE = "/var/cache/edge-remat/arm-board"
 ENV_CACHE = "EDGE_REMAT_ARM_BOARD"
@@ -174,11 +177,16 @@ class ArmBoard:
         with self._lock():
             started = time.monotonic()
             timings = {}
-            for name, stage in (("debootstrap", self._debootstrap), ("wheels", self._wheels),
-                                ("torch", self._install_torch), ("ssh", self._configure_ssh),
-                                ("cpu", self._read_hwcaps), ("check", self._check)):
+            partial, target = self.dir / "rootfs.partial", lambda: self._site_packages()
+            for name, stage, measure in (
+                    ("debootstrap", self._debootstrap, lambda: _folder_size(partial, "so far")),
+                    ("wheels", self._wheels, lambda: _folder_size(self.wheels, "of about 2.67 GiB")),
+                    ("torch", self._install_torch, lambda: _folder_size(target(), "unpacked")),
+                    ("ssh", self._configure_ssh, None), ("cpu", self._read_hwcaps, None),
+                    ("check", self._check, None)):
                 t0 = time.monotonic()
-                stage(say)
+                with still_saying(say, f"arm64 board: {name}", measure):
+                    stage(say)
                 timings[name] = round(time.monotonic() - t0, 1)
             facts = {"version": BUILD_VERSION, "suite": SUITE, "torch": TORCH,
                      "python": self._python_name(), "build_s": round(time.monotonic() - started, 1),
@@ -323,7 +331,8 @@ class ArmBoard:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
             log.close()
             try:
-                _wait_for_ssh(port, process, SSH_READY_TIMEOUT_S, self.log)
+                with still_saying(say, "arm64 board: waiting for its sshd (under qemu)"):
+                    _wait_for_ssh(port, process, SSH_READY_TIMEOUT_S, self.log)
             except ArmBoardError:
                 self._ensure_group(memory_limit_bytes).remove()
                 raise
@@ -598,6 +607,20 @@ def _alive(pid) -> bool:
 
 def _physical_ram() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _folder_size(path: Path, what: str) -> str:
+    """'1.2 GB so far': how far a stage that writes into `path` got ('' before it exists)."""
+    if not path.exists():
+        return ""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return f"{format_size(total)} {what}"
 
 
 def _remove_tree(path: Path) -> None:

@@ -11,11 +11,12 @@ from typing import Callable, Dict, List, Optional
 import typer
 
 from edge_remat_agent.formats import FormatError
+from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
 from .devices import DeviceConfig, config_files, load_device
 from .transport import Board, TransportError
 from .transport.board import summary
-from .units import fmt_bytes
+from .units import fmt_bytes, fmt_duration
 
 def to_stderr(message: str) -> None:
     """Reconnects and progress go to stderr, so stdout stays one result (or one JSON object)."""
@@ -23,12 +24,24 @@ def to_stderr(message: str) -> None:
 
 
 def progress_printer(say: Callable[[str], None] = to_stderr) -> Callable[[dict], None]:
-    """A job's progress callback: each update as one line, and a training job's first loss
-    that is not finite as a `warning:` line (the run goes on; its report says so too)."""
+    """A job's progress callback: each update as one line; the same record again (Board.wait
+    repeats it after QUIET_S without news) says how long the job has been at it; and a
+    training job's first loss that is not finite as a `warning:` line (the run goes on; its
+    report says so too)."""
+    import time
+
     from edge_remat_agent.diverged import LossWatch
     watch = LossWatch()
+    seen = {"rev": None, "since": 0.0, "began": time.monotonic()}
 
     def show(record: dict) -> None:
+        now = time.monotonic()
+        if record.get("rev") == seen["rev"] and record.get("state") not in TERMINAL_STATES:
+            still = "queued" if record.get("state") == "queued" else "at it"
+            say(f"{summary(record)} (still {still}: {fmt_duration(now - seen['since'])}; "
+                f"{fmt_duration(now - seen['began'])} since the job was sent)")
+            return
+        seen.update(rev=record.get("rev"), since=now)
         say(summary(record))
         data = (record.get("progress") or {}).get("data") or {}
         warning = watch.see(data.get("nonfinite_loss"))

@@ -134,6 +134,12 @@ def fmt_bytes(n: float | None) -> str:
     return f"{int(n)} B"
 
 
+def fmt_duration(seconds: float) -> str:
+    """2m05s, or 40s under a minute (how long a job or a build stage has been at it)."""
+    whole = int(seconds)
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
+
+
 def budget_against_plain(budget_bytes: int, plain_bytes: int) -> str:
     """'budget B (N% of plain P)'; above plain PyTorch's peak, which the plain schedule already
     fits, 'budget B, above the plain peak of P: no recomputation needed' (a share over 100%

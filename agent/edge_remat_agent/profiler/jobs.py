@@ -13,7 +13,7 @@ from ..daemon.registry import JobContext
 
 
 def profile_job(ctx: JobContext, params: dict) -> dict:
-    from .measure import ProfileOptions, measure_profile, profile_summary
+    from .measure import ProfileOptions, measure_profile, profile_summary, to_stderr
     from .profile_writer import write_profile
     options = dict(params)
     if options.get("graph"):
@@ -26,7 +26,11 @@ def profile_job(ctx: JobContext, params: dict) -> dict:
         ctx.progress((index + 1) / total, f"node {index + 1}/{total} {node.name}: "
                      f"{node.time_s:.3g} s x {node.runs}")
 
-    ctx.progress(0.0, "measuring the board (flash, power, footprint)")
-    profile = measure_profile(profile_options, progress)
+    def phase(message: str) -> None:  # each phase's line to the host: some take minutes
+        to_stderr(message)
+        ctx.check_cancelled()
+        ctx.progress(0.0, message)
+
+    profile = measure_profile(profile_options, progress, phase)
     write_profile(profile, ctx.files_dir / "profile.json")
     return {"files": ["profile.json"], **profile_summary(profile, "profile.json")}

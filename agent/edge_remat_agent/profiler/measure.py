@@ -100,8 +100,15 @@ def _param(key: str, value: Any) -> Any:
     return str(value)
 
 
-def measure_profile(options: ProfileOptions, progress=None) -> Profile:
-    """The measured profile (not yet written). progress(index, total, node measurement)."""
+def to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def measure_profile(options: ProfileOptions, progress=None, say: Callable[[str], None] = to_stderr
+                    ) -> Profile:
+    """The measured profile (not yet written). progress(index, total, node measurement); say
+    (a line) as each phase starts: on a slow board (the emulated arm64 board: capture 6 min,
+    the footprint's fresh torch import 1-2 min) each takes minutes."""
     check_power_sensor(options)
     graph = captured = None
     if options.graph:
@@ -109,11 +116,13 @@ def measure_profile(options: ProfileOptions, progress=None) -> Profile:
         from ..formats import load_graph
         graph = load_graph(options.graph)
         refuse_parameters_on_flash(graph, options.graph)
+        say(f"capture: tracing '{graph.name}' here ({graph.capture.get('captured_nodes', '?')} "
+            "ATen ops) to run its nodes")
         captured = capture_here(graph)
         model = str(graph.capture.get("source", {}).get("model", ":"))
         if not options.model and ":" not in model:
             options = dataclasses.replace(options, model=model)  # the footprint with this model
-    profile = measure_board(options)
+    profile = measure_board(options, say)
     if captured is None:
         return profile
     from ..sensors import open_sensor
@@ -121,8 +130,8 @@ def measure_profile(options: ProfileOptions, progress=None) -> Profile:
     sensor_name = profile.device.get("sensor")
     sensor = None if not sensor_name or profile.device.get("power_estimate") \
         else open_sensor(sensor_name)
-    print(f"ops: {len(graph)} nodes of '{graph.name}', each timed for at least "
-          f"{window_s(options.op_window_s, sensor):g} s", file=sys.stderr)
+    say(f"ops: {len(graph)} nodes of '{graph.name}', each timed for at least "
+        f"{window_s(options.op_window_s, sensor):g} s")
     nodes = measure_nodes(captured, options.op_window_s, sensor,
                           profile.idle_w if sensor is not None else None, options.device,
                           progress)
@@ -141,7 +150,7 @@ def measure_profile(options: ProfileOptions, progress=None) -> Profile:
     return profile
 
 
-def measure_board(options: ProfileOptions) -> Profile:
+def measure_board(options: ProfileOptions, say: Callable[[str], None] = to_stderr) -> Profile:
     """Flash (with page_dir), the host link (with host_pages), power, runtime footprint and
     identity, as a measured profile without op costs. Raises what `board_errors()` names;
     callers check the sensor first (check_power_sensor), before any other work of theirs."""
@@ -150,19 +159,20 @@ def measure_board(options: ProfileOptions) -> Profile:
     sizes = options.sizes or sizes_between(options.min_size, options.max_size)
     flash = None
     if options.page_dir:
-        print(f"flash: {len(sizes)} sizes, {format_size(sizes[0])} .. {format_size(sizes[-1])} "
-              f"in {options.page_dir}", file=sys.stderr)
+        say(f"flash: {len(sizes)} sizes, {format_size(sizes[0])} .. {format_size(sizes[-1])} "
+            f"in {options.page_dir}")
         flash = measure_flash(options.page_dir, sizes, options.window_s,
                               fsync=not options.no_fsync, capacity_bytes=options.flash_capacity,
                               share_s=options.share_s)
-    host = (measure_host_link(options.host_pages, sizes, options.window_s, options.share_s)
+    host = (measure_host_link(options.host_pages, sizes, options.window_s, options.share_s, say)
             if options.host_pages else None)
-    print(f"power: sensor {options.sensor}, {options.idle_s} s idle, {options.busy_s} s busy",
-          file=sys.stderr)
+    say(f"power: sensor {options.sensor}, {options.idle_s} s idle, {options.busy_s} s busy")
     power = measure_power(options.sensor, idle_s=options.idle_s, busy_s=options.busy_s)
     footprint = None
     if not options.no_footprint:
         build = model_builder(options.model) if options.model else None
+        say("footprint: a fresh Python's memory, bare, after import torch"
+            + (f" and after building {options.model}" if options.model else ""))
         footprint = measure_runtime_footprint(build)
     return measured_profile(board_identity(sensor=power.sensor), power, flash=flash, host=host,
                             footprint=footprint, name=options.name)
@@ -189,12 +199,13 @@ def refuse_parameters_on_flash(graph, path) -> None:
                          "captured with --params-home ram, whose compute nodes are the same")
 
 
-def measure_host_link(address: str, sizes, window_s: float, share_s: float = SHARE_MAX_S):
+def measure_host_link(address: str, sizes, window_s: float, share_s: float = SHARE_MAX_S,
+                      say: Callable[[str], None] = to_stderr):
     """The `host` tier: tensors paged to the host's page service and back through the store a
     run uses (encoding and CRC32 included, as for the flash), over the agent's link."""
     from ..pages.link import connect_store
     from .tiers import measure_store
-    print(f"host link: {len(sizes)} sizes to the page service at {address}", file=sys.stderr)
+    say(f"host link: {len(sizes)} sizes to the page service at {address}")
     with connect_store(address) as store:
         return measure_store(store, sizes, window_s,
                              method=f"ServiceStore put/get to the host's page service "

@@ -32,6 +32,9 @@ from .session import AgentSession, file_sha256
 from .zipapp import AgentArchive, build_agent_archive
 
 WAIT_POLL_S = 10.0
+# A job that says nothing new for QUIET_S is shown again (on_update with the same record): a
+# phase of minutes with no line (profile on the emulated arm64 board: 9 min) reads as a hang.
+from ..heartbeat import QUIET_S  # noqa: E402
 CANCEL_RECONNECT_S = 10.0  # after Ctrl-C, how long to try to reach the board to cancel
 CANCEL_WAIT_S = 10.0  # and how long to wait for the cancelled job to end
 # A Ctrl-C this soon after the first is the same one: `timeout -s INT` signals the process
@@ -205,18 +208,23 @@ class Board:
 
     def wait(self, job_id: str, on_update: Optional[Callable[[dict], None]] = None,
              timeout_s: Optional[float] = None) -> dict:
-        """Until the job is finished or failed, through any number of dropped links."""
+        """Until the job is finished or failed, through any number of dropped links.
+        on_update(record) each time the record changes, and again with the same record after
+        every QUIET_S without a change."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         rev: Optional[int] = None
         restarts: Optional[int] = None
+        shown = time.monotonic()
         while True:
             poll = WAIT_POLL_S if deadline is None else max(0.0, min(WAIT_POLL_S,
                                                                    deadline - time.monotonic()))
             record = self._retrying(f"wait for job {job_id}",
                                     lambda s: s.wait(job_id, rev, timeout=poll))
             restarts = self._note_restart(record, restarts)
-            if record.get("rev") != rev and on_update is not None:
+            quiet = time.monotonic() - shown >= QUIET_S
+            if on_update is not None and (record.get("rev") != rev or quiet):
                 on_update(record)
+                shown = time.monotonic()
             rev = record.get("rev")
             if record["state"] in TERMINAL_STATES:
                 return record
