@@ -56,14 +56,14 @@ def test_solvers_reach_the_exhaustive_optimum_with_state_nodes(seed, fraction, p
 
 # --- the executor: parameters after the steps equal plain PyTorch's, bit for bit ---------------
 
-def _eager_parameters(spec: str, optimizer: str, train, example_args, **shape):
+def _eager_parameters(spec: str, optimizer: str, train, example_args, steps=STEPS, **shape):
     """Plain eager training of the same model, weights, data and generator state."""
     module = capture_model(spec, optimizer=optimizer, train=train, **shape).module
-    return eager_parameters(module, optimizer, example_args, STEPS)
+    return eager_parameters(module, optimizer, example_args, steps)
 
 
 def _planned(spec, optimizer, params_home, fraction, tmp_path, train=None, paging="none",
-             **shape):
+             steps=STEPS, **shape):
     # Module-level groups (refined=False): the split heuristic reaches their floor; refined
     # graphs' exactness is tests/test_granularity.py's.
     captured = capture_model(spec, optimizer=optimizer, params_home=params_home, train=train,
@@ -76,40 +76,46 @@ def _planned(spec, optimizer, params_home, fraction, tmp_path, train=None, pagin
         p = build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None, paging,
                           FLASH)
     plan = solve(p, "heuristic:split" if paging == "none" else "heuristic:paging").plan
-    report = run_plan(graph, plan, STEPS, str(tmp_path / "pages"), captured=captured, seed=0,
+    report = run_plan(graph, plan, steps, str(tmp_path / "pages"), captured=captured, seed=0,
                       keep_parameters=True)
     return captured, plan, report
 
 
 CASES = [
     # dropout and batch norm (examples/my_model.py), SGD with momentum, gradients planned
-    ("sgd-fused", USER_MODEL, "sgd", "ram", 0.6, None, "none"),
+    ("sgd-fused", USER_MODEL, "sgd", "ram", 0.6, None, "none", STEPS),
     # AdamW, parameters and optimizer state on flash, activations recomputed
-    ("adamw-flash", USER_MODEL, "adamw", "flash", 0.3, None, "none"),
+    ("adamw-flash", USER_MODEL, "adamw", "flash", 0.3, None, "none", STEPS),
     # AdamW on flash with activations paged to flash too
-    ("adamw-flash-paging", USER_MODEL, "adamw", "flash", 0.5, None, "flash"),
+    ("adamw-flash-paging", USER_MODEL, "adamw", "flash", 0.5, None, "flash", STEPS),
     # partial fine-tuning: frozen parameters are read-only pages
-    ("frozen-flash", USER_MODEL, "sgd", "flash", 0.4, ["head.*", "block2.*"], "none"),
+    ("frozen-flash", USER_MODEL, "sgd", "flash", 0.4, ["head.*", "block2.*"], "none", STEPS),
     # an output head tied to the embedding: its reader loads the one tensor on flash
-    ("tied-flash", user_model("make_tied_lm"), "sgd", "flash", 0.5, None, "none"),
+    ("tied-flash", user_model("make_tied_lm"), "sgd", "flash", 0.5, None, "none", STEPS),
     # upsampling traced as eager's kernels (their Python decompositions round differently)
-    ("unet-upsampling", user_model("make_unet"), "sgd", "ram", 0.6, None, "none"),
+    ("unet-upsampling", user_model("make_unet"), "sgd", "ram", 0.6, None, "none", STEPS),
     # a batch as a dict and a list: the graph's inputs are its leaves
-    ("dict-batch", user_model("make_dict_batch"), "sgd", "ram", 0.9, None, "none"),
+    ("dict-batch", user_model("make_dict_batch"), "sgd", "ram", 0.9, None, "none", STEPS),
     # AdamW in RAM: its per-parameter step counts are fixed memory too
-    ("adamw-ram", user_model("make_dict_batch"), "adamw", "ram", 0.9, None, "none"),
+    ("adamw-ram", user_model("make_dict_batch"), "adamw", "ram", 0.9, None, "none", STEPS),
+    # the optimizers a fine-tuner expects beside those, 5 steps each with recomputation and
+    # paging: Nesterov's temporary, Adam without weight decay, amsgrad's third state copy
+    ("sgd-nesterov-paging", USER_MODEL, "sgd-nesterov", "ram", 0.5, None, "flash", 5),
+    ("adam-flash-paging", USER_MODEL, "adam", "flash", 0.5, None, "flash", 5),
+    ("adam-amsgrad-flash-paging", USER_MODEL, "adam-amsgrad", "flash", 0.5, None, "flash", 5),
 ]
 
 
-@pytest.mark.parametrize("label,spec,optimizer,home,fraction,train,paging", CASES,
+@pytest.mark.parametrize("label,spec,optimizer,home,fraction,train,paging,steps", CASES,
                          ids=[c[0] for c in CASES])
 def test_parameters_after_the_steps_equal_plain_pytorch(label, spec, optimizer, home, fraction,
-                                                        train, paging, tmp_path):
+                                                        train, paging, steps, tmp_path):
     captured, plan, report = _planned(spec, optimizer, home, fraction, tmp_path, train, paging,
-                                      batch=8, image=16)
+                                      steps=steps, batch=8, image=16)
     assert report["grad_check"]["bitwise_equal"] and report["grad_check"]["loss_equal"]
-    expected = _eager_parameters(spec, optimizer, train, captured.example_args, batch=8,
-                                 image=16)
+    assert len(report["steps"]) == steps
+    expected = _eager_parameters(spec, optimizer, train, captured.example_args, steps=steps,
+                                 batch=8, image=16)
     actual = captured.module.state_dict()
     assert expected.keys() == actual.keys()
     for name in expected:
@@ -141,6 +147,24 @@ def test_parameters_after_the_steps_equal_plain_pytorch(label, spec, optimizer, 
         initial = capture_model(spec, batch=8, image=16).module.state_dict()
         frozen = [n for n, p in captured.module.named_parameters() if not p.requires_grad]
         assert frozen and all(torch.equal(initial[n], actual[n]) for n in frozen)
+
+
+def test_each_optimizers_state_bytes_are_what_torch_keeps():
+    """The planner's optimizer state (copies of the trainable parameters, plus a step count per
+    tensor) against the state torch's optimizer really holds after a step, for every optimizer
+    --optimizer takes (sgd-nesterov, adam and adam-amsgrad added to sgd and adamw)."""
+    from edge_remat_agent.capture import DEFAULT_LR
+    from edge_remat_agent.capture.optimizer import OPTIMIZERS, TORCH_OPTIMIZERS, torch_optimizer
+    assert set(OPTIMIZERS) == set(TORCH_OPTIMIZERS) == set(DEFAULT_LR)
+    for name, costs in OPTIMIZERS.items():
+        module = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+        optimizer = torch_optimizer(name, module)
+        module(torch.randn(4, 6)).square().sum().backward()
+        optimizer.step()
+        held = sum(t.nbytes for state in optimizer.state.values() for t in state.values()
+                   if isinstance(t, torch.Tensor))
+        params = list(module.parameters())
+        assert costs.state_bytes(sum(p.nbytes for p in params), len(params)) == held, name
 
 
 def test_dropout_on_a_transposed_tensor_draws_as_eager(tmp_path):

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from edge_remat_agent.capture import DEFAULT_LR, DEFAULT_MAX_NODES
+from edge_remat_agent.capture import DEFAULT_LR, DEFAULT_MAX_NODES, OPTIMIZER_HELP
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
 from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_KILLED, UserError, cli_errors, fail
@@ -416,7 +416,7 @@ def graph(
     image: Optional[int] = typer.Option(None, "--image", min=1, help="image height and width"),
     seq: Optional[int] = typer.Option(None, "--seq", min=1, help="sequence length"),
     seed: int = typer.Option(0, "--seed", help="seed for the model's initial weights"),
-    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd (momentum) | adamw"),
+    optimizer: str = typer.Option("sgd", "--optimizer", help=OPTIMIZER_HELP),
     max_nodes: int = typer.Option(DEFAULT_MAX_NODES, "--max-nodes", min=5,
                                   help="at most this many planner nodes: module-level groups, "
                                   "split down to single ops where memory is decided"),
@@ -447,8 +447,8 @@ def graph(
 
     if (model is None) == (onnx_file is None):
         raise FormatError("command line", "--model/--onnx", "exactly one of them")
-    if optimizer not in ("sgd", "adamw"):
-        raise UserError(f"unknown --optimizer {optimizer!r}: use sgd or adamw")
+    if optimizer not in DEFAULT_LR:
+        raise UserError(f"unknown --optimizer {optimizer!r}: use one of {', '.join(DEFAULT_LR)}")
     if output is not None:  # `-o ''` too, which is refused
         from edge_remat_agent.user_code import spec_file
         output_file(output, force, inputs={"--onnx": onnx_file,
@@ -826,7 +826,7 @@ def run_command(
     image: Optional[int] = typer.Option(None, "--image", min=1),
     seq: Optional[int] = typer.Option(None, "--seq", min=1),
     seed: int = typer.Option(run_default("seed"), "--seed"),
-    optimizer: str = typer.Option(run_default("optimizer"), "--optimizer", help="sgd (momentum) | adamw"),
+    optimizer: str = typer.Option(run_default("optimizer"), "--optimizer", help=OPTIMIZER_HELP),
     lr: Optional[float] = typer.Option(None, "--lr", help=LR_HELP),
     max_nodes: int = typer.Option(run_default("max_nodes"), "--max-nodes", min=5,
                                   help="at most this many planner nodes in the captured graph"),

@@ -61,7 +61,7 @@ Each planner node (`graph.nodes`) carries in `attrs`:
               back, run, and restore the generator afterwards. Masks are then identical, and
               the first runs, which happen in graph order, draw exactly what eager PyTorch draws.
     scope     the module path the node comes from; flops / bytes_moved: the estimate's inputs.
-    optimizer (update node only) "sgd" or "adamw": run the optimizer step over all trainable
+    optimizer (update node only) one of DEFAULT_LR's names: run the optimizer step over all trainable
               parameters (foreach=False, so its temporaries stay one parameter large, as
               `workspace_bytes` assumes).
 Batch-norm running statistics are functionalized: the node that computes them returns new values
@@ -81,9 +81,13 @@ from .errors import CaptureError
 DEFAULT_MAX_NODES = 200
 # Each optimizer's learning rate unless --lr gives one (optimizer.TORCH_OPTIMIZERS; light, so
 # that the CLI's help reads it without importing torch).
-DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-3}
+# The optimizers a graph's update node may stand for (capture/optimizer.py has their costs and
+# torch classes), with their default learning rates: the command lines check names here.
+DEFAULT_LR = {"sgd": 0.01, "sgd-nesterov": 0.01, "adam": 1e-3, "adam-amsgrad": 1e-3,
+              "adamw": 1e-3}
+OPTIMIZER_HELP = "sgd (momentum) | sgd-nesterov | adam | adam-amsgrad | adamw"
 
-__all__ = ["CaptureError", "DEFAULT_LR", "DEFAULT_MAX_NODES", "Captured", "capture_model", "capture_module", "recapture"]
+__all__ = ["CaptureError", "DEFAULT_LR", "OPTIMIZER_HELP", "DEFAULT_MAX_NODES", "Captured", "capture_model", "capture_module", "recapture"]
 
 
 def __getattr__(name):  # torch-heavy parts load on first use

@@ -1,7 +1,8 @@
 """Fixed memory of a training step and the optimizer's update node.
 
 Fixed memory is resident for the whole step whatever the schedule: parameters, their gradients,
-the optimizer's state (SGD momentum: one copy of the trainable parameters; AdamW: two), buffers
+the optimizer's state (SGD momentum: one copy of the trainable parameters; Adam, AdamW: two;
+Adam with amsgrad: three), buffers
 (batch-norm running statistics) and the example batch itself.
 """
 
@@ -38,6 +39,15 @@ OPTIMIZERS = {
     # high-water mark by 128 MiB); each parameter's step count is a float32 scalar tensor
     "adamw": Optimizer("adamw", state_copies=2, temp_copies=2, flops_per_element=12,
                        tensors_moved=9, scalar_state_bytes=4),
+    # SGD's, then grad + momentum * buf as a new tensor (one temporary) that steps the parameter
+    "sgd-nesterov": Optimizer("sgd-nesterov", state_copies=1, temp_copies=1,
+                              flops_per_element=6, tensors_moved=8),
+    # AdamW's without its decoupled weight decay (Adam's weight_decay is 0)
+    "adam": Optimizer("adam", state_copies=2, temp_copies=1, flops_per_element=11,
+                      tensors_moved=9, scalar_state_bytes=4),
+    # and the running maximum of v, a third copy, that the denominator is taken from
+    "adam-amsgrad": Optimizer("adam-amsgrad", state_copies=3, temp_copies=1,
+                              flops_per_element=12, tensors_moved=11, scalar_state_bytes=4),
 }
 
 
@@ -102,6 +112,11 @@ def _bytes(t: torch.Tensor) -> int:
 TORCH_OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": DEFAULT_LR["sgd"], "momentum": 0.9, "foreach": False}),
     "adamw": (torch.optim.AdamW, {"lr": DEFAULT_LR["adamw"], "foreach": False}),
+    "sgd-nesterov": (torch.optim.SGD, {"lr": DEFAULT_LR["sgd-nesterov"], "momentum": 0.9,
+                                       "nesterov": True, "foreach": False}),
+    "adam": (torch.optim.Adam, {"lr": DEFAULT_LR["adam"], "foreach": False}),
+    "adam-amsgrad": (torch.optim.Adam, {"lr": DEFAULT_LR["adam-amsgrad"], "amsgrad": True,
+                                        "foreach": False}),
 }
 
 

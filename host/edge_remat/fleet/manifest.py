@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from edge_remat_agent.capture import DEFAULT_LR
 from edge_remat_agent.formats import FormatError, Profile, load_profile
 from edge_remat_agent.user_code import names_file, spec_file
 
@@ -242,7 +243,7 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
             note(f"{where}.seed", f"expected a whole number, got {raw['seed']!r}")
         else:
             capture["seed"] = raw["seed"]
-    for key, allowed in (("optimizer", ("sgd", "adamw")), ("params_home", ("ram", "flash")),
+    for key, allowed in (("optimizer", tuple(DEFAULT_LR)), ("params_home", ("ram", "flash")),
                          ("update", ("fused", "step"))):
         if key in raw:
             if raw[key] not in allowed:

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from edge_remat_agent.capture import DEFAULT_MAX_NODES
+from edge_remat_agent.capture import DEFAULT_LR, DEFAULT_MAX_NODES
 
 from ..devices import DeviceConfig
 from ..errors import UserError
@@ -80,8 +80,8 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     from ..planner.build import PAGING_CHOICES
     from ..sweep import parse_sweep
 
-    if opts.optimizer not in ("sgd", "adamw"):
-        raise RunProblem(f"unknown optimizer {opts.optimizer!r} (sgd | adamw)")
+    if opts.optimizer not in DEFAULT_LR:
+        raise RunProblem(f"unknown optimizer {opts.optimizer!r} ({' | '.join(DEFAULT_LR)})")
     if opts.steps < 1:
         raise RunProblem(f"--steps must be at least 1, not {opts.steps}")
     if opts.lr is not None and not (math.isfinite(opts.lr) and opts.lr > 0):
