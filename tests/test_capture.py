@@ -186,13 +186,13 @@ def _high_water_rise(work) -> int:
     return status("VmHWM:") - resident
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw", "sgd-nesterov", "adam", "adam-amsgrad"])
 def test_an_update_nodes_workspace_covers_what_the_optimizer_step_allocates(optimizer):
     """The update node's workspace is the capture's figure (the op profiler does not meter
     the step): it must hold what the executor's torch optimizer allocates at once. AdamW's
     denominator, (sqrt(v) / bias_correction).add_(eps), holds two parameter-sized temporaries
     at once; the capture counted one (QA: bert-mini b4 s64, AdamW, 85%: kernel peak 1.57x the
-    plan, 489 of a 500 MiB limit). A 48 MiB parameter, above glibc's largest mmap threshold,
+    plan, 489 of a 500 MiB limit), and so it did for Adam and Adam with amsgrad. A 48 MiB parameter, above glibc's largest mmap threshold,
     so that each temporary is its own mapping and the high-water mark sees it."""
     from edge_remat_agent.capture.optimizer import torch_optimizer_over
     class Wide(torch.nn.Module):

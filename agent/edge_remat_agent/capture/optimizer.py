@@ -42,11 +42,12 @@ OPTIMIZERS = {
     # SGD's, then grad + momentum * buf as a new tensor (one temporary) that steps the parameter
     "sgd-nesterov": Optimizer("sgd-nesterov", state_copies=1, temp_copies=1,
                               flops_per_element=6, tensors_moved=8),
-    # AdamW's without its decoupled weight decay (Adam's weight_decay is 0)
-    "adam": Optimizer("adam", state_copies=2, temp_copies=1, flops_per_element=11,
+    # AdamW's without its decoupled weight decay (Adam's weight_decay is 0), the same two
+    # temporaries (a 64 MiB parameter's step: 128 MiB, amsgrad's too: /tmp/me/adam_temp.py)
+    "adam": Optimizer("adam", state_copies=2, temp_copies=2, flops_per_element=11,
                       tensors_moved=9, scalar_state_bytes=4),
     # and the running maximum of v, a third copy, that the denominator is taken from
-    "adam-amsgrad": Optimizer("adam-amsgrad", state_copies=3, temp_copies=1,
+    "adam-amsgrad": Optimizer("adam-amsgrad", state_copies=3, temp_copies=2,
                               flops_per_element=12, tensors_moved=11, scalar_state_bytes=4),
 }
 
