@@ -277,13 +277,7 @@ def test_a_ray_address_nobody_answers_on_is_one_line(tmp_path):
     with socket.socket() as probe:  # a port that was free a moment ago: nobody listens
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    (tmp_path / "fleet.toml").write_text(f"""
-budgets = ["80%"]
-[[models]]
-model = "mlp"
-[[boards]]
-profile = "{PROFILES['rpi4']}"
-""")
+    _one_mlp_on_one_board(tmp_path / "fleet.toml")
     line = refused(cli("fleet", "plan", tmp_path / "fleet.toml", "--out", tmp_path / "out",
                        "--ray-address", f"127.0.0.1:{port}", timeout=120), BAD_INPUT,
                    "cannot reach the Ray cluster", f"127.0.0.1:{port}")
@@ -291,12 +285,15 @@ profile = "{PROFILES['rpi4']}"
 
 
 def _in_session(session: int) -> list:
-    """The names of the processes of a session (Linux /proc)."""
+    """The names of the live processes of a session (Linux /proc): a zombie, ended and
+    waiting for init to reap it, is not one."""
     names = []
     for entry in os.listdir("/proc"):
         try:
             if entry.isdigit() and os.getsid(int(entry)) == session:
-                names.append(Path(f"/proc/{entry}/comm").read_text().strip())
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    names.append(Path(f"/proc/{entry}/comm").read_text().strip())
         except OSError:
             pass
     return names
@@ -311,13 +308,7 @@ def test_ctrl_c_while_ray_starts_exits_130_with_ray_gone_and_no_token_notice(tmp
     import subprocess
     import sys
     import time
-    (tmp_path / "fleet.toml").write_text(f"""
-budgets = ["80%"]
-[[models]]
-model = "mlp"
-[[boards]]
-profile = "{PROFILES['rpi4']}"
-""")
+    _one_mlp_on_one_board(tmp_path / "fleet.toml")
     process = subprocess.Popen(
         [sys.executable, "-m", "edge_remat", "fleet", "plan", str(tmp_path / "fleet.toml"),
          "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -343,3 +334,14 @@ def test_the_example_manifest_is_valid():
     assert [b.name for b in manifest.boards] == ["rpi4", "orin-nano"]
     assert manifest.boards[0].profile_path == REPO / "profiles" / "rpi4.json"
     assert manifest.models[2].spec == f"{REPO / 'examples' / 'my_model.py'}:make_model"
+
+
+def _one_mlp_on_one_board(path):
+    """The smallest manifest: one model, one board, one budget."""
+    path.write_text(f"""
+budgets = ["80%"]
+[[models]]
+model = "mlp"
+[[boards]]
+profile = "{PROFILES['rpi4']}"
+""")

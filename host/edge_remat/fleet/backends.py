@@ -157,18 +157,31 @@ def _stop_local_ray(ray) -> None:
     terminal's Ctrl-C killed the raylet, lived on for about a minute (70 s after a Ctrl-C while
     Ray started). They are this process's descendants, or, once orphaned, Ray's programs in its
     process group (which a terminal's Ctrl-C reached): found before the shutdown, stopped
-    after it (and again after it: a raylet that was still starting spawned its agents
-    meanwhile)."""
-    import signal
-    import time
+    after it, and looked for again until none is left: a raylet still starting spawns its
+    agents until it is gone (1 Ctrl-C in 5 left both agents when the group was read once)."""
     ray_dir = os.path.dirname(ray.__file__)
     ours = {**_descendants(os.getpid()), **_rays_in_my_group(ray_dir)}
     try:
         ray.shutdown()
     except BaseException:  # noqa: BLE001 - a second Ctrl-C, a half-started instance
         pass
-    ours.update(_rays_in_my_group(ray_dir))  # agents a raylet still starting spawned meanwhile
-    left = [pid for pid in ours if _alive(pid, ours[pid])]
+    for _ in range(_STOP_ROUNDS):
+        ours.update(_rays_in_my_group(ray_dir))
+        left = {pid: start for pid, start in ours.items() if _alive(pid, start)}
+        if not left:
+            return
+        _end(left)
+        ours = left
+
+
+_STOP_ROUNDS = 4
+
+
+def _end(processes: dict) -> None:
+    """SIGTERM, then SIGKILL what is still there; {pid: start time}."""
+    import signal
+    import time
+    left = list(processes)
     for sig, grace_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
         for pid in left:
             try:
@@ -178,7 +191,7 @@ def _stop_local_ray(ray) -> None:
         end = time.monotonic() + grace_s
         while left and time.monotonic() < end:
             time.sleep(0.05)
-            left = [pid for pid in left if _alive(pid, ours[pid])]
+            left = [pid for pid in left if _alive(pid, processes[pid])]
 
 
 def _descendants(root: int) -> dict:
