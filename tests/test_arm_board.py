@@ -97,28 +97,35 @@ def test_an_interrupted_build_stage_stops_with_the_command(tmp_path):
     assert not Path(f"/proc/{pid}").exists()  # ended and reaped, not left running
 
 
-@pytest.mark.arm
-def test_ctrl_c_during_the_build_exits_130_and_leaves_nothing_running(tmp_path):
-    """The README's table: 130 is interrupted (tools/arm-board said 1). The build starts for
-    real (debootstrap reaches Debian's mirror) and is interrupted at its first stage line."""
+def _build_interrupted_at_its_first_stage(folder: Path) -> list[str]:
+    """Run tools/arm-board build into `folder`, Ctrl-C it at debootstrap's first stage line as
+    a terminal does (the whole foreground group), check it exits 130; its stderr lines."""
     import os
     import signal
-    reason = arm_board.unavailable_reason()
-    if reason:
-        pytest.skip(f"no arm64 board here: {reason}")
-    folder = tmp_path / "board"
     process = subprocess.Popen([sys.executable, str(REPO / "tools" / "arm-board"), "--dir",
                                 str(folder), "build"], stderr=subprocess.PIPE, text=True,
                                start_new_session=True,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
-    for line in process.stderr:  # as a terminal's Ctrl-C: the whole foreground group
+    for line in process.stderr:
         lines.append(line)
         if "debootstrap: " in line:
             os.killpg(process.pid, signal.SIGINT)
             break
     lines += process.stderr.readlines()
     assert process.wait(60) == 130, lines
+    return lines
+
+
+@pytest.mark.arm
+def test_ctrl_c_during_the_build_exits_130_and_leaves_nothing_running(tmp_path):
+    """The README's table: 130 is interrupted (tools/arm-board said 1). The build starts for
+    real (debootstrap reaches Debian's mirror) and is interrupted at its first stage line."""
+    reason = arm_board.unavailable_reason()
+    if reason:
+        pytest.skip(f"no arm64 board here: {reason}")
+    folder = tmp_path / "board"
+    lines = _build_interrupted_at_its_first_stage(folder)
     assert lines[-1].startswith("error: interrupted (run the same command again")
     left = subprocess.run(["pgrep", "-f", str(folder)], capture_output=True, text=True)
     assert left.stdout == "", left.stdout  # no debootstrap left writing into the folder
@@ -143,26 +150,13 @@ def test_a_build_replaces_a_root_filesystem_left_without_python3(tmp_path):
     """A rootfs folder without python3: the build said nothing of it, ran debootstrap for
     minutes into rootfs.partial, then failed renaming it ('Directory not empty'). Now it is
     removed, saying so, before debootstrap starts (interrupted at its first stage line)."""
-    import os
-    import signal
     reason = arm_board.unavailable_reason()
     if reason:
         pytest.skip(f"no arm64 board here: {reason}")
     folder = tmp_path / "board"
     (folder / "rootfs" / "etc").mkdir(parents=True)
     (folder / "rootfs" / "etc" / "hostname").write_text("half-built\n")
-    process = subprocess.Popen([sys.executable, str(REPO / "tools" / "arm-board"), "--dir",
-                                str(folder), "build"], stderr=subprocess.PIPE, text=True,
-                               start_new_session=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines = []
-    for line in process.stderr:
-        lines.append(line)
-        if "debootstrap: " in line:
-            os.killpg(process.pid, signal.SIGINT)
-            break
-    lines += process.stderr.readlines()
-    assert process.wait(60) == 130, lines
+    lines = _build_interrupted_at_its_first_stage(folder)
     assert any("has no python3 or sshd" in line and "removing it" in line for line in lines), lines
     assert not (folder / "rootfs").exists()
 
