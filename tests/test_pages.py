@@ -335,6 +335,8 @@ def test_disk_full_is_a_clear_error_and_leaves_nothing(tiny_filesystem, drop_cac
         message = str(full)
         assert "No space left on device" in message and str(tiny_filesystem) in message
         assert str(full.needed_bytes) in message and "bytes are free" in message
+        # deploy and run have no --page-dir: the remedy names where the folder is set
+        assert "[hardware] page_dir in the device config" in message
         assert sorted(os.listdir(flash.directory)) == [os.path.basename(flash.path_of("small"))]
         assert flash.keys() == ["small"]
         assert_same(torch.ones(1000), flash.get("small"))  # the store still works

@@ -21,6 +21,7 @@ import torch
 from ..formats import Graph, Plan
 from ..pages import (FlashStore, LinkStore, MemoryStore, PageStore, PageStoreError,
                      PageStoreFull, PinnedStore)
+from ..pages.errors import full_remedy
 from .errors import BadInput, ExecutorError
 from .updates import ParameterHome, homed_parameters
 
@@ -190,5 +191,4 @@ def _check_room(store: FlashStore, needed: int) -> None:
         raise ExecutorError(str(PageStoreFull(
             "(all pages of a step)", store.page_dir, needed, free_bytes=free,
             cause="checked before the first step",
-            remedy="free space on that filesystem, point --page-dir at a larger one, or plan "
-                   "with less paging")))
+            remedy=full_remedy("plan with less paging"))))

@@ -6,9 +6,16 @@ from typing import Hashable
 
 # What to do about a page folder that cannot hold pages (flash.py; the run job checks it
 # before the capture, executor/jobs.py, without torch).
-PAGE_DIR_REMEDY = ("point page_dir at a writable folder on the board: [hardware] page_dir in "
-                   "the device config (or --page-dir); `edge-remat devices NAME --check` "
-                   "checks it")
+# Where a user sets the page folder: deploy and run take it from the device config only.
+PAGE_DIR_SETTING = "[hardware] page_dir in the device config, or the agent's --page-dir"
+PAGE_DIR_REMEDY = (f"point page_dir at a writable folder on the board ({PAGE_DIR_SETTING}); "
+                   "`edge-remat devices NAME --check` checks it")
+
+
+def full_remedy(last_resort: str) -> str:
+    """What to do about a page folder too small for the pages."""
+    return (f"free space on that filesystem, point page_dir at a larger one ({PAGE_DIR_SETTING}), "
+            f"or {last_resort}")
 
 
 class PageStoreError(RuntimeError):

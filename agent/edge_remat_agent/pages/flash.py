@@ -39,7 +39,7 @@ from .base import IndexedPageStore
 from .codec import EncodedPage, encode, read_from
 from .direct import open_direct, write_direct
 from .errors import (PAGE_DIR_REMEDY, PageCorrupted, PageMissing, PageStoreError,
-                     PageStoreFull)
+                     PageStoreFull, full_remedy)
 
 try:
     import fcntl
@@ -47,8 +47,7 @@ except ImportError:  # not POSIX (Windows): nothing is locked, so nothing is eve
     fcntl = None
 
 DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-FULL_REMEDY = ("free space on that filesystem, point --page-dir at a larger one, or plan with a "
-               "smaller flash capacity")
+FULL_REMEDY = full_remedy("plan with a smaller flash capacity")
 STORE_PREFIX = "edge-remat-pages-"
 # The only names a store gives its directory, and the only ones a store ever removes.
 STORE_DIRECTORY = re.compile(re.escape(STORE_PREFIX) + r"[0-9]+-[0-9a-f]{8}")
