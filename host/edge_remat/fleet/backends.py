@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from ..errors import UserError
 from .tasks import capture_outcome, plan_outcome
@@ -199,12 +199,11 @@ def _descendants(root: int) -> dict:
     none, and ray.shutdown() alone stops the instance)."""
     children: dict = {}
     starts: dict = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat:
-                children.setdefault(stat[0], []).append(int(entry))
-                starts[int(entry)] = stat[1]
+    for pid in _pids():
+        stat = _stat(pid)
+        if stat:
+            children.setdefault(stat.parent, []).append(pid)
+            starts[pid] = stat.started
     found, todo = {}, [root]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -217,42 +216,49 @@ def _rays_in_my_group(ray_dir: str) -> dict:
     """{pid: start time} of Ray's programs (run from its package folder, or a worker that
     renamed itself ray::...) in this process's group, other than this process."""
     group, found = os.getpgid(0), {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit() or int(entry) == os.getpid():
+    for pid in _pids():
+        if pid == os.getpid():
             continue
         try:
-            if os.getpgid(int(entry)) != group:
+            if os.getpgid(pid) != group:
                 continue
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
                 command = handle.read().decode(errors="replace")
         except OSError:
             continue
-        stat = _stat(int(entry))
+        stat = _stat(pid)
         if stat and (ray_dir + os.sep in command or command.startswith("ray::")):
-            found[int(entry)] = stat[1]
+            found[pid] = stat.started
     return found
 
 
-def _stat(pid: int):
-    """(parent pid, start time) of a process, None once it is gone."""
+def _pids() -> list[int]:
+    """Every process's id (Linux /proc; elsewhere none)."""
+    if not os.path.isdir("/proc"):
+        return []
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+class _Stat(NamedTuple):
+    state: str  # "Z": a zombie, ended and not yet reaped
+    parent: int
+    started: int  # in clock ticks after boot: tells a process from a later one given its pid
+
+
+def _stat(pid: int) -> Optional[_Stat]:
+    """What /proc/PID/stat says of a process, None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return int(fields[1]), int(fields[19])
+    return _Stat(fields[0], int(fields[1]), int(fields[19]))
 
 
 def _alive(pid: int, started) -> bool:
     """Still the process found before (not a new one given the same pid), and not a zombie."""
     stat = _stat(pid)
-    if stat is None or stat[1] != started:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return stat is not None and stat.started == started and stat.state != "Z"
 
 
 def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
