@@ -4,8 +4,8 @@ Eager autograd and a torch optimizer over the same model, weights and data as a 
 each step is reported (loss, time, resident peak) the moment it is done, so that a run the
 kernel kills for memory still says how far it got. The daemon runs it as the job kind
 "train-plain" with params `model`, `steps` and optionally `batch`, `image`, `seq`, `seed`,
-`optimizer`, `lr`, `data` (a data spec, see edge_remat_agent.data), `malloc` (as the
-planned run's job takes it: executor/jobs.py).
+`optimizer`, `lr`, `lr_schedule`, `warmup`, `clip_grad_norm`, `data` (a data spec, see
+edge_remat_agent.data), `malloc` (as the planned run's job takes it: executor/jobs.py).
 """
 
 from __future__ import annotations
@@ -20,14 +20,19 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
                 image: Optional[int] = None, seq: Optional[int] = None, seed: int = 0,
                 optimizer: str = "sgd", lr: Optional[float] = None, data: Optional[str] = None,
                 on_step: Optional[Callable[[dict], None]] = None,
-                train: Optional[list[str]] = None) -> dict[str, Any]:
+                train: Optional[list[str]] = None, lr_schedule: str = "constant",
+                warmup: int = 0, clip_grad_norm: Optional[float] = None) -> dict[str, Any]:
     """Train `steps` steps eagerly; `on_step(report so far)` after each. `train`: parameter
-    name patterns to train (the rest frozen), as the planned run's graph was captured."""
+    name patterns to train (the rest frozen), as the planned run's graph was captured;
+    `lr_schedule`, `warmup` (lr_schedule.py) and `clip_grad_norm` (grad_clip.py) as the
+    planned run's."""
     import torch
 
     from .capture.models import load_model
     from .capture.optimizer import torch_optimizer
     from .data import batches
+    from .grad_clip import check_max_norm, clip_all
+    from .lr_schedule import ScheduledLr
     from .profiler.memory import PeakRssSampler, current_rss_bytes
 
     module, example_args = load_model(model, batch, image, seq, seed)
@@ -38,6 +43,8 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
     # The optimizer (and --lr) and the batches a planned run uses too (executor/run.py):
     # both runs take the same steps on the same data.
     opt = torch_optimizer(optimizer, module, lr)
+    schedule = ScheduledLr([opt], lr_schedule, warmup, steps)
+    clip = None if clip_grad_norm is None else check_max_norm(clip_grad_norm)
     feed = batches(data, example_args, seed, module)
     report: dict[str, Any] = {"model": model, "optimizer": optimizer,
                               "lr": opt.param_groups[0]["lr"], "data": data or "example",
@@ -45,11 +52,14 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
                               "rss_start_bytes": current_rss_bytes()}
     for step in range(1, steps + 1):
         args = next(feed)
+        schedule.at(step - 1)
         with PeakRssSampler(period_s=0.005) as rss:
             start = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss = module(*args)
             loss.backward()
+            if clip is not None:
+                clip_all(module.parameters(), clip)
             opt.step()
             elapsed = time.perf_counter() - start
         report["steps"] = step
@@ -87,5 +97,7 @@ def plain_train_job(ctx, params: dict) -> dict:
     report = train_plain(str(params["model"]), steps, optional("batch"), optional("image"),
                          optional("seq"), int(params.get("seed", 0)),
                          str(params.get("optimizer", "sgd")), optional("lr", float),
-                         params.get("data"), on_step, params.get("train"))
+                         params.get("data"), on_step, params.get("train"),
+                         str(params.get("lr_schedule") or "constant"),
+                         int(params.get("warmup") or 0), optional("clip_grad_norm", float))
     return {**report, "malloc": malloc}

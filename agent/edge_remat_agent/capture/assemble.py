@@ -39,7 +39,8 @@ def _draws_random_numbers(node: fx.Node) -> bool:
 
 def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_args,
              optimizer: Optimizer, rates: Rates = DEFAULT_RATES, update: str = "fused",
-             params_home: str = "ram") -> tuple[Graph, dict]:
+             params_home: str = "ram", clip_grad_norm: float | None = None
+             ) -> tuple[Graph, dict]:
     """The planner graph, and figures for reports (saved bytes, fixed-memory breakdown, the
     bytes that are planned tensors instead of fixed memory). `update`: "fused" (gradients and,
     with `params_home` a tier, parameters and optimizer state are planned tensors: state.py)
@@ -75,7 +76,7 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
             if own:
                 node.attrs["grad_bytes"] = sum(store[root].nbytes for root in own)
         state = plan_state(nodes, param_groups(trace, module, nodes), optimizer, params_home,
-                           rates)
+                           rates, clip_grad_norm, [name for name, _ in module.named_parameters()])
         nodes, planned = state.nodes, state.planned
         for kind, nbytes in planned.items():
             fixed[kind] -= nbytes

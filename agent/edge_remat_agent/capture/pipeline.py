@@ -17,6 +17,7 @@ from .estimate import DEFAULT_RATES
 from .hf import canonical_spec
 from .models import load_model
 from .errors import CaptureError
+from ..grad_clip import check_max_norm
 from .freeze import freeze_except
 from .optimizer import optimizer_named
 from .state import PARAM_HOMES, UPDATE_MODES
@@ -44,11 +45,13 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
                   max_nodes: int = DEFAULT_MAX_NODES, level: int | None = None,
                   update: str = "fused", params_home: str = "ram",
                   train: list[str] | None = None, refined: bool = True,
-                  operator_level: bool = False) -> Captured:
+                  operator_level: bool = False, clip_grad_norm: float | None = None
+                  ) -> Captured:
     """Build a zoo model or MODULE:FACTORY and capture it (what `edge-remat graph` runs).
     `train`: name patterns of the parameters to train (the rest are frozen); None: as the
     model comes. `refined=False` keeps module-level groups only; `operator_level=True` makes
-    one node per ATen op that allocates (max_nodes and level do not apply)."""
+    one node per ATen op that allocates (max_nodes and level do not apply).
+    `clip_grad_norm`: clip the gradients' global norm at this before the updates."""
     start = time.perf_counter()
     spec = canonical_spec(spec)  # the board rebuilds the model from it, in another directory
     with deferred_weights():  # tracing needs shapes only: no model's weights in RAM
@@ -59,7 +62,8 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
         freeze_except(module, train, spec)
         source["train"] = list(train)
     return capture_module(module, args, spec, optimizer, max_nodes, level, source, start,
-                          update, params_home, refined, operator_level)
+                          update, params_home, refined, operator_level,
+                          clip_grad_norm=clip_grad_norm)
 
 
 # Eager CPU GRUs add into and apply sigmoid to their gates in place, on strided views of the
@@ -135,8 +139,14 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
                    level: int | None = None, source: dict[str, Any] | None = None,
                    start: float | None = None, update: str = "fused",
                    params_home: str = "ram", refined: bool = True,
-                   operator_level: bool = False) -> Captured:
+                   operator_level: bool = False, clip_grad_norm: float | None = None
+                   ) -> Captured:
     start = time.perf_counter() if start is None else start
+    if clip_grad_norm is not None:
+        try:
+            clip_grad_norm = check_max_norm(clip_grad_norm)
+        except ValueError as error:
+            raise CaptureError(model, str(error)) from None
     opt = optimizer_named(optimizer, model)
     if update not in UPDATE_MODES:
         raise CaptureError(model, f"update must be one of {', '.join(UPDATE_MODES)}, "
@@ -152,7 +162,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
 
     def build(groups: list[Group]) -> tuple[Graph, dict]:
         return assemble(trace, groups, module, tuple(example_args), opt, update=update,
-                        params_home=params_home)
+                        params_home=params_home, clip_grad_norm=clip_grad_norm)
 
     if operator_level:  # the finest module level, then every group down to single ops
         groups, level_used = coarsen(trace, OPERATOR_LEVEL_NODES, None,
@@ -190,6 +200,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
         "planned_state": figures["planned"],
         "update": update,
         "params_home": params_home,
+        **({"clip_grad_norm": clip_grad_norm} if clip_grad_norm is not None else {}),
         "estimate": DEFAULT_RATES.to_dict(),
         "signature": trace.signature(),
     }
@@ -217,7 +228,8 @@ def recapture(graph: Graph) -> Captured:
                           info.get("max_nodes", DEFAULT_MAX_NODES), info.get("level"),
                           info.get("update", "step"), info.get("params_home", "ram"),
                           source.get("train"), info.get("refined", False),
-                          info.get("operator_level", False))
+                          info.get("operator_level", False),
+                          clip_grad_norm=info.get("clip_grad_norm"))
     if again.graph.fingerprint() != graph.fingerprint():
         raise GraphMismatch(graph.name, "re-capturing gave a different graph (fingerprint "
                            f"{again.graph.fingerprint()} instead of {graph.fingerprint()}): "

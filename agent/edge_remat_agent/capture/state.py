@@ -33,6 +33,7 @@ from torch import nn
 
 from ..formats import Node
 from .estimate import Rates, round_time
+from ..grad_clip import CLIP_OP
 from .optimizer import Optimizer
 from .trace import JointTrace
 
@@ -105,10 +106,19 @@ class StatePlan:
 
 
 def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer,
-               params_home: str, rates: Rates) -> StatePlan:
+               params_home: str, rates: Rates, clip_grad_norm: float | None = None,
+               param_order: list[str] | None = None) -> StatePlan:
     """Insert param nodes (for groups homed on a tier) and fused update nodes into `nodes`
-    (planner nodes without an update node, ids = positions), renumbering ids to positions."""
+    (planner nodes without an update node, ids = positions), renumbering ids to positions.
+    `clip_grad_norm`: a norm node after the last gradient, which every update node reads
+    (`param_order`: the module's parameter names, the order the norm sums in)."""
     paged = params_home != "ram"
+    # Clipping needs the global norm before any update: every update waits for the norm node,
+    # placed after the last gradient is complete (so every gradient lives until then).
+    trainable = [g for g in groups if g.trainable and g.grads]
+    last_grad = max((i for g in trainable for i in g.grads.values()), default=None)
+    norm = _norm_node("clip", trainable, nodes, clip_grad_norm, param_order or [], rates) \
+        if clip_grad_norm is not None and trainable else None
     users: list[set[int]] = [set() for _ in nodes]
     for index, node in enumerate(nodes):
         for dep in node.inputs:
@@ -133,22 +143,27 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
         if not group.trainable or not group.grads:
             continue
         last = max(group.grads.values())
+        if norm is not None:
+            last = max(last, last_grad)
         for index in group.readers:
             last = max(last, index, *users[index])
         update_key = f"update:{key}"
         key += 1
         update = _update_node(update_key, group, optimizer, param_key,
-                              params_home if paged else None, nodes, rates)
+                              params_home if paged else None, nodes, rates, norm)
         # The placement keeps a reader's recompute after the update unread only by its direct
         # users: a user recomputed later would need it again, computed from the new weights.
         # The planner never recomputes a reader after its update (see the module docstring).
+        # The norm node counts as a reader: the update scales the gradients it reads.
         update.attrs["param_readers"] = sorted(
-            [nodes[index].id for index in group.readers] + ([param_key] if param_key else []),
-            key=str)
+            [nodes[index].id for index in group.readers] + ([param_key] if param_key else [])
+            + ([norm.id] if norm is not None else []), key=str)
         after.setdefault(last, []).append(update)
         planned["gradients"] += group.nbytes
         if paged:
             planned["optimizer_state"] += optimizer.state_bytes(group.nbytes, len(group.params))
+    if norm is not None:
+        after.setdefault(last_grad, []).insert(0, norm)  # before every update
     ordered: list[Node] = []
     for index, node in enumerate(nodes):
         ordered += before.get(index, [])
@@ -167,8 +182,35 @@ def _param_node(key: str, group: ParamGroup, home: str) -> Node:
                        "io": {"tier": home, "read_bytes": group.nbytes, "write_bytes": 0}})
 
 
+def _norm_node(key: str, groups: list[ParamGroup], nodes: list[Node], max_norm: float,
+               param_order: list[str], rates: Rates) -> Node:
+    """The gradients' global norm (grad_clip.py), read from every gradient: [value, parameter]
+    pairs in the module's parameter order (a parameter's last value, as the update assigns)."""
+    value_of, producer = {}, {}
+    for group in groups:
+        for value, index in group.grads.items():
+            value_of[nodes[index].attrs["grads"][value]] = value
+            producer[value] = nodes[index].id
+    position = {name: k for k, name in enumerate(param_order)}
+    names = sorted(value_of, key=lambda name: position.get(name, len(position)))
+    nbytes = sum(g.nbytes for g in groups)
+    elements = sum(g.elements for g in groups)
+    time = max(2 * elements / rates.flops_per_s, nbytes / rates.bytes_per_s) \
+        + rates.op_overhead_s
+    return Node(id=key, name="clip_grad_norm", kind="update", op=CLIP_OP,
+                inputs=sorted(set(producer.values()), key=str), out_bytes=0,
+                # each gradient's norm, their stack and the total: float32 scalars
+                workspace_bytes=8 * len(names) + 4, time_s=round_time(time),
+                signature=f"{CLIP_OP}:{elements}",
+                attrs={"members": [], "outputs": [], "reads": producer,
+                       "norm_grads": [[value_of[name], name] for name in names],
+                       "max_norm": float(max_norm), "flops": 2 * elements,
+                       "bytes_moved": nbytes})
+
+
 def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: str | None,
-                 home: str | None, nodes: list[Node], rates: Rates) -> Node:
+                 home: str | None, nodes: list[Node], rates: Rates,
+                 norm: Node | None = None) -> Node:
     flops = optimizer.flops_per_element * group.elements
     moved = optimizer.tensors_moved * group.nbytes
     time = max(flops / rates.flops_per_s, moved / rates.bytes_per_s) + rates.op_overhead_s
@@ -182,7 +224,13 @@ def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: s
              "update_grads": update_grads, "optimizer": optimizer.name, "flops": flops,
              "bytes_moved": moved, "state_bytes": state_bytes}
     workspace = optimizer.temp_copies * group.largest_bytes
-    attrs["temp_bytes"] = workspace
+    attrs["temp_bytes"] = workspace  # the optimizer's own (plain training's step has them)
+    if norm is not None:
+        # scaled copies of the group's gradients, the ones it steps with (the gradients the
+        # step computed stay as they are: FusedUpdates.step)
+        inputs.append(norm.id)
+        workspace += group.nbytes
+        attrs["clip_grad_norm"] = norm.attrs["max_norm"]
     if param_key is not None:
         inputs.append(param_key)
         for ph in group.placeholders:
@@ -195,7 +243,8 @@ def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: s
     return Node(id=key, name=f"{group.name}.update", kind="update",
                 op=f"{optimizer.name}_update", inputs=inputs, out_bytes=0,
                 workspace_bytes=workspace, time_s=round_time(time),
-                signature=f"{optimizer.name}_update:{group.elements}:{home or 'ram'}",
+                signature=f"{optimizer.name}_update:{group.elements}:{home or 'ram'}"
+                + (":clip" if norm is not None else ""),
                 attrs=attrs)
 
 

@@ -5,7 +5,8 @@ params: plan, graph (board paths of the pushed files), steps (default 10); optio
 board's own sensor if it has one), device (default "cpu"), seed, keep_malloc_defaults,
 data (a data spec, see edge_remat_agent.data: "example" (default), "digits",
 "MODULE:FUNCTION"; shuffled with `seed`, as plain training shuffles it), lr (overrides the
-optimizer's learning rate), optimizer (checked against the one the graph was captured for:
+optimizer's learning rate), lr_schedule ("constant" (default), "linear", "cosine") and
+warmup (steps, default 0: edge_remat_agent.lr_schedule), optimizer (checked against the one the graph was captured for:
 its update node stands for that optimizer, so the run cannot change it), host_pages
 ("HOST:PORT" of the host's page service, seen from the board: a plan's `host` pages go there
 instead of staying in this process; the host starts the service and passes this),
@@ -81,6 +82,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                           progress=progress, sensor=params.get("sensor", "auto"),
                           device=params.get("device", "cpu"), seed=seed,
                           data=params.get("data"), lr=lr,
+                          lr_schedule=str(params.get("lr_schedule") or "constant"),
+                          warmup=int(params.get("warmup") or 0),
                           stores=None if host is None else {"host": host},
                           allocator=str(params.get("allocator") or "glibc"),
                           map_large_allocations=not _flag(params.get("keep_malloc_defaults",

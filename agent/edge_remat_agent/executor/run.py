@@ -20,6 +20,7 @@ from ..capture.replay import StepRunner
 from ..costs import plan_costs
 from ..devices import allocated_peak, reserved_peak, reset_peaks, synchronize
 from ..formats import Graph, Plan
+from ..lr_schedule import ScheduledLr, lr_factor
 from ..memory_classes import CLASSES, ledger_classifier, planned_at
 from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
@@ -36,7 +37,7 @@ from .python_heap import set_up_frozen
 from .report import FORMAT, step_record, summarize
 from .step import PlannedStep, plain_step
 from .stores import describe_stores, open_parameter_home, open_stores
-from .updates import ParameterHome, make_optimizer
+from .updates import ParameterHome, make_optimizer, optimizers_of
 
 ALLOCATORS = ("glibc", "arena")
 Progress = Callable[[int, int, dict], None]  # (step index from 0, steps, that step's record)
@@ -50,8 +51,10 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              flash_capacity_bytes: int | None = None,
              map_large_allocations: bool = True, lr: float | None = None,
              keep_parameters: bool = False, paging_io: str | None = None,
-             allocator: str = "glibc", count_allocations: bool = False) -> dict[str, Any]:
+             allocator: str = "glibc", count_allocations: bool = False,
+             lr_schedule: str = "constant", warmup: int = 0) -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
+    `lr_schedule`, `warmup`: the learning rate's schedule over the steps (lr_schedule.py).
     `allocator`: "glibc" (tensors from the CPU allocator) or "arena" (every planned tensor in
     the plan's arena layout, executor/arena.py). `count_allocations`: run the last step under
     the CPU allocator's event stream and record what it allocated (the profiler slows that
@@ -63,6 +66,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     written behind would still read a slot that the layout gives the next tensor."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
+    check_lr_schedule(lr_schedule, warmup, steps)
     paging_io = paging_io or plan.problem.get("io") or "sync"
     if paging_io not in IO_MODES:
         raise BadInput(f"paging IO must be one of {', '.join(IO_MODES)}, got {paging_io!r}")
@@ -95,6 +99,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             open_parameter_home(captured.graph, module, page_dir, flash_fsync, plan) as home, \
             set_up_frozen() as before_step:
         optimizer = make_optimizer(captured.graph, module, lr, home, ledger)
+        schedule = ScheduledLr(optimizers_of(optimizer), lr_schedule, warmup, steps)
         runner = StepRunner(captured.trace, captured.graph, module,
                             batches(0) if is_example(data) else captured.example_args,
                             device, ledger, home.load if home else None)
@@ -106,6 +111,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                               overlap, placement)
         for i in range(steps):
             batch = batches(i)
+            schedule.at(i)
             if check_gradients and i == 0:
                 reference = eager_reference_with(home, module, batch, device)
 
@@ -155,7 +161,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "format": FORMAT, "version": 1, "mode": "plan", "model": captured.graph.name,
         "graph_fingerprint": captured.graph.fingerprint(), "plan_fingerprint": plan.fingerprint,
         "device": str(device), "torch": torch.__version__, "deterministic": True, "seed": seed,
-        "data": data_name(data), "optimizer": _optimizer_description(captured.graph, lr),
+        "data": data_name(data),
+        "optimizer": _optimizer_description(captured.graph, lr, lr_schedule, warmup),
         "sensor": getattr(power, "name", None), "tiers": tiers, "allocator": malloc,
         "paging_io": "overlap" if overlap else "sync",
         "executor_allocator": allocator, "arena": describe_arena(arena, plan),
@@ -195,11 +202,14 @@ def _weight_figures(home: ParameterHome | None) -> dict | None:
 def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | None = None,
               sensor: PowerSensor | str | None = None, *, device: str | torch.device = "cpu",
               model: tuple | None = None, seed: int | None = None,
-              map_large_allocations: bool = True, lr: float | None = None) -> dict[str, Any]:
+              map_large_allocations: bool = True, lr: float | None = None,
+              lr_schedule: str = "constant", warmup: int = 0) -> dict[str, Any]:
     """Plain eager training of the graph's model (rebuilt from `graph.capture`, or `model` as
-    (module, example_args)), measured like run_plan; the ledger is not kept (None)."""
+    (module, example_args)), measured like run_plan, clipping the gradients as the graph says;
+    the ledger is not kept (None)."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
+    check_lr_schedule(lr_schedule, warmup, steps)
     if model is None:
         from ..capture.models import load_model
         source = graph.capture.get("source") or {}
@@ -214,6 +224,8 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
     device = torch.device(device)
     module, example_args = model[0].to(device), tuple(model[1])
     optimizer = torch_optimizer(graph.capture.get("optimizer", "sgd"), module, lr)
+    schedule = ScheduledLr([optimizer], lr_schedule, warmup, steps)
+    clip = graph.capture.get("clip_grad_norm")
     power = open_power_sensor(sensor)
     batches = batch_source(data, example_args, device, 0 if seed is None else seed, module)
     ledger = LiveTensorLedger()  # StepMeter wants one; eager tensors are not registered
@@ -224,10 +236,11 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
     with deterministic(device):
         for i in range(steps):
             batch = batches(i)
+            schedule.at(i)
             reset_peaks(device)
             try:
                 with StepMeter(ledger, power) as meter:
-                    loss = plain_step(module, optimizer, batch)
+                    loss = plain_step(module, optimizer, batch, clip)
                     synchronize(device)
             except Exception as error:
                 if is_out_of_memory(error):
@@ -241,7 +254,8 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
     return {"format": FORMAT, "version": 1, "mode": "plain", "model": graph.name,
             "graph_fingerprint": graph.fingerprint(), "device": str(device),
             "torch": torch.__version__, "deterministic": True, "seed": seed,
-            "data": data_name(data), "optimizer": _optimizer_description(graph, lr),
+            "data": data_name(data),
+            "optimizer": _optimizer_description(graph, lr, lr_schedule, warmup),
             "sensor": getattr(power, "name", None),
             "allocator": allocator, "fixed_bytes": graph.fixed_bytes, "steps": records,
             "summary": summarize(records)}
@@ -363,10 +377,21 @@ def open_power_sensor(sensor: PowerSensor | str | None) -> PowerSensor | None:
         raise BadInput(str(error)) from error
 
 
-def _optimizer_description(graph: Graph, lr: float | None) -> dict[str, Any]:
-    """The optimizer's name and options as it steps (an `lr` given to the run included), and
-    whether it steps group by group as gradients complete (fused) or once after the backward."""
+def _optimizer_description(graph: Graph, lr: float | None, lr_schedule: str = "constant",
+                           warmup: int = 0) -> dict[str, Any]:
+    """The optimizer's name and options as it steps (an `lr` given to the run included, its
+    schedule, the gradients' clipping), and whether it steps group by group as gradients
+    complete (fused) or once after the backward."""
     name = graph.capture.get("optimizer", "sgd")
     cls, options = TORCH_OPTIMIZERS.get(name, (None, {}))
     return {"name": name, **options, "lr": float(lr) if lr is not None else options.get("lr"),
+            "lr_schedule": lr_schedule, "warmup": warmup,
+            "clip_grad_norm": graph.capture.get("clip_grad_norm"),
             "update": graph.capture.get("update", "step")}
+
+
+def check_lr_schedule(schedule: str, warmup: int, steps: int) -> None:
+    try:
+        lr_factor(schedule, warmup, steps)
+    except ValueError as error:
+        raise BadInput(str(error)) from None

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..capture.replay import StepRunner
 from ..formats import Graph, Plan
+from ..grad_clip import clip_all
 from ..pages import PageStore
 from .compiled_step import CompiledStep, FailedAt, compile_step
 from .errors import OOM_REMEDY, ExecutorError, first_line, is_out_of_memory
@@ -103,6 +104,9 @@ class PlannedStep:
         for name, grad in self.runner.grads.items():
             self.params[name].grad = grad
         try:
+            clip = self.graph.capture.get("clip_grad_norm")
+            if clip is not None:  # in place, as plain training's (the check has run)
+                clip_all(self.module.parameters(), clip)
             self.optimizer.step()
         except Exception as error:
             if is_out_of_memory(error):
@@ -204,10 +208,14 @@ def eager_forward_backward(module: nn.Module, batch: tuple) -> torch.Tensor:
     return loss.detach()
 
 
-def plain_step(module: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple) -> float:
-    """One plain eager training step (what a `--plain` run does, and what the plan must match)."""
+def plain_step(module: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple,
+               clip_grad_norm: float | None = None) -> float:
+    """One plain eager training step (what a `--plain` run does, and what the plan must match):
+    with `clip_grad_norm`, torch.nn.utils.clip_grad_norm_ before the optimizer's step."""
     optimizer.zero_grad(set_to_none=True)
     loss = eager_forward_backward(module, batch)
+    if clip_grad_norm is not None:
+        clip_all(module.parameters(), clip_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(loss)

@@ -9,7 +9,9 @@ ParameterHome  the page store where parameter groups homed on a tier live betwee
 FusedUpdates   one torch optimizer per update node, over that node's parameter group: stepping
                the groups one by one as their gradients complete gives bit for bit the one
                `optimizer.step()` of plain training (foreach off: every parameter's step is
-               computed on its own; capture/optimizer.py).
+               computed on its own; capture/optimizer.py). With clipping (a graph captured
+               with clip_grad_norm), the norm node computes the global norm and each update
+               steps with copies of its gradients scaled by it (grad_clip.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import nn
 from ..capture.optimizer import torch_optimizer, torch_optimizer_over
 from ..capture.replay import StepRunner
 from ..formats import Graph, Node
+from ..grad_clip import CLIP_OP, clip_with_norm, total_norm
 from ..pages import PageStore
 
 
@@ -111,11 +114,18 @@ class FusedUpdates:
         for node in graph.nodes:
             if node.kind == "param":
                 self._placeholder.update(zip(node.attrs["params"], node.attrs["outputs"]))
+        self.grad_norm: torch.Tensor | None = None  # the step's, from its norm node
+
+    def _norm(self, node: Node, runner: StepRunner) -> None:
+        """The norm node: the global norm of every gradient, for the updates to clip with."""
+        self.grad_norm = total_norm([runner.env[value] for value, _ in node.attrs["norm_grads"]])
 
     def step(self, node: Node, runner: StepRunner) -> None:
         """The optimizer's step for the node's parameter group, with the gradients the runner
         holds; a homed group's parameters are the values its param node loaded, and its state
         comes from and goes back to the home."""
+        if node.op == CLIP_OP:
+            return self._norm(node, runner)
         optimizer = self.optimizers[node.id]
         homed = "home" in node.attrs
         names = node.attrs["params"]
@@ -123,13 +133,20 @@ class FusedUpdates:
             for name in names:
                 self.params[name].data = runner.env[self._placeholder[name]]
             self._load_state(optimizer, names)
+        clip = node.attrs.get("clip_grad_norm")
         for value, name in node.attrs["update_grads"].items():
-            self.params[name].grad = runner.env[value]
+            # clipped on a copy: the step's gradient may be read again (the gradient check)
+            grad = runner.env[value]
+            self.params[name].grad = grad if clip is None else self._copy(name, grad)
         try:
+            if clip is not None:
+                clip_with_norm([self.params[name] for name in names], clip, self.grad_norm)
             optimizer.step()
         finally:
             for name in names:
                 self.params[name].grad = None
+            if not homed:
+                self._forget_loaded_state()  # the clipped copies
         if homed:
             new = {("param", name): self.params[name].detach() for name in names}
             for name in names:
@@ -142,6 +159,13 @@ class FusedUpdates:
                 self._forget_loaded_state()
                 for name in names:
                     self.params[name].data = _empty_like(self.params[name])
+
+    def _copy(self, name: str, grad: torch.Tensor) -> torch.Tensor:
+        copy = grad.clone()
+        if self.ledger is not None:  # in RAM for the update: the node's workspace
+            self.ledger.register_tensor(("clipped", name), copy)
+            self._in_ledger.append(("clipped", name))
+        return copy
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The optimizer state held in RAM (groups whose home is RAM)."""
@@ -174,6 +198,13 @@ def make_optimizer(graph: Graph, module: torch.nn.Module, lr: float | None,
     if graph.capture.get("update") == "fused":
         return FusedUpdates(graph, module, name, lr, home, ledger)
     return torch_optimizer(name, module, lr)
+
+
+def optimizers_of(optimizer: torch.optim.Optimizer | FusedUpdates) -> list:
+    """The torch optimizers that step the parameters (a fused graph's: one per update node)."""
+    if isinstance(optimizer, FusedUpdates):
+        return list(optimizer.optimizers.values())
+    return [optimizer]
 
 
 def _empty_like(param: torch.Tensor) -> torch.Tensor:

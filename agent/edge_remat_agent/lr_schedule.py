@@ -1,0 +1,67 @@
+"""Learning-rate schedules: a linear warmup, then constant, linear or cosine decay.
+
+The factor of step k (from 0) of a run of N steps with W warmup steps, as Hugging Face
+transformers' schedules define it (what fine-tuners expect):
+    warmup    k < W: k / W   (the first step's learning rate is 0)
+    constant  1
+    linear    max(0, (N - k) / max(1, N - W))
+    cosine    0.5 * (1 + cos(pi * (k - W) / max(1, N - W)))
+Each step's learning rate is base * factor(k), the one multiplication
+torch.optim.lr_scheduler.LambdaLR makes with the same function: plain training and the planned
+executor set it the same way on every optimizer they step (a fused graph has one per update
+node), so both take the same steps bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+def check_schedule(schedule: str, warmup: int, steps: int) -> None:
+    """ValueError with one line naming the option and its remedy."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown --lr-schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+    if warmup < 0:
+        raise ValueError(f"--warmup must be 0 or more steps, not {warmup}")
+    if warmup > steps:
+        raise ValueError(f"--warmup {warmup} is longer than the run's {steps} steps: the "
+                         "learning rate would never reach --lr; give a warmup of at most "
+                         "--steps")
+
+
+def lr_factor(schedule: str, warmup: int, steps: int) -> Callable[[int], float]:
+    """step -> the factor of the base learning rate (LambdaLR's lr_lambda)."""
+    check_schedule(schedule, warmup, steps)
+    decay_steps = max(1, steps - warmup)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return float(step) / float(max(1, warmup))
+        if schedule == "linear":
+            return max(0.0, float(steps - step) / float(decay_steps))
+        if schedule == "cosine":
+            progress = float(step - warmup) / float(decay_steps)
+            return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+        return 1.0
+    return factor
+
+
+class ScheduledLr:
+    """Sets every param group's learning rate before each step: its learning rate when the
+    schedule started, times the factor of that step."""
+
+    def __init__(self, optimizers: list, schedule: str = "constant", warmup: int = 0,
+                 steps: int = 1):
+        self.factor = lr_factor(schedule, warmup, steps)
+        self.constant = schedule == "constant" and warmup == 0  # nothing to set
+        self.groups = [(group, group["lr"]) for opt in optimizers for group in opt.param_groups]
+
+    def at(self, step: int) -> None:
+        if self.constant:
+            return
+        factor = self.factor(step)
+        for group, base in self.groups:
+            group["lr"] = base * factor

@@ -1,0 +1,163 @@
+"""Learning-rate schedules (--lr-schedule, --warmup) and gradient clipping (--clip-grad-norm).
+
+The planned executor must take plain PyTorch's steps bit for bit: the reference here is written
+as a user would, with torch.optim.lr_scheduler.LambdaLR and torch.nn.utils.clip_grad_norm_, and
+the schedules' factors are those of Hugging Face transformers' schedulers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers.executor_plans import EXAMPLE, keep_all
+
+from edge_remat_agent.capture import CaptureError, capture_model
+from edge_remat_agent.executor import torch_optimizer
+from edge_remat_agent.executor.batches import batch_source
+from edge_remat_agent.executor.errors import BadInput
+from edge_remat_agent.executor.gradcheck import deterministic
+from edge_remat_agent.executor.run import run_plan
+from edge_remat_agent.formats import Tier
+from edge_remat_agent.lr_schedule import ScheduledLr, lr_factor
+from edge_remat.planner.build import build_problem
+from edge_remat.planner.problem import InfeasibleBudget
+from edge_remat.planner.solve import solve
+
+FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
+SHAPE = dict(batch=8, image=16)
+STEPS = 5
+
+
+def _hf_factor(schedule: str, warmup: int, steps: int):
+    """The factor as transformers' get_{linear,cosine}_schedule_with_warmup define it."""
+    def factor(k):
+        if k < warmup:
+            return k / max(1, warmup)
+        progress = (k - warmup) / max(1, steps - warmup)
+        if schedule == "linear":
+            return max(0.0, (steps - k) / max(1, steps - warmup))
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return factor
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_each_steps_lr_is_lambdalrs_and_transformers(schedule):
+    transformers = pytest.importorskip("transformers")
+    make = {"linear": transformers.get_linear_schedule_with_warmup,
+            "cosine": transformers.get_cosine_schedule_with_warmup}[schedule]
+    ours = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.03)
+    theirs = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.03)
+    scheduler = make(theirs, 3, 10)
+    scheduled = ScheduledLr([ours], schedule, 3, 10)
+    for k in range(10):
+        scheduled.at(k)
+        assert ours.param_groups[0]["lr"] == theirs.param_groups[0]["lr"], k
+        theirs.step()
+        scheduler.step()
+    assert lr_factor(schedule, 3, 10)(0) == 0.0 and lr_factor("constant", 0, 10)(9) == 1.0
+
+
+@pytest.mark.parametrize("schedule,warmup,steps,words", [
+    ("cosine", -1, 5, "--warmup must be 0 or more"),
+    ("linear", 6, 5, "--warmup 6 is longer than the run's 5 steps"),
+    ("exponential", 0, 5, "unknown --lr-schedule 'exponential'")])
+def test_a_bad_schedule_is_refused_in_one_line(schedule, warmup, steps, words):
+    with pytest.raises(ValueError) as error:
+        lr_factor(schedule, warmup, steps)
+    assert words in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("max_norm", [0, -1.0, float("nan"), float("inf")])
+def test_a_max_norm_that_is_not_positive_is_refused_at_capture(max_norm):
+    with pytest.raises(CaptureError, match="--clip-grad-norm must be a positive number"):
+        capture_model(EXAMPLE, clip_grad_norm=max_norm, **SHAPE)
+
+
+def test_the_norm_node_reads_every_gradient_and_every_update_waits_for_it():
+    graph = capture_model(EXAMPLE, clip_grad_norm=1.0, **SHAPE).graph
+    norms = [n for n in graph.nodes if n.op == "clip_grad_norm"]
+    updates = [n for n in graph.nodes if n.kind == "update" and n.op != "clip_grad_norm"]
+    assert len(norms) == 1 and updates
+    norm = norms[0]
+    grads = {v for u in updates for v in u.attrs["update_grads"]}
+    assert {v for v, _ in norm.attrs["norm_grads"]} == grads
+    order = [n.id for n in graph.nodes]
+    assert all(norm.id in u.inputs and order.index(u.id) > order.index(norm.id)
+               for u in updates)
+    # the module's parameter order, which torch's norm stacks in
+    module = capture_model(EXAMPLE, **SHAPE).module
+    names = [name for name, p in module.named_parameters() if p.requires_grad]
+    assert [name for _, name in norm.attrs["norm_grads"]] == names
+
+
+def _eager(optimizer: str, example_args, schedule: str, warmup: int, clip: float | None):
+    """Plain PyTorch as a user writes it: LambdaLR, clip_grad_norm_, the run's batches."""
+    module = capture_model(EXAMPLE, optimizer=optimizer, **SHAPE).module
+    opt = torch_optimizer(optimizer, module)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, _hf_factor(schedule, warmup, STEPS)) \
+        if schedule != "constant" else None
+    batches = batch_source(None, example_args, torch.device("cpu"), 0)
+    norms = []
+    torch.manual_seed(0)
+    with deterministic(torch.device("cpu")):
+        for i in range(STEPS):
+            opt.zero_grad(set_to_none=True)
+            module(*batches(i)).backward()
+            if clip is not None:
+                norms.append(float(torch.nn.utils.clip_grad_norm_(module.parameters(), clip)))
+            opt.step()
+            if scheduler is not None:
+                scheduler.step()
+    return module.state_dict(), norms
+
+
+CASES = [  # label, optimizer, params home, update, schedule, warmup, max norm
+    ("cosine-warmup", "sgd", "ram", "fused", "cosine", 2, None),
+    ("clip", "adamw", "flash", "fused", "constant", 0, 1.0),
+    ("cosine-warmup-clip", "adam", "flash", "fused", "cosine", 2, 1.0),
+    ("linear-clip-step", "sgd", "ram", "step", "linear", 1, 1.0),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label,optimizer,home,update,schedule,warmup,clip", CASES,
+                         ids=[c[0] for c in CASES])
+def test_parameters_after_5_steps_equal_plain_pytorchs(label, optimizer, home, update,
+                                                       schedule, warmup, clip, tmp_path):
+    captured = capture_model(EXAMPLE, optimizer=optimizer, params_home=home, update=update,
+                             refined=False, clip_grad_norm=clip, **SHAPE)
+    graph = captured.graph
+    try:
+        problem = build_problem(graph, 0.5, None, "time", None, "flash", FLASH)
+        problem.check_budget()
+    except InfeasibleBudget as floor:  # near the floor, as tests/test_every_byte.py plans
+        problem = build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None,
+                                "flash", FLASH)
+    plan = solve(problem, "heuristic:paging").plan
+    report = run_plan(graph, plan, STEPS, str(tmp_path / "pages"), captured=captured, seed=0,
+                      keep_parameters=True, lr_schedule=schedule, warmup=warmup)
+    assert report["grad_check"]["bitwise_equal"] and report["grad_check"]["loss_equal"]
+    assert report["recomputed"] + report["page_outs"] > 0 and report["page_outs"] > 0
+    expected, norms = _eager(optimizer, captured.example_args, schedule, warmup, clip)
+    actual = captured.module.state_dict()
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    if clip is not None:
+        assert all(norm > clip for norm in norms), norms  # it clipped every step
+        unclipped, _ = _eager(optimizer, captured.example_args, schedule, warmup, None)
+        assert not all(torch.equal(unclipped[n], actual[n]) for n in actual)
+    assert report["optimizer"]["lr_schedule"] == schedule
+    assert report["optimizer"]["clip_grad_norm"] == clip
+    # the ledger's peak stays within the plan's (the clipped copies are the updates' workspace)
+    assert all(s["ledger_peak_bytes"] <= report["predicted_peak_bytes"] for s in report["steps"])
+
+
+def test_run_plan_refuses_a_warmup_longer_than_the_run(tmp_path):
+    captured = capture_model(EXAMPLE, **SHAPE)
+    plan = keep_all(captured.graph)
+    with pytest.raises(BadInput, match="--warmup 4 is longer than the run's 3 steps"):
+        run_plan(captured.graph, plan, 3, str(tmp_path), captured=captured,
+                 lr_schedule="cosine", warmup=4)
