@@ -161,3 +161,36 @@ def test_run_plan_refuses_a_warmup_longer_than_the_run(tmp_path):
     with pytest.raises(BadInput, match="--warmup 4 is longer than the run's 3 steps"):
         run_plan(captured.graph, plan, 3, str(tmp_path), captured=captured,
                  lr_schedule="cosine", warmup=4)
+
+
+# --- the command line: bad values refused in one line, before any work ----------------------
+
+CLI_CASES = [  # case, arguments, words the error line must hold
+    ("negative warmup", ["run", "--warmup", "-1"], ["--warmup must be 0 or more"]),
+    ("warmup past the steps", ["run", "--warmup", "20", "--steps", "10"],
+     ["--warmup 20 is longer than the run's 10 steps", "at most --steps"]),
+    ("unknown schedule", ["run", "--lr-schedule", "exponential"],
+     ["exponential", "constant, linear, cosine"]),
+    ("zero max norm", ["run", "--clip-grad-norm", "0"], ["--clip-grad-norm", "positive"]),
+    ("negative max norm", ["graph", "--clip-grad-norm", "-1"], ["--clip-grad-norm", "positive"]),
+]
+
+
+@pytest.mark.parametrize("case,args,words", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_bad_schedule_and_clip_values_are_one_line(tmp_path, case, args, words):
+    from helpers.bad_inputs import BAD_INPUT, cli, no_new_files, refused, tree
+    command, *rest = args
+    extra = ["--device", "local", "--budget", "50%", "--out", tmp_path / "out"] \
+        if command == "run" else ["-o", tmp_path / "graph.json"]
+    before = tree(tmp_path)
+    refused(cli(command, "--model", "digits-cnn", *extra, *rest), BAD_INPUT, *words)
+    no_new_files(before, tmp_path)
+
+
+def test_a_manifests_clip_grad_norm_is_checked(tmp_path):
+    from edge_remat.fleet.manifest import ManifestError, load_manifest
+    (tmp_path / "fleet.toml").write_text(
+        'budgets = ["50%"]\n[[models]]\nmodel = "digits-cnn"\nclip_grad_norm = 0\n'
+        '[[boards]]\ndevice = "rpi4"\n')
+    with pytest.raises(ManifestError, match=r"models\[0\]\.clip_grad_norm: must be a positive"):
+        load_manifest(tmp_path / "fleet.toml")

@@ -17,6 +17,10 @@ from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_KILLED, UserError, cli
 from .planner.interrupt import sigterm_as_ctrl_c
 from .units import FRACTION_LIMIT
 
+CLIP_HELP = ("clip the gradients' global 2-norm at this before the updates, as "
+             "torch.nn.utils.clip_grad_norm_ (e.g. 1.0); every gradient then lives, or is "
+             "paged, until the last is done")
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Fine-tune PyTorch models on boards whose RAM is too small: "
                        "profile, plan (rematerialization + paging), deploy. Exit status: 0 done, "
@@ -436,6 +440,7 @@ def graph(
     update: str = typer.Option("fused", "--update", help="fused (each group's optimizer step "
                                "as soon as its gradients are complete) | step (one step after "
                                "the backward; gradients are fixed memory)"),
+    clip_grad_norm: Optional[float] = typer.Option(None, "--clip-grad-norm", help=CLIP_HELP),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="where to write the graph"),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -449,6 +454,12 @@ def graph(
         raise FormatError("command line", "--model/--onnx", "exactly one of them")
     if optimizer not in DEFAULT_LR:
         raise UserError(f"unknown --optimizer {optimizer!r}: use one of {', '.join(DEFAULT_LR)}")
+    if clip_grad_norm is not None:
+        from edge_remat.run.options import checked_max_norm
+        checked_max_norm(clip_grad_norm)
+        if onnx_file is not None:
+            raise UserError("--clip-grad-norm adds a node to a captured model's training step: "
+                            "use it with --model, not --onnx")
     if output is not None:  # `-o ''` too, which is refused
         from edge_remat_agent.user_code import spec_file
         output_file(output, force, inputs={"--onnx": onnx_file,
@@ -474,7 +485,8 @@ def graph(
     else:
         from edge_remat_agent.capture import capture_model
         g = capture_model(model, batch, image, seq, seed, optimizer, max_nodes, level,
-                          update, params_home, train, operator_level=operator_level).graph
+                          update, params_home, train, operator_level=operator_level,
+                          clip_grad_norm=clip_grad_norm).graph
     if output:
         g.save(output)
     summary = graph_summary(g, plain_peak_bytes(g), output)
@@ -828,6 +840,12 @@ def run_command(
     seed: int = typer.Option(run_default("seed"), "--seed"),
     optimizer: str = typer.Option(run_default("optimizer"), "--optimizer", help=OPTIMIZER_HELP),
     lr: Optional[float] = typer.Option(None, "--lr", help=LR_HELP),
+    lr_schedule: str = typer.Option(run_default("lr_schedule"), "--lr-schedule",
+                                    help="constant | linear | cosine: the learning rate's "
+                                    "decay over --steps, after --warmup"),
+    warmup: int = typer.Option(run_default("warmup"), "--warmup", help="steps of linear "
+                               "warmup from 0 to --lr (at most --steps)"),
+    clip_grad_norm: Optional[float] = typer.Option(None, "--clip-grad-norm", help=CLIP_HELP),
     max_nodes: int = typer.Option(run_default("max_nodes"), "--max-nodes", min=5,
                                   help="at most this many planner nodes in the captured graph"),
     params_home: str = typer.Option(run_default("params_home"), "--params-home", help="ram | flash | auto (flash "
@@ -891,7 +909,8 @@ def run_command(
         objective=objective,
         deadline=_deadline(deadline), steps=steps, data=data,
         memory_limit=limit, plain=plain, batch=batch, image=image, seq=seq, seed=seed,
-        optimizer=optimizer, lr=lr, max_nodes=max_nodes, params_home=params_home, train=train,
+        optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, warmup=warmup,
+        clip_grad_norm=clip_grad_norm, max_nodes=max_nodes, params_home=params_home, train=train,
         profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
         out=out, plots=not no_plots, keep_running=keep_running,

@@ -18,7 +18,7 @@
     name = "resnet18-b16"                  # optional: its folder in the output tree
     batch = 16                             # optional, as `edge-remat graph`: batch, image, seq,
                                            #   seed, optimizer, max_nodes, level, params_home,
-                                           #   update, train
+                                           #   update, train, clip_grad_norm
     [[boards]]
     profile = "profiles/rpi4.json"         # a profile file, or
     # device = "jetson-orin-nano"          #   a device config: its shipped (modelled) profile
@@ -46,7 +46,7 @@ from ..units import UnitError, parse_budget, parse_multiplier
 TOP_KEYS = {"budgets", "deadlines", "threads", "out", "plan", "models", "boards"}
 PLAN_KEYS = {"objective", "solver", "time_limit", "paging", "paging_time", "backend"}
 CAPTURE_KEYS = {"batch", "image", "seq", "seed", "optimizer", "max_nodes", "level",
-                "params_home", "update", "train"}
+                "params_home", "update", "train", "clip_grad_norm"}
 MODEL_KEYS = {"model", "graph", "name"} | CAPTURE_KEYS
 BOARD_KEYS = {"profile", "device", "name"}
 
@@ -250,6 +250,15 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
                 note(f"{where}.{key}", f"expected one of {', '.join(allowed)}, got {raw[key]!r}")
             else:
                 capture[key] = raw[key]
+    if "clip_grad_norm" in raw:
+        from edge_remat_agent.grad_clip import check_max_norm
+        value = raw["clip_grad_norm"]
+        try:
+            if isinstance(value, bool):
+                raise ValueError(f"expected a positive number such as 1.0, got {value!r}")
+            capture["clip_grad_norm"] = check_max_norm(value)
+        except ValueError as error:
+            note(f"{where}.clip_grad_norm", str(error).replace("--clip-grad-norm ", ""))
     if "train" in raw:
         train = raw["train"]
         if not isinstance(train, list) or not all(isinstance(t, str) for t in train):

@@ -36,6 +36,9 @@ class RunOptions:
     seed: int = 0
     optimizer: str = "sgd"
     lr: Optional[float] = None
+    lr_schedule: str = "constant"  # constant | linear | cosine (edge_remat_agent.lr_schedule)
+    warmup: int = 0  # steps of linear warmup
+    clip_grad_norm: Optional[float] = None  # the gradients' largest global 2-norm
     max_nodes: int = DEFAULT_MAX_NODES
     params_home: str = "auto"  # ram | flash | auto (decided against the budget)
     train: Optional[list] = None  # parameter name patterns to train; None: as the model comes
@@ -59,7 +62,17 @@ class RunOptions:
     @property
     def model_info(self) -> dict:
         return {"model": self.model, "batch": self.batch, "image": self.image, "seq": self.seq,
-                "seed": self.seed, "optimizer": self.optimizer, "train": self.train}
+                "seed": self.seed, "optimizer": self.optimizer, "train": self.train,
+                # the graph has a norm node then (a profile of it has that node measured)
+                **({"clip_grad_norm": self.clip_grad_norm}
+                   if self.clip_grad_norm is not None else {})}
+
+    @property
+    def lr_params(self) -> dict:
+        """The board's training jobs' learning-rate params: --lr and its schedule."""
+        return {**({} if self.lr is None else {"lr": self.lr}),
+                **({} if self.lr_schedule == "constant" and not self.warmup
+                   else {"lr_schedule": self.lr_schedule, "warmup": self.warmup})}
 
 
 def run_default(name: str):
@@ -86,6 +99,13 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
         raise RunProblem(f"--steps must be at least 1, not {opts.steps}")
     if opts.lr is not None and not (math.isfinite(opts.lr) and opts.lr > 0):
         raise RunProblem(f"--lr must be a positive number, not {opts.lr:g}")
+    from edge_remat_agent.lr_schedule import check_schedule
+    try:
+        check_schedule(opts.lr_schedule, opts.warmup, opts.steps)
+    except ValueError as error:
+        raise RunProblem(str(error)) from None
+    if opts.clip_grad_norm is not None:
+        checked_max_norm(opts.clip_grad_norm)
     if opts.paging is not None and opts.paging not in PAGING_CHOICES:
         raise RunProblem(f"unknown --paging {opts.paging!r}: use one of "
                          f"{', '.join(PAGING_CHOICES)}")
@@ -108,6 +128,15 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
             raise RunProblem(f"{opts.profile} is a plan-only profile (a board no agent runs "
                              "on): plan with it (`edge-remat plan --profile`), but run with the "
                              "board's own profile, measured or modelled")
+
+
+def checked_max_norm(max_norm: float) -> float:
+    """--clip-grad-norm's value, or one line saying what it must be (exit status 2)."""
+    from edge_remat_agent.grad_clip import check_max_norm
+    try:
+        return check_max_norm(max_norm)
+    except ValueError as error:
+        raise RunProblem(str(error)) from None
 
 
 def check_link_pages(paging: Optional[str], device: DeviceConfig) -> None:

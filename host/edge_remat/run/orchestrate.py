@@ -59,8 +59,8 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     started = time.time()
     data = opts.data
     # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
-    # 0.9); --lr overrides it for both.
-    lr = {} if opts.lr is None else {"lr": opts.lr}
+    # 0.9); --lr overrides it for both, and --lr-schedule / --warmup schedule it for both.
+    lr = opts.lr_params
     with Board(device, on_event=say, keep_running=opts.keep_running) as board:
         try:
             if opts.plain:
@@ -184,7 +184,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
 
     def capture(home: str):
         return capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
-                             opts.optimizer, opts.max_nodes, None, "fused", home, opts.train)
+                             opts.optimizer, opts.max_nodes, None, "fused", home, opts.train,
+                             clip_grad_norm=opts.clip_grad_norm)
 
     say(f"capturing {opts.model}'s training step")
     captured = capture("ram" if opts.params_home == "auto" else opts.params_home)
