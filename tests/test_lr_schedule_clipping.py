@@ -75,21 +75,35 @@ def test_a_max_norm_that_is_not_positive_is_refused_at_capture(max_norm):
         capture_model(EXAMPLE, clip_grad_norm=max_norm, **SHAPE)
 
 
-def test_the_norm_node_reads_every_gradient_and_every_update_waits_for_it():
+def test_the_norm_nodes_read_every_gradient_and_every_update_waits_for_them():
     graph = capture_model(EXAMPLE, clip_grad_norm=1.0, **SHAPE).graph
-    norms = [n for n in graph.nodes if n.op == "clip_grad_norm"]
-    updates = [n for n in graph.nodes if n.kind == "update" and n.op != "clip_grad_norm"]
-    assert len(norms) == 1 and updates
-    norm = norms[0]
-    grads = {v for u in updates for v in u.attrs["update_grads"]}
-    assert {v for v, _ in norm.attrs["norm_grads"]} == grads
+    groups = [n for n in graph.nodes if n.op == "grad_norms"]
+    totals = [n for n in graph.nodes if n.op == "clip_grad_norm"]
+    updates = [n for n in graph.nodes if n.kind == "update" and "update_grads" in n.attrs]
+    assert len(totals) == 1 and len(groups) == len(updates) > 1
+    total = totals[0]
+    assert {v for g in groups for v, _ in g.attrs["norm_grads"]} == \
+        {v for u in updates for v in u.attrs["update_grads"]}
     order = [n.id for n in graph.nodes]
-    assert all(norm.id in u.inputs and order.index(u.id) > order.index(norm.id)
+    assert sorted(total.inputs) == sorted(g.id for g in groups)
+    assert all(total.id in u.inputs and order.index(u.id) > order.index(total.id)
                for u in updates)
-    # the module's parameter order, which torch's norm stacks in
+    # each group's norms right after its last gradient, not after the whole backward
+    assert order.index(groups[0].id) < order.index(groups[-1].id) - 1
+    # the module's parameter order, which torch stacks the norms in
     module = capture_model(EXAMPLE, **SHAPE).module
     names = [name for name, p in module.named_parameters() if p.requires_grad]
-    assert [name for _, name in norm.attrs["norm_grads"]] == names
+    assert total.attrs["norm_order"] == names
+
+
+def test_norms_taken_group_by_group_are_torchs_global_norm_bit_for_bit():
+    from edge_remat_agent.grad_clip import norm_of_norms, tensor_norms
+    generator = torch.Generator().manual_seed(3)
+    grads = [torch.randn(*shape, generator=generator) * scale for shape, scale in
+             [((64, 3, 3, 3), 1e-3), ((64,), 10.0), ((1000, 257), 0.1), ((7,), 1.0),
+              ((513, 129), 3e-2)]]
+    norms = tensor_norms(grads[:2]) + tensor_norms(grads[2:4]) + tensor_norms(grads[4:])
+    assert torch.equal(norm_of_norms(norms), torch.nn.utils.get_total_norm(grads))
 
 
 def _eager(optimizer: str, example_args, schedule: str, warmup: int, clip: float | None):

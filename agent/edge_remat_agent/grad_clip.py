@@ -1,12 +1,12 @@
 """Gradient clipping by global norm, as torch.nn.utils.clip_grad_norm_(params, max_norm) does.
 
-torch computes each gradient's 2-norm (on the CPU `_foreach_norm`, one norm per tensor), the
-2-norm of those norms stacked in parameter order, then multiplies every gradient by
-min(max_norm / (norm + 1e-6), 1). A fused graph splits that in two (capture/state.py): one
-node computes the total norm once every gradient is complete (`total_norm`, over the gradients
-in the module's parameter order, so the stack sums in the same order), and each update node
-scales its group's gradients with it (`clip_with_norm`). Both call torch's own functions, so
-the numbers are torch's bit for bit.
+On the CPU torch computes each gradient's 2-norm with `_foreach_norm` (one norm per tensor,
+each on its own), stacks those norms in parameter order, takes their 2-norm, and multiplies
+every gradient by min(max_norm / (norm + 1e-6), 1). A fused graph does the same in steps
+(capture/clip_nodes.py): each group's gradients' norms once the group's gradients are complete
+(`tensor_norms`), the total once all are (`norm_of_norms`, in the module's parameter order),
+then each update scales its group's gradients with it (`clip_with_norm`, torch's own), so the
+numbers are torch's bit for bit.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import math
 
 import torch
 
-CLIP_OP = "clip_grad_norm"  # the op of a fused graph's norm node
+GROUP_NORMS_OP = "grad_norms"  # a group-norm node's op
+CLIP_OP = "clip_grad_norm"  # the norm node's op
 
 
 def check_max_norm(max_norm) -> float:
@@ -30,9 +31,14 @@ def check_max_norm(max_norm) -> float:
     return value
 
 
-def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The gradients' global 2-norm, `grads` in the module's parameter order."""
-    return torch.nn.utils.get_total_norm(grads)
+def tensor_norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each gradient's 2-norm, as torch.nn.utils.get_total_norm takes them on the CPU."""
+    return list(torch._foreach_norm(grads, 2.0))
+
+
+def norm_of_norms(norms: list[torch.Tensor]) -> torch.Tensor:
+    """The global 2-norm from each gradient's, `norms` in the module's parameter order."""
+    return torch.linalg.vector_norm(torch.stack(norms), 2.0)
 
 
 def clip_with_norm(params: list[torch.Tensor], max_norm: float, norm: torch.Tensor) -> None:

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..formats import Node
 from .estimate import Rates, round_time
-from ..grad_clip import CLIP_OP
+from .clip_nodes import norm_nodes
 from .optimizer import Optimizer
 from .trace import JointTrace
 
@@ -110,15 +110,13 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
                param_order: list[str] | None = None) -> StatePlan:
     """Insert param nodes (for groups homed on a tier) and fused update nodes into `nodes`
     (planner nodes without an update node, ids = positions), renumbering ids to positions.
-    `clip_grad_norm`: a norm node after the last gradient, which every update node reads
-    (`param_order`: the module's parameter names, the order the norm sums in)."""
+    `clip_grad_norm`: clipping's norm nodes (clip_nodes.py), which every update node waits
+    for (`param_order`: the module's parameter names, the order the norm sums in)."""
     paged = params_home != "ram"
-    # Clipping needs the global norm before any update: every update waits for the norm node,
-    # placed after the last gradient is complete (so every gradient lives until then).
     trainable = [g for g in groups if g.trainable and g.grads]
-    last_grad = max((i for g in trainable for i in g.grads.values()), default=None)
-    norm = _norm_node("clip", trainable, nodes, clip_grad_norm, param_order or [], rates) \
+    clip = norm_nodes(trainable, nodes, clip_grad_norm, param_order or [], rates) \
         if clip_grad_norm is not None and trainable else None
+    norm = clip.total if clip is not None else None
     users: list[set[int]] = [set() for _ in nodes]
     for index, node in enumerate(nodes):
         for dep in node.inputs:
@@ -143,8 +141,8 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
         if not group.trainable or not group.grads:
             continue
         last = max(group.grads.values())
-        if norm is not None:
-            last = max(last, last_grad)
+        if clip is not None:  # after the norm node, which comes after the last gradient
+            last = max(last, clip.last_gradient)
         for index in group.readers:
             last = max(last, index, *users[index])
         update_key = f"update:{key}"
@@ -154,21 +152,23 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
         # The placement keeps a reader's recompute after the update unread only by its direct
         # users: a user recomputed later would need it again, computed from the new weights.
         # The planner never recomputes a reader after its update (see the module docstring).
-        # The norm node counts as a reader: the update scales the gradients it reads.
         update.attrs["param_readers"] = sorted(
-            [nodes[index].id for index in group.readers] + ([param_key] if param_key else [])
-            + ([norm.id] if norm is not None else []), key=str)
+            [nodes[index].id for index in group.readers] + ([param_key] if param_key else []),
+            key=str)
         after.setdefault(last, []).append(update)
         planned["gradients"] += group.nbytes
         if paged:
             planned["optimizer_state"] += optimizer.state_bytes(group.nbytes, len(group.params))
-    if norm is not None:
-        after.setdefault(last_grad, []).insert(0, norm)  # before every update
+    norms: dict[int, list[Node]] = {}  # clipping's, after a node and before its updates
+    if clip is not None:
+        for k, group in enumerate(trainable):
+            norms.setdefault(max(group.grads.values()), []).append(clip.groups[k])
+        norms[clip.last_gradient].append(clip.total)
     ordered: list[Node] = []
     for index, node in enumerate(nodes):
         ordered += before.get(index, [])
         ordered.append(node)
-        ordered += after.get(index, [])
+        ordered += norms.get(index, []) + after.get(index, [])
     _renumber(ordered)
     return StatePlan(ordered, planned)
 
@@ -180,32 +180,6 @@ def _param_node(key: str, group: ParamGroup, home: str) -> Node:
                 attrs={"members": [], "outputs": list(group.placeholders), "reads": {},
                        "params": list(group.params), "home": home,
                        "io": {"tier": home, "read_bytes": group.nbytes, "write_bytes": 0}})
-
-
-def _norm_node(key: str, groups: list[ParamGroup], nodes: list[Node], max_norm: float,
-               param_order: list[str], rates: Rates) -> Node:
-    """The gradients' global norm (grad_clip.py), read from every gradient: [value, parameter]
-    pairs in the module's parameter order (a parameter's last value, as the update assigns)."""
-    value_of, producer = {}, {}
-    for group in groups:
-        for value, index in group.grads.items():
-            value_of[nodes[index].attrs["grads"][value]] = value
-            producer[value] = nodes[index].id
-    position = {name: k for k, name in enumerate(param_order)}
-    names = sorted(value_of, key=lambda name: position.get(name, len(position)))
-    nbytes = sum(g.nbytes for g in groups)
-    elements = sum(g.elements for g in groups)
-    time = max(2 * elements / rates.flops_per_s, nbytes / rates.bytes_per_s) \
-        + rates.op_overhead_s
-    return Node(id=key, name="clip_grad_norm", kind="update", op=CLIP_OP,
-                inputs=sorted(set(producer.values()), key=str), out_bytes=0,
-                # each gradient's norm, their stack and the total: float32 scalars
-                workspace_bytes=8 * len(names) + 4, time_s=round_time(time),
-                signature=f"{CLIP_OP}:{elements}",
-                attrs={"members": [], "outputs": [], "reads": producer,
-                       "norm_grads": [[value_of[name], name] for name in names],
-                       "max_norm": float(max_norm), "flops": 2 * elements,
-                       "bytes_moved": nbytes})
 
 
 def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: str | None,

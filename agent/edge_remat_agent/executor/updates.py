@@ -10,7 +10,7 @@ FusedUpdates   one torch optimizer per update node, over that node's parameter g
                the groups one by one as their gradients complete gives bit for bit the one
                `optimizer.step()` of plain training (foreach off: every parameter's step is
                computed on its own; capture/optimizer.py). With clipping (a graph captured
-               with clip_grad_norm), the norm node computes the global norm and each update
+               with clip_grad_norm), the norm nodes compute the global norm and each update
                steps with copies of its gradients scaled by it (grad_clip.py).
 """
 
@@ -24,7 +24,7 @@ from torch import nn
 from ..capture.optimizer import torch_optimizer, torch_optimizer_over
 from ..capture.replay import StepRunner
 from ..formats import Graph, Node
-from ..grad_clip import CLIP_OP, clip_with_norm, total_norm
+from ..grad_clip import CLIP_OP, GROUP_NORMS_OP, clip_with_norm, norm_of_norms, tensor_norms
 from ..pages import PageStore
 
 
@@ -114,18 +114,25 @@ class FusedUpdates:
         for node in graph.nodes:
             if node.kind == "param":
                 self._placeholder.update(zip(node.attrs["params"], node.attrs["outputs"]))
+        self.norms: dict[str, torch.Tensor] = {}  # parameter name -> its gradient's norm
         self.grad_norm: torch.Tensor | None = None  # the step's, from its norm node
 
-    def _norm(self, node: Node, runner: StepRunner) -> None:
-        """The norm node: the global norm of every gradient, for the updates to clip with."""
-        self.grad_norm = total_norm([runner.env[value] for value, _ in node.attrs["norm_grads"]])
+    def _norms(self, node: Node, runner: StepRunner) -> None:
+        """Clipping's nodes (capture/clip_nodes.py): a group's gradients' norms, or the
+        global norm of all of them that the updates clip with."""
+        if node.op == GROUP_NORMS_OP:
+            pairs = node.attrs["norm_grads"]
+            norms = tensor_norms([runner.env[value] for value, _ in pairs])
+            self.norms.update(zip((name for _, name in pairs), norms))
+        else:
+            self.grad_norm = norm_of_norms([self.norms[n] for n in node.attrs["norm_order"]])
 
     def step(self, node: Node, runner: StepRunner) -> None:
         """The optimizer's step for the node's parameter group, with the gradients the runner
         holds; a homed group's parameters are the values its param node loaded, and its state
         comes from and goes back to the home."""
-        if node.op == CLIP_OP:
-            return self._norm(node, runner)
+        if node.op in (GROUP_NORMS_OP, CLIP_OP):
+            return self._norms(node, runner)
         optimizer = self.optimizers[node.id]
         homed = "home" in node.attrs
         names = node.attrs["params"]
