@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from helpers.executor_plans import EXAMPLE, keep_all
+from helpers.executor_plans import EXAMPLE, every_forward_recomputed, keep_all
 
 from edge_remat_agent.capture import CaptureError, capture_model
 from edge_remat_agent.executor import torch_optimizer
@@ -169,6 +169,19 @@ def test_parameters_after_5_steps_equal_plain_pytorchs(label, optimizer, home, u
     assert all(s["ledger_peak_bytes"] <= report["predicted_peak_bytes"] for s in report["steps"])
 
 
+@pytest.mark.slow
+def test_the_compiled_step_clips_and_schedules_as_the_measured_ones(tmp_path):
+    """Once the measured steps agree, later steps run as one compiled function
+    (executor/compiled_step.py), the norm nodes among them."""
+    captured = capture_model(EXAMPLE, optimizer="adamw", clip_grad_norm=1.0, **SHAPE)
+    report = run_plan(captured.graph, every_forward_recomputed(captured.graph), STEPS,
+                      str(tmp_path), captured=captured, seed=0, lr_schedule="linear", warmup=1)
+    assert report["steps"][-1]["ledger"] == "replayed" and report["recomputed"] > 0
+    expected, _ = _eager("adamw", captured.example_args, "linear", 1, 1.0)
+    actual = captured.module.state_dict()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+
+
 def test_run_plan_refuses_a_warmup_longer_than_the_run(tmp_path):
     captured = capture_model(EXAMPLE, **SHAPE)
     plan = keep_all(captured.graph)
@@ -190,6 +203,7 @@ CLI_CASES = [  # case, arguments, words the error line must hold
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,args,words", CLI_CASES, ids=[c[0] for c in CLI_CASES])
 def test_bad_schedule_and_clip_values_are_one_line(tmp_path, case, args, words):
     from helpers.bad_inputs import BAD_INPUT, cli, no_new_files, refused, tree
