@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from helpers.executor_plans import EXAMPLE, every_forward_recomputed, keep_all
+from helpers.executor_plans import EXAMPLE, every_forward_recomputed, keep_all, with_paging
 
 from edge_remat_agent.capture import CaptureError, capture_model
 from edge_remat_agent.executor import torch_optimizer
@@ -178,6 +178,24 @@ def test_the_compiled_step_clips_and_schedules_as_the_measured_ones(tmp_path):
                       str(tmp_path), captured=captured, seed=0, lr_schedule="linear", warmup=1)
     assert report["steps"][-1]["ledger"] == "replayed" and report["recomputed"] > 0
     expected, _ = _eager("adamw", captured.example_args, "linear", 1, 1.0)
+    actual = captured.module.state_dict()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+
+
+@pytest.mark.slow
+def test_the_arena_executor_clips_as_plain_pytorch(tmp_path):
+    """Every planned tensor at its arena offset (the norm nodes' scalars have slots too)."""
+    import dataclasses
+
+    from edge_remat.planner.arena import plan_arena
+    captured = capture_model(EXAMPLE, optimizer="sgd", clip_grad_norm=1.0, **SHAPE)
+    graph = captured.graph
+    plan = with_paging(every_forward_recomputed(graph), graph)
+    plan = dataclasses.replace(plan, arena=plan_arena(graph, plan, None, "best-fit", 5.0))
+    report = run_plan(graph, plan, STEPS, str(tmp_path), captured=captured, seed=0,
+                      allocator="arena", lr_schedule="cosine", warmup=2)
+    assert report["recomputed"] > 0 and report["page_ins"] > 0
+    expected, _ = _eager("sgd", captured.example_args, "cosine", 2, 1.0)
     actual = captured.module.state_dict()
     assert all(torch.equal(expected[name], actual[name]) for name in expected)
 
