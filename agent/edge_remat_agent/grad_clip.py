@@ -27,7 +27,7 @@ def check_max_norm(max_norm) -> float:
         raise ValueError(f"--clip-grad-norm must be a number, not {max_norm!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"--clip-grad-norm must be a positive number (the gradients' largest "
-                         f"global 2-norm, e.g. 1.0), not {max_norm:g}")
+                         f"global 2-norm, e.g. 1.0), not {value:g}")
     return value
 
 
