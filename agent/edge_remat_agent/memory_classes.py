@@ -45,6 +45,7 @@ def fixed_classes(graph: Graph) -> dict[str, int]:
     fixed = graph.capture.get("fixed") or {}
     out = {name: int(fixed.get(name, 0)) for name in ("parameters", "gradients",
                                                         "optimizer_state")}
+    out["gradients"] += int(fixed.get("gradient_accumulators", 0))  # micro-batches' sums
     # What the executor holds to the step's end (the loss): an activation, as the ledger sees it.
     out["activations"] = int(fixed.get("step_state", 0))
     out["inputs"] = max(0, graph.fixed_bytes - sum(out.values()))
@@ -90,7 +91,7 @@ def ledger_classifier(trace) -> Callable[[Hashable], str]:
             return "optimizer_state"
         if key[0] == "fixed":
             what = str(key[1])
-            return "gradients" if what == "gradients" else \
+            return "gradients" if what in ("gradients", "gradient_accumulators") else \
                 "optimizer_state" if what.startswith("optimizer_state") else "inputs"
         name = key[1] if len(key) > 1 else None
         if name in params:

@@ -5,7 +5,9 @@ each step is reported (loss, time, resident peak) the moment it is done, so that
 kernel kills for memory still says how far it got. The daemon runs it as the job kind
 "train-plain" with params `model`, `steps` and optionally `batch`, `image`, `seq`, `seed`,
 `optimizer`, `lr`, `lr_schedule`, `warmup`, `clip_grad_norm`, `data` (a data spec, see
-edge_remat_agent.data), `malloc` (as the planned run's job takes it: executor/jobs.py).
+edge_remat_agent.data), `accumulate` (K micro-batches a step, each loss divided by K, one
+optimizer step: accumulation.py), `malloc` (as the planned run's job takes it:
+executor/jobs.py).
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
                 optimizer: str = "sgd", lr: Optional[float] = None, data: Optional[str] = None,
                 on_step: Optional[Callable[[dict], None]] = None,
                 train: Optional[list[str]] = None, lr_schedule: str = "constant",
-                warmup: int = 0, clip_grad_norm: Optional[float] = None) -> dict[str, Any]:
+                warmup: int = 0, clip_grad_norm: Optional[float] = None,
+                accumulate: int = 1) -> dict[str, Any]:
     """Train `steps` steps eagerly; `on_step(report so far)` after each. `train`: parameter
     name patterns to train (the rest frozen), as the planned run's graph was captured;
     `lr_schedule`, `warmup` (lr_schedule.py) and `clip_grad_norm` (grad_clip.py) as the
-    planned run's."""
+    planned run's. `accumulate`: micro-batches per step, their gradients summed into
+    `.grad`."""
     import torch
 
+    from .accumulation import check_micro_batches, mean_loss, scaled
+    check_micro_batches(accumulate)
     from .capture.models import load_model
     from .capture.optimizer import torch_optimizer
     from .data import batches
@@ -56,14 +62,19 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
         with PeakRssSampler(period_s=0.005) as rss:
             start = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = module(*args)
-            loss.backward()
+            losses = []
+            for micro in range(accumulate):  # the next micro-batch, one at a time
+                if micro:
+                    args = next(feed)
+                loss = module(*args)
+                scaled(loss, accumulate).backward()
+                losses.append(float(loss.detach()))
             if clip is not None:
                 clip_all(module.parameters(), clip)
             opt.step()
             elapsed = time.perf_counter() - start
         report["steps"] = step
-        report["loss"].append(float(loss.detach()))
+        report["loss"].append(mean_loss(losses))
         report["step_time_s"].append(elapsed)
         report["rss_peak_bytes"].append(rss.peak_bytes)
         del loss
@@ -99,5 +110,6 @@ def plain_train_job(ctx, params: dict) -> dict:
                          str(params.get("optimizer", "sgd")), optional("lr", float),
                          params.get("data"), on_step, params.get("train"),
                          str(params.get("lr_schedule") or "constant"),
-                         int(params.get("warmup") or 0), optional("clip_grad_norm", float))
+                         int(params.get("warmup") or 0), optional("clip_grad_norm", float),
+                         int(params.get("accumulate", 1)))
     return {**report, "malloc": malloc}

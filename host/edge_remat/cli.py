@@ -407,6 +407,18 @@ def simulate(
         fail(over, EXIT_BAD_INPUT)
 
 
+ACCUMULATE_HELP = ("gradient accumulation: K micro-batches of --batch per optimizer step, each "
+                   "loss divided by K, gradients summed in buffers kept resident (1: none)")
+
+
+def _check_accumulate(k: int) -> None:
+    from edge_remat_agent.accumulation import check_micro_batches
+    try:
+        check_micro_batches(k)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
 @app.command()
 @cli_errors
 def graph(
@@ -441,6 +453,7 @@ def graph(
                                "as soon as its gradients are complete) | step (one step after "
                                "the backward; gradients are fixed memory)"),
     clip_grad_norm: Optional[float] = typer.Option(None, "--clip-grad-norm", help=CLIP_HELP),
+    accumulate: int = typer.Option(1, "--accumulate", help=ACCUMULATE_HELP),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="where to write the graph"),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -452,6 +465,10 @@ def graph(
 
     if (model is None) == (onnx_file is None):
         raise FormatError("command line", "--model/--onnx", "exactly one of them")
+    _check_accumulate(accumulate)
+    if onnx_file is not None and accumulate > 1:
+        raise UserError("--accumulate trains a captured model over micro-batches: use it with "
+                        "--model, not --onnx (an imported graph is for planning only)")
     if optimizer not in DEFAULT_LR:
         raise UserError(f"unknown --optimizer {optimizer!r}: use one of {', '.join(DEFAULT_LR)}")
     if clip_grad_norm is not None:
@@ -486,7 +503,7 @@ def graph(
         from edge_remat_agent.capture import capture_model
         g = capture_model(model, batch, image, seq, seed, optimizer, max_nodes, level,
                           update, params_home, train, operator_level=operator_level,
-                          clip_grad_norm=clip_grad_norm).graph
+                          clip_grad_norm=clip_grad_norm, accumulate=accumulate).graph
     if output:
         g.save(output)
     summary = graph_summary(g, plain_peak_bytes(g), output)
@@ -846,6 +863,8 @@ def run_command(
     warmup: int = typer.Option(run_default("warmup"), "--warmup", help="steps of linear "
                                "warmup from 0 to --lr (at most --steps)"),
     clip_grad_norm: Optional[float] = typer.Option(None, "--clip-grad-norm", help=CLIP_HELP),
+    accumulate: int = typer.Option(run_default("accumulate"), "--accumulate",
+                                   help=ACCUMULATE_HELP),
     max_nodes: int = typer.Option(run_default("max_nodes"), "--max-nodes", min=5,
                                   help="at most this many planner nodes in the captured graph"),
     params_home: str = typer.Option(run_default("params_home"), "--params-home", help="ram | flash | auto (flash "
@@ -910,7 +929,8 @@ def run_command(
         deadline=_deadline(deadline), steps=steps, data=data,
         memory_limit=limit, plain=plain, batch=batch, image=image, seq=seq, seed=seed,
         optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, warmup=warmup,
-        clip_grad_norm=clip_grad_norm, max_nodes=max_nodes, params_home=params_home, train=train,
+        clip_grad_norm=clip_grad_norm, accumulate=accumulate, max_nodes=max_nodes,
+        params_home=params_home, train=train,
         profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
         out=out, plots=not no_plots, keep_running=keep_running,

@@ -39,12 +39,14 @@ def _draws_random_numbers(node: fx.Node) -> bool:
 
 def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_args,
              optimizer: Optimizer, rates: Rates = DEFAULT_RATES, update: str = "fused",
-             params_home: str = "ram", clip_grad_norm: float | None = None
-             ) -> tuple[Graph, dict]:
+             params_home: str = "ram", clip_grad_norm: float | None = None,
+             accumulate: int = 1) -> tuple[Graph, dict]:
     """The planner graph, and figures for reports (saved bytes, fixed-memory breakdown, the
     bytes that are planned tensors instead of fixed memory). `update`: "fused" (gradients and,
     with `params_home` a tier, parameters and optimizer state are planned tensors: state.py)
-    or "step" (one optimizer step after the backward; they are all fixed memory)."""
+    or "step" (one optimizer step after the backward; they are all fixed memory).
+    `accumulate` > 1: the graph is one of that many micro-passes, and the buffers that sum
+    their gradients are fixed memory (accumulation.py)."""
     fused = update == "fused"
     store = storages(trace.graph_module)
     groups = _gradient_views_with_their_storage(trace, groups, store)
@@ -63,6 +65,9 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
     _name_uniquely(nodes)
     saved = saved_bytes(nodes)
     fixed = fixed_memory(module, example_args, optimizer)
+    if accumulate > 1:  # resident across the micro-passes, as optimizer state is across steps
+        fixed["gradient_accumulators"] = fixed["gradients"]
+        fixed["total"] += fixed["gradients"]
     fixed["step_state"] = _step_state_bytes(trace, store)
     fixed["constants"] = sum(storage_nbytes(t) for t in trace.constants().values())
     fixed["total"] += fixed["step_state"] + fixed["constants"]

@@ -23,6 +23,7 @@ from .optimizer import optimizer_named
 from .state import PARAM_HOMES, UPDATE_MODES
 from .refine import name_ops, refine, split_to_ops
 from .trace import TOOL, JointTrace, trace_joint
+from ..accumulation import ACCUMULATE_KEY, check_micro_batches
 from ..weights.deferred import deferred_weights, is_deferred, traceable
 
 from . import DEFAULT_MAX_NODES
@@ -45,13 +46,14 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
                   max_nodes: int = DEFAULT_MAX_NODES, level: int | None = None,
                   update: str = "fused", params_home: str = "ram",
                   train: list[str] | None = None, refined: bool = True,
-                  operator_level: bool = False, clip_grad_norm: float | None = None
-                  ) -> Captured:
+                  operator_level: bool = False, clip_grad_norm: float | None = None,
+                  accumulate: int = 1) -> Captured:
     """Build a zoo model or MODULE:FACTORY and capture it (what `edge-remat graph` runs).
     `train`: name patterns of the parameters to train (the rest are frozen); None: as the
     model comes. `refined=False` keeps module-level groups only; `operator_level=True` makes
     one node per ATen op that allocates (max_nodes and level do not apply).
-    `clip_grad_norm`: clip the gradients' global norm at this before the updates."""
+    `clip_grad_norm`: clip the gradients' global norm at this before the updates.
+    `accumulate`: the micro-batches of one optimizer step (accumulation.py)."""
     start = time.perf_counter()
     spec = canonical_spec(spec)  # the board rebuilds the model from it, in another directory
     with deferred_weights():  # tracing needs shapes only: no model's weights in RAM
@@ -63,7 +65,7 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
         source["train"] = list(train)
     return capture_module(module, args, spec, optimizer, max_nodes, level, source, start,
                           update, params_home, refined, operator_level,
-                          clip_grad_norm=clip_grad_norm)
+                          clip_grad_norm=clip_grad_norm, accumulate=accumulate)
 
 
 # Eager CPU GRUs add into and apply sigmoid to their gates in place, on strided views of the
@@ -139,14 +141,15 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
                    level: int | None = None, source: dict[str, Any] | None = None,
                    start: float | None = None, update: str = "fused",
                    params_home: str = "ram", refined: bool = True,
-                   operator_level: bool = False, clip_grad_norm: float | None = None
-                   ) -> Captured:
+                   operator_level: bool = False, clip_grad_norm: float | None = None,
+                   accumulate: int = 1) -> Captured:
     start = time.perf_counter() if start is None else start
-    if clip_grad_norm is not None:
-        try:
+    try:
+        if clip_grad_norm is not None:
             clip_grad_norm = check_max_norm(clip_grad_norm)
-        except ValueError as error:
-            raise CaptureError(model, str(error)) from None
+        check_micro_batches(accumulate)
+    except ValueError as error:
+        raise CaptureError(model, str(error)) from None
     opt = optimizer_named(optimizer, model)
     if update not in UPDATE_MODES:
         raise CaptureError(model, f"update must be one of {', '.join(UPDATE_MODES)}, "
@@ -162,7 +165,8 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
 
     def build(groups: list[Group]) -> tuple[Graph, dict]:
         return assemble(trace, groups, module, tuple(example_args), opt, update=update,
-                        params_home=params_home, clip_grad_norm=clip_grad_norm)
+                        params_home=params_home, clip_grad_norm=clip_grad_norm,
+                        accumulate=accumulate)
 
     if operator_level:  # the finest module level, then every group down to single ops
         groups, level_used = coarsen(trace, OPERATOR_LEVEL_NODES, None,
@@ -193,6 +197,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
         "max_nodes": max_nodes,
         "refined": refined,
         **({"operator_level": True} if operator_level else {}),
+        **({ACCUMULATE_KEY: accumulate} if accumulate > 1 else {}),
         "trace_s": round(trace.capture_s, 4),
         "capture_s": round(time.perf_counter() - start, 4),
         "saved_bytes": figures["saved_bytes"],
@@ -229,7 +234,8 @@ def recapture(graph: Graph) -> Captured:
                           info.get("update", "step"), info.get("params_home", "ram"),
                           source.get("train"), info.get("refined", False),
                           info.get("operator_level", False),
-                          clip_grad_norm=info.get("clip_grad_norm"))
+                          clip_grad_norm=info.get("clip_grad_norm"),
+                          accumulate=info.get(ACCUMULATE_KEY, 1))
     if again.graph.fingerprint() != graph.fingerprint():
         raise GraphMismatch(graph.name, "re-capturing gave a different graph (fingerprint "
                            f"{again.graph.fingerprint()} instead of {graph.fingerprint()}): "

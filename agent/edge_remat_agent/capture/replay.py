@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 from torch import fx, nn
 
 from ..formats import Graph, NodeId
+from ..accumulation import micro_batches_of, scaled
 from .bindings import python_binding
 from .straight_line import compile_node
 from .trace import GRAD_MODE_OPS, JointTrace
@@ -36,9 +37,11 @@ def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
                 device: torch.device | None = None,
                 loaded: frozenset[str] = frozenset(),
                 named: tuple[dict, dict] | None = None,
-                constants: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                constants: dict[str, torch.Tensor] | None = None,
+                micro_batches: int = 1) -> dict[str, torch.Tensor]:
     """Placeholder values: parameters, buffers, the batch, lifted constants, and
-    d(loss)/d(loss) = 1. `loaded`: the placeholders of parameters that param nodes load (not
+    d(loss)/d(loss) = 1, or 1 / K for one of K accumulated micro-batches (eager's backward of
+    `loss / K` starts from the same division, so the gradients are its bit for bit). `loaded`: the placeholders of parameters that param nodes load (not
     bound here). `named`: the module's (parameters, buffers) by name, when the caller has them;
     `constants`: trace.constants(), when the caller has them."""
     params, buffers = named if named is not None else named_tensors(module)
@@ -50,7 +53,8 @@ def bind_inputs(trace: JointTrace, module: nn.Module, example_args,
     constants = trace.constants() if constants is None else constants
     env.update({name: _on(t, device) for name, t in constants.items()})
     loss = trace.node(trace.tangent).meta["val"]
-    env[trace.tangent] = torch.ones(loss.shape, dtype=loss.dtype, device=device)
+    env[trace.tangent] = scaled(torch.ones(loss.shape, dtype=loss.dtype, device=device),
+                                micro_batches)
     return env
 
 
@@ -234,7 +238,8 @@ class StepRunner:
         """Forget the previous step's values and bind this step's parameters and batch."""
         self.release_all()
         self.env = bind_inputs(self.trace, module, tuple(example_args), self.device,
-                               self._loaded, self._named_tensors(module), self._constants)
+                               self._loaded, self._named_tensors(module), self._constants,
+                               micro_batches_of(self.graph))
         for name, value in self.env.items():
             self._hold(name, value)
         self.rng_states: dict[NodeId, tuple] = {}

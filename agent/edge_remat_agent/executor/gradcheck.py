@@ -34,12 +34,15 @@ class EagerReference:
         return sum(g.numel() * g.element_size() for g in unique.values())
 
 
-def eager_reference(module: nn.Module, batch: tuple,
-                    device: torch.device | None = None) -> EagerReference:
+def eager_reference(module: nn.Module, batch: tuple, device: torch.device | None = None,
+                    more: tuple = ()) -> EagerReference:
+    """`more`: the step's further micro-batches, when it accumulates gradients over them (the
+    reference's gradients are then the sums, its loss the last micro-batch's)."""
     state = rng_state(device)
     buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
     try:
-        loss = eager_forward_backward(module, batch)
+        for micro in (batch, *more):
+            loss = eager_forward_backward(module, micro, 1 + len(more))
         grads = {name: p.grad for name, p in module.named_parameters(remove_duplicate=False)
                  if p.grad is not None}
     except Exception as error:

@@ -8,10 +8,12 @@ run_plain  plain eager training, measured the same way (the baseline a plan is c
 from __future__ import annotations
 
 import contextlib
+import itertools
 from typing import Any, Callable
 
 import torch
 
+from ..accumulation import GradientBuffers, micro_batches_of
 from ..allocator import give_back_freed_memory, map_large_blocks, steady_heap
 from ..capture import CaptureError, Captured
 from ..capture.errors import GraphMismatch
@@ -93,12 +95,14 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     grad_check: dict | None = None
     if seed is not None:
         torch.manual_seed(seed)
+    k = micro_batches_of(captured.graph)
+    sums = GradientBuffers(k, ledger) if k > 1 else None  # the ledger counts them as made
     with deterministic(device), open_stores(plan, captured.graph, page_dir, stores,
                                             flash_fsync, flash_capacity_bytes,
                                             device) as opened, \
             open_parameter_home(captured.graph, module, page_dir, flash_fsync, plan) as home, \
             set_up_frozen() as before_step:
-        optimizer = make_optimizer(captured.graph, module, lr, home, ledger)
+        optimizer = make_optimizer(captured.graph, module, lr, home, ledger, sums)
         schedule = ScheduledLr(optimizers_of(optimizer), lr_schedule, warmup, steps)
         runner = StepRunner(captured.trace, captured.graph, module,
                             batches(0) if is_example(data) else captured.example_args,
@@ -108,12 +112,15 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         arena = open_arena(plan, captured.graph, device) if allocator == "arena" else None
         placement = None if arena is None else ArenaPlacement(arena, runner, captured.graph)
         planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger,
-                              overlap, placement)
+                              overlap, placement, sums)
         for i in range(steps):
-            batch = batches(i)
             schedule.at(i)
+            # K micro-batches a step when accumulating, fetched as each pass starts
+            micro = (batches(i * k + j) for j in range(k))
+            batch = next(micro)
             if check_gradients and i == 0:
-                reference = eager_reference_with(home, module, batch, device)
+                micro = tuple(micro)  # the reference trains on them first
+                reference = eager_reference_with(home, module, batch, device, micro)
 
                 def check(loss, grads, reference=reference):
                     nonlocal grad_check
@@ -126,7 +133,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             counted = AllocatorPeak(device) if count_allocations and i == steps - 1 else None
             before_step(i)
             with StepMeter(ledger, power) as meter, counted or contextlib.nullcontext():
-                result = planned.run(batch, check)
+                result = planned.run(batch, check) if sums is None else \
+                    planned.run_accumulated(itertools.chain((batch,), micro), check)
                 synchronize(device)  # the step ends when the device's queue does
             if check is not None:
                 check = reference = None  # the reference's gradients go before step 2
@@ -226,6 +234,7 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
     optimizer = torch_optimizer(graph.capture.get("optimizer", "sgd"), module, lr)
     schedule = ScheduledLr([optimizer], lr_schedule, warmup, steps)
     clip = graph.capture.get("clip_grad_norm")
+    k = micro_batches_of(graph)
     power = open_power_sensor(sensor)
     batches = batch_source(data, example_args, device, 0 if seed is None else seed, module)
     ledger = LiveTensorLedger()  # StepMeter wants one; eager tensors are not registered
@@ -235,12 +244,13 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
         torch.manual_seed(seed)
     with deterministic(device):
         for i in range(steps):
-            batch = batches(i)
             schedule.at(i)
             reset_peaks(device)
             try:
                 with StepMeter(ledger, power) as meter:
-                    loss = plain_step(module, optimizer, batch, clip)
+                    loss = plain_step(module, optimizer,
+                                      *(batches(i * k + j) for j in range(k)),
+                                      clip_grad_norm=clip)
                     synchronize(device)
             except Exception as error:
                 if is_out_of_memory(error):
@@ -264,13 +274,14 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
 # -- before the first step ---------------------------------------------------------------------
 
 def eager_reference_with(home: ParameterHome | None, module: torch.nn.Module, batch,
-                         device: torch.device):
-    """The gradient check's eager step, with parameters homed on a tier read back for it."""
+                         device: torch.device, more: tuple = ()):
+    """The gradient check's eager step, with parameters homed on a tier read back for it.
+    `more`: the step's further micro-batches (gradient accumulation)."""
     if home is None:
-        return eager_reference(module, batch, device)
+        return eager_reference(module, batch, device, more)
     home.bring_back()
     try:
-        return eager_reference(module, batch, device)
+        return eager_reference(module, batch, device, more)
     finally:
         home.release()
 

@@ -9,17 +9,19 @@ nothing is left to do after them.
 The ledger's fixed part follows the graph's `fixed_bytes`: parameters, buffers and the batch as
 the tensors they are; gradients at their full size for the whole step (a trainer's .grad
 buffers; the runner does not count gradient values again); optimizer state as its real tensors
-once the optimizer has made them, and at the size the graph assumes before that.
+once the optimizer has made them, and at the size the graph assumes before that; an
+accumulating step's gradient sums as their real tensors (accumulation.GradientBuffers).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, fields
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
 
+from ..accumulation import GradientBuffers, mean_loss, scaled
 from ..capture.replay import StepRunner
 from ..formats import Graph, Plan
 from ..grad_clip import clip_all
@@ -80,11 +82,15 @@ class PlannedStep:
     def __init__(self, runner: StepRunner, graph: Graph, plan: Plan, module: nn.Module,
                  optimizer: torch.optim.Optimizer | FusedUpdates,
                  stores: dict[str, PageStore], ledger,
-                 overlap: tuple[list[int], int] | None = None, placement=None):
+                 overlap: tuple[list[int], int] | None = None, placement=None,
+                 sums: GradientBuffers | None = None):
         """`overlap`: (the simulator's RAM at each instruction, the plan's peak) to page on an
         IO thread beside compute (executor/paging.py); None pages synchronously. `placement`:
-        the arena executor's hooks (executor/arena.py); None leaves tensors to the allocator."""
+        the arena executor's hooks (executor/arena.py); None leaves tensors to the allocator.
+        `sums`: the gradient sums of an accumulating graph's micro-passes (the optimizer's,
+        when fused), stepped by `run_accumulated`."""
         self.runner, self.graph, self.plan = runner, graph, plan
+        self.sums = sums
         self.module, self.optimizer, self.stores = module, optimizer, stores
         self.fused = isinstance(optimizer, FusedUpdates)
         self.interpreter = Interpreter(runner, graph, stores,
@@ -94,14 +100,15 @@ class PlannedStep:
         self.fixed = FixedMemory(ledger, module, optimizer, graph)
         # Steps whose ledger figures are known run as one compiled function (compiled_step.py);
         # not with paging on an IO thread or the arena's hooks.
+        # Not while accumulating: its micro-passes differ (only the last one steps).
         self.replay = LedgerReplay(ledger) if ledger is not None and overlap is None \
-            and placement is None else None
+            and placement is None and sums is None else None
         self.compiled: CompiledStep | None = None
         self.compiled_tried = False
 
     def _step_optimizer(self) -> None:
         """A "step" graph's one optimizer step after the backward."""
-        for name, grad in self.runner.grads.items():
+        for name, grad in self._gradients().items():
             self.params[name].grad = grad
         try:
             clip = self.graph.capture.get("clip_grad_norm")
@@ -114,6 +121,29 @@ class PlannedStep:
                                     f"({first_line(error)}). Remedy: {OOM_REMEDY}") from error
             raise
         self.optimizer.zero_grad(set_to_none=True)
+
+    def _gradients(self) -> dict[str, torch.Tensor]:
+        """The gradients the optimizer steps with: this pass's, or the micro-passes' sums."""
+        return self.runner.grads if self.sums is None else self.sums.sums
+
+    def run_accumulated(self, batches: Iterable[tuple],
+                        check: GradientCheck | None = None) -> StepResult:
+        """One optimizer step over the K micro-batches of an accumulating graph: the plan once
+        per micro-batch, the gradients summed, the optimizer stepping in the last pass, and
+        the check (of the sums) there too. Its loss is the micro-batches' mean."""
+        results = []
+        try:
+            for index, batch in enumerate(batches):
+                self.sums.start(index)
+                results.append(self.run(batch, check if self.sums.last else None))
+        finally:
+            self.sums.clear()
+        counts = StepCounts()
+        for field in fields(StepCounts):
+            values = [getattr(r.counts, field.name) for r in results]
+            setattr(counts, field.name, sum(values) if isinstance(values[0], (int, float))
+                    and not isinstance(values[0], bool) else values[-1])
+        return StepResult(mean_loss([r.loss for r in results]), counts)
 
     def run(self, batch: tuple, check: GradientCheck | None = None) -> StepResult:
         if check is None and self.replay is not None and self.replay.ready(batch):
@@ -140,19 +170,24 @@ class PlannedStep:
 
     def _run_measured(self, batch: tuple, check: GradientCheck | None) -> StepResult:
         self.runner.start_step(self.module, batch)
-        # A fused step keeps its gradients only for the check (they cost a plain step's worth).
-        self.runner.keep_grads = not self.fused or check is not None
+        # A fused step keeps its gradients only for the check (they cost a plain step's worth);
+        # an accumulating one has the sums for it.
+        self.runner.keep_grads = not self.fused or (check is not None and self.sums is None)
         try:
             with torch.no_grad():  # once for the step, not per node (the runner checks)
                 counts = self.interpreter.run(self.plan.stages)
             loss = self.runner.loss
             if loss is None:
                 raise ExecutorError("the plan never computed the loss node")
+            if self.sums is not None and not self.fused:
+                for name, grad in self.runner.grads.items():
+                    self.sums.add(name, grad)
             if check is not None:
-                check(loss, self.runner.grads)
-            if not self.fused:  # fused: the update nodes among the instructions stepped
+                check(loss, self._gradients())
+            # fused: the update nodes among the instructions stepped (in the last micro-pass)
+            if not self.fused and (self.sums is None or self.sums.last):
                 self._step_optimizer()
-            self.runner.apply_buffer_updates(self.module)
+            self.runner.apply_buffer_updates(self.module)  # each micro-pass's, as eager's
             value = float(loss)
         finally:
             self.runner.release_all()
@@ -201,21 +236,27 @@ class PlannedStep:
                                             recompute_s=out.recompute_s, ledger="replayed"))
 
 
-def eager_forward_backward(module: nn.Module, batch: tuple) -> torch.Tensor:
-    """Plain PyTorch: the loss, with every trainable parameter's .grad filled in."""
+def eager_forward_backward(module: nn.Module, batch: tuple, micro_batches: int = 1
+                           ) -> torch.Tensor:
+    """Plain PyTorch: the loss, with every trainable parameter's .grad filled in (added to,
+    when it holds earlier micro-batches' gradients: the loss is divided by their number)."""
     loss = module(*batch)
-    loss.backward()
+    scaled(loss, micro_batches).backward()
     return loss.detach()
 
 
 def plain_step(module: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple,
-               clip_grad_norm: float | None = None) -> float:
-    """One plain eager training step (what a `--plain` run does, and what the plan must match):
-    with `clip_grad_norm`, torch.nn.utils.clip_grad_norm_ before the optimizer's step."""
+               *more: tuple, clip_grad_norm: float | None = None) -> float:
+    """One plain eager training step (what a `--plain` run does, and what the plan must
+    match); with `more` batches, over all of them with gradient accumulation: each loss
+    divided by their number, one optimizer step. The loss: the batches' mean. With
+    `clip_grad_norm`, torch.nn.utils.clip_grad_norm_ of the summed gradients before the
+    optimizer's step."""
+    batches = (batch, *more)
     optimizer.zero_grad(set_to_none=True)
-    loss = eager_forward_backward(module, batch)
+    losses = [float(eager_forward_backward(module, b, len(batches))) for b in batches]
     if clip_grad_norm is not None:
         clip_all(module.parameters(), clip_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(loss)
+    return mean_loss(losses)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..accumulation import GradientBuffers
 from ..capture.optimizer import torch_optimizer, torch_optimizer_over
 from ..capture.replay import StepRunner
 from ..formats import Graph, Node
@@ -100,8 +101,10 @@ class ParameterHome:
 
 class FusedUpdates:
     def __init__(self, graph: Graph, module: nn.Module, optimizer: str, lr: float | None,
-                 home: ParameterHome | None = None, ledger: Any = None):
-        self.home, self.ledger = home, ledger
+                 home: ParameterHome | None = None, ledger: Any = None,
+                 sums: GradientBuffers | None = None):
+        """`sums`: the step's gradient sums when it accumulates micro-batches."""
+        self.home, self.ledger, self.sums = home, ledger, sums
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.optimizers: dict[Any, torch.optim.Optimizer] = {}
         for node in graph.nodes:
@@ -122,9 +125,16 @@ class FusedUpdates:
         global norm of all of them that the updates clip with."""
         if node.op == GROUP_NORMS_OP:
             pairs = node.attrs["norm_grads"]
-            norms = tensor_norms([runner.env[value] for value, _ in pairs])
+            grads = [runner.env[value] for value, _ in pairs]
+            if self.sums is not None:  # the norm is the summed gradients', in the last pass
+                for (_, name), grad in zip(pairs, grads):
+                    self.sums.add(name, grad)
+                if not self.sums.last:
+                    return
+                grads = [self.sums.sums[name] for _, name in pairs]
+            norms = tensor_norms(grads)
             self.norms.update(zip((name for _, name in pairs), norms))
-        else:
+        elif self.sums is None or self.sums.last:
             self.grad_norm = norm_of_norms([self.norms[n] for n in node.attrs["norm_order"]])
 
     def step(self, node: Node, runner: StepRunner) -> None:
@@ -133,6 +143,13 @@ class FusedUpdates:
         comes from and goes back to the home."""
         if node.op in (GROUP_NORMS_OP, CLIP_OP):
             return self._norms(node, runner)
+        grads = {name: runner.env[value] for value, name in node.attrs["update_grads"].items()}
+        if self.sums is not None:  # accumulating: add, and step in the last micro-pass only
+            for name, grad in grads.items():
+                self.sums.add(name, grad)
+            if not self.sums.last:
+                return
+            grads = {name: self.sums.sums[name] for name in grads}
         optimizer = self.optimizers[node.id]
         homed = "home" in node.attrs
         names = node.attrs["params"]
@@ -141,9 +158,8 @@ class FusedUpdates:
                 self.params[name].data = runner.env[self._placeholder[name]]
             self._load_state(optimizer, names)
         clip = node.attrs.get("clip_grad_norm")
-        for value, name in node.attrs["update_grads"].items():
+        for name, grad in grads.items():
             # clipped on a copy: the step's gradient may be read again (the gradient check)
-            grad = runner.env[value]
             self.params[name].grad = grad if clip is None else self._copy(name, grad)
         try:
             if clip is not None:
@@ -198,12 +214,13 @@ class FusedUpdates:
 
 
 def make_optimizer(graph: Graph, module: torch.nn.Module, lr: float | None,
-                   home: ParameterHome | None, ledger) -> torch.optim.Optimizer | FusedUpdates:
+                   home: ParameterHome | None, ledger, sums: GradientBuffers | None = None
+                   ) -> torch.optim.Optimizer | FusedUpdates:
     """What steps the parameters: a fused graph's update nodes, group by group, or one
     optimizer step after the backward."""
     name = graph.capture.get("optimizer", "sgd")
     if graph.capture.get("update") == "fused":
-        return FusedUpdates(graph, module, name, lr, home, ledger)
+        return FusedUpdates(graph, module, name, lr, home, ledger, sums)
     return torch_optimizer(name, module, lr)
 
 

@@ -18,7 +18,7 @@
     name = "resnet18-b16"                  # optional: its folder in the output tree
     batch = 16                             # optional, as `edge-remat graph`: batch, image, seq,
                                            #   seed, optimizer, max_nodes, level, params_home,
-                                           #   update, train, clip_grad_norm
+                                           #   update, train, clip_grad_norm, accumulate
     [[boards]]
     profile = "profiles/rpi4.json"         # a profile file, or
     # device = "jetson-orin-nano"          #   a device config: its shipped (modelled) profile
@@ -46,7 +46,7 @@ from ..units import UnitError, parse_budget, parse_multiplier
 TOP_KEYS = {"budgets", "deadlines", "threads", "out", "plan", "models", "boards"}
 PLAN_KEYS = {"objective", "solver", "time_limit", "paging", "paging_time", "backend"}
 CAPTURE_KEYS = {"batch", "image", "seq", "seed", "optimizer", "max_nodes", "level",
-                "params_home", "update", "train", "clip_grad_norm"}
+                "params_home", "update", "train", "clip_grad_norm", "accumulate"}
 MODEL_KEYS = {"model", "graph", "name"} | CAPTURE_KEYS
 BOARD_KEYS = {"profile", "device", "name"}
 
@@ -231,7 +231,7 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
         note(where, "`model` and `graph` are strings")
         return None
     capture: dict[str, Any] = {}
-    for key in ("batch", "image", "seq", "max_nodes", "level"):
+    for key in ("batch", "image", "seq", "max_nodes", "level", "accumulate"):
         if key in raw:
             value = raw[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -39,10 +39,13 @@ def plain_reference(graph: Graph) -> Graph:
     `update="step"` has this peak."""
     params = [n for n in graph.nodes if n.kind == "param"]
     updates = [n for n in graph.nodes if n.kind == "update"]
+    # Accumulating micro-batches: plain PyTorch's .grad buffers are the sums, not beside them.
+    sums = int(graph.capture.get("fixed", {}).get("gradient_accumulators", 0))
     if not params and len(updates) <= 1:
-        return graph  # nothing planned beyond activations: the graph is its own reference
+        # nothing planned beyond activations: the graph is its own reference
+        return replace(graph, fixed_bytes=graph.fixed_bytes - sums) if sums else graph
     param_ids = {n.id for n in params}
-    fixed = graph.fixed_bytes + sum(n.out_bytes for n in params)
+    fixed = graph.fixed_bytes - sums + sum(n.out_bytes for n in params)
     fixed += sum(n.attrs.get("state_bytes", 0) for n in updates if "home" in n.attrs)
     nodes = []
     for node in graph.nodes:

@@ -50,6 +50,10 @@ def _max(values: list) -> Optional[float]:
     return max(numbers) if numbers else None
 
 
+def _times(value: Optional[float], k: int) -> Optional[float]:
+    return value * k if isinstance(value, (int, float)) else value
+
+
 def _total(values: list) -> Optional[float]:
     numbers = [v for v in values if isinstance(v, (int, float))]
     return sum(numbers) if numbers and len(numbers) == len(values) else None
@@ -62,8 +66,10 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
                  kernel_peak_bytes: Optional[int] = None, kernel_peak_source: str = "",
                  plain_peak_bytes: Optional[int] = None, profile: Optional[dict] = None,
                  grad_check: Any = None, data: str = "example",
-                 paths: Optional[dict] = None) -> dict[str, Any]:
-    """One object with everything the run showed; `plots` and `report` are filled in later."""
+                 paths: Optional[dict] = None, micro_batches: int = 1) -> dict[str, Any]:
+    """One object with everything the run showed; `plots` and `report` are filled in later.
+    `micro_batches`: K of gradient accumulation, whose step is K passes of the plan (its
+    time and energy K times the plan's; its peak the plan's)."""
     per_step = steps_from(result)
     predicted = (plan or {}).get("predicted", {})
     figures = {name: (result or {}).get(name) for name in PLAN_FIGURES}
@@ -99,8 +105,10 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         # to the process (oneDNN's primitives), which the plan counts and no tensor holds.
         "predicted_tensor_peak_bytes": _difference(
             predicted_peak, ((plan or {}).get("problem") or {}).get("runtime_warm_bytes") or 0),
-        "predicted_time_s": predicted.get("time_s") or figures["predicted_time_s"],
-        "predicted_energy_j": predicted.get("energy_j"),
+        "predicted_time_s": _times(predicted.get("time_s") or figures["predicted_time_s"],
+                                   micro_batches),
+        "predicted_energy_j": _times(predicted.get("energy_j"), micro_batches),
+        **({"micro_batches": micro_batches} if micro_batches > 1 else {}),
         "energy_total_j": _total(per_step["energy_j"]),
         "recomputed": _first(figures["recomputed"], predicted.get("recomputed")),
         "page_ins": _first(figures["page_ins"], predicted.get("page_ins")),
@@ -211,6 +219,10 @@ def report_text(report: dict) -> str:
                      f"{counted(report.get('recomputed'), 'recomputation')}, "
                      f"{counted(report.get('page_outs'), 'page-out')} / "
                      f"{counted(report.get('page_ins'), 'page-in')}")
+    if report.get("micro_batches"):
+        k = report["micro_batches"]
+        lines.append(f"step      {k} micro-batches a step (--accumulate): the plan {k} times, "
+                     "one optimizer step; the loss is their mean")
     pred_t = report.get("predicted_time_s")
     pred_tensors = report.get("predicted_tensor_peak_bytes") or report.get("predicted_peak_bytes")
     pred_e = report.get("predicted_energy_j")

@@ -39,6 +39,7 @@ class RunOptions:
     lr_schedule: str = "constant"  # constant | linear | cosine (edge_remat_agent.lr_schedule)
     warmup: int = 0  # steps of linear warmup
     clip_grad_norm: Optional[float] = None  # the gradients' largest global 2-norm
+    accumulate: int = 1  # micro-batches of --batch per optimizer step (gradient accumulation)
     max_nodes: int = DEFAULT_MAX_NODES
     params_home: str = "auto"  # ram | flash | auto (decided against the budget)
     train: Optional[list] = None  # parameter name patterns to train; None: as the model comes
@@ -97,6 +98,11 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
         raise RunProblem(f"unknown optimizer {opts.optimizer!r} ({' | '.join(DEFAULT_LR)})")
     if opts.steps < 1:
         raise RunProblem(f"--steps must be at least 1, not {opts.steps}")
+    from edge_remat_agent.accumulation import check_micro_batches
+    try:
+        check_micro_batches(opts.accumulate)
+    except ValueError as error:
+        raise RunProblem(str(error)) from None
     if opts.lr is not None and not (math.isfinite(opts.lr) and opts.lr > 0):
         raise RunProblem(f"--lr must be a positive number, not {opts.lr:g}")
     from edge_remat_agent.lr_schedule import check_schedule

@@ -156,6 +156,8 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
     require_kind(board, "train-plain", "train plainly")
     params = {k: v for k, v in opts.model_info.items() if v is not None}
     params.update(steps=opts.steps, data=data, **lr)
+    if opts.accumulate > 1:  # the same micro-batches and steps as a planned run's
+        params["accumulate"] = opts.accumulate
     params.update(opts.extra)  # the board job's extra params (--malloc), as a planned run's
     say(f"{board.name}: plain PyTorch training of {opts.model}, {counted(opts.steps, 'step')}")
     outcome = _train(board, device, "train-plain", params, None, out, opts.steps, say)
@@ -185,7 +187,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     def capture(home: str):
         return capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
                              opts.optimizer, opts.max_nodes, None, "fused", home, opts.train,
-                             clip_grad_norm=opts.clip_grad_norm)
+                             clip_grad_norm=opts.clip_grad_norm, accumulate=opts.accumulate)
 
     say(f"capturing {opts.model}'s training step")
     captured = capture("ram" if opts.params_home == "auto" else opts.params_home)
@@ -268,7 +270,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           steps=opts.steps, data=data, plan=plan_dict,
                           memory_limit_bytes=device.hardware.memory_limit_bytes,
                           plain_peak_bytes=plain_peak, profile=chosen.summary(),
-                          paths={"graph": str(graph_path), "plan": str(plan_path)}, **outcome)
+                          paths={"graph": str(graph_path), "plan": str(plan_path)},
+                          micro_batches=opts.accumulate, **outcome)
     _say_malloc(report, say)
     forget_if_far_off(report, chosen, say)
     if opts.plots:

@@ -1,0 +1,233 @@
+"""Gradient accumulation (`--accumulate K`): one optimizer step over K micro-batches.
+
+Each micro-batch's loss is divided by K, the gradients are summed into buffers that stay
+resident across the K passes of the plan (fixed memory, `gradient_accumulators`), and the
+optimizer steps once. The parameters after N steps must equal plain PyTorch's loop doing
+exactly that, bit for bit, with recomputation, paging, parameters homed on flash, frozen
+parameters and tied weights; the ledger's tensor peak must be the plan's; K < 1 is refused in
+one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from helpers.bad_inputs import BAD_INPUT, cli as cli_process, refused
+from helpers.board_fixtures import local_board
+from helpers.user_models import spec as user_model
+
+from edge_remat_agent.capture import capture_model
+from edge_remat_agent.capture.optimizer import fixed_memory, optimizer_named
+from edge_remat_agent.executor import torch_optimizer
+from edge_remat_agent.executor.gradcheck import deterministic
+from edge_remat_agent.executor.run import run_plan
+from edge_remat_agent.formats import Tier
+from edge_remat_agent.plain_train import train_plain
+from edge_remat.cli import app
+from edge_remat.planner.build import build_problem, plain_peak_bytes
+from edge_remat.planner.problem import InfeasibleBudget
+from edge_remat.planner.solve import solve
+
+REPO = Path(__file__).resolve().parents[1]
+USER_MODEL = f"{REPO / 'examples' / 'my_model.py'}:make_model"  # dropout and batch norm
+FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
+PROFILE = str(REPO / "profiles" / "this-machine.json")  # measured here: no profiling
+STEPS = 3
+
+
+def micro_batches(example_args):
+    """Step -> a batch shaped like the example, different at every micro-batch (the same batch
+    K times would not show the order of the sums)."""
+    def batch(step: int) -> tuple:
+        gen = torch.Generator().manual_seed(1000 + step)
+        return tuple(torch.randn(a.shape, generator=gen) if a.is_floating_point() else
+                     torch.randint(0, int(a.max()) + 1, a.shape, generator=gen)
+                     for a in example_args)
+    return batch
+
+
+def _planned(spec, optimizer, home, fraction, paging, k, tmp_path, train=None, solver=None):
+    # module-level groups (refined=False) for the heuristics, as tests/test_every_byte.py;
+    # CP-SAT plans the refined graph, recomputing and paging at once
+    captured = capture_model(spec, optimizer=optimizer, params_home=home, train=train,
+                             refined=solver == "cpsat", batch=4, image=16, accumulate=k)
+    graph = captured.graph
+    try:
+        problem = build_problem(graph, fraction, None, "time", None, paging, FLASH)
+        problem.check_budget()
+    except InfeasibleBudget as floor:
+        problem = build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None,
+                                paging, FLASH)
+    solver = solver or ("heuristic:split" if paging == "none" else "heuristic:paging")
+    plan = solve(problem, solver, time_limit=30).plan
+    data = micro_batches(captured.example_args)
+    report = run_plan(graph, plan, STEPS, str(tmp_path / "pages"), data=data,
+                      captured=captured, seed=0, keep_parameters=True)
+    return captured, plan, report, data
+
+
+def _eager(spec, optimizer, train, k, data):
+    """Plain PyTorch's loop, written out: K micro-batches a step, each loss / K, the
+    gradients left to add up in .grad, one optimizer step."""
+    module = capture_model(spec, optimizer=optimizer, train=train, batch=4, image=16).module
+    opt = torch_optimizer(optimizer, module)
+    torch.manual_seed(0)
+    losses = []
+    with deterministic(torch.device("cpu")):
+        for i in range(STEPS):
+            opt.zero_grad(set_to_none=True)
+            micro = []
+            for j in range(k):
+                loss = module(*data(i * k + j))
+                (loss / k).backward()
+                micro.append(float(loss.detach()))
+            opt.step()
+            losses.append(sum(micro) / k)
+    return module.state_dict(), losses
+
+
+CASES = [
+    # K = 1: as before, no accumulation
+    ("k1", USER_MODEL, "sgd", "ram", 0.6, "flash", 1, None, "cpsat"),
+    # dropout (a draw per micro-batch) and batch norm (statistics after each), activations
+    # recomputed and paged to flash
+    ("k3-recompute-paging", USER_MODEL, "sgd", "ram", 0.7, "flash", 3, None, "cpsat"),
+    # AdamW, parameters and optimizer state homed on flash, activations paged to flash
+    ("k3-adamw-flash-paging", USER_MODEL, "adamw", "flash", 0.5, "flash", 3, None, None),
+    # frozen parameters: read-only pages, no gradient, no buffer
+    ("k2-frozen-flash", USER_MODEL, "sgd", "flash", 0.4, "none", 2, ["head.*", "block2.*"],
+     None),
+    # a head tied to the embedding (one buffer for the one tensor), activations recomputed
+    ("k3-tied", user_model("make_tied_lm"), "sgd", "flash", 0.5, "none", 3, None, None),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label,spec,optimizer,home,fraction,paging,k,train,solver", CASES,
+                         ids=[c[0] for c in CASES])
+def test_parameters_after_accumulated_steps_equal_plain_pytorch(label, spec, optimizer, home,
+                                                                fraction, paging, k, train,
+                                                                solver, tmp_path):
+    captured, plan, report, data = _planned(spec, optimizer, home, fraction, paging, k,
+                                            tmp_path, train, solver)
+    check = report["grad_check"]
+    assert check["bitwise_equal"] and check["loss_equal"] and check["compared"] > 0, check
+    expected, losses = _eager(spec, optimizer, train, k, data)
+    actual = captured.module.state_dict()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    assert [s["loss"] for s in report["steps"]] == losses  # the micro-batches' mean
+    if paging != "none":
+        assert report["page_outs"] > 0
+    if home == "ram":  # not keep-all (homed on flash, parameters are loaded anyway)
+        assert report["recomputed"] + report["page_outs"] > 0
+    if label == "k3-recompute-paging":
+        assert report["recomputed"] > 0 and report["page_outs"] > 0
+    # Memory: the buffers are fixed memory the plan counts, and the ledger counts them too.
+    fixed = captured.graph.capture["fixed"]
+    assert fixed.get("gradient_accumulators", 0) == (fixed["gradients"] +
+                                                     captured.graph.capture["planned_state"]
+                                                     ["gradients"] if k > 1 else 0)
+    peaks = [s["ledger_peak_bytes"] for s in report["steps"]]
+    gap = report["predicted_peak_bytes"] - max(peaks)
+    assert 0 <= gap <= fixed.get("step_state", 0), gap  # the step state, as without K
+    split = report["memory_by_class"]
+    assert sum(split["planned"].values()) == report["predicted_peak_bytes"]
+    assert split["measured"]["gradients"] >= fixed.get("gradient_accumulators", 0)
+
+
+def test_the_buffers_are_the_trainable_gradients_and_frozen_ones_have_none():
+    """Only trainable parameters get a buffer (LoRA, --train); the plan's peak and its plain
+    reference grow by it once (plain PyTorch's .grad buffers are the sums)."""
+    train = ["head.*"]
+    once = capture_model(USER_MODEL, train=train, batch=4, image=16, refined=False)
+    three = capture_model(USER_MODEL, train=train, batch=4, image=16, refined=False,
+                          accumulate=3)
+    head = sum(p.numel() * p.element_size() for n, p in three.module.named_parameters()
+               if n.startswith("head."))
+    assert three.graph.capture["fixed"]["gradient_accumulators"] == head > 0
+    assert three.graph.fixed_bytes - once.graph.fixed_bytes == head
+    assert three.graph.capture["accumulate"] == 3 and "accumulate" not in once.graph.capture
+    assert plain_peak_bytes(three.graph) == plain_peak_bytes(once.graph)
+    everything = fixed_memory(three.module, three.example_args, optimizer_named("sgd", "m"))
+    assert head < everything["parameters"]
+
+
+def test_plain_training_accumulates_like_the_planned_run(tmp_path):
+    """plain_train.py (the board's `run --plain` job) takes K micro-batches of the same data
+    as a planned run: the same losses step after step, and not those of K = 1."""
+    k = 3
+    captured = capture_model("digits-cnn", batch=8, refined=False, accumulate=k)
+    plan = solve(build_problem(captured.graph, 0.7, None, "time", None, "none", FLASH),
+                 "heuristic:split").plan
+    planned = run_plan(captured.graph, plan, STEPS, str(tmp_path / "pages"), data="digits",
+                       captured=captured, seed=0)
+    plain = train_plain("digits-cnn", STEPS, batch=8, data="digits", accumulate=k)
+    assert [s["loss"] for s in planned["steps"]] == plain["loss"]
+    assert planned["grad_check"]["bitwise_equal"]
+    assert train_plain("digits-cnn", STEPS, batch=8, data="digits")["loss"] != plain["loss"]
+
+
+@pytest.mark.parametrize("command", [
+    ("graph", "--model", "mlp"),
+    ("run", "--device", "local", "--model", "digits-cnn", "--budget", "50%"),
+])
+@pytest.mark.parametrize("k", [0, -2])
+def test_fewer_than_one_micro_batch_is_refused_in_one_line(command, k, tmp_path):
+    proc = cli_process(*command, "--accumulate", k, cwd=tmp_path)
+    refused(proc, BAD_INPUT, "--accumulate", "at least 1")
+    assert not any(tmp_path.iterdir())  # nothing captured, nothing written
+
+
+# --- end to end, as a user runs it -----------------------------------------------------------
+
+def cli(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory):
+    with local_board(tmp_path_factory.mktemp("accumulate"), "accumulate-board") as root:
+        yield root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [
+    ("--model", "digits-cnn", "--batch", 8, "--budget", "60%"),
+    # a small language model, its last block trained (the rest frozen), on the bundled text
+    ("--model", "gpt-tiny", "--batch", 2, "--seq", 16, "--train", "blocks.1.*", "--data",
+     "text", "--budget", "70%"),
+], ids=["digits-cnn", "gpt-tiny-train"])
+def test_run_accumulates_on_the_board_bitwise_and_within_the_plan(board, model, tmp_path):
+    code, out, err = cli("run", "--device", "accumulate-board", *model, "--accumulate", 3,
+                         "--steps", 2, "--profile", PROFILE, "--out", tmp_path / "out",
+                         "--no-plots", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["status"] == "finished" and report["micro_batches"] == 3
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]
+    # the ledger's tensor peak is the plan's (less the runtime warm-up no tensor holds)
+    assert report["tensor_peak_bytes"] <= report["predicted_tensor_peak_bytes"]
+    assert report["tensor_peak_bytes"] >= 0.99 * report["predicted_tensor_peak_bytes"]
+    graph = json.loads((tmp_path / "out" / "graph.json").read_text())
+    assert graph["capture"]["accumulate"] == 3
+    assert graph["capture"]["fixed"]["gradient_accumulators"] > 0
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert report["predicted_time_s"] == pytest.approx(3 * plan["predicted"]["time_s"])
+
+
+def test_a_fleet_manifest_captures_with_accumulate_and_refuses_less_than_one(tmp_path):
+    from edge_remat.fleet.manifest import ManifestError, load_manifest
+    manifest = tmp_path / "fleet.toml"
+    board = f'[[boards]]\nprofile = "{REPO / "profiles" / "rpi4.json"}"\n'
+    manifest.write_text('budgets = ["50%"]\n[[models]]\nmodel = "mlp"\naccumulate = 4\n' + board)
+    assert load_manifest(manifest).models[0].capture == {"accumulate": 4}
+    manifest.write_text('budgets = ["50%"]\n[[models]]\nmodel = "mlp"\naccumulate = 0\n' + board)
+    with pytest.raises(ManifestError, match=r"accumulate: expected a whole number >= 1, got 0"):
+        load_manifest(manifest)
