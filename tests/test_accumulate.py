@@ -51,11 +51,13 @@ def micro_batches(example_args):
     return batch
 
 
-def _planned(spec, optimizer, home, fraction, paging, k, tmp_path, train=None, solver=None):
+def _planned(spec, optimizer, home, fraction, paging, k, tmp_path, train=None, solver=None,
+             clip=None):
     # module-level groups (refined=False) for the heuristics, as tests/test_every_byte.py;
     # CP-SAT plans the refined graph, recomputing and paging at once
     captured = capture_model(spec, optimizer=optimizer, params_home=home, train=train,
-                             refined=solver == "cpsat", batch=4, image=16, accumulate=k)
+                             refined=solver == "cpsat", batch=4, image=16, accumulate=k,
+                             clip_grad_norm=clip)
     graph = captured.graph
     try:
         problem = build_problem(graph, fraction, None, "time", None, paging, FLASH)
@@ -71,13 +73,13 @@ def _planned(spec, optimizer, home, fraction, paging, k, tmp_path, train=None, s
     return captured, plan, report, data
 
 
-def _eager(spec, optimizer, train, k, data):
+def _eager(spec, optimizer, train, k, data, clip=None):
     """Plain PyTorch's loop, written out: K micro-batches a step, each loss / K, the
-    gradients left to add up in .grad, one optimizer step."""
+    gradients left to add up in .grad, (their sums clipped,) one optimizer step."""
     module = capture_model(spec, optimizer=optimizer, train=train, batch=4, image=16).module
     opt = torch_optimizer(optimizer, module)
     torch.manual_seed(0)
-    losses = []
+    losses, norms = [], []
     with deterministic(torch.device("cpu")):
         for i in range(STEPS):
             opt.zero_grad(set_to_none=True)
@@ -86,8 +88,12 @@ def _eager(spec, optimizer, train, k, data):
                 loss = module(*data(i * k + j))
                 (loss / k).backward()
                 micro.append(float(loss.detach()))
+            if clip is not None:
+                norms.append(float(torch.nn.utils.clip_grad_norm_(module.parameters(), clip)))
             opt.step()
             losses.append(sum(micro) / k)
+    if clip is not None:
+        assert min(norms) > clip, norms  # every step clipped: the clip changed something
     return module.state_dict(), losses
 
 
@@ -139,6 +145,23 @@ def test_parameters_after_accumulated_steps_equal_plain_pytorch(label, spec, opt
     split = report["memory_by_class"]
     assert sum(split["planned"].values()) == report["predicted_peak_bytes"]
     assert split["measured"]["gradients"] >= fixed.get("gradient_accumulators", 0)
+
+
+@pytest.mark.slow
+def test_clipping_accumulated_gradients_clips_their_sums_as_plain_pytorch_does(tmp_path):
+    """--clip-grad-norm with --accumulate: the global norm is the summed gradients', taken in
+    the last micro-pass (clip_grad_norm_ after the K backwards), with recomputation and paging
+    to flash; parameters after 3 steps equal plain PyTorch's bit for bit."""
+    captured, plan, report, data = _planned(USER_MODEL, "adamw", "ram", 0.7, "flash", 3,
+                                            tmp_path, clip=0.05)
+    check = report["grad_check"]
+    assert check["bitwise_equal"] and check["compared"] > 0, check
+    expected, losses = _eager(USER_MODEL, "adamw", None, 3, data, clip=0.05)
+    actual = captured.module.state_dict()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    assert [s["loss"] for s in report["steps"]] == losses
+    assert report["page_outs"] > 0
 
 
 def test_the_buffers_are_the_trainable_gradients_and_frozen_ones_have_none():
