@@ -31,6 +31,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 FORCE_HELP = "overwrite an existing output file"
 KEEP_RUNNING_HELP = ("on Ctrl-C leave the board's job running (default: cancel it) and say "
                      "how to come back for it")
+SAVE_HELP = ("trained | all | none: the trained weights fetched to weights.pt (trained: the "
+             "parameters that trained and the buffers; all: every parameter)")
+SAVE_DEFAULT = "trained"  # as run's (run.options.RunOptions.save); this module loads no torch
+INIT_HELP = "start from this weights file (a run's weights.pt) instead of the model's own weights"
 
 
 # The tier field each flash option gives: errors name the option, not the profile's field.
@@ -725,9 +729,12 @@ def deploy(
     steps: int = typer.Option(10, "--steps", help="training steps to run (at least 1)"),
     out: str = typer.Option(".", "--out", help="folder for the run report and other outputs"),
     keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
+    save: str = typer.Option(SAVE_DEFAULT, "--save", help=SAVE_HELP),
+    init: Optional[str] = typer.Option(None, "--init", help=INIT_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Push the agent, the plan and the graph; run the plan on the board; fetch the report."""
+    """Push the agent, the plan and the graph; run the plan on the board; fetch the report
+    and the trained weights (weights.pt)."""
     from .checks import check_plan, check_runnable, note_plan_above_ram, recorded_figures_warning
     from .devices import find_device
     from .importers.graph_import import load_graph_file
@@ -738,6 +745,8 @@ def deploy(
     # Everything the host can check, before anything is sent (the board checks again).
     if steps < 1:
         raise UserError(f"--steps must be at least 1, not {steps}")
+    from .run.options import RunOptions, check_weights_options
+    check_weights_options(RunOptions(device=device, model="", save=save, init=init))
     plan = load_plan(plan_file)
     g = load_graph_file(graph)
     check_runnable(g, graph)
@@ -749,18 +758,19 @@ def deploy(
                                      "plan again for true predictions")
     if stale is not None:
         to_stderr(stale)
-    output_folder(out)
+    from edge_remat_agent.executor.saved_weights import WEIGHTS_FILE
+    output_folder(out, inputs={"--init": init}, writes=(WEIGHTS_FILE,))
     config = find_device(device)
     note_plan_above_ram(config, replayed.peak_bytes, to_stderr)
-    params: dict = {"steps": steps}
+    params: dict = {"steps": steps, "save": save}
     if config.hardware.page_dir:  # the board's flash, as its device config says
         params["page_dir"] = config.hardware.page_dir
     from .transport.host_pages import host_pages, plan_uses_host
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
         require_kind(board, "run", "execute plans")
         with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
-            record = board.run_job("run", {**params, **page_params},
-                                   {"plan": plan_file, "graph": graph}, out,
+            inputs = {"plan": plan_file, "graph": graph, **({"init": init} if init else {})}
+            record = board.run_job("run", {**params, **page_params}, inputs, out,
                                    on_update=None if as_json else progress_printer())
         print_outcome(record, as_json, board)
     _exit_if_gradients_differ((record.get("result") or {}).get("grad_check"))
@@ -894,6 +904,8 @@ def run_command(
                                          "run's process: glibc | jemalloc | tcmalloc "
                                          "(preloaded; default: jemalloc with --allocator "
                                          "arena where the board has it, else glibc)"),
+    save: str = typer.Option(run_default("save"), "--save", help=SAVE_HELP),
+    init: Optional[str] = typer.Option(None, "--init", help=INIT_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Fine-tune MODEL on DEVICE within a memory budget: capture, profile, plan, deploy, train,
@@ -934,7 +946,7 @@ def run_command(
         profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
         out=out, plots=not no_plots, keep_running=keep_running,
-        check_gradients=not no_grad_check, allocator=allocator,
+        check_gradients=not no_grad_check, allocator=allocator, save=save, init=init,
         extra={"malloc": malloc} if malloc else {})
     report = run(options, say=to_stderr)
     killed = report["status"] == "killed"

@@ -15,7 +15,9 @@ back, default 150 s; the host passes its board's reconnect window), allocator
 ("glibc" (default) or "arena": every planned tensor at its offset in the plan's arena layout),
 malloc ("glibc", "jemalloc", "tcmalloc"; default jemalloc with the arena allocator, else
 glibc: the job process starts again at once under it, preloaded, where its library is
-installed; elsewhere it runs under glibc's and the report's `malloc` says so).
+installed; elsewhere it runs under glibc's and the report's `malloc` says so), save
+("trained" (default), "all", "none": the trained weights written to weights.pt, see
+saved_weights.py), init (a pushed weights file loaded into the model before it trains).
 Writes run_report.json (fetched by the host) and returns its summary; both say which data the
 run trained on and with which optimizer settings.
 """
@@ -54,6 +56,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     seed = None if params.get("seed") is None else int(params["seed"])
     lr = None if params.get("lr") is None else float(params["lr"])
     page_dir = job_page_dir(params.get("page_dir"), ctx.workdir)
+    from .saved_weights import DEFAULT_SAVE, WEIGHTS_FILE, check_save_choice
+    save = check_save_choice(str(params.get("save") or DEFAULT_SAVE))
 
     losses: list = []
 
@@ -72,10 +76,18 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     _check_page_dir(plan, page_dir)
     ctx.progress(0.0, CAPTURING)
     captured = _capture_before_torch(graph, ctx.input_path(str(params["graph"])))
+    if params.get("init") and captured is not None:
+        from .saved_weights import load_weights
+        load_weights(captured.module, ctx.input_path(str(params["init"])))
     ctx.progress(0.0, "the graph captured; training")  # a kill from here on is in a step
     from .run import run_plan
     from .stores import host_link_store
     host = host_link_store(plan, params.get("host_pages"), params.get("host_pages_wait_s"))
+    saved: dict = {}
+
+    def save_trained(module, home) -> None:
+        from .saved_weights import save_weights
+        saved["figures"] = save_weights(module, home, save, ctx.files_dir / WEIGHTS_FILE)
     try:
         report = run_plan(graph, plan, steps, page_dir, captured=captured,
                           check_gradients=_flag(params.get("check_gradients", True)),
@@ -86,14 +98,18 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                           warmup=int(params.get("warmup") or 0),
                           stores=None if host is None else {"host": host},
                           allocator=str(params.get("allocator") or "glibc"),
+                          on_trained=save_trained,
                           map_large_allocations=not _flag(params.get("keep_malloc_defaults",
                                                                      False)))
     finally:
         if host is not None:
             host.close()
     report["malloc"] = malloc
+    report["saved_weights"] = saved.get("figures")
     ctx.write_json("run_report.json", report)
-    return {"malloc": malloc, "files": ["run_report.json"], "summary": report["summary"],
+    files = ["run_report.json"] + ([WEIGHTS_FILE] if saved.get("figures") else [])
+    return {"malloc": malloc, "files": files, "summary": report["summary"],
+            "saved_weights": saved.get("figures"),
             "grad_check": report["grad_check"], "steps": len(report["steps"]),
             "data": report["data"], "optimizer": report["optimizer"]}
 

@@ -54,7 +54,9 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              map_large_allocations: bool = True, lr: float | None = None,
              keep_parameters: bool = False, paging_io: str | None = None,
              allocator: str = "glibc", count_allocations: bool = False,
-             lr_schedule: str = "constant", warmup: int = 0) -> dict[str, Any]:
+             lr_schedule: str = "constant", warmup: int = 0,
+             on_trained: Callable[[torch.nn.Module, ParameterHome | None], None] | None = None
+             ) -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
     `lr_schedule`, `warmup`: the learning rate's schedule over the steps (lr_schedule.py).
     `allocator`: "glibc" (tensors from the CPU allocator) or "arena" (every planned tensor in
@@ -65,7 +67,9 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     `captured.module` (it then holds the trained model; a board too small for the whole model
     leaves this off). `paging_io`: "overlap" (page on an IO thread beside compute) or "sync";
     None: as the plan was planned (`problem.io`). The arena pages synchronously: a page being
-    written behind would still read a slot that the layout gives the next tensor."""
+    written behind would still read a slot that the layout gives the next tensor.
+    `on_trained(module, home)`: called after the last step while the parameter home is open
+    (saving the trained weights from where they live, executor/saved_weights.py)."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
     check_lr_schedule(lr_schedule, warmup, steps)
@@ -152,6 +156,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                 progress(i, steps, records[-1])
         tiers = describe_stores(opened)
         weights = _weight_figures(home)
+        if on_trained is not None:
+            on_trained(module, home)
         if keep_parameters and home is not None:
             home.bring_back()
     # Peak, times and energies are the plan's (its profile's op costs and workspaces; the

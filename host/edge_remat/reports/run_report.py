@@ -269,6 +269,11 @@ def report_text(report: dict) -> str:
         lines.append(f"warning       {malloc}")
     for path in report.get("plots", []):
         lines.append(f"plot          {path}")
+    if report.get("weights"):
+        weights = report["weights"]
+        lines.append(f"weights       {weights['file']} ({weights['save']}: "
+                     f"{weights['tensors']} tensors, {weights['bytes'] / 2**20:.2f} MiB; "
+                     "torch.load gives the model's state_dict names)")
     if report.get("report"):
         lines.append(f"report        {report['report']}")
     return "\n".join(lines)

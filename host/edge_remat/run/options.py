@@ -55,6 +55,8 @@ class RunOptions:
     keep_running: bool = False  # Ctrl-C leaves the board's job running instead of cancelling
     extra: dict = field(default_factory=dict)  # more params for the board's job
     allocator: str = "glibc"  # the executor's: glibc | arena (the plan's arena layout)
+    save: str = "trained"  # the trained weights fetched to OUT/weights.pt: trained | all | none
+    init: Optional[str] = None  # a weights file (a run's weights.pt) the model starts from
 
     def __post_init__(self) -> None:
         if self.budget is not None:
@@ -117,6 +119,7 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
                          f"{', '.join(PAGING_CHOICES)}")
     check_link_pages(opts.paging, device)
     check_data(run_data(opts), device)
+    check_weights_options(opts)
     if opts.plain:
         return
     check_solver_options(opts.solver, opts.time_limit, None)
@@ -142,6 +145,34 @@ def checked_max_norm(max_norm: float) -> float:
     try:
         return check_max_norm(max_norm)
     except ValueError as error:
+        raise RunProblem(str(error)) from None
+
+
+def check_weights_options(opts: RunOptions) -> None:
+    """--save and --init, before the capture (the file's names and shapes are checked against
+    the model once it is built: check_init_fits)."""
+    from edge_remat_agent.executor.saved_weights import SAVE_CHOICES
+    if opts.save not in SAVE_CHOICES:
+        raise RunProblem(f"unknown --save {opts.save!r}: use {' | '.join(SAVE_CHOICES)}")
+    if opts.plain and (opts.init or opts.save != "trained"):
+        raise RunProblem("--init and --save apply to the planned run, which saves its weights; "
+                         "leave them out with --plain")
+    if opts.init and not os.path.isfile(opts.init):
+        raise RunProblem(f"--init {opts.init}: no such file (give a weights file a run saved, "
+                         "OUT/weights.pt)")
+
+
+def check_init_fits(opts: RunOptions, module) -> None:
+    """Load --init into this host's capture of the model (the host's gradient check trains
+    it): a file of another model is refused, naming its first mismatch, before the profile
+    and the plan."""
+    if not opts.init:
+        return
+    from edge_remat_agent.executor.errors import BadInput
+    from edge_remat_agent.executor.saved_weights import load_weights
+    try:
+        load_weights(module, opts.init)
+    except BadInput as error:
         raise RunProblem(str(error)) from None
 
 

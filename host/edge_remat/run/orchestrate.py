@@ -28,8 +28,8 @@ from ..errors import EXIT_BAD_INPUT, Interrupted, classify, killed_by_memory
 from ..remote import full_result
 from ..transport import Board, JobFailed, JobOutOfReach
 from ..units import Budget, budget_against_plain
-from .options import (RunOptions, RunProblem, check_data_fits, check_options, flash_allowed,
-                      for_board, paging_with_flash, run_data)
+from .options import (RunOptions, RunProblem, check_data_fits, check_init_fits, check_options,
+                      flash_allowed, for_board, paging_with_flash, run_data)
 from .profiles import ChosenProfile, choose_profile, forget_if_far_off
 
 # With a memory limit and no --budget, the plan gets what is left after the runtime's own memory
@@ -51,11 +51,13 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     device = find_board(opts.device, opts.memory_limit)
     check_options(opts, device)
     opts = for_board(opts, device)
+    from edge_remat_agent.executor.saved_weights import WEIGHTS_FILE
     from edge_remat_agent.user_code import spec_file
     out = output_folder(opts.out, inputs={"--profile": opts.profile,
                                           "--model": spec_file(opts.model),
-                                          "--data": spec_file(opts.data or "")},
-                        writes=RUN_OUTPUTS)
+                                          "--data": spec_file(opts.data or ""),
+                                          "--init": opts.init},
+                        writes=RUN_OUTPUTS + (WEIGHTS_FILE,))
     started = time.time()
     data = opts.data
     # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
@@ -92,6 +94,8 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
 # write again (plots with --no-plots, a sweep without --sweep) would show the other run.
 RUN_OUTPUTS = ("graph.json", "plan.json", "report.json", "report.txt", "schedule.png",
                "memory.png", "sweep.json", "sweep.png")
+# The trained weights (--save, OUT/weights.pt) are not among them: not removed when a run does
+# not write them again (--save none, a killed run), since they are what an earlier run trained.
 
 
 def _remove_earlier_outputs(out: Path, started: float, say: Say) -> None:
@@ -185,9 +189,12 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     from ..reports.run_report import build_report
 
     def capture(home: str):
-        return capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
-                             opts.optimizer, opts.max_nodes, None, "fused", home, opts.train,
-                             clip_grad_norm=opts.clip_grad_norm, accumulate=opts.accumulate)
+        captured = capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
+                                 opts.optimizer, opts.max_nodes, None, "fused", home,
+                                 opts.train, clip_grad_norm=opts.clip_grad_norm,
+                                 accumulate=opts.accumulate)
+        check_init_fits(opts, captured.module)  # the host's gradient check starts from it too
+        return captured
 
     say(f"capturing {opts.model}'s training step")
     captured = capture("ram" if opts.params_home == "auto" else opts.params_home)
@@ -255,14 +262,16 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     params = {"steps": opts.steps, "data": data, "seed": opts.seed, **lr,
               "optimizer": opts.optimizer,
               "check_gradients": opts.check_gradients and not limited,
-              "allocator": opts.allocator, **opts.extra}
+              "allocator": opts.allocator, "save": opts.save, **opts.extra}
     if device.hardware.page_dir:
         params["page_dir"] = device.hardware.page_dir
     from ..transport.host_pages import host_pages, plan_uses_host
     with host_pages(board, plan_uses_host(plan_dict), say) as page_params:
         say(f"{board.name}: running the plan for {counted(opts.steps, 'step')}")
-        outcome = _train(board, device, "run", {**params, **page_params},
-                         {"plan": plan_path, "graph": graph_path}, out, opts.steps, say)
+        inputs = {"plan": plan_path, "graph": graph_path,
+                  **({"init": opts.init} if opts.init else {})}
+        outcome = _train(board, device, "run", {**params, **page_params}, inputs, out,
+                         opts.steps, say)
     if limited and opts.check_gradients and outcome["status"] == "finished":
         say("checking the plan's gradients against eager PyTorch on the host")
         outcome["grad_check"] = host_gradient_check(graph, plan_path, captured)
@@ -272,6 +281,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           plain_peak_bytes=plain_peak, profile=chosen.summary(),
                           paths={"graph": str(graph_path), "plan": str(plan_path)},
                           micro_batches=opts.accumulate, **outcome)
+    report["weights"] = _weights_into(out, outcome)
     _say_malloc(report, say)
     forget_if_far_off(report, chosen, say)
     if opts.plots:
@@ -508,6 +518,20 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
             else f"at step {at}"
         return {"status": "killed", "killed_at_step": at, "message": f"{why} {when}",
                 "result": progress.get("data") or {}, **watch.readings()}
+
+
+def _weights_into(out: Path, outcome: dict) -> Optional[dict]:
+    """The trained weights the board's job saved, moved from OUT/board to OUT (a rename:
+    the fetch wrote them whole under a temporary name first), with the board's figures of
+    them; None when it saved none (--save none, a killed run)."""
+    from edge_remat_agent.executor.saved_weights import WEIGHTS_FILE
+    saved = (outcome.get("result") or {}).get("saved_weights")
+    fetched = out / "board" / WEIGHTS_FILE
+    if outcome.get("status") != "finished" or not saved or not fetched.is_file():
+        return None
+    target = out / WEIGHTS_FILE
+    fetched.replace(target)
+    return {**saved, "file": str(target)}
 
 
 def completed_steps(progress: dict, steps: int) -> int:
