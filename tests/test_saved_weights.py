@@ -1,0 +1,126 @@
+"""The trained weights a run hands back (OUT/weights.pt, --save) and a run started from them
+(--init): real runs on a local board and over SSH on loopback, compared with plain PyTorch
+training the same model on the same data, bit for bit.
+
+The file holds no optimizer state: a run from --init starts a fresh optimizer, so it is held
+against plain PyTorch that loads the file and trains with a fresh optimizer too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from helpers.board_fixtures import local_board, loopback_ssh_board, needs_sshd
+from edge_remat.cli import app
+from edge_remat.run import RunOptions, run
+from edge_remat_agent.capture.models import load_model
+from edge_remat_agent.executor.run import run_plain
+from edge_remat_agent.formats import load_graph
+
+pytestmark = [pytest.mark.slow, pytest.mark.loopback]
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = str(REPO / "profiles" / "this-machine.json")  # measured: no profiling in the test
+QUICK = dict(profile=PROFILE, plots=False, time_limit=3)
+
+
+def plain_pytorch_after(out: Path, steps: int, data: str, init: "Path | None" = None) -> dict:
+    """The state_dict of the run's model trained plainly for `steps` steps from its own
+    weights (or `init`'s), on the same data and optimizer (a fresh one)."""
+    graph = load_graph(out / "graph.json")
+    source = graph.capture["source"]
+    module, args = load_model(source["model"], source.get("batch"), source.get("image"),
+                              source.get("seq"), source.get("seed", 0))
+    if init is not None:
+        missing, unexpected = module.load_state_dict(torch.load(init), strict=False)
+        assert not unexpected
+    run_plain(graph, steps, data=data, model=(module, args), seed=0)
+    return module.state_dict()
+
+
+def assert_bitwise(saved: dict, expected: dict) -> None:
+    assert saved, "nothing saved"
+    for name, value in saved.items():
+        assert torch.equal(value, expected[name]), name
+
+
+def test_trained_weights_from_flash_equal_plain_pytorch_and_init_goes_on(tmp_path):
+    """digits-cnn with its parameters homed on flash (saved tensor by tensor from there),
+    then 3 more steps from the file with them in RAM."""
+    with local_board(tmp_path, "bench"):
+        first = run(RunOptions(device="bench", model="digits-cnn", batch=16, budget="60%",
+                               steps=3, params_home="flash", paging="flash",
+                               out=str(tmp_path / "first"), **QUICK))
+        second = run(RunOptions(device="bench", model="digits-cnn", batch=16, budget="60%",
+                                steps=3, params_home="ram", init=first["weights"]["file"],
+                                out=str(tmp_path / "second"), **QUICK))
+    first_file = tmp_path / "first" / "weights.pt"
+    assert first["weights"]["file"] == str(first_file)
+    assert first["weights"]["tensors"] == len(torch.load(first_file))
+    saved = torch.load(first_file)
+    module, _ = load_model("digits-cnn", 16)
+    assert set(saved) == set(module.state_dict())  # every parameter trains, and BN's buffers
+    assert_bitwise(saved, plain_pytorch_after(tmp_path / "first", 3, "digits"))
+    assert second["status"] == "finished" and second["grad_check"]["bitwise_equal"] is True
+    assert_bitwise(torch.load(tmp_path / "second" / "weights.pt"),
+                   plain_pytorch_after(tmp_path / "second", 3, "digits", first_file))
+    assert not list((tmp_path / "first").glob("*.tmp")) + \
+        list((tmp_path / "first").rglob("*.part"))  # written whole, renamed
+
+
+@needs_sshd
+def test_a_lora_run_over_ssh_hands_back_its_adapters_only(tmp_path):
+    with loopback_ssh_board(tmp_path) as (config, _sshd, _workdir):
+        report = run(RunOptions(device=str(config), model="gpt-tiny-lora", batch=2, seq=32,
+                                budget="70%", steps=2, out=str(tmp_path / "out"), **QUICK))
+    assert report["status"] == "finished"
+    saved = torch.load(tmp_path / "out" / "weights.pt")
+    module, _ = load_model("gpt-tiny-lora", 2, None, 32)
+    trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+    assert set(saved) == trainable and all("lora" in name for name in saved)
+    assert_bitwise(saved, plain_pytorch_after(tmp_path / "out", 2, "example"))
+    # the loaded file makes the fresh model the trained one
+    missing, unexpected = module.load_state_dict(saved, strict=False)
+    assert not unexpected and set(missing).isdisjoint(saved)
+
+
+def test_an_init_file_of_another_model_is_refused_naming_the_first_mismatch(tmp_path):
+    other = tmp_path / "other.pt"
+    torch.save({"stem.weight": torch.zeros(3, 3)}, other)
+    with local_board(tmp_path, "bench"):
+        result = CliRunner().invoke(app, ["run", "--device", "bench", "--model", "digits-cnn",
+                                          "--batch", "16", "--budget", "60%", "--steps", "1",
+                                          "--init", str(other), "--profile", PROFILE,
+                                          "--no-plots", "--out", str(tmp_path / "out")])
+        bad_choice = CliRunner().invoke(app, ["run", "--device", "bench", "--model",
+                                              "digits-cnn", "--budget", "60%", "--save",
+                                              "best", "--out", str(tmp_path / "out2")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert "'stem.weight' is [3, 3] float32 in the file but [16, 1, 3, 3] float32 in this " \
+           "model" in lines[-1], lines
+    assert "Traceback" not in result.output + result.stderr
+    assert not list((tmp_path / "out").glob("*"))  # bad input leaves no files
+    assert bad_choice.exit_code == 2 and "unknown --save 'best'" in bad_choice.stderr
+
+
+def test_deploy_fetches_the_weights_next_to_the_report(tmp_path):
+    """deploy of the plan a run made: weights.pt lands beside run_report.json, and --save none
+    sends none."""
+    with local_board(tmp_path, "bench"):
+        run(RunOptions(device="bench", model="digits-cnn", batch=16, budget="60%", steps=1,
+                       params_home="ram", save="none", out=str(tmp_path / "run"), **QUICK))
+        assert not (tmp_path / "run" / "weights.pt").exists()
+        result = CliRunner().invoke(app, ["deploy", str(tmp_path / "run" / "plan.json"),
+                                          "--graph", str(tmp_path / "run" / "graph.json"),
+                                          "--device", "bench", "--steps", "2", "--json",
+                                          "--out", str(tmp_path / "deployed")])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["result"]["saved_weights"]["save"] == "trained"
+    assert_bitwise(torch.load(tmp_path / "deployed" / "weights.pt"),
+                   plain_pytorch_after(tmp_path / "run", 2, "example"))
