@@ -8,15 +8,20 @@ against plain PyTorch that loads the file and trains with a fresh optimizer too.
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from helpers.board_fixtures import local_board, loopback_ssh_board, needs_sshd
+from helpers.board_fixtures import local_board, loopback_ssh_board, needs_socat, needs_sshd
+from test_serial import board_agent, ptys, serial_device  # noqa: F401 - fixtures
 from edge_remat.cli import app
 from edge_remat.run import RunOptions, run
+from edge_remat.transport import Board
 from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.executor.run import run_plain
 from edge_remat_agent.formats import load_graph
@@ -124,3 +129,35 @@ def test_deploy_fetches_the_weights_next_to_the_report(tmp_path):
     assert record["result"]["saved_weights"]["save"] == "trained"
     assert_bitwise(torch.load(tmp_path / "deployed" / "weights.pt"),
                    plain_pytorch_after(tmp_path / "run", 2, "example"))
+
+
+@needs_socat
+def test_a_fetch_over_a_slow_serial_line_resumes_after_a_pulled_cable(board_agent, ptys,
+                                                                       tmp_path):
+    """A weights file over serial at 115200 baud: requests of what the line carries in ~4 s
+    (1 MiB ones took 91 s each, past the 30 s request timeout), and a cable pulled mid-fetch
+    resumes from what had arrived."""
+    data = os.urandom(1536 << 10)
+    local = tmp_path / "weights.pt"
+    local.write_bytes(data)
+    dest = tmp_path / "out" / "weights.pt"
+    part = dest.with_name(dest.name + ".part")
+
+    def pull_the_cable_at_half() -> None:
+        while not (part.is_file() and part.stat().st_size >= len(data) // 2):
+            time.sleep(0.005)
+        ptys.restart()
+
+    with Board(serial_device(tmp_path, ptys, baud=115200)) as board:
+        board.hello()
+        remote = board.push_input(local)
+        assert board.session().get_chunk == 44 << 10  # 11.5 KB/s for 4 s
+        puller = threading.Thread(target=pull_the_cable_at_half, daemon=True)
+        puller.start()
+        board.fetch(remote, dest)
+        puller.join(5)
+        assert board.reconnects >= 1
+        resumed = board.session().last_get
+    assert dest.read_bytes() == data and not part.exists()
+    assert resumed["resumed_from"] >= len(data) // 2
+    assert resumed["bytes"] == len(data) - resumed["resumed_from"]

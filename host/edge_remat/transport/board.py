@@ -249,10 +249,14 @@ class Board:
         for name in names:
             if not isinstance(name, str) or "/" in name or name.startswith("."):
                 raise TransportError(f"job {record['id']} lists a bad output name {name!r}")
-            remote = f"jobs/{record['id']}/files/{name}"
-            fetched.append(self._retrying(f"fetch {name}",
-                                          lambda s: s.get_file(remote, dest / name)))
+            fetched.append(self.fetch(f"jobs/{record['id']}/files/{name}", dest / name))
         return fetched
+
+    def fetch(self, remote: str, local: "str | Path") -> Path:
+        """A file of the board's workdir into `local`, through dropped links: each reconnect
+        resumes from what arrived (AgentSession.get_file)."""
+        return self._retrying(f"fetch {Path(remote).name}",
+                              lambda s: s.get_file(remote, local))
 
     def run_job(self, kind: str, params: Optional[dict] = None,
                 inputs: Optional[Dict[str, "str | Path"]] = None,

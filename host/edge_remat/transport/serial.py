@@ -146,6 +146,7 @@ class SerialTransport:
                 "(DEVICE is its end of the line, e.g. /dev/ttyGS0 or /dev/ttyAMA0)") from None
         session = AgentSession(FrameStream(link_session), board=self.board,
                                family=self.device.hardware.family, on_close=self.close)
+        session.get_chunk = get_chunk_for(conn.baud)
         try:
             session.hello(timeout=conn.connect_timeout_s + 30)
         except LinkLost as exc:
@@ -167,6 +168,16 @@ class SerialTransport:
             if link.session is not None:
                 link.session.close()
             link.close()
+
+
+def get_chunk_for(baud: int, seconds: float = 4.0) -> int:
+    """Bytes a fetch asks for at once: what the line carries in about `seconds` (10 bits a
+    byte), so that each request answers well within the session's request timeout even at a
+    slow baud rate (1 MiB takes 91 s at 115200 baud, past the 30 s timeout, and a fetch of
+    trained weights then failed again and again); 4 KiB to 1 MiB."""
+    from .session import GET_CHUNK
+    size = int(baud / 10 * seconds) // 4096 * 4096
+    return max(4096, min(GET_CHUNK, size))
 
 
 def stats(transport: SerialTransport) -> dict:

@@ -31,6 +31,8 @@ class AgentSession:
         self.family = family
         self.info: dict = {}
         self._on_close = on_close
+        self.get_chunk = GET_CHUNK  # a slow link's transport sets a smaller one (serial.py)
+        self.last_get: dict = {}  # the latest fetch: where it resumed, what it moved
 
     # -- plumbing --------------------------------------------------------------------------
     def call(self, request_type: str, body: bytes = b"", /, timeout: float = REQUEST_TIMEOUT_S,
@@ -146,21 +148,30 @@ class AgentSession:
                     return True
 
     def get_file(self, remote: str, local: "str | os.PathLike[str]",
-                 chunk: int = GET_CHUNK) -> Path:
+                 chunk: Optional[int] = None) -> Path:
+        """Fetch into LOCAL.part, then rename. A .part that a dropped link left is resumed
+        from its end; the checksum of the whole decides, and a damaged or foreign one is
+        fetched again from the start (a damaged fresh fetch: LinkLost, which the caller
+        retries)."""
+        chunk = chunk or self.get_chunk
         local = Path(local)
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(local.name + ".part")
-        offset = 0
-        with open(tmp, "wb") as handle:
+        offset = resumed = tmp.stat().st_size if tmp.is_file() else 0
+        with open(tmp, "ab") as handle:
             while True:
                 header, data = self.call("get_file", path=remote, offset=offset, length=chunk)
                 handle.write(data)
+                handle.flush()  # what arrived stays, for a resume after a dropped link
                 offset += len(data)
                 if offset >= int(header["size"]) or not data:
                     break
+        self.last_get = {"path": remote, "resumed_from": resumed, "bytes": offset - resumed}
         expected = self.stat_file(remote)["sha256"]
-        if expected and file_sha256(tmp) != expected:
+        if offset > int(header["size"]) or expected and file_sha256(tmp) != expected:
             tmp.unlink()
+            if resumed:  # the .part was another file's (an earlier fetch's): from the start
+                return self.get_file(remote, local, chunk)
             raise LinkLost(f"{remote} from {self.board} arrived damaged (sha256 mismatch); "
                            "fetch it again")
         os.replace(tmp, local)
