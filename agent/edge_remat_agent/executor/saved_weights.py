@@ -11,17 +11,17 @@ without the wrapper's "model." prefix.
   all      every parameter and persistent buffer
   none     nothing is saved
 
-Parameters homed on flash are read one at a time from their home and appended to a scratch
-file per dtype beside the output; torch.save then writes views of those files mapped into
-memory (clean file pages, which the kernel reclaims under a memory limit), so the whole model
-is never in anonymous memory at once. The file is written under a temporary name and renamed.
+The file is written one tensor at a time (_save_streamed): parameters homed on flash are read
+from their home one by one, so the whole model is never in memory at once, and what is written
+leaves the page cache, which a memory cgroup charges to the run. It is written under a
+temporary name and renamed.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -34,7 +34,6 @@ from .errors import BadInput
 SAVE_CHOICES = ("trained", "all", "none")
 DEFAULT_SAVE = "trained"
 WEIGHTS_FILE = "weights.pt"  # the run job's output file, fetched by the host
-_ALIGN = 64  # bytes: each tensor's offset in a scratch file, a multiple of any element size
 
 
 def check_save_choice(which: str) -> str:
@@ -78,10 +77,7 @@ def save_weights(module: nn.Module, home, which: str, path: "str | Path") -> dic
     entries = [(key, _reader(name, tensor, home)) for key, name, tensor in
                _tensors(module, which)]
     tmp = path.with_name(path.name + ".tmp")
-    if home is None:
-        torch.save({key: read() for key, read in entries}, tmp)
-    else:
-        _save_streamed(entries, tmp)
+    _save_streamed(entries, tmp)
     os.replace(tmp, path)
     return {"file": path.name, "save": which, "tensors": len(entries),
             "bytes": path.stat().st_size, "save_s": time.perf_counter() - started,
@@ -109,55 +105,75 @@ def _homed_alias(home, param: torch.Tensor) -> str | None:
 
 
 def _save_streamed(entries, tmp: Path) -> None:
-    """torch.save of the entries, read one at a time into scratch files and saved from there
-    (see the module's note)."""
-    with tempfile.TemporaryDirectory(prefix=".weights-", dir=tmp.parent) as scratch:
-        placed = []  # (key, dtype, shape, byte offset)
-        files: dict[torch.dtype, tuple] = {}  # dtype -> (open file, path)
-        try:
-            for key, read in entries:
-                value = read().contiguous()
-                if value.dtype not in files:
-                    where = os.path.join(scratch, f"{len(files)}.bin")
-                    files[value.dtype] = (open(where, "wb"), where)
-                handle = files[value.dtype][0]
-                offset = _pad(handle)
-                _write_tensor(handle, value)
-                placed.append((key, value.dtype, tuple(value.shape), offset))
-                del value  # one tensor at a time
-        finally:
-            for handle, _ in files.values():
-                handle.close()
-        storages = {dtype: _mapped(where) for dtype, (_, where) in files.items()}
-        state = {}
-        for key, dtype, shape, offset in placed:
-            size = torch.empty((), dtype=dtype).element_size()
-            state[key] = torch.empty(0, dtype=dtype).set_(
-                storages[dtype], offset // size, shape, _contiguous_stride(shape))
-        torch.save(state, tmp)
+    """torch.save's format, written one tensor at a time: each tensor is read, written as
+    its own record of the zip archive (flushed to disk and dropped from the page cache, which
+    a memory cgroup charges to the run) and let go; the pickle of the dict, which needs only
+    names, shapes and dtypes, comes last."""
+    import zipfile
+    placed = []  # (key, dtype, shape)
+    with open(tmp, "w+b") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as archive:
+        for index, (key, read) in enumerate(entries):
+            value = read().contiguous()
+            with archive.open(f"{_ARCHIVE}/data/{index}", "w", force_zip64=True) as record:
+                record.write(_memory_of(value))
+            placed.append((key, value.dtype, tuple(value.shape)))
+            del value  # one tensor at a time
+            _drop_written(raw)
+        archive.writestr(f"{_ARCHIVE}/data.pkl", _pickled(placed))
+        archive.writestr(f"{_ARCHIVE}/byteorder", "little")
+        archive.writestr(f"{_ARCHIVE}/version", "3\n")
+    with open(tmp, "rb") as raw:
+        _drop_written(raw)
 
 
-def _pad(handle) -> int:
-    offset = handle.tell()
-    gap = -offset % _ALIGN
-    if gap:
-        handle.write(b"\0" * gap)
-    return offset + gap
+_ARCHIVE = "weights"  # the folder inside the zip; torch.load takes whatever name it has
 
 
-def _write_tensor(handle, value: torch.Tensor) -> None:
-    """The tensor's bytes, written from its own memory (no copy: torch on a board may come
+def _memory_of(value: torch.Tensor):
+    """The tensor's bytes as a buffer over its own memory (no copy: torch on a board may come
     without numpy)."""
-    nbytes = value.numel() * value.element_size()
-    if nbytes:
-        handle.write((ctypes.c_char * nbytes).from_address(value.data_ptr()))
+    return (ctypes.c_char * (value.numel() * value.element_size())).from_address(
+        value.data_ptr())
 
 
-def _mapped(path: str) -> torch.UntypedStorage:
-    size = os.path.getsize(path)
-    if size == 0:
-        return torch.UntypedStorage(0)
-    return torch.UntypedStorage.from_file(path, False, size)  # private, read-only in use
+def _drop_written(raw) -> None:
+    raw.flush()
+    os.fdatasync(raw.fileno())  # dirty pages cannot be dropped
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(raw.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _pickled(placed: list) -> bytes:
+    """data.pkl as torch.save writes it: the dict, each tensor rebuilt by
+    torch._utils._rebuild_tensor_v2 from the storage record of its index."""
+    import collections
+    import io
+    import pickle
+    storage_types = torch.storage._dtype_to_storage_type_map()
+
+    class Storage:
+        def __init__(self, index: int, dtype: torch.dtype, numel: int):
+            self.id = ("storage", getattr(torch, storage_types[dtype]), str(index), "cpu",
+                       numel)
+
+    class Tensor:
+        def __init__(self, storage: Storage, shape: tuple):
+            self.storage, self.shape = storage, shape
+
+        def __reduce_ex__(self, protocol):
+            return (torch._utils._rebuild_tensor_v2,
+                    (self.storage, 0, torch.Size(self.shape), _contiguous_stride(self.shape),
+                     False, collections.OrderedDict()))
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            return obj.id if isinstance(obj, Storage) else None
+
+    state = {key: Tensor(Storage(index, dtype, math.prod(shape)), shape)
+             for index, (key, dtype, shape) in enumerate(placed)}
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=2).dump(state)
+    return buffer.getvalue()
 
 
 def _contiguous_stride(shape: tuple) -> tuple:
