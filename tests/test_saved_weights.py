@@ -161,3 +161,27 @@ def test_a_fetch_over_a_slow_serial_line_resumes_after_a_pulled_cable(board_agen
     assert dest.read_bytes() == data and not part.exists()
     assert resumed["resumed_from"] >= len(data) // 2
     assert resumed["bytes"] == len(data) - resumed["resumed_from"]
+
+
+def test_a_peft_model_also_gets_its_adapter_as_peft_reads_it(tmp_path):
+    """hf:llama with a LoRA adapter (the README's): OUT/adapter loads into a fresh base with
+    PeftModel.from_pretrained and holds the trained tensors of OUT/weights.pt."""
+    peft = pytest.importorskip("peft")
+    (tmp_path / "llama.json").write_text(
+        '{"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, '
+        '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}')
+    (tmp_path / "lora.json").write_text(
+        '{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}')
+    base = f"hf:llama?config={tmp_path / 'llama.json'}"
+    with local_board(tmp_path, "bench"):
+        report = run(RunOptions(device="bench", model=f"{base}&adapter={tmp_path / 'lora.json'}",
+                                budget="70%", steps=2, out=str(tmp_path / "out"), **QUICK))
+    saved = torch.load(tmp_path / "out" / "weights.pt")
+    assert report["weights"]["peft_adapter"] == str(tmp_path / "out" / "adapter")
+    assert all(".lora_" in name for name in saved)
+    fresh, _ = load_model(base)
+    adapted = peft.PeftModel.from_pretrained(fresh.model, report["weights"]["peft_adapter"])
+    state = adapted.state_dict()
+    assert_bitwise(saved, state)
+    assert not torch.equal(saved[next(n for n in saved if "lora_B" in n)],
+                           torch.zeros_like(state[next(n for n in saved if "lora_B" in n)]))

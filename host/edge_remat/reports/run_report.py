@@ -274,6 +274,9 @@ def report_text(report: dict) -> str:
         lines.append(f"weights       {weights['file']} ({weights['save']}: "
                      f"{weights['tensors']} tensors, {weights['bytes'] / 2**20:.2f} MiB; "
                      "torch.load gives the model's state_dict names)")
+        if weights.get("peft_adapter"):
+            lines.append(f"adapter       {weights['peft_adapter']} (PeftModel.from_pretrained "
+                         "reads it)")
     if report.get("report"):
         lines.append(f"report        {report['report']}")
     return "\n".join(lines)

@@ -282,6 +282,10 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           paths={"graph": str(graph_path), "plan": str(plan_path)},
                           micro_batches=opts.accumulate, **outcome)
     report["weights"] = _weights_into(out, outcome)
+    if report["weights"]:
+        from .peft_adapter import write_peft_adapter
+        report["weights"]["peft_adapter"] = write_peft_adapter(
+            captured.module, report["weights"]["file"], out)
     _say_malloc(report, say)
     forget_if_far_off(report, chosen, say)
     if opts.plots:
