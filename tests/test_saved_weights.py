@@ -78,16 +78,22 @@ def test_trained_weights_from_flash_equal_plain_pytorch_and_init_goes_on(tmp_pat
 
 
 @needs_sshd
-def test_a_lora_run_over_ssh_hands_back_its_adapters_only(tmp_path):
-    with loopback_ssh_board(tmp_path) as (config, _sshd, _workdir):
-        report = run(RunOptions(device=str(config), model="gpt-tiny-lora", batch=2, seq=32,
-                                budget="70%", steps=2, out=str(tmp_path / "out"), **QUICK))
-    assert report["status"] == "finished"
-    saved = torch.load(tmp_path / "out" / "weights.pt")
+def test_a_lora_run_over_ssh_starts_from_init_and_hands_back_its_adapters_only(tmp_path):
+    """--init travels to the board over SSH (adapters moved off their zero start), and the
+    trained adapters come back."""
     module, _ = load_model("gpt-tiny-lora", 2, None, 32)
     trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+    start = tmp_path / "start.pt"
+    torch.save({name: p.detach() + 0.01 for name, p in module.named_parameters()
+                if name in trainable}, start)
+    with loopback_ssh_board(tmp_path) as (config, _sshd, _workdir):
+        report = run(RunOptions(device=str(config), model="gpt-tiny-lora", batch=2, seq=32,
+                                budget="70%", steps=2, init=str(start),
+                                out=str(tmp_path / "out"), **QUICK))
+    assert report["status"] == "finished" and report["grad_check"]["bitwise_equal"] is True
+    saved = torch.load(tmp_path / "out" / "weights.pt")
     assert set(saved) == trainable and all("lora" in name for name in saved)
-    assert_bitwise(saved, plain_pytorch_after(tmp_path / "out", 2, "example"))
+    assert_bitwise(saved, plain_pytorch_after(tmp_path / "out", 2, "example", start))
     # the loaded file makes the fresh model the trained one
     missing, unexpected = module.load_state_dict(saved, strict=False)
     assert not unexpected and set(missing).isdisjoint(saved)

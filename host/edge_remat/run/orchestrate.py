@@ -519,7 +519,8 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
                if "SIGKILL" in error else "out of memory")
         from edge_remat_agent.executor.jobs import CAPTURING
         when = f"while {CAPTURING} (before step 1)" if progress.get("message") == CAPTURING \
-            else f"at step {at}"
+            else f"at step {at}" if at <= steps else \
+            f"after step {steps}, while saving the trained weights (--save none leaves them)"
         return {"status": "killed", "killed_at_step": at, "message": f"{why} {when}",
                 "result": progress.get("data") or {}, **watch.readings()}
 
