@@ -18,12 +18,14 @@ import torch
 from typer.testing import CliRunner
 
 from helpers.board_fixtures import local_board, loopback_ssh_board, needs_socat, needs_sshd
+from test_pages import tiny_filesystem  # noqa: F401 - fixture: a real 1 MiB tmpfs
 from test_serial import board_agent, ptys, serial_device  # noqa: F401 - fixtures
 from edge_remat.cli import app
 from edge_remat.run import RunOptions, run
 from edge_remat.transport import Board
 from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.executor.run import run_plain
+from edge_remat_agent.executor.saved_weights import save_weights
 from edge_remat_agent.formats import load_graph
 
 pytestmark = [pytest.mark.slow, pytest.mark.loopback]
@@ -191,3 +193,12 @@ def test_a_peft_model_also_gets_its_adapter_as_peft_reads_it(tmp_path):
     assert_bitwise(saved, state)
     assert not torch.equal(saved[next(n for n in saved if "lora_B" in n)],
                            torch.zeros_like(state[next(n for n in saved if "lora_B" in n)]))
+
+
+def test_a_full_disk_leaves_no_half_written_weights_file(tiny_filesystem):
+    """The run job catches the OSError and still hands back its report (saved_weights_error)."""
+    module = torch.nn.Linear(1024, 1024)  # 4 MiB of weights for a 1 MiB filesystem
+    with pytest.raises(OSError) as error:
+        save_weights(module, None, "all", tiny_filesystem / "weights.pt")
+    assert error.value.errno == 28  # ENOSPC
+    assert os.listdir(tiny_filesystem) == []

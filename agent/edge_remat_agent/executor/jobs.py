@@ -87,7 +87,10 @@ def run_job(ctx: JobContext, params: dict) -> dict:
 
     def save_trained(module, home) -> None:
         from .saved_weights import save_weights
-        saved["figures"] = save_weights(module, home, save, ctx.files_dir / WEIGHTS_FILE)
+        try:
+            saved["figures"] = save_weights(module, home, save, ctx.files_dir / WEIGHTS_FILE)
+        except OSError as error:  # a full disk, say: the run's report still comes back
+            saved["error"] = f"the trained weights were not saved: {error}"
     try:
         report = run_plan(graph, plan, steps, page_dir, captured=captured,
                           check_gradients=_flag(params.get("check_gradients", True)),
@@ -106,6 +109,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
             host.close()
     report["malloc"] = malloc
     report["saved_weights"] = saved.get("figures")
+    report["saved_weights_error"] = saved.get("error")
     ctx.write_json("run_report.json", report)
     files = ["run_report.json"] + ([WEIGHTS_FILE] if saved.get("figures") else [])
     return {"malloc": malloc, "files": files, "summary": report["summary"],

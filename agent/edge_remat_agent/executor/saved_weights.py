@@ -52,8 +52,9 @@ def state_root(module: nn.Module) -> tuple[nn.Module, str]:
 
 
 def _tensors(module: nn.Module, which: str) -> list[tuple[str, str, torch.Tensor]]:
-    """(file key, name in `module`, the parameter or buffer) for what `which` saves, in
-    state_dict() order; a tied parameter once, under its first name, as state_dict() has it."""
+    """(file key, name in `module`, the parameter or buffer) for what `which` saves: the
+    parameters, then the persistent buffers; a tied parameter once, under its first name, as
+    state_dict() has it."""
     root, prefix = state_root(module)
     persistent = set(root.state_dict(keep_vars=True))
     out = []
@@ -77,8 +78,12 @@ def save_weights(module: nn.Module, home, which: str, path: "str | Path") -> dic
     entries = [(key, _reader(name, tensor, home)) for key, name, tensor in
                _tensors(module, which)]
     tmp = path.with_name(path.name + ".tmp")
-    _save_streamed(entries, tmp)
-    os.replace(tmp, path)
+    try:
+        _save_streamed(entries, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half file
+        raise
     return {"file": path.name, "save": which, "tensors": len(entries),
             "bytes": path.stat().st_size, "save_s": time.perf_counter() - started,
             "keys": "state_dict of " + type(state_root(module)[0]).__name__}

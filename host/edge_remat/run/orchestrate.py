@@ -282,6 +282,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           paths={"graph": str(graph_path), "plan": str(plan_path)},
                           micro_batches=opts.accumulate, **outcome)
     report["weights"] = _weights_into(out, outcome)
+    if (outcome.get("result") or {}).get("saved_weights_error"):
+        say(f"warning: {outcome['result']['saved_weights_error']}")
     if report["weights"]:
         from .peft_adapter import write_peft_adapter
         report["weights"]["peft_adapter"] = write_peft_adapter(
