@@ -6,6 +6,7 @@ kernels included), written as a measured profile that the planner takes
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -130,40 +131,28 @@ def test_measured_profile_changes_the_planners_costs(graph_file, tmp_path, capsy
     assert plans["profile"]["predicted"]["time_s"] != plans["estimate"]["predicted"]["time_s"]
 
 
-def test_profile_job_on_the_board_through_the_daemon(graph_file, tmp_path, monkeypatch):
-    folder = tmp_path / "configs"
+def test_profile_job_on_the_board_through_the_daemon_says_each_phase_as_it_starts(
+        graph_file, tmp_path, monkeypatch):
+    """One profile job through the daemon (a local board), two checks of it: (1) the measured
+    profile comes back (the job's record, read again with job-status --json as the profile
+    command's --json prints it); (2) each phase is a progress line of its own. On the emulated
+    arm64 board the job said 'measuring the board (flash, power, footprint)' and then nothing
+    while it captured the graph there (6 min under load) and measured flash, power and the
+    footprint. One job for both: each is a board's whole profile (tens of seconds here)."""
+    folder = tmp_path / "configs"  # the least a local board's config needs: no [hardware]
     folder.mkdir()
     workdir = tmp_path / "board"
     (folder / "bench.toml").write_text(
         f'name = "bench"\n[connection]\nkind = "local"\nworkdir = "{workdir}"\n')
     monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(folder))
-    params = [arg for pair in (("sensor=model", "idle_s=0.1", "busy_s=0.1", "no_footprint=true",
-                                "sizes=4KiB")) for arg in ("--param", pair)]
-    try:
-        result = CliRunner().invoke(app, ["profile", "--device", "bench", "--graph",
-                                          str(graph_file), *params, "--out", str(tmp_path / "out"),
-                                          "--json"])
-    finally:
-        stop_agent(workdir)
-    assert result.exit_code == 0, result.output
-    answer = json.loads(result.stdout)
-    assert answer["status"] == "finished"
-    assert answer["result"]["nodes"] == len(load_graph(graph_file))
-    profile = load_profile(tmp_path / "out" / "profile.json")
-    assert profile.source == "measured" and profile.ops and "flash" in profile.tiers
-
-
-def test_the_profile_job_says_each_phase_as_it_starts(graph_file, tmp_path, monkeypatch):
-    """On the emulated arm64 board the job said 'measuring the board (flash, power,
-    footprint)' and then nothing while it captured the graph there (6 min under load) and
-    measured flash, power and the footprint: each phase is now a progress line of its own."""
-    from helpers.board_fixtures import local_bench_device
-    _, workdir = local_bench_device(tmp_path, monkeypatch)
     params = [arg for pair in ("sensor=model", "idle_s=0.1", "busy_s=0.1", "sizes=4KiB")
               for arg in ("--param", pair)]
     try:
         result = CliRunner().invoke(app, ["profile", "--device", "bench", "--graph",
                                           str(graph_file), *params, "--out", str(tmp_path / "out")])
+        job = re.match(r"job (\S+) ", result.stdout)  # its first line: "job ID finished ..."
+        job = job.group(1) if job else "(none)"
+        status = CliRunner().invoke(app, ["job-status", job, "--device", "bench", "--json"])
     finally:
         stop_agent(workdir)
     assert result.exit_code == 0, result.output
@@ -171,6 +160,13 @@ def test_the_profile_job_says_each_phase_as_it_starts(graph_file, tmp_path, monk
               for line in result.stderr.splitlines()
               if " running 0% " in line and "(still " not in line]
     assert phases == ["capture", "flash", "host link", "power", "footprint", "ops"], result.stderr
+
+    assert status.exit_code == 0, status.output
+    answer = json.loads(status.stdout)
+    assert answer["status"] == "finished" and answer["job"] == job
+    assert answer["result"]["nodes"] == len(load_graph(graph_file))
+    profile = load_profile(tmp_path / "out" / "profile.json")
+    assert profile.source == "measured" and profile.ops and "flash" in profile.tiers
 
 
 def test_resident_peak_counts_memory_the_allocator_events_do_not_see():
