@@ -153,3 +153,37 @@ def test_an_agent_that_cannot_start_in_its_limit_leaves_no_cgroup(tmp_path):
     assert result.exit_code == 3, result.output
     assert "the agent did not start" in result.output
     assert MemoryCgroup.existing(name) is None
+
+
+@needs_cgroup
+def test_agent_stop_removes_the_emulated_boards_cgroup_once_empty(tmp_path, monkeypatch):
+    """agent-stop stopped an emulated board's agent and left its memory cgroup behind, empty.
+    Now it is removed once empty; a process still inside keeps it (and is not killed), said on
+    the line."""
+    from typer.testing import CliRunner
+    from helpers.board_fixtures import local_board
+    from edge_remat.cli import app
+    from edge_remat.devices import find_device
+    from edge_remat.transport import emulated
+    monkeypatch.setattr(emulated, "STOPPED_AGENT_EXIT_S", 1.0)  # the stray below never leaves
+    with local_board(tmp_path, "small", memory_limit_bytes=150 * MIB):
+        name = emulated.cgroup_name(find_device("small"))
+        assert CliRunner().invoke(app, ["job", "sysinfo", "--device", "small"]).exit_code == 0
+        group = MemoryCgroup.existing(name)
+        stray = subprocess.Popen(group.exec_prefix() + ["sleep", "60"])
+        try:
+            kept = CliRunner().invoke(app, ["agent-stop", "--device", "small"])
+            stray_alive = stray.poll() is None
+        finally:
+            stray.kill()
+            stray.wait()
+        kept_group = MemoryCgroup.existing(name)
+        assert CliRunner().invoke(app, ["job", "sysinfo", "--device", "small"]).exit_code == 0
+        stopped = CliRunner().invoke(app, ["agent-stop", "--device", "small"])
+        left = MemoryCgroup.existing(name)
+        if left is not None:
+            left.remove()
+    assert kept.exit_code == 0 and stray_alive and kept_group is not None, kept.output
+    assert f"its memory cgroup {group.path} is left" in kept.stdout
+    assert stopped.exit_code == 0 and "stopped" in stopped.stdout, stopped.output
+    assert "cgroup" not in stopped.stdout and left is None

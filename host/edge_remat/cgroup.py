@@ -203,6 +203,23 @@ class MemoryCgroup:
             except OSError:
                 time.sleep(0.05)  # the last exits are still being reaped
 
+    def remove_if_empty(self, wait_s: float = 0.0) -> bool:
+        """Delete the group once nothing runs inside, waiting up to `wait_s` for processes on
+        their way out; never kills (the kernel refuses to delete a group that holds one).
+        Whether the group is gone."""
+        deadline = time.monotonic() + wait_s
+        while self.path.is_dir():
+            if not self.pids():
+                try:
+                    self.path.rmdir()
+                    return True
+                except OSError:
+                    pass  # one joined, or the last exit is still being reaped
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def _write(self, name: str, value) -> None:
         with open(self.path / name, "w") as handle:
             handle.write(str(value))

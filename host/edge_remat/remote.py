@@ -214,6 +214,9 @@ def stop_agent(board: Board, if_idle: bool) -> "tuple[dict, str]":
                 f"agent on {board.name} left running: it is busy with {what} (--if-idle); "
                 "stop it without --if-idle to interrupt that")
     line = f"agent on {board.name} stopped"
+    from .transport.emulated import remove_stopped_board_cgroup
+    if (kept := remove_stopped_board_cgroup(board.device)) is not None:
+        line += f"; its memory cgroup {kept} is left: processes still run in it"
     if running:
         line += (f"; it interrupted job {running}, which starts again from the beginning "
                  "when the agent next starts")

@@ -114,8 +114,8 @@ class EmulatedTransport(LocalTransport):
     def _remove_cgroup_if_empty(self) -> None:
         """An agent that did not start leaves the cgroup made for it, unless something still
         runs there (another run's agent: removing the group would kill it)."""
-        if self.cgroup is not None and not self.cgroup.pids():
-            self.cgroup.remove()
+        if self.cgroup is not None:
+            self.cgroup.remove_if_empty(wait_s=2.5)  # the relay's exit may still be reaped
 
 
 def emulated_transport(device: DeviceConfig, archive=None) -> EmulatedTransport:
@@ -129,6 +129,26 @@ def remove_board_cgroup(device: DeviceConfig) -> None:
         return
     if group is not None:
         group.remove()
+
+
+# How long `agent-stop` waits for a stopped agent's processes (relay, daemon, an interrupted
+# job) to leave its board's cgroup before it leaves the group where it is.
+STOPPED_AGENT_EXIT_S = 10.0
+
+
+def remove_stopped_board_cgroup(device: DeviceConfig) -> "str | None":
+    """After its agent stopped cleanly, the emulated board's own cgroup (named for this device
+    and workdir) is removed once empty; nothing is killed. None when it is gone (or the device
+    has none); else the group's path, which something still runs in."""
+    if not device.hardware.memory_limit_bytes or device.connection.kind != "local":
+        return None
+    try:
+        group = MemoryCgroup.existing(cgroup_name(device))
+    except CgroupUnavailable:
+        return None
+    if group is None or group.remove_if_empty(STOPPED_AGENT_EXIT_S):
+        return None
+    return str(group.path)
 
 
 def retire_emulated(board, device: DeviceConfig, say) -> None:
