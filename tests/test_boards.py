@@ -141,28 +141,30 @@ def test_devices_check_fails_a_board_without_torch_with_the_install_hint(configs
     assert "bare has no torch" in out and "pip install torch" in out
 
 
-@pytest.mark.parametrize("where", ["a-file", "a-file/pages"])
+@pytest.mark.parametrize("where", ["a-file", "a-file/pages", "unmounted/pages"])
 def test_devices_check_fails_a_page_dir_that_cannot_hold_pages(configs, tmp_path, where):
     """QA: a page_dir that is a file (or lies under one; likewise a read-only one) passed the
-    check and failed inside the job, after the capture."""
+    check and failed inside the job, after the capture. One whose parent is missing (a drive
+    not mounted) was made with its parents, on the system's own disk."""
     (tmp_path / "a-file").write_text("not a folder")
     local_config(configs, "nopages", hardware=f'page_dir = "{tmp_path / where}"\n')
     code, out, err = checked(tmp_path, "nopages")
     assert code == 3 and "failed the check: nopages" in err, (out, err)
     assert "nopages's page_dir cannot hold pages" in out
     assert "set [hardware] page_dir in" in out and str(configs / "nopages.toml") in out
+    assert not (tmp_path / "unmounted").exists()
 
 
 def test_devices_check_reports_the_page_dirs_free_space(configs, tmp_path):
-    local_config(configs, "pages", hardware=f'page_dir = "{tmp_path / "new" / "pages"}"\n')
+    local_config(configs, "pages", hardware=f'page_dir = "{tmp_path / "new-pages"}"\n')
     try:
         code, out, _ = cli("devices", "pages", "--check", "--json")
     finally:
         stop_agent(tmp_path / "board-pages")
     assert code == 0, out
     check = json.loads(out)["devices"][0]["check"]
-    assert check["page_dir"] == str(tmp_path / "new" / "pages")  # made, as the run would
-    assert check["page_dir_free_bytes"] > 0 and (tmp_path / "new" / "pages").is_dir()
+    assert check["page_dir"] == str(tmp_path / "new-pages")  # made, as the run would
+    assert check["page_dir_free_bytes"] > 0 and (tmp_path / "new-pages").is_dir()
 
 
 def test_a_workdir_with_less_room_than_the_agent_fails_the_check():

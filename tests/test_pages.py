@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import uuid
 
@@ -400,3 +401,32 @@ print("torch" in sys.modules)
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_a_page_folder_whose_parent_is_missing_is_refused_not_made_with_it(tmp_path):
+    """A page folder on a drive that is not mounted (/mnt/ssd/pages, /mnt/ssd absent) was made
+    with all its parents, and the pages silently landed on the card the system runs from. Now
+    only the last component is made; a missing parent is refused in one line naming the folder
+    and where it is set, by the store, the run job's check and `devices --check`."""
+    from edge_remat_agent.daemon.sysinfo import page_dir_status
+    from edge_remat_agent.executor.jobs import _check_page_dir
+    from edge_remat_agent.formats import Instruction, Plan
+    from edge_remat_agent.pages import FlashStore, PageStoreError
+    drive = tmp_path / "mnt" / "ssd"
+    page_dir = drive / "pages"
+    said = rf"{re.escape(str(page_dir))}: its parent folder {re.escape(str(drive))} does not " \
+           r"exist .*\[hardware\] page_dir in the device config, or the agent's --page-dir"
+    with pytest.raises(PageStoreError, match=said):
+        FlashStore(str(page_dir))
+    plan = Plan(graph_fingerprint="x", budget_bytes=1,
+                stages=[[Instruction("page_out", "n", "flash")]])
+    with pytest.raises(ValueError, match=r"cannot hold pages: .*does not exist.*page_dir") as job:
+        _check_page_dir(plan, str(page_dir))
+    status = page_dir_status(page_dir)
+    assert "\n" not in str(job.value) and not status["ok"]
+    assert f"its parent folder {drive} does not exist" in status["error"]
+    assert not (tmp_path / "mnt").exists()  # nothing made on the way
+    drive.mkdir(parents=True)  # mounted: the last component is made, as before
+    with FlashStore(str(page_dir)) as flash:
+        flash.put("a", torch.ones(3))
+    assert page_dir.is_dir() and page_dir_status(page_dir)["ok"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import __version__
+from ..pages.folder import make_page_dir
 from .layout import job_page_dir
 
 
@@ -83,7 +84,7 @@ def page_dir_status(page_dir: Path) -> dict:
     try:
         if page_dir.exists() and not page_dir.is_dir():
             return {**status, "error": f"{page_dir} is a file, not a folder"}
-        page_dir.mkdir(parents=True, exist_ok=True)
+        make_page_dir(page_dir)  # not its parents: an unmounted drive's folder is refused
         probe = page_dir / f".edge-remat-check-{os.getpid()}"
         probe.write_bytes(b"\0")  # the run writes page files here: try one
         probe.unlink()

@@ -21,7 +21,8 @@ import torch
 from ..formats import Graph, Plan
 from ..pages import (FlashStore, LinkStore, MemoryStore, PageStore, PageStoreError,
                      PageStoreFull, PinnedStore)
-from ..pages.errors import full_remedy
+from ..pages.errors import full_remedy, page_dir_not_made
+from ..pages.folder import make_page_dir
 from .errors import BadInput, ExecutorError
 from .updates import ParameterHome, homed_parameters
 
@@ -126,6 +127,10 @@ def _frozen_from_weight_store(graph: Graph, module, page_dir: str | None,
     from ..weights import WEIGHTS_FOLDER, WeightFile, ensure_model_weights
     from ..weights.paged import PagedWeights
     source = graph.capture.get("source") or {}
+    try:
+        make_page_dir(page_dir)  # the weights' folder goes in it, not on a missing drive's path
+    except OSError as error:
+        raise ExecutorError(page_dir_not_made(page_dir, error)) from error
     try:
         path, written = ensure_model_weights(module, str(source.get("model", graph.name)),
                                              int(source.get("seed") or 0),

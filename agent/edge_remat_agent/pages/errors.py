@@ -12,6 +12,12 @@ PAGE_DIR_REMEDY = (f"point page_dir at a writable folder on the board ({PAGE_DIR
                    "`edge-remat devices NAME --check` checks it")
 
 
+def page_dir_not_made(page_dir: str, error: OSError) -> str:
+    """A page folder that cannot be made (or a store's folder in it), and what to do."""
+    return (f"cannot create a page directory under {page_dir}: {error.strerror or error}. "
+            f"Remedy: {PAGE_DIR_REMEDY}")
+
+
 def full_remedy(last_resort: str) -> str:
     """What to do about a page folder too small for the pages."""
     return (f"free space on that filesystem, point page_dir at a larger one ({PAGE_DIR_SETTING}), "

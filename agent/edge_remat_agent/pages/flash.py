@@ -38,8 +38,9 @@ import torch
 from .base import IndexedPageStore
 from .codec import EncodedPage, encode, read_from
 from .direct import open_direct, write_direct
-from .errors import (PAGE_DIR_REMEDY, PageCorrupted, PageMissing, PageStoreError,
-                     PageStoreFull, full_remedy)
+from .errors import (PageCorrupted, PageMissing, PageStoreError, PageStoreFull, full_remedy,
+                     page_dir_not_made)
+from .folder import make_page_dir
 
 try:
     import fcntl
@@ -78,12 +79,10 @@ class FlashStore(IndexedPageStore):
         self.fsync = fsync
         self.drop_cache = drop_cache
         try:
-            os.makedirs(self.page_dir, exist_ok=True)
+            make_page_dir(self.page_dir)
             self.directory, lock = _new_locked_directory(self.page_dir)
         except OSError as error:
-            raise PageStoreError(f"cannot create a page directory under {self.page_dir}: "
-                                 f"{error.strerror or error}. Remedy: {PAGE_DIR_REMEDY}") \
-                from error
+            raise PageStoreError(page_dir_not_made(self.page_dir, error)) from error
         self._finalizer = weakref.finalize(self, _remove_directory, self.directory, lock,
                                            os.getpid())
         self.cleaned_stale = remove_dead_stores(self.page_dir, keep=self.directory)
