@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import _budget_found_hint, solve
-from edge_remat.synthetic import random_layered
+from edge_remat.synthetic import published_w, random_layered
 
 
 def test_the_named_budget_is_given_as_an_upper_end_with_the_floor_below():
@@ -41,3 +43,33 @@ def test_the_floor_named_is_the_one_a_smaller_budget_is_refused_at():
         assert refused.smallest_bytes == floor, (refused.smallest_bytes, floor)
     else:
         raise AssertionError(f"a budget below the floor the hint names ({floor}) is accepted")
+
+
+def test_a_short_time_limit_names_the_budget_the_feasibility_phase_got_to():
+    """`plan --time-limit 2` on a 500-node random layered graph at 0.6 found no plan, and its
+    hint named the plain peak (the ladder of larger budgets had no time left to try one),
+    though the feasibility phase had got the peak well below it: that budget is named now,
+    and it plans."""
+    from dataclasses import replace
+
+    from edge_remat.planner.solve import NoPlan, plain_peak_in_order
+    p = build_problem(random_layered(500, seed=0, w=published_w(500)), "0.6", order="given")
+    with pytest.raises(NoPlan) as no_plan:
+        solve(p, "auto", time_limit=2)
+    message = str(no_plan.value)
+    named = int(re.search(r"try --budget (\d+)", message).group(1))
+    assert "the feasibility phase got the peak down to" in message, message
+    assert p.budget_bytes < named < plain_peak_in_order(p)
+    assert evaluate(p, solve(replace(p, budget_bytes=named), "auto", 10).decisions).sim \
+        .peak_bytes <= named
+
+
+def test_with_no_time_to_try_a_budget_the_hint_says_more_time_is_needed():
+    """Where the feasibility phase left no schedule below the plain peak and the ladder had no
+    time, the hint said 'the feasibility phase found no smaller budget in time', as if it had
+    looked: it says plainly that a larger --time-limit would find one."""
+    from edge_remat.planner.solve import plain_peak_in_order
+    p = build_problem(random_layered(60, seed=1), "0.8", order="given")
+    hint = _budget_found_hint(p, time.perf_counter())  # no time left
+    assert f"try --budget {plain_peak_in_order(p)}, or give a larger --time-limit" in hint
+    assert "tried no smaller budget" in hint and "found no smaller budget" not in hint

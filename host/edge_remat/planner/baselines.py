@@ -202,9 +202,12 @@ def split(p: Problem, deadline: float | None = None) -> list[StageDecision] | No
     return peak_split(p, deadline)
 
 
-def peak_search(p: Problem, deadline: float | None = None) -> list[StageDecision] | None:
+def peak_search(p: Problem, deadline: float | None = None,
+                left_at=None) -> list[StageDecision] | None:
+    """`left_at`: told the schedule a failed search got to (feasible.feasible_schedule)."""
     from .feasible import feasible_schedule  # local: needs numpy, like splitting
-    return feasible_schedule(p, 60.0 if deadline is None else deadline - clock.perf_counter())
+    return feasible_schedule(p, 60.0 if deadline is None else deadline - clock.perf_counter(),
+                             left_at)
 
 
 def descent(p: Problem, deadline: float | None = None) -> list[StageDecision] | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import time as clock
+from typing import Callable
 
 import numpy as np
 
@@ -47,8 +48,12 @@ class Deadline(Exception):
     """The time limit ran out mid-search."""
 
 
-def feasible_schedule(p: Problem, time_limit: float = 60.0) -> list[StageDecision] | None:
-    """A schedule within the budget, or None when the search finds none in time."""
+def feasible_schedule(p: Problem, time_limit: float = 60.0,
+                      left_at: Callable[[EventSchedule], None] | None = None,
+                      ) -> list[StageDecision] | None:
+    """A schedule within the budget, or None when the search finds none in time. `left_at`,
+    where the search fails, is told the schedule it got to (over the budget, but a schedule:
+    its peak is a budget that plans, which the no-plan error may name)."""
     deadline = clock.perf_counter() + time_limit
     capacity = p.budget_bytes - p.fixed
     sched, added = EventSchedule(p), []
@@ -57,17 +62,24 @@ def feasible_schedule(p: Problem, time_limit: float = 60.0) -> list[StageDecisio
                 not peak_search(sched, capacity, added, deadline) and \
                 not repair(sched, capacity, added, deadline):
             if p.n < ESCAPE_MIN_NODES:
-                return None
+                return _left(sched, left_at)
             from .escape import reach_budget  # it builds on this module's searches
-            sched = reach_budget(sched, capacity, deadline)
-            if sched is None:
-                return None
+            reached = reach_budget(sched, capacity, deadline)
+            if reached is None:
+                return _left(sched, left_at)
+            sched = reached
             added = [[(v, t)] for v, stages in enumerate(sched.computes) for t in stages
                      if t != v]
     except Deadline:
-        return None
+        return _left(sched, left_at)
     drop_unneeded(sched, added, capacity, deadline)
     return decisions_from_intervals(p, sched.residencies())
+
+
+def _left(sched: EventSchedule, left_at: Callable[[EventSchedule], None] | None) -> None:
+    if left_at is not None:
+        left_at(sched)
+    return None
 
 
 def peak_search(sched: EventSchedule, capacity: int, added: list[list[tuple[int, int]]],

@@ -148,16 +148,19 @@ class Incumbent:
 
 def run_baselines(p: Problem, time_limit: float | None = None,
                   share: float = FEASIBILITY_SHARE,
-                  found: Callable[[Candidate], None] | None = None) -> dict[str, Candidate | None]:
+                  found: Callable[[Candidate], None] | None = None,
+                  left_at: Callable | None = None) -> dict[str, Candidate | None]:
     """Every baseline, all of them within `share` of the time limit (if one is given): one
-    that runs out of time has no plan. `found` is told of each plan as it is made."""
+    that runs out of time has no plan. `found` is told of each plan as it is made; `left_at`,
+    of the schedule the feasibility phase got to where it found none."""
     out: dict[str, Candidate | None] = {}
     deadline = None if time_limit is None else clock.perf_counter() + share * time_limit
     for name, baseline in BASELINES.items():
         own = deadline
         if deadline is not None and name != FEASIBILITY_PHASE:
             own = min(deadline, clock.perf_counter() + OTHER_BASELINE_SHARE * time_limit)
-        decisions = baseline(p, own)
+        decisions = baseline(p, own, left_at) if name == FEASIBILITY_PHASE and left_at \
+            else baseline(p, own)
         out[name] = None if decisions is None else Candidate(
             f"heuristic:{name}", evaluate(p, decisions), decisions)
         if found is not None and out[name] is not None:
@@ -245,7 +248,8 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
             incumbent.offer(p, candidate)
 
     announce(progress, "heuristics (feasibility phase)")
-    baselines = run_baselines(p, time_limit, share, keep)
+    left_at: list = []  # where the feasibility phase stopped, if it found no plan
+    baselines = run_baselines(p, time_limit, share, keep, left_at.append)
     summary = {name: (c.evaluation.value if c and c.evaluation.feasible else None)
                for name, c in baselines.items()}
     incumbent.summary = summary
@@ -334,7 +338,8 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
                          + ", and on a graph this large "
                          f"({p.n} nodes) the exact solvers find none from scratch; "
                          + _budget_found_hint(p, started + time_limit,
-                                              more_time_helps=not gave_up))
+                                              more_time_helps=not gave_up,
+                                              stopped_at=left_at[0] if left_at else None))
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
                        timing={"first_plan_s": first_plan, "best_plan_s": best_at},
                        progress=progress, **order_details)
@@ -400,21 +405,28 @@ def _hint_deadline(started: float, time_limit: float) -> float:
                clock.perf_counter() + min(HINT_EXTRA_MAX_S, HINT_EXTRA * time_limit))
 
 
-def _budget_found_hint(p: Problem, deadline: float, more_time_helps: bool = True) -> str:
+def _budget_found_hint(p: Problem, deadline: float, more_time_helps: bool = True,
+                       stopped_at=None) -> str:
     """What to try next: the smallest budget of LADDER_STEPS (x the room for tensors), from the
     top down, for which the feasibility phase finds a plan before the deadline (a perf_counter
-    time), else the plain schedule's peak in this order; and a larger time limit, where the
-    search used it all."""
+    time), else the peak of the schedule the feasibility phase stopped at (`stopped_at`, an
+    EventSchedule), else the plain schedule's peak in this order; and a larger time limit, where
+    the search used it all. Where no rung could be tried in the time left (a time limit under
+    about 4 s), it says so rather than that none plans."""
     more_time = ", or a larger --time-limit" if more_time_helps else ""
     left = deadline - clock.perf_counter()
     floor, _ = p.smallest_budget(max(0.1, min(2.0, FLOOR_SHARE * left)))
     plain = plain_peak_in_order(p)
-    smallest, found = plain, None
+    reached = _peak_that_plans(p, stopped_at, plain)
+    smallest, found, tried = min(plain, reached or plain), None, False
     for step in LADDER_STEPS:
         budget = _ladder_budget(p, step)
         if budget >= smallest:
             continue
-        if deadline - clock.perf_counter() <= 1.0 or not feasibility_plans_at(p, budget, deadline):
+        if deadline - clock.perf_counter() <= 1.0:
+            break
+        tried = True
+        if not feasibility_plans_at(p, budget, deadline):
             break
         smallest, found = budget, step
     # a budget that plans, not the least: a budget between the floor and it may plan too
@@ -423,17 +435,38 @@ def _budget_found_hint(p: Problem, deadline: float, more_time_helps: bool = True
     # node's inputs + output; searched before the ladder, which may run to the deadline)
     between = (f"; the least budget that plans lies between the floor, "
                f"{floor} bytes (a proven lower bound), and {{}}")
-    if found is None:
-        return (f"the schedule without recomputation in this order fits {plain} bytes "
-                f"({plain / p.budget_bytes:.3g}x this budget) and the feasibility phase found "
-                f"no smaller budget in time" + between.format(plain)
-                + f": try --budget {plain}{more_time}")
     # in bytes above the asked budget: the ladder's factor applies to the room beyond fixed
     # memory, which a ratio beside two budgets did not say
     above = smallest - p.budget_bytes
-    return (f"the feasibility phase finds a plan at {smallest} bytes ({above} bytes, "
-            f"{above / p.budget_bytes:.1%}, above this budget)" + between.format(smallest)
-            + f": try --budget {smallest}" + more_time)
+    above_this = f"({above} bytes, {above / p.budget_bytes:.1%}, above this budget)"
+    if found is not None:
+        return (f"the feasibility phase finds a plan at {smallest} bytes {above_this}"
+                + between.format(smallest) + f": try --budget {smallest}" + more_time)
+    if smallest != plain:
+        return (f"the feasibility phase got the peak down to {smallest} bytes {above_this} "
+                "before it stopped" + between.format(smallest)
+                + f": try --budget {smallest}" + more_time)
+    without = (f"the schedule without recomputation in this order fits {plain} bytes "
+               f"({plain / p.budget_bytes:.3g}x this budget)")
+    if not tried:  # the ladder had no time: a smaller budget may well plan
+        return (f"{without}, and the time left tried no smaller budget"
+                + between.format(plain) + f": try --budget {plain}, or give a larger "
+                "--time-limit (4 s or more) to learn a smaller budget that plans")
+    return (f"{without} and the feasibility phase found no smaller budget in time"
+            + between.format(plain) + f": try --budget {plain}{more_time}")
+
+
+def _peak_that_plans(p: Problem, sched, plain: int) -> int | None:
+    """The peak of the schedule a failed feasibility phase got to, where it is below `plain`
+    and replays within it (replayed, as feasibility_plans_at does); else None."""
+    if sched is None or int(sched.at.max()) + p.fixed >= plain:
+        return None
+    from .intervals import decisions_from_intervals
+    decisions = decisions_from_intervals(p, sched.residencies())
+    peak = evaluate(replace(p, budget_bytes=plain), decisions).sim.peak_bytes
+    if peak >= plain or not evaluate(replace(p, budget_bytes=peak), decisions).fits_budget:
+        return None
+    return int(peak)
 
 
 def _since(started: float, progress: Progress | None) -> Progress | None:
