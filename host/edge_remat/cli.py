@@ -437,16 +437,19 @@ def graph(
     seq: Optional[int] = typer.Option(None, "--seq", min=1, help="sequence length"),
     seed: int = typer.Option(0, "--seed", help="seed for the model's initial weights"),
     optimizer: str = typer.Option("sgd", "--optimizer", help=OPTIMIZER_HELP),
-    max_nodes: int = typer.Option(DEFAULT_MAX_NODES, "--max-nodes", min=5,
-                                  help="at most this many planner nodes: module-level groups, "
-                                  "split down to single ops where memory is decided"),
+    max_nodes: Optional[int] = typer.Option(None, "--max-nodes", min=5,
+                                            help="at most this many planner nodes: "
+                                            "module-level groups, split down to single ops "
+                                            "where memory is decided (default "
+                                            f"{DEFAULT_MAX_NODES}; not with --operator-level)"),
     level: Optional[int] = typer.Option(None, "--level", min=1,
                                         help="start from this depth of the module tree "
                                              "(default: the finest within half of "
                                              "--max-nodes)"),
     operator_level: bool = typer.Option(False, "--operator-level", help="one planner node per "
                                         "ATen op that allocates (hundreds to thousands of "
-                                        "nodes); --max-nodes does not apply, --level is refused"),
+                                        "nodes, as many as the model has); --max-nodes and "
+                                        "--level are refused with it"),
     params_home: str = typer.Option("ram", "--params-home", help="ram | flash: where "
                                     "parameters and optimizer state live between uses (flash: "
                                     "loaded and written back by planned nodes)"),
@@ -488,10 +491,10 @@ def graph(
     if onnx_file is not None and operator_level:
         raise UserError("--operator-level splits a captured model's ATen ops: use it with "
                         "--model, not --onnx")
-    if operator_level and level is not None:  # it was dropped in silence
-        raise UserError("--level picks the module-tree depth of the planner's nodes; "
-                        "--operator-level makes one node per ATen op, where no level applies: "
-                        "give one of them")
+    from .granularity import granularity_mistake
+    if (mistake := granularity_mistake(operator_level, max_nodes, level)) is not None:
+        raise UserError(mistake)  # they were dropped in silence
+    max_nodes = DEFAULT_MAX_NODES if max_nodes is None else max_nodes
     from .remote import to_stderr
     for line in _shape_options_without_effect(model, image, seq):
         to_stderr(f"warning: {line}")
@@ -875,8 +878,13 @@ def run_command(
     clip_grad_norm: Optional[float] = typer.Option(None, "--clip-grad-norm", help=CLIP_HELP),
     accumulate: int = typer.Option(run_default("accumulate"), "--accumulate",
                                    help=ACCUMULATE_HELP),
-    max_nodes: int = typer.Option(run_default("max_nodes"), "--max-nodes", min=5,
-                                  help="at most this many planner nodes in the captured graph"),
+    max_nodes: Optional[int] = typer.Option(None, "--max-nodes", min=5, help="at most this "
+                                            "many planner nodes in the captured graph "
+                                            f"(default {DEFAULT_MAX_NODES}; not with "
+                                            "--operator-level)"),
+    operator_level: bool = typer.Option(False, "--operator-level", help="one planner node per "
+                                        "ATen op that allocates, as `graph --operator-level` "
+                                        "(lower floors, longer solves)"),
     params_home: str = typer.Option(run_default("params_home"), "--params-home", help="ram | flash | auto (flash "
                                     "when the budget is below what RAM-homed parameters allow)"),
     train: Optional[list[str]] = typer.Option(None, "--train", help="train only parameters "
@@ -942,6 +950,7 @@ def run_command(
         memory_limit=limit, plain=plain, batch=batch, image=image, seq=seq, seed=seed,
         optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, warmup=warmup,
         clip_grad_norm=clip_grad_norm, accumulate=accumulate, max_nodes=max_nodes,
+        operator_level=operator_level,
         params_home=params_home, train=train,
         profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,

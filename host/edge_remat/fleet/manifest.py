@@ -18,7 +18,9 @@
     name = "resnet18-b16"                  # optional: its folder in the output tree
     batch = 16                             # optional, as `edge-remat graph`: batch, image, seq,
                                            #   seed, optimizer, max_nodes, level, params_home,
-                                           #   update, train, clip_grad_norm, accumulate
+                                           #   update, train, clip_grad_norm, accumulate,
+                                           #   operator_level (true: one node per ATen op;
+                                           #   not with max_nodes or level)
     [[boards]]
     profile = "profiles/rpi4.json"         # a profile file, or
     # device = "jetson-orin-nano"          #   a device config: its shipped (modelled) profile
@@ -46,7 +48,8 @@ from ..units import UnitError, parse_budget, parse_multiplier
 TOP_KEYS = {"budgets", "deadlines", "threads", "out", "plan", "models", "boards"}
 PLAN_KEYS = {"objective", "solver", "time_limit", "paging", "paging_time", "backend"}
 CAPTURE_KEYS = {"batch", "image", "seq", "seed", "optimizer", "max_nodes", "level",
-                "params_home", "update", "train", "clip_grad_norm", "accumulate"}
+                "params_home", "update", "train", "clip_grad_norm", "accumulate",
+                "operator_level"}
 MODEL_KEYS = {"model", "graph", "name"} | CAPTURE_KEYS
 BOARD_KEYS = {"profile", "device", "name"}
 
@@ -266,6 +269,17 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
                                    f"got {train!r}")
         else:
             capture["train"] = train
+    if "operator_level" in raw:
+        if not isinstance(raw["operator_level"], bool):
+            note(f"{where}.operator_level", f"expected true or false, got "
+                                            f"{raw['operator_level']!r}")
+        elif raw["operator_level"]:
+            capture["operator_level"] = True
+    from ..granularity import as_manifest_keys, granularity_mistake
+    mistake = granularity_mistake(capture.get("operator_level", False),
+                                  capture.get("max_nodes"), capture.get("level"))
+    if mistake is not None:
+        note(where, as_manifest_keys(mistake))
     if graph_file is not None:
         if capture:
             note(where, f"{', '.join(sorted(capture))}: capture settings need `model`, not a "

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from edge_remat_agent.capture import DEFAULT_LR, DEFAULT_MAX_NODES
+from edge_remat_agent.capture import DEFAULT_LR
 
 from ..devices import DeviceConfig
 from ..errors import UserError
@@ -40,7 +40,8 @@ class RunOptions:
     warmup: int = 0  # steps of linear warmup
     clip_grad_norm: Optional[float] = None  # the gradients' largest global 2-norm
     accumulate: int = 1  # micro-batches of --batch per optimizer step (gradient accumulation)
-    max_nodes: int = DEFAULT_MAX_NODES
+    max_nodes: Optional[int] = None  # None: DEFAULT_MAX_NODES, at module level only
+    operator_level: bool = False  # one planner node per ATen op (`graph --operator-level`)
     params_home: str = "auto"  # ram | flash | auto (decided against the budget)
     train: Optional[list] = None  # parameter name patterns to train; None: as the model comes
     profile: Optional[str] = None
@@ -64,11 +65,14 @@ class RunOptions:
 
     @property
     def model_info(self) -> dict:
-        return {"model": self.model, "batch": self.batch, "image": self.image, "seq": self.seq,
+        info = {"model": self.model, "batch": self.batch, "image": self.image, "seq": self.seq,
                 "seed": self.seed, "optimizer": self.optimizer, "train": self.train,
                 # the graph has a norm node then (a profile of it has that node measured)
                 **({"clip_grad_norm": self.clip_grad_norm}
                    if self.clip_grad_norm is not None else {})}
+        # part of the profile cache's key: an operator-level graph's nodes are other ops to
+        # time (added only when set, so that the module-level profiles cached keep their key)
+        return {**info, "operator_level": True} if self.operator_level else info
 
     @property
     def lr_params(self) -> dict:
@@ -121,7 +125,13 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     check_data(run_data(opts), device)
     check_weights_options(opts)
     if opts.plain:
+        if opts.operator_level:
+            raise RunProblem("--operator-level shapes the graph the plan is made for, and "
+                             "--plain trains without a plan: give one of them")
         return
+    from ..granularity import granularity_mistake
+    if (mistake := granularity_mistake(opts.operator_level, opts.max_nodes, None)):
+        raise RunProblem(mistake)
     check_solver_options(opts.solver, opts.time_limit, None)
     if opts.params_home == "flash" and not flash_allowed(opts.paging):
         raise RunProblem(f"--params-home flash reads the parameters from flash every step, "

@@ -181,7 +181,7 @@ def _say_malloc(report: dict, say: Say) -> None:
 
 def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str, lr: dict,
                  out: Path, say: Say) -> dict:
-    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.capture import DEFAULT_MAX_NODES, capture_model
 
     from ..planner.build import plain_peak_bytes
     from ..planner.problem import InfeasibleBudget
@@ -189,9 +189,11 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     from ..reports.run_report import build_report
 
     def capture(home: str):
+        max_nodes = DEFAULT_MAX_NODES if opts.max_nodes is None else opts.max_nodes
         captured = capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
-                                 opts.optimizer, opts.max_nodes, None, "fused", home,
-                                 opts.train, clip_grad_norm=opts.clip_grad_norm,
+                                 opts.optimizer, max_nodes, None, "fused", home, opts.train,
+                                 operator_level=opts.operator_level,
+                                 clip_grad_norm=opts.clip_grad_norm,
                                  accumulate=opts.accumulate)
         check_init_fits(opts, captured.module)  # the host's gradient check starts from it too
         return captured
