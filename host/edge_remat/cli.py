@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from edge_remat_agent.capture import DEFAULT_LR, DEFAULT_MAX_NODES, OPTIMIZER_HELP
+from edge_remat_agent.capture import DTYPE_HELP, DTYPE_NAMES
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
 from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_KILLED, UserError, cli_errors, fail
@@ -437,6 +438,7 @@ def graph(
     seq: Optional[int] = typer.Option(None, "--seq", min=1, help="sequence length"),
     seed: int = typer.Option(0, "--seed", help="seed for the model's initial weights"),
     optimizer: str = typer.Option("sgd", "--optimizer", help=OPTIMIZER_HELP),
+    dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
     max_nodes: Optional[int] = typer.Option(None, "--max-nodes", min=5,
                                             help="at most this many planner nodes: "
                                             "module-level groups, split down to single ops "
@@ -484,6 +486,7 @@ def graph(
         if onnx_file is not None:
             raise UserError("--clip-grad-norm adds a node to a captured model's training step: "
                             "use it with --model, not --onnx")
+    _check_dtype(dtype, onnx_file)
     if output is not None:  # `-o ''` too, which is refused
         from edge_remat_agent.user_code import spec_file
         output_file(output, force, inputs={"--onnx": onnx_file,
@@ -508,9 +511,12 @@ def graph(
                       "choose the batch here")
     else:
         from edge_remat_agent.capture import capture_model
-        g = capture_model(model, batch, image, seq, seed, optimizer, max_nodes, level,
-                          update, params_home, train, operator_level=operator_level,
-                          clip_grad_norm=clip_grad_norm, accumulate=accumulate).graph
+        captured = capture_model(model, batch, image, seq, seed, optimizer, max_nodes, level,
+                                 update, params_home, train, operator_level=operator_level,
+                                 clip_grad_norm=clip_grad_norm, accumulate=accumulate,
+                                 dtype=dtype)
+        _warn_slow_half(captured.module)
+        g = captured.graph
     if output:
         g.save(output)
     summary = graph_summary(g, plain_peak_bytes(g), output)
@@ -520,6 +526,21 @@ def graph(
         typer.echo(graph_table(summary))
         if output:
             typer.echo(f"graph written to {output}")
+
+
+def _check_dtype(dtype: str, onnx_file: Optional[str] = None) -> None:
+    if dtype not in DTYPE_NAMES:
+        raise UserError(f"unknown --dtype {dtype!r}: use one of {', '.join(DTYPE_NAMES)}")
+    if onnx_file is not None and dtype != "fp32":
+        raise UserError("--dtype converts a captured model; an --onnx graph keeps the file's "
+                        "own dtypes: leave --dtype out, or capture the model with --model")
+
+
+def _warn_slow_half(module) -> None:
+    from edge_remat_agent.capture.precision import slow_half_kernels
+    from .remote import to_stderr
+    if (why := slow_half_kernels(module)) is not None:
+        to_stderr(f"warning: {why}")
 
 
 def _shape_options_without_effect(model: Optional[str], image: Optional[int],
@@ -869,6 +890,7 @@ def run_command(
     seq: Optional[int] = typer.Option(None, "--seq", min=1),
     seed: int = typer.Option(run_default("seed"), "--seed"),
     optimizer: str = typer.Option(run_default("optimizer"), "--optimizer", help=OPTIMIZER_HELP),
+    dtype: str = typer.Option(run_default("dtype"), "--dtype", help=DTYPE_HELP),
     lr: Optional[float] = typer.Option(None, "--lr", help=LR_HELP),
     lr_schedule: str = typer.Option(run_default("lr_schedule"), "--lr-schedule",
                                     help="constant | linear | cosine: the learning rate's "
@@ -952,7 +974,7 @@ def run_command(
         clip_grad_norm=clip_grad_norm, accumulate=accumulate, max_nodes=max_nodes,
         operator_level=operator_level,
         params_home=params_home, train=train,
-        profile=profile_file,
+        dtype=dtype, profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
         out=out, plots=not no_plots, keep_running=keep_running,
         check_gradients=not no_grad_check, allocator=allocator, save=save, init=init,

@@ -86,8 +86,12 @@ DEFAULT_MAX_NODES = 200
 DEFAULT_LR = {"sgd": 0.01, "sgd-nesterov": 0.01, "adam": 1e-3, "adam-amsgrad": 1e-3,
               "adamw": 1e-3}
 OPTIMIZER_HELP = "sgd (momentum) | sgd-nesterov | adam | adam-amsgrad | adamw"
+# The floating dtypes a model may train in (precision.py), checked by the command lines.
+DTYPE_NAMES = ("fp32", "bf16", "fp16")
+DTYPE_HELP = ("fp32 | bf16 | fp16: the whole model (parameters, buffers, gradients, optimizer "
+              "state) and the batch's floating tensors in this dtype")
 
-__all__ = ["CaptureError", "DEFAULT_LR", "OPTIMIZER_HELP", "DEFAULT_MAX_NODES", "Captured", "capture_model", "capture_module", "recapture"]
+__all__ = ["CaptureError", "DEFAULT_LR", "DTYPE_NAMES", "DTYPE_HELP", "OPTIMIZER_HELP", "DEFAULT_MAX_NODES", "Captured", "capture_model", "capture_module", "recapture"]
 
 
 def __getattr__(name):  # torch-heavy parts load on first use

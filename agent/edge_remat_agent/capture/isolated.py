@@ -41,7 +41,7 @@ def capture_isolated(graph: Graph, timeout_s: float = 1800.0, traced: bytes | No
     from ..weights.deferred import deferred_weights
     with deferred_weights():  # the executor fills it: weights/, executor/stores.py
         module, args = load_model(source["model"], source.get("batch"), source.get("image"),
-                                  source.get("seq"), source.get("seed", 0))
+                                  source.get("seq"), source.get("seed", 0), source.get("dtype"))
     if source.get("train") is not None:
         freeze_except(module, source["train"], graph.name)
     return Captured(again, answer["program"].trace(), [], module, args)

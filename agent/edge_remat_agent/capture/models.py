@@ -21,8 +21,17 @@ FACTORY_OPTIONS = ("batch", "image", "seq", "seed")
 
 
 def load_model(spec: str, batch: int | None = None, image: int | None = None,
-               seq: int | None = None, seed: int = 0) -> tuple[torch.nn.Module, tuple]:
-    """Build `(module, example_args)` for a zoo name, an hf: spec (hf.py) or MODULE:FACTORY."""
+               seq: int | None = None, seed: int = 0,
+               dtype: str | None = None) -> tuple[torch.nn.Module, tuple]:
+    """Build `(module, example_args)` for a zoo name, an hf: spec (hf.py) or MODULE:FACTORY,
+    in floating dtype `dtype` (precision.py; None: as the model comes, fp32)."""
+    from .precision import in_dtype
+    module, args = _load(spec, batch, image, seq, seed)
+    return in_dtype(module, args, dtype, spec)
+
+
+def _load(spec: str, batch: int | None, image: int | None, seq: int | None,
+          seed: int) -> tuple[torch.nn.Module, tuple]:
     from .hf import is_hf_spec, load_hf
     if is_hf_spec(spec):
         return _check_result(spec, load_hf(spec, batch, image, seq, seed))

@@ -141,9 +141,12 @@ def _text_layout(model) -> str:
 
 
 def _checked(spec: str, source, example_args: tuple, torch) -> Iterator[tuple]:
-    """Each batch must match the example's shapes and dtypes: the captured graph is static."""
+    """Each batch must match the example's shapes and dtypes: the captured graph is static.
+    A floating tensor is first cast to the example's floating dtype (a model trained in bf16
+    or fp16 takes the bundled float32 images in its own dtype, as plain PyTorch would)."""
     for args in source:
-        args = tuple(args)
+        args = tuple(_in_dtype_of(got, want, torch) for got, want in zip(args, example_args)) \
+            if isinstance(args, (tuple, list)) and len(args) == len(example_args) else tuple(args)
         if len(args) != len(example_args):
             raise DataError(f"data {spec!r} gives {len(args)} arguments; the model takes "
                             f"{len(example_args)}")
@@ -155,6 +158,13 @@ def _checked(spec: str, source, example_args: tuple, torch) -> Iterator[tuple]:
                 raise DataError(f"data {spec!r}: argument {k} is {shape}, the model's example "
                                 f"is {tuple(want.shape)} {want.dtype}")
         yield args
+
+
+def _in_dtype_of(got, want, torch):
+    if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and \
+            got.is_floating_point() and want.is_floating_point():
+        return got.to(want.dtype)
+    return got
 
 
 __all__ = ["DATA_SPECS", "NAMED_DATA", "DataError", "batches", "check_data_fits", "check_data_spec",

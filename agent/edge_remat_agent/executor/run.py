@@ -232,7 +232,7 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
                            "captured from")
         try:
             model = load_model(source["model"], source.get("batch"), source.get("image"),
-                               source.get("seq"), source.get("seed", 0))
+                               source.get("seq"), source.get("seed", 0), source.get("dtype"))
         except CaptureError as error:
             raise BadInput(str(error)) from error
     device = torch.device(device)

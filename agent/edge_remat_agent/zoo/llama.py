@@ -103,7 +103,10 @@ class Llama(nn.Module):
                                                      device=input_ids.device) / self.head_dim)
         angles = torch.outer(positions, inv)
         angles = torch.cat((angles, angles), dim=-1)
-        cos, sin = angles.cos(), angles.sin()
+        # in the model's dtype, as transformers' Llama does (a no-op in float32): bf16 weights
+        # would otherwise promote every layer's activations to float32 at the rotation
+        dtype = self.embed_tokens.weight.dtype
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(x, cos, sin)
@@ -113,17 +116,23 @@ class Llama(nn.Module):
 
 def init_tensor(name: str, shape, seed: int, dtype=torch.float32) -> torch.Tensor:
     """The initial value of the parameter `name`, made on its own: the same bytes whichever
-    other tensors exist, in whatever order they are made."""
+    other tensors exist, in whatever order they are made. Drawn in float32 and then converted
+    to `dtype`, as `model.to(dtype)` converts a model built in float32 (--dtype bf16: the
+    weight file and plain training hold the same values)."""
+    return _init_float32(name, shape, seed).to(dtype)
+
+
+def _init_float32(name: str, shape, seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
     leaf = name.rsplit(".", 1)[-1]
     if name.endswith("layernorm.weight") or name == "norm.weight":
-        return torch.ones(shape, dtype=dtype)
+        return torch.ones(shape)
     if leaf == "lora_b":
-        return torch.zeros(shape, dtype=dtype)
+        return torch.zeros(shape)
     if leaf == "lora_a":  # PEFT's kaiming-uniform(a=sqrt(5)) bound: 1 / sqrt(fan_in)
         bound = 1.0 / math.sqrt(shape[1])
-        return torch.empty(shape, dtype=dtype).uniform_(-bound, bound, generator=generator)
-    return torch.empty(shape, dtype=dtype).normal_(0.0, 0.02, generator=generator)
+        return torch.empty(shape).uniform_(-bound, bound, generator=generator)
+    return torch.empty(shape).normal_(0.0, 0.02, generator=generator)
 
 
 def build_llama(shape: dict, lora_rank: int | None, batch, seq, generator, seed: int,

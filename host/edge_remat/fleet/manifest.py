@@ -19,8 +19,8 @@
     batch = 16                             # optional, as `edge-remat graph`: batch, image, seq,
                                            #   seed, optimizer, max_nodes, level, params_home,
                                            #   update, train, clip_grad_norm, accumulate,
-                                           #   operator_level (true: one node per ATen op;
-                                           #   not with max_nodes or level)
+                                           #   dtype, operator_level (true: one node per ATen
+                                           #   op; not with max_nodes or level)
     [[boards]]
     profile = "profiles/rpi4.json"         # a profile file, or
     # device = "jetson-orin-nano"          #   a device config: its shipped (modelled) profile
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from edge_remat_agent.capture import DEFAULT_LR
+from edge_remat_agent.capture import DEFAULT_LR, DTYPE_NAMES
 from edge_remat_agent.formats import FormatError, Profile, load_profile
 from edge_remat_agent.user_code import names_file, spec_file
 
@@ -49,7 +49,7 @@ TOP_KEYS = {"budgets", "deadlines", "threads", "out", "plan", "models", "boards"
 PLAN_KEYS = {"objective", "solver", "time_limit", "paging", "paging_time", "backend"}
 CAPTURE_KEYS = {"batch", "image", "seq", "seed", "optimizer", "max_nodes", "level",
                 "params_home", "update", "train", "clip_grad_norm", "accumulate",
-                "operator_level"}
+                "operator_level", "dtype"}
 MODEL_KEYS = {"model", "graph", "name"} | CAPTURE_KEYS
 BOARD_KEYS = {"profile", "device", "name"}
 
@@ -247,7 +247,7 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
         else:
             capture["seed"] = raw["seed"]
     for key, allowed in (("optimizer", tuple(DEFAULT_LR)), ("params_home", ("ram", "flash")),
-                         ("update", ("fused", "step"))):
+                         ("update", ("fused", "step")), ("dtype", DTYPE_NAMES)):
         if key in raw:
             if raw[key] not in allowed:
                 note(f"{where}.{key}", f"expected one of {', '.join(allowed)}, got {raw[key]!r}")

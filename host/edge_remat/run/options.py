@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from edge_remat_agent.capture import DEFAULT_LR
+from edge_remat_agent.capture import DEFAULT_LR, DTYPE_NAMES
 
 from ..devices import DeviceConfig
 from ..errors import UserError
@@ -35,6 +35,7 @@ class RunOptions:
     seq: Optional[int] = None
     seed: int = 0
     optimizer: str = "sgd"
+    dtype: str = "fp32"  # the model's floating dtype (capture/precision.py)
     lr: Optional[float] = None
     lr_schedule: str = "constant"  # constant | linear | cosine (edge_remat_agent.lr_schedule)
     warmup: int = 0  # steps of linear warmup
@@ -69,7 +70,9 @@ class RunOptions:
                 "seed": self.seed, "optimizer": self.optimizer, "train": self.train,
                 # the graph has a norm node then (a profile of it has that node measured)
                 **({"clip_grad_norm": self.clip_grad_norm}
-                   if self.clip_grad_norm is not None else {})}
+                   if self.clip_grad_norm is not None else {}),
+                # dtype only when not fp32: profiles cached before it existed keep their keys
+                **({"dtype": self.dtype} if self.dtype != "fp32" else {})}
         # part of the profile cache's key: an operator-level graph's nodes are other ops to
         # time (added only when set, so that the module-level profiles cached keep their key)
         return {**info, "operator_level": True} if self.operator_level else info
@@ -102,6 +105,8 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
 
     if opts.optimizer not in DEFAULT_LR:
         raise RunProblem(f"unknown optimizer {opts.optimizer!r} ({' | '.join(DEFAULT_LR)})")
+    if opts.dtype not in DTYPE_NAMES:
+        raise RunProblem(f"unknown --dtype {opts.dtype!r} ({' | '.join(DTYPE_NAMES)})")
     if opts.steps < 1:
         raise RunProblem(f"--steps must be at least 1, not {opts.steps}")
     from edge_remat_agent.accumulation import check_micro_batches

@@ -194,12 +194,15 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                                  opts.optimizer, max_nodes, None, "fused", home, opts.train,
                                  operator_level=opts.operator_level,
                                  clip_grad_norm=opts.clip_grad_norm,
-                                 accumulate=opts.accumulate)
+                                 accumulate=opts.accumulate, dtype=opts.dtype)
         check_init_fits(opts, captured.module)  # the host's gradient check starts from it too
         return captured
 
     say(f"capturing {opts.model}'s training step")
     captured = capture("ram" if opts.params_home == "auto" else opts.params_home)
+    from edge_remat_agent.capture.precision import slow_half_kernels
+    if (slow := slow_half_kernels(captured.module)) is not None:
+        say(f"warning: {slow}")
     check_data_fits(run_data(opts), captured.example_args, captured.module)
     graph = captured.graph
     graph_path = out / "graph.json"

@@ -1,0 +1,124 @@
+"""Training in half precision (`--dtype bf16|fp16`, capture/precision.py): the whole model in
+that dtype, planned with 2-byte tensors, trains bit for bit like `model.to(dtype)` in plain
+PyTorch with recomputation and paging; what cannot train is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.bad_inputs import BAD_INPUT, cli, refused
+from helpers.executor_plans import eager_parameters
+
+from edge_remat_agent.capture import CaptureError, capture_model
+from edge_remat_agent.capture.models import load_model
+from edge_remat_agent.data import batches
+from edge_remat_agent.executor.run import run_plan
+from edge_remat_agent.formats import Tier
+from edge_remat.planner.build import build_problem
+from edge_remat.planner.problem import InfeasibleBudget
+from edge_remat.planner.solve import solve
+
+FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
+STEPS = 3
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+CASES = [
+    # conv + batch norm, Adam, parameters and state on flash, activations recomputed
+    ("digits-cnn", "bf16", "adam", "flash", 0.5, "none", dict(batch=8)),
+    # SGD with momentum, activations paged to flash (fp16 convolution backward is slow on CPU:
+    # a small batch)
+    ("digits-cnn", "fp16", "sgd", "ram", 0.5, "flash", dict(batch=4)),
+    # a Llama built on meta: its frozen base written to the weight file in bf16, LoRA trained
+    ("llama-tiny-lora", "bf16", "adamw", "flash", 0.5, "flash", {}),
+    ("gpt-tiny-lora", "fp16", "sgd", "flash", 0.5, "flash", {}),
+]
+
+
+def _plan(graph, fraction, paging):
+    try:
+        problem = build_problem(graph, fraction, None, "time", None, paging, FLASH)
+        problem.check_budget()
+    except InfeasibleBudget as floor:
+        problem = build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None,
+                                paging, FLASH)
+    return solve(problem, "heuristic:split" if paging == "none" else "heuristic:paging").plan
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,dtype,optimizer,home,fraction,paging,shape", CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_a_half_precision_plan_trains_bit_for_bit_like_plain_pytorch(
+        model, dtype, optimizer, home, fraction, paging, shape, tmp_path):
+    captured = capture_model(model, optimizer=optimizer, params_home=home, refined=False,
+                             dtype=dtype, **shape)
+    graph = captured.graph
+    assert graph.capture["source"]["dtype"] == dtype
+    assert {p.dtype for p in captured.module.parameters()} == {DTYPES[dtype]}
+    # 2 bytes an element: half of the float32 capture's parameters
+    full = capture_model(model, optimizer=optimizer, params_home=home, refined=False, **shape)
+    assert 2 * graph.capture["fixed"]["parameters"] == full.graph.capture["fixed"]["parameters"]
+    plan = _plan(graph, fraction, paging)
+    report = run_plan(graph, plan, STEPS, str(tmp_path / "pages"), captured=captured, seed=0,
+                      keep_parameters=True)
+    assert report["recomputed"] + report["page_outs"] > 0
+    assert report["grad_check"]["bitwise_equal"] and report["grad_check"]["loss_equal"]
+    assert all(s["ledger_peak_bytes"] == report["predicted_peak_bytes"] for s in report["steps"])
+    eager = load_model(model, dtype=dtype, **shape)[0]  # as plain_train.py builds it
+    expected = eager_parameters(eager, optimizer, captured.example_args, STEPS)
+    actual = captured.module.state_dict()
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert expected[name].dtype == actual[name].dtype
+        assert torch.equal(expected[name], actual[name]), name
+    losses = [s["loss"] for s in report["steps"]]
+    assert all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_float_batches_from_data_are_cast_to_the_models_dtype():
+    module, args = load_model("digits-cnn", batch=4, dtype="bf16")
+    assert args[0].dtype is torch.bfloat16 and args[1].dtype is torch.int64
+    _, args32 = load_model("digits-cnn", batch=4)
+    images, labels = next(batches("digits", args, 0, module))
+    images32, labels32 = next(batches("digits", args32, 0))
+    assert images.dtype is torch.bfloat16 and torch.equal(images, images32.to(torch.bfloat16))
+    assert torch.equal(labels, labels32)
+
+
+def test_llama_weights_made_per_tensor_are_float32_values_converted():
+    """The weight file (made tensor by tensor in the model's dtype) and plain PyTorch (the
+    float32 model converted) must hold the same values: a uniform draw made in bfloat16
+    rounds 4 of these 4096 elements otherwise."""
+    from edge_remat_agent.zoo.llama import init_tensor
+    name = "layers.0.self_attn.q_proj.lora_a"
+    made = init_tensor(name, (64, 64), 3, torch.bfloat16)
+    assert torch.equal(made, init_tensor(name, (64, 64), 3).to(torch.bfloat16))
+
+
+def test_adam_on_float16_parameters_is_refused_naming_bf16():
+    with pytest.raises(CaptureError, match="eps .* is 0 in float16.*--dtype bf16"):
+        capture_model("mlp", optimizer="adamw", dtype="fp16")
+    with pytest.raises(CaptureError, match="unknown dtype 'fp8'"):
+        capture_model("mlp", dtype="fp8")
+
+
+def test_bad_dtypes_at_the_command_line_are_one_line(tmp_path):
+    refused(cli("graph", "--model", "mlp", "--dtype", "float8"), BAD_INPUT,
+            "--dtype", "'float8'", "fp32, bf16, fp16")
+    refused(cli("graph", "--model", "mlp", "--dtype", "fp16", "--optimizer", "adam"),
+            BAD_INPUT, "float16", "--dtype bf16")
+    refused(cli("run", "--device", "local", "--model", "mlp", "--dtype", "half",
+                "--budget", "1GiB", "--out", tmp_path / "run"), BAD_INPUT, "--dtype", "'half'")
+    assert not (tmp_path / "run").exists()
+
+
+def test_graph_dtype_bf16_halves_the_parameters_and_fp32_graphs_stay_as_they_were(tmp_path):
+    import json
+    params = {}
+    for dtype in ("fp32", "bf16"):
+        out = tmp_path / f"{dtype}.json"
+        proc = cli("graph", "--model", "mlp", "--dtype", dtype, "--json", "-o", out)
+        assert proc.returncode == 0, proc.stderr
+        capture = json.loads(out.read_text())["capture"]
+        assert capture["source"].get("dtype") == (None if dtype == "fp32" else dtype)
+        params[dtype] = capture["fixed"]["parameters"]
+    assert 2 * params["bf16"] == params["fp32"]
