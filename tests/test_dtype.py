@@ -4,6 +4,8 @@ PyTorch with recomputation and paging; what cannot train is refused in one line.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from helpers.bad_inputs import BAD_INPUT, cli, refused
@@ -18,6 +20,7 @@ from edge_remat.planner.build import build_problem
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
 
+ROOT = Path(__file__).resolve().parents[1]
 FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
 STEPS = 3
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -122,3 +125,37 @@ def test_graph_dtype_bf16_halves_the_parameters_and_fp32_graphs_stay_as_they_wer
         assert capture["source"].get("dtype") == (None if dtype == "fp32" else dtype)
         params[dtype] = capture["fixed"]["parameters"]
     assert 2 * params["bf16"] == params["fp32"]
+
+
+def test_a_fleet_manifests_dtype_reaches_the_capture_and_a_wrong_one_is_named(tmp_path):
+    from edge_remat.fleet.manifest import ManifestError, load_manifest
+    profile = ROOT / "profiles" / "rpi5.json"
+    text = ('budgets = ["60%"]\n[[models]]\nmodel = "mlp"\ndtype = "{}"\n'
+            f'[[boards]]\nprofile = "{profile}"\n')
+    path = tmp_path / "fleet.toml"
+    path.write_text(text.format("bf16"))
+    model = load_manifest(path).models[0]
+    assert model.capture == {"dtype": "bf16"}
+    graph = capture_model(model.spec, **model.capture).graph
+    assert graph.capture["source"]["dtype"] == "bf16"
+    path.write_text(text.format("half"))
+    with pytest.raises(ManifestError, match=r"models\[0\]\.dtype.*fp32, bf16, fp16.*'half'"):
+        load_manifest(path)
+
+
+def test_plain_training_the_comparison_trains_the_model_in_its_dtype():
+    """The "train-plain" job (run --plain, and the run's comparison) takes dtype as the
+    planned run's graph does: its losses are the bf16 model's on the same digits."""
+    from edge_remat_agent.capture.optimizer import torch_optimizer
+    from edge_remat_agent.plain_train import train_plain
+    report = train_plain("digits-cnn", 2, batch=4, data="digits", dtype="bf16")
+    module, args = load_model("digits-cnn", batch=4, dtype="bf16")
+    opt, feed, losses = torch_optimizer("sgd", module, None), batches("digits", args, 0), []
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        loss = module(*next(feed))
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert report["loss"] == losses
+    assert report["loss"] != train_plain("digits-cnn", 2, batch=4, data="digits")["loss"]
