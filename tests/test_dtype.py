@@ -159,3 +159,26 @@ def test_plain_training_the_comparison_trains_the_model_in_its_dtype():
         losses.append(float(loss.detach()))
     assert report["loss"] == losses
     assert report["loss"] != train_plain("digits-cnn", 2, batch=4, data="digits")["loss"]
+
+
+@pytest.mark.slow
+def test_a_bf16_plan_in_the_arena_places_every_2_byte_tensor_and_trains_bitwise(tmp_path):
+    """The arena's offsets are in bytes, a bf16 tensor's storage in 2-byte elements: every
+    planned tensor lands at its planned offset, recomputed and paged, as plain PyTorch."""
+    import dataclasses
+    from helpers.executor_plans import dtr_plan, with_paging
+    from edge_remat.planner.arena import plan_arena
+    captured = capture_model("digits-cnn", batch=4, dtype="bf16", refined=False)
+    plan = with_paging(dtr_plan(captured.graph), captured.graph)
+    plan = dataclasses.replace(plan, arena=plan_arena(captured.graph, plan, None, "best-fit",
+                                                      5.0))
+    report = run_plan(captured.graph, plan, STEPS, str(tmp_path / "pages"), captured=captured,
+                      seed=0, allocator="arena", keep_parameters=True)
+    assert report["recomputed"] > 0 and report["page_ins"] > 0
+    assert report["executor_allocator"] == "arena"
+    assert report["steps"][-1]["arena"]["outside"] == 0
+    assert report["grad_check"]["bitwise_equal"] and report["grad_check"]["loss_equal"]
+    expected = eager_parameters(load_model("digits-cnn", batch=4, dtype="bf16")[0], "sgd",
+                                captured.example_args, STEPS)
+    actual = captured.module.state_dict()
+    assert all(torch.equal(expected[n], actual[n]) for n in expected)
