@@ -182,3 +182,37 @@ def test_a_bf16_plan_in_the_arena_places_every_2_byte_tensor_and_trains_bitwise(
                                 captured.example_args, STEPS)
     actual = captured.module.state_dict()
     assert all(torch.equal(expected[n], actual[n]) for n in expected)
+
+
+@pytest.mark.slow
+@pytest.mark.loopback
+def test_run_dtype_bf16_trains_on_the_board_bitwise_and_plain_takes_the_dtype(tmp_path):
+    """Through `edge-remat run` on the local board: the board captures the graph again in
+    bf16 (its own child process), feeds it digits cast to bf16, and the gradient check holds;
+    `--plain` trains the bf16 model too."""
+    import json
+    from typer.testing import CliRunner
+    from helpers.board_fixtures import local_board
+    from edge_remat.cli import app
+
+    def run(*args):
+        result = CliRunner().invoke(app, ["run", "--device", "bench", "--model", "digits-cnn",
+                                          "--batch", "8", "--dtype", "bf16", "--steps", "2",
+                                          "--profile", str(ROOT / "profiles" /
+                                                           "this-machine.json"),
+                                          "--no-plots", "--json", *map(str, args)])
+        assert result.exit_code == 0, (result.stdout, result.stderr)
+        return json.loads(result.stdout)
+
+    with local_board(tmp_path, "bench"):
+        planned = run("--budget", "60%", "--paging", "flash", "--time-limit", "5",
+                      "--out", tmp_path / "planned")
+        plain = run("--plain", "--out", tmp_path / "plain")
+    assert planned["status"] == "finished" and planned["grad_check"]["bitwise_equal"] is True
+    assert planned["data"] == "digits"
+    assert planned["tensor_peak_bytes"] == planned["predicted_tensor_peak_bytes"]
+    assert planned["page_outs"] > 0
+    graph = json.loads((tmp_path / "planned" / "graph.json").read_text())
+    assert graph["capture"]["source"]["dtype"] == "bf16" and graph["dtype"] == "bfloat16"
+    # the same model, weights and digits: plain bf16 training's losses are the plan's
+    assert plain["loss"] == planned["loss"]
