@@ -124,7 +124,10 @@ def test_graph_dtype_bf16_halves_the_parameters_and_fp32_graphs_stay_as_they_wer
         capture = json.loads(out.read_text())["capture"]
         assert capture["source"].get("dtype") == (None if dtype == "fp32" else dtype)
         params[dtype] = capture["fixed"]["parameters"]
+        assert json.loads(proc.stdout)["dtype"] == ("float32" if dtype == "fp32" else "bfloat16")
     assert 2 * params["bf16"] == params["fp32"]
+    table = cli("graph", "--model", "mlp", "--dtype", "bf16").stdout
+    assert "mlp (batch " in table and ", bfloat16)" in table
 
 
 def test_a_fleet_manifests_dtype_reaches_the_capture_and_a_wrong_one_is_named(tmp_path):

@@ -12,7 +12,7 @@ from ..units import fmt_bytes
 def graph_summary(graph: Graph, plain_peak: int, output: str | None) -> dict[str, Any]:
     cap = graph.capture
     return {
-        "model": cap.get("model", graph.name), "batch": graph.batch,
+        "model": cap.get("model", graph.name), "batch": graph.batch, "dtype": graph.dtype,
         "captured_nodes": cap.get("captured_nodes"), "nodes": len(graph),
         # an operator-level graph's nodes are single ops: the module level it split is no
         # figure of it (capture["level"] stays in the file, for recapture)
@@ -33,7 +33,8 @@ def graph_table(summary: dict[str, Any]) -> str:
     level = ", one per ATen op that allocates" if summary.get("operator_level") else \
         f", level {summary['level']}" if summary.get("level") is not None else ""
     rows = [
-        ("model", f"{summary['model']} (batch {summary['batch']})"
+        ("model", f"{summary['model']} (batch {summary['batch']}"
+                  + (f", {summary['dtype']}" if summary.get("dtype") else "") + ")"
                   + ("  [planning only]" if summary["planning_only"] else "")),
         ("nodes", f"{summary['captured_nodes']} captured -> {summary['nodes']} planner nodes"
                   f"{level}"),
