@@ -154,10 +154,12 @@ def test_plain_run_reads_an_hf_config_named_by_a_relative_path(configs, tmp_path
     config path is made absolute as the capture's is (the board's job once looked for
     `gpt2.json` in its own folder: 'cannot read the config file')."""
     from helpers.bad_inputs import cli
+    from helpers.board_fixtures import local_board
     (tmp_path / "gpt2.json").write_text((configs / "gpt2.json").read_text())
-    proc = cli("run", "--device", "local", "--model", "hf:gpt2?config=gpt2.json", "--plain",
-               "--steps", 1, "--batch", 2, "--seq", 16, "--out", tmp_path / "out",
-               "--no-plots", "--json", cwd=tmp_path, timeout=300)
+    with local_board(tmp_path / "bench", "relative-config"):  # its agent stopped at the end
+        proc = cli("run", "--device", "relative-config", "--model", "hf:gpt2?config=gpt2.json",
+                   "--plain", "--steps", 1, "--batch", 2, "--seq", 16, "--out",
+                   tmp_path / "out", "--no-plots", "--json", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["mode"] == "plain" and report["steps_done"] == 1
