@@ -30,8 +30,8 @@ from edge_remat_agent.formats import Tier
 from edge_remat_agent.plain_train import train_plain
 from edge_remat.cli import app
 from edge_remat.planner.build import build_problem, plain_peak_bytes
-from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
+from helpers.executor_plans import problem_near_floor
 
 REPO = Path(__file__).resolve().parents[1]
 USER_MODEL = f"{REPO / 'examples' / 'my_model.py'}:make_model"  # dropout and batch norm
@@ -59,12 +59,7 @@ def _planned(spec, optimizer, home, fraction, paging, k, tmp_path, train=None, s
                              refined=solver == "cpsat", batch=4, image=16, accumulate=k,
                              clip_grad_norm=clip)
     graph = captured.graph
-    try:
-        problem = build_problem(graph, fraction, None, "time", None, paging, FLASH)
-        problem.check_budget()
-    except InfeasibleBudget as floor:
-        problem = build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None,
-                                paging, FLASH)
+    problem = problem_near_floor(graph, fraction, paging, FLASH)
     solver = solver or ("heuristic:split" if paging == "none" else "heuristic:paging")
     plan = solve(problem, solver, time_limit=30).plan
     data = micro_batches(captured.example_args)

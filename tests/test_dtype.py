@@ -16,9 +16,8 @@ from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.data import batches
 from edge_remat_agent.executor.run import run_plan
 from edge_remat_agent.formats import Tier
-from edge_remat.planner.build import build_problem
-from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
+from helpers.executor_plans import problem_near_floor
 
 ROOT = Path(__file__).resolve().parents[1]
 FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
@@ -38,12 +37,7 @@ CASES = [
 
 
 def _plan(graph, fraction, paging):
-    try:
-        problem = build_problem(graph, fraction, None, "time", None, paging, FLASH)
-        problem.check_budget()
-    except InfeasibleBudget as floor:
-        problem = build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None,
-                                paging, FLASH)
+    problem = problem_near_floor(graph, fraction, paging, FLASH)
     return solve(problem, "heuristic:split" if paging == "none" else "heuristic:paging").plan
 
 

@@ -31,6 +31,7 @@ from edge_remat.planner.cpsat import solve_cpsat
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
+from helpers.executor_plans import problem_near_floor
 
 pytestmark = pytest.mark.slow
 
@@ -69,12 +70,7 @@ def _planned(spec, optimizer, params_home, fraction, tmp_path, train=None, pagin
     captured = capture_model(spec, optimizer=optimizer, params_home=params_home, train=train,
                              refined=False, **shape)
     graph = captured.graph
-    try:
-        p = build_problem(graph, fraction, None, "time", None, paging, FLASH)
-        p.check_budget()
-    except InfeasibleBudget as floor:
-        p = build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None, paging,
-                          FLASH)
+    p = problem_near_floor(graph, fraction, paging, FLASH)
     plan = solve(p, "heuristic:split" if paging == "none" else "heuristic:paging").plan
     report = run_plan(graph, plan, steps, str(tmp_path / "pages"), captured=captured, seed=0,
                       keep_parameters=True)

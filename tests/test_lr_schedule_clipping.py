@@ -21,9 +21,8 @@ from edge_remat_agent.executor.gradcheck import deterministic
 from edge_remat_agent.executor.run import run_plan
 from edge_remat_agent.formats import Tier
 from edge_remat_agent.lr_schedule import ScheduledLr, lr_factor
-from edge_remat.planner.build import build_problem
-from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
+from helpers.executor_plans import problem_near_floor
 
 FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
 SHAPE = dict(batch=8, image=16)
@@ -143,12 +142,7 @@ def test_parameters_after_5_steps_equal_plain_pytorchs(label, optimizer, home, u
     captured = capture_model(EXAMPLE, optimizer=optimizer, params_home=home, update=update,
                              refined=False, clip_grad_norm=clip, **SHAPE)
     graph = captured.graph
-    try:
-        problem = build_problem(graph, 0.5, None, "time", None, "flash", FLASH)
-        problem.check_budget()
-    except InfeasibleBudget as floor:  # near the floor, as tests/test_every_byte.py plans
-        problem = build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None,
-                                "flash", FLASH)
+    problem = problem_near_floor(graph, 0.5, "flash", FLASH)
     plan = solve(problem, "heuristic:paging").plan
     report = run_plan(graph, plan, STEPS, str(tmp_path / "pages"), captured=captured, seed=0,
                       keep_parameters=True, lr_schedule=schedule, warmup=warmup)

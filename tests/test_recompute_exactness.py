@@ -20,7 +20,7 @@ from edge_remat_agent.costs import build_costs
 from edge_remat.planner.baselines import BASELINES
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.evaluate import evaluate
-from edge_remat.planner.problem import InfeasibleBudget
+from helpers.executor_plans import problem_near_floor
 
 pytestmark = pytest.mark.slow
 
@@ -81,13 +81,7 @@ def test_a_gradient_viewing_a_view_of_another_nodes_value_runs_exactly(operator_
 
 
 def _near_floor(graph):
-    try:
-        p = build_problem(graph, 0.5, None, "time", None, "none", {})
-        p.check_budget()
-        return p
-    except InfeasibleBudget as floor:
-        return build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None,
-                             "none", {})
+    return problem_near_floor(graph, 0.5)
 
 
 def test_a_parameter_reader_is_kept_not_recomputed_after_its_update(tmp_path):

@@ -35,9 +35,11 @@ PROFILE = str(REPO / "profiles" / "this-machine.json")  # measured: no profiling
 QUICK = dict(profile=PROFILE, plots=False, time_limit=3)
 
 
-def plain_pytorch_after(out: Path, steps: int, data: str, init: "Path | None" = None) -> dict:
+def plain_pytorch_after(out: Path, steps: int, data: str, init: "Path | None" = None,
+                        **training) -> dict:
     """The state_dict of the run's model trained plainly for `steps` steps from its own
-    weights (or `init`'s), on the same data and optimizer (a fresh one)."""
+    weights (or `init`'s), on the same data and optimizer (a fresh one); `training`: run_plain's
+    lr, lr_schedule, warmup."""
     graph = load_graph(out / "graph.json")
     source = graph.capture["source"]
     module, args = load_model(source["model"], source.get("batch"), source.get("image"),
@@ -45,7 +47,7 @@ def plain_pytorch_after(out: Path, steps: int, data: str, init: "Path | None" = 
     if init is not None:
         missing, unexpected = module.load_state_dict(torch.load(init), strict=False)
         assert not unexpected
-    run_plain(graph, steps, data=data, model=(module, args), seed=0)
+    run_plain(graph, steps, data=data, model=(module, args), seed=0, **training)
     return module.state_dict()
 
 
@@ -123,7 +125,8 @@ def test_an_init_file_of_another_model_is_refused_naming_the_first_mismatch(tmp_
 
 def test_deploy_fetches_the_weights_next_to_the_report(tmp_path):
     """deploy of the plan a run made: weights.pt lands beside run_report.json, and --save none
-    sends none."""
+    sends none. deploy trains on --data with --lr and its schedule as run does (it had none of
+    them: the graph's example batch at the optimizer's default rate)."""
     with local_board(tmp_path, "bench"):
         run(RunOptions(device="bench", model="digits-cnn", batch=16, budget="60%", steps=1,
                        params_home="ram", save="none", out=str(tmp_path / "run"), **QUICK))
@@ -131,12 +134,15 @@ def test_deploy_fetches_the_weights_next_to_the_report(tmp_path):
         result = CliRunner().invoke(app, ["deploy", str(tmp_path / "run" / "plan.json"),
                                           "--graph", str(tmp_path / "run" / "graph.json"),
                                           "--device", "bench", "--steps", "2", "--json",
+                                          "--data", "digits", "--lr", "0.05", "--lr-schedule",
+                                          "cosine", "--warmup", "1",
                                           "--out", str(tmp_path / "deployed")])
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
     assert record["result"]["saved_weights"]["save"] == "trained"
     assert_bitwise(torch.load(tmp_path / "deployed" / "weights.pt"),
-                   plain_pytorch_after(tmp_path / "run", 2, "example"))
+                   plain_pytorch_after(tmp_path / "run", 2, "digits", lr=0.05,
+                                       lr_schedule="cosine", warmup=1))
 
 
 @needs_socat

@@ -35,6 +35,9 @@ KEEP_RUNNING_HELP = ("on Ctrl-C leave the board's job running (default: cancel i
 SAVE_HELP = ("trained | all | none: the trained weights fetched to weights.pt (trained: the "
              "parameters that trained and the buffers; all: every parameter)")
 SAVE_DEFAULT = "trained"  # as run's (run.options.RunOptions.save); this module loads no torch
+LR_SCHEDULE_HELP = ("constant | linear | cosine: the learning rate's decay over --steps, after "
+                    "--warmup")
+WARMUP_HELP = "steps of linear warmup from 0 to --lr (at most --steps)"
 INIT_HELP = "start from this weights file (a run's weights.pt) instead of the model's own weights"
 
 
@@ -755,6 +758,13 @@ def deploy(
     keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
     save: str = typer.Option(SAVE_DEFAULT, "--save", help=SAVE_HELP),
     init: Optional[str] = typer.Option(None, "--init", help=INIT_HELP),
+    lr: Optional[float] = typer.Option(None, "--lr", help="learning rate (default: the "
+                                       "graph's optimizer's: sgd 0.01, adam and adamw 0.001)"),
+    lr_schedule: str = typer.Option("constant", "--lr-schedule", help=LR_SCHEDULE_HELP),
+    warmup: int = typer.Option(0, "--warmup", help=WARMUP_HELP),
+    data: Optional[str] = typer.Option(None, "--data", help="example (default: the graph's "
+                                       "example batch) | digits | text | MODULE:FUNCTION, "
+                                       "as run's --data"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Push the agent, the plan and the graph; run the plan on the board; fetch the report
@@ -769,8 +779,12 @@ def deploy(
     # Everything the host can check, before anything is sent (the board checks again).
     if steps < 1:
         raise UserError(f"--steps must be at least 1, not {steps}")
-    from .run.options import RunOptions, check_weights_options
-    check_weights_options(RunOptions(device=device, model="", save=save, init=init))
+    from .run.options import (RunOptions, absolute_file_spec, check_data, check_learning_rate,
+                               check_weights_options)
+    opts = RunOptions(device=device, model="", steps=steps, save=save, init=init, lr=lr,
+                      lr_schedule=lr_schedule, warmup=warmup)
+    check_weights_options(opts)
+    check_learning_rate(opts)
     plan = load_plan(plan_file)
     g = load_graph_file(graph)
     check_runnable(g, graph)
@@ -785,8 +799,12 @@ def deploy(
     from edge_remat_agent.executor.saved_weights import WEIGHTS_FILE
     output_folder(out, inputs={"--init": init}, writes=(WEIGHTS_FILE,))
     config = find_device(device)
+    if data is not None:  # a board that reads its own disk needs the file's path there
+        data = absolute_file_spec(data, "--data", config)
+        check_data(data, config)
     note_plan_above_ram(config, replayed.peak_bytes, to_stderr)
-    params: dict = {"steps": steps, "save": save}
+    params: dict = {"steps": steps, "save": save, **opts.lr_params,
+                    **({"data": data} if data is not None else {})}
     if config.hardware.page_dir:  # the board's flash, as its device config says
         params["page_dir"] = config.hardware.page_dir
     from .transport.host_pages import host_pages, plan_uses_host
@@ -893,10 +911,8 @@ def run_command(
     dtype: str = typer.Option(run_default("dtype"), "--dtype", help=DTYPE_HELP),
     lr: Optional[float] = typer.Option(None, "--lr", help=LR_HELP),
     lr_schedule: str = typer.Option(run_default("lr_schedule"), "--lr-schedule",
-                                    help="constant | linear | cosine: the learning rate's "
-                                    "decay over --steps, after --warmup"),
-    warmup: int = typer.Option(run_default("warmup"), "--warmup", help="steps of linear "
-                               "warmup from 0 to --lr (at most --steps)"),
+                                    help=LR_SCHEDULE_HELP),
+    warmup: int = typer.Option(run_default("warmup"), "--warmup", help=WARMUP_HELP),
     clip_grad_norm: Optional[float] = typer.Option(None, "--clip-grad-norm", help=CLIP_HELP),
     accumulate: int = typer.Option(run_default("accumulate"), "--accumulate",
                                    help=ACCUMULATE_HELP),

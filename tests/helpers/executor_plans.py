@@ -133,6 +133,23 @@ def keep_all(graph: Graph) -> Plan:
     return _validated(Plan(stages, graph.fingerprint(), 2**62), graph, stages)
 
 
+def problem_near_floor(graph: Graph, fraction: float, paging: str = "none",
+                       tiers: dict | None = None):
+    """The planning problem at `fraction` of the plain peak or, where that is below the
+    graph's floor, at 1.05x the floor: a budget tight enough to make a plan recompute or
+    page, on any model."""
+    from edge_remat.planner.build import build_problem
+    from edge_remat.planner.problem import InfeasibleBudget
+    tiers = {} if tiers is None else tiers
+    try:
+        problem = build_problem(graph, fraction, None, "time", None, paging, tiers)
+        problem.check_budget()
+        return problem
+    except InfeasibleBudget as floor:
+        return build_problem(graph, int(floor.smallest_bytes * 1.05), None, "time", None,
+                             paging, tiers)
+
+
 def _validated(plan: Plan, graph: Graph, stages) -> Plan:
     sim = simulate(graph, build_costs(graph, None, {"flash": FLASH}), stages)
     return dataclasses.replace(plan, stages=stages, predicted=sim.summary(),

@@ -94,10 +94,21 @@ class RunProblem(UserError):
     """Options that cannot make a run (e.g. a budget nothing is left for); exit status 2."""
 
 
+def check_learning_rate(opts: RunOptions) -> None:
+    """--lr, --lr-schedule and --warmup (run's and deploy's)."""
+    import math
+    if opts.lr is not None and not (math.isfinite(opts.lr) and opts.lr > 0):
+        raise RunProblem(f"--lr must be a positive number, not {opts.lr:g}")
+    from edge_remat_agent.lr_schedule import check_schedule
+    try:
+        check_schedule(opts.lr_schedule, opts.warmup, opts.steps)
+    except ValueError as error:
+        raise RunProblem(str(error)) from None
+
+
 def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     """Every option that can be checked before the capture, the profile and the solve (each
     of which takes seconds to minutes) is checked here."""
-    import math
 
     from ..checks import check_solver_options
     from ..planner.build import PAGING_CHOICES
@@ -114,13 +125,7 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
         check_micro_batches(opts.accumulate)
     except ValueError as error:
         raise RunProblem(str(error)) from None
-    if opts.lr is not None and not (math.isfinite(opts.lr) and opts.lr > 0):
-        raise RunProblem(f"--lr must be a positive number, not {opts.lr:g}")
-    from edge_remat_agent.lr_schedule import check_schedule
-    try:
-        check_schedule(opts.lr_schedule, opts.warmup, opts.steps)
-    except ValueError as error:
-        raise RunProblem(str(error)) from None
+    check_learning_rate(opts)
     if opts.clip_grad_norm is not None:
         checked_max_norm(opts.clip_grad_norm)
     if opts.paging is not None and opts.paging not in PAGING_CHOICES:
