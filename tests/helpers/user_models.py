@@ -174,7 +174,9 @@ def make_gru(hidden: int = 32, batch: int = 4, seed: int = 0):
 class Gaussian(nn.Module):
     """A Gaussian negative log-likelihood with a learned covariance: linalg.cholesky, solve and
     inv, which check LAPACK's status as eager does (an effectful op in the joint graph).
-    `singular` makes every matrix rank one, where eager's solve raises."""
+    `singular` zeroes every matrix's last row, where eager's solve raises (the pivot is an
+    exact zero whatever the rounding: a rank-one matrix of repeated columns was not, on some
+    CPUs' LAPACK, and solved to garbage)."""
 
     def __init__(self, dim: int = 4, singular: bool = False):
         super().__init__()
@@ -184,7 +186,7 @@ class Gaussian(nn.Module):
     def forward(self, x):
         m = self.factor(x).view(-1, self.dim, self.dim)
         if self.singular:
-            m = m[:, :, :1].expand(-1, self.dim, self.dim)
+            m = torch.cat([m[:, :-1], torch.zeros_like(m[:, :1])], dim=1)
             return torch.linalg.solve(m, x.unsqueeze(-1)).sum()
         cov = m @ m.transpose(1, 2) + torch.eye(self.dim)
         chol = torch.linalg.cholesky(cov)
