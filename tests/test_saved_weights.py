@@ -166,6 +166,7 @@ def test_a_fetch_over_a_slow_serial_line_resumes_after_a_pulled_cable(board_agen
         board.hello()
         remote = board.push_input(local)
         assert board.session().get_chunk == 44 << 10  # 11.5 KB/s for 4 s
+        assert board.session().put_chunk == 44 << 10  # uploads too (256 KiB took 23 s)
         puller = threading.Thread(target=pull_the_cable_at_half, daemon=True)
         puller.start()
         board.fetch(remote, dest)

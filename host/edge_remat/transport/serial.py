@@ -22,7 +22,7 @@ from edge_remat_agent.wire.serial_link import SerialLink, ack_timeout_for
 
 from ..devices import DeviceConfig
 from .errors import AgentError, BoardUnreachable, LinkLost, TransportError
-from .session import AgentSession
+from .session import GET_CHUNK, PUT_CHUNK, AgentSession
 from .zipapp import AgentArchive, build_agent_archive
 
 
@@ -146,7 +146,8 @@ class SerialTransport:
                 "(DEVICE is its end of the line, e.g. /dev/ttyGS0 or /dev/ttyAMA0)") from None
         session = AgentSession(FrameStream(link_session), board=self.board,
                                family=self.device.hardware.family, on_close=self.close)
-        session.get_chunk = get_chunk_for(conn.baud)
+        session.get_chunk = chunk_for(conn.baud, GET_CHUNK)
+        session.put_chunk = chunk_for(conn.baud, PUT_CHUNK)
         try:
             session.hello(timeout=conn.connect_timeout_s + 30)
         except LinkLost as exc:
@@ -170,14 +171,14 @@ class SerialTransport:
             link.close()
 
 
-def get_chunk_for(baud: int, seconds: float = 4.0) -> int:
-    """Bytes a fetch asks for at once: what the line carries in about `seconds` (10 bits a
-    byte), so that each request answers well within the session's request timeout even at a
-    slow baud rate (1 MiB takes 91 s at 115200 baud, past the 30 s timeout, and a fetch of
-    trained weights then failed again and again); 4 KiB to 1 MiB."""
-    from .session import GET_CHUNK
+def chunk_for(baud: int, largest: int, seconds: float = 4.0) -> int:
+    """Bytes a transfer request moves at once: what the line carries in about `seconds` (10
+    bits a byte), so that each request answers well within the session's request timeout even
+    at a slow baud rate (a 1 MiB fetch takes 91 s at 115200 baud, past the 30 s timeout, and a
+    fetch of trained weights then failed again and again; a 256 KiB upload took 23 s); 4 KiB
+    to `largest`."""
     size = int(baud / 10 * seconds) // 4096 * 4096
-    return max(4096, min(GET_CHUNK, size))
+    return max(4096, min(largest, size))
 
 
 def stats(transport: SerialTransport) -> dict:

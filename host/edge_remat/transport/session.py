@@ -31,7 +31,8 @@ class AgentSession:
         self.family = family
         self.info: dict = {}
         self._on_close = on_close
-        self.get_chunk = GET_CHUNK  # a slow link's transport sets a smaller one (serial.py)
+        # a slow link's transport sets smaller ones (serial.py)
+        self.get_chunk, self.put_chunk = GET_CHUNK, PUT_CHUNK
         self.last_get: dict = {}  # the latest fetch: where it resumed, what it moved
 
     # -- plumbing --------------------------------------------------------------------------
@@ -119,10 +120,11 @@ class AgentSession:
 
     def put_file(self, local: "str | os.PathLike[str]", remote: str,
                  on_progress: Optional[Callable[[int, int], None]] = None,
-                 chunk: int = PUT_CHUNK) -> bool:
+                 chunk: Optional[int] = None) -> bool:
         """Send a file unless the board has it with the same sha256; resumes a partial upload.
         Returns whether bytes were sent."""
         local = Path(local)
+        chunk = chunk or self.put_chunk
         size = local.stat().st_size
         sha = file_sha256(local)
         state = self.stat_file(remote, sha)
