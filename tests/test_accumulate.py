@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from helpers.bad_inputs import BAD_INPUT, cli as cli_process, refused
 from helpers.board_fixtures import local_board
+from helpers.executor_plans import problem_near_floor
 from helpers.user_models import spec as user_model
 
 from edge_remat_agent.capture import capture_model
@@ -31,7 +32,6 @@ from edge_remat_agent.plain_train import train_plain
 from edge_remat.cli import app
 from edge_remat.planner.build import build_problem, plain_peak_bytes
 from edge_remat.planner.solve import solve
-from helpers.executor_plans import problem_near_floor
 
 REPO = Path(__file__).resolve().parents[1]
 USER_MODEL = f"{REPO / 'examples' / 'my_model.py'}:make_model"  # dropout and batch norm

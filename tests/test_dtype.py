@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.bad_inputs import BAD_INPUT, cli, refused
-from helpers.executor_plans import eager_parameters
+from helpers.executor_plans import eager_parameters, problem_near_floor
 
 from edge_remat_agent.capture import CaptureError, capture_model
 from edge_remat_agent.capture.models import load_model
@@ -17,7 +17,6 @@ from edge_remat_agent.data import batches
 from edge_remat_agent.executor.run import run_plan
 from edge_remat_agent.formats import Tier
 from edge_remat.planner.solve import solve
-from helpers.executor_plans import problem_near_floor
 
 ROOT = Path(__file__).resolve().parents[1]
 FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
@@ -213,3 +212,16 @@ def test_run_dtype_bf16_trains_on_the_board_bitwise_and_plain_takes_the_dtype(tm
     assert graph["capture"]["source"]["dtype"] == "bf16" and graph["dtype"] == "bfloat16"
     # the same model, weights and digits: plain bf16 training's losses are the plan's
     assert plain["loss"] == planned["loss"]
+
+
+def test_an_init_file_of_another_dtype_is_refused_naming_the_dtype_to_give(tmp_path):
+    """--init with weights a bf16 run saved, into the fp32 model: the one line says which
+    --dtype the file was trained with (it said only 'another model's, or other options')."""
+    from edge_remat_agent.executor.errors import BadInput
+    from edge_remat_agent.executor.saved_weights import load_weights
+    module, _ = load_model("digits-cnn", batch=2)
+    path = tmp_path / "weights.pt"
+    torch.save({k: v.to(torch.bfloat16) if v.is_floating_point() else v
+                for k, v in module.state_dict().items()}, path)
+    with pytest.raises(BadInput, match="trained with --dtype bf16; give the same --dtype"):
+        load_weights(module, str(path))

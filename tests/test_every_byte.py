@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers.small_graphs import state_chain
 from helpers.exact_problems import assert_matches_brute_force, problem
-from helpers.executor_plans import eager_parameters, keep_all
+from helpers.executor_plans import eager_parameters, keep_all, problem_near_floor
 from helpers.user_models import spec as user_model
 
 from edge_remat_agent.capture import capture_model
@@ -31,7 +31,6 @@ from edge_remat.planner.cpsat import solve_cpsat
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.problem import InfeasibleBudget
 from edge_remat.planner.solve import solve
-from helpers.executor_plans import problem_near_floor
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ import math
 
 import pytest
 import torch
-from helpers.executor_plans import EXAMPLE, every_forward_recomputed, keep_all, with_paging
+from helpers.executor_plans import (EXAMPLE, every_forward_recomputed, keep_all,
+                                    problem_near_floor, with_paging)
 
 from edge_remat_agent.capture import CaptureError, capture_model
 from edge_remat_agent.executor import torch_optimizer
@@ -22,7 +23,6 @@ from edge_remat_agent.executor.run import run_plan
 from edge_remat_agent.formats import Tier
 from edge_remat_agent.lr_schedule import ScheduledLr, lr_factor
 from edge_remat.planner.solve import solve
-from helpers.executor_plans import problem_near_floor
 
 FLASH = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
 SHAPE = dict(batch=8, image=16)

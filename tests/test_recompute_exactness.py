@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from helpers.executor_plans import every_forward_recomputed, keep_all
+from helpers.executor_plans import every_forward_recomputed, keep_all, problem_near_floor
 from helpers.user_models import spec as user_model
 from edge_remat_agent.capture import CaptureError, capture_model, capture_module
 from edge_remat_agent.executor.run import run_plan
@@ -20,7 +20,6 @@ from edge_remat_agent.costs import build_costs
 from edge_remat.planner.baselines import BASELINES
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.evaluate import evaluate
-from helpers.executor_plans import problem_near_floor
 
 pytestmark = pytest.mark.slow
 

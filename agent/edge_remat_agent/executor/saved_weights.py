@@ -191,6 +191,16 @@ def _contiguous_stride(shape: tuple) -> tuple:
 
 # -- starting from saved weights ---------------------------------------------------------
 
+def _mismatch_remedy(saved, model_tensor) -> str:
+    """What to do about a tensor of the file unlike the model's: a dtype alone is --dtype."""
+    if tuple(saved.shape) == tuple(model_tensor.shape):
+        from ..capture.precision import DTYPES
+        names = [name for name, dtype in DTYPES.items() if dtype == saved.dtype]
+        if names:
+            return f"the file was trained with --dtype {names[0]}; give the same --dtype"
+    return "the file is another model's, or one built with other options"
+
+
 def load_weights(module: nn.Module, path: "str | Path") -> int:
     """Copy a saved file's tensors into `module` (before the capture's module trains);
     returns how many. Refused, naming the first mismatch, where a name is not the model's or
@@ -206,8 +216,8 @@ def load_weights(module: nn.Module, path: "str | Path") -> int:
         tensor = targets[key][1]
         if tuple(value.shape) != tuple(tensor.shape) or value.dtype != tensor.dtype:
             raise BadInput(f"--init {path}: {key!r} is {_described(value)} in the file but "
-                           f"{_described(tensor)} in this model: the file is another "
-                           "model's, or one built with other options")
+                           f"{_described(tensor)} in this model: "
+                           + _mismatch_remedy(value, tensor))
         if tensor.device.type == "meta" and not tensor.requires_grad:
             raise BadInput(f"--init {path}: {key!r} is a frozen weight of a model whose "
                            "frozen weights are made from its seed (built on meta): give a "
