@@ -478,6 +478,19 @@ def test_host_page_service_imports_without_torch():
     assert proc.stdout.strip() == "False"
 
 
+def test_what_the_run_job_reads_before_its_capture_imports_no_torch():
+    """The board's run job traces its capture in a child while it has not imported torch
+    (executor/jobs.py); the --save choices it checks first once came with torch, and a
+    150 MiB board was killed capturing a model it had captured before."""
+    script = ("import sys; import edge_remat_agent.executor.jobs; "
+              "from edge_remat_agent.executor.save_choice import check_save_choice; "
+              "check_save_choice('trained'); print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
 def test_a_sweep_where_no_budget_plans_is_an_error_and_writes_nothing(cli, tmp_path):
     """It exited 0, printed "plans written to DIR/" and left DIR empty."""
     graph, out = tiny_graph(tmp_path), tmp_path / "plans"

@@ -298,6 +298,7 @@ def test_a_page_dir_under_the_home_pages_there_not_in_a_folder_named_tilde(user_
     while `devices check` tested the real folder under the home."""
     from edge_remat.cli import app
     from edge_remat.devices import write_local_device
+    (tmp_path / "home").mkdir()  # a home exists: a page_dir's missing parent is refused
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(tmp_path / "configs"))
     workdir = tmp_path / "board"

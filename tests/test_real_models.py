@@ -293,6 +293,7 @@ def test_recurrent_layers_capture_what_eager_saves_and_train_exactly(model, seq,
     # backward's results that nothing reads (the state gradients of zero initial states, the
     # second bias's gradient) are held while it runs, and the plan counts them.
     for update in ("fused", "step"):
+        (tmp_path / update).mkdir()  # the page folder's parent (a missing one is refused)
         check_capture_and_plan(model, tmp_path / update, seq=seq, update=update)
 
 

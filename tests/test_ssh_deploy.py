@@ -106,7 +106,9 @@ def test_profile_then_deploy_through_sshd(ssh_board, tmp_path):
     assert result["steps"] == 2
     assert result["grad_check"]["bitwise_equal"] is True
     report_path = tmp_path / "run" / "run_report.json"
-    assert answer["fetched"] == [str(report_path)]
+    # the report, and the trained weights (--save trained, the default)
+    assert answer["fetched"] == [str(report_path), str(tmp_path / "run" / "weights.pt")]
+    assert result["saved_weights"]["tensors"] > 0
     report = json.loads(report_path.read_text())
     assert report["format"] == "edge-remat/run-report" and report["mode"] == "plan"
     assert report["plan_fingerprint"] == planned["fingerprint"]

@@ -796,7 +796,7 @@ def deploy(
                                      "plan again for true predictions")
     if stale is not None:
         to_stderr(stale)
-    from edge_remat_agent.executor.saved_weights import WEIGHTS_FILE
+    from edge_remat_agent.executor.save_choice import WEIGHTS_FILE
     output_folder(out, inputs={"--init": init}, writes=(WEIGHTS_FILE,))
     config = find_device(device)
     if data is not None:  # a board that reads its own disk needs the file's path there

@@ -56,7 +56,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     seed = None if params.get("seed") is None else int(params["seed"])
     lr = None if params.get("lr") is None else float(params["lr"])
     page_dir = job_page_dir(params.get("page_dir"), ctx.workdir)
-    from .saved_weights import DEFAULT_SAVE, WEIGHTS_FILE, check_save_choice
+    from .save_choice import DEFAULT_SAVE, WEIGHTS_FILE, check_save_choice
     save = check_save_choice(str(params.get("save") or DEFAULT_SAVE))
 
     losses: list = []

@@ -30,16 +30,7 @@ import torch
 from torch import nn
 
 from .errors import BadInput
-
-SAVE_CHOICES = ("trained", "all", "none")
-DEFAULT_SAVE = "trained"
-WEIGHTS_FILE = "weights.pt"  # the run job's output file, fetched by the host
-
-
-def check_save_choice(which: str) -> str:
-    if which not in SAVE_CHOICES:
-        raise BadInput(f"unknown save choice {which!r}: use {' | '.join(SAVE_CHOICES)}")
-    return which
+from .save_choice import check_save_choice
 
 
 def state_root(module: nn.Module) -> tuple[nn.Module, str]:

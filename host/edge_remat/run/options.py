@@ -171,7 +171,7 @@ def checked_max_norm(max_norm: float) -> float:
 def check_weights_options(opts: RunOptions) -> None:
     """--save and --init, before the capture (the file's names and shapes are checked against
     the model once it is built: check_init_fits)."""
-    from edge_remat_agent.executor.saved_weights import SAVE_CHOICES
+    from edge_remat_agent.executor.save_choice import SAVE_CHOICES
     if opts.save not in SAVE_CHOICES:
         raise RunProblem(f"unknown --save {opts.save!r}: use {' | '.join(SAVE_CHOICES)}")
     if opts.plain and (opts.init or opts.save != "trained"):

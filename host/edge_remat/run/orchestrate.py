@@ -51,7 +51,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     device = find_board(opts.device, opts.memory_limit)
     check_options(opts, device)
     opts = for_board(opts, device)
-    from edge_remat_agent.executor.saved_weights import WEIGHTS_FILE
+    from edge_remat_agent.executor.save_choice import WEIGHTS_FILE
     from edge_remat_agent.user_code import spec_file
     out = output_folder(opts.out, inputs={"--profile": opts.profile,
                                           "--model": spec_file(opts.model),
@@ -536,7 +536,7 @@ def _weights_into(out: Path, outcome: dict) -> Optional[dict]:
     """The trained weights the board's job saved, moved from OUT/board to OUT (a rename:
     the fetch wrote them whole under a temporary name first), with the board's figures of
     them; None when it saved none (--save none, a killed run)."""
-    from edge_remat_agent.executor.saved_weights import WEIGHTS_FILE
+    from edge_remat_agent.executor.save_choice import WEIGHTS_FILE
     saved = (outcome.get("result") or {}).get("saved_weights")
     fetched = out / "board" / WEIGHTS_FILE
     if outcome.get("status") != "finished" or not saved or not fetched.is_file():
