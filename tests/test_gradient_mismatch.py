@@ -10,6 +10,7 @@ import pytest
 
 from edge_remat_agent.run_command import gradient_mismatch
 from helpers.bad_inputs import REPO, cli
+from helpers.board_fixtures import local_board
 
 COUNTING_MODEL = textwrap.dedent('''
     import torch
@@ -48,10 +49,12 @@ def test_only_a_check_that_found_a_difference_is_a_mismatch():
 @pytest.mark.slow
 def test_a_run_whose_gradients_differ_exits_1_with_one_line(tmp_path):
     (tmp_path / "counting.py").write_text(COUNTING_MODEL)
-    proc = cli("run", "--device", "local", "--model", f"{tmp_path / 'counting.py'}:make_model",
-               "--budget", "98%", "--steps", 1, "--no-plots", "--time-limit", 5,
-               "--profile", REPO / "profiles" / "this-machine.json", "--out", tmp_path / "out",
-               cwd=tmp_path, timeout=300)
+    with local_board(tmp_path / "bench", "counting-board"):  # its agent stopped at the end
+        proc = cli("run", "--device", "counting-board", "--model",
+                   f"{tmp_path / 'counting.py'}:make_model", "--budget", "98%", "--steps", 1,
+                   "--no-plots", "--time-limit", 5, "--profile",
+                   REPO / "profiles" / "this-machine.json", "--out", tmp_path / "out",
+                   cwd=tmp_path, timeout=300)
     assert proc.returncode == 1, proc.stderr
     assert "DIFFERENT from eager PyTorch" in proc.stdout  # the report, as before
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
