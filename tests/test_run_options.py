@@ -5,10 +5,13 @@ the parameters' home (homing them on flash is paging)."""
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from helpers.bad_inputs import BAD_INPUT, REPO, cli, no_new_files, refused, tree
+from helpers.board_fixtures import local_board
 
 PROFILE = REPO / "profiles" / "this-machine.json"  # given: no profiling on the board
 DATA_FILE = """
@@ -21,8 +24,11 @@ def batches(batch, seed):
 
 
 def _run(*args, cwd, timeout=120):
-    return cli("run", "--device", "local", "--model", "mlp", "--steps", 1, "--time-limit", 5,
-               "--no-plots", *args, cwd=cwd, timeout=timeout)
+    # "local", as users name it, but working in a folder of the test's whose agent is stopped
+    # at the end (the shipped one's daemon outlived the tests)
+    with tempfile.TemporaryDirectory() as bench, local_board(Path(bench), "local"):
+        return cli("run", "--device", "local", "--model", "mlp", "--steps", 1, "--time-limit",
+                   5, "--no-plots", *args, cwd=cwd, timeout=timeout)
 
 
 def _ssh_device(folder):
