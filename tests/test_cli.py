@@ -467,28 +467,28 @@ def test_planning_imports_neither_torch_nor_ortools(tmp_path):
     assert plan_file.is_file()
 
 
-def test_host_page_service_imports_without_torch():
-    # The host keeps a board's `host` pages as opaque bytes: its service must not pull torch in.
-    script = ("import sys; import edge_remat.transport.host_pages; "
-              "from edge_remat_agent.pages import PageService; "
-              "print('torch' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+def _imports_torch(script: str) -> bool:
+    """Whether `script`, run in a fresh Python, leaves torch imported."""
+    proc = subprocess.run([sys.executable, "-c", f"import sys; {script}; "
+                           "print('torch' in sys.modules)"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "False"
+    return proc.stdout.strip() == "True"
+
+
+def test_host_page_service_imports_without_torch():
+    # The host keeps a board's `host` pages as opaque bytes: its service must not pull torch in.
+    assert not _imports_torch("import edge_remat.transport.host_pages; "
+                              "from edge_remat_agent.pages import PageService")
 
 
 def test_what_the_run_job_reads_before_its_capture_imports_no_torch():
     """The board's run job traces its capture in a child while it has not imported torch
     (executor/jobs.py); the --save choices it checks first once came with torch, and a
     150 MiB board was killed capturing a model it had captured before."""
-    script = ("import sys; import edge_remat_agent.executor.jobs; "
-              "from edge_remat_agent.executor.save_choice import check_save_choice; "
-              "check_save_choice('trained'); print('torch' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "False"
+    assert not _imports_torch("import edge_remat_agent.executor.jobs; "
+                              "from edge_remat_agent.executor.save_choice import "
+                              "check_save_choice; check_save_choice('trained')")
 
 
 def test_a_sweep_where_no_budget_plans_is_an_error_and_writes_nothing(cli, tmp_path):
