@@ -35,6 +35,7 @@ KEEP_RUNNING_HELP = ("on Ctrl-C leave the board's job running (default: cancel i
 SAVE_HELP = ("trained | all | none: the trained weights fetched to weights.pt (trained: the "
              "parameters that trained and the buffers; all: every parameter)")
 SAVE_DEFAULT = "trained"  # as run's (run.options.RunOptions.save); this module loads no torch
+LR_HELP = "learning rate (" + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items()) + ")"
 LR_SCHEDULE_HELP = ("constant | linear | cosine: the learning rate's decay over --steps, after "
                     "--warmup")
 WARMUP_HELP = "steps of linear warmup from 0 to --lr (at most --steps)"
@@ -758,8 +759,7 @@ def deploy(
     keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
     save: str = typer.Option(SAVE_DEFAULT, "--save", help=SAVE_HELP),
     init: Optional[str] = typer.Option(None, "--init", help=INIT_HELP),
-    lr: Optional[float] = typer.Option(None, "--lr", help="learning rate (default: the "
-                                       "graph's optimizer's: sgd 0.01, adam and adamw 0.001)"),
+    lr: Optional[float] = typer.Option(None, "--lr", help=LR_HELP),
     lr_schedule: str = typer.Option("constant", "--lr-schedule", help=LR_SCHEDULE_HELP),
     warmup: int = typer.Option(0, "--warmup", help=WARMUP_HELP),
     data: Optional[str] = typer.Option(None, "--data", help="example (default: the graph's "
@@ -875,7 +875,6 @@ from .transport.emulated import MIN_MEMORY_LIMIT_BYTES  # noqa: E402 - light
 
 # --data's default, from the table `run` uses, so that the help cannot drift from it
 # --lr's defaults, from the optimizers' own table, so that the help cannot drift from them
-LR_HELP = "learning rate (" + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items()) + ")"
 DATA_DEFAULT_HELP = "; ".join(
     f"{data} for {', '.join(m for m, d in DEFAULT_DATA.items() if d == data)}"
     for data in dict.fromkeys(DEFAULT_DATA.values())) + "; else example"
