@@ -5,6 +5,7 @@ the parameters' home (homing them on flash is paging)."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -197,7 +198,6 @@ def test_only_paging_that_allows_flash_may_home_parameters_there():
 
 
 def test_outputs_an_earlier_run_left_and_this_one_did_not_write_are_removed(tmp_path):
-    import os
     import time
 
     from edge_remat.run.orchestrate import _remove_earlier_outputs
@@ -226,6 +226,29 @@ def test_each_device_config_emulates_its_board_in_a_workdir_of_its_own(tmp_path)
     already = load_device(write_local_device(tmp_path, "three", tmp_path / "three",
                                              memory_limit_bytes=2**29))
     assert emulated_device(already, 2**30).connection.workdir == str(tmp_path / "three")
+
+
+def test_an_emulated_boards_page_folder_moves_with_its_workdir(tmp_path, monkeypatch):
+    """The shipped local board keeps its pages in its workdir; `--memory-limit` moved the
+    workdir (WORKDIR-limited) but not the page folder, whose parent (the unlimited board's
+    workdir) a fresh machine lacks: a run paging under a limit failed with 'its parent folder
+    .../local-board does not exist'. The page folder moves along; one elsewhere stays."""
+    from edge_remat.devices import find_device, load_device, write_local_device
+    from edge_remat.transport.emulated import emulated_device, unlimited_twin
+    from edge_remat_agent.pages.folder import make_page_dir
+    shipped = find_device("local")
+    assert shipped.hardware.page_dir.startswith(shipped.connection.workdir + "/")
+    for board, suffix in ((emulated_device(shipped, 2**30), "-limited"),
+                          (unlimited_twin(shipped), "-unlimited")):
+        workdir = board.connection.workdir
+        assert workdir == shipped.connection.workdir + suffix
+        assert board.hardware.page_dir == workdir + "/pages"
+        monkeypatch.setenv("HOME", str(tmp_path / f"fresh{suffix}"))  # a fresh machine's HOME
+        os.makedirs(os.path.expanduser(workdir))  # what the board's daemon makes as it starts
+        make_page_dir(os.path.expanduser(board.hardware.page_dir))
+    elsewhere = load_device(write_local_device(tmp_path, "ssd", tmp_path / "ssd",
+                                               page_dir="/mnt/ssd/pages"))
+    assert emulated_device(elsewhere, 2**30).hardware.page_dir == "/mnt/ssd/pages"
 
 
 @pytest.mark.slow  # a real run on the local board (~15 s)

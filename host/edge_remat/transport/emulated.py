@@ -43,11 +43,23 @@ def emulated_device(device: DeviceConfig, memory_limit_bytes: int) -> DeviceConf
                         "MiB an emulated board's agent needs to start (a run's job needs about "
                         "280 MiB more for Python, torch and the capture, before the model's own "
                         f"memory): give at least {least}MiB (a number without a unit is bytes)")
-    connection = device.connection
     if not device.hardware.memory_limit_bytes:
-        connection = dataclasses.replace(connection,
-                                         workdir=connection.workdir.rstrip("/") + "-limited")
+        device = _beside_its_workdir(device, "-limited")
     hardware = dataclasses.replace(device.hardware, memory_limit_bytes=int(memory_limit_bytes))
+    return dataclasses.replace(device, hardware=hardware)
+
+
+def _beside_its_workdir(device: DeviceConfig, suffix: str) -> DeviceConfig:
+    """`device` with a workdir of its own, WORKDIR + suffix, and a page folder that lay inside
+    the old workdir moved along: a page folder stays a folder of its own board (the shipped
+    local board's `pages` in its workdir, whose parent the moved board never creates)."""
+    old = device.connection.workdir.rstrip("/")
+    new = old + suffix
+    connection = dataclasses.replace(device.connection, workdir=new)
+    hardware = device.hardware
+    page_dir = hardware.page_dir
+    if page_dir and (page_dir.rstrip("/") == old or page_dir.startswith(old + "/")):
+        hardware = dataclasses.replace(hardware, page_dir=new + page_dir[len(old):])
     return dataclasses.replace(device, connection=connection, hardware=hardware)
 
 
@@ -61,11 +73,9 @@ def find_board(name: str, memory_limit_bytes: int | None = None) -> DeviceConfig
 def unlimited_twin(device: DeviceConfig) -> DeviceConfig:
     """The same machine without the limit (its own workdir): where an emulated board's hardware
     is measured, since measuring may need more memory than the board is given."""
-    connection = dataclasses.replace(device.connection,
-                                     workdir=device.connection.workdir.rstrip("/") + "-unlimited")
+    device = _beside_its_workdir(device, "-unlimited")
     hardware = dataclasses.replace(device.hardware, memory_limit_bytes=None)
-    return dataclasses.replace(device, name=f"{device.name}-unlimited", connection=connection,
-                               hardware=hardware)
+    return dataclasses.replace(device, name=f"{device.name}-unlimited", hardware=hardware)
 
 
 def cgroup_name(device: DeviceConfig) -> str:
