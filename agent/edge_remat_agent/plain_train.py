@@ -4,10 +4,10 @@ Eager autograd and a torch optimizer over the same model, weights and data as a 
 each step is reported (loss, time, resident peak) the moment it is done, so that a run the
 kernel kills for memory still says how far it got. The daemon runs it as the job kind
 "train-plain" with params `model`, `steps` and optionally `batch`, `image`, `seq`, `seed`,
-`optimizer`, `lr`, `lr_schedule`, `warmup`, `clip_grad_norm`, `dtype`, `data` (a data spec,
-see edge_remat_agent.data), `accumulate` (K micro-batches a step, each loss divided by K, one
-optimizer step: accumulation.py), `malloc` (as the planned run's job takes it:
-executor/jobs.py).
+`optimizer`, `lr`, `lr_schedule`, `warmup`, `clip_grad_norm`, `dtype`, `trainable_dtype`,
+`data` (a data spec, see edge_remat_agent.data), `accumulate` (K micro-batches a step, each
+loss divided by K, one optimizer step: accumulation.py), `malloc` (as the planned run's job
+takes it: executor/jobs.py).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
                 on_step: Optional[Callable[[dict], None]] = None,
                 train: Optional[list[str]] = None, lr_schedule: str = "constant",
                 warmup: int = 0, clip_grad_norm: Optional[float] = None,
-                accumulate: int = 1, dtype: Optional[str] = None) -> dict[str, Any]:
+                accumulate: int = 1, dtype: Optional[str] = None,
+                trainable_dtype: Optional[str] = None) -> dict[str, Any]:
     """Train `steps` steps eagerly; `on_step(report so far)` after each. `train`: parameter
-    name patterns to train (the rest frozen), `dtype` the model's (fp32 | bf16 | fp16), as
-    the planned run's graph was captured; `lr_schedule`, `warmup` (lr_schedule.py) and
+    name patterns to train (the rest frozen), `dtype` the model's (fp32 | bf16 | fp16) and
+    `trainable_dtype` the trained parameters' (None: `dtype`), as the planned run's graph
+    was captured; `lr_schedule`, `warmup` (lr_schedule.py) and
     `clip_grad_norm` (grad_clip.py) as the planned run's. `accumulate`: micro-batches per
     step, their gradients summed into `.grad`."""
     import torch
@@ -41,10 +43,8 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
     from .lr_schedule import ScheduledLr
     from .profiler.memory import PeakRssSampler, current_rss_bytes
 
-    module, example_args = load_model(model, batch, image, seq, seed, dtype)
-    if train is not None:
-        from .capture.freeze import freeze_except
-        freeze_except(module, list(train), model)
+    module, example_args = load_model(model, batch, image, seq, seed, dtype, train,
+                                      trainable_dtype)
     module.train()
     # The optimizer (and --lr) and the batches a planned run uses too (executor/run.py):
     # both runs take the same steps on the same data.
@@ -111,5 +111,6 @@ def plain_train_job(ctx, params: dict) -> dict:
                          params.get("data"), on_step, params.get("train"),
                          str(params.get("lr_schedule") or "constant"),
                          int(params.get("warmup") or 0), optional("clip_grad_norm", float),
-                         int(params.get("accumulate", 1)), params.get("dtype"))
+                         int(params.get("accumulate", 1)), params.get("dtype"),
+                         params.get("trainable_dtype"))
     return {**report, "malloc": malloc}

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from edge_remat_agent.capture import DEFAULT_LR, DEFAULT_MAX_NODES, OPTIMIZER_HELP
-from edge_remat_agent.capture import DTYPE_HELP, DTYPE_NAMES
+from edge_remat_agent.capture import DTYPE_HELP, DTYPE_NAMES, TRAINABLE_DTYPE_HELP
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
 from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_KILLED, UserError, cli_errors, fail
@@ -443,6 +443,8 @@ def graph(
     seed: int = typer.Option(0, "--seed", help="seed for the model's initial weights"),
     optimizer: str = typer.Option("sgd", "--optimizer", help=OPTIMIZER_HELP),
     dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+    trainable_dtype: Optional[str] = typer.Option(None, "--trainable-dtype",
+                                                  help=TRAINABLE_DTYPE_HELP),
     max_nodes: Optional[int] = typer.Option(None, "--max-nodes", min=5,
                                             help="at most this many planner nodes: "
                                             "module-level groups, split down to single ops "
@@ -490,7 +492,7 @@ def graph(
         if onnx_file is not None:
             raise UserError("--clip-grad-norm adds a node to a captured model's training step: "
                             "use it with --model, not --onnx")
-    _check_dtype(dtype, onnx_file)
+    _check_dtype(dtype, onnx_file, trainable_dtype)
     if output is not None:  # `-o ''` too, which is refused
         from edge_remat_agent.user_code import spec_file
         output_file(output, force, inputs={"--onnx": onnx_file,
@@ -518,7 +520,7 @@ def graph(
         captured = capture_model(model, batch, image, seq, seed, optimizer, max_nodes, level,
                                  update, params_home, train, operator_level=operator_level,
                                  clip_grad_norm=clip_grad_norm, accumulate=accumulate,
-                                 dtype=dtype)
+                                 dtype=dtype, trainable_dtype=trainable_dtype)
         _warn_slow_half(captured.module)
         g = captured.graph
     if output:
@@ -532,12 +534,14 @@ def graph(
             typer.echo(f"graph written to {output}")
 
 
-def _check_dtype(dtype: str, onnx_file: Optional[str] = None) -> None:
-    if dtype not in DTYPE_NAMES:
-        raise UserError(f"unknown --dtype {dtype!r}: use one of {', '.join(DTYPE_NAMES)}")
-    if onnx_file is not None and dtype != "fp32":
-        raise UserError("--dtype converts a captured model; an --onnx graph keeps the file's "
-                        "own dtypes: leave --dtype out, or capture the model with --model")
+def _check_dtype(dtype: str, onnx_file: Optional[str] = None,
+                 trainable_dtype: Optional[str] = None) -> None:
+    from .run.options import check_dtypes
+    check_dtypes(dtype, trainable_dtype)
+    if onnx_file is not None and (dtype != "fp32" or trainable_dtype is not None):
+        raise UserError("--dtype and --trainable-dtype convert a captured model; an --onnx "
+                        "graph keeps the file's own dtypes: leave them out, or capture the "
+                        "model with --model")
 
 
 def _warn_slow_half(module) -> None:
@@ -908,6 +912,8 @@ def run_command(
     seed: int = typer.Option(run_default("seed"), "--seed"),
     optimizer: str = typer.Option(run_default("optimizer"), "--optimizer", help=OPTIMIZER_HELP),
     dtype: str = typer.Option(run_default("dtype"), "--dtype", help=DTYPE_HELP),
+    trainable_dtype: Optional[str] = typer.Option(None, "--trainable-dtype",
+                                                  help=TRAINABLE_DTYPE_HELP),
     lr: Optional[float] = typer.Option(None, "--lr", help=LR_HELP),
     lr_schedule: str = typer.Option(run_default("lr_schedule"), "--lr-schedule",
                                     help=LR_SCHEDULE_HELP),
@@ -989,7 +995,7 @@ def run_command(
         clip_grad_norm=clip_grad_norm, accumulate=accumulate, max_nodes=max_nodes,
         operator_level=operator_level,
         params_home=params_home, train=train,
-        dtype=dtype, profile=profile_file,
+        dtype=dtype, trainable_dtype=trainable_dtype, profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
         out=out, plots=not no_plots, keep_running=keep_running,
         check_gradients=not no_grad_check, allocator=allocator, save=save, init=init,

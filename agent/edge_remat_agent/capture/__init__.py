@@ -90,8 +90,24 @@ OPTIMIZER_HELP = "sgd (momentum) | sgd-nesterov | adam | adam-amsgrad | adamw"
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
 DTYPE_HELP = ("fp32 | bf16 | fp16: the whole model (parameters, buffers, gradients, optimizer "
               "state) and the batch's floating tensors in this dtype")
+TRAINABLE_DTYPE_HELP = ("fp32: mixed precision, the parameters that train (LoRA adapters), "
+                        "their gradients and optimizer state in float32, the frozen base in "
+                        "--dtype (default: --dtype for all)")
 
-__all__ = ["CaptureError", "DEFAULT_LR", "DTYPE_NAMES", "DTYPE_HELP", "OPTIMIZER_HELP", "DEFAULT_MAX_NODES", "Captured", "capture_model", "capture_module", "recapture"]
+
+
+def mixed_dtype_problem(dtype: str | None, trainable: str | None) -> str | None:
+    """Why `--trainable-dtype trainable` cannot go with `--dtype dtype`, or None. Only float32
+    apart from a half-precision model means something: adapters narrower than the base, or
+    as narrow but unlike it, lose updates. (Light, for the command lines' checks.)"""
+    dtype = dtype or "fp32"
+    if trainable is None or trainable in (dtype, "fp32"):
+        return None
+    return (f"--trainable-dtype {trainable} with --dtype {dtype}: the trainable parameters "
+            "are kept in fp32 or in --dtype; give --trainable-dtype fp32 or leave it out")
+
+
+__all__ = ["CaptureError", "DEFAULT_LR", "DTYPE_NAMES", "DTYPE_HELP", "TRAINABLE_DTYPE_HELP", "mixed_dtype_problem", "OPTIMIZER_HELP", "DEFAULT_MAX_NODES", "Captured", "capture_model", "capture_module", "recapture"]
 
 
 def __getattr__(name):  # torch-heavy parts load on first use

@@ -26,8 +26,7 @@ from .errors import CaptureError, GraphMismatch
 def capture_isolated(graph: Graph, timeout_s: float = 1800.0, traced: bytes | None = None):
     """`recapture(graph)`, traced in a child process; raises what recapture raises.
     `traced`: what `trace_in_child` already returned for this graph."""
-    from .freeze import freeze_except
-    from .models import load_model
+    from .models import load_source_model
     from .pipeline import Captured
     if traced is None:
         traced = trace_in_child(json.dumps(graph.to_dict()), graph.name, timeout_s)
@@ -40,10 +39,7 @@ def capture_isolated(graph: Graph, timeout_s: float = 1800.0, traced: bytes | No
     source = graph.capture["source"]
     from ..weights.deferred import deferred_weights
     with deferred_weights():  # the executor fills it: weights/, executor/stores.py
-        module, args = load_model(source["model"], source.get("batch"), source.get("image"),
-                                  source.get("seq"), source.get("seed", 0), source.get("dtype"))
-    if source.get("train") is not None:
-        freeze_except(module, source["train"], graph.name)
+        module, args = load_source_model(source)
     return Captured(again, answer["program"].trace(), [], module, args)
 
 

@@ -21,13 +21,28 @@ FACTORY_OPTIONS = ("batch", "image", "seq", "seed")
 
 
 def load_model(spec: str, batch: int | None = None, image: int | None = None,
-               seq: int | None = None, seed: int = 0,
-               dtype: str | None = None) -> tuple[torch.nn.Module, tuple]:
+               seq: int | None = None, seed: int = 0, dtype: str | None = None,
+               train: list[str] | None = None,
+               trainable_dtype: str | None = None) -> tuple[torch.nn.Module, tuple]:
     """Build `(module, example_args)` for a zoo name, an hf: spec (hf.py) or MODULE:FACTORY,
-    in floating dtype `dtype` (precision.py; None: as the model comes, fp32)."""
+    in floating dtype `dtype` (precision.py; None: as the model comes, fp32). `train`: name
+    patterns of the parameters to train, the rest frozen (freeze.py; None: as the model
+    comes); `trainable_dtype`: the dtype those keep (None: `dtype`). Freezing comes first:
+    which parameters train decides their dtype."""
+    from .freeze import freeze_except
     from .precision import in_dtype
     module, args = _load(spec, batch, image, seq, seed)
-    return in_dtype(module, args, dtype, spec)
+    if train is not None:
+        freeze_except(module, list(train), spec)
+    return in_dtype(module, args, dtype, spec, trainable_dtype)
+
+
+def load_source_model(source: dict) -> tuple[torch.nn.Module, tuple]:
+    """The model a graph's `capture.source` was captured from, built again as it was (the
+    board's executor, plain training of the graph, the footprint probe)."""
+    return load_model(source["model"], source.get("batch"), source.get("image"),
+                      source.get("seq"), source.get("seed", 0), source.get("dtype"),
+                      source.get("train"), source.get("trainable_dtype"))
 
 
 def _load(spec: str, batch: int | None, image: int | None, seq: int | None,

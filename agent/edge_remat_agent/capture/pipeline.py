@@ -18,7 +18,6 @@ from .hf import canonical_spec
 from .models import load_model
 from .errors import CaptureError
 from ..grad_clip import check_max_norm
-from .freeze import freeze_except
 from .precision import dtype_source, refuse_fp16_adam
 from .optimizer import optimizer_named
 from .state import PARAM_HOMES, UPDATE_MODES
@@ -48,23 +47,24 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
                   update: str = "fused", params_home: str = "ram",
                   train: list[str] | None = None, refined: bool = True,
                   operator_level: bool = False, clip_grad_norm: float | None = None,
-                  accumulate: int = 1, dtype: str | None = None) -> Captured:
+                  accumulate: int = 1, dtype: str | None = None,
+                  trainable_dtype: str | None = None) -> Captured:
     """Build a zoo model or MODULE:FACTORY and capture it (what `edge-remat graph` runs).
     `train`: name patterns of the parameters to train (the rest are frozen); None: as the
     model comes. `refined=False` keeps module-level groups only; `operator_level=True` makes
     one node per ATen op that allocates (max_nodes and level do not apply).
     `clip_grad_norm`: clip the gradients' global norm at this before the updates.
     `accumulate`: the micro-batches of one optimizer step (accumulation.py). `dtype`: fp32
-    (None) | bf16 | fp16, the whole model in it (precision.py)."""
+    (None) | bf16 | fp16, the whole model in it (precision.py); `trainable_dtype`: the
+    trainable parameters' instead (None: `dtype`; precision.py's mixed precision)."""
     start = time.perf_counter()
     spec = canonical_spec(spec)  # the board rebuilds the model from it, in another directory
     with deferred_weights():  # tracing needs shapes only: no model's weights in RAM
-        module, args = load_model(spec, batch, image, seq, seed, dtype)
+        module, args = load_model(spec, batch, image, seq, seed, dtype, train, trainable_dtype)
     _refuse_meta_weights(module, spec)
     source = {"model": spec, "batch": batch, "image": image, "seq": seq, "seed": seed,
-              **dtype_source(dtype)}
+              **dtype_source(dtype, trainable_dtype)}
     if train is not None:
-        freeze_except(module, train, spec)
         source["train"] = list(train)
     return capture_module(module, args, spec, optimizer, max_nodes, level, source, start,
                           update, params_home, refined, operator_level,
@@ -239,7 +239,8 @@ def recapture(graph: Graph) -> Captured:
                           source.get("train"), info.get("refined", False),
                           info.get("operator_level", False),
                           clip_grad_norm=info.get("clip_grad_norm"),
-                          accumulate=info.get(ACCUMULATE_KEY, 1), dtype=source.get("dtype"))
+                          accumulate=info.get(ACCUMULATE_KEY, 1), dtype=source.get("dtype"),
+                          trainable_dtype=source.get("trainable_dtype"))
     if again.graph.fingerprint() != graph.fingerprint():
         raise GraphMismatch(graph.name, "re-capturing gave a different graph (fingerprint "
                            f"{again.graph.fingerprint()} instead of {graph.fingerprint()}): "

@@ -225,14 +225,13 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
         raise BadInput(f"steps must be at least 1, got {steps}")
     check_lr_schedule(lr_schedule, warmup, steps)
     if model is None:
-        from ..capture.models import load_model
+        from ..capture.models import load_source_model
         source = graph.capture.get("source") or {}
         if "model" not in source:
             raise BadInput(f"graph '{graph.name}' does not say which model it was "
                            "captured from")
         try:
-            model = load_model(source["model"], source.get("batch"), source.get("image"),
-                               source.get("seq"), source.get("seed", 0), source.get("dtype"))
+            model = load_source_model(source)
         except CaptureError as error:
             raise BadInput(str(error)) from error
     device = torch.device(device)

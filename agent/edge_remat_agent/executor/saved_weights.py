@@ -183,10 +183,15 @@ def _contiguous_stride(shape: tuple) -> tuple:
 # -- starting from saved weights ---------------------------------------------------------
 
 def _mismatch_remedy(saved, model_tensor) -> str:
-    """What to do about a tensor of the file unlike the model's: a dtype alone is --dtype."""
+    """What to do about a tensor of the file unlike the model's: a dtype alone is --dtype, or
+    --trainable-dtype for a trainable parameter (mixed precision: precision.py)."""
     if tuple(saved.shape) == tuple(model_tensor.shape):
         from ..capture.precision import DTYPES
         names = [name for name, dtype in DTYPES.items() if dtype == saved.dtype]
+        if model_tensor.requires_grad and saved.dtype == torch.float32:
+            return ("the file's trainable parameters are fp32 (--dtype fp32, or "
+                    "--trainable-dtype fp32 with a half-precision --dtype): give the "
+                    "--dtype and --trainable-dtype it was trained with")
         if names:
             return f"the file was trained with --dtype {names[0]}; give the same --dtype"
     return "the file is another model's, or one built with other options"

@@ -122,7 +122,7 @@ def measure_profile(options: ProfileOptions, progress=None, say: Callable[[str],
         model = str(graph.capture.get("source", {}).get("model", ":"))
         if not options.model and ":" not in model:
             options = dataclasses.replace(options, model=model)  # the footprint with this model
-    profile = measure_board(options, say)
+    profile = measure_board(options, say, graph.capture.get("source") if graph else None)
     if captured is None:
         return profile
     from ..sensors import open_sensor
@@ -150,10 +150,12 @@ def measure_profile(options: ProfileOptions, progress=None, say: Callable[[str],
     return profile
 
 
-def measure_board(options: ProfileOptions, say: Callable[[str], None] = to_stderr) -> Profile:
+def measure_board(options: ProfileOptions, say: Callable[[str], None] = to_stderr,
+                  source: dict | None = None) -> Profile:
     """Flash (with page_dir), the host link (with host_pages), power, runtime footprint and
     identity, as a measured profile without op costs. Raises what `board_errors()` names;
-    callers check the sensor first (check_power_sensor), before any other work of theirs."""
+    callers check the sensor first (check_power_sensor), before any other work of theirs.
+    `source`: the profiled graph's `capture.source`, which the footprint's model is built as."""
     from . import (board_identity, measure_flash, measure_power, measure_runtime_footprint,
                    measured_profile, sizes_between)
     sizes = options.sizes or sizes_between(options.min_size, options.max_size)
@@ -170,7 +172,7 @@ def measure_board(options: ProfileOptions, say: Callable[[str], None] = to_stder
     power = measure_power(options.sensor, idle_s=options.idle_s, busy_s=options.busy_s)
     footprint = None
     if not options.no_footprint:
-        build = model_builder(options.model) if options.model else None
+        build = model_builder(options.model, source) if options.model else None
         say("footprint: a fresh Python's memory, bare, after import torch"
             + (f" and after building {options.model}" if options.model else ""))
         footprint = measure_runtime_footprint(build)
@@ -212,8 +214,14 @@ def measure_host_link(address: str, sizes, window_s: float, share_s: float = SHA
                                     f"({address})", share_s=share_s)
 
 
-def model_builder(spec: str) -> Callable[[], Any]:
-    """'mlp' -> the zoo's mlp; 'package.module:function' -> that function (no arguments)."""
+def model_builder(spec: str, source: dict | None = None) -> Callable[[], Any]:
+    """'mlp' -> the zoo's mlp; 'package.module:function' -> that function (no arguments).
+    A zoo model a graph was captured from (`source`, its `capture.source`) is built as the run
+    builds it: in the graph's dtypes (--dtype, --trainable-dtype), shapes and frozen
+    parameters, where the zoo's own default is float32."""
+    if source is not None and source.get("model") == spec and ":" not in spec:
+        from ..capture.models import load_source_model
+        return functools.partial(load_source_model, dict(source))
     if ":" not in spec:
         from .. import zoo
         if spec not in zoo.MODELS:

@@ -19,7 +19,11 @@ class LoRALinear(nn.Module):
         self.scale = alpha / rank
 
     def forward(self, x):
-        return self.base(x) + (x @ self.lora_a.t() @ self.lora_b.t()) * self.scale
+        # PEFT's casts: the input in the adapters' dtype, the sum back in the base's (both
+        # no-ops in one dtype; float32 adapters on a bf16 base: --trainable-dtype fp32)
+        result = self.base(x)
+        update = (x.to(self.lora_a.dtype) @ self.lora_a.t() @ self.lora_b.t()) * self.scale
+        return (result + update).to(result.dtype)
 
 
 def add_lora(model: nn.Module, targets: tuple[str, ...], rank: int = 8,

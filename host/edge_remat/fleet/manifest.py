@@ -19,8 +19,9 @@
     batch = 16                             # optional, as `edge-remat graph`: batch, image, seq,
                                            #   seed, optimizer, max_nodes, level, params_home,
                                            #   update, train, clip_grad_norm, accumulate,
-                                           #   dtype, operator_level (true: one node per ATen
-                                           #   op; not with max_nodes or level)
+                                           #   dtype, trainable_dtype, operator_level (true:
+                                           #   one node per ATen op; not with max_nodes or
+                                           #   level)
     [[boards]]
     profile = "profiles/rpi4.json"         # a profile file, or
     # device = "jetson-orin-nano"          #   a device config: its shipped (modelled) profile
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from edge_remat_agent.capture import DEFAULT_LR, DTYPE_NAMES
+from edge_remat_agent.capture import DEFAULT_LR, DTYPE_NAMES, mixed_dtype_problem
 from edge_remat_agent.formats import FormatError, Profile, load_profile
 from edge_remat_agent.user_code import names_file, spec_file
 
@@ -49,7 +50,7 @@ TOP_KEYS = {"budgets", "deadlines", "threads", "out", "plan", "models", "boards"
 PLAN_KEYS = {"objective", "solver", "time_limit", "paging", "paging_time", "backend"}
 CAPTURE_KEYS = {"batch", "image", "seq", "seed", "optimizer", "max_nodes", "level",
                 "params_home", "update", "train", "clip_grad_norm", "accumulate",
-                "operator_level", "dtype"}
+                "operator_level", "dtype", "trainable_dtype"}
 MODEL_KEYS = {"model", "graph", "name"} | CAPTURE_KEYS
 BOARD_KEYS = {"profile", "device", "name"}
 
@@ -247,12 +248,16 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
         else:
             capture["seed"] = raw["seed"]
     for key, allowed in (("optimizer", tuple(DEFAULT_LR)), ("params_home", ("ram", "flash")),
-                         ("update", ("fused", "step")), ("dtype", DTYPE_NAMES)):
+                         ("update", ("fused", "step")), ("dtype", DTYPE_NAMES),
+                         ("trainable_dtype", DTYPE_NAMES)):
         if key in raw:
             if raw[key] not in allowed:
                 note(f"{where}.{key}", f"expected one of {', '.join(allowed)}, got {raw[key]!r}")
             else:
                 capture[key] = raw[key]
+    if (mixed := mixed_dtype_problem(capture.get("dtype"), capture.get("trainable_dtype"))):
+        note(f"{where}.trainable_dtype", mixed.replace("--trainable-dtype", "trainable_dtype")
+             .replace("--dtype", "dtype"))
     if "clip_grad_norm" in raw:
         from edge_remat_agent.grad_clip import check_max_norm
         value = raw["clip_grad_norm"]

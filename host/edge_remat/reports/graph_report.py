@@ -23,6 +23,9 @@ def graph_summary(graph: Graph, plain_peak: int, output: str | None) -> dict[str
         "optimizer": cap.get("optimizer"), "cost_source": graph.cost_source,
         "planning_only": graph.planning_only, "fingerprint": graph.fingerprint(),
         "graph": output,
+        # mixed precision (--trainable-dtype): said only where the graph has it
+        **({"trainable_dtype": trained} if (trained := (cap.get("source") or {}).get(
+            "trainable_dtype")) else {}),
     }
 
 
@@ -34,7 +37,9 @@ def graph_table(summary: dict[str, Any]) -> str:
         f", level {summary['level']}" if summary.get("level") is not None else ""
     rows = [
         ("model", f"{summary['model']} (batch {summary['batch']}"
-                  + (f", {summary['dtype']}" if summary.get("dtype") else "") + ")"
+                  + (f", {summary['dtype']}" if summary.get("dtype") else "")
+                  + (f", trained in {summary['trainable_dtype']}"
+                     if summary.get("trainable_dtype") else "") + ")"
                   + ("  [planning only]" if summary["planning_only"] else "")),
         ("nodes", f"{summary['captured_nodes']} captured -> {summary['nodes']} planner nodes"
                   f"{level}"),

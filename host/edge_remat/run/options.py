@@ -36,6 +36,7 @@ class RunOptions:
     seed: int = 0
     optimizer: str = "sgd"
     dtype: str = "fp32"  # the model's floating dtype (capture/precision.py)
+    trainable_dtype: Optional[str] = None  # the trained parameters' (None: dtype's)
     lr: Optional[float] = None
     lr_schedule: str = "constant"  # constant | linear | cosine (edge_remat_agent.lr_schedule)
     warmup: int = 0  # steps of linear warmup
@@ -72,7 +73,10 @@ class RunOptions:
                 **({"clip_grad_norm": self.clip_grad_norm}
                    if self.clip_grad_norm is not None else {}),
                 # dtype only when not fp32: profiles cached before it existed keep their keys
-                **({"dtype": self.dtype} if self.dtype != "fp32" else {})}
+                **({"dtype": self.dtype} if self.dtype != "fp32" else {}),
+                # likewise, only where it makes the graph other than --dtype's
+                **({"trainable_dtype": self.trainable_dtype}
+                   if self.trainable_dtype not in (None, self.dtype) else {})}
         # part of the profile cache's key: an operator-level graph's nodes are other ops to
         # time (added only when set, so that the module-level profiles cached keep their key)
         return {**info, "operator_level": True} if self.operator_level else info
@@ -92,6 +96,17 @@ def run_default(name: str):
 
 class RunProblem(UserError):
     """Options that cannot make a run (e.g. a budget nothing is left for); exit status 2."""
+
+
+def check_dtypes(dtype: str, trainable_dtype: Optional[str]) -> None:
+    """--dtype and --trainable-dtype (graph's, run's), before any capture: the names, and the
+    pairs precision.py keeps apart (what the model's parameters are is the capture's check)."""
+    from edge_remat_agent.capture import mixed_dtype_problem
+    for option, name in (("--dtype", dtype), ("--trainable-dtype", trainable_dtype)):
+        if name is not None and name not in DTYPE_NAMES:
+            raise RunProblem(f"unknown {option} {name!r}: use one of {', '.join(DTYPE_NAMES)}")
+    if (problem := mixed_dtype_problem(dtype, trainable_dtype)) is not None:
+        raise RunProblem(problem)
 
 
 def check_learning_rate(opts: RunOptions) -> None:
@@ -116,8 +131,7 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
 
     if opts.optimizer not in DEFAULT_LR:
         raise RunProblem(f"unknown optimizer {opts.optimizer!r} ({' | '.join(DEFAULT_LR)})")
-    if opts.dtype not in DTYPE_NAMES:
-        raise RunProblem(f"unknown --dtype {opts.dtype!r} ({' | '.join(DTYPE_NAMES)})")
+    check_dtypes(opts.dtype, opts.trainable_dtype)
     if opts.steps < 1:
         raise RunProblem(f"--steps must be at least 1, not {opts.steps}")
     from edge_remat_agent.accumulation import check_micro_batches

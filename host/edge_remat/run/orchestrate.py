@@ -194,7 +194,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                                  opts.optimizer, max_nodes, None, "fused", home, opts.train,
                                  operator_level=opts.operator_level,
                                  clip_grad_norm=opts.clip_grad_norm,
-                                 accumulate=opts.accumulate, dtype=opts.dtype)
+                                 accumulate=opts.accumulate, dtype=opts.dtype,
+                                 trainable_dtype=opts.trainable_dtype)
         check_init_fits(opts, captured.module)  # the host's gradient check starts from it too
         return captured
 
