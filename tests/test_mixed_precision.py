@@ -130,6 +130,9 @@ def test_fp32_and_plain_half_graphs_record_no_trainable_dtype_and_the_keys_diffe
                                "fp32": dict(trainable_dtype="fp32")}.items()}
     assert info["bf16"] == info["same"] != info["mixed"]  # the profile cache's key
     assert "trainable_dtype" not in info["fp32"] and info["mixed"]["trainable_dtype"] == "fp32"
+    table = cli("graph", "--model", "llama-tiny-lora", "--dtype", "bf16",
+                "--trainable-dtype", "fp32").stdout
+    assert "llama-tiny-lora (batch 2, bfloat16, trained in fp32)" in table
 
 
 def test_the_footprint_probe_builds_the_model_as_the_run_does():
