@@ -28,18 +28,30 @@ from .storage import storages
 from .trace import JointTrace
 
 
-def gradients_apart(trace: JointTrace, groups: list[Group]) -> list[Group]:
+def gradients_apart(trace: JointTrace, groups: list[Group], room: int | None = None
+                    ) -> list[Group]:
     """`groups` with each backward group's gradient-only ops moved to a group right after it,
-    where both parts allocate memory (the rest is left as it is)."""
+    where both parts allocate memory. `room`: at most this many groups more (the node budget
+    that coarsening and refinement left), given to the groups whose other part allocates the
+    most (what their gradients would hold); None: no limit."""
     allocates = _allocating(trace)
-    out: list[Group] = []
-    for group in groups:
+    splits: dict[int, tuple[list[str], list[str]]] = {}
+    held: dict[int, int] = {}
+    for k, group in enumerate(groups):
         only = gradient_only_ops(trace, group.members) if group.kind == "backward" else set()
         grads = [name for name in group.members if name in only]
         rest = [name for name in group.members if name not in only]
-        if not any(n in allocates for n in grads) or not any(n in allocates for n in rest):
+        if any(n in allocates for n in grads) and any(n in allocates for n in rest):
+            splits[k] = (rest, grads)
+            held[k] = sum(allocates[n] for n in rest if n in allocates)
+    chosen = sorted(splits, key=lambda k: -held[k])[:max(0, room)] if room is not None \
+        else splits
+    out: list[Group] = []
+    for k, group in enumerate(groups):
+        if k not in chosen:
             out.append(group)
             continue
+        rest, grads = splits[k]
         name = group.label or f"{group.scope or 'loss'}.backward"
         out += [Group(group.kind, group.scope, rest, group.label),
                 Group(group.kind, group.scope, grads, f"{name}.grads")]
@@ -74,6 +86,7 @@ def _a_gradient(trace: JointTrace, node: fx.Node) -> bool:
     return node.name in trace.grads and all(u.op == "output" for u in node.users)
 
 
-def _allocating(trace: JointTrace) -> set[str]:
-    """The values that own a storage (views own none)."""
-    return {name for name, s in storages(trace.graph_module).items() if s.root == name}
+def _allocating(trace: JointTrace) -> dict[str, int]:
+    """The values that own a storage (views own none), and its bytes."""
+    return {name: s.nbytes for name, s in storages(trace.graph_module).items()
+            if s.root == name}

@@ -168,15 +168,9 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
     refuse_fp16_adam(module, opt.name, model)
     trace = trace_joint(traceable(module), example_args, model)  # no weights made for it
 
-    clipped = clip_grad_norm is not None
-
-    def grouped(groups: list[Group]) -> list[Group]:
-        # clipping's norm waits for the gradients, not for the whole backward nodes
-        return gradients_apart(trace, groups) if clipped else groups
-
     def build(groups: list[Group]) -> tuple[Graph, dict]:
-        return assemble(trace, grouped(groups), module, tuple(example_args), opt,
-                        update=update, params_home=params_home, clip_grad_norm=clip_grad_norm,
+        return assemble(trace, groups, module, tuple(example_args), opt, update=update,
+                        params_home=params_home, clip_grad_norm=clip_grad_norm,
                         accumulate=accumulate)
 
     if operator_level:  # the finest module level, then every group down to single ops
@@ -186,16 +180,16 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
     elif refined:  # module-level groups in half the node budget; refinement spends the rest
         # where memory is decided (capture/refine.py)
         groups, level_used = coarsen(
-            trace, activation_nodes(max(5, max_nodes // 2), update, params_home, clipped),
-            level,
+            trace, activation_nodes(max(5, max_nodes // 2), update, params_home), level,
             paged_params=params_home != "ram",  # heavy parameters may use the whole budget
-            split_nodes=activation_nodes(max_nodes, update, params_home, clipped))
+            split_nodes=activation_nodes(max_nodes, update, params_home))
         groups = refine(trace, groups, max_nodes, lambda gs: build(gs)[0])
     else:
-        groups, level_used = coarsen(
-            trace, activation_nodes(max_nodes, update, params_home, clipped), level,
-            paged_params=params_home != "ram")
-    groups = grouped(groups)  # as build made them (a second split changes nothing)
+        groups, level_used = coarsen(trace, activation_nodes(max_nodes, update, params_home),
+                                     level, paged_params=params_home != "ram")
+    if clip_grad_norm is not None:  # the norm waits for the gradients, not whole backward nodes
+        room = None if operator_level else max_nodes - len(build(groups)[0])
+        groups = gradients_apart(trace, groups, room)
     graph, figures = build(groups)
     name_ops(trace, graph)
     check_order(graph, model)
@@ -226,13 +220,11 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
     return Captured(graph, trace, groups, module, tuple(example_args))
 
 
-def activation_nodes(max_nodes: int, update: str, params_home: str,
-                     clipped: bool = False) -> int:
+def activation_nodes(max_nodes: int, update: str, params_home: str) -> int:
     """The node budget coarsening may spend on forward, loss and backward nodes: besides its
-    backward, each forward node may bring an update node (fused), a param node (parameters
-    homed on a tier) and its gradients' node (clipped: gradient_groups.py), so that the whole
-    graph stays within `max_nodes`."""
-    per_forward = 2 + (update == "fused") + (params_home != "ram") + clipped
+    backward, each forward node may bring an update node (fused) and a param node (parameters
+    homed on a tier), so that the whole graph stays within `max_nodes`."""
+    per_forward = 2 + (update == "fused") + (params_home != "ram")
     return max(3, 2 * ((max_nodes - 1) // per_forward) + 1)
 
 
