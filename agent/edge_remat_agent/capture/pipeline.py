@@ -187,7 +187,9 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
     else:
         groups, level_used = coarsen(trace, activation_nodes(max_nodes, update, params_home),
                                      level, paged_params=params_home != "ram")
-    if clip_grad_norm is not None:  # the norm waits for the gradients, not whole backward nodes
+    if clip_grad_norm is not None and update == "fused":
+        # the norm waits for the gradients, not for whole backward nodes (with one step after
+        # the backward, the gradients are fixed memory: nothing to free sooner)
         room = None if operator_level else max_nodes - len(build(groups)[0])
         groups = gradients_apart(trace, groups, room)
     graph, figures = build(groups)
