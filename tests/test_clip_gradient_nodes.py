@@ -51,6 +51,50 @@ def test_the_keep_all_peak_with_clipping_is_the_gradients_not_the_backward_nodes
     assert len(clipped.nodes) <= clipped.capture["max_nodes"]
 
 
+def _held_beside_gradients(graph) -> int:
+    """The bytes that nodes making gradients output besides them."""
+    return sum(n.out_bytes - n.attrs["grad_bytes"] for n in graph.nodes if "grad_bytes" in n.attrs)
+
+
+@pytest.mark.slow
+def test_convolutions_and_batch_norms_hand_over_their_weight_gradients_alone():
+    """digits-cnn: convolution_backward and native_batch_norm_backward make the input's
+    gradient and the weights' in one call; made two calls, the nodes an update reads held
+    38.3 MB beside their gradients instead of 302.5 MB (those of the unclipped graph, where
+    the update frees them right after)."""
+    plain = capture_model("digits-cnn", params_home="flash").graph
+    clipped = capture_model("digits-cnn", params_home="flash", clip_grad_norm=1.0).graph
+    assert _held_beside_gradients(clipped) <= 0.2 * _held_beside_gradients(plain)
+    assert len(clipped.nodes) <= clipped.capture["max_nodes"]
+
+
+def test_a_weight_gradient_asked_for_alone_is_the_one_call_makes_bit_for_bit():
+    """What splitting a masked backward op in two relies on, for each op split so."""
+    aten = torch.ops.aten
+    generator = torch.Generator().manual_seed(0)
+
+    def random(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    def both_ways(op, *args):
+        whole = op(*args, [True, True, True])
+        alone = op(*args, [False, True, True])
+        assert torch.equal(whole[1], alone[1]) and torch.equal(whole[2], alone[2])
+
+    both_ways(aten.convolution_backward, random(8, 32, 24, 24), random(8, 16, 24, 24),
+              random(32, 16, 3, 3), [32], [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    x, weight, bias = random(4, 64, 96), random(96), random(96)
+    _, mean, rstd = aten.native_layer_norm(x, [96], weight, bias, 1e-5)
+    both_ways(aten.native_layer_norm_backward, random(4, 64, 96), x, [96], mean, rstd, weight,
+              bias)
+    x, weight, bias = random(8, 32, 12, 12), random(32), random(32)
+    running = (torch.zeros(32), torch.ones(32))
+    _, save_mean, save_invstd = aten.native_batch_norm(x, weight, bias, *running, True, 0.1,
+                                                       1e-5)
+    both_ways(aten.native_batch_norm_backward, random(8, 32, 12, 12), x, weight, *running,
+              save_mean, save_invstd, True, 1e-5)
+
+
 def test_only_gradient_ops_move_and_a_second_split_changes_nothing():
     captured = capture_model("gpt-tiny", clip_grad_norm=1.0, **GPT)
     trace, groups = captured.trace, captured.groups

@@ -10,11 +10,14 @@ its transpose, its bias-gradient sum, a tied weight's partial gradient) become a
 their own right after the rest, so that the norm and update nodes read the gradients alone
 and the rest of the backward output goes when the next backward node is done with it.
 
-Nothing is computed twice: the same ops run, the gradient ops after the others of their
-group (the graph is functional and backward draws no random numbers, so the values are the
-same bit for bit). What cannot be split this way stays: a gradient that one op computes with
-other results (convolution_backward's weight gradient with the input's, a norm's affine
-gradients) stays with them.
+The same ops run, the gradient ops after the others of their group (the graph is functional
+and backward draws no random numbers, so the values are the same bit for bit). An op that
+computes a weight's gradient with its input's in one call (convolution_backward,
+native_layer_norm_backward, native_batch_norm_backward) is first made two calls of that op,
+one per `output_mask` half (`weight_gradients_apart`): each result is computed as in the one
+call (the kernels take the input's and the weights' gradients each on its own;
+tests/test_clip_gradient_nodes.py checks them bit for bit); only a norm's per-channel sums,
+which both halves need, are taken twice.
 """
 
 from __future__ import annotations
@@ -90,3 +93,45 @@ def _allocating(trace: JointTrace) -> dict[str, int]:
     """The values that own a storage (views own none), and its bytes."""
     return {name: s.nbytes for name, s in storages(trace.graph_module).items()
             if s.root == name}
+
+
+# Backward ops that compute their input's gradient and their weights' by `output_mask`.
+_MASKED = ("convolution_backward", "native_layer_norm_backward", "native_batch_norm_backward")
+
+
+def weight_gradients_apart(trace: JointTrace) -> None:
+    """Make each masked backward op (_MASKED) that gives both its input's gradient and
+    parameter gradients two calls of the op: the input's gradient alone, then the parameter
+    gradients alone, so that the second can be a gradient-only op."""
+    graph = trace.graph_module.graph
+    changed = False
+    for node in trace.compute_nodes:
+        packet = getattr(node.target, "overloadpacket", None)
+        if packet is None or packet.__name__ not in _MASKED or "output_mask" not in _names(node):
+            continue
+        at = _names(node).index("output_mask")
+        mask = list(node.args[at])
+        picks = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+        weights = [k for k in picks if k > 0]
+        if not (mask[0] and 0 in picks and weights
+                and all(picks[k].name in trace.grads for k in weights)):
+            continue
+        with graph.inserting_after(node):
+            apart = graph.call_function(node.target, (*node.args[:at], [False, *mask[1:]],
+                                                      *node.args[at + 1:]), dict(node.kwargs))
+        apart.meta = dict(node.meta)
+        value = node.meta.get("val")
+        if isinstance(value, (tuple, list)):
+            apart.meta["val"] = tuple(None if k == 0 else v for k, v in enumerate(value))
+            node.meta["val"] = tuple(v if k == 0 else None for k, v in enumerate(value))
+        node.args = (*node.args[:at], [True, False, False], *node.args[at + 1:])
+        for k in weights:
+            picks[k].args = (apart, k)
+        changed = True
+    if changed:
+        trace.roots = None  # storages are looked up afresh
+        trace.graph_changed()
+
+
+def _names(node: fx.Node) -> list[str]:
+    return [a.name for a in node.target._schema.arguments]

@@ -18,7 +18,7 @@ from .hf import canonical_spec
 from .models import load_model
 from .errors import CaptureError
 from ..grad_clip import check_max_norm
-from .gradient_groups import gradients_apart
+from .gradient_groups import gradients_apart, weight_gradients_apart
 from .precision import dtype_source, refuse_fp16_adam
 from .optimizer import optimizer_named
 from .state import PARAM_HOMES, UPDATE_MODES
@@ -167,6 +167,9 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
     _refuse_compiled_modules(module, model)
     refuse_fp16_adam(module, opt.name, model)
     trace = trace_joint(traceable(module), example_args, model)  # no weights made for it
+    split_gradients = clip_grad_norm is not None and update == "fused"
+    if split_gradients:  # a weight's gradient apart from its input's, where one op makes both
+        weight_gradients_apart(trace)
 
     def build(groups: list[Group]) -> tuple[Graph, dict]:
         return assemble(trace, groups, module, tuple(example_args), opt, update=update,
@@ -187,7 +190,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
     else:
         groups, level_used = coarsen(trace, activation_nodes(max_nodes, update, params_home),
                                      level, paged_params=params_home != "ram")
-    if clip_grad_norm is not None and update == "fused":
+    if split_gradients:
         # the norm waits for the gradients, not for whole backward nodes (with one step after
         # the backward, the gradients are fixed memory: nothing to free sooner)
         room = None if operator_level else max_nodes - len(build(groups)[0])
