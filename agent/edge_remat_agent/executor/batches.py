@@ -34,10 +34,13 @@ def data_name(data: Any) -> str:
 
 
 def batch_source(data: Any, example_args: tuple, device: torch.device,
-                 seed: int = 0, model: torch.nn.Module | None = None) -> BatchSource:
+                 seed: int = 0, model: torch.nn.Module | None = None,
+                 skip: int = 0) -> BatchSource:
     """data: None or "example" (the example batch every step), a data spec such as "digits" or
     "MODULE:FUNCTION" (edge_remat_agent.data, shuffled with `seed`, for `model`), a callable
-    step -> batch, or an iterable of batches."""
+    step -> batch, or an iterable of batches. `skip`: batches an earlier part of the run drew
+    (a resumed run's): an iterable's first ones are drawn and dropped, so that the next is
+    the one the uninterrupted run would draw (a callable is asked by the batch's index)."""
     if is_example(data):
         fixed = _to_device(tuple(example_args), device)
         return lambda step: fixed
@@ -56,6 +59,11 @@ def batch_source(data: Any, example_args: tuple, device: torch.device,
         raise BadBatch(f"data must be None, a data spec (\"example\", \"digits\", "
                        f"\"MODULE:FUNCTION\"), a callable (step -> batch) or an iterable of "
                        f"batches, got {type(data).__name__}") from None
+    for drawn in range(skip):
+        try:
+            next(iterator)
+        except StopIteration:
+            raise BadBatch(f"data ran out of batches at step {drawn + 1}") from None
 
     def next_batch(step: int) -> tuple:
         try:

@@ -30,6 +30,8 @@ from ..profiler.allocations import AllocatorPeak
 from ..sensors import PowerSensor
 from ..simulate import IO_MODES, PlanError, SimResult, simulate
 from .batches import batch_source, data_name, is_example
+from .checkpoint import (Checkpointing, check_resumable, restore_optimizer, restore_rng,
+                         restore_weights, write_checkpoint)
 from .arena import Arena, ArenaPlacement
 from .baseline import runtime_baseline
 from .errors import OOM_REMEDY, BadInput, ExecutorError, PlanMismatch, first_line, \
@@ -55,8 +57,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              keep_parameters: bool = False, paging_io: str | None = None,
              allocator: str = "glibc", count_allocations: bool = False,
              lr_schedule: str = "constant", warmup: int = 0,
-             on_trained: Callable[[torch.nn.Module, ParameterHome | None], None] | None = None
-             ) -> dict[str, Any]:
+             on_trained: Callable[[torch.nn.Module, ParameterHome | None], None] | None = None,
+             checkpointing: Checkpointing | None = None) -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
     `lr_schedule`, `warmup`: the learning rate's schedule over the steps (lr_schedule.py).
     `allocator`: "glibc" (tensors from the CPU allocator) or "arena" (every planned tensor in
@@ -69,10 +71,18 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     None: as the plan was planned (`problem.io`). The arena pages synchronously: a page being
     written behind would still read a slot that the layout gives the next tensor.
     `on_trained(module, home)`: called after the last step while the parameter home is open
-    (saving the trained weights from where they live, executor/saved_weights.py)."""
+    (saving the trained weights from where they live, executor/saved_weights.py).
+    `checkpointing`: checkpoints written after steps, a stop before `steps`, and a start
+    from a checkpoint (checkpoint.py); the learning rate's schedule spans `steps` all the
+    same."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
     check_lr_schedule(lr_schedule, warmup, steps)
+    checkpointing = checkpointing or Checkpointing()
+    resume = checkpointing.resume
+    first, last = resume.steps_done if resume else 0, checkpointing.stop_after or steps
+    if resume is not None:
+        check_resumable(resume, checkpointing.identity, steps, checkpointing.stop_after)
     paging_io = paging_io or plan.problem.get("io") or "sync"
     if paging_io not in IO_MODES:
         raise BadInput(f"paging IO must be one of {', '.join(IO_MODES)}, got {paging_io!r}")
@@ -92,7 +102,9 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     module = _on_device(captured.module, device)
     power = open_power_sensor(sensor)
     batches = batch_source(data, captured.example_args, device, 0 if seed is None else seed,
-                           module)
+                           module, skip=resume.batches_taken if resume else 0)
+    if resume is not None:  # before the parameters move to their home
+        restore_weights(resume, module)
     ledger = LiveTensorLedger(classify=ledger_classifier(captured.trace))
     malloc = map_large_blocks() if map_large_allocations else steady_heap()
     records: list[dict] = []
@@ -108,6 +120,9 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             set_up_frozen() as before_step:
         optimizer = make_optimizer(captured.graph, module, lr, home, ledger, sums)
         schedule = ScheduledLr(optimizers_of(optimizer), lr_schedule, warmup, steps)
+        if resume is not None:
+            restore_optimizer(resume, module, optimizer, device)
+            restore_rng(resume, device)
         runner = StepRunner(captured.trace, captured.graph, module,
                             batches(0) if is_example(data) else captured.example_args,
                             device, ledger, home.load if home else None)
@@ -117,12 +132,12 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         placement = None if arena is None else ArenaPlacement(arena, runner, captured.graph)
         planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger,
                               overlap, placement, sums)
-        for i in range(steps):
+        for i in range(first, last):
             schedule.at(i)
             # K micro-batches a step when accumulating, fetched as each pass starts
             micro = (batches(i * k + j) for j in range(k))
             batch = next(micro)
-            if check_gradients and i == 0:
+            if check_gradients and i == first:
                 micro = tuple(micro)  # the reference trains on them first
                 reference = eager_reference_with(home, module, batch, device, micro)
 
@@ -134,7 +149,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             reset_peaks(device)
             if arena is not None:
                 arena.start_step()
-            counted = AllocatorPeak(device) if count_allocations and i == steps - 1 else None
+            counted = AllocatorPeak(device) if count_allocations and i == last - 1 else None
             before_step(i)
             with StepMeter(ledger, power) as meter, counted or contextlib.nullcontext():
                 result = planned.run(batch, check) if sums is None else \
@@ -152,6 +167,11 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                 records[-1]["cpu_allocations"] = {
                     "count": counted.allocations, "bytes": counted.allocated_bytes,
                     "peak_bytes": counted.peak_bytes}
+            if checkpointing.due(i + 1, last):
+                checkpointing.written.append(write_checkpoint(
+                    checkpointing.path, module, home, optimizer, i + 1, (i + 1) * k, steps,
+                    checkpointing.identity, device))
+                records[-1]["checkpoint_s"] = checkpointing.written[-1]["save_s"]
             if progress is not None:
                 progress(i, steps, records[-1])
         tiers = describe_stores(opened)
@@ -190,6 +210,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "memory_by_class": memory_by_class(captured.graph, plan, sim, records),
         "summary": summarize(records, predicted),
         **({"weights": weights} if weights else {}),
+        **({"checkpoint": checkpointing.figures()} if checkpointing.figures() else {}),
     }
 
 

@@ -1,4 +1,5 @@
-"""What a run saves of its trained weights (`--save`), and the file's name: without torch, so
+"""What a run saves of its trained weights (`--save`), the file's name, and the checkpoint's
+(`--checkpoint-every`, `--resume`): without torch, so
 that the run job reads them before its capture (traced in a child process while this one has
 not imported torch: executor/jobs.py) and the host's command line loads no torch for them."""
 
@@ -15,3 +16,28 @@ def check_save_choice(which: str) -> str:
     if which not in SAVE_CHOICES:
         raise BadInput(f"unknown save choice {which!r}: use {' | '.join(SAVE_CHOICES)}")
     return which
+
+# A run's checkpoint (`--checkpoint-every`, executor/checkpoint.py): the run job's output file,
+# replaced after every N-th step, which `--resume` continues from.
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+def identity_mismatch(earlier: dict, now: dict) -> str | None:
+    """The first option (a command-line name, e.g. "--batch") whose value differs between
+    the run a checkpoint was written by (`earlier`) and the run resuming from it (`now`), in
+    words; None when they agree. The identity is the options a resumed run must share with
+    its first part to train as one uninterrupted run would."""
+    for option in sorted(set(earlier) | set(now)):
+        if earlier.get(option) != now.get(option):
+            return (f"the checkpoint's run had {option} {_shown(earlier.get(option))}, this "
+                    f"run has {_shown(now.get(option))}: give {option} as it was (a resumed run "
+                    "trains as the uninterrupted one would), or start afresh without --resume")
+    return None
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "(not given)"
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    return str(value)

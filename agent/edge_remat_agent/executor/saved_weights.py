@@ -68,16 +68,39 @@ def save_weights(module: nn.Module, home, which: str, path: "str | Path") -> dic
     path = Path(path)
     entries = [(key, _reader(name, tensor, home)) for key, name, tensor in
                _tensors(module, which)]
+    write_tensors(entries, path)
+    return {"file": path.name, "save": which, "tensors": len(entries),
+            "bytes": path.stat().st_size, "save_s": time.perf_counter() - started,
+            "keys": "state_dict of " + type(state_root(module)[0]).__name__}
+
+
+def write_tensors(entries, path: Path, extra: dict | None = None) -> None:
+    """torch.save's file of `entries` ((key, how to read its tensor), read one at a time) and
+    `extra` (plain values under their own keys), written under a temporary name and renamed:
+    a kill or a full disk mid-write leaves the file that was there (the weights, a run's
+    checkpoint: checkpoint.py)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        _save_streamed(entries, tmp)
+        _save_streamed(entries, tmp, extra or {})
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half file
         raise
-    return {"file": path.name, "save": which, "tensors": len(entries),
-            "bytes": path.stat().st_size, "save_s": time.perf_counter() - started,
-            "keys": "state_dict of " + type(state_root(module)[0]).__name__}
+    _sync_folder(path.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """The rename on disk too (a power cut after it then finds the new file, not none)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass  # a filesystem that cannot sync a folder: the rename is still atomic
+    finally:
+        os.close(handle)
 
 
 def _reader(name: str, tensor: torch.Tensor, home) -> Callable[[], torch.Tensor]:
@@ -100,7 +123,7 @@ def _homed_alias(home, param: torch.Tensor) -> str | None:
     return None
 
 
-def _save_streamed(entries, tmp: Path) -> None:
+def _save_streamed(entries, tmp: Path, extra: dict) -> None:
     """torch.save's format, written one tensor at a time: each tensor is read, written as
     its own record of the zip archive (flushed to disk and dropped from the page cache, which
     a memory cgroup charges to the run) and let go; the pickle of the dict, which needs only
@@ -115,7 +138,7 @@ def _save_streamed(entries, tmp: Path) -> None:
             placed.append((key, value.dtype, tuple(value.shape)))
             del value  # one tensor at a time
             _drop_written(raw)
-        archive.writestr(f"{_ARCHIVE}/data.pkl", _pickled(placed))
+        archive.writestr(f"{_ARCHIVE}/data.pkl", _pickled(placed, extra))
         archive.writestr(f"{_ARCHIVE}/byteorder", "little")
         archive.writestr(f"{_ARCHIVE}/version", "3\n")
     with open(tmp, "rb") as raw:
@@ -139,9 +162,10 @@ def _drop_written(raw) -> None:
         os.posix_fadvise(raw.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def _pickled(placed: list) -> bytes:
+def _pickled(placed: list, extra: dict) -> bytes:
     """data.pkl as torch.save writes it: the dict, each tensor rebuilt by
-    torch._utils._rebuild_tensor_v2 from the storage record of its index."""
+    torch._utils._rebuild_tensor_v2 from the storage record of its index, and `extra`'s
+    plain values (what torch.load's weights_only reads: dicts, lists, str, numbers)."""
     import collections
     import io
     import pickle
@@ -167,6 +191,7 @@ def _pickled(placed: list) -> bytes:
 
     state = {key: Tensor(Storage(index, dtype, math.prod(shape)), shape)
              for index, (key, dtype, shape) in enumerate(placed)}
+    state.update(extra)
     buffer = io.BytesIO()
     Pickler(buffer, protocol=2).dump(state)
     return buffer.getvalue()
@@ -202,20 +227,25 @@ def load_weights(module: nn.Module, path: "str | Path") -> int:
     returns how many. Refused, naming the first mismatch, where a name is not the model's or
     a shape or dtype differs. A model built on `meta` (weights/) takes only its trainable
     parameters from the file: its frozen base is read from the weight page store."""
-    state = read_weights_file(path)
+    return load_tensors(module, read_weights_file(path), f"--init {path}")
+
+
+def load_tensors(module: nn.Module, state: dict, what: str) -> int:
+    """load_weights' copy of `state` (state_dict names -> tensors) into `module`, checked
+    first; `what` names the file in a refusal ("--init FILE")."""
     targets = {key: (name, tensor) for key, name, tensor in _tensors(module, "all")}
     for key, value in state.items():
         if key not in targets:
             near = ", ".join(sorted(targets)[:3])
-            raise BadInput(f"--init {path}: {key!r} is not a parameter or buffer of this model "
+            raise BadInput(f"{what}: {key!r} is not a parameter or buffer of this model "
                            f"(its names begin {near}, ...): the file is another model's")
         tensor = targets[key][1]
         if tuple(value.shape) != tuple(tensor.shape) or value.dtype != tensor.dtype:
-            raise BadInput(f"--init {path}: {key!r} is {_described(value)} in the file but "
+            raise BadInput(f"{what}: {key!r} is {_described(value)} in the file but "
                            f"{_described(tensor)} in this model: "
                            + _mismatch_remedy(value, tensor))
         if tensor.device.type == "meta" and not tensor.requires_grad:
-            raise BadInput(f"--init {path}: {key!r} is a frozen weight of a model whose "
+            raise BadInput(f"{what}: {key!r} is a frozen weight of a model whose "
                            "frozen weights are made from its seed (built on meta): give a "
                            "file of its trainable parameters only (--save trained)")
     from ..weights.deferred import set_parameter

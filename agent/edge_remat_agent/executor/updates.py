@@ -107,10 +107,16 @@ class FusedUpdates:
         self.home, self.ledger, self.sums = home, ledger, sums
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.optimizers: dict[Any, torch.optim.Optimizer] = {}
+        self._optimizer_of: dict[int, torch.optim.Optimizer] = {}  # id(parameter) ->
+        self._homed_under: dict[int, str] = {}  # id(homed parameter) -> its state's name
         for node in graph.nodes:
             if node.kind == "update" and "update_grads" in node.attrs:
                 group = _unique(self.params[name] for name in node.attrs["params"])
                 self.optimizers[node.id] = torch_optimizer_over(optimizer, group, lr)
+                self._optimizer_of.update((id(p), self.optimizers[node.id]) for p in group)
+                if "home" in node.attrs:  # step() keeps a tied group's state under its first
+                    for name in node.attrs["params"]:
+                        self._homed_under.setdefault(id(self.params[name]), name)
         self._state_keys: dict[str, list[str]] = {}  # homed parameter -> its state's keys
         self._in_ledger: list[tuple] = []  # ledger keys of state loaded for this update
         self._placeholder = {}  # parameter name -> the placeholder its param node loads into
@@ -189,6 +195,29 @@ class FusedUpdates:
             self.ledger.register_tensor(("clipped", name), copy)
             self._in_ledger.append(("clipped", name))
         return copy
+
+    def state_values(self) -> list[tuple[torch.Tensor, str, Any]]:
+        """(parameter, state key, value) of all the optimizer state, where it lives: a RAM
+        group's value as it is, a homed group's as a function that reads it from the home
+        (a checkpoint reads them one at a time: checkpoint.py)."""
+        out = [(param, key, value) for opt in self.optimizers.values()
+               for param, state in opt.state.items() for key, value in state.items()]
+        for name, keys in self._state_keys.items():
+            out.extend((self.params[name], key,
+                        lambda name=name, key=key: self.home.get(("state", name, key)))
+                       for key in keys)
+        return out
+
+    def restore_state(self, param: torch.Tensor, state: dict[str, Any]) -> None:
+        """A parameter's optimizer state from a checkpoint, before the first step: into its
+        group's optimizer, or written to the home tensor by tensor for a homed group."""
+        name = self._homed_under.get(id(param))
+        if name is None:
+            self._optimizer_of[id(param)].state[param] = state
+            return
+        for key, value in state.items():
+            self.home.commit({("state", name, key): value})
+        self._state_keys[name] = list(state)
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The optimizer state held in RAM (groups whose home is RAM)."""
