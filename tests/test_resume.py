@@ -109,3 +109,71 @@ def test_a_damaged_or_foreign_checkpoint_is_one_line(tmp_path):
         read_checkpoint(weights)
     with pytest.raises(BadInput, match="no checkpoint at"):
         read_checkpoint(tmp_path / "missing.pt")
+
+
+# -- through `edge-remat run` on a local board -------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = dict(profile=str(REPO / "profiles" / "this-machine.json"), plots=False, time_limit=3)
+GPT = dict(device="bench", model="gpt-tiny", batch=2, seq=16, optimizer="adamw", data="text",
+           lr_schedule="cosine", warmup=2, budget="70%", params_home="flash", paging="flash",
+           checkpoint_every=2, **QUICK)
+
+
+def _losses(report: dict) -> list:
+    return report["loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.loopback
+def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path):
+    """`run --steps 6` against `run --steps 6 --stop-after 3` then `run --resume OUT`, with
+    the host's copy of the checkpoint gone (a host that never got it): the board's is found,
+    fetched, checked and read where it lies."""
+    from helpers.board_fixtures import local_board
+    from edge_remat.run import RunOptions, run
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    with local_board(tmp_path, "bench"):
+        uninterrupted = run(RunOptions(steps=6, out=str(whole), **GPT))
+        first = run(RunOptions(steps=6, stop_after=3, out=str(part), **GPT))
+        assert first["checkpoint"]["step"] == 3 and (part / "checkpoint.pt").is_file()
+        (part / "checkpoint.pt").unlink()
+        said = []
+        second = run(RunOptions(steps=6, resume=str(part), **GPT), say=said.append)
+    assert any("fetching the checkpoint of job" in line for line in said), said
+    assert _losses(first) + _losses(second) == _losses(uninterrupted)
+    _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
+    for name, value in torch.load(whole / "weights.pt").items():
+        assert torch.equal(value, torch.load(part / "weights.pt")[name]), name
+
+
+@pytest.mark.slow
+@pytest.mark.loopback
+def test_a_resume_with_other_options_or_a_bad_checkpoint_is_refused_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+    from helpers.board_fixtures import local_board
+    from edge_remat.cli import app
+    from edge_remat.run import RunOptions, run
+    part = tmp_path / "part"
+    with local_board(tmp_path, "bench"):
+        run(RunOptions(steps=4, stop_after=2, out=str(part), **GPT))
+        common = ["run", "--device", "bench", "--model", "gpt-tiny", "--seq", "16",
+                  "--optimizer", "adamw", "--data", "text", "--lr-schedule", "cosine",
+                  "--warmup", "2", "--budget", "70%", "--params-home", "flash", "--paging",
+                  "flash", "--profile", QUICK["profile"], "--no-plots", "--resume", str(part)]
+        cases = [(["--batch", "4", "--steps", "4"], "had --batch 2, this run has 4"),
+                 (["--batch", "2", "--steps", "5"], "had --steps 4, this run has 5"),
+                 (["--batch", "2", "--steps", "4", "--out", str(tmp_path / "other")],
+                  "leave out --out")]
+        runner = CliRunner()
+        for extra, words in cases:
+            result = runner.invoke(app, common + extra)
+            assert result.exit_code == 2, result.output
+            assert words in result.output and "Traceback" not in result.output
+        (part / "checkpoint.pt").write_bytes(b"not a checkpoint")
+        (part / "checkpoint.json").unlink()  # the board's copy is not looked for
+        result = runner.invoke(app, common + ["--batch", "2", "--steps", "4"])
+        assert result.exit_code == 2 and "is not a checkpoint torch.load reads" in \
+            result.output, result.output
+        result = runner.invoke(app, common[:-1] + [str(tmp_path / "none"), "--batch", "2"])
+        assert result.exit_code == 2 and "no such folder" in result.output, result.output

@@ -34,6 +34,9 @@ KEEP_RUNNING_HELP = ("on Ctrl-C leave the board's job running (default: cancel i
                      "how to come back for it")
 SAVE_HELP = ("trained | all | none: the trained weights fetched to weights.pt (trained: the "
              "parameters that trained and the buffers; all: every parameter)")
+CHECKPOINT_EVERY_HELP = ("write a checkpoint (parameters, optimizer state, step, data "
+                         "position, RNG) after every N-th step and the last, into "
+                         "OUT/checkpoint.pt; --resume OUT goes on from it")
 SAVE_DEFAULT = "trained"  # as run's (run.options.RunOptions.save); this module loads no torch
 LR_HELP = "learning rate (" + ", ".join(f"{name} {lr:g}" for name, lr in DEFAULT_LR.items()) + ")"
 LR_SCHEDULE_HELP = ("constant | linear | cosine: the learning rate's decay over --steps, after "
@@ -957,6 +960,15 @@ def run_command(
                                          "arena where the board has it, else glibc)"),
     save: str = typer.Option(run_default("save"), "--save", help=SAVE_HELP),
     init: Optional[str] = typer.Option(None, "--init", help=INIT_HELP),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every",
+                                                   help=CHECKPOINT_EVERY_HELP),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", help="stop after this step "
+                                             "of --steps (the schedule still spans --steps), "
+                                             "with a checkpoint; --resume goes on"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="OUT: go on from the "
+                                         "checkpoint of the run in that folder (or on the "
+                                         "board) to --steps in all, with the same options; "
+                                         "writes into OUT"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Fine-tune MODEL on DEVICE within a memory budget: capture, profile, plan, deploy, train,
@@ -999,6 +1011,7 @@ def run_command(
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
         out=out, plots=not no_plots, keep_running=keep_running,
         check_gradients=not no_grad_check, allocator=allocator, save=save, init=init,
+        checkpoint_every=checkpoint_every, stop_after=stop_after, resume=resume,
         extra={"malloc": malloc} if malloc else {})
     report = run(options, say=to_stderr)
     killed = report["status"] == "killed"

@@ -17,7 +17,11 @@ malloc ("glibc", "jemalloc", "tcmalloc"; default jemalloc with the arena allocat
 glibc: the job process starts again at once under it, preloaded, where its library is
 installed; elsewhere it runs under glibc's and the report's `malloc` says so), save
 ("trained" (default), "all", "none": the trained weights written to weights.pt, see
-saved_weights.py), init (a pushed weights file loaded into the model before it trains).
+saved_weights.py), init (a pushed weights file loaded into the model before it trains),
+checkpoint_every (write checkpoint.pt after every N-th step and the last: checkpoint.py),
+stop_after (stop after that step of `steps`, whose schedule it keeps), resume (a checkpoint's
+path on the board, pushed or an earlier job's files/checkpoint.pt, to go on from), identity
+(the options a resume must match, written into each checkpoint).
 Writes run_report.json (fetched by the host) and returns its summary; both say which data the
 run trained on and with which optimizer settings.
 """
@@ -56,14 +60,17 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     seed = None if params.get("seed") is None else int(params["seed"])
     lr = None if params.get("lr") is None else float(params["lr"])
     page_dir = job_page_dir(params.get("page_dir"), ctx.workdir)
-    from .save_choice import DEFAULT_SAVE, WEIGHTS_FILE, check_save_choice
+    from .save_choice import CHECKPOINT_FILE, DEFAULT_SAVE, WEIGHTS_FILE, check_save_choice
     save = check_save_choice(str(params.get("save") or DEFAULT_SAVE))
 
     losses: list = []
+    checkpointed = {"step": None}
 
     def progress(index: int, total: int, record: dict) -> None:
         ctx.check_cancelled()
         losses.append(record["loss"])
+        if "checkpoint_s" in record:
+            checkpointed["step"] = index + 1
         ctx.progress((index + 1) / total,
                      f"step {index + 1}/{total}: loss {record['loss']:.4g}, "
                      f"{record['step_time_s']:.3g} s, peak {record['ledger_peak_bytes']} B",
@@ -71,7 +78,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                      ledger_peak_bytes=record["ledger_peak_bytes"],
                      rss_peak_bytes=record["rss_peak_bytes"],
                      # the host may see only the latest step's progress: the first kept here
-                     nonfinite_loss=first_nonfinite_loss(losses))
+                     nonfinite_loss=first_nonfinite_loss(losses),
+                     checkpoint_step=checkpointed["step"])
 
     _check_page_dir(plan, page_dir)
     ctx.progress(0.0, CAPTURING)
@@ -79,6 +87,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     if params.get("init") and captured is not None:
         from .saved_weights import load_weights
         load_weights(captured.module, ctx.input_path(str(params["init"])))
+    checkpointing = _checkpointing(ctx, params)
     ctx.progress(0.0, "the graph captured; training")  # a kill from here on is in a step
     from .run import run_plan
     from .stores import host_link_store
@@ -101,7 +110,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                           warmup=int(params.get("warmup") or 0),
                           stores=None if host is None else {"host": host},
                           allocator=str(params.get("allocator") or "glibc"),
-                          on_trained=save_trained,
+                          on_trained=save_trained, checkpointing=checkpointing,
                           map_large_allocations=not _flag(params.get("keep_malloc_defaults",
                                                                      False)))
     finally:
@@ -111,11 +120,28 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     report["saved_weights"] = saved.get("figures")
     report["saved_weights_error"] = saved.get("error")
     ctx.write_json("run_report.json", report)
-    files = ["run_report.json"] + ([WEIGHTS_FILE] if saved.get("figures") else [])
+    files = ["run_report.json"] + ([WEIGHTS_FILE] if saved.get("figures") else []) + \
+        ([CHECKPOINT_FILE] if checkpointing is not None and checkpointing.written else [])
     return {"malloc": malloc, "files": files, "summary": report["summary"],
-            "saved_weights": saved.get("figures"),
+            "saved_weights": saved.get("figures"), "checkpoint": report.get("checkpoint"),
             "grad_check": report["grad_check"], "steps": len(report["steps"]),
             "data": report["data"], "optimizer": report["optimizer"]}
+
+
+def _checkpointing(ctx: JobContext, params: dict):
+    """The job's checkpoints (files/checkpoint.pt) and the checkpoint it resumes from; None
+    without checkpoint_every, stop_after and resume. Read after the capture (torch)."""
+    every = int(params.get("checkpoint_every") or 0)
+    stop_after = None if params.get("stop_after") is None else int(params["stop_after"])
+    if not (every or stop_after or params.get("resume")):
+        return None
+    from .checkpoint import Checkpointing, read_checkpoint
+    resume = read_checkpoint(ctx.input_path(str(params["resume"]))) \
+        if params.get("resume") else None
+    from .save_choice import CHECKPOINT_FILE
+    return Checkpointing(path=ctx.files_dir / CHECKPOINT_FILE, every=every,
+                         identity=dict(params.get("identity") or {}), resume=resume,
+                         stop_after=stop_after)
 
 
 def _check_page_dir(plan, page_dir: str) -> None:

@@ -60,6 +60,9 @@ class RunOptions:
     allocator: str = "glibc"  # the executor's: glibc | arena (the plan's arena layout)
     save: str = "trained"  # the trained weights fetched to OUT/weights.pt: trained | all | none
     init: Optional[str] = None  # a weights file (a run's weights.pt) the model starts from
+    checkpoint_every: Optional[int] = None  # a checkpoint after every N-th step (run/resume.py)
+    stop_after: Optional[int] = None  # stop after this step of --steps (its schedule kept)
+    resume: Optional[str] = None  # an earlier run's --out folder, to go on from its checkpoint
 
     def __post_init__(self) -> None:
         if self.budget is not None:
@@ -148,6 +151,7 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     check_link_pages(opts.paging, device)
     check_data(run_data(opts), device)
     check_weights_options(opts)
+    check_checkpoint_options(opts)
     if opts.plain:
         if opts.operator_level:
             raise RunProblem("--operator-level shapes the graph the plan is made for, and "
@@ -194,6 +198,36 @@ def check_weights_options(opts: RunOptions) -> None:
     if opts.init and not os.path.isfile(opts.init):
         raise RunProblem(f"--init {opts.init}: no such file (give a weights file a run saved, "
                          "OUT/weights.pt)")
+
+
+def check_checkpoint_options(opts: RunOptions) -> None:
+    """--checkpoint-every, --stop-after and --resume, before the capture (the checkpoint
+    itself is read once the board is reached: run/resume.py)."""
+    if opts.checkpoint_every is not None and opts.checkpoint_every < 1:
+        raise RunProblem(f"--checkpoint-every must be at least 1 step, not "
+                         f"{opts.checkpoint_every}")
+    if opts.stop_after is not None and not 1 <= opts.stop_after < opts.steps:
+        raise RunProblem(f"--stop-after {opts.stop_after}: give a step before --steps "
+                         f"{opts.steps} (1 to {opts.steps - 1}); the run stops there with a "
+                         "checkpoint, and --resume goes on")
+    if opts.plain and (opts.checkpoint_every or opts.stop_after or opts.resume):
+        raise RunProblem("--checkpoint-every, --stop-after and --resume apply to the planned "
+                         "run; leave them out with --plain")
+    if not opts.resume:
+        return
+    from .resume import RECORD
+    from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE
+    folder = opts.resume
+    if not os.path.isdir(folder):
+        raise RunProblem(f"--resume {folder}: no such folder (give the --out folder of a run "
+                         "made with --checkpoint-every)")
+    if not any(os.path.isfile(os.path.join(folder, name)) for name in (RECORD, CHECKPOINT_FILE)):
+        raise RunProblem(f"--resume {folder}: no checkpoint there: the run in it was made "
+                         "without --checkpoint-every; run again with it")
+    if opts.out != run_default("out") and \
+            os.path.realpath(opts.out) != os.path.realpath(folder):
+        raise RunProblem(f"--resume {folder} writes into that folder, and --out gives "
+                         f"{opts.out}: leave out --out")
 
 
 def check_init_fits(opts: RunOptions, module) -> None:

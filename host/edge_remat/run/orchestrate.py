@@ -51,13 +51,16 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     device = find_board(opts.device, opts.memory_limit)
     check_options(opts, device)
     opts = for_board(opts, device)
-    from edge_remat_agent.executor.save_choice import WEIGHTS_FILE
+    if opts.resume:  # the resumed run's outputs go where the earlier run's are
+        import dataclasses
+        opts = dataclasses.replace(opts, out=opts.resume)
+    from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE, WEIGHTS_FILE
     from edge_remat_agent.user_code import spec_file
     out = output_folder(opts.out, inputs={"--profile": opts.profile,
                                           "--model": spec_file(opts.model),
                                           "--data": spec_file(opts.data or ""),
                                           "--init": opts.init},
-                        writes=RUN_OUTPUTS + (WEIGHTS_FILE,))
+                        writes=RUN_OUTPUTS + (WEIGHTS_FILE, CHECKPOINT_FILE))
     started = time.time()
     data = opts.data
     # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
@@ -199,6 +202,15 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         check_init_fits(opts, captured.module)  # the host's gradient check starts from it too
         return captured
 
+    from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE
+
+    from .resume import (check_checkpoint, checkpoint_every, checkpoint_params, find_checkpoint,
+                         keep_checkpoint, note_job)
+    resume_at, resumed = None, None
+    if opts.resume:  # before the capture, the profile and the plan: a bad one is refused now
+        resume_at = find_checkpoint(board, out, say)
+        resumed = check_checkpoint(opts, out)
+        say(f"resuming after step {resumed['steps_done']} from {out / 'checkpoint.pt'}")
     say(f"capturing {opts.model}'s training step")
     captured = capture("ram" if opts.params_home == "auto" else opts.params_home)
     from edge_remat_agent.capture.precision import slow_half_kernels
@@ -271,13 +283,26 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
               "allocator": opts.allocator, "save": opts.save, **opts.extra}
     if device.hardware.page_dir:
         params["page_dir"] = device.hardware.page_dir
+    every = checkpoint_every(opts)
+    params.update(checkpoint_params(opts, every))
+    if resume_at:
+        params["resume"] = resume_at  # the board's own copy, read where it lies
+    from ..transport.board import new_job_id
     from ..transport.host_pages import host_pages, plan_uses_host
+    job_id = new_job_id("run")
+    if "identity" in params:  # written before the job: a host that dies still finds it
+        note_job(out, job_id, device.name, every, bool(opts.resume))
+    first = resumed["steps_done"] if resumed else 0
+    to_run = (opts.stop_after or opts.steps) - first
     with host_pages(board, plan_uses_host(plan_dict), say) as page_params:
-        say(f"{board.name}: running the plan for {counted(opts.steps, 'step')}")
+        say(f"{board.name}: running the plan for {counted(to_run, 'step')}"
+            + (f" (steps {first + 1} to {first + to_run} of {opts.steps})"
+               if to_run != opts.steps else ""))
         inputs = {"plan": plan_path, "graph": graph_path,
-                  **({"init": opts.init} if opts.init else {})}
+                  **({"init": opts.init} if opts.init else {}),
+                  **({"resume": out / CHECKPOINT_FILE} if resumed and not resume_at else {})}
         outcome = _train(board, device, "run", {**params, **page_params}, inputs, out,
-                         opts.steps, say)
+                         first + to_run, say, job_id)
     if limited and opts.check_gradients and outcome["status"] == "finished":
         say("checking the plan's gradients against eager PyTorch on the host")
         outcome["grad_check"] = host_gradient_check(graph, plan_path, captured)
@@ -288,6 +313,11 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           paths={"graph": str(graph_path), "plan": str(plan_path)},
                           micro_batches=opts.accumulate, **outcome)
     report["weights"] = _weights_into(out, outcome)
+    if "identity" in params:
+        report["checkpoint"] = keep_checkpoint(board, out, outcome, job_id)
+        if report["checkpoint"] and outcome["status"] != "finished":
+            say(f"the checkpoint before the kill is in {report['checkpoint']['file']}: the "
+                f"same command with --resume {out} goes on from it")
     if (outcome.get("result") or {}).get("saved_weights_error"):
         say(f"warning: {outcome['result']['saved_weights_error']}")
     if report["weights"]:
@@ -504,13 +534,14 @@ def _sweep(make_problem, opts: RunOptions, out: Path, say: Say) -> None:
 # -- training on the board -----------------------------------------------------------------
 
 def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
-           inputs: Optional[dict], out: Path, steps: int, say: Say) -> dict:
+           inputs: Optional[dict], out: Path, steps: int, say: Say,
+           job_id: Optional[str] = None) -> dict:
     """Run the training job; a job the kernel killed becomes a report, not an exception."""
     from ..remote import progress_printer
     from ..transport.emulated import KernelWatch
     watch = KernelWatch.for_device(device)
     try:
-        record = board.run_job(kind, params, inputs, out / "board",
+        record = board.run_job(kind, params, inputs, out / "board", job_id=job_id,
                                on_update=progress_printer(say))
         result = full_result(record)
         return {"status": "finished", "message": f"finished {counted(steps, 'step')}",

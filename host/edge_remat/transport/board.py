@@ -252,6 +252,11 @@ class Board:
             fetched.append(self.fetch(f"jobs/{record['id']}/files/{name}", dest / name))
         return fetched
 
+    def stat(self, remote: str, with_hash: bool = True) -> dict:
+        """Whether a file of the board's workdir exists: exists, size, sha256 (with_hash)."""
+        return self._retrying(f"look for {Path(remote).name}",
+                              lambda s: s.stat_file(remote, with_hash=with_hash))
+
     def fetch(self, remote: str, local: "str | Path") -> Path:
         """A file of the board's workdir into `local`, through dropped links: each reconnect
         resumes from what arrived (AgentSession.get_file)."""

@@ -1,0 +1,146 @@
+"""`run --checkpoint-every N` and `run --resume OUT` on the host.
+
+The board's run job writes its checkpoint into its own files (jobs/ID/files/checkpoint.pt,
+executor/checkpoint.py); the host fetches it into OUT/checkpoint.pt when the job ends, killed
+or not. OUT/checkpoint.json names the run's jobs, newest first, written before each is
+submitted: a run whose host never got the checkpoint (Ctrl-C, a dropped link, a host that
+died) is resumed from the board's copy, which the host fetches first (and checks: options,
+format) and the resumed job then reads where it lies, without sending it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE, identity_mismatch
+
+from .options import RunOptions, RunProblem, run_data
+
+RECORD = "checkpoint.json"
+DECAYING = ("linear", "cosine")  # schedules that span --steps: a resume keeps the same
+
+
+def training_identity(opts: RunOptions) -> dict:
+    """The options a resumed run must share with the run that wrote its checkpoint, by their
+    command-line names: what the model, its data and each optimizer step are. (The budget,
+    the plan, where parameters live and the board may change between the parts.)"""
+    identity = {"--model": opts.model, "--batch": opts.batch, "--image": opts.image,
+                "--seq": opts.seq, "--seed": opts.seed, "--dtype": opts.dtype,
+                "--train": opts.train, "--optimizer": opts.optimizer, "--lr": opts.lr,
+                "--lr-schedule": opts.lr_schedule, "--warmup": opts.warmup,
+                "--clip-grad-norm": opts.clip_grad_norm, "--accumulate": opts.accumulate,
+                "--data": run_data(opts), "--init": _sha256(opts.init) if opts.init else None}
+    if opts.lr_schedule in DECAYING:
+        identity["--steps"] = opts.steps
+    return identity
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checkpoint_params(opts: RunOptions, every: int) -> dict:
+    """The run job's params for checkpoints (none when the run makes none)."""
+    if not (every or opts.stop_after or opts.resume):
+        return {}
+    return {"checkpoint_every": every, "identity": training_identity(opts),
+            **({"stop_after": opts.stop_after} if opts.stop_after else {})}
+
+
+def checkpoint_every(opts: RunOptions) -> int:
+    """--checkpoint-every, or the resumed run's when not given again."""
+    if opts.checkpoint_every is not None or not opts.resume:
+        return opts.checkpoint_every or 0
+    return int(read_record(Path(opts.resume)).get("checkpoint_every") or 0)
+
+
+def read_record(out: Path) -> dict:
+    try:
+        record = json.loads((out / RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def note_job(out: Path, job_id: str, device: str, every: int, resumed: bool) -> None:
+    """Before the job is submitted: OUT/checkpoint.json names it first (a fresh run starts
+    the list again: its checkpoints are not the earlier run's)."""
+    jobs = read_record(out).get("jobs", []) if resumed else []
+    record = {"jobs": [{"job": job_id, "device": device}] + list(jobs),
+              "checkpoint_every": every}
+    tmp = out / (RECORD + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, out / RECORD)
+
+
+def find_checkpoint(board, out: Path, say: Callable[[str], None]) -> Optional[str]:
+    """OUT/checkpoint.pt made the newest checkpoint of the run in OUT (fetched from the board
+    where it has a newer one than this host); returns its path on the board where the board
+    has it (the job reads it there), else None (the host's copy is pushed)."""
+    local = out / CHECKPOINT_FILE
+    for entry in read_record(out).get("jobs", []):
+        if entry.get("device") != board.name:
+            continue
+        remote = f"jobs/{entry['job']}/files/{CHECKPOINT_FILE}"
+        state = board.stat(remote)
+        if not state.get("exists"):
+            continue  # killed before its first checkpoint: the job before it has one
+        if not local.is_file() or _sha256(str(local)) != state.get("sha256"):
+            say(f"{board.name}: fetching the checkpoint of job {entry['job']} into {local}")
+            board.fetch(remote, local)
+        return remote
+    if not local.is_file():
+        raise RunProblem(f"--resume {out}: no checkpoint there nor on {board.name} (the run "
+                         "was stopped before its first one, or made without "
+                         "--checkpoint-every): run it again without --resume")
+    return None
+
+
+def check_checkpoint(opts: RunOptions, out: Path) -> dict:
+    """OUT/checkpoint.pt, read on this host: refused in one line where it is damaged, another
+    tool's, of other options, or has no step left to take. Returns its figures."""
+    from edge_remat_agent.executor.checkpoint import read_checkpoint
+    from edge_remat_agent.executor.errors import BadInput
+    path = out / CHECKPOINT_FILE
+    try:
+        checkpoint = read_checkpoint(path, f"--resume {out}")
+    except BadInput as error:
+        raise RunProblem(str(error)) from None
+    mismatch = identity_mismatch(checkpoint.meta.get("identity") or {}, training_identity(opts))
+    if mismatch:
+        raise RunProblem(f"--resume {out}: {mismatch}")
+    last = opts.stop_after or opts.steps
+    if checkpoint.steps_done >= last:
+        raise RunProblem(f"--resume {out}: its checkpoint is after step "
+                         f"{checkpoint.steps_done}, and this run would stop at step {last}: "
+                         f"give --steps more than {checkpoint.steps_done}")
+    return {"steps_done": checkpoint.steps_done, "bytes": path.stat().st_size}
+
+
+def keep_checkpoint(board, out: Path, outcome: dict, job_id: str) -> Optional[dict]:
+    """The job's checkpoint into OUT/checkpoint.pt: the one its outputs brought (a finished
+    job), else fetched from the board (a killed one: its last checkpoint before the kill)."""
+    fetched = out / "board" / CHECKPOINT_FILE
+    target = out / CHECKPOINT_FILE
+    result = outcome.get("result") or {}
+    if outcome.get("status") == "finished" and fetched.is_file():
+        fetched.replace(target)
+        figures = result.get("checkpoint") or {}
+        return {**figures, "file": str(target), "step": (figures.get("last") or {}).get("step")}
+    remote = f"jobs/{job_id}/files/{CHECKPOINT_FILE}"
+    try:
+        if not board.stat(remote, with_hash=False).get("exists"):
+            return None
+        board.fetch(remote, target)
+    except Exception:  # noqa: BLE001 - the board keeps it: --resume finds it there
+        return None
+    return {"file": str(target), "step": (result.get("checkpoint_step")
+                                          if isinstance(result, dict) else None)}
