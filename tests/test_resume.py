@@ -177,3 +177,52 @@ def test_a_resume_with_other_options_or_a_bad_checkpoint_is_refused_in_one_line(
             result.output, result.output
         result = runner.invoke(app, common[:-1] + [str(tmp_path / "none"), "--batch", "2"])
         assert result.exit_code == 2 and "no such folder" in result.output, result.output
+
+
+KILL_ONCE = '''"""The bundled text, but drawing batch KILL_AT takes more memory than the board's
+limit (and the kernel kills the run), once: the marker file beside it says it did."""
+from pathlib import Path
+
+from edge_remat_agent.data.text import text_batches
+
+KILL_AT = 5  # step 6's batch
+MARKER = Path(__file__).with_suffix(".killed")
+
+
+def batches(batch, seed):
+    for index, args in enumerate(text_batches(batch, 16, seed)):
+        if index == KILL_AT and not MARKER.exists():
+            MARKER.write_text("killed")
+            hog = b"\\x01" * (4 << 30)  # every page written: charged to the memory cgroup
+        yield args
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.loopback
+@pytest.mark.cgroup
+def test_a_run_killed_by_its_memory_limit_at_step_6_resumes_from_step_4_and_ends_as_the_uninterrupted(
+        tmp_path):
+    from helpers.board_fixtures import local_board
+    from edge_remat.cgroup import unavailable_reason
+    from edge_remat.run import RunOptions, run
+    if unavailable_reason() is not None:
+        pytest.skip(f"no memory cgroup: {unavailable_reason()}")
+    data = tmp_path / "kill_once.py"
+    data.write_text(KILL_ONCE)
+    options = {**GPT, "data": f"{data}:batches", "steps": 8}
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    with local_board(tmp_path, "bench", memory_limit_bytes=1024 * 2**20):
+        data.with_suffix(".killed").write_text("the uninterrupted run is not killed")
+        uninterrupted = run(RunOptions(out=str(whole), **options))
+        data.with_suffix(".killed").unlink()
+        said = []
+        killed = run(RunOptions(out=str(part), **options), say=said.append)
+        assert killed["status"] == "killed" and killed["killed_at_step"] == 6, killed["message"]
+        assert killed["message"].startswith("killed by the memory limit at step 6")
+        assert killed["checkpoint"]["step"] == 4  # fetched from the killed job's files
+        assert any(f"--resume {part} goes on" in line for line in said), said
+        resumed = run(RunOptions(resume=str(part), **options))
+    assert resumed["status"] == "finished"
+    assert resumed["loss"] == uninterrupted["loss"][4:]  # steps 5 to 8
+    _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
