@@ -177,6 +177,13 @@ def test_a_resume_with_other_options_or_a_bad_checkpoint_is_refused_in_one_line(
             result.output, result.output
         result = runner.invoke(app, common[:-1] + [str(tmp_path / "none"), "--batch", "2"])
         assert result.exit_code == 2 and "no such folder" in result.output, result.output
+        # deploy --checkpoint-every: the last checkpoint comes back beside the report
+        result = runner.invoke(app, ["deploy", str(part / "plan.json"), "--graph",
+                                     str(part / "graph.json"), "--device", "bench", "--steps",
+                                     "3", "--checkpoint-every", "2", "--data", "text",
+                                     "--out", str(tmp_path / "deployed")])
+    assert result.exit_code == 0, result.output
+    assert read_checkpoint(tmp_path / "deployed" / "checkpoint.pt").steps_done == 3
 
 
 KILL_ONCE = '''"""The bundled text, but drawing batch KILL_AT takes more memory than the board's

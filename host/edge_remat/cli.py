@@ -766,6 +766,10 @@ def deploy(
     keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
     save: str = typer.Option(SAVE_DEFAULT, "--save", help=SAVE_HELP),
     init: Optional[str] = typer.Option(None, "--init", help=INIT_HELP),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every",
+                                                   help=CHECKPOINT_EVERY_HELP.replace(
+                                                       "OUT/checkpoint.pt; --resume OUT goes "
+                                                       "on from it", "--out's checkpoint.pt")),
     lr: Optional[float] = typer.Option(None, "--lr", help=LR_HELP),
     lr_schedule: str = typer.Option("constant", "--lr-schedule", help=LR_SCHEDULE_HELP),
     warmup: int = typer.Option(0, "--warmup", help=WARMUP_HELP),
@@ -775,7 +779,7 @@ def deploy(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Push the agent, the plan and the graph; run the plan on the board; fetch the report
-    and the trained weights (weights.pt)."""
+    and the trained weights (weights.pt), and with --checkpoint-every the last checkpoint."""
     from .checks import check_plan, check_runnable, note_plan_above_ram, recorded_figures_warning
     from .devices import find_device
     from .importers.graph_import import load_graph_file
@@ -789,8 +793,10 @@ def deploy(
     from .run.options import (RunOptions, absolute_file_spec, check_data, check_learning_rate,
                                check_weights_options)
     opts = RunOptions(device=device, model="", steps=steps, save=save, init=init, lr=lr,
-                      lr_schedule=lr_schedule, warmup=warmup)
+                      lr_schedule=lr_schedule, warmup=warmup, checkpoint_every=checkpoint_every)
     check_weights_options(opts)
+    from .run.options import check_checkpoint_options
+    check_checkpoint_options(opts)
     check_learning_rate(opts)
     plan = load_plan(plan_file)
     g = load_graph_file(graph)
@@ -803,15 +809,16 @@ def deploy(
                                      "plan again for true predictions")
     if stale is not None:
         to_stderr(stale)
-    from edge_remat_agent.executor.save_choice import WEIGHTS_FILE
-    output_folder(out, inputs={"--init": init}, writes=(WEIGHTS_FILE,))
+    from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE, WEIGHTS_FILE
+    output_folder(out, inputs={"--init": init}, writes=(WEIGHTS_FILE, CHECKPOINT_FILE))
     config = find_device(device)
     if data is not None:  # a board that reads its own disk needs the file's path there
         data = absolute_file_spec(data, "--data", config)
         check_data(data, config)
     note_plan_above_ram(config, replayed.peak_bytes, to_stderr)
     params: dict = {"steps": steps, "save": save, **opts.lr_params,
-                    **({"data": data} if data is not None else {})}
+                    **({"data": data} if data is not None else {}),
+                    **({"checkpoint_every": checkpoint_every} if checkpoint_every else {})}
     if config.hardware.page_dir:  # the board's flash, as its device config says
         params["page_dir"] = config.hardware.page_dir
     from .transport.host_pages import host_pages, plan_uses_host
