@@ -141,6 +141,8 @@ def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path):
         said = []
         second = run(RunOptions(steps=6, resume=str(part), **GPT), say=said.append)
     assert any("fetching the checkpoint of job" in line for line in said), said
+    table = (part / "report.txt").read_text()
+    assert "\n   4  " in table and "\n   6  " in table and "\n   1  " not in table, table
     assert _losses(first) + _losses(second) == _losses(uninterrupted)
     _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
     for name, value in torch.load(whole / "weights.pt").items():

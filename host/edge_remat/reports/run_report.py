@@ -230,9 +230,10 @@ def report_text(report: dict) -> str:
             f"{'RSS peak MiB':>12}  {'energy J':>15}")
     lines += ["", head, f"{'':>4}  {'':>8}  {'plan / meas':>15}  {'plan / meas':>17}  "
                         f"{'meas':>12}  {'plan / meas':>15}"]
+    before = report.get("resumed_after_step") or 0  # a resumed run's steps go on from there
     for k in range(len(report.get("loss", []))):
         lines.append(
-            f"{k + 1:>4}  {_cell(report['loss'][k], '{:.4f}'):>8}  "
+            f"{before + k + 1:>4}  {_cell(report['loss'][k], '{:.4f}'):>8}  "
             f"{_cell(pred_t, '{:.3g}') + ' / ' + _cell(report['step_time_s'][k], '{:.3g}'):>15}  "
             f"{_mib(pred_tensors) + ' / ' + _mib(report['ledger_peak_bytes'][k]):>17}  "
             f"{_mib(report['rss_peak_bytes'][k]):>12}  "

@@ -313,6 +313,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           paths={"graph": str(graph_path), "plan": str(plan_path)},
                           micro_batches=opts.accumulate, **outcome)
     report["weights"] = _weights_into(out, outcome)
+    if resumed:
+        report["resumed_after_step"] = resumed["steps_done"]
     if "identity" in params:
         report["checkpoint"] = keep_checkpoint(board, out, outcome, job_id)
         if report["checkpoint"] and outcome["status"] != "finished":
