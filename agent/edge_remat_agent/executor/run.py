@@ -80,7 +80,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     check_lr_schedule(lr_schedule, warmup, steps)
     checkpointing = checkpointing or Checkpointing()
     resume = checkpointing.resume
-    first, last = resume.steps_done if resume else 0, checkpointing.stop_after or steps
+    start, last = resume.steps_done if resume else 0, checkpointing.stop_after or steps
     if resume is not None:
         check_resumable(resume, checkpointing.identity, steps, checkpointing.stop_after)
     paging_io = paging_io or plan.problem.get("io") or "sync"
@@ -132,12 +132,12 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         placement = None if arena is None else ArenaPlacement(arena, runner, captured.graph)
         planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger,
                               overlap, placement, sums)
-        for i in range(first, last):
+        for i in range(start, last):
             schedule.at(i)
             # K micro-batches a step when accumulating, fetched as each pass starts
             micro = (batches(i * k + j) for j in range(k))
             batch = next(micro)
-            if check_gradients and i == first:
+            if check_gradients and i == start:
                 micro = tuple(micro)  # the reference trains on them first
                 reference = eager_reference_with(home, module, batch, device, micro)
 
