@@ -247,7 +247,7 @@ def test_published_rl100_at_08_reaches_the_published_tdi():
 
 def test_thousand_node_graph_gets_a_valid_plan_with_a_bound():
     g = random_layered(1000, seed=1)
-    report = solve(build_problem(g, "0.8"), "cpsat", time_limit=30)
+    report = solve(build_problem(g, "0.8"), "cpsat", time_limit=10)
     assert report.evaluation.feasible
     assert report.plan.solver["lower_bound"] is not None
     assert report.plan.solver["lower_bound"] <= report.evaluation.value
