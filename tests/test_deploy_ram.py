@@ -13,11 +13,19 @@ from helpers.board_fixtures import local_board
 pytestmark = pytest.mark.slow
 
 
-def test_deploy_warns_of_a_plan_above_the_boards_ram_before_shipping(tmp_path):
-    graph, plan = tmp_path / "graph.json", tmp_path / "plan.json"
+@pytest.fixture(scope="module")
+def mlp_plan(tmp_path_factory):
+    """(graph, plan, its predicted peak): one capture and plan for both boards (deploy only
+    reads them)."""
+    folder = tmp_path_factory.mktemp("mlp")
+    graph, plan = folder / "graph.json", folder / "plan.json"
     assert cli("graph", "--model", "mlp", "--batch", "2", "-o", graph).returncode == 0
     assert cli("plan", "--graph", graph, "--budget", "100%", "-o", plan).returncode == 0
-    peak = json.loads(plan.read_text())["predicted"]["peak_bytes"]
+    return graph, plan, json.loads(plan.read_text())["predicted"]["peak_bytes"]
+
+
+def test_deploy_warns_of_a_plan_above_the_boards_ram_before_shipping(mlp_plan, tmp_path):
+    graph, plan, peak = mlp_plan
     with local_board(tmp_path, "small", ram_bytes=peak // 2):
         proc = cli("deploy", plan, "--device", "small", "--graph", graph, "--steps", "1",
                    "--out", tmp_path / "out", timeout=300,
@@ -34,11 +42,8 @@ def test_deploy_warns_of_a_plan_above_the_boards_ram_before_shipping(tmp_path):
     assert all(not line.startswith("job ") for line in lines[:warning[0]]), proc.stderr
 
 
-def test_deploy_says_nothing_of_a_plan_within_the_boards_ram(tmp_path):
-    graph, plan = tmp_path / "graph.json", tmp_path / "plan.json"
-    assert cli("graph", "--model", "mlp", "--batch", "2", "-o", graph).returncode == 0
-    assert cli("plan", "--graph", graph, "--budget", "100%", "-o", plan).returncode == 0
-    peak = json.loads(plan.read_text())["predicted"]["peak_bytes"]
+def test_deploy_says_nothing_of_a_plan_within_the_boards_ram(mlp_plan, tmp_path):
+    graph, plan, peak = mlp_plan
     with local_board(tmp_path, "roomy", ram_bytes=peak * 4):
         proc = cli("deploy", plan, "--device", "roomy", "--graph", graph, "--steps", "1",
                    "--out", tmp_path / "out", timeout=300,
