@@ -235,3 +235,16 @@ def test_a_run_killed_by_its_memory_limit_at_step_6_resumes_from_step_4_and_ends
     assert resumed["status"] == "finished"
     assert resumed["loss"] == uninterrupted["loss"][4:]  # steps 5 to 8
     _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
+
+
+def test_the_training_identity_holds_the_trainable_dtype():
+    """Mixed precision (`--trainable-dtype fp32`) trains other adapter weights and optimizer
+    state than `--dtype bf16` alone: a resume across the two is named, not tried."""
+    from edge_remat.run import RunOptions
+    from edge_remat.run.resume import training_identity
+    from edge_remat_agent.executor.save_choice import identity_mismatch
+    lora = dict(device="bench", model="gpt-tiny-lora", dtype="bf16", **QUICK)
+    mixed = training_identity(RunOptions(trainable_dtype="fp32", **lora))
+    said = identity_mismatch(mixed, training_identity(RunOptions(**lora)))
+    assert said is not None and said.startswith(
+        "the checkpoint's run had --trainable-dtype fp32, this run has (not given)")

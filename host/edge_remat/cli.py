@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from edge_remat_agent.capture import DEFAULT_LR, DEFAULT_MAX_NODES, OPTIMIZER_HELP
-from edge_remat_agent.capture import DTYPE_HELP, DTYPE_NAMES, TRAINABLE_DTYPE_HELP
+from edge_remat_agent.capture import DTYPE_HELP, TRAINABLE_DTYPE_HELP
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
 from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_KILLED, UserError, cli_errors, fail

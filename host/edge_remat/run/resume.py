@@ -30,7 +30,8 @@ def training_identity(opts: RunOptions) -> dict:
     the plan, where parameters live and the board may change between the parts.)"""
     identity = {"--model": opts.model, "--batch": opts.batch, "--image": opts.image,
                 "--seq": opts.seq, "--seed": opts.seed, "--dtype": opts.dtype,
-                "--train": opts.train, "--optimizer": opts.optimizer, "--lr": opts.lr,
+                "--trainable-dtype": opts.trainable_dtype, "--train": opts.train,
+                "--optimizer": opts.optimizer, "--lr": opts.lr,
                 "--lr-schedule": opts.lr_schedule, "--warmup": opts.warmup,
                 "--clip-grad-norm": opts.clip_grad_norm, "--accumulate": opts.accumulate,
                 "--data": run_data(opts), "--init": _sha256(opts.init) if opts.init else None}
