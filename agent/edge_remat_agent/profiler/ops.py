@@ -22,12 +22,19 @@ Two passes, both through capture.replay.StepRunner (the executor's engine):
    allocator and whole pages (resnet18 b16: a layer-4 convolution_backward rose 10.4 MiB
    beyond its outputs where the allocator saw 9.0, a layer-3 one 7.0 where it saw 4.5).
    `workspace_bytes` is the largest of the three; the profile's op carries it to the planner.
-   Around a node's first call the process's anonymous resident bytes are read too (heap
-   trimmed, outputs freed): what the call left behind for the life of the process (oneDNN's
-   primitives and their scratch, kernel caches), `persistent_bytes`. The runtime baseline is
-   taken before the first step, so no plan counted it: mobilenet_v2 b8 32x32, 2.9 MiB, a
-   tenth of its planned peak. `runtime_warm_bytes` sums it, the fixed memory a run pays from
-   its first step on. Only a process where these ops have not run yet sees it.
+   Before any of that, one plain step runs node by node, untimed, as a run's first step does
+   (first_step_memory): what it left in the process's anonymous resident memory (heap
+   trimmed), beyond the optimizer state it made, is what the ops' first calls leave for the
+   life of the process (oneDNN's primitives and their scratch, kernel caches, the runner's
+   prepared ops), `persistent_bytes`, split over the nodes in proportion to the rise each
+   one's call left beyond the tensors the runner holds. The runtime baseline is taken before
+   the first step, so no plan counted it: mobilenet_v2 b8 32x32, 2.9 MiB, a tenth of its
+   planned peak. `runtime_warm_bytes` sums it, the fixed memory a run pays from its first
+   step on. Only a process where these ops have not run yet sees it. Each node's rise alone,
+   clipped at zero and summed, was no measure of it: a call's reading moves by a few heap
+   pages either way, so the sum grew with the nodes (gpt-tiny: 0.85 MiB over 61 nodes, 1.12
+   MiB over 185 operator-level ones, where a plain first step left the same 1.4-1.6 MB at
+   both levels: the same ATen calls run) and missed what no single call shows.
    `measure_workspace` is this memory half alone, one plain step, nothing timed.
 2. In context. CONTEXT_STEPS whole plain steps run node by node, each node timed once per
    step; the median counts as the node's `time_s`. A node repeated on its own finds its inputs,
@@ -90,7 +97,7 @@ class NodeMeasurement:
     allocator_workspace_bytes: int | None = None  # that peak less its outputs and gradients
     resident_workspace_bytes: int | None = None  # the process's resident rise during the node
     # less its outputs and gradients (memory.resident_peak_bytes; None: not measured)
-    persistent_bytes: int | None = None  # anonymous memory its first call left for the process
+    persistent_bytes: int | None = None  # its share of what the first step left (first_step_memory)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,13 +131,17 @@ def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
                                                 allocator_pass)
     window = window_s(min_window_s, sensor)
     optimizer = make_optimizer(graph, module, None, None, None)
+    left = first_step_memory(runner, module, optimizer, captured.example_args)
     out: list[NodeMeasurement] = []
+    runner.start_step(module, captured.example_args)
     for index, node in enumerate(graph.nodes):
         if node.kind == "update":
             measured = _measure_update(node, runner, module, optimizer, window, sensor, idle_w)
         else:
             measured = _measure_node(node, runner, ledger, window, sensor, idle_w, meter)
             runner.free_inputs_read_last(node.id)
+        if left is not None:
+            measured.persistent_bytes = left.get(node.id, 0)
         out.append(measured)
         if progress is not None:
             progress(index, len(graph), measured)
@@ -177,25 +188,88 @@ def time_in_context(runner: StepRunner, module: torch.nn.Module,
         runner.start_step(module, example_args)
         for node in graph.nodes:
             start = time.perf_counter()
-            if node.kind == "update":
-                _update_step(node, runner, module, optimizer)()
-                if isinstance(optimizer, FusedUpdates):
-                    runner.free_inputs_read_last(node.id)
-                else:
-                    optimizer.zero_grad(set_to_none=True)
-            else:
-                runner.compute(node.id)
-                runner.free_inputs_read_last(node.id)
-            synchronize(runner.device)
+            _plain_node(node, runner, module, optimizer)
             times[node.id].append(time.perf_counter() - start)
         runner.release_all()
     return {node_id: statistics.median(runs) for node_id, runs in times.items()}
 
 
+def _plain_node(node: Node, runner: StepRunner, module: torch.nn.Module,
+                optimizer: torch.optim.Optimizer | FusedUpdates) -> None:
+    """One node of a plain step as the executor runs it: its frees (and, for the update node,
+    handing the gradients to the optimizer) included."""
+    if node.kind == "update":
+        _update_step(node, runner, module, optimizer)()
+        if isinstance(optimizer, FusedUpdates):
+            runner.free_inputs_read_last(node.id)
+        else:
+            optimizer.zero_grad(set_to_none=True)
+    else:
+        runner.compute(node.id)
+        runner.free_inputs_read_last(node.id)
+    synchronize(runner.device)
+
+
+def first_step_memory(runner: StepRunner, module: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer | FusedUpdates,
+                      example_args) -> dict[Any, int] | None:
+    """What one plain step, run node by node in a process where the graph's ops have not run
+    yet, left in its anonymous resident memory beyond the optimizer state it made (fixed memory
+    the graph counts): a run's first step pays it, no later one (gpt-tiny: 1.4-1.6 MB, then
+    -20..+45 KB a step). Node id -> its share: the whole split in proportion to the rise each
+    node's call left beyond what the runner then holds (its outputs, gradients), so that the
+    shares of a graph's nodes add up to what its step left. None off Linux."""
+    start = anonymous_resident_bytes()
+    if start is None:
+        return None
+    made_before = _state_bytes(optimizer)
+    rises = {}
+    runner.start_step(module, example_args)
+    for node in runner.graph.nodes:
+        before, held, made = anonymous_resident_bytes(), _held_bytes(runner), \
+            _state_bytes(optimizer)
+        _plain_node(node, runner, module, optimizer)
+        rises[node.id] = max(0, anonymous_resident_bytes() - before - (_held_bytes(runner) - held)
+                             - (_state_bytes(optimizer) - made))
+    runner.release_all()
+    left = max(0, anonymous_resident_bytes() - start - (_state_bytes(optimizer) - made_before))
+    return split_in_proportion(left, rises)
+
+
+def split_in_proportion(total: int, weights: dict[Any, int]) -> dict[Any, int]:
+    """`total` in whole bytes over the keys of `weights`, in proportion to them (largest
+    remainders), adding up to it exactly; all to the first key where every weight is 0."""
+    if not weights:
+        return {}
+    whole = sum(weights.values())
+    if whole <= 0:
+        first = next(iter(weights))
+        return {key: total if key == first else 0 for key in weights}
+    shares = {key: total * w // whole for key, w in weights.items()}
+    short = total - sum(shares.values())
+    for key in sorted(weights, key=lambda k: -(total * weights[k] % whole))[:short]:
+        shares[key] += 1
+    return shares
+
+
+def _held_bytes(runner: StepRunner) -> int:
+    """The tensors the runner holds: its ledger's, and a "step" graph's gradients (kept
+    outside it to the optimizer's step)."""
+    grads = 0 if runner.fused else _storage_bytes(runner.grads.values())
+    return (runner.ledger.live_bytes if runner.ledger is not None else 0) + grads
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer | FusedUpdates) -> int:
+    """Bytes of the optimizer state in RAM (momenta, Adam's moments)."""
+    if isinstance(optimizer, FusedUpdates):
+        return _storage_bytes(optimizer.state_tensors())
+    return _storage_bytes(t for state in optimizer.state.values() for t in state.values())
+
+
 def ops_from(measurements: list[NodeMeasurement]) -> dict[str, OpCost]:
-    """Profile `ops`: one entry per key, the mean over the nodes that share it; what their
-    first calls left behind summed (the first of them usually pays for all: oneDNN keys its
-    primitives by shape), so the ops of a graph sum to what its profiled step left."""
+    """Profile `ops`: one entry per key, the mean over the nodes that share it; their shares
+    of what the first step left summed (first_step_memory), so the ops of a graph sum to what
+    its profiled step left."""
     groups: dict[str, list[NodeMeasurement]] = {}
     for m in measurements:
         groups.setdefault(m.key, []).append(m)
@@ -228,8 +302,7 @@ def _measure_node(node: Node, runner: StepRunner, ledger: LiveTensorLedger, wind
                            ledger_workspace_bytes=sizes.ledger_workspace_bytes,
                            allocator_peak_bytes=sizes.allocator_peak_bytes,
                            allocator_workspace_bytes=sizes.allocator_workspace_bytes,
-                           resident_workspace_bytes=sizes.resident_workspace_bytes,
-                           persistent_bytes=sizes.persistent_bytes)
+                           resident_workspace_bytes=sizes.resident_workspace_bytes)
 
 
 @dataclass
@@ -241,7 +314,7 @@ class NodeBytes:
     allocator_peak_bytes: int | None = None
     allocator_workspace_bytes: int | None = None
     resident_workspace_bytes: int | None = None
-    persistent_bytes: int | None = None  # anonymous memory its first call left for the process
+    persistent_bytes: int | None = None  # its share of what the first step left (measure_workspace)
 
     @property
     def workspace_bytes(self) -> int:
@@ -251,10 +324,8 @@ class NodeBytes:
 
 def _node_bytes(node: Node, runner: StepRunner, ledger: LiveTensorLedger,
                 meter: AllocatorPeak | None) -> NodeBytes:
-    before = anonymous_resident_bytes()
-    held_before = ledger.live_bytes
     ledger.reset_peak()
-    runner.compute(node.id)  # the first run: sizes, and a warm-up for the runs after it
+    runner.compute(node.id)  # sizes, and a warm-up for the runs after it
     held_after = ledger.live_bytes
     outputs = runner.outputs(node.id)
     sizes = NodeBytes(_storage_bytes(outputs.values()), max(0, ledger.peak_bytes - held_after))
@@ -267,12 +338,6 @@ def _node_bytes(node: Node, runner: StepRunner, ledger: LiveTensorLedger,
         if param in runner.grads)
     kept = sizes.out_bytes + grad_bytes
     runner.free(node.id)
-    after = anonymous_resident_bytes() if before is not None else None
-    if after is not None:  # less what the runner still holds from it (gradients, statistics)
-        held = max(0, ledger.live_bytes - held_before) + _storage_bytes(
-            runner.grads[param] for param in set(node.attrs.get("grads", {}).values())
-            if param in runner.grads)
-        sizes.persistent_bytes = max(0, after - before - held)
     if meter is not None:  # untimed: the profiler costs time
         with meter:
             runner.compute(node.id)
@@ -295,21 +360,30 @@ def measure_workspace(captured: Captured, device: str | torch.device | None = No
                       map_large_allocations: bool = True) -> dict[Any, NodeBytes]:
     """Each node's bytes (outputs, workspace three ways) over one plain step run node by node,
     nothing timed: the memory half of measure_nodes, in seconds rather than minutes, for a
-    plan that counts what the board pays (update nodes are left to the graph's figure)."""
-    runner, _, ledger, meter = _runner_for(captured, device, map_large_allocations, True)
+    plan that counts what the board pays (update nodes are left to the graph's figure; their
+    share of what the first step left goes to the others, so that the shares add up to it)."""
+    runner, module, ledger, meter = _runner_for(captured, device, map_large_allocations, True)
+    graph = captured.graph
+    left = first_step_memory(runner, module, make_optimizer(graph, module, None, None, None),
+                             captured.example_args)
     found = {}
-    for node in captured.graph.nodes:
+    runner.start_step(module, captured.example_args)
+    for node in graph.nodes:
         if node.kind == "update":
             continue
         found[node.id] = _node_bytes(node, runner, ledger, meter)
         runner.compute(node.id)
         runner.free_inputs_read_last(node.id)
     runner.release_all()
+    if left is not None:
+        shares = split_in_proportion(sum(left.values()), {key: left[key] for key in found})
+        for key, sizes in found.items():
+            sizes.persistent_bytes = shares[key]
     return found
 
 
 def runtime_warm_bytes(found) -> int | None:
-    """What the nodes' first calls left behind for the life of the process (their
+    """What the first step left behind for the life of the process (the nodes'
     `persistent_bytes` summed): fixed memory a run pays from its first step on, beyond the
     runtime baseline taken before it. None where it was not measured."""
     measured = [m.persistent_bytes for m in found if m.persistent_bytes is not None]
