@@ -32,9 +32,9 @@ Two passes, both through capture.replay.StepRunner (the executor's engine):
    planned peak. `runtime_warm_bytes` sums it, the fixed memory a run pays from its first
    step on. Only a process where these ops have not run yet sees it. Each node's rise alone,
    clipped at zero and summed, was no measure of it: a call's reading moves by a few heap
-   pages either way, so the sum grew with the nodes (gpt-tiny: 0.85 MiB over 61 nodes, 1.12
-   MiB over 185 operator-level ones, where a plain first step left the same 1.4-1.6 MB at
-   both levels: the same ATen calls run) and missed what no single call shows.
+   pages either way, so the sum grew with the nodes, and it missed what no single call shows
+   (gpt-tiny in run's profile job: 0.78 MiB over 61 nodes, 1.18 MiB over 185 operator-level
+   ones, where the first step, taken right after the job's capture, left 2.35 and 2.76 MiB).
    `measure_workspace` is this memory half alone, one plain step, nothing timed.
 2. In context. CONTEXT_STEPS whole plain steps run node by node, each node timed once per
    step; the median counts as the node's `time_s`. A node repeated on its own finds its inputs,
@@ -119,19 +119,23 @@ def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
                   progress: Callable[[int, int, NodeMeasurement], None] | None = None,
                   map_large_allocations: bool = True,
                   context_steps: int = CONTEXT_STEPS,
-                  allocator_pass: bool = True) -> list[NodeMeasurement]:
+                  allocator_pass: bool = True,
+                  first_step: dict[Any, int] | None = None) -> list[NodeMeasurement]:
     """Time every node of `captured.graph` (the module's parameters change: the update node
     steps the optimizer; profile a throwaway copy). `map_large_allocations`: the allocator
     setting the executor runs with (allocator.py), so that the times are the executor's.
     `context_steps`: plain steps for the in-context pass (0: isolated times only).
     `allocator_pass`: one more untimed run of each node under the allocator's meter, for the
-    scratch its kernels allocate inside themselves (False: the ledger's workspace only)."""
+    scratch its kernels allocate inside themselves (False: the ledger's workspace only).
+    `first_step`: what first_step_left measured before this process did anything else (the
+    profile job's board measurements warm part of it up); None: measured here first."""
     graph = captured.graph
     runner, module, ledger, meter = _runner_for(captured, device, map_large_allocations,
                                                 allocator_pass)
     window = window_s(min_window_s, sensor)
     optimizer = make_optimizer(graph, module, None, None, None)
-    left = first_step_memory(runner, module, optimizer, captured.example_args)
+    left = first_step if first_step is not None else first_step_memory(
+        runner, module, optimizer, captured.example_args)
     out: list[NodeMeasurement] = []
     runner.start_step(module, captured.example_args)
     for index, node in enumerate(graph.nodes):
@@ -234,6 +238,14 @@ def first_step_memory(runner: StepRunner, module: torch.nn.Module,
     runner.release_all()
     left = max(0, anonymous_resident_bytes() - start - (_state_bytes(optimizer) - made_before))
     return split_in_proportion(left, rises)
+
+
+def first_step_left(captured: Captured, device: str | torch.device | None = None,
+                    map_large_allocations: bool = True) -> dict[Any, int] | None:
+    """first_step_memory on a runner of its own (the module's parameters take one step)."""
+    runner, module, _, _ = _runner_for(captured, device, map_large_allocations, False)
+    optimizer = make_optimizer(captured.graph, module, None, None, None)
+    return first_step_memory(runner, module, optimizer, captured.example_args)
 
 
 def split_in_proportion(total: int, weights: dict[Any, int]) -> dict[Any, int]:
