@@ -10,12 +10,12 @@ format) and the resumed job then reads where it lies, without sending it back.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Callable, Optional
 
+from edge_remat_agent.daemon.identity import file_sha256
 from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE, identity_mismatch
 
 from .options import RunOptions, RunProblem, run_data
@@ -34,18 +34,11 @@ def training_identity(opts: RunOptions) -> dict:
                 "--optimizer": opts.optimizer, "--lr": opts.lr,
                 "--lr-schedule": opts.lr_schedule, "--warmup": opts.warmup,
                 "--clip-grad-norm": opts.clip_grad_norm, "--accumulate": opts.accumulate,
-                "--data": run_data(opts), "--init": _sha256(opts.init) if opts.init else None}
+                "--data": run_data(opts),
+                "--init": file_sha256(Path(opts.init)) if opts.init else None}
     if opts.lr_schedule in DECAYING:
         identity["--steps"] = opts.steps
     return identity
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def checkpoint_params(opts: RunOptions, every: int) -> dict:
@@ -94,7 +87,7 @@ def find_checkpoint(board, out: Path, say: Callable[[str], None]) -> Optional[st
         state = board.stat(remote)
         if not state.get("exists"):
             continue  # killed before its first checkpoint: the job before it has one
-        if not local.is_file() or _sha256(str(local)) != state.get("sha256"):
+        if not local.is_file() or file_sha256(local) != state.get("sha256"):
             say(f"{board.name}: fetching the checkpoint of job {entry['job']} into {local}")
             board.fetch(remote, local)
         return remote
