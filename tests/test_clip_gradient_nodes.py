@@ -11,14 +11,11 @@ import dataclasses
 
 import pytest
 import torch
-from helpers.executor_plans import FLASH, problem_near_floor, with_paging, \
-    every_forward_recomputed
+from helpers.executor_plans import FLASH, eager_clipped, every_forward_recomputed, \
+    problem_near_floor, with_paging
 
 from edge_remat_agent.capture import capture_model
 from edge_remat_agent.capture.gradient_groups import gradients_apart
-from edge_remat_agent.executor import torch_optimizer
-from edge_remat_agent.executor.batches import batch_source
-from edge_remat_agent.executor.gradcheck import deterministic
 from edge_remat_agent.executor.run import run_plan
 from edge_remat.planner.build import keep_all_peak_bytes
 from edge_remat.planner.solve import solve
@@ -115,21 +112,6 @@ def test_only_gradient_ops_move_and_a_second_split_changes_nothing():
     assert len(small) <= 70 and any(n.name.endswith(".grads") for n in small.nodes)
 
 
-def _eager(spec: str, optimizer: str, example_args):
-    module = capture_model(spec, optimizer=optimizer, **GPT).module
-    opt = torch_optimizer(optimizer, module)
-    batches = batch_source(None, example_args, torch.device("cpu"), 0)
-    norms = []
-    torch.manual_seed(0)
-    with deterministic(torch.device("cpu")):
-        for i in range(STEPS):
-            opt.zero_grad(set_to_none=True)
-            module(*batches(i)).backward()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(module.parameters(), MAX_NORM)))
-            opt.step()
-    return module.state_dict(), norms
-
-
 CASES = [  # label, capture options, run options
     ("refined-paged-parameters", dict(params_home="flash"), dict(plan="paging")),
     # single ops: a weight's gradient is an op of its own already, none to split
@@ -163,7 +145,8 @@ def test_gpt_with_gradients_apart_trains_as_clip_grad_norm_does(label, capture, 
     assert report["recomputed"] + report["page_outs"] > 0
     if label.endswith("compiled-step"):
         assert report["steps"][-1]["ledger"] == "replayed"
-    expected, norms = _eager("gpt-tiny", "adamw", captured.example_args)
+    expected, norms = eager_clipped(capture_model("gpt-tiny", optimizer="adamw", **GPT).module,
+                                    "adamw", captured.example_args, STEPS, MAX_NORM)
     assert min(norms) > MAX_NORM, norms  # every step clipped
     actual = captured.module.state_dict()
     assert expected.keys() == actual.keys()

@@ -4,12 +4,14 @@ PyTorch with recomputation and paging; what cannot train is refused in one line.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from helpers.bad_inputs import BAD_INPUT, cli, refused
 from helpers.executor_plans import eager_parameters, problem_near_floor
+from helpers.local_runs import planned_and_plain
 
 from edge_remat_agent.capture import CaptureError, capture_model
 from edge_remat_agent.capture.models import load_model
@@ -108,7 +110,6 @@ def test_bad_dtypes_at_the_command_line_are_one_line(tmp_path):
 
 
 def test_graph_dtype_bf16_halves_the_parameters_and_fp32_graphs_stay_as_they_were(tmp_path):
-    import json
     params = {}
     for dtype in ("fp32", "bf16"):
         out = tmp_path / f"{dtype}.json"
@@ -186,24 +187,8 @@ def test_run_dtype_bf16_trains_on_the_board_bitwise_and_plain_takes_the_dtype(tm
     """Through `edge-remat run` on the local board: the board captures the graph again in
     bf16 (its own child process), feeds it digits cast to bf16, and the gradient check holds;
     `--plain` trains the bf16 model too."""
-    import json
-    from typer.testing import CliRunner
-    from helpers.board_fixtures import local_board
-    from edge_remat.cli import app
-
-    def run(*args):
-        result = CliRunner().invoke(app, ["run", "--device", "bench", "--model", "digits-cnn",
-                                          "--batch", "8", "--dtype", "bf16", "--steps", "2",
-                                          "--profile", str(ROOT / "profiles" /
-                                                           "this-machine.json"),
-                                          "--no-plots", "--json", *map(str, args)])
-        assert result.exit_code == 0, (result.stdout, result.stderr)
-        return json.loads(result.stdout)
-
-    with local_board(tmp_path, "bench"):
-        planned = run("--budget", "60%", "--paging", "flash", "--time-limit", "5",
-                      "--out", tmp_path / "planned")
-        plain = run("--plain", "--out", tmp_path / "plain")
+    planned, plain = planned_and_plain(tmp_path, "--model", "digits-cnn", "--batch", "8",
+                                       "--dtype", "bf16", "--steps", "2")
     assert planned["status"] == "finished" and planned["grad_check"]["bitwise_equal"] is True
     assert planned["data"] == "digits"
     assert planned["tensor_peak_bytes"] == planned["predicted_tensor_peak_bytes"]

@@ -11,14 +11,11 @@ import math
 
 import pytest
 import torch
-from helpers.executor_plans import (EXAMPLE, every_forward_recomputed, keep_all,
-                                    problem_near_floor, with_paging)
+from helpers.executor_plans import (EXAMPLE, eager_clipped, every_forward_recomputed,
+                                    keep_all, problem_near_floor, with_paging)
 
 from edge_remat_agent.capture import CaptureError, capture_model
-from edge_remat_agent.executor import torch_optimizer
-from edge_remat_agent.executor.batches import batch_source
 from edge_remat_agent.executor.errors import BadInput
-from edge_remat_agent.executor.gradcheck import deterministic
 from edge_remat_agent.executor.run import run_plan
 from edge_remat_agent.formats import Tier
 from edge_remat_agent.lr_schedule import ScheduledLr, lr_factor
@@ -106,24 +103,11 @@ def test_norms_taken_group_by_group_are_torchs_global_norm_bit_for_bit():
 
 
 def _eager(optimizer: str, example_args, schedule: str, warmup: int, clip: float | None):
-    """Plain PyTorch as a user writes it: LambdaLR, clip_grad_norm_, the run's batches."""
+    """Plain PyTorch as a user writes it: LambdaLR with transformers' factors,
+    clip_grad_norm_, the run's batches."""
     module = capture_model(EXAMPLE, optimizer=optimizer, **SHAPE).module
-    opt = torch_optimizer(optimizer, module)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, _hf_factor(schedule, warmup, STEPS)) \
-        if schedule != "constant" else None
-    batches = batch_source(None, example_args, torch.device("cpu"), 0)
-    norms = []
-    torch.manual_seed(0)
-    with deterministic(torch.device("cpu")):
-        for i in range(STEPS):
-            opt.zero_grad(set_to_none=True)
-            module(*batches(i)).backward()
-            if clip is not None:
-                norms.append(float(torch.nn.utils.clip_grad_norm_(module.parameters(), clip)))
-            opt.step()
-            if scheduler is not None:
-                scheduler.step()
-    return module.state_dict(), norms
+    factor = _hf_factor(schedule, warmup, STEPS) if schedule != "constant" else None
+    return eager_clipped(module, optimizer, example_args, STEPS, clip, factor)
 
 
 CASES = [  # label, optimizer, params home, update, schedule, warmup, max norm

@@ -12,6 +12,7 @@ import pytest
 import torch
 from helpers.bad_inputs import BAD_INPUT, cli, refused
 from helpers.executor_plans import eager_parameters, every_forward_recomputed, with_paging
+from helpers.local_runs import planned_and_plain
 
 from edge_remat_agent.capture import capture_model
 from edge_remat_agent.capture.models import load_model
@@ -192,24 +193,9 @@ def test_run_keeps_float32_adapters_on_the_board_and_in_weights_pt(tmp_path):
     """Through `edge-remat run` on the local board: the board captures the mixed graph again
     (its own child process), the gradient check holds, `--plain` trains the same mixed model
     (the same losses), and weights.pt holds the adapters in float32."""
-    from typer.testing import CliRunner
-    from helpers.board_fixtures import local_board
-    from edge_remat.cli import app
-
-    def run(*args):
-        result = CliRunner().invoke(app, ["run", "--device", "bench", "--model",
-                                          "llama-tiny-lora", "--dtype", "bf16",
-                                          "--trainable-dtype", "fp32", "--optimizer", "adamw",
-                                          "--steps", "2", "--profile",
-                                          str(ROOT / "profiles" / "this-machine.json"),
-                                          "--no-plots", "--json", *map(str, args)])
-        assert result.exit_code == 0, (result.stdout, result.stderr)
-        return json.loads(result.stdout)
-
-    with local_board(tmp_path, "bench"):
-        planned = run("--budget", "60%", "--paging", "flash", "--time-limit", "5",
-                      "--out", tmp_path / "planned")
-        plain = run("--plain", "--out", tmp_path / "plain")
+    planned, plain = planned_and_plain(tmp_path, "--model", "llama-tiny-lora", "--dtype", "bf16",
+                                       "--trainable-dtype", "fp32", "--optimizer", "adamw",
+                                       "--steps", "2")
     assert planned["status"] == "finished" and planned["grad_check"]["bitwise_equal"] is True
     assert plain["loss"] == planned["loss"]
     graph = json.loads((tmp_path / "planned" / "graph.json").read_text())

@@ -176,6 +176,30 @@ def eager_parameters(module: torch.nn.Module, optimizer: str, example_args, step
     return module.state_dict()
 
 
+def eager_clipped(module: torch.nn.Module, optimizer: str, example_args, steps: int,
+                  max_norm: "float | None", lr_factor=None) -> tuple[dict, list]:
+    """`module` trained by plain PyTorch as a user writes clipping and a schedule, not through
+    the executor's plain_step: torch.nn.utils.clip_grad_norm_ after each backward (none where
+    `max_norm` is None), the optimizer's step, then LambdaLR's with `lr_factor` (none without
+    one); the run's batches, seed 0, deterministic. Its state dict and the norms returned."""
+    opt = torch_optimizer(optimizer, module)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor) if lr_factor else None
+    batches = batch_source(None, example_args, torch.device("cpu"), 0)
+    norms = []
+    torch.manual_seed(0)
+    with deterministic(torch.device("cpu")):
+        for i in range(steps):
+            opt.zero_grad(set_to_none=True)
+            module(*batches(i)).backward()
+            if max_norm is not None:
+                norms.append(float(torch.nn.utils.clip_grad_norm_(module.parameters(),
+                                                                  max_norm)))
+            opt.step()
+            if scheduler is not None:
+                scheduler.step()
+    return module.state_dict(), norms
+
+
 def assert_same_model(mine: torch.nn.Module, theirs: torch.nn.Module) -> None:
     for (name, a), (_, b) in zip(mine.state_dict().items(), theirs.state_dict().items()):
         assert torch.equal(a, b), name
