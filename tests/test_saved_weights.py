@@ -25,7 +25,8 @@ from edge_remat.run import RunOptions, run
 from edge_remat.transport import Board
 from edge_remat_agent.capture.models import load_model
 from edge_remat_agent.executor.run import run_plain
-from edge_remat_agent.executor.saved_weights import save_weights
+from edge_remat_agent.executor.errors import BadInput
+from edge_remat_agent.executor.saved_weights import read_weights_file, save_weights
 from edge_remat_agent.formats import load_graph
 
 pytestmark = [pytest.mark.slow, pytest.mark.loopback]
@@ -121,6 +122,22 @@ def test_an_init_file_of_another_model_is_refused_naming_the_first_mismatch(tmp_
     assert "Traceback" not in result.output + result.stderr
     assert not list((tmp_path / "out").glob("*"))  # bad input leaves no files
     assert bad_choice.exit_code == 2 and "unknown --save 'best'" in bad_choice.stderr
+
+
+def test_a_damaged_missing_or_foreign_init_file_is_one_line(tmp_path):
+    """read_weights_file's refusals (torch_file.py's loader, which --resume's checkpoint
+    shares, in --init's words)."""
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(b"PK\x03\x04 not a zip at all")
+    with pytest.raises(BadInput, match=r"^--init .*damaged.pt is not a weights file that "
+                                       r"torch.load reads \(.+\): give one a run saved"):
+        read_weights_file(damaged)
+    with pytest.raises(BadInput, match=r"^--init .*missing.pt: no such file$"):
+        read_weights_file(tmp_path / "missing.pt")
+    listed = tmp_path / "list.pt"
+    torch.save([torch.zeros(2)], listed)
+    with pytest.raises(BadInput, match="holds no dict of named tensors"):
+        read_weights_file(listed)
 
 
 def test_deploy_fetches_the_weights_next_to_the_report(tmp_path):

@@ -33,6 +33,7 @@ from ..capture.replay import rng_state, set_rng_state
 from .errors import BadInput
 from .save_choice import identity_mismatch
 from .saved_weights import _reader, _tensors, load_tensors, write_tensors
+from .torch_file import load_torch_file
 
 FORMAT = "edge-remat/checkpoint"
 VERSION = 1
@@ -146,14 +147,10 @@ class Checkpoint:
 def read_checkpoint(path: "str | Path", what: str = "--resume") -> Checkpoint:
     """The checkpoint at `path`; a missing, damaged or foreign file is refused in one line."""
     path = Path(path)
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except FileNotFoundError:
-        raise BadInput(f"{what}: no checkpoint at {path}") from None
-    except Exception as error:  # noqa: BLE001 - torch.load's many ways to fail on a bad file
-        raise BadInput(f"{what}: {path} is not a checkpoint torch.load reads (damaged? "
-                       f"{str(error).splitlines()[0][:120]}): resume from an intact one, or "
-                       "start afresh without --resume") from None
+    loaded = load_torch_file(
+        path, f"{what}: no checkpoint at {path}",
+        lambda why: f"{what}: {path} is not a checkpoint torch.load reads (damaged? {why}): "
+                    "resume from an intact one, or start afresh without --resume", mmap=True)
     meta = loaded.get(META) if isinstance(loaded, dict) else None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise BadInput(f"{what}: {path} is no edge-remat checkpoint (a weights file? give the "

@@ -31,6 +31,7 @@ from torch import nn
 
 from .errors import BadInput
 from .save_choice import check_save_choice
+from .torch_file import load_torch_file
 
 
 def state_root(module: nn.Module) -> tuple[nn.Module, str]:
@@ -261,14 +262,10 @@ def load_tensors(module: nn.Module, state: dict, what: str) -> int:
 
 def read_weights_file(path: "str | Path") -> dict:
     """The file's dict of tensors; a file that is not one is refused in one line."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise BadInput(f"--init {path}: no such file") from None
-    except Exception as error:  # noqa: BLE001 - torch.load's many ways to fail on a bad file
-        raise BadInput(f"--init {path} is not a weights file that torch.load reads "
-                       f"({str(error).splitlines()[0][:160]}): give one a run saved "
-                       "(OUT/weights.pt)") from None
+    state = load_torch_file(
+        path, f"--init {path}: no such file",
+        lambda why: f"--init {path} is not a weights file that torch.load reads ({why}): give "
+                    "one a run saved (OUT/weights.pt)")
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
         raise BadInput(f"--init {path} holds no dict of named tensors: give one a run saved "
