@@ -124,6 +124,43 @@ def test_an_init_file_of_another_model_is_refused_naming_the_first_mismatch(tmp_
     assert bad_choice.exit_code == 2 and "unknown --save 'best'" in bad_choice.stderr
 
 
+def test_deploy_refuses_an_init_file_of_another_model_on_the_host_before_sending_anything(
+        tmp_path):
+    """deploy --init checks the file's names, shapes and dtypes against the model its graph
+    recorded (capture["state_dict"]): one line, exit 2, and no job on the board, where the
+    file was shipped and refused there as a failed job (exit 1). A run's own weights.pt
+    passes the check and trains (the board checks it again)."""
+    made = tmp_path / "run"
+
+    def deploy(init: Path, out: Path):
+        return CliRunner().invoke(app, ["deploy", str(made / "plan.json"), "--graph",
+                                        str(made / "graph.json"), "--device", "bench",
+                                        "--steps", "1", "--init", str(init), "--out", str(out)])
+
+    shape, name = tmp_path / "shape.pt", tmp_path / "name.pt"
+    torch.save({"stem.weight": torch.zeros(3, 3)}, shape)
+    torch.save({"stem.conv.weight": torch.zeros(16, 1, 3, 3)}, name)
+    with local_board(tmp_path, "bench"):
+        run(RunOptions(device="bench", model="digits-cnn", batch=16, budget="60%", steps=1,
+                       params_home="ram", out=str(made), **QUICK))
+        jobs = set((tmp_path / "board" / "jobs").iterdir())
+        refused = {file: deploy(file, tmp_path / "refused") for file in (shape, name)}
+        sent = set((tmp_path / "board" / "jobs").iterdir())
+        deployed = deploy(made / "weights.pt", tmp_path / "deployed")
+    for file, words in [(shape, "'stem.weight' is [3, 3] float32 in the file but "
+                                "[16, 1, 3, 3] float32 in this model"),
+                        (name, "'stem.conv.weight' is not a parameter or buffer of this "
+                               "model (its names begin blocks.0.0.weight")]:
+        result = refused[file]
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: --init {file}: {words}"), lines
+        assert "Traceback" not in result.output
+    assert sent == jobs and not (tmp_path / "refused").exists()  # nothing sent or written
+    assert deployed.exit_code == 0, deployed.output
+    assert (tmp_path / "deployed" / "weights.pt").is_file()
+
+
 def test_a_damaged_missing_or_foreign_init_file_is_one_line(tmp_path):
     """read_weights_file's refusals (torch_file.py's loader, which --resume's checkpoint
     shares, in --init's words)."""

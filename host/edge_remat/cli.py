@@ -790,7 +790,8 @@ def deploy(
     # Everything the host can check, before anything is sent (the board checks again).
     if steps < 1:
         raise UserError(f"--steps must be at least 1, not {steps}")
-    from .run.options import (RunOptions, absolute_file_spec, check_data, check_learning_rate,
+    from .run.options import (RunOptions, absolute_file_spec, check_data,
+                               check_init_against_graph, check_learning_rate,
                                check_weights_options)
     opts = RunOptions(device=device, model="", steps=steps, save=save, init=init, lr=lr,
                       lr_schedule=lr_schedule, warmup=warmup, checkpoint_every=checkpoint_every)
@@ -802,6 +803,7 @@ def deploy(
     g = load_graph_file(graph)
     check_runnable(g, graph)
     replayed = check_plan(plan, g, plan_file, graph)
+    check_init_against_graph(init, g)
     # the board reports against the plan's recorded figures: an edited one ("100 B predicted
     # (OVER the prediction)") is said before the run, as `simulate` says it
     stale = recorded_figures_warning(plan, plan_file, replayed.summary(), then="the run's "

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..formats import Graph
+from ..executor.saved_weights import state_dict_record
 from ..formats.graph import check_order
 from .assemble import assemble
 from .coarsen import Group, coarsen
@@ -221,6 +222,7 @@ def capture_module(module: nn.Module, example_args, model: str = "model",
         **({"clip_grad_norm": clip_grad_norm} if clip_grad_norm is not None else {}),
         "estimate": DEFAULT_RATES.to_dict(),
         "signature": trace.signature(),
+        "state_dict": state_dict_record(module),  # what --init may hold: deploy checks it
     }
     return Captured(graph, trace, groups, module, tuple(example_args))
 

@@ -235,17 +235,9 @@ def load_tensors(module: nn.Module, state: dict, what: str) -> int:
     """load_weights' copy of `state` (state_dict names -> tensors) into `module`, checked
     first; `what` names the file in a refusal ("--init FILE")."""
     targets = {key: (name, tensor) for key, name, tensor in _tensors(module, "all")}
-    for key, value in state.items():
-        if key not in targets:
-            near = ", ".join(sorted(targets)[:3])
-            raise BadInput(f"{what}: {key!r} is not a parameter or buffer of this model "
-                           f"(its names begin {near}, ...): the file is another model's")
-        tensor = targets[key][1]
-        if tuple(value.shape) != tuple(tensor.shape) or value.dtype != tensor.dtype:
-            raise BadInput(f"{what}: {key!r} is {_described(value)} in the file but "
-                           f"{_described(tensor)} in this model: "
-                           + _mismatch_remedy(value, tensor))
-        if tensor.device.type == "meta" and not tensor.requires_grad:
+    check_tensors({key: tensor for key, (_, tensor) in targets.items()}, state, what)
+    for key in state:
+        if targets[key][1].device.type == "meta" and not targets[key][1].requires_grad:
             raise BadInput(f"{what}: {key!r} is a frozen weight of a model whose "
                            "frozen weights are made from its seed (built on meta): give a "
                            "file of its trainable parameters only (--save trained)")
@@ -258,6 +250,39 @@ def load_tensors(module: nn.Module, state: dict, what: str) -> int:
             else:
                 tensor.copy_(value)
     return len(state)
+
+
+def check_tensors(targets: dict, state: dict, what: str) -> None:
+    """Refuse, naming the first, a tensor of `state` that `targets` (file key -> the model's
+    tensor, or one on meta standing for it) has no name for, or has with another shape or
+    dtype."""
+    for key, value in state.items():
+        if key not in targets:
+            near = ", ".join(sorted(targets)[:3])
+            raise BadInput(f"{what}: {key!r} is not a parameter or buffer of this model "
+                           f"(its names begin {near}, ...): the file is another model's")
+        tensor = targets[key]
+        if tuple(value.shape) != tuple(tensor.shape) or value.dtype != tensor.dtype:
+            raise BadInput(f"{what}: {key!r} is {_described(value)} in the file but "
+                           f"{_described(tensor)} in this model: "
+                           + _mismatch_remedy(value, tensor))
+
+
+def state_dict_record(module: nn.Module) -> dict:
+    """What a file saved from `module` may hold, for the graph (capture["state_dict"]): file
+    key -> shape, dtype and whether it trains. `deploy --init` checks a file against it on
+    the host, before anything is sent (recorded_targets)."""
+    return {key: {"shape": list(tensor.shape), "dtype": str(tensor.dtype).replace("torch.", ""),
+                  "trainable": tensor.requires_grad}
+            for key, _, tensor in _tensors(module, "all")}
+
+
+def recorded_targets(record: dict) -> dict:
+    """A state_dict_record as check_tensors' targets: tensors on meta of those shapes and dtypes
+    (no memory), the trainable ones requiring gradients (the remedy a dtype calls for)."""
+    return {key: torch.empty(entry["shape"], dtype=getattr(torch, entry["dtype"]),
+                             device="meta", requires_grad=bool(entry["trainable"]))
+            for key, entry in record.items()}
 
 
 def read_weights_file(path: "str | Path") -> dict:

@@ -244,6 +244,23 @@ def check_init_fits(opts: RunOptions, module) -> None:
         raise RunProblem(str(error)) from None
 
 
+def check_init_against_graph(init: Optional[str], graph) -> None:
+    """deploy --init, before anything is sent: the file's names, shapes and dtypes against the
+    model the graph recorded (capture["state_dict"]), refused naming the first mismatch as
+    the board would refuse it after shipping. A graph captured before it recorded them is
+    left to the board's check."""
+    record = graph.capture.get("state_dict")
+    if not init or not record:
+        return
+    from edge_remat_agent.executor.errors import BadInput
+    from edge_remat_agent.executor.saved_weights import (check_tensors, read_weights_file,
+                                                         recorded_targets)
+    try:
+        check_tensors(recorded_targets(record), read_weights_file(init), f"--init {init}")
+    except BadInput as error:
+        raise RunProblem(str(error)) from None
+
+
 def check_link_pages(paging: Optional[str], device: DeviceConfig) -> None:
     """Host pages travel over the board's link, which a serial link cannot carry (it holds
     the agent's frames only; transport/host_pages.py): refused before the capture and the
