@@ -2,8 +2,9 @@
 steps resumed for 3 more end bit for bit the same (parameters, optimizer state, losses), with
 AdamW, a cosine schedule with warmup, real data and dropout; with parameters and optimizer
 state homed on flash; with gradient accumulation. Then the same through `edge-remat run` on a
-local board, a run killed by its memory limit resumed from its last checkpoint, and the
-refusals of options and files a resume cannot go on from."""
+local board, a run killed by its memory limit resumed from its last checkpoint, a run job its
+board's daemon restarted mid-job going on from its own checkpoint, and the refusals of
+options and files a resume cannot go on from."""
 
 from __future__ import annotations
 
@@ -251,3 +252,53 @@ def test_the_training_identity_holds_the_trainable_dtype():
     said = identity_mismatch(mixed, training_identity(RunOptions(**lora)))
     assert said is not None and said.startswith(
         "the checkpoint's run had --trainable-dtype fp32, this run has (not given)")
+
+
+STOP_DAEMON_ONCE = '''"""The bundled text, but drawing batch STOP_AT stops the board's agent daemon (SIGTERM,
+as `agent-stop` does: it stops the job and queues it again), once."""
+import os
+import signal
+import time
+from pathlib import Path
+
+from edge_remat_agent.data.text import text_batches
+
+STOP_AT = 5  # step 6's batch
+MARKER = Path(__file__).with_suffix(".stopped")
+
+
+def batches(batch, seed):
+    for index, args in enumerate(text_batches(batch, 16, seed)):
+        if index == STOP_AT and not MARKER.exists():
+            MARKER.write_text("stopped")
+            os.kill(os.getppid(), signal.SIGTERM)  # the job process's parent: the daemon
+            time.sleep(30)  # the daemon's SIGTERM to this job ends it before
+        yield args
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.loopback
+def test_a_run_job_its_daemon_restarts_mid_job_goes_on_from_its_own_checkpoint(tmp_path):
+    """The daemon stopped while the job trains step 5 or 6 queues it again; the host's
+    reconnect starts the daemon, which runs the job again: from its checkpoint after step 4,
+    not step 0, ending as the uninterrupted run (before, the job began again at step 1)."""
+    from helpers.board_fixtures import local_board
+    from edge_remat.run import RunOptions, run
+    data = tmp_path / "stop_once.py"
+    data.write_text(STOP_DAEMON_ONCE)
+    options = {**GPT, "data": f"{data}:batches", "steps": 8}
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    with local_board(tmp_path, "bench"):
+        data.with_suffix(".stopped").write_text("the uninterrupted run is not stopped")
+        uninterrupted = run(RunOptions(out=str(whole), **options))
+        data.with_suffix(".stopped").unlink()
+        said = []
+        restarted = run(RunOptions(out=str(part), **options), say=said.append)
+    assert any("restarted mid-job; job run-" in line and line.endswith(
+        "resumed from step 4 (its newest checkpoint)") for line in said), said
+    assert restarted["status"] == "finished", restarted["message"]
+    assert restarted["loss"] == uninterrupted["loss"][4:]
+    _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
+    for name, value in torch.load(whole / "weights.pt").items():
+        assert torch.equal(value, torch.load(part / "weights.pt")[name]), name

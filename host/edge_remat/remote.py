@@ -218,8 +218,8 @@ def stop_agent(board: Board, if_idle: bool) -> "tuple[dict, str]":
     if (kept := remove_stopped_board_cgroup(board.device)) is not None:
         line += f"; its memory cgroup {kept} is left: processes still run in it"
     if running:
-        line += (f"; it interrupted job {running}, which starts again from the beginning "
-                 "when the agent next starts")
+        line += (f"; it interrupted job {running}, which starts again when the agent next "
+                 "starts (from its newest checkpoint where it keeps them)")
     if queued:
         line += f"; {queued} queued job(s) wait for that start"
     return {"status": "stopped", "interrupted": running, "queued": queued}, line

@@ -49,7 +49,8 @@ def sleep_job(ctx: JobContext, params: dict) -> dict:
         time.sleep(seconds / steps)
         state["step"] = step + 1
         checkpoint.write_text(json.dumps(state))
-        ctx.progress((step + 1) / steps, f"step {step + 1}/{steps}", step=step + 1)
+        ctx.progress((step + 1) / steps, f"step {step + 1}/{steps}", step=step + 1,
+                     **({"resumed_from_step": resumed_from} if resumed_from else {}))
     return {"steps": steps, "seconds": seconds, "resumed_from": resumed_from,
             "starts": state["starts"]}
 

@@ -4,10 +4,11 @@
   exit status says how (signal 9 is usually the out-of-memory killer).
 - A job process that outlived a previous daemon (killed, crashed) is adopted: the worker waits
   for its running.lock to be released and then reads its outcome, so the job is not run twice.
-- A job interrupted by stopping the daemon is queued again and started again from its
-  beginning when the daemon next starts; only a job that keeps checkpoints in its state folder
-  (the test job `sleep`) picks up from them. A run job does not: saving the model and the
-  optimizer state every step would cost a step's worth of disk writes on a board's flash.
+- A job interrupted by stopping the daemon (or whose process died with a killed daemon) is
+  queued again and started again when the daemon next starts: from the beginning, unless it
+  keeps checkpoints in its folder and picks up from them (a run job submitted with
+  checkpoint_every, the test job `sleep`), which its first progress then says
+  (resumed_from_step): the old start's progress is dropped so the host reads the new one's.
 """
 
 from __future__ import annotations
@@ -268,9 +269,10 @@ class Worker:
             self.store.update(record, state="failed", finished_s=time.time(), pid=None,
                               error=f"{why}, {restarts} times; giving up")
             return
-        self.store.update(record, state="queued", pid=None, restarts=restarts,
-                          note=f"{why}; it starts again from the beginning (a job that "
-                               "keeps checkpoints in its state folder picks up from them)")
+        (self.layout.job_dir(record["id"]) / "progress.json").unlink(missing_ok=True)
+        self.store.update(record, state="queued", pid=None, restarts=restarts, progress=None,
+                          note=f"{why}; it starts again, from its newest checkpoint where it "
+                               "keeps them, else from the beginning")
 
 
 def _vanished(job_dir: Path, root: Path) -> Optional[Path]:

@@ -30,14 +30,13 @@ import torch
 from torch import nn
 
 from ..capture.replay import rng_state, set_rng_state
+from .checkpoint_step import FORMAT, META  # torch-free: the job reads the step before torch
 from .errors import BadInput
 from .save_choice import identity_mismatch
 from .saved_weights import _reader, _tensors, load_tensors, write_tensors
 from .torch_file import load_torch_file
 
-FORMAT = "edge-remat/checkpoint"
 VERSION = 1
-META = "checkpoint"
 WEIGHTS, OPTIMIZER, RNG = "weights/", "optimizer/", "rng/"
 
 

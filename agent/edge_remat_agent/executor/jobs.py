@@ -21,7 +21,9 @@ saved_weights.py), init (a pushed weights file loaded into the model before it t
 checkpoint_every (write checkpoint.pt after every N-th step and the last: checkpoint.py),
 stop_after (stop after that step of `steps`, whose schedule it keeps), resume (a checkpoint's
 path on the board, pushed or an earlier job's files/checkpoint.pt, to go on from), identity
-(the options a resume must match, written into each checkpoint).
+(the options a resume must match, written into each checkpoint). A job its daemon starts again
+(stopped or killed mid-job) goes on from its own newest files/checkpoint.pt where it wrote one,
+and its progress then says resumed_from_step (the host says so).
 Writes run_report.json (fetched by the host) and returns its summary; both say which data the
 run trained on and with which optimizer settings.
 """
@@ -63,6 +65,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     from .save_choice import CHECKPOINT_FILE, DEFAULT_SAVE, WEIGHTS_FILE, check_save_choice
     save = check_save_choice(str(params.get("save") or DEFAULT_SAVE))
 
+    picked_up = _picked_up_step(ctx, steps, params.get("stop_after"))
+    resumed = {} if picked_up is None else {"resumed_from_step": picked_up}
     losses: list = []
     checkpointed = {"step": None}
 
@@ -79,16 +83,17 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                      rss_peak_bytes=record["rss_peak_bytes"],
                      # the host may see only the latest step's progress: the first kept here
                      nonfinite_loss=first_nonfinite_loss(losses),
-                     checkpoint_step=checkpointed["step"])
+                     checkpoint_step=checkpointed["step"], **resumed)
 
     _check_page_dir(plan, page_dir)
-    ctx.progress(0.0, CAPTURING)
+    ctx.progress(0.0, CAPTURING + (f" (to resume after step {picked_up})" if resumed else ""),
+                 **resumed)
     captured = _capture_before_torch(graph, ctx.input_path(str(params["graph"])))
     if params.get("init") and captured is not None:
         from .saved_weights import load_weights
         load_weights(captured.module, ctx.input_path(str(params["init"])))
-    checkpointing = _checkpointing(ctx, params)
-    ctx.progress(0.0, "the graph captured; training")  # a kill from here on is in a step
+    checkpointing = _checkpointing(ctx, params, picked_up is not None)
+    ctx.progress(0.0, "the graph captured; training", **resumed)  # a kill from here on is in a step
     from .run import run_plan
     from .stores import host_link_store
     host = host_link_store(plan, params.get("host_pages"), params.get("host_pages_wait_s"))
@@ -128,17 +133,28 @@ def run_job(ctx: JobContext, params: dict) -> dict:
             "data": report["data"], "optimizer": report["optimizer"]}
 
 
-def _checkpointing(ctx: JobContext, params: dict):
-    """The job's checkpoints (files/checkpoint.pt) and the checkpoint it resumes from; None
-    without checkpoint_every, stop_after and resume. Read after the capture (torch)."""
+def _picked_up_step(ctx: JobContext, steps: int, stop_after) -> "int | None":
+    """The step of the checkpoint an earlier start of this job left in its files (its daemon
+    was stopped or killed mid-job and started it again): the job goes on after it. None: no
+    such checkpoint, or no step left after it (the job starts as submitted)."""
+    from .checkpoint_step import checkpoint_step
+    from .save_choice import CHECKPOINT_FILE
+    step = checkpoint_step(ctx.files_dir / CHECKPOINT_FILE)
+    return step if step is not None and 0 < step < int(stop_after or steps) else None
+
+
+def _checkpointing(ctx: JobContext, params: dict, own: bool = False):
+    """The job's checkpoints (files/checkpoint.pt) and the checkpoint it resumes from (`own`:
+    its own newest, else params' resume); None without checkpoint_every, stop_after and
+    resume. Read after the capture (torch)."""
     every = int(params.get("checkpoint_every") or 0)
     stop_after = None if params.get("stop_after") is None else int(params["stop_after"])
     if not (every or stop_after or params.get("resume")):
         return None
     from .checkpoint import Checkpointing, read_checkpoint
-    resume = read_checkpoint(ctx.input_path(str(params["resume"]))) \
-        if params.get("resume") else None
     from .save_choice import CHECKPOINT_FILE
+    resume = read_checkpoint(ctx.files_dir / CHECKPOINT_FILE) if own else \
+        read_checkpoint(ctx.input_path(str(params["resume"]))) if params.get("resume") else None
     return Checkpointing(path=ctx.files_dir / CHECKPOINT_FILE, every=every,
                          identity=dict(params.get("identity") or {}), resume=resume,
                          stop_after=stop_after)

@@ -313,8 +313,9 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           paths={"graph": str(graph_path), "plan": str(plan_path)},
                           micro_batches=opts.accumulate, **outcome)
     report["weights"] = _weights_into(out, outcome)
-    if resumed:
-        report["resumed_after_step"] = resumed["steps_done"]
+    picked_up = ((outcome.get("result") or {}).get("checkpoint") or {}).get("resumed_from_step")
+    if resumed or picked_up:  # picked up: the board's daemon restarted the job mid-run
+        report["resumed_after_step"] = picked_up or resumed["steps_done"]
     if "identity" in params:
         report["checkpoint"] = keep_checkpoint(board, out, outcome, job_id)
         if report["checkpoint"] and outcome["status"] != "finished":
@@ -559,7 +560,8 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
                + ("" if OOM_RAN in error else "?") + ")"
                if "SIGKILL" in error else "out of memory")
         from edge_remat_agent.executor.jobs import CAPTURING
-        when = f"while {CAPTURING} (before step 1)" if progress.get("message") == CAPTURING \
+        when = f"while {CAPTURING} (before step 1)" \
+            if str(progress.get("message") or "").startswith(CAPTURING) \
             else f"at step {at}" if at <= steps else \
             f"after step {steps}, while saving the trained weights (--save none leaves them)"
         return {"status": "killed", "killed_at_step": at, "message": f"{why} {when}",

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
@@ -214,13 +214,14 @@ class Board:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         rev: Optional[int] = None
         restarts: Optional[int] = None
+        restarted = False  # started again: said once its new start reports progress
         shown = time.monotonic()
         while True:
             poll = WAIT_POLL_S if deadline is None else max(0.0, min(WAIT_POLL_S,
                                                                    deadline - time.monotonic()))
             record = self._retrying(f"wait for job {job_id}",
                                     lambda s: s.wait(job_id, rev, timeout=poll))
-            restarts = self._note_restart(record, restarts)
+            restarts, restarted = self._note_restart(record, restarts, restarted)
             quiet = time.monotonic() - shown >= QUIET_S
             if on_update is not None and (record.get("rev") != rev or quiet):
                 on_update(record)
@@ -231,15 +232,24 @@ class Board:
             if deadline is not None and time.monotonic() >= deadline:
                 return record
 
-    def _note_restart(self, record: dict, seen: Optional[int]) -> int:
+    def _note_restart(self, record: dict, seen: Optional[int],
+                      restarted: bool) -> Tuple[int, bool]:
         """Say so when the job was started again while we waited (the board's daemon was
-        stopped mid-job and started again): its progress goes back to the beginning."""
+        stopped mid-job and started again): once its new start has reported progress (the
+        daemon drops the old start's), whether it picked up from its newest checkpoint (a run
+        job with checkpoints; the progress says resumed_from_step) or began again. Returns
+        the restarts seen and whether that is still to be said."""
         restarts = int(record.get("restarts") or 0)
-        if seen is not None and restarts > seen:
+        restarted = restarted or (seen is not None and restarts > seen)
+        progress = record.get("progress")
+        if restarted and (progress or record["state"] in TERMINAL_STATES):
+            step = ((progress or {}).get("data") or {}).get("resumed_from_step")
+            how = (f"resumed from step {step} (its newest checkpoint)" if step else
+                   "started again from the beginning (it keeps no checkpoint to pick up from)")
             self.on_event(f"{self.name}: the board's agent daemon restarted mid-job; job "
-                          f"{record['id']} started again from the beginning (a job that keeps "
-                          "checkpoints picks up from them)")
-        return restarts
+                          f"{record['id']} {how}")
+            restarted = False
+        return restarts, restarted
 
     def fetch_outputs(self, record: dict, dest: "str | Path") -> List[Path]:
         """The files a finished job lists in result["files"], into dest."""
