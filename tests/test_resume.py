@@ -3,11 +3,13 @@ steps resumed for 3 more end bit for bit the same (parameters, optimizer state, 
 AdamW, a cosine schedule with warmup, real data and dropout; with parameters and optimizer
 state homed on flash; with gradient accumulation. Then the same through `edge-remat run` on a
 local board, a run killed by its memory limit resumed from its last checkpoint, a run job its
-board's daemon restarted mid-job going on from its own checkpoint, and the refusals of
-options and files a resume cannot go on from."""
+board's daemon restarted mid-job going on from its own checkpoint, `deploy --resume` after a
+job SIGKILLed on the board, and the refusals of options and files a resume cannot go on
+from."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -142,6 +144,7 @@ def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path):
         said = []
         second = run(RunOptions(steps=6, resume=str(part), **GPT), say=said.append)
     assert any("fetching the checkpoint of job" in line for line in said), said
+    assert second["message"] == "finished steps 4..6 (3 steps, resumed after step 3)"
     table = (part / "report.txt").read_text()
     assert "\n   4  " in table and "\n   6  " in table and "\n   1  " not in table, table
     assert _losses(first) + _losses(second) == _losses(uninterrupted)
@@ -298,7 +301,76 @@ def test_a_run_job_its_daemon_restarts_mid_job_goes_on_from_its_own_checkpoint(t
     assert any("restarted mid-job; job run-" in line and line.endswith(
         "resumed from step 4 (its newest checkpoint)") for line in said), said
     assert restarted["status"] == "finished", restarted["message"]
+    assert restarted["message"] == "finished steps 5..8 (4 steps, resumed after step 4)"
     assert restarted["loss"] == uninterrupted["loss"][4:]
+    _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
+    for name, value in torch.load(whole / "weights.pt").items():
+        assert torch.equal(value, torch.load(part / "weights.pt")[name]), name
+
+
+KILL_JOB_ONCE = '''"""The bundled text, but drawing batch KILL_AT SIGKILLs the job process (a person or a
+program on the board, not the memory limit), once."""
+import os
+import signal
+from pathlib import Path
+
+from edge_remat_agent.data.text import text_batches
+
+KILL_AT = 3  # step 4's batch: the last checkpoint is step 2's
+
+
+def batches(batch, seed):
+    marker = Path(__file__).with_suffix(".killed")
+    for index, args in enumerate(text_batches(batch, 16, seed)):
+        if index == KILL_AT and not marker.exists():
+            marker.write_text("killed")
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield args
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.loopback
+def test_deploy_resumes_a_job_sigkilled_on_the_board_and_refuses_other_options(tmp_path):
+    """`deploy --checkpoint-every 2` whose job is SIGKILLed at step 3 or 4 (not by a memory
+    limit): `deploy --resume OUT` finds its checkpoint after step 2 on the board (through
+    OUT/checkpoint.json) and ends as the uninterrupted deploy; other lr options or data are
+    refused in one line, exit 2, naming the option."""
+    from typer.testing import CliRunner
+    from helpers.board_fixtures import local_board
+    from edge_remat.cli import app
+    captured, plan = _planned("ram")
+    graph_path, plan_path = tmp_path / "graph.json", tmp_path / "plan.json"
+    captured.graph.save(graph_path)
+    plan.save(plan_path)
+    data = tmp_path / "kill_once.py"
+    data.write_text(KILL_JOB_ONCE)
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    common = ["deploy", str(plan_path), "--graph", str(graph_path), "--device", "bench",
+              "--steps", "6", "--lr-schedule", "cosine", "--warmup", "2", "--data",
+              f"{data}:batches"]
+    runner = CliRunner()
+    with local_board(tmp_path, "bench"):
+        data.with_suffix(".killed").write_text("the uninterrupted deploy is not killed")
+        result = runner.invoke(app, common + ["--checkpoint-every", "2", "--out", str(whole)])
+        assert result.exit_code == 0, result.output
+        data.with_suffix(".killed").unlink()
+        result = runner.invoke(app, common + ["--checkpoint-every", "2", "--out", str(part)])
+        assert result.exit_code != 0 and "SIGKILL" in result.output, result.output
+        assert not (part / "checkpoint.pt").exists()
+        for extra, words in [(["--warmup", "1"], "had --warmup 2, this run has 1"),
+                             (["--data", "text"], "had --data " + f"{data}:batches")]:
+            result = runner.invoke(app, common + extra + ["--resume", str(part)])
+            assert result.exit_code == 2, result.output
+            assert words in result.output and "Traceback" not in result.output, result.output
+        result = runner.invoke(app, common + ["--resume", str(part), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "resuming after step 2" in result.output, result.output
+    resumed = json.loads(result.stdout.strip().splitlines()[-1])["result"]
+    assert resumed["checkpoint"]["resumed_from_step"] == 2 and resumed["steps"] == 4
+    before = json.loads((whole / "run_report.json").read_text())["steps"]
+    after = json.loads((part / "run_report.json").read_text())["steps"]
+    assert [s["loss"] for s in after] == [s["loss"] for s in before][2:]
     _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
     for name, value in torch.load(whole / "weights.pt").items():
         assert torch.equal(value, torch.load(part / "weights.pt")[name]), name

@@ -762,14 +762,18 @@ def deploy(
     device: str = typer.Option(..., "--device", help="device name or config path"),
     graph: str = typer.Option(..., "--graph", help="the graph the plan was made for"),
     steps: int = typer.Option(10, "--steps", help="training steps to run (at least 1)"),
-    out: str = typer.Option(".", "--out", help="folder for the run report and other outputs"),
+    out: Optional[str] = typer.Option(None, "--out", help="folder for the run report and "
+                                      "other outputs (default: this folder; --resume's)"),
     keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
     save: str = typer.Option(SAVE_DEFAULT, "--save", help=SAVE_HELP),
     init: Optional[str] = typer.Option(None, "--init", help=INIT_HELP),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every",
-                                                   help=CHECKPOINT_EVERY_HELP.replace(
-                                                       "OUT/checkpoint.pt; --resume OUT goes "
-                                                       "on from it", "--out's checkpoint.pt")),
+                                                   help=CHECKPOINT_EVERY_HELP),
+    resume: Optional[str] = typer.Option(None, "--resume", help="OUT: go on from the "
+                                         "checkpoint of the deploy in that folder (or on the "
+                                         "board) to --steps in all, with the same plan's "
+                                         "graph, --init, lr options and --data; writes into "
+                                         "OUT"),
     lr: Optional[float] = typer.Option(None, "--lr", help=LR_HELP),
     lr_schedule: str = typer.Option("constant", "--lr-schedule", help=LR_SCHEDULE_HELP),
     warmup: int = typer.Option(0, "--warmup", help=WARMUP_HELP),
@@ -793,8 +797,13 @@ def deploy(
     from .run.options import (RunOptions, absolute_file_spec, check_data,
                                check_init_against_graph, check_learning_rate,
                                check_weights_options)
+    from pathlib import Path
+
+    from .run.options import run_default
     opts = RunOptions(device=device, model="", steps=steps, save=save, init=init, lr=lr,
-                      lr_schedule=lr_schedule, warmup=warmup, checkpoint_every=checkpoint_every)
+                      lr_schedule=lr_schedule, warmup=warmup, checkpoint_every=checkpoint_every,
+                      resume=resume, out=run_default("out") if out is None else out)
+    out = resume or out or "."
     check_weights_options(opts)
     from .run.options import check_checkpoint_options
     check_checkpoint_options(opts)
@@ -817,18 +826,35 @@ def deploy(
     if data is not None:  # a board that reads its own disk needs the file's path there
         data = absolute_file_spec(data, "--data", config)
         check_data(data, config)
+        opts.data = data
     note_plan_above_ram(config, replayed.peak_bytes, to_stderr)
-    params: dict = {"steps": steps, "save": save, **opts.lr_params,
+    from .run.resume import (checkpoint_every as every_of, checkpoint_params, deploy_identity,
+                             job_resume, note_job, start_resume)
+    every = every_of(opts)
+    # the graph's capture seed, as run seeds its job: without one each job's dropout drew
+    # from wherever its generator stood, and no two deploys (nor a resumed one) trained alike
+    seed = (g.capture.get("source") or {}).get("seed") or 0
+    params: dict = {"steps": steps, "save": save, "seed": seed, **opts.lr_params,
                     **({"data": data} if data is not None else {}),
-                    **({"checkpoint_every": checkpoint_every} if checkpoint_every else {})}
+                    **checkpoint_params(opts, every,
+                                        deploy_identity(opts, plan.graph_fingerprint))}
     if config.hardware.page_dir:  # the board's flash, as its device config says
         params["page_dir"] = config.hardware.page_dir
+    from .transport.board import new_job_id
     from .transport.host_pages import host_pages, plan_uses_host
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
         require_kind(board, "run", "execute plans")
+        resumed = start_resume(board, opts, Path(out), to_stderr, params["identity"]) \
+            if resume else None
+        resume_params, resume_inputs = job_resume(Path(out), resumed)
+        job_id = new_job_id("run")
+        if "identity" in params:  # written before the job: --resume finds it on the board
+            note_job(Path(out), job_id, board.name, every, bool(resume))
         with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
-            inputs = {"plan": plan_file, "graph": graph, **({"init": init} if init else {})}
-            record = board.run_job("run", {**params, **page_params}, inputs, out,
+            inputs = {"plan": plan_file, "graph": graph, **({"init": init} if init else {}),
+                      **resume_inputs}
+            record = board.run_job("run", {**params, **resume_params, **page_params}, inputs,
+                                   out, job_id=job_id,
                                    on_update=None if as_json else progress_printer())
         print_outcome(record, as_json, board)
     _exit_if_gradients_differ((record.get("result") or {}).get("grad_check"))

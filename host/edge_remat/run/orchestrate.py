@@ -202,15 +202,10 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         check_init_fits(opts, captured.module)  # the host's gradient check starts from it too
         return captured
 
-    from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE
-
-    from .resume import (check_checkpoint, checkpoint_every, checkpoint_params, find_checkpoint,
-                         keep_checkpoint, note_job)
-    resume_at, resumed = None, None
-    if opts.resume:  # before the capture, the profile and the plan: a bad one is refused now
-        resume_at = find_checkpoint(board, out, say)
-        resumed = check_checkpoint(opts, out)
-        say(f"resuming after step {resumed['steps_done']} from {out / 'checkpoint.pt'}")
+    from .resume import (checkpoint_every, checkpoint_params, job_resume, keep_checkpoint,
+                         note_job, start_resume)
+    # before the capture, the profile and the plan: a bad checkpoint is refused now
+    resumed = start_resume(board, opts, out, say) if opts.resume else None
     say(f"capturing {opts.model}'s training step")
     captured = capture("ram" if opts.params_home == "auto" else opts.params_home)
     from edge_remat_agent.capture.precision import slow_half_kernels
@@ -285,8 +280,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         params["page_dir"] = device.hardware.page_dir
     every = checkpoint_every(opts)
     params.update(checkpoint_params(opts, every))
-    if resume_at:
-        params["resume"] = resume_at  # the board's own copy, read where it lies
+    resume_params, resume_inputs = job_resume(out, resumed)
+    params.update(resume_params)
     from ..transport.board import new_job_id
     from ..transport.host_pages import host_pages, plan_uses_host
     job_id = new_job_id("run")
@@ -299,8 +294,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
             + (f" (steps {first + 1} to {first + to_run} of {opts.steps})"
                if to_run != opts.steps else ""))
         inputs = {"plan": plan_path, "graph": graph_path,
-                  **({"init": opts.init} if opts.init else {}),
-                  **({"resume": out / CHECKPOINT_FILE} if resumed and not resume_at else {})}
+                  **({"init": opts.init} if opts.init else {}), **resume_inputs}
         outcome = _train(board, device, "run", {**params, **page_params}, inputs, out,
                          first + to_run, say, job_id)
     if limited and opts.check_gradients and outcome["status"] == "finished":
@@ -547,7 +541,7 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
         record = board.run_job(kind, params, inputs, out / "board", job_id=job_id,
                                on_update=progress_printer(say))
         result = full_result(record)
-        return {"status": "finished", "message": f"finished {counted(steps, 'step')}",
+        return {"status": "finished", "message": finished_message(result, steps),
                 "result": result, **watch.readings(result)}
     except JobFailed as exc:
         error = str(exc.record.get("error"))
@@ -566,6 +560,16 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
             f"after step {steps}, while saving the trained weights (--save none leaves them)"
         return {"status": "killed", "killed_at_step": at, "message": f"{why} {when}",
                 "result": progress.get("data") or {}, **watch.readings()}
+
+
+def finished_message(result: dict, last: int) -> str:
+    """What a finished job ran, by absolute steps where it resumed from a checkpoint (--resume,
+    or its daemon restarted mid-job): "finished steps 5..8 (4 steps, resumed after step 4)"."""
+    first = (result.get("checkpoint") or {}).get("resumed_from_step") or 0
+    if not first:
+        return f"finished {counted(last, 'step')}"
+    return (f"finished steps {first + 1}..{last} ({counted(last - first, 'step')}, resumed "
+            f"after step {first})")
 
 
 def _weights_into(out: Path, outcome: dict) -> Optional[dict]:

@@ -28,24 +28,35 @@ def training_identity(opts: RunOptions) -> dict:
     """The options a resumed run must share with the run that wrote its checkpoint, by their
     command-line names: what the model, its data and each optimizer step are. (The budget,
     the plan, where parameters live and the board may change between the parts.)"""
-    identity = {"--model": opts.model, "--batch": opts.batch, "--image": opts.image,
-                "--seq": opts.seq, "--seed": opts.seed, "--dtype": opts.dtype,
-                "--trainable-dtype": opts.trainable_dtype, "--train": opts.train,
-                "--optimizer": opts.optimizer, "--lr": opts.lr,
-                "--lr-schedule": opts.lr_schedule, "--warmup": opts.warmup,
-                "--clip-grad-norm": opts.clip_grad_norm, "--accumulate": opts.accumulate,
-                "--data": run_data(opts),
+    return {"--model": opts.model, "--batch": opts.batch, "--image": opts.image,
+            "--seq": opts.seq, "--seed": opts.seed, "--dtype": opts.dtype,
+            "--trainable-dtype": opts.trainable_dtype, "--train": opts.train,
+            "--optimizer": opts.optimizer, "--clip-grad-norm": opts.clip_grad_norm,
+            "--accumulate": opts.accumulate, **_update_identity(opts, run_data(opts))}
+
+
+def deploy_identity(opts: RunOptions, graph_fingerprint: str) -> dict:
+    """deploy's: the graph the plan was made for (its model, batch, optimizer: the capture's
+    options) and what each step trains on and with, as run's."""
+    return {"--graph": graph_fingerprint, **_update_identity(opts, opts.data or "example")}
+
+
+def _update_identity(opts: RunOptions, data: str) -> dict:
+    """What run and deploy share: the data, the starting weights and the learning rate."""
+    identity = {"--lr": opts.lr, "--lr-schedule": opts.lr_schedule, "--warmup": opts.warmup,
+                "--data": data,
                 "--init": file_sha256(Path(opts.init)) if opts.init else None}
     if opts.lr_schedule in DECAYING:
         identity["--steps"] = opts.steps
     return identity
 
 
-def checkpoint_params(opts: RunOptions, every: int) -> dict:
-    """The run job's params for checkpoints (none when the run makes none)."""
+def checkpoint_params(opts: RunOptions, every: int, identity: Optional[dict] = None) -> dict:
+    """The run job's params for checkpoints (none when the run makes none). `identity`:
+    training_identity's where not given."""
     if not (every or opts.stop_after or opts.resume):
         return {}
-    return {"checkpoint_every": every, "identity": training_identity(opts),
+    return {"checkpoint_every": every, "identity": identity or training_identity(opts),
             **({"stop_after": opts.stop_after} if opts.stop_after else {})}
 
 
@@ -98,9 +109,30 @@ def find_checkpoint(board, out: Path, say: Callable[[str], None]) -> Optional[st
     return None
 
 
-def check_checkpoint(opts: RunOptions, out: Path) -> dict:
+def start_resume(board, opts: RunOptions, out: Path, say: Callable[[str], None],
+                 identity: Optional[dict] = None) -> dict:
+    """--resume OUT, once the board is reached: its newest checkpoint found (fetched from the
+    board where newer) and checked. Returns the checkpoint's figures and `at`: its path on the
+    board where the job reads it there (else the host's copy is pushed: job_resume)."""
+    at = find_checkpoint(board, out, say)
+    figures = check_checkpoint(opts, out, identity)
+    say(f"resuming after step {figures['steps_done']} from {out / CHECKPOINT_FILE}")
+    return {**figures, "at": at}
+
+
+def job_resume(out: Path, resumed: Optional[dict]) -> tuple[dict, dict]:
+    """The run job's params and inputs (pushed files) for the checkpoint it goes on from."""
+    if not resumed:
+        return {}, {}
+    if resumed["at"]:
+        return {"resume": resumed["at"]}, {}  # the board's own copy, read where it lies
+    return {}, {"resume": out / CHECKPOINT_FILE}
+
+
+def check_checkpoint(opts: RunOptions, out: Path, identity: Optional[dict] = None) -> dict:
     """OUT/checkpoint.pt, read on this host: refused in one line where it is damaged, another
-    tool's, of other options, or has no step left to take. Returns its figures."""
+    tool's, of other options (`identity`: training_identity's where not given), or has no step
+    left to take. Returns its figures."""
     from edge_remat_agent.executor.checkpoint import read_checkpoint
     from edge_remat_agent.executor.errors import BadInput
     path = out / CHECKPOINT_FILE
@@ -108,7 +140,8 @@ def check_checkpoint(opts: RunOptions, out: Path) -> dict:
         checkpoint = read_checkpoint(path, f"--resume {out}")
     except BadInput as error:
         raise RunProblem(str(error)) from None
-    mismatch = identity_mismatch(checkpoint.meta.get("identity") or {}, training_identity(opts))
+    mismatch = identity_mismatch(checkpoint.meta.get("identity") or {},
+                                 identity or training_identity(opts))
     if mismatch:
         raise RunProblem(f"--resume {out}: {mismatch}")
     last = opts.stop_after or opts.steps
