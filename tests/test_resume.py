@@ -357,6 +357,8 @@ def test_deploy_resumes_a_job_sigkilled_on_the_board_and_refuses_other_options(t
         data.with_suffix(".killed").unlink()
         result = runner.invoke(app, common + ["--checkpoint-every", "2", "--out", str(part)])
         assert result.exit_code != 0 and "SIGKILL" in result.output, result.output
+        assert f"its last checkpoint stays on bench: the same command with --resume {part} " \
+            "goes on from it" in result.output, result.output
         assert not (part / "checkpoint.pt").exists()
         for extra, words in [(["--warmup", "1"], "had --warmup 2, this run has 1"),
                              (["--data", "text"], "had --data " + f"{data}:batches")]:
@@ -374,3 +376,27 @@ def test_deploy_resumes_a_job_sigkilled_on_the_board_and_refuses_other_options(t
     _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
     for name, value in torch.load(whole / "weights.pt").items():
         assert torch.equal(value, torch.load(part / "weights.pt")[name]), name
+
+
+@pytest.mark.slow
+@pytest.mark.loopback
+def test_a_run_sigkilled_on_the_board_says_and_resumes_from_the_boards_checkpoint(tmp_path):
+    """A run job SIGKILLed by something else than the memory limit fails (not a killed
+    report, no checkpoint fetched), saying its checkpoint stays on the board; --resume finds
+    it there through OUT/checkpoint.json and runs the steps after it."""
+    from helpers.board_fixtures import local_board
+    from edge_remat.run import RunOptions, run
+    from edge_remat.transport import JobFailed
+    data = tmp_path / "kill_once.py"
+    data.write_text(KILL_JOB_ONCE)
+    options = {**GPT, "data": f"{data}:batches", "steps": 6}
+    part = tmp_path / "part"
+    with local_board(tmp_path, "bench"):
+        with pytest.raises(JobFailed, match=f"stays on bench: the same command with --resume "
+                                            f"{part} goes on from it"):
+            run(RunOptions(out=str(part), **options))
+        assert not (part / "checkpoint.pt").exists()
+        said = []
+        resumed = run(RunOptions(resume=str(part), **options), say=said.append)
+    assert any("fetching the checkpoint of job" in line for line in said), said
+    assert resumed["message"] == "finished steps 3..6 (4 steps, resumed after step 2)"

@@ -829,7 +829,8 @@ def deploy(
         opts.data = data
     note_plan_above_ram(config, replayed.peak_bytes, to_stderr)
     from .run.resume import (checkpoint_every as every_of, checkpoint_params, deploy_identity,
-                             job_resume, note_job, start_resume)
+                             job_resume, note_job, start_resume, with_resume_hint)
+    from .transport import JobFailed
     every = every_of(opts)
     # the graph's capture seed, as run seeds its job: without one each job's dropout drew
     # from wherever its generator stood, and no two deploys (nor a resumed one) trained alike
@@ -853,9 +854,13 @@ def deploy(
         with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
             inputs = {"plan": plan_file, "graph": graph, **({"init": init} if init else {}),
                       **resume_inputs}
-            record = board.run_job("run", {**params, **resume_params, **page_params}, inputs,
-                                   out, job_id=job_id,
-                                   on_update=None if as_json else progress_printer())
+            try:
+                record = board.run_job("run", {**params, **resume_params, **page_params},
+                                       inputs, out, job_id=job_id,
+                                       on_update=None if as_json else progress_printer())
+            except JobFailed as failed:
+                raise with_resume_hint(failed, board, Path(out), job_id) \
+                    if "identity" in params else failed
         print_outcome(record, as_json, board)
     _exit_if_gradients_differ((record.get("result") or {}).get("grad_check"))
 

@@ -203,7 +203,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         return captured
 
     from .resume import (checkpoint_every, checkpoint_params, job_resume, keep_checkpoint,
-                         note_job, start_resume)
+                         note_job, start_resume, with_resume_hint)
     # before the capture, the profile and the plan: a bad checkpoint is refused now
     resumed = start_resume(board, opts, out, say) if opts.resume else None
     say(f"capturing {opts.model}'s training step")
@@ -295,8 +295,12 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                if to_run != opts.steps else ""))
         inputs = {"plan": plan_path, "graph": graph_path,
                   **({"init": opts.init} if opts.init else {}), **resume_inputs}
-        outcome = _train(board, device, "run", {**params, **page_params}, inputs, out,
-                         first + to_run, say, job_id)
+        try:
+            outcome = _train(board, device, "run", {**params, **page_params}, inputs, out,
+                             first + to_run, say, job_id)
+        except JobFailed as failed:
+            raise with_resume_hint(failed, board, out, job_id) if "identity" in params \
+                else failed
     if limited and opts.check_gradients and outcome["status"] == "finished":
         say("checking the plan's gradients against eager PyTorch on the host")
         outcome["grad_check"] = host_gradient_check(graph, plan_path, captured)

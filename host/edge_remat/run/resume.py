@@ -171,3 +171,21 @@ def keep_checkpoint(board, out: Path, outcome: dict, job_id: str) -> Optional[di
         return None
     return {"file": str(target), "step": (result.get("checkpoint_step")
                                           if isinstance(result, dict) else None)}
+
+
+def with_resume_hint(failed: Exception, board, out: Path, job_id: str) -> Exception:
+    """A job that failed (SIGKILLed on the board, say: not by a memory limit, which becomes a
+    report) with its error saying that its last checkpoint stays on the board, where --resume
+    OUT finds it; the error as it was where the job left none."""
+    from ..transport import JobFailed
+    from ..transport.errors import cancelled_by_host
+    if not isinstance(failed, JobFailed) or cancelled_by_host(failed.record):
+        return failed
+    try:
+        kept = board.stat(f"jobs/{job_id}/files/{CHECKPOINT_FILE}", with_hash=False)
+    except Exception:  # noqa: BLE001 - the board out of reach: the error as it was
+        return failed
+    if not kept.get("exists"):
+        return failed
+    return JobFailed(f"{failed}; its last checkpoint stays on {board.name}: the same command "
+                     f"with --resume {out} goes on from it", failed.record)
