@@ -258,7 +258,8 @@ def test_the_training_identity_holds_the_trainable_dtype():
 
 
 STOP_DAEMON_ONCE = '''"""The bundled text, but drawing batch STOP_AT stops the board's agent daemon (SIGTERM,
-as `agent-stop` does: it stops the job and queues it again), once."""
+as `agent-stop` does: it stops the job and queues it again) or kills it and this job process
+(SIGKILL: its next start queues the job again), once."""
 import os
 import signal
 import time
@@ -267,6 +268,7 @@ from pathlib import Path
 from edge_remat_agent.data.text import text_batches
 
 STOP_AT = 5  # step 6's batch
+HOW = "stop"
 MARKER = Path(__file__).with_suffix(".stopped")
 
 
@@ -274,7 +276,10 @@ def batches(batch, seed):
     for index, args in enumerate(text_batches(batch, 16, seed)):
         if index == STOP_AT and not MARKER.exists():
             MARKER.write_text("stopped")
-            os.kill(os.getppid(), signal.SIGTERM)  # the job process's parent: the daemon
+            if HOW == "kill":
+                os.kill(os.getppid(), signal.SIGKILL)  # the job process's parent: the daemon
+                os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getppid(), signal.SIGTERM)
             time.sleep(30)  # the daemon's SIGTERM to this job ends it before
         yield args
 '''
@@ -283,29 +288,33 @@ def batches(batch, seed):
 @pytest.mark.slow
 @pytest.mark.loopback
 def test_a_run_job_its_daemon_restarts_mid_job_goes_on_from_its_own_checkpoint(tmp_path):
-    """The daemon stopped while the job trains step 5 or 6 queues it again; the host's
-    reconnect starts the daemon, which runs the job again: from its checkpoint after step 4,
-    not step 0, ending as the uninterrupted run (before, the job began again at step 1)."""
+    """The daemon stopped (or killed with the job process) while the job trains step 5 or 6
+    queues it again; the host's reconnect starts the daemon, which runs the job again: from
+    its checkpoint after step 4, not step 0, ending as the uninterrupted run (before, the job
+    began again at step 1)."""
     from helpers.board_fixtures import local_board
     from edge_remat.run import RunOptions, run
-    data = tmp_path / "stop_once.py"
-    data.write_text(STOP_DAEMON_ONCE)
-    options = {**GPT, "data": f"{data}:batches", "steps": 8}
-    whole, part = tmp_path / "whole", tmp_path / "part"
+    whole = tmp_path / "whole"
     with local_board(tmp_path, "bench"):
-        data.with_suffix(".stopped").write_text("the uninterrupted run is not stopped")
-        uninterrupted = run(RunOptions(out=str(whole), **options))
-        data.with_suffix(".stopped").unlink()
-        said = []
-        restarted = run(RunOptions(out=str(part), **options), say=said.append)
-    assert any("restarted mid-job; job run-" in line and line.endswith(
-        "resumed from step 4 (its newest checkpoint)") for line in said), said
-    assert restarted["status"] == "finished", restarted["message"]
-    assert restarted["message"] == "finished steps 5..8 (4 steps, resumed after step 4)"
-    assert restarted["loss"] == uninterrupted["loss"][4:]
-    _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
-    for name, value in torch.load(whole / "weights.pt").items():
-        assert torch.equal(value, torch.load(part / "weights.pt")[name]), name
+        for how in ("stop", "kill"):
+            data = tmp_path / f"{how}_once.py"
+            data.write_text(STOP_DAEMON_ONCE.replace('HOW = "stop"', f'HOW = "{how}"'))
+            options = {**GPT, "data": f"{data}:batches", "steps": 8}
+            if how == "stop":
+                data.with_suffix(".stopped").write_text("the uninterrupted run is not stopped")
+                uninterrupted = run(RunOptions(out=str(whole), **options))
+                data.with_suffix(".stopped").unlink()
+            said, part = [], tmp_path / how
+            restarted = run(RunOptions(out=str(part), **options), say=said.append)
+            assert any("restarted mid-job; job run-" in line and line.endswith(
+                "resumed from step 4 (its newest checkpoint)") for line in said), (how, said)
+            assert restarted["status"] == "finished", restarted["message"]
+            assert restarted["message"] == \
+                "finished steps 5..8 (4 steps, resumed after step 4)"
+            assert restarted["loss"] == uninterrupted["loss"][4:]
+            _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
+            for name, value in torch.load(whole / "weights.pt").items():
+                assert torch.equal(value, torch.load(part / "weights.pt")[name]), name
 
 
 KILL_JOB_ONCE = '''"""The bundled text, but drawing batch KILL_AT SIGKILLs the job process (a person or a
