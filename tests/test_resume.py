@@ -257,9 +257,9 @@ def test_the_training_identity_holds_the_trainable_dtype():
         "the checkpoint's run had --trainable-dtype fp32, this run has (not given)")
 
 
-STOP_DAEMON_ONCE = '''"""The bundled text, but drawing batch STOP_AT stops the board's agent daemon (SIGTERM,
-as `agent-stop` does: it stops the job and queues it again) or kills it and this job process
-(SIGKILL: its next start queues the job again), once."""
+STOP_DAEMON_ONCE = '''"""The bundled text, but drawing batch STOP_AT stops the board's agent
+daemon (SIGTERM, as `agent-stop` does: it stops the job and queues it again) or kills it and
+this job process (SIGKILL: its next start queues the job again), once."""
 import os
 import signal
 import time
@@ -317,8 +317,8 @@ def test_a_run_job_its_daemon_restarts_mid_job_goes_on_from_its_own_checkpoint(t
                 assert torch.equal(value, torch.load(part / "weights.pt")[name]), name
 
 
-KILL_JOB_ONCE = '''"""The bundled text, but drawing batch KILL_AT SIGKILLs the job process (a person or a
-program on the board, not the memory limit), once."""
+KILL_JOB_ONCE = '''"""The bundled text, but drawing batch KILL_AT SIGKILLs the job process (a
+person or a program on the board, not the memory limit), once."""
 import os
 import signal
 from pathlib import Path

@@ -794,12 +794,11 @@ def deploy(
     # Everything the host can check, before anything is sent (the board checks again).
     if steps < 1:
         raise UserError(f"--steps must be at least 1, not {steps}")
-    from .run.options import (RunOptions, absolute_file_spec, check_data,
-                               check_init_against_graph, check_learning_rate,
-                               check_weights_options)
     from pathlib import Path
 
-    from .run.options import run_default
+    from .run.options import (RunOptions, absolute_file_spec, check_data,
+                               check_init_against_graph, check_learning_rate,
+                               check_weights_options, run_default)
     opts = RunOptions(device=device, model="", steps=steps, save=save, init=init, lr=lr,
                       lr_schedule=lr_schedule, warmup=warmup, checkpoint_every=checkpoint_every,
                       resume=resume, out=run_default("out") if out is None else out)

@@ -93,7 +93,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
         from .saved_weights import load_weights
         load_weights(captured.module, ctx.input_path(str(params["init"])))
     checkpointing = _checkpointing(ctx, params, picked_up is not None)
-    ctx.progress(0.0, "the graph captured; training", **resumed)  # a kill from here on is in a step
+    # a kill from here on is in a step
+    ctx.progress(0.0, "the graph captured; training", **resumed)
     from .run import run_plan
     from .stores import host_link_store
     host = host_link_store(plan, params.get("host_pages"), params.get("host_pages_wait_s"))
