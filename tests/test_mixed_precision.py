@@ -119,6 +119,69 @@ def test_a_peft_lora_on_a_bf16_transformers_model_keeps_float32_adapters_and_tra
     assert all(torch.equal(expected[n], v) for n, v in captured.module.state_dict().items())
 
 
+@pytest.mark.slow
+def test_a_peft_classifier_in_modules_to_save_trains_in_bf16_as_peft_keeps_it(tmp_path):
+    """A seq-cls PEFT LoRA puts the classifier head (`score`) in modules_to_save: PEFT's
+    autocast upcasts only its tuner layers, so on a bf16 base the head's trained copy stays
+    bf16 (the LoRA weights float32). Captured so, planned with recomputation and paging, it
+    trains bit for bit like PEFT's own model built the plain way (bf16 base, get_peft_model),
+    and the adapter folder holds what that model's save_pretrained writes, dtypes and values."""
+    import copy
+
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from safetensors.torch import load_file
+    from edge_remat_agent.executor.saved_weights import save_weights, state_root
+    from edge_remat.run.peft_adapter import write_peft_adapter
+    config = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+              "max_position_embeddings": 64, "num_labels": 3, "pad_token_id": 0}
+    adapter = {"peft_type": "LORA", "task_type": "SEQ_CLS", "r": 4, "lora_alpha": 8,
+               "target_modules": ["q_proj", "v_proj"]}
+    spec = (f"hf:llama?config={json.dumps(config)}&adapter={json.dumps(adapter)}"
+            "&task=seq-cls")
+    captured = capture_model(spec, batch=2, seq=16, seed=1, optimizer="adamw", dtype="bf16",
+                             **MIXED)
+    root, _ = state_root(captured.module)
+    trained = {n: p.dtype for n, p in root.named_parameters() if p.requires_grad}
+    head = "base_model.model.score.modules_to_save.default.weight"
+    assert trained.pop(head) == torch.bfloat16 and set(trained.values()) == {torch.float32}
+
+    # PEFT's own: the bf16 model first, then get_peft_model (autocast_adapter_dtype=True)
+    native = peft.get_peft_model(
+        transformers.LlamaForSequenceClassification(transformers.LlamaConfig(**config))
+        .to(torch.bfloat16), peft.get_peft_config(adapter))
+    assert {n: p.dtype for n, p in native.named_parameters()} == \
+        {n: p.dtype for n, p in root.named_parameters()}
+    native.load_state_dict(root.state_dict())  # the same initial values, dtypes unchanged
+    eager = copy.deepcopy(captured.module)  # the batch's 4D mask as the capture gives it
+    eager.model = native
+
+    graph = captured.graph
+    plan = with_paging(every_forward_recomputed(graph), graph, every=3)
+    report = run_plan(graph, plan, STEPS, str(tmp_path / "pages"), captured=captured, seed=0,
+                      keep_parameters=True)
+    assert report["recomputed"] > 0 and report["page_outs"] > 0
+    assert report["grad_check"]["bitwise_equal"] and report["grad_check"]["loss_equal"]
+    expected = eager_parameters(eager, "adamw", captured.example_args, STEPS)
+    actual = captured.module.state_dict()
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert expected[name].dtype == actual[name].dtype, name
+        assert torch.equal(expected[name], actual[name]), name
+
+    save_weights(captured.module, None, "trained", tmp_path / "weights.pt")
+    saved = torch.load(tmp_path / "weights.pt")
+    assert saved[head].dtype == torch.bfloat16 and len(saved) == len(trained) + 1
+    written = Path(write_peft_adapter(captured.module, tmp_path / "weights.pt", tmp_path))
+    native.save_pretrained(str(tmp_path / "native"))
+    ours = load_file(str(written / "adapter_model.safetensors"))
+    theirs = load_file(str(tmp_path / "native" / "adapter_model.safetensors"))
+    assert ours.keys() == theirs.keys() and "base_model.model.score.weight" in ours
+    for name in theirs:
+        assert ours[name].dtype == theirs[name].dtype and torch.equal(ours[name], theirs[name])
+
+
 def test_fp32_and_plain_half_graphs_record_no_trainable_dtype_and_the_keys_differ():
     from edge_remat.run.options import RunOptions
     assert "trainable_dtype" not in capture_model("mlp", dtype="bf16").graph.capture["source"]

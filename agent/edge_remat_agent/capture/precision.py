@@ -16,7 +16,10 @@ state are float32 too (a bf16 weight plus an update below its rounding step stay
 weight; in float32 the update lands). This is PEFT's default for LoRA on a half-precision
 base (`autocast_adapter_dtype`); the adapter layers cast their input to the adapters' dtype and
 their result back (PEFT's own layers; zoo/lora.py's as they do), so only adapter parameters may
-train. The graph records `source.trainable_dtype` only when it differs from `--dtype`.
+train in float32. A PEFT `modules_to_save` copy (a classifier head) trains too, in `--dtype`:
+PEFT's `autocast_adapter_dtype` upcasts its tuner layers only, so the copy keeps the base's
+dtype, and PEFT saves it so. The graph records `source.trainable_dtype` only when it differs
+from `--dtype`.
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ def in_dtype(module: nn.Module, args: tuple, name: str | None, model: str = "mod
     if trained is None:
         return module.to(dtype), cast_floating(args, dtype)
     _refuse_unmixable(module, name, trainable, model)
+    in_base = saved_copy_parameters(module)
     # Module._apply hands each Parameter itself to the function: requires_grad says its dtype
-    module._apply(lambda t: t.to(trained if t.requires_grad else dtype)
+    module._apply(lambda t: t.to(trained if t.requires_grad and id(t) not in in_base else dtype)
                   if t.is_floating_point() else t)
     return module, cast_floating(args, dtype)
 
@@ -85,14 +89,15 @@ def _refuse_unmixable(module: nn.Module, name: str, trainable: str, model: str) 
                            f"fine-tuning), so none would stay in --dtype {name}: give --dtype "
                            f"{trainable} to train it all in {trainable}, or freeze the base (a "
                            "LoRA model, --train PATTERN)")
-    adapters = adapter_parameters(module)
-    outside = [n for n in trained if id(params[n]) not in adapters]
+    allowed = adapter_parameters(module) | saved_copy_parameters(module)
+    outside = [n for n in trained if id(params[n]) not in allowed]
     if outside:
         raise CaptureError(model, f"--trainable-dtype {trainable}: parameter '{outside[0]}' "
                            "trains outside a LoRA adapter, and its layer would meet a "
                            f"{name} input with {trainable} weights; only adapters (zoo *-lora "
-                           "models, hf: with adapter=) may train in another dtype: --train "
-                           "adapter parameters only, or leave --trainable-dtype out")
+                           "models, hf: with adapter=) may train in another dtype, and PEFT's "
+                           f"modules_to_save in {name}: --train adapter parameters only, or "
+                           "leave --trainable-dtype out")
 
 
 def adapter_parameters(module: nn.Module) -> set[int]:
@@ -110,6 +115,18 @@ def adapter_parameters(module: nn.Module) -> set[int]:
             base = layer.base if isinstance(layer, LoRALinear) else layer.get_base_layer()
             found |= {id(p) for p in layer.parameters()} - {id(p) for p in base.parameters()}
     return found
+
+
+def saved_copy_parameters(module: nn.Module) -> set[int]:
+    """ids of the parameters of PEFT's `modules_to_save` copies (ModulesToSaveWrapper): they
+    train whole, in the base's dtype, as PEFT leaves them (its upcast skips them)."""
+    import sys
+    peft = sys.modules.get("peft.utils.other")  # loaded only where an hf: model uses it
+    wrapper = getattr(peft, "ModulesToSaveWrapper", None)
+    if wrapper is None:
+        return set()
+    return {id(p) for layer in module.modules() if isinstance(layer, wrapper)
+            for p in layer.modules_to_save.parameters()}
 
 
 def cast_floating(args: tuple, dtype: torch.dtype) -> tuple:
