@@ -213,6 +213,48 @@ def test_the_footprint_probe_builds_the_model_as_the_run_does():
     assert mixed_bytes < fp32_bytes
 
 
+def test_a_profile_without_a_graph_builds_its_model_in_the_dtypes_given(tmp_path):
+    """`profile --model M --dtype bf16 --trainable-dtype fp32` (the agent's command, as the
+    daemon's job runs it): the footprint's model holds the mixed model's parameter bytes and
+    the profile names its dtypes, where it was built in float32 whatever the run would use."""
+    import subprocess
+    import sys
+    from helpers.bad_inputs import env
+
+    def footprint(name, *dtypes):
+        out = tmp_path / f"{name}.json"
+        subprocess.run([sys.executable, "-m", "edge_remat_agent", "profile", "-o", out,
+                        "--model", "llama-tiny-lora", "--idle-s", "0.2", "--busy-s", "0.2",
+                        *dtypes], check=True, capture_output=True, env=env())
+        return json.loads(out.read_text())["measurements"]["runtime_footprint"]
+
+    mixed = footprint("mixed", "--dtype", "bf16", "--trainable-dtype", "fp32")
+    fp32 = footprint("fp32")
+    module, _ = load_model("llama-tiny-lora", dtype="bf16", **MIXED)
+    mixed_bytes = sum(t.numel() * t.element_size()
+                      for t in [*module.parameters(), *module.buffers()])
+    assert mixed["model_parameter_bytes"] == mixed_bytes < fp32["model_parameter_bytes"]
+    assert mixed["model"] == {"model": "llama-tiny-lora", "dtype": "bf16",
+                              "trainable_dtype": "fp32"}
+    assert fp32["model"] == {"model": "llama-tiny-lora"}
+
+
+def test_profile_dtypes_that_cannot_apply_are_one_line(tmp_path):
+    """Nothing built: a dtype would change nothing; a graph's nodes are timed in its own."""
+    graph = tmp_path / "graph.json"
+    assert cli("graph", "--model", "mlp", "-o", graph).returncode == 0
+    refused(cli("profile", "--device", "local", "--dtype", "bf16"), BAD_INPUT,
+            "no model is", "--model")
+    refused(cli("profile", "--device", "local", "--model", "mlp", "--dtype", "bf16",
+                "--trainable-dtype", "fp16"), BAD_INPUT, "--trainable-dtype fp16")
+    refused(cli("profile", "--device", "local", "--model", "mlp", "--dtype", "float16"),
+            BAD_INPUT, "unknown --dtype 'float16'", "fp32, bf16, fp16")
+    refused(cli("profile", "--device", "local", "--graph", graph, "--dtype", "bf16"),
+            BAD_INPUT, "captured with --dtype fp32", "leave --dtype and --trainable-dtype out")
+    refused(cli("profile", "--device", "local", "--model", "mlp", "--param", "model=mlp"),
+            BAD_INPUT, "--model and --param model=")
+
+
 def test_combinations_that_make_no_sense_are_one_line(tmp_path):
     refused(cli("graph", "--model", "llama-tiny-lora", "--trainable-dtype", "bf16"),
             BAD_INPUT, "--trainable-dtype bf16 with --dtype fp32", "fp32 or in --dtype")

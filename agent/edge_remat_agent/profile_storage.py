@@ -5,6 +5,7 @@ Kept outside the profiler package so the agent's CLI starts without importing to
     edge-remat-agent profile-storage --page-dir /data/pages -o profile.json
         [--sizes 4KiB,64KiB,1MiB | --min-size 4KiB --max-size 64MiB] [--no-fsync]
         [--sensor auto|NAME] [--idle-s 2] [--busy-s 2] [--model mlp|module:function]
+        [--dtype fp32|bf16|fp16 [--trainable-dtype fp32]]
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def add_board_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--busy-s", type=float, help="busy power window (default 2)")
     p.add_argument("--model", help="for the runtime footprint: a zoo name (mlp, resnet18, ...) "
                                    "or module:function building the model")
+    p.add_argument("--dtype", help="fp32 | bf16 | fp16: the footprint's --model built in this "
+                                   "dtype, as the run will train it (with --graph: the graph's)")
+    p.add_argument("--trainable-dtype",
+                   help="fp32: that model's trained parameters in float32 (mixed precision)")
     p.add_argument("--no-footprint", action="store_true",
                    help="skip the runtime-footprint probe (a fresh interpreter importing torch)")
     p.add_argument("--name", help="profile name (default: the board's model)")

@@ -880,6 +880,12 @@ def profile(
     device: str = typer.Option(..., "--device", help="device name or config path"),
     graph: Optional[str] = typer.Option(None, "--graph", help="graph whose nodes to measure"),
     param: list[str] = typer.Option([], "--param", help="KEY=VALUE for the profiler"),
+    model: Optional[str] = typer.Option(None, "--model", help="the model whose runtime "
+                                        "footprint to measure (with --graph: the graph's)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="--model's dtype, as the run "
+                                        "trains it (with --graph: the graph's). " + DTYPE_HELP),
+    trainable_dtype: Optional[str] = typer.Option(None, "--trainable-dtype",
+                                                  help=TRAINABLE_DTYPE_HELP),
     out: str = typer.Option("profiles", "--out", help="folder for the measured profile"),
     keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -893,13 +899,22 @@ def profile(
     from .transport import Board
 
     values = parse_params(None, param)
-    from edge_remat_agent.profiler.measure import ProfileOptions
+    named = {"model": model, "dtype": dtype, "trainable_dtype": trainable_dtype}
+    for key, value in named.items():
+        if value is not None and key in values:
+            raise UserError(f"--{key.replace('_', '-')} and --param {key}= say the same: "
+                            "give one")
+    values.update({key: value for key, value in named.items() if value is not None})
+    from edge_remat_agent.profiler.measure import ProfileOptions, refuse_other_dtypes
+    loaded = load_graph_file(graph) if graph else None
     try:  # the board's own check, here: a bad param is bad input, not a job that failed
-        ProfileOptions.from_params(values)
+        options = ProfileOptions.from_params({**values, **({"graph": graph} if graph else {})})
+        if loaded is not None:
+            refuse_other_dtypes(options, loaded.capture.get("source") or {}, graph)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if graph:
-        check_runnable(load_graph_file(graph), graph)
+    if loaded is not None:
+        check_runnable(loaded, graph)
     output_folder(out)
     config = find_device(device)
     if config.hardware.page_dir and "page_dir" not in values:

@@ -42,6 +42,9 @@ class ProfileOptions:
     idle_s: float = 2.0
     busy_s: float = 2.0
     model: str | None = None  # for the runtime footprint: a zoo name or module:function
+    # the footprint model's --dtype and --trainable-dtype (None: fp32, or a graph's own)
+    dtype: str | None = None
+    trainable_dtype: str | None = None
     no_footprint: bool = False
     name: str | None = None  # the profile's name (default: the board's model)
     host_pages: str | None = None  # HOST:PORT of the host's page service: the `host` tier
@@ -59,6 +62,23 @@ class ProfileOptions:
                 wanted = "a positive number" if least is None else "0 or more"
                 raise ValueError(f"--{name.replace('_', '-')} must be {wanted} of seconds, "
                                  f"not {value}")
+        self._check_dtypes()
+
+    def _check_dtypes(self) -> None:
+        """--dtype and --trainable-dtype as `graph` and `run` check them, and only where a
+        model is built with them (the footprint's --model, or the graph's)."""
+        from ..capture import DTYPE_NAMES, mixed_dtype_problem
+        for name in ("dtype", "trainable_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in DTYPE_NAMES:
+                raise ValueError(f"unknown --{name.replace('_', '-')} {value!r}: use one of "
+                                 f"{', '.join(DTYPE_NAMES)}")
+        if (problem := mixed_dtype_problem(self.dtype, self.trainable_dtype)) is not None:
+            raise ValueError(problem)
+        if (self.dtype or self.trainable_dtype) and not (self.model or self.graph):
+            raise ValueError("--dtype and --trainable-dtype say how the footprint's model is "
+                             "built, and no model is: give --model (or --graph), or leave "
+                             "them out")
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "ProfileOptions":
@@ -116,6 +136,7 @@ def measure_profile(options: ProfileOptions, progress=None, say: Callable[[str],
         from ..formats import load_graph
         graph = load_graph(options.graph)
         refuse_parameters_on_flash(graph, options.graph)
+        refuse_other_dtypes(options, graph.capture.get("source") or {}, options.graph)
         say(f"capture: tracing '{graph.name}' here ({graph.capture.get('captured_nodes', '?')} "
             "ATen ops) to run its nodes")
         captured = capture_here(graph)
@@ -177,14 +198,51 @@ def measure_board(options: ProfileOptions, say: Callable[[str], None] = to_stder
             if options.host_pages else None)
     say(f"power: sensor {options.sensor}, {options.idle_s} s idle, {options.busy_s} s busy")
     power = measure_power(options.sensor, idle_s=options.idle_s, busy_s=options.busy_s)
-    footprint = None
+    footprint = built_as = None
     if not options.no_footprint:
-        build = model_builder(options.model, source) if options.model else None
+        built_as = footprint_source(options, source) if options.model else None
+        build = model_builder(options.model, built_as) if built_as else None
         say("footprint: a fresh Python's memory, bare, after import torch"
             + (f" and after building {options.model}" if options.model else ""))
         footprint = measure_runtime_footprint(build)
-    return measured_profile(board_identity(sensor=power.sensor), power, flash=flash, host=host,
-                            footprint=footprint, name=options.name)
+    profile = measured_profile(board_identity(sensor=power.sensor), power, flash=flash,
+                               host=host, footprint=footprint, name=options.name)
+    if built_as:  # which model, in which dtypes, the footprint's parameter bytes are
+        profile.measurements["runtime_footprint"]["model"] = {
+            key: built_as[key] for key in ("model", "dtype", "trainable_dtype")
+            if key in built_as}
+    return profile
+
+
+def footprint_source(options: ProfileOptions, graph_source: dict | None) -> dict:
+    """The `capture.source` the footprint's model (options.model) is built as: the profiled
+    graph's where it names that model (its shapes, frozen parameters and dtypes); else the
+    model alone, in the graph's dtypes or, without a graph, the options' (--dtype,
+    --trainable-dtype): the runtime's memory with the parameters the run will hold."""
+    if graph_source and graph_source.get("model") == options.model:
+        return dict(graph_source)
+    if graph_source is not None:
+        dtypes = {k: graph_source[k] for k in ("dtype", "trainable_dtype") if k in graph_source}
+    else:
+        from ..capture.precision import dtype_source
+        dtypes = dtype_source(options.dtype, options.trainable_dtype)
+    return {"model": options.model, **dtypes}
+
+
+def refuse_other_dtypes(options: ProfileOptions, source: dict, path) -> None:
+    """A graph's nodes are timed in the dtypes it was captured in (its capture.source):
+    --dtype or --trainable-dtype naming others would measure another run than the graph's."""
+    if options.dtype is None and options.trainable_dtype is None:
+        return
+    from ..capture.precision import dtype_source
+    given = dtype_source(options.dtype, options.trainable_dtype)
+    recorded = dtype_source(source.get("dtype"), source.get("trainable_dtype"))
+    if given != recorded:
+        said = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in recorded.items()) or \
+            "--dtype fp32"
+        raise ValueError(f"{path} was captured with {said}, and its nodes are timed in those "
+                         "dtypes: leave --dtype and --trainable-dtype out (the graph's are "
+                         "used), or capture the graph with the ones you give")
 
 
 def check_power_sensor(options: ProfileOptions) -> None:
@@ -225,15 +283,18 @@ def model_builder(spec: str, source: dict | None = None) -> Callable[[], Any]:
     """'mlp' -> the zoo's mlp; 'package.module:function' -> that function (no arguments).
     A zoo model a graph was captured from (`source`, its `capture.source`) is built as the run
     builds it: in the graph's dtypes (--dtype, --trainable-dtype), shapes and frozen
-    parameters, where the zoo's own default is float32."""
-    if source is not None and source.get("model") == spec and ":" not in spec:
-        from ..capture.models import load_source_model
-        return functools.partial(load_source_model, dict(source))
+    parameters, where the zoo's own default is float32; any model whose `source` names
+    dtypes (footprint_source) is built in them, as load_model builds it."""
     if ":" not in spec:
         from .. import zoo
         if spec not in zoo.MODELS:
             raise ValueError(f"no zoo model {spec!r}: use one of {', '.join(zoo.MODELS)} "
                              "or module:function")
+    named = source is not None and source.get("model") == spec
+    if named and (":" not in spec or "dtype" in source or "trainable_dtype" in source):
+        from ..capture.models import load_source_model
+        return functools.partial(load_source_model, dict(source))
+    if ":" not in spec:
         return functools.partial(zoo.build, spec)
     module_name, _, attribute = spec.partition(":")
     target: Any = importlib.import_module(module_name)
