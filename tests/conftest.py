@@ -1,5 +1,17 @@
+import os
 import sys
 from pathlib import Path
+
+# Under pytest-xdist (`-n 2`) each worker gets a HOME of its own, set before anything imports
+# edge_remat: the built-in local boards (device_configs/local.toml, emulated-board.toml) work in
+# ~/.cache/edge-remat/..., and two tests on two workers would otherwise share that workdir, its
+# daemon, its page folder and its memory cgroup (named after the workdir), and the agent
+# archive and profile caches. One worker, or none, keeps HOME as it is.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    _home = Path.home() / ".cache" / "edge-remat" / "test-workers" / _WORKER
+    _home.mkdir(parents=True, exist_ok=True)
+    os.environ["HOME"] = str(_home)
 
 # Let the tests import their shared helpers as `helpers.NAME` (tests/helpers/).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
