@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import mmap
 import os
 import time
 
@@ -188,10 +189,17 @@ def test_ledger_counts_the_views_of_a_split_storage_by_their_spans():
     assert ledger.peak_bytes == 800
 
 
+def fresh_pages(size: int) -> torch.Tensor:
+    """`size` bytes of new resident memory: an anonymous mapping, touched. torch.ones could
+    come from free memory the heap already holds (an in-process run before, in this pytest
+    worker, that turned glibc's trimming off leaves it there) and raise no RSS at all."""
+    return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8).fill_(1)
+
+
 def test_peak_rss_sampler_sees_a_200_mb_allocation():
     size = 200 * 10**6
     with PeakRssSampler(period_s=0.001) as rss:
-        block = torch.ones(size // 4)  # touched, so resident
+        block = fresh_pages(size)
         time.sleep(0.05)
         del block
     assert rss.peak_sampled_bytes - rss.start_bytes > 0.9 * size
@@ -235,7 +243,7 @@ def test_step_meter_reports_time_ledger_rss_and_energy(tmp_path):
     ledger.register("weights", 1000)
     with StepMeter(ledger) as meter:
         ledger.register("activation", 64 * MiB)
-        block = torch.ones(16 * MiB)  # 64 MiB, resident
+        block = fresh_pages(64 * MiB)
         time.sleep(0.02)
         del block
         ledger.unregister("activation")
