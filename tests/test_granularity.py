@@ -131,3 +131,41 @@ def test_recapture_on_the_board_gives_the_same_refined_graph():
     again = recapture(graph).graph
     assert again.fingerprint() == graph.fingerprint()
     assert [n.name for n in again.nodes] == [n.name for n in graph.nodes]
+
+
+def test_a_graph_grouped_for_flash_with_parameters_in_ram_shares_the_flash_graphs_nodes():
+    """What a profile job times for a flash-homed run: the graph with parameters in RAM whose
+    ops are grouped as for flash. Grouped for RAM (as before), resnet18 b8 matched 20 of the
+    flash graph's 46 compute nodes and none of its updates; the plan then charged 0.12 MiB of
+    the first step's 4.8 MB warm-up, which sits mostly on the updates."""
+    from edge_remat_agent.capture.pipeline import recapture
+    from edge_remat_agent.costs import profile_key_for, runtime_warm_bytes
+    from edge_remat_agent.costs import build_costs
+    from edge_remat_agent.formats import Profile
+    from edge_remat_agent.formats.profile import OpCost
+
+    def compute_keys(graph):
+        return {n.signature or n.op for n in graph.nodes if n.kind not in ("param", "update")}
+
+    on_flash = capture_model("resnet18", batch=8, image=32, params_home="flash").graph
+    in_ram = capture_model("resnet18", batch=8, image=32).graph
+    profiled = capture_model("resnet18", batch=8, image=32, grouped_for="flash").graph
+    assert compute_keys(on_flash) != compute_keys(in_ram)  # refinement groups per home
+    assert compute_keys(profiled) == compute_keys(on_flash)
+    assert profiled.capture["grouped_for"] == "flash"
+    assert profiled.fixed_bytes == in_ram.fixed_bytes
+    # the board captures it again from its record, grouping included
+    assert recapture(profiled).graph.fingerprint() == profiled.fingerprint()
+    # a profile of it: every node of the flash graph but its parameter loads is measured, the
+    # updates by their twins with the group in RAM (time and warm-up, not workspace: on
+    # flash the update stages its state in RAM)
+    ops = {n.signature or n.op: OpCost(time_s=1e-3, workspace_bytes=7, persistent_bytes=1000)
+           for n in profiled.nodes}
+    profile = Profile("measured", {}, 1.0, 2.0, ops=ops, name="fixture")
+    unmatched = [n.kind for n in on_flash.nodes if profile_key_for(profile, n) is None]
+    assert set(unmatched) == {"param"}
+    assert runtime_warm_bytes(on_flash, profile) == 1000 * len(ops)
+    update = next(n for n in on_flash.nodes if n.kind == "update")
+    costs = build_costs(on_flash, profile)
+    assert costs.time_s[on_flash.index[update.id]] >= 1e-3
+    assert costs.workspace_bytes[on_flash.index[update.id]] == update.workspace_bytes != 7

@@ -8,6 +8,7 @@ import math
 import os
 from typing import Callable, Optional
 
+from edge_remat_agent.costs import profile_key_for
 from edge_remat_agent.formats import Graph, Plan, Profile
 
 from .errors import UserError
@@ -125,7 +126,7 @@ def check_runnable(graph: Graph, graph_name: str) -> None:
 
 def profile_coverage(profile: Profile, graph: Graph) -> "tuple[int, int]":
     """(nodes whose op the profile measured, nodes)."""
-    covered = sum(1 for node in graph.nodes if (node.signature or node.op) in profile.ops)
+    covered = sum(1 for node in graph.nodes if profile_key_for(profile, node) is not None)
     return covered, len(graph.nodes)
 
 

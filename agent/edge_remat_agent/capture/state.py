@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..formats import Node
+from ..formats.graph import update_signature
 from .estimate import Rates, round_time
 from .clip_nodes import norm_nodes
 from .optimizer import Optimizer
@@ -217,8 +218,8 @@ def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: s
     return Node(id=key, name=f"{group.name}.update", kind="update",
                 op=f"{optimizer.name}_update", inputs=inputs, out_bytes=0,
                 workspace_bytes=workspace, time_s=round_time(time),
-                signature=f"{optimizer.name}_update:{group.elements}:{home or 'ram'}"
-                + (":clip" if norm is not None else ""),
+                signature=update_signature(optimizer.name, group.elements, home,
+                                           norm is not None),
                 attrs=attrs)
 
 

@@ -45,6 +45,21 @@ class Node:
         return out
 
 
+def update_signature(optimizer: str, elements: int, home: str | None, clipped: bool) -> str:
+    """An update node's profile key: its optimizer, its group's size and where the group lives
+    (`ram`, or the page tier it is homed on), `:clip` where it steps clipped gradients."""
+    return f"{optimizer}_update:{elements}:{home or 'ram'}" + (":clip" if clipped else "")
+
+
+def ram_homed_signature(node: Node) -> str | None:
+    """For an update node whose group lives on a page tier, the key of the same update with the
+    group in RAM (None for any other node)."""
+    if node.kind != "update" or not node.attrs.get("home") or not node.signature:
+        return None
+    optimizer_update, elements, _home, *clip = node.signature.split(":")
+    return ":".join([optimizer_update, elements, "ram", *clip])
+
+
 @dataclass
 class Graph:
     nodes: list[Node]
