@@ -63,6 +63,14 @@ def _assert_same_checkpoint(mine: Path, theirs: Path) -> None:
     assert a["checkpoint"]["steps_done"] == b["checkpoint"]["steps_done"]
 
 
+def _assert_same_outputs(whole: Path, part: Path) -> None:
+    """An uninterrupted run's folder and a resumed one's: the same checkpoint and weights."""
+    _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
+    theirs = torch.load(part / "weights.pt")
+    for name, value in torch.load(whole / "weights.pt").items():
+        assert torch.equal(value, theirs[name]), name
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("home,accumulate", [("ram", 1), ("flash", 1), ("flash", 2)],
                          ids=["ram", "flash", "flash-accumulate"])
@@ -148,9 +156,7 @@ def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path):
     table = (part / "report.txt").read_text()
     assert "\n   4  " in table and "\n   6  " in table and "\n   1  " not in table, table
     assert _losses(first) + _losses(second) == _losses(uninterrupted)
-    _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
-    for name, value in torch.load(whole / "weights.pt").items():
-        assert torch.equal(value, torch.load(part / "weights.pt")[name]), name
+    _assert_same_outputs(whole, part)
 
 
 @pytest.mark.slow
@@ -312,9 +318,7 @@ def test_a_run_job_its_daemon_restarts_mid_job_goes_on_from_its_own_checkpoint(t
             assert restarted["message"] == \
                 "finished steps 5..8 (4 steps, resumed after step 4)"
             assert restarted["loss"] == uninterrupted["loss"][4:]
-            _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
-            for name, value in torch.load(whole / "weights.pt").items():
-                assert torch.equal(value, torch.load(part / "weights.pt")[name]), name
+            _assert_same_outputs(whole, part)
 
 
 KILL_JOB_ONCE = '''"""The bundled text, but drawing batch KILL_AT SIGKILLs the job process (a
@@ -382,9 +386,7 @@ def test_deploy_resumes_a_job_sigkilled_on_the_board_and_refuses_other_options(t
     before = json.loads((whole / "run_report.json").read_text())["steps"]
     after = json.loads((part / "run_report.json").read_text())["steps"]
     assert [s["loss"] for s in after] == [s["loss"] for s in before][2:]
-    _assert_same_checkpoint(whole / "checkpoint.pt", part / "checkpoint.pt")
-    for name, value in torch.load(whole / "weights.pt").items():
-        assert torch.equal(value, torch.load(part / "weights.pt")[name]), name
+    _assert_same_outputs(whole, part)
 
 
 @pytest.mark.slow
