@@ -138,7 +138,7 @@ def test_a_graph_grouped_for_flash_with_parameters_in_ram_shares_the_flash_graph
     ops are grouped as for flash. Grouped for RAM (as before), resnet18 b8 matched 20 of the
     flash graph's 46 compute nodes and none of its updates; the plan then charged 0.12 MiB of
     the first step's 4.8 MB warm-up, which sits mostly on the updates."""
-    from edge_remat_agent.capture.pipeline import recapture
+    from edge_remat_agent.capture.pipeline import recapture, recapture_in_ram
     from edge_remat_agent.costs import profile_key_for, runtime_warm_bytes
     from edge_remat_agent.costs import build_costs
     from edge_remat_agent.formats import Profile
@@ -154,8 +154,10 @@ def test_a_graph_grouped_for_flash_with_parameters_in_ram_shares_the_flash_graph
     assert compute_keys(profiled) == compute_keys(on_flash)
     assert profiled.capture["grouped_for"] == "flash"
     assert profiled.fixed_bytes == in_ram.fixed_bytes
-    # the board captures it again from its record, grouping included
+    # the board captures it again from its record, grouping included; a profile job given
+    # the flash graph times this twin
     assert recapture(profiled).graph.fingerprint() == profiled.fingerprint()
+    assert recapture_in_ram(on_flash).graph.fingerprint() == profiled.fingerprint()
     # a profile of it: every node of the flash graph but its parameter loads is measured, the
     # updates by their twins with the group in RAM (time and warm-up, not workspace: on
     # flash the update stages its state in RAM)

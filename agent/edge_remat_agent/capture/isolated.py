@@ -23,13 +23,14 @@ from ..formats import Graph, graph_from_dict
 from .errors import CaptureError, GraphMismatch
 
 
-def capture_isolated(graph: Graph, timeout_s: float = 1800.0, traced: bytes | None = None):
-    """`recapture(graph)`, traced in a child process; raises what recapture raises.
-    `traced`: what `trace_in_child` already returned for this graph."""
+def capture_isolated(graph: Graph, timeout_s: float = 1800.0, traced: bytes | None = None,
+                     in_ram: bool = False):
+    """`recapture(graph)` (`in_ram`: `recapture_in_ram(graph)`), traced in a child process;
+    raises what it raises. `traced`: what `trace_in_child` already returned for this graph."""
     from .models import load_source_model
     from .pipeline import Captured
     if traced is None:
-        traced = trace_in_child(json.dumps(graph.to_dict()), graph.name, timeout_s)
+        traced = trace_in_child(json.dumps(graph.to_dict()), graph.name, timeout_s, in_ram)
     answer = pickle.loads(traced)
     if "error" in answer:
         error = answer["error"]
@@ -43,7 +44,8 @@ def capture_isolated(graph: Graph, timeout_s: float = 1800.0, traced: bytes | No
     return Captured(again, answer["program"].trace(), [], module, args)
 
 
-def trace_in_child(graph_json: str, name: str, timeout_s: float = 1800.0) -> bytes:
+def trace_in_child(graph_json: str, name: str, timeout_s: float = 1800.0,
+                   in_ram: bool = False) -> bytes:
     """Run the child on a graph file's text; return its answer, still pickled. Needs no torch
     in this process: a job that calls it before importing torch keeps the child's peak (torch,
     the tracer and the model) from stacking on its own torch (measured: 224 MiB)."""
@@ -51,7 +53,8 @@ def trace_in_child(graph_json: str, name: str, timeout_s: float = 1800.0) -> byt
     with tempfile.TemporaryDirectory(prefix="edge-remat-capture-") as folder:
         answer_file = os.path.join(folder, "answer.pickle")  # not stdout: libraries print
         try:
-            done = subprocess.run([sys.executable, "-m", __name__, answer_file],
+            done = subprocess.run([sys.executable, "-m", __name__, answer_file,
+                                   *([IN_RAM] if in_ram else [])],
                                   input=graph_json.encode(), capture_output=True, env=env,
                                   timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -70,12 +73,15 @@ def trace_in_child(graph_json: str, name: str, timeout_s: float = 1800.0) -> byt
             return handle.read()
 
 
-def _child(answer_file: str) -> int:
-    from .pipeline import recapture
+IN_RAM = "--in-ram"  # the child's flag: recapture_in_ram
+
+
+def _child(answer_file: str, in_ram: bool = False) -> int:
+    from .pipeline import recapture, recapture_in_ram
     from .program import program_of
     graph = graph_from_dict(json.loads(sys.stdin.buffer.read()), "the graph given")
     try:
-        captured = recapture(graph)
+        captured = recapture_in_ram(graph) if in_ram else recapture(graph)
         answer = {"graph": captured.graph.to_dict(), "program": program_of(captured.trace)}
     except CaptureError as error:
         answer = {"error": {"mismatch": isinstance(error, GraphMismatch), "model": error.model,
@@ -86,4 +92,4 @@ def _child(answer_file: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))
+    sys.exit(_child(sys.argv[1], IN_RAM in sys.argv[2:]))

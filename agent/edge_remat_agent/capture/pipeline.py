@@ -254,23 +254,54 @@ def activation_nodes(max_nodes: int, update: str, params_home: str) -> int:
 def recapture(graph: Graph) -> Captured:
     """Capture again from what `graph.capture` recorded (on the board, before executing a plan)
     and check that it is the same graph the plan was made for."""
-    from .errors import CaptureError, GraphMismatch
-    info = graph.capture
-    source = info.get("source") or {}
-    if "model" not in source:
-        raise CaptureError(graph.name, "the graph does not say which model it was captured from")
-    again = capture_model(source["model"], source.get("batch"), source.get("image"),
-                          source.get("seq"), source.get("seed", 0), info.get("optimizer", "sgd"),
-                          info.get("max_nodes", DEFAULT_MAX_NODES), info.get("level"),
-                          info.get("update", "step"), info.get("params_home", "ram"),
-                          source.get("train"), info.get("refined", False),
-                          info.get("operator_level", False),
-                          clip_grad_norm=info.get("clip_grad_norm"),
-                          accumulate=info.get(ACCUMULATE_KEY, 1), dtype=source.get("dtype"),
-                          trainable_dtype=source.get("trainable_dtype"),
-                          grouped_for=info.get("grouped_for"))
+    from .errors import GraphMismatch
+    again = _capture_as_recorded(graph)
     if again.graph.fingerprint() != graph.fingerprint():
         raise GraphMismatch(graph.name, "re-capturing gave a different graph (fingerprint "
                            f"{again.graph.fingerprint()} instead of {graph.fingerprint()}): "
                            "another torch version or model code?")
     return again
+
+
+def recapture_in_ram(graph: Graph) -> Captured:
+    """The graph's model captured again with its parameters in RAM, its ops grouped into nodes
+    as the graph's are (`grouped_for` its home): what a profile job times for a graph whose
+    parameters live on a page tier (timing runs plain steps, with every parameter in RAM).
+    Checked to have the graph's compute nodes (profiles are keyed by their signatures);
+    its update nodes are its RAM twins (costs.profile_key_for)."""
+    from .errors import GraphMismatch
+    info = graph.capture
+    home = info.get("params_home", "ram")
+    again = _capture_as_recorded(graph, params_home="ram",
+                                 grouped_for=info.get("grouped_for") or home)
+    if compute_signatures(again.graph) != compute_signatures(graph):
+        raise GraphMismatch(graph.name, "re-capturing it with parameters in RAM gave other "
+                           "compute nodes: another torch version or model code?")
+    return again
+
+
+def compute_signatures(graph: Graph) -> list[str]:
+    """The profile keys of the nodes that compute (not a parameter load or an update), in
+    order."""
+    return [n.signature or n.op for n in graph.nodes if n.kind not in ("param", "update")]
+
+
+def _capture_as_recorded(graph: Graph, **overrides) -> Captured:
+    """capture_model with what `graph.capture` recorded, `overrides` replacing its record."""
+    from .errors import CaptureError
+    info = graph.capture
+    source = info.get("source") or {}
+    if "model" not in source:
+        raise CaptureError(graph.name, "the graph does not say which model it was captured from")
+    recorded = {"params_home": info.get("params_home", "ram"),
+                "grouped_for": info.get("grouped_for")}
+    return capture_model(source["model"], source.get("batch"), source.get("image"),
+                         source.get("seq"), source.get("seed", 0), info.get("optimizer", "sgd"),
+                         info.get("max_nodes", DEFAULT_MAX_NODES), info.get("level"),
+                         info.get("update", "step"), train=source.get("train"),
+                         refined=info.get("refined", False),
+                         operator_level=info.get("operator_level", False),
+                         clip_grad_norm=info.get("clip_grad_norm"),
+                         accumulate=info.get(ACCUMULATE_KEY, 1), dtype=source.get("dtype"),
+                         trainable_dtype=source.get("trainable_dtype"),
+                         **{**recorded, **overrides})

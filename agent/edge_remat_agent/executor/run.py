@@ -356,16 +356,17 @@ def check_plan_is_for(graph: Graph, plan: Plan, what: str) -> None:
                            "Remedy: plan again from this graph (`edge-remat plan --graph`)")
 
 
-def capture_here(graph: Graph, traced: bytes | None = None) -> Captured:
+def capture_here(graph: Graph, traced: bytes | None = None, in_ram: bool = False) -> Captured:
     """The graph's model captured again on this machine (in a child process, so that tracing's
     memory is not this process's); refused when it differs from the graph file. `traced`: the
-    child's answer when the caller ran it already (capture.isolated.trace_in_child)."""
+    child's answer when the caller ran it already (capture.isolated.trace_in_child); `in_ram`:
+    with its parameters in RAM, the graph's compute nodes (pipeline.recapture_in_ram)."""
     from ..capture.isolated import capture_isolated
     if "model" not in (graph.capture.get("source") or {}):
         raise BadInput(f"graph '{graph.name}' does not say which model it was captured from: "
                        "capture it with `edge-remat graph`")
     try:
-        return capture_isolated(graph, traced=traced)
+        return capture_isolated(graph, traced=traced, in_ram=in_ram)
     except GraphMismatch as error:
         raise PlanMismatch(f"{error}. Remedy: capture the graph with the same torch and model "
                            "code as this board, and plan again") from error

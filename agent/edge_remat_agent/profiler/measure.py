@@ -134,12 +134,18 @@ def measure_profile(options: ProfileOptions, progress=None, say: Callable[[str],
     if options.graph:
         from ..executor.run import capture_here
         from ..formats import load_graph
+        from ..executor.updates import homed_parameters
         graph = load_graph(options.graph)
-        refuse_parameters_on_flash(graph, options.graph)
         refuse_other_dtypes(options, graph.capture.get("source") or {}, options.graph)
+        # timing runs plain steps, every parameter in RAM: a graph that homes them on flash
+        # is timed through its twin in RAM, whose compute nodes are its own
+        in_ram = bool(homed_parameters(graph))
         say(f"capture: tracing '{graph.name}' here ({graph.capture.get('captured_nodes', '?')} "
-            "ATen ops) to run its nodes")
-        captured = capture_here(graph)
+            "ATen ops) to run its nodes" + (", with its parameters in RAM (their loads are "
+                                            "costed from their home's figures)"
+                                            if in_ram else ""))
+        captured = capture_here(graph, in_ram=in_ram)
+        graph = captured.graph
         model = str(graph.capture.get("source", {}).get("model", ":"))
         if not options.model and ":" not in model:
             options = dataclasses.replace(options, model=model)  # the footprint with this model
@@ -253,17 +259,6 @@ def check_power_sensor(options: ProfileOptions) -> None:
     sensor, reasons = choose_sensor(options.sensor)  # SensorError: a name that does not open
     if sensor is None:
         raise no_power_figures(reasons)
-
-
-def refuse_parameters_on_flash(graph, path) -> None:
-    """Node timing runs a graph's steps with every parameter in RAM: the update nodes of one
-    that keeps them on flash need a parameter home (before: "AttributeError: 'NoneType'
-    object has no attribute 'commit'" after the flash and power were measured)."""
-    from ..executor.updates import homed_parameters
-    if homed_parameters(graph):
-        raise ValueError(f"{path} keeps parameters on flash (captured with --params-home "
-                         "flash), and timing its nodes needs them in RAM: profile the graph "
-                         "captured with --params-home ram, whose compute nodes are the same")
 
 
 def measure_host_link(address: str, sizes, window_s: float, share_s: float = SHARE_MAX_S,

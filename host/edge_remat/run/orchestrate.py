@@ -191,14 +191,14 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     from ..remote import require_kind
     from ..reports.run_report import build_report
 
-    def capture(home: str, grouped_for: str | None = None):
+    def capture(home: str):
         max_nodes = DEFAULT_MAX_NODES if opts.max_nodes is None else opts.max_nodes
         captured = capture_model(opts.model, opts.batch, opts.image, opts.seq, opts.seed,
                                  opts.optimizer, max_nodes, None, "fused", home, opts.train,
                                  operator_level=opts.operator_level,
                                  clip_grad_norm=opts.clip_grad_norm,
                                  accumulate=opts.accumulate, dtype=opts.dtype,
-                                 trainable_dtype=opts.trainable_dtype, grouped_for=grouped_for)
+                                 trainable_dtype=opts.trainable_dtype)
         check_init_fits(opts, captured.module)  # the host's gradient check starts from it too
         return captured
 
@@ -223,23 +223,14 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     else:
         twin = None
 
-    def graph_with_parameters_in_ram() -> Path:
-        """What the profile job times for a graph captured with parameters on flash: the
-        same model with them in RAM, its ops grouped into nodes as for flash, so that its
-        compute nodes are the flash graph's (it needs no parameter home; updates are matched
-        to theirs, costs.profile_key_for). Before, `run --params-home flash` without
-        --profile failed in the job; then, grouped for RAM, it timed 20 of resnet18 b8's 46
-        compute nodes on flash, and the plan missed most of the first step's warm-up."""
-        path = out / "profile" / "graph-params-in-ram.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        capture("ram", grouped_for="flash").graph.save(path)
-        return path
-
     def profile_for_flash() -> ChosenProfile:
-        # cached apart: the same model's nodes grouped for flash are other ops to time
+        """The profile of the flash graph at graph_path: the board's job times it with its
+        parameters in RAM, its nodes grouped as for flash (capture.recapture_in_ram). Before,
+        timed as captured for RAM, resnet18 b8 matched 20 of the flash graph's 46 compute
+        nodes and none of its updates, and the plan missed most of the first step's
+        warm-up. Cached apart: the same model grouped for flash has other nodes to time."""
         return choose_profile(board, device, {**opts.model_info, "grouped_for": "flash"},
-                              graph_path, out, opts.profile, opts.reprofile, twin, say,
-                              graph_with_parameters_in_ram)
+                              graph_path, out, opts.profile, opts.reprofile, twin, say)
 
     flash_homed = opts.params_home == "flash"
     if flash_homed:

@@ -90,12 +90,9 @@ def modelled_profile_for(device: DeviceConfig) -> Optional[Path]:
 def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, out_dir: Path,
                    given: Optional[str] = None, reprofile: bool = False,
                    measuring_board: Optional[Callable[[], object]] = None,
-                   say: Callable[[str], None] = lambda message: None,
-                   graph_to_measure: Optional[Callable[[], Path]] = None) -> ChosenProfile:
+                   say: Callable[[str], None] = lambda message: None) -> ChosenProfile:
     """`board` is the connected transport.Board the run trains on; `measuring_board()` opens
-    the one that measures it, when that is another (an emulated board's unlimited twin).
-    `graph_to_measure()` makes the graph the profile job times, when that is not graph_path
-    (called only when a profile is measured)."""
+    the one that measures it, when that is another (an emulated board's unlimited twin)."""
     if given:
         return _limited(ChosenProfile(load_profile(given), Path(given), "given"), device)
     key = cache_key(board.sysinfo(), model)
@@ -103,8 +100,6 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
     if cached.is_file() and not reprofile:
         return _limited(ChosenProfile(load_profile(cached), cached, "cached", cached), device)
     if "profile" in board.hello().get("job_kinds", {}):
-        if graph_to_measure is not None:
-            graph_path = graph_to_measure()
         if measuring_board is None:
             fetched = _measure(board, model, graph_path, out_dir, say)
         else:
