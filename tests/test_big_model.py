@@ -225,6 +225,30 @@ def test_a_run_with_parameters_on_flash_measures_its_profile_on_the_graph_with_t
     assert load_plan(tmp_path / "run" / "plan.json").runtime_warm_bytes == warm
 
 
+def test_params_home_auto_moving_to_flash_plans_with_a_profile_of_the_flash_graph(tmp_path):
+    """--params-home auto below the floor with parameters in RAM captures again with them on
+    flash; the profile measured for the RAM graph matches few of its nodes (grouped
+    otherwise), so the flash graph's own profile is taken (measured, then cached apart), and
+    the plan charges all the warm-up it measured."""
+    from edge_remat_agent.costs import profile_key_for
+    from edge_remat_agent.formats import load_graph, load_plan, load_profile
+    with local_board(tmp_path, "auto-board", page_dir=tmp_path / "pages"):
+        code, out, err = _cli("run", "--device", "auto-board", "--model", "mlp",
+                              "--budget", "90%", "--steps", 1, "--reprofile", "--no-plots",
+                              "--out", tmp_path / "run", "--json")
+    assert code == 0, (out, err)
+    assert "capturing again with parameters and optimizer state homed on flash" in err
+    assert err.count("profiling every graph node") == 2, err
+    report = json.loads(out)
+    assert report["status"] == "finished" and report["grad_check"]["bitwise_equal"] is True
+    profile = load_profile(report["profile"]["path"])
+    graph = load_graph(tmp_path / "run" / "graph.json")
+    assert graph.capture["params_home"] == "flash"
+    assert {n.kind for n in graph.nodes if profile_key_for(profile, n) is None} == {"param"}
+    warm = sum(op.persistent_bytes or 0 for op in profile.ops.values())
+    assert warm > 0 and load_plan(tmp_path / "run" / "plan.json").runtime_warm_bytes == warm
+
+
 @pytest.mark.cgroup
 @pytest.mark.skipif(CGROUP is not None, reason=f"no memory cgroup: {CGROUP}")
 @pytest.mark.parametrize("limit, said", [
