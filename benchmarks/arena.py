@@ -18,7 +18,10 @@ parameters) and the child reads the cgroup's peak afterwards. It prints, per row
             step, so it holds none of it
   arena     the arena's size (+ fixed memory) and its size over the planned tensor peak
   phys      kernel peak - runtime baseline, per executor, and over the planned peak (the
-            peak of the steps before the last, which runs under the allocator's profiler)
+            peak of the steps before the last, which runs under the allocator's profiler):
+            the lowest of the --rounds runs; the line under the row gives their range (one
+            process's figure varies from the next: bert-mini b16 at 50% 1.03-1.10x the plan
+            under either executor, docs/memory.md)
   step      median step time (steps after the first, the counted step left out), per executor:
             wall seconds, and CPU seconds (user + system, getrusage; the child runs torch on
             --threads threads): on a shared machine only the CPU time compares
@@ -317,7 +320,11 @@ def _where(runs: dict[str, list[dict]], row: dict) -> str:
         profiled = ((r.get("kernel_peak_profiled") or 0) - r["kernel_peak"]) / MIB
         released = ((r.get("arena") or {}).get("released_bytes") or 0) / MIB
         faults = statistics.median(x.get("step_faults", 0) for x in runs[a])
-        parts.append(f"{a}: baseline {mib[0]:.1f}, anon {mib[1]:.1f} + file {mib[2]:.1f} at "
+        peaks = [(x["kernel_peak"] - x["baseline"]) / MIB for x in runs[a]]
+        spread = (f"phys {min(peaks):.1f}-{max(peaks):.1f} over {len(peaks)} runs, "
+                  if len(peaks) > 1 else "")
+        parts.append(f"{a}: {spread}baseline {mib[0]:.1f}, anon {mib[1]:.1f} + file "
+                     f"{mib[2]:.1f} at "
                      f"the end, CPU allocator peak {cpu:.1f}, profiled step +{profiled:.1f}, "
                      f"minor faults {faults:.0f} a step"
                      + (f", pages given back {released:.1f} a step, heap trims "
