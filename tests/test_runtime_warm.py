@@ -164,13 +164,22 @@ def test_a_profile_charges_what_the_first_step_leaves_at_either_level():
     (and, in `run`'s profiles, gpt-tiny 0.78 MiB at module level, 1.18 MiB at operator
     level: more nodes, more pages of noise summed); the profile now charges the first step's
     measured whole, split over its nodes (0.78 MB at operator level here)."""
-    reference = _in_a_fresh_process("step", "module")
-    if reference is None:
+    references = [_in_a_fresh_process("step", "module")]
+    if references[0] is None:
         pytest.skip("no RssAnon in /proc/self/status here")
-    assert reference > 256 * 1024
+    assert references[0] > 256 * 1024
     for level in ("module", "operator"):
         charged = _in_a_fresh_process("profile", level)
-        assert abs(charged - reference) <= 0.2 * reference, (level, charged, reference)
+        if not _within(charged, references) and len(references) == 1:
+            # one process's figure varies from the next by pages (808 against 673 KB once,
+            # beside the suite's other worker): a second plain step's process widens the range
+            references.append(_in_a_fresh_process("step", "module"))
+        assert _within(charged, references), (level, charged, references)
+
+
+def _within(charged: int, references: list[int], share: float = 0.2) -> bool:
+    """charged within `share` of the range the references span."""
+    return (1 - share) * min(references) <= charged <= (1 + share) * max(references)
 
 
 def test_the_first_steps_memory_is_split_to_the_byte():
