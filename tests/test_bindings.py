@@ -42,3 +42,15 @@ def test_a_binding_that_reaches_another_overload_is_not(monkeypatch):
     # A Python number where the schema has a tensor: left to the OpOverload.
     assert python_binding(traced(aten.add.Tensor, (2, 3), 1), {}) is None
     assert python_binding(traced(aten.gelu.default, (2, 3)), {}) is None  # no candidate
+
+
+def test_an_op_without_shapes_does_not_turn_the_binding_off_for_its_kind(monkeypatch):
+    # A graph read back from a file can hold ops whose inputs carry no traced shapes: that op
+    # runs its OpOverload, and later ops of the same argument kinds still get the binding
+    # (the answer was once cached by kinds, and one such op turned view's off for the process).
+    monkeypatch.setattr(bindings, "_checked", {})
+    graph = fx.Graph()
+    bare = graph.call_function(aten.view.default, (graph.placeholder("x"), [6, 4]))
+    assert python_binding(bare, {}) is None
+    assert python_binding(traced(aten.view.default, (2, 3, 4), [6, 4]), {}) \
+        is torch._C.TensorBase.view

@@ -57,9 +57,16 @@ def python_binding(op: fx.Node, kwargs: dict) -> Callable | None:
     if binding is None or not _tensors_are_values(op):
         return None
     key = (op.target, _kinds(op.args), tuple(sorted((k, _kinds(v)) for k, v in kwargs.items())))
-    if key not in _checked:
-        _checked[key] = _reaches(binding, op, kwargs)
-    return binding if _checked[key] else None
+    if key in _checked:
+        return binding if _checked[key] else None
+    try:
+        reaches = _reaches(binding, op, kwargs)
+    except _NoMeta:
+        # This op's arguments carry no shapes to check with: an answer about them alone, not
+        # to be kept for every op of the same kinds (it turned the binding off for them all).
+        return None
+    _checked[key] = reaches
+    return binding if reaches else None
 
 
 def _tensors_are_values(op: fx.Node) -> bool:
@@ -98,11 +105,8 @@ class _Record(TorchDispatchMode):
 
 
 def _reaches(binding: Callable, op: fx.Node, kwargs: dict) -> bool:
-    try:
-        args = [_meta(a) for a in op.args]
-        kw = {k: _meta(v) for k, v in kwargs.items()}
-    except _NoMeta:
-        return False
+    args = [_meta(a) for a in op.args]
+    kw = {k: _meta(v) for k, v in kwargs.items()}
     record = _Record()
     try:
         with record, torch.no_grad():
