@@ -4,8 +4,13 @@ Tracing imports AOTAutograd and builds fake tensors: some 90 MB of resident memo
 torch, and more while it traces. On a board that is the very memory a plan saves, so the
 executor captures in a child process (isolated.py) and takes back a `Program`: every captured
 op as (name, target, args, kwargs), the placeholders, the tensor constants the trace lifted (real
-values, a few bytes each), the calling convention and which value owns which storage. `Program.trace()` rebuilds the FX graph from it, names unchanged, without
-tracing; the result runs through StepRunner like the trace itself.
+values, a few bytes each), the calling convention and which value owns which storage, and
+each value's tensor layout (shape, strides, dtype, which storage it shares: `TensorLayout`).
+`Program.trace()` rebuilds the FX graph from it, names unchanged, without tracing, each node
+carrying a meta tensor of its traced layout where the trace had a fake one: the runner's
+choices read them (Python bindings, arena .out writes, in-place ops, folded getitems, the
+compiled replay's ledger), and without them a job captured in a child ran none of those.
+The result runs through StepRunner like the trace itself.
 """
 
 from __future__ import annotations
@@ -27,15 +32,28 @@ class Ref:
     name: str
 
 
+@dataclass(frozen=True)
+class TensorLayout:
+    """A traced tensor's layout; `storage`: an index shared by the values that alias."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    storage: int
+    storage_bytes: int
+
+
 @dataclass
 class Program:
     model: str
     placeholders: list[str]
     ops: list[tuple[str, str, Any, Any]]  # (name, target, args, kwargs), in execution order
     signature: dict[str, Any]  # JointTrace.signature()
-    tangent_shape: tuple[int, ...]
-    tangent_dtype: torch.dtype
     storage_roots: dict[str, str]
+    # value name -> its TensorLayout, a tuple of them (None for a non-tensor item), or a
+    # Python number; values the trace gave no fake value are absent
+    layouts: dict[str, Any]
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # JointTrace.constants()
 
     def trace(self) -> JointTrace:
@@ -47,8 +65,6 @@ class Program:
         for name, value in self.constants.items():
             setattr(root, name, value)
             nodes[name] = graph.create_node("get_attr", name, name=name)
-        nodes[self.signature["tangent"]].meta["val"] = torch.empty(
-            self.tangent_shape, dtype=self.tangent_dtype, device="meta")
 
         def bind(value):
             if isinstance(value, Ref):
@@ -66,6 +82,9 @@ class Program:
                 raise ValueError(f"captured value {name!r} came back as {node.name!r}")
             nodes[name] = node
         graph.output(None)
+        storages: dict[int, torch.UntypedStorage] = {}
+        for name, layout in self.layouts.items():
+            nodes[name].meta["val"] = _meta_value(layout, storages)
         sig = self.signature
         return JointTrace(self.model, fx.GraphModule(root, graph), sig["params"],
                           sig["buffers"], sig["user_inputs"], sig["tangent"], sig["loss"],
@@ -87,9 +106,49 @@ def program_of(trace: JointTrace) -> Program:
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     ops = [(n.name, _target_name(n.target), plain(n.args), plain(dict(n.kwargs)))
            for n in trace.compute_nodes]
-    tangent = trace.node(trace.tangent).meta["val"]
-    return Program(trace.model, placeholders, ops, trace.signature(), tuple(tangent.shape),
-                   tangent.dtype, trace.storage_roots(), trace.constants())
+    storage_ids: dict[int, int] = {}
+    layouts = {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "call_function") and "val" in node.meta:
+            layout = _layout(node.meta["val"], storage_ids)
+            if layout is not None:
+                layouts[node.name] = layout
+    return Program(trace.model, placeholders, ops, trace.signature(), trace.storage_roots(),
+                   layouts, trace.constants())
+
+
+def _layout(value: Any, storage_ids: dict[int, int]) -> Any:
+    """A fake value as plain data: TensorLayout, a tuple of layouts, a Python number, or
+    None (kept out of the program)."""
+    if isinstance(value, torch.Tensor):
+        try:
+            storage = value.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # no storage (sparse, nested)
+            return None
+        index = storage_ids.setdefault(storage._cdata, len(storage_ids))
+        return TensorLayout(tuple(value.shape), tuple(value.stride()), value.storage_offset(),
+                            value.dtype, index, storage.nbytes())
+    if isinstance(value, (list, tuple)):
+        items = tuple(_layout(v, storage_ids) for v in value)
+        return items if any(item is not None for item in items) else None
+    if isinstance(value, (bool, int, float)):
+        return value
+    return None
+
+
+def _meta_value(layout: Any, storages: dict[int, torch.UntypedStorage]) -> Any:
+    """A TensorLayout as a meta tensor; layouts of one storage share one meta storage, so
+    that aliasing reads as it did in the trace (executor/in_place.py compares storages)."""
+    if isinstance(layout, TensorLayout):
+        storage = storages.get(layout.storage)
+        if storage is None:
+            storage = storages[layout.storage] = torch.UntypedStorage(layout.storage_bytes,
+                                                                        device="meta")
+        return torch.empty(0, dtype=layout.dtype, device="meta").set_(
+            storage, layout.offset, layout.shape, layout.stride)
+    if isinstance(layout, tuple):
+        return tuple(_meta_value(item, storages) for item in layout)
+    return layout
 
 
 def _target_name(target) -> str:
