@@ -3,9 +3,10 @@ steps resumed for 3 more end bit for bit the same (parameters, optimizer state, 
 AdamW, a cosine schedule with warmup, real data and dropout; with parameters and optimizer
 state homed on flash; with gradient accumulation. Then the same through `edge-remat run` on a
 local board, a run killed by its memory limit resumed from its last checkpoint, a run job its
-board's daemon restarted mid-job going on from its own checkpoint, `deploy --resume` after a
-job SIGKILLed on the board, and the refusals of options and files a resume cannot go on
-from."""
+board's daemon restarted mid-job going on from its own checkpoint and reporting every step,
+one restarted after its last step's checkpoint saving its outputs without training again,
+`deploy --resume` after a job SIGKILLed on the board, and the refusals of options and files a
+resume cannot go on from."""
 
 from __future__ import annotations
 
@@ -176,7 +177,10 @@ def test_a_resume_with_other_options_or_a_bad_checkpoint_is_refused_in_one_line(
         cases = [(["--batch", "4", "--steps", "4"], "had --batch 2, this run has 4"),
                  (["--batch", "2", "--steps", "5"], "had --steps 4, this run has 5"),
                  (["--batch", "2", "--steps", "4", "--out", str(tmp_path / "other")],
-                  "leave out --out")]
+                  "leave out --out"),
+                 (["--batch", "2", "--steps", "4", "--stop-after", "2"],
+                  f"--resume {part}: the run there is complete (its checkpoint is after step "
+                  "2, the last of this run): to train on, give --stop-after more than 2")]
         runner = CliRunner()
         for extra, words in cases:
             result = runner.invoke(app, common + extra)
@@ -297,7 +301,9 @@ def test_a_run_job_its_daemon_restarts_mid_job_goes_on_from_its_own_checkpoint(t
     """The daemon stopped (or killed with the job process) while the job trains step 5 or 6
     queues it again; the host's reconnect starts the daemon, which runs the job again: from
     its checkpoint after step 4, not step 0, ending as the uninterrupted run (before, the job
-    began again at step 1)."""
+    began again at step 1). Its report holds all 8 steps, steps 1-4 from the first start (kept
+    in the checkpoint), each marked with its start, and the step time's median leaves each
+    start's first step out (before, it held steps 5-8 alone)."""
     from helpers.board_fixtures import local_board
     from edge_remat.run import RunOptions, run
     whole = tmp_path / "whole"
@@ -315,9 +321,108 @@ def test_a_run_job_its_daemon_restarts_mid_job_goes_on_from_its_own_checkpoint(t
             assert any("restarted mid-job; job run-" in line and line.endswith(
                 "resumed from step 4 (its newest checkpoint)") for line in said), (how, said)
             assert restarted["status"] == "finished", restarted["message"]
-            assert restarted["message"] == \
-                "finished steps 5..8 (4 steps, resumed after step 4)"
-            assert restarted["loss"] == uninterrupted["loss"][4:]
+            assert restarted["message"] == ("finished 8 steps (the board's daemon restarted "
+                                            "the job: steps 1-4 in start 1, 5-8 in start 2)")
+            assert restarted["loss"] == uninterrupted["loss"]
+            assert restarted["job_start"] == [1] * 4 + [2] * 4
+            assert all(isinstance(t, float) and t > 0 for t in restarted["step_time_s"])
+            assert any("median of steps 2-4, 6-8 (the first step of each of the job's 2 "
+                       "starts left out)" in miss for miss in restarted["misses"]), \
+                restarted["misses"]
+            table = (part / "report.txt").read_text()
+            assert "\n   1  " in table and "\n   8  " in table, table
+            assert "starts    the board's daemon restarted the job: steps 1-4 in start 1, " \
+                "5-8 in start 2" in table, table
+            records = json.loads((part / "board" / "run_report.json").read_text())
+            assert records["summary"]["steps"] == 8
+            assert records["checkpoint"]["starts"] == [
+                {"start": 1, "after_step": 0, "steps": 4},
+                {"start": 2, "after_step": 4, "steps": 4}]
+            assert records["grad_check"]["bitwise_equal"] is True
+            _assert_same_outputs(whole, part)
+
+
+STOP_AFTER_LAST_CHECKPOINT = '''"""The bundled text; and, once, right after the job has written the
+checkpoint of its last step, before it saves its weights and report (a window too short to
+hit by timing), the board's agent daemon is stopped (SIGTERM, as `agent-stop` does) or killed
+with this job process (SIGKILL). A job process loads this module to draw its batches: it
+wraps the executor's checkpoint writer there (the host, which loads it too, is left alone)."""
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from edge_remat_agent.data.text import text_batches
+from edge_remat_agent.executor import run
+
+HOW = "stop"
+MARKER = Path(__file__).with_suffix(".stopped")
+write_checkpoint = run.write_checkpoint
+
+
+def write_then_stop(path, module, home, optimizer, steps_done, batches_taken, steps, *args):
+    figures = write_checkpoint(path, module, home, optimizer, steps_done, batches_taken, steps,
+                               *args)
+    if steps_done == steps and not MARKER.exists():
+        MARKER.write_text("stopped")
+        if HOW == "kill":
+            os.kill(os.getppid(), signal.SIGKILL)  # the job process's parent: the daemon
+            os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getppid(), signal.SIGTERM)
+        time.sleep(30)  # the daemon's SIGTERM to this job ends it before
+    return figures
+
+
+if "_run-job" in sys.argv:  # the daemon's job process
+    run.write_checkpoint = write_then_stop
+
+
+def batches(batch, seed):
+    yield from text_batches(batch, 16, seed)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.loopback
+def test_a_run_job_restarted_after_its_last_checkpoint_saves_its_outputs_without_training(
+        tmp_path):
+    """The daemon stopped (or killed with the job process) after the job wrote its checkpoint
+    after step 4 of 4, before it saved its weights and report: the job started again trains
+    nothing and ends as the uninterrupted run (its weights from that checkpoint, its report of
+    the 4 steps the first start trained, saying so). Before, it began again at step 1."""
+    from helpers.board_fixtures import local_board
+    from edge_remat.run import RunOptions, run
+    whole = tmp_path / "whole"
+    with local_board(tmp_path, "bench"):
+        for how in ("stop", "kill"):
+            data = tmp_path / f"{how}_once.py"
+            data.write_text(STOP_AFTER_LAST_CHECKPOINT.replace('HOW = "stop"',
+                                                               f'HOW = "{how}"'))
+            options = {**GPT, "data": f"{data}:batches", "steps": 4}
+            if how == "stop":
+                data.with_suffix(".stopped").write_text("the uninterrupted run is not stopped")
+                uninterrupted = run(RunOptions(out=str(whole), **options))
+                data.with_suffix(".stopped").unlink()
+            said, part = [], tmp_path / how
+            restarted = run(RunOptions(out=str(part), **options), say=said.append)
+            assert any("restarted mid-job; job run-" in line and line.endswith(
+                "had trained all its steps before (its checkpoint is after step 4, its last): "
+                "it saves its outputs from that checkpoint without training again")
+                for line in said), (how, said)
+            assert restarted["status"] == "finished", restarted["message"]
+            assert restarted["message"] == (
+                "finished 4 steps (the board's daemon restarted the job: steps 1-4 in start 1; "
+                "start 2 trained nothing (the checkpoint after step 4 was the last step's) and "
+                "saved the outputs from it)")
+            assert restarted["loss"] == uninterrupted["loss"]
+            assert restarted["job_start"] == [1] * 4
+            report = json.loads((part / "board" / "run_report.json").read_text())
+            assert report["checkpoint"]["written"] == 0  # nothing trained, nothing written
+            assert report["checkpoint"]["restarted_after_step"] == 4
+            assert restarted["checkpoint"]["step"] == 4
+            assert report["grad_check"]["bitwise_equal"] is True  # the first start's
+            assert restarted["weights"]["tensors"] == uninterrupted["weights"]["tensors"]
             _assert_same_outputs(whole, part)
 
 

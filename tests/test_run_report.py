@@ -73,6 +73,40 @@ def test_steady_median_leaves_the_first_step_out():
     assert steady_median([1.5]) == (1.5, "step 1")
     assert steady_median([1.08, 0.98]) == (0.98, "step 2")
     assert steady_median([9.0, 1.0, 2.0, 3.0, 4.0]) == (2.5, "median of steps 2-5")
+    assert steady_median([9.0, 1.0, 2.0, 3.0, 4.0], [1] * 5) == (2.5, "median of steps 2-5")
+
+
+def test_a_restarted_jobs_medians_leave_each_starts_first_step_out():
+    """A job its board's daemon restarted after step 3: step 4 paid the warm-up (and the
+    gradient check) again, and is no steady step; the text says which start ran which."""
+    from edge_remat.reports.run_report import starts_text
+    from edge_remat_agent.executor.report import job_starts, summarize
+    times = [9.0, 1.0, 2.0, 8.0, 3.0, 4.0]
+    starts = [1, 1, 1, 2, 2, 2]
+    assert steady_median(times, starts) == (2.5, "median of steps 2-3, 5-6 (the first step "
+                                                 "of each of the job's 2 starts left out)")
+    records = [{"step": i + 1, "loss": 1.0, "step_time_s": t, "rss_peak_bytes": 5,
+                "energy_j": 1.0, "job_start": s} for i, (t, s) in enumerate(zip(times, starts))]
+    summary = summarize(records)
+    assert summary["step_time_s"] == 2.5 and summary["steps"] == 6
+    assert summary["first_step_time_s"] == 9.0 and summary["energy_j"] == 6.0
+    assert job_starts(records) == [{"start": 1, "after_step": 0, "steps": 3},
+                                   {"start": 2, "after_step": 3, "steps": 3}]
+    assert starts_text(job_starts(records)) == \
+        "the board's daemon restarted the job: steps 1-3 in start 1, 4-6 in start 2"
+    finished = job_starts(records[:3], finished_after=3)
+    assert finished[-1] == {"start": 2, "after_step": 3, "steps": 0}
+    assert starts_text(finished).endswith("start 2 trained nothing (the checkpoint after step "
+                                          "3 was the last step's) and saved the outputs from it")
+    assert starts_text(job_starts(records[:3])) == ""  # one start: nothing to say
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=6,
+                          result={"steps": records,
+                                  "checkpoint": {"starts": job_starts(records)}},
+                          plan={"predicted": {"peak_bytes": 10, "time_s": 2.0}})
+    assert report["job_start"] == starts
+    assert any("steps 2-3, 5-6" in miss and "1.25x" in miss for miss in report["misses"])
+    assert "starts    the board's daemon restarted the job: steps 1-3 in start 1, 4-6 in " \
+        "start 2 (medians leave each start's first step out)" in report_text(report)
 
 
 def test_a_process_above_the_kernel_peak_is_explained():

@@ -9,6 +9,7 @@
   keeps checkpoints in its folder and picks up from them (a run job submitted with
   checkpoint_every, the test job `sleep`), which its first progress then says
   (resumed_from_step): the old start's progress is dropped so the host reads the new one's.
+  The job's report is the job's to merge (a run job's checkpoint keeps its earlier steps).
 """
 
 from __future__ import annotations

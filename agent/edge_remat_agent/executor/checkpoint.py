@@ -10,7 +10,12 @@ resumed for 3 more end bit for bit the same:
   rng/cpu, rng/cuda   the generators' states after the last step (dropout draws from them)
   checkpoint          a plain dict: format, version, steps_done, batches_taken (the data's
                       position: batches already drawn), steps (the run's --steps, which a
-                      decaying schedule spans), identity (the options a resume must match)
+                      decaying schedule spans), identity (the options a resume must match),
+                      history (the job's step records up to steps_done, each marked with the
+                      job_start that trained it, its gradient check, and after_step: the step
+                      the job began after, an explicit --resume's): a job its daemon starts
+                      again goes on from its own checkpoint and reports every step, and one
+                      started again after its last checkpoint trains nothing more
 
 It is torch.save's format, written by saved_weights.write_tensors: one tensor at a time
 (parameters and optimizer state homed on flash are read from their home one by one, never all
@@ -38,6 +43,7 @@ from .torch_file import load_torch_file
 
 VERSION = 1
 WEIGHTS, OPTIMIZER, RNG = "weights/", "optimizer/", "rng/"
+HISTORY = "history"  # the meta's key of the job's steps so far
 
 
 @dataclass
@@ -53,27 +59,46 @@ class Checkpointing:
     resume: "Checkpoint | None" = None
     stop_after: int | None = None
     written: list = field(default_factory=list)  # each checkpoint's figures
+    # `resume` is the job's own newest checkpoint (its daemon started the job again): the
+    # job's earlier steps are its own, and a checkpoint after its last step is its end
+    own: bool = False
 
     def due(self, done: int, last: int) -> bool:
         return self.path is not None and (done == last or (self.every > 0
                                                             and done % self.every == 0))
 
+    def history(self) -> dict:
+        """What the job's earlier starts left (its own checkpoint's history): their step
+        records, gradient check and the step the job began after. A fresh job has none, and
+        so has a job resumed with --resume: another job, whose report covers its own steps."""
+        if self.resume is None:
+            return {"after_step": 0, "steps": [], "grad_check": None}
+        kept = self.resume.meta.get(HISTORY) if self.own else None
+        if not isinstance(kept, dict):  # --resume (or a checkpoint that kept no history)
+            return {"after_step": self.resume.steps_done, "steps": [], "grad_check": None}
+        return {"after_step": int(kept.get("after_step") or 0),
+                "steps": list(kept.get("steps") or []), "grad_check": kept.get("grad_check")}
+
     def figures(self) -> dict | None:
         if not self.written and self.resume is None:
             return None
         last = self.written[-1] if self.written else None
+        after = self.history()["after_step"]
         return {"file": self.path.name if self.path is not None else None,
                 "every": self.every, "written": len(self.written), "last": last,
+                # the step of the checkpoint the file holds now
+                "step": last["step"] if last else self.resume.steps_done if self.own else None,
                 "write_s": sum(w["save_s"] for w in self.written),
-                **({"resumed_from_step": self.resume.steps_done} if self.resume else {})}
+                **({"resumed_from_step": after} if after else {}),
+                **({"restarted_after_step": self.resume.steps_done} if self.own else {})}
 
 
 def write_checkpoint(path: Path, module: nn.Module, home, optimizer, steps_done: int,
                      batches_taken: int, steps: int, identity: dict,
-                     device: torch.device) -> dict:
+                     device: torch.device, history: dict | None = None) -> dict:
     """Write the checkpoint after `steps_done` steps; returns its figures. `home`: the run's
     ParameterHome (None: every parameter in RAM); `optimizer`: a torch optimizer or the fused
-    graph's FusedUpdates."""
+    graph's FusedUpdates; `history`: the job's steps so far (Checkpointing.history's form)."""
     started = time.perf_counter()
     entries = [(WEIGHTS + key, _reader(name, tensor, home))
                for key, name, tensor in _tensors(module, "trained")]
@@ -91,7 +116,7 @@ def write_checkpoint(path: Path, module: nn.Module, home, optimizer, steps_done:
         entries.append((RNG + "cuda", lambda: accelerator.cpu()))
     meta = {"format": FORMAT, "version": VERSION, "steps_done": steps_done,
             "batches_taken": batches_taken, "steps": steps, "identity": dict(identity),
-            "optimizer_values": values}
+            "optimizer_values": values, **({HISTORY: history} if history else {})}
     write_tensors(entries, Path(path), {META: meta})
     return {"step": steps_done, "bytes": Path(path).stat().st_size, "tensors": len(entries),
             "save_s": time.perf_counter() - started}
@@ -166,13 +191,17 @@ def read_checkpoint(path: "str | Path", what: str = "--resume") -> Checkpoint:
 
 
 def check_resumable(checkpoint: Checkpoint, identity: dict, steps: int, stop_after: int | None,
-                    what: str = "--resume") -> None:
-    """A checkpoint this run can go on from: the same options, steps left to take."""
+                    what: str = "--resume", own: bool = False) -> None:
+    """A checkpoint this run can go on from: the same options, steps left to take. `own`:
+    the job's own checkpoint (its daemon started it again), which may be after its last step
+    where it keeps the job's step records: the job then writes its outputs from it."""
     mismatch = identity_mismatch(checkpoint.meta.get("identity") or {}, identity)
     if mismatch:
         raise BadInput(f"{what}: {mismatch}")
     last = stop_after or steps
-    if checkpoint.steps_done >= last:
+    finished = own and checkpoint.steps_done == last and \
+        bool((checkpoint.meta.get(HISTORY) or {}).get("steps"))
+    if checkpoint.steps_done >= last and not finished:
         raise BadInput(f"{what}: the checkpoint is after step {checkpoint.steps_done}, and this "
                        f"run would stop at step {last}: give --steps more than "
                        f"{checkpoint.steps_done}")

@@ -23,7 +23,10 @@ stop_after (stop after that step of `steps`, whose schedule it keeps), resume (a
 path on the board, pushed or an earlier job's files/checkpoint.pt, to go on from), identity
 (the options a resume must match, written into each checkpoint). A job its daemon starts again
 (stopped or killed mid-job) goes on from its own newest files/checkpoint.pt where it wrote one,
-and its progress then says resumed_from_step (the host says so).
+and its progress then says resumed_from_step (the host says so); its report holds every step
+of the job, each record's job_start saying which start trained it. Started again after its
+last step's checkpoint, it trains nothing: it saves the weights from that checkpoint and
+reports its steps (its progress says completed_before_restart).
 Writes run_report.json (fetched by the host) and returns its summary; both say which data the
 run trained on and with which optimizer settings.
 """
@@ -66,7 +69,10 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     save = check_save_choice(str(params.get("save") or DEFAULT_SAVE))
 
     picked_up = _picked_up_step(ctx, steps, params.get("stop_after"))
-    resumed = {} if picked_up is None else {"resumed_from_step": picked_up}
+    completed = picked_up is not None and picked_up == int(params.get("stop_after") or steps)
+    resumed = {} if picked_up is None else {"resumed_from_step": picked_up,
+                                            **({"completed_before_restart": True}
+                                               if completed else {})}
     losses: list = []
     checkpointed = {"step": None}
 
@@ -86,15 +92,20 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                      checkpoint_step=checkpointed["step"], **resumed)
 
     _check_page_dir(plan, page_dir)
-    ctx.progress(0.0, CAPTURING + (f" (to resume after step {picked_up})" if resumed else ""),
-                 **resumed)
+    ctx.progress(0.0, CAPTURING + (
+        f" (to save the outputs of its {picked_up} steps, trained before the restart)"
+        if completed else f" (to resume after step {picked_up})" if resumed else ""),
+        **resumed)
     captured = _capture_before_torch(graph, ctx.input_path(str(params["graph"])))
     if params.get("init") and captured is not None:
         from .saved_weights import load_weights
         load_weights(captured.module, ctx.input_path(str(params["init"])))
     checkpointing = _checkpointing(ctx, params, picked_up is not None)
+    if checkpointing is not None:  # the job's earlier starts' steps: their divergence counts
+        losses.extend(r.get("loss") for r in checkpointing.history()["steps"])
     # a kill from here on is in a step
-    ctx.progress(0.0, "the graph captured; training", **resumed)
+    ctx.progress(0.0, "the graph captured; " + ("saving its outputs" if completed
+                                                  else "training"), **resumed)
     from .run import run_plan
     from .stores import host_link_store
     host = host_link_store(plan, params.get("host_pages"), params.get("host_pages_wait_s"))
@@ -127,7 +138,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     report["saved_weights_error"] = saved.get("error")
     ctx.write_json("run_report.json", report)
     files = ["run_report.json"] + ([WEIGHTS_FILE] if saved.get("figures") else []) + \
-        ([CHECKPOINT_FILE] if checkpointing is not None and checkpointing.written else [])
+        ([CHECKPOINT_FILE] if checkpointing is not None and (checkpointing.written or
+                                                            checkpointing.own) else [])
     return {"malloc": malloc, "files": files, "summary": report["summary"],
             "saved_weights": saved.get("figures"), "checkpoint": report.get("checkpoint"),
             "grad_check": report["grad_check"], "steps": len(report["steps"]),
@@ -136,12 +148,13 @@ def run_job(ctx: JobContext, params: dict) -> dict:
 
 def _picked_up_step(ctx: JobContext, steps: int, stop_after) -> "int | None":
     """The step of the checkpoint an earlier start of this job left in its files (its daemon
-    was stopped or killed mid-job and started it again): the job goes on after it. None: no
-    such checkpoint, or no step left after it (the job starts as submitted)."""
+    was stopped or killed mid-job and started it again): the job goes on after it, or, where
+    it is the last step, saves its outputs from it. None: no such checkpoint (the job starts
+    as submitted)."""
     from .checkpoint_step import checkpoint_step
     from .save_choice import CHECKPOINT_FILE
     step = checkpoint_step(ctx.files_dir / CHECKPOINT_FILE)
-    return step if step is not None and 0 < step < int(stop_after or steps) else None
+    return step if step is not None and 0 < step <= int(stop_after or steps) else None
 
 
 def _checkpointing(ctx: JobContext, params: dict, own: bool = False):
@@ -158,7 +171,7 @@ def _checkpointing(ctx: JobContext, params: dict, own: bool = False):
         read_checkpoint(ctx.input_path(str(params["resume"]))) if params.get("resume") else None
     return Checkpointing(path=ctx.files_dir / CHECKPOINT_FILE, every=every,
                          identity=dict(params.get("identity") or {}), resume=resume,
-                         stop_after=stop_after)
+                         stop_after=stop_after, own=own)
 
 
 def _check_page_dir(plan, page_dir: str) -> None:

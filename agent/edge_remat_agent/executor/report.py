@@ -32,15 +32,47 @@ def step_record(step: int, loss: float, measured: StepMeasurement, counts: StepC
     return record
 
 
+def first_steps_of_starts(starts: list) -> set[int]:
+    """The indices of the steps that began a start of the job: the first, and each whose
+    job_start (a record's, see job_starts; None: not said) differs from the step before."""
+    return {i for i, start in enumerate(starts) if i == 0 or start != starts[i - 1]}
+
+
+def steady(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The steps that did not begin a start of the job: a start's first step warms caches and
+    allocators, reads pages afresh and checks the gradients. All steps where none is left."""
+    firsts = first_steps_of_starts([r.get("job_start") for r in records])
+    return [r for i, r in enumerate(records) if i not in firsts] or records
+
+
+def job_starts(records: list[dict[str, Any]], finished_after: int | None = None) -> list[dict]:
+    """Which steps each start of the job trained, from the records' job_start:
+    [{"start": 1, "after_step": 0, "steps": 4}, {"start": 2, "after_step": 4, "steps": 4}].
+    `finished_after`: a last start that trained none (its daemon started the job again after
+    its last step's checkpoint), after that step."""
+    starts: list[dict] = []
+    firsts = first_steps_of_starts([r.get("job_start") for r in records])
+    for i, record in enumerate(records):
+        if i in firsts:
+            starts.append({"start": record.get("job_start") or 1,
+                           "after_step": record["step"] - 1, "steps": 0})
+        starts[-1]["steps"] += 1
+    if finished_after is not None:
+        starts.append({"start": (starts[-1]["start"] if starts else 0) + 1,
+                       "after_step": finished_after, "steps": 0})
+    return starts
+
+
 def summarize(records: list[dict[str, Any]],
               predicted: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Steady-state figures (the first step warms caches and allocators: medians skip it when
-    there are more steps) and, for a plan, measured against predicted."""
-    steady = records[1:] if len(records) > 1 else records
+    """Steady-state figures (the first step of each start of the job warms caches and
+    allocators: medians skip it when there are more steps) and, for a plan, measured against
+    predicted."""
+    steady_steps = steady(records)
     energies = [r["energy_j"] for r in records]
     out: dict[str, Any] = {
         "steps": len(records),
-        "step_time_s": statistics.median(r["step_time_s"] for r in steady),
+        "step_time_s": statistics.median(r["step_time_s"] for r in steady_steps),
         "first_step_time_s": records[0]["step_time_s"],
         "rss_peak_bytes": max(r["rss_peak_bytes"] for r in records),
         "energy_j": None if any(e is None for e in energies) else sum(energies),
@@ -50,10 +82,10 @@ def summarize(records: list[dict[str, Any]],
     if predicted is None:
         return out
     ledger_peak = max(r["ledger_peak_bytes"] for r in records)
-    compute = statistics.median(r["compute_s"] for r in steady)
-    recompute = statistics.median(r["recompute_s"] for r in steady)
-    paging = statistics.median(r["page_out_s"] + r["page_in_s"] for r in steady)
-    io_wait = statistics.median(r.get("io_wait_s", 0.0) for r in steady)
+    compute = statistics.median(r["compute_s"] for r in steady_steps)
+    recompute = statistics.median(r["recompute_s"] for r in steady_steps)
+    paging = statistics.median(r["page_out_s"] + r["page_in_s"] for r in steady_steps)
+    io_wait = statistics.median(r.get("io_wait_s", 0.0) for r in steady_steps)
     out.update({
         "ledger_peak_bytes": ledger_peak,
         "predicted_peak_bytes": predicted["peak_bytes"],

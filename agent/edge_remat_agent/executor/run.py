@@ -38,7 +38,7 @@ from .errors import OOM_REMEDY, BadInput, ExecutorError, PlanMismatch, first_lin
     is_out_of_memory
 from .gradcheck import compare, deterministic, eager_reference
 from .python_heap import set_up_frozen
-from .report import FORMAT, step_record, summarize
+from .report import FORMAT, job_starts, step_record, summarize
 from .step import PlannedStep, plain_step
 from .stores import describe_stores, open_parameter_home, open_stores
 from .updates import ParameterHome, make_optimizer, optimizers_of
@@ -74,7 +74,9 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     (saving the trained weights from where they live, executor/saved_weights.py).
     `checkpointing`: checkpoints written after steps, a stop before `steps`, and a start
     from a checkpoint (checkpoint.py); the learning rate's schedule spans `steps` all the
-    same."""
+    same. From the job's own checkpoint (its daemon started it again) the report holds the
+    job's earlier steps too, and from one after its last step the run trains nothing: it
+    saves the weights (on_trained) and reports the steps that checkpoint holds."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
     check_lr_schedule(lr_schedule, warmup, steps)
@@ -82,7 +84,10 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     resume = checkpointing.resume
     start, last = resume.steps_done if resume else 0, checkpointing.stop_after or steps
     if resume is not None:
-        check_resumable(resume, checkpointing.identity, steps, checkpointing.stop_after)
+        check_resumable(resume, checkpointing.identity, steps, checkpointing.stop_after,
+                        own=checkpointing.own)
+    earlier = checkpointing.history()  # the job's steps before this start
+    this_start = 1 + max((r.get("job_start") or 1 for r in earlier["steps"]), default=0)
     paging_io = paging_io or plan.problem.get("io") or "sync"
     if paging_io not in IO_MODES:
         raise BadInput(f"paging IO must be one of {', '.join(IO_MODES)}, got {paging_io!r}")
@@ -120,7 +125,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             set_up_frozen() as before_step:
         optimizer = make_optimizer(captured.graph, module, lr, home, ledger, sums)
         schedule = ScheduledLr(optimizers_of(optimizer), lr_schedule, warmup, steps)
-        if resume is not None:
+        if resume is not None and start < last:  # nothing to train: the weights alone
             restore_optimizer(resume, module, optimizer, device)
             restore_rng(resume, device)
         runner = StepRunner(captured.trace, captured.graph, module,
@@ -160,6 +165,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                 give_back_freed_memory()
             records.append(step_record(i + 1, result.loss, meter.result, result.counts,
                                        allocated_peak(device), reserved_peak(device)))
+            records[-1]["job_start"] = this_start
             records[-1]["ledger_peak_by_class"] = dict(ledger.peak_by_class)
             if arena is not None:
                 records[-1]["arena"] = arena.counts.to_dict()
@@ -170,7 +176,9 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             if checkpointing.due(i + 1, last):
                 checkpointing.written.append(write_checkpoint(
                     checkpointing.path, module, home, optimizer, i + 1, (i + 1) * k, steps,
-                    checkpointing.identity, device))
+                    checkpointing.identity, device,
+                    {**earlier, "steps": earlier["steps"] + records,
+                     "grad_check": _latest(grad_check, earlier["grad_check"])}))
                 records[-1]["checkpoint_s"] = checkpointing.written[-1]["save_s"]
             if progress is not None:
                 progress(i, steps, records[-1])
@@ -190,7 +198,12 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                                               "io_busy_s", "io_wait_s", "paging_hidden_share",
                                               "io_slowed_s")}}
     predicted["peak_at"] = list(predicted["peak_at"])  # JSON has no tuples
+    records = earlier["steps"] + records
+    grad_check = _latest(grad_check, earlier["grad_check"])
     first = records[0]
+    figures = checkpointing.figures()
+    if figures is not None and checkpointing.own:  # which start trained which steps
+        figures["starts"] = job_starts(records, finished_after=start if start == last else None)
     return {
         "format": FORMAT, "version": 1, "mode": "plan", "model": captured.graph.name,
         "graph_fingerprint": captured.graph.fingerprint(), "plan_fingerprint": plan.fingerprint,
@@ -210,8 +223,13 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "memory_by_class": memory_by_class(captured.graph, plan, sim, records),
         "summary": summarize(records, predicted),
         **({"weights": weights} if weights else {}),
-        **({"checkpoint": checkpointing.figures()} if checkpointing.figures() else {}),
+        **({"checkpoint": figures} if figures else {}),
     }
+
+
+def _latest(check: dict | None, earlier: dict | None) -> dict | None:
+    """This start's gradient check (made on its first step), else an earlier start's."""
+    return check if check is not None else earlier
 
 
 def _on_device(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:

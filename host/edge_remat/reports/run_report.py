@@ -13,11 +13,14 @@ import statistics
 from typing import Any, Optional
 
 from edge_remat_agent.diverged import first_nonfinite_loss, nonfinite_loss_warning
+from edge_remat_agent.executor.report import first_steps_of_starts
 from edge_remat_agent.units import counted
 
 from ..units import budget_against_plain, fmt_bytes
 
-STEP_FIELDS = ("loss", "step_time_s", "ledger_peak_bytes", "rss_peak_bytes", "energy_j")
+# job_start: which start of the board's job trained the step (its daemon restarted it)
+STEP_FIELDS = ("loss", "step_time_s", "ledger_peak_bytes", "rss_peak_bytes", "energy_j",
+               "job_start")
 _ALIASES = {"wall_s": "step_time_s", "time_s": "step_time_s", "rss_peak": "rss_peak_bytes",
             "ledger_peak": "ledger_peak_bytes"}
 PLAN_FIGURES = ("predicted_peak_bytes", "predicted_time_s", "recomputed", "page_ins",
@@ -118,6 +121,8 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "profile": profile or {"name": None, "source": None, "modelled": False},
         "grad_check": (result or {}).get("grad_check") if grad_check is None else grad_check,
         "memory_by_class": (result or {}).get("memory_by_class"),
+        # the job's starts, where its board's daemon restarted it (executor.report.job_starts)
+        "job_starts": ((result or {}).get("checkpoint") or {}).get("starts"),
         "plots": [],
         **(paths or {}),
     }
@@ -159,14 +164,14 @@ def misses(report: dict) -> list[str]:
     if measured and ledger:
         out.append(f"resident peak {fmt_bytes(measured)} is {fmt_bytes(measured - ledger)} above "
                    "the tensors: interpreter, torch, allocator slack (not in the plan's model)")
-    typical, which = steady_median(report.get("step_time_s", []))
+    typical, which = steady_median(report.get("step_time_s", []), report.get("job_start"))
     predicted_time = report.get("predicted_time_s")
     if typical and predicted_time:
         source = "" if (report.get("profile") or {}).get("name") else \
             " (no operator profile: times are the graph's FLOP estimate)"
         out.append(f"step time: {which} {typical:.3g} s against {predicted_time:.3g} s "
                    f"predicted ({typical / predicted_time:.2f}x){source}")
-    typical, which = steady_median(report.get("energy_j") or [])
+    typical, which = steady_median(report.get("energy_j") or [], report.get("job_start"))
     predicted_energy = report.get("predicted_energy_j")
     if typical and predicted_energy:
         out.append(f"energy: {which} {typical:.3g} J a step against {predicted_energy:.3g} J "
@@ -174,18 +179,54 @@ def misses(report: dict) -> list[str]:
     return out
 
 
-def steady_median(values: list) -> tuple[Optional[float], str]:
+def steady_median(values: list, starts: Optional[list] = None) -> tuple[Optional[float], str]:
     """The median of the steps after the first, and words that say so: the first step pays
     what later ones do not (the ops' first calls, page files made, the runner's warm-up),
-    and a plan predicts the steady step. With one step, that step."""
+    and a plan predicts the steady step. With one step, that step. `starts`: the steps'
+    job_start, where the board's daemon restarted the job: each start's first step pays the
+    warm-up again (and the gradient check), and is left out too."""
     numbers = [v for v in values if isinstance(v, (int, float))]
     if not numbers:
         return None, ""
+    firsts = first_steps_of_starts(list(starts or []))
+    if len(firsts) > 1:
+        kept = [i for i, v in enumerate(values)
+                if i not in firsts and isinstance(v, (int, float))]
+        if kept:
+            return statistics.median(values[i] for i in kept), (
+                f"median of steps {_ranges([i + 1 for i in kept])} (the first step of each of "
+                f"the job's {len(firsts)} starts left out)")
     if len(numbers) == 1:
         return numbers[0], "step 1"
     steady = numbers[1:]
     which = "step 2" if len(steady) == 1 else f"median of steps 2-{len(numbers)}"
     return statistics.median(steady), which
+
+
+def _ranges(steps: list[int]) -> str:
+    """[2, 3, 4, 6, 7] as "2-4, 6-7"."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
+def starts_text(starts: Optional[list]) -> str:
+    """Which start of the board's job trained which steps, where its daemon restarted it
+    (executor.report.job_starts's list); "" where the job ran in one start."""
+    if not starts or len(starts) < 2:
+        return ""
+    ran = [f"{_ranges(list(range(s['after_step'] + 1, s['after_step'] + s['steps'] + 1)))} "
+           f"in start {s['start']}" for s in starts if s["steps"]]
+    text = "the board's daemon restarted the job: steps " + ", ".join(ran)
+    if not starts[-1]["steps"]:
+        text += (f"; start {starts[-1]['start']} trained nothing (the checkpoint after step "
+                 f"{starts[-1]['after_step']} was the last step's) and saved the outputs "
+                 "from it")
+    return text
 
 
 def _cell(value, fmt: str) -> str:
@@ -240,6 +281,9 @@ def report_text(report: dict) -> str:
             f"{_cell(pred_e, '{:.3g}') + ' / ' + _cell(report['energy_j'][k], '{:.3g}'):>15}")
     if report.get("killed_at_step"):
         lines.append(f"{report['killed_at_step']:>4}  killed by the memory limit")
+    if starts_text(report.get("job_starts")):
+        lines.append(f"starts    {starts_text(report['job_starts'])} (medians leave each "
+                     "start's first step out)")
     lines.append("")
     if report.get("kernel_peak_bytes") is not None:
         share = f" of the {fmt_bytes(limit)} limit" if limit else ""

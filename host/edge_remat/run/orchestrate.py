@@ -316,8 +316,10 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           paths={"graph": str(graph_path), "plan": str(plan_path)},
                           micro_batches=opts.accumulate, **outcome)
     report["weights"] = _weights_into(out, outcome)
+    # the step the job's report goes on from (--resume's); a job its board's daemon restarted
+    # reports every step of the job, from its first start on (its report's job_starts)
     picked_up = ((outcome.get("result") or {}).get("checkpoint") or {}).get("resumed_from_step")
-    if resumed or picked_up:  # picked up: the board's daemon restarted the job mid-run
+    if resumed or picked_up:
         report["resumed_after_step"] = picked_up or resumed["steps_done"]
     if "identity" in params:
         report["checkpoint"] = keep_checkpoint(board, out, outcome, job_id)
@@ -573,13 +575,18 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
 
 
 def finished_message(result: dict, last: int) -> str:
-    """What a finished job ran, by absolute steps where it resumed from a checkpoint (--resume,
-    or its daemon restarted mid-job): "finished steps 5..8 (4 steps, resumed after step 4)"."""
-    first = (result.get("checkpoint") or {}).get("resumed_from_step") or 0
+    """What a finished job ran, by absolute steps where it resumed from a checkpoint
+    (--resume): "finished steps 5..8 (4 steps, resumed after step 4)", and which start ran
+    which steps where its board's daemon restarted it: "finished 8 steps (the board's daemon
+    restarted the job: steps 1-4 in start 1, 5-8 in start 2)"."""
+    from ..reports.run_report import starts_text
+    figures = result.get("checkpoint") or {}
+    first = figures.get("resumed_from_step") or 0
+    restarted = starts_text(figures.get("starts"))
     if not first:
-        return f"finished {counted(last, 'step')}"
+        return f"finished {counted(last, 'step')}" + (f" ({restarted})" if restarted else "")
     return (f"finished steps {first + 1}..{last} ({counted(last - first, 'step')}, resumed "
-            f"after step {first})")
+            f"after step {first}" + (f"; {restarted}" if restarted else "") + ")")
 
 
 def _weights_into(out: Path, outcome: dict) -> Optional[dict]:

@@ -158,7 +158,7 @@ def forget_if_far_off(report: dict, chosen: ChosenProfile,
     PROFILE_TRUST_RATIO out of the cache, and say so: otherwise every later run plans on it."""
     from ..reports.run_report import steady_median
     steps = report.get("step_time_s") or []
-    typical, _ = steady_median(steps)
+    typical, _ = steady_median(steps, report.get("job_start"))
     predicted = report.get("predicted_time_s")
     if len(steps) < 2 or not typical or not predicted:
         return  # a first step alone pays the warm-up: no verdict from it

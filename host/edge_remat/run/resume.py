@@ -145,7 +145,12 @@ def check_checkpoint(opts: RunOptions, out: Path, identity: Optional[dict] = Non
     if mismatch:
         raise RunProblem(f"--resume {out}: {mismatch}")
     last = opts.stop_after or opts.steps
-    if checkpoint.steps_done >= last:
+    if checkpoint.steps_done == last:  # its outputs are the finished run's: nothing to make
+        option = "--stop-after" if opts.stop_after else "--steps"
+        raise RunProblem(f"--resume {out}: the run there is complete (its checkpoint is after "
+                         f"step {last}, the last of this run): to train on, give {option} "
+                         f"more than {last}")
+    if checkpoint.steps_done > last:
         raise RunProblem(f"--resume {out}: its checkpoint is after step "
                          f"{checkpoint.steps_done}, and this run would stop at step {last}: "
                          f"give --steps more than {checkpoint.steps_done}")
@@ -161,7 +166,8 @@ def keep_checkpoint(board, out: Path, outcome: dict, job_id: str) -> Optional[di
     if outcome.get("status") == "finished" and fetched.is_file():
         fetched.replace(target)
         figures = result.get("checkpoint") or {}
-        return {**figures, "file": str(target), "step": (figures.get("last") or {}).get("step")}
+        return {**figures, "file": str(target),
+                "step": figures.get("step") or (figures.get("last") or {}).get("step")}
     remote = f"jobs/{job_id}/files/{CHECKPOINT_FILE}"
     try:
         if not board.stat(remote, with_hash=False).get("exists"):

@@ -237,14 +237,19 @@ class Board:
         """Say so when the job was started again while we waited (the board's daemon was
         stopped mid-job and started again): once its new start has reported progress (the
         daemon drops the old start's), whether it picked up from its newest checkpoint (a run
-        job with checkpoints; the progress says resumed_from_step) or began again. Returns
+        job with checkpoints; the progress says resumed_from_step), had trained every step
+        before (completed_before_restart: it saves its outputs) or began again. Returns
         the restarts seen and whether that is still to be said."""
         restarts = int(record.get("restarts") or 0)
         restarted = restarted or (seen is not None and restarts > seen)
         progress = record.get("progress")
         if restarted and (progress or record["state"] in TERMINAL_STATES):
-            step = ((progress or {}).get("data") or {}).get("resumed_from_step")
-            how = (f"resumed from step {step} (its newest checkpoint)" if step else
+            data = (progress or {}).get("data") or {}
+            step = data.get("resumed_from_step")
+            how = (f"had trained all its steps before (its checkpoint is after step {step}, "
+                   "its last): it saves its outputs from that checkpoint without training "
+                   "again" if step and data.get("completed_before_restart") else
+                   f"resumed from step {step} (its newest checkpoint)" if step else
                    "started again from the beginning (it keeps no checkpoint to pick up from)")
             self.on_event(f"{self.name}: the board's agent daemon restarted mid-job; job "
                           f"{record['id']} {how}")
