@@ -151,6 +151,20 @@ def test_a_planned_run_stops_at_the_first_nonfinite_loss_keeping_the_checkpoint_
         STOPPED
 
 
+def test_a_resumed_run_names_the_step_by_the_run_s_own_count(model, tmp_path):
+    """Resumed after step 2, the job's first step is step 3: its report and its progress say
+    step 3 (counted from the resumed job's first step, they said step 1)."""
+    _board_inputs(model, tmp_path)
+    _run_job(tmp_path, "first", checkpoint_every=1, stop_after=2)
+    (tmp_path / "inputs" / "checkpoint.pt").write_bytes(
+        (tmp_path / "first" / "files" / "checkpoint.pt").read_bytes())
+    result, report, records = _run_job(tmp_path, "rest", resume="inputs/checkpoint.pt",
+                                       check_gradients=False)
+    assert [s["step"] for s in report["steps"]] == [3, 4, 5]
+    assert report["summary"]["nonfinite_loss"] == FIRST
+    assert records[-1]["data"]["nonfinite_loss"] == FIRST
+
+
 def test_plain_training_stops_too(model, tmp_path):
     records: list = []
     ctx = JobContext("plain-test", tmp_path / "job", tmp_path, records.append)
