@@ -178,6 +178,52 @@ def test_plain_training_stops_too(model, tmp_path):
     assert host["stopped_at_step"] == 3 and host["steps_done"] == 3
 
 
+# at the optimizer's own lr (SGD 0.01, which the board's own `run` trains at): exp(50 w) with
+# w = 1 is 5e21 at step 1, and step 1's update takes w past where exp overflows at step 2
+RUNS_AWAY = """
+import torch
+from torch import nn
+
+
+class Runaway(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(1, 1)
+        with torch.no_grad():
+            self.layer.weight.fill_(1.0)
+            self.layer.bias.fill_(0.0)
+
+    def forward(self, x):
+        return -torch.exp(self.layer(x) * 50).mean()
+
+
+def make(batch=4):
+    return Runaway(), (torch.ones(batch, 1),)
+"""
+
+
+def test_the_boards_own_run_stops_too(tmp_path):
+    """`edge-remat-agent run --stop-on-nonfinite`: exit 1 with one error line after the
+    report; its report file (-o) written, two steps in it."""
+    import subprocess
+    import sys
+    from helpers.bad_inputs import env
+    (tmp_path / "runs_away.py").write_text(RUNS_AWAY)
+    _board_inputs(f"{tmp_path / 'runs_away.py'}:make", tmp_path)
+    done = subprocess.run([sys.executable, "-m", "edge_remat_agent", "run",
+                           "inputs/plan.json", "--graph", "inputs/graph.json", "--steps", "4",
+                           "--stop-on-nonfinite", "-o", "report.json"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300, env=env())
+    line = refused(done, 1, "stopped at step 2 of 4 (--stop-on-nonfinite): the loss is not "
+                   "finite (-inf)", "this run's is 0.01")
+    assert done.stderr.splitlines()[-2].startswith(
+        "warning: the loss is not finite (-inf) at step 2: training diverged") and \
+        done.stderr.splitlines()[-1] == line
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["stopped_at_step"] == 2 and len(report["steps"]) == 2
+    assert "warning      the loss is not finite (-inf) at step 2" in done.stdout
+
+
 def test_what_to_try_follows_the_options_the_run_did_not_take(model):
     """Clipping is offered only where the gradients are not clipped, fp32 trained parameters
     only under a half-precision model that trains its parameters in it (the graph's capture

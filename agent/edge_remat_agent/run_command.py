@@ -3,7 +3,9 @@
 Kept outside the executor package so the agent's CLI starts without importing torch.
 Exit status: 0 done (and, when checked, the gradients were bitwise equal to eager);
 1 the run failed on the board (out of memory, a full or corrupted page store), the gradients
-differ, or --stop-on-nonfinite stopped it at a loss that is not finite; 2 bad input (a plan for another graph, an invalid plan, unreadable files).
+differ, or --stop-on-nonfinite stopped it at a loss that is not finite (its report is still
+printed and written); 2 bad input (a plan for another graph, an invalid plan, unreadable
+files).
 """
 
 from __future__ import annotations

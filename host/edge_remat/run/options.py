@@ -92,7 +92,6 @@ class RunOptions:
                 **({} if self.lr_schedule == "constant" and not self.warmup
                    else {"lr_schedule": self.lr_schedule, "warmup": self.warmup})}
 
-
     @property
     def nonfinite_params(self) -> dict:
         """The board's training jobs' param for --stop-on-nonfinite (none by default: the
