@@ -52,10 +52,10 @@ class LossTally:
                 **({"remedy": self.remedy} if self.remedy else {})}
 
 
-def first_nonfinite_loss(losses: Iterable, first_step: int = 1) -> Optional[dict]:
-    """LossTally.found of these losses, the first being step `first_step`."""
+def first_nonfinite_loss(losses: Iterable) -> Optional[dict]:
+    """LossTally.found of these losses, the first being step 1."""
     tally = LossTally()
-    for step, loss in enumerate(losses, start=first_step):
+    for step, loss in enumerate(losses, start=1):
         tally.see(step, loss)
     return tally.found
 
@@ -76,18 +76,19 @@ def nonfinite_remedy(lr: Optional[float], clip_grad_norm: Optional[float] = None
             "forward")
 
 
-def remedy_for(capture: dict, lr: Optional[float], optimizer: Optional[str] = None) -> str:
+def remedy_for(capture: dict, lr: Optional[float]) -> str:
     """nonfinite_remedy for a graph captured so (its `capture` record: clipping, dtypes) or,
     for plain training, its params alike; `lr` None: the optimizer's default."""
     if lr is None:
         from .capture import DEFAULT_LR  # light: the capture's torch parts load on first use
-        lr = DEFAULT_LR.get(optimizer or capture.get("optimizer") or "sgd")
+        lr = DEFAULT_LR.get(capture.get("optimizer") or "sgd")
     source = capture.get("source") or capture
     return nonfinite_remedy(lr, capture.get("clip_grad_norm"), source.get("dtype"),
                             source.get("trainable_dtype"))
 
 
 def nonfinite_loss_warning(found: dict) -> str:
+    """The warning line (run, deploy, reports) for what LossTally found."""
     later = int(found.get("count") or 1) - 1
     return (f"the loss is not finite ({found['loss']}) at step {found['step']}"
             + (f" and at {later} later step{'s' if later > 1 else ''}" if later else "")
@@ -98,7 +99,8 @@ def nonfinite_loss_warning(found: dict) -> str:
 def stopped_line(found: dict, steps: int) -> str:
     """The error line of a run that stopped at its first non-finite loss (stop_on_nonfinite)."""
     return (f"stopped at step {found['step']} of {steps} (--stop-on-nonfinite): the loss is not "
-            f"finite ({found['loss']}): training diverged; {found.get('remedy') or DEFAULT_REMEDY}")
+            f"finite ({found['loss']}): training diverged; "
+            f"{found.get('remedy') or DEFAULT_REMEDY}")
 
 
 class LossWatch:
