@@ -1,6 +1,8 @@
 """A loss that turns NaN or inf during a run (the model's doing: here a learning rate of 1e6)
 was reported as if all were well. Now the first such step is said once, as a `warning:` line
-while the run goes on, and the report (the board's and the host's) keeps it."""
+while the run goes on, with what to try, and the report (the board's and the host's) keeps it
+and how many steps had one. With --stop-on-nonfinite the run stops after that step instead:
+exit 1 with one error line, its report written, the last checkpoint before it kept."""
 
 from __future__ import annotations
 
@@ -8,13 +10,15 @@ import json
 
 import pytest
 
-from helpers.bad_inputs import cli
+from helpers.bad_inputs import cli, refused
 from helpers.board_fixtures import local_bench_device, stop_agent
 from helpers.executor_plans import every_forward_recomputed
 from edge_remat.remote import progress_printer
 from edge_remat.reports.run_report import build_report, report_text
 from edge_remat_agent.capture import capture_model
 from edge_remat_agent.daemon.registry import JobContext
+from edge_remat_agent.diverged import remedy_for
+from edge_remat_agent.executor.checkpoint_step import checkpoint_step
 from edge_remat_agent.executor.jobs import run_job
 from edge_remat_agent.plain_train import plain_train_job
 from edge_remat_agent.run_command import summary_text
@@ -38,7 +42,15 @@ class Squared(nn.Module):
 def make(batch=4):
     return Squared(), (torch.randn(batch, 16),)
 """
-FIRST = {"step": 3, "loss": "inf"}
+# steps 3, 4 and 5 are not finite; what to try names this run's --lr and the clipping it lacks
+REMEDY = ("try a smaller --lr (this run's is 1e+06) or clipping the gradients "
+          "(--clip-grad-norm 1.0 on run or graph); else look for a division by zero or an "
+          "overflow in the model's forward")
+FIRST = {"step": 3, "loss": "inf", "count": 3, "remedy": REMEDY}
+WARNING = ("the loss is not finite (inf) at step 3 and at 2 later steps: training diverged "
+           f"(the model's doing, not the plan's); {REMEDY}")
+STOPPED = ("stopped at step 3 of 5 (--stop-on-nonfinite): the loss is not finite (inf): "
+           f"training diverged; {REMEDY}")
 
 
 @pytest.fixture
@@ -49,13 +61,13 @@ def model(tmp_path):
 
 
 def _assert_the_host_warns(records: list, mode: str, model: str, result: dict) -> None:
-    """The host's progress line and its report (planned or plain) name the step, once."""
-    assert [line.split(":")[:2] for line in _late_host(records)] == \
-        [["warning", " the loss is not finite (inf) at step 3"]]
+    """The host's progress line and its report (planned or plain) name the step, how many
+    followed, and what to try, once."""
+    assert _late_host(records) == [f"warning: {WARNING}"]
     host = build_report(mode=mode, status="finished", device="bench", model=model,
                         steps=STEPS, result=result)
-    assert host["nonfinite_loss"] == FIRST
-    assert "warning       the loss is not finite (inf) at step 3" in report_text(host)
+    assert host["nonfinite_loss"] == FIRST and host["stopped_at_step"] is None
+    assert f"warning       {WARNING}" in report_text(host)
 
 
 def _late_host(records: list) -> list[str]:
@@ -68,20 +80,31 @@ def _late_host(records: list) -> list[str]:
     return [line for line in said if line.startswith("warning:")]
 
 
-def test_a_planned_run_says_at_which_step_the_loss_stopped_being_finite(model, tmp_path):
+def _board_inputs(model: str, root) -> None:
+    """root/inputs: the model's graph and a plan that recomputes every forward node."""
     captured = capture_model(model, seed=0)
-    (tmp_path / "inputs").mkdir()
-    captured.graph.save(tmp_path / "inputs" / "graph.json")
-    every_forward_recomputed(captured.graph).save(tmp_path / "inputs" / "plan.json")
+    (root / "inputs").mkdir()
+    captured.graph.save(root / "inputs" / "graph.json")
+    every_forward_recomputed(captured.graph).save(root / "inputs" / "plan.json")
+
+
+def _run_job(root, name: str, **params) -> tuple[dict, dict, list]:
+    """The run job on root/inputs, in root/name: (its result, its run_report.json, progress)."""
     records: list = []
-    ctx = JobContext("run-test", tmp_path / "job", tmp_path, records.append)
-    run_job(ctx, {"plan": "inputs/plan.json", "graph": "inputs/graph.json", "steps": STEPS,
-                  "seed": 0, "lr": LR})
+    ctx = JobContext("run-test", root / name, root, records.append)
+    result = run_job(ctx, {"plan": "inputs/plan.json", "graph": "inputs/graph.json",
+                           "steps": STEPS, "seed": 0, "lr": LR, **params})
     ctx.flush()
-    report = json.loads((tmp_path / "job" / "files" / "run_report.json").read_text())
-    assert report["summary"]["nonfinite_loss"] == FIRST
+    return result, json.loads((root / name / "files" / "run_report.json").read_text()), records
+
+
+def test_a_planned_run_says_at_which_step_the_loss_stopped_being_finite(model, tmp_path):
+    _board_inputs(model, tmp_path)
+    result, report, records = _run_job(tmp_path, "job")
+    assert report["summary"]["nonfinite_loss"] == FIRST and report["stopped_at_step"] is None
+    assert len(report["steps"]) == STEPS  # by default it goes on, as PyTorch's training would
     assert report["grad_check"]["bitwise_equal"]  # the plan is still exact: the model diverged
-    assert "warning      the loss is not finite (inf) at step 3" in summary_text(report)
+    assert f"warning      {WARNING}" in summary_text(report)
     _assert_the_host_warns(records, "planned", model, report)
 
 
@@ -90,6 +113,7 @@ def test_plain_training_says_it_too(model, tmp_path):
     ctx = JobContext("plain-test", tmp_path / "job", tmp_path, records.append)
     result = plain_train_job(ctx, {"model": model, "steps": STEPS, "lr": LR})
     ctx.flush()
+    assert result["nonfinite_loss"] == FIRST and len(result["loss"]) == STEPS
     _assert_the_host_warns(records, "plain", model, result)
 
 
@@ -104,6 +128,121 @@ def test_a_run_whose_loss_stays_finite_says_nothing_of_it(model, tmp_path):
     assert host["nonfinite_loss"] is None and "not finite" not in report_text(host)
 
 
+def test_a_planned_run_stops_at_the_first_nonfinite_loss_keeping_the_checkpoint_before(
+        model, tmp_path):
+    """stop_on_nonfinite: steps 1 and 2 train as the run that goes on trains them, step 3's
+    loss is inf and the job stops there; its report is written, its last checkpoint is step
+    2's (none is written of the diverged step), and no diverged weights are saved."""
+    _board_inputs(model, tmp_path)
+    _, went_on, _ = _run_job(tmp_path, "on", checkpoint_every=1)
+    result, report, records = _run_job(tmp_path, "stop", checkpoint_every=1,
+                                       stop_on_nonfinite=True)
+    assert result["stopped_at_step"] == report["stopped_at_step"] == 3
+    assert [s["loss"] for s in report["steps"]] == [s["loss"] for s in went_on["steps"][:3]]
+    assert report["summary"]["nonfinite_loss"] == {**FIRST, "count": 1}
+    assert report["grad_check"]["bitwise_equal"]
+    assert checkpoint_step(tmp_path / "stop" / "files" / "checkpoint.pt") == 2
+    assert checkpoint_step(tmp_path / "on" / "files" / "checkpoint.pt") == STEPS
+    assert report["checkpoint"]["written"] == 2 and report["saved_weights"] is None
+    assert result["files"] == ["run_report.json", "checkpoint.pt"]
+    assert records[-1]["data"]["step"] == 3
+    from edge_remat_agent.run_command import stopped_at_nonfinite
+    assert stopped_at_nonfinite(result, STEPS) == stopped_at_nonfinite(report, STEPS) == \
+        STOPPED
+
+
+def test_a_resumed_run_names_the_step_by_the_run_s_own_count(model, tmp_path):
+    """Resumed after step 2, the job's first step is step 3: its report and its progress say
+    step 3 (counted from the resumed job's first step, they said step 1)."""
+    _board_inputs(model, tmp_path)
+    _run_job(tmp_path, "first", checkpoint_every=1, stop_after=2)
+    (tmp_path / "inputs" / "checkpoint.pt").write_bytes(
+        (tmp_path / "first" / "files" / "checkpoint.pt").read_bytes())
+    result, report, records = _run_job(tmp_path, "rest", resume="inputs/checkpoint.pt",
+                                       check_gradients=False)
+    assert [s["step"] for s in report["steps"]] == [3, 4, 5]
+    assert report["summary"]["nonfinite_loss"] == FIRST
+    assert records[-1]["data"]["nonfinite_loss"] == FIRST
+
+
+def test_plain_training_stops_too(model, tmp_path):
+    records: list = []
+    ctx = JobContext("plain-test", tmp_path / "job", tmp_path, records.append)
+    result = plain_train_job(ctx, {"model": model, "steps": STEPS, "lr": LR,
+                                   "stop_on_nonfinite": True})
+    assert result["stopped_at_step"] == 3 and result["steps"] == 3
+    assert result["loss"][2] == float("inf") and result["nonfinite_loss"] == \
+        {**FIRST, "count": 1}
+    host = build_report(mode="plain", status="stopped", device="bench", model=model,
+                        steps=STEPS, result=result)
+    assert host["stopped_at_step"] == 3 and host["steps_done"] == 3
+
+
+# at the optimizer's own lr (SGD 0.01, which the board's own `run` trains at): exp(50 w) with
+# w = 1 is 5e21 at step 1, and step 1's update takes w past where exp overflows at step 2
+RUNS_AWAY = """
+import torch
+from torch import nn
+
+
+class Runaway(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(1, 1)
+        with torch.no_grad():
+            self.layer.weight.fill_(1.0)
+            self.layer.bias.fill_(0.0)
+
+    def forward(self, x):
+        return -torch.exp(self.layer(x) * 50).mean()
+
+
+def make(batch=4):
+    return Runaway(), (torch.ones(batch, 1),)
+"""
+
+
+def test_the_boards_own_run_stops_too(tmp_path):
+    """`edge-remat-agent run --stop-on-nonfinite`: exit 1 with one error line after the
+    report; its report file (-o) written, two steps in it."""
+    import subprocess
+    import sys
+    from helpers.bad_inputs import env
+    (tmp_path / "runs_away.py").write_text(RUNS_AWAY)
+    _board_inputs(f"{tmp_path / 'runs_away.py'}:make", tmp_path)
+    done = subprocess.run([sys.executable, "-m", "edge_remat_agent", "run",
+                           "inputs/plan.json", "--graph", "inputs/graph.json", "--steps", "4",
+                           "--stop-on-nonfinite", "-o", "report.json"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300, env=env())
+    line = refused(done, 1, "stopped at step 2 of 4 (--stop-on-nonfinite): the loss is not "
+                   "finite (-inf)", "this run's is 0.01")
+    assert done.stderr.splitlines()[-2].startswith(
+        "warning: the loss is not finite (-inf) at step 2: training diverged") and \
+        done.stderr.splitlines()[-1] == line
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["stopped_at_step"] == 2 and len(report["steps"]) == 2
+    assert "warning      the loss is not finite (-inf) at step 2" in done.stdout
+
+
+def test_what_to_try_follows_the_options_the_run_did_not_take(model):
+    """Clipping is offered only where the gradients are not clipped, fp32 trained parameters
+    only under a half-precision model that trains its parameters in it (the graph's capture
+    records both), the learning rate always: its optimizer's default where --lr is not given."""
+    bf16 = capture_model(model, seed=0, dtype="bf16", clip_grad_norm=1.0).graph.capture
+    assert remedy_for(bf16, None) == (
+        "try a smaller --lr (this run's is 0.01) or training in fp32 rather than bf16 "
+        "(--trainable-dtype fp32 with a frozen base, else --dtype fp32; on run or graph); else "
+        "look for a division by zero or an overflow in the model's forward")
+    # a LoRA model's capture under --dtype bf16 --trainable-dtype fp32 records this much
+    mixed = {"source": {"dtype": "bf16", "trainable_dtype": "fp32"}, "clip_grad_norm": 1.0,
+             "optimizer": "adam"}
+    assert remedy_for(mixed, 2e-4).startswith("try a smaller --lr (this run's is 0.0002); else")
+    # plain training's params say the same things
+    assert remedy_for({"dtype": "fp16", "optimizer": "adamw"}, None).startswith(
+        "try a smaller --lr (this run's is 0.001), clipping the gradients (--clip-grad-norm 1.0 "
+        "on run or graph) or training in fp32 rather than fp16")
+
+
 @pytest.mark.slow  # a real board round: the agent, profiling, planning, training
 # 100%: a budget every graph meets; the profile measured here decides the floor (its kernels'
 # scratch), which was 95% of the plain peak in one full-suite run and below 90% in others.
@@ -116,8 +255,64 @@ def test_run_warns_once_and_its_report_says_so(model, tmp_path, monkeypatch, how
     finally:
         stop_agent(workdir)
     assert done.returncode == 0, done.stderr
-    warned = [line for line in done.stderr.splitlines() if "not finite" in line]
-    assert len(warned) == 1 and warned[0].startswith(
-        "warning: the loss is not finite (inf) at step 3: training diverged"), done.stderr
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["nonfinite_loss"] == FIRST
-    assert "at step 3: training diverged" in (tmp_path / "out" / "report.txt").read_text()
+    _assert_warned_once(done.stderr)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["nonfinite_loss"] == FIRST and report["status"] == "finished"
+    assert WARNING in (tmp_path / "out" / "report.txt").read_text()
+
+
+def _assert_warned_once(stderr: str) -> None:
+    """One warning line, as the host first saw the step (one poll may see steps 3 and 4)."""
+    import re
+    warned = [line for line in stderr.splitlines() if "not finite" in line
+              and not line.startswith("error: ")]
+    assert len(warned) == 1 and re.fullmatch(
+        r"warning: the loss is not finite \(inf\) at step 3( and at \d later steps?)?: "
+        r"training diverged \(the model's doing, not the plan's\); " + re.escape(REMEDY),
+        warned[0]), stderr
+
+
+@pytest.mark.slow  # a real board round, as above
+@pytest.mark.parametrize("how", [["--budget", "100%", "--checkpoint-every", "1"], ["--plain"]],
+                         ids=["planned", "plain"])
+def test_run_stops_at_the_first_nonfinite_loss_when_asked(model, tmp_path, monkeypatch, how):
+    """exit 1, one error line naming the step and what to try, after the warning; the report
+    written (status stopped) and, with checkpoints, the last one before the step kept."""
+    _, workdir = local_bench_device(tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    try:
+        done = cli("run", "--device", "bench", "--model", model, *how, "--steps", STEPS,
+                   "--lr", LR, "--out", out, "--no-plots", "--stop-on-nonfinite", timeout=300)
+    finally:
+        stop_agent(workdir)
+    assert refused(done, 1) == f"error: {STOPPED}"
+    _assert_warned_once(done.stderr)
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "stopped" and report["stopped_at_step"] == 3
+    assert report["steps_done"] == 3 and report["nonfinite_loss"] == {**FIRST, "count": 1}
+    assert report["message"] == "stopped at step 3 of 5: the loss is not finite " \
+        "(--stop-on-nonfinite)"
+    assert "stopped at step 3 of 5" in (out / "report.txt").read_text()
+    if "--plain" in how:
+        return
+    assert report["checkpoint"]["step"] == 2 and checkpoint_step(out / "checkpoint.pt") == 2
+    assert "is in " + str(out / "checkpoint.pt") in done.stderr
+    assert not (out / "weights.pt").exists()  # diverged weights are not saved
+
+
+@pytest.mark.slow  # a real board round: the agent, the plan's run
+def test_deploy_stops_too(model, tmp_path, monkeypatch):
+    _board_inputs(model, tmp_path)
+    _, workdir = local_bench_device(tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    try:
+        done = cli("deploy", tmp_path / "inputs" / "plan.json", "--device", "bench", "--graph",
+                   tmp_path / "inputs" / "graph.json", "--steps", STEPS, "--lr", LR,
+                   "--out", out, "--stop-on-nonfinite", timeout=300)
+    finally:
+        stop_agent(workdir)
+    assert refused(done, 1) == f"error: {STOPPED}"
+    _assert_warned_once(done.stderr)
+    report = json.loads((out / "run_report.json").read_text())
+    assert report["stopped_at_step"] == 3 and len(report["steps"]) == 3
+    assert "warning      the loss is not finite (inf) at step 3: training" in done.stdout

@@ -7,7 +7,8 @@ kernel kills for memory still says how far it got. The daemon runs it as the job
 `optimizer`, `lr`, `lr_schedule`, `warmup`, `clip_grad_norm`, `dtype`, `trainable_dtype`,
 `data` (a data spec, see edge_remat_agent.data), `accumulate` (K micro-batches a step, each
 loss divided by K, one optimizer step: accumulation.py), `malloc` (as the planned run's job
-takes it: executor/jobs.py).
+takes it: executor/jobs.py), `stop_on_nonfinite` (stop after the first step whose loss is not
+finite: diverged.py). Its result says `nonfinite_loss` and `stopped_at_step`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
-from .diverged import first_nonfinite_loss
+from .diverged import LossTally, remedy_for
 
 
 def train_plain(model: str, steps: int, batch: Optional[int] = None,
@@ -25,16 +26,19 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
                 train: Optional[list[str]] = None, lr_schedule: str = "constant",
                 warmup: int = 0, clip_grad_norm: Optional[float] = None,
                 accumulate: int = 1, dtype: Optional[str] = None,
-                trainable_dtype: Optional[str] = None) -> dict[str, Any]:
+                trainable_dtype: Optional[str] = None,
+                stop_on_nonfinite: bool = False) -> dict[str, Any]:
     """Train `steps` steps eagerly; `on_step(report so far)` after each. `train`: parameter
     name patterns to train (the rest frozen), `dtype` the model's (fp32 | bf16 | fp16) and
     `trainable_dtype` the trained parameters' (None: `dtype`), as the planned run's graph
     was captured; `lr_schedule`, `warmup` (lr_schedule.py) and
     `clip_grad_norm` (grad_clip.py) as the planned run's. `accumulate`: micro-batches per
-    step, their gradients summed into `.grad`."""
+    step, their gradients summed into `.grad`. `stop_on_nonfinite`: stop after the first step
+    whose loss is not finite (the report's `stopped_at_step`; None: it took every step)."""
     import torch
 
     from .accumulation import check_micro_batches, mean_loss, scaled
+    from .diverged import is_nonfinite
     check_micro_batches(accumulate)
     from .capture.models import load_model
     from .capture.optimizer import torch_optimizer
@@ -55,7 +59,8 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
     report: dict[str, Any] = {"model": model, "optimizer": optimizer,
                               "lr": opt.param_groups[0]["lr"], "data": data or "example",
                               "steps": 0, "loss": [], "step_time_s": [], "rss_peak_bytes": [],
-                              "rss_start_bytes": current_rss_bytes()}
+                              "rss_start_bytes": current_rss_bytes(),
+                              "stopped_at_step": None}
     for step in range(1, steps + 1):
         args = next(feed)
         schedule.at(step - 1)
@@ -80,30 +85,36 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
         del loss
         if on_step is not None:
             on_step(report)
+        # the loss is a Python float already: one isfinite a step, nothing more
+        if stop_on_nonfinite and is_nonfinite(report["loss"][-1]):
+            report["stopped_at_step"] = step
+            break
     report["torch_threads"] = torch.get_num_threads()
     return report
 
 
 def plain_train_job(ctx, params: dict) -> dict:
     from .daemon.registry import JobCancelled
-    from .executor.jobs import requested_malloc, start_under
+    from .executor.jobs import param_flag, requested_malloc, start_under
     # under the malloc asked for, as a planned run is: the comparison is like for like
     malloc = start_under(requested_malloc(params), ctx)
-    steps = int(params.get("steps", 10))
-
-    def on_step(report: dict) -> None:
-        step = report["steps"]
-        ctx.progress(step / steps, f"step {step}/{steps}: loss {report['loss'][-1]:.4f}",
-                     step=step, loss=report["loss"], step_time_s=report["step_time_s"],
-                     rss_peak_bytes=report["rss_peak_bytes"],
-                     nonfinite_loss=first_nonfinite_loss(report["loss"]))
-        ctx.flush()  # now, not in 0.2 s: the next step may be killed before then
-        if ctx.cancelled:
-            raise JobCancelled()
 
     def optional(name: str, kind=int):
         value = params.get(name)
         return None if value is None else kind(value)
+
+    steps = int(params.get("steps", 10))
+    losses = LossTally(remedy_for(params, optional("lr", float)))
+
+    def on_step(report: dict) -> None:
+        step = report["steps"]
+        losses.see(step, report["loss"][-1])
+        ctx.progress(step / steps, f"step {step}/{steps}: loss {report['loss'][-1]:.4f}",
+                     step=step, loss=report["loss"], step_time_s=report["step_time_s"],
+                     rss_peak_bytes=report["rss_peak_bytes"], nonfinite_loss=losses.found)
+        ctx.flush()  # now, not in 0.2 s: the next step may be killed before then
+        if ctx.cancelled:
+            raise JobCancelled()
 
     report = train_plain(str(params["model"]), steps, optional("batch"), optional("image"),
                          optional("seq"), int(params.get("seed", 0)),
@@ -112,5 +123,6 @@ def plain_train_job(ctx, params: dict) -> dict:
                          str(params.get("lr_schedule") or "constant"),
                          int(params.get("warmup") or 0), optional("clip_grad_norm", float),
                          int(params.get("accumulate", 1)), params.get("dtype"),
-                         params.get("trainable_dtype"))
-    return {**report, "malloc": malloc}
+                         params.get("trainable_dtype"),
+                         param_flag(params.get("stop_on_nonfinite", False)))
+    return {**report, "malloc": malloc, "nonfinite_loss": losses.found}

@@ -2,8 +2,10 @@
 
 Kept outside the executor package so the agent's CLI starts without importing torch.
 Exit status: 0 done (and, when checked, the gradients were bitwise equal to eager);
-1 the run failed on the board (out of memory, a full or corrupted page store) or the gradients
-differ; 2 bad input (a plan for another graph, an invalid plan, unreadable files).
+1 the run failed on the board (out of memory, a full or corrupted page store), the gradients
+differ, or --stop-on-nonfinite stopped it at a loss that is not finite (its report is still
+printed and written); 2 bad input (a plan for another graph, an invalid plan, unreadable
+files).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="do not fix glibc's mmap threshold at 1 MiB: faster steps, but freed "
                         "tensors stay resident (glibc's own policy at its steady state, see "
                         "edge_remat_agent/allocator.py)")
+    p.add_argument("--stop-on-nonfinite", action="store_true",
+                   help="stop after the first step whose loss is NaN or infinite (exit 1; the "
+                        "report is still written); by default the run goes on, as PyTorch's "
+                        "would, and warns once")
     p.add_argument("-o", "--output", help="also write the whole run report here (JSON)")
     p.add_argument("--json", action="store_true", help="print the run report as one JSON object")
     return p
@@ -60,14 +66,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from .executor import BadInput, ExecutorError, run_plan
 
-    from .diverged import LossWatch, first_nonfinite_loss
-    loss_watch, losses = LossWatch(), []
+    from .diverged import LossTally, LossWatch, remedy_for
+    loss_watch, losses = LossWatch(), LossTally(remedy_for(graph.capture, None))
 
     def progress(index: int, total: int, record: dict) -> None:
         if not args.json:
             print(_step_line(record, total), file=sys.stderr, flush=True)
-        losses.append(record["loss"])
-        warning = loss_watch.see(first_nonfinite_loss(losses))
+        losses.see(record["step"], record["loss"])
+        warning = loss_watch.see(losses.found)
         if warning:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
 
@@ -76,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
                           check_gradients=not args.no_grad_check, progress=progress,
                           sensor=args.sensor, device=args.device, seed=args.seed,
                           flash_fsync=args.fsync,
-                          map_large_allocations=not args.keep_malloc_defaults)
+                          map_large_allocations=not args.keep_malloc_defaults,
+                          stop_on_nonfinite=args.stop_on_nonfinite)
     except BadInput as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -98,7 +105,22 @@ def run(args: argparse.Namespace) -> int:
     mismatch = gradient_mismatch(report.get("grad_check"))
     if mismatch:
         print(f"error: {mismatch}", file=sys.stderr)
-    return 1 if mismatch else 0
+    stopped = stopped_at_nonfinite(report, args.steps)
+    if stopped:
+        print(f"error: {stopped}", file=sys.stderr)
+    return 1 if mismatch or stopped else 0
+
+
+def stopped_at_nonfinite(report: Any, steps: int) -> str | None:
+    """The error line of a run that --stop-on-nonfinite stopped (its report or job result:
+    `stopped_at_step`, and `nonfinite_loss` there or under `summary`); None where it went on.
+    A run or deploy exits 1 with it."""
+    if not isinstance(report, dict) or not report.get("stopped_at_step"):
+        return None
+    from .diverged import stopped_line
+    found = report.get("nonfinite_loss") or (report.get("summary") or {}).get("nonfinite_loss")
+    return stopped_line(found or {"step": report["stopped_at_step"], "loss": "NaN or inf"},
+                        steps)
 
 
 def gradient_mismatch(check: Any) -> str | None:

@@ -43,6 +43,9 @@ LR_SCHEDULE_HELP = ("constant | linear | cosine: the learning rate's decay over 
                     "--warmup")
 WARMUP_HELP = "steps of linear warmup from 0 to --lr (at most --steps)"
 INIT_HELP = "start from this weights file (a run's weights.pt) instead of the model's own weights"
+STOP_ON_NONFINITE_HELP = ("stop after the first step whose loss is NaN or infinite: exit 1 with "
+                          "one error line; the report is still written and the last checkpoint "
+                          "kept (default: go on as PyTorch would, and warn once)")
 
 
 # The tier field each flash option gives: errors name the option, not the profile's field.
@@ -780,6 +783,8 @@ def deploy(
     data: Optional[str] = typer.Option(None, "--data", help="example (default: the graph's "
                                        "example batch) | digits | text | MODULE:FUNCTION, "
                                        "as run's --data"),
+    stop_on_nonfinite: bool = typer.Option(False, "--stop-on-nonfinite",
+                                           help=STOP_ON_NONFINITE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Push the agent, the plan and the graph; run the plan on the board; fetch the report
@@ -801,7 +806,8 @@ def deploy(
                                check_weights_options, run_default)
     opts = RunOptions(device=device, model="", steps=steps, save=save, init=init, lr=lr,
                       lr_schedule=lr_schedule, warmup=warmup, checkpoint_every=checkpoint_every,
-                      resume=resume, out=run_default("out") if out is None else out)
+                      resume=resume, out=run_default("out") if out is None else out,
+                      stop_on_nonfinite=stop_on_nonfinite)
     out = resume or out or "."
     check_weights_options(opts)
     from .run.options import check_checkpoint_options
@@ -835,6 +841,7 @@ def deploy(
     # from wherever its generator stood, and no two deploys (nor a resumed one) trained alike
     seed = (g.capture.get("source") or {}).get("seed") or 0
     params: dict = {"steps": steps, "save": save, "seed": seed, **opts.lr_params,
+                    **opts.nonfinite_params,
                     **({"data": data} if data is not None else {}),
                     **checkpoint_params(opts, every,
                                         deploy_identity(opts, plan.graph_fingerprint))}
@@ -861,7 +868,17 @@ def deploy(
                 raise with_resume_hint(failed, board, Path(out), job_id) \
                     if "identity" in params else failed
         print_outcome(record, as_json, board)
+    _exit_if_stopped(record.get("result"), steps)
     _exit_if_gradients_differ((record.get("result") or {}).get("grad_check"))
+
+
+def _exit_if_stopped(report, steps: int) -> None:
+    """Exit 1 with its line where --stop-on-nonfinite stopped the run (its report written)."""
+    from edge_remat_agent.run_command import stopped_at_nonfinite
+    stopped = stopped_at_nonfinite(report, steps)
+    if stopped:
+        typer.echo(f"error: {stopped}", err=True)
+        raise typer.Exit(EXIT_JOB_FAILED)
 
 
 def _exit_if_gradients_differ(check) -> None:
@@ -1023,6 +1040,8 @@ def run_command(
                                          "checkpoint of the run in that folder (or on the "
                                          "board) to --steps in all, with the same options; "
                                          "writes into OUT"),
+    stop_on_nonfinite: bool = typer.Option(False, "--stop-on-nonfinite",
+                                           help=STOP_ON_NONFINITE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Fine-tune MODEL on DEVICE within a memory budget: capture, profile, plan, deploy, train,
@@ -1066,7 +1085,7 @@ def run_command(
         out=out, plots=not no_plots, keep_running=keep_running,
         check_gradients=not no_grad_check, allocator=allocator, save=save, init=init,
         checkpoint_every=checkpoint_every, stop_after=stop_after, resume=resume,
-        extra={"malloc": malloc} if malloc else {})
+        stop_on_nonfinite=stop_on_nonfinite, extra={"malloc": malloc} if malloc else {})
     report = run(options, say=to_stderr)
     killed = report["status"] == "killed"
     if as_json:
@@ -1077,6 +1096,7 @@ def run_command(
         typer.echo(report_text(report))
     if killed:
         raise typer.Exit(EXIT_KILLED)
+    _exit_if_stopped(report, steps)
     _exit_if_gradients_differ(report.get("grad_check"))
 
 

@@ -3,7 +3,8 @@ exit status (README, "Exit statuses"); `--debug` shows the traceback before the 
 exit status the same.
 
     0    done
-    1    a job failed on the board, or a run's gradients differ from eager PyTorch's
+    1    a job failed on the board, a run's gradients differ from eager PyTorch's, or
+         --stop-on-nonfinite stopped a run at a loss that is not finite
     2    bad input: a file, an option, a model, a path to write (nothing was sent or written)
     3    the board or its link cannot be reached or used
     4    killed: the run ran out of memory (the memory limit, the board's OOM killer)

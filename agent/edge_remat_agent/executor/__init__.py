@@ -67,6 +67,8 @@ run_plan(graph, plan, steps, page_dir=None, data=None, check_gradients=True, pro
               Without it, glibc's own policy is pinned at its steady state (blocks up to
               32 MiB from the heap, the heap's freed top not trimmed), so that steady steps
               do not fault again what the previous step's end gave back.
+    stop_on_nonfinite  stop after the first step whose loss is NaN or infinite (no checkpoint
+              of it, no `on_trained`); default False: every step runs, as PyTorch's would.
 
 Returns a JSON-serialisable report:
     steps[]   per step: loss, step_time_s, ledger_peak_bytes (the executor's own ledger of live
@@ -85,7 +87,9 @@ Returns a JSON-serialisable report:
     summary   steady-state medians, ledger vs predicted peak (never above it: the graph's
               fixed memory counts the batch-norm statistics and the loss the executor holds
               to the step's end), measured recompute overhead vs the plan's TDI, paging time
-              vs predicted
+              vs predicted, nonfinite_loss (the first step whose loss is NaN or inf, how many
+              were, what to try: diverged.py; None while all are finite)
+    stopped_at_step  the step stop_on_nonfinite stopped after; None: every step ran
 
 run_plain(graph, steps, data=None, progress=None, sensor=None, *, device="cpu", model=None,
           seed=None, map_large_allocations=True, lr=None) -> dict

@@ -21,7 +21,9 @@ saved_weights.py), init (a pushed weights file loaded into the model before it t
 checkpoint_every (write checkpoint.pt after every N-th step and the last: checkpoint.py),
 stop_after (stop after that step of `steps`, whose schedule it keeps), resume (a checkpoint's
 path on the board, pushed or an earlier job's files/checkpoint.pt, to go on from), identity
-(the options a resume must match, written into each checkpoint). A job its daemon starts again
+(the options a resume must match, written into each checkpoint), stop_on_nonfinite (stop after
+the first step whose loss is not finite: diverged.py; the result's stopped_at_step names it,
+and the last checkpoint before it stays). A job its daemon starts again
 (stopped or killed mid-job) goes on from its own newest files/checkpoint.pt where it wrote one,
 and its progress then says resumed_from_step (the host says so); its report holds every step
 of the job, each record's job_start saying which start trained it. Started again after its
@@ -40,7 +42,7 @@ from pathlib import Path
 from ..allocator import MALLOCS, missing_malloc, preload_environment, running_malloc
 from ..daemon.layout import job_page_dir
 from ..daemon.registry import JobContext
-from ..diverged import first_nonfinite_loss
+from ..diverged import LossTally, remedy_for
 
 # Set in the environment of a job process started again under a malloc: it is not restarted
 # twice, even where the preload did not take.
@@ -73,12 +75,12 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     resumed = {} if picked_up is None else {"resumed_from_step": picked_up,
                                             **({"completed_before_restart": True}
                                                if completed else {})}
-    losses: list = []
+    losses = LossTally(remedy_for(graph.capture, lr))
     checkpointed = {"step": None}
 
     def progress(index: int, total: int, record: dict) -> None:
         ctx.check_cancelled()
-        losses.append(record["loss"])
+        losses.see(index + 1, record["loss"])
         if "checkpoint_s" in record:
             checkpointed["step"] = index + 1
         ctx.progress((index + 1) / total,
@@ -88,7 +90,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                      ledger_peak_bytes=record["ledger_peak_bytes"],
                      rss_peak_bytes=record["rss_peak_bytes"],
                      # the host may see only the latest step's progress: the first kept here
-                     nonfinite_loss=first_nonfinite_loss(losses),
+                     nonfinite_loss=losses.found,
                      checkpoint_step=checkpointed["step"], **resumed)
 
     _check_page_dir(plan, page_dir)
@@ -102,7 +104,9 @@ def run_job(ctx: JobContext, params: dict) -> dict:
         load_weights(captured.module, ctx.input_path(str(params["init"])))
     checkpointing = _checkpointing(ctx, params, picked_up is not None)
     if checkpointing is not None:  # the job's earlier starts' steps: their divergence counts
-        losses.extend(r.get("loss") for r in checkpointing.history()["steps"])
+        history = checkpointing.history()
+        for step, record in enumerate(history["steps"], start=history["after_step"] + 1):
+            losses.see(step, record.get("loss"))
     # a kill from here on is in a step
     ctx.progress(0.0, "the graph captured; " + ("saving its outputs" if completed
                                                   else "training"), **resumed)
@@ -119,7 +123,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
             saved["error"] = f"the trained weights were not saved: {error}"
     try:
         report = run_plan(graph, plan, steps, page_dir, captured=captured,
-                          check_gradients=_flag(params.get("check_gradients", True)),
+                          check_gradients=param_flag(params.get("check_gradients", True)),
                           progress=progress, sensor=params.get("sensor", "auto"),
                           device=params.get("device", "cpu"), seed=seed,
                           data=params.get("data"), lr=lr,
@@ -128,7 +132,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                           stores=None if host is None else {"host": host},
                           allocator=str(params.get("allocator") or "glibc"),
                           on_trained=save_trained, checkpointing=checkpointing,
-                          map_large_allocations=not _flag(params.get("keep_malloc_defaults",
+                          stop_on_nonfinite=param_flag(params.get("stop_on_nonfinite", False)),
+                          map_large_allocations=not param_flag(params.get("keep_malloc_defaults",
                                                                      False)))
     finally:
         if host is not None:
@@ -143,6 +148,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     return {"malloc": malloc, "files": files, "summary": report["summary"],
             "saved_weights": saved.get("figures"), "checkpoint": report.get("checkpoint"),
             "grad_check": report["grad_check"], "steps": len(report["steps"]),
+            "stopped_at_step": report["stopped_at_step"],
             "data": report["data"], "optimizer": report["optimizer"]}
 
 
@@ -243,7 +249,8 @@ def _capture_before_torch(graph, graph_path):
     return capture_here(graph, traced)
 
 
-def _flag(value) -> bool:
+def param_flag(value) -> bool:
+    """A job's yes/no param, given as a bool or as text ("0", "false", "no", "off": no)."""
     if isinstance(value, str):
         return value.strip().lower() not in ("0", "false", "no", "off")
     return bool(value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..diverged import first_nonfinite_loss
+from ..diverged import LossTally
 from ..profiler import StepMeasurement
 from .interpreter import StepCounts
 
@@ -63,12 +63,15 @@ def job_starts(records: list[dict[str, Any]], finished_after: int | None = None)
     return starts
 
 
-def summarize(records: list[dict[str, Any]],
-              predicted: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarize(records: list[dict[str, Any]], predicted: dict[str, Any] | None = None,
+              remedy: str | None = None) -> dict[str, Any]:
     """Steady-state figures (the first step of each start of the job warms caches and
     allocators: medians skip it when there are more steps) and, for a plan, measured against
-    predicted."""
+    predicted. `remedy`: what to try should a loss not be finite (diverged.nonfinite_remedy)."""
     steady_steps = steady(records)
+    losses = LossTally(remedy)
+    for r in records:  # by their own steps: a resumed run's first is not step 1
+        losses.see(r["step"], r["loss"])
     energies = [r["energy_j"] for r in records]
     out: dict[str, Any] = {
         "steps": len(records),
@@ -77,7 +80,7 @@ def summarize(records: list[dict[str, Any]],
         "rss_peak_bytes": max(r["rss_peak_bytes"] for r in records),
         "energy_j": None if any(e is None for e in energies) else sum(energies),
         "final_loss": records[-1]["loss"],
-        "nonfinite_loss": first_nonfinite_loss(r["loss"] for r in records),
+        "nonfinite_loss": losses.found,
     }
     if predicted is None:
         return out

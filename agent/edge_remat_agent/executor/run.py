@@ -21,6 +21,7 @@ from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
 from ..capture.replay import StepRunner
 from ..costs import plan_costs
 from ..devices import allocated_peak, reserved_peak, reset_peaks, synchronize
+from ..diverged import is_nonfinite, remedy_for
 from ..formats import Graph, Plan
 from ..lr_schedule import ScheduledLr, lr_factor
 from ..memory_classes import CLASSES, ledger_classifier, planned_at
@@ -58,7 +59,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              allocator: str = "glibc", count_allocations: bool = False,
              lr_schedule: str = "constant", warmup: int = 0,
              on_trained: Callable[[torch.nn.Module, ParameterHome | None], None] | None = None,
-             checkpointing: Checkpointing | None = None) -> dict[str, Any]:
+             checkpointing: Checkpointing | None = None,
+             stop_on_nonfinite: bool = False) -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
     `lr_schedule`, `warmup`: the learning rate's schedule over the steps (lr_schedule.py).
     `allocator`: "glibc" (tensors from the CPU allocator) or "arena" (every planned tensor in
@@ -76,7 +78,10 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     from a checkpoint (checkpoint.py); the learning rate's schedule spans `steps` all the
     same. From the job's own checkpoint (its daemon started it again) the report holds the
     job's earlier steps too, and from one after its last step the run trains nothing: it
-    saves the weights (on_trained) and reports the steps that checkpoint holds."""
+    saves the weights (on_trained) and reports the steps that checkpoint holds.
+    `stop_on_nonfinite`: stop after the first step whose loss is not finite (NaN, inf:
+    diverged.py), writing no checkpoint of it and not calling `on_trained`; the report's
+    `stopped_at_step` names it (None: the run took every step)."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
     check_lr_schedule(lr_schedule, warmup, steps)
@@ -114,6 +119,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     malloc = map_large_blocks() if map_large_allocations else steady_heap()
     records: list[dict] = []
     grad_check: dict | None = None
+    stopped_at: int | None = None
     if seed is not None:
         torch.manual_seed(seed)
     k = micro_batches_of(captured.graph)
@@ -173,7 +179,9 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                 records[-1]["cpu_allocations"] = {
                     "count": counted.allocations, "bytes": counted.allocated_bytes,
                     "peak_bytes": counted.peak_bytes}
-            if checkpointing.due(i + 1, last):
+            # the loss is a Python float already: one isfinite a step, nothing more
+            diverged = stop_on_nonfinite and is_nonfinite(result.loss)
+            if checkpointing.due(i + 1, last) and not diverged:  # no resuming from NaN
                 checkpointing.written.append(write_checkpoint(
                     checkpointing.path, module, home, optimizer, i + 1, (i + 1) * k, steps,
                     checkpointing.identity, device,
@@ -182,9 +190,12 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                 records[-1]["checkpoint_s"] = checkpointing.written[-1]["save_s"]
             if progress is not None:
                 progress(i, steps, records[-1])
+            if diverged:
+                stopped_at = i + 1
+                break
         tiers = describe_stores(opened)
         weights = _weight_figures(home)
-        if on_trained is not None:
+        if on_trained is not None and stopped_at is None:  # diverged weights are not kept
             on_trained(module, home)
         if keep_parameters and home is not None:
             home.bring_back()
@@ -219,9 +230,10 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "predicted": predicted,
         "recomputed": first["recomputed"], "page_ins": first["page_ins"],
         "page_outs": first["page_outs"],
-        "grad_check": grad_check, "steps": records,
+        "grad_check": grad_check, "steps": records, "stopped_at_step": stopped_at,
         "memory_by_class": memory_by_class(captured.graph, plan, sim, records),
-        "summary": summarize(records, predicted),
+        "summary": summarize(records, predicted,
+                             remedy_for(captured.graph.capture, lr)),
         **({"weights": weights} if weights else {}),
         **({"checkpoint": figures} if figures else {}),
     }

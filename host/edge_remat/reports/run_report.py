@@ -84,7 +84,9 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         # What the board says it trained on; a board whose job does not say gets the request.
         "data": (result or {}).get("data") or f"{data} (requested; the board does not say)",
         "steps_done": sum(1 for v in per_step["loss"] if v is not None),
-        "nonfinite_loss": first_nonfinite_loss(per_step["loss"]),  # training diverged there
+        # training diverged there: the board's words (its steps, what to try), else the losses'
+        "nonfinite_loss": board_nonfinite(result) or first_nonfinite_loss(per_step["loss"]),
+        "stopped_at_step": (result or {}).get("stopped_at_step"),  # --stop-on-nonfinite
         **per_step,
         "measured_peak_bytes": _max(per_step["rss_peak_bytes"]),
         "tensor_peak_bytes": _max(per_step["ledger_peak_bytes"]),
@@ -128,6 +130,14 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
     }
     report["misses"] = misses(report)
     return report
+
+
+def board_nonfinite(result: Optional[dict]) -> Optional[dict]:
+    """The board's own `nonfinite_loss` (plain training's result, a run report's summary,
+    a killed job's last progress): it counts by the run's own steps and says what to try."""
+    result = result or {}
+    summary = result.get("summary") if isinstance(result.get("summary"), dict) else {}
+    return result.get("nonfinite_loss") or summary.get("nonfinite_loss")
 
 
 def _difference(a, b):

@@ -63,6 +63,7 @@ class RunOptions:
     checkpoint_every: Optional[int] = None  # a checkpoint after every N-th step (run/resume.py)
     stop_after: Optional[int] = None  # stop after this step of --steps (its schedule kept)
     resume: Optional[str] = None  # an earlier run's --out folder, to go on from its checkpoint
+    stop_on_nonfinite: bool = False  # stop after the first step whose loss is NaN or inf
 
     def __post_init__(self) -> None:
         if self.budget is not None:
@@ -90,6 +91,12 @@ class RunOptions:
         return {**({} if self.lr is None else {"lr": self.lr}),
                 **({} if self.lr_schedule == "constant" and not self.warmup
                    else {"lr_schedule": self.lr_schedule, "warmup": self.warmup})}
+
+    @property
+    def nonfinite_params(self) -> dict:
+        """The board's training jobs' param for --stop-on-nonfinite (none by default: the
+        job goes on as PyTorch's would, and warns)."""
+        return {"stop_on_nonfinite": True} if self.stop_on_nonfinite else {}
 
 
 def run_default(name: str):

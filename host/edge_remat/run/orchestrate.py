@@ -162,7 +162,7 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
     from ..reports.run_report import build_report
     require_kind(board, "train-plain", "train plainly")
     params = {k: v for k, v in opts.model_info.items() if v is not None}
-    params.update(steps=opts.steps, data=data, **lr)
+    params.update(steps=opts.steps, data=data, **lr, **opts.nonfinite_params)
     if opts.accumulate > 1:  # the same micro-batches and steps as a planned run's
         params["accumulate"] = opts.accumulate
     params.update(opts.extra)  # the board job's extra params (--malloc), as a planned run's
@@ -280,7 +280,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     params = {"steps": opts.steps, "data": data, "seed": opts.seed, **lr,
               "optimizer": opts.optimizer,
               "check_gradients": opts.check_gradients and not limited,
-              "allocator": opts.allocator, "save": opts.save, **opts.extra}
+              "allocator": opts.allocator, "save": opts.save, **opts.nonfinite_params,
+              **opts.extra}
     if device.hardware.page_dir:
         params["page_dir"] = device.hardware.page_dir
     every = checkpoint_every(opts)
@@ -306,7 +307,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         except JobFailed as failed:
             raise with_resume_hint(failed, board, out, job_id) if "identity" in params \
                 else failed
-    if limited and opts.check_gradients and outcome["status"] == "finished":
+    if limited and opts.check_gradients and outcome["status"] in ("finished", "stopped"):
         say("checking the plan's gradients against eager PyTorch on the host")
         outcome["grad_check"] = host_gradient_check(graph, plan_path, captured)
     report = build_report(mode="planned", device=device.name, model=opts.model,
@@ -323,9 +324,12 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         report["resumed_after_step"] = picked_up or resumed["steps_done"]
     if "identity" in params:
         report["checkpoint"] = keep_checkpoint(board, out, outcome, job_id)
-        if report["checkpoint"] and outcome["status"] != "finished":
+        if report["checkpoint"] and outcome["status"] == "killed":
             say(f"the checkpoint before the kill is in {report['checkpoint']['file']}: the "
                 f"same command with --resume {out} goes on from it")
+        elif report["checkpoint"] and outcome["status"] == "stopped":
+            say(f"the last checkpoint before the loss stopped being finite (after step "
+                f"{report['checkpoint']['step']}) is in {report['checkpoint']['file']}")
     if (outcome.get("result") or {}).get("saved_weights_error"):
         say(f"warning: {outcome['result']['saved_weights_error']}")
     if report["weights"]:
@@ -553,7 +557,10 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
         record = board.run_job(kind, params, inputs, out / "board", job_id=job_id,
                                on_update=progress_printer(say))
         result = full_result(record)
-        return {"status": "finished", "message": finished_message(result, steps),
+        stopped = result.get("stopped_at_step")  # --stop-on-nonfinite: the report still comes
+        return {"status": "stopped" if stopped else "finished",
+                "message": f"stopped at step {stopped} of {steps}: the loss is not finite "
+                           "(--stop-on-nonfinite)" if stopped else finished_message(result, steps),
                 "result": result, **watch.readings(result)}
     except JobFailed as exc:
         error = str(exc.record.get("error"))

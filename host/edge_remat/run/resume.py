@@ -159,11 +159,12 @@ def check_checkpoint(opts: RunOptions, out: Path, identity: Optional[dict] = Non
 
 def keep_checkpoint(board, out: Path, outcome: dict, job_id: str) -> Optional[dict]:
     """The job's checkpoint into OUT/checkpoint.pt: the one its outputs brought (a finished
-    job), else fetched from the board (a killed one: its last checkpoint before the kill)."""
+    job, or one --stop-on-nonfinite stopped: its last before that step), else fetched from
+    the board (a killed one: its last checkpoint before the kill)."""
     fetched = out / "board" / CHECKPOINT_FILE
     target = out / CHECKPOINT_FILE
     result = outcome.get("result") or {}
-    if outcome.get("status") == "finished" and fetched.is_file():
+    if outcome.get("status") in ("finished", "stopped") and fetched.is_file():
         fetched.replace(target)
         figures = result.get("checkpoint") or {}
         return {**figures, "file": str(target),
