@@ -8,8 +8,9 @@ values, a few bytes each), the calling convention and which value owns which sto
 each value's tensor layout (shape, strides, dtype, which storage it shares: `TensorLayout`).
 `Program.trace()` rebuilds the FX graph from it, names unchanged, without tracing, each node
 carrying a meta tensor of its traced layout where the trace had a fake one: the runner's
-choices read them (Python bindings, arena .out writes, in-place ops, folded getitems, the
-compiled replay's ledger), and without them a job captured in a child ran none of those.
+choices read them (arena .out writes, in-place ops, folded getitems, the compiled replay's
+ledger), and without them a job captured in a child ran none of those. Which ops may run
+through their Python binding is decided in the child too (`bound`, bindings.py).
 The result runs through StepRunner like the trace itself.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from . import bindings
 from .trace import JointTrace
 
 
@@ -54,6 +56,9 @@ class Program:
     # value name -> its TensorLayout, a tuple of them (None for a non-tensor item), or a
     # Python number; values the trace gave no fake value are absent
     layouts: dict[str, Any]
+    # the ops whose Python binding reaches the traced overload (bindings.py), checked where
+    # the trace was made, so that the check's own memory stays there
+    bound: frozenset[str] = frozenset()
     constants: dict[str, torch.Tensor] = field(default_factory=dict)  # JointTrace.constants()
 
     def trace(self) -> JointTrace:
@@ -80,6 +85,7 @@ class Program:
                                      name=name)
             if node.name != name:
                 raise ValueError(f"captured value {name!r} came back as {node.name!r}")
+            node.meta[bindings.DECIDED] = name in self.bound
             nodes[name] = node
         graph.output(None)
         storages: dict[int, torch.UntypedStorage] = {}
@@ -113,8 +119,11 @@ def program_of(trace: JointTrace) -> Program:
             layout = _layout(node.meta["val"], storage_ids)
             if layout is not None:
                 layouts[node.name] = layout
+    bound = frozenset(n.name for n in trace.compute_nodes
+                      if isinstance(n.target, torch._ops.OpOverload)
+                      and bindings.python_binding(n, dict(n.kwargs)) is not None)
     return Program(trace.model, placeholders, ops, trace.signature(), trace.storage_roots(),
-                   layouts, trace.constants())
+                   layouts, bound, trace.constants())
 
 
 def _layout(value: Any, storage_ids: dict[int, int]) -> Any:
