@@ -309,10 +309,22 @@ def test_deploy_stops_too(model, tmp_path, monkeypatch):
         done = cli("deploy", tmp_path / "inputs" / "plan.json", "--device", "bench", "--graph",
                    tmp_path / "inputs" / "graph.json", "--steps", STEPS, "--lr", LR,
                    "--out", out, "--stop-on-nonfinite", timeout=300)
+        assert refused(done, 1) == f"error: {STOPPED}"
+        # Had the link been lost (a run's report then says link_lost), the way back reads
+        # the stopped job as stopped, not finished (run/come_back.py)
+        job = next((workdir / "jobs").glob("run-*")).name  # the deploy's job, on the board
+        lost = tmp_path / "lost"
+        (lost / "board").mkdir(parents=True)
+        (lost / "report.json").write_text(json.dumps({"status": "link_lost", "job": job,
+                                                      "message": "cannot reach bench"}))
+        back = cli("job-status", job, "--device", "bench", "--wait", "--out", lost / "board")
     finally:
         stop_agent(workdir)
-    assert refused(done, 1) == f"error: {STOPPED}"
     _assert_warned_once(done.stderr)
     report = json.loads((out / "run_report.json").read_text())
     assert report["stopped_at_step"] == 3 and len(report["steps"]) == 3
     assert "warning      the loss is not finite (inf) at step 3: training" in done.stdout
+    assert back.returncode == 0, back.stderr
+    settled = json.loads((lost / "report.json").read_text())
+    assert settled["status"] == "stopped" and settled["job_state"] == "finished", settled
+    assert settled["board_report"] == str(lost / "board" / "run_report.json")

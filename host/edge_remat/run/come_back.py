@@ -17,7 +17,9 @@ from ..transport.errors import cancelled_by_host
 def final_status(record: dict) -> str:
     """A run report's status for an ended job's record, as `run` would have said it."""
     if record["state"] != "failed":
-        return record["state"]  # finished
+        # finished, or stopped at a diverged step (--stop-on-nonfinite: the job itself ends well)
+        return "stopped" if (record.get("result") or {}).get("stopped_at_step") \
+            else record["state"]
     if cancelled_by_host(record):
         return "cancelled"
     return "killed" if killed_by_memory(str(record.get("error"))) else "failed"
@@ -41,7 +43,7 @@ def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[Path]:
                       message=f"the link was lost, and the job then ended on the board: "
                       f"{status}" + (f" ({record['error']})" if record.get("error") else ""),
                       job_state=record["state"])
-        if status == "finished" and board_report.is_file():
+        if status in ("finished", "stopped") and board_report.is_file():
             report["board_report"] = str(board_report)
         dump_json(report, path)
         return path
