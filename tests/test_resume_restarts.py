@@ -43,6 +43,26 @@ def stopping_once(how: str, module: str) -> str:
     return f"{head}\n{module}"
 
 
+def _stopped_once_and_not(tmp_path, module: str, steps: int):
+    """On the local board "bench" (the caller's local_board), gpt-tiny for `steps` steps
+    drawing from `module` (stopping_once's text): once uninterrupted (its folder
+    tmp_path/whole), then with the daemon stopped, then killed, once each (folders
+    tmp_path/stop, tmp_path/kill). Yields (how, the uninterrupted run's result, the restarted
+    run's, the lines the host said) for each."""
+    from edge_remat.run import RunOptions, run
+    for how in ("stop", "kill"):
+        data = tmp_path / f"{how}_once.py"
+        data.write_text(stopping_once(how, module))
+        options = {**GPT, "data": f"{data}:batches", "steps": steps}
+        if how == "stop":
+            data.with_suffix(".stopped").write_text("the uninterrupted run is not stopped")
+            uninterrupted = run(RunOptions(out=str(tmp_path / "whole"), **options))
+            data.with_suffix(".stopped").unlink()
+        said: list = []
+        restarted = run(RunOptions(out=str(tmp_path / how), **options), say=said.append)
+        yield how, uninterrupted, restarted, said
+
+
 STOP_AT_BATCH = '''"""The bundled text, but drawing batch STOP_AT stops the daemon once."""
 from edge_remat_agent.data.text import text_batches
 
@@ -67,19 +87,11 @@ def test_a_run_job_its_daemon_restarts_mid_job_goes_on_from_its_own_checkpoint(t
     in the checkpoint), each marked with its start, and the step time's median leaves each
     start's first step out (before, it held steps 5-8 alone)."""
     from helpers.board_fixtures import local_board
-    from edge_remat.run import RunOptions, run
     whole = tmp_path / "whole"
     with local_board(tmp_path, "bench"):
-        for how in ("stop", "kill"):
-            data = tmp_path / f"{how}_once.py"
-            data.write_text(stopping_once(how, STOP_AT_BATCH))
-            options = {**GPT, "data": f"{data}:batches", "steps": 8}
-            if how == "stop":
-                data.with_suffix(".stopped").write_text("the uninterrupted run is not stopped")
-                uninterrupted = run(RunOptions(out=str(whole), **options))
-                data.with_suffix(".stopped").unlink()
-            said, part = [], tmp_path / how
-            restarted = run(RunOptions(out=str(part), **options), say=said.append)
+        for how, uninterrupted, restarted, said in _stopped_once_and_not(
+                tmp_path, STOP_AT_BATCH, steps=8):
+            part = tmp_path / how
             assert any("restarted mid-job; job run-" in line and line.endswith(
                 "resumed from step 4 (its newest checkpoint)") for line in said), (how, said)
             assert restarted["status"] == "finished", restarted["message"]
@@ -143,19 +155,11 @@ def test_a_run_job_restarted_after_its_last_checkpoint_saves_its_outputs_without
     nothing and ends as the uninterrupted run (its weights from that checkpoint, its report of
     the 4 steps the first start trained, saying so). Before, it began again at step 1."""
     from helpers.board_fixtures import local_board
-    from edge_remat.run import RunOptions, run
     whole = tmp_path / "whole"
     with local_board(tmp_path, "bench"):
-        for how in ("stop", "kill"):
-            data = tmp_path / f"{how}_once.py"
-            data.write_text(stopping_once(how, STOP_AFTER_LAST_CHECKPOINT))
-            options = {**GPT, "data": f"{data}:batches", "steps": 4}
-            if how == "stop":
-                data.with_suffix(".stopped").write_text("the uninterrupted run is not stopped")
-                uninterrupted = run(RunOptions(out=str(whole), **options))
-                data.with_suffix(".stopped").unlink()
-            said, part = [], tmp_path / how
-            restarted = run(RunOptions(out=str(part), **options), say=said.append)
+        for how, uninterrupted, restarted, said in _stopped_once_and_not(
+                tmp_path, STOP_AFTER_LAST_CHECKPOINT, steps=4):
+            part = tmp_path / how
             assert any("restarted mid-job; job run-" in line and line.endswith(
                 "had trained all its steps before (its checkpoint is after step 4, its last): "
                 "it saves its outputs from that checkpoint without training again")
