@@ -291,9 +291,9 @@ def report_text(report: dict) -> str:
             f"{_cell(pred_e, '{:.3g}') + ' / ' + _cell(report['energy_j'][k], '{:.3g}'):>15}")
     if report.get("killed_at_step"):
         lines.append(f"{report['killed_at_step']:>4}  killed by the memory limit")
-    if starts_text(report.get("job_starts")):
-        lines.append(f"starts    {starts_text(report['job_starts'])} (medians leave each "
-                     "start's first step out)")
+    starts = starts_text(report.get("job_starts"))
+    if starts:
+        lines.append(f"starts    {starts} (medians leave each start's first step out)")
     lines.append("")
     if report.get("kernel_peak_bytes") is not None:
         share = f" of the {fmt_bytes(limit)} limit" if limit else ""
