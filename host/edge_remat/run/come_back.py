@@ -12,14 +12,13 @@ from edge_remat_agent.formats.fields import dump_json
 
 from ..errors import killed_by_memory
 from ..transport.errors import cancelled_by_host
+from .job_end import ENDED_WELL, ended_well_status
 
 
 def final_status(record: dict) -> str:
     """A run report's status for an ended job's record, as `run` would have said it."""
     if record["state"] != "failed":
-        # finished, or stopped at a diverged step (--stop-on-nonfinite: the job itself ends well)
-        return "stopped" if (record.get("result") or {}).get("stopped_at_step") \
-            else record["state"]
+        return ended_well_status(record.get("result") or {})
     if cancelled_by_host(record):
         return "cancelled"
     return "killed" if killed_by_memory(str(record.get("error"))) else "failed"
@@ -43,7 +42,7 @@ def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[Path]:
                       message=f"the link was lost, and the job then ended on the board: "
                       f"{status}" + (f" ({record['error']})" if record.get("error") else ""),
                       job_state=record["state"])
-        if status in ("finished", "stopped") and board_report.is_file():
+        if status in ENDED_WELL and board_report.is_file():
             report["board_report"] = str(board_report)
         dump_json(report, path)
         return path

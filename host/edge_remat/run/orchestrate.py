@@ -28,6 +28,7 @@ from ..errors import EXIT_BAD_INPUT, Interrupted, classify, killed_by_memory
 from ..remote import full_result
 from ..transport import Board, JobFailed, JobOutOfReach
 from ..units import Budget, budget_against_plain
+from .job_end import ENDED_WELL, ended_well_status
 from .options import (RunOptions, RunProblem, check_data_fits, check_init_fits, check_options,
                       flash_allowed, for_board, paging_with_flash, run_data)
 from .profiles import ChosenProfile, choose_profile, forget_if_far_off
@@ -307,7 +308,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         except JobFailed as failed:
             raise with_resume_hint(failed, board, out, job_id) if "identity" in params \
                 else failed
-    if limited and opts.check_gradients and outcome["status"] in ("finished", "stopped"):
+    if limited and opts.check_gradients and outcome["status"] in ENDED_WELL:
         say("checking the plan's gradients against eager PyTorch on the host")
         outcome["grad_check"] = host_gradient_check(graph, plan_path, captured)
     report = build_report(mode="planned", device=device.name, model=opts.model,
@@ -558,7 +559,7 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
                                on_update=progress_printer(say))
         result = full_result(record)
         stopped = result.get("stopped_at_step")  # --stop-on-nonfinite: the report still comes
-        return {"status": "stopped" if stopped else "finished",
+        return {"status": ended_well_status(result),
                 "message": f"stopped at step {stopped} of {steps}: the loss is not finite "
                            "(--stop-on-nonfinite)" if stopped else finished_message(result, steps),
                 "result": result, **watch.readings(result)}

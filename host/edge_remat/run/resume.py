@@ -18,6 +18,7 @@ from typing import Callable, Optional
 from edge_remat_agent.daemon.identity import file_sha256
 from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE, identity_mismatch
 
+from .job_end import ENDED_WELL
 from .options import RunOptions, RunProblem, run_data
 
 RECORD = "checkpoint.json"
@@ -164,7 +165,7 @@ def keep_checkpoint(board, out: Path, outcome: dict, job_id: str) -> Optional[di
     fetched = out / "board" / CHECKPOINT_FILE
     target = out / CHECKPOINT_FILE
     result = outcome.get("result") or {}
-    if outcome.get("status") in ("finished", "stopped") and fetched.is_file():
+    if outcome.get("status") in ENDED_WELL and fetched.is_file():
         fetched.replace(target)
         figures = result.get("checkpoint") or {}
         return {**figures, "file": str(target),
