@@ -21,7 +21,7 @@ from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
 from ..capture.replay import StepRunner
 from ..costs import plan_costs
 from ..devices import allocated_peak, reserved_peak, reset_peaks, synchronize
-from ..diverged import is_nonfinite, remedy_for
+from ..diverged import Remedy, is_nonfinite, remedy_for
 from ..formats import Graph, Plan
 from ..lr_schedule import ScheduledLr, lr_factor, lr_history
 from ..memory_classes import CLASSES, ledger_classifier, planned_at
@@ -60,7 +60,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              lr_schedule: str = "constant", warmup: int = 0,
              on_trained: Callable[[torch.nn.Module, ParameterHome | None], None] | None = None,
              checkpointing: Checkpointing | None = None,
-             stop_on_nonfinite: bool = False, remedy: str | None = None) -> dict[str, Any]:
+             stop_on_nonfinite: bool = False,
+             remedy: Remedy | str | None = None) -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
     `lr_schedule`, `warmup`: the learning rate's schedule over the steps (lr_schedule.py).
     `allocator`: "glibc" (tensors from the CPU allocator) or "arena" (every planned tensor in
