@@ -53,6 +53,14 @@ STOPPED = ("stopped at step 3 of 5 (--stop-on-nonfinite): the loss is not finite
            f"training diverged; {REMEDY}")
 
 
+def from_the_start(out) -> str:
+    """What to try where the run stops there with a checkpoint after every step: not a
+    --resume, whose checkpoint (after step 2) holds the weights whose forward is step 3's."""
+    return REMEDY.replace("(this run's is 1e+06)", "(this run's is 1e+06; again from the start: "
+                          "the checkpoint after step 2 holds the weights that gave step 3's "
+                          f"loss, which --resume {out} would repeat)")
+
+
 @pytest.fixture
 def model(tmp_path):
     path = tmp_path / "blows_up.py"
@@ -132,14 +140,17 @@ def test_a_planned_run_stops_at_the_first_nonfinite_loss_keeping_the_checkpoint_
         model, tmp_path):
     """stop_on_nonfinite: steps 1 and 2 train as the run that goes on trains them, step 3's
     loss is inf and the job stops there; its report is written, its last checkpoint is step
-    2's (none is written of the diverged step), and no diverged weights are saved."""
+    2's (none is written of the diverged step), and no diverged weights are saved. What to
+    try says that a resume from it would repeat step 3's loss (step 3's forward is of the
+    weights after step 2), and so it does, at a smaller --lr too."""
     _board_inputs(model, tmp_path)
     _, went_on, _ = _run_job(tmp_path, "on", checkpoint_every=1)
     result, report, records = _run_job(tmp_path, "stop", checkpoint_every=1,
-                                       stop_on_nonfinite=True)
+                                       stop_on_nonfinite=True, out="runs/blows-up")
     assert result["stopped_at_step"] == report["stopped_at_step"] == 3
     assert [s["loss"] for s in report["steps"]] == [s["loss"] for s in went_on["steps"][:3]]
-    assert report["summary"]["nonfinite_loss"] == {**FIRST, "count": 1}
+    first = {**FIRST, "count": 1, "remedy": from_the_start("runs/blows-up")}
+    assert report["summary"]["nonfinite_loss"] == records[-1]["data"]["nonfinite_loss"] == first
     assert report["grad_check"]["bitwise_equal"]
     assert checkpoint_step(tmp_path / "stop" / "files" / "checkpoint.pt") == 2
     assert checkpoint_step(tmp_path / "on" / "files" / "checkpoint.pt") == STEPS
@@ -148,7 +159,67 @@ def test_a_planned_run_stops_at_the_first_nonfinite_loss_keeping_the_checkpoint_
     assert records[-1]["data"]["step"] == 3
     from edge_remat_agent.run_command import stopped_at_nonfinite
     assert stopped_at_nonfinite(result, STEPS) == stopped_at_nonfinite(report, STEPS) == \
-        STOPPED
+        STOPPED.replace(REMEDY, from_the_start("runs/blows-up"))
+    (tmp_path / "inputs" / "checkpoint.pt").write_bytes(
+        (tmp_path / "stop" / "files" / "checkpoint.pt").read_bytes())
+    _, resumed, _ = _run_job(tmp_path, "resumed", resume="inputs/checkpoint.pt", lr=0.01,
+                             checkpoint_every=1, stop_on_nonfinite=True)
+    assert resumed["stopped_at_step"] == 3 and resumed["steps"][0]["loss"] == float("inf")
+
+
+# a quadratic at lr 1e4 (SGD, momentum 0.9): each step multiplies the weights by ~1e4, the
+# loss 4, 1.6e9, 6.4e17, 2.6e26, 1.0e35, then inf at step 6; from the weights after step 4 at
+# lr 0.01 it settles (2.5e26, 2.3e26, ...)
+QUADRATIC = """
+import torch
+from torch import nn
+
+
+class Quadratic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return (self.w * x).pow(2).sum()
+
+
+def make(batch=1):
+    return Quadratic(), (torch.ones(4),)
+"""
+
+
+def test_a_run_stopped_at_a_nonfinite_loss_goes_on_from_a_checkpoint_before_at_a_smaller_lr(
+        tmp_path):
+    """With a checkpoint every 2 steps, a run that diverges at step 6 keeps the one after
+    step 4 (step 5's loss, of those weights, was finite): what to try names the resume from
+    it with a tenth of its --lr. Resumed so (at 0.01: a tenth still diverges here), the run
+    goes on, each loss finite, and its report and checkpoint say which steps took which rate
+    (the resume was refused before: --lr was part of the checkpoint's identity)."""
+    from edge_remat_agent.executor.checkpoint import read_checkpoint
+    from edge_remat_agent.run_command import stopped_at_nonfinite
+    (tmp_path / "quadratic.py").write_text(QUADRATIC)
+    _board_inputs(f"{tmp_path / 'quadratic.py'}:make", tmp_path)
+    result, report, _ = _run_job(tmp_path, "stop", steps=8, lr=1e4, checkpoint_every=2,
+                                 stop_on_nonfinite=True, out="runs/q")
+    assert result["stopped_at_step"] == 6
+    assert stopped_at_nonfinite(result, 8) == (
+        "stopped at step 6 of 8 (--stop-on-nonfinite): the loss is not finite (inf): training "
+        "diverged; try a smaller --lr (this run's is 10000; the same command with `--resume "
+        "runs/q --lr 1000` goes on from its checkpoint after step 4) or clipping the gradients "
+        "(--clip-grad-norm 1.0 on run or graph); else look for a division by zero or an "
+        "overflow in the model's forward")
+    (tmp_path / "inputs" / "checkpoint.pt").write_bytes(
+        (tmp_path / "stop" / "files" / "checkpoint.pt").read_bytes())
+    _, resumed, _ = _run_job(tmp_path, "resumed", steps=8, lr=0.01, checkpoint_every=2,
+                             stop_on_nonfinite=True, out="runs/q",
+                             resume="inputs/checkpoint.pt")
+    assert [s["step"] for s in resumed["steps"]] == [5, 6, 7, 8]
+    assert resumed["stopped_at_step"] is None and resumed["summary"]["nonfinite_loss"] is None
+    assert resumed["steps"][0]["loss"] == report["steps"][4]["loss"]  # step 5: the same weights
+    history = [{"from_step": 1, "lr": 1e4}, {"from_step": 5, "lr": 0.01}]
+    assert resumed["optimizer"]["lr_history"] == history
+    assert read_checkpoint(tmp_path / "resumed" / "files" / "checkpoint.pt").lr_history == history
 
 
 def test_a_resumed_run_names_the_step_by_the_run_s_own_count(model, tmp_path):
@@ -229,16 +300,17 @@ def test_what_to_try_follows_the_options_the_run_did_not_take(model):
     only under a half-precision model that trains its parameters in it (the graph's capture
     records both), the learning rate always: its optimizer's default where --lr is not given."""
     bf16 = capture_model(model, seed=0, dtype="bf16", clip_grad_norm=1.0).graph.capture
-    assert remedy_for(bf16, None) == (
+    assert remedy_for(bf16, None).words() == (
         "try a smaller --lr (this run's is 0.01) or training in fp32 rather than bf16 "
         "(--trainable-dtype fp32 with a frozen base, else --dtype fp32; on run or graph); else "
         "look for a division by zero or an overflow in the model's forward")
     # a LoRA model's capture under --dtype bf16 --trainable-dtype fp32 records this much
     mixed = {"source": {"dtype": "bf16", "trainable_dtype": "fp32"}, "clip_grad_norm": 1.0,
              "optimizer": "adam"}
-    assert remedy_for(mixed, 2e-4).startswith("try a smaller --lr (this run's is 0.0002); else")
+    assert remedy_for(mixed, 2e-4).words().startswith(
+        "try a smaller --lr (this run's is 0.0002); else")
     # plain training's params say the same things
-    assert remedy_for({"dtype": "fp16", "optimizer": "adamw"}, None).startswith(
+    assert remedy_for({"dtype": "fp16", "optimizer": "adamw"}, None).words().startswith(
         "try a smaller --lr (this run's is 0.001), clipping the gradients (--clip-grad-norm 1.0 "
         "on run or graph) or training in fp32 rather than fp16")
 
@@ -261,14 +333,14 @@ def test_run_warns_once_and_its_report_says_so(model, tmp_path, monkeypatch, how
     assert WARNING in (tmp_path / "out" / "report.txt").read_text()
 
 
-def _assert_warned_once(stderr: str) -> None:
+def _assert_warned_once(stderr: str, remedy: str = REMEDY) -> None:
     """One warning line, as the host first saw the step (one poll may see steps 3 and 4)."""
     import re
     warned = [line for line in stderr.splitlines() if "not finite" in line
               and not line.startswith("error: ")]
     assert len(warned) == 1 and re.fullmatch(
         r"warning: the loss is not finite \(inf\) at step 3( and at \d later steps?)?: "
-        r"training diverged \(the model's doing, not the plan's\); " + re.escape(REMEDY),
+        r"training diverged \(the model's doing, not the plan's\); " + re.escape(remedy),
         warned[0]), stderr
 
 
@@ -277,27 +349,44 @@ def _assert_warned_once(stderr: str) -> None:
                          ids=["planned", "plain"])
 def test_run_stops_at_the_first_nonfinite_loss_when_asked(model, tmp_path, monkeypatch, how):
     """exit 1, one error line naming the step and what to try, after the warning; the report
-    written (status stopped) and, with checkpoints, the last one before the step kept."""
+    written (status stopped) and, with checkpoints, the last one before the step kept. Then
+    the same command resumed from it with a smaller --lr: taken (it was refused: --lr was part
+    of the checkpoint's identity), and, as what to try said, it repeats step 3's loss; its
+    report says which steps took which --lr."""
     _, workdir = local_bench_device(tmp_path, monkeypatch)
     out = tmp_path / "out"
+    command = ["run", "--device", "bench", "--model", model, *how, "--steps", STEPS, "--lr",
+               LR, "--out", out, "--no-plots", "--stop-on-nonfinite"]
     try:
-        done = cli("run", "--device", "bench", "--model", model, *how, "--steps", STEPS,
-                   "--lr", LR, "--out", out, "--no-plots", "--stop-on-nonfinite", timeout=300)
+        done = cli(*command, timeout=300)
+        report = json.loads((out / "report.json").read_text())  # before a resume's replaces it
+        table = (out / "report.txt").read_text()
+        kept = checkpoint_step(out / "checkpoint.pt") if "--plain" not in how else None
+        resumed = None if "--plain" in how else \
+            cli(*command, "--resume", out, "--lr", 0.01, timeout=300)
     finally:
         stop_agent(workdir)
-    assert refused(done, 1) == f"error: {STOPPED}"
-    _assert_warned_once(done.stderr)
-    report = json.loads((out / "report.json").read_text())
+    remedy = REMEDY if "--plain" in how else from_the_start(out)
+    assert refused(done, 1) == f"error: {STOPPED.replace(REMEDY, remedy)}"
+    _assert_warned_once(done.stderr, remedy)
     assert report["status"] == "stopped" and report["stopped_at_step"] == 3
-    assert report["steps_done"] == 3 and report["nonfinite_loss"] == {**FIRST, "count": 1}
+    assert report["steps_done"] == 3 and report["nonfinite_loss"] == {**FIRST, "count": 1,
+                                                                      "remedy": remedy}
     assert report["message"] == "stopped at step 3 of 5: the loss is not finite " \
         "(--stop-on-nonfinite)"
-    assert "stopped at step 3 of 5" in (out / "report.txt").read_text()
+    assert "stopped at step 3 of 5" in table
     if "--plain" in how:
         return
-    assert report["checkpoint"]["step"] == 2 and checkpoint_step(out / "checkpoint.pt") == 2
+    assert report["checkpoint"]["step"] == 2 and kept == 2
     assert "is in " + str(out / "checkpoint.pt") in done.stderr
     assert not (out / "weights.pt").exists()  # diverged weights are not saved
+    assert "resuming after step 2" in resumed.stderr
+    refused(resumed, 1, "stopped at step 3 of 5 (--stop-on-nonfinite)")
+    again = json.loads((out / "report.json").read_text())
+    assert again["steps_done"] == 1 and again["resumed_after_step"] == 2
+    assert again["lr_history"] == [{"from_step": 1, "lr": LR}, {"from_step": 3, "lr": 0.01}]
+    assert "\nlr        --lr 1e+06 for steps 1-2, 0.01 from step 3 (--resume with another " \
+        "--lr)\n" in (out / "report.txt").read_text()
 
 
 @pytest.mark.slow  # a real board round: the agent, the plan's run

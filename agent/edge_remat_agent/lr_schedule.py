@@ -65,3 +65,31 @@ class ScheduledLr:
         factor = self.factor(step)
         for group, base in self.groups:
             group["lr"] = base * factor
+
+
+# The base learning rate by step, where --lr changed on a --resume: [{"from_step": 1, "lr":
+# 0.1}, {"from_step": 5, "lr": 0.01}] (steps from 1). A checkpoint keeps it (its meta's
+# "lr_history"), and a run report's optimizer says it where it changed.
+def lr_history(earlier: "list | None", first_step: int, lr: float) -> list:
+    """The history of a run that trains from `first_step` (from 1) at base rate `lr`, after
+    the `earlier` one its checkpoint kept (None: a fresh run, or a checkpoint that kept none)."""
+    kept = [dict(entry) for entry in earlier or [] if entry["from_step"] < first_step]
+    if not kept or kept[-1]["lr"] != lr:
+        kept.append({"from_step": first_step, "lr": lr})
+    return kept
+
+
+def lr_history_text(history: "list | None") -> "str | None":
+    """"--lr 0.1 for steps 1-4, 0.01 from step 5"; None where the rate never changed."""
+    if not history or len(history) < 2:
+        return None
+    parts = []
+    for entry, after in zip(history, history[1:] + [None]):
+        first, lr = entry["from_step"], f"{entry['lr']:g}"
+        if after is None:
+            parts.append(f"{lr} from step {first}")
+        else:
+            last = after["from_step"] - 1
+            parts.append(f"{lr} for step{'s' if last > first else ''} "
+                         f"{first}{f'-{last}' if last > first else ''}")
+    return "--lr " + ", ".join(parts)

@@ -67,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     from .executor import BadInput, ExecutorError, run_plan
 
     from .diverged import LossTally, LossWatch, remedy_for
-    loss_watch, losses = LossWatch(), LossTally(remedy_for(graph.capture, None))
+    # this command has no --lr: its graph's optimizer's own rate, which deploy's --lr changes
+    remedy = remedy_for(graph.capture, None, takes_lr=False)
+    loss_watch, losses = LossWatch(), LossTally(remedy)
 
     def progress(index: int, total: int, record: dict) -> None:
         if not args.json:
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                           sensor=args.sensor, device=args.device, seed=args.seed,
                           flash_fsync=args.fsync,
                           map_large_allocations=not args.keep_malloc_defaults,
-                          stop_on_nonfinite=args.stop_on_nonfinite)
+                          stop_on_nonfinite=args.stop_on_nonfinite, remedy=remedy)
     except BadInput as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -164,6 +166,10 @@ def summary_text(report: dict) -> str:
     ]
     if s["energy_j"] is not None:
         lines.append(f"  energy       {s['energy_j']:.3g} J over the run ({report['sensor']})")
+    from .lr_schedule import lr_history_text
+    changed = lr_history_text((report.get("optimizer") or {}).get("lr_history"))
+    if changed:  # a deploy resumed with another --lr
+        lines.append(f"  lr           {changed}")
     if s.get("nonfinite_loss"):
         from .diverged import nonfinite_loss_warning
         lines.append(f"  warning      {nonfinite_loss_warning(s['nonfinite_loss'])}")

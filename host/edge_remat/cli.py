@@ -775,8 +775,8 @@ def deploy(
     resume: Optional[str] = typer.Option(None, "--resume", help="OUT: go on from the "
                                          "checkpoint of the deploy in that folder (or on the "
                                          "board) to --steps in all, with the same plan's "
-                                         "graph, --init, lr options and --data; writes into "
-                                         "OUT"),
+                                         "graph, --init, --lr-schedule, --warmup and --data "
+                                         "(--lr may change); writes into OUT"),
     lr: Optional[float] = typer.Option(None, "--lr", help=LR_HELP),
     lr_schedule: str = typer.Option("constant", "--lr-schedule", help=LR_SCHEDULE_HELP),
     warmup: int = typer.Option(0, "--warmup", help=WARMUP_HELP),
@@ -844,7 +844,7 @@ def deploy(
                     **opts.nonfinite_params,
                     **({"data": data} if data is not None else {}),
                     **checkpoint_params(opts, every,
-                                        deploy_identity(opts, plan.graph_fingerprint))}
+                                        deploy_identity(opts, plan.graph_fingerprint), out)}
     if config.hardware.page_dir:  # the board's flash, as its device config says
         params["page_dir"] = config.hardware.page_dir
     from .transport.board import new_job_id
@@ -1038,8 +1038,8 @@ def run_command(
                                              "with a checkpoint; --resume goes on"),
     resume: Optional[str] = typer.Option(None, "--resume", help="OUT: go on from the "
                                          "checkpoint of the run in that folder (or on the "
-                                         "board) to --steps in all, with the same options; "
-                                         "writes into OUT"),
+                                         "board) to --steps in all, with the same training "
+                                         "options (--lr may change); writes into OUT"),
     stop_on_nonfinite: bool = typer.Option(False, "--stop-on-nonfinite",
                                            help=STOP_ON_NONFINITE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),

@@ -15,7 +15,9 @@ resumed for 3 more end bit for bit the same:
                       job_start that trained it, its gradient check, and after_step: the step
                       the job began after, an explicit --resume's): a job its daemon starts
                       again goes on from its own checkpoint and reports every step, and one
-                      started again after its last checkpoint trains nothing more
+                      started again after its last checkpoint trains nothing more;
+                      lr_history (the base learning rate by step: --lr may change on a
+                      --resume, lr_schedule.lr_history)
 
 It is torch.save's format, written by saved_weights.write_tensors: one tensor at a time
 (parameters and optimizer state homed on flash are read from their home one by one, never all
@@ -44,6 +46,7 @@ from .torch_file import load_torch_file
 VERSION = 1
 WEIGHTS, OPTIMIZER, RNG = "weights/", "optimizer/", "rng/"
 HISTORY = "history"  # the meta's key of the job's steps so far
+LR_HISTORY = "lr_history"  # the meta's key of the base learning rate by step
 
 
 @dataclass
@@ -95,10 +98,12 @@ class Checkpointing:
 
 def write_checkpoint(path: Path, module: nn.Module, home, optimizer, steps_done: int,
                      batches_taken: int, steps: int, identity: dict,
-                     device: torch.device, history: dict | None = None) -> dict:
+                     device: torch.device, history: dict | None = None,
+                     lr_history: list | None = None) -> dict:
     """Write the checkpoint after `steps_done` steps; returns its figures. `home`: the run's
     ParameterHome (None: every parameter in RAM); `optimizer`: a torch optimizer or the fused
-    graph's FusedUpdates; `history`: the job's steps so far (Checkpointing.history's form)."""
+    graph's FusedUpdates; `history`: the job's steps so far (Checkpointing.history's form);
+    `lr_history`: the base learning rate by step (lr_schedule.lr_history)."""
     started = time.perf_counter()
     entries = [(WEIGHTS + key, _reader(name, tensor, home))
                for key, name, tensor in _tensors(module, "trained")]
@@ -116,7 +121,8 @@ def write_checkpoint(path: Path, module: nn.Module, home, optimizer, steps_done:
         entries.append((RNG + "cuda", lambda: accelerator.cpu()))
     meta = {"format": FORMAT, "version": VERSION, "steps_done": steps_done,
             "batches_taken": batches_taken, "steps": steps, "identity": dict(identity),
-            "optimizer_values": values, **({HISTORY: history} if history else {})}
+            "optimizer_values": values, **({HISTORY: history} if history else {}),
+            **({LR_HISTORY: lr_history} if lr_history else {})}
     write_tensors(entries, Path(path), {META: meta})
     return {"step": steps_done, "bytes": Path(path).stat().st_size, "tensors": len(entries),
             "save_s": time.perf_counter() - started}
@@ -149,6 +155,12 @@ class Checkpoint:
     @property
     def batches_taken(self) -> int:
         return int(self.meta["batches_taken"])
+
+    @property
+    def lr_history(self) -> list | None:
+        """The base learning rate by step up to here (None: a checkpoint that kept none)."""
+        kept = self.meta.get(LR_HISTORY)
+        return kept if isinstance(kept, list) else None
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {key[len(WEIGHTS):]: value for key, value in self.tensors.items()
@@ -222,7 +234,9 @@ def restore_weights(checkpoint: Checkpoint, module: nn.Module, what: str = "--re
 
 def restore_optimizer(checkpoint: Checkpoint, module: nn.Module, optimizer,
                       device: torch.device, what: str = "--resume") -> None:
-    """The checkpoint's optimizer state into `optimizer` (a homed group's into its home)."""
+    """The checkpoint's optimizer state into `optimizer` (a homed group's into its home):
+    each parameter's state alone, not torch's load_state_dict, whose param groups would bring
+    back the checkpoint's run's learning rate over this run's --lr."""
     from .updates import FusedUpdates
     params = dict(module.named_parameters(remove_duplicate=False))
     for name, state in checkpoint.optimizer_state().items():

@@ -21,9 +21,11 @@ saved_weights.py), init (a pushed weights file loaded into the model before it t
 checkpoint_every (write checkpoint.pt after every N-th step and the last: checkpoint.py),
 stop_after (stop after that step of `steps`, whose schedule it keeps), resume (a checkpoint's
 path on the board, pushed or an earlier job's files/checkpoint.pt, to go on from), identity
-(the options a resume must match, written into each checkpoint), stop_on_nonfinite (stop after
-the first step whose loss is not finite: diverged.py; the result's stopped_at_step names it,
-and the last checkpoint before it stays). A job its daemon starts again
+(the options a resume must match, written into each checkpoint; lr may differ from the
+checkpoint's), stop_on_nonfinite (stop after the first step whose loss is not finite:
+diverged.py; the result's stopped_at_step names it, and the last checkpoint before it stays),
+out (the host's folder of the run's outputs, which its --resume names: what to try after a
+stop names it). A job its daemon starts again
 (stopped or killed mid-job) goes on from its own newest files/checkpoint.pt where it wrote one,
 and its progress then says resumed_from_step (the host says so); its report holds every step
 of the job, each record's job_start saying which start trained it. Started again after its
@@ -75,14 +77,17 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     resumed = {} if picked_up is None else {"resumed_from_step": picked_up,
                                             **({"completed_before_restart": True}
                                                if completed else {})}
-    losses = LossTally(remedy_for(graph.capture, lr))
+    stop_on_nonfinite = param_flag(params.get("stop_on_nonfinite", False))
+    remedy = remedy_for(graph.capture, lr, resume_out=_resume_out(params, stop_on_nonfinite))
+    losses = LossTally(remedy)  # the progress's; the report's tally has the same remedy
     checkpointed = {"step": None}
 
     def progress(index: int, total: int, record: dict) -> None:
         ctx.check_cancelled()
-        losses.see(index + 1, record["loss"])
+        losses.see(index + 1, record["loss"])  # before its own checkpoint: of later weights
         if "checkpoint_s" in record:
             checkpointed["step"] = index + 1
+            losses.checkpointed(index + 1)
         ctx.progress((index + 1) / total,
                      f"step {index + 1}/{total}: loss {record['loss']:.4g}, "
                      f"{record['step_time_s']:.3g} s, peak {record['ledger_peak_bytes']} B",
@@ -105,8 +110,12 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     checkpointing = _checkpointing(ctx, params, picked_up is not None)
     if checkpointing is not None:  # the job's earlier starts' steps: their divergence counts
         history = checkpointing.history()
+        if history["after_step"]:  # the checkpoint it began after (--resume's)
+            losses.checkpointed(history["after_step"])
         for step, record in enumerate(history["steps"], start=history["after_step"] + 1):
             losses.see(step, record.get("loss"))
+            if "checkpoint_s" in record:
+                losses.checkpointed(step)
     # a kill from here on is in a step
     ctx.progress(0.0, "the graph captured; " + ("saving its outputs" if completed
                                                   else "training"), **resumed)
@@ -132,7 +141,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                           stores=None if host is None else {"host": host},
                           allocator=str(params.get("allocator") or "glibc"),
                           on_trained=save_trained, checkpointing=checkpointing,
-                          stop_on_nonfinite=param_flag(params.get("stop_on_nonfinite", False)),
+                          stop_on_nonfinite=stop_on_nonfinite, remedy=remedy,
                           map_large_allocations=not param_flag(params.get("keep_malloc_defaults",
                                                                      False)))
     finally:
@@ -150,6 +159,17 @@ def run_job(ctx: JobContext, params: dict) -> dict:
             "grad_check": report["grad_check"], "steps": len(report["steps"]),
             "stopped_at_step": report["stopped_at_step"],
             "data": report["data"], "optimizer": report["optimizer"]}
+
+
+def _resume_out(params: dict, stop_on_nonfinite: bool) -> "str | None":
+    """The folder a resume from this job's checkpoints names (the host's `out`, else OUT),
+    where a stop at a non-finite loss keeps the checkpoint before it: the job stops there
+    (stop_on_nonfinite) and checkpoints every N steps or goes on from one. Without the stop
+    its newest checkpoint is of the diverged weights: None."""
+    if not stop_on_nonfinite or not (int(params.get("checkpoint_every") or 0)
+                                     or params.get("resume")):
+        return None
+    return str(params.get("out") or "OUT")
 
 
 def _picked_up_step(ctx: JobContext, steps: int, stop_after) -> "int | None":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..diverged import LossTally
+from ..diverged import LossTally, Remedy
 from ..profiler import StepMeasurement
 from .interpreter import StepCounts
 
@@ -64,14 +64,20 @@ def job_starts(records: list[dict[str, Any]], finished_after: int | None = None)
 
 
 def summarize(records: list[dict[str, Any]], predicted: dict[str, Any] | None = None,
-              remedy: str | None = None) -> dict[str, Any]:
+              remedy: Remedy | str | None = None) -> dict[str, Any]:
     """Steady-state figures (the first step of each start of the job warms caches and
     allocators: medians skip it when there are more steps) and, for a plan, measured against
-    predicted. `remedy`: what to try should a loss not be finite (diverged.nonfinite_remedy)."""
+    predicted. `remedy`: what to try should a loss not be finite (diverged.remedy_for), told
+    of the run's checkpoints: the one a resumed run began after, and each step's that wrote
+    one (`checkpoint_s`)."""
     steady_steps = steady(records)
     losses = LossTally(remedy)
+    if records and records[0]["step"] > 1:  # resumed from the checkpoint after the step before
+        losses.checkpointed(records[0]["step"] - 1)
     for r in records:  # by their own steps: a resumed run's first is not step 1
         losses.see(r["step"], r["loss"])
+        if "checkpoint_s" in r:
+            losses.checkpointed(r["step"])
     energies = [r["energy_j"] for r in records]
     out: dict[str, Any] = {
         "steps": len(records),

@@ -21,9 +21,9 @@ from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
 from ..capture.replay import StepRunner
 from ..costs import plan_costs
 from ..devices import allocated_peak, reserved_peak, reset_peaks, synchronize
-from ..diverged import is_nonfinite, remedy_for
+from ..diverged import Remedy, is_nonfinite, remedy_for
 from ..formats import Graph, Plan
-from ..lr_schedule import ScheduledLr, lr_factor
+from ..lr_schedule import ScheduledLr, lr_factor, lr_history
 from ..memory_classes import CLASSES, ledger_classifier, planned_at
 from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
@@ -60,7 +60,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              lr_schedule: str = "constant", warmup: int = 0,
              on_trained: Callable[[torch.nn.Module, ParameterHome | None], None] | None = None,
              checkpointing: Checkpointing | None = None,
-             stop_on_nonfinite: bool = False) -> dict[str, Any]:
+             stop_on_nonfinite: bool = False,
+             remedy: Remedy | str | None = None) -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
     `lr_schedule`, `warmup`: the learning rate's schedule over the steps (lr_schedule.py).
     `allocator`: "glibc" (tensors from the CPU allocator) or "arena" (every planned tensor in
@@ -76,12 +77,17 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     (saving the trained weights from where they live, executor/saved_weights.py).
     `checkpointing`: checkpoints written after steps, a stop before `steps`, and a start
     from a checkpoint (checkpoint.py); the learning rate's schedule spans `steps` all the
-    same. From the job's own checkpoint (its daemon started it again) the report holds the
+    same, and `lr` may differ from the checkpoint's run's: its steps train at the new base
+    rate (times the schedule's factor), the optimizer state going on unchanged, and the
+    checkpoints and the report's optimizer keep which steps took which (`lr_history`). From
+    the job's own checkpoint (its daemon started it again) the report holds the
     job's earlier steps too, and from one after its last step the run trains nothing: it
     saves the weights (on_trained) and reports the steps that checkpoint holds.
     `stop_on_nonfinite`: stop after the first step whose loss is not finite (NaN, inf:
     diverged.py), writing no checkpoint of it and not calling `on_trained`; the report's
-    `stopped_at_step` names it (None: the run took every step)."""
+    `stopped_at_step` names it (None: the run took every step). `remedy`: what the report
+    says to try should a loss not be finite (diverged.remedy_for, as the caller's progress
+    says it; None: remedy_for the graph and `lr`)."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
     check_lr_schedule(lr_schedule, warmup, steps)
@@ -104,6 +110,11 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     if captured is None:
         captured = capture_here(graph)
     check_plan_is_for(captured.graph, plan, "the graph captured on this machine")
+    optimizer_description = _optimizer_description(captured.graph, lr, lr_schedule, warmup)
+    # the base rate by step: the restored optimizer state holds no rate (restore_optimizer
+    # sets each parameter's state, not the param groups), so this run's steps take `lr`
+    lrs = lr_history(resume.lr_history if resume else None, start + 1,
+                     optimizer_description["lr"])
     sim = validate(captured.graph, plan)
     pages = sim.page_ins + sim.page_outs > 0
     overlap = (sim.memory_trace, sim.peak_bytes) \
@@ -186,7 +197,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                     checkpointing.path, module, home, optimizer, i + 1, (i + 1) * k, steps,
                     checkpointing.identity, device,
                     {**earlier, "steps": earlier["steps"] + records,
-                     "grad_check": _latest(grad_check, earlier["grad_check"])}))
+                     "grad_check": _latest(grad_check, earlier["grad_check"])}, lrs))
                 records[-1]["checkpoint_s"] = checkpointing.written[-1]["save_s"]
             if progress is not None:
                 progress(i, steps, records[-1])
@@ -220,7 +231,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "graph_fingerprint": captured.graph.fingerprint(), "plan_fingerprint": plan.fingerprint,
         "device": str(device), "torch": torch.__version__, "deterministic": True, "seed": seed,
         "data": data_name(data),
-        "optimizer": _optimizer_description(captured.graph, lr, lr_schedule, warmup),
+        "optimizer": {**optimizer_description,
+                      **({"lr_history": lrs} if len(lrs) > 1 else {})},
         "sensor": getattr(power, "name", None), "tiers": tiers, "allocator": malloc,
         "paging_io": "overlap" if overlap else "sync",
         "executor_allocator": allocator, "arena": describe_arena(arena, plan),
@@ -233,7 +245,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "grad_check": grad_check, "steps": records, "stopped_at_step": stopped_at,
         "memory_by_class": memory_by_class(captured.graph, plan, sim, records),
         "summary": summarize(records, predicted,
-                             remedy_for(captured.graph.capture, lr)),
+                             remedy or remedy_for(captured.graph.capture, lr)),
         **({"weights": weights} if weights else {}),
         **({"checkpoint": figures} if figures else {}),
     }

@@ -22,12 +22,18 @@ def check_save_choice(which: str) -> str:
 CHECKPOINT_FILE = "checkpoint.pt"
 
 
+# Options a resume may change, though a checkpoint written before they could recorded them in
+# its identity: --lr (the remedy of a run that diverged is to go on from its last good
+# checkpoint with a smaller one; the checkpoint's lr_history says which steps took which).
+MAY_CHANGE_ON_RESUME = ("--lr",)
+
+
 def identity_mismatch(earlier: dict, now: dict) -> str | None:
     """The first option (a command-line name, e.g. "--batch") whose value differs between
     the run a checkpoint was written by (`earlier`) and the run resuming from it (`now`), in
     words; None when they agree. The identity is the options a resumed run must share with
-    its first part to train as one uninterrupted run would."""
-    for option in sorted(set(earlier) | set(now)):
+    its first part to train as one uninterrupted run would (MAY_CHANGE_ON_RESUME aside)."""
+    for option in sorted((set(earlier) | set(now)) - set(MAY_CHANGE_ON_RESUME)):
         if earlier.get(option) != now.get(option):
             return (f"the checkpoint's run had {option} {_shown(earlier.get(option))}, this "
                     f"run has {_shown(now.get(option))}: give {option} as it was (a resumed run "

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from edge_remat_agent.diverged import first_nonfinite_loss, nonfinite_loss_warning
 from edge_remat_agent.executor.report import first_steps_of_starts
+from edge_remat_agent.lr_schedule import lr_history_text
 from edge_remat_agent.units import counted
 
 from ..units import budget_against_plain, fmt_bytes
@@ -125,11 +126,20 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "memory_by_class": (result or {}).get("memory_by_class"),
         # the job's starts, where its board's daemon restarted it (executor.report.job_starts)
         "job_starts": ((result or {}).get("checkpoint") or {}).get("starts"),
+        "lr_history": changed_lr(result),
         "plots": [],
         **(paths or {}),
     }
     report["misses"] = misses(report)
     return report
+
+
+def changed_lr(result: Optional[dict]) -> Optional[list]:
+    """The base learning rate by step, where --lr changed on a --resume (a planned run's
+    optimizer says it: lr_schedule.lr_history); None where it did not (plain training's
+    result names its optimizer alone)."""
+    optimizer = (result or {}).get("optimizer")
+    return optimizer.get("lr_history") if isinstance(optimizer, dict) else None
 
 
 def board_nonfinite(result: Optional[dict]) -> Optional[dict]:
@@ -294,6 +304,9 @@ def report_text(report: dict) -> str:
     starts = starts_text(report.get("job_starts"))
     if starts:
         lines.append(f"starts    {starts} (medians leave each start's first step out)")
+    changed = lr_history_text(report.get("lr_history"))
+    if changed:
+        lines.append(f"lr        {changed} (--resume with another --lr)")
     lines.append("")
     if report.get("kernel_peak_bytes") is not None:
         share = f" of the {fmt_bytes(limit)} limit" if limit else ""

@@ -286,7 +286,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     if device.hardware.page_dir:
         params["page_dir"] = device.hardware.page_dir
     every = checkpoint_every(opts)
-    params.update(checkpoint_params(opts, every))
+    params.update(checkpoint_params(opts, every, out=out))
     resume_params, resume_inputs = job_resume(out, resumed)
     params.update(resume_params)
     from ..transport.board import new_job_id

@@ -43,8 +43,10 @@ def deploy_identity(opts: RunOptions, graph_fingerprint: str) -> dict:
 
 
 def _update_identity(opts: RunOptions, data: str) -> dict:
-    """What run and deploy share: the data, the starting weights and the learning rate."""
-    identity = {"--lr": opts.lr, "--lr-schedule": opts.lr_schedule, "--warmup": opts.warmup,
+    """What run and deploy share: the data, the starting weights and the learning rate's
+    schedule. Not --lr itself: a resume may go on with a smaller one (the remedy of a run
+    that diverged), each step's factor of it as the schedule says."""
+    identity = {"--lr-schedule": opts.lr_schedule, "--warmup": opts.warmup,
                 "--data": data,
                 "--init": file_sha256(Path(opts.init)) if opts.init else None}
     if opts.lr_schedule in DECAYING:
@@ -52,13 +54,16 @@ def _update_identity(opts: RunOptions, data: str) -> dict:
     return identity
 
 
-def checkpoint_params(opts: RunOptions, every: int, identity: Optional[dict] = None) -> dict:
+def checkpoint_params(opts: RunOptions, every: int, identity: Optional[dict] = None,
+                      out: "Path | str | None" = None) -> dict:
     """The run job's params for checkpoints (none when the run makes none). `identity`:
-    training_identity's where not given."""
+    training_identity's where not given; `out`: the run's folder, which a --resume names
+    (the job says it in what to try after a stop at a non-finite loss)."""
     if not (every or opts.stop_after or opts.resume):
         return {}
     return {"checkpoint_every": every, "identity": identity or training_identity(opts),
-            **({"stop_after": opts.stop_after} if opts.stop_after else {})}
+            **({"stop_after": opts.stop_after} if opts.stop_after else {}),
+            **({"out": str(out)} if out is not None else {})}
 
 
 def checkpoint_every(opts: RunOptions) -> int:
