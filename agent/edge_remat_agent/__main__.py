@@ -1,7 +1,5 @@
 """`python -m edge_remat_agent` is `edge-remat-agent` (how the daemon restarts itself from source)."""
 
-import sys
+from .cli import run_as_process
 
-from .cli import main
-
-sys.exit(main())
+run_as_process()

@@ -44,6 +44,9 @@ STEADY_MMAP_THRESHOLD_BYTES = 32 * 2**20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX o
 NEVER_TRIM = -1  # mallopt(M_TRIM_THRESHOLD, -1): no automatic trimming (glibc's mallopt(3))
 
 
+# Once a process: find_library runs `ldconfig -p` at each call (4 ms here, 25 ms under
+# qemu-user), and the profiler gives freed memory back several times a node.
+@functools.lru_cache(maxsize=1)
 def c_library() -> ctypes.CDLL | None:
     """The process's C library through ctypes, or None where there is none to load; callers
     check for the function they need (glibc's mallopt, madvise, ...)."""

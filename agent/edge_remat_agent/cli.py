@@ -170,5 +170,14 @@ def main(argv: list[str] | None = None) -> int:
 ONE_LINE_ERRORS = ("check-plan", "profile-storage", "profile", "run")
 
 
+def run_as_process() -> None:
+    """main() as the whole process (`python -m edge_remat_agent`, the agent's archive), its
+    exit without the last garbage collections (process_exit.py)."""
+    from .process_exit import skip_exit_collections
+    status = main()
+    skip_exit_collections()
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_process()

@@ -15,4 +15,8 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted (Ctrl-C)\n")
         sys.exit(EXIT_INTERRUPTED)
-    run_cli()
+    try:
+        run_cli()  # ends with sys.exit
+    finally:
+        from edge_remat_agent.process_exit import skip_exit_collections
+        skip_exit_collections()

@@ -21,7 +21,7 @@ from pathlib import Path
 import edge_remat_agent
 
 SHEBANG = b"#!/usr/bin/env python3\n"
-MAIN = b"import sys\nfrom edge_remat_agent.cli import main\nsys.exit(main())\n"
+MAIN = b"from edge_remat_agent.cli import run_as_process\nrun_as_process()\n"
 _DATE = (1980, 1, 1, 0, 0, 0)
 _SKIP_DIRS = {"__pycache__"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".tmp", ".part")
