@@ -213,20 +213,25 @@ def test_profile_and_run_on_the_emulated_arm64_board(arm64_board, tmp_path):
 
     started = time.monotonic()
     code, out, err = cli("run", "--device", "emulated-arm64", "--model", "digits-cnn",
-                         "--batch", 4, "--image", 8, "--budget", "75%", "--steps", 2,
+                         "--batch", 4, "--image", 8, "--budget", "94%", "--steps", 2,
                          "--profile", profile_path, "--paging", "none", "--time-limit", 3,
                          "--out", tmp_path / "run", "--no-plots", "--json")
     run_s = time.monotonic() - started
     assert code == 0, (out, err)
     report = json.loads(out)
     assert report["status"] == "finished" and len(report["step_time_s"]) == 2
-    # 75%: above the floor without paging, parameters in RAM (64% with this board's profile),
-    # and still below what it takes without recomputation
+    # 94%: above the floor without paging, parameters in RAM (86.5% with this board's profile,
+    # which counts what the ops' first calls leave resident: 1.6 MB of this tiny model's 2.4),
+    # and still below what it takes without recomputation (39 recomputed, 2026-12-03)
     assert report["recomputed"] > 0
     # the plan's gradients against eager PyTorch, both computed on the arm64 board
     assert report["grad_check"]["bitwise_equal"] is True
     board_report = json.loads((tmp_path / "run" / "board" / "run_report.json").read_text())
     assert board_report["grad_check"]["bitwise_equal"] is True
+    # Debian's arm64 python3 is no PIE: malloc's address is its own PLT entry, which named no
+    # library, so glibc went unrecognised and the executor's heap settings and trims were off
+    assert board_report["allocator"]["malloc"] == "glibc"
+    assert board_report["malloc"]["running"] == "glibc"
     text = (tmp_path / "run" / "report.txt").read_text()
     assert "emulated arm64 board" in text and "timings are qemu's" in text
     print(f"arm64 board: profile {profile_s:.0f} s, run {run_s:.0f} s, steps "

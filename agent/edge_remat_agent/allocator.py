@@ -91,13 +91,17 @@ def running_malloc() -> str:
         if dladdr(ctypes.cast(process.malloc, ctypes.c_void_p), ctypes.byref(info)) and \
                 info.dli_fname:
             name = os.path.basename(info.dli_fname.decode(errors="replace"))
-            for malloc, libraries in PRELOADABLE.items():
-                if any(name.startswith(library.split(".so")[0] + ".so") for library in libraries):
-                    return malloc
-            libc = c_library()
-            return "glibc" if name.startswith("libc.so") and libc is not None and \
-                hasattr(libc, "mallopt") else "other"
-    # No dladdr: the allocators' own entry points tell them apart.
+            # A python executable built without PIE (Debian's arm64 python3) holds malloc's
+            # canonical address itself, its PLT entry: that names no library.
+            if ".so" in name:
+                for malloc, libraries in PRELOADABLE.items():
+                    if any(name.startswith(library.split(".so")[0] + ".so")
+                           for library in libraries):
+                        return malloc
+                libc = c_library()
+                return "glibc" if name.startswith("libc.so") and libc is not None and \
+                    hasattr(libc, "mallopt") else "other"
+    # No dladdr, or it named the executable: the allocators' own entry points tell them apart.
     if hasattr(process, "mallctl"):
         return "jemalloc"
     if hasattr(process, "MallocExtension_ReleaseFreeMemory"):
