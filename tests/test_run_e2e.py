@@ -182,7 +182,7 @@ def test_over_ssh_a_dropped_connection_mid_run_reconnects_and_the_run_finishes(t
     dropper = threading.Thread(target=drop_once, daemon=True)
     dropper.start()
     try:
-        report = run(RunOptions(device=str(config), model="digits-cnn", batch=32,
+        report = run(RunOptions(device=str(config), model="digits-cnn", batch=128,
                                 budget="40%", paging="none", steps=8, time_limit=3,
                                 profile=PROFILE, out=str(tmp_path / "out"), plots=False),
                      say=say)
