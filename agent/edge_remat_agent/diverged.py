@@ -51,6 +51,14 @@ class LossTally:
             self._checkpoint_before = self.checkpoint_step
         return True
 
+    def see_record(self, step: int, record: dict) -> bool:
+        """Tally an executor step record of step `step`: its loss, then the checkpoint written
+        after it (`checkpoint_s`), which holds the weights the next step's loss comes from."""
+        nonfinite = self.see(step, record.get("loss"))
+        if "checkpoint_s" in record:
+            self.checkpointed(step)
+        return nonfinite
+
     @property
     def found(self) -> Optional[dict]:
         """{"step": the first step whose loss is not finite, "loss": it as text, "count": how

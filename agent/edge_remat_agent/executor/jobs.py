@@ -84,10 +84,9 @@ def run_job(ctx: JobContext, params: dict) -> dict:
 
     def progress(index: int, total: int, record: dict) -> None:
         ctx.check_cancelled()
-        losses.see(index + 1, record["loss"])  # before its own checkpoint: of later weights
+        losses.see_record(index + 1, record)
         if "checkpoint_s" in record:
             checkpointed["step"] = index + 1
-            losses.checkpointed(index + 1)
         ctx.progress((index + 1) / total,
                      f"step {index + 1}/{total}: loss {record['loss']:.4g}, "
                      f"{record['step_time_s']:.3g} s, peak {record['ledger_peak_bytes']} B",
@@ -113,9 +112,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
         if history["after_step"]:  # the checkpoint it began after (--resume's)
             losses.checkpointed(history["after_step"])
         for step, record in enumerate(history["steps"], start=history["after_step"] + 1):
-            losses.see(step, record.get("loss"))
-            if "checkpoint_s" in record:
-                losses.checkpointed(step)
+            losses.see_record(step, record)
     # a kill from here on is in a step
     ctx.progress(0.0, "the graph captured; " + ("saving its outputs" if completed
                                                   else "training"), **resumed)

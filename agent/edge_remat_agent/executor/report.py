@@ -75,9 +75,7 @@ def summarize(records: list[dict[str, Any]], predicted: dict[str, Any] | None = 
     if records and records[0]["step"] > 1:  # resumed from the checkpoint after the step before
         losses.checkpointed(records[0]["step"] - 1)
     for r in records:  # by their own steps: a resumed run's first is not step 1
-        losses.see(r["step"], r["loss"])
-        if "checkpoint_s" in r:
-            losses.checkpointed(r["step"])
+        losses.see_record(r["step"], r)
     energies = [r["energy_j"] for r in records]
     out: dict[str, Any] = {
         "steps": len(records),
