@@ -211,18 +211,26 @@ def test_profile_and_run_on_the_emulated_arm64_board(arm64_board, tmp_path):
     assert device["cgroup_memory_limit_bytes"] == limit == profile["ram_total_bytes"]
     assert all(op["time_s"] > 0 for op in profile["ops"].values())
 
+    # The floor rests on what this profile measured the ops' first calls to leave resident
+    # (under qemu, the code it translated for them too), which varies from one profile to the
+    # next: 86.5% of plain, then 94.0% and 94.9% (CI), 2026-12-03. So the run's budget is 3%
+    # above this profile's floor, which the planner names for a budget under it.
+    code, out, err = cli("plan", "--graph", graph, "--profile", profile_path, "--budget", "1%",
+                         "--paging", "none", "--json")
+    assert code == 2, (out, err)
+    budget = int(json.loads(out)["budget_floor_bytes"] * 1.03)
+
     started = time.monotonic()
     code, out, err = cli("run", "--device", "emulated-arm64", "--model", "digits-cnn",
-                         "--batch", 4, "--image", 8, "--budget", "94%", "--steps", 2,
+                         "--batch", 4, "--image", 8, "--budget", budget, "--steps", 2,
                          "--profile", profile_path, "--paging", "none", "--time-limit", 3,
                          "--out", tmp_path / "run", "--no-plots", "--json")
     run_s = time.monotonic() - started
     assert code == 0, (out, err)
     report = json.loads(out)
     assert report["status"] == "finished" and len(report["step_time_s"]) == 2
-    # 94%: above the floor without paging, parameters in RAM (86.5% with this board's profile,
-    # which counts what the ops' first calls leave resident: 1.6 MB of this tiny model's 2.4),
-    # and still below what it takes without recomputation (39 recomputed, 2026-12-03)
+    # above the floor without paging, parameters in RAM, and still below what it takes without
+    # recomputation (57 recomputed at 1.03 times a floor of 94% of plain, 2026-12-03)
     assert report["recomputed"] > 0
     # the plan's gradients against eager PyTorch, both computed on the arm64 board
     assert report["grad_check"]["bitwise_equal"] is True
