@@ -159,8 +159,8 @@ def test_profile_job_on_the_board_through_the_daemon_says_each_phase_as_it_start
     phases = [line.split("running 0% ", 1)[1].split(":")[0]
               for line in result.stderr.splitlines()
               if " running 0% " in line and "(still " not in line]
-    assert phases == ["capture", "memory", "flash", "host link", "power", "footprint", "ops"], \
-        result.stderr
+    assert phases == ["capture", "memory", "flash", "host link", "power", "footprint",
+                      "compute", "ops"], result.stderr
 
     assert status.exit_code == 0, status.output
     answer = json.loads(status.stdout)

@@ -217,6 +217,10 @@ def measure_board(options: ProfileOptions, say: Callable[[str], None] = to_stder
         profile.measurements["runtime_footprint"]["model"] = {
             key: built_as[key] for key in ("model", "dtype", "trainable_dtype")
             if key in built_as}
+    from .compute import measure_compute_rates
+    say("compute: the board's matmul, copy and one-op rates, for nodes not timed here")
+    profile.compute, method = measure_compute_rates()
+    profile.measurements["compute"] = {"method": method}
     return profile
 
 

@@ -32,8 +32,8 @@ PROFILES_DIR = shipped_dir("profiles")
 QUICK_PARAMS = {"sizes": [64 * 2**10, 2**20, 8 * 2**20], "idle_s": 0.5, "busy_s": 0.5}
 # Part of the cache key: raised when the profiler starts measuring something plans use, so that
 # a profile cached before is measured again rather than planned with the older figures
-# (2: tiers carry their measured transfer curves).
-PROFILER_REVISION = 2
+# (2: tiers carry their measured transfer curves; 3: the board's measured compute rates).
+PROFILER_REVISION = 3
 
 
 @dataclass
@@ -134,11 +134,19 @@ def _limited(chosen: ChosenProfile, device: DeviceConfig) -> ChosenProfile:
 
 def _measure(board, model: dict, graph_path: Path, out_dir: Path,
              say: Callable[[str], None]) -> Path:
-    say(f"{board.name}: profiling every graph node, the flash, power and memory")
+    from ..profile_fit import plain_step_out_of_reach
     spec = model["model"]  # the footprint probe builds zoo models only
     params = dict(QUICK_PARAMS, model=None if ":" in spec else spec)
+    inputs = {"graph": graph_path}
+    why = plain_step_out_of_reach(board, graph_path)
+    if why:
+        say(f"warning: {why}")
+        # nor would the footprint probe hold the model beside torch: the bare runtime's
+        inputs, params["model"] = {}, None
+    else:
+        say(f"{board.name}: profiling every graph node, the flash, power and memory")
     with link_pages(board, say) as page_params:
-        record = board.run_job("profile", {**params, **page_params}, {"graph": graph_path},
+        record = board.run_job("profile", {**params, **page_params}, inputs,
                                out_dir / "profile")
     fetched = [Path(p) for p in record.get("fetched", []) if str(p).endswith(".json")]
     if not fetched:
