@@ -138,11 +138,13 @@ def note_profile_fit(profile: Optional[Profile], graph: Graph, profile_name: str
     if profile is None:
         return
     if not profile.ops:
-        rates = (" rescaled to the board's published compute rates" if profile.compute
+        figures = "measured" if profile.source == "measured" else "published"
+        rates = (f" rescaled to the board's {figures} compute rates" if profile.compute
                  else " (the profile gives no compute rates)")
         say(f"note: {profile_name} is {profile.source}: it times no operator, so node times "
             f"are the capture's estimates{rates}, not measured; measure them with "
-            "`edge-remat profile --device NAME --graph GRAPH`")
+            "`edge-remat profile --device NAME --graph GRAPH` (on a board that holds a plain "
+            "step of the graph)")
         return
     covered, total = profile_coverage(profile, graph)
     if covered * 2 < total:

@@ -937,11 +937,15 @@ def profile(
     if config.hardware.page_dir and "page_dir" not in values:
         values["page_dir"] = config.hardware.page_dir
     from .transport.host_pages import link_pages
+    from .profile_fit import plain_step_out_of_reach
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
         require_kind(board, "profile", "profile boards")
+        inputs = {"graph": graph} if graph else {}
+        if loaded is not None and (why := plain_step_out_of_reach(board, loaded)):
+            to_stderr(f"warning: {why}")
+            inputs = {}
         with link_pages(board, to_stderr) as page_params:
-            record = board.run_job("profile", {**page_params, **values},
-                                   {"graph": graph} if graph else {}, out,
+            record = board.run_job("profile", {**page_params, **values}, inputs, out,
                                    on_update=None if as_json else progress_printer())
         print_outcome(record, as_json, board)
 
