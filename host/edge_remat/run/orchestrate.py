@@ -275,12 +275,18 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     _note_budget_past_limit(plan_dict["budget_bytes"], opts, device, chosen, reserve, say)
     require_kind(board, "run", "execute plans")
     limited = bool(device.hardware.memory_limit_bytes)
+    # The board checks the plan's gradients against a plain eager step, which a board without
+    # room for one cannot take (killed by the OOM killer after training): the host checks them
+    from ..profile_fit import plain_step_out_of_reach
+    no_room = (not limited and opts.check_gradients and
+               plain_step_out_of_reach(board, graph) is not None)
+    check_on_host = limited or no_room
     # The board builds the batches from `data` with `seed` and the optimizer with `lr` the way
     # plain training does (edge_remat_agent.data, capture.optimizer.torch_optimizer), and checks
     # `optimizer` against the one the graph was captured for; its report names the data.
     params = {"steps": opts.steps, "data": data, "seed": opts.seed, **lr,
               "optimizer": opts.optimizer,
-              "check_gradients": opts.check_gradients and not limited,
+              "check_gradients": opts.check_gradients and not check_on_host,
               "allocator": opts.allocator, "save": opts.save, **opts.nonfinite_params,
               **opts.extra}
     if device.hardware.page_dir:
@@ -308,9 +314,13 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         except JobFailed as failed:
             raise with_resume_hint(failed, board, out, job_id) if "identity" in params \
                 else failed
-    if limited and opts.check_gradients and outcome["status"] in ENDED_WELL:
-        say("checking the plan's gradients against eager PyTorch on the host")
-        outcome["grad_check"] = host_gradient_check(graph, plan_path, captured)
+    if check_on_host and opts.check_gradients and outcome["status"] in ENDED_WELL:
+        say("checking the plan's gradients against eager PyTorch on the host"
+            + (f" ({board.name} has no room for its plain step)" if no_room else ""))
+        outcome["grad_check"] = host_gradient_check(
+            graph, plan_path, captured,
+            f"on the host, {board.name} having no room for eager PyTorch's plain step" if no_room
+            else "on the host, outside the memory limit")
     report = build_report(mode="planned", device=device.name, model=opts.model,
                           steps=opts.steps, data=data, plan=plan_dict,
                           memory_limit_bytes=device.hardware.memory_limit_bytes,
@@ -619,10 +629,12 @@ def completed_steps(progress: dict, steps: int) -> int:
     return int(fraction * steps) if isinstance(fraction, (int, float)) else 0
 
 
-def host_gradient_check(graph, plan_path: Path, captured=None) -> dict:
+def host_gradient_check(graph, plan_path: Path, captured=None,
+                        why_here: str = "on the host, outside the memory limit") -> dict:
     """One step of the plan through the executor on this host, against eager PyTorch. With
     `captured` (this host's capture of the graph, as planned) the executor uses it instead of
-    capturing the model again (seconds for a ResNet); it trains that capture's module."""
+    capturing the model again (seconds for a ResNet); it trains that capture's module.
+    `why_here`: where it ran and why there, for the report."""
     from edge_remat_agent.formats import load_plan
     try:
         from edge_remat_agent.executor import ExecutorError, run_plan
@@ -635,7 +647,7 @@ def host_gradient_check(graph, plan_path: Path, captured=None) -> dict:
     except ExecutorError as exc:  # e.g. another torch here than on the board
         return {"status": "not checked", "why": f"the host cannot run the plan: {exc}"}
     check = result.get("grad_check")
-    where = "on the host, outside the memory limit: the same plan, the example batch"
+    where = f"{why_here}: the same plan, the example batch"
     return dict(check, where=where) if isinstance(check, dict) else \
         {"result": check, "where": where}
 
