@@ -849,8 +849,14 @@ def deploy(
         params["page_dir"] = config.hardware.page_dir
     from .transport.board import new_job_id
     from .transport.host_pages import host_pages, plan_uses_host
+    from .profile_fit import plain_step_out_of_reach
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
         require_kind(board, "run", "execute plans")
+        # the board checks the plan's gradients against a plain eager step after training,
+        # which a board without room for one cannot hold: the host checks them, as run does
+        no_room = plain_step_out_of_reach(board, g) is not None
+        if no_room:
+            params["check_gradients"] = False
         resumed = start_resume(board, opts, Path(out), to_stderr, params["identity"]) \
             if resume else None
         resume_params, resume_inputs = job_resume(Path(out), resumed)
@@ -867,6 +873,19 @@ def deploy(
             except JobFailed as failed:
                 raise with_resume_hint(failed, board, Path(out), job_id) \
                     if "identity" in params else failed
+        if no_room and record.get("state") == "finished" and record.get("result"):
+            from .run.orchestrate import host_gradient_check
+            to_stderr(f"checking the plan's gradients against eager PyTorch on the host "
+                      f"({board.name} has no room for its plain step)")
+            check = host_gradient_check(
+                g, Path(plan_file), None,
+                f"on the host, {board.name} having no room for eager PyTorch's plain step")
+            record["result"]["grad_check"] = check
+            for fetched in record.get("fetched", []):  # the report the summary is read from
+                if Path(fetched).name == "run_report.json":
+                    report = json.loads(Path(fetched).read_text())
+                    Path(fetched).write_text(json.dumps(dict(report, grad_check=check),
+                                                        indent=1))
         print_outcome(record, as_json, board)
     _exit_if_stopped(record.get("result"), steps)
     _exit_if_gradients_differ((record.get("result") or {}).get("grad_check"))
