@@ -875,11 +875,7 @@ def deploy(
                     if "identity" in params else failed
         if no_room and record.get("state") == "finished" and record.get("result"):
             from .run.orchestrate import host_gradient_check
-            to_stderr(f"checking the plan's gradients against eager PyTorch on the host "
-                      f"({board.name} has no room for its plain step)")
-            check = host_gradient_check(
-                g, Path(plan_file), None,
-                f"on the host, {board.name} having no room for eager PyTorch's plain step")
+            check = host_gradient_check(g, Path(plan_file), to_stderr, None, board.name)
             record["result"]["grad_check"] = check
             for fetched in record.get("fetched", []):  # the report the summary is read from
                 if Path(fetched).name == "run_report.json":

@@ -315,12 +315,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
             raise with_resume_hint(failed, board, out, job_id) if "identity" in params \
                 else failed
     if check_on_host and opts.check_gradients and outcome["status"] in ENDED_WELL:
-        say("checking the plan's gradients against eager PyTorch on the host"
-            + (f" ({board.name} has no room for its plain step)" if no_room else ""))
-        outcome["grad_check"] = host_gradient_check(
-            graph, plan_path, captured,
-            f"on the host, {board.name} having no room for eager PyTorch's plain step" if no_room
-            else "on the host, outside the memory limit")
+        outcome["grad_check"] = host_gradient_check(graph, plan_path, say, captured,
+                                                    board.name if no_room else None)
     report = build_report(mode="planned", device=device.name, model=opts.model,
                           steps=opts.steps, data=data, plan=plan_dict,
                           memory_limit_bytes=device.hardware.memory_limit_bytes,
@@ -629,12 +625,17 @@ def completed_steps(progress: dict, steps: int) -> int:
     return int(fraction * steps) if isinstance(fraction, (int, float)) else 0
 
 
-def host_gradient_check(graph, plan_path: Path, captured=None,
-                        why_here: str = "on the host, outside the memory limit") -> dict:
+def host_gradient_check(graph, plan_path: Path, say: Say, captured=None,
+                        no_room_on: Optional[str] = None) -> dict:
     """One step of the plan through the executor on this host, against eager PyTorch. With
     `captured` (this host's capture of the graph, as planned) the executor uses it instead of
     capturing the model again (seconds for a ResNet); it trains that capture's module.
-    `why_here`: where it ran and why there, for the report."""
+    `no_room_on`: the board that has no room for eager PyTorch's plain step (profile_fit),
+    else the check is here because the board's memory limit would take it in."""
+    say("checking the plan's gradients against eager PyTorch on the host"
+        + (f" ({no_room_on} has no room for its plain step)" if no_room_on else ""))
+    why_here = (f"on the host, {no_room_on} having no room for eager PyTorch's plain step"
+                if no_room_on else "on the host, outside the memory limit")
     from edge_remat_agent.formats import load_plan
     try:
         from edge_remat_agent.executor import ExecutorError, run_plan
