@@ -239,7 +239,7 @@ def test_ctrl_c_in_run_before_the_board_writes_a_report(tmp_path, bench):
     proc = _start("run", "--device", "bench", "--model", "mlp", "--budget", "0.9",
                   "--steps", "2", "--out", out)
     _wait_for_line(proc, "capturing")
-    refused(_interrupt(proc, []), INTERRUPTED, "report.json")
+    refused(_interrupt(proc, []), INTERRUPTED, "before any job ran on the board", "report.json")
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "interrupted"
 
@@ -492,3 +492,20 @@ def test_ctrl_c_while_a_job_reports_no_progress_cancels_within_seconds(tmp_path,
     state = _state("nap-2")
     assert state["status"] == "cancelled", state
     assert state["job"]["error"] == "cancelled by the host", state  # not killed after a grace
+
+
+@pytest.mark.parametrize("apart_s", [0.001, 0.003, 0.01])
+def test_two_sigints_at_once_cancel_the_board_job_as_one_does(tmp_path, bench, apart_s):
+    """`pkill -INT -f "edge-remat ..."` signals both `timeout` and the command under it, and
+    `timeout` passes its own on: two SIGINTs microseconds apart. The second is the first's
+    echo, not a second Ctrl-C, even when it lands before the cancelling has begun."""
+    proc = _start("job", "sleep", "--device", "bench", "--id", "nap-twice", "--param",
+                  "seconds=60", "--param", "steps=60")
+    seen = _wait_for_line(proc, "step 1/60")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(apart_s)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    refused(subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err),
+            INTERRUPTED, "cancelled job nap-twice")
+    assert _state("nap-twice")["status"] == "cancelled"

@@ -74,7 +74,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
             else:
                 report = _run_planned(board, device, opts, data, lr, out, say)
         except (KeyboardInterrupt, Interrupted) as exc:
-            raise _interrupted(exc, opts, out) from None
+            raise _interrupted(exc, opts, out, board.last_job) from None
         except JobOutOfReach as exc:
             raise _link_lost(exc, opts, out) from None
         except Exception as exc:
@@ -124,11 +124,16 @@ def _remove_outputs_since(out: Path, started: float) -> None:
             path.unlink()
 
 
-def _interrupted(exc: BaseException, opts: RunOptions, out: Path) -> Interrupted:
-    """Ctrl-C: OUT/report.json says so and lists what was written before it."""
+def _interrupted(exc: BaseException, opts: RunOptions, out: Path,
+                 last_job: "str | None") -> Interrupted:
+    """Ctrl-C: OUT/report.json says so and lists what was written before it. A bare
+    KeyboardInterrupt came while no job ran on the board (waiting on one answers with an
+    Interrupted that says what became of it): before the first, or after `last_job` ended."""
     from ..planner.interrupt import stopped_by
+    when = f"while no job ran on the board (after job {last_job} had ended)" if last_job \
+        else "before any job ran on the board"
     stopped = exc if isinstance(exc, Interrupted) else \
-        Interrupted(f"interrupted ({stopped_by()}) before anything ran on the board")
+        Interrupted(f"interrupted ({stopped_by()}) {when}")
     where = _report_stopped("interrupted", str(stopped), stopped.extra, opts, out)
     return Interrupted(str(stopped) + where, **stopped.extra)
 

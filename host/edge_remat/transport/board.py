@@ -79,6 +79,7 @@ class Board:
         self.reconnect_timeout_s = (device.connection.reconnect_timeout_s
                                     if reconnect_timeout_s is None else reconnect_timeout_s)
         self.reconnects = 0
+        self.last_job: Optional[str] = None  # the job run_job last submitted (or tried to)
         self.hello_info: dict = {}
         self._session: Optional[AgentSession] = None
         self._connected_once = False
@@ -287,12 +288,12 @@ class Board:
         params = dict(params or {})
         for name, local in (inputs or {}).items():
             params[name] = self.push_input(local)
-        job_id = job_id or new_job_id(kind)
+        job_id = self.last_job = job_id or new_job_id(kind)
         try:
             record = self.submit(kind, params, job_id)
             record = self.wait(record["id"], on_update)
         except KeyboardInterrupt:
-            raise self.interrupted(job_id, out_dir) from None
+            raise self.interrupted_once(job_id, out_dir) from None
         except LinkLost as exc:  # reconnecting gave up; the job goes on without us
             raise self.out_of_reach(job_id, exc, out_dir) from None
         if record["state"] == "failed":
@@ -334,9 +335,27 @@ class Board:
         finally:
             self.keep_running, self.not_kept = asked, None
 
-    def interrupted(self, job_id: str, out_dir: "str | Path | None" = None) -> Interrupted:
+    def interrupted_once(self, job_id: str, out_dir: "str | Path | None" = None) -> Interrupted:
+        """`interrupted`, for the Ctrl-C just caught. Its echo (`timeout` passing its own
+        SIGINT on, or pkill reaching both) can land before the echo guard is in place, a few
+        bytecodes later: within ECHO_S of the first, such a KeyboardInterrupt starts the
+        answer again rather than counting as a second Ctrl-C."""
+        caught = time.monotonic()
+        while True:
+            try:
+                return self.interrupted(job_id, out_dir, caught)
+            except KeyboardInterrupt:
+                if time.monotonic() - caught > ECHO_S:
+                    raise
+
+    def interrupted(self, job_id: str, out_dir: "str | Path | None" = None,
+                    caught: Optional[float] = None) -> Interrupted:
         """What Ctrl-C while waiting on `job_id` did: the job cancelled (and waited out for a
         few seconds, so that nothing queues behind it), or left running with the way back."""
+        with echoes_ignored(ECHO_S, since=caught):
+            return self._cancel_interrupted(job_id, out_dir)
+
+    def _cancel_interrupted(self, job_id: str, out_dir: "str | Path | None") -> Interrupted:
         again = self.come_back(job_id, out_dir)
         stop = f"interrupted ({stopped_by()})"  # Ctrl-C, or SIGTERM as Ctrl-C
         if self.keep_running:
@@ -348,10 +367,9 @@ class Board:
         self.on_event(f"{self.name}: cancelling job {job_id} (up to {CANCEL_WAIT_S:g} s; "
                       "Ctrl-C again leaves it running)")
         try:
-            with echoes_ignored(ECHO_S):
-                record = self.cancel(job_id)
-                if record["state"] not in TERMINAL_STATES:
-                    record = self.wait(job_id, timeout_s=CANCEL_WAIT_S)
+            record = self.cancel(job_id)
+            if record["state"] not in TERMINAL_STATES:
+                record = self.wait(job_id, timeout_s=CANCEL_WAIT_S)
         except AgentError as exc:
             if exc.code == "unknown_job":
                 return Interrupted(f"{stop} before job {job_id} reached {self.name}; "
@@ -373,15 +391,16 @@ class Board:
 
 
 @contextlib.contextmanager
-def echoes_ignored(window_s: float):
-    """SIGINT within `window_s` of now is ignored (the first one's echo); a later one is a
-    second Ctrl-C and interrupts as usual. So is SIGTERM where it interrupts as Ctrl-C does
+def echoes_ignored(window_s: float, since: Optional[float] = None):
+    """SIGINT within `window_s` of `since` (a monotonic time: when the first was caught; by
+    default now) is ignored (the first one's echo); a later one is a second Ctrl-C and
+    interrupts as usual. So is SIGTERM where it interrupts as Ctrl-C does
     (sigterm_as_ctrl_c): `timeout -s TERM` echoes it the same way. Outside the main thread,
     signals are not ours."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    first = time.monotonic()
+    first = time.monotonic() if since is None else since
 
     def handler(signum, frame):
         if time.monotonic() - first > window_s:
