@@ -340,7 +340,13 @@ class ArmBoard:
             state = self.state()
             group = self._ensure_group(memory_limit_bytes)
             if state is not None:
-                if memory_limit_bytes and state.get("memory_limit_bytes") != memory_limit_bytes:
+                was = state.get("memory_limit_bytes")
+                if memory_limit_bytes and was != memory_limit_bytes:
+                    # `arm-board start --memory-limit` set another: the caller's stands (a
+                    # device config's), and saying so explains the board's new RAM
+                    say(f"arm64 board: its memory limit goes from "
+                        f"{format_size(was) if was else 'none'} to "
+                        f"{format_size(memory_limit_bytes)}")
                     state["memory_limit_bytes"] = memory_limit_bytes
                     _write_json(self.state_file, state)
                 return state

@@ -27,7 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build the root filesystem (kept between runs)")
     start = sub.add_parser("start", help="run the board's sshd (builds first if needed)")
-    start.add_argument("--memory-limit", help="the board's RAM, e.g. 2GiB (a memory cgroup)")
+    start.add_argument("--memory-limit", help="the board's RAM, e.g. 2GiB (a memory cgroup); "
+                       "a command with --device emulated-arm64 sets it to that config's "
+                       "[emulator] memory_limit_bytes again")
     sub.add_parser("stop", help="stop the board: every process of it")
     status = sub.add_parser("status", help="built? running? on which port?")
     status.add_argument("--json", action="store_true")
