@@ -25,6 +25,8 @@ ResNet one covers the same path under the issue's numbers, and the run job's use
 from __future__ import annotations
 
 import json
+import os
+import re
 import threading
 from pathlib import Path
 
@@ -43,6 +45,9 @@ REPO = Path(__file__).resolve().parents[1]
 PROFILE = str(REPO / "profiles" / "this-machine.json")  # measured: no profiling in the test
 REASON = unavailable_reason()
 needs_cgroup = pytest.mark.skipif(REASON is not None, reason=f"no memory cgroup: {REASON}")
+# digits-cnn at 32x32 in batches of 128: a plain step of about 280 MiB (the planner's), which
+# with a profile job's 300 MiB beside it is more than this board has free
+SMALL_SSH_LIMIT, SMALL_SSH_BATCH = 450 * 2**20, 128
 pytest.importorskip("edge_remat_agent.executor.jobs", reason="needs the executor")
 
 
@@ -209,3 +214,43 @@ def test_a_board_too_small_to_capture_says_so_with_the_out_of_memory_status(tmp_
     assert "while capturing the graph on the board (before step 1)" in out, out
     assert "warning: the budget" in err  # 50% of plain PyTorch is more than 150 MiB
     assert "Traceback" not in out + err
+
+
+@needs_sshd
+@needs_cgroup
+def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the_host(
+        tmp_path, monkeypatch):
+    """A real board (sshd, its every session in a memory cgroup, as the arm64 board's) that
+    cannot hold the model's plain step: the profile job measures it without the nodes, the
+    plan trains there, and the gradient check (a plain step beside the planned one) runs on
+    the host. The emulated boards above measure and check on their unlimited twin, so only
+    a board like this one reaches that path."""
+    from edge_remat.cgroup import MemoryCgroup
+    from edge_remat.run import RunOptions, run
+    (tmp_path / "sshd").mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # measured here, not cached
+    group = MemoryCgroup.ensure(f"edge-remat-test-ssh-small-{os.getpid()}", SMALL_SSH_LIMIT)
+    lines = []
+    try:
+        sshd = SshServer(tmp_path / "sshd").start(prefix=group.exec_prefix())
+        config = ssh_device_config(tmp_path / "loopback.toml", sshd, tmp_path / "board")
+        try:
+            report = run(RunOptions(device=str(config), model="digits-cnn", batch=SMALL_SSH_BATCH,
+                                    image=32, budget="50%", paging="none", steps=2,
+                                    time_limit=5, out=str(tmp_path / "out"), plots=False),
+                         say=lines.append)
+        finally:
+            stop_agent(tmp_path / "board")
+            sshd.stop()
+    finally:
+        group.remove()
+    said = "\n".join(lines)
+    assert "warning: a plain step of 'digits-cnn' needs about" in said, said
+    assert "(loopback has no room for its plain step)" in said, said
+    assert report["status"] == "finished" and report["steps_done"] == 2
+    # the board saw its cgroup: what it has free is under the limit, not this machine's RAM
+    free_mib = float(re.search(r"more than the ([0-9.]+) MiB it has free", said).group(1))
+    assert free_mib < SMALL_SSH_LIMIT / 2**20, said
+    check = report["grad_check"]
+    assert check["bitwise_equal"] is True, check
+    assert check["where"].startswith("on the host, loopback having no room"), check

@@ -23,9 +23,9 @@ needs_socat = pytest.mark.skipif(SOCAT is None, reason=SOCAT_MISSING)
 class SshServer(testbed.SshServer):
     """sshd -D on 127.0.0.1:PORT, logging in the user running the tests with key auth only."""
 
-    def start(self, timeout_s: float = 10.0) -> "SshServer":
+    def start(self, timeout_s: float = 10.0, prefix=None) -> "SshServer":
         try:
-            return super().start(timeout_s)
+            return super().start(timeout_s, prefix)
         except LinkUnavailable as exc:
             pytest.skip(str(exc))
 

@@ -63,7 +63,9 @@ class SshServer:
         self.log = root / "sshd.log"
         self.proc: Optional[subprocess.Popen] = None
 
-    def start(self, timeout_s: float = 10.0) -> "SshServer":
+    def start(self, timeout_s: float = 10.0, prefix: "List[str] | None" = None) -> "SshServer":
+        """`prefix`: argv before sshd's own (a memory cgroup's exec_prefix: a board whose every
+        session and process has that much RAM)."""
         self.config.write_text(f"""\
 Port {self.port}
 ListenAddress 127.0.0.1
@@ -84,7 +86,8 @@ LogLevel VERBOSE
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation dir
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([SSHD, "-f", str(self.config), "-D", "-e"],
+            self.proc = subprocess.Popen([*(prefix or []), SSHD, "-f", str(self.config), "-D",
+                                          "-e"],
                                          stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
