@@ -264,6 +264,25 @@ def test_a_given_profile_is_never_deleted(tmp_path):
     assert given.exists() and report["misses"] == []
 
 
+def test_a_profile_that_timed_no_nodes_stays_cached_and_the_miss_says_why(tmp_path):
+    """A board without room for a plain step is profiled without its nodes; the planner costs
+    them from the capture's estimates at the board's rates. When steps then miss (an SSH board
+    in a 450 MiB cgroup: 0.795 s predicted, 3.9 s a step), measuring again would time the same
+    rates: the profile stays, and the warning names the estimates, not a busy machine."""
+    import dataclasses
+    from edge_remat.run.profiles import ChosenProfile, forget_if_far_off
+    cached = tmp_path / "cache.json"
+    cached.write_text((REPO / "profiles" / "this-machine.json").read_text())
+    untimed = dataclasses.replace(load_profile(cached), ops={})
+    report = {"step_time_s": [4.6, 3.77, 3.9], "predicted_time_s": 0.795, "misses": [],
+              "profile": {"how": "measured"}}
+    said = []
+    forget_if_far_off(report, ChosenProfile(untimed, cached, "measured", cached), said.append)
+    assert cached.is_file() and "forgotten" not in report["profile"]
+    assert len(said) == 1 and "the profile timed none of the nodes" in said[0], said
+    assert report["misses"] == [said[0].removeprefix("warning: ")]
+
+
 def test_the_ram_graphs_profile_used_for_the_flash_graph_is_said_and_stays_cached(tmp_path):
     """run captures again with parameters on flash where the budget needs it, and plans that
     graph with the profile of the first (a board cannot yet time loads from flash): that was
