@@ -187,6 +187,40 @@ def test_a_measured_profile_is_cached_and_reused(tmp_path, monkeypatch):
     assert other.how == "measured"  # another model: measured again
 
 
+def test_a_cached_profile_without_timed_nodes_is_measured_again_once_the_board_has_room(
+        tmp_path, monkeypatch):
+    """A board without room for a plain step is profiled without its nodes. The cache keys on
+    the board and the model, not on what is free: a node-less profile cached on such a day
+    (an SSH board in a 450 MiB cgroup, on this machine) was reused by later runs that had room
+    to time every node, and they planned on the estimates."""
+    from edge_remat_agent.capture import capture_model
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    graph = tmp_path / "g.json"
+    capture_model("mlp", batch=2, image=8).graph.save(graph)
+    untimed = tmp_path / "untimed.json"
+    profile = json.loads((REPO / "profiles" / "this-machine.json").read_text())
+    untimed.write_text(json.dumps(dict(profile, ops={})))
+
+    class SmallBoard(FakeBoard):
+        free = 1 << 20
+
+        def sysinfo(self):
+            return dict(super().sysinfo(), ram_free_bytes=self.free)
+
+    board = SmallBoard(["profile"], untimed)
+    device = load_device(REPO / "device_configs" / "rpi4.toml")
+    model, said = {"model": "mlp", "batch": 2}, []
+    first = run_profiles.choose_profile(board, device, model, graph, tmp_path, say=said.append)
+    again = run_profiles.choose_profile(board, device, model, graph, tmp_path, say=said.append)
+    assert (first.how, again.how) == ("measured", "cached") and board.jobs == ["profile"]
+    board.free = 64 << 30
+    board.profile_path = REPO / "profiles" / "this-machine.json"
+    later = run_profiles.choose_profile(board, device, model, graph, tmp_path, say=said.append)
+    assert later.how == "measured" and later.profile.ops and board.jobs == ["profile"] * 2
+    assert any("the cached profile timed no nodes" in line for line in said), said
+    assert run_profiles.choose_profile(board, device, model, graph, tmp_path).how == "cached"
+
+
 def test_the_twin_that_measures_a_limited_board_is_stopped_when_its_profile_job_fails(
         tmp_path, monkeypatch):
     """An emulated board is measured by its unlimited twin, whose agent is stopped after the

@@ -98,7 +98,11 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
     key = cache_key(board.sysinfo(), model)
     cached = cache_dir() / f"{key}.json"
     if cached.is_file() and not reprofile:
-        return _limited(ChosenProfile(load_profile(cached), cached, "cached", cached), device)
+        profile = load_profile(cached)
+        if profile.ops or not _room_now(board, graph_path, measuring_board):
+            return _limited(ChosenProfile(profile, cached, "cached", cached), device)
+        say(f"{board.name}: the cached profile timed no nodes (there was no room for a plain "
+            "step when it was measured); there is now, so it is measured again")
     if "profile" in board.hello().get("job_kinds", {}):
         if measuring_board is None:
             fetched = _measure(board, model, graph_path, out_dir, say)
@@ -122,6 +126,15 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
         say(f"{device.name}: its agent cannot measure; planning with the modelled {modelled.name}")
         return ChosenProfile(load_profile(modelled), modelled, "modelled")
     return ChosenProfile(None, None, "none")
+
+
+def _room_now(board, graph_path: Path, measuring_board) -> bool:
+    """Whether the board that measures (`board` itself, unless an emulated board's twin does)
+    now has room for a plain step of the graph, as a profile job times its nodes in."""
+    if measuring_board is not None:
+        return True  # the unlimited twin: its room is this machine's
+    from ..profile_fit import plain_step_out_of_reach
+    return not plain_step_out_of_reach(board, graph_path)
 
 
 def _limited(chosen: ChosenProfile, device: DeviceConfig) -> ChosenProfile:
