@@ -298,11 +298,12 @@ def test_a_given_profile_is_never_deleted(tmp_path):
     assert given.exists() and report["misses"] == []
 
 
-def test_a_profile_that_timed_no_nodes_stays_cached_and_the_miss_says_why(tmp_path):
+def test_a_profile_that_timed_no_nodes_far_off_says_the_estimates_may_be_why(tmp_path):
     """A board without room for a plain step is profiled without its nodes; the planner costs
-    them from the capture's estimates at the board's rates. When steps then miss (an SSH board
-    in a 450 MiB cgroup: 0.795 s predicted, 3.9 s a step), measuring again would time the same
-    rates: the profile stays, and the warning names the estimates, not a busy machine."""
+    them from the capture's estimates at the board's rates. Steps far off that (an SSH board
+    in a 450 MiB cgroup: 0.795 s predicted, 3.9 s a step) may come from the estimates as well
+    as from rates measured on a busy machine: the warning names both, and measuring again
+    (the rates alone, seconds) is cheap."""
     import dataclasses
     from edge_remat.run.profiles import ChosenProfile, forget_if_far_off
     cached = tmp_path / "cache.json"
@@ -312,8 +313,8 @@ def test_a_profile_that_timed_no_nodes_stays_cached_and_the_miss_says_why(tmp_pa
               "profile": {"how": "measured"}}
     said = []
     forget_if_far_off(report, ChosenProfile(untimed, cached, "measured", cached), said.append)
-    assert cached.is_file() and "forgotten" not in report["profile"]
-    assert len(said) == 1 and "the profile timed none of the nodes" in said[0], said
+    assert not cached.exists() and report["profile"]["forgotten"] is True
+    assert len(said) == 1 and "(the profile timed none of its nodes)" in said[0], said
     assert report["misses"] == [said[0].removeprefix("warning: ")]
 
 

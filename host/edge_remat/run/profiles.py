@@ -176,8 +176,7 @@ PROFILE_TRUST_RATIO = 3.0
 def forget_if_far_off(report: dict, chosen: ChosenProfile,
                       say: Callable[[str], None]) -> None:
     """Take a cached profile whose prediction missed the steady steps by more than
-    PROFILE_TRUST_RATIO out of the cache, and say so: otherwise every later run plans on it.
-    One that timed no nodes stays: the miss is the estimates', and the warning says that."""
+    PROFILE_TRUST_RATIO out of the cache, and say so: otherwise every later run plans on it."""
     from ..reports.run_report import steady_median
     steps = report.get("step_time_s") or []
     typical, _ = steady_median(steps, report.get("job_start"))
@@ -185,22 +184,20 @@ def forget_if_far_off(report: dict, chosen: ChosenProfile,
     if len(steps) < 2 or not typical or not predicted:
         return  # a first step alone pays the warm-up: no verdict from it
     ratio = typical / predicted
-    if 1 / PROFILE_TRUST_RATIO <= ratio <= PROFILE_TRUST_RATIO:
+    if 1 / PROFILE_TRUST_RATIO <= ratio <= PROFILE_TRUST_RATIO or not chosen.forget():
         return
     missed = f"the profile predicted {predicted:.3g} s a step and the steps took {typical:.3g} s " \
         f"({ratio:.2f}x)"
     if chosen.profile is not None and not chosen.profile.ops:
-        # untimed nodes (a board without room for a plain step): measuring again would time
-        # the same rates, so the profile stays cached
-        note = (f"{missed}: the profile timed none of the nodes, so the planner costed them "
-                "from the capture's estimates at the board's compute rates; measuring again "
-                "would do the same")
-    elif chosen.forget():
-        note = (f"{missed}: it was likely measured while this machine was busy, or for other "
-                "shapes; it is out of the profile cache now, so the next run measures again")
-        report["profile"] = {**report.get("profile", {}), "forgotten": True}
+        # A board without room for a plain step: its nodes were costed from the capture's
+        # estimates at its measured rates, which can miss for the model's op mix as well.
+        why = ("its compute rates were likely measured while this machine was busy, or the "
+               "capture's estimates miss this model's ops (the profile timed none of its "
+               "nodes)")
     else:
-        return
+        why = "it was likely measured while this machine was busy, or for other shapes"
+    note = f"{missed}: {why}; it is out of the profile cache now, so the next run measures again"
+    report["profile"] = {**report.get("profile", {}), "forgotten": True}
     report["misses"] = [*report.get("misses", []), note]
     say(f"warning: {note}")
 
