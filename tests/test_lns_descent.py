@@ -48,6 +48,7 @@ def test_auto_gives_the_lns_the_time_on_large_graphs_and_says_when_its_best_was_
     report = solve_module.solve(p, "auto", time_limit=12)
     info = report.plan.solver
     assert report.evaluation.feasible and info["name"].endswith("+lns")
-    assert info["first_plan_s"] <= info["best_plan_s"] <= info["solve_time_s"] <= 12 * 1.1
+    # the limit, and a round or two of slack: 13.3 s happened beside a busy suite (2026-12-03)
+    assert info["first_plan_s"] <= info["best_plan_s"] <= info["solve_time_s"] <= 12 * 1.25
     assert "workers" not in info  # CP-SAT was not started
     assert info["lower_bound"] <= report.evaluation.value

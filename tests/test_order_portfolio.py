@@ -90,13 +90,14 @@ def test_where_the_first_order_has_no_plan_another_order_gives_the_first_one():
     # 2000 nodes (w 0.31, seed 1) at 0.8: the feasibility phase gets stuck in the first
     # memory-aware order (it gives up in about 14 s) and plans in seed 1's within seconds
     # (measured when written). auto then plans in that order and says so; the plan replays.
+    # 60 s gives each order 12 s (40 s, 8 s each, ran out beside a busy suite, 2026-12-03).
     graph = random_layered(2000, seed=1, w=0.31)
     problem = build_problem(graph, "0.8", order_time_s=8.0)
     assert problem.given_graph is graph
-    report = solve(problem, "auto", 40)
+    report = solve(problem, "auto", 60)
     plan = report.plan
     assert plan.solver["orders_tried"][0] == {"seed": 0, "objective": None}
     assert plan.solver["order_seed"] > 0
-    assert plan.solver["first_plan_s"] is not None and plan.solver["first_plan_s"] < 40
+    assert plan.solver["first_plan_s"] is not None and plan.solver["first_plan_s"] < 60
     sim = simulate(graph, build_costs(graph), plan.stages)
     assert sim.peak_bytes <= problem.budget_bytes
