@@ -293,7 +293,7 @@ class Board:
             record = self.submit(kind, params, job_id)
             record = self.wait(record["id"], on_update)
         except KeyboardInterrupt:
-            raise self.interrupted_once(job_id, out_dir) from None
+            raise self.interrupted(job_id, out_dir) from None
         except LinkLost as exc:  # reconnecting gave up; the job goes on without us
             raise self.out_of_reach(job_id, exc, out_dir) from None
         if record["state"] == "failed":
@@ -335,25 +335,21 @@ class Board:
         finally:
             self.keep_running, self.not_kept = asked, None
 
-    def interrupted_once(self, job_id: str, out_dir: "str | Path | None" = None) -> Interrupted:
-        """`interrupted`, for the Ctrl-C just caught. Its echo (`timeout` passing its own
-        SIGINT on, or pkill reaching both) can land before the echo guard is in place, a few
-        bytecodes later: within ECHO_S of the first, such a KeyboardInterrupt starts the
-        answer again rather than counting as a second Ctrl-C."""
+    def interrupted(self, job_id: str, out_dir: "str | Path | None" = None) -> Interrupted:
+        """What the Ctrl-C just caught while waiting on `job_id` did: the job cancelled (and
+        waited out for a few seconds, so that nothing queues behind it), or left running with
+        the way back. Its echo (`timeout` passing its own SIGINT on, or pkill reaching both)
+        can land before the echo guard is in place, a few bytecodes later: within ECHO_S of
+        the first, such a KeyboardInterrupt starts the answer again rather than counting as a
+        second Ctrl-C."""
         caught = time.monotonic()
         while True:
             try:
-                return self.interrupted(job_id, out_dir, caught)
+                with echoes_ignored(ECHO_S, since=caught):
+                    return self._cancel_interrupted(job_id, out_dir)
             except KeyboardInterrupt:
                 if time.monotonic() - caught > ECHO_S:
                     raise
-
-    def interrupted(self, job_id: str, out_dir: "str | Path | None" = None,
-                    caught: Optional[float] = None) -> Interrupted:
-        """What Ctrl-C while waiting on `job_id` did: the job cancelled (and waited out for a
-        few seconds, so that nothing queues behind it), or left running with the way back."""
-        with echoes_ignored(ECHO_S, since=caught):
-            return self._cancel_interrupted(job_id, out_dir)
 
     def _cancel_interrupted(self, job_id: str, out_dir: "str | Path | None") -> Interrupted:
         again = self.come_back(job_id, out_dir)
