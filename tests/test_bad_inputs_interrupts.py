@@ -497,7 +497,7 @@ def test_ctrl_c_while_a_job_reports_no_progress_cancels_within_seconds(tmp_path,
 @pytest.mark.parametrize("apart_s", [0.001, 0.003, 0.01])
 def test_two_sigints_at_once_cancel_the_board_job_as_one_does(tmp_path, bench, apart_s):
     """`pkill -INT -f "edge-remat ..."` signals both `timeout` and the command under it, and
-    `timeout` passes its own on: two SIGINTs microseconds apart. The second is the first's
+    `timeout` passes its own on: two SIGINTs milliseconds apart. The second is the first's
     echo, not a second Ctrl-C, even when it lands before the cancelling has begun."""
     proc = _start("job", "sleep", "--device", "bench", "--id", "nap-twice", "--param",
                   "seconds=60", "--param", "steps=60")
