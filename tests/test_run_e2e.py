@@ -254,3 +254,13 @@ def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the
     check = report["grad_check"]
     assert check["bitwise_equal"] is True, check
     assert check["where"].startswith("on the host, loopback having no room"), check
+    # the run timed the nodes the profile could not (step 2), and the cached profile has them
+    from edge_remat_agent.costs import build_costs
+    from edge_remat_agent.formats import load_graph, load_profile
+    graph = load_graph(report["graph"])
+    timed = report["profile"]["nodes_timed_in_run"]
+    assert timed["steps"] == 1 and timed["nodes"] == len(graph.nodes), timed
+    assert f"loopback: {len(graph.nodes)} of {len(graph.nodes)} nodes timed as the plan ran " \
+        "them" in said, said
+    [cached] = (tmp_path / "cache" / "edge-remat" / "profiles").glob("*.json")
+    assert build_costs(graph, load_profile(cached)).cost_source == "profile"

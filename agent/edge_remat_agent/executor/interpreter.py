@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..capture.replay import StepRunner
+from ..devices import synchronize
 from ..formats import Graph, Instruction, Node, Stages
 from ..pages import PageStore, PageStoreError
 from .errors import OOM_REMEDY, InstructionFailed, OutOfMemory, first_line, is_out_of_memory
@@ -65,6 +66,9 @@ class Interpreter:
                          "page_out": self._page_out, "page_in": self._page_in}
         self.counts = StepCounts()
         self.paging: OverlappedPaging | None = None
+        # node id -> seconds of its first compute in this step, when set to a dict (timing.py):
+        # each compute then waits for the device, as the profiler's do
+        self.node_times: dict[Any, float] | None = None
 
     def run(self, stages: Stages) -> StepCounts:
         self.counts = StepCounts(overlapped=self.overlap is not None)
@@ -128,6 +132,8 @@ class Interpreter:
             self.step_group(node, self.runner)
         else:
             return  # the optimizer steps after the last instruction
+        if self.node_times is not None:
+            synchronize(self.runner.device)
         elapsed = time.perf_counter() - start
         self.counts.computes += 1
         if self.runner.runs[ins.node] > 1:
@@ -135,6 +141,8 @@ class Interpreter:
             self.counts.recompute_s += elapsed
         else:
             self.counts.compute_s += elapsed
+            if self.node_times is not None:
+                self.node_times[ins.node] = elapsed
 
     def _free(self, ins: Instruction, where=None) -> None:
         self.runner.free(ins.node)

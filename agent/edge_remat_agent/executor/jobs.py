@@ -139,6 +139,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                           allocator=str(params.get("allocator") or "glibc"),
                           on_trained=save_trained, checkpointing=checkpointing,
                           stop_on_nonfinite=stop_on_nonfinite, remedy=remedy,
+                          time_nodes=int(params.get("time_nodes") or 0),
                           map_large_allocations=not param_flag(params.get("keep_malloc_defaults",
                                                                      False)))
     finally:

@@ -61,7 +61,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
              on_trained: Callable[[torch.nn.Module, ParameterHome | None], None] | None = None,
              checkpointing: Checkpointing | None = None,
              stop_on_nonfinite: bool = False,
-             remedy: Remedy | str | None = None) -> dict[str, Any]:
+             remedy: Remedy | str | None = None, time_nodes: int = 0) -> dict[str, Any]:
     """Run `plan` for `steps` training steps; return the run report (see executor/__init__).
     `lr_schedule`, `warmup`: the learning rate's schedule over the steps (lr_schedule.py).
     `allocator`: "glibc" (tensors from the CPU allocator) or "arena" (every planned tensor in
@@ -87,7 +87,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     diverged.py), writing no checkpoint of it and not calling `on_trained`; the report's
     `stopped_at_step` names it (None: the run took every step). `remedy`: what the report
     says to try should a loss not be finite (diverged.remedy_for, as the caller's progress
-    says it; None: remedy_for the graph and `lr`)."""
+    says it; None: remedy_for the graph and `lr`). `time_nodes`: time each node in that many
+    steps after this start's first (node_timing.py); the report's `node_times` has them."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
     check_lr_schedule(lr_schedule, warmup, steps)
@@ -153,9 +154,10 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         arena = open_arena(plan, captured.graph, device) if allocator == "arena" else None
         placement = None if arena is None else ArenaPlacement(arena, runner, captured.graph)
         planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger,
-                              overlap, placement, sums)
+                              overlap, placement, sums, time_nodes)
         for i in range(start, last):
             schedule.at(i)
+            planned.timing = planned.node_times.wanted(i - start)
             # K micro-batches a step when accumulating, fetched as each pass starts
             micro = (batches(i * k + j) for j in range(k))
             batch = next(micro)
@@ -224,6 +226,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     grad_check = _latest(grad_check, earlier["grad_check"])
     first = records[0]
     figures = checkpointing.figures()
+    node_times = planned.node_times.report(captured.graph)
     if figures is not None and checkpointing.own:  # which start trained which steps
         figures["starts"] = job_starts(records, finished_after=start if start == last else None)
     return {
@@ -248,6 +251,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                              remedy or remedy_for(captured.graph.capture, lr)),
         **({"weights": weights} if weights else {}),
         **({"checkpoint": figures} if figures else {}),
+        **({"node_times": node_times} if node_times else {}),
     }
 
 

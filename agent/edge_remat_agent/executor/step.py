@@ -15,6 +15,7 @@ accumulating step's gradient sums as their real tensors (accumulation.GradientBu
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
 from typing import Callable, Iterable
 
@@ -23,6 +24,7 @@ from torch import nn
 
 from ..accumulation import GradientBuffers, mean_loss, scaled
 from ..capture.replay import StepRunner
+from ..devices import synchronize
 from ..formats import Graph, Plan
 from ..grad_clip import clip_all
 from ..pages import PageStore
@@ -30,6 +32,7 @@ from .compiled_step import CompiledStep, FailedAt, compile_step
 from .errors import OOM_REMEDY, ExecutorError, first_line, is_out_of_memory
 from .interpreter import Interpreter, StepCounts
 from .ledger_replay import LedgerReplay
+from .node_timing import NodeTimes
 from .updates import FusedUpdates
 
 GradientCheck = Callable[[torch.Tensor, dict[str, torch.Tensor]], None]
@@ -83,12 +86,13 @@ class PlannedStep:
                  optimizer: torch.optim.Optimizer | FusedUpdates,
                  stores: dict[str, PageStore], ledger,
                  overlap: tuple[list[int], int] | None = None, placement=None,
-                 sums: GradientBuffers | None = None):
+                 sums: GradientBuffers | None = None, time_nodes: int = 0):
         """`overlap`: (the simulator's RAM at each instruction, the plan's peak) to page on an
         IO thread beside compute (executor/paging.py); None pages synchronously. `placement`:
         the arena executor's hooks (executor/arena.py); None leaves tensors to the allocator.
         `sums`: the gradient sums of an accumulating graph's micro-passes (the optimizer's,
-        when fused), stepped by `run_accumulated`."""
+        when fused), stepped by `run_accumulated`. `time_nodes`: how many steps after the first
+        to time node by node (node_timing.py; the run sets `timing` for each of them)."""
         self.runner, self.graph, self.plan = runner, graph, plan
         self.sums = sums
         self.module, self.optimizer, self.stores = module, optimizer, stores
@@ -105,6 +109,10 @@ class PlannedStep:
             and placement is None and sums is None else None
         self.compiled: CompiledStep | None = None
         self.compiled_tried = False
+        # Set by the run for the steps whose nodes it times (node_timing.py): they run
+        # interpreted, each compute waited for, into `node_times`.
+        self.timing = False
+        self.node_times = NodeTimes(time_nodes)
 
     def _step_optimizer(self) -> None:
         """A "step" graph's one optimizer step after the backward."""
@@ -146,7 +154,8 @@ class PlannedStep:
         return StepResult(mean_loss([r.loss for r in results]), counts)
 
     def run(self, batch: tuple, check: GradientCheck | None = None) -> StepResult:
-        if check is None and self.replay is not None and self.replay.ready(batch):
+        if check is None and not self.timing and self.replay is not None and \
+                self.replay.ready(batch):
             compiled = self._compiled()
             if compiled is not None:
                 return self._run_compiled(compiled, batch)
@@ -173,6 +182,7 @@ class PlannedStep:
         # A fused step keeps its gradients only for the check (they cost a plain step's worth);
         # an accumulating one has the sums for it.
         self.runner.keep_grads = not self.fused or (check is not None and self.sums is None)
+        times = self.interpreter.node_times = {} if self.timing else None
         try:
             with torch.no_grad():  # once for the step, not per node (the runner checks)
                 counts = self.interpreter.run(self.plan.stages)
@@ -186,10 +196,18 @@ class PlannedStep:
                 check(loss, self._gradients())
             # fused: the update nodes among the instructions stepped (in the last micro-pass)
             if not self.fused and (self.sums is None or self.sums.last):
+                start = time.perf_counter()
                 self._step_optimizer()
+                if times is not None:  # the graph's one update node is this step
+                    synchronize(self.runner.device)
+                    times.update({n.id: time.perf_counter() - start
+                                  for n in self.graph.nodes if n.kind == "update"})
             self.runner.apply_buffer_updates(self.module)  # each micro-pass's, as eager's
             value = float(loss)
+            if times is not None:
+                self.node_times.add(times)
         finally:
+            self.interpreter.node_times = None
             self.runner.release_all()
             for store in self.stores.values():
                 store.clear()

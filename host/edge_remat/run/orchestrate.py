@@ -307,6 +307,9 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         note_job(out, job_id, device.name, every, bool(opts.resume))
     first = resumed["steps_done"] if resumed else 0
     to_run = (opts.stop_after or opts.steps) - first
+    from .timed_in_run import keep_run_times, steps_to_time
+    if time_nodes := steps_to_time(chosen, to_run):  # a profile without them: time them now
+        params["time_nodes"] = time_nodes
     with host_pages(board, plan_uses_host(plan_dict), say) as page_params:
         say(f"{board.name}: running the plan for {counted(to_run, 'step')}"
             + (f" (steps {first + 1} to {first + to_run} of {opts.steps})"
@@ -349,7 +352,12 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         report["weights"]["peft_adapter"] = write_peft_adapter(
             captured.module, report["weights"]["file"], out)
     _say_malloc(report, say)
-    forget_if_far_off(report, chosen, say)
+    timed = keep_run_times(outcome.get("result") or {}, chosen, graph, out, board.name, say) \
+        if time_nodes else None
+    if timed:  # the estimates that missed are replaced: the profile stays cached
+        report["profile"] = {**report.get("profile", {}), "nodes_timed_in_run": timed}
+    else:
+        forget_if_far_off(report, chosen, say)
     if opts.plots:
         report["plots"] = _draw(graph, plan_path, report, out, chosen.profile)
     return report
