@@ -24,6 +24,7 @@ ResNet one covers the same path under the issue's numbers, and the run job's use
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -216,34 +217,40 @@ def test_a_board_too_small_to_capture_says_so_with_the_out_of_memory_status(tmp_
     assert "Traceback" not in out + err
 
 
-@needs_sshd
-@needs_cgroup
-def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the_host(
-        tmp_path, monkeypatch):
-    """A real board (sshd, its every session in a memory cgroup, as the arm64 board's) that
-    cannot hold the model's plain step: the profile job measures it without the nodes, the
-    plan trains there, and the gradient check (a plain step beside the planned one) runs on
-    the host. The emulated boards above measure and check on their unlimited twin, so only
-    a board like this one reaches that path."""
+@contextlib.contextmanager
+def small_ssh_board(tmp_path: Path):
+    """A real board that cannot hold digits-cnn b128's plain step: sshd, its every session in
+    a memory cgroup of SMALL_SSH_LIMIT (as the arm64 board's); yields its device config."""
     from edge_remat.cgroup import MemoryCgroup
-    from edge_remat.run import RunOptions, run
     (tmp_path / "sshd").mkdir()
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # measured here, not cached
     group = MemoryCgroup.ensure(f"edge-remat-test-ssh-small-{os.getpid()}", SMALL_SSH_LIMIT)
-    lines = []
     try:
         sshd = SshServer(tmp_path / "sshd").start(prefix=group.exec_prefix())
-        config = ssh_device_config(tmp_path / "loopback.toml", sshd, tmp_path / "board")
         try:
-            report = run(RunOptions(device=str(config), model="digits-cnn", batch=SMALL_SSH_BATCH,
-                                    image=32, budget="50%", paging="none", steps=2,
-                                    time_limit=5, out=str(tmp_path / "out"), plots=False),
-                         say=lines.append)
+            yield ssh_device_config(tmp_path / "loopback.toml", sshd, tmp_path / "board")
         finally:
             stop_agent(tmp_path / "board")
             sshd.stop()
     finally:
         group.remove()
+
+
+@needs_sshd
+@needs_cgroup
+def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the_host(
+        tmp_path, monkeypatch):
+    """A real board that cannot hold the model's plain step: the profile job measures it
+    without the nodes, the plan trains there, and the gradient check (a plain step beside the
+    planned one) runs on the host. The emulated boards above measure and check on their
+    unlimited twin, so only a board like this one reaches that path."""
+    from edge_remat.run import RunOptions, run
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # measured here, not cached
+    lines = []
+    with small_ssh_board(tmp_path) as config:
+        report = run(RunOptions(device=str(config), model="digits-cnn", batch=SMALL_SSH_BATCH,
+                                image=32, budget="50%", paging="none", steps=2,
+                                time_limit=5, out=str(tmp_path / "out"), plots=False),
+                     say=lines.append)
     said = "\n".join(lines)
     assert "warning: a plain step of 'digits-cnn' needs about" in said, said
     assert "(loopback has no room for its plain step)" in said, said
@@ -264,3 +271,29 @@ def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the
         "them" in said, said
     [cached] = (tmp_path / "cache" / "edge-remat" / "profiles").glob("*.json")
     assert build_costs(graph, load_profile(cached)).cost_source == "profile"
+
+
+@needs_sshd
+@needs_cgroup
+def test_profile_of_a_board_without_room_times_the_nodes_under_a_plan(tmp_path):
+    """`profile --graph` there: the profile job measures all but the nodes, then a short
+    planned run times them, and the fetched profile costs every node as measured."""
+    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.costs import build_costs
+    from edge_remat_agent.formats import load_profile
+    graph = capture_model("digits-cnn", batch=SMALL_SSH_BATCH, image=32).graph
+    graph.save(tmp_path / "graph.json")
+    with small_ssh_board(tmp_path) as config:
+        code, out, err = cli("profile", "--device", str(config), "--graph",
+                             tmp_path / "graph.json", "--out", tmp_path / "profiles")
+    said = out + err
+    assert code == 0, said
+    assert "warning: a plain step of 'digits-cnn' needs about" in said, said
+    assert "loopback: timing the nodes in a planned run at" in said, said
+    n = len(graph.nodes)
+    assert f"loopback: {n} of {n} nodes timed as the plan ran them (median of 3 steps)" in said
+    assert f'"nodes": {n},' in out, out  # the printed summary is the profile's as written
+    [fetched] = (tmp_path / "profiles").glob("*.json")
+    profile = load_profile(fetched)
+    assert profile.measurements["nodes_timed_in_run"]["nodes"] == n
+    assert build_costs(graph, profile).cost_source == "profile"

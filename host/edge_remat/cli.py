@@ -951,6 +951,8 @@ def profile(
     config = find_device(device)
     if config.hardware.page_dir and "page_dir" not in values:
         values["page_dir"] = config.hardware.page_dir
+    from pathlib import Path
+
     from .transport.host_pages import link_pages
     from .profile_fit import plain_step_out_of_reach
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
@@ -962,6 +964,15 @@ def profile(
         with link_pages(board, to_stderr) as page_params:
             record = board.run_job("profile", {**page_params, **values}, inputs, out,
                                    on_update=None if as_json else progress_printer())
+        fetched = [Path(p) for p in record.get("fetched", []) if str(p).endswith(".json")]
+        if loaded is not None and not inputs and fetched:  # no room: time them under a plan
+            from .profile_under_plan import time_nodes_under_plan
+            timed = time_nodes_under_plan(board, loaded, graph, fetched[0],
+                                          values.get("page_dir"), to_stderr,
+                                          None if as_json else progress_printer())
+            if timed and record.get("result") is not None:  # the summary as it is now
+                record["result"].update(ops=len(load_profile(fetched[0]).ops),
+                                        nodes=timed["nodes"], nodes_timed_in_run=timed)
         print_outcome(record, as_json, board)
 
 

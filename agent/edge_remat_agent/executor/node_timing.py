@@ -5,8 +5,8 @@ plain step gets a profile without node times, and its plans cost nodes from the 
 estimates at the board's measured rates (costs.board_roofline: 0.14x the timed nodes for
 digits-cnn b32 on this host). A planned run fits where a plain step does not, and it computes
 every node at least once a step: timed there, on the step's real inputs, in the order the
-executor runs them, its nodes give the host what the profile lacks (run/profiles.py writes
-them into the profile; the next plan costs them as measured).
+executor runs them, its nodes give the host what the profile lacks (the host's node_times.py
+makes them the profile's ops; the next plan costs them as measured).
 
 Timed steps are the run's steps after its first (the first pays the ops' warm-up and, on the
 board, the gradient check), interpreted rather than replayed compiled, each compute waiting for

@@ -1,0 +1,63 @@
+"""Node times measured in a planned run, made a profile's ops.
+
+A board without room for a plain step cannot time its nodes in the profile job (profile_fit.py),
+so its profile has none, and a plan costs them from the capture's estimates at the board's
+rates. A planned run fits there, and its run job times each node's first compute (agent:
+executor/node_timing.py). Two commands feed those times back: `run` into its cached profile
+(run/timed_in_run.py), `profile --graph` into the profile it fetched, from a short run made for
+that (profile_under_plan.py). Keyed as the profiler keys ops (nodes of one signature share the
+mean); the rest of the profile stays as measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Optional
+
+from edge_remat_agent.costs import build_costs
+from edge_remat_agent.formats import Graph, Profile, load_profile
+from edge_remat_agent.formats.profile import OpCost
+from edge_remat_agent.units import counted
+
+FIGURES_KEY = "nodes_timed_in_run"  # in the profile's `measurements`
+
+
+def with_node_times(profile_path: Path, graph: Graph, node_times: dict,
+                    planned_with: Profile, write_to: list[Path]) -> Optional[dict]:
+    """The profile at `profile_path` with the run's `node_times` (its report's) as its ops,
+    written to each of `write_to`; the figures (what the nodes took against what
+    `planned_with` estimated for them), or None when the run timed none of the graph's."""
+    times = node_times.get("time_s") or []
+    if len(times) != len(graph.nodes):
+        return None
+    by_key: dict[str, list[float]] = {}
+    estimated = measured = 0.0
+    for node, seconds, estimate in zip(graph.nodes, times,
+                                       build_costs(graph, planned_with).time_s):
+        if seconds is None:
+            continue
+        by_key.setdefault(node.signature or node.op, []).append(float(seconds))
+        measured += seconds
+        estimated += estimate
+    if not by_key:
+        return None
+    profile = load_profile(profile_path)
+    profile.ops = {key: OpCost(time_s=statistics.fmean(runs)) for key, runs in by_key.items()}
+    figures = {"steps": int(node_times.get("steps") or 0),
+               "nodes": sum(len(runs) for runs in by_key.values()),
+               "graph_nodes": len(graph.nodes), "measured_s": measured,
+               "estimated_s": estimated}
+    profile.measurements = {**profile.measurements, FIGURES_KEY: figures}
+    for path in write_to:
+        profile.save(path)
+    return figures
+
+
+def described(board_name: str, figures: dict) -> str:
+    """The figures in words: '{board}: N of M nodes timed as the plan ran them ...'."""
+    measured, estimated = figures["measured_s"], figures["estimated_s"]
+    ratio = f" ({measured / estimated:.2f}x)" if estimated > 0 else ""
+    return (f"{board_name}: {figures['nodes']} of {figures['graph_nodes']} nodes timed as the "
+            f"plan ran them (median of {counted(figures['steps'], 'step')}): {measured:.3g} s "
+            f"a step, where the profile's estimates said {estimated:.3g} s{ratio}")
