@@ -270,7 +270,10 @@ def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the
     assert f"loopback: {len(graph.nodes)} of {len(graph.nodes)} nodes timed as the plan ran " \
         "them" in said, said
     [cached] = (tmp_path / "cache" / "edge-remat" / "profiles").glob("*.json")
-    assert build_costs(graph, load_profile(cached)).cost_source == "profile"
+    costs = build_costs(graph, load_profile(cached))
+    assert costs.cost_source == "profile"
+    # and what its first step left (no gradient check ran on the board before it)
+    assert costs.runtime_warm_bytes == timed["runtime_warm_bytes"] > 0, timed
 
 
 @needs_sshd
@@ -296,4 +299,5 @@ def test_profile_of_a_board_without_room_times_the_nodes_under_a_plan(tmp_path):
     [fetched] = (tmp_path / "profiles").glob("*.json")
     profile = load_profile(fetched)
     assert profile.measurements["nodes_timed_in_run"]["nodes"] == n
-    assert build_costs(graph, profile).cost_source == "profile"
+    costs = build_costs(graph, profile)
+    assert costs.cost_source == "profile" and costs.runtime_warm_bytes > 0

@@ -130,10 +130,19 @@ from edge_remat_agent.costs import build_costs
 from edge_remat_agent.executor.updates import make_optimizer
 from edge_remat_agent.formats.profile import Profile
 from edge_remat_agent.profiler import ops
+from edge_remat_agent.profiler.first_step import state_bytes
 from edge_remat_agent.profiler.memory import anonymous_resident_bytes
 what, level = sys.argv[1], sys.argv[2] == "operator"
 captured = capture_model("digits-cnn", operator_level=level)
-if what == "profile":
+if what == "planned":  # a planned run's first step (executor/node_timing.py)
+    from edge_remat.planner.build import build_problem
+    from edge_remat.planner.solve import solve
+    from edge_remat_agent.executor.run import run_plan
+    plan = solve(build_problem(captured.graph, "0.7", None), "auto", time_limit=5).plan
+    report = run_plan(captured.graph, plan, 2, None, captured=captured, check_gradients=False,
+                      time_nodes=1)
+    print(json.dumps(sum(share or 0 for share in report["node_times"]["persistent_bytes"])))
+elif what == "profile":
     nodes = ops.measure_nodes(captured, min_window_s=0.001, context_steps=0,
                               allocator_pass=False)
     profile = Profile("measured", {}, idle_w=0.0, active_w=1.0, name="board",
@@ -144,7 +153,7 @@ else:
     optimizer = make_optimizer(captured.graph, module, None, None, None)
     start = anonymous_resident_bytes()
     ops.time_in_context(runner, module, optimizer, captured.example_args, 1)
-    print(json.dumps(anonymous_resident_bytes() - start - ops._state_bytes(optimizer)))
+    print(json.dumps(anonymous_resident_bytes() - start - state_bytes(optimizer)))
 """
 
 
@@ -177,13 +186,33 @@ def test_a_profile_charges_what_the_first_step_leaves_at_either_level():
         assert _within(charged, references), (level, charged, references)
 
 
-def _within(charged: int, references: list[int], share: float = 0.2) -> bool:
-    """charged within `share` of the range the references span."""
-    return (1 - share) * min(references) <= charged <= (1 + share) * max(references)
+@pytest.mark.slow
+def test_a_planned_runs_first_step_measures_what_a_plain_one_leaves():
+    """A board without room for a plain step measures the warm-up in its planned run's first
+    step (node_timing.py): the same ATen calls, some of them twice (recomputed), leave what a
+    plain first step leaves, and the executor keeps some of its own beside it (a second
+    run_plan in one process, its ops warm, measured 96-108 KB; digits-cnn's planned first
+    step 874-878 KB against 698-739 KB of a plain one, in three pairs of fresh processes)."""
+    references = [_in_a_fresh_process("step", "module")]
+    if references[0] is None:
+        pytest.skip("no RssAnon in /proc/self/status here")
+    charged = _in_a_fresh_process("planned", "module")
+    if not _within(charged, references, executors=EXECUTOR_KEEPS):
+        references.append(_in_a_fresh_process("step", "module"))  # as above: pages of noise
+    assert _within(charged, references, executors=EXECUTOR_KEEPS), (charged, references)
+
+
+EXECUTOR_KEEPS = 256 * 1024  # what a planned run's own first step may keep beyond the ops'
+
+
+def _within(charged: int, references: list[int], share: float = 0.2,
+            executors: int = 0) -> bool:
+    """charged within `share` of the range the references span (and `executors` above it)."""
+    return (1 - share) * min(references) <= charged <= (1 + share) * max(references) + executors
 
 
 def test_the_first_steps_memory_is_split_to_the_byte():
-    from edge_remat_agent.profiler.ops import split_in_proportion
+    from edge_remat_agent.profiler.first_step import split_in_proportion
     shares = split_in_proportion(1001, {"a": 1, "b": 1, "c": 1, "d": 0})
     assert sum(shares.values()) == 1001 and shares["d"] == 0
     assert sorted(shares.values()) == [0, 333, 334, 334]

@@ -69,6 +69,9 @@ class Interpreter:
         # node id -> seconds of its first compute in this step, when set to a dict (timing.py):
         # each compute then waits for the device, as the profiler's do
         self.node_times: dict[Any, float] | None = None
+        # (node id, its call) -> None, wrapped around each compute when set (a first step's
+        # memory meter: profiler/first_step.py)
+        self.around_compute: Callable[[Any, Callable[[], None]], None] | None = None
 
     def run(self, stages: Stages) -> StepCounts:
         self.counts = StepCounts(overlapped=self.overlap is not None)
@@ -124,14 +127,13 @@ class Interpreter:
         node = self.graph.node(ins.node)
         if self.paging is not None:
             self.paging.inputs_ready(ins.node)
-        start = time.perf_counter()
-        if node.kind != "update":
-            self.runner.compute(ins.node)
-        elif self.step_group is not None:
-            self.runner.runs[ins.node] = self.runner.runs.get(ins.node, 0) + 1
-            self.step_group(node, self.runner)
-        else:
+        if node.kind == "update" and self.step_group is None:
             return  # the optimizer steps after the last instruction
+        start = time.perf_counter()
+        if self.around_compute is None:
+            self._call(node)
+        else:
+            self.around_compute(ins.node, lambda: self._call(node))
         if self.node_times is not None:
             synchronize(self.runner.device)
         elapsed = time.perf_counter() - start
@@ -143,6 +145,13 @@ class Interpreter:
             self.counts.compute_s += elapsed
             if self.node_times is not None:
                 self.node_times[ins.node] = elapsed
+
+    def _call(self, node: Node) -> None:
+        if node.kind != "update":
+            self.runner.compute(node.id)
+        else:
+            self.runner.runs[node.id] = self.runner.runs.get(node.id, 0) + 1
+            self.step_group(node, self.runner)
 
     def _free(self, ins: Instruction, where=None) -> None:
         self.runner.free(ins.node)

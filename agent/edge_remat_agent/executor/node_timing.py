@@ -13,6 +13,12 @@ board, the gradient check), interpreted rather than replayed compiled, each comp
 the device. A node's figure in a step is its first compute's time, averaged over the step's
 passes when it accumulates micro-batches (the plan runs once a pass, and a fused update steps in
 the last pass only), and its figure for the run the median over the timed steps.
+
+The run's first step is also where the ops' first calls keep memory for good (oneDNN's
+primitives, kernel caches): measured there as the profiler measures it in a plain step
+(profiler/first_step.py), when no eager reference step ran before it (the board's gradient
+check; a board without room checks on the host), each node's share becomes its op's
+`persistent_bytes`, and the next plan counts the whole as fixed memory (runtime_warm_bytes).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ class NodeTimes:
         self.steps = steps  # how many steps after the first to time
         self.by_step: list[dict[Any, float]] = []
         self._passes = 0  # of the step being timed
+        # node id -> its share of what the run's first step left (profiler/first_step.py)
+        self.first_step_left: dict[Any, int] | None = None
 
     def wanted(self, step_of_this_start: int) -> bool:
         """Whether to time the step `step_of_this_start` (0: the start's first step); a step
@@ -56,8 +64,9 @@ class NodeTimes:
         self._passes = 0
 
     def report(self, graph: Graph) -> dict[str, Any] | None:
-        """{"steps": N, "time_s": [median seconds or None, in the graph's node order]}; None
-        when nothing was timed."""
+        """{"steps": N, "time_s": [median seconds or None, in the graph's node order],
+        "persistent_bytes": [its share of what the first step left, or None]} (the last where
+        it was measured); None when nothing was timed."""
         self._flush()
         steps = [step for step in self.by_step if step]
         if not steps:
@@ -66,4 +75,7 @@ class NodeTimes:
         for node in graph.nodes:
             runs = [step[node.id] for step in steps if node.id in step]
             medians.append(statistics.median(runs) if runs else None)
-        return {"steps": len(steps), "time_s": medians}
+        out: dict[str, Any] = {"steps": len(steps), "time_s": medians}
+        if self.first_step_left is not None:
+            out["persistent_bytes"] = [self.first_step_left.get(node.id) for node in graph.nodes]
+        return out

@@ -27,6 +27,7 @@ from ..lr_schedule import ScheduledLr, lr_factor, lr_history
 from ..memory_classes import CLASSES, ledger_classifier, planned_at
 from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
+from ..profiler.first_step import FirstStepMemory
 from ..profiler.allocations import AllocatorPeak
 from ..sensors import PowerSensor
 from ..simulate import IO_MODES, PlanError, SimResult, simulate
@@ -88,7 +89,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     `stopped_at_step` names it (None: the run took every step). `remedy`: what the report
     says to try should a loss not be finite (diverged.remedy_for, as the caller's progress
     says it; None: remedy_for the graph and `lr`). `time_nodes`: time each node in that many
-    steps after this start's first (node_timing.py); the report's `node_times` has them."""
+    steps after this start's first, and measure what its first step leaves (without a
+    gradient check on it: node_timing.py); the report's `node_times` has them."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
     check_lr_schedule(lr_schedule, warmup, steps)
@@ -175,10 +177,17 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                 arena.start_step()
             counted = AllocatorPeak(device) if count_allocations and i == last - 1 else None
             before_step(i)
+            # what the ops' first calls keep, for a profile that lacks it (node_timing.py): in
+            # a first step no eager reference ran before
+            if time_nodes and i == start and check is None:
+                planned.first_step = FirstStepMemory(runner, optimizer)
             with StepMeter(ledger, power) as meter, counted or contextlib.nullcontext():
                 result = planned.run(batch, check) if sums is None else \
                     planned.run_accumulated(itertools.chain((batch,), micro), check)
                 synchronize(device)  # the step ends when the device's queue does
+            if planned.first_step is not None:
+                planned.node_times.first_step_left = planned.first_step.shares()
+                planned.first_step = None
             if check is not None:
                 check = reference = None  # the reference's gradients go before step 2
                 give_back_freed_memory()

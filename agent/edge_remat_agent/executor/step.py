@@ -28,6 +28,7 @@ from ..devices import synchronize
 from ..formats import Graph, Plan
 from ..grad_clip import clip_all
 from ..pages import PageStore
+from ..profiler.first_step import FirstStepMemory
 from .compiled_step import CompiledStep, FailedAt, compile_step
 from .errors import OOM_REMEDY, ExecutorError, first_line, is_out_of_memory
 from .interpreter import Interpreter, StepCounts
@@ -113,6 +114,9 @@ class PlannedStep:
         # interpreted, each compute waited for, into `node_times`.
         self.timing = False
         self.node_times = NodeTimes(time_nodes)
+        # Set by the run for its first step when it measures what that step leaves
+        # (profiler/first_step.py): around each node's call.
+        self.first_step: FirstStepMemory | None = None
 
     def _step_optimizer(self) -> None:
         """A "step" graph's one optimizer step after the backward."""
@@ -183,6 +187,8 @@ class PlannedStep:
         # an accumulating one has the sums for it.
         self.runner.keep_grads = not self.fused or (check is not None and self.sums is None)
         times = self.interpreter.node_times = {} if self.timing else None
+        self.interpreter.around_compute = None if self.first_step is None \
+            else self.first_step.around
         try:
             with torch.no_grad():  # once for the step, not per node (the runner checks)
                 counts = self.interpreter.run(self.plan.stages)
@@ -196,18 +202,22 @@ class PlannedStep:
                 check(loss, self._gradients())
             # fused: the update nodes among the instructions stepped (in the last micro-pass)
             if not self.fused and (self.sums is None or self.sums.last):
+                # the graph's one update node is this step
+                update = next(n.id for n in self.graph.nodes if n.kind == "update")
                 start = time.perf_counter()
-                self._step_optimizer()
-                if times is not None:  # the graph's one update node is this step
+                if self.first_step is None:
+                    self._step_optimizer()
+                else:
+                    self.first_step.around(update, self._step_optimizer)
+                if times is not None:
                     synchronize(self.runner.device)
-                    times.update({n.id: time.perf_counter() - start
-                                  for n in self.graph.nodes if n.kind == "update"})
+                    times[update] = time.perf_counter() - start
             self.runner.apply_buffer_updates(self.module)  # each micro-pass's, as eager's
             value = float(loss)
             if times is not None:
                 self.node_times.add(times)
         finally:
-            self.interpreter.node_times = None
+            self.interpreter.node_times = self.interpreter.around_compute = None
             self.runner.release_all()
             for store in self.stores.values():
                 store.clear()

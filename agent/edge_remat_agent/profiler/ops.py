@@ -68,7 +68,8 @@ from ..formats import Node
 from ..formats.profile import OpCost
 from ..sensors import EnergyMeter, PowerSensor
 from .allocations import AllocatorPeak
-from .memory import LiveTensorLedger, anonymous_resident_bytes, resident_peak_bytes
+from .first_step import FirstStepMemory, split_in_proportion, storage_bytes
+from .memory import LiveTensorLedger, resident_peak_bytes
 from .tiers import MIN_WINDOW_S, time_repeated
 
 SENSOR_PERIODS = 10  # a window spans at least this many sensor samples
@@ -223,21 +224,14 @@ def first_step_memory(runner: StepRunner, module: torch.nn.Module,
     -20..+45 KB a step). Node id -> its share: the whole split in proportion to the rise each
     node's call left beyond what the runner then holds (its outputs, gradients), so that the
     shares of a graph's nodes add up to what its step left. None off Linux."""
-    start = anonymous_resident_bytes()
-    if start is None:
+    meter = FirstStepMemory(runner, optimizer)
+    if not meter.supported:
         return None
-    made_before = _state_bytes(optimizer)
-    rises = {}
     runner.start_step(module, example_args)
     for node in runner.graph.nodes:
-        before, held, made = anonymous_resident_bytes(), _held_bytes(runner), \
-            _state_bytes(optimizer)
-        _plain_node(node, runner, module, optimizer)
-        rises[node.id] = max(0, anonymous_resident_bytes() - before - (_held_bytes(runner) - held)
-                             - (_state_bytes(optimizer) - made))
+        meter.around(node.id, lambda node=node: _plain_node(node, runner, module, optimizer))
     runner.release_all()
-    left = max(0, anonymous_resident_bytes() - start - (_state_bytes(optimizer) - made_before))
-    return split_in_proportion(left, rises)
+    return meter.shares()
 
 
 def first_step_left(captured: Captured, device: str | torch.device | None = None,
@@ -246,36 +240,6 @@ def first_step_left(captured: Captured, device: str | torch.device | None = None
     runner, module, _, _ = _runner_for(captured, device, map_large_allocations, False)
     optimizer = make_optimizer(captured.graph, module, None, None, None)
     return first_step_memory(runner, module, optimizer, captured.example_args)
-
-
-def split_in_proportion(total: int, weights: dict[Any, int]) -> dict[Any, int]:
-    """`total` in whole bytes over the keys of `weights`, in proportion to them (largest
-    remainders), adding up to it exactly; all to the first key where every weight is 0."""
-    if not weights:
-        return {}
-    whole = sum(weights.values())
-    if whole <= 0:
-        first = next(iter(weights))
-        return {key: total if key == first else 0 for key in weights}
-    shares = {key: total * w // whole for key, w in weights.items()}
-    short = total - sum(shares.values())
-    for key in sorted(weights, key=lambda k: -(total * weights[k] % whole))[:short]:
-        shares[key] += 1
-    return shares
-
-
-def _held_bytes(runner: StepRunner) -> int:
-    """The tensors the runner holds: its ledger's, and a "step" graph's gradients (kept
-    outside it to the optimizer's step)."""
-    grads = 0 if runner.fused else _storage_bytes(runner.grads.values())
-    return (runner.ledger.live_bytes if runner.ledger is not None else 0) + grads
-
-
-def _state_bytes(optimizer: torch.optim.Optimizer | FusedUpdates) -> int:
-    """Bytes of the optimizer state in RAM (momenta, Adam's moments)."""
-    if isinstance(optimizer, FusedUpdates):
-        return _storage_bytes(optimizer.state_tensors())
-    return _storage_bytes(t for state in optimizer.state.values() for t in state.values())
 
 
 def ops_from(measurements: list[NodeMeasurement]) -> dict[str, OpCost]:
@@ -340,12 +304,12 @@ def _node_bytes(node: Node, runner: StepRunner, ledger: LiveTensorLedger,
     runner.compute(node.id)  # sizes, and a warm-up for the runs after it
     held_after = ledger.live_bytes
     outputs = runner.outputs(node.id)
-    sizes = NodeBytes(_storage_bytes(outputs.values()), max(0, ledger.peak_bytes - held_after))
+    sizes = NodeBytes(storage_bytes(outputs.values()), max(0, ledger.peak_bytes - held_after))
     del outputs  # freed with the node's below
     # The gradients this node makes: fixed memory in a "step" graph (the first run keeps
     # them; a later run makes them again and drops them at its end); a fused graph's are
     # among the outputs already.
-    grad_bytes = 0 if runner.fused else _storage_bytes(
+    grad_bytes = 0 if runner.fused else storage_bytes(
         runner.grads[param] for param in set(node.attrs.get("grads", {}).values())
         if param in runner.grads)
     kept = sizes.out_bytes + grad_bytes
@@ -400,12 +364,6 @@ def runtime_warm_bytes(found) -> int | None:
     runtime baseline taken before it. None where it was not measured."""
     measured = [m.persistent_bytes for m in found if m.persistent_bytes is not None]
     return sum(measured) if measured else None
-
-
-def _storage_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind `tensors` (non-tensors skipped)."""
-    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in tensors if isinstance(t, torch.Tensor)}.values())
 
 
 def _measure_update(node: Node, runner: StepRunner, module: torch.nn.Module,
