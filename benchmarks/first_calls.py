@@ -86,8 +86,8 @@ def eager(graph_path: str):
     from edge_remat_agent.capture.optimizer import torch_optimizer
     from edge_remat_agent.executor.step import plain_step
     from edge_remat_agent.formats import load_graph
+    from edge_remat_agent.profiler.first_step import state_bytes
     from edge_remat_agent.profiler.memory import anonymous_resident_bytes
-    from edge_remat_agent.profiler.ops import _state_bytes
     from edge_remat_agent.weights.deferred import make_missing
 
     capture = load_graph(graph_path).capture
@@ -97,9 +97,9 @@ def eager(graph_path: str):
     optimizer = torch_optimizer(capture.get("optimizer", "sgd"), module)
 
     def step():
-        start, state = anonymous_resident_bytes(), _state_bytes(optimizer)
+        start, state = anonymous_resident_bytes(), state_bytes(optimizer)
         plain_step(module, optimizer, batch)
-        return anonymous_resident_bytes() - start - (_state_bytes(optimizer) - state), None
+        return anonymous_resident_bytes() - start - (state_bytes(optimizer) - state), None
     return step
 
 
