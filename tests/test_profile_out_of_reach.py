@@ -5,7 +5,8 @@ with a plan, that job was killed by the out-of-memory killer (resnet18 b48 64x64
 emulated board, 2026-12-03: "killed by SIGKILL ... its log ends: memory: one plain step"), so
 `run` on such a board failed before it planned. Now the host asks first: the board measures
 what it can, with its compute rates, and the planner costs the nodes from the capture's
-estimates at those rates.
+estimates at those rates. Where a plan fits there, `profile` then times the nodes in a short
+planned run (tests/test_run_e2e.py); on this board none does, and it says so.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def test_a_board_without_room_for_a_plain_step_profiles_its_rates_and_plans(tmp_
                              "--out", root / "profiles", "--json")
     assert code == 0, (out, err)
     assert "a plain step of 'digits-cnn' needs about" in err and "not timed there" in err, err
+    # nor under a plan (profile_under_plan.py): none fits in what the 400 MiB board has left
+    assert "warning: the nodes stay untimed in the profile: no plan fits there (budget" in err
     answer = json.loads(out)
     assert answer["status"] == "finished" and answer["result"]["ops"] == 0
     profile = load_profile(root / "profiles" / "profile.json")
