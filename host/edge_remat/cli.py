@@ -971,8 +971,9 @@ def profile(
                                           values.get("page_dir"), to_stderr,
                                           None if as_json else progress_printer())
             if timed and record.get("result") is not None:  # the summary as it is now
-                record["result"].update(ops=len(load_profile(fetched[0]).ops),
-                                        nodes=timed["nodes"], nodes_timed_in_run=timed)
+                from .node_times import FIGURES_KEY
+                record["result"].update({"ops": len(load_profile(fetched[0]).ops),
+                                         "nodes": timed["nodes"], FIGURES_KEY: timed})
         print_outcome(record, as_json, board)
 
 

@@ -66,7 +66,7 @@ class Interpreter:
                          "page_out": self._page_out, "page_in": self._page_in}
         self.counts = StepCounts()
         self.paging: OverlappedPaging | None = None
-        # node id -> seconds of its first compute in this step, when set to a dict (timing.py):
+        # node id -> seconds of its first compute in this step, when set to a dict (node_timing.py):
         # each compute then waits for the device, as the profiler's do
         self.node_times: dict[Any, float] | None = None
         # (node id, its call) -> None, wrapped around each compute when set (a first step's

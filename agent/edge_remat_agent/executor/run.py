@@ -27,8 +27,8 @@ from ..lr_schedule import ScheduledLr, lr_factor, lr_history
 from ..memory_classes import CLASSES, ledger_classifier, planned_at
 from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
-from ..profiler.first_step import FirstStepMemory
 from ..profiler.allocations import AllocatorPeak
+from ..profiler.first_step import FirstStepMemory
 from ..sensors import PowerSensor
 from ..simulate import IO_MODES, PlanError, SimResult, simulate
 from .batches import batch_source, data_name, is_example

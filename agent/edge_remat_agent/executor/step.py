@@ -117,6 +117,8 @@ class PlannedStep:
         # Set by the run for its first step when it measures what that step leaves
         # (profiler/first_step.py): around each node's call.
         self.first_step: FirstStepMemory | None = None
+        # a "step" graph's one update node: the optimizer's step after the instructions
+        self.update_node = next((n.id for n in graph.nodes if n.kind == "update"), None)
 
     def _step_optimizer(self) -> None:
         """A "step" graph's one optimizer step after the backward."""
@@ -202,16 +204,14 @@ class PlannedStep:
                 check(loss, self._gradients())
             # fused: the update nodes among the instructions stepped (in the last micro-pass)
             if not self.fused and (self.sums is None or self.sums.last):
-                # the graph's one update node is this step
-                update = next(n.id for n in self.graph.nodes if n.kind == "update")
                 start = time.perf_counter()
-                if self.first_step is None:
+                if self.first_step is None or self.update_node is None:
                     self._step_optimizer()
                 else:
-                    self.first_step.around(update, self._step_optimizer)
-                if times is not None:
+                    self.first_step.around(self.update_node, self._step_optimizer)
+                if times is not None and self.update_node is not None:
                     synchronize(self.runner.device)
-                    times[update] = time.perf_counter() - start
+                    times[self.update_node] = time.perf_counter() - start
             self.runner.apply_buffer_updates(self.module)  # each micro-pass's, as eager's
             value = float(loss)
             if times is not None:

@@ -355,7 +355,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     timed = keep_run_times(outcome.get("result") or {}, chosen, graph, out, board.name, say) \
         if time_nodes else None
     if timed:  # the estimates that missed are replaced: the profile stays cached
-        report["profile"] = {**report.get("profile", {}), "nodes_timed_in_run": timed}
+        from ..node_times import FIGURES_KEY
+        report["profile"] = {**report.get("profile", {}), FIGURES_KEY: timed}
     else:
         forget_if_far_off(report, chosen, say)
     if opts.plots:

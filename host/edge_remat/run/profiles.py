@@ -55,9 +55,9 @@ class ChosenProfile:
             return "none: costs are the graph's FLOP/byte estimate"
         p = self.profile
         power = " (power: model estimate, no sensor)" if p.device.get("power_estimate") else ""
-        # a board without room for a plain step: its nodes timed by a planned run (timed_in_run)
-        in_run = ", its nodes timed in a planned run" \
-            if p.measurements.get("nodes_timed_in_run") else ""
+        # a board without room for a plain step: its nodes timed by a planned run (node_times)
+        from ..node_times import FIGURES_KEY
+        in_run = ", its nodes timed in a planned run" if p.measurements.get(FIGURES_KEY) else ""
         return f"{p.name} — {p.source.upper() if p.source == 'modelled' else p.source}" \
                f"{power}{in_run}, {self.how}"
 
