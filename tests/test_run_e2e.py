@@ -240,39 +240,61 @@ def small_ssh_board(tmp_path: Path):
 def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the_host(
         tmp_path, monkeypatch):
     """A real board that cannot hold the model's plain step: the profile job measures it
-    without the nodes, the plan trains there, and the gradient check (a plain step beside the
-    planned one) runs on the host. The emulated boards above measure and check on their
-    unlimited twin, so only a board like this one reaches that path."""
+    without the nodes, a short planned run times them (profile_under_plan.py), the plan
+    trains there, and the gradient check (a plain step beside the planned one) runs on the
+    host. The emulated boards above measure and check on their unlimited twin, so only a
+    board like this one reaches that path. Then, with the cached profile's node times taken
+    out (a profile cached before they were measured, or where no plan fitted then), the next
+    run times them itself and puts them back (run/timed_in_run.py)."""
     from edge_remat.run import RunOptions, run
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # measured here, not cached
-    lines = []
-    with small_ssh_board(tmp_path) as config:
-        report = run(RunOptions(device=str(config), model="digits-cnn", batch=SMALL_SSH_BATCH,
-                                image=32, budget="50%", paging="none", steps=2,
-                                time_limit=5, out=str(tmp_path / "out"), plots=False),
-                     say=lines.append)
-    said = "\n".join(lines)
-    assert "warning: a plain step of 'digits-cnn' needs about" in said, said
-    assert "(loopback has no room for its plain step)" in said, said
-    assert report["status"] == "finished" and report["steps_done"] == 2
-    # the board saw its cgroup: what it has free is under the limit, not this machine's RAM
-    free_mib = float(re.search(r"more than the ([0-9.]+) MiB it has free", said).group(1))
-    assert free_mib < SMALL_SSH_LIMIT / 2**20, said
-    check = report["grad_check"]
-    assert check["bitwise_equal"] is True, check
-    assert check["where"].startswith("on the host, loopback having no room"), check
-    # the run timed the nodes the profile could not (step 2), and the cached profile has them
     from edge_remat_agent.costs import build_costs
     from edge_remat_agent.formats import load_graph, load_profile
-    graph = load_graph(report["graph"])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # measured here, not cached
+    lines = []
+
+    def train(out: str) -> dict:
+        return run(RunOptions(device=str(config), model="digits-cnn", batch=SMALL_SSH_BATCH,
+                              image=32, budget="50%", paging="none", steps=2, time_limit=5,
+                              out=str(tmp_path / out), plots=False), say=lines.append)
+
+    with small_ssh_board(tmp_path) as config:
+        report = train("out")
+        said = "\n".join(lines)
+        assert "warning: a plain step of 'digits-cnn' needs about" in said, said
+        assert "(loopback has no room for its plain step)" in said, said
+        assert report["status"] == "finished" and report["steps_done"] == 2
+        # the board saw its cgroup: what it has free is under the limit, not this machine's
+        free_mib = float(re.search(r"more than the ([0-9.]+) MiB it has free", said).group(1))
+        assert free_mib < SMALL_SSH_LIMIT / 2**20, said
+        check = report["grad_check"]
+        assert check["bitwise_equal"] is True, check
+        assert check["where"].startswith("on the host, loopback having no room"), check
+        # the profile's nodes, timed in a planned run before the plan, cost the plan's nodes
+        graph = load_graph(report["graph"])
+        n = len(graph.nodes)
+        assert "loopback: timing the nodes in a planned run at" in said, said
+        assert f"loopback: {n} of {n} nodes timed as the plan ran them (median of 3 steps)" \
+            in said, said
+        plan = json.loads(Path(report["plan"]).read_text())
+        source = plan["problem"]["costs"]["time_source"]
+        assert f"for {n}/{n} nodes" in source and "roofline" not in source, source
+        assert "nodes_timed_in_run" not in report["profile"]  # nothing left for the run
+        [cached] = (tmp_path / "cache" / "edge-remat" / "profiles").glob("*.json")
+        costs = build_costs(graph, load_profile(cached))
+        # and what its first step left (no gradient check ran on the board before it)
+        assert costs.cost_source == "profile" and costs.runtime_warm_bytes > 0
+
+        as_cached = json.loads(cached.read_text())
+        cached.write_text(json.dumps({**as_cached, "ops": {}}))  # a node-less profile again
+        lines.clear()
+        report = train("out2")
+    said = "\n".join(lines)
+    assert report["status"] == "finished" and report["grad_check"]["bitwise_equal"] is True
     timed = report["profile"]["nodes_timed_in_run"]
-    assert timed["steps"] == 1 and timed["nodes"] == len(graph.nodes), timed
-    assert f"loopback: {len(graph.nodes)} of {len(graph.nodes)} nodes timed as the plan ran " \
-        "them" in said, said
-    [cached] = (tmp_path / "cache" / "edge-remat" / "profiles").glob("*.json")
+    assert timed["steps"] == 1 and timed["nodes"] == n, timed
+    assert f"loopback: {n} of {n} nodes timed as the plan ran them (median of 1 step)" in said
     costs = build_costs(graph, load_profile(cached))
     assert costs.cost_source == "profile"
-    # and what its first step left (no gradient check ran on the board before it)
     assert costs.runtime_warm_bytes == timed["runtime_warm_bytes"] > 0, timed
 
 

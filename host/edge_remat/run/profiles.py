@@ -107,12 +107,13 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
         say(f"{board.name}: the cached profile timed no nodes (there was no room for a plain "
             "step when it was measured); there is now, so it is measured again")
     if "profile" in board.hello().get("job_kinds", {}):
+        page_dir = device.hardware.page_dir
         if measuring_board is None:
-            fetched = _measure(board, model, graph_path, out_dir, say)
+            fetched = _measure(board, model, graph_path, out_dir, page_dir, say)
         else:
             with measuring_board() as twin:
                 try:
-                    fetched = _measure(twin, model, graph_path, out_dir, say)
+                    fetched = _measure(twin, model, graph_path, out_dir, page_dir, say)
                 finally:  # a failed job too: the twin's agent would idle for an hour
                     twin.stop_agent()
         try:
@@ -148,8 +149,10 @@ def _limited(chosen: ChosenProfile, device: DeviceConfig) -> ChosenProfile:
     return chosen
 
 
-def _measure(board, model: dict, graph_path: Path, out_dir: Path,
+def _measure(board, model: dict, graph_path: Path, out_dir: Path, page_dir: Optional[str],
              say: Callable[[str], None]) -> Path:
+    """The board's profile job (a board without room for a plain step: without the nodes,
+    which a short planned run then times, profile_under_plan.py); the fetched file."""
     from ..profile_fit import plain_step_out_of_reach
     spec = model["model"]  # the footprint probe builds zoo models only
     params = dict(QUICK_PARAMS, model=None if ":" in spec else spec)
@@ -167,6 +170,15 @@ def _measure(board, model: dict, graph_path: Path, out_dir: Path,
     fetched = [Path(p) for p in record.get("fetched", []) if str(p).endswith(".json")]
     if not fetched:
         raise RuntimeError(f"the profile job on {board.name} returned no profile file")
+    # A graph with parameters on flash is profiled as the graph with them in RAM (its update
+    # nodes' flash traffic is costed apart): its planned run would time that traffic too.
+    if why and model.get("grouped_for") != "flash":
+        from edge_remat_agent.formats import load_graph
+
+        from ..profile_under_plan import time_nodes_under_plan
+        from ..remote import progress_printer
+        time_nodes_under_plan(board, load_graph(graph_path), str(graph_path), fetched[0],
+                              page_dir, say, progress_printer(say))
     return fetched[0]
 
 
