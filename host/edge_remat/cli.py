@@ -969,7 +969,8 @@ def profile(
             from .profile_under_plan import time_nodes_under_plan
             timed = time_nodes_under_plan(board, loaded, graph, fetched[0],
                                           values.get("page_dir"), to_stderr,
-                                          None if as_json else progress_printer())
+                                          None if as_json else progress_printer(),
+                                          values.get("device"))
             if timed and record.get("result") is not None:  # the summary as it is now
                 from .node_times import FIGURES_KEY
                 record["result"].update({"ops": len(load_profile(fetched[0]).ops),

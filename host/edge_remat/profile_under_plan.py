@@ -26,9 +26,10 @@ PLAN_TIME_LIMIT_S = 20.0  # any plan that fits will do: the nodes' first compute
 
 def time_nodes_under_plan(board, graph: Graph, graph_path: str, profile_path: Path,
                           page_dir: Optional[str], say: Callable[[str], None],
-                          on_update=None) -> Optional[dict]:
+                          on_update=None, device: Optional[str] = None) -> Optional[dict]:
     """Time `graph`'s nodes on `board` in a short planned run and write them into the profile
-    at `profile_path`; the figures, or None (said why) where that cannot be done."""
+    at `profile_path`; the figures, or None (said why) where that cannot be done. `device`:
+    the torch device to run on, as the profile job's op timings were (None: the job's own)."""
     from .planner.plan_file import make_plan
     from .planner.problem import ProblemError
     from .planner.solve import NoPlan
@@ -55,7 +56,8 @@ def time_nodes_under_plan(board, graph: Graph, graph_path: str, profile_path: Pa
         return None
     params = {"steps": 1 + DEFAULT_TIMED_STEPS, "time_nodes": DEFAULT_TIMED_STEPS,
               "check_gradients": False, "save": "none", "seed": 0,
-              **({"page_dir": page_dir} if page_dir else {})}
+              **({"page_dir": page_dir} if page_dir else {}),
+              **({"device": device} if device else {})}
     with tempfile.TemporaryDirectory(prefix="edge-remat-timing-") as scratch:
         plan_path = Path(scratch) / "plan.json"
         dump_json(plan, plan_path)
