@@ -34,16 +34,17 @@ def time_nodes_under_plan(board, graph: Graph, graph_path: str, profile_path: Pa
     from .planner.problem import ProblemError
     from .planner.solve import NoPlan
     from .remote import full_result
-    from .run.orchestrate import DEFAULT_RUNTIME_BYTES, RUNTIME_HEADROOM_BYTES
+    from .run.orchestrate import limit_overheads
+    from .run.profiles import ChosenProfile
     from .transport import JobFailed
     untimed = "warning: the nodes stay untimed in the profile"
     profile = load_profile(profile_path)
     free = board.sysinfo().get("ram_free_bytes") or 0
-    runtime = profile.runtime_baseline_bytes or DEFAULT_RUNTIME_BYTES
-    budget = free - runtime - RUNTIME_HEADROOM_BYTES
+    # what the board has free counts as a memory limit: less the run's overheads, as `run` has
+    taken, what = limit_overheads(ChosenProfile(profile, profile_path, "measured"))
+    budget = free - taken
     if budget <= 0:
-        say(f"{untimed}: {board.name} has {fmt_bytes(free)} free, no more than the runtime "
-            f"({fmt_bytes(runtime)}) and the run's headroom")
+        say(f"{untimed}: {board.name} has {fmt_bytes(free)} free, no more than {what}")
         return None
     say(f"{board.name}: timing the nodes in a planned run at {fmt_bytes(budget)} (what it has "
         f"free, less the runtime and the run's headroom)")
