@@ -217,7 +217,7 @@ def descent(p: Problem, deadline: float | None = None) -> list[StageDecision] | 
 
 # Run in this order (solve.run_baselines): DTR after the searches that scale, since on large
 # graphs it can spend its whole share finding nothing (1000-node random layered graphs at 0.8:
-# 3-7 s) while a plan from them waits.
-BASELINES = {"keep-all": keep_all, "sqrt-n": sqrt_n, "split": split,
-             "peak-search": peak_search, "descent": descent, "dtr": dtr,
-             "paging": belady_paging}
+# 3-7 s) while a plan from them waits. Belady paging before the feasibility phase: where a
+# tier is given it fits any budget above the floor, and the phase may use up the share.
+BASELINES = {"keep-all": keep_all, "sqrt-n": sqrt_n, "split": split, "paging": belady_paging,
+             "peak-search": peak_search, "descent": descent, "dtr": dtr}
