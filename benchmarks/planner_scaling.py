@@ -23,6 +23,13 @@ into `--cache` and planned the same way, in the same table.
     python benchmarks/planner_scaling.py --graphs resnet50,gpt2-small --budget 0.25 --time-limit 60
     python benchmarks/planner_scaling.py --sizes 2000,5000 --frontier 25
 
+`--paging-cost R` also lets the planner page to a flash tier, as POET's joint problem does:
+each way, the graph's mean tensor takes R times its mean node's compute (random layered graphs
+cost 1..999 units, not seconds, so a measured bandwidth would make paging free there). Where
+recomputation alone cannot meet a budget, paging can, down to the floor.
+
+    python benchmarks/planner_scaling.py --sizes 5000 --seeds 1 --time-limit 60 --paging-cost 1
+
 `--frontier S` adds, per random layered graph, the lowest budget at which the feasibility phase
 finds a plan within S seconds (bisection between the floor and 1.0, FRONTIER_STEPS tries): where
 the asked budget gets no plan, how far above it the planner's reach ends.
@@ -119,7 +126,8 @@ def capture(name: str, cache: Path) -> Path:
 
 def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
         graph_file: Path | None = None, frontier_s: float | None = None,
-        order: str = "auto", w: float | None = None) -> dict:
+        order: str = "auto", w: float | None = None,
+        paging_cost: float | None = None) -> dict:
     """Plan one size (or one captured graph) in this process; the row as a dict."""
     from edge_remat.planner.build import build_problem
     from edge_remat.planner.ordering import ORDER_SHARE
@@ -134,10 +142,13 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
         graph, label = load_graph(graph_file), graph_file.stem.removesuffix("-op")
     base_rss = peak_rss_mib()
     row = {"graph": label, "nodes": len(graph), "w": w if graph_file is None else None,
+           "paging_cost": paging_cost,
            "edges": sum(len(node.inputs) for node in graph.nodes), "base_rss_mib": base_rss}
     started, tree = time.perf_counter(), TreeRss()
+    paging = {} if paging_cost is None else \
+        {"paging": "flash", "tiers": flash_at_cost(graph, paging_cost)}
     problem = build_problem(graph, str(budget), order=order,
-                            order_time_s=ORDER_SHARE * time_limit)
+                            order_time_s=ORDER_SHARE * time_limit, **paging)
     row["order"] = "given" if problem.given_graph is None else "memory"
     try:
         report = solve(problem, solver, time_limit)
@@ -154,11 +165,24 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
                    gap=info.get("gap"), bound_scope=info.get("bound_scope"),
                    order_seed=info.get("order_seed"),
                    orders_tried=len(info.get("orders_tried") or ()),
-                   valid=ev.feasible, peak_over_budget=ev.sim.peak_bytes / problem.budget_bytes)
+                   valid=ev.feasible, peak_over_budget=ev.sim.peak_bytes / problem.budget_bytes,
+                   page_ins=ev.sim.page_ins, recomputed=ev.sim.recomputed,
+                   step_increase_percent=100 * (ev.sim.step_time_s / problem.plain_time - 1))
     row["rss_mib"], row["tree_rss_mib"] = peak_rss_mib(), tree.stop()
     if frontier_s and graph_file is None:
         row.update(frontier(graph, frontier_s, order))
     return row
+
+
+def flash_at_cost(graph, ratio: float) -> dict:
+    """A flash tier on which the graph's mean tensor takes `ratio` times its mean node's
+    compute time to move, each way (no latency)."""
+    from edge_remat_agent.formats import Tier
+    computed = [node for node in graph.nodes if node.time_s > 0]
+    mean_bytes = sum(node.out_bytes for node in computed) / len(computed)
+    mean_time = sum(node.time_s for node in computed) / len(computed)
+    rate = mean_bytes / (ratio * mean_time)
+    return {"flash": Tier(read_bytes_per_s=rate, write_bytes_per_s=rate, latency_s=0.0)}
 
 
 def frontier(graph, seconds: float, order: str) -> dict:
@@ -199,6 +223,10 @@ def print_row(row: dict) -> None:
              fmt(row.get("rss_mib"), ".0f"), fmt(row.get("tree_rss_mib"), ".0f"),
              fmt(row.get("base_rss_mib"), ".0f"),
              row.get("bound_scope") or row.get("note", "")]
+    if row.get("paging_cost") and row.get("page_ins") is not None:
+        cells[-1] += (f"  [flash at {row['paging_cost']:g}x a node's cost: "
+                      f"{row['page_ins']} page-ins, {row['recomputed']} recomputations; "
+                      f"step +{row['step_increase_percent']:.2f}% with paging's time]")
     if row.get("frontier") is not None:
         cells[-1] += (f"  [lowest budget planned: {row['frontier']:.3f}x plain peak, "
                       f"{row['frontier_s']:g} s a try; floor {row['frontier_floor']:.3f}x]")
@@ -271,13 +299,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--frontier", type=float, metavar="S",
                     help="also find the lowest budget planned within S s a try (rl graphs)")
+    ap.add_argument("--paging-cost", type=float, metavar="R",
+                    help="also page to a flash tier where the mean tensor takes R times the "
+                         "mean node's compute, each way")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process's size
     ap.add_argument("--one-graph", type=Path, help=argparse.SUPPRESS)  # or its graph file
     args = ap.parse_args(argv)
 
     if args.one is not None or args.one_graph is not None:
         print(json.dumps(one(args.one, args.budget, args.time_limit, args.solver, args.seed,
-                             args.one_graph, args.frontier, args.order, args.w)))
+                             args.one_graph, args.frontier, args.order, args.w,
+                             args.paging_cost)))
         return 0
 
     names = [x.strip() for x in args.graphs.split(",") if x.strip()]
@@ -309,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             [sys.executable, __file__, *which, "--budget", str(args.budget),
              "--time-limit", str(args.time_limit), "--solver", args.solver,
              "--order", args.order, *(["--w", str(args.w)] if args.w is not None else []),
-             *(["--frontier", str(args.frontier)] if args.frontier else [])],
+             *(["--frontier", str(args.frontier)] if args.frontier else []),
+             *(["--paging-cost", str(args.paging_cost)] if args.paging_cost else [])],
             capture_output=True, text=True,
             timeout=args.time_limit * 3 + 120 + (args.frontier or 0) * FRONTIER_STEPS * 1.5)
         if child.returncode != 0:

@@ -386,14 +386,35 @@ def test_repair_never_adds_excess_and_its_schedules_simulate(graph, fraction):
         assert evaluate(p, decisions_from_intervals(p, sched.residencies())).fits_budget
 
 
-def test_benchmark_frontier_is_a_budget_the_feasibility_phase_plans():
-    """planner_scaling --frontier: the lowest budget it reports has a plan that fits, between
-    the floor and the plain peak."""
+def _scaling_benchmark():
     import importlib.util
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "planner_scaling.py"
     spec = importlib.util.spec_from_file_location("planner_scaling", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_benchmark_paging_cost_prices_the_mean_tensor_at_that_many_mean_nodes():
+    """planner_scaling --paging-cost R: each way, the mean tensor takes R mean nodes' compute;
+    the row's step time counts paging's time beside the TDI's recomputation."""
+    bench = _scaling_benchmark()
+    graph = random_layered(300, seed=1)
+    tier = bench.flash_at_cost(graph, 10.0)["flash"]
+    computed = [node for node in graph.nodes if node.time_s > 0]
+    mean_bytes = sum(node.out_bytes for node in computed) / len(computed)
+    mean_time = sum(node.time_s for node in computed) / len(computed)
+    assert mean_bytes / tier.read_bytes_per_s == pytest.approx(10 * mean_time)
+    assert mean_bytes / tier.write_bytes_per_s == pytest.approx(10 * mean_time)
+    row = bench.one(300, 0.6, 6.0, "auto", 1, paging_cost=1.0)
+    assert row["valid"] and row["page_ins"] > 0, row
+    assert row["step_increase_percent"] >= row["tdi_percent"] - 1e-9, row
+
+
+def test_benchmark_frontier_is_a_budget_the_feasibility_phase_plans():
+    """planner_scaling --frontier: the lowest budget it reports has a plan that fits, between
+    the floor and the plain peak."""
+    bench = _scaling_benchmark()
     graph = random_layered(100, seed=1)
     found = bench.frontier(graph, 5.0, "given")
     assert found["frontier_floor"] < found["frontier"] <= 1.0
