@@ -217,6 +217,13 @@ def test_no_plan_in_time_names_a_budget_that_has_one(monkeypatch):
     named = int(str(caught.value).split("--budget ")[1].split(",")[0])
     p = build_problem(graph, str(named), order="given")
     assert evaluate(p, solve(p, "heuristic:peak-search", time_limit=10).decisions).fits_budget
+    # and it says paging fits the budget asked: so it does
+    assert "or let the plan page what recomputation cannot free (--paging flash" \
+        in str(caught.value)
+    from edge_remat_agent.formats import Tier
+    flash = {"flash": Tier(read_bytes_per_s=5e8, write_bytes_per_s=2e8, latency_s=1e-4)}
+    paged = build_problem(graph, "0.55", paging="flash", tiers=flash, order="given")
+    assert solve(paged, "auto", time_limit=10).evaluation.fits_budget
 
 
 def test_a_paging_tier_plans_where_no_recomputation_fits_in_time():

@@ -409,6 +409,21 @@ def _hint_deadline(started: float, time_limit: float) -> float:
 
 def _budget_found_hint(p: Problem, deadline: float, more_time_helps: bool = True,
                        stopped_at=None) -> str:
+    """What to try next: a budget that plans (_smallest_budget_hint), and, where the plan may
+    page to no tier, paging, which fits any budget from the floor up (Belady's evictor): on
+    random layered graphs of 5000 nodes at 0.8, where recomputation alone found no plan on
+    9 of 10 seeds, every seed plans with a flash tier (docs/planner.md)."""
+    hint = _smallest_budget_hint(p, deadline, more_time_helps, stopped_at)
+    if p.tiers:
+        return hint
+    return (hint + ", or let the plan page what recomputation cannot free (--paging flash or "
+            "host, with a profile that measured it; for flash, --flash-read-bw and "
+            "--flash-write-bw also do): paging fits any budget that holds each node with its "
+            "inputs")
+
+
+def _smallest_budget_hint(p: Problem, deadline: float, more_time_helps: bool = True,
+                          stopped_at=None) -> str:
     """What to try next: the smallest budget of LADDER_STEPS (x the room for tensors), from the
     top down, for which the feasibility phase finds a plan before the deadline (a perf_counter
     time), else the peak of the schedule the feasibility phase stopped at (`stopped_at`, an
