@@ -469,9 +469,10 @@ def test_ctrl_c_in_an_extensions_initialisation_while_run_plans_writes_the_repor
     environ = env()
     environ["PYTHONPATH"] = os.pathsep.join([str(stub), environ["PYTHONPATH"]])
     out = tmp_path / "run"
-    # A budget that needs recomputation: where the plain schedule fits, no solver starts.
+    # A budget that needs recomputation: where the plain schedule fits, no solver starts, nor
+    # where a paging plan hides its paging behind compute (this profile has tiers): no paging.
     proc = cli("run", "--device", "bench", "--model", "digits-cnn", "--budget", "0.5",
-               "--steps", "1", "--profile", REPO / "profiles" / "this-machine.json", "--out", out,
+               "--paging", "none", "--steps", "1", "--profile", REPO / "profiles" / "this-machine.json", "--out", out,
                environ=environ)
     refused(proc, INTERRUPTED, "interrupted (Ctrl-C)", "report.json")
     assert json.loads((out / "report.json").read_text())["status"] == "interrupted"
