@@ -246,10 +246,9 @@ def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the
     board like this one reaches that path. Then, with the cached profile's node times taken
     out (a profile cached before they were measured, or where no plan fitted then), the next
     run times them itself and puts them back (run/timed_in_run.py)."""
-    from edge_remat.run import RunOptions, run
+    from edge_remat.run import RunOptions, profiles, run
     from edge_remat_agent.costs import build_costs
     from edge_remat_agent.formats import load_graph, load_profile
-    from edge_remat.run import profiles
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # measured here, not cached
     # The suite's other worker shares these 2 cores: the timing run and the steps can meet
     # different loads and miss by 3x, and the trust check (test_run_report.py) would then take

@@ -35,13 +35,12 @@ def time_nodes_under_plan(board, graph: Graph, graph_path: str, profile_path: Pa
     from .planner.solve import NoPlan
     from .remote import full_result
     from .run.orchestrate import limit_overheads
-    from .run.profiles import ChosenProfile
     from .transport import JobFailed
     untimed = "warning: the nodes stay untimed in the profile"
     profile = load_profile(profile_path)
     free = board.sysinfo().get("ram_free_bytes") or 0
     # what the board has free counts as a memory limit: less the run's overheads, as `run` has
-    taken, what = limit_overheads(ChosenProfile(profile, profile_path, "measured"))
+    taken, what = limit_overheads(profile)
     budget = free - taken
     if budget <= 0:
         say(f"{untimed}: {board.name} has {fmt_bytes(free)} free, no more than {what}")

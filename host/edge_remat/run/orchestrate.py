@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from edge_remat_agent.daemon.worker import OOM_RAN
+from edge_remat_agent.formats import Profile
 from edge_remat_agent.formats.fields import dump_json
 from edge_remat_agent.units import counted
 
@@ -391,7 +392,7 @@ def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile,
     limit = device.hardware.memory_limit_bytes
     if not limit:
         raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
-    taken, what = limit_overheads(chosen, reserve_bytes)
+    taken, what = limit_overheads(chosen.profile, reserve_bytes)
     left = limit - taken
     if left <= 0:
         raise RunProblem(f"the memory limit ({limit / 2**20:.0f} MiB) leaves nothing for "
@@ -399,13 +400,13 @@ def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile,
     return Budget(bytes=left)
 
 
-def limit_overheads(chosen: ChosenProfile, reserve_bytes: int = 0) -> tuple[int, str]:
+def limit_overheads(profile: Profile | None, reserve_bytes: int = 0) -> tuple[int, str]:
     """What a memory limit holds beside the plan's budget, in bytes and in words: the
-    runtime, the headroom and the weight store's read-ahead (QA: a 600 MiB limit 'left
-    nothing after the runtime's own 231 MiB and 160 MiB headroom', the 250 MiB read-ahead
-    that made it so unsaid)."""
-    runtime = (chosen.profile.runtime_baseline_bytes if chosen.profile and
-               chosen.profile.runtime_baseline_bytes else DEFAULT_RUNTIME_BYTES)
+    runtime (the profile's, where it measured one), the headroom and the weight store's
+    read-ahead (QA: a 600 MiB limit 'left nothing after the runtime's own 231 MiB and 160 MiB
+    headroom', the 250 MiB read-ahead that made it so unsaid)."""
+    runtime = (profile.runtime_baseline_bytes if profile and profile.runtime_baseline_bytes
+               else DEFAULT_RUNTIME_BYTES)
     parts = [f"the runtime's own {runtime / 2**20:.0f} MiB",
              f"{RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB headroom"]
     if reserve_bytes:
@@ -422,7 +423,7 @@ def _note_budget_past_limit(budget_bytes: int, opts: RunOptions, device: DeviceC
     limit = device.hardware.memory_limit_bytes
     if opts.budget is None or not limit:
         return
-    taken, what = limit_overheads(chosen, reserve_bytes)
+    taken, what = limit_overheads(chosen.profile, reserve_bytes)
     if budget_bytes + taken > limit:
         say(f"warning: the budget, {budget_bytes / 2**20:.0f} MiB, and {what} pass the "
             f"{limit / 2**20:.0f} MiB memory limit: the limit will likely kill the run; leave "
@@ -439,7 +440,7 @@ def _with_limit_hint(error, opts: RunOptions, device: DeviceConfig, chosen: Chos
     limit = device.hardware.memory_limit_bytes
     if opts.budget is not None or not limit or not error.smallest_bytes:
         return error
-    taken, what = limit_overheads(chosen, reserve_bytes)
+    taken, what = limit_overheads(chosen.profile, reserve_bytes)
     return InfeasibleBudget(f"{error}; that budget is what the {limit / 2**20:.0f} MiB memory "
                             f"limit leaves after {what}: give --memory-limit "
                             f"{math.ceil((error.smallest_bytes + taken) / 2**20)}MiB or more",
