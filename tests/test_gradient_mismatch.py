@@ -58,6 +58,6 @@ def test_a_run_whose_gradients_differ_exits_1_with_one_line(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "DIFFERENT from eager PyTorch" in proc.stdout  # the report, as before
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "gradients differ from eager PyTorch's" in errors[0] \
+    assert len(errors) == 1 and "gradients differ from those of eager PyTorch" in errors[0] \
         and "lin.weight" in errors[0], proc.stderr
     assert (tmp_path / "out" / "report.json").exists()  # the report is kept

@@ -1,7 +1,8 @@
 """`edge-remat-agent run PLAN --graph G --steps N [--page-dir D] [--json]`: execute a plan here.
 
 Kept outside the executor package so the agent's CLI starts without importing torch.
-Exit status: 0 done (and, when checked, the gradients were bitwise equal to eager);
+Exit status: 0 done (and, when checked, the gradients were bitwise equal to eager's, or on a
+CUDA device to the captured step's replayed plainly);
 1 the run failed on the board (out of memory, a full or corrupted page store), the gradients
 differ, or --stop-on-nonfinite stopped it at a loss that is not finite (its report is still
 printed and written); 2 bad input (a plan for another graph, an invalid plan, unreadable
@@ -26,7 +27,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "graph, then trains for --steps steps following the plan (recompute, page "
                     "out, page in), measuring per step the wall time, the live-tensor ledger's "
                     "peak, the resident memory peak and energy (with a sensor). The first "
-                    "step's gradients are compared with plain eager PyTorch, bit for bit.")
+                    "step's gradients are compared with plain eager PyTorch, bit for bit (on a "
+                    "CUDA device, with the captured step's ops replayed plainly: eager "
+                    "takes other kernels there).")
     p.add_argument("plan", help="plan JSON (edge-remat plan)")
     p.add_argument("--graph", required=True, help="the graph JSON the plan was made for")
     p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
@@ -125,16 +128,27 @@ def stopped_at_nonfinite(report: Any, steps: int) -> str | None:
                         steps)
 
 
+# A gradient check's reference (its `reference`; none in reports older than the replay)
+REFERENCES = {"eager": "eager PyTorch", "replay": "the captured step replayed plainly"}
+
+
+def reference_words(check: dict) -> str:
+    """What a gradient check compared the planned step with, in words."""
+    return REFERENCES.get(check.get("reference", "eager"), REFERENCES["eager"])
+
+
 def gradient_mismatch(check: Any) -> str | None:
-    """The error line of a gradient check that found the plan's step unlike eager PyTorch's
-    (None where it agreed or did not run): a run or deploy exits 1 with it, not 0 beside a
-    report that says so in one of its lines."""
+    """The error line of a gradient check that found the plan's step unlike its reference's
+    (eager PyTorch's, or on a device the captured step replayed plainly; None where it agreed
+    or did not run): a run or deploy exits 1 with it, not 0 beside a report that says so in
+    one of its lines."""
     if not isinstance(check, dict) or check.get("bitwise_equal") is not False:
         return None
     differing = check.get("differing", []) + check.get("missing", []) + check.get("extra", [])
     which = ", ".join(differing[:3]) + (" ..." if len(differing) > 3 else "") if differing \
         else "the loss"
-    return (f"the planned step's gradients differ from eager PyTorch's (max |diff| "
+    return (f"the planned step's gradients differ from those of {reference_words(check)} "
+            f"(max |diff| "
             f"{check.get('max_abs_diff', float('nan')):.3g}; {which}): training under this plan "
             "is not exact. A forward that reads Python state the capture fixed (a call counter, "
             "a flag) does this; otherwise it is a bug in edge-remat: report it with the model, "
@@ -175,9 +189,10 @@ def summary_text(report: dict) -> str:
         lines.append(f"  warning      {nonfinite_loss_warning(s['nonfinite_loss'])}")
     check = report["grad_check"]
     if check is not None:
+        against = reference_words(check)
         lines.append("  gradients    " + (
-            f"bitwise equal to eager PyTorch ({check['compared']} compared)"
+            f"bitwise equal to {against} ({check['compared']} compared)"
             if check["bitwise_equal"] else
-            f"DIFFER from eager PyTorch: max |diff| {check['max_abs_diff']:.3g} "
+            f"DIFFER from {against}: max |diff| {check['max_abs_diff']:.3g} "
             f"({', '.join(check['differing'] + check['missing']) or 'loss'})"))
     return "\n".join(lines)

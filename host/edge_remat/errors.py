@@ -3,8 +3,9 @@ exit status (README, "Exit statuses"); `--debug` shows the traceback before the 
 exit status the same.
 
     0    done
-    1    a job failed on the board, a run's gradients differ from eager PyTorch's, or
-         --stop-on-nonfinite stopped a run at a loss that is not finite
+    1    a job failed on the board, a run's gradients differ from eager PyTorch's (on CUDA,
+         from the captured step replayed plainly), or --stop-on-nonfinite stopped a run at a
+         loss that is not finite
     2    bad input: a file, an option, a model, a path to write (nothing was sent or written)
     3    the board or its link cannot be reached or used
     4    killed: the run ran out of memory (the memory limit, the board's OOM killer)

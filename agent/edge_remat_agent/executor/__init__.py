@@ -42,14 +42,17 @@ run_plan(graph, plan, steps, page_dir=None, data=None, check_gradients=True, pro
               ("digits", "MODULE:FUNCTION": edge_remat_agent.data, shuffled with `seed` or 0,
               as plain training shuffles it); a callable step -> batch; or an iterable of
               batches. A batch is the model's example_args (same shapes, dtypes).
-    check_gradients  on the first step, run plain eager PyTorch on the same parameters, batch
-              and generator state first, and compare every gradient and the loss bit for bit
-              (`torch.use_deterministic_algorithms(True)` for the whole run). Costs one plain
-              step's memory: turn it off on a board too small for plain training.
+    check_gradients  on the first step, run a plain step on the same parameters, batch and
+              generator state first, and compare every gradient and the loss bit for bit
+              (`torch.use_deterministic_algorithms(True)` for the whole run): eager PyTorch on
+              the CPU; on a device, the captured ops replayed once each in order (eager's
+              kernels differ there: gradcheck.py). Costs one plain step's memory: turn it off
+              on a board too small for plain training.
     progress  callable(step_index, steps, record) after each step (raise to stop the run).
     sensor    a `PowerSensor`, a sensor name, "auto" (the board's own sensor, if any) or None.
     device    "cpu" (default) or e.g. "cuda": the module, batch, factories and generators go
-              there; pages still go through the CPU. Bitwise equality is promised on the CPU.
+              there; pages still go through the CPU. Bitwise equality with eager PyTorch is
+              promised on the CPU; on a device, with the captured step replayed plainly.
     stores    {"flash": PageStore, "host": PageStore} to use instead of the defaults; "host"
               defaults to a MemoryStore in this process (the report says it frees no RAM);
               stores.host_link_store(plan, "HOST:PORT") is one over the host's page service

@@ -38,7 +38,7 @@ from .arena import Arena, ArenaPlacement
 from .baseline import runtime_baseline
 from .errors import OOM_REMEDY, BadInput, ExecutorError, PlanMismatch, first_line, \
     is_out_of_memory
-from .gradcheck import compare, deterministic, eager_reference
+from .gradcheck import compare, deterministic, eager_reference, replay_reference
 from .python_heap import set_up_frozen
 from .report import FORMAT, job_starts, step_record, summarize
 from .step import PlannedStep, plain_step
@@ -165,7 +165,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             batch = next(micro)
             if check_gradients and i == start:
                 micro = tuple(micro)  # the reference trains on them first
-                reference = eager_reference_with(home, module, batch, device, micro)
+                reference = plain_reference(captured, home, module, batch, device, micro)
 
                 def check(loss, grads, reference=reference):
                     nonlocal grad_check
@@ -354,10 +354,15 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
 
 # -- before the first step ---------------------------------------------------------------------
 
-def eager_reference_with(home: ParameterHome | None, module: torch.nn.Module, batch,
-                         device: torch.device, more: tuple = ()):
-    """The gradient check's eager step, with parameters homed on a tier read back for it.
+def plain_reference(captured: Captured, home: ParameterHome | None, module: torch.nn.Module,
+                    batch, device: torch.device, more: tuple = ()):
+    """The gradient check's plain step (gradcheck.py says which): eager PyTorch on the CPU,
+    with parameters homed on a tier read back for it; on a device, the captured step's ops
+    replayed plainly, its param nodes loading from the home as the planned step's do.
     `more`: the step's further micro-batches (gradient accumulation)."""
+    if device.type != "cpu":
+        return replay_reference(captured, module, batch, device, more,
+                                home.load if home else None)
     if home is None:
         return eager_reference(module, batch, device, more)
     home.bring_back()

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from edge_remat_agent.diverged import first_nonfinite_loss, nonfinite_loss_warning
 from edge_remat_agent.executor.report import first_steps_of_starts
 from edge_remat_agent.lr_schedule import lr_history_text
+from edge_remat_agent.run_command import reference_words
 from edge_remat_agent.units import counted
 
 from ..units import budget_against_plain, fmt_bytes
@@ -381,9 +382,10 @@ def _grad_text(check: Any) -> str:
     if not isinstance(check, dict):
         return str(check)
     verdict = next((check[k] for k in ("bitwise_equal", "ok", "equal") if k in check), None)
-    words = {True: "equal to eager PyTorch" + (" bit for bit" if "bitwise_equal" in check
-                                               else ""),
-             False: "DIFFERENT from eager PyTorch",
+    against = reference_words(check)
+    words = {True: f"equal to {against}" + (" bit for bit" if "bitwise_equal" in check
+                                             else ""),
+             False: f"DIFFERENT from {against}",
              None: check.get("status", "not checked")}[verdict if verdict in (True, False)
                                                        else None]
     detail = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
