@@ -6,17 +6,18 @@ lays the plan out in an arena, and runs, each on the device:
 
   eager     plain PyTorch training (`run_plain`)
   ours      the plan, tensors from PyTorch's caching allocator (the default executor)
-  arena     the plan, every planned tensor in one `torch.empty` (with --device cpu only:
-            the executor refuses the arena on a CUDA device, where an H100 gave wrong
-            gradients; see docs/boards.md)
-  paged     (--paging) a plan that pages to host memory at 30%, overlapped on a CUDA stream
+  arena     the plan, every planned tensor in one `torch.empty` laid out by the plan
+  paged     (--paging) a plan that pages to host memory at 30%, overlapped on a CUDA stream,
+            under each allocator
 
 and prints per row: the planned peak, the device's peak of allocated bytes (the caching
 allocator's `max_memory_allocated`, reset before each step, the first step's gradient check
 left out) and of reserved bytes (what the allocator took from the driver), both over the
-planned peak; the median step time over eager's; and whether the gradients of the first step
-were bitwise equal to eager's (deterministic algorithms, CUBLAS_WORKSPACE_CONFIG set here;
-the eager row compares two eager steps from the same state: the device's own determinism).
+planned peak; the median step time over eager's; and the first step's gradient check
+(deterministic algorithms, CUBLAS_WORKSPACE_CONFIG set here): against eager on the CPU, against
+the captured step replayed plainly on a device, where eager takes other kernels (executor/
+gradcheck.py); the eager row compares two eager steps from the same state: the device's own
+determinism).
 Then the op profiler on the device: the sum of its per-node in-context times against the
 measured step time of eager (close to 1 when every node is timed to its completion).
 
@@ -97,8 +98,7 @@ def make_plan(graph, budget: str, time_limit: float, paging: str = "none", tiers
                                     tiers=tiers)
     else:
         raise SystemExit(f"error: no plan for {graph.name} near budget {budget}")
-    if paging == "none":
-        plan.arena = plan_arena(graph, plan, problem.costs, "best-fit", time_limit)
+    plan.arena = plan_arena(graph, plan, problem.costs, "best-fit", time_limit)
     return plan
 
 
@@ -168,11 +168,7 @@ def run_row(name: str, shape: dict, budget: str, steps: int, device: str, time_l
                       model=(captured.module, captured.example_args))
     rows.append({"run": "eager", **measured(eager, skip_first=True), "pages": 0})
     rows[-1]["bitwise"] = "twice: " + eager_twice(name, shape, device)
-    # The arena runs on the CPU only (run_plan refuses it on a device: an H100 gave wrong
-    # gradients with it, docs/boards.md); asking for it there lost the row's other runs.
-    arena = paging == "none" and not device.startswith("cuda")
-    runs = [("ours", "glibc")] + ([("arena", "arena")] if arena else [])
-    for label, allocator in runs:
+    for label, allocator in [("ours", "glibc"), ("arena", "arena")]:
         captured = capture_model(name, **shape)  # each run trains its own
         fresh(device)
         report = run_plan(graph, plan, steps, None, captured=captured, seed=0, device=device,
@@ -229,13 +225,14 @@ def main() -> int:
         return 2
     if args.device.startswith("cuda"):
         print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-              f"CUDA {torch.version.cuda}")
+              f"CUDA {torch.version.cuda}, PYTORCH_CUDA_ALLOC_CONF "
+              f"{os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '(unset)')}")
     shapes = {k: ({"batch": max(2, v["batch"] // 8), **{n: m for n, m in v.items()
                                                        if n != "batch"}} if args.small else v)
               for k, v in MODELS.items()}
     print(f"\n{'model':14} {'budget':6} {'run':22} {'planned':>8} {'alloc':>8} {'/plan':>6} "
           f"{'reserved':>9} {'/plan':>6} {'step s':>8} {'/eager':>7} {'page-ins':>8} "
-          f"gradients against eager", flush=True)
+          f"gradient check", flush=True)
     for name in args.models.split(","):
         budgets = [(b, "none") for b in args.budgets.split(",")]
         budgets += [("0.3", "host")] if args.paging else []

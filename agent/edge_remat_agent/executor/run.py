@@ -109,7 +109,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         raise BadInput(f"graph '{graph.name}' is for planning only (imported, not captured): "
                        "capture the model with `edge-remat graph` to run it")
     check_plan_is_for(graph, plan, "the graph file")
-    check_allocator(plan, allocator, torch.device(device))
+    check_allocator(plan, allocator)
     if captured is None:
         captured = capture_here(graph)
     check_plan_is_for(captured.graph, plan, "the graph captured on this machine")
@@ -372,15 +372,9 @@ def plain_reference(captured: Captured, home: ParameterHome | None, module: torc
         home.release()
 
 
-def check_allocator(plan: Plan, allocator: str, device: torch.device) -> None:
+def check_allocator(plan: Plan, allocator: str) -> None:
     if allocator not in ALLOCATORS:
         raise BadInput(f"unknown allocator {allocator!r}: use {' or '.join(ALLOCATORS)}")
-    if allocator == "arena" and device.type != "cpu":
-        # Measured on an H100 (benchmarks/cuda.py): gradients off by up to 5 (not rounding:
-        # ours with the caching allocator is within 3e-3) and 5x eager's step time.
-        raise BadInput(f"the arena allocator runs on the CPU only: on {device.type} it was "
-                       "measured to give wrong gradients; use --allocator glibc (the "
-                       "device's caching allocator)")
     if allocator == "arena" and plan.arena is None:
         raise BadInput("the plan has no arena layout, so it cannot run with the arena "
                        "allocator: plan it with `edge-remat plan --arena best-fit` (or cpsat)")
