@@ -20,7 +20,8 @@ from ..capture.errors import GraphMismatch
 from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
 from ..capture.replay import StepRunner
 from ..costs import plan_costs
-from ..devices import allocated_peak, reserved_peak, reset_peaks, synchronize
+from ..devices import (allocated_peak, release_cached, reserved_peak, reset_peaks,
+                       synchronize)
 from ..diverged import Remedy, is_nonfinite, remedy_for
 from ..formats import Graph, Plan
 from ..lr_schedule import ScheduledLr, lr_factor, lr_history
@@ -191,6 +192,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             if check is not None:
                 check = reference = None  # the reference's gradients go before step 2
                 give_back_freed_memory()
+                release_cached(device)
             records.append(step_record(i + 1, result.loss, meter.result, result.counts,
                                        allocated_peak(device), reserved_peak(device)))
             records[-1]["job_start"] = this_start
