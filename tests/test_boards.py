@@ -67,6 +67,7 @@ def test_found_by_name_by_prefix_and_by_path(configs):
      "connection.host_key_policy"),
     ('[connection]\nkind = "serial"\n', "connection.port"),
     ('[connection]\nkind = "local"\n[hardware]\nsensor = "thermometer"\n', "hardware.sensor"),
+    ('[connection]\nkind = "local"\n[hardware]\ntorch_device = "gpu"\n', "hardware.torch_device"),
     ('[connection]\nkind = "local"\nhots = "typo"\n', "connection.hots"),
     ('[connection\nkind = "local"\n', "<toml>"),
 ])

@@ -8,6 +8,24 @@ from __future__ import annotations
 import torch
 
 
+def unavailable(device: torch.device | str) -> str | None:
+    """Why torch cannot run on `device` on this board (None where it can): a device config
+    that names the board's GPU (`torch_device = "cuda"`) where torch has no CUDA."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        return f"unknown torch device {device!r}: use cpu or cuda"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return (f"this board's torch cannot use CUDA (torch {torch.__version__}: "
+                "torch.cuda.is_available() is False). Remedy: install a CUDA build of torch "
+                "(on a Jetson, NVIDIA's wheel for its JetPack), or run on the CPU: "
+                "torch_device = \"cpu\" in the device config's [hardware] (the agent's own "
+                "commands: --device cpu)")
+    if kind not in ("cpu", "cuda"):
+        return f"torch device {device!r}: this agent runs on cpu or cuda"
+    return None
+
+
 def synchronize(device: torch.device | str | None) -> None:
     """Wait until `device` has run everything queued on it."""
     if device is not None and torch.device(device).type == "cuda":

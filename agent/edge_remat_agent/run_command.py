@@ -162,6 +162,19 @@ def _step_line(record: dict, total: int) -> str:
             + (f", {record['energy_j']:.3g} J" if record.get("energy_j") is not None else ""))
 
 
+def device_memory_line(steps: list) -> str | None:
+    """A CUDA run's memory in words: its caching allocator's peaks over the steps after the
+    first (the first holds the gradient check's plain step); None on the CPU."""
+    later = [r for r in steps[1:] or steps if r.get("device_peak_bytes") is not None]
+    if not later:
+        return None
+    allocated = max(r["device_peak_bytes"] for r in later)
+    reserved = max(r.get("device_reserved_peak_bytes") or 0 for r in later)
+    which = "steps 2 on" if len(steps) > 1 else "the one step"
+    return (f"{format_size(allocated)} allocated, {format_size(reserved)} reserved at most "
+            f"(CUDA's allocator, {which}; reserved is what the board pays)")
+
+
 def summary_text(report: dict) -> str:
     s = report["summary"]
     lines = [
@@ -178,6 +191,9 @@ def summary_text(report: dict) -> str:
         f"{counted(report['recomputed'], 'recompute')}, {counted(report['page_outs'], 'page-out')}"
         f", {counted(report['page_ins'], 'page-in')} per step",
     ]
+    device = device_memory_line(report.get("steps") or [])
+    if device:
+        lines.append(f"  device       {device}")
     if s["energy_j"] is not None:
         lines.append(f"  energy       {s['energy_j']:.3g} J over the run ({report['sensor']})")
     from .lr_schedule import lr_history_text

@@ -18,6 +18,8 @@
     sensor = "none"
     family = "rpi"                  # "jetson" | "rpi" | "android" | "generic": install hints
     memory_limit_bytes = 608174080  # local only: an emulated board, the agent in a memory cgroup
+    torch_device = "cpu"            # or "cuda": the board's GPU (a Jetson's) runs its run and
+                                    #   profile jobs; its torch must be a CUDA build
     [emulator]                      # ssh only: a board this machine emulates (tools/arm-board),
     kind = "arm64"                  #   built and started on first use; port and keys are its own
     memory_limit_bytes = 2147483648 #   its RAM: a memory cgroup around the board's sshd
@@ -82,6 +84,21 @@ class Hardware:
     sensor: str = "none"
     family: str = "generic"
     memory_limit_bytes: Optional[int] = None  # an emulated board: a cgroup's hard limit (local)
+    torch_device: str = "cpu"  # where the board's run and profile jobs run torch (TORCH_DEVICES)
+
+
+# The torch devices a board's jobs can run on: its CPU cores, or its CUDA GPU (a Jetson's).
+TORCH_DEVICES = ("cpu", "cuda")
+# The board's jobs that take a `device` param (the agent's executor and op profiler).
+TORCH_DEVICE_JOBS = ("run", "profile")
+
+
+def with_torch_device(kind: str, params: dict, hardware: Hardware) -> dict:
+    """A job's params with the board's torch device added where the job takes one and the
+    config names a device other than the CPU (a `device` param given wins)."""
+    if kind not in TORCH_DEVICE_JOBS or hardware.torch_device == "cpu" or "device" in params:
+        return params
+    return {**params, "device": hardware.torch_device}
 
 
 @dataclass(frozen=True)
@@ -180,12 +197,14 @@ def _port(r: Reader, key: str) -> Optional[int]:
 def _hardware(r: Optional[Reader]) -> Hardware:
     if r is None:
         return Hardware()
-    r.reject_unknown({"ram_bytes", "page_dir", "sensor", "family", "memory_limit_bytes"})
+    r.reject_unknown({"ram_bytes", "page_dir", "sensor", "family", "memory_limit_bytes",
+                      "torch_device"})
     return Hardware(ram_bytes=r.integer("ram_bytes", None, minimum=1),
                     page_dir=r.str("page_dir", None),
                     sensor=r.str("sensor", "none", choices=sensor_names()),
                     family=r.str("family", "generic", choices=FAMILIES),
-                    memory_limit_bytes=r.integer("memory_limit_bytes", None, minimum=1 << 20))
+                    memory_limit_bytes=r.integer("memory_limit_bytes", None, minimum=1 << 20),
+                    torch_device=r.str("torch_device", "cpu", choices=TORCH_DEVICES))
 
 
 def write_local_device(folder: Path, name: str, workdir: Path, **hardware) -> Path:

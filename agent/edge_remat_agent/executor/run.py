@@ -21,7 +21,7 @@ from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
 from ..capture.replay import StepRunner
 from ..costs import plan_costs
 from ..devices import (allocated_peak, release_cached, reserved_peak, reset_peaks,
-                       synchronize)
+                       synchronize, unavailable)
 from ..diverged import Remedy, is_nonfinite, remedy_for
 from ..formats import Graph, Plan
 from ..lr_schedule import ScheduledLr, lr_factor, lr_history
@@ -94,6 +94,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     gradient check on it: node_timing.py); the report's `node_times` has them."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
+    if (why := unavailable(device)) is not None:
+        raise BadInput(why)
     check_lr_schedule(lr_schedule, warmup, steps)
     checkpointing = checkpointing or Checkpointing()
     resume = checkpointing.resume
@@ -301,6 +303,8 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
     the ledger is not kept (None)."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
+    if (why := unavailable(device)) is not None:
+        raise BadInput(why)
     check_lr_schedule(lr_schedule, warmup, steps)
     if model is None:
         from ..capture.models import load_source_model

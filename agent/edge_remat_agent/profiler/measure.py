@@ -130,6 +130,9 @@ def measure_profile(options: ProfileOptions, progress=None, say: Callable[[str],
     (a line) as each phase starts: on a slow board (the emulated arm64 board: capture 6 min,
     the footprint's fresh torch import 1-2 min) each takes minutes."""
     check_power_sensor(options)
+    from ..devices import unavailable
+    if (why := unavailable(options.device)) is not None:
+        raise ValueError(why)
     graph = captured = None
     if options.graph:
         from ..executor.run import capture_here

@@ -15,14 +15,14 @@ from typing import Any, Optional
 from edge_remat_agent.diverged import first_nonfinite_loss, nonfinite_loss_warning
 from edge_remat_agent.executor.report import first_steps_of_starts
 from edge_remat_agent.lr_schedule import lr_history_text
-from edge_remat_agent.run_command import reference_words
+from edge_remat_agent.run_command import device_memory_line, reference_words
 from edge_remat_agent.units import counted
 
 from ..units import budget_against_plain, fmt_bytes
 
 # job_start: which start of the board's job trained the step (its daemon restarted it)
 STEP_FIELDS = ("loss", "step_time_s", "ledger_peak_bytes", "rss_peak_bytes", "energy_j",
-               "job_start")
+               "job_start", "device_peak_bytes", "device_reserved_peak_bytes")
 _ALIASES = {"wall_s": "step_time_s", "time_s": "step_time_s", "rss_peak": "rss_peak_bytes",
             "ledger_peak": "ledger_peak_bytes"}
 PLAN_FIGURES = ("predicted_peak_bytes", "predicted_time_s", "recomputed", "page_ins",
@@ -322,6 +322,11 @@ def report_text(report: dict) -> str:
                          "shared files, torch's libraries, which the kernel charged to the "
                          "group that read them first" if above else "") + ")")
     lines += _classes_text(report)
+    device = device_memory_line([{"device_peak_bytes": a, "device_reserved_peak_bytes": r}
+                                 for a, r in zip(report.get("device_peak_bytes") or [],
+                                                 report.get("device_reserved_peak_bytes") or [])])
+    if device:
+        lines.append(f"device peak   {device}")
     if report.get("grad_check") is not None:
         lines.append(f"gradients     {_grad_text(report['grad_check'])}")
     losses = [v for v in report.get("loss", []) if isinstance(v, (int, float))]

@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
-from ..devices import DeviceConfig
+from ..devices import DeviceConfig, with_torch_device
 from ..errors import Interrupted
 from ..planner.interrupt import stopped_by
 from .errors import (AgentError, BoardMissingTorch, BoardUnreachable, JobOutOfReach, LinkLost,
@@ -196,6 +196,7 @@ class Board:
 
     def submit(self, kind: str, params: dict, job_id: Optional[str] = None) -> dict:
         job_id = job_id or new_job_id(kind)
+        params = with_torch_device(kind, params, self.device.hardware)
         return self._retrying(f"submit job {job_id}", lambda s: s.submit(kind, params, job_id))
 
     def job(self, job_id: str) -> dict:
