@@ -3,12 +3,12 @@
 import torch
 from torch import nn
 
-from edge_remat_agent.executor.gradcheck import EagerReference, compare
+from edge_remat_agent.executor.gradcheck import Reference, compare
 
 
 def _check(eager_grad, planned_grad):
     module = nn.Linear(2, 1, bias=False)
-    reference = EagerReference(torch.tensor(1.0), {"weight": eager_grad})
+    reference = Reference(torch.tensor(1.0), {"weight": eager_grad})
     return compare(reference, torch.tensor(1.0), {"weight": planned_grad}, module)
 
 

@@ -84,3 +84,19 @@ def test_a_replay_that_differs_is_reported_as_the_replays():
     assert not check["bitwise_equal"] and check["differing"] == [name]
     assert reference_words(check) == "the captured step replayed plainly"
     assert "the captured step replayed plainly" in gradient_mismatch(check)
+
+
+def test_a_replay_that_runs_out_of_memory_says_to_run_without_the_check():
+    """A board without room for the reference's plain step (here: the home's load fails as
+    CUDA's allocator does) gets one line, and the generator is left as it was."""
+    from edge_remat_agent.executor.errors import ExecutorError
+    captured = _captured("bert-mini", params_home="flash")
+
+    def no_room(name):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+    before = torch.get_rng_state()
+    with pytest.raises(ExecutorError, match="plain step ran out of memory .* without the "
+                                            "gradient check"):
+        replay_reference(captured, captured.module, captured.example_args,
+                         torch.device("cpu"), load_parameter=no_room)
+    assert torch.equal(torch.get_rng_state(), before)

@@ -32,7 +32,7 @@ from .step import eager_forward_backward
 
 
 @dataclass
-class EagerReference:
+class Reference:
     loss: torch.Tensor
     grads: dict[str, torch.Tensor]  # parameter name (duplicates included) -> gradient
     kind: str = "eager"  # or "replay": the report's grad_check.reference (run_command.py)
@@ -44,7 +44,7 @@ class EagerReference:
 
 
 def eager_reference(module: nn.Module, batch: tuple, device: torch.device | None = None,
-                    more: tuple = ()) -> EagerReference:
+                    more: tuple = ()) -> Reference:
     """`more`: the step's further micro-batches, when it accumulates gradients over them (the
     reference's gradients are then the sums, its loss the last micro-batch's)."""
     state = rng_state(device)
@@ -55,11 +55,7 @@ def eager_reference(module: nn.Module, batch: tuple, device: torch.device | None
         grads = {name: p.grad for name, p in module.named_parameters(remove_duplicate=False)
                  if p.grad is not None}
     except Exception as error:
-        if is_out_of_memory(error):
-            raise ExecutorError(f"the gradient check's plain eager step ran out of memory "
-                                f"({first_line(error)}): this board cannot hold plain "
-                                "training; run without the gradient check") from error
-        raise
+        raise _out_of_memory(error) or error
     finally:
         for p in module.parameters():
             p.grad = None
@@ -67,13 +63,13 @@ def eager_reference(module: nn.Module, batch: tuple, device: torch.device | None
             for name, b in module.named_buffers():
                 b.copy_(buffers[name])  # eager batch norm updated its statistics in place
         set_rng_state(state, device)
-    return EagerReference(loss, grads)
+    return Reference(loss, grads)
 
 
 def replay_reference(captured: Any, module: nn.Module, batch: tuple,
                      device: torch.device | None = None, more: tuple = (),
                      load_parameter: Callable[[str], torch.Tensor] | None = None
-                     ) -> EagerReference:
+                     ) -> Reference:
     """The captured step's ops, each node once in the graph's order, its updates left out:
     the plain step of the ops the plan replays (on a device whose eager kernels differ from the
     traced ones). `more`: further micro-batches, their gradients summed in order as eager
@@ -93,17 +89,24 @@ def replay_reference(captured: Any, module: nn.Module, batch: tuple,
             loss = runner.loss
         runner.release_all()
     except Exception as error:
-        if is_out_of_memory(error):
-            raise ExecutorError(f"the gradient check's plain step ran out of memory "
-                                f"({first_line(error)}): this board cannot hold plain "
-                                "training; run without the gradient check") from error
-        raise
+        raise _out_of_memory(error) or error
     finally:
         set_rng_state(state, device)
-    return EagerReference(loss.detach(), grads, "replay")
+    return Reference(loss.detach(), grads, "replay")
 
 
-def compare(reference: EagerReference, loss: torch.Tensor, grads: dict[str, torch.Tensor],
+def _out_of_memory(error: Exception) -> ExecutorError | None:
+    """The one-line error for a reference step that ran out of memory (None: another error)."""
+    if not is_out_of_memory(error):
+        return None
+    failed = ExecutorError(f"the gradient check's plain step ran out of memory "
+                           f"({first_line(error)}): this board cannot hold plain training; "
+                           "run without the gradient check")
+    failed.__cause__ = error
+    return failed
+
+
+def compare(reference: Reference, loss: torch.Tensor, grads: dict[str, torch.Tensor],
             module: nn.Module) -> dict:
     """Bitwise comparison of the loss and of every gradient; the largest absolute difference."""
     params = dict(module.named_parameters(remove_duplicate=False))
@@ -125,6 +128,7 @@ def compare(reference: EagerReference, loss: torch.Tensor, grads: dict[str, torc
     loss_equal = _equal(reference.loss, loss.detach())
     return {"bitwise_equal": not differing and not missing and not extra and loss_equal,
             "max_abs_diff": max_diff, "compared": len(grads) - len(extra),
+            # eager_loss: the reference's loss, whichever it is (its name is older than the replay)
             "loss_equal": loss_equal, "eager_loss": float(reference.loss),
             "reference": reference.kind,
             "differing": differing[:20], "missing": missing[:20], "extra": extra[:20],
