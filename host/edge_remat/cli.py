@@ -793,7 +793,8 @@ def deploy(
     from .devices import find_device
     from .importers.graph_import import load_graph_file
     from .outputs import output_folder
-    from .remote import print_outcome, require_kind, progress_printer, to_stderr
+    from .remote import (fetched_file, print_outcome, require_kind, progress_printer,
+                         to_stderr)
     from .transport import Board
 
     # Everything the host can check, before anything is sent (the board checks again).
@@ -877,11 +878,10 @@ def deploy(
             from .run.orchestrate import host_gradient_check
             check = host_gradient_check(g, Path(plan_file), to_stderr, None, board.name)
             record["result"]["grad_check"] = check
-            for fetched in record.get("fetched", []):  # the report the summary is read from
-                if Path(fetched).name == "run_report.json":
-                    report = json.loads(Path(fetched).read_text())
-                    Path(fetched).write_text(json.dumps(dict(report, grad_check=check),
-                                                        indent=1))
+            fetched = fetched_file(record, "run_report.json")  # the summary is read from it
+            if fetched is not None:
+                report = json.loads(fetched.read_text())
+                fetched.write_text(json.dumps(dict(report, grad_check=check), indent=1))
         print_outcome(record, as_json, board)
     _exit_if_stopped(record.get("result"), steps)
     _exit_if_gradients_differ((record.get("result") or {}).get("grad_check"))
@@ -927,7 +927,8 @@ def profile(
     from .devices import find_device
     from .importers.graph_import import load_graph_file
     from .outputs import output_folder
-    from .remote import parse_params, print_outcome, require_kind, progress_printer, to_stderr
+    from .remote import (fetched_json, parse_params, print_outcome, require_kind,
+                         progress_printer, to_stderr)
     from .transport import Board
 
     values = parse_params(None, param)
@@ -951,8 +952,6 @@ def profile(
     config = find_device(device)
     if config.hardware.page_dir and "page_dir" not in values:
         values["page_dir"] = config.hardware.page_dir
-    from pathlib import Path
-
     from .transport.host_pages import link_pages
     from .profile_fit import plain_step_out_of_reach
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
@@ -964,7 +963,7 @@ def profile(
         with link_pages(board, to_stderr) as page_params:
             record = board.run_job("profile", {**page_params, **values}, inputs, out,
                                    on_update=None if as_json else progress_printer())
-        fetched = [Path(p) for p in record.get("fetched", []) if str(p).endswith(".json")]
+        fetched = fetched_json(record)
         if loaded is not None and not inputs and fetched:  # no room: time them under a plan
             from .profile_under_plan import time_nodes_under_plan
             timed = time_nodes_under_plan(board, loaded, graph, fetched[0],

@@ -260,14 +260,21 @@ def parse_inputs(pairs: List[str]) -> Dict[str, Path]:
     return inputs
 
 
+def fetched_json(record: dict) -> "list[Path]":
+    """The JSON files a job's outputs brought here (a profile job's profile.json)."""
+    return [Path(p) for p in record.get("fetched", []) if str(p).endswith(".json")]
+
+
+def fetched_file(record: dict, name: str) -> "Path | None":
+    """The fetched output file called `name` (the executor's run_report.json), if any."""
+    return next((Path(p) for p in record.get("fetched", []) if Path(p).name == name), None)
+
+
 def full_result(record: dict) -> dict:
     """The job's result; where it names a report file it fetched (the executor's
     run_report.json), that file, which holds every step."""
-    result = record.get("result") or {}
-    for path in record.get("fetched", []):
-        if Path(path).name == "run_report.json":
-            return json.loads(Path(path).read_text())
-    return result
+    report = fetched_file(record, "run_report.json")
+    return json.loads(report.read_text()) if report else record.get("result") or {}
 
 
 def print_outcome(record: dict, as_json: bool, board: Board) -> None:

@@ -154,6 +154,7 @@ def _measure(board, model: dict, graph_path: Path, out_dir: Path, page_dir: Opti
     """The board's profile job (a board without room for a plain step: without the nodes,
     which a short planned run then times, profile_under_plan.py); the fetched file."""
     from ..profile_fit import plain_step_out_of_reach
+    from ..remote import fetched_json
     spec = model["model"]  # the footprint probe builds zoo models only
     params = dict(QUICK_PARAMS, model=None if ":" in spec else spec)
     inputs = {"graph": graph_path}
@@ -167,7 +168,7 @@ def _measure(board, model: dict, graph_path: Path, out_dir: Path, page_dir: Opti
     with link_pages(board, say) as page_params:
         record = board.run_job("profile", {**params, **page_params}, inputs,
                                out_dir / "profile")
-    fetched = [Path(p) for p in record.get("fetched", []) if str(p).endswith(".json")]
+    fetched = fetched_json(record)
     if not fetched:
         raise RuntimeError(f"the profile job on {board.name} returned no profile file")
     # A graph with parameters on flash is profiled as the graph with them in RAM (its update
