@@ -10,6 +10,10 @@ lays the plan out in an arena, and runs, each on the device:
   paged     (--paging) a plan that pages to host memory at 30%, overlapped on a CUDA stream,
             under each allocator
 
+With --every-byte the models are captured as this wave plans them: one node per allocating ATen
+op, parameters and Adam's state homed on flash (a page folder of its own), so the device holds
+a parameter group only between its param node and its update.
+
 and prints per row: the planned peak, the device's peak of allocated bytes (the caching
 allocator's `max_memory_allocated`, reset before each step, the first step's gradient check
 left out) and of reserved bytes (what the allocator took from the driver), both over the
@@ -23,6 +27,7 @@ measured step time of eager (close to 1 when every node is timed to its completi
 
     python benchmarks/cuda.py                 # on a machine with a CUDA GPU
     python benchmarks/cuda.py --device cpu    # the same path on the CPU (no device figures)
+    python benchmarks/cuda.py --every-byte --budgets 0.3 --no-profile
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ sys.path[:0] = [str(ROOT / "host"), str(ROOT / "agent")]
 MODELS = {"resnet18": dict(batch=64, image=64), "mobilenet_v2": dict(batch=32, image=64),
           "bert-mini": dict(batch=16, seq=128)}
 MIB = 2 ** 20
+MODEL_SHAPE = ("batch", "image", "seq")
+# --every-byte: this wave's graphs (one node per allocating ATen op, parameters and Adam's state
+# homed on flash, read at each param node and written back by each update)
+EVERY_BYTE = {"operator_level": True, "params_home": "flash", "optimizer": "adam"}
 
 
 def host_tier(device: str):
@@ -132,7 +141,7 @@ def eager_twice(name: str, shape: dict, device: str) -> str:
 
     from edge_remat_agent.capture import capture_model
     from edge_remat_agent.executor.gradcheck import compare, deterministic, eager_reference
-    captured = capture_model(name, **shape)
+    captured = capture_model(name, **{k: v for k, v in shape.items() if k in MODEL_SHAPE})
     device = torch.device(device)
     module = captured.module.to(device)
     batch = tuple(a.to(device) if isinstance(a, torch.Tensor) else a
@@ -154,9 +163,13 @@ def fresh(device: str) -> None:
 
 
 def run_row(name: str, shape: dict, budget: str, steps: int, device: str, time_limit: float,
-            paging: str = "none") -> list[dict]:
+            paging: str = "none", capture: dict | None = None) -> list[dict]:
+    """`capture`: more capture_model options (--every-byte's)."""
+    import tempfile
+
     from edge_remat_agent.capture import capture_model
     from edge_remat_agent.executor.run import run_plain, run_plan
+    shape = {**shape, **(capture or {})}
     captured = capture_model(name, **shape)
     graph = captured.graph
     tiers = {"host": host_tier(device)} if paging == "host" else None
@@ -168,10 +181,11 @@ def run_row(name: str, shape: dict, budget: str, steps: int, device: str, time_l
                       model=(captured.module, captured.example_args))
     rows.append({"run": "eager", **measured(eager, skip_first=True), "pages": 0})
     rows[-1]["bitwise"] = "twice: " + eager_twice(name, shape, device)
+    pages = tempfile.mkdtemp(prefix="cuda-bench-")  # parameters homed on flash live here
     for label, allocator in [("ours", "glibc"), ("arena", "arena")]:
         captured = capture_model(name, **shape)  # each run trains its own
         fresh(device)
-        report = run_plan(graph, plan, steps, None, captured=captured, seed=0, device=device,
+        report = run_plan(graph, plan, steps, pages, captured=captured, seed=0, device=device,
                           allocator=allocator, check_gradients=True)
         rows.append({"run": label if paging == "none" else f"{label}, paged to host",
                      **measured(report, skip_first=True), "pages": report.get("page_ins"),
@@ -217,6 +231,8 @@ def main() -> int:
                         help="also a plan paging to host memory at 30%%")
     parser.add_argument("--no-profile", action="store_true", help="skip the op profiler rows")
     parser.add_argument("--small", action="store_true", help="small shapes (a quick look)")
+    parser.add_argument("--every-byte", action="store_true",
+                        help="capture operator-level, parameters and Adam's state on flash")
     args = parser.parse_args()
     import torch
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -239,7 +255,7 @@ def main() -> int:
         for budget, paging in budgets:
             try:
                 rows = run_row(name, shapes[name], budget, args.steps, args.device,
-                               args.time_limit, paging)
+                               args.time_limit, paging, EVERY_BYTE if args.every_byte else None)
             except (SystemExit, Exception) as error:  # noqa: BLE001 - the row says why
                 print(f"{name:14} {budget:6} failed: {type(error).__name__}: {error}",
                       flush=True)
