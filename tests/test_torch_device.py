@@ -73,3 +73,18 @@ def test_a_cuda_runs_summary_shows_the_devices_peaks():
     cpu = {**report, "steps": [{**s, "device_peak_bytes": None,
                                 "device_reserved_peak_bytes": None} for s in report["steps"]]}
     assert "device " not in summary_text(cpu)
+
+
+@pytest.mark.slow
+def test_plain_training_on_a_board_configured_for_cuda_says_it_runs_on_the_cpu(tmp_path):
+    """`run --plain` (the comparison with plain PyTorch) has no device path: on a board whose
+    config names its GPU it trains on the CPU, and says so rather than compare silently."""
+    with local_board(tmp_path / "bench", "orin-like", torch_device="cuda"):
+        proc = subprocess.run([sys.executable, "-m", "edge_remat", "run", "--device",
+                               "orin-like", "--model", "mlp", "--steps", "1", "--plain",
+                               "--no-plots", "--out", str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert any("plain training runs on orin-like's CPU, not its cuda device" in line
+               for line in warnings), proc.stderr

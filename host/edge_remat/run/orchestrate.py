@@ -174,6 +174,10 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
         params["accumulate"] = opts.accumulate
     params.update(opts.extra)  # the board job's extra params (--malloc), as a planned run's
     say(f"{board.name}: plain PyTorch training of {opts.model}, {counted(opts.steps, 'step')}")
+    if device.hardware.torch_device != "cpu":  # the plain job has no device path yet
+        say(f"warning: plain training runs on {board.name}'s CPU, not its "
+            f"{device.hardware.torch_device} device (torch_device): a planned run there uses "
+            "the device, so their times and memory do not compare")
     outcome = _train(board, device, "train-plain", params, None, out, opts.steps, say)
     report = build_report(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
                           data=data, memory_limit_bytes=device.hardware.memory_limit_bytes,
