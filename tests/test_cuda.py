@@ -44,7 +44,7 @@ def _trained(plan, name: str = "bert-mini", **options) -> tuple[dict, dict]:
     captured = zoo_capturer()(name)
     report = run_plan(captured.graph, plan, 2, None, captured=captured, seed=3, device=CUDA,
                       **options)
-    return report, {name: p.detach().cpu() for name, p in captured.module.named_parameters()}
+    return report, {n: p.detach().cpu() for n, p in captured.module.named_parameters()}
 
 
 @pytest.mark.parametrize("io", ["sync", "overlap"])
