@@ -290,13 +290,15 @@ class Board:
         for name, local in (inputs or {}).items():
             params[name] = self.push_input(local)
         job_id = self.last_job = job_id or new_job_id(kind)
-        try:
-            record = self.submit(kind, params, job_id)
-            record = self.wait(record["id"], on_update)
-        except KeyboardInterrupt:
-            raise self.interrupted(job_id, out_dir) from None
-        except LinkLost as exc:  # reconnecting gave up; the job goes on without us
-            raise self.out_of_reach(job_id, exc, out_dir) from None
+        # armed before the first Ctrl-C: its echo, however soon, finds the guard in place
+        with echoes_ignored(ECHO_S):
+            try:
+                record = self.submit(kind, params, job_id)
+                record = self.wait(record["id"], on_update)
+            except KeyboardInterrupt:
+                raise self.interrupted(job_id, out_dir) from None
+            except LinkLost as exc:  # reconnecting gave up; the job goes on without us
+                raise self.out_of_reach(job_id, exc, out_dir) from None
         if record["state"] == "failed":
             raise job_failed(record, f"job {record['id']} ({kind})", self.name,
                              self.stale_agent_cause())
@@ -389,19 +391,25 @@ class Board:
 
 @contextlib.contextmanager
 def echoes_ignored(window_s: float, since: Optional[float] = None):
-    """SIGINT within `window_s` of `since` (a monotonic time: when the first was caught; by
-    default now) is ignored (the first one's echo); a later one is a second Ctrl-C and
-    interrupts as usual. So is SIGTERM where it interrupts as Ctrl-C does
-    (sigterm_as_ctrl_c): `timeout -s TERM` echoes it the same way. Outside the main thread,
-    signals are not ours."""
+    """SIGINT within `window_s` of the first (`since`, a monotonic time, when it was caught
+    already; None: the first one to come, which interrupts as usual) is ignored (the first
+    one's echo); a later one is a second Ctrl-C and interrupts as usual. So is SIGTERM where
+    it interrupts as Ctrl-C does (sigterm_as_ctrl_c): `timeout -s TERM` echoes it the same
+    way. Outside the main thread, signals are not ours."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    first = time.monotonic() if since is None else since
+    first = [since]
 
     def handler(signum, frame):
-        if time.monotonic() - first > window_s:
-            raise KeyboardInterrupt
+        now = time.monotonic()
+        if first[0] is not None and now - first[0] <= window_s:
+            return  # the echo
+        first[0] = first[0] if first[0] is not None else now
+        interrupt = previous.get(signum)  # sigterm_as_ctrl_c's notes which signal it was
+        if callable(interrupt):
+            interrupt(signum, frame)
+        raise KeyboardInterrupt
     signums = [signal.SIGINT] + ([signal.SIGTERM] if callable(signal.getsignal(signal.SIGTERM))
                                  else [])
     previous = {signum: signal.signal(signum, handler) for signum in signums}
