@@ -334,24 +334,6 @@ def test_a_host_waiting_on_a_job_says_when_the_daemon_started_it_again(configs, 
     assert any(f"job {job} {how}" in line for line in said), said
 
 
-def test_a_ctrl_c_echoed_to_the_process_group_does_not_abandon_the_cancel():
-    # `timeout -s INT` signals the process, then its group: two SIGINTs for one Ctrl-C. The
-    # echo, during the cancel that the first started, is ignored; a later one interrupts.
-    import os
-    import signal
-
-    from edge_remat.transport.board import echoes_ignored
-    with echoes_ignored(0.5, since=time.monotonic()):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # delivered here, and ignored
-    with pytest.raises(KeyboardInterrupt):
-        with echoes_ignored(0.05, since=time.monotonic()):
-            time.sleep(0.1)
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
 def test_a_guard_armed_before_the_first_ctrl_c_ignores_its_echo_however_soon():
     """Board.run_job waits under a guard armed before any Ctrl-C: the first interrupts, its
     echo (milliseconds later, before the cancelling has begun: under load the suite saw

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .device_kinds import TORCH_DEVICES
+
 
 def unavailable(device: torch.device | str) -> str | None:
     """Why torch cannot run on `device` on this board (None where it can): a device config
@@ -14,15 +16,15 @@ def unavailable(device: torch.device | str) -> str | None:
     try:
         kind = torch.device(device).type
     except (RuntimeError, TypeError):
-        return f"unknown torch device {device!r}: use cpu or cuda"
+        return f"unknown torch device {device!r}: use {' or '.join(TORCH_DEVICES)}"
     if kind == "cuda" and not torch.cuda.is_available():
         return (f"this board's torch cannot use CUDA (torch {torch.__version__}: "
                 "torch.cuda.is_available() is False). Remedy: install a CUDA build of torch "
                 "(on a Jetson, NVIDIA's wheel for its JetPack), or run on the CPU: "
                 "torch_device = \"cpu\" in the device config's [hardware] (the agent's own "
                 "commands: --device cpu)")
-    if kind not in ("cpu", "cuda"):
-        return f"torch device {device!r}: this agent runs on cpu or cuda"
+    if kind not in TORCH_DEVICES:
+        return f"torch device {device!r}: this agent runs on {' or '.join(TORCH_DEVICES)}"
     return None
 
 

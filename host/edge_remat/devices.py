@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from edge_remat_agent.device_kinds import TORCH_DEVICES  # its CPU cores, or its GPU
 from edge_remat_agent.formats import FormatError
 from edge_remat_agent.formats.fields import Reader
 
@@ -87,8 +88,6 @@ class Hardware:
     torch_device: str = "cpu"  # where the board's run and profile jobs run torch (TORCH_DEVICES)
 
 
-# The torch devices a board's jobs can run on: its CPU cores, or its CUDA GPU (a Jetson's).
-TORCH_DEVICES = ("cpu", "cuda")
 # The board's jobs that take a `device` param (the agent's executor and op profiler).
 TORCH_DEVICE_JOBS = ("run", "profile")
 

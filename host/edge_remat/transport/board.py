@@ -341,20 +341,8 @@ class Board:
     def interrupted(self, job_id: str, out_dir: "str | Path | None" = None) -> Interrupted:
         """What the Ctrl-C just caught while waiting on `job_id` did: the job cancelled (and
         waited out for a few seconds, so that nothing queues behind it), or left running with
-        the way back. Its echo (`timeout` passing its own SIGINT on, or pkill reaching both)
-        can land before the echo guard is in place, a few bytecodes later: within ECHO_S of
-        the first, such a KeyboardInterrupt starts the answer again rather than counting as a
-        second Ctrl-C."""
-        caught = time.monotonic()
-        while True:
-            try:
-                with echoes_ignored(ECHO_S, since=caught):
-                    return self._cancel_interrupted(job_id, out_dir)
-            except KeyboardInterrupt:
-                if time.monotonic() - caught > ECHO_S:
-                    raise
-
-    def _cancel_interrupted(self, job_id: str, out_dir: "str | Path | None") -> Interrupted:
+        the way back. run_job's echo guard is still in place: the first Ctrl-C's echo does
+        not cut the cancelling short, a second Ctrl-C does."""
         again = self.come_back(job_id, out_dir)
         stop = f"interrupted ({stopped_by()})"  # Ctrl-C, or SIGTERM as Ctrl-C
         if self.keep_running:
@@ -390,22 +378,22 @@ class Board:
 
 
 @contextlib.contextmanager
-def echoes_ignored(window_s: float, since: Optional[float] = None):
-    """SIGINT within `window_s` of the first (`since`, a monotonic time, when it was caught
-    already; None: the first one to come, which interrupts as usual) is ignored (the first
-    one's echo); a later one is a second Ctrl-C and interrupts as usual. So is SIGTERM where
-    it interrupts as Ctrl-C does (sigterm_as_ctrl_c): `timeout -s TERM` echoes it the same
-    way. Outside the main thread, signals are not ours."""
+def echoes_ignored(window_s: float):
+    """The first SIGINT interrupts as usual; one within `window_s` of it is ignored (the
+    first one's echo); a later one is a second Ctrl-C and interrupts as usual. So is SIGTERM
+    where it interrupts as Ctrl-C does (sigterm_as_ctrl_c): `timeout -s TERM` echoes it the
+    same way. Outside the main thread, signals are not ours."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    first = [since]
+    first: list = [None]
 
     def handler(signum, frame):
         now = time.monotonic()
         if first[0] is not None and now - first[0] <= window_s:
             return  # the echo
-        first[0] = first[0] if first[0] is not None else now
+        if first[0] is None:
+            first[0] = now
         interrupt = previous.get(signum)  # sigterm_as_ctrl_c's notes which signal it was
         if callable(interrupt):
             interrupt(signum, frame)
