@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.executor_plans import (assert_same_model, eager_run, every_forward_recomputed,
-                                    example_model, fresh, keep_all, with_paging)
+from helpers.executor_plans import (EXAMPLE, assert_same_model, eager_run,
+                                    every_forward_recomputed, example_model, fresh, keep_all,
+                                    with_paging)
 from edge_remat_agent.executor import ledger_replay, run_plan
+from edge_remat_agent.executor.interpreter import PARTLY_REPLAYED
 from edge_remat_agent.executor.step import PlannedStep
 from edge_remat_agent.profiler import LiveTensorLedger
 
@@ -23,9 +25,9 @@ def counting_compiled_steps(monkeypatch) -> list:
     ran = []
     run = PlannedStep._run_compiled
 
-    def counted(self, compiled, batch):
+    def counted(self, compiled, batch, replay):
         ran.append(batch)
-        return run(self, compiled, batch)
+        return run(self, compiled, batch, replay)
     monkeypatch.setattr(PlannedStep, "_run_compiled", counted)
     return ran
 
@@ -74,6 +76,38 @@ def test_compiled_steps_train_like_eager_and_report_the_same_memory(make_plan, u
         assert {k: mine[k] for k in MEMORY} == {k: theirs[k] for k in MEMORY}
     assert report["memory_by_class"] == measured["memory_by_class"]
     assert report["summary"]["ledger_peak_bytes"] == measured["summary"]["ledger_peak_bytes"]
+
+
+@pytest.mark.parametrize("update", ["fused", "step"])
+@pytest.mark.parametrize("make_plan", [keep_all, every_forward_recomputed])
+def test_accumulating_runs_replay_their_later_micro_passes_to_the_same_bits_and_memory(
+        make_plan, update, monkeypatch, tmp_path):
+    """--accumulate 3: a middle micro-pass and the last one (which steps the optimizer) each
+    replay once two of their kind agreed; the first, which makes the gradient sums, is always
+    measured. The run trains to the bits, and reports the memory, of one measured throughout."""
+    from edge_remat_agent.capture import capture_model
+    captured = capture_model(EXAMPLE, batch=4, image=16, accumulate=3, update=update)
+    plan = make_plan(captured.graph)
+    ran = counting_compiled_steps(monkeypatch)
+    report = run_plan(captured.graph, plan, STEPS, str(tmp_path), captured=captured, seed=7)
+    assert report["grad_check"]["bitwise_equal"], report["grad_check"]
+    # middle passes from step 3 on (steps 1 and 2 agree), last passes from step 4 on (step 1's
+    # is the checked one)
+    assert len(ran) == (STEPS - 2) + (STEPS - 3)
+    assert [r["ledger"] for r in report["steps"]] == \
+        ["measured"] * 2 + [PARTLY_REPLAYED] * (STEPS - 2)
+
+    ran.clear()
+    measured_every_step(monkeypatch)
+    again = fresh(capture_model(EXAMPLE, batch=4, image=16, accumulate=3, update=update),
+                  example_model)
+    measured = run_plan(again.graph, plan, STEPS, str(tmp_path), captured=again, seed=7)
+    assert not ran
+    assert [r["loss"] for r in report["steps"]] == [r["loss"] for r in measured["steps"]]
+    assert_same_model(captured.module, again.module)
+    for mine, theirs in zip(report["steps"], measured["steps"]):
+        assert {k: mine[k] for k in MEMORY} == {k: theirs[k] for k in MEMORY}
+    assert report["memory_by_class"] == measured["memory_by_class"]
 
 
 def test_without_the_gradient_check_the_third_step_is_compiled(user_capture, monkeypatch,

@@ -30,6 +30,9 @@ from .errors import OOM_REMEDY, InstructionFailed, OutOfMemory, first_line, is_o
 from .paging import IoFailed, OverlappedPaging
 
 
+PARTLY_REPLAYED = "partly replayed"
+
+
 @dataclass
 class StepCounts:
     """What one step's instructions did, and how long each kind took."""
@@ -47,7 +50,8 @@ class StepCounts:
     overlapped: bool = False  # paging ran on the IO thread beside compute
     io_wait_s: float = 0.0  # overlapped: time the step waited for the IO thread
     # "measured": the ledger counted this step; "replayed": it ran compiled and the ledger's
-    # figures are the measured steps' (ledger_replay.py, compiled_step.py)
+    # figures are the measured steps' (ledger_replay.py, compiled_step.py); an accumulating
+    # step whose later micro-passes replayed: PARTLY_REPLAYED
     ledger: str = "measured"
 
     def to_dict(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from ..pages import PageStore
 from ..profiler.first_step import FirstStepMemory
 from .compiled_step import CompiledStep, FailedAt, compile_step
 from .errors import OOM_REMEDY, ExecutorError, first_line, is_out_of_memory
-from .interpreter import Interpreter, StepCounts
+from .interpreter import PARTLY_REPLAYED, Interpreter, StepCounts
 from .ledger_replay import LedgerReplay
 from .node_timing import NodeTimes
 from .updates import FusedUpdates
@@ -104,10 +104,11 @@ class PlannedStep:
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.fixed = FixedMemory(ledger, module, optimizer, graph)
         # Steps whose ledger figures are known run as one compiled function (compiled_step.py);
-        # not with paging on an IO thread or the arena's hooks.
-        # Not while accumulating: its micro-passes differ (only the last one steps).
-        self.replay = LedgerReplay(ledger) if ledger is not None and overlap is None \
-            and placement is None and sums is None else None
+        # not with paging on an IO thread or the arena's hooks. While accumulating, each kind
+        # of micro-pass has figures of its own (_replay).
+        self.ledger = ledger
+        self.replays: dict[str, LedgerReplay] | None = \
+            {} if ledger is not None and overlap is None and placement is None else None
         self.compiled: CompiledStep | None = None
         self.compiled_tried = False
         # Set by the run for the steps whose nodes it times (node_timing.py): they run
@@ -157,28 +158,45 @@ class PlannedStep:
             values = [getattr(r.counts, field.name) for r in results]
             setattr(counts, field.name, sum(values) if isinstance(values[0], (int, float))
                     and not isinstance(values[0], bool) else values[-1])
+        kinds = {r.counts.ledger for r in results}  # the first pass is always measured
+        counts.ledger = kinds.pop() if len(kinds) == 1 else PARTLY_REPLAYED
         return StepResult(mean_loss([r.loss for r in results]), counts)
 
+    def _replay(self) -> LedgerReplay | None:
+        """The ledger figures of the pass about to run, where they can be replayed: the
+        step's; while accumulating, a middle micro-pass's or the last one's (which steps the
+        optimizer). The first micro-pass makes the sums, so the ledger never ends it where it
+        began: it is always measured."""
+        if self.replays is None:
+            return None
+        if self.sums is None:
+            kind = "step"
+        elif self.sums.index == 0:
+            return None
+        else:
+            kind = "last" if self.sums.last else "middle"
+        return self.replays.setdefault(kind, LedgerReplay(self.ledger))
+
     def run(self, batch: tuple, check: GradientCheck | None = None) -> StepResult:
-        if check is None and not self.timing and self.replay is not None and \
-                self.replay.ready(batch):
+        replay = self._replay()
+        if check is None and not self.timing and replay is not None and replay.ready(batch):
             compiled = self._compiled()
             if compiled is not None:
-                return self._run_compiled(compiled, batch)
+                return self._run_compiled(compiled, batch, replay)
         mark = None
-        if self.replay is not None:
+        if replay is not None:
             # What the runner bound when it was made goes first (start_step would let it go
             # anyway): a window must end where it starts.
             self.runner.release_all()
-            mark = self.replay.open()
+            mark = replay.open()
         done = False
         try:
             result = self._run_measured(batch, check)
             done = True
         finally:
             if mark is not None:
-                self.replay.close(mark, batch if done and check is None else None)
-        if mark is not None and self.replay.agrees():
+                replay.close(mark, batch if done and check is None else None)
+        if mark is not None and replay.agrees():
             self._compiled()  # made here, in the last measured step, not in the first replayed
         self.fixed.sync()
         return result
@@ -198,8 +216,7 @@ class PlannedStep:
             if loss is None:
                 raise ExecutorError("the plan never computed the loss node")
             if self.sums is not None and not self.fused:
-                for name, grad in self.runner.grads.items():
-                    self.sums.add(name, grad)
+                self._sum_gradients()
             if check is not None:
                 check(loss, self._gradients())
             # fused: the update nodes among the instructions stepped (in the last micro-pass)
@@ -223,6 +240,12 @@ class PlannedStep:
                 store.clear()
         return StepResult(value, counts)
 
+    def _sum_gradients(self) -> None:
+        """A "step" graph's micro-pass adds its gradients into the sums (a fused graph's
+        update nodes add theirs)."""
+        for name, grad in self.runner.grads.items():
+            self.sums.add(name, grad)
+
     def _compiled(self) -> CompiledStep | None:
         if not self.compiled_tried:
             self.compiled_tried = True
@@ -230,9 +253,10 @@ class PlannedStep:
                                          self.optimizer.step if self.fused else None)
         return self.compiled
 
-    def _run_compiled(self, compiled: CompiledStep, batch: tuple) -> StepResult:
-        """The step as the measured ones ran it, with nothing counted: the ledger gets the
-        measured steps' rise instead (ledger_replay.py)."""
+    def _run_compiled(self, compiled: CompiledStep, batch: tuple,
+                      replay: LedgerReplay) -> StepResult:
+        """The step (or micro-pass) as the measured ones ran it, with nothing counted: the
+        ledger gets the measured ones' rise instead (ledger_replay.py)."""
         runner, ledger = self.runner, self.runner.ledger
         runner.ledger = None  # bound inputs are held without registering them
         runner.keep_grads = not self.fused
@@ -249,7 +273,10 @@ class PlannedStep:
             if out.loss is None:
                 raise ExecutorError("the plan never computed the loss node")
             if not self.fused:  # fused: the update nodes among the instructions stepped
-                self._step_optimizer()
+                if self.sums is not None:
+                    self._sum_gradients()
+                if self.sums is None or self.sums.last:
+                    self._step_optimizer()
             runner.apply_buffer_updates(self.module)
             value = float(out.loss)
         finally:
@@ -257,7 +284,7 @@ class PlannedStep:
             runner.ledger = ledger
             for store in self.stores.values():
                 store.clear()
-        self.replay.replay()
+        replay.replay()
         self.fixed.sync()
         return StepResult(value, StepCounts(computes=out.computes, recomputed=out.recomputed,
                                             compute_s=out.compute_s,
