@@ -80,13 +80,19 @@ def test_compiled_steps_train_like_eager_and_report_the_same_memory(make_plan, u
 
 @pytest.mark.parametrize("update", ["fused", "step"])
 @pytest.mark.parametrize("make_plan", [keep_all, every_forward_recomputed])
+@pytest.mark.parametrize("clip", [None, 0.05])
 def test_accumulating_runs_replay_their_later_micro_passes_to_the_same_bits_and_memory(
-        make_plan, update, monkeypatch, tmp_path):
+        clip, make_plan, update, monkeypatch, tmp_path):
     """--accumulate 3: a middle micro-pass and the last one (which steps the optimizer) each
     replay once two of their kind agreed; the first, which makes the gradient sums, is always
-    measured. The run trains to the bits, and reports the memory, of one measured throughout."""
+    measured. The run trains to the bits, and reports the memory, of one measured throughout;
+    with clipping too (the norm of the sums, taken in the last pass)."""
     from edge_remat_agent.capture import capture_model
-    captured = capture_model(EXAMPLE, batch=4, image=16, accumulate=3, update=update)
+
+    def captured_model():
+        return capture_model(EXAMPLE, batch=4, image=16, accumulate=3, update=update,
+                             clip_grad_norm=clip)
+    captured = captured_model()
     plan = make_plan(captured.graph)
     ran = counting_compiled_steps(monkeypatch)
     report = run_plan(captured.graph, plan, STEPS, str(tmp_path), captured=captured, seed=7)
@@ -99,8 +105,7 @@ def test_accumulating_runs_replay_their_later_micro_passes_to_the_same_bits_and_
 
     ran.clear()
     measured_every_step(monkeypatch)
-    again = fresh(capture_model(EXAMPLE, batch=4, image=16, accumulate=3, update=update),
-                  example_model)
+    again = fresh(captured_model(), example_model)
     measured = run_plan(again.graph, plan, STEPS, str(tmp_path), captured=again, seed=7)
     assert not ran
     assert [r["loss"] for r in report["steps"]] == [r["loss"] for r in measured["steps"]]
