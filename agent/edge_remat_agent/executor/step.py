@@ -175,7 +175,9 @@ class PlannedStep:
             return None
         else:
             kind = "last" if self.sums.last else "middle"
-        return self.replays.setdefault(kind, LedgerReplay(self.ledger))
+        if kind not in self.replays:  # made once, not on every pass
+            self.replays[kind] = LedgerReplay(self.ledger)
+        return self.replays[kind]
 
     def run(self, batch: tuple, check: GradientCheck | None = None) -> StepResult:
         replay = self._replay()
