@@ -316,6 +316,41 @@ def test_the_runtime_baseline_is_a_memory_limited_groups_figure_or_the_resident_
     assert limited["bytes"] == 2 * 10**9 - 257 * 256 * 4
 
 
+def test_the_own_groups_peak_is_read_from_either_cgroup_version(tmp_path):
+    # Fixture trees stand in for the two kernels' layouts (this machine has one of them).
+    from edge_remat_agent.cgroup_memory import cgroup_memory_peak
+    v1, v2, none = tmp_path / "v1", tmp_path / "v2", tmp_path / "none"
+    write_tree(v1, {"/proc/self/cgroup": "4:memory:/board\n",
+                    "/sys/fs/cgroup/memory/board/memory.max_usage_in_bytes": "734003200\n"})
+    write_tree(v2, {"/proc/self/cgroup": "0::/system.slice/agent.service\n",
+                    "/sys/fs/cgroup/system.slice/agent.service/memory.peak": "52428800\n"})
+    write_tree(none, {"/proc/self/cgroup": "0::/\n"})  # the root group: the whole machine
+    assert cgroup_memory_peak(str(v1)) == (734003200, "cgroup v1 memory.max_usage_in_bytes of board")
+    assert cgroup_memory_peak(str(v2)) == (52428800, "cgroup v2 memory.peak of agent.service")
+    assert cgroup_memory_peak(str(none)) is None
+
+
+def test_the_jobs_kernel_peak_is_its_groups_where_the_baseline_read_a_group(monkeypatch):
+    from edge_remat_agent.executor import baseline
+    monkeypatch.setattr(baseline, "cgroup_memory_peak",
+                        lambda: (700 * MiB, "cgroup v2 memory.peak of agent.service"))
+    restarted = baseline.group_peak({"from_cgroup": True, "peak_restarted": True})
+    assert restarted["bytes"] == 700 * MiB
+    assert restarted["source"].startswith("cgroup v2 memory.peak of agent.service, since the "
+                                          "runtime baseline, just before step 1")
+    kept = baseline.group_peak({"from_cgroup": True, "peak_restarted": False})
+    assert "since the group began" in kept["source"]  # capture and set-up are in it
+    assert baseline.group_peak({"from_cgroup": False, "peak_restarted": False}) is None
+
+
+def test_a_board_the_host_holds_no_group_of_reports_its_own_kernel_peak():
+    from edge_remat.transport.emulated import KernelWatch
+    own = {"bytes": 700 * MiB, "source": "cgroup v1 memory.max_usage_in_bytes of board, ..."}
+    assert KernelWatch(None).readings({"kernel_peak": own}) == {
+        "kernel_peak_bytes": 700 * MiB, "kernel_peak_source": own["source"]}
+    assert KernelWatch(None).readings({}) == {} == KernelWatch(None).readings(None)
+
+
 def test_power_without_any_sensor_says_why(tmp_path):
     power = measure_power(root=tmp_path, idle_s=0.01, busy_s=0.01)  # an empty tree: nothing
     assert not power.measured and power.sensor is None

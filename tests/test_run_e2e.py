@@ -270,6 +270,10 @@ def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the
         # the board saw its cgroup: what it has free is under the limit, not this machine's
         free_mib = float(re.search(r"more than the ([0-9.]+) MiB it has free", said).group(1))
         assert free_mib < SMALL_SSH_LIMIT / 2**20, said
+        # no cgroup of it here: the agent read its own group's high-water mark from step 1 on
+        assert "read by the board's agent" in report["kernel_peak_source"], report
+        assert "since the runtime baseline" in report["kernel_peak_source"], report
+        assert report["runtime_baseline_bytes"] < report["kernel_peak_bytes"] <= SMALL_SSH_LIMIT
         check = report["grad_check"]
         assert check["bitwise_equal"] is True, check
         assert check["where"].startswith("on the host, loopback having no room"), check

@@ -191,6 +191,11 @@ def summary_text(report: dict) -> str:
         f"{counted(report['recomputed'], 'recompute')}, {counted(report['page_outs'], 'page-out')}"
         f", {counted(report['page_ins'], 'page-in')} per step",
     ]
+    kernel, baseline = report.get("kernel_peak"), report.get("runtime_baseline_bytes")
+    if kernel:  # the agent's memory-limited cgroup's (executor/baseline.py)
+        lines.append(f"  kernel peak  {format_size(kernel['bytes'])} ({kernel['source']})" + (
+            f"; {format_size(kernel['bytes'] - baseline)} above the runtime baseline"
+            if isinstance(baseline, int) else ""))
     device = device_memory_line(report.get("steps") or [])
     if device:
         lines.append(f"  device       {device}")

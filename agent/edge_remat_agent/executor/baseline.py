@@ -11,7 +11,9 @@ physical memory of training is then (kernel peak - runtime baseline), held again
 predicted peak, so the group's high-water mark restarts here where the kernel lets it
 (`peak_restarted`): before, it held the board's capture (a child process that builds and traces
 the model, 461 MiB against the steps' 449 MiB for an hf: Llama under a 700 MiB limit) and the
-move of the parameters to flash, and the report put them on training.
+move of the parameters to flash, and the report put them on training. At the job's end
+`group_peak` reads that mark back: a board the host does not hold in a cgroup of its own (one
+reached over SSH, whose agent runs under a memory limit) reports its kernel peak so.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any
 
 import torch
 
-from ..cgroup_memory import cgroup_memory_limit_bytes, cgroup_memory_usage, restart_cgroup_peak
+from ..cgroup_memory import (cgroup_memory_limit_bytes, cgroup_memory_peak, cgroup_memory_usage,
+                             restart_cgroup_peak)
 
 
 def runtime_baseline(module: torch.nn.Module) -> dict[str, Any]:
@@ -30,7 +33,20 @@ def runtime_baseline(module: torch.nn.Module) -> dict[str, Any]:
     restarted = group is not None and restart_cgroup_peak()
     return {"bytes": None if charged is None else max(0, charged - model),
             "charged_bytes": charged, "resident_model_bytes": model, "source": source,
-            "peak_restarted": restarted}
+            "peak_restarted": restarted, "from_cgroup": group is not None}
+
+
+def group_peak(baseline: dict[str, Any]) -> dict[str, Any] | None:
+    """The memory-limited cgroup's high-water mark now, where the runtime baseline read that
+    group: {"bytes", "source"}, the source saying what it spans. None where it read the
+    process's resident set instead."""
+    peak = cgroup_memory_peak() if baseline.get("from_cgroup") else None
+    if peak is None:
+        return None
+    scope = ("since the runtime baseline, just before step 1" if baseline.get("peak_restarted")
+             else "since the group began (the kernel lets no restart: capture and set-up in it)")
+    return {"bytes": peak[0], "source": f"{peak[1]}, {scope}, to the job's end; read by the "
+                                        "board's agent: everything in its group"}
 
 
 def _resident_model_bytes(module: torch.nn.Module) -> int:

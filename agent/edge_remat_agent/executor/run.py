@@ -36,7 +36,7 @@ from .batches import batch_source, data_name, is_example
 from .checkpoint import (Checkpointing, check_resumable, restore_optimizer, restore_rng,
                          restore_weights, write_checkpoint)
 from .arena import Arena, ArenaPlacement
-from .baseline import runtime_baseline
+from .baseline import group_peak, runtime_baseline
 from .errors import OOM_REMEDY, BadInput, ExecutorError, PlanMismatch, first_line, \
     is_out_of_memory
 from .gradcheck import compare, deterministic, eager_reference, replay_reference
@@ -225,6 +225,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             on_trained(module, home)
         if keep_parameters and home is not None:
             home.bring_back()
+    # The board's own kernel peak, for a host that holds no cgroup of it (an SSH board's)
+    kernel_peak = group_peak(baseline)
     # Peak, times and energies are the plan's (its profile's op costs and workspaces; the
     # replay here has only the graph's), so that a run's report and its plan file agree.
     predicted = {**sim.summary(), **{k: v for k, v in plan.predicted.items()
@@ -265,6 +267,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         **({"weights": weights} if weights else {}),
         **({"checkpoint": figures} if figures else {}),
         **({"node_times": node_times} if node_times else {}),
+        **({"kernel_peak": kernel_peak} if kernel_peak else {}),
     }
 
 

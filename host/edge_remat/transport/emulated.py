@@ -188,7 +188,8 @@ def retire_emulated(board, device: DeviceConfig, say) -> None:
 
 class KernelWatch:
     """The kernel's view of one job on an emulated board: its out-of-memory kills and the
-    cgroup's peak. Made just before the job (v1 restarts the peak there); no-op elsewhere."""
+    cgroup's peak. Made just before the job (v1 restarts the peak there); elsewhere it reads
+    what the job says of its own group."""
 
     def __init__(self, group: MemoryCgroup | None):
         self.group = group
@@ -209,9 +210,13 @@ class KernelWatch:
 
     def readings(self, result: dict | None = None) -> dict:
         """The kernel's peak and what it spans; `result` is the job's, whose runtime baseline
-        restarts the peak where the kernel lets it (the board's capture and set-up left out)."""
+        restarts the peak where the kernel lets it (the board's capture and set-up left out).
+        A board this host holds no group of (one over SSH) gives what its agent read of its own
+        memory-limited group, if it runs in one."""
         if self.group is None:
-            return {}
+            own = (result or {}).get("kernel_peak") or {}
+            return {"kernel_peak_bytes": own["bytes"], "kernel_peak_source": own["source"]} \
+                if isinstance(own.get("bytes"), int) else {}
         name = "memory.peak" if self.group.version == 2 else "memory.max_usage_in_bytes"
         scope = "since the job started" if self.peak_reset else "since the board started"
         if ((result or {}).get("runtime_baseline") or {}).get("peak_restarted"):
