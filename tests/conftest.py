@@ -18,9 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest  # noqa: E402 - after the path, like the helpers it imports
 
-# The heaviest test files go to the workers first (tests/helpers/heaviest_first.py).
-pytest_plugins = ("helpers.heaviest_first",)
-
 from helpers.executor_plans import user_capturer, zoo_capturer  # noqa: E402
 
 
