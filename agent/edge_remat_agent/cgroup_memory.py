@@ -76,10 +76,16 @@ def _own_group_folders(root: str) -> list[tuple[str, int, str]]:
     return folders
 
 
-def _own_group_figure(root: str, v1_file: str, v2_file: str) -> tuple[int, int, str] | None:
-    """(bytes, cgroup version, group name) from this process's own memory cgroup's file."""
+# Each cgroup version's file for a memory group's high-water mark, and for its usage now
+PEAK_FILE = {1: "memory.max_usage_in_bytes", 2: "memory.peak"}
+USAGE_FILE = {1: "memory.usage_in_bytes", 2: "memory.current"}
+
+
+def _own_group_figure(root: str, files: dict[int, str]) -> tuple[int, int, str] | None:
+    """(bytes, cgroup version, group name) from this process's own memory cgroup's file of its
+    version in `files`."""
     for folder, version, path in _own_group_folders(root):
-        value = read_under(root, f"{folder}/{v2_file if version == 2 else v1_file}")
+        value = read_under(root, f"{folder}/{files[version]}")
         if value and value.isdigit():
             return int(value), version, os.path.basename(path.rstrip("/"))
     return None
@@ -89,7 +95,7 @@ def cgroup_memory_usage(root: str = "/") -> tuple[int, str] | None:
     """(bytes the kernel charges this process's own memory cgroup now, which group), or None
     where the process is in the root group (whose figure is the whole machine's) or there is
     none. The runtime baseline of a run (executor/baseline.py) reads it."""
-    figure = _own_group_figure(root, "memory.usage_in_bytes", "memory.current")
+    figure = _own_group_figure(root, USAGE_FILE)
     return None if figure is None else (figure[0], f"cgroup v{figure[1]} {figure[2]}")
 
 
@@ -97,12 +103,11 @@ def cgroup_memory_peak(root: str = "/") -> tuple[int, str] | None:
     """(the most the kernel has charged this process's own memory cgroup, which file of which
     group), or None as for cgroup_memory_usage. Since the group began, or since
     restart_cgroup_peak."""
-    figure = _own_group_figure(root, "memory.max_usage_in_bytes", "memory.peak")
+    figure = _own_group_figure(root, PEAK_FILE)
     if figure is None:
         return None
     peak, version, group = figure
-    name = "memory.peak" if version == 2 else "memory.max_usage_in_bytes"
-    return peak, f"cgroup v{version} {name} of {group}"
+    return peak, f"cgroup v{version} {PEAK_FILE[version]} of {group}"
 
 
 def restart_cgroup_peak(root: str = "/") -> bool:

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_remat_agent.cgroup_memory import PEAK_FILE
+
 PARENT = "edge-remat"  # every group we make lives under this one
 MOUNTINFO = "/proc/self/mountinfo"
 
@@ -155,8 +157,7 @@ class MemoryCgroup:
 
     def peak_bytes(self) -> int | None:
         """The group's high-water mark since it was made (v2 kernels before 5.19: None)."""
-        return _int(_read(self.path / ("memory.peak" if self.version == 2 else
-                                       "memory.max_usage_in_bytes")))
+        return _int(_read(self.path / PEAK_FILE[self.version]))
 
     def reset_peak(self) -> bool:
         """Restart the high-water mark from the current usage, where the kernel can (v1)."""

@@ -12,6 +12,8 @@ import dataclasses
 import hashlib
 import os
 
+from edge_remat_agent.cgroup_memory import PEAK_FILE
+
 from ..cgroup import CgroupUnavailable, MemoryCgroup
 from ..devices import DeviceConfig, find_device
 from ..errors import UserError
@@ -217,7 +219,7 @@ class KernelWatch:
             own = (result or {}).get("kernel_peak") or {}
             return {"kernel_peak_bytes": own["bytes"], "kernel_peak_source": own["source"]} \
                 if isinstance(own.get("bytes"), int) else {}
-        name = "memory.peak" if self.group.version == 2 else "memory.max_usage_in_bytes"
+        name = PEAK_FILE[self.group.version]
         scope = "since the job started" if self.peak_reset else "since the board started"
         if ((result or {}).get("runtime_baseline") or {}).get("peak_restarted"):
             scope = "since the runtime baseline, just before step 1"
