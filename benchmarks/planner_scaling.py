@@ -167,7 +167,7 @@ def one(n: int | None, budget: float, time_limit: float, solver: str, seed: int,
                    orders_tried=len(info.get("orders_tried") or ()),
                    valid=ev.feasible, peak_over_budget=ev.sim.peak_bytes / problem.budget_bytes,
                    page_ins=ev.sim.page_ins, recomputed=ev.sim.recomputed,
-                   step_increase_percent=100 * (ev.sim.step_time_s / problem.plain_time - 1))
+                   step_increase_percent=100 * (ev.sim.time_s / problem.plain_time - 1))
     row["rss_mib"], row["tree_rss_mib"] = peak_rss_mib(), tree.stop()
     if frontier_s and graph_file is None:
         row.update(frontier(graph, frontier_s, order))

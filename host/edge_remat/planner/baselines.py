@@ -42,7 +42,7 @@ def greedy(p: Problem, evict: str | None = None, retain: Retain | None = None,
                 return None
             compute, page_in, used = _plan_stage(p, t, ram, tiers)
             keep = {i for i in ram | compute | {i for i, _ in page_in}
-                    if p.next_use(i, t) is not None and (retain is None or retain(i, t))
+                    if p.used_after(i, t) and (retain is None or retain(i, t))
                     and i not in dropped}
             d = StageDecision(sorted(compute), keep, page_in)
             _, peak = lower_stage(p, t, d, set(ram), {k: set(v) for k, v in tiers.items()})
@@ -217,7 +217,7 @@ def descent(p: Problem, deadline: float | None = None) -> list[StageDecision] | 
 
 # Run in this order (solve.run_baselines): DTR after the searches that scale, since on large
 # graphs it can spend its whole share finding nothing (1000-node random layered graphs at 0.8:
-# 3-7 s) while a plan from them waits. Belady paging before the feasibility phase: where a
-# tier is given it fits any budget above the floor, and the phase may use up the share.
+# 3-7 s) while a plan from them waits. Where a tier is given, run_baselines takes Belady paging
+# first of all: it fits any budget above the floor, and the others may use up the share.
 BASELINES = {"keep-all": keep_all, "sqrt-n": sqrt_n, "split": split, "paging": belady_paging,
              "peak-search": peak_search, "descent": descent, "dtr": dtr}

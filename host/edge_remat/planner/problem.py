@@ -79,6 +79,7 @@ class Problem:
                    else ""))
         g = self.graph
         self.n = len(g)
+        self.ids = [node.id for node in g.nodes]
         self.sizes = [node.out_bytes for node in g.nodes]
         # The cost model's workspace (a profile's where it measured one), as the simulator
         # takes it: every solver reads self.workspace.
@@ -92,6 +93,11 @@ class Problem:
         # node -> the update that steps the parameters it reads (no recompute after it)
         self.stepped = g.stepped_by()
         self.plain_time = sum(self.costs.time_s)
+
+    def used_after(self, i: int, t: int) -> bool:
+        """Whether node i has a user after stage t (next_use's question in O(1))."""
+        users = self.users[i]
+        return bool(users) and users[-1] > t
 
     def next_use(self, i: int, t: int) -> int | None:
         """The first user of node i that comes after stage t, or None."""

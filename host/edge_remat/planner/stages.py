@@ -42,7 +42,7 @@ def is_plain(decisions: list[StageDecision]) -> bool:
 def lower_stage(p: Problem, t: int, d: StageDecision, ram: set[int],
                 tiers: dict[str, set[int]]) -> tuple[list[Instruction], int]:
     """Instructions of stage t and its peak RAM (with fixed memory). Updates ram and tiers."""
-    ids = [node.id for node in p.graph.nodes]
+    ids = p.ids
     out: list[Instruction] = []
     resident = sum(p.sizes[i] for i in ram)
     peak = p.fixed + resident
