@@ -156,8 +156,8 @@ def run_baselines(p: Problem, time_limit: float | None = None,
                   found: Callable[[Candidate], None] | None = None,
                   left_at: Callable | None = None,
                   stop_at_plain_cost: bool = False) -> dict[str, Candidate | None]:
-    """Every baseline, all of them within `share` of the time limit (if one is given): one
-    that runs out of time has no plan. `found` is told of each plan as it is made; `left_at`,
+    """Every baseline, all of them within `share` of the time limit (if one is given; Belady
+    paging within ALWAYS_FITS_SHARE, if that is longer): one that runs out of time has no plan. `found` is told of each plan as it is made; `left_at`,
     of the schedule the feasibility phase got to where it found none. `stop_at_plain_cost`:
     the rest are not run once a plan costs what the plain schedule does (none costs less)."""
     out: dict[str, Candidate | None] = {}
