@@ -157,14 +157,14 @@ def run_baselines(p: Problem, time_limit: float | None = None,
                   left_at: Callable | None = None,
                   stop_at_plain_cost: bool = False) -> dict[str, Candidate | None]:
     """Every baseline, all of them within `share` of the time limit (if one is given; Belady
-    paging within ALWAYS_FITS_SHARE, if that is longer): one that runs out of time has no plan. `found` is told of each plan as it is made; `left_at`,
-    of the schedule the feasibility phase got to where it found none. `stop_at_plain_cost`:
-    the rest are not run once a plan costs what the plain schedule does (none costs less)."""
+    paging within ALWAYS_FITS_SHARE, if that is longer): one that runs out of time has no
+    plan. `found` is told of each plan as it is made; `left_at`, of the schedule the
+    feasibility phase got to where it found none. `stop_at_plain_cost`: the rest are not run
+    once a plan costs what the plain schedule does (none costs less)."""
     out: dict[str, Candidate | None] = {}
     deadline = None if time_limit is None else clock.perf_counter() + share * time_limit
-    # Where a tier is given Belady paging goes first: it always fits, and the searches before
-    # it could use up the share (5000 nodes on a loaded host: keep-all and sqrt-n took 9.6 of
-    # its 12 s, and paging was cut off with no plan).
+    # Where a tier is given Belady paging goes first: it always fits, and the baselines before
+    # it used up the share (5000 nodes, loaded host: keep-all and sqrt-n took 9.6 s of 12).
     names = sorted(BASELINES, key=lambda name: name != ALWAYS_FITS) if p.tiers else BASELINES
     for name in names:
         baseline = BASELINES[name]
