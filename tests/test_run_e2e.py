@@ -217,6 +217,13 @@ def test_a_board_too_small_to_capture_says_so_with_the_out_of_memory_status(tmp_
     assert "Traceback" not in out + err
 
 
+def fast_timing_plan(monkeypatch) -> None:
+    """The timing run's plan in 3 s, not 20: any plan that fits times the nodes, and the
+    solver, anytime, spends all its limit (digits-cnn b128 at ~116 MiB has one within 2 s)."""
+    from edge_remat import profile_under_plan
+    monkeypatch.setattr(profile_under_plan, "PLAN_TIME_LIMIT_S", 3.0)
+
+
 @contextlib.contextmanager
 def small_ssh_board(tmp_path: Path):
     """A real board that cannot hold digits-cnn b128's plain step: sshd, its every session in
@@ -254,11 +261,12 @@ def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the
     # different loads and miss by 3x, and the trust check (test_run_report.py) would then take
     # the cached profile this test reads out of the cache.
     monkeypatch.setattr(profiles, "PROFILE_TRUST_RATIO", float("inf"))
+    fast_timing_plan(monkeypatch)
     lines = []
 
     def train(out: str) -> dict:
         return run(RunOptions(device=str(config), model="digits-cnn", batch=SMALL_SSH_BATCH,
-                              image=32, budget="50%", paging="none", steps=2, time_limit=5,
+                              image=32, budget="50%", paging="none", steps=2, time_limit=2,
                               out=str(tmp_path / out), plots=False), say=lines.append)
 
     with small_ssh_board(tmp_path) as config:
@@ -310,12 +318,13 @@ def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the
 
 @needs_sshd
 @needs_cgroup
-def test_profile_of_a_board_without_room_times_the_nodes_under_a_plan(tmp_path):
+def test_profile_of_a_board_without_room_times_the_nodes_under_a_plan(tmp_path, monkeypatch):
     """`profile --graph` there: the profile job measures all but the nodes, then a short
     planned run times them, and the fetched profile costs every node as measured."""
     from edge_remat_agent.capture import capture_model
     from edge_remat_agent.costs import build_costs
     from edge_remat_agent.formats import load_profile
+    fast_timing_plan(monkeypatch)
     graph = capture_model("digits-cnn", batch=SMALL_SSH_BATCH, image=32).graph
     graph.save(tmp_path / "graph.json")
     with small_ssh_board(tmp_path) as config:
