@@ -165,15 +165,22 @@ def _in_a_fresh_process(what: str, level: str) -> int | None:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def plain_first_step():
+    """What a plain first step leaves (_in_a_fresh_process("step", "module")), measured once
+    for both tests below: the reference each starts its range from."""
+    return _in_a_fresh_process("step", "module")
+
+
 @pytest.mark.slow
-def test_a_profile_charges_what_the_first_step_leaves_at_either_level():
+def test_a_profile_charges_what_the_first_step_leaves_at_either_level(plain_first_step):
     """The same ATen calls run at module and at operator level, and a plain first step leaves
     what they leave (digits-cnn b256 here: 0.70 MB beyond the optimizer state). Each node's
     own rise around its first call, clipped at zero and summed, charged 0.52 MB of it here
     (and, in `run`'s profiles, gpt-tiny 0.78 MiB at module level, 1.18 MiB at operator
     level: more nodes, more pages of noise summed); the profile now charges the first step's
     measured whole, split over its nodes (0.78 MB at operator level here)."""
-    references = [_in_a_fresh_process("step", "module")]
+    references = [plain_first_step]
     if references[0] is None:
         pytest.skip("no RssAnon in /proc/self/status here")
     assert references[0] > 256 * 1024
@@ -187,13 +194,13 @@ def test_a_profile_charges_what_the_first_step_leaves_at_either_level():
 
 
 @pytest.mark.slow
-def test_a_planned_runs_first_step_measures_what_a_plain_one_leaves():
+def test_a_planned_runs_first_step_measures_what_a_plain_one_leaves(plain_first_step):
     """A board without room for a plain step measures the warm-up in its planned run's first
     step (node_timing.py): the same ATen calls, some of them twice (recomputed), leave what a
     plain first step leaves, and the executor keeps some of its own beside it (a second
     run_plan in one process, its ops warm, measured 96-108 KB; digits-cnn's planned first
     step 874-878 KB against 698-739 KB of a plain one, in three pairs of fresh processes)."""
-    references = [_in_a_fresh_process("step", "module")]
+    references = [plain_first_step]
     if references[0] is None:
         pytest.skip("no RssAnon in /proc/self/status here")
     charged = _in_a_fresh_process("planned", "module")
