@@ -61,9 +61,11 @@ def from_the_start(out) -> str:
                           f"loss, which --resume {out} would repeat)")
 
 
-@pytest.fixture
-def model(tmp_path):
-    path = tmp_path / "blows_up.py"
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """One file for the module: the profile cache's key holds the model's spec, so the board
+    is profiled for it by the first planned `run` alone (~25 s), the others plan with it."""
+    path = tmp_path_factory.mktemp("model") / "blows_up.py"
     path.write_text(BLOWS_UP)
     return f"{path}:make"
 
