@@ -94,18 +94,37 @@ def _losses(report: dict) -> list:
     return report["loss"]
 
 
+@pytest.fixture(scope="module")
+def stopped_after_3(tmp_path_factory):
+    """`run --steps 6 --stop-after 3` on a local board "bench" (root/board), run once for the
+    two tests below: (root, its report). Each test resumes a copy of root/part (its
+    checkpoint.json names the job, whose checkpoint stays on the board)."""
+    from helpers.board_fixtures import local_board
+    from edge_remat.run import RunOptions, run
+    root = tmp_path_factory.mktemp("stopped-after-3")
+    with local_board(root, "bench"):
+        first = run(RunOptions(steps=6, stop_after=3, out=str(root / "part"), **GPT))
+    return root, first
+
+
+def _copy_of_part(stopped_after_3, tmp_path: Path) -> Path:
+    import shutil
+    root, _ = stopped_after_3
+    return Path(shutil.copytree(root / "part", tmp_path / "part"))
+
+
 @pytest.mark.slow
 @pytest.mark.loopback
-def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path):
+def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path, stopped_after_3):
     """`run --steps 6` against `run --steps 6 --stop-after 3` then `run --resume OUT`, with
     the host's copy of the checkpoint gone (a host that never got it): the board's is found,
     fetched, checked and read where it lies."""
     from helpers.board_fixtures import local_board
     from edge_remat.run import RunOptions, run
-    whole, part = tmp_path / "whole", tmp_path / "part"
-    with local_board(tmp_path, "bench"):
+    root, first = stopped_after_3
+    whole, part = tmp_path / "whole", _copy_of_part(stopped_after_3, tmp_path)
+    with local_board(root, "bench"):
         uninterrupted = run(RunOptions(steps=6, out=str(whole), **GPT))
-        first = run(RunOptions(steps=6, stop_after=3, out=str(part), **GPT))
         assert first["checkpoint"]["step"] == 3 and (part / "checkpoint.pt").is_file()
         (part / "checkpoint.pt").unlink()
         said = []
@@ -120,25 +139,25 @@ def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.loopback
-def test_a_resume_with_other_options_or_a_bad_checkpoint_is_refused_in_one_line(tmp_path):
+def test_a_resume_with_other_options_or_a_bad_checkpoint_is_refused_in_one_line(
+        tmp_path, stopped_after_3):
     from typer.testing import CliRunner
     from helpers.board_fixtures import local_board
     from edge_remat.cli import app
-    from edge_remat.run import RunOptions, run
-    part = tmp_path / "part"
-    with local_board(tmp_path, "bench"):
-        run(RunOptions(steps=4, stop_after=2, out=str(part), **GPT))
+    root, _ = stopped_after_3
+    part = _copy_of_part(stopped_after_3, tmp_path)
+    with local_board(root, "bench"):
         common = ["run", "--device", "bench", "--model", "gpt-tiny", "--seq", "16",
                   "--optimizer", "adamw", "--data", "text", "--lr-schedule", "cosine",
                   "--warmup", "2", "--budget", "70%", "--params-home", "flash", "--paging",
                   "flash", "--profile", QUICK["profile"], "--no-plots", "--resume", str(part)]
-        cases = [(["--batch", "4", "--steps", "4"], "had --batch 2, this run has 4"),
-                 (["--batch", "2", "--steps", "5"], "had --steps 4, this run has 5"),
-                 (["--batch", "2", "--steps", "4", "--out", str(tmp_path / "other")],
+        cases = [(["--batch", "4", "--steps", "6"], "had --batch 2, this run has 4"),
+                 (["--batch", "2", "--steps", "5"], "had --steps 6, this run has 5"),
+                 (["--batch", "2", "--steps", "6", "--out", str(tmp_path / "other")],
                   "leave out --out"),
-                 (["--batch", "2", "--steps", "4", "--stop-after", "2"],
+                 (["--batch", "2", "--steps", "6", "--stop-after", "3"],
                   f"--resume {part}: the run there is complete (its checkpoint is after step "
-                  "2, the last of this run): to train on, give --stop-after more than 2")]
+                  "3, the last of this run): to train on, give --stop-after more than 3")]
         runner = CliRunner()
         for extra, words in cases:
             result = runner.invoke(app, common + extra)
@@ -146,7 +165,7 @@ def test_a_resume_with_other_options_or_a_bad_checkpoint_is_refused_in_one_line(
             assert words in result.output and "Traceback" not in result.output
         (part / "checkpoint.pt").write_bytes(b"not a checkpoint")
         (part / "checkpoint.json").unlink()  # the board's copy is not looked for
-        result = runner.invoke(app, common + ["--batch", "2", "--steps", "4"])
+        result = runner.invoke(app, common + ["--batch", "2", "--steps", "6"])
         assert result.exit_code == 2 and "is not a checkpoint torch.load reads" in \
             result.output, result.output
         result = runner.invoke(app, common[:-1] + [str(tmp_path / "none"), "--batch", "2"])
