@@ -28,7 +28,7 @@ MILP_MAX_NODES = 300
 FEASIBILITY_SHARE = 0.6  # of the time limit, for the baselines and the feasibility phase
 # Each baseline but the feasibility phase stops at this share of the time limit, so that on a
 # large graph a hopeless greedy (DTR evicting for minutes) cannot starve the one that scales.
-# Belady paging, which runs first where a tier is given, may run on to ALWAYS_FITS_SHARE
+# Belady paging, which runs first (baselines.BASELINES), may run on to ALWAYS_FITS_SHARE
 # whatever the others get: it is the plan that always fits (5000 nodes of random layered at
 # 0.8: 2-3 s alone, but on a host loaded by other orders' children it overran a 12 s share,
 # and the plan said "no plan").
@@ -163,11 +163,7 @@ def run_baselines(p: Problem, time_limit: float | None = None,
     once a plan costs what the plain schedule does (none costs less)."""
     out: dict[str, Candidate | None] = {}
     deadline = None if time_limit is None else clock.perf_counter() + share * time_limit
-    # Where a tier is given Belady paging goes first: it always fits, and the baselines before
-    # it used up the share (5000 nodes, loaded host: keep-all and sqrt-n took 9.6 s of 12).
-    names = sorted(BASELINES, key=lambda name: name != ALWAYS_FITS) if p.tiers else BASELINES
-    for name in names:
-        baseline = BASELINES[name]
+    for name, baseline in BASELINES.items():
         own = deadline
         if deadline is not None and name not in (FEASIBILITY_PHASE, ALWAYS_FITS):
             own = min(deadline, clock.perf_counter() + OTHER_BASELINE_SHARE * time_limit)
