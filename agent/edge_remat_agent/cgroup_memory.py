@@ -79,6 +79,8 @@ def _own_group_folders(root: str) -> list[tuple[str, int, str]]:
 # Each cgroup version's file for a memory group's high-water mark, and for its usage now
 PEAK_FILE = {1: "memory.max_usage_in_bytes", 2: "memory.peak"}
 USAGE_FILE = {1: "memory.usage_in_bytes", 2: "memory.current"}
+# What a peak restarted by the runtime baseline (restart_cgroup_peak) spans, as reports say it
+RESTARTED_PEAK_SCOPE = "since the runtime baseline, just before step 1"
 
 
 def _own_group_figure(root: str, files: dict[int, str]) -> tuple[int, int, str] | None:

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from ..cgroup_memory import (cgroup_memory_limit_bytes, cgroup_memory_peak, cgroup_memory_usage,
-                             restart_cgroup_peak)
+from ..cgroup_memory import (RESTARTED_PEAK_SCOPE, cgroup_memory_limit_bytes, cgroup_memory_peak,
+                             cgroup_memory_usage, restart_cgroup_peak)
 
 
 def runtime_baseline(module: torch.nn.Module) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def group_peak(baseline: dict[str, Any]) -> dict[str, Any] | None:
     peak = cgroup_memory_peak() if baseline.get("from_cgroup") else None
     if peak is None:
         return None
-    scope = ("since the runtime baseline, just before step 1" if baseline.get("peak_restarted")
+    scope = (RESTARTED_PEAK_SCOPE if baseline.get("peak_restarted")
              else "since the group began (the kernel lets no restart: capture and set-up in it)")
     return {"bytes": peak[0], "source": f"{peak[1]}, {scope}, to the job's end; read by the "
                                         "board's agent: everything in its group"}

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import os
 
-from edge_remat_agent.cgroup_memory import PEAK_FILE
+from edge_remat_agent.cgroup_memory import PEAK_FILE, RESTARTED_PEAK_SCOPE
 
 from ..cgroup import CgroupUnavailable, MemoryCgroup
 from ..devices import DeviceConfig, find_device
@@ -222,7 +222,7 @@ class KernelWatch:
         name = PEAK_FILE[self.group.version]
         scope = "since the job started" if self.peak_reset else "since the board started"
         if ((result or {}).get("runtime_baseline") or {}).get("peak_restarted"):
-            scope = "since the runtime baseline, just before step 1"
+            scope = RESTARTED_PEAK_SCOPE
         return {"kernel_peak_bytes": self.group.peak_bytes(),
                 "kernel_peak_source": f"cgroup v{self.group.version} {name}, {scope}; the "
                                       "whole board: agent, job and page cache"}
