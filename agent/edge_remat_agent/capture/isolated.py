@@ -48,7 +48,12 @@ def trace_in_child(graph_json: str, name: str, timeout_s: float = 1800.0,
                    in_ram: bool = False) -> bytes:
     """Run the child on a graph file's text; return its answer, still pickled. Needs no torch
     in this process: a job that calls it before importing torch keeps the child's peak (torch,
-    the tracer and the model) from stacking on its own torch (measured: 224 MiB)."""
+    the tracer and the model) from stacking on its own torch (measured: 224 MiB).
+    A job of the agent's daemon reads back an answer its board kept (kept.py) instead."""
+    from .kept import kept_answer, kept_folder
+    kept = kept_answer(kept_folder(), graph_json, in_ram)
+    if kept is not None:
+        return kept
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     with tempfile.TemporaryDirectory(prefix="edge-remat-capture-") as folder:
         answer_file = os.path.join(folder, "answer.pickle")  # not stdout: libraries print
@@ -79,15 +84,20 @@ IN_RAM = "--in-ram"  # the child's flag: recapture_in_ram
 def _child(answer_file: str, in_ram: bool = False) -> int:
     from .pipeline import recapture, recapture_in_ram
     from .program import program_of
-    graph = graph_from_dict(json.loads(sys.stdin.buffer.read()), "the graph given")
+    from .kept import keep_answer, kept_folder
+    graph_json = sys.stdin.buffer.read().decode()
+    graph = graph_from_dict(json.loads(graph_json), "the graph given")
     try:
         captured = recapture_in_ram(graph) if in_ram else recapture(graph)
         answer = {"graph": captured.graph.to_dict(), "program": program_of(captured.trace)}
     except CaptureError as error:
         answer = {"error": {"mismatch": isinstance(error, GraphMismatch), "model": error.model,
                             "problem": error.problem, "op": error.op, "module": error.module}}
+    pickled = pickle.dumps(answer)
     with open(answer_file, "wb") as handle:
-        pickle.dump(answer, handle)
+        handle.write(pickled)
+    if "error" not in answer:  # an error is met again by tracing again, and said
+        keep_answer(kept_folder(), graph_json, in_ram, pickled)
     return 0
 
 

@@ -52,6 +52,20 @@ def own_build() -> str:
     return build_of(running_archive())
 
 
+@functools.lru_cache(maxsize=None)
+def code_digest() -> str:
+    """This agent's code down to its bytes: its archive's sha256, or, run from a package folder
+    (where `own_build` names only the version), the sha256 of every .py file in it."""
+    archive = running_archive()
+    if archive is not None:
+        return build_of(archive)
+    package = Path(edge_remat_agent.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def agent_command(archive: Optional[Path] = None) -> List[str]:
     """argv that runs `edge-remat-agent` from `archive` (default: the code running now)."""
     archive = archive or running_archive()

@@ -9,6 +9,7 @@
                           (old ones removed by a daemon starting: archives.py)
       agent.current       the name of the archive the board should run
       inputs/             files the host pushed (plans, graphs)
+      captures/           graphs this board traced, kept for its next jobs (capture/kept.py)
       jobs/<id>/          one job: job.json (daemon), progress.json + outcome.json (job
                           process), running.lock (held while the job process lives),
                           files/ (outputs the host fetches), state/ (checkpoints), log.txt
@@ -63,6 +64,10 @@ class Layout:
     @property
     def log_path(self) -> Path:
         return self.root / "daemon.log"
+
+    @property
+    def captures_dir(self) -> Path:
+        return self.root / "captures"
 
     @property
     def jobs_dir(self) -> Path:

@@ -50,6 +50,8 @@ def run_job_process(layout: Layout, job_id: str) -> int:
     os.write(lock_fd, str(os.getpid()).encode())
 
     record = read_json(job_dir / "job.json") or {}
+    from ..capture.kept import FOLDER_VARIABLE
+    os.environ.setdefault(FOLDER_VARIABLE, str(layout.captures_dir))  # for its capture's child
     ctx = JobContext(job_id, job_dir, layout.root,
                      progress_sink=lambda p: write_json_atomic(job_dir / "progress.json", p))
 
