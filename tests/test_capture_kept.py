@@ -155,3 +155,16 @@ def test_a_boards_second_run_of_a_graph_reads_its_capture_back(tmp_path):
     assert seen[1].st_mtime_ns > seen[0].st_mtime_ns, "the second run did not read it back"
     assert reports[1]["loss"] == reports[0]["loss"] and len(reports[0]["loss"]) == 2
     assert all(report["grad_check"]["bitwise_equal"] for report in reports)
+
+
+def test_a_folder_that_cannot_be_written_keeps_nothing_and_leaves_no_partial_file(tmp_path):
+    text = graph_text("mlp", batch=4)
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    kept.keep_answer(blocked, text, False, b"answer")  # mkdir fails: said by nothing, kept nothing
+    assert kept.kept_answer(blocked, text, False) is None
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / f"{kept.capture_key(text, False)}.pickle").mkdir()  # replace fails
+    kept.keep_answer(tmp_path / "full", text, False, b"answer")
+    assert [p.name for p in (tmp_path / "full").iterdir()] == \
+        [f"{kept.capture_key(text, False)}.pickle"]

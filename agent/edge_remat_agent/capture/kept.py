@@ -107,10 +107,14 @@ def keep_answer(folder: Path | None, graph_json: str, in_ram: bool, answer: byte
     try:
         folder.mkdir(parents=True, exist_ok=True)
         handle, partial = tempfile.mkstemp(dir=folder, prefix=".partial-")
+    except OSError:
+        return
+    try:
         with os.fdopen(handle, "wb") as out:
             out.write(hashlib.sha256(answer).digest() + answer)
         os.replace(partial, folder / f"{key}.pickle")
     except OSError:
+        Path(partial).unlink(missing_ok=True)
         return
     _forget_the_oldest(folder)
 
