@@ -4,7 +4,8 @@ The marked test (`-m arm`) builds the board (tools/arm-board: debootstrap, PyPI'
 2.13.0 wheel, openssh-server; cached in /var/cache/edge-remat/arm-board, so only a fresh machine
 pays for the build), then, through the command line as a user would, `profile`s a tiny
 digits-cnn on `--device emulated-arm64` and `run`s its plan for 2 steps there, gradients checked
-against eager PyTorch on the same board. Under emulation every torch import takes ~30 s, so the
+against eager PyTorch on the same board; the run's job reads back the capture the profile's job
+kept. Under emulation every torch import takes ~30 s, so the
 profile's board-wide measurements are cut short (--param). It stops the board afterwards unless
 it was already running, and checks that nothing of it is left. Needs root, debootstrap and
 qemu-user-static (`.ci/run` installs them); skips saying which is missing.
@@ -199,6 +200,10 @@ def test_profile_and_run_on_the_emulated_arm64_board(arm64_board, tmp_path):
                          "--out", tmp_path / "profiles", "--json")
     profile_s = time.monotonic() - started
     assert code == 0, (out, err)
+    # the profile job kept its capture on the board (capture/kept.py), for the run's job below
+    captures = arm64_board.rootfs / "home" / "board" / "edge-remat" / "captures"
+    kept = {path.name: path.stat() for path in captures.glob("*.pickle")}
+    assert kept
     answer = json.loads(out)
     assert answer["status"] == "finished" and answer["device"] == "emulated-arm64"
     profile_path = tmp_path / "profiles" / "profile.json"
@@ -227,6 +232,12 @@ def test_profile_and_run_on_the_emulated_arm64_board(arm64_board, tmp_path):
                          "--out", tmp_path / "run", "--no-plots", "--json")
     run_s = time.monotonic() - started
     assert code == 0, (out, err)
+    # the same graph: the run's job read the profile's capture back instead of tracing it
+    # again under qemu (the file read, not written anew)
+    read_back = [name for name, was in kept.items()
+                 if (now := (captures / name).stat()).st_ino == was.st_ino
+                 and now.st_mtime_ns > was.st_mtime_ns]
+    assert read_back, "the run traced its graph again"
     report = json.loads(out)
     assert report["status"] == "finished" and len(report["step_time_s"]) == 2
     # above the floor without paging, parameters in RAM, and still below what it takes without
