@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from edge_remat_agent.capture import isolated, kept
+from edge_remat_agent.capture.errors import GraphMismatch
 from edge_remat_agent.capture.pipeline import capture_model
 from edge_remat_agent.formats import graph_from_dict
 
@@ -82,7 +83,7 @@ def test_a_capture_that_fails_is_not_kept(mlp_graph, folder, children):
     wrong = mlp_graph.to_dict()
     wrong["nodes"][0]["out_bytes"] += 4  # not what this machine captures: GraphMismatch
     wrong_text = json.dumps(wrong)
-    with pytest.raises(Exception, match="different graph"):
+    with pytest.raises(GraphMismatch, match="different graph"):
         isolated.capture_isolated(graph_from_dict(wrong, "test"))
     assert not list(folder.glob("*.pickle"))
     assert kept.kept_answer(folder, wrong_text, False) is None
@@ -161,7 +162,7 @@ def test_a_folder_that_cannot_be_written_keeps_nothing_and_leaves_no_partial_fil
     text = graph_text("mlp", batch=4)
     blocked = tmp_path / "file-not-folder"
     blocked.write_text("")
-    kept.keep_answer(blocked, text, False, b"answer")  # mkdir fails: said by nothing, kept nothing
+    kept.keep_answer(blocked, text, False, b"answer")  # mkdir fails: nothing kept, no error
     assert kept.kept_answer(blocked, text, False) is None
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / f"{kept.capture_key(text, False)}.pickle").mkdir()  # replace fails
