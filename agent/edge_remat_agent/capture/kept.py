@@ -29,14 +29,13 @@ The folder is the daemon's workdir's `captures/` (set for its job processes thro
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 
+from ..formats.fields import dump_bytes
 from ..user_code import spec_file
 
 FOLDER_VARIABLE = "EDGE_REMAT_CAPTURE_KEPT"  # the folder; unset or empty: nothing is kept
@@ -71,11 +70,12 @@ def capture_key(graph_json: str, in_ram: bool) -> str | None:
             return None
         digest.update(user_files.encode())
     from ..daemon.identity import code_digest
+    from ..daemon.sysinfo import torch_version  # without importing torch: the job has not yet
     # its file's text and the host's dict of it (a profile job's graph) key alike, and so do
     # two captures of one model that took another time
     timed = {**graph, "capture": {k: v for k, v in graph["capture"].items() if k not in TIMES}}
     canonical = json.dumps(timed, sort_keys=True, separators=(",", ":"))
-    for part in (canonical, str(bool(in_ram)), code_digest(), _torch_version(),
+    for part in (canonical, str(bool(in_ram)), code_digest(), str(torch_version()),
                  sys.version, platform.machine()):
         digest.update(part.encode())
         digest.update(b"\0")
@@ -106,15 +106,8 @@ def keep_answer(folder: Path | None, graph_json: str, in_ram: bool, answer: byte
         return
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        handle, partial = tempfile.mkstemp(dir=folder, prefix=".partial-")
+        dump_bytes(hashlib.sha256(answer).digest() + answer, folder / f"{key}.pickle")
     except OSError:
-        return
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(hashlib.sha256(answer).digest() + answer)
-        os.replace(partial, folder / f"{key}.pickle")
-    except OSError:
-        Path(partial).unlink(missing_ok=True)
         return
     _forget_the_oldest(folder)
 
@@ -141,10 +134,3 @@ def _user_files(model_file: Path) -> str | None:
         return None
     return digest.hexdigest() if model_file in files else None
 
-
-def _torch_version() -> str:
-    """torch's version without importing it: the job has not yet (see isolated.py)."""
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"

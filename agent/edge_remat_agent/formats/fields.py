@@ -142,6 +142,10 @@ def dump_json(obj: Any, path: str | Path) -> None:
 
 
 def dump_text(text: str, path: str | Path) -> None:
+    dump_bytes(text.encode("utf-8"), path)
+
+
+def dump_bytes(data: bytes, path: str | Path) -> None:
     """Write atomically: a temporary file beside the target (same filesystem) renamed over it,
     so a crash mid-write never leaves a truncated file; on failure the temporary file goes."""
     import os
@@ -149,8 +153,8 @@ def dump_text(text: str, path: str | Path) -> None:
     path = Path(path)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # as an ordinary write would make it, not mkstemp's 0600
