@@ -330,6 +330,34 @@ def test_the_own_groups_peak_is_read_from_either_cgroup_version(tmp_path):
     assert cgroup_memory_peak(str(none)) is None
 
 
+def test_a_v2_peak_restarts_through_the_descriptor_written_and_is_read_through_it(tmp_path):
+    # A fixture tree stands in for a v2 group (this machine has v1). The kernel (6.12 and
+    # later) restarts memory.peak only for reads through the descriptor that was written: so
+    # the figure must be read back through that descriptor, not by opening the path again.
+    # Here the path is removed after the restart, and the figure still reads.
+    from edge_remat_agent.cgroup_memory import cgroup_memory_peak, restart_cgroup_peak
+    group = "/sys/fs/cgroup/system.slice/agent.service"
+    write_tree(tmp_path, {"/proc/self/cgroup": "0::/system.slice/agent.service\n",
+                          f"{group}/memory.peak": "524288000\n"})
+    peak = tmp_path / group.lstrip("/") / "memory.peak"
+    assert restart_cgroup_peak(str(tmp_path))
+    assert peak.read_text().startswith("reset")  # what was written to the kernel's file
+    peak.write_text("52428800\n")  # the kernel's figure since the restart
+    peak.unlink()
+    assert cgroup_memory_peak(str(tmp_path)) == (52428800, "cgroup v2 memory.peak of "
+                                                           "agent.service")
+
+
+def test_a_v2_peak_that_takes_no_write_is_not_restarted(tmp_path):
+    # A kernel before 6.12 refuses the write; /dev/full (every write fails) stands in for it.
+    from edge_remat_agent.cgroup_memory import restart_cgroup_peak
+    group = tmp_path / "sys/fs/cgroup/agent.service"
+    write_tree(tmp_path, {"/proc/self/cgroup": "0::/agent.service\n"})
+    group.mkdir(parents=True)
+    (group / "memory.peak").symlink_to("/dev/full")
+    assert not restart_cgroup_peak(str(tmp_path))
+
+
 def test_the_jobs_kernel_peak_is_its_groups_where_the_baseline_read_a_group(monkeypatch):
     from edge_remat_agent.executor import baseline
     monkeypatch.setattr(baseline, "cgroup_memory_peak",

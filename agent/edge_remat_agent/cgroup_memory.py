@@ -83,11 +83,31 @@ USAGE_FILE = {1: "memory.usage_in_bytes", 2: "memory.current"}
 RESTARTED_PEAK_SCOPE = "since the runtime baseline, just before step 1"
 
 
+# cgroup v2's memory.peak restarts (Linux 6.12 and later) only for reads through the descriptor
+# that wrote to it: restart_cgroup_peak keeps that descriptor open here, by the file's path, and
+# cgroup_memory_peak reads through it.
+_restarted_peaks: dict[str, int] = {}
+
+
+def _group_file(root: str, folder: str, name: str) -> str:
+    return os.path.join(root, folder.lstrip("/"), name)
+
+
+def _read_group_file(root: str, folder: str, name: str) -> str | None:
+    held = _restarted_peaks.get(_group_file(root, folder, name))
+    if held is None:
+        return read_under(root, f"{folder}/{name}")
+    try:
+        return os.pread(held, 64, 0).decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
 def _own_group_figure(root: str, files: dict[int, str]) -> tuple[int, int, str] | None:
     """(bytes, cgroup version, group name) from this process's own memory cgroup's file of its
     version in `files`."""
     for folder, version, path in _own_group_folders(root):
-        value = read_under(root, f"{folder}/{files[version]}")
+        value = _read_group_file(root, folder, files[version])
         if value and value.isdigit():
             return int(value), version, os.path.basename(path.rstrip("/"))
     return None
@@ -114,16 +134,38 @@ def cgroup_memory_peak(root: str = "/") -> tuple[int, str] | None:
 
 def restart_cgroup_peak(root: str = "/") -> bool:
     """Restart this process's memory cgroup's high-water mark from its usage now, where the
-    kernel lets it (cgroup v1's memory.max_usage_in_bytes, with write access; v2's memory.peak
-    has no reset for the whole group). True if done."""
+    kernel lets it: cgroup v1's memory.max_usage_in_bytes, with write access; v2's memory.peak
+    on Linux 6.12 and later, for this process's later reads (cgroup_memory_peak) only, since
+    the reset belongs to the descriptor written (an older kernel refuses the write). True if
+    done."""
     for folder, version, _ in _own_group_folders(root):
-        if version != 1 or read_under(root, f"{folder}/memory.max_usage_in_bytes") is None:
-            continue
-        try:
-            with open(os.path.join(root, folder.lstrip("/"), "memory.max_usage_in_bytes"),
-                      "w") as handle:
-                handle.write("0")
-            return True
-        except OSError:
-            return False
+        path = _group_file(root, folder, PEAK_FILE[version])
+        if os.path.exists(path):
+            return _restart_v1(path) if version == 1 else _restart_v2(path)
     return False
+
+
+def _restart_v1(path: str) -> bool:
+    try:
+        with open(path, "w") as handle:
+            handle.write("0")
+        return True
+    except OSError:
+        return False
+
+
+def _restart_v2(path: str) -> bool:
+    try:
+        held = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        os.write(held, b"reset\n")  # any text: the kernel restarts the figure from usage now
+    except OSError:
+        os.close(held)
+        return False
+    old = _restarted_peaks.pop(path, None)
+    if old is not None:
+        os.close(old)
+    _restarted_peaks[path] = held
+    return True
