@@ -1,8 +1,8 @@
 """Gradient accumulation (`--accumulate K`): one optimizer step over K micro-batches.
 
 Each micro-batch's loss is divided by K, the gradients are summed into buffers that stay
-resident across the K passes of the plan (fixed memory, `gradient_accumulators`), and the
-optimizer steps once. The parameters after N steps must equal plain PyTorch's loop doing
+resident across the K passes of the plan (fixed memory, `gradient_accumulators`), or live on
+flash beside parameters homed there, and the optimizer steps once. The parameters after N steps must equal plain PyTorch's loop doing
 exactly that, bit for bit, with recomputation, paging, parameters homed on flash, frozen
 parameters and tied weights; the ledger's tensor peak must be the plan's; K < 1 is refused in
 one line.
@@ -129,11 +129,14 @@ def test_parameters_after_accumulated_steps_equal_plain_pytorch(label, spec, opt
         assert report["recomputed"] + report["page_outs"] > 0
     if label == "k3-recompute-paging":
         assert report["recomputed"] > 0 and report["page_outs"] > 0
-    # Memory: the buffers are fixed memory the plan counts, and the ledger counts them too.
-    fixed = captured.graph.capture["fixed"]
-    assert fixed.get("gradient_accumulators", 0) == (fixed["gradients"] +
-                                                     captured.graph.capture["planned_state"]
-                                                     ["gradients"] if k > 1 else 0)
+    # Memory: the buffers are fixed memory the plan counts, and the ledger counts them too;
+    # a group homed on flash keeps its sums there, read and written by its update node.
+    fixed, planned = captured.graph.capture["fixed"], captured.graph.capture["planned_state"]
+    sums = fixed["gradients"] + planned["gradients"] if k > 1 else 0
+    homed_sums = planned.get("gradient_accumulators", 0)
+    assert homed_sums == (sums if home == "flash" else 0)
+    assert fixed.get("gradient_accumulators", 0) == sums - homed_sums
+    assert homed_sums == sum(n.attrs.get("sum_bytes", 0) for n in captured.graph.nodes)
     peaks = [s["ledger_peak_bytes"] for s in report["steps"]]
     gap = report["predicted_peak_bytes"] - max(peaks)
     assert 0 <= gap <= fixed.get("step_state", 0), gap  # the step state, as without K
@@ -174,6 +177,37 @@ def test_the_buffers_are_the_trainable_gradients_and_frozen_ones_have_none():
     assert plain_peak_bytes(three.graph) == plain_peak_bytes(once.graph)
     everything = fixed_memory(three.module, three.example_args, optimizer_named("sgd", "m"))
     assert head < everything["parameters"]
+
+
+def test_with_parameters_on_flash_the_sums_live_there_and_leave_fixed_memory():
+    """--params-home flash: each update node reads its group's sums from the home and writes
+    them back, so they are its workspace and flash traffic, not fixed memory; the floor then
+    falls by them. With clipping they stay in RAM (its norm node reads all of them)."""
+    from edge_remat_agent.formats.graph import ram_homed_signature
+    from edge_remat_agent.memory_classes import workspace_classes
+    once = capture_model(USER_MODEL, optimizer="adamw", params_home="flash", batch=4,
+                         image=16, refined=False)
+    three = capture_model(USER_MODEL, optimizer="adamw", params_home="flash", batch=4,
+                          image=16, refined=False, accumulate=3)
+    assert three.graph.fixed_bytes == once.graph.fixed_bytes  # no sum is fixed
+    grads = sum(p.numel() * p.element_size() for p in three.module.parameters())
+    assert three.graph.capture["planned_state"]["gradient_accumulators"] == grads
+    assert three.graph.capture["fixed"]["gradient_accumulators"] == 0
+    before = {n.name: n for n in once.graph.nodes if n.kind == "update"}
+    for node in (n for n in three.graph.nodes if n.kind == "update"):
+        sums, other = node.attrs["sum_bytes"], before[node.name]
+        assert sums > 0 and node.workspace_bytes == other.workspace_bytes + sums
+        assert node.attrs["io"]["read_bytes"] == other.attrs["io"]["read_bytes"] + sums
+        assert node.attrs["io"]["write_bytes"] == other.attrs["io"]["write_bytes"] + sums
+        assert workspace_classes(node, node.workspace_bytes)["gradients"] == sums
+        # a profile of the graph without the sums does not give this node its workspace
+        assert node.signature == other.signature + ":sums"
+        assert ram_homed_signature(node) == ram_homed_signature(other)
+    assert "gradient_accumulators" not in once.graph.capture["planned_state"]  # K 1 as before
+    clipped = capture_model(USER_MODEL, optimizer="adamw", params_home="flash", batch=4,
+                            image=16, refined=False, accumulate=3, clip_grad_norm=1.0)
+    assert clipped.graph.capture["fixed"]["gradient_accumulators"] == grads
+    assert not any("sum_bytes" in n.attrs for n in clipped.graph.nodes)
 
 
 def test_plain_training_accumulates_like_the_planned_run(tmp_path):
@@ -235,7 +269,10 @@ def test_run_accumulates_on_the_board_bitwise_and_within_the_plan(board, model, 
     assert report["tensor_peak_bytes"] >= 0.99 * report["predicted_tensor_peak_bytes"]
     graph = json.loads((tmp_path / "out" / "graph.json").read_text())
     assert graph["capture"]["accumulate"] == 3
-    assert graph["capture"]["fixed"]["gradient_accumulators"] > 0
+    # the sums: fixed memory, or at the parameters' home where they moved to flash
+    capture = graph["capture"]
+    assert capture["fixed"]["gradient_accumulators"] + \
+        capture["planned_state"].get("gradient_accumulators", 0) > 0
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert report["predicted_time_s"] == pytest.approx(3 * plan["predicted"]["time_s"])
 

@@ -12,6 +12,7 @@ Standard library and torch only (plain training, the executor and the capture sh
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 ACCUMULATE_KEY = "accumulate"  # graph.capture's key; absent (= 1) for graphs without it
@@ -46,7 +47,8 @@ class GradientBuffers:
     gradient is copied in (a value the step frees or another parameter shares is never
     written into); later ones are added in place, as eager's AccumulateGrad adds into `.grad`:
     bit for bit `g1 + g2 + ... + gK` in that order. `ledger`: the executor's live-tensor
-    ledger, which counts each sum from its first pass to the step's end."""
+    ledger, which counts each sum while it is in RAM: from its first pass to the step's end,
+    or, for a group homed on a tier, while its update node runs (bring, send)."""
 
     KEY = ("fixed", "gradient_accumulators")  # the ledger's key prefix (memory_classes)
 
@@ -54,8 +56,12 @@ class GradientBuffers:
         self.k = check_micro_batches(k)
         self.ledger = ledger
         self.index = 0  # the micro-pass running, from 0
-        self.sums: dict[str, Any] = {}
+        self.sums: dict[str, Any] = {}  # the sums in RAM
         self._added: set[str] = set()  # the names added in the running pass
+        # Sums a homed group's update node wrote to its home (capture/state.py), by name: a
+        # function that reads one back. Set where the update node sends them.
+        self.away: dict[str, Callable[[], Any]] = {}
+        self.checked = False  # whether the step's gradients are checked after its last pass
 
     def start(self, index: int) -> None:
         if index == 0:
@@ -82,8 +88,44 @@ class GradientBuffers:
         else:
             total.add_(grad)
 
+    def bring(self, name: str, value) -> None:
+        """A sum read back from its home, for the running pass to add into."""
+        self.away.pop(name, None)
+        self.sums[name] = value
+        if self.ledger is not None:
+            self.ledger.register_tensor((*self.KEY, name), value)
+
+    def send(self, name: str, read_back: Callable[[], Any] | None) -> None:
+        """The sum out of RAM: written to its home (`read_back` reads it again), or done with
+        (None) after the last pass's update."""
+        self.sums.pop(name)
+        if self.ledger is not None:
+            self.ledger.unregister((*self.KEY, name))
+        if read_back is not None:
+            self.away[name] = read_back
+
+    def for_check(self) -> Mapping[str, Any]:
+        """Every sum by name, those at a home read back one at a time as the check asks."""
+        return _SumsForCheck(self.sums, self.away)
+
     def clear(self) -> None:
         if self.ledger is not None:
             for name in self.sums:
                 self.ledger.unregister((*self.KEY, name))
         self.sums = {}
+        self.away = {}
+        self.checked = False
+
+
+class _SumsForCheck(Mapping):
+    def __init__(self, held: dict[str, Any], away: dict[str, Callable[[], Any]]):
+        self.held, self.away = held, away
+
+    def __getitem__(self, name: str):
+        return self.held[name] if name in self.held else self.away[name]()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*self.held, *self.away])
+
+    def __len__(self) -> int:
+        return len(self.held) + len(self.away)

@@ -34,10 +34,13 @@ def output_classes(node: Node) -> dict[str, int]:
 
 
 def workspace_classes(node: Node, workspace: int) -> dict[str, int]:
-    """A running node's workspace by class: an update node's holds its optimizer state."""
-    state = min(int(node.attrs.get("state_bytes") or 0), workspace) if node.kind == "update" \
-        else 0
-    return {"optimizer_state": state, "workspace": workspace - state}
+    """A running node's workspace by class: an update node's holds its optimizer state, and
+    the gradient sums it reads from a home (capture/state.py)."""
+    if node.kind != "update":
+        return {"optimizer_state": 0, "gradients": 0, "workspace": workspace}
+    state = min(int(node.attrs.get("state_bytes") or 0), workspace)
+    sums = min(int(node.attrs.get("sum_bytes") or 0), workspace - state)
+    return {"optimizer_state": state, "gradients": sums, "workspace": workspace - state - sums}
 
 
 def fixed_classes(graph: Graph) -> dict[str, int]:

@@ -46,7 +46,8 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
     with `params_home` a tier, parameters and optimizer state are planned tensors: state.py)
     or "step" (one optimizer step after the backward; they are all fixed memory).
     `accumulate` > 1: the graph is one of that many micro-passes, and the buffers that sum
-    their gradients are fixed memory (accumulation.py)."""
+    their gradients are fixed memory (accumulation.py), but for groups homed on a tier, whose
+    sums live there between their update nodes (state.py)."""
     fused = update == "fused"
     store = storages(trace.graph_module)
     groups = _gradient_views_with_their_storage(trace, groups, store)
@@ -81,7 +82,8 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
             if own:
                 node.attrs["grad_bytes"] = sum(store[root].nbytes for root in own)
         state = plan_state(nodes, param_groups(trace, module, nodes), optimizer, params_home,
-                           rates, clip_grad_norm, [name for name, _ in module.named_parameters()])
+                           rates, clip_grad_norm, [name for name, _ in module.named_parameters()],
+                           accumulate)
         nodes, planned = state.nodes, state.planned
         for kind, nbytes in planned.items():
             fixed[kind] -= nbytes

@@ -11,7 +11,9 @@ tensor:
     drops the RAM copy (the home keeps the value), and recomputing it reads it again. Its
     trainable groups' optimizer state lives at home too: the update node reads it, steps, and
     writes state and parameters back (new version first, then switch). Frozen groups are
-    read-only pages: read back, never written.
+    read-only pages: read back, never written. Accumulating micro-batches, a homed group's
+    gradient sums live at home too: the update node reads them, adds the pass's gradients and
+    writes them back (accumulation.py), so no sum stays in RAM across the passes.
 What stays fixed is the RAM-homed parameters and their optimizer state, buffers, the batch and the
 step state (graph.capture["fixed"] says how much of each).
 
@@ -108,11 +110,13 @@ class StatePlan:
 
 def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer,
                params_home: str, rates: Rates, clip_grad_norm: float | None = None,
-               param_order: list[str] | None = None) -> StatePlan:
+               param_order: list[str] | None = None, accumulate: int = 1) -> StatePlan:
     """Insert param nodes (for groups homed on a tier) and fused update nodes into `nodes`
     (planner nodes without an update node, ids = positions), renumbering ids to positions.
     `clip_grad_norm`: clipping's norm nodes (clip_nodes.py), which every update node waits
-    for (`param_order`: the module's parameter names, the order the norm sums in)."""
+    for (`param_order`: the module's parameter names, the order the norm sums in).
+    `accumulate` > 1: a homed group's gradient sums live at its home between micro-passes
+    (without clipping, whose norm node reads every sum in the last pass)."""
     paged = params_home != "ram"
     trainable = [g for g in groups if g.trainable and g.grads]
     clip = norm_nodes(trainable, nodes, clip_grad_norm, param_order or [], rates) \
@@ -125,6 +129,9 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
     before: dict[int, list[Node]] = {}  # insert before node index
     after: dict[int, list[Node]] = {}  # insert after node index
     planned = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
+    homed_sums = paged and accumulate > 1 and clip is None
+    if homed_sums:
+        planned["gradient_accumulators"] = 0
     key = 0
     for group in groups:
         param_key = None
@@ -149,7 +156,10 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
         update_key = f"update:{key}"
         key += 1
         update = _update_node(update_key, group, optimizer, param_key,
-                              params_home if paged else None, nodes, rates, norm)
+                              params_home if paged else None, nodes, rates, norm,
+                              homed_sums and param_key is not None)
+        if "sum_bytes" in update.attrs:
+            planned["gradient_accumulators"] += update.attrs["sum_bytes"]
         # The placement keeps a reader's recompute after the update unread only by its direct
         # users: a user recomputed later would need it again, computed from the new weights.
         # The planner never recomputes a reader after its update (see the module docstring).
@@ -185,7 +195,7 @@ def _param_node(key: str, group: ParamGroup, home: str) -> Node:
 
 def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: str | None,
                  home: str | None, nodes: list[Node], rates: Rates,
-                 norm: Node | None = None) -> Node:
+                 norm: Node | None = None, homed_sums: bool = False) -> Node:
     flops = optimizer.flops_per_element * group.elements
     moved = optimizer.tensors_moved * group.nbytes
     time = max(flops / rates.flops_per_s, moved / rates.bytes_per_s) + rates.op_overhead_s
@@ -215,11 +225,19 @@ def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: s
         attrs["io"] = {"tier": home, "read_bytes": state_bytes,
                        "write_bytes": state_bytes + group.nbytes}
         workspace += state_bytes
+        if homed_sums:
+            # Accumulating: the group's gradient sums come from the home (but in the first
+            # micro-pass), take this pass's gradients, and go back (but in the last). The
+            # plan is one pass: it counts both ways, the most a pass moves.
+            attrs["sum_bytes"] = group.nbytes
+            attrs["io"]["read_bytes"] += group.nbytes
+            attrs["io"]["write_bytes"] += group.nbytes
+            workspace += group.nbytes
     return Node(id=key, name=f"{group.name}.update", kind="update",
                 op=f"{optimizer.name}_update", inputs=inputs, out_bytes=0,
                 workspace_bytes=workspace, time_s=round_time(time),
                 signature=update_signature(optimizer.name, group.elements, home,
-                                           norm is not None),
+                                           norm is not None, "sum_bytes" in attrs),
                 attrs=attrs)
 
 

@@ -139,7 +139,7 @@ class PlannedStep:
 
     def _gradients(self) -> dict[str, torch.Tensor]:
         """The gradients the optimizer steps with: this pass's, or the micro-passes' sums."""
-        return self.runner.grads if self.sums is None else self.sums.sums
+        return self.runner.grads if self.sums is None else self.sums.for_check()
 
     def run_accumulated(self, batches: Iterable[tuple],
                         check: GradientCheck | None = None) -> StepResult:
@@ -150,6 +150,7 @@ class PlannedStep:
         try:
             for index, batch in enumerate(batches):
                 self.sums.start(index)
+                self.sums.checked = check is not None and self.sums.last
                 results.append(self.run(batch, check if self.sums.last else None))
         finally:
             self.sums.clear()

@@ -97,8 +97,8 @@ def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool 
         raise ExecutorError(str(error)) from error
     try:
         needed = sum(n.out_bytes for n in graph.nodes if n.kind == "param") + \
-            sum(n.attrs.get("state_bytes", 0) for n in graph.nodes if "home" in n.attrs
-                and n.kind == "update")
+            sum(n.attrs.get("state_bytes", 0) + n.attrs.get("sum_bytes", 0)
+                for n in graph.nodes if "home" in n.attrs and n.kind == "update")
         _check_room(store, needed)
         home = ParameterHome(store, module, list(homes), frozen)
         try:  # the move out is set-up: the steps' own store errors are the interpreter's

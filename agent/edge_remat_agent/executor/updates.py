@@ -36,7 +36,8 @@ def homed_parameters(graph: Graph) -> dict[str, str]:
 
 
 class ParameterHome:
-    """Values kept under versioned keys: ("param", name) and ("state", name, key). An update
+    """Values kept under versioned keys: ("param", name), ("state", name, key) and, while a
+    step accumulates micro-batches, ("sum", name) (FusedUpdates.step). An update
     writes the group's new versions beside the old ones and switches only when every write
     succeeded, so a store that fills up mid-update leaves the whole group as it was."""
 
@@ -150,12 +151,35 @@ class FusedUpdates:
         if node.op in (GROUP_NORMS_OP, CLIP_OP):
             return self._norms(node, runner)
         grads = {name: runner.env[value] for value, name in node.attrs["update_grads"].items()}
+        homed_sums = self.sums is not None and "sum_bytes" in node.attrs
         if self.sums is not None:  # accumulating: add, and step in the last micro-pass only
+            if homed_sums and self.sums.index > 0:
+                for name in grads:
+                    self.sums.bring(name, self.home.get(("sum", name)))
             for name, grad in grads.items():
                 self.sums.add(name, grad)
             if not self.sums.last:
+                if homed_sums:
+                    self._send_sums_home(list(grads))
                 return
             grads = {name: self.sums.sums[name] for name in grads}
+        self._step(node, runner, grads)
+        if homed_sums:  # stepped with: out of RAM, to the home where the check reads them
+            if self.sums.checked:
+                self._send_sums_home(list(grads))
+            else:
+                for name in grads:
+                    self.sums.send(name, None)
+
+    def _send_sums_home(self, names: list[str]) -> None:
+        """The group's sums written to its home and out of RAM (the optimizer does not write
+        into a gradient, so the last pass's are sent after its step)."""
+        self.home.commit({("sum", name): self.sums.sums[name] for name in names})
+        for name in names:
+            self.sums.send(name, lambda name=name: self.home.get(("sum", name)))
+
+    def _step(self, node: Node, runner: StepRunner, grads: dict[str, torch.Tensor]) -> None:
+        """The group's optimizer step with `grads` (this pass's, or the summed ones)."""
         optimizer = self.optimizers[node.id]
         homed = "home" in node.attrs
         names = node.attrs["params"]

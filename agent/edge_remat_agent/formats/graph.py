@@ -45,19 +45,26 @@ class Node:
         return out
 
 
-def update_signature(optimizer: str, elements: int, home: str | None, clipped: bool) -> str:
+SUMS_SUFFIX = "sums"  # an update that reads and writes its group's gradient sums at home
+
+
+def update_signature(optimizer: str, elements: int, home: str | None, clipped: bool,
+                     sums: bool = False) -> str:
     """An update node's profile key: its optimizer, its group's size and where the group lives
-    (`ram`, or the page tier it is homed on), `:clip` where it steps clipped gradients."""
-    return f"{optimizer}_update:{elements}:{home or 'ram'}" + (":clip" if clipped else "")
+    (`ram`, or the page tier it is homed on), `:clip` where it steps clipped gradients,
+    `:sums` where its group's gradient sums live at the home too (its workspace holds them)."""
+    return f"{optimizer}_update:{elements}:{home or 'ram'}" + (":clip" if clipped else "") + \
+        (f":{SUMS_SUFFIX}" if sums else "")
 
 
 def ram_homed_signature(node: Node) -> str | None:
     """For an update node whose group lives on a page tier, the key of the same update with the
-    group in RAM (None for any other node)."""
+    group in RAM (None for any other node); a group in RAM keeps its sums there."""
     if node.kind != "update" or not node.attrs.get("home") or not node.signature:
         return None
-    optimizer_update, elements, _home, *clip = node.signature.split(":")
-    return ":".join([optimizer_update, elements, "ram", *clip])
+    optimizer_update, elements, _home, *rest = node.signature.split(":")
+    return ":".join([optimizer_update, elements, "ram",
+                     *(part for part in rest if part != SUMS_SUFFIX)])
 
 
 @dataclass
