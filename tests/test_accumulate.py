@@ -146,11 +146,14 @@ def test_parameters_after_accumulated_steps_equal_plain_pytorch(label, spec, opt
 
 
 @pytest.mark.slow
-def test_clipping_accumulated_gradients_clips_their_sums_as_plain_pytorch_does(tmp_path):
+@pytest.mark.parametrize("home,fraction", [("ram", 0.7), ("flash", 0.5)])
+def test_clipping_accumulated_gradients_clips_their_sums_as_plain_pytorch_does(home, fraction,
+                                                                               tmp_path):
     """--clip-grad-norm with --accumulate: the global norm is the summed gradients', taken in
     the last micro-pass (clip_grad_norm_ after the K backwards), with recomputation and paging
-    to flash; parameters after 3 steps equal plain PyTorch's bit for bit."""
-    captured, plan, report, data = _planned(USER_MODEL, "adamw", "ram", 0.7, "flash", 3,
+    to flash (and the sums on flash with the parameters); parameters after 3 steps equal plain
+    PyTorch's bit for bit, and the ledger's peak is the plan's."""
+    captured, plan, report, data = _planned(USER_MODEL, "adamw", home, fraction, "flash", 3,
                                             tmp_path, clip=0.05)
     check = report["grad_check"]
     assert check["bitwise_equal"] and check["compared"] > 0, check
@@ -160,6 +163,8 @@ def test_clipping_accumulated_gradients_clips_their_sums_as_plain_pytorch_does(t
         assert torch.equal(expected[name], actual[name]), name
     assert [s["loss"] for s in report["steps"]] == losses
     assert report["page_outs"] > 0
+    gap = report["predicted_peak_bytes"] - max(s["ledger_peak_bytes"] for s in report["steps"])
+    assert 0 <= gap <= captured.graph.capture["fixed"].get("step_state", 0), gap
 
 
 def test_the_buffers_are_the_trainable_gradients_and_frozen_ones_have_none():
@@ -182,7 +187,7 @@ def test_the_buffers_are_the_trainable_gradients_and_frozen_ones_have_none():
 def test_with_parameters_on_flash_the_sums_live_there_and_leave_fixed_memory():
     """--params-home flash: each update node reads its group's sums from the home and writes
     them back, so they are its workspace and flash traffic, not fixed memory; the floor then
-    falls by them. With clipping they stay in RAM (its norm node reads all of them)."""
+    falls by them."""
     from edge_remat_agent.formats.graph import ram_homed_signature
     from edge_remat_agent.memory_classes import workspace_classes
     once = capture_model(USER_MODEL, optimizer="adamw", params_home="flash", batch=4,
@@ -204,10 +209,25 @@ def test_with_parameters_on_flash_the_sums_live_there_and_leave_fixed_memory():
         assert node.signature == other.signature + ":sums"
         assert ram_homed_signature(node) == ram_homed_signature(other)
     assert "gradient_accumulators" not in once.graph.capture["planned_state"]  # K 1 as before
+    # Clipping: each group-norm node reads, adds and writes back its group's sums; the
+    # update node reads them in the last pass only, to step with.
     clipped = capture_model(USER_MODEL, optimizer="adamw", params_home="flash", batch=4,
                             image=16, refined=False, accumulate=3, clip_grad_norm=1.0)
-    assert clipped.graph.capture["fixed"]["gradient_accumulators"] == grads
-    assert not any("sum_bytes" in n.attrs for n in clipped.graph.nodes)
+    assert clipped.graph.capture["fixed"]["gradient_accumulators"] == 0
+    by_op = {}
+    for node in clipped.graph.nodes:
+        by_op.setdefault(node.op, []).append(node)
+    norms, updates = by_op["grad_norms"], by_op["adamw_update"]
+    assert sum(n.attrs["sum_bytes"] for n in norms) == grads == \
+        sum(n.attrs["sum_bytes"] for n in updates)
+    for node in norms:
+        io = node.attrs["io"]
+        assert io["read_bytes"] == io["write_bytes"] == node.attrs["sum_bytes"]
+        assert node.signature.endswith(":sums")
+    for node in updates:
+        io, state = node.attrs["io"], node.attrs["state_bytes"]
+        assert io["read_bytes"] == state + node.attrs["sum_bytes"]
+        assert io["write_bytes"] == state + node.attrs["sum_bytes"]  # state and parameters
 
 
 def test_plain_training_accumulates_like_the_planned_run(tmp_path):

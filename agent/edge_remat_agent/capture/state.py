@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..formats import Node
-from ..formats.graph import update_signature
+from ..formats.graph import SUMS_SUFFIX, update_signature
 from .estimate import Rates, round_time
 from .clip_nodes import norm_nodes
 from .optimizer import Optimizer
@@ -115,8 +115,7 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
     (planner nodes without an update node, ids = positions), renumbering ids to positions.
     `clip_grad_norm`: clipping's norm nodes (clip_nodes.py), which every update node waits
     for (`param_order`: the module's parameter names, the order the norm sums in).
-    `accumulate` > 1: a homed group's gradient sums live at its home between micro-passes
-    (without clipping, whose norm node reads every sum in the last pass)."""
+    `accumulate` > 1: a homed group's gradient sums live at its home between micro-passes."""
     paged = params_home != "ram"
     trainable = [g for g in groups if g.trainable and g.grads]
     clip = norm_nodes(trainable, nodes, clip_grad_norm, param_order or [], rates) \
@@ -129,7 +128,7 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
     before: dict[int, list[Node]] = {}  # insert before node index
     after: dict[int, list[Node]] = {}  # insert after node index
     planned = {"parameters": 0, "gradients": 0, "optimizer_state": 0}
-    homed_sums = paged and accumulate > 1 and clip is None
+    homed_sums = paged and accumulate > 1
     if homed_sums:
         planned["gradient_accumulators"] = 0
     key = 0
@@ -174,6 +173,8 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
     if clip is not None:
         for k, group in enumerate(trainable):
             norms.setdefault(max(group.grads.values()), []).append(clip.groups[k])
+            if homed_sums and group.readers:
+                _sums_through_the_home(clip.groups[k], group.nbytes, params_home)
         norms[clip.last_gradient].append(clip.total)
     ordered: list[Node] = []
     for index, node in enumerate(nodes):
@@ -228,10 +229,13 @@ def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: s
         if homed_sums:
             # Accumulating: the group's gradient sums come from the home (but in the first
             # micro-pass), take this pass's gradients, and go back (but in the last). The
-            # plan is one pass: it counts both ways, the most a pass moves.
+            # plan is one pass: it counts both ways, the most a pass moves. With clipping the
+            # group-norm node adds them (_sums_through_the_home), and this node reads them in
+            # the last pass only, to step with.
             attrs["sum_bytes"] = group.nbytes
             attrs["io"]["read_bytes"] += group.nbytes
-            attrs["io"]["write_bytes"] += group.nbytes
+            if norm is None:
+                attrs["io"]["write_bytes"] += group.nbytes
             workspace += group.nbytes
     return Node(id=key, name=f"{group.name}.update", kind="update",
                 op=f"{optimizer.name}_update", inputs=inputs, out_bytes=0,
@@ -239,6 +243,17 @@ def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: s
                 signature=update_signature(optimizer.name, group.elements, home,
                                            norm is not None, "sum_bytes" in attrs),
                 attrs=attrs)
+
+
+def _sums_through_the_home(group_norms: Node, sum_bytes: int, home: str) -> None:
+    """Clipping a homed group's accumulated gradients: its group-norm node reads the sums
+    from the home (but in the first pass), adds the pass's gradients (and, in the last pass,
+    takes their norms) and writes them back for the update node, which steps after every
+    group's norm is known."""
+    group_norms.attrs.update(sum_bytes=sum_bytes,
+                             io={"tier": home, "read_bytes": sum_bytes, "write_bytes": sum_bytes})
+    group_norms.workspace_bytes += sum_bytes
+    group_norms.signature += f":{SUMS_SUFFIX}"
 
 
 def _renumber(nodes: list[Node]) -> None:

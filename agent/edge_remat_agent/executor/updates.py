@@ -132,15 +132,23 @@ class FusedUpdates:
         global norm of all of them that the updates clip with."""
         if node.op == GROUP_NORMS_OP:
             pairs = node.attrs["norm_grads"]
+            names = [name for _, name in pairs]
             grads = [runner.env[value] for value, _ in pairs]
+            homed_sums = self.sums is not None and "sum_bytes" in node.attrs
             if self.sums is not None:  # the norm is the summed gradients', in the last pass
-                for (_, name), grad in zip(pairs, grads):
+                if homed_sums and self.sums.index > 0:
+                    self._bring_sums(names)
+                for name, grad in zip(names, grads):
                     self.sums.add(name, grad)
                 if not self.sums.last:
+                    if homed_sums:
+                        self._send_sums_home(names)
                     return
-                grads = [self.sums.sums[name] for _, name in pairs]
+                grads = [self.sums.sums[name] for name in names]
             norms = tensor_norms(grads)
-            self.norms.update(zip((name for _, name in pairs), norms))
+            self.norms.update(zip(names, norms))
+            if homed_sums:  # back home until the update node steps with them
+                self._send_sums_home(names)
         elif self.sums is None or self.sums.last:
             self.grad_norm = norm_of_norms([self.norms[n] for n in node.attrs["norm_order"]])
 
@@ -153,13 +161,14 @@ class FusedUpdates:
         grads = {name: runner.env[value] for value, name in node.attrs["update_grads"].items()}
         homed_sums = self.sums is not None and "sum_bytes" in node.attrs
         if self.sums is not None:  # accumulating: add, and step in the last micro-pass only
-            if homed_sums and self.sums.index > 0:
-                for name in grads:
-                    self.sums.bring(name, self.home.get(("sum", name)))
+            # clipping's group-norm node added the pass's gradients already (_norms)
+            added_before = "clip_grad_norm" in node.attrs
+            if homed_sums and (self.sums.last if added_before else self.sums.index > 0):
+                self._bring_sums(list(grads))
             for name, grad in grads.items():
                 self.sums.add(name, grad)
             if not self.sums.last:
-                if homed_sums:
+                if homed_sums and not added_before:
                     self._send_sums_home(list(grads))
                 return
             grads = {name: self.sums.sums[name] for name in grads}
@@ -170,6 +179,10 @@ class FusedUpdates:
             else:
                 for name in grads:
                     self.sums.send(name, None)
+
+    def _bring_sums(self, names: list[str]) -> None:
+        for name in names:
+            self.sums.bring(name, self.home.get(("sum", name)))
 
     def _send_sums_home(self, names: list[str]) -> None:
         """The group's sums written to its home and out of RAM (the optimizer does not write
