@@ -59,12 +59,16 @@ def update_signature(optimizer: str, elements: int, home: str | None, clipped: b
 
 def ram_homed_signature(node: Node) -> str | None:
     """For an update node whose group lives on a page tier, the key of the same update with the
-    group in RAM (None for any other node); a group in RAM keeps its sums there."""
-    if node.kind != "update" or not node.attrs.get("home") or not node.signature:
+    group in RAM, and for a group-norm node that adds sums kept at the home, the key of the
+    same node in RAM (None for any other node); a group in RAM keeps its sums there."""
+    if node.kind != "update" or not node.signature:
         return None
-    optimizer_update, elements, _home, *rest = node.signature.split(":")
-    return ":".join([optimizer_update, elements, "ram",
-                     *(part for part in rest if part != SUMS_SUFFIX)])
+    parts = node.signature.split(":")
+    if node.attrs.get("home"):
+        optimizer_update, elements, _home, *rest = parts
+        return ":".join([optimizer_update, elements, "ram",
+                         *(part for part in rest if part != SUMS_SUFFIX)])
+    return ":".join(parts[:-1]) if parts[-1] == SUMS_SUFFIX else None
 
 
 @dataclass
