@@ -1,7 +1,8 @@
 """Where the memory goes: each planned byte in one class, counted alike by the plan and the ledger.
 
     parameters       the model's weights (a `param` node's outputs, or fixed when homed in RAM)
-    gradients        the parameters' gradients (backward outputs an update node reads)
+    gradients        the parameters' gradients (backward outputs an update node reads), and
+                     with --accumulate their sums (fixed, or an update's while it runs)
     optimizer_state  momentum, AdamW's moments (an update node's state while it runs, or fixed)
     activations      forward outputs, the loss and the activations' gradients
     workspace        a node's temporaries while it runs (an update's scratch included)
