@@ -9,13 +9,14 @@ test_bad_inputs_interrupts.py."""
 from __future__ import annotations
 
 import _thread
-import importlib
+import json
+import subprocess
+import sys
 import threading
-import time
 
 import pytest
 
-from edge_remat.planner import isolated, lns
+from edge_remat.planner import isolated
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.interrupt import PlanInterrupted, SearchInterrupted
@@ -27,43 +28,61 @@ def _interrupt_after(seconds: float) -> None:
     threading.Timer(seconds, _thread.interrupt_main).start()
 
 
-def test_ctrl_c_in_the_lns_returns_its_best_plan_so_far(monkeypatch):
-    # The LNS's first exact round imports OR-Tools about when the timer fires; an import that
-    # Ctrl-C cuts short fails as an ImportError (Python's, for any extension module): done here
-    # first, so that the interrupt lands in the search.
-    if isolated.needs_isolation("ortools"):  # checked as it runs: other tests may load highspy
-        pytest.skip("highspy is loaded here: the LNS would run in a child process")
-    importlib.import_module("ortools.sat.python.cp_model")
-    p = build_problem(random_layered(500, seed=0), "0.8", order="given")
-    real_improve, real_cost = lns.improve, lns.recompute_cost
-    costed = []
+# Run in a fresh process: where another test loaded highspy in this one, the planner would run
+# the LNS in a child process (planner/isolated.py), out of this process's reach.
+LNS_CTRL_C = """
+import _thread, json, sys, time
+from edge_remat.planner import lns
+from edge_remat.planner.build import build_problem
+from edge_remat.planner.evaluate import evaluate
+from edge_remat.planner.interrupt import PlanInterrupted
+from edge_remat.planner.solve import solve
+from edge_remat.synthetic import random_layered
 
-    def cost_then_ctrl_c(sched):
-        # The LNS costs its start, then each window it recreates: Ctrl-C after the third
-        # window, inside the search however slow the machine (a timer of 2 s once fired
-        # after the search on a loaded host).
-        costed.append(sched)
-        if len(costed) == 4:
-            _thread.interrupt_main()
-        return real_cost(sched)
+p = build_problem(random_layered(500, seed=0), "0.8", order="given")
+real_improve, real_cost = lns.improve, lns.recompute_cost
+costed = []
 
-    def improve_then_ctrl_c(*args, **kwargs):
-        monkeypatch.setattr(lns, "recompute_cost", cost_then_ctrl_c)
-        return real_improve(*args, **kwargs)
+def cost_then_ctrl_c(sched):
+    # The LNS costs its start, then each window it recreates: Ctrl-C after the third window,
+    # inside the search however slow the machine (a timer of 2 s once fired after it).
+    costed.append(sched)
+    if len(costed) == 4:
+        _thread.interrupt_main()
+    return real_cost(sched)
 
-    monkeypatch.setattr(lns, "improve", improve_then_ctrl_c)
-    started = time.perf_counter()
-    with pytest.raises(PlanInterrupted) as caught:
-        solve(p, "auto", time_limit=120, workers=1)
-    assert time.perf_counter() - started < 60  # not the 120 s limit
-    report = caught.value.report
-    solver = report.plan.solver
+def improve_then_ctrl_c(*args, **kwargs):
+    lns.recompute_cost = cost_then_ctrl_c
+    return real_improve(*args, **kwargs)
+
+lns.improve = improve_then_ctrl_c
+started = time.perf_counter()
+try:
+    solve(p, "auto", time_limit=120, workers=1)
+except PlanInterrupted as caught:
+    report = caught.report
+else:
+    sys.exit("solve returned without the interrupt")
+again = evaluate(p, report.decisions)  # the plan replays within the budget
+print(json.dumps({"seconds": time.perf_counter() - started, "solver": report.plan.solver,
+                  "predicted_peak": report.plan.predicted["peak_bytes"],
+                  "replayed_peak": again.sim.peak_bytes, "replayed_feasible": again.feasible,
+                  "budget": p.budget_bytes}))
+"""
+
+
+def test_ctrl_c_in_the_lns_returns_its_best_plan_so_far():
+    done = subprocess.run([sys.executable, "-c", LNS_CTRL_C], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["seconds"] < 60  # not the 120 s limit
+    solver = out["solver"]
     assert solver["status"] == "interrupted"
     assert solver["name"].startswith("heuristic:")
     assert solver["first_plan_s"] <= solver["best_plan_s"] <= solver["solve_time_s"]
-    again = evaluate(p, report.decisions)  # the plan replays within the budget
-    assert again.feasible and again.sim.peak_bytes <= p.budget_bytes
-    assert report.plan.predicted["peak_bytes"] == again.sim.peak_bytes
+    assert out["replayed_feasible"] and out["replayed_peak"] <= out["budget"]
+    assert out["predicted_peak"] == out["replayed_peak"]
     assert solver["lower_bound"] is not None  # a bound still comes with it
 
 
