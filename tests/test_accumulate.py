@@ -299,7 +299,9 @@ def test_run_accumulates_on_the_board_bitwise_and_within_the_plan(board, model, 
     assert capture["fixed"]["gradient_accumulators"] + \
         capture["planned_state"].get("gradient_accumulators", 0) > 0
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
-    assert report["predicted_time_s"] == pytest.approx(3 * plan["predicted"]["time_s"])
+    # a step: three passes, the optimizer's step counted once (accumulated_step.py)
+    step = plan["predicted"]["accumulated_step"]
+    assert report["predicted_time_s"] == step["time_s"] < 3 * plan["predicted"]["time_s"]
 
 
 def test_a_fleet_manifest_captures_with_accumulate_and_refuses_less_than_one(tmp_path):

@@ -247,11 +247,19 @@ def home_io_cost(node, tiers: dict[str, Tier]) -> tuple[float, float]:
     io = node.attrs.get("io")
     if not io:
         return 0.0, 0.0
-    tier = tiers.get(io["tier"]) or ESTIMATED_TIERS.get(io["tier"])
+    return home_transfer_cost(node, io["read_bytes"], io["write_bytes"], tiers)
+
+
+def home_transfer_cost(node, read_bytes: int, write_bytes: int,
+                       tiers: dict[str, Tier]) -> tuple[float, float]:
+    """Seconds and joules of reading and writing these bytes of the node's home tier (its
+    `attrs.io.tier`), in one read and one write as a node makes them."""
+    name = node.attrs["io"]["tier"]
+    tier = tiers.get(name) or ESTIMATED_TIERS.get(name)
     if tier is None:
-        raise FormatError(f"node {node.id!r}", "attrs.io.tier", "flash or host", io["tier"])
-    read_s, read_j = tier.read_cost(io["read_bytes"]) if io["read_bytes"] else (0.0, 0.0)
-    write_s, write_j = tier.write_cost(io["write_bytes"]) if io["write_bytes"] else (0.0, 0.0)
+        raise FormatError(f"node {node.id!r}", "attrs.io.tier", "flash or host", name)
+    read_s, read_j = tier.read_cost(read_bytes) if read_bytes else (0.0, 0.0)
+    write_s, write_j = tier.write_cost(write_bytes) if write_bytes else (0.0, 0.0)
     return read_s + write_s, read_j + write_j
 
 

@@ -15,9 +15,6 @@ import math
 
 import torch
 
-GROUP_NORMS_OP = "grad_norms"  # a group-norm node's op
-CLIP_OP = "clip_grad_norm"  # the norm node's op
-
 
 def check_max_norm(max_norm) -> float:
     """The max norm as a float; ValueError with one line otherwise."""

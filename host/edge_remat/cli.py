@@ -249,6 +249,7 @@ def plan(
             **{key: s[key] for key in ("bound_scope", "first_plan_s", "best_plan_s",
                                        "fallback_from", "proven_optimal_by") if key in s},
             "order": result.get("problem", {}).get("order"),
+            **({"accumulated_step": pr["accumulated_step"]} if "accumulated_step" in pr else {}),
             "units": dict(zip(("time", "energy"), problem_cost_units(result.get("problem", {})))),
             "arena": _arena_summary(result), "plan": output,
             **({"error": stopped} if stopped else {})}))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..formats import Node
-from ..grad_clip import CLIP_OP, GROUP_NORMS_OP
+from ..formats.graph import CLIP_OP, GROUP_NORMS_OP
 from .estimate import Rates, round_time
 
 SCALAR_BYTES = 4  # a float32 norm

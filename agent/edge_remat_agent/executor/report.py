@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from ..accumulated_step import step_figure
 from ..diverged import LossTally, Remedy
 from ..profiler import StepMeasurement
 from .interpreter import StepCounts
@@ -100,7 +101,7 @@ def summarize(records: list[dict[str, Any]], predicted: dict[str, Any] | None = 
         # The graph's fixed memory counts what the executor holds to the step's end (batch-norm
         # statistics, the loss): the ledger is never above the prediction.
         "ledger_within_prediction": ledger_peak <= predicted["peak_bytes"],
-        "predicted_time_s": predicted.get("time_s"),
+        "predicted_time_s": step_figure(predicted, "time_s"),  # K micro-passes' (--accumulate)
         "compute_s": compute, "recompute_s": recompute, "paging_s": paging,
         "predicted_paging_s": predicted.get("paging_time_s"),
         # Overlapped paging: the time the step waited on the IO thread, and the share of the

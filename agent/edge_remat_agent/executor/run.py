@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..accumulated_step import step_figure
 from ..accumulation import GradientBuffers, micro_batches_of
 from ..allocator import give_back_freed_memory, map_large_blocks, steady_heap
 from ..capture import CaptureError, Captured
@@ -235,7 +236,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                                               "energy_compute_j", "energy_paging_j",
                                               "energy_static_j", "io", "step_time_s",
                                               "io_busy_s", "io_wait_s", "paging_hidden_share",
-                                              "io_slowed_s")}}
+                                              "io_slowed_s", "accumulated_step")}}
     predicted["peak_at"] = list(predicted["peak_at"])  # JSON has no tuples
     records = earlier["steps"] + records
     grad_check = _latest(grad_check, earlier["grad_check"])
@@ -256,7 +257,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         "executor_allocator": allocator, "arena": describe_arena(arena, plan),
         "runtime_baseline_bytes": baseline["bytes"], "runtime_baseline": baseline,
         "budget_bytes": plan.budget_bytes, "fixed_bytes": captured.graph.fixed_bytes,
-        "predicted_peak_bytes": predicted["peak_bytes"], "predicted_time_s": predicted["time_s"],
+        "predicted_peak_bytes": predicted["peak_bytes"],
+        "predicted_time_s": step_figure(predicted, "time_s"),
         "predicted": predicted,
         "recomputed": first["recomputed"], "page_ins": first["page_ins"],
         "page_outs": first["page_outs"],

@@ -25,7 +25,8 @@ from ..accumulation import GradientBuffers
 from ..capture.optimizer import torch_optimizer, torch_optimizer_over
 from ..capture.replay import StepRunner
 from ..formats import Graph, Node
-from ..grad_clip import CLIP_OP, GROUP_NORMS_OP, clip_with_norm, norm_of_norms, tensor_norms
+from ..formats.graph import CLIP_OP, GROUP_NORMS_OP
+from ..grad_clip import clip_with_norm, norm_of_norms, tensor_norms
 from ..pages import PageStore
 
 

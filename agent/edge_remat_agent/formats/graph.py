@@ -46,6 +46,9 @@ class Node:
 
 
 SUMS_SUFFIX = "sums"  # an update that reads and writes its group's gradient sums at home
+# gradient clipping's nodes (capture/clip_nodes.py): a group's norms, and the global norm
+GROUP_NORMS_OP = "grad_norms"
+CLIP_OP = "clip_grad_norm"
 
 
 def update_signature(optimizer: str, elements: int, home: str | None, clipped: bool,

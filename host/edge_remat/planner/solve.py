@@ -8,6 +8,8 @@ import time as clock
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from edge_remat_agent.accumulated_step import accumulated_step
+from edge_remat_agent.accumulation import micro_batches_of
 from edge_remat_agent.formats import Plan
 
 from ..units import round_up
@@ -783,6 +785,10 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
         solver["fallback_from"] = fallback
     predicted = ev.sim.summary()
     predicted["objective_value"] = value
+    # the plan is one micro-pass; what a step of K of them costs, each pass its own work
+    step = accumulated_step(p.graph, p.costs, ev.stages, ev.sim, micro_batches_of(p.source_graph))
+    if step is not None:
+        predicted["accumulated_step"] = step
     problem = {"objective": p.objective, "deadline": p.deadline, "paging": list(p.tiers),
                "paging_time": p.paging_time, "io": p.io, "profile": p.profile_name,
                "costs": p.costs.describe(), "graph": p.graph.name, "nodes": p.n,

@@ -68,6 +68,7 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
                    + (f" with parameters' home IO {_num(pr['home_io_energy_j'])}"
                       if pr.get("home_io_energy_j") else "") + ", paging "
                    f"{_num(pr['energy_paging_j'])}, static {_num(pr['energy_static_j'])})"),
+        *_accumulated_row(pr, sec, joule),
         ("bound", _num(s.get("lower_bound"))),
         ("gap", _num(None if s.get("gap") is None else 100 * s["gap"], "{:.2f} %")
                 + _gap_note(s)),
@@ -86,6 +87,17 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
                      + arena_fit_note(plan_dict)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _accumulated_row(predicted: dict[str, Any], sec: str, joule: str) -> list[tuple[str, str]]:
+    """With --accumulate K, what a step of K micro-passes costs (time and energy above are a
+    pass's); none without."""
+    step = predicted.get("accumulated_step")
+    if not step:
+        return []
+    return [("a step", f"{step['micro_batches']} micro-passes (--accumulate): "
+                       f"{_num(step['time_s'])} {sec}, {_num(step['energy_j'])} {joule} (the "
+                       "optimizer steps, and its state moves, in the last pass only)")]
 
 
 def _overrun_note(s: dict[str, Any]) -> str:

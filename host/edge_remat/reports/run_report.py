@@ -74,9 +74,11 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
                  paths: Optional[dict] = None, micro_batches: int = 1) -> dict[str, Any]:
     """One object with everything the run showed; `plots` and `report` are filled in later.
     `micro_batches`: K of gradient accumulation, whose step is K passes of the plan (its
-    time and energy K times the plan's; its peak the plan's)."""
+    time and energy the plan's `accumulated_step`; its peak the plan's)."""
     per_step = steps_from(result)
     predicted = (plan or {}).get("predicted", {})
+    # K passes, each with its own work (a plan from before it said so: K times the pass)
+    step = predicted.get("accumulated_step") or {}
     figures = {name: (result or {}).get(name) for name in PLAN_FIGURES}
     # The plan's figures first: a board replays the plan with the graph's costs only.
     predicted_peak = predicted.get("peak_bytes") or figures["predicted_peak_bytes"]
@@ -112,9 +114,10 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         # to the process (oneDNN's primitives), which the plan counts and no tensor holds.
         "predicted_tensor_peak_bytes": _difference(
             predicted_peak, ((plan or {}).get("problem") or {}).get("runtime_warm_bytes") or 0),
-        "predicted_time_s": _times(predicted.get("time_s") or figures["predicted_time_s"],
-                                   micro_batches),
-        "predicted_energy_j": _times(predicted.get("energy_j"), micro_batches),
+        "predicted_time_s": step.get("time_s") or _times(predicted.get("time_s"), micro_batches)
+        or figures["predicted_time_s"],  # the board's is a step's
+        "predicted_energy_j": step.get("energy_j") or _times(predicted.get("energy_j"),
+                                                             micro_batches),
         **({"micro_batches": micro_batches} if micro_batches > 1 else {}),
         "energy_total_j": _total(per_step["energy_j"]),
         "recomputed": _first(figures["recomputed"], predicted.get("recomputed")),

@@ -555,6 +555,7 @@ def _describe_fit(fit: dict) -> str:
 
 
 def _sweep(make_problem, opts: RunOptions, out: Path, say: Say) -> None:
+    from edge_remat_agent.accumulated_step import step_figure
     from ..sweep import parse_sweep, run_sweep, smallest_feasible
     say(f"budget sweep {opts.sweep}")
     rows = []
@@ -564,8 +565,8 @@ def _sweep(make_problem, opts: RunOptions, out: Path, say: Say) -> None:
                "status": point.status, **smallest_feasible(point)}
         if point.report is not None:
             predicted = point.report.plan.predicted
-            row.update(energy_j=predicted["energy_j"], time_s=predicted["time_s"],
-                       peak_bytes=predicted["peak_bytes"])
+            row.update(energy_j=step_figure(predicted, "energy_j"),  # a step's, as run's
+                       time_s=step_figure(predicted, "time_s"), peak_bytes=predicted["peak_bytes"])
         rows.append(row)
     dump_json({"objective": opts.objective, "sweep": rows}, out / "sweep.json")
 

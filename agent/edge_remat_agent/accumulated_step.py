@@ -1,0 +1,93 @@
+"""What one optimizer step of K micro-batches (`--accumulate K`) costs, from the replay of its
+plan, which stands for one micro-pass.
+
+Every pass runs the plan, but not every node does the same work in every pass
+(executor/updates.py):
+- an update node steps the optimizer, and reads and writes its group's state and parameters on
+  their home, in the last pass only; before it, it only adds the pass's gradients to the sums;
+- clipping's norm nodes take norms in the last pass only;
+- gradient sums homed on a tier come from the home in every pass but the first and go back in
+  every pass but the last (with clipping: the group-norm node writes them back in the last pass
+  too, and the update node reads them in the last pass only).
+The plan counts each node's whole work in its one pass, the most a pass does; K times that
+counted the optimizer's step and its state's IO K times (gpt-mini, AdamW, parameters on flash,
+K = 4, a profile measured on the machine: 17.66 s a step against 11.7 s measured; this gives
+11.46 s, docs/running.md). This counts each pass's own.
+Adding a pass's gradients into the sums is not counted (a memory-bound add, a few percent of
+the optimizer's step). A checked step's last pass also writes its sums home (for the gradient
+check), which this leaves out too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .costs import CostModel, home_transfer_cost
+from .formats import Graph, Node
+from .formats.graph import CLIP_OP, GROUP_NORMS_OP
+
+
+def pass_transfers(node: Node, k: int, j: int) -> tuple[int, int]:
+    """Bytes the node reads from and writes to its home in pass j (from 0) of K; its plan
+    counts `attrs.io`, what the most demanding pass moves."""
+    io = node.attrs.get("io")
+    if not io:
+        return 0, 0
+    planned = io["read_bytes"], io["write_bytes"]
+    sums = node.attrs.get("sum_bytes", 0)
+    last, first = j == k - 1, j == 0
+    if node.op == GROUP_NORMS_OP:  # the sums in and out: none in at first
+        return (0, sums) if first and not last else planned
+    if node.kind != "update":
+        return planned  # a param node loads its group in every pass
+    if last:  # the step: state in and out, new parameters out; sums in, none back
+        return planned[0], planned[1] - (0 if "clip_grad_norm" in node.attrs else sums)
+    if "clip_grad_norm" in node.attrs or not sums:
+        return 0, 0  # only adds (clipping's group-norm node moves the sums)
+    return (0 if first else sums), sums
+
+
+def _last_pass_only(node: Node) -> bool:
+    """Whether the node's compute runs in the last pass only (else in every pass)."""
+    return node.kind == "update" or node.op in (GROUP_NORMS_OP, CLIP_OP)
+
+
+def accumulated_step(graph: Graph, costs: CostModel, stages: Any, sim: Any,
+                     k: int) -> dict[str, Any] | None:
+    """{micro_batches, time_s, energy_j}: a step of K passes of the plan (`stages`, replayed as
+    `sim` under `costs`); None at K = 1, where a step is the pass."""
+    if k <= 1:
+        return None
+    computes: dict[int, int] = {}
+    for stage in stages:
+        for ins in stage:
+            if ins.op == "compute":
+                i = graph.index[ins.node]
+                if _last_pass_only(graph.nodes[i]):  # the others do a pass's work each pass
+                    computes[i] = computes.get(i, 0) + 1
+    home_s = costs.home_io_s or [0.0] * len(graph)
+    home_j = costs.home_io_j or [0.0] * len(graph)
+    saved_s = saved_j = 0.0  # what K whole passes count and the step does not do
+    for i, times in computes.items():
+        node = graph.nodes[i]
+        compute_s, compute_j = costs.time_s[i] - home_s[i], costs.energy_j[i] - home_j[i]
+        done_s = done_j = 0.0
+        for j in range(k):
+            if j == k - 1 or not _last_pass_only(node):
+                done_s, done_j = done_s + compute_s, done_j + compute_j
+            if "io" in node.attrs:
+                io_s, io_j = home_transfer_cost(node, *pass_transfers(node, k, j),
+                                                costs.tier_figures)
+                done_s, done_j = done_s + io_s, done_j + io_j
+        saved_s += times * (k * costs.time_s[i] - done_s)
+        saved_j += times * (k * costs.energy_j[i] - done_j)
+    time_s = k * sim.time_s - saved_s
+    dynamic_j = k * (sim.energy_compute_j + sim.energy_paging_j) - saved_j
+    return {"micro_batches": k, "time_s": time_s,
+            "energy_j": dynamic_j + costs.static_w * time_s}
+
+
+def step_figure(predicted: dict[str, Any], key: str) -> Any:
+    """A plan's predicted `time_s` or `energy_j` for a whole step: its accumulated step's
+    where it has one (--accumulate K), else its own (the step is the pass)."""
+    return (predicted.get("accumulated_step") or predicted).get(key)
