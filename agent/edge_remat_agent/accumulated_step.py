@@ -11,11 +11,12 @@ Every pass runs the plan, but not every node does the same work in every pass
   too, and the update node reads them in the last pass only).
 The plan counts each node's whole work in its one pass, the most a pass does; K times that
 counted the optimizer's step and its state's IO K times (gpt-mini, AdamW, parameters on flash,
-K = 4, a profile measured on the machine: 17.66 s a step against 11.7 s measured; this gives
-11.46 s, docs/running.md). This counts each pass's own.
-Adding a pass's gradients into the sums is not counted (a memory-bound add, a few percent of
-the optimizer's step). A checked step's last pass also writes its sums home (for the gradient
-check), which this leaves out too.
+K = 4, a profile measured on the machine: 17.66 s a step against 10.3-11.7 s measured; this
+gives 11.73 s, docs/running.md). This counts each pass's own.
+Every pass also adds its gradients into the sums (the first copies them in): memory-bound
+work the plan does not hold, costed as the update node's own step at its rate per byte moved
+(`grad_bytes` of the group's gradients; the step moves `bytes_moved`). A checked step's last
+pass also writes its sums home (for the gradient check), which this leaves out.
 """
 
 from __future__ import annotations
@@ -47,6 +48,20 @@ def pass_transfers(node: Node, k: int, j: int) -> tuple[int, int]:
     return (0 if first else sums), sums
 
 
+# Tensors of the gradients' size each pass's summing reads or writes: the first pass copies the
+# gradients in (read, write), later ones add (read both, write)
+COPY_MOVES, ADD_MOVES = 2, 3
+
+
+def summing_share(node: Node, j: int) -> float:
+    """The update node's summing in pass j, as a share of its optimizer step's compute (both
+    memory-bound); 0 for a node that sums nothing (K = 1, or no rate to scale)."""
+    moved = node.attrs.get("bytes_moved") or 0
+    if not moved or not node.attrs.get("grad_bytes"):
+        return 0.0
+    return (COPY_MOVES if j == 0 else ADD_MOVES) * node.attrs["grad_bytes"] / moved
+
+
 def _last_pass_only(node: Node) -> bool:
     """Whether the node's compute runs in the last pass only (else in every pass)."""
     return node.kind == "update" or node.op in (GROUP_NORMS_OP, CLIP_OP)
@@ -73,8 +88,8 @@ def accumulated_step(graph: Graph, costs: CostModel, stages: Any, sim: Any,
         compute_s, compute_j = costs.time_s[i] - home_s[i], costs.energy_j[i] - home_j[i]
         done_s = done_j = 0.0
         for j in range(k):
-            if j == k - 1 or not _last_pass_only(node):
-                done_s, done_j = done_s + compute_s, done_j + compute_j
+            share = (j == k - 1) + summing_share(node, j)  # its compute: the last pass's
+            done_s, done_j = done_s + share * compute_s, done_j + share * compute_j
             if "io" in node.attrs:
                 io_s, io_j = home_transfer_cost(node, *pass_transfers(node, k, j),
                                                 costs.tier_figures)

@@ -159,6 +159,8 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
                               homed_sums and param_key is not None)
         if "sum_bytes" in update.attrs:
             planned["gradient_accumulators"] += update.attrs["sum_bytes"]
+        if accumulate > 1:  # what each micro-pass adds into the sums (accumulated_step.py)
+            update.attrs["grad_bytes"] = group.nbytes
         # The placement keeps a reader's recompute after the update unread only by its direct
         # users: a user recomputed later would need it again, computed from the new weights.
         # The planner never recomputes a reader after its update (see the module docstring).
