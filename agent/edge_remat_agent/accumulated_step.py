@@ -25,7 +25,7 @@ from typing import Any
 
 from .costs import CostModel, home_transfer_cost
 from .formats import Graph, Node
-from .formats.graph import CLIP_OP, GROUP_NORMS_OP
+from .formats.graph import GROUP_NORMS_OP
 
 
 def pass_transfers(node: Node, k: int, j: int) -> tuple[int, int]:
@@ -63,8 +63,9 @@ def summing_share(node: Node, j: int) -> float:
 
 
 def _last_pass_only(node: Node) -> bool:
-    """Whether the node's compute runs in the last pass only (else in every pass)."""
-    return node.kind == "update" or node.op in (GROUP_NORMS_OP, CLIP_OP)
+    """Whether the node's compute runs in the last pass only (else in every pass): the
+    optimizer's updates and clipping's norm nodes, all of kind `update`."""
+    return node.kind == "update"
 
 
 def accumulated_step(graph: Graph, costs: CostModel, stages: Any, sim: Any,
