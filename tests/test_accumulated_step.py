@@ -26,6 +26,7 @@ from edge_remat_agent.formats.graph import CLIP_OP, GROUP_NORMS_OP
 from edge_remat_agent.pages.flash import FlashStore
 from edge_remat_agent.simulate import simulate
 from edge_remat.planner.solve import solve
+from edge_remat.reports.report import plan_table
 from edge_remat.reports.run_report import build_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +118,7 @@ def test_with_parameters_in_ram_the_step_counts_the_optimizer_once(clip):
     assert accumulated_step(problem.graph, costs, plan.stages, sim, 1) is None
 
 
-def test_a_run_report_predicts_the_plans_step_and_a_plan_without_one_k_passes():
+def test_the_plan_table_and_the_run_report_give_the_plans_step_and_older_plans_k_passes():
     _, _, report = _plan("flash", None)
     plan = report.plan.to_dict()
     step = plan["predicted"]["accumulated_step"]
@@ -127,6 +128,9 @@ def test_a_run_report_predicts_the_plans_step_and_a_plan_without_one_k_passes():
     made = build_report(plan=plan, **args)
     assert (made["predicted_time_s"], made["predicted_energy_j"]) == \
         (step["time_s"], step["energy_j"])
+    row = next(line for line in plan_table(plan).splitlines() if line.startswith("a step"))
+    assert f"{step['time_s']:.4g} s" in row and f"{K} micro-passes" in row
     del plan["predicted"]["accumulated_step"]  # a plan written before plans said it
+    assert "a step" not in plan_table(plan)
     older = build_report(plan=plan, **args)
     assert older["predicted_time_s"] == K * plan["predicted"]["time_s"]

@@ -95,9 +95,10 @@ def _accumulated_row(predicted: dict[str, Any], sec: str, joule: str) -> list[tu
     step = predicted.get("accumulated_step")
     if not step:
         return []
-    return [("a step", f"{step['micro_batches']} micro-passes (--accumulate): "
-                       f"{_num(step['time_s'])} {sec}, {_num(step['energy_j'])} {joule} (the "
-                       "optimizer steps, and its state moves, in the last pass only)")]
+    return [("a step", f"{_num(step['time_s'])} {sec}, {_num(step['energy_j'])} {joule}  "
+                       f"({step['micro_batches']} micro-passes, --accumulate; the time and "
+                       "energy above are one pass's, and the optimizer steps, and its state "
+                       "moves, in the last pass only)")]
 
 
 def _overrun_note(s: dict[str, Any]) -> str:
