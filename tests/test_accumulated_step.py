@@ -5,8 +5,7 @@ gradient sums homed on flash cross it in some passes only (accumulated_step.py).
 The bytes each node is said to move in each pass are checked against what a real planned run
 reads from and writes to its parameters' flash store, step by step; the step's time and energy
 against the pass's, with the parameters in RAM (where only the update nodes' compute differs,
-and each pass sums its gradients);
-the run report's prediction is the plan's step.
+and each pass sums its gradients); the plan table and the run report give the plan's step.
 """
 
 from __future__ import annotations
