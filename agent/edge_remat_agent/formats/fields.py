@@ -94,7 +94,9 @@ class Reader:
     def child(self, key: str, default: Any = _MISSING) -> "Reader | None":
         value = self.raw(key, default)
         if value is None and default is not _MISSING:
-            return None
+            if default is None:
+                return None
+            value = default  # null where the field may be left out: as if it were
         return Reader(value, self.source, self._path(key))
 
     def item(self, key: str, index: int) -> "Reader":
