@@ -13,6 +13,7 @@ from typing import Any, Union
 
 from .errors import FormatError
 from .fields import Reader, check_header, dump_json, load_json
+from .graph_details import check_capture, check_node_attrs
 
 NodeId = Union[int, str]
 KINDS = ("forward", "loss", "backward", "update", "param")
@@ -139,15 +140,28 @@ def graph_from_dict(obj: Any, source: str = "<graph>") -> Graph:
     check_header(reader, "graph", VERSIONS)
     reader.reject_unknown(_GRAPH_FIELDS)
     nodes = [_node_from(reader.item("nodes", i)) for i in range(len(reader.list("nodes")))]
+    capture = reader.child("capture", None)
+    if capture is not None:
+        check_capture(capture)
     graph = Graph(nodes=nodes, name=reader.str("name", "graph"),
                   fixed_bytes=reader.integer("fixed_bytes", 0),
                   batch=reader.integer("batch", None, minimum=1),
                   dtype=reader.str("dtype", None),
-                  capture=reader.object("capture", None) or {},
+                  capture=capture.obj if capture is not None else {},
                   cost_source=reader.str("cost_source", "unknown"),
                   planning_only=bool(reader.raw("planning_only", False)))
     check_order(graph, source)
+    _check_param_readers(graph, source)
     return graph
+
+
+def _check_param_readers(graph: Graph, source: str) -> None:
+    """An update's `param_readers` name nodes of this graph (`Graph.stepped_by` looks them up)."""
+    for position, node in enumerate(graph.nodes):
+        for i, reader in enumerate(node.attrs.get("param_readers", ())):
+            if reader not in graph.index:
+                raise FormatError(source, f"nodes[{position}].attrs.param_readers[{i}]",
+                                  "ids of nodes in this graph", reader)
 
 
 def _node_from(r: Reader) -> Node:
@@ -159,11 +173,14 @@ def _node_from(r: Reader) -> Node:
     for i, dep in enumerate(inputs):
         if isinstance(dep, bool) or not isinstance(dep, (int, str)):
             raise r.error(f"inputs[{i}]", "a node id (integer or string)", dep)
+    attrs = r.child("attrs", None)
+    if attrs is not None:
+        check_node_attrs(attrs)
     return Node(id=node_id, name=r.str("name", str(node_id)), kind=r.str("kind", "forward", KINDS),
                 op=r.str("op", "unknown"), inputs=list(inputs), out_bytes=r.integer("out_bytes"),
                 workspace_bytes=r.integer("workspace_bytes", 0), time_s=r.number("time_s", None),
                 energy_j=r.number("energy_j", None), signature=r.str("signature", None),
-                attrs=r.object("attrs", None) or {})
+                attrs=attrs.obj if attrs is not None else {})
 
 
 def check_order(graph: Graph, source: str, inputs_field: str = "inputs") -> None:
