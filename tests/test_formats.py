@@ -471,6 +471,30 @@ def test_plan_tiers_from_before_they_had_a_field(tmp_path, tiny):
                         "tiers.flash.write_bytes_per_s", "bandwidth > 0")
 
 
+@pytest.mark.parametrize("field, value, expected", [
+    ("peak_bytes", "2MB", "an integer"), ("time_s", [1.0], "a finite number"),
+    ("tdi_percent", float("nan"), "a finite number"), ("step_time_s", "1 s", "a finite number"),
+    ("peak_at", "stage 3", "[stage, position]"), ("accumulated_step", 4, "a JSON object")])
+def test_plan_predicted_figures_that_are_not_numbers(tmp_path, tiny, field, value, expected):
+    """The board's summary and the run report print these: a damaged one was a TypeError in
+    the middle of a run ("run stopped: TypeError ...", exit 1), now the plan is refused."""
+    p = plan_dict(tiny)
+    p["predicted"] = {"peak_bytes": 3100, "time_s": 7.5, "step_time_s": None, "peak_at": [3, 0],
+                      field: value}
+    expect_format_error(load_plan, write(tmp_path, "p.json", p), f"predicted.{field}", expected)
+    p["predicted"] = {"accumulated_step": {"micro_batches": 0, "time_s": 1.0, "energy_j": 2.0}}
+    expect_format_error(load_plan, write(tmp_path, "p.json", p),
+                        "predicted.accumulated_step.micro_batches", "an integer >= 1")
+
+
+def test_a_null_optional_object_reads_as_left_out(tmp_path):
+    """`"ops": null` in a profile was an AttributeError (exit 70); it is a profile without ops."""
+    profile = Profile(source="measured", device={}, idle_w=1.0, active_w=2.0).to_dict()
+    profile["ops"], profile["tiers"] = None, None
+    loaded = load_profile(write(tmp_path, "p.json", profile))
+    assert loaded.ops == {} and loaded.tiers == {}
+
+
 def test_profile_round_trip(tmp_path):
     profile = Profile(source="measured", device={"board": "rpi5", "ram": "8GB"}, idle_w=2.5,
                       active_w=7.0,

@@ -103,10 +103,42 @@ def plan_from_dict(obj: Any, source: str = "<plan>") -> Plan:
                 budget_bytes=r.integer("budget_bytes"),
                 objective=r.str("objective", "time", ("time", "energy")),
                 solver=r.object("solver", None) or {},
-                predicted=r.object("predicted", None) or {},
+                predicted=_predicted(r),
                 problem=problem, fingerprint=r.str("fingerprint", ""),
                 tiers=_tiers(r, problem),
                 arena=arena_from_dict(obj["arena"], source) if "arena" in obj else None)
+
+
+# The simulator's figures that the board's summary, the run report and `plan`'s table print or
+# compare: a damaged one was a TypeError mid-run ("run stopped: TypeError"), not a bad plan.
+_PREDICTED_COUNTS = ("peak_bytes", "computes", "recomputed", "page_ins", "page_outs",
+                     "paged_bytes")
+_PREDICTED_FIGURES = ("compute_time_s", "paging_time_s", "energy_compute_j", "energy_paging_j",
+                      "energy_static_j", "home_io_time_s", "home_io_energy_j", "time_s",
+                      "energy_j", "objective_value", "tdi_percent")
+_PREDICTED_OPTIONAL = ("step_time_s", "io_busy_s", "io_wait_s", "io_slowed_s",
+                       "paging_hidden_share")  # null where the plan pages nothing
+_ABSENT = object()
+
+
+def _predicted(r: Reader) -> dict[str, Any]:
+    predicted = r.child("predicted", {})
+    for key in _PREDICTED_COUNTS:
+        predicted.integer(key, _ABSENT)
+    for key in _PREDICTED_FIGURES:
+        predicted.number(key, _ABSENT, minimum=None)
+    for key in _PREDICTED_OPTIONAL:
+        predicted.number(key, None, minimum=None)
+    peak_at = predicted.raw("peak_at", [])  # a tuple in a plan not yet written
+    if not isinstance(peak_at, (list, tuple)) or \
+            not all(isinstance(x, int) and not isinstance(x, bool) for x in peak_at):
+        raise predicted.error("peak_at", "[stage, position] (integers)", peak_at)
+    step = predicted.child("accumulated_step", None)
+    if step is not None:
+        step.integer("micro_batches", minimum=1)
+        step.number("time_s")
+        step.number("energy_j")
+    return predicted.obj
 
 
 def _tiers(r: Reader, problem: dict[str, Any]) -> dict[str, Tier]:
