@@ -139,3 +139,19 @@ def test_a_synthetic_graphs_costs_are_labelled_cost_units_as_plan_labels_them(tm
     assert proc.returncode == 0, proc.stderr
     row = next(line for line in proc.stdout.splitlines() if line.startswith("tiny "))
     assert row.rstrip().endswith("J") and "cost units" not in proc.stdout, proc.stdout
+
+
+def test_a_kept_plan_missing_its_solvers_figures_is_planned_again(tmp_path):
+    """A plan already written for a task is kept when it replays to the figures it promises;
+    one whose `solver` lost its `status` (edited by hand, say) was kept too, and its row then
+    ended the sweep in `internal error (KeyError: 'status')`, exit 70."""
+    manifest = small_fleet(tmp_path, ["97%"])
+    assert cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray").returncode == 0
+    path = tmp_path / "out" / "tiny" / "rpi4" / "plan-97pct.json"
+    plan = json.loads(path.read_text())
+    del plan["solver"]["status"]
+    path.write_text(json.dumps(plan))
+    again = cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("1 task: 1 planned (0 kept from before), 0 infeasible")
+    assert "status" in json.loads(path.read_text())["solver"]  # written again, whole

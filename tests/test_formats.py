@@ -487,6 +487,17 @@ def test_plan_predicted_figures_that_are_not_numbers(tmp_path, tiny, field, valu
                         "predicted.accumulated_step.micro_batches", "an integer >= 1")
 
 
+@pytest.mark.parametrize("field, value, expected", [
+    ("status", 3, "a string"), ("gap", "3%", "a finite number"), ("workers", 0, ">= 1")])
+def test_plan_solver_figures_of_the_wrong_type(tmp_path, tiny, field, value, expected):
+    """`plan`'s table, the run report and a fleet's rows print these; a plan may leave any of
+    them out (one written by hand or by another tool)."""
+    p = plan_dict(tiny)
+    load_plan(write(tmp_path, "p.json", p))  # solver {"name": "test"} alone
+    p["solver"][field] = value
+    expect_format_error(load_plan, write(tmp_path, "p.json", p), f"solver.{field}", expected)
+
+
 def test_a_null_optional_object_reads_as_left_out(tmp_path):
     """`"ops": null` in a profile was an AttributeError (exit 70); it is a profile without ops."""
     profile = Profile(source="measured", device={}, idle_w=1.0, active_w=2.0).to_dict()

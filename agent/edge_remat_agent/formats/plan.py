@@ -102,7 +102,7 @@ def plan_from_dict(obj: Any, source: str = "<plan>") -> Plan:
     return Plan(stages=stages, graph_fingerprint=r.str("graph_fingerprint", ""),
                 budget_bytes=r.integer("budget_bytes"),
                 objective=r.str("objective", "time", ("time", "energy")),
-                solver=r.object("solver", None) or {},
+                solver=_solver(r),
                 predicted=_predicted(r),
                 problem=problem, fingerprint=r.str("fingerprint", ""),
                 tiers=_tiers(r, problem),
@@ -119,6 +119,18 @@ _PREDICTED_FIGURES = ("compute_time_s", "paging_time_s", "energy_compute_j", "en
 _PREDICTED_OPTIONAL = ("step_time_s", "io_busy_s", "io_wait_s", "io_slowed_s",
                        "paging_hidden_share")  # null where the plan pages nothing
 _ABSENT = object()
+
+
+def _solver(r: Reader) -> dict[str, Any]:
+    """How the plan was found, as `plan`'s table, the run report and a fleet's rows print it."""
+    solver = r.child("solver", {})
+    for key in ("name", "status", "fallback_from", "bound_scope", "proven_optimal_by"):
+        solver.str(key, _ABSENT)
+    for key in ("lower_bound", "gap", "solve_time_s", "time_limit_s", "first_plan_s",
+                "best_plan_s"):
+        solver.number(key, None, minimum=None)
+    solver.integer("workers", None, minimum=1)
+    return solver.obj
 
 
 def _predicted(r: Reader) -> dict[str, Any]:

@@ -86,9 +86,9 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
             _say_profile_fit(graph, manifest.boards, say)
     for task in tasks:
         if task.model in graphs:
-            kept = _kept_plan(task, graphs[task.model], boards[task.board].profile, manifest, out)
+            kept = _kept_row(task, graphs[task.model], boards[task.board].profile, manifest, out)
             if kept is not None:
-                rows[task] = plan_row(task, kept, None, resumed=True)
+                rows[task] = kept
     to_plan = [t for t in tasks if t not in rows]
     workers = solver_threads(backend.cpus, len(to_plan), backend.parallel,
                              threads or manifest.threads)
@@ -132,9 +132,9 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
         graphs[model.name] = graph
         shared_graphs[model.name] = backend.share(graph)
         for task in mine:
-            kept = _kept_plan(task, graph, boards[task.board].profile, manifest, out)
+            kept = _kept_row(task, graph, boards[task.board].profile, manifest, out)
             if kept is not None:
-                rows[task] = plan_row(task, kept, None, resumed=True)
+                rows[task] = kept
                 progress.resumed += 1
             else:
                 queue.append(("plan", task))
@@ -211,9 +211,11 @@ def _known_graph(model: ModelEntry, out: Path) -> Optional[Graph]:
         return None
 
 
-def _kept_plan(task: PlanTask, graph: Graph, profile, manifest: Manifest,
-               out: Path) -> Optional[dict]:
-    """The plan already written for this task, if it is for the same problem and valid."""
+def _kept_row(task: PlanTask, graph: Graph, profile, manifest: Manifest,
+              out: Path) -> Optional[dict]:
+    """The results row of the plan already written for this task, if it is for the same
+    problem, valid, and holds what the row reports (its solver's status, bound, times): a plan
+    missing one, damaged or written by hand, is planned again, as an invalid one is."""
     from ..checks import replay
     from ..planner.build import build_problem
     path = out / task.relpath
@@ -239,4 +241,7 @@ def _kept_plan(task: PlanTask, graph: Graph, profile, manifest: Manifest,
             return None
         if not isinstance(value, float) and value != promised[key]:
             return None
-    return plan.to_dict()
+    try:
+        return plan_row(task, plan.to_dict(), None, resumed=True)
+    except KeyError:
+        return None
