@@ -76,6 +76,12 @@ OTHER_OPTION_CASES = [
     ("graph: batch no machine holds", ["graph", "--model", "mlp", "--batch", str(10**11),
                                        "-o", "g.json"],
      [f"example inputs of batch {10**11}", "cannot allocate", "use a smaller --batch"]),
+    # past 64 bits torch cannot even take the size: "Overflow when unpacking long long", exit 70
+    ("graph: batch past a tensor's extent", ["graph", "--model", "mlp", "--batch", str(10**21),
+                                             "-o", "g.json"],
+     [f"--batch {10**21} does not fit a tensor's 64-bit size", "use a smaller --batch"]),
+    ("graph: seq past a tensor's extent", ["graph", "--model", "gpt-tiny", "--seq", str(2**63),
+                                           "-o", "g.json"], [f"--seq {2**63}"]),
     ("run: no budget, no limit", ["run", "--device", "local", "--model", "mlp"],
      ["--budget"]),
     ("run: steps 0", ["run", "--device", "local", "--model", "mlp", "--budget", "0.5",

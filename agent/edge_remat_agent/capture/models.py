@@ -45,9 +45,18 @@ def load_source_model(source: dict) -> tuple[torch.nn.Module, tuple]:
                       source.get("train"), source.get("trainable_dtype"))
 
 
+# torch's sizes are 64-bit: past this it cannot take the size at all ("Overflow when unpacking
+# long long", an internal error); below it, a size no machine holds fails to allocate (_too_big)
+MAX_EXTENT = 2**63 - 1
+
+
 def _load(spec: str, batch: int | None, image: int | None, seq: int | None,
           seed: int) -> tuple[torch.nn.Module, tuple]:
     from .hf import is_hf_spec, load_hf
+    for name, value in (("batch", batch), ("image", image), ("seq", seq)):
+        if value is not None and value > MAX_EXTENT:
+            raise CaptureError(spec, f"--{name} {value} does not fit a tensor's 64-bit "
+                               f"size (at most {MAX_EXTENT}); use a smaller --{name}")
     if is_hf_spec(spec):
         return _check_result(spec, load_hf(spec, batch, image, seq, seed))
     if ":" not in spec:
