@@ -109,16 +109,7 @@ def plan_from_dict(obj: Any, source: str = "<plan>") -> Plan:
                 arena=arena_from_dict(obj["arena"], source) if "arena" in obj else None)
 
 
-# The simulator's figures that the board's summary, the run report and `plan`'s table print or
-# compare: a damaged one was a TypeError mid-run ("run stopped: TypeError"), not a bad plan.
-_PREDICTED_COUNTS = ("peak_bytes", "computes", "recomputed", "page_ins", "page_outs",
-                     "paged_bytes")
-_PREDICTED_FIGURES = ("compute_time_s", "paging_time_s", "energy_compute_j", "energy_paging_j",
-                      "energy_static_j", "home_io_time_s", "home_io_energy_j", "time_s",
-                      "energy_j", "objective_value", "tdi_percent")
-_PREDICTED_OPTIONAL = ("step_time_s", "io_busy_s", "io_wait_s", "io_slowed_s",
-                       "paging_hidden_share")  # null where the plan pages nothing
-_ABSENT = object()
+_ABSENT = object()  # a default that tells a field left out (fine) from one set to null (refused)
 
 
 def _solver(r: Reader) -> dict[str, Any]:
@@ -131,6 +122,17 @@ def _solver(r: Reader) -> dict[str, Any]:
         solver.number(key, None, minimum=None)
     solver.integer("workers", None, minimum=1)
     return solver.obj
+
+
+# The simulator's figures that the board's summary, the run report and `plan`'s table print or
+# compare: a damaged one was a TypeError mid-run ("run stopped: TypeError"), not a bad plan.
+_PREDICTED_COUNTS = ("peak_bytes", "computes", "recomputed", "page_ins", "page_outs",
+                     "paged_bytes")
+_PREDICTED_FIGURES = ("compute_time_s", "paging_time_s", "energy_compute_j", "energy_paging_j",
+                      "energy_static_j", "home_io_time_s", "home_io_energy_j", "time_s",
+                      "energy_j", "objective_value", "tdi_percent")
+_PREDICTED_OPTIONAL = ("step_time_s", "io_busy_s", "io_wait_s", "io_slowed_s",
+                       "paging_hidden_share")  # null where the plan pages nothing
 
 
 def _predicted(r: Reader) -> dict[str, Any]:
