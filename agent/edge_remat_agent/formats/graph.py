@@ -140,14 +140,13 @@ def graph_from_dict(obj: Any, source: str = "<graph>") -> Graph:
     check_header(reader, "graph", VERSIONS)
     reader.reject_unknown(_GRAPH_FIELDS)
     nodes = [_node_from(reader.item("nodes", i)) for i in range(len(reader.list("nodes")))]
-    capture = reader.child("capture", None)
-    if capture is not None:
-        check_capture(capture)
+    capture = reader.child("capture", {})  # null or left out: {}
+    check_capture(capture)
     graph = Graph(nodes=nodes, name=reader.str("name", "graph"),
                   fixed_bytes=reader.integer("fixed_bytes", 0),
                   batch=reader.integer("batch", None, minimum=1),
                   dtype=reader.str("dtype", None),
-                  capture=capture.obj if capture is not None else {},
+                  capture=capture.obj,
                   cost_source=reader.str("cost_source", "unknown"),
                   planning_only=bool(reader.raw("planning_only", False)))
     check_order(graph, source)
@@ -173,14 +172,13 @@ def _node_from(r: Reader) -> Node:
     for i, dep in enumerate(inputs):
         if isinstance(dep, bool) or not isinstance(dep, (int, str)):
             raise r.error(f"inputs[{i}]", "a node id (integer or string)", dep)
-    attrs = r.child("attrs", None)
-    if attrs is not None:
-        check_node_attrs(attrs)
+    attrs = r.child("attrs", {})  # null or left out: {}
+    check_node_attrs(attrs)
     return Node(id=node_id, name=r.str("name", str(node_id)), kind=r.str("kind", "forward", KINDS),
                 op=r.str("op", "unknown"), inputs=list(inputs), out_bytes=r.integer("out_bytes"),
                 workspace_bytes=r.integer("workspace_bytes", 0), time_s=r.number("time_s", None),
                 energy_j=r.number("energy_j", None), signature=r.str("signature", None),
-                attrs=attrs.obj if attrs is not None else {})
+                attrs=attrs.obj)
 
 
 def check_order(graph: Graph, source: str, inputs_field: str = "inputs") -> None:
