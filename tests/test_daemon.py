@@ -333,6 +333,45 @@ def test_bad_requests_get_clear_errors(daemon):
     assert err.value.code == "protocol" and "protocol 1" in err.value.message
 
 
+@pytest.mark.parametrize("request_type, fields, code", [
+    ("submit", {"kind": ["echo"], "params": {}}, "unknown_kind"),
+    ("submit", {"kind": "echo", "params": {}, "job": [1]}, "bad_request"),
+    ("submit", {"kind": "echo", "params": {}, "job": 7}, "bad_request"),
+    ("get_file", {"path": "inputs/x.bin", "length": -1}, "bad_request"),
+    ("get_file", {"path": "inputs/x.bin", "length": "all"}, "bad_request"),
+    ("get_file", {"path": "inputs/x.bin", "length": None}, "bad_request"),
+    ("get_file", {"path": "inputs/x.bin", "offset": True}, "bad_request"),
+    ("put_file", {"path": "inputs/y.bin", "offset": True, "size": 5, "sha256": "0" * 64},
+     "bad_request"),
+])
+def test_a_field_of_the_wrong_type_is_a_bad_request_not_an_internal_error(
+        daemon, tmp_path, request_type, fields, code):
+    # Found by sending random requests to a daemon: these answered "internal" with a Python
+    # error (unhashable list, int("all")), and a negative length read the whole file into one
+    # reply. The connection stays usable after each refusal.
+    board = daemon()
+    (tmp_path / "board" / "inputs").mkdir(exist_ok=True)
+    (tmp_path / "board" / "inputs" / "x.bin").write_bytes(b"x" * 1000)
+    client = board.client()
+    with pytest.raises(RemoteError) as refused:
+        client.call(request_type, **fields)
+    assert refused.value.code == code, refused.value.message
+    assert client.call("ping")[0]["ok"]
+
+
+def test_an_answer_over_the_frame_limit_is_an_error_reply_not_a_dropped_link(daemon):
+    # Four jobs with 400 kB of params each make a job list over the 1 MiB header limit; the
+    # daemon's connection thread died on it and the host saw the link close.
+    client = daemon().client()
+    for i in range(4):
+        client.call("submit", kind="echo", params={"fail": "x", "pad": "a" * 400_000},
+                    job=f"big{i}")
+    with pytest.raises(RemoteError, match="too large to send") as refused:
+        client.call("jobs")
+    assert refused.value.code == "internal"
+    assert client.call("job", job="big0")[0]["job"]["id"] == "big0"
+
+
 def test_refuses_to_listen_on_a_public_interface(tmp_path):
     result = subprocess.run(agent_command() + ["serve", "--tcp", "0.0.0.0:7070", "--workdir",
                                                str(tmp_path)], capture_output=True, text=True,

@@ -43,6 +43,12 @@ def _sha(request: dict) -> str:
     return sha.lower()
 
 
+def _count(value: object) -> bool:
+    """Whether a request's field is a byte count or offset: an integer >= 0 (JSON's true and
+    false are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _part_path(final: Path, sha: str) -> Path:
     return final.with_name(f".{final.name}.{sha[:16]}.part")
 
@@ -68,7 +74,7 @@ def put_file(layout: Layout, request: dict, body: bytes, allow_code: bool = True
                                         "(a new agent comes over SSH or serial)")
     sha = _sha(request)
     size, offset = request.get("size"), request.get("offset")
-    if not isinstance(size, int) or not isinstance(offset, int) or size < 0 or offset < 0:
+    if not _count(size) or not _count(offset):
         raise RequestError(BAD_REQUEST, "put_file needs integer size and offset")
     if offset + len(body) > size:
         raise RequestError(BAD_REQUEST, f"chunk ends at {offset + len(body)}, past the "
@@ -110,10 +116,12 @@ def put_file(layout: Layout, request: dict, body: bytes, allow_code: bool = True
 
 def get_file(layout: Layout, request: dict) -> "tuple[dict, bytes]":
     path = _path(layout, request)
-    offset = request.get("offset", 0)
-    length = min(int(request.get("length", MAX_CHUNK)), MAX_CHUNK)
-    if not isinstance(offset, int) or offset < 0:
+    offset, length = request.get("offset", 0), request.get("length", MAX_CHUNK)
+    if not _count(offset):
         raise RequestError(BAD_REQUEST, "get_file needs a non-negative integer offset")
+    if not _count(length):  # a negative length would read the whole file into one reply
+        raise RequestError(BAD_REQUEST, "get_file needs a non-negative integer length")
+    length = min(length, MAX_CHUNK)
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size

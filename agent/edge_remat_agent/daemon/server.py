@@ -317,8 +317,10 @@ class Daemon:
         kind, params, job_id = request.get("kind"), request.get("params", {}), request.get("job")
         if not isinstance(params, dict):
             raise RequestError(BAD_REQUEST, "submit: params must be a JSON object")
+        if job_id is not None and not isinstance(job_id, str):
+            raise RequestError(BAD_REQUEST, "submit: job must be a job id (a string) or left out")
         kinds = job_kinds()
-        if kind not in kinds:
+        if not isinstance(kind, str) or kind not in kinds:
             raise RequestError(UNKNOWN_KIND, f"this agent has no job kind {kind!r} (it has: "
                                              f"{', '.join(sorted(kinds))})")
         if kinds[kind].needs_torch and torch_version() is None:
@@ -389,6 +391,9 @@ def _send_quietly(stream: FrameStream, header: dict, body: bytes = b"") -> bool:
     try:
         stream.send(header, body)
         return True
+    except ProtocolError as exc:  # the answer is over the frame limits: say so instead
+        return _send_quietly(stream, error_reply(header, INTERNAL, f"the answer is too large "
+                                                 f"to send: {exc}"))
     except OSError:
         return False
 
