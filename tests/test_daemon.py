@@ -359,6 +359,41 @@ def test_a_field_of_the_wrong_type_is_a_bad_request_not_an_internal_error(
     assert client.call("ping")[0]["ok"]
 
 
+def test_random_requests_are_each_answered_and_none_is_an_internal_error(daemon, tmp_path):
+    """Seeded random requests: every type (and unknown ones), each with a few fields set to
+    values of every JSON type (null, booleans, huge and negative numbers, strings that are
+    paths out of the workdir, lists, objects). Each gets an answer on the same connection, and
+    none is `internal` (a Python error in the daemon, not a refusal). Jobs submitted are echo
+    jobs, which end at once whatever their params."""
+    import random
+    rng = random.Random(7)
+    board = daemon()
+    (tmp_path / "board" / "inputs").mkdir(exist_ok=True)
+    (tmp_path / "board" / "inputs" / "x.bin").write_bytes(b"x" * 5000)
+    values = [None, True, False, 0, -1, 2**70, 1.5, "", "x", "../../etc/passwd", "/etc/passwd",
+              "inputs/x.bin", "inputs", [], [1], {}, {"a": 1}]
+    fields = ["protocol", "client", "page_dir", "kind", "params", "job", "after_rev",
+              "timeout_s", "path", "sha256", "hash", "size", "offset", "length", "if_idle"]
+    types = ["hello", "ping", "sysinfo", "submit", "job", "wait", "jobs", "cancel",
+             "stat_file", "put_file", "get_file", "dance", None, 5]
+    client = board.client()
+    codes = set()
+    for _ in range(300):
+        request = {field: rng.choice(values) for field in rng.sample(fields, rng.randint(0, 4))}
+        kind = rng.choice(types)
+        if kind == "submit" and rng.random() < 0.5:
+            request.update(kind="echo", params={"x": rng.choice(values)})
+        if kind == "wait":
+            request["timeout_s"] = 0.01  # a long poll's other fields still vary
+        try:
+            client.call(kind, os.urandom(rng.choice([0, 10, 3000])), **request)
+            codes.add("ok")
+        except RemoteError as refused:
+            assert refused.code != "internal", (kind, request, refused.message)
+            codes.add(refused.code)
+    assert {"ok", "bad_request", "unknown_job", "unknown_kind", "protocol"} <= codes, codes
+
+
 def test_an_answer_over_the_frame_limit_is_an_error_reply_not_a_dropped_link(daemon):
     # Four jobs with 400 kB of params each make a job list over the 1 MiB header limit; the
     # daemon's connection thread died on it and the host saw the link close.
