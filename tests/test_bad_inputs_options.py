@@ -102,6 +102,9 @@ OTHER_OPTION_CASES = [
      ["KEY=VALUE"]),
     ("job: --params not an object", ["job", "echo", "--device", "local", "--params", "[1]"],
      ["JSON object"]),
+    # it said "expected a JSON object, got 'Expecting value'": the parser's words as the value
+    ("job: --params not JSON", ["job", "echo", "--device", "local", "--params", "{seconds: 1}"],
+     ["got '{seconds: 1}'", "it is not JSON (Expecting property name"]),
     ("job: missing input file", ["job", "echo", "--device", "local", "--input", "x=nope.bin"],
      ["nope.bin"]),
 ]

@@ -233,7 +233,8 @@ def parse_params(params_json: Optional[str], pairs: List[str]) -> dict:
         try:
             params = json.loads(params_json)
         except json.JSONDecodeError as exc:
-            raise FormatError("command line", "--params", "a JSON object", exc.msg) from None
+            raise FormatError("command line", "--params", "a JSON object", params_json,
+                              f"it is not JSON ({exc.msg} at character {exc.pos})") from None
         if not isinstance(params, dict):
             raise FormatError("command line", "--params", "a JSON object", params)
     for pair in pairs:
