@@ -76,6 +76,10 @@ OTHER_OPTION_CASES = [
     ("graph: batch no machine holds", ["graph", "--model", "mlp", "--batch", str(10**11),
                                        "-o", "g.json"],
      [f"example inputs of batch {10**11}", "cannot allocate", "use a smaller --batch"]),
+    # it said "of batch 2 ... use a smaller --batch", where the image was what no machine holds
+    ("graph: image no machine holds", ["graph", "--model", "mlp", "--batch", "2", "--image",
+                                       str(10**6), "-o", "g.json"],
+     [f"example inputs of batch 2, image {10**6}", "use a smaller --batch or --image"]),
     # past 64 bits torch cannot even take the size: "Overflow when unpacking long long", exit 70
     ("graph: batch past a tensor's extent", ["graph", "--model", "mlp", "--batch", str(10**21),
                                              "-o", "g.json"],

@@ -88,7 +88,7 @@ def _load(spec: str, batch: int | None, image: int | None, seq: int | None,
                                "and seed (by those names), each with a default or given "
                                "on the command line") from exc
         except Exception as exc:  # noqa: BLE001 - the user's code: say what it raised
-            raise _too_big(spec, batch, exc) or CaptureError(
+            raise _too_big(spec, kwargs, exc) or CaptureError(
                 spec, f"the factory raised {raised(exc)}") from exc
     return _check_result(spec, result)
 
@@ -103,21 +103,27 @@ def _from_zoo(name, batch, image, seq, seed):
     except ZooError as exc:
         raise CaptureError(name, str(exc)) from exc
     except (RuntimeError, MemoryError) as exc:
-        raise _too_big(name, batch, exc) or exc
+        from ..zoo import READS
+        raise _too_big(name, {"batch": batch, READS[name]: image if READS[name] == "image"
+                              else seq}, exc) or exc
 
 
-def _too_big(spec: str, batch: int | None, exc: BaseException) -> CaptureError | None:
-    """The example inputs are real tensors (the weights are not): a --batch this machine
-    cannot allocate is bad input, said with the size, not an internal error. None where
-    `exc` is no failed allocation."""
+def _too_big(spec: str, shape: dict, exc: BaseException) -> CaptureError | None:
+    """The example inputs are real tensors (the weights are not): a --batch, --image or --seq
+    this machine cannot allocate is bad input, said with the size, not an internal error.
+    `shape`: the shape options the model reads, as given (None: left out). None where `exc`
+    is no failed allocation."""
     import re
     tried = re.search(r"tried to allocate (\d+) bytes", str(exc))
     if not (tried or isinstance(exc, MemoryError)):
         return None
     from ..units import format_size
     size = f"a {format_size(int(tried.group(1)))} tensor" if tried else "them"
-    what, todo = ((f"the example inputs of batch {batch}", "use a smaller --batch") if batch
-                  else ("the example inputs", "make smaller example inputs"))
+    given = {name: value for name, value in shape.items() if name != "seed" and value}
+    what = "the example inputs" + (" of " + ", ".join(f"{name} {value}" for name, value
+                                                       in given.items()) if given else "")
+    todo = ("use a smaller " + " or ".join(f"--{name}" for name in given) if given
+            else "make smaller example inputs")
     return CaptureError(spec, f"cannot build {what}: this machine cannot allocate {size}; "
                         f"{todo}")
 
