@@ -76,6 +76,12 @@ OTHER_OPTION_CASES = [
     ("graph: batch no machine holds", ["graph", "--model", "mlp", "--batch", str(10**11),
                                        "-o", "g.json"],
      [f"example inputs of batch {10**11}", "cannot allocate", "use a smaller --batch"]),
+    # below 2^63 but with the bytes of the whole input past 64 bits: "Storage size calculation
+    # overflowed", exit 70
+    ("graph: batch whose bytes pass 64 bits", ["graph", "--model", "mlp", "--batch",
+                                               str(2**62), "-o", "g.json"],
+     [f"example inputs of batch {2**62}", "size in bytes passes 64 bits",
+      "use a smaller --batch"]),
     # it said "of batch 2 ... use a smaller --batch", where the image was what no machine holds
     ("graph: image no machine holds", ["graph", "--model", "mlp", "--batch", "2", "--image",
                                        str(10**6), "-o", "g.json"],

@@ -115,17 +115,19 @@ def _too_big(spec: str, shape: dict, exc: BaseException) -> CaptureError | None:
     is no failed allocation."""
     import re
     tried = re.search(r"tried to allocate (\d+) bytes", str(exc))
-    if not (tried or isinstance(exc, MemoryError)):
+    overflowed = "size calculation overflowed" in str(exc)  # the bytes pass 64 bits
+    if not (tried or overflowed or isinstance(exc, MemoryError)):
         return None
     from ..units import format_size
     size = f"a {format_size(int(tried.group(1)))} tensor" if tried else "them"
+    why = ("their size in bytes passes 64 bits" if overflowed
+           else f"this machine cannot allocate {size}")
     given = {name: value for name, value in shape.items() if name != "seed" and value}
     what = "the example inputs" + (" of " + ", ".join(f"{name} {value}" for name, value
                                                        in given.items()) if given else "")
     todo = ("use a smaller " + " or ".join(f"--{name}" for name in given) if given
             else "make smaller example inputs")
-    return CaptureError(spec, f"cannot build {what}: this machine cannot allocate {size}; "
-                        f"{todo}")
+    return CaptureError(spec, f"cannot build {what}: {why}; {todo}")
 
 
 def _import(module_part: str, spec: str):
