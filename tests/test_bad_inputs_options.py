@@ -108,6 +108,11 @@ OTHER_OPTION_CASES = [
                               "--profile", "nope.json"], ["nope.json"]),
     ("run: unknown device", ["run", "--device", "no-such-board", "--model", "mlp",
                              "--budget", "0.5"], ["no-such-board"]),
+    # it said "give a step before --steps 1 (1 to 0)"
+    ("run: --stop-after in a run of one step", ["run", "--device", "local", "--model", "mlp",
+                                                "--budget", "0.9", "--steps", "1",
+                                                "--stop-after", "1"],
+     ["a run of --steps 1 has no step to stop after", "--steps of 2 or more"]),
     ("job: bad --param", ["job", "echo", "--device", "local", "--param", "novalue"],
      ["KEY=VALUE"]),
     ("job: --params not an object", ["job", "echo", "--device", "local", "--params", "[1]"],

@@ -359,6 +359,26 @@ def test_the_agents_help_lists_only_the_commands_a_person_runs(capsys, tmp_path)
         capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command,label", [
+    (["plan", "--graph", "GRAPH", "--budget", "0.9", "--profile", ""], "--profile"),
+    (["plan", "--graph", "", "--budget", "0.9"], "--graph"),
+    (["simulate", "", "--graph", "GRAPH"], "PLAN"),
+    (["run", "--device", "local", "--model", "mlp", "--budget", "0.9", "--resume", ""],
+     "--resume"),
+    (["job", "echo", "--device", ""], "--device"),
+    (["job-status", "", "--device", "local"], "ID"),
+], ids=["plan-profile", "plan-graph", "simulate-plan", "run-resume", "job-device", "job-id"])
+def test_an_empty_value_is_refused_not_read_as_left_out(tmp_path, command, label):
+    # An unset shell variable (`--resume "$OUT"`): `--profile ''` planned with no profile,
+    # `--resume ''` trained from step 1, `--graph ''` read the folder '.', `--device ''` was
+    # "ambiguous: it could be android-termux, ..."; outputs keep their own words (below).
+    graph = tiny_graph(tmp_path)
+    command = [str(graph) if arg == "GRAPH" else arg for arg in command]
+    proc = cli(*command, "-o", tmp_path / "out.json") if command[0] == "plan" else cli(*command)
+    refused(proc, BAD_INPUT, f"{label} is empty: give a value")
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_plot_names_the_kind_of_file_given_for_a_sweep(tmp_path):
     plan = tiny_plan(tmp_path, tiny_graph(tmp_path))
     refused(cli("plot", "--sweep", plan, "--out", tmp_path / "plots"), BAD_INPUT,

@@ -237,11 +237,14 @@ def run_script(main) -> None:
 def cli_errors(command):
     """Decorate a command: any exception becomes `fail(...)` (with --debug, after its
     traceback)."""
+    labels = option_labels(command)
+
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         from .outputs import count_folders_made_from_now
         count_folders_made_from_now()
         try:
+            refuse_empty_values(labels, kwargs)
             return command(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - the one place every failure ends
             if stdout_closed(exc):  # before typer sees it: it would exit 1, a failed job
@@ -255,6 +258,35 @@ def cli_errors(command):
                 code, message, extra = classify(exc)
                 fail(message, code, bool(kwargs.get("as_json")), **extra)
     return wrapper
+
+
+# Outputs: refused where they are written (outputs.py), with what they name.
+_OUTPUT_PARAMS = {"output", "out"}
+
+
+def option_labels(command) -> dict[str, str]:
+    """The command's parameters by name -> how the user writes each: its longest option name
+    (`--profile`), or an argument's metavar (`PLAN`)."""
+    import inspect
+    labels = {}
+    for name, parameter in inspect.signature(command).parameters.items():
+        info = parameter.default
+        decls = [d for d in getattr(info, "param_decls", None) or () if d.startswith("-")]
+        labels[name] = max(decls, key=len) if decls else \
+            (getattr(info, "metavar", None) or name.upper()).strip("[]. ")  # [NAME]...: NAME
+    return labels
+
+
+def refuse_empty_values(labels: dict[str, str], kwargs: dict) -> None:
+    """An option or argument given as '' (an unset shell variable: `--resume "$OUT"`) names
+    nothing, and the commands, which test an option's truth, read it as not given: a profile
+    measured anew, a run trained from step 1 instead of resumed, '.' read as the graph. No
+    option takes '' for a value."""
+    for name, value in kwargs.items():
+        given = value if isinstance(value, (list, tuple)) else [value]
+        if name in labels and name not in _OUTPUT_PARAMS and any(
+                isinstance(v, str) and not v.strip() for v in given):
+            raise UserError(f"{labels[name]} is empty: give a value")
 
 
 @contextlib.contextmanager

@@ -213,6 +213,9 @@ def check_checkpoint_options(opts: RunOptions) -> None:
     if opts.checkpoint_every is not None and opts.checkpoint_every < 1:
         raise RunProblem(f"--checkpoint-every must be at least 1 step, not "
                          f"{opts.checkpoint_every}")
+    if opts.stop_after is not None and opts.steps < 2:
+        raise RunProblem(f"--stop-after {opts.stop_after}: a run of --steps {opts.steps} has no "
+                         "step to stop after before its last; give --steps of 2 or more")
     if opts.stop_after is not None and not 1 <= opts.stop_after < opts.steps:
         raise RunProblem(f"--stop-after {opts.stop_after}: give a step before --steps "
                          f"{opts.steps} (1 to {opts.steps - 1}); the run stops there with a "
