@@ -325,6 +325,25 @@ def test_the_agents_commands_refuse_an_empty_output_name_before_any_work(tmp_pat
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("command,words", [
+    (["run", "plan.json", "--graph", ""], "--graph is empty: give a value"),
+    (["run", "plan.json", "--graph="], "--graph is empty: give a value"),
+    (["check-plan", "", "--graph", "graph.json"], "an argument is empty: give a value"),
+])
+def test_the_agents_commands_refuse_an_empty_value(tmp_path, command, words):
+    # As the host's commands do: `--graph ''` was "error: .: ... 'Is a directory'"
+    import subprocess
+    import sys
+    from helpers.bad_inputs import env
+    graph = tiny_graph(tmp_path)
+    tiny_plan(tmp_path, graph)
+    graph.rename(tmp_path / "graph.json")
+    proc = subprocess.run([sys.executable, "-m", "edge_remat_agent", *command],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env())
+    line = refused(proc, BAD_INPUT, words)
+    assert proc.stderr.strip().splitlines() == [line]
+
+
 def test_an_error_no_agent_command_foresaw_is_one_line(monkeypatch, capsys):
     # e.g. a model whose own code raises in the gradient check's eager step (an hf model fed
     # more tokens than it has positions): one line, and the traceback on request

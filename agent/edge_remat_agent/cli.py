@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     run_command.add_parser(sub)
 
     args = parser.parse_args(argv)
+    if (empty := _empty_value(argv)) is not None:
+        print(f"error: {empty}", file=sys.stderr)
+        return 2
     if args.command == "version":
         print(__version__)
         return 0
@@ -162,6 +165,20 @@ def main(argv: list[str] | None = None) -> int:
               f"{lines[0] if lines else ''} (EDGE_REMAT_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return 1
+
+
+def _empty_value(argv: list[str]) -> str | None:
+    """The error where an option or argument is given as '' (an unset shell variable): the
+    commands would read it as left out, or as this folder ('--graph ""' was "'.' is a
+    directory"). -o keeps its own words (output_names.empty_name, said by each command)."""
+    for k, token in enumerate(argv):
+        option = argv[k - 1] if k and argv[k - 1].startswith("-") else None
+        if token.startswith("--") and token.endswith("="):
+            option, token = token[:-1], ""
+        if token.strip() or option in ("-o", "--output"):
+            continue
+        return f"{option or 'an argument'} is empty: give a value"
+    return None
 
 
 # The commands a person runs on the board: an error nobody foresaw (a model's own code raising
