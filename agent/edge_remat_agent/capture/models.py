@@ -104,8 +104,9 @@ def _from_zoo(name, batch, image, seq, seed):
         raise CaptureError(name, str(exc)) from exc
     except (RuntimeError, MemoryError) as exc:
         from ..zoo import READS
-        raise _too_big(name, {"batch": batch, READS[name]: image if READS[name] == "image"
-                              else seq}, exc) or exc
+        reads = READS[name]  # its one shape option besides the batch: the other has no effect
+        shape = {"batch": batch, reads: {"image": image, "seq": seq}[reads]}
+        raise _too_big(name, shape, exc) or exc
 
 
 def _too_big(spec: str, shape: dict, exc: BaseException) -> CaptureError | None:
