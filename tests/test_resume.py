@@ -242,3 +242,31 @@ def test_the_training_identity_holds_the_trainable_dtype():
     said = identity_mismatch(mixed, training_identity(RunOptions(**lora)))
     assert said is not None and said.startswith(
         "the checkpoint's run had --trainable-dtype fp32, this run has (not given)")
+
+
+@pytest.mark.parametrize("record,field", [
+    ('{"jobs": [5], "checkpoint_every": 1}', "'jobs[0]': expected a JSON object"),
+    ('{"jobs": [{"job": "run-1"}]}', "'jobs[0].device': expected a value"),
+    ('{"jobs": [], "checkpoint_every": "x"}', "'checkpoint_every': expected an integer"),
+    ('[1]', "'<root>': expected a JSON object"),
+], ids=["job-a-number", "job-without-device", "every-a-word", "a-list"])
+def test_a_damaged_checkpoint_record_is_refused_naming_its_field(tmp_path, record, field):
+    # OUT/checkpoint.json's jobs say where --resume looks for a newer checkpoint than OUT's; a
+    # damaged one was read as it was: `run --resume OUT` ended in an internal error
+    # (AttributeError: 'int' object has no attribute 'get').
+    from edge_remat.run.options import RunProblem
+    from edge_remat.run.resume import read_record
+    (tmp_path / "checkpoint.json").write_text(record)
+    with pytest.raises(RunProblem) as refused:
+        read_record(tmp_path)
+    assert field in str(refused.value) and "remove" in str(refused.value)
+
+
+def test_a_checkpoint_record_reads_as_written(tmp_path):
+    from edge_remat.run.resume import note_job, read_record
+    note_job(tmp_path, "run-1", "bench", 2, resumed=False)
+    note_job(tmp_path, "run-2", "bench", 2, resumed=True)
+    assert read_record(tmp_path) == {"jobs": [{"job": "run-2", "device": "bench"},
+                                              {"job": "run-1", "device": "bench"}],
+                                     "checkpoint_every": 2}
+    assert read_record(tmp_path / "none") == {}
