@@ -407,6 +407,27 @@ def test_an_answer_over_the_frame_limit_is_an_error_reply_not_a_dropped_link(dae
     assert client.call("job", job="big0")[0]["job"]["id"] == "big0"
 
 
+def test_a_damaged_job_record_is_ignored_and_the_daemon_serves(daemon, tmp_path):
+    # A job.json edited by hand ("order": "x") stopped the daemon from starting at all
+    # (ValueError while loading the records): the board answered nobody until it was removed.
+    first = daemon()
+    client = first.client()
+    job = client.call("submit", kind="echo", params={"x": 1}, job="kept")[0]["job"]
+    assert wait_done(client, job["id"])["state"] == "finished"
+    client.close()
+    first.stop()
+    for name, damage in [("order", {"order": "x"}), ("state", {"state": "weird"}),
+                         ("params", {"params": 5})]:
+        damaged = tmp_path / "board" / "jobs" / f"damaged-{name}"
+        damaged.mkdir(parents=True)
+        record = json.loads((tmp_path / "board" / "jobs" / "kept" / "job.json").read_text())
+        (damaged / "job.json").write_text(json.dumps({**record, "id": damaged.name, **damage}))
+    client = daemon().client()
+    assert [j["id"] for j in client.call("jobs")[0]["jobs"]] == ["kept"]
+    job = client.call("submit", kind="echo", params={"x": 2})[0]["job"]
+    assert wait_done(client, job["id"])["state"] == "finished"
+
+
 def test_refuses_to_listen_on_a_public_interface(tmp_path):
     result = subprocess.run(agent_command() + ["serve", "--tcp", "0.0.0.0:7070", "--workdir",
                                                str(tmp_path)], capture_output=True, text=True,

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..wire.protocol import TERMINAL_STATES
+from ..wire.protocol import STATES, TERMINAL_STATES
 from .layout import JOB_ID, Layout
 
 _log = logging.getLogger(__name__)
@@ -41,6 +41,18 @@ def read_json(path: Path) -> Optional[dict]:
     return value if isinstance(value, dict) else None
 
 
+def _well_formed(record: Optional[dict], job_id: str) -> bool:
+    """Whether a job.json read back holds what the daemon reads of every record: a damaged
+    one (edited by hand, a disk's fault) stopped the daemon from starting at all ("order":
+    "x" was a ValueError), and the board answered nobody until it was removed."""
+    def count(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return (record is not None and record.get("id") == job_id
+            and isinstance(record.get("kind"), str) and isinstance(record.get("params"), dict)
+            and record.get("state") in STATES and count(record.get("order"))
+            and count(record.get("rev")) and count(record.get("restarts", 0)))
+
+
 class JobStore:
     def __init__(self, layout: Layout):
         self.layout = layout
@@ -50,7 +62,7 @@ class JobStore:
     def load(self) -> None:
         for job_json in sorted(self.layout.jobs_dir.glob("*/job.json")):
             record = read_json(job_json)
-            if record is None or record.get("id") != job_json.parent.name:
+            if not _well_formed(record, job_json.parent.name):
                 _log.warning("ignoring unreadable job record %s", job_json)
                 continue
             record["progress"] = read_json(job_json.parent / "progress.json")
