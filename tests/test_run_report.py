@@ -187,6 +187,25 @@ def test_a_measured_profile_is_cached_and_reused(tmp_path, monkeypatch):
     assert other.how == "measured"  # another model: measured again
 
 
+def test_a_damaged_cached_profile_is_measured_again_and_said(tmp_path, monkeypatch):
+    # A cached profile damaged on disk stopped every run on that board ("field
+    # 'ram_total_bytes': expected an integer") until someone found and removed the file.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    device = load_device(REPO / "device_configs" / "rpi4.toml")
+    board = FakeBoard(["profile"], REPO / "profiles" / "this-machine.json")
+    model, said = {"model": "digits-cnn", "batch": None}, []
+    first = run_profiles.choose_profile(board, device, model, tmp_path / "g.json", tmp_path)
+    damaged = json.loads(first.cached_at.read_text())
+    first.cached_at.write_text(json.dumps(dict(damaged, ram_total_bytes="lots")))
+    again = run_profiles.choose_profile(board, device, model, tmp_path / "g.json", tmp_path,
+                                        say=said.append)
+    assert again.how == "measured" and board.jobs == ["profile"] * 2
+    assert any("the cached profile is damaged" in line and "ram_total_bytes" in line
+               for line in said), said
+    assert run_profiles.choose_profile(board, device, model, tmp_path / "g.json",
+                                       tmp_path).how == "cached"  # the cache made whole
+
+
 def test_a_cached_profile_without_timed_nodes_is_measured_again_once_the_board_has_room(
         tmp_path, monkeypatch):
     """A board without room for a plain step is profiled without its nodes. The cache keys on

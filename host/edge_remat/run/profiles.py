@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from edge_remat_agent.formats import Profile, load_profile
+from edge_remat_agent.formats import FormatError, Profile, load_profile
 
 from ..devices import DeviceConfig
 from ..shipped import shipped_dir
@@ -100,8 +100,8 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
         return _limited(ChosenProfile(load_profile(given), Path(given), "given"), device)
     key = cache_key(board.sysinfo(), model)
     cached = cache_dir() / f"{key}.json"
-    if cached.is_file() and not reprofile:
-        profile = load_profile(cached)
+    profile = _cached(cached, say) if not reprofile else None
+    if profile is not None:
         if profile.ops or not _room_now(board, graph_path, measuring_board):
             return _limited(ChosenProfile(profile, cached, "cached", cached), device)
         say(f"{board.name}: the cached profile timed no nodes (there was no room for a plain "
@@ -130,6 +130,18 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
         say(f"{device.name}: its agent cannot measure; planning with the modelled {modelled.name}")
         return ChosenProfile(load_profile(modelled), modelled, "modelled")
     return ChosenProfile(None, None, "none")
+
+
+def _cached(path: Path, say: Callable[[str], None]):
+    """The cached profile, None where there is none; a damaged one (a disk's fault, an edit)
+    is measured again, where it stopped every run on that board until someone removed it."""
+    if not path.is_file():
+        return None
+    try:
+        return load_profile(path)
+    except FormatError as damaged:
+        say(f"warning: the cached profile is damaged ({damaged}); it is measured again")
+        return None
 
 
 def _room_now(board, graph_path: Path, measuring_board) -> bool:
