@@ -390,7 +390,8 @@ def test_the_agents_help_lists_only_the_commands_a_person_runs(capsys, tmp_path)
 def test_an_empty_value_is_refused_not_read_as_left_out(tmp_path, command, label):
     # An unset shell variable (`--resume "$OUT"`): `--profile ''` planned with no profile,
     # `--resume ''` trained from step 1, `--graph ''` read the folder '.', `--device ''` was
-    # "ambiguous: it could be android-termux, ..."; outputs keep their own words (below).
+    # "ambiguous: it could be android-termux, ..."; outputs keep their own words
+    # (test_bad_inputs_options.py).
     graph = tiny_graph(tmp_path)
     command = [str(graph) if arg == "GRAPH" else arg for arg in command]
     proc = cli(*command, "-o", tmp_path / "out.json") if command[0] == "plan" else cli(*command)

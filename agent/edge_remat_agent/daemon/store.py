@@ -45,12 +45,17 @@ def _well_formed(record: Optional[dict], job_id: str) -> bool:
     """Whether a job.json read back holds what the daemon reads of every record: a damaged
     one (edited by hand, a disk's fault) stopped the daemon from starting at all ("order":
     "x" was a ValueError), and the board answered nobody until it was removed."""
-    def count(value: object) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return (record is not None and record.get("id") == job_id
-            and isinstance(record.get("kind"), str) and isinstance(record.get("params"), dict)
-            and record.get("state") in STATES and count(record.get("order"))
-            and count(record.get("rev")) and count(record.get("restarts", 0)))
+    from ..formats import FormatError
+    from ..formats.fields import Reader
+    if record is None or record.get("id") != job_id:
+        return False
+    try:
+        reader = Reader(record, job_id)
+        reader.str("kind"), reader.object("params"), reader.str("state", choices=STATES)
+        reader.integer("order"), reader.integer("rev"), reader.integer("restarts", 0)
+    except FormatError:
+        return False
+    return True
 
 
 class JobStore:
