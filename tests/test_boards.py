@@ -57,6 +57,10 @@ def test_found_by_name_by_prefix_and_by_path(configs):
         find_device("jetson")
     with pytest.raises(DeviceError, match="no device config named 'nope'.*known: .*rpi4"):
         find_device("nope")
+    # a prefix of every name: it said "ambiguous: it could be android-termux, ..." (a fleet
+    # manifest's `device = ""`)
+    with pytest.raises(DeviceError, match="no device named \\(an empty name\\)"):
+        find_device(" ")
 
 
 @pytest.mark.parametrize("body, field", [

@@ -254,6 +254,10 @@ batch = 0
 model = "nosuchmodel"
 [[boards]]
 profile = "no-such-profile.json"
+[[boards]]
+profile = ""
+[[boards]]
+device = ""
 """)
     proc = cli("fleet", "plan", tmp_path / "bad.toml", "--out", tmp_path / "out", "--no-ray",
                environ=env())
@@ -263,9 +267,10 @@ profile = "no-such-profile.json"
     assert all(line.startswith(f"error: {tmp_path / 'bad.toml'}: ") for line in errors), errors
     for word in ("colour", "budgets[1]", "plan.objective", "unknown solver 'magic'",
                  "time_limit must be", "models[0].batch", "no zoo model 'nosuchmodel'",
-                 "boards[0]"):
+                 "boards[0]", "boards[1].profile: is empty",
+                 "boards[2].device: no device named (an empty name)"):
         assert sum(word in line for line in errors) == 1, (word, errors)
-    assert len(errors) == 8  # every mistake at once, the zoo name's included
+    assert len(errors) == 10  # every mistake at once, the zoo name's included
     assert not (tmp_path / "out").exists()  # nothing made before the manifest is right
 
 

@@ -249,6 +249,9 @@ def list_devices() -> "list[DeviceConfig]":
 def find_device(name_or_path: str) -> DeviceConfig:
     """By path (anything ending in .toml or containing a slash), by file name or `name`, or
     by an unambiguous prefix of either."""
+    if not name_or_path.strip():  # a prefix of every name: not "ambiguous", but no name at all
+        raise DeviceError("no device named (an empty name): give a device config's name "
+                          "(`edge-remat devices` lists them) or a path to a .toml")
     if name_or_path.endswith(".toml") or os.sep in name_or_path or "/" in name_or_path:
         return load_device(name_or_path)
     files = config_files()

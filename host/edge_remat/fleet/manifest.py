@@ -356,6 +356,9 @@ def _board(raw: dict, where: str, here: Path, note) -> Optional[BoardEntry]:
         note(where, "give exactly one of `profile` (a profile JSON) and `device` (a device "
                     "config whose shipped profile plans for it)")
         return None
+    if isinstance(profile, str) and not profile.strip():  # here / '' is the manifest's folder
+        note(f"{where}.profile", "is empty: give a profile JSON, or `device` instead")
+        return None
     if device is not None:
         path = _device_profile(str(device), where, note)
         if path is None:
