@@ -171,6 +171,14 @@ def test_a_damaged_missing_or_foreign_init_file_is_one_line(tmp_path):
         read_weights_file(damaged)
     with pytest.raises(BadInput, match=r"^--init .*missing.pt: no such file$"):
         read_weights_file(tmp_path / "missing.pt")
+    # torch's own line goes on to advise weights_only=False (a pickle that can run code) for a
+    # file that holds no weights: only its first sentence is said
+    foreign = tmp_path / "graph.json"
+    foreign.write_text('{"format": "edge-remat/graph"}')
+    with pytest.raises(BadInput) as refused:
+        read_weights_file(foreign)
+    assert "(Weights only load failed)" in str(refused.value)
+    assert "weights_only" not in str(refused.value)
     listed = tmp_path / "list.pt"
     torch.save([torch.zeros(2)], listed)
     with pytest.raises(BadInput, match="holds no dict of named tensors"):
