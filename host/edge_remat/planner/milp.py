@@ -21,6 +21,7 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 import time as clock
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,7 +50,9 @@ MAX_VARIABLES, BYTES_PER_VARIABLE = 400_000, 4500
 @dataclass
 class MilpOutcome:
     decisions: list[StageDecision] | None
-    status: str  # "optimal" | "feasible" | "infeasible" | "timeout" | "failed" (solver crashed)
+    # "optimal" | "feasible" | "infeasible" | "timeout" | "failed" (solver crashed) |
+    # "build-timeout" | "stopped at the time limit" (CBC killed past it, its plan lost)
+    status: str
     objective: float | None  # in the problem's units (seconds or joules)
     bound: float | None
     solve_time_s: float
@@ -89,9 +92,10 @@ def solver_files():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _kill_processes_naming(folder: str) -> None:
+def _kill_processes_naming(folder: str, reap: bool = True) -> None:
     """SIGKILL (CBC may take minutes to obey SIGTERM) every process with a file of `folder` on
-    its command line; reaped where it is this process's child. Linux (/proc) only."""
+    its command line; reaped where it is this process's child, unless `reap` is false (another
+    thread waits for it). Linux (/proc) only."""
     prefix = os.path.join(folder, "").encode()
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -101,9 +105,30 @@ def _kill_processes_naming(folder: str) -> None:
         if int(entry.name) != os.getpid() and any(a.startswith(prefix) for a in args):
             try:
                 os.kill(int(entry.name), signal.SIGKILL)
-                os.waitpid(int(entry.name), 0)
+                if reap:
+                    os.waitpid(int(entry.name), 0)
             except (ProcessLookupError, ChildProcessError, PermissionError):
                 pass  # gone already, or an orphan that init reaps
+
+
+class _Watchdog:
+    """Kills the solver processes naming `files` at `deadline` (a time.perf_counter() time),
+    unless cancelled first; `fired` says whether it did."""
+
+    def __init__(self, files: str, deadline: float):
+        self.files, self.fired = files, False
+        self._timer = threading.Timer(max(0.0, deadline - clock.perf_counter()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        self.fired = True
+        # PuLP's wait for CBC reaps it and sees its exit status: reaped here, it would read
+        # as a clean exit
+        _kill_processes_naming(self.files, reap=False)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 class _OutOfTime(Exception):
@@ -123,7 +148,7 @@ def solve_milp(p: Problem, time_limit: float = 60.0, backend: str = "cbc",
 
     if backend not in BACKENDS:
         raise ValueError(f"MILP backend must be one of {BACKENDS}, got {backend!r}")
-    started = clock.perf_counter()
+    started, limit = clock.perf_counter(), time_limit
     # Past this the time left cannot cover the solver's start (see UNCOVERED_PER_BUILD), so
     # the build stops there and the solver is not started: 241 nodes once took 30 s of a 20 s
     # limit to build, then CBC ran for minutes.
@@ -147,12 +172,19 @@ def solve_milp(p: Problem, time_limit: float = 60.0, backend: str = "cbc",
     else:
         quiet_highspy()  # PuLP's HiGHS makes a solver: its banner is spent first
         solver = pulp.HiGHS(msg=False, timeLimit=time_limit, threads=threads, gapRel=1e-6)
+    # CBC's limit does not reach its root LP: digits-cnn's 192 nodes with paging (204,296
+    # columns) spent 133 s there under -sec 38.6, and `plan --time-limit 60` took 187 s. So
+    # CBC is stopped when the whole limit has passed, with whatever it had found lost.
+    watchdog = _Watchdog(files, started + limit) if backend == "cbc" else None
     try:
         model.prob.solve(solver)
     except pulp.PulpSolverError:  # CBC exited non-zero (once in ~10 runs cut off at 0.5 s,
         # my_model at 50%): no answer from it, which the heuristics' plan outlives
-        return MilpOutcome(None, "failed", None, None, clock.perf_counter() - started,
-                           backend)
+        status = "stopped at the time limit" if watchdog and watchdog.fired else "failed"
+        return MilpOutcome(None, status, None, None, clock.perf_counter() - started, backend)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
     bound = _cbc_bound(log) if backend == "cbc" else _highs_bound(model.prob)
     if bound is not None:  # solvers report the bound without the objective's constant term
         bound += model.prob.objective.constant
