@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import time as clock
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -21,6 +22,7 @@ from .evaluate import Evaluation, evaluate
 from .interrupt import PlanInterrupted, SearchInterrupted
 from .order_portfolio import (RESCUE_TRY_SHARE, OrdersAhead, cheaper_order,
                               first_order_that_plans)
+from .overlap import hoisting_until
 from .problem import InfeasibleBudget, InfeasibleDeadline, Problem, ProblemError
 from .stages import StageDecision, is_plain
 from .status_line import announce
@@ -173,8 +175,11 @@ def run_baselines(p: Problem, time_limit: float | None = None,
             own = max(deadline, clock.perf_counter() + ALWAYS_FITS_SHARE * time_limit)
         decisions = baseline(p, own, left_at) if name == FEASIBILITY_PHASE and left_at \
             else baseline(p, own)
-        out[name] = None if decisions is None else Candidate(
-            f"heuristic:{name}", evaluate(p, decisions), decisions)
+        if decisions is None:
+            out[name] = None
+        else:  # its overlap post-pass within its share too (see overlap.py)
+            with hoisting_until(own) if own is not None else nullcontext():
+                out[name] = Candidate(f"heuristic:{name}", evaluate(p, decisions), decisions)
         if found is not None and out[name] is not None:
             found(out[name])
         if stop_at_plain_cost and out[name] is not None and out[name].evaluation.feasible \
@@ -216,15 +221,17 @@ def solve(p: Problem, solver: str = "auto", time_limit: float = 60.0, backend: s
                            "has it, or --flash-read-bw/--flash-write-bw)")
     # The time spent choosing the execution order (build_problem) is the plan's time too.
     started = clock.perf_counter() - p.order_s
-    try:
-        return _solve(p, solver, time_limit, backend, workers,
-                      hint.hint_for(p) if hint is not None else None, progress, started)
-    except (InfeasibleBudget, NoPlan):
-        if p.deadline is None:
-            raise
-        # a second at least for the fastest schedule, but no more than the limit itself
-        left = max(min(1.0, time_limit), time_limit - (clock.perf_counter() - started))
-        return _fastest_within_budget(p, solver, left, backend, workers, started, time_limit)
+    with hoisting_until(started + time_limit):  # the overlap pass of every plan evaluated
+        try:
+            return _solve(p, solver, time_limit, backend, workers,
+                          hint.hint_for(p) if hint is not None else None, progress, started)
+        except (InfeasibleBudget, NoPlan):
+            if p.deadline is None:
+                raise
+            # a second at least for the fastest schedule, but no more than the limit itself
+            left = max(min(1.0, time_limit), time_limit - (clock.perf_counter() - started))
+            return _fastest_within_budget(p, solver, left, backend, workers, started,
+                                          time_limit)
 
 
 def _solve(p: Problem, solver: str, time_limit: float, backend: str, workers: int | None,
