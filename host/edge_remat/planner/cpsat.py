@@ -47,7 +47,8 @@ Progress = Callable[[float, float, float], None]  # (seconds, objective, bound),
 class CpsatOutcome:
     decisions: list[StageDecision] | None
     # "optimal" | "timeout" | "infeasible" | "unknown"; "limited": proven infeasible, but only
-    # with the residency limit per node (exact_model False), so a schedule may still exist
+    # with the residency limit per node (exact_model False), so a schedule may still exist;
+    # "build-timeout": the model was not built within the time limit, so not solved
     status: str
     objective: float | None  # the solver's value, in the problem's units
     bound: float | None
@@ -103,13 +104,20 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
         max_residencies = default_residency_limit(p)
     limits = residency_limits(p, max_residencies, hint_runs)
     exact = all(limit >= useful_residencies(p, v) for v, limit in enumerate(limits))
-    model = _Model(p, limits, cp_model)
-    if hint_runs is not None:
-        model.add_hint(hint_runs)
-
-    solver = cp_model.CpSolver()
     # leave time to decode and validate the answer within the limit
     tail = min(0.25 * time_limit, 0.1 + 0.001 * p.n)
+    try:
+        # the build is Python and grows with the graph: 5000 nodes took longer than a 10 s
+        # limit, and CP-SAT then ran its minimum on top
+        model = _Model(p, limits, cp_model, started + time_limit - tail)
+        if hint_runs is not None:
+            model.add_hint(hint_runs)
+    except _OutOfTime:
+        return CpsatOutcome(None, "build-timeout", None, None, clock.perf_counter() - started,
+                            None, None, exact, workers=workers,
+                            residency_limit=max_residencies)
+
+    solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, time_limit - tail
                                                 - (clock.perf_counter() - started))
     solver.parameters.num_workers = workers
@@ -175,7 +183,7 @@ def solve_cpsat_widening(p: Problem, time_limit: float = 60.0,
     _shift_times(outcome, offset)  # found by the last search, timed from the first
     left = time_limit - (clock.perf_counter() - started)
     if not outcome.exact_model and limit < exact_limit and left >= WIDEN_MIN_S \
-            and outcome.status != "infeasible":
+            and outcome.status not in ("infeasible", "build-timeout"):
         outcome = _exact_from(p, outcome, left, hint, workers, progress, started, trace)
     outcome.solve_time_s = clock.perf_counter() - started
     outcome.progress, outcome.proven_limit = trace, proven
@@ -284,9 +292,20 @@ class _Listener:
             self.progress(now, value, low)
 
 
+class _OutOfTime(Exception):
+    """The model was not built before its deadline."""
+
+
 class _Model:
-    def __init__(self, p: Problem, limits: list[int], cp_model):
+    def __init__(self, p: Problem, limits: list[int], cp_model,
+                 deadline: float = float("inf")):
         self.p, self.limits, self.cp = p, limits, cp_model
+
+        def nodes():  # 0..n-1, the deadline checked between nodes
+            for v in range(p.n):
+                if clock.perf_counter() > deadline:
+                    raise _OutOfTime
+                yield v
         m = self.model = cp_model.CpModel()
         n, line, tiers = p.n, Timeline(p.n), p.tiers
         self.line = line
@@ -297,7 +316,7 @@ class _Model:
         self.x, self.c, self.pin, self.out = {}, {}, {}, {}
         self.start, self.end, self.stage, self.out_stage = {}, {}, {}, {}
         ram_intervals, ram_demands = [], []
-        for v in range(n):
+        for v in nodes():
             for j in range(limits[v]):
                 first = j == 0
                 x = m.NewConstant(1) if first else m.NewBoolVar(f"x{v}_{j}")
@@ -357,7 +376,7 @@ class _Model:
 
         # every compute of w finds each input in exactly one residency that covers it
         self.cover = {}
-        for w in range(n):
+        for w in nodes():
             for jw in range(limits[w]):
                 computed, at = self.c[w, jw], self.start[w, jw]
                 for u in p.deps[w]:

@@ -636,6 +636,8 @@ def _kept_plan_note(solver: str, status: str) -> dict:
 
 def _cpsat_none_why(outcome) -> str:
     """Why CP-SAT returned no plan, in words: what it proved, and with what limit."""
+    if outcome.status == "build-timeout":
+        return "CP-SAT's model took the time to build, so it was not solved"
     if outcome.proven_limit is None:
         return "CP-SAT found none in time"
     k = outcome.proven_limit
