@@ -564,3 +564,17 @@ def test_a_second_ctrl_c_while_the_error_is_said_keeps_its_line(capsys, monkeypa
     assert ended.value.exit_code == 130
     assert "error: interrupted (Ctrl-C); cancelled job J on B" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C works again
+
+
+def test_a_heuristic_that_finds_nothing_points_to_the_solver_that_does(tmp_path):
+    # it said "try --solver cpsat or milp", which on thousands of nodes is a model too large
+    # to build; auto runs them where they fit, and plans here
+    from edge_remat.synthetic import random_layered
+    graph = tmp_path / "layered.json"
+    random_layered(100, seed=3).save(graph)
+    line = refused(cli("plan", "--graph", graph, "--budget", "0.5", "--solver", "heuristic:dtr",
+                       "--time-limit", "2", "-o", tmp_path / "dtr.json"), BAD_INPUT)
+    assert line.endswith("try --solver auto"), line
+    proc = cli("plan", "--graph", graph, "--budget", "0.5", "--solver", "auto", "--time-limit",
+               "3", "-o", tmp_path / "auto.json")
+    assert proc.returncode == 0, proc.stderr

@@ -342,7 +342,9 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
         if chosen is None or not chosen.evaluation.feasible:
             raise NoPlan(f"heuristic {asked!r} finds no schedule within the budget"
                          + (" and deadline" if p.deadline else "")
-                         + "; try --solver cpsat or milp")
+                         # auto runs the exact solvers where the graph is small enough
+                         # for them, and else names a budget that plans
+                         + "; try --solver auto")
         found = chosen.found_at - started  # the plan asked for: when that heuristic had it
         return _report(p, chosen, "feasible", None, started, time_limit, summary,
                        timing={"first_plan_s": found, "best_plan_s": found})
