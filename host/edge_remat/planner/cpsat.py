@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import import_extension
+from .build_deadline import OutOfTime, until
 from .interrupt import SearchInterrupted
 from .intervals import COMPUTE, Residency, Timeline, decisions_from_intervals, \
     intervals_from_decisions
@@ -112,7 +113,7 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
         model = _Model(p, limits, cp_model, started + time_limit - tail)
         if hint_runs is not None:
             model.add_hint(hint_runs)
-    except _OutOfTime:
+    except OutOfTime:
         return CpsatOutcome(None, "build-timeout", None, None, clock.perf_counter() - started,
                             None, None, exact, workers=workers,
                             residency_limit=max_residencies)
@@ -292,20 +293,10 @@ class _Listener:
             self.progress(now, value, low)
 
 
-class _OutOfTime(Exception):
-    """The model was not built before its deadline."""
-
-
 class _Model:
     def __init__(self, p: Problem, limits: list[int], cp_model,
                  deadline: float = float("inf")):
         self.p, self.limits, self.cp = p, limits, cp_model
-
-        def nodes():  # 0..n-1, the deadline checked between nodes
-            for v in range(p.n):
-                if clock.perf_counter() > deadline:
-                    raise _OutOfTime
-                yield v
         m = self.model = cp_model.CpModel()
         n, line, tiers = p.n, Timeline(p.n), p.tiers
         self.line = line
@@ -316,7 +307,7 @@ class _Model:
         self.x, self.c, self.pin, self.out = {}, {}, {}, {}
         self.start, self.end, self.stage, self.out_stage = {}, {}, {}, {}
         ram_intervals, ram_demands = [], []
-        for v in nodes():
+        for v in until(deadline, range(n)):
             for j in range(limits[v]):
                 first = j == 0
                 x = m.NewConstant(1) if first else m.NewBoolVar(f"x{v}_{j}")
@@ -376,7 +367,7 @@ class _Model:
 
         # every compute of w finds each input in exactly one residency that covers it
         self.cover = {}
-        for w in nodes():
+        for w in until(deadline, range(n)):
             for jw in range(limits[w]):
                 computed, at = self.c[w, jw], self.start[w, jw]
                 for u in p.deps[w]:

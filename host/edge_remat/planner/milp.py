@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .build_deadline import OutOfTime, until
 from .highs import quiet_highspy
 from .problem import Problem
 from .stages import StageDecision
@@ -131,10 +132,6 @@ class _Watchdog:
         self._timer.cancel()
 
 
-class _OutOfTime(Exception):
-    """The model was not built before its deadline."""
-
-
 def solve_milp(p: Problem, time_limit: float = 60.0, backend: str = "cbc",
                warm_start: list[StageDecision] | None = None, threads: int | None = None,
                budget_margin_bytes: int = 0, files: str | None = None) -> MilpOutcome:
@@ -155,7 +152,7 @@ def solve_milp(p: Problem, time_limit: float = 60.0, backend: str = "cbc",
     build_deadline = started + time_limit / (1 + UNCOVERED_PER_BUILD)
     try:
         model = _Model(p, pulp, p.budget_bytes - budget_margin_bytes, build_deadline)
-    except _OutOfTime:
+    except OutOfTime:
         return MilpOutcome(None, "build-timeout", None, None, clock.perf_counter() - started,
                            backend)
     if warm_start is not None:
@@ -212,11 +209,8 @@ class _Model:
     def __init__(self, p: Problem, pulp, budget_bytes: int, deadline: float = float("inf")):
         self.p, n, tiers = p, p.n, p.tiers
 
-        def stages(first=0):  # 0..n-1, the deadline checked between stages
-            for t in range(first, n):
-                if clock.perf_counter() > deadline:
-                    raise _OutOfTime
-                yield t
+        def stages(first=0):  # first..n-1, the deadline checked between stages
+            return until(deadline, range(first, n))
 
         mem_scale = float(max(budget_bytes - p.fixed, 1))
         size = [s / mem_scale for s in p.sizes]
