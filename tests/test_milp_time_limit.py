@@ -85,10 +85,11 @@ def test_milp_plan_keeps_to_a_short_time_limit(tmp_path):
 
 @pytest.mark.slow  # a 40 s plan
 def test_cbc_is_stopped_at_the_time_limit_where_its_own_limit_does_not_reach(tmp_path):
-    """digits-cnn (192 nodes) at 30% with flash and host tiers is a 204,296-column MILP whose
-    root LP CBC's limit does not interrupt: 133 s of it under -sec 38.6, and `plan --time-limit
-    60` took 187 s (2026-12-05). CBC is stopped when the limit has passed; the heuristics'
-    plan stands and says so."""
+    """digits-cnn (192 nodes) at 30% with paging is a MILP of 149,096 columns with the Pi's
+    flash (204,296 with a measured profile's flash and host tiers) whose root LP CBC's limit
+    does not interrupt: 133 s of it under -sec 38.6, and `plan --time-limit 60` took 187 s;
+    here, at 25 s, CBC still ran at 400 s (2026-12-05). CBC is stopped when the limit has
+    passed; the heuristics' plan stands and says so."""
     env_cmd = [sys.executable, "-m", "edge_remat"]
     graph, plan = tmp_path / "digits.json", tmp_path / "plan.json"
     made = subprocess.run([*env_cmd, "graph", "--model", "digits-cnn", "-o", graph],

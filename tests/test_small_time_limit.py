@@ -37,6 +37,8 @@ def test_cpsat_asked_for_on_a_large_graph_stops_building_its_model_at_the_limit(
     limit = 1.0  # the heuristics plan in a fraction of it; the model takes seconds to build
     report = solve(p, "cpsat", time_limit=limit)
     solver = report.plan.solver
-    assert solver["fallback_from"] == "cpsat build-timeout", solver
+    # on a host so loaded that the heuristics take the whole second, CP-SAT is not started
+    assert solver["fallback_from"] == "cpsat build-timeout" \
+        or solver["fallback_from"].startswith("cpsat, not started"), solver
     assert solver["solve_time_s"] <= limit + 0.5, solver["solve_time_s"]
     assert report.evaluation.feasible
