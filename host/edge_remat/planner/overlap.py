@@ -36,11 +36,12 @@ _hoisting_deadline: ContextVar["float | None"] = ContextVar("hoisting_deadline",
 
 
 @contextmanager
-def hoisting_until(deadline: float):
-    """Within it, schedule_io hoists no page-in after `deadline` (a time.perf_counter() time),
-    nor after the deadline of an enclosing hoisting_until."""
+def hoisting_until(deadline: "float | None"):
+    """Within it, schedule_io hoists no page-in after `deadline` (a time.perf_counter() time;
+    None: no deadline of its own), nor after the deadline of an enclosing hoisting_until."""
     outer = _hoisting_deadline.get()
-    token = _hoisting_deadline.set(deadline if outer is None else min(outer, deadline))
+    token = _hoisting_deadline.set(min((d for d in (outer, deadline) if d is not None),
+                                       default=None))
     try:
         yield
     finally:
@@ -64,9 +65,9 @@ def schedule_io(p: Problem, stages: Stages) -> Stages:
 
     deadline, k = _hoisting_deadline.get(), 0
     while k < len(ops):
-        if deadline is not None and clock.perf_counter() > deadline:
-            break
         if ops[k][0] == PAGE_IN:
+            if deadline is not None and clock.perf_counter() > deadline:
+                break
             flat, ops, best, k = _hoist_page_in(p, flat, ops, k, best)
         k += 1
     out: Stages = [[] for _ in stages]

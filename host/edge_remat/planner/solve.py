@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import time as clock
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -178,7 +177,7 @@ def run_baselines(p: Problem, time_limit: float | None = None,
         if decisions is None:
             out[name] = None
         else:  # its overlap post-pass within its share too (see overlap.py)
-            with hoisting_until(own) if own is not None else nullcontext():
+            with hoisting_until(own):
                 out[name] = Candidate(f"heuristic:{name}", evaluate(p, decisions), decisions)
         if found is not None and out[name] is not None:
             found(out[name])
