@@ -195,3 +195,49 @@ def test_bandwidths_on_the_command_line_keep_the_profiles_measured_share(tmp_pat
     tier = load_plan(tmp_path / "overridden.json").tiers["flash"]
     assert (tier.read_bytes_per_s, tier.write_bytes_per_s) == (8.0, 8.0)  # the command line's
     assert tier.compute_share == 0.75  # the board's, which the command line cannot give
+
+
+def _costs(time_s, in_s, out_s, share=0.0):
+    return dict(deps=[[], [], []], sizes=[1, 1, 2], time_s=time_s,
+                in_time_s={"flash": in_s}, out_time_s={"flash": out_s}, limit_bytes=100,
+                compute_share={"flash": share})
+
+
+def test_a_step_run_in_pieces_from_copies_is_the_step_run_whole():
+    from edge_remat_agent.timeline import TimelineRun, first_writes
+    ops = [(COMPUTE, 0, None), (PAGE_OUT, 0, "flash"), (PAGE_IN, 2, "flash"),
+           (COMPUTE, 1, None), (PAGE_OUT, 0, "flash"), (COMPUTE, 2, None)]
+    trace = [1, 1, 3, 4, 3, 5]
+    costs = _costs([2.0, 1.0, 0.5], [0.0, 0.0, 1.5], [0.7, 0.0, 0.0], share=0.4)
+    whole = run_timeline(ops, costs["deps"], costs["sizes"], costs["time_s"],
+                         costs["in_time_s"], costs["out_time_s"], trace, 100,
+                         costs["compute_share"])
+    run = TimelineRun(**costs)
+    writes = first_writes(ops)
+    assert writes == [False, True, False, False, False, False]  # node 0 is on flash already
+    for k in range(len(ops)):
+        run = run.copy()  # a copy goes on where its original stood
+        run.run(ops, trace, writes, k, k + 1)
+    assert run.finish() == whole
+
+
+def test_a_run_lags_another_by_d_where_its_rest_is_the_others_d_later():
+    from edge_remat_agent.timeline import TimelineRun
+    costs = _costs([2.0, 3.0, 1.0], [0.0, 0.0, 4.0], [0.0, 0.0, 0.0], share=0.5)
+    rest = [(COMPUTE, 2, None), (COMPUTE, 2, None)]
+
+    def after(*ops):
+        run = TimelineRun(**costs)
+        run.run(list(ops), [4] * len(ops), [False] * len(ops))
+        return run
+    early = after((COMPUTE, 0, None), (PAGE_IN, 2, "flash"))
+    late = after((COMPUTE, 1, None), (PAGE_IN, 2, "flash"))  # the same read, 1 s later
+    assert late.lag_behind(early) == pytest.approx(1.0)
+    # the read issued before compute 0 slows it, and is done when it ends: not a shift
+    ahead = after((PAGE_IN, 2, "flash"), (COMPUTE, 0, None))
+    assert ahead.lag_behind(early) is None and early.lag_behind(ahead) is None
+    ends = []
+    for run in (early, late):
+        run.run(rest, [6, 6], [False, False])
+        ends.append(run.finish().step_time_s)
+    assert ends[1] - ends[0] == pytest.approx(1.0)

@@ -16,7 +16,7 @@ from typing import Any
 
 from .formats import ComputeRates, FormatError, Graph, Node, Plan, Profile, Tier
 from .formats.graph import ram_homed_signature
-from .timeline import Timeline, run_timeline
+from .timeline import Timeline, TimelineRun, run_timeline
 
 # Modelled page tiers for a parameter home when no profile or command line gives figures:
 # a board's eMMC / SD card (reads ~100 MB/s, writes ~40 MB/s) and a USB 2 link to a host
@@ -76,12 +76,22 @@ class CostModel:
                  sync_trace: list[int]) -> Timeline:
         """The IO timeline (timeline.py) of resolved instructions under these costs: node
         times, each tier's read and write times and its compute share."""
-        tiers = self.tiers
-        return run_timeline(ops, deps, sizes, self.time_s,
-                            {name: tier.in_time_s for name, tier in tiers.items()},
-                            {name: tier.out_time_s for name, tier in tiers.items()}, sync_trace,
-                            compute_share={name: tier.compute_share
-                                           for name, tier in tiers.items()})
+        return run_timeline(ops, deps, sizes, self.time_s, *self._tier_times(), sync_trace,
+                            compute_share=self._tier_shares())
+
+    def timeline_run(self, deps: list[list[int]], sizes: list[int],
+                     limit_bytes: int) -> TimelineRun:
+        """A step's timelines under these costs, not yet started, to run instruction by
+        instruction (timeline.py's TimelineRun)."""
+        return TimelineRun(deps, sizes, self.time_s, *self._tier_times(), limit_bytes,
+                           self._tier_shares())
+
+    def _tier_times(self) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+        return ({name: tier.in_time_s for name, tier in self.tiers.items()},
+                {name: tier.out_time_s for name, tier in self.tiers.items()})
+
+    def _tier_shares(self) -> dict[str, float]:
+        return {name: tier.compute_share for name, tier in self.tiers.items()}
 
     def in_order(self, positions: list[int]) -> "CostModel":
         """The same costs for the graph's nodes in another order: node i of the new order is

@@ -30,6 +30,7 @@ The semantics the simulator, the planner's post-pass (host planner/overlap.py) a
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import dataclass
 
@@ -68,8 +69,8 @@ class _IOBusy:
     """The IO timeline's busy spans (start, end, the tier's compute share), in issue order,
     for running compute at the speed that IO leaves it."""
 
-    def __init__(self) -> None:
-        self.spans: deque[tuple[float, float, float]] = deque()
+    def __init__(self, spans=()) -> None:
+        self.spans: deque[tuple[float, float, float]] = deque(spans)
 
     def add(self, start: float, end: float, share: float) -> None:
         if share > 0.0 and end > start:
@@ -98,6 +99,127 @@ class _IOBusy:
         return t
 
 
+def first_writes(ops: list[tuple[int, int, str | None]]) -> list[bool]:
+    """Which instructions write a page: a page_out of a node whose page is still on the tier
+    from earlier in the step writes nothing (the executor skips it too)."""
+    on_tier: set[tuple[str | None, int]] = set()
+    writes = []
+    for op, i, tier in ops:
+        new = op == PAGE_OUT and (tier, i) not in on_tier
+        if new:
+            on_tier.add((tier, i))
+        writes.append(new)
+    return writes
+
+
+class TimelineRun:
+    """The two timelines part-way through a step, to run on instruction by instruction, copy
+    and compare: run_timeline runs a whole step in one; the planner's post-pass (host
+    planner/overlap.py) runs trial orders on from the state where they part from a base."""
+
+    def __init__(self, deps: list[list[int]], sizes: list[int], time_s: list[float],
+                 in_time_s: dict[str, list[float]], out_time_s: dict[str, list[float]],
+                 limit_bytes: int, compute_share: dict[str, float] | None = None) -> None:
+        self.deps, self.sizes, self.time_s = deps, sizes, time_s
+        self.in_time_s, self.out_time_s, self.limit = in_time_s, out_time_s, limit_bytes
+        self.shares = compute_share or {}
+        self.tc = self.tio = self.waited = self.busy = self.compute = 0.0
+        self.arriving: dict[int, float] = {}  # node -> when its page-in completes
+        self.writes: deque[tuple[float, int]] = deque()  # (completion, bytes) in issue order
+        self.in_flight = self.peak = 0
+        self.limit_waits = 0  # writes waited for at the limit so far
+        self.io_spans = _IOBusy()
+
+    def copy(self) -> "TimelineRun":
+        new = copy.copy(self)  # the costs are shared; the state is not
+        new.arriving, new.writes = dict(self.arriving), deque(self.writes)
+        new.io_spans = _IOBusy(self.io_spans.spans)
+        return new
+
+    def run(self, ops: list[tuple[int, int, str | None]], sync_trace: list[int],
+            writes: list[bool], start: int = 0, stop: int | None = None) -> None:
+        """Run instructions ops[start:stop], with the synchronous model's RAM at each
+        (`sync_trace`, fixed memory included) and which of them write (first_writes)."""
+        deps, sizes, time_s, limit = self.deps, self.sizes, self.time_s, self.limit
+        in_time_s, out_time_s, shares = self.in_time_s, self.out_time_s, self.shares
+        arriving, pending, io_spans = self.arriving, self.writes, self.io_spans
+        tc, tio, waited, busy, compute = self.tc, self.tio, self.waited, self.busy, self.compute
+        in_flight, peak, limit_waits = self.in_flight, self.peak, self.limit_waits
+
+        def wait_until(t: float) -> None:
+            nonlocal tc, waited
+            if t > tc:
+                waited += t - tc
+                tc = t
+
+        for k in range(start, len(ops) if stop is None else stop):
+            op, i, tier = ops[k]
+            while pending and pending[0][0] <= tc:  # completed: their bytes have left RAM
+                in_flight -= pending.popleft()[1]
+            if i in arriving and op != COMPUTE and op != PAGE_IN:  # a free or page_out uses it
+                wait_until(arriving.pop(i))
+            # sync_trace[k] counts a page_out's own bytes (RAM just before it leaves), so the
+            # rule runs before its write joins the writes in flight.
+            while pending and over_limit(sync_trace[k], in_flight, limit):
+                end, nbytes = pending.popleft()
+                wait_until(end)
+                in_flight -= nbytes
+                limit_waits += 1
+            peak = max(peak, sync_trace[k] + in_flight)
+            if op == PAGE_OUT:
+                if writes[k]:
+                    start_io = max(tio, tc)
+                    tio = start_io + out_time_s[tier][i]
+                    busy += tio - start_io
+                    io_spans.add(start_io, tio, shares.get(tier, 0.0))
+                    pending.append((tio, sizes[i]))
+                    in_flight += sizes[i]
+            elif op == COMPUTE:
+                for d in deps[i]:
+                    if d in arriving:
+                        wait_until(arriving.pop(d))
+                tc = io_spans.run(tc, time_s[i])
+                compute += time_s[i]
+            elif op == PAGE_IN:
+                start_io = max(tio, tc)
+                tio = start_io + in_time_s[tier][i]
+                busy += tio - start_io
+                io_spans.add(start_io, tio, shares.get(tier, 0.0))
+                arriving[i] = tio
+        self.tc, self.tio, self.waited, self.busy, self.compute = tc, tio, waited, busy, compute
+        self.in_flight, self.peak, self.limit_waits = in_flight, peak, limit_waits
+
+    def finish(self) -> Timeline:
+        """The step's figures: it ends when every IO has completed."""
+        tc = max(self.tc, self.tio, *self.arriving.values())
+        waited = self.waited + (tc - self.tc)
+        return Timeline(tc, self.compute, self.busy, waited, self.peak,
+                        max(0.0, tc - self.compute - waited))
+
+    def lag_behind(self, base: "TimelineRun") -> float | None:
+        """d if the rest of any step runs from this state exactly as from `base`'s, d seconds
+        later (every time it holds that the rest reads is base's + d; within float rounding),
+        else None. Same costs assumed, and the same limit, or none that the rest waits at;
+        what is past (IO done, spans over) is ignored, and the totals so far (waited, busy,
+        peak) are not compared."""
+        tolerance = 1e-12 * max(1.0, abs(self.tc), abs(base.tc))
+
+        def ahead(run: "TimelineRun"):  # what is still to come, relative to compute's time
+            tc = run.tc
+            return ([max(0.0, run.tio - tc)],
+                    sorted((i, t - tc) for i, t in run.arriving.items() if t - tc > tolerance),
+                    [(end - tc, n) for end, n in run.writes if end - tc > tolerance],
+                    [(max(0.0, s - tc), e - tc, share) for s, e, share in run.io_spans.spans
+                     if e - tc > tolerance])
+
+        def same(a, b) -> bool:
+            if isinstance(a, (int, float)):
+                return abs(a - b) <= tolerance if isinstance(a, float) else a == b
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+
+        return self.tc - base.tc if same(ahead(self), ahead(base)) else None
+
+
 def run_timeline(ops: list[tuple[int, int, str | None]], deps: list[list[int]],
                  sizes: list[int], time_s: list[float], in_time_s: dict[str, list[float]],
                  out_time_s: dict[str, list[float]], sync_trace: list[int],
@@ -107,54 +229,6 @@ def run_timeline(ops: list[tuple[int, int, str | None]], deps: list[list[int]],
     synchronous model's RAM at each instruction (`sync_trace`, fixed memory included) and
     each tier's compute share (absent: 0)."""
     limit = max(sync_trace, default=0) if limit_bytes is None else limit_bytes
-    shares = compute_share or {}
-    tc = tio = waited = busy = compute = 0.0
-    arriving: dict[int, float] = {}  # node -> when its page-in completes
-    writes: deque[tuple[float, int]] = deque()  # (completion, bytes) in issue order
-    in_flight = 0
-    on_tier: dict[str, set[int]] = {}
-    peak = 0
-    io_spans = _IOBusy()
-
-    def wait_until(t: float) -> None:
-        nonlocal tc, waited
-        if t > tc:
-            waited += t - tc
-            tc = t
-
-    for k, (op, i, tier) in enumerate(ops):
-        while writes and writes[0][0] <= tc:  # completed: their bytes have left RAM
-            in_flight -= writes.popleft()[1]
-        if i in arriving and op != COMPUTE and op != PAGE_IN:  # a free or page_out uses it
-            wait_until(arriving.pop(i))
-        # sync_trace[k] counts a page_out's own bytes (RAM just before it leaves), so the
-        # rule runs before its write joins the writes in flight.
-        while writes and over_limit(sync_trace[k], in_flight, limit):
-            end, nbytes = writes.popleft()
-            wait_until(end)
-            in_flight -= nbytes
-        peak = max(peak, sync_trace[k] + in_flight)
-        if op == PAGE_OUT:
-            held = on_tier.setdefault(tier, set())
-            if i not in held:
-                held.add(i)
-                start = max(tio, tc)
-                tio = start + out_time_s[tier][i]
-                busy += tio - start
-                io_spans.add(start, tio, shares.get(tier, 0.0))
-                writes.append((tio, sizes[i]))
-                in_flight += sizes[i]
-        elif op == COMPUTE:
-            for d in deps[i]:
-                if d in arriving:
-                    wait_until(arriving.pop(d))
-            tc = io_spans.run(tc, time_s[i])
-            compute += time_s[i]
-        elif op == PAGE_IN:
-            start = max(tio, tc)
-            tio = start + in_time_s[tier][i]
-            busy += tio - start
-            io_spans.add(start, tio, shares.get(tier, 0.0))
-            arriving[i] = tio
-    wait_until(max([tio, *arriving.values()]))  # the step ends when every IO has completed
-    return Timeline(tc, compute, busy, waited, peak, max(0.0, tc - compute - waited))
+    run = TimelineRun(deps, sizes, time_s, in_time_s, out_time_s, limit, compute_share)
+    run.run(ops, sync_trace, first_writes(ops))
+    return run.finish()

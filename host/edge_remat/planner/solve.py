@@ -565,7 +565,7 @@ def _improve_by_lns(p: Problem, start: Candidate, seconds: float, workers: int |
     # cheapest by the LNS's own count first: the simulator (seconds at 5000 nodes) then
     # usually runs once, as with one stream
     for decisions, info in sorted(results, key=lambda r: r[1].get("best_cost", math.inf)):
-        if decisions is start.decisions:
+        if decisions == start.decisions:  # no change found (a child's is a copy)
             continue
         evaluation = evaluate(p, decisions)
         if evaluation.feasible and evaluation.objective < start.evaluation.objective:
