@@ -7,12 +7,14 @@ For each case the schedule is Belady's paging plan (`heuristic:paging`, what `au
 where recomputation alone does not fit), lowered, before the post-pass; both ways then place
 its page-ins and page-outs, alternately, `--repeats` times each. Printed per case: page-ins,
 instructions, the median seconds of each way, their ratio, whether the two placed schedules
-are identical, and the placed schedule's overlapped step time against the unplaced one's.
+are identical, and the placed schedule's overlapped step time against the unplaced one's, with
+the issue points the pass tries (planner/overlap.py's NEAR_ISSUE_POINTS nearest computes, then
+powers of two) and with powers of two alone (the 1st, 2nd, 4th, ... compute before the use).
 
 Cases: random layered graphs (edge_remat.synthetic, the published family, w 0.31) at 35% of
 the plain peak with a flash of 90 MB/s reads and 40 MB/s writes, and operator-level GPT-2
-small (`edge-remat graph --operator-level --params-home flash`, captured once into --cache) at
-25% with profiles/rpi4.json's flash.
+small and ResNet-50 (batch 8, 64x64; `edge-remat graph --operator-level --params-home flash`,
+captured once into --cache) at 25% with profiles/rpi4.json's flash.
 
     python benchmarks/overlap_pass.py
     python benchmarks/overlap_pass.py --sizes 500,1000 --models none --repeats 1
@@ -54,6 +56,7 @@ def model_case(name: str, cache: Path):
 
 def measure(label: str, p, repeats: int) -> None:
     from edge_remat.planner.baselines import belady_paging
+    from edge_remat.planner import overlap
     from edge_remat.planner.overlap import schedule_io
     from edge_remat.planner.stages import lower
     from edge_remat_agent.simulate import simulate
@@ -72,19 +75,25 @@ def measure(label: str, p, repeats: int) -> None:
             times[whole].append(time.perf_counter() - started)
     whole, trials = statistics.median(times[True]), statistics.median(times[False])
 
+    near, overlap.NEAR_ISSUE_POINTS = overlap.NEAR_ISSUE_POINTS, 1
+    try:  # issue points before the 1st, 2nd, 4th, 8th, ... compute only
+        sparse = schedule_io(p, stages)
+    finally:
+        overlap.NEAR_ISSUE_POINTS = near
+
     def step(s):
         return simulate(p.graph, p.costs, s, p.budget_bytes, io="overlap").time_s
-    before, after = step(stages), step(placed[False])
+    before = step(stages)
     print(f"{label:<22} {page_ins:>8} {sum(map(len, stages)):>7} {whole:>9.2f} {trials:>8.2f} "
           f"{whole / trials:>7.1f}x {str(placed[True] == placed[False]):>6} "
-          f"{after / before:>10.4f}")
+          f"{step(placed[False]) / before:>10.4f} {step(sparse) / before:>10.4f}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="500,1000,2000",
                         help="random layered graph sizes (comma-separated; 'none')")
-    parser.add_argument("--models", default="gpt2-small",
+    parser.add_argument("--models", default="gpt2-small,resnet50",
                         help=f"operator-level models: {', '.join(MODEL_BUDGETS)} or 'none'")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each way per case")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir())
@@ -98,7 +107,7 @@ def main() -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     print(f"{'case':<22} {'page-ins':>8} {'instrs':>7} {'whole s':>9} {'trials s':>8} "
-          f"{'ratio':>8} {'same':>6} {'step/unplaced':>10}")
+          f"{'ratio':>8} {'same':>6} {'step/unplaced':>10} {'powers of 2':>10}")
     for n in sizes:
         measure(f"random layered {n}", random_case(n), args.repeats)
     for name in models:

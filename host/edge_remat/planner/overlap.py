@@ -9,16 +9,17 @@ evaluate), so plans are compared, and reported, by their overlapped step time.
      goes (once written) and its write starts as early as it can;
   2. each page_in, in plan order, is hoisted to the candidate issue point with the shortest
      makespan among those where RAM, with the page held from there on, stays within the
-     budget (candidates: just before the 1st, 2nd, 4th, 8th, ... compute before its first use,
-     and the earliest point memory allows; ties go to the latest, which holds the page least).
+     budget (candidates: just before each of the 16 computes before its first use, then the
+     32nd, 64th, ..., and the earliest point memory allows; ties go to the latest, which holds
+     the page least).
 
 A trial (a page-in moved up) runs on from the base's timeline state where it parts from the
 base and stops once its state is the base's shifted in time (`_Trials`), instead of running the
 whole step each time (`_WholeRuns`, the reference it is tested against, with the same plans):
 the pass then grows with page-ins x the stretch each is moved over, not x the step. On a random
-layered graph of 2000 nodes at 35% with flash (963 page-ins) it took 21.4 s whole-run and 1.4 s
-so; on operator-level GPT-2 small at 25% with rpi4's flash (258 page-ins) 3.65 s and 0.69 s
-(`python benchmarks/overlap_pass.py`, 2026-12-05). Within `hoisting_until(t)` (solve() sets
+layered graph of 2000 nodes at 35% with flash (963 page-ins) it takes 1.8 s where whole runs of
+the same trials take 48.8 s; on operator-level GPT-2 small at 25% with rpi4's flash (258
+page-ins) 0.82 s against 7.33 s (`python benchmarks/overlap_pass.py`, 2026-12-05). Within `hoisting_until(t)` (solve() sets
 its time limit, and run_baselines each baseline's share) the page-ins not reached by t stay
 where the plan put them, as in the stop-the-world model.
 """
@@ -36,6 +37,11 @@ from edge_remat_agent.timeline import (COMPUTE, FREE, OP_CODES, PAGE_IN, PAGE_OU
 from .problem import Problem
 
 Op = tuple[int, int, "str | None"]
+
+# A page-in may be issued before each of this many computes before its first use, then before
+# the 32nd, 64th, ... (ResNet-50 operator-level, 25% with rpi4's flash: a step of 44.82 s with
+# powers of two alone, 43.29 s with 16, 43.28 s with 32; the pass 0.46, 0.57, 0.69 s).
+NEAR_ISSUE_POINTS = 16
 
 _hoisting_deadline: ContextVar["float | None"] = ContextVar("hoisting_deadline", default=None)
 
@@ -246,8 +252,8 @@ def _hoist_page_in(p: Problem, flat, ops, j: int, trials: _WholeRuns):
     if earliest == j:
         return flat, ops
     computes = [c for c in range(j - 1, earliest - 1, -1) if ops[c][0] == COMPUTE]
-    picks = {earliest}
-    step = 1
+    picks = {earliest, *computes[:NEAR_ISSUE_POINTS]}
+    step = NEAR_ISSUE_POINTS * 2
     while step <= len(computes):
         picks.add(computes[step - 1])
         step *= 2
