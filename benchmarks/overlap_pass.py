@@ -9,7 +9,9 @@ its page-ins and page-outs, alternately, `--repeats` times each. Printed per cas
 instructions, the median seconds of each way, their ratio, whether the two placed schedules
 are identical, and the placed schedule's overlapped step time against the unplaced one's, with
 the issue points the pass tries (planner/overlap.py's NEAR_ISSUE_POINTS nearest computes, then
-powers of two) and with powers of two alone (the 1st, 2nd, 4th, ... compute before the use).
+powers of two) and with powers of two alone (the 1st, 2nd, 4th, ... compute before the use);
+then, as solve() does to the plan it returns, with the page-outs delayed
+(overlap.delay_page_outs): that step against the unplaced one's, and the seconds it took.
 
 Cases: random layered graphs (edge_remat.synthetic, the published family, w 0.31) at 35% of
 the plain peak with a flash of 90 MB/s reads and 40 MB/s writes, and operator-level GPT-2
@@ -75,6 +77,9 @@ def measure(label: str, p, repeats: int) -> None:
             times[whole].append(time.perf_counter() - started)
     whole, trials = statistics.median(times[True]), statistics.median(times[False])
 
+    started = time.perf_counter()
+    delayed = overlap.delay_page_outs(p, placed[False])
+    delaying = time.perf_counter() - started
     near, overlap.NEAR_ISSUE_POINTS = overlap.NEAR_ISSUE_POINTS, 1
     try:  # issue points before the 1st, 2nd, 4th, 8th, ... compute only
         sparse = schedule_io(p, stages)
@@ -86,7 +91,8 @@ def measure(label: str, p, repeats: int) -> None:
     before = step(stages)
     print(f"{label:<22} {page_ins:>8} {sum(map(len, stages)):>7} {whole:>9.2f} {trials:>8.2f} "
           f"{whole / trials:>7.1f}x {str(placed[True] == placed[False]):>6} "
-          f"{step(placed[False]) / before:>10.4f} {step(sparse) / before:>10.4f}")
+          f"{step(placed[False]) / before:>10.4f} {step(sparse) / before:>10.4f} "
+          f"{step(delayed) / before:>10.4f} {delaying:>8.2f}")
 
 
 def main() -> int:
@@ -107,7 +113,8 @@ def main() -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     print(f"{'case':<22} {'page-ins':>8} {'instrs':>7} {'whole s':>9} {'trials s':>8} "
-          f"{'ratio':>8} {'same':>6} {'step/unplaced':>10} {'powers of 2':>10}")
+          f"{'ratio':>8} {'same':>6} {'step/unplaced':>10} {'powers of 2':>10} "
+          f"{'delayed':>10} {'delay s':>8}")
     for n in sizes:
         measure(f"random layered {n}", random_case(n), args.repeats)
     for name in models:

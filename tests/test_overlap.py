@@ -294,12 +294,11 @@ def test_past_its_deadline_the_post_pass_leaves_page_ins_where_the_plan_put_them
     with hoisting_until(None):  # no deadline of its own: the pass runs whole
         assert schedule_io(p, stages) == schedule_io(p, stages, whole_runs=True)
 
-def _paging_schedule(seed: int):
-    """Belady's paging plan on a small training chain or random layered graph, lowered before
-    the post-pass, with a flash tier drawn for `seed`: slow or fast, sharing compute or not."""
+def _paging_problem(seed: int) -> tuple[Problem, Problem]:
+    """A small training chain or random layered graph, with a flash tier drawn for `seed`: slow
+    or fast, sharing compute or not; planned stop-the-world and overlapped."""
     import random
 
-    from edge_remat.planner.stages import lower
     from edge_remat.synthetic import random_layered
     rng = random.Random(seed)
     graph = (training_chain(rng.randint(6, 30), seed) if rng.random() < 0.5 else
@@ -313,15 +312,24 @@ def _paging_schedule(seed: int):
                  int(peak * rng.uniform(0.3, 0.9)))
     sync_p, p = (Problem(graph, costs, budget, "time", None, ("flash",), "counted", None, io)
                  for io in ("sync", "overlap"))
+    return sync_p, p
+
+
+def _paging_schedule(seed: int):
+    """_paging_problem's overlapped problem, and Belady's stop-the-world plan for it lowered
+    (before the post-pass)."""
+    from edge_remat.planner.stages import lower
+    sync_p, p = _paging_problem(seed)
     return p, lower(p, solve(sync_p, "heuristic:paging", time_limit=5).decisions)[0]
 
 
 def test_trials_run_from_the_base_score_what_whole_steps_do():
-    """The post-pass scores a trial (a page-in moved up) from the base's timeline state where
-    they part, and stops where its state is the base's shifted in time. Against each trial run
-    as a whole step, on random issue points (not only those the pass tries), with slow and
-    fast flash, compute shares, writes waited for at the limit, and trials that raise the
-    synchronous peak (the timeline's limit): the same makespans, and the same placed plans."""
+    """The post-pass scores a trial (a page-in moved up, a page-out down) from the base's
+    timeline state where they part, and stops where its state is the base's shifted in time.
+    Against each trial run as a whole step, on random issue points (not only those the pass
+    tries), with slow and fast flash, compute shares, writes waited for at the limit, and
+    trials that raise the synchronous peak (the timeline's limit): the same makespans, and the
+    same placed plans."""
     import random
 
     from edge_remat.planner import overlap
@@ -336,13 +344,49 @@ def test_trials_run_from_the_base_score_what_whole_steps_do():
             base = overlap._makespan(p, ops)
             whole, shortcut = overlap._WholeRuns(p, ops, base), overlap._Trials(p, ops, base)
             page_ins = [k for k, op in enumerate(ops) if op[0] == overlap.PAGE_IN]
-            for j in rng.sample(page_ins, min(4, len(page_ins))):
-                for c in rng.sample(range(j), min(4, j)):
-                    size = p.sizes[ops[j][1]]
-                    raised = size + max(shortcut.before[c] + p.fixed, *shortcut.trace[c:j])
-                    kinds.add((raised > shortcut.limit, shortcut._waits_from(0) > 0))
-                    assert shortcut.score(c, j) == pytest.approx(whole.score(c, j), rel=1e-12)
-                    trials += 1
-        assert overlap.schedule_io(p, stages) == overlap.schedule_io(p, stages, whole_runs=True)
-    assert kinds == {(False, False), (False, True), (True, False), (True, True)}
-    assert trials > 300
+            page_outs = [k for k, op in enumerate(ops) if op[0] == overlap.PAGE_OUT]
+            moves = [(c, j) for j in rng.sample(page_ins, min(4, len(page_ins)))
+                     for c in rng.sample(range(j), min(4, j))]  # up
+            moves += [(c, j) for j in rng.sample(page_outs, min(4, len(page_outs)))
+                      for c in rng.sample(range(j + 1, len(ops)), min(4, len(ops) - j - 1))]
+            for c, j in moves:
+                size, first, last = p.sizes[ops[j][1]], min(c, j), max(c, j)
+                raised = size + max(shortcut.before[first] + p.fixed,
+                                    *shortcut.trace[first:last + 1])
+                kinds.add((c < j, raised > shortcut.limit, shortcut._waits_from(0) > 0))
+                assert shortcut.score(c, j) == pytest.approx(whole.score(c, j), rel=1e-12)
+                trials += 1
+        placed = overlap.schedule_io(p, stages)
+        assert placed == overlap.schedule_io(p, stages, whole_runs=True)
+        assert (overlap.delay_page_outs(p, placed) ==
+                overlap.delay_page_outs(p, placed, whole_runs=True))
+    assert kinds == {(up, raised, waits) for up in (True, False) for raised in (True, False)
+                     for waits in (True, False)}
+    assert trials > 500
+
+
+def test_page_outs_delayed_shorten_some_steps_and_never_lengthen_one():
+    """A write issued as early as it can be may hold back the reads queued behind it on the
+    one IO timeline; issued later (within the budget) they go first."""
+    from edge_remat.planner.overlap import delay_page_outs, schedule_io
+    shorter = 0
+    for seed in (0, 1, 2, 3, 10):
+        p, stages = _paging_schedule(seed)
+        placed = schedule_io(p, stages)
+        before = simulate(p.graph, p.costs, placed, p.budget_bytes, io="overlap")
+        after = simulate(p.graph, p.costs, delay_page_outs(p, placed), p.budget_bytes,
+                         io="overlap")
+        assert after.peak_bytes <= p.budget_bytes
+        assert after.time_s <= before.time_s * (1 + 1e-12)
+        shorter += after.time_s < before.time_s * (1 - 1e-9)
+    assert shorter >= 2  # seeds 2 and 10 (2026-12-05)
+
+
+def test_the_plan_solve_returns_has_its_page_outs_delayed():
+    _, p = _paging_problem(24)
+    report = solve(p, "heuristic:paging", time_limit=5)
+    placed_only = evaluate(p, report.decisions)  # what every candidate is compared by
+    assert report.plan.predicted["time_s"] < placed_only.sim.time_s * (1 - 1e-6)
+    assert report.plan.predicted["peak_bytes"] <= p.budget_bytes
+    replayed = simulate(p.graph, p.costs, report.plan.stages, p.budget_bytes, io="overlap")
+    assert replayed.time_s == pytest.approx(report.plan.predicted["time_s"], rel=1e-12)

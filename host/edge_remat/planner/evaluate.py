@@ -34,6 +34,24 @@ def evaluate(p: Problem, decisions: list[StageDecision]) -> Evaluation:
     if p.overlapped:  # page-ins hoisted, page-outs issued early, scored on the IO timeline
         from .overlap import schedule_io
         stages = schedule_io(p, stages)
+    return _replayed(p, stages)
+
+
+def with_page_outs_delayed(p: Problem, evaluation: Evaluation) -> Evaluation:
+    """The evaluated schedule with its page-outs issued later where that shortens the step
+    (overlap.delay_page_outs, too slow to run on every candidate), where that is feasible and
+    lowers the objective; else the evaluation given."""
+    if not (p.overlapped and evaluation.feasible):
+        return evaluation
+    from .overlap import delay_page_outs
+    stages = delay_page_outs(p, evaluation.stages)
+    if stages is evaluation.stages:
+        return evaluation
+    delayed = _replayed(p, stages)
+    return delayed if delayed.feasible and delayed.value < evaluation.value else evaluation
+
+
+def _replayed(p: Problem, stages: Stages) -> Evaluation:
     sim = simulate(p.graph, p.costs, stages, p.budget_bytes, io="overlap" if p.overlapped
                    else "sync")
     deadline = p.deadline_s()

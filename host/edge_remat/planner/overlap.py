@@ -11,17 +11,20 @@ evaluate), so plans are compared, and reported, by their overlapped step time.
      makespan among those where RAM, with the page held from there on, stays within the
      budget (candidates: just before each of the 16 computes before its first use, then the
      32nd, 64th, ..., and the earliest point memory allows; ties go to the latest, which holds
-     the page least).
+     the page least);
+  3. on the plan solve() returns (delay_page_outs): each page_out issued later where that
+     shortens the step, then the page-ins hoisted again.
 
-A trial (a page-in moved up) runs on from the base's timeline state where it parts from the
-base and stops once its state is the base's shifted in time (`_Trials`), instead of running the
-whole step each time (`_WholeRuns`, the reference it is tested against, with the same plans):
-the pass then grows with page-ins x the stretch each is moved over, not x the step. On a random
-layered graph of 2000 nodes at 35% with flash (963 page-ins) it takes 1.8 s where whole runs of
-the same trials take 48.8 s; on operator-level GPT-2 small at 25% with rpi4's flash (258
-page-ins) 0.82 s against 7.33 s (`python benchmarks/overlap_pass.py`, 2026-12-05). Within `hoisting_until(t)` (solve() sets
-its time limit, and run_baselines each baseline's share) the page-ins not reached by t stay
-where the plan put them, as in the stop-the-world model.
+A trial (a page-in moved up, a page-out down) runs on from the base's timeline state where it
+parts from the base and stops once its state is the base's shifted in time (`_Trials`), instead
+of running the whole step each time (`_WholeRuns`, the reference it is tested against, with the
+same plans): the pass then grows with page-ins x the stretch each is moved over, not x the
+step. On a random layered graph of 2000 nodes at 35% with flash (963 page-ins) it takes 1.8 s
+where whole runs of the same trials take 48.8 s; on operator-level GPT-2 small at 25% with
+rpi4's flash (258 page-ins) 0.82 s against 7.33 s (`python benchmarks/overlap_pass.py`,
+2026-12-05). Within `hoisting_until(t)` (solve() sets its time limit, and run_baselines each
+baseline's share) the page-ins not reached by t stay where the plan put them, as in the
+stop-the-world model.
 """
 
 from __future__ import annotations
@@ -66,27 +69,55 @@ def schedule_io(p: Problem, stages: Stages, *, whole_runs: bool = False) -> Stag
     flat = [(s, ins) for s, stage in enumerate(stages) for ins in stage]
     if not any(ins.op in ("page_in", "page_out") for _, ins in flat):
         return stages
-    index = p.graph.index
-    ops: list[Op] = [(OP_CODES[ins.op], index[ins.node], ins.tier) for _, ins in flat]
+    ops = _resolved(p, flat)
     best = _makespan(p, ops)
-
     moved_flat, moved_ops = _issue_page_outs_early(flat, ops, p.deps)
     score = _makespan(p, moved_ops)
     if score <= best:
         flat, ops, best = moved_flat, moved_ops, score
-
     trials = (_WholeRuns if whole_runs else _Trials)(p, ops, best)
-    deadline, k = _hoisting_deadline.get(), 0
-    while k < len(ops):
-        if ops[k][0] == PAGE_IN:
-            if deadline is not None and clock.perf_counter() > deadline:
-                break
-            flat, ops = _hoist_page_in(p, flat, ops, k, trials)
-        k += 1
-    out: Stages = [[] for _ in stages]
+    return _staged(_scan(p, flat, trials, PAGE_IN, _hoist_page_in), len(stages))
+
+
+def delay_page_outs(p: Problem, stages: Stages, *, whole_runs: bool = False) -> Stages:
+    """A schedule placed by schedule_io with its page-outs issued later where that shortens the
+    step (a write ahead of reads on the one IO timeline holds them back), then its page-ins
+    hoisted again into what that frees. Its trials converge slowly (the IO queue's order
+    changes until it drains): several times schedule_io's time, so solve() runs it on the
+    chosen plan only. ResNet-50 and GPT-2 small operator-level at 25% with rpi4's flash: steps
+    1.6% and 1.3% shorter (benchmarks/overlap_pass.py)."""
+    flat = [(s, ins) for s, stage in enumerate(stages) for ins in stage]
+    if not any(ins.op == "page_out" for _, ins in flat):
+        return stages
+    ops = _resolved(p, flat)
+    trials = (_WholeRuns if whole_runs else _Trials)(p, ops, _makespan(p, ops))
+    flat = _scan(p, flat, trials, PAGE_OUT, _delay_page_out)
+    return _staged(_scan(p, flat, trials, PAGE_IN, _hoist_page_in), len(stages))
+
+
+def _resolved(p: Problem, flat) -> list[Op]:
+    index = p.graph.index
+    return [(OP_CODES[ins.op], index[ins.node], ins.tier) for _, ins in flat]
+
+
+def _staged(flat, count: int) -> Stages:
+    out: Stages = [[] for _ in range(count)]
     for s, ins in flat:
         out[s].append(ins)
     return out
+
+
+def _scan(p: Problem, flat, trials: "_WholeRuns", code: int, place):
+    """Each instruction of kind `code`, in order, placed by `place` (trials' base follows),
+    until the deadline of hoisting_until."""
+    deadline, ops, k = _hoisting_deadline.get(), trials.ops, 0
+    while k < len(ops):
+        if ops[k][0] == code:
+            if deadline is not None and clock.perf_counter() > deadline:
+                break
+            flat, ops, k = place(p, flat, ops, k, trials)
+        k += 1
+    return flat
 
 
 def sync_trace(p: Problem, ops: list[Op]) -> list[int]:
@@ -95,7 +126,8 @@ def sync_trace(p: Problem, ops: list[Op]) -> list[int]:
 
 
 def _sync_levels(p: Problem, ops: list[Op]) -> tuple[list[int], list[int]]:
-    """sync_trace, and the RAM held before each instruction (fixed memory left out)."""
+    """sync_trace, and the RAM held before each instruction and after the last (fixed memory
+    left out)."""
     ram, trace, before = 0, [], []
     for op, i, _ in ops:
         before.append(ram)
@@ -109,7 +141,7 @@ def _sync_levels(p: Problem, ops: list[Op]) -> tuple[list[int], list[int]]:
         else:
             ram -= p.sizes[i]
         trace.append(now + p.fixed)
-    return trace, before
+    return trace, before + [ram]
 
 
 def _makespan(p: Problem, ops: list[Op]) -> float:
@@ -117,13 +149,15 @@ def _makespan(p: Problem, ops: list[Op]) -> float:
 
 
 def _moved(items: list, c: int, j: int) -> list:
-    """`items` with item j moved up to position c."""
-    return items[:c] + [items[j]] + items[c:j] + items[j + 1:]
+    """`items` with item j moved to position c (up or down)."""
+    if c < j:
+        return items[:c] + [items[j]] + items[c:j] + items[j + 1:]
+    return items[:j] + items[j + 1:c + 1] + [items[j]] + items[c + 1:]
 
 
 class _WholeRuns:
-    """The makespans of a base order's trials (one page-in moved up), each trial run as a
-    whole step."""
+    """The makespans of a base order's trials (a page-in moved up, or a page-out down), each
+    trial run as a whole step."""
 
     def __init__(self, p: Problem, ops: list[Op], makespan: float) -> None:
         self.p = p
@@ -134,7 +168,8 @@ class _WholeRuns:
         self.trace, self.before = _sync_levels(self.p, ops)
 
     def score(self, c: int, j: int) -> float:
-        """The makespan with the page-in at j issued just before instruction c < j."""
+        """The makespan with the page-in at j issued just before instruction c < j, or the
+        page-out at j just after instruction c > j."""
         return _makespan(self.p, _moved(self.ops, c, j))
 
     def accept(self, c: int, j: int, makespan: float) -> list[Op]:
@@ -170,8 +205,8 @@ class _Trials(_WholeRuns):
     def accept(self, c: int, j: int, makespan: float) -> list[Op]:
         waits, limit, states = self.trial_waits.get((c, j)), self.limit, self.states
         ops = super().accept(c, j, makespan)
-        if self.limit == limit:
-            self.states = states[:c + 1]  # states[k]: before instruction k, the same before c
+        if self.limit == limit:  # states[k]: before instruction k, the same before both
+            self.states = states[:min(c, j) + 1]
         self.waits = waits
         self._waits_from(0)  # one run of the rest of the step where not known
         return ops
@@ -194,16 +229,23 @@ class _Trials(_WholeRuns):
         return self.waits - self._state_before(k).limit_waits
 
     def score(self, c: int, j: int) -> float:
-        p, ops = self.p, self.ops
+        p, ops, trace, writes = self.p, self.ops, self.trace, self.writes
         size = p.sizes[ops[j][1]]
-        moved_trace = [self.before[c] + size + p.fixed] + [t + size for t in self.trace[c:j]]
-        limit = max(self.limit, *moved_trace)
-        if limit > self.limit and self._state_before(c).limit_waits:
+        if c < j:  # a page-in issued earlier: its bytes held from c on
+            part = [ops[j]] + ops[c:j], [False] + writes[c:j]
+            part_trace = [self.before[c] + size + p.fixed] + [t + size for t in trace[c:j]]
+        else:  # a page-out issued later: its bytes held until it
+            part = ops[j + 1:c + 1] + [ops[j]], writes[j + 1:c + 1] + [writes[j]]
+            part_trace = [t + size for t in trace[j + 1:c + 1]] + [self.before[c + 1] + size
+                                                                    + p.fixed]
+        first, last = min(c, j), max(c, j)
+        limit = max(self.limit, *part_trace)
+        if limit > self.limit and self._state_before(first).limit_waits:
             return super().score(c, j)
-        run = self._state_before(c).copy()
+        run = self._state_before(first).copy()
         run.limit = limit
-        run.run([ops[j]] + ops[c:j], moved_trace, [False] + self.writes[c:j])
-        q, stride = j + 1, 1
+        run.run(part[0], part_trace, part[1])
+        q, stride = last + 1, 1
         while q < len(ops):
             base = self._state_before(q)
             lag = run.lag_behind(base)
@@ -250,21 +292,55 @@ def _hoist_page_in(p: Problem, flat, ops, j: int, trials: _WholeRuns):
             break
         earliest -= 1
     if earliest == j:
-        return flat, ops
+        return flat, ops, j
     computes = [c for c in range(j - 1, earliest - 1, -1) if ops[c][0] == COMPUTE]
-    picks = {earliest, *computes[:NEAR_ISSUE_POINTS]}
-    step = NEAR_ISSUE_POINTS * 2
+    picks = {earliest} | _issue_points(computes, NEAR_ISSUE_POINTS)
+    # latest first: ties keep the shorter hold. Moving it up shifts c..j-1 down by one:
+    # position j + 1 is unchanged, where the scan goes on.
+    flat, ops, _ = _move_to_best(flat, j, trials, sorted(picks, reverse=True))
+    return flat, ops, j
+
+
+def _delay_page_out(p: Problem, flat, ops, j: int, trials: _WholeRuns):
+    """The page-out at j issued later where that shortens the step: a write that shares the
+    IO timeline with the reads after it can hold them back (candidates: just after the 1st,
+    2nd, 4th, 8th, ... compute after it, and the latest point memory allows, before anything
+    touches the tensor again; ties go to the earliest, which holds its RAM least; 16 nearest
+    computes gave ResNet-50 and GPT-2 the same steps in 1.6x the time)."""
+    node, size = ops[j][1], p.sizes[ops[j][1]]
+    trace = trials.trace
+    latest = j
+    while latest + 1 < len(ops):
+        op = ops[latest + 1]
+        if op[1] == node or _needs(op, node, p.deps) or trace[latest + 1] + size > p.budget_bytes:
+            break
+        latest += 1
+    computes = [c for c in range(j + 1, latest + 1) if ops[c][0] == COMPUTE]
+    picks = ({latest} | _issue_points(computes, 1)) - {j}
+    flat, ops, moved = _move_to_best(flat, j, trials, sorted(picks))
+    return flat, ops, j - 1 if moved else j  # moved: the scan goes on at j, the next one
+
+
+def _issue_points(computes: list[int], near: int) -> set[int]:
+    """The first `near` of `computes`, then the 2 near-th, 4 near-th, ..."""
+    picks = set(computes[:near])
+    step = near * 2
     while step <= len(computes):
         picks.add(computes[step - 1])
         step *= 2
+    return picks
+
+
+def _move_to_best(flat, j: int, trials: _WholeRuns, candidates: list[int]):
+    """The instruction at j moved to the candidate position with the shortest step, if that
+    is shorter than the base's (ties: the first candidate); (flat, ops, whether it moved). It
+    goes into the stage of the instruction it lands beside."""
     best, chosen = trials.makespan, None
-    for c in sorted(picks, reverse=True):  # latest first: ties keep the shorter hold
+    for c in candidates:
         score = trials.score(c, j)
         if score < best * (1 - 1e-12):
             chosen, best = c, score
     if chosen is None:
-        return flat, ops
-    # Moving it up shifts c..j-1 down by one: position j + 1 is unchanged, where the scan goes on.
+        return flat, trials.ops, False
     ops = trials.accept(chosen, j, best)
-    flat = _moved(flat[:j] + [(flat[chosen][0], flat[j][1])] + flat[j + 1:], chosen, j)
-    return flat, ops  # the page-in now in the stage of the instruction it precedes
+    return _moved(flat[:j] + [(flat[chosen][0], flat[j][1])] + flat[j + 1:], chosen, j), ops, True

@@ -17,7 +17,7 @@ from . import isolated
 from .baselines import BASELINES
 from .bounds import SCOPE as BOUND_SCOPE, plain_objective, stage_lower_bound
 from .cover_bound import SCOPE as COVER_SCOPE
-from .evaluate import Evaluation, evaluate
+from .evaluate import Evaluation, evaluate, with_page_outs_delayed
 from .interrupt import PlanInterrupted, SearchInterrupted
 from .order_portfolio import (RESCUE_TRY_SHARE, OrdersAhead, cheaper_order,
                               first_order_that_plans)
@@ -764,6 +764,9 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
             time_limit: float, summary: dict[str, float | None], timing: dict | None = None,
             fallback: str | None = None, progress: Progress | None = None,
             **details) -> SolveReport:
+    if status != "interrupted":  # Ctrl-C wants out now
+        announce(progress, "page-outs delayed")
+        chosen = replace(chosen, evaluation=with_page_outs_delayed(p, chosen.evaluation))
     ev = chosen.evaluation
     value = ev.value
     # A bound always: the combinatorial stage-model bounds where they are stronger (they also
