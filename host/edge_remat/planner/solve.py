@@ -764,8 +764,8 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
             time_limit: float, summary: dict[str, float | None], timing: dict | None = None,
             fallback: str | None = None, progress: Progress | None = None,
             **details) -> SolveReport:
-    if status != "interrupted":  # Ctrl-C wants out now
-        announce(progress, "page-outs delayed")
+    if p.overlapped and status != "interrupted":  # Ctrl-C wants out now
+        announce(progress, "delaying page-outs")
         chosen = replace(chosen, evaluation=with_page_outs_delayed(p, chosen.evaluation))
     ev = chosen.evaluation
     value = ev.value
