@@ -328,7 +328,8 @@ def test_the_agents_commands_refuse_an_empty_output_name_before_any_work(tmp_pat
 @pytest.mark.parametrize("command,words", [
     (["run", "plan.json", "--graph", ""], "--graph is empty: give a value"),
     (["run", "plan.json", "--graph="], "--graph is empty: give a value"),
-    (["check-plan", "", "--graph", "graph.json"], "an argument is empty: give a value"),
+    (["check-plan", "", "--graph", "graph.json"], "the plan argument is empty: give a value"),
+    (["run", "", "--graph", ""], "the plan argument is empty: give a value"),  # the first
 ])
 def test_the_agents_commands_refuse_an_empty_value(tmp_path, command, words):
     # As the host's commands do: `--graph ''` was "error: .: ... 'Is a directory'"

@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     run_command.add_parser(sub)
 
     args = parser.parse_args(argv)
-    if (empty := _empty_value(argv)) is not None:
+    positionals = [action.dest for action in sub.choices[args.command]._actions
+                   if not action.option_strings]
+    if (empty := _empty_value(argv, [d for d in positionals if getattr(args, d) == ""])):
         print(f"error: {empty}", file=sys.stderr)
         return 2
     if args.command == "version":
@@ -167,17 +169,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _empty_value(argv: list[str]) -> str | None:
+def _empty_value(argv: list[str], empty_positionals: list[str]) -> str | None:
     """The error where an option or argument is given as '' (an unset shell variable): the
     commands would read it as left out, or as this folder ('--graph ""' was "'.' is a
-    directory"). -o keeps its own words (output_names.empty_name, said by each command)."""
+    directory"). -o keeps its own words (output_names.empty_name, said by each command).
+    `empty_positionals`: the names of the positional arguments parsed as '', in order."""
+    positionals = iter(empty_positionals)
     for k, token in enumerate(argv):
         option = argv[k - 1] if k and argv[k - 1].startswith("-") else None
         if token.startswith("--") and token.endswith("="):
             option, token = token[:-1], ""
         if token.strip() or option in ("-o", "--output"):
             continue
-        return f"{option or 'an argument'} is empty: give a value"
+        if option is None:
+            name = next(positionals, None)
+            option = f"the {name} argument" if name else "an argument"
+        return f"{option} is empty: give a value"
     return None
 
 
