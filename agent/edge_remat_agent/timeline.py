@@ -206,18 +206,21 @@ class TimelineRun:
 
         def ahead(run: "TimelineRun"):  # what is still to come, relative to compute's time
             tc = run.tc
-            return ([max(0.0, run.tio - tc)],
-                    sorted((i, t - tc) for i, t in run.arriving.items() if t - tc > tolerance),
+            return (sorted((i, t - tc) for i, t in run.arriving.items() if t - tc > tolerance),
                     [(end - tc, n) for end, n in run.writes if end - tc > tolerance],
                     [(max(0.0, s - tc), e - tc, share) for s, e, share in run.io_spans.spans
                      if e - tc > tolerance])
 
-        def same(a, b) -> bool:
-            if isinstance(a, (int, float)):
-                return abs(a - b) <= tolerance if isinstance(a, float) else a == b
-            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-
-        return self.tc - base.tc if same(ahead(self), ahead(base)) else None
+        if abs(max(0.0, self.tio - self.tc) - max(0.0, base.tio - base.tc)) > tolerance:
+            return None
+        for mine, theirs in zip(ahead(self), ahead(base)):
+            if len(mine) != len(theirs):
+                return None
+            for a, b in zip(mine, theirs):
+                for x, y in zip(a, b):  # node ids and byte counts exactly, times within rounding
+                    if (x != y) if isinstance(x, int) else abs(x - y) > tolerance:
+                        return None
+        return self.tc - base.tc
 
 
 def run_timeline(ops: list[tuple[int, int, str | None]], deps: list[list[int]],
