@@ -19,9 +19,9 @@ A trial (a page-in moved up, a page-out down) runs on from the base's timeline s
 parts from the base and stops once its state is the base's shifted in time (`_Trials`), instead
 of running the whole step each time (`_WholeRuns`, the reference it is tested against, with the
 same plans): the pass then grows with page-ins x the stretch each is moved over, not x the
-step. On a random layered graph of 2000 nodes at 35% with flash (963 page-ins) it takes 1.8 s
-where whole runs of the same trials take 48.8 s; on operator-level GPT-2 small at 25% with
-rpi4's flash (258 page-ins) 0.82 s against 7.33 s (`python benchmarks/overlap_pass.py`,
+step. On a random layered graph of 2000 nodes at 35% with flash (963 page-ins) it takes 0.9 s
+where whole runs of the same trials take 48.5 s; on operator-level GPT-2 small at 25% with
+rpi4's flash (258 page-ins) 0.64 s against 7.13 s (`python benchmarks/overlap_pass.py`,
 2026-12-05). Within `hoisting_until(t)` (solve() sets its time limit, and run_baselines each
 baseline's share) the page-ins not reached by t stay where the plan put them, as in the
 stop-the-world model.
@@ -174,8 +174,24 @@ class _WholeRuns:
 
     def accept(self, c: int, j: int, makespan: float) -> list[Op]:
         """Trial (c, j), which scored `makespan`, is the base now: its instructions."""
-        self._set_base(_moved(self.ops, c, j), makespan)
+        first, last = min(c, j), max(c, j)
+        trace, before = self._levels_between(c, j)
+        self.trace = self.trace[:first] + trace + self.trace[last + 1:]
+        self.before = self.before[:first] + before + self.before[last + 1:]
+        self.ops, self.makespan = _moved(self.ops, c, j), makespan
         return self.ops
+
+    def _levels_between(self, c: int, j: int) -> tuple[list[int], list[int]]:
+        """Trial (c, j)'s sync_trace and RAM before each instruction, from min(c, j) to
+        max(c, j): elsewhere they are the base's."""
+        size, fixed = self.p.sizes[self.ops[j][1]], self.p.fixed
+        trace, before = self.trace, self.before
+        if c < j:  # a page-in issued earlier: its bytes held from c on
+            return ([before[c] + size + fixed] + [t + size for t in trace[c:j]],
+                    before[c:c + 1] + [b + size for b in before[c:j]])
+        # a page-out issued later: its bytes held until it
+        return ([t + size for t in trace[j + 1:c + 1]] + [before[c + 1] + size + fixed],
+                [b + size for b in before[j + 1:c + 2]])
 
 
 class _Trials(_WholeRuns):
@@ -203,11 +219,16 @@ class _Trials(_WholeRuns):
         self.trial_waits: dict[tuple[int, int], int] = {}
 
     def accept(self, c: int, j: int, makespan: float) -> list[Op]:
-        waits, limit, states = self.trial_waits.get((c, j)), self.limit, self.states
+        waits, limit = self.trial_waits.get((c, j)), self.limit
         ops = super().accept(c, j, makespan)
+        self.writes = _moved(self.writes, c, j)
+        self.limit = max(self.trace, default=0)
         if self.limit == limit:  # states[k]: before instruction k, the same before both
-            self.states = states[:min(c, j) + 1]
-        self.waits = waits
+            del self.states[min(c, j) + 1:]
+        else:
+            self.states = self.states[:1]
+            self.states[0].limit = self.limit
+        self.waits, self.trial_waits = waits, {}
         self._waits_from(0)  # one run of the rest of the step where not known
         return ops
 
@@ -229,15 +250,12 @@ class _Trials(_WholeRuns):
         return self.waits - self._state_before(k).limit_waits
 
     def score(self, c: int, j: int) -> float:
-        p, ops, trace, writes = self.p, self.ops, self.trace, self.writes
-        size = p.sizes[ops[j][1]]
-        if c < j:  # a page-in issued earlier: its bytes held from c on
+        ops, writes = self.ops, self.writes
+        if c < j:
             part = [ops[j]] + ops[c:j], [False] + writes[c:j]
-            part_trace = [self.before[c] + size + p.fixed] + [t + size for t in trace[c:j]]
-        else:  # a page-out issued later: its bytes held until it
+        else:
             part = ops[j + 1:c + 1] + [ops[j]], writes[j + 1:c + 1] + [writes[j]]
-            part_trace = [t + size for t in trace[j + 1:c + 1]] + [self.before[c + 1] + size
-                                                                    + p.fixed]
+        part_trace = self._levels_between(c, j)[0]
         first, last = min(c, j), max(c, j)
         limit = max(self.limit, *part_trace)
         if limit > self.limit and self._state_before(first).limit_waits:
