@@ -390,3 +390,27 @@ def test_the_plan_solve_returns_has_its_page_outs_delayed():
     assert report.plan.predicted["peak_bytes"] <= p.budget_bytes
     replayed = simulate(p.graph, p.costs, report.plan.stages, p.budget_bytes, io="overlap")
     assert replayed.time_s == pytest.approx(report.plan.predicted["time_s"], rel=1e-12)
+
+
+def test_an_accepted_move_updates_the_bases_ram_and_writes_over_its_stretch():
+    import random
+
+    from edge_remat.planner import overlap
+    from edge_remat_agent.timeline import first_writes
+    for seed in (2, 5, 7):
+        p, stages = _paging_schedule(seed)
+        ops = [(overlap.OP_CODES[ins.op], p.graph.index[ins.node], ins.tier)
+               for stage in stages for ins in stage]
+        trials, rng = overlap._Trials(p, ops, overlap._makespan(p, ops)), random.Random(seed)
+        for _ in range(20):
+            j = rng.choice([k for k, op in enumerate(trials.ops) if op[0] != overlap.COMPUTE
+                            and op[0] != overlap.FREE])
+            up = trials.ops[j][0] == overlap.PAGE_IN
+            if (up and j == 0) or (not up and j == len(trials.ops) - 1):
+                continue
+            c = rng.randrange(0, j) if up else rng.randrange(j + 1, len(trials.ops))
+            trials.accept(c, j, trials.score(c, j))
+            assert (trials.trace, trials.before) == overlap._sync_levels(p, trials.ops)
+            assert trials.writes == first_writes(trials.ops)
+            assert trials.limit == max(trials.trace)
+            assert trials.makespan == pytest.approx(overlap._makespan(p, trials.ops), rel=1e-12)
