@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers.executor_plans import dtr_plan, with_paging
-from helpers.overlap_schedules import placed_for_overlap
+from helpers.overlap_schedules import paging_problems, placed_for_overlap
 from helpers.small_graphs import training_chain
 from edge_remat.planner.build import build_problem, keep_all_peak_bytes
 from edge_remat.planner.evaluate import evaluate
@@ -306,12 +306,8 @@ def _paging_problem(seed: int) -> tuple[Problem, Problem]:
     bandwidth = rng.choice([4.0, 40.0, 1e3, 1e5, 1e7, 1e9])
     tier = Tier(read_bytes_per_s=bandwidth, write_bytes_per_s=bandwidth * rng.choice([0.25, 1, 4]),
                 latency_s=rng.choice([0, 0.01, 0.1]), compute_share=rng.choice([0, 0, 0.3, 1]))
-    costs = build_costs(graph, None, {"flash": tier})
-    peak = keep_all_peak_bytes(graph)
-    budget = max(Problem(graph, costs, peak).smallest_budget()[0],
-                 int(peak * rng.uniform(0.3, 0.9)))
-    sync_p, p = (Problem(graph, costs, budget, "time", None, ("flash",), "counted", None, io)
-                 for io in ("sync", "overlap"))
+    _, sync_p, p = paging_problems(graph, costs=build_costs(graph, None, {"flash": tier}),
+                                   fraction=rng.uniform(0.3, 0.9))
     return sync_p, p
 
 

@@ -27,13 +27,22 @@ class Placed:
     after: SimResult  # the placed one, overlapped
 
 
-def placed_for_overlap(graph: Graph, costs: CostModel, seed: int) -> Placed:
-    """At a budget drawn for `seed` between the floor and 0.55-0.8 of the plain peak."""
+def paging_problems(graph: Graph, costs: CostModel,
+                    fraction: float) -> tuple[int, Problem, Problem]:
+    """The budget at `fraction` of the plain peak (the floor where that is below it), and the
+    problem at it with paging to flash, stop-the-world and overlapped."""
     peak = keep_all_peak_bytes(graph)
     floor = Problem(graph, costs, peak).smallest_budget()[0]
-    budget = max(floor, int(peak * random.Random(seed).uniform(0.55, 0.8)))
-    sync_p = Problem(graph, costs, budget, "time", None, ("flash",), "counted", None, "sync")
-    over_p = Problem(graph, costs, budget, "time", None, ("flash",), "counted", None, "overlap")
+    budget = max(floor, int(peak * fraction))
+    sync_p, over_p = (Problem(graph, costs, budget, "time", None, ("flash",), "counted", None,
+                              io) for io in ("sync", "overlap"))
+    return budget, sync_p, over_p
+
+
+def placed_for_overlap(graph: Graph, costs: CostModel, seed: int) -> Placed:
+    """At a budget drawn for `seed` between the floor and 0.55-0.8 of the plain peak."""
+    budget, sync_p, over_p = paging_problems(graph, costs,
+                                             random.Random(seed).uniform(0.55, 0.8))
     sync = solve(sync_p, "heuristic:paging", time_limit=5)
     stages, _ = lower(over_p, sync.decisions)
     placed = schedule_io(over_p, stages)

@@ -92,7 +92,9 @@ def delay_page_outs(p: Problem, stages: Stages, *, whole_runs: bool = False) -> 
     ops = _resolved(p, flat)
     trials = (_WholeRuns if whole_runs else _Trials)(p, ops, _makespan(p, ops))
     flat = _scan(p, flat, trials, PAGE_OUT, _delay_page_out)
-    return _staged(_scan(p, flat, trials, PAGE_IN, _hoist_page_in), len(stages))
+    flat = _scan(p, flat, trials, PAGE_IN, _hoist_page_in)
+    # nothing moved: the schedule given, which the caller then need not replay again
+    return stages if trials.ops is ops else _staged(flat, len(stages))
 
 
 def _resolved(p: Problem, flat) -> list[Op]:
@@ -150,9 +152,12 @@ def _makespan(p: Problem, ops: list[Op]) -> float:
 
 def _moved(items: list, c: int, j: int) -> list:
     """`items` with item j moved to position c (up or down)."""
-    if c < j:
-        return items[:c] + [items[j]] + items[c:j] + items[j + 1:]
-    return items[:j] + items[j + 1:c + 1] + [items[j]] + items[c + 1:]
+    return items[:min(c, j)] + _moved_between(items, c, j) + items[max(c, j) + 1:]
+
+
+def _moved_between(items: list, c: int, j: int) -> list:
+    """_moved's items from position min(c, j) to max(c, j): elsewhere they stay."""
+    return [items[j]] + items[c:j] if c < j else items[j + 1:c + 1] + [items[j]]
 
 
 class _WholeRuns:
@@ -175,23 +180,24 @@ class _WholeRuns:
     def accept(self, c: int, j: int, makespan: float) -> list[Op]:
         """Trial (c, j), which scored `makespan`, is the base now: its instructions."""
         first, last = min(c, j), max(c, j)
-        trace, before = self._levels_between(c, j)
-        self.trace = self.trace[:first] + trace + self.trace[last + 1:]
-        self.before = self.before[:first] + before + self.before[last + 1:]
+        size = self.p.sizes[self.ops[j][1]]
+        before = self.before  # a page-in issued earlier holds its bytes from c on, a
+        # page-out issued later until it
+        held = (before[c:c + 1] + [b + size for b in before[c:j]] if c < j else
+                [b + size for b in before[j + 1:c + 2]])
+        self.trace = self.trace[:first] + self._trace_between(c, j) + self.trace[last + 1:]
+        self.before = before[:first] + held + before[last + 1:]
         self.ops, self.makespan = _moved(self.ops, c, j), makespan
         return self.ops
 
-    def _levels_between(self, c: int, j: int) -> tuple[list[int], list[int]]:
-        """Trial (c, j)'s sync_trace and RAM before each instruction, from min(c, j) to
-        max(c, j): elsewhere they are the base's."""
+    def _trace_between(self, c: int, j: int) -> list[int]:
+        """Trial (c, j)'s sync_trace from min(c, j) to max(c, j): elsewhere it is the base's."""
         size, fixed = self.p.sizes[self.ops[j][1]], self.p.fixed
         trace, before = self.trace, self.before
         if c < j:  # a page-in issued earlier: its bytes held from c on
-            return ([before[c] + size + fixed] + [t + size for t in trace[c:j]],
-                    before[c:c + 1] + [b + size for b in before[c:j]])
+            return [before[c] + size + fixed] + [t + size for t in trace[c:j]]
         # a page-out issued later: its bytes held until it
-        return ([t + size for t in trace[j + 1:c + 1]] + [before[c + 1] + size + fixed],
-                [b + size for b in before[j + 1:c + 2]])
+        return [t + size for t in trace[j + 1:c + 1]] + [before[c + 1] + size + fixed]
 
 
 class _Trials(_WholeRuns):
@@ -250,19 +256,15 @@ class _Trials(_WholeRuns):
         return self.waits - self._state_before(k).limit_waits
 
     def score(self, c: int, j: int) -> float:
-        ops, writes = self.ops, self.writes
-        if c < j:
-            part = [ops[j]] + ops[c:j], [False] + writes[c:j]
-        else:
-            part = ops[j + 1:c + 1] + [ops[j]], writes[j + 1:c + 1] + [writes[j]]
-        part_trace = self._levels_between(c, j)[0]
+        ops = self.ops
+        part_trace = self._trace_between(c, j)
         first, last = min(c, j), max(c, j)
         limit = max(self.limit, *part_trace)
         if limit > self.limit and self._state_before(first).limit_waits:
             return super().score(c, j)
         run = self._state_before(first).copy()
         run.limit = limit
-        run.run(part[0], part_trace, part[1])
+        run.run(_moved_between(ops, c, j), part_trace, _moved_between(self.writes, c, j))
         q, stride = last + 1, 1
         while q < len(ops):
             base = self._state_before(q)
