@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .formats import ComputeRates, FormatError, Graph, Node, Plan, Profile, Tier
+from .formats import HOME, ComputeRates, FormatError, Graph, Node, Plan, Profile, Tier
 from .formats.graph import ram_homed_signature
 from .timeline import Timeline, TimelineRun, run_timeline
 
@@ -71,6 +71,9 @@ class CostModel:
     # from compute. None: no node has any.
     home_io_s: list[float] | None = None
     home_io_j: list[float] | None = None
+    # Compute lost per second of a read from the parameters' home beside it (the home tier's
+    # compute_share; the largest where groups live on two tiers).
+    home_compute_share: float = 0.0
 
     def timeline(self, ops, deps: list[list[int]], sizes: list[int],
                  sync_trace: list[int]) -> Timeline:
@@ -87,11 +90,14 @@ class CostModel:
                            self._tier_shares())
 
     def _tier_times(self) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-        return ({name: tier.in_time_s for name, tier in self.tiers.items()},
+        # a read from home takes what computing its param node takes (simulate.py)
+        return ({**{name: tier.in_time_s for name, tier in self.tiers.items()},
+                 HOME: self.time_s},
                 {name: tier.out_time_s for name, tier in self.tiers.items()})
 
     def _tier_shares(self) -> dict[str, float]:
-        return {name: tier.compute_share for name, tier in self.tiers.items()}
+        return {**{name: tier.compute_share for name, tier in self.tiers.items()},
+                HOME: self.home_compute_share}
 
     def in_order(self, positions: list[int]) -> "CostModel":
         """The same costs for the graph's nodes in another order: node i of the new order is
@@ -187,9 +193,13 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     workspace_source = (f"profile:{profile.name} for {workspace_from_profile}/{len(graph)} "
                         "nodes" if workspace_from_profile else "graph")
     has_io = any(io_times)
+    homes = {n.attrs["io"]["tier"] for n in graph.nodes if n.read_from_home}
+    home_share = max((all_tiers[name].compute_share for name in homes if name in all_tiers),
+                     default=0.0)
     return CostModel(times, energies, idle_w, tier_costs, power_source, time_source, cost_source,
                      workspaces, workspace_source, all_tiers, runtime_warm_bytes(graph, profile),
-                     io_times if has_io else None, io_energies if has_io else None)
+                     io_times if has_io else None, io_energies if has_io else None,
+                     home_share)
 
 
 def plan_costs(graph: Graph, plan: Plan, profile: Profile | None = None) -> CostModel:

@@ -7,6 +7,9 @@ where it has one, else the graph's), plus fixed memory (the graph's, and what a 
 the ops' first calls leave to the process: costs.runtime_warm_bytes). Paged-out copies stay on their tier
 until the end of the step.
 
+A `page_in` from "home" reads a param node's group from its parameters' home: it is that
+node's compute (its time, energy and count; no workspace), issued as a read.
+
 Paging time: `io="sync"` counts every page-in and page-out as stopping compute (time = compute
 + paging); `io="overlap"` runs them on an IO timeline beside compute (timeline.py: prefetch,
 write-behind, the bytes in flight counted), and the step time is the makespan.
@@ -18,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .costs import CostModel
-from .formats import Graph, Instruction, Stages
+from .formats import HOME, Graph, Instruction, Stages
 from .timeline import OP_CODES
 
 IO_MODES = ("sync", "overlap")
@@ -49,6 +52,7 @@ class SimResult:
     page_ins: int
     page_outs: int
     paged_bytes: int
+    home_reads: int = 0  # param nodes read with a page_in from home (counted in computes too)
     fits_budget: bool | None = None
     memory_trace: list[int] = field(default_factory=list, repr=False)  # RAM at each instruction
     io: str = "sync"  # "overlap": paging on its own timeline (timeline.py)
@@ -97,7 +101,7 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
     peak, peak_at = fixed, (0, 0)
     computed = [0] * len(graph)
     t_compute = t_paging = e_compute = e_paging = t_home = e_home = 0.0
-    page_ins = page_outs = paged_bytes = 0
+    page_ins = page_outs = paged_bytes = home_reads = 0
     trace: list[int] = []
     ops: list[tuple[int, int, str | None]] = []  # resolved, for the IO timeline
 
@@ -110,7 +114,11 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
             if i is None:
                 raise fail(f"node {ins.node!r} is not in graph '{graph.name}'")
             now = ram_bytes
-            if ins.op == "compute":
+            home = ins.op == "page_in" and ins.tier == HOME
+            if home and not graph.nodes[i].read_from_home:
+                raise fail("only a param node whose parameters live on a page tier is read "
+                           "from home")
+            if ins.op == "compute" or home:
                 missing = [graph.nodes[d].id for d in deps[i] if d not in ram]
                 if missing:
                     raise fail(f"inputs {missing} are not in RAM")
@@ -120,7 +128,8 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
                     raise fail(f"it reads parameters that update node "
                                f"{graph.nodes[stepped[i]].id!r} has already stepped: computed "
                                "again after it, it would use the new weights")
-                now = ram_bytes + sizes[i] + workspace[i]
+                now = ram_bytes + sizes[i] + (0 if home else workspace[i])
+                home_reads += home
                 ram.add(i)
                 ram_bytes += sizes[i]
                 computed[i] += 1
@@ -188,7 +197,7 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
         energy_compute_j=e_compute, energy_paging_j=e_paging,
         energy_static_j=costs.static_w * step_time, tdi_percent=tdi,
         computes=n_computes, recomputed=n_computes - len(graph), page_ins=page_ins,
-        page_outs=page_outs, paged_bytes=paged_bytes,
+        page_outs=page_outs, paged_bytes=paged_bytes, home_reads=home_reads,
         fits_budget=None if budget_bytes is None else peak <= budget_bytes, memory_trace=trace,
         io=io, step_time_s=timeline.step_time_s if timeline else None,
         io_busy_s=timeline.io_busy_s if timeline else None,

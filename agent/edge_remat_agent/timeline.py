@@ -6,7 +6,8 @@ The semantics the simulator, the planner's post-pass (host planner/overlap.py) a
   page_in n   issued where the plan puts it: the read is queued on the IO timeline (one IO at a
               time, in plan order) and its bytes are in RAM from the issue on; compute goes on
               and waits for the read only at the first use of n (a compute that reads it, or a
-              free or page_out of it).
+              free or page_out of it). A page_in from "home" reads a param node's group from
+              its parameters' home the same way, for the time computing that node takes.
   page_out n  the write is queued on the IO timeline (written behind) and compute goes on; n's
               bytes stay in RAM until the write completes. A node whose page is still on the
               tier from earlier in the step is not written again (the executor skips it too).

@@ -319,6 +319,14 @@ class StepRunner:
             self._hold(placeholder, value)
             self.env[placeholder] = value
 
+    def place_parameters(self, node_id: NodeId, values: dict[str, torch.Tensor]) -> None:
+        """A param node's group loaded elsewhere (overlapped paging's read from home), by
+        output: as computing the node would have left it."""
+        self.runs[node_id] = self.runs.get(node_id, 0) + 1
+        for placeholder, value in values.items():
+            self._hold(placeholder, value)
+            self.env[placeholder] = value
+
     def free(self, node_id: NodeId) -> None:
         for name in self.graph.node(node_id).attrs["outputs"]:
             if self.env.pop(name, None) is not None:

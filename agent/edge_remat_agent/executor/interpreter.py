@@ -24,7 +24,7 @@ import torch
 
 from ..capture.replay import StepRunner
 from ..devices import synchronize
-from ..formats import Graph, Instruction, Node, Stages
+from ..formats import HOME, Graph, Instruction, Node, Stages
 from ..pages import PageStore, PageStoreError
 from .errors import OOM_REMEDY, InstructionFailed, OutOfMemory, first_line, is_out_of_memory
 from .paging import IoFailed, OverlappedPaging
@@ -47,6 +47,7 @@ class StepCounts:
     recompute_s: float = 0.0
     page_out_s: float = 0.0  # overlapped: the IO thread's time writing
     page_in_s: float = 0.0  # overlapped: the IO thread's time reading
+    home_read_s: float = 0.0  # overlapped: the IO thread's time reading param nodes from home
     overlapped: bool = False  # paging ran on the IO thread beside compute
     io_wait_s: float = 0.0  # overlapped: time the step waited for the IO thread
     # "measured": the ledger counted this step; "replayed": it ran compiled and the ledger's
@@ -180,6 +181,12 @@ class Interpreter:
         self.counts.page_out_s += time.perf_counter() - start
 
     def _page_in(self, ins: Instruction, where=None) -> None:
+        if ins.tier == HOME:  # a param node's read from its parameters' home
+            if self.paging is not None:
+                self.paging.read_home(ins, where)
+            else:
+                self._compute(ins, where)
+            return
         if self.paging is not None:
             self.paging.page_in(ins, where)
             return

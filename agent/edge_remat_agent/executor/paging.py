@@ -7,14 +7,17 @@ when its copies have, so compute goes on while pages move.
 
 The rules are timeline.py's, which the simulator and the planner use: a page_in starts reading
 where the plan issues it (its bytes counted from there) and compute waits for it only at the
-tensor's first use; a page_out is written behind, its tensor held (and counted) until the
+tensor's first use (a page_in from "home" reads a param node's group from its parameters' home
+the same way, through the runner's load_parameter); a page_out is written behind, its tensor held (and counted) until the
 write completes; before each instruction the oldest writes are waited for while the
 simulator's RAM there plus the writes in flight is over the plan's synchronous peak, so the
 ledger never goes above the peak the plan predicts.
 
 Thread safety: the IO thread only runs the page store's put and get (file writes and reads,
-which release the GIL, into tensors the page codec allocates); the step's values, the ledger
-and the counts are touched on the executor's thread alone.
+which release the GIL, into tensors the page codec allocates) and the parameter home's reads;
+the step's values, the ledger and the counts are touched on the executor's thread alone. An
+update waits for the reads of its own group still in flight before it writes the group's new
+version (which drops the old one from the home).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Pending:
     where: tuple[int, int, Instruction]  # (stage, position, instruction) that issued it
     ledger_keys: tuple  # what it holds in the ledger until it completes
     plan_bytes: int = 0  # the tensor's size in the plan's memory model (writes)
+    home: bool = False  # a param node's group read from its parameters' home
     # A write's tensors, kept alive until this thread unregisters their keys: the IO thread
     # drops its own reference when the write ends, and a storage freed while its key is still
     # registered lets the next tensor at that address count as already counted (the ledger
@@ -99,6 +103,11 @@ class OverlappedPaging:
         self.page_bytes: dict[Any, int] = {}  # node -> bytes its page holds (ledger figure)
         self.layouts: dict[Any, dict] = {}  # node -> {output: (shape, stride, dtype)} paged out
         self._serial = 0
+        self._readers: dict[str, list[Any]] = {}  # parameter name -> param nodes that load it
+        for node in graph.nodes:
+            if node.kind == "param":
+                for name in node.attrs["params"]:
+                    self._readers.setdefault(name, []).append(node.id)
 
     # -- before each instruction ----------------------------------------------------------
 
@@ -115,10 +124,17 @@ class OverlappedPaging:
             self._finish_write(pending, waited=time.perf_counter() - start)
 
     def inputs_ready(self, node_id: Any) -> None:
-        """A compute is about to read its inputs: wait for those still being paged in."""
-        for dep in self.graph.node(node_id).inputs:
+        """A compute is about to read its inputs: wait for those still being paged in (an
+        update: also for its group's reads from home, before it writes the group anew)."""
+        node = self.graph.node(node_id)
+        for dep in node.inputs:
             if dep in self.arriving:
                 self.arrive(dep)
+        if node.kind == "update" and self.arriving:
+            for name in node.attrs.get("params", ()):
+                for reader in self._readers.get(name, ()):
+                    if reader in self.arriving:
+                        self.arrive(reader)
 
     # -- the paging instructions ----------------------------------------------------------
 
@@ -141,6 +157,17 @@ class OverlappedPaging:
         future = self.pool.submit(_read, store, ins.node, names, into, *self._ordered())
         self.arriving[ins.node] = Pending(future, where, (key,))
 
+    def read_home(self, ins: Instruction, where: tuple[int, int, Instruction]) -> None:
+        """A param node's group read from its parameters' home on the IO thread: what
+        computing the node does, counted from the issue on as the plan counts it."""
+        node = self.graph.node(ins.node)
+        outputs = node.attrs["outputs"]
+        key = ("reading home", outputs[0] if outputs else ins.node, self._next())
+        self.ledger.register(key, node.out_bytes)
+        future = self.pool.submit(_load, self.runner.load_parameter,
+                                  dict(zip(outputs, node.attrs["params"])), *self._ordered())
+        self.arriving[ins.node] = Pending(future, where, (key,), home=True)
+
     def arrive(self, node_id: Any) -> None:
         pending = self.arriving.pop(node_id)
         start = time.perf_counter()
@@ -151,6 +178,12 @@ class OverlappedPaging:
             compute = torch.cuda.current_stream(self.copies.device)
             for value in values.values():
                 value.record_stream(compute)
+        if pending.home:
+            self.runner.place_parameters(node_id, values)
+            self.counts.computes += 1
+            self.counts.recomputed += self.runner.runs[node_id] > 1
+            self.counts.home_read_s += elapsed
+            return
         self.runner.restore_outputs(node_id, values)
         self.counts.page_ins += 1
         self.counts.paged_bytes += sum(v.untyped_storage().nbytes() for v in values.values())
@@ -264,6 +297,17 @@ def _read(store: PageStore, node_id: Any, names: list[str], into: dict[str, torc
             return None
         with reading_into(place):
             values[name] = store.get((node_id, name))
+    return values, time.perf_counter() - start
+
+
+def _load(load, names: dict[str, str], copies: CopyStream | None = None,
+          issued: Any = None) -> tuple[dict, float]:
+    """A param node's group: each output (placeholder) loaded by its parameter's name."""
+    if copies is not None:
+        with copies.after(issued):
+            return _load(load, names)
+    start = time.perf_counter()
+    values = {placeholder: load(name) for placeholder, name in names.items()}
     return values, time.perf_counter() - start
 
 

@@ -24,7 +24,7 @@ from ..costs import plan_costs
 from ..devices import (allocated_peak, release_cached, reserved_peak, reset_peaks,
                        synchronize, unavailable)
 from ..diverged import Remedy, is_nonfinite, remedy_for
-from ..formats import Graph, Plan
+from ..formats import HOME, Graph, Plan
 from ..lr_schedule import ScheduledLr, lr_factor, lr_history
 from ..memory_classes import CLASSES, ledger_classifier, planned_at
 from ..pages import PageStore
@@ -123,7 +123,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     lrs = lr_history(resume.lr_history if resume else None, start + 1,
                      optimizer_description["lr"])
     sim = validate(captured.graph, plan)
-    pages = sim.page_ins + sim.page_outs > 0
+    pages = sim.page_ins + sim.page_outs + sim.home_reads > 0
     overlap = (sim.memory_trace, sim.peak_bytes) \
         if paging_io == "overlap" and pages and allocator != "arena" else None
     device = torch.device(device)
@@ -456,8 +456,8 @@ def memory_by_class(graph: Graph, plan: Plan, sim: SimResult, records: list[dict
 
 def validate(graph: Graph, plan: Plan) -> SimResult:
     """The simulator's replay of the plan (its reference semantics) on the captured graph."""
-    missing = sorted({ins.tier for ins in plan.instructions()
-                      if ins.tier is not None and ins.tier not in plan.tiers})
+    missing = sorted({ins.tier for ins in plan.instructions()  # home: the param node's costs
+                      if ins.tier not in (None, HOME) and ins.tier not in plan.tiers})
     if missing:  # its figures are what the plan's time was costed with: never made up here
         raise BadInput(f"the plan pages to {' and '.join(missing)} but carries no figures for "
                        "it (the plan's `tiers`): plan again with `edge-remat plan`, which "

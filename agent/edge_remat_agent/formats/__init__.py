@@ -2,10 +2,10 @@
 
 from .errors import FormatError
 from .graph import KINDS, Graph, Node, NodeId, graph_from_dict, load_graph
-from .plan import OPS, Instruction, Plan, Stages, load_plan, plan_from_dict
+from .plan import HOME, OPS, Instruction, Plan, Stages, load_plan, plan_from_dict
 from .profile import (TIER_NAMES, ComputeRates, OpCost, Profile, Tier, load_profile,
                       profile_from_dict)
 
 __all__ = ["FormatError", "KINDS", "Graph", "Node", "NodeId", "graph_from_dict", "load_graph",
-           "OPS", "Instruction", "Plan", "Stages", "load_plan", "plan_from_dict", "TIER_NAMES",
+           "HOME", "OPS", "Instruction", "Plan", "Stages", "load_plan", "plan_from_dict", "TIER_NAMES",
            "ComputeRates", "OpCost", "Profile", "Tier", "load_profile", "profile_from_dict"]

@@ -34,6 +34,12 @@ class Node:
     signature: str | None = None  # canonical op signature (op + shapes + dtype) for profile lookup
     attrs: dict[str, Any] = field(default_factory=dict)  # capture details the planner ignores
 
+    @property
+    def read_from_home(self) -> bool:
+        """A param node whose group lives on a page tier: a plan may read it with a `page_in`
+        from "home" (formats/plan.py) instead of computing it."""
+        return self.kind == "param" and "io" in self.attrs
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "name": self.name, "kind": self.kind, "op": self.op,
                                "inputs": list(self.inputs), "out_bytes": self.out_bytes,

@@ -5,6 +5,10 @@ A schedule is a list of stages; each stage a list of instructions
 with `tier` ("flash" | "host") only on paging instructions. `tiers` carries the figures of the
 tiers the plan pages to (bandwidths, latencies, energy), so that the plan replays, and the
 executor checks it, without the profile it was costed with.
+
+`{"op": "page_in", "node": p, "tier": "home"}`, for a param node p whose parameters live on a
+page tier (`attrs.io`), reads its group from that home: what computing p does, as a read that
+an overlapped run issues on its IO timeline, ahead of p's first use (timeline.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from .profile import TIER_NAMES, Tier, tier_from
 VERSIONS = (1,)
 OPS = ("compute", "free", "page_out", "page_in")
 PAGING_OPS = ("page_out", "page_in")
+HOME = "home"  # a page_in's tier for a param node read from its parameters' home
 STATUSES = ("optimal", "feasible", "infeasible", "timeout")
 
 
@@ -175,7 +180,8 @@ def _instruction(r: Reader) -> Instruction:
     if isinstance(node, bool) or not isinstance(node, (int, str)):
         raise r.error("node", "a node id (integer or string)", node)
     if op in PAGING_OPS:
-        return Instruction(op, node, r.str("tier", choices=TIER_NAMES))
+        tiers = TIER_NAMES + (HOME,) if op == "page_in" else TIER_NAMES
+        return Instruction(op, node, r.str("tier", choices=tiers))
     if "tier" in r.obj:
         raise r.error("tier", f"no tier on a '{op}' instruction")
     return Instruction(op, node)

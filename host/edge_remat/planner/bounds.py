@@ -22,6 +22,9 @@ def leave_costs(p: Problem) -> np.ndarray:
     """The least each tensor's leaving RAM and coming back costs: a recomputation, or a
     page-out and a page-in to the cheapest tier (only its energy where paging overlaps)."""
     cost = np.asarray(node_costs(p), dtype=float)
+    hidden = np.asarray(p.hidden_home_reads(), dtype=bool)
+    if hidden.any():  # a read from home may hide wholly behind compute: only its energy is sure
+        cost[hidden] = 0.0 if p.objective == "time" else np.asarray(p.costs.energy_j)[hidden]
     for name in p.tiers:  # leaving by paging costs a page-out and a page-in instead
         tier = p.costs.tiers[name]
         paging = np.asarray(tier.out_time_s, dtype=float) + np.asarray(tier.in_time_s, dtype=float)
@@ -35,9 +38,11 @@ def leave_costs(p: Problem) -> np.ndarray:
 
 
 def plain_objective(p: Problem) -> float:
-    """The objective of the plain schedule: what every bound adds its extra cost to."""
-    return p.plain_time if p.objective == "time" else \
-        sum(p.costs.energy_j) + p.costs.static_w * p.plain_time
+    """The objective of the plain schedule: what every bound adds its extra cost to. Where
+    reads from home overlap, only the compute they leave is sure to take its time."""
+    time = p.plain_time - sum(t for t, hidden in zip(p.costs.time_s, p.hidden_home_reads())
+                              if hidden)
+    return time if p.objective == "time" else sum(p.costs.energy_j) + p.costs.static_w * time
 
 
 def first_compute_needs(p: Problem) -> np.ndarray:

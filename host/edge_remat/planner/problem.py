@@ -93,6 +93,8 @@ class Problem:
         # node -> the update that steps the parameters it reads (no recompute after it)
         self.stepped = g.stepped_by()
         self.plain_time = sum(self.costs.time_s)
+        # param nodes an overlapped plan reads from their home on the IO timeline (overlap.py)
+        self.home_reads = [node.read_from_home for node in g.nodes]
 
     def used_after(self, i: int, t: int) -> bool:
         """Whether node i has a user after stage t (next_use's question in O(1))."""
@@ -129,7 +131,14 @@ class Problem:
 
     @property
     def overlapped(self) -> bool:
-        return self.io == "overlap" and bool(self.tiers)
+        """Scored on the IO timeline: paging, or parameters read from their home, beside
+        compute."""
+        return self.io == "overlap" and (bool(self.tiers) or any(self.home_reads))
+
+    def hidden_home_reads(self) -> list[bool]:
+        """The nodes whose computes an overlapped plan may hide behind compute: param nodes
+        read from their home (none where the plan is not overlapped)."""
+        return self.home_reads if self.overlapped else [False] * self.n
 
     def smallest_budget(self, seconds: float = 2.0) -> tuple[int, int]:
         """(bytes, node index): no schedule fits below a node's inputs + output + workspace;

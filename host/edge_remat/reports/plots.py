@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-from edge_remat_agent.formats import Graph, Plan, Profile
+from edge_remat_agent.formats import HOME, Graph, Plan, Profile
 
 MIB = 2**20
 # Cell codes of the schedule matrix, drawn in this order of colours.
@@ -45,7 +45,7 @@ def schedule_matrix(graph: Graph, plan: Plan, stages_per_row: int = 1,
         computed = []
         for ins in stage:
             i = graph.index[ins.node]
-            if ins.op == "compute":
+            if ins.op == "compute" or ins.tier == HOME:  # a read from home computes it
                 ram.add(i)
                 computed.append(i)
             elif ins.op == "free":

@@ -40,9 +40,12 @@ def _num(value: Any, fmt: str = "{:.4g}") -> str:
 
 
 def _home_io(predicted: dict[str, Any], key: str, unit: str) -> str:
-    """What of compute went to the parameters' home (params on flash or the host), if any."""
-    value = predicted.get(key)
-    return f"parameters' home IO {_num(value)} {unit}, " if value else ""
+    """What of compute went to the parameters' home (params on flash or the host), if any,
+    and how many of its reads go on the IO timeline (page_in from home)."""
+    value, reads = predicted.get(key), predicted.get("home_reads")
+    return (f"parameters' home IO {_num(value)} {unit}"
+            + (f", {counted(reads, 'read')} of it issued ahead" if reads else "")
+            + ", ") if value else ""
 
 
 def plan_table(plan_dict: dict[str, Any]) -> str:
