@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from end_to_end import MODELS, QUICK  # noqa: E402
-from overlap import FLASH_SIZES  # noqa: E402
+from overlap import FLASH_SIZES, _share  # noqa: E402
 
 RUNS = ("in place", "ahead, sync", "ahead")
 
@@ -117,10 +117,6 @@ def bench_model(name: str, options: dict, args, log) -> dict:
         "measured_hidden_share": (1.0 - waited / read_s) if read_s > 0 else None,
         "grad_check": grads,
     }
-
-
-def _share(value) -> str:
-    return "n/a" if value is None else f"{value:.0%}"
 
 
 def print_row(row: dict) -> None:
