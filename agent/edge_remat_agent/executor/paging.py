@@ -8,10 +8,10 @@ when its copies have, so compute goes on while pages move.
 The rules are timeline.py's, which the simulator and the planner use: a page_in starts reading
 where the plan issues it (its bytes counted from there) and compute waits for it only at the
 tensor's first use (a page_in from "home" reads a param node's group from its parameters' home
-the same way, through the runner's load_parameter); a page_out is written behind, its tensor held (and counted) until the
-write completes; before each instruction the oldest writes are waited for while the
-simulator's RAM there plus the writes in flight is over the plan's synchronous peak, so the
-ledger never goes above the peak the plan predicts.
+the same way, through the runner's load_parameter); a page_out is written behind, its tensor
+held (and counted) until the write completes; before each instruction the oldest writes are
+waited for while the simulator's RAM there plus the writes in flight is over the plan's
+synchronous peak, so the ledger never goes above the peak the plan predicts.
 
 Thread safety: the IO thread only runs the page store's put and get (file writes and reads,
 which release the GIL, into tensors the page codec allocates) and the parameter home's reads;
