@@ -146,3 +146,19 @@ def test_parameters_read_from_home_train_bitwise_like_eager(mlp, paging_io, tmp_
         assert step["overlapped"] == (paging_io == "overlap")
         assert (step["home_read_s"] > 0) == (paging_io == "overlap")
         assert step["ledger_peak_bytes"] <= plan.predicted["peak_bytes"]
+
+
+@pytest.mark.parametrize("paging_io", ["overlap", "sync"])
+def test_a_frozen_base_on_meta_is_read_ahead_by_the_plan_or_else_by_the_weight_store(
+        paging_io, tmp_path):
+    captured = capture_model("llama-tiny-lora", optimizer="adamw", params_home="flash",
+                             refined=False)
+    plan = solve(build_problem(captured.graph, 0.5, PROFILE, paging="none"),
+                 "heuristic:split").plan
+    assert plan.predicted["home_reads"] > 0
+    report = run_plan(captured.graph, plan, 2, str(tmp_path), captured=captured, seed=0,
+                      paging_io=paging_io)
+    assert report["grad_check"]["bitwise_equal"]
+    # Overlapped, the plan's reads ahead are the only ones, counted in its peak; with the reads
+    # synchronous the weight store reads the next group ahead itself, as for computed nodes.
+    assert report["weights"]["prefetch_groups"] == (0 if paging_io == "overlap" else 1)

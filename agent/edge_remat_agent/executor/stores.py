@@ -18,7 +18,7 @@ from typing import Iterator
 
 import torch
 
-from ..formats import Graph, Plan
+from ..formats import HOME, Graph, Plan
 from ..pages import (FlashStore, LinkStore, MemoryStore, PageStore, PageStoreError,
                      PageStoreFull, PinnedStore)
 from ..pages.errors import full_remedy, page_dir_not_made
@@ -73,14 +73,17 @@ def open_stores(plan: Plan, graph: Graph, page_dir: str | None,
 
 @contextlib.contextmanager
 def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool = True,
-                        plan: Plan | None = None) -> Iterator[ParameterHome | None]:
+                        plan: Plan | None = None,
+                        overlapped: bool = False) -> Iterator[ParameterHome | None]:
     """The home of the parameters the graph's param nodes load (a flash store of its own, kept
     across steps), with the parameters moved out of RAM; None when every parameter lives in
     RAM. Closing it removes what it wrote. A model built on `meta` (weights/) gets its frozen
     homed parameters from the weight page store in the page directory (written there once),
-    read ahead in the order `plan` loads them, and every other parameter made in RAM."""
+    read ahead in the order `plan` loads them (its reads from home excepted where the run
+    is `overlapped`: the plan reads those ahead itself, and counts them), and every other
+    parameter made in RAM."""
     homes = homed_parameters(graph)
-    frozen = _frozen_from_weight_store(graph, module, page_dir, homes, plan)
+    frozen = _frozen_from_weight_store(graph, module, page_dir, homes, plan, overlapped)
     if not homes:
         yield None
         return
@@ -113,7 +116,8 @@ def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool 
 
 
 def _frozen_from_weight_store(graph: Graph, module, page_dir: str | None,
-                              homes: dict[str, str], plan: Plan | None):
+                              homes: dict[str, str], plan: Plan | None,
+                              overlapped: bool = False):
     """For a model built on `meta`: the PagedWeights serving its frozen homed parameters
     (None if it has none), after making every other parameter in RAM."""
     from ..weights import WeightStoreError, is_deferred, make_missing
@@ -140,7 +144,8 @@ def _frozen_from_weight_store(graph: Graph, module, page_dir: str | None,
         raise ExecutorError(str(error)) from error
     order = []
     for ins in (plan.instructions() if plan is not None else []):
-        if ins.op == "compute" and graph.node(ins.node).kind == "param":
+        loads = ins.op == "compute" or ins.tier == HOME and not overlapped
+        if loads and graph.node(ins.node).kind == "param":
             order.append(list(graph.node(ins.node).attrs["params"]))
     paged = PagedWeights(file, order)
     paged.written = written  # figures of the one-time write, None when the file was there
