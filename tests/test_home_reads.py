@@ -146,6 +146,9 @@ def test_parameters_read_from_home_train_bitwise_like_eager(mlp, paging_io, tmp_
         assert step["overlapped"] == (paging_io == "overlap")
         assert (step["home_read_s"] > 0) == (paging_io == "overlap")
         assert step["ledger_peak_bytes"] <= plan.predicted["peak_bytes"]
+    # the share of the IO thread's time hidden: its reads from home are that time
+    hidden = report["summary"]["paging_hidden_share"]
+    assert (hidden is not None and 0.0 <= hidden <= 1.0) == (paging_io == "overlap")
 
 
 @pytest.mark.parametrize("paging_io", ["overlap", "sync"])

@@ -94,6 +94,9 @@ def summarize(records: list[dict[str, Any]], predicted: dict[str, Any] | None = 
     recompute = statistics.median(r["recompute_s"] for r in steady_steps)
     paging = statistics.median(r["page_out_s"] + r["page_in_s"] for r in steady_steps)
     io_wait = statistics.median(r.get("io_wait_s", 0.0) for r in steady_steps)
+    # the IO thread's time: paging, and reading parameters from their home ahead of use
+    io_busy = statistics.median(r["page_out_s"] + r["page_in_s"] + r.get("home_read_s", 0.0)
+                                for r in steady_steps)
     out.update({
         "ledger_peak_bytes": ledger_peak,
         "predicted_peak_bytes": predicted["peak_bytes"],
@@ -107,7 +110,7 @@ def summarize(records: list[dict[str, Any]], predicted: dict[str, Any] | None = 
         # Overlapped paging: the time the step waited on the IO thread, and the share of the
         # IO thread's time that compute hid (planned: the simulator's IO timeline).
         "io_wait_s": io_wait,
-        "paging_hidden_share": (max(0.0, 1.0 - io_wait / paging) if paging > 0 and
+        "paging_hidden_share": (max(0.0, 1.0 - io_wait / io_busy) if io_busy > 0 and
                                 records[-1].get("overlapped") else None),
         "predicted_paging_hidden_share": predicted.get("paging_hidden_share"),
         # Time spent recomputing, as a share of computing each node once: the plan's TDI.
