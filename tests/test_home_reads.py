@@ -165,3 +165,16 @@ def test_a_frozen_base_on_meta_is_read_ahead_by_the_plan_or_else_by_the_weight_s
     # Overlapped, the plan's reads ahead are the only ones, counted in its peak; with the reads
     # synchronous the weight store reads the next group ahead itself, as for computed nodes.
     assert report["weights"]["prefetch_groups"] == (0 if paging_io == "overlap" else 1)
+
+
+def test_the_run_report_says_how_many_parameter_reads_the_plan_issues_ahead():
+    from edge_remat.reports.run_report import build_report, report_text
+    step = {"step": 1, "loss": 1.0, "step_time_s": 1.0, "ledger_peak_bytes": 10,
+            "rss_peak_bytes": 100}
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
+                          result={"steps": [step], "budget_bytes": 20},
+                          plan={"budget_bytes": 20, "predicted": {"peak_bytes": 10,
+                                                                  "time_s": 1.0,
+                                                                  "home_reads": 7}})
+    assert report["home_reads"] == 7
+    assert "7 parameter reads from home ahead" in report_text(report)

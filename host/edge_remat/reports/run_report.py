@@ -124,6 +124,7 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "page_ins": _first(figures["page_ins"], predicted.get("page_ins")),
         "page_outs": _first(figures["page_outs"], predicted.get("page_outs")),
         "paged_bytes": predicted.get("paged_bytes"),
+        "home_reads": predicted.get("home_reads") or 0,  # param nodes read ahead from home
         "solver": (plan or {}).get("solver", {}).get("name"),
         "profile": profile or {"name": None, "source": None, "modelled": False},
         "grad_check": (result or {}).get("grad_check") if grad_check is None else grad_check,
@@ -283,7 +284,9 @@ def report_text(report: dict) -> str:
                      f"{report.get('solver')}, "
                      f"{counted(report.get('recomputed'), 'recomputation')}, "
                      f"{counted(report.get('page_outs'), 'page-out')} / "
-                     f"{counted(report.get('page_ins'), 'page-in')}")
+                     f"{counted(report.get('page_ins'), 'page-in')}"
+                     + (f", {counted(report['home_reads'], 'parameter read')} from home ahead"
+                        if report.get("home_reads") else ""))
     if report.get("micro_batches"):
         k = report["micro_batches"]
         lines.append(f"step      {k} micro-batches a step (--accumulate): the plan {k} times, "
