@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from helpers.executor_plans import dtr_plan, with_paging
-from helpers.overlap_schedules import paging_problems, placed_for_overlap
+from helpers.overlap_schedules import (placed_for_overlap, random_paging_problem,
+                                       random_paging_schedule)
 from helpers.small_graphs import training_chain
 from edge_remat.planner.build import build_problem, keep_all_peak_bytes
 from edge_remat.planner.evaluate import evaluate
@@ -282,7 +283,7 @@ def test_past_its_deadline_the_post_pass_leaves_page_ins_where_the_plan_put_them
     import time
 
     from edge_remat.planner.overlap import hoisting_until, schedule_io
-    p, stages = _paging_schedule(4)  # one whose page-ins the pass moves up
+    p, stages = random_paging_schedule(4)  # one whose page-ins the pass moves up
 
     def order(placed):  # all but the page-outs, which the pass moves first
         return [ins for stage in placed for ins in stage if ins.op != "page_out"]
@@ -292,31 +293,6 @@ def test_past_its_deadline_the_post_pass_leaves_page_ins_where_the_plan_put_them
     assert order(schedule_io(p, stages)) != order(stages)  # in time, page-ins move up
     with hoisting_until(None):  # no deadline of its own: the pass runs whole
         assert schedule_io(p, stages) == schedule_io(p, stages, whole_runs=True)
-
-
-def _paging_problem(seed: int) -> tuple[Problem, Problem]:
-    """A small training chain or random layered graph, with a flash tier drawn for `seed`: slow
-    or fast, sharing compute or not; planned stop-the-world and overlapped."""
-    import random
-
-    from edge_remat.synthetic import random_layered
-    rng = random.Random(seed)
-    graph = (training_chain(rng.randint(6, 30), seed) if rng.random() < 0.5 else
-             random_layered(rng.choice([60, 120, 250]), seed=seed, w=0.31))
-    bandwidth = rng.choice([4.0, 40.0, 1e3, 1e5, 1e7, 1e9])
-    tier = Tier(read_bytes_per_s=bandwidth, write_bytes_per_s=bandwidth * rng.choice([0.25, 1, 4]),
-                latency_s=rng.choice([0, 0.01, 0.1]), compute_share=rng.choice([0, 0, 0.3, 1]))
-    _, sync_p, p = paging_problems(graph, costs=build_costs(graph, None, {"flash": tier}),
-                                   fraction=rng.uniform(0.3, 0.9))
-    return sync_p, p
-
-
-def _paging_schedule(seed: int):
-    """_paging_problem's overlapped problem, and Belady's stop-the-world plan for it lowered
-    (before the post-pass)."""
-    from edge_remat.planner.stages import lower
-    sync_p, p = _paging_problem(seed)
-    return p, lower(p, solve(sync_p, "heuristic:paging", time_limit=5).decisions)[0]
 
 
 def test_trials_run_from_the_base_score_what_whole_steps_do():
@@ -331,7 +307,7 @@ def test_trials_run_from_the_base_score_what_whole_steps_do():
     from edge_remat.planner import overlap
     kinds, trials = set(), 0
     for seed in range(12):
-        p, stages = _paging_schedule(seed)
+        p, stages = random_paging_schedule(seed)
         lowered = [(overlap.OP_CODES[ins.op], p.graph.index[ins.node], ins.tier)
                    for stage in stages for ins in stage]
         writes_early = overlap._issue_page_outs_early(lowered, lowered, p.deps)[1]
@@ -367,7 +343,7 @@ def test_page_outs_delayed_shorten_some_steps_and_never_lengthen_one():
     from edge_remat.planner.overlap import delay_page_outs, schedule_io
     shorter = 0
     for seed in (0, 1, 2, 3, 10):
-        p, stages = _paging_schedule(seed)
+        p, stages = random_paging_schedule(seed)
         placed = schedule_io(p, stages)
         before = simulate(p.graph, p.costs, placed, p.budget_bytes, io="overlap")
         after = simulate(p.graph, p.costs, delay_page_outs(p, placed), p.budget_bytes,
@@ -379,7 +355,7 @@ def test_page_outs_delayed_shorten_some_steps_and_never_lengthen_one():
 
 
 def test_the_plan_solve_returns_has_its_page_outs_delayed():
-    _, p = _paging_problem(24)
+    _, p = random_paging_problem(24)
     report = solve(p, "heuristic:paging", time_limit=5)
     placed_only = evaluate(p, report.decisions)  # what every candidate is compared by
     assert report.plan.predicted["time_s"] < placed_only.sim.time_s * (1 - 1e-6)
@@ -394,7 +370,7 @@ def test_an_accepted_move_updates_the_bases_ram_and_writes_over_its_stretch():
     from edge_remat.planner import overlap
     from edge_remat_agent.timeline import first_writes
     for seed in (2, 5, 7):
-        p, stages = _paging_schedule(seed)
+        p, stages = random_paging_schedule(seed)
         ops = [(overlap.OP_CODES[ins.op], p.graph.index[ins.node], ins.tier)
                for stage in stages for ins in stage]
         trials, rng = overlap._Trials(p, ops, overlap._makespan(p, ops)), random.Random(seed)

@@ -5,16 +5,16 @@ The solvers keep their stop-the-world model of paging (an upper bound on the ove
 and decide what to page; this pass decides when. Every solver's schedule goes through it (in
 evaluate), so plans are compared, and reported, by their overlapped step time.
 
-  0. each compute of a param node whose group lives on a page tier becomes a page_in from
-     "home" (formats/plan.py): the same read, which steps 2 and 3 then place as a page-in (the
-     schedule keeps its computes where that gives the shorter step);
   1. each page_out moves up to just after the last instruction that needs its tensor: its RAM
      goes (once written) and its write starts as early as it can;
   2. each page_in, in plan order, is hoisted to the candidate issue point with the shortest
      makespan among those where RAM, with the page held from there on, stays within the
      budget (candidates: just before each of the 16 computes before its first use, then the
      32nd, 64th, ..., and the earliest point memory allows; ties go to the latest, which holds
-     the page least);
+     the page least); in the same scan, each compute of a param node whose group lives on a
+     page tier is tried as a page_in from "home" (formats/plan.py: the same read, on the IO
+     timeline), issued in its place or at those candidates, and kept where that shortens the
+     step;
   3. on the plan solve() returns (delay_page_outs): each page_out issued later where that
      shortens the step, then the page-ins hoisted again.
 
@@ -70,42 +70,29 @@ def schedule_io(p: Problem, stages: Stages, *, whole_runs: bool = False) -> Stag
     than the budget, never a longer makespan than the schedule given). `whole_runs`: score
     each trial on the whole step's timeline (the reference the shortcut is checked against)."""
     flat = [(s, ins) for s, stage in enumerate(stages) for ins in stage]
-    pages = any(ins.op in ("page_in", "page_out") for _, ins in flat)
-    read = _read_from_home(p, flat)
-    if read is flat and not pages:
-        return stages
-    placed, makespan = _placed(p, flat, whole_runs) if pages else \
-        (flat, _makespan(p, _resolved(p, flat)))
-    if read is not flat:  # reads from home share the IO timeline with paging: kept where
-        # that is shorter (Belady's plan on GPT-2 small at 25% with rpi4's flash: 124.8 s
-        # with its param nodes computed, 137.8 s with them read ahead)
-        read_placed, read_makespan = _placed(p, read, whole_runs)
-        if read_makespan < makespan:
-            placed = read_placed
-    return _staged(placed, len(stages))
-
-
-def _placed(p: Problem, flat, whole_runs: bool):
-    """Steps 1 and 2 on a flat schedule: (its instructions placed, their makespan)."""
+    reads = p.hidden_home_reads()
     ops = _resolved(p, flat)
+    if not any(op[0] in (PAGE_IN, PAGE_OUT) or op[0] == COMPUTE and reads[op[1]] for op in ops):
+        return stages
     best = _makespan(p, ops)
     moved_flat, moved_ops = _issue_page_outs_early(flat, ops, p.deps)
     score = _makespan(p, moved_ops)
     if score <= best:
         flat, ops, best = moved_flat, moved_ops, score
     trials = (_WholeRuns if whole_runs else _Trials)(p, ops, best)
-    return _scan(p, flat, trials, PAGE_IN, _hoist_page_in), trials.makespan
+    return _staged(_scan(p, flat, trials, _placing(p)), len(stages))
 
 
-def _read_from_home(p: Problem, flat):
-    """Step 0: `flat` with each compute of a param node read from home as a page_in from
-    "home" (`flat` itself where there is none)."""
+def _placing(p: Problem):
+    """Step 2's choice: op -> what places it (a page-in, or a param node read from home), or
+    None."""
     reads = p.hidden_home_reads()
-    index = p.graph.index
-    if not any(ins.op == "compute" and reads[index[ins.node]] for _, ins in flat):
-        return flat
-    return [(s, Instruction("page_in", ins.node, HOME)
-             if ins.op == "compute" and reads[index[ins.node]] else ins) for s, ins in flat]
+
+    def place(op: Op):
+        if op[0] == PAGE_IN:
+            return _hoist_page_in
+        return _read_ahead if op[0] == COMPUTE and reads[op[1]] else None
+    return place
 
 
 def delay_page_outs(p: Problem, stages: Stages, *, whole_runs: bool = False) -> Stages:
@@ -120,8 +107,8 @@ def delay_page_outs(p: Problem, stages: Stages, *, whole_runs: bool = False) -> 
         return stages
     ops = _resolved(p, flat)
     trials = (_WholeRuns if whole_runs else _Trials)(p, ops, _makespan(p, ops))
-    flat = _scan(p, flat, trials, PAGE_OUT, _delay_page_out)
-    flat = _scan(p, flat, trials, PAGE_IN, _hoist_page_in)
+    flat = _scan(p, flat, trials, lambda op: _delay_page_out if op[0] == PAGE_OUT else None)
+    flat = _scan(p, flat, trials, _placing(p))
     # nothing moved: the schedule given, which the caller then need not replay again
     return stages if trials.ops is ops else _staged(flat, len(stages))
 
@@ -138,12 +125,13 @@ def _staged(flat, count: int) -> Stages:
     return out
 
 
-def _scan(p: Problem, flat, trials: "_WholeRuns", code: int, place):
-    """Each instruction of kind `code`, in order, placed by `place` (trials' base follows),
-    until the deadline of hoisting_until."""
+def _scan(p: Problem, flat, trials: "_WholeRuns", placing):
+    """Each instruction that `placing` (op -> function or None) gives a function, in order,
+    placed by it (trials' base follows), until the deadline of hoisting_until."""
     deadline, ops, k = _hoisting_deadline.get(), trials.ops, 0
     while k < len(ops):
-        if ops[k][0] == code:
+        place = placing(ops[k])
+        if place is not None:
             if deadline is not None and clock.perf_counter() > deadline:
                 break
             flat, ops, k = place(p, flat, ops, k, trials)
@@ -184,6 +172,11 @@ def _moved(items: list, c: int, j: int) -> list:
     return items[:min(c, j)] + _moved_between(items, c, j) + items[max(c, j) + 1:]
 
 
+def _replaced(items: list, j: int, item) -> list:
+    """`items` with item j replaced by `item` (None: as it is)."""
+    return items if item is None else items[:j] + [item] + items[j + 1:]
+
+
 def _moved_between(items: list, c: int, j: int) -> list:
     """_moved's items from position min(c, j) to max(c, j): elsewhere they stay."""
     return [items[j]] + items[c:j] if c < j else items[j + 1:c + 1] + [items[j]]
@@ -201,29 +194,32 @@ class _WholeRuns:
         self.ops, self.makespan = ops, makespan
         self.trace, self.before = _sync_levels(self.p, ops)
 
-    def score(self, c: int, j: int) -> float:
+    def score(self, c: int, j: int, op: "Op | None" = None) -> float:
         """The makespan with the page-in at j issued just before instruction c < j, or the
-        page-out at j just after instruction c > j."""
-        return _makespan(self.p, _moved(self.ops, c, j))
+        page-out at j just after instruction c > j; `op`: a page-in from home that replaces
+        the param node's compute at j, issued just before instruction c <= j."""
+        return _makespan(self.p, _moved(_replaced(self.ops, j, op), c, j))
 
-    def accept(self, c: int, j: int, makespan: float) -> list[Op]:
-        """Trial (c, j), which scored `makespan`, is the base now: its instructions."""
+    def accept(self, c: int, j: int, makespan: float, op: "Op | None" = None) -> list[Op]:
+        """Trial (c, j) (with `op`), which scored `makespan`, is the base now: its
+        instructions."""
         first, last = min(c, j), max(c, j)
         size = self.p.sizes[self.ops[j][1]]
         before = self.before  # a page-in issued earlier holds its bytes from c on, a
         # page-out issued later until it
-        held = (before[c:c + 1] + [b + size for b in before[c:j]] if c < j else
+        held = (before[c:c + 1] + [b + size for b in before[c:j]] if c <= j else
                 [b + size for b in before[j + 1:c + 2]])
         self.trace = self.trace[:first] + self._trace_between(c, j) + self.trace[last + 1:]
         self.before = before[:first] + held + before[last + 1:]
-        self.ops, self.makespan = _moved(self.ops, c, j), makespan
+        self.ops, self.makespan = _moved(_replaced(self.ops, j, op), c, j), makespan
         return self.ops
 
     def _trace_between(self, c: int, j: int) -> list[int]:
-        """Trial (c, j)'s sync_trace from min(c, j) to max(c, j): elsewhere it is the base's."""
+        """Trial (c, j)'s sync_trace from min(c, j) to max(c, j): elsewhere it is the base's
+        (a compute at j read from home instead: its workspace goes)."""
         size, fixed = self.p.sizes[self.ops[j][1]], self.p.fixed
         trace, before = self.trace, self.before
-        if c < j:  # a page-in issued earlier: its bytes held from c on
+        if c <= j:  # a page-in issued earlier: its bytes held from c on
             return [before[c] + size + fixed] + [t + size for t in trace[c:j]]
         # a page-out issued later: its bytes held until it
         return [t + size for t in trace[j + 1:c + 1]] + [before[c + 1] + size + fixed]
@@ -250,12 +246,12 @@ class _Trials(_WholeRuns):
         self.limit = max(self.trace, default=0)
         self.states = [self.p.costs.timeline_run(self.p.deps, self.p.sizes, self.limit)]
         self.waits: int | None = None  # how often the base waits at its limit, once known
-        # (c, j) -> the same for that trial, which its base's is as soon as it is accepted
+        # (c, j, op) -> the same for that trial, which its base's is as soon as it is accepted
         self.trial_waits: dict[tuple[int, int], int] = {}
 
-    def accept(self, c: int, j: int, makespan: float) -> list[Op]:
-        waits, limit = self.trial_waits.get((c, j)), self.limit
-        ops = super().accept(c, j, makespan)
+    def accept(self, c: int, j: int, makespan: float, op: "Op | None" = None) -> list[Op]:
+        waits, limit = self.trial_waits.get((c, j, op)), self.limit
+        ops = super().accept(c, j, makespan, op)
         self.writes = _moved(self.writes, c, j)
         self.limit = max(self.trace, default=0)
         if self.limit == limit:  # states[k]: before instruction k, the same before both
@@ -284,13 +280,16 @@ class _Trials(_WholeRuns):
             self.waits = run.limit_waits
         return self.waits - self._state_before(k).limit_waits
 
-    def score(self, c: int, j: int) -> float:
-        ops = self.ops
+    def score(self, c: int, j: int, op: "Op | None" = None) -> float:
+        ops = _replaced(self.ops, j, op)
         part_trace = self._trace_between(c, j)
         first, last = min(c, j), max(c, j)
         limit = max(self.limit, *part_trace)
-        if limit > self.limit and self._state_before(first).limit_waits:
-            return super().score(c, j)
+        # a compute read from home leaves its workspace out: at the base's peak, the limit
+        # may fall, which the base's states do not know
+        lowered = op is not None and self.p.workspace[op[1]] and self.trace[j] == self.limit
+        if lowered or limit > self.limit and self._state_before(first).limit_waits:
+            return super().score(c, j, op)
         run = self._state_before(first).copy()
         run.limit = limit
         run.run(_moved_between(ops, c, j), part_trace, _moved_between(self.writes, c, j))
@@ -299,12 +298,12 @@ class _Trials(_WholeRuns):
             base = self._state_before(q)
             lag = run.lag_behind(base)
             if lag is not None and (limit == self.limit or not self._waits_from(q)):
-                self.trial_waits[c, j] = run.limit_waits + self._waits_from(q)
+                self.trial_waits[c, j, op] = run.limit_waits + self._waits_from(q)
                 return self.makespan + lag
             stop = min(len(ops), q + stride)
             run.run(ops, self.trace, self.writes, q, stop)
             q, stride = stop, stride * 2
-        self.trial_waits[c, j] = run.limit_waits
+        self.trial_waits[c, j, op] = run.limit_waits
         return run.finish().step_time_s
 
 
@@ -330,23 +329,41 @@ def _issue_page_outs_early(flat, ops, deps):
 
 
 def _hoist_page_in(p: Problem, flat, ops, j: int, trials: _WholeRuns):
+    candidates = _issue_candidates(p, ops, j, trials)[1:]  # not j itself: where it is
+    if candidates:  # moving it up shifts c..j-1 down by one: position j + 1 is unchanged,
+        # where the scan goes on
+        flat, ops, _ = _move_to_best(flat, j, trials, candidates)
+    return flat, ops, j
+
+
+def _issue_candidates(p: Problem, ops, j: int, trials: _WholeRuns) -> list[int]:
+    """Where the read of node ops[j][1] may be issued, latest first (ties keep the shorter
+    hold): j, before each of the 16 computes before it, the 32nd, 64th, ..., and the earliest
+    point that neither passes what last needed the tensor or removed it from RAM, nor takes
+    RAM, with the tensor held, over the budget."""
     node, size = ops[j][1], p.sizes[ops[j][1]]
     trace = trials.trace
     earliest = j
-    while earliest > 0:  # not above what last needed the tensor or removed it from RAM
+    while earliest > 0:
         op = ops[earliest - 1]
         if _needs(op, node, p.deps) or (op[1] == node and op[0] in (FREE, PAGE_OUT)):
             break
         if trace[earliest - 1] + size > p.budget_bytes:
             break
         earliest -= 1
-    if earliest == j:
-        return flat, ops, j
     computes = [c for c in range(j - 1, earliest - 1, -1) if ops[c][0] == COMPUTE]
     picks = {earliest} | _issue_points(computes, NEAR_ISSUE_POINTS)
-    # latest first: ties keep the shorter hold. Moving it up shifts c..j-1 down by one:
-    # position j + 1 is unchanged, where the scan goes on.
-    flat, ops, _ = _move_to_best(flat, j, trials, sorted(picks, reverse=True))
+    return [j] + sorted(picks - {j}, reverse=True)
+
+
+def _read_ahead(p: Problem, flat, ops, j: int, trials: _WholeRuns):
+    """The param node computed at j read from its home instead, where (and if) that shortens
+    the step: issued in its place or hoisted as a page-in is (the same candidates). A read
+    shares the one IO timeline with paging, so where pages queue a compute can be shorter
+    (Belady's plan on GPT-2 small at 25% with rpi4's flash: 124.8 s with its param nodes
+    computed, 137.8 s with every one read ahead)."""
+    flat, ops, _ = _move_to_best(flat, j, trials, _issue_candidates(p, ops, j, trials),
+                                 (PAGE_IN, ops[j][1], HOME))
     return flat, ops, j
 
 
@@ -380,16 +397,19 @@ def _issue_points(computes: list[int], near: int) -> set[int]:
     return picks
 
 
-def _move_to_best(flat, j: int, trials: _WholeRuns, candidates: list[int]):
-    """The instruction at j moved to the candidate position with the shortest step, if that
-    is shorter than the base's (ties: the first candidate); (flat, ops, whether it moved). It
-    goes into the stage of the instruction it lands beside."""
+def _move_to_best(flat, j: int, trials: _WholeRuns, candidates: list[int],
+                  op: "Op | None" = None):
+    """The instruction at j (as `op`, where given: a param node's compute read from home)
+    moved to the candidate position with the shortest step, if that is shorter than the
+    base's (ties: the first candidate); (flat, ops, whether it moved). It goes into the stage
+    of the instruction it lands beside."""
     best, chosen = trials.makespan, None
     for c in candidates:
-        score = trials.score(c, j)
+        score = trials.score(c, j, op)
         if score < best * (1 - 1e-12):
             chosen, best = c, score
     if chosen is None:
         return flat, trials.ops, False
-    ops = trials.accept(chosen, j, best)
-    return _moved(flat[:j] + [(flat[chosen][0], flat[j][1])] + flat[j + 1:], chosen, j), ops, True
+    ops = trials.accept(chosen, j, best, op)
+    ins = flat[j][1] if op is None else Instruction("page_in", flat[j][1].node, HOME)
+    return _moved(flat[:j] + [(flat[chosen][0], ins)] + flat[j + 1:], chosen, j), ops, True
