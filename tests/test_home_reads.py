@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from edge_remat.planner.baselines import keep_all
-from edge_remat.planner.bounds import stage_lower_bound
+from edge_remat.planner.bounds import stage_lower_bound, with_io_timeline
 from edge_remat.planner.build import build_problem
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.overlap import schedule_io
@@ -122,9 +122,25 @@ def test_the_post_pass_reads_parameters_ahead_and_the_bound_still_holds(mlp):
     assert ahead > 0
     assert planned.sim.peak_bytes <= overlap.budget_bytes
     assert planned.sim.time_s < planned_sync.sim.time_s
-    # The stage bound no longer counts the reads as compute: below the overlapped step.
-    assert stage_lower_bound(overlap) <= planned.sim.time_s * (1 + 1e-9)
-    assert stage_lower_bound(overlap) < stage_lower_bound(sync)
+    # The stage bound no longer counts the reads as compute: below the overlapped step. The
+    # reads' time, which one timeline or the other must carry, raises it again.
+    bound = stage_lower_bound(overlap)
+    assert bound < stage_lower_bound(sync)
+    assert bound <= with_io_timeline(overlap, bound) <= planned.sim.time_s * (1 + 1e-9)
+    # Where reading takes longer than computing (a LoRA model's frozen base, which no update
+    # reads or writes, on a flash 100x slower), the reads alone bound the step above the
+    # stage bound; solve() reports that bound.
+    slower = Profile("measured", {}, idle_w=0.0, active_w=1.0, name="slower flash",
+                     tiers={"flash": Tier(read_bytes_per_s=2e5, write_bytes_per_s=1e5,
+                                          latency_s=1e-4)})
+    lora = capture_model("llama-tiny-lora", optimizer="adamw", params_home="flash",
+                         refined=False).graph
+    reading = build_problem(lora, 1.0, slower, paging="none", io="overlap")
+    bound = stage_lower_bound(reading)
+    plan = solve(reading, "auto", time_limit=5).plan
+    assert bound < with_io_timeline(reading, bound) == pytest.approx(plan.solver["lower_bound"])
+    assert plan.solver["lower_bound"] <= plan.predicted["time_s"] * (1 + 1e-9)
+    assert "reads from home" in plan.solver["bound_scope"]
     # the shortcut's trials place the reads as whole runs do
     assert schedule_io(overlap, planned_sync.stages) == \
         schedule_io(overlap, planned_sync.stages, whole_runs=True)
@@ -196,8 +212,8 @@ def test_trials_of_reads_from_home_score_what_whole_steps_do():
     """A param node's compute tried as a read from home (in its place, or hoisted) is scored
     from the base's timeline state as page-in moves are: against whole runs of the same
     trials, on random graphs with about half their sources homed on flash, the same makespans
-    and the same placed plans, never a longer step than the schedule given, and some reads
-    kept ahead."""
+    and the same placed plans, never a longer step than the schedule given, some reads kept
+    ahead, and the time bound (with the reads the IO timeline must carry) below the step."""
     import random
 
     from edge_remat.planner import overlap
@@ -220,7 +236,10 @@ def test_trials_of_reads_from_home_score_what_whole_steps_do():
                 trials += 1
         placed = overlap.schedule_io(p, stages)
         assert placed == overlap.schedule_io(p, stages, whole_runs=True)
-        assert overlap._makespan(p, overlap._resolved(p, [(0, ins) for stage in placed
-                                                          for ins in stage])) <= base
+        step = overlap._makespan(p, overlap._resolved(p, [(0, ins) for stage in placed
+                                                          for ins in stage]))
+        assert step <= base
+        bound = stage_lower_bound(p)
+        assert with_io_timeline(p, bound) <= step * (1 + 1e-9)
         kept += any(ins.tier == "home" for stage in placed for ins in stage)
     assert trials > 20 and kept > 0

@@ -10,6 +10,8 @@ recomputation can serve several stages, so the bound is the largest stage's, not
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .events import node_costs
@@ -43,6 +45,17 @@ def plain_objective(p: Problem) -> float:
     time = p.plain_time - sum(t for t, hidden in zip(p.costs.time_s, p.hidden_home_reads())
                               if hidden)
     return time if p.objective == "time" else sum(p.costs.energy_j) + p.costs.static_w * time
+
+
+def with_io_timeline(p: Problem, bound: float) -> float:
+    """A time bound raised by the reads from home that leave_costs and plain_objective count
+    as hidden: each param node is read once at least, on the compute timeline (which `bound`,
+    counting no read, bounds without it) or on the IO timeline. With x of the reads' time H on
+    compute, the step is at least max(bound + x, H - x) >= (bound + H) / 2."""
+    if p.objective != "time" or not math.isfinite(bound):
+        return bound
+    reads = sum(t for t, hidden in zip(p.costs.time_s, p.hidden_home_reads()) if hidden)
+    return max(bound, (bound + reads) / 2)
 
 
 def first_compute_needs(p: Problem) -> np.ndarray:

@@ -15,7 +15,7 @@ from edge_remat_agent.formats import Plan
 from ..units import round_up
 from . import isolated
 from .baselines import BASELINES
-from .bounds import SCOPE as BOUND_SCOPE, plain_objective, stage_lower_bound
+from .bounds import SCOPE as BOUND_SCOPE, plain_objective, stage_lower_bound, with_io_timeline
 from .cover_bound import SCOPE as COVER_SCOPE
 from .evaluate import Evaluation, evaluate, with_page_outs_delayed
 from .interrupt import PlanInterrupted, SearchInterrupted
@@ -784,6 +784,10 @@ def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, sta
         details["cover_bound"] = cover
         if cover.get("bound") is not None and cover["bound"] > bound:
             bound, details["bound_scope"] = cover["bound"], COVER_SCOPE
+    with_reads = with_io_timeline(p, bound)
+    if with_reads > bound:
+        bound = with_reads
+        details["bound_scope"] += "; with the reads from home the IO timeline must carry"
     if p.given_graph is not None and details.get("bound_scope"):
         details["bound_scope"] += ", in the memory-aware order planned (not over all orders)"
     gap = None
