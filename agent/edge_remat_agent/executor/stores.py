@@ -79,8 +79,8 @@ def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool 
     across steps), with the parameters moved out of RAM; None when every parameter lives in
     RAM. Closing it removes what it wrote. A model built on `meta` (weights/) gets its frozen
     homed parameters from the weight page store in the page directory (written there once),
-    read ahead in the order `plan` loads them (its reads from home excepted where the run
-    is `overlapped`: the plan reads those ahead itself, and counts them), and every other
+    read ahead in the order `plan` loads them (not where the run is `overlapped` and the plan
+    reads from home ahead itself: it counts its own reads, not the store's), and every other
     parameter made in RAM."""
     homes = homed_parameters(graph)
     frozen = _frozen_from_weight_store(graph, module, page_dir, homes, plan, overlapped)
@@ -142,11 +142,12 @@ def _frozen_from_weight_store(graph: Graph, module, page_dir: str | None,
         file = WeightFile(path)
     except WeightStoreError as error:
         raise ExecutorError(str(error)) from error
-    order = []
-    for ins in (plan.instructions() if plan is not None else []):
-        loads = ins.op == "compute" or ins.tier == HOME and not overlapped
-        if loads and graph.node(ins.node).kind == "param":
-            order.append(list(graph.node(ins.node).attrs["params"]))
+    instructions = list(plan.instructions()) if plan is not None else []
+    if overlapped and any(ins.tier == HOME for ins in instructions):
+        instructions = []  # the plan reads ahead itself, what it counts: nothing more here
+    order = [list(graph.node(ins.node).attrs["params"]) for ins in instructions
+             if graph.node(ins.node).kind == "param" and (ins.op == "compute" or
+                                                          ins.tier == HOME)]
     paged = PagedWeights(file, order)
     paged.written = written  # figures of the one-time write, None when the file was there
     return paged
