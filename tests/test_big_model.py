@@ -254,13 +254,13 @@ def test_params_home_auto_moving_to_flash_plans_with_a_profile_of_the_flash_grap
 @pytest.mark.cgroup
 @pytest.mark.skipif(CGROUP is not None, reason=f"no memory cgroup: {CGROUP}")
 @pytest.mark.parametrize("limit, said", [
-    # 600 - 231 runtime - 160 headroom = 209 MiB: the 250 MiB read-ahead leaves nothing
-    ("600MiB", "leaves nothing for training after the runtime's own 231 MiB, 160 MiB headroom "
-               "and 250 MiB for reading weights ahead"),
-    # a budget of 159 MiB, below the floor (267 MiB): the limit that leaves the floor
-    ("800MiB", "that budget is what the 800 MiB memory limit leaves after the runtime's own "
-               "231 MiB, 160 MiB headroom and 250 MiB for reading weights ahead: give "
-               "--memory-limit 908MiB or more")])
+    # 380 - 231 runtime - 160 headroom < 0: nothing left
+    ("380MiB", "leaves nothing for training after the runtime's own 231 MiB and 160 MiB "
+               "headroom"),
+    # a budget of 209 MiB, below the floor (267 MiB): the limit that leaves the floor (908 MiB
+    # while the weight store's read-ahead took 250 MiB more: plans now read ahead themselves)
+    ("600MiB", "that budget is what the 600 MiB memory limit leaves after the runtime's own "
+               "231 MiB and 160 MiB headroom: give --memory-limit 658MiB or more")])
 def test_a_memory_limit_too_small_for_the_plan_names_what_it_holds_and_the_limit_to_give(
         llama_board, limit, said):
     """QA: 600 MiB 'left nothing after the runtime's own 231 MiB and 160 MiB headroom' (209 MiB

@@ -145,8 +145,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     with deterministic(device), open_stores(plan, captured.graph, page_dir, stores,
                                             flash_fsync, flash_capacity_bytes,
                                             device) as opened, \
-            open_parameter_home(captured.graph, module, page_dir, flash_fsync, plan,
-                                overlap is not None) as home, \
+            open_parameter_home(captured.graph, module, page_dir, flash_fsync, plan) as home, \
             set_up_frozen() as before_step:
         optimizer = make_optimizer(captured.graph, module, lr, home, ledger, sums)
         schedule = ScheduledLr(optimizers_of(optimizer), lr_schedule, warmup, steps)

@@ -270,19 +270,15 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
             chosen = profile_for_flash()
             say(f"profile: {chosen.describe()}")
         chosen = _measured_for_another_graph(chosen, graph, say)
-    reserve = read_ahead_reserve(captured)
-    if reserve and opts.budget is None:
-        say(f"keeping {reserve / 2**20:.0f} MiB out of the budget for reading the next "
-            "weights ahead from the weight page store")
     try:
-        plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say, reserve)
+        plan_dict, plan_path = _plan(graph, chosen, opts, device, plain_peak, out, say)
     except InfeasibleBudget as error:
         error = _with_flash_hint(error, capture, chosen, opts, device, plain_peak, say)
-        raise _with_limit_hint(error, opts, device, chosen, reserve) from None
+        raise _with_limit_hint(error, opts, device, chosen) from None
     from ..checks import note_budget_above_ram
     note_budget_above_ram(chosen.profile, plan_dict["budget_bytes"],
                           f"the profile of {device.name}", say)
-    _note_budget_past_limit(plan_dict["budget_bytes"], opts, device, chosen, reserve, say)
+    _note_budget_past_limit(plan_dict["budget_bytes"], opts, device, chosen, say)
     require_kind(board, "run", "execute plans")
     limited = bool(device.hardware.memory_limit_bytes)
     # The board checks the plan's gradients against a plain eager step, which a board without
@@ -387,16 +383,14 @@ def _measured_for_another_graph(chosen: ChosenProfile, graph, say: Say) -> Chose
 
 # -- planning ------------------------------------------------------------------------------
 
-def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile,
-               reserve_bytes: int = 0) -> Budget:
-    """--budget as given; else, under a memory limit, what the runtime leaves of it (less
-    `reserve_bytes`: the weight store's read-ahead, which the plan does not model)."""
+def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) -> Budget:
+    """--budget as given; else, under a memory limit, what the runtime leaves of it."""
     if opts.budget is not None:
         return opts.budget
     limit = device.hardware.memory_limit_bytes
     if not limit:
         raise RunProblem("give --budget (e.g. 30% or 512MiB), or --memory-limit to derive it")
-    taken, what = limit_overheads(chosen.profile, reserve_bytes)
+    taken, what = limit_overheads(chosen.profile)
     left = limit - taken
     if left <= 0:
         raise RunProblem(f"the memory limit ({limit / 2**20:.0f} MiB) leaves nothing for "
@@ -404,30 +398,27 @@ def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile,
     return Budget(bytes=left)
 
 
-def limit_overheads(profile: Profile | None, reserve_bytes: int = 0) -> tuple[int, str]:
+def limit_overheads(profile: Profile | None) -> tuple[int, str]:
     """What a memory limit holds beside the plan's budget, in bytes and in words: the
-    runtime (the profile's, where it measured one), the headroom and the weight store's
-    read-ahead (QA: a 600 MiB limit 'left nothing after the runtime's own 231 MiB and 160 MiB
-    headroom', the 250 MiB read-ahead that made it so unsaid)."""
+    runtime (the profile's, where it measured one) and the headroom. (The weight store's
+    read-ahead, which once took the largest frozen group too, runs for no plan `run` makes:
+    they place their reads from home themselves, executor/stores.py.)"""
     runtime = (profile.runtime_baseline_bytes if profile and profile.runtime_baseline_bytes
                else DEFAULT_RUNTIME_BYTES)
-    parts = [f"the runtime's own {runtime / 2**20:.0f} MiB",
-             f"{RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB headroom"]
-    if reserve_bytes:
-        parts.append(f"{reserve_bytes / 2**20:.0f} MiB for reading weights ahead")
-    return (runtime + RUNTIME_HEADROOM_BYTES + reserve_bytes,
-            ", ".join(parts[:-1]) + " and " + parts[-1])
+    return (runtime + RUNTIME_HEADROOM_BYTES,
+            f"the runtime's own {runtime / 2**20:.0f} MiB and "
+            f"{RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB headroom")
 
 
 def _note_budget_past_limit(budget_bytes: int, opts: RunOptions, device: DeviceConfig,
-                            chosen: ChosenProfile, reserve_bytes: int, say: Say) -> None:
+                            chosen: ChosenProfile, say: Say) -> None:
     """A --budget that, with what the limit holds beside it, passes --memory-limit: said
     before the run (QA: --budget 90% under 1 GiB planned 824 MiB, and the board was killed
     at step 1 with no word before)."""
     limit = device.hardware.memory_limit_bytes
     if opts.budget is None or not limit:
         return
-    taken, what = limit_overheads(chosen.profile, reserve_bytes)
+    taken, what = limit_overheads(chosen.profile)
     if budget_bytes + taken > limit:
         say(f"warning: the budget, {budget_bytes / 2**20:.0f} MiB, and {what} pass the "
             f"{limit / 2**20:.0f} MiB memory limit: the limit will likely kill the run; leave "
@@ -435,8 +426,7 @@ def _note_budget_past_limit(budget_bytes: int, opts: RunOptions, device: DeviceC
             "MiB)")
 
 
-def _with_limit_hint(error, opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile,
-                     reserve_bytes: int):
+def _with_limit_hint(error, opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile):
     """A budget derived from --memory-limit that is below the floor: the refusal names the
     limit that leaves the floor (QA: '--memory-limit 800MiB' said only 'budget 166730544
     bytes is too small', a budget the user never gave)."""
@@ -444,32 +434,19 @@ def _with_limit_hint(error, opts: RunOptions, device: DeviceConfig, chosen: Chos
     limit = device.hardware.memory_limit_bytes
     if opts.budget is not None or not limit or not error.smallest_bytes:
         return error
-    taken, what = limit_overheads(chosen.profile, reserve_bytes)
+    taken, what = limit_overheads(chosen.profile)
     return InfeasibleBudget(f"{error}; that budget is what the {limit / 2**20:.0f} MiB memory "
                             f"limit leaves after {what}: give --memory-limit "
                             f"{math.ceil((error.smallest_bytes + taken) / 2**20)}MiB or more",
                             error.smallest_bytes)
 
 
-def read_ahead_reserve(captured) -> int:
-    """RAM the weight store's read-ahead may hold beyond the plan: for a model built on meta
-    (its frozen base read from the weight page store), the largest frozen group, which is
-    read while the group before it computes (weights/paged.py)."""
-    from edge_remat_agent.weights import is_deferred
-    if not is_deferred(captured.module):
-        return 0
-    updated = {name for node in captured.graph.nodes if node.kind == "update"
-               for name in node.attrs.get("params", [])}
-    return max((node.out_bytes for node in captured.graph.nodes if node.kind == "param"
-                and not set(node.attrs["params"]) & updated), default=0)
-
-
 def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
-                 plain_peak: int, reserve_bytes: int = 0) -> bool:
+                 plain_peak: int) -> bool:
     """Whether the budget is below the smallest one this graph can meet."""
     from ..planner.build import build_problem
     from ..planner.problem import InfeasibleBudget
-    problem = build_problem(graph, run_budget(opts, device, chosen, reserve_bytes),
+    problem = build_problem(graph, run_budget(opts, device, chosen),
                             chosen.profile, opts.objective, opts.deadline, opts.paging,
                             plain_peak=plain_peak)
     try:
@@ -494,7 +471,7 @@ def _with_flash_hint(error, capture, chosen: ChosenProfile, opts: RunOptions,
     on_flash = capture("flash")
     try:
         if _below_floor(on_flash.graph, chosen, dataclasses.replace(opts, paging=wider),
-                        device, plain_peak, read_ahead_reserve(on_flash)):
+                        device, plain_peak):
             return error
     except ProblemError:  # e.g. a profile without a flash tier: no hint to give
         return error
@@ -504,7 +481,7 @@ def _with_flash_hint(error, capture, chosen: ChosenProfile, opts: RunOptions,
 
 
 def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
-          plain_peak: int, out: Path, say: Say, reserve_bytes: int = 0) -> tuple[dict, Path]:
+          plain_peak: int, out: Path, say: Say) -> tuple[dict, Path]:
     from ..planner.build import build_problem
     from ..planner.solve import solve
 
@@ -512,7 +489,7 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
         return build_problem(graph, budget, chosen.profile, opts.objective, opts.deadline,
                              opts.paging, plain_peak=plain_peak)
 
-    problem = make_problem(run_budget(opts, device, chosen, reserve_bytes))
+    problem = make_problem(run_budget(opts, device, chosen))
     say(f"planning: {budget_against_plain(problem.budget_bytes, plain_peak)}, {opts.objective}")
     solved = solve(problem, opts.solver, opts.time_limit)
     from ..planner.arena import plan_arena
