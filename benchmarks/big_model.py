@@ -8,9 +8,9 @@ Prints: plain PyTorch's peak (the planner's plain reference plus the runtime; me
 --exact, outside the limit) and what the limit does to it; the planned peak; the kernel's peak
 under the limit; the runtime baseline; the step time; the bytes read from the weight page store
 per step and the share of the IO thread's time (the plan's reads ahead) hidden behind compute;
-the flash read bandwidth achieved against the profile's. `--exact` also trains the same plan and plain PyTorch in this process,
-outside the limit, and checks that the LoRA parameters after the steps are equal bit for bit
-(plain needs ~5 GB here: run it alone).
+the flash read bandwidth achieved against the profile's. `--exact` also trains the same plan
+and plain PyTorch in this process, outside the limit, and checks that the LoRA parameters
+after the steps are equal bit for bit (plain needs ~5 GB here: run it alone).
 """
 
 from __future__ import annotations

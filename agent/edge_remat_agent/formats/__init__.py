@@ -8,4 +8,5 @@ from .profile import (TIER_NAMES, ComputeRates, OpCost, Profile, Tier, load_prof
 
 __all__ = ["FormatError", "KINDS", "Graph", "Node", "NodeId", "graph_from_dict", "load_graph",
            "HOME", "OPS", "Instruction", "Plan", "Stages", "load_plan", "plan_from_dict",
-           "TIER_NAMES", "ComputeRates", "OpCost", "Profile", "Tier", "load_profile", "profile_from_dict"]
+           "TIER_NAMES", "ComputeRates", "OpCost", "Profile", "Tier", "load_profile",
+           "profile_from_dict"]

@@ -22,12 +22,12 @@ A trial (a page-in moved up, a page-out down) runs on from the base's timeline s
 parts from the base and stops once its state is the base's shifted in time (`_Trials`), instead
 of running the whole step each time (`_WholeRuns`, the reference it is tested against, with the
 same plans): the pass then grows with page-ins x the stretch each is moved over, not x the
-step. On a random layered graph of 2000 nodes at 35% with flash (963 page-ins) it takes 0.9 s
-where whole runs of the same trials take 48.5 s; on operator-level GPT-2 small at 25% with
-rpi4's flash (258 page-ins) 0.64 s against 7.13 s (`python benchmarks/overlap_pass.py`,
-2026-12-05). Within `hoisting_until(t)` (solve() sets its time limit, and run_baselines each
-baseline's share) the page-ins not reached by t stay where the plan put them, as in the
-stop-the-world model.
+step. On a random layered graph of 2000 nodes at 35% with flash (963 page-ins) it takes 0.96 s
+where whole runs of the same trials take 49.5 s; on operator-level GPT-2 small at 25% with
+rpi4's flash (258 page-ins, its param nodes tried as reads from home) 1.19 s against 9.84 s
+(`python benchmarks/overlap_pass.py --sizes 2000 --repeats 1`, 2026-12-05). Within
+`hoisting_until(t)` (solve() sets its time limit, and run_baselines each baseline's share) the
+page-ins not reached by t stay where the plan put them, as in the stop-the-world model.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ class _Trials(_WholeRuns):
         self.states = [self.p.costs.timeline_run(self.p.deps, self.p.sizes, self.limit)]
         self.waits: int | None = None  # how often the base waits at its limit, once known
         # (c, j, op) -> the same for that trial, which its base's is as soon as it is accepted
-        self.trial_waits: dict[tuple[int, int], int] = {}
+        self.trial_waits: dict[tuple[int, int, Op | None], int] = {}
 
     def accept(self, c: int, j: int, makespan: float, op: "Op | None" = None) -> list[Op]:
         waits, limit = self.trial_waits.get((c, j, op)), self.limit
