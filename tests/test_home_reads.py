@@ -111,7 +111,7 @@ def test_the_post_pass_reads_parameters_ahead_and_the_bound_still_holds(mlp):
     reads = [ins for stage in planned.stages for ins in stage if ins.tier == "home"]
     assert 0 < len(reads) <= sum(node.read_from_home for node in graph.nodes)
     assert not any(ins.tier == "home" for stage in planned_sync.stages for ins in stage)
-    # every read issued before the compute that precedes its first use, and the step shorter
+    # reads issued ahead of computes before their first use, and the step shorter
     flat = [ins for stage in planned.stages for ins in stage]
     ahead = 0
     for k, ins in enumerate(flat):
@@ -178,9 +178,9 @@ def test_a_frozen_base_on_meta_is_read_ahead_by_the_plan_or_else_by_the_weight_s
                  "heuristic:split").plan
     assert (plan.predicted["home_reads"] > 0) == (io == "overlap")
     # A plan made for overlap places its reads from home itself (ahead where that pays),
-    # counted in its peak: the weight store reads nothing ahead beside them (it held the next
-    # computed group ahead until its use, outside the plan). A plan made stop-the-world
-    # leaves reading ahead to the store, in the order it loads the groups.
+    # counted in its peak: the weight store reads nothing ahead beside them, outside the
+    # plan. A plan made stop-the-world leaves reading ahead to the store, in the order it
+    # loads the groups.
     loads = [] if io == "overlap" else [graph.node(ins.node).attrs["params"]
                                          for ins in plan.instructions()
                                          if graph.node(ins.node).kind == "param"
@@ -214,8 +214,8 @@ def test_the_run_report_says_how_many_parameter_reads_the_plan_issues_ahead():
 def test_trials_of_reads_from_home_score_what_whole_steps_do():
     """A param node's compute tried as a read from home (in its place, or hoisted) is scored
     from the base's timeline state as page-in moves are: against whole runs of the same
-    trials, on random graphs with about half their sources homed on flash, the same makespans
-    and the same placed plans, never a longer step than the schedule given, some reads kept
+    trials, on random graphs with param nodes homed on flash, the same makespans and the
+    same placed plans, never a longer step than the schedule given, some reads kept
     ahead, and the time bound (with the reads the IO timeline must carry) below the step."""
     import random
 

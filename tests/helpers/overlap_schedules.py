@@ -57,8 +57,8 @@ def placed_for_overlap(graph: Graph, costs: CostModel, seed: int) -> Placed:
 
 def random_paging_problem(seed: int, homed: bool = False) -> tuple[Problem, Problem]:
     """A small training chain or random layered graph, with a flash tier drawn for `seed`: slow
-    or fast, sharing compute or not; planned stop-the-world and overlapped. `homed`: about half
-    the graph's sources made param nodes whose group lives on flash (read from home)."""
+    or fast, sharing compute or not; planned stop-the-world and overlapped. `homed`: about a
+    third of its nodes given a param node of their own (_with_param_nodes)."""
     rng = random.Random(seed)
     graph = (training_chain(rng.randint(6, 30), seed) if rng.random() < 0.5 else
              random_layered(rng.choice([60, 120, 250]), seed=seed, w=0.31))
@@ -82,7 +82,7 @@ def _with_param_nodes(graph: Graph, rng: random.Random) -> Graph:
         if rng.random() < 0.33:
             param = Node(id=f"w{node.id}", name=f"w{node.id}", kind="param", op="param",
                          inputs=[], out_bytes=max(1, node.out_bytes // 2), time_s=0.0,
-                         workspace_bytes=rng.choice([0, 0, node.out_bytes]),  # reading's
+                         workspace_bytes=rng.choice([0, 0, node.out_bytes]),
                          attrs={"io": {"tier": "flash", "read_bytes": node.out_bytes,
                                        "write_bytes": 0}})
             nodes.append(param)

@@ -141,10 +141,11 @@ def _frozen_from_weight_store(graph: Graph, module, page_dir: str | None,
     except WeightStoreError as error:
         raise ExecutorError(str(error)) from error
     # A plan made for overlap reads its groups ahead itself where that pays (page_in from
-    # home), counted in its peak, and computes the rest in place: the store reads nothing
-    # ahead beside it. Ahead of the plan's own computes, it held the next computed group for
-    # as long as the reads between (tinyllama-2l-lora under 892 MiB: 637 MiB charged for
-    # training against a 270 MiB plan; 301-311 MiB without).
+    # home), counted in its peak, and computes the rest in place, as its model has it: the
+    # store reads nothing ahead beside it (tinyllama-2l-lora under 892 MiB: 301-311 MiB
+    # charged for training against a 270 MiB plan; 451-454 MiB with the store reading each
+    # next group ahead, 637 MiB with it reading ahead only the groups the plan computes,
+    # each held from the group before it on).
     placed = plan is None or plan.problem.get("io") == "overlap"
     order = [] if placed else [list(graph.node(ins.node).attrs["params"])
                                for ins in plan.instructions()
