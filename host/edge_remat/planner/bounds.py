@@ -42,8 +42,7 @@ def leave_costs(p: Problem) -> np.ndarray:
 def plain_objective(p: Problem) -> float:
     """The objective of the plain schedule: what every bound adds its extra cost to. Where
     reads from home overlap, only the compute they leave is sure to take its time."""
-    time = p.plain_time - sum(t for t, hidden in zip(p.costs.time_s, p.hidden_home_reads())
-                              if hidden)
+    time = p.plain_time - _hidden_read_time(p)
     return time if p.objective == "time" else sum(p.costs.energy_j) + p.costs.static_w * time
 
 
@@ -54,8 +53,12 @@ def with_io_timeline(p: Problem, bound: float) -> float:
     compute, the step is at least max(bound + x, H - x) >= (bound + H) / 2."""
     if p.objective != "time" or not math.isfinite(bound):
         return bound
-    reads = sum(t for t, hidden in zip(p.costs.time_s, p.hidden_home_reads()) if hidden)
-    return max(bound, (bound + reads) / 2)
+    return max(bound, (bound + _hidden_read_time(p)) / 2)
+
+
+def _hidden_read_time(p: Problem) -> float:
+    """The time of every read from home that may hide behind compute, each read once."""
+    return sum(t for t, hidden in zip(p.costs.time_s, p.hidden_home_reads()) if hidden)
 
 
 def first_compute_needs(p: Problem) -> np.ndarray:

@@ -80,13 +80,12 @@ def schedule_io(p: Problem, stages: Stages, *, whole_runs: bool = False) -> Stag
     if score <= best:
         flat, ops, best = moved_flat, moved_ops, score
     trials = (_WholeRuns if whole_runs else _Trials)(p, ops, best)
-    return _staged(_scan(p, flat, trials, _placing(p)), len(stages))
+    return _staged(_scan(p, flat, trials, _placing(reads)), len(stages))
 
 
-def _placing(p: Problem):
-    """Step 2's choice: op -> what places it (a page-in, or a param node read from home), or
-    None."""
-    reads = p.hidden_home_reads()
+def _placing(reads: list[bool]):
+    """Step 2's choice: op -> what places it (a page-in, or the compute of a node `reads`
+    marks, read from home), or None."""
 
     def place(op: Op):
         if op[0] == PAGE_IN:
@@ -108,7 +107,7 @@ def delay_page_outs(p: Problem, stages: Stages, *, whole_runs: bool = False) -> 
     ops = _resolved(p, flat)
     trials = (_WholeRuns if whole_runs else _Trials)(p, ops, _makespan(p, ops))
     flat = _scan(p, flat, trials, lambda op: _delay_page_out if op[0] == PAGE_OUT else None)
-    flat = _scan(p, flat, trials, _placing(p))
+    flat = _scan(p, flat, trials, _placing(p.hidden_home_reads()))
     # nothing moved: the schedule given, which the caller then need not replay again
     return stages if trials.ops is ops else _staged(flat, len(stages))
 
@@ -167,19 +166,15 @@ def _makespan(p: Problem, ops: list[Op]) -> float:
     return p.costs.timeline(ops, p.deps, p.sizes, sync_trace(p, ops)).step_time_s
 
 
-def _moved(items: list, c: int, j: int) -> list:
-    """`items` with item j moved to position c (up or down)."""
-    return items[:min(c, j)] + _moved_between(items, c, j) + items[max(c, j) + 1:]
+def _moved(items: list, c: int, j: int, item=None) -> list:
+    """`items` with item j moved to position c (up or down), as `item` where given."""
+    return items[:min(c, j)] + _moved_between(items, c, j, item) + items[max(c, j) + 1:]
 
 
-def _replaced(items: list, j: int, item) -> list:
-    """`items` with item j replaced by `item` (None: as it is)."""
-    return items if item is None else items[:j] + [item] + items[j + 1:]
-
-
-def _moved_between(items: list, c: int, j: int) -> list:
+def _moved_between(items: list, c: int, j: int, item=None) -> list:
     """_moved's items from position min(c, j) to max(c, j): elsewhere they stay."""
-    return [items[j]] + items[c:j] if c < j else items[j + 1:c + 1] + [items[j]]
+    moved = items[j] if item is None else item
+    return [moved] + items[c:j] if c < j else items[j + 1:c + 1] + [moved]
 
 
 class _WholeRuns:
@@ -198,7 +193,7 @@ class _WholeRuns:
         """The makespan with the page-in at j issued just before instruction c < j, or the
         page-out at j just after instruction c > j; `op`: a page-in from home that replaces
         the param node's compute at j, issued just before instruction c <= j."""
-        return _makespan(self.p, _moved(_replaced(self.ops, j, op), c, j))
+        return _makespan(self.p, _moved(self.ops, c, j, op))
 
     def accept(self, c: int, j: int, makespan: float, op: "Op | None" = None) -> list[Op]:
         """Trial (c, j) (with `op`), which scored `makespan`, is the base now: its
@@ -211,7 +206,7 @@ class _WholeRuns:
                 [b + size for b in before[j + 1:c + 2]])
         self.trace = self.trace[:first] + self._trace_between(c, j) + self.trace[last + 1:]
         self.before = before[:first] + held + before[last + 1:]
-        self.ops, self.makespan = _moved(_replaced(self.ops, j, op), c, j), makespan
+        self.ops, self.makespan = _moved(self.ops, c, j, op), makespan
         return self.ops
 
     def _trace_between(self, c: int, j: int) -> list[int]:
@@ -281,7 +276,7 @@ class _Trials(_WholeRuns):
         return self.waits - self._state_before(k).limit_waits
 
     def score(self, c: int, j: int, op: "Op | None" = None) -> float:
-        ops = _replaced(self.ops, j, op)
+        ops = self.ops  # the base's: after max(c, j) the trial's are the same
         part_trace = self._trace_between(c, j)
         first, last = min(c, j), max(c, j)
         limit = max(self.limit, *part_trace)
@@ -292,7 +287,7 @@ class _Trials(_WholeRuns):
             return super().score(c, j, op)
         run = self._state_before(first).copy()
         run.limit = limit
-        run.run(_moved_between(ops, c, j), part_trace, _moved_between(self.writes, c, j))
+        run.run(_moved_between(ops, c, j, op), part_trace, _moved_between(self.writes, c, j))
         q, stride = last + 1, 1
         while q < len(ops):
             base = self._state_before(q)
