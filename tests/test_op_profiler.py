@@ -264,3 +264,26 @@ def test_first_calls_memory_is_measured_in_a_fresh_process():
         pytest.skip("no RssAnon in /proc/self/status here")
     assert first > 64 * 1024  # primitives for every convolution shape, forward and backward
     assert again < first / 2
+
+
+@pytest.mark.parametrize("update", ["fused", "step"])
+def test_a_profile_leaves_the_model_one_step_on_however_long_its_windows(update):
+    """Timing an update repeats the optimizer's step on the same gradients (a small group's
+    hundreds of times in a window): those steps are undone, so the model a profile leaves,
+    and the one its in-context steps run on, has taken one step per step, whatever the
+    window. Kept, they saturated bert-mini's classifier and its backward timed 25x slow on
+    subnormal gradients."""
+    def profiled(window_s: float) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        captured = capture_model(EXAMPLE, batch=4, image=16, update=update)
+        start = {name: p.detach().clone() for name, p in captured.module.named_parameters()}
+        measure_nodes(captured, min_window_s=window_s, context_steps=0, allocator_pass=False,
+                      first_step={})  # one step: the isolated pass's
+        after = {name: p.detach().clone() for name, p in captured.module.named_parameters()}
+        assert all(not torch.equal(start[n], after[n]) for n in after)  # stepped once
+        return after
+
+    short, long = profiled(0.001), profiled(0.03)
+    assert short.keys() == long.keys()
+    for name in short:
+        assert torch.equal(short[name], long[name]), name

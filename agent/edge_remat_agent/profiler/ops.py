@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -375,12 +376,47 @@ def _measure_update(node: Node, runner: StepRunner, module: torch.nn.Module,
         step()
         synchronize(runner.device)
 
-    time_s, runs, energy = _timed(stepped, window, sensor, idle_w)
+    with _steps_undone(_stepping(node, optimizer)):
+        time_s, runs, energy = _timed(stepped, window, sensor, idle_w)
     if not isinstance(optimizer, FusedUpdates):
         optimizer.zero_grad(set_to_none=True)
     return NodeMeasurement(node.id, node.name, node.kind, profile_key(node), time_s, runs,
                            0, node.workspace_bytes, energy,
                            ledger_workspace_bytes=node.workspace_bytes)
+
+
+def _stepping(node: Node, optimizer: torch.optim.Optimizer | FusedUpdates
+              ) -> list[torch.optim.Optimizer]:
+    """The torch optimizers whose parameters and state the node's compute steps (none for
+    clipping's norm nodes)."""
+    if isinstance(optimizer, FusedUpdates):
+        own = optimizer.optimizers.get(node.id)
+        return [own] if own is not None else []
+    return [optimizer]
+
+
+@contextmanager
+def _steps_undone(optimizers: list[torch.optim.Optimizer]):
+    """Put the optimizers' parameters and state back as they were on entry. A timing window
+    repeats the step on the same gradients, a small group's hundreds of times; kept, those
+    steps left a model that no run trains (bert-mini b8 seq 64: its classifier saturated,
+    the backward's gradients went subnormal, and the in-context pass timed its matmuls
+    25-27x slower than a run's, in 3 of 5 profiles). Costs a copy of one group (a "step"
+    graph's: of every parameter) while the update is timed."""
+    saved = [(opt, [(p, p.detach().clone()) for group in opt.param_groups
+                    for p in group["params"]],
+              {p: {key: value.clone() if isinstance(value, torch.Tensor) else value
+                   for key, value in state.items()} for p, state in opt.state.items()})
+             for opt in optimizers]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for opt, params, state in saved:
+                for param, value in params:
+                    param.copy_(value)
+                opt.state.clear()
+                opt.state.update(state)
 
 
 def _update_step(node: Node, runner: StepRunner, module: torch.nn.Module,
