@@ -44,24 +44,27 @@ def _plan(home: str, clip: float | None, k: int = K):
 
 class _HomeTraffic:
     """The bytes a real FlashStore reads and writes under the parameters' home keys, counted
-    around its own get and put (which run as they are)."""
+    around its own get_many and put_many (which run as they are; get and put go through
+    them)."""
 
     def __init__(self, monkeypatch):
         self.read = self.written = 0
-        get, put = FlashStore.get, FlashStore.put
+        get_many, put_many = FlashStore.get_many, FlashStore.put_many
 
-        def counted_get(store, key):
-            tensor = get(store, key)
-            if isinstance(key, tuple) and key[0] in HOME_KEYS:
-                self.read += tensor.numel() * tensor.element_size()
-            return tensor
+        def home(key) -> bool:
+            return isinstance(key, tuple) and key[0] in HOME_KEYS
 
-        def counted_put(store, key, tensor):
-            if isinstance(key, tuple) and key[0] in HOME_KEYS:
-                self.written += tensor.numel() * tensor.element_size()
-            return put(store, key, tensor)
-        monkeypatch.setattr(FlashStore, "get", counted_get)
-        monkeypatch.setattr(FlashStore, "put", counted_put)
+        def counted_get(store, keys):
+            tensors = get_many(store, keys)
+            self.read += sum(t.numel() * t.element_size()
+                             for key, t in zip(keys, tensors) if home(key))
+            return tensors
+
+        def counted_put(store, items):
+            self.written += sum(t.numel() * t.element_size() for key, t in items if home(key))
+            return put_many(store, items)
+        monkeypatch.setattr(FlashStore, "get_many", counted_get)
+        monkeypatch.setattr(FlashStore, "put_many", counted_put)
 
 
 @pytest.mark.parametrize("clip", [None, 1.0], ids=["no-clip", "clip"])

@@ -9,6 +9,7 @@ exhaustive optimum on graphs with such nodes; and what goes wrong says so in one
 from __future__ import annotations
 
 import copy
+import os
 import re
 from pathlib import Path
 
@@ -227,6 +228,38 @@ def test_a_full_flash_home_fails_clearly_and_keeps_the_old_parameters(tmp_path):
     with pytest.raises(PageStoreFull, match="capacity"):
         home.commit({("param", "weight"): old + 1})  # the new version beside the old: no room
     assert torch.equal(home.load("weight"), old)  # never half-updated
+    store.close()
+
+
+def test_a_group_moves_to_and_from_its_home_as_one_file(tmp_path):
+    """A param node's group is read, and an update's new parameters and state written, as one
+    file (one open, one fsync): a file per tensor made BERT-mini's layer reads 2.9x and its
+    updates 2.5x what the plan charged. From the second update on, the group's file is
+    written over in place."""
+    module = torch.nn.Module()
+    for name, size in (("a", 300), ("b", 7), ("c", 50)):
+        setattr(module, name, torch.nn.Parameter(torch.randn(size)))
+    old = {name: p.detach().clone() for name, p in module.named_parameters()}
+    store = FlashStore(tmp_path, fsync=True, drop_cache=True)
+    home = ParameterHome(store, module, ["a", "b", "c"], groups=[["a", "b"], ["c"]])
+    home.move_out()
+    assert len(os.listdir(store.directory)) == 2  # one file per group
+    for name, value in zip(["b", "a"], home.load_many(["b", "a"])):
+        assert torch.equal(value, old[name])
+    for step in range(1, 4):
+        home.commit({("param", "a"): old["a"] + step, ("param", "b"): old["b"] + step,
+                     ("state", "a", "momentum_buffer"): old["a"] * step,
+                     ("state", "b", "momentum_buffer"): old["b"] * step})
+        # the new version's file, the old one kept as a spare (the first one held no state),
+        # and c's
+        assert len(os.listdir(store.directory)) == 3 and store.spare_bytes > 0
+        a, b = home.load_many(["a", "b"])
+        assert torch.equal(a, old["a"] + step) and torch.equal(b, old["b"] + step)
+        assert torch.equal(home.get_many([("state", "b", "momentum_buffer")])[0],
+                           old["b"] * step)
+        if step == 2:
+            steady = set(os.listdir(store.directory))
+    assert set(os.listdir(store.directory)) == steady  # rewritten in place
     store.close()
 
 

@@ -430,3 +430,99 @@ def test_a_page_folder_whose_parent_is_missing_is_refused_not_made_with_it(tmp_p
     with FlashStore(str(page_dir)) as flash:
         flash.put("a", torch.ones(3))
     assert page_dir.is_dir() and page_dir_status(page_dir)["ok"]
+
+
+# Several pages at once (a parameter group and its optimizer state) ------------------------------
+
+def group_of_tensors() -> dict[str, torch.Tensor]:
+    """A layer's parameters: a few large tensors and small ones between them."""
+    return {"q.weight": sample(torch.float32, (64, 64)), "q.bias": sample(torch.float32, (64,)),
+            "norm.weight": sample(torch.bfloat16, (7,)),
+            "ffn.weight": sample(torch.float32, (256, 64)).t(),  # transposed: its strides kept
+            "step": torch.tensor(3.0)}
+
+
+def test_put_many_and_get_many_round_trip_in_any_order(store):
+    values = group_of_tensors()
+    held = store.put_many(list(values.items()))
+    assert held == store.bytes_held
+    names = list(values)
+    for order in (names, names[::-1], names[1:3]):
+        for name, restored in zip(order, store.get_many(order)):
+            assert_same(values[name], restored)
+            assert restored.stride() == values[name].stride()
+    assert_same(values["norm.weight"], store.get("norm.weight"))  # one page from the middle
+
+
+@pytest.mark.parametrize("drop_cache", [False, True], ids=["cached", "uncached"])
+def test_flash_writes_a_group_as_one_file_kept_while_any_page_is(tmp_path, drop_cache):
+    values = group_of_tensors()
+    with FlashStore(tmp_path, fsync=True, drop_cache=drop_cache) as flash:
+        flash.put_many(list(values.items()))
+        assert len(os.listdir(flash.directory)) == 1
+        assert {flash.path_of(name) for name in values} == {flash.path_of("q.weight")}
+        assert os.path.getsize(flash.path_of("q.weight")) == flash.bytes_held
+        # Pages discarded one by one: the file holds the rest until the last goes, then is
+        # a spare that a group of the same size is written over in place the next step.
+        inode = os.stat(flash.path_of("q.weight")).st_ino
+        for name in list(values)[:-1]:
+            flash.discard(name)
+            assert flash.spare_bytes == 0
+        assert_same(values["step"], flash.get("step"))
+        flash.discard("step")
+        assert flash.bytes_held == 0 and flash.spare_bytes > 0
+        again = {name: value * 2 for name, value in values.items()}
+        flash.put_many(list(again.items()))
+        assert os.stat(flash.path_of("q.bias")).st_ino == inode and flash.spare_bytes == 0
+        for name, restored in zip(again, flash.get_many(list(again))):
+            assert_same(again[name], restored)
+
+
+def test_flash_put_many_replacing_pages_drops_a_file_once_all_its_pages_are_replaced(tmp_path):
+    with FlashStore(tmp_path) as flash:
+        flash.put_many([("a", torch.ones(10)), ("b", torch.ones(20))])
+        old = flash.path_of("a")
+        flash.put_many([("a", torch.zeros(10)), ("c", torch.zeros(5))])  # "b" is still in old
+        assert os.path.exists(old) and flash.path_of("b") == old
+        flash.put("b", torch.full((20,), 2.0))
+        assert not os.path.exists(old)
+        assert_same(torch.zeros(10), flash.get("a"))
+        assert_same(torch.full((20,), 2.0), flash.get("b"))
+        assert len(os.listdir(flash.directory)) == 2
+
+
+def test_flash_put_many_over_capacity_keeps_the_old_pages(tmp_path):
+    with FlashStore(tmp_path, capacity_bytes=MiB) as flash:
+        flash.put_many([("a", torch.ones(1000)), ("b", torch.ones(1000))])
+        with pytest.raises(PageStoreFull) as error:
+            flash.put_many([("a", torch.zeros(200_000)), ("b", torch.zeros(200_000))])
+        assert "('a', 'b')" in str(error.value)
+        assert_same(torch.ones(1000), flash.get("a"))
+        assert len(os.listdir(flash.directory)) == 1
+
+
+@pytest.mark.parametrize("drop_cache", [False, True], ids=["cached", "uncached"])
+def test_flash_detects_damage_inside_a_group_file(tmp_path, drop_cache):
+    values = group_of_tensors()
+    with FlashStore(tmp_path, drop_cache=drop_cache) as flash:
+        flash.put_many(list(values.items()))
+        path = flash.path_of("q.weight")
+        with open(path, "rb") as page:
+            data = bytearray(page.read())
+        data[len(data) // 2] ^= 0x01  # inside the transposed ffn weight's payload
+        with open(path, "wb") as page:
+            page.write(data)
+        assert_same(values["q.bias"], flash.get("q.bias"))  # the other pages read whole
+        with pytest.raises(PageCorrupted, match="CRC32") as error:
+            flash.get_many(list(values))
+        assert error.value.key == "ffn.weight"
+        with open(path, "wb") as page:
+            page.write(data[:-3])  # the last page cut short
+        with pytest.raises(PageCorrupted, match="truncated"):
+            flash.get("step")
+
+
+def test_put_many_takes_distinct_keys(tmp_path):
+    with FlashStore(tmp_path) as flash:
+        with pytest.raises(ValueError, match="distinct"):
+            flash.put_many([("a", torch.ones(1)), ("a", torch.ones(1))])

@@ -201,7 +201,8 @@ class StepRunner:
 
     def __init__(self, trace: JointTrace, graph: Graph, module: nn.Module, example_args,
                  device: str | torch.device | None = None, ledger: Any = None,
-                 load_parameter: Callable[[str], torch.Tensor] | None = None):
+                 load_parameter: Callable[[str], torch.Tensor] | None = None,
+                 load_parameters: Callable[[list[str]], list[torch.Tensor]] | None = None):
         self.trace, self.graph, self.ledger = trace, graph, ledger
         self.device = torch.device(device) if device is not None else None
         self._node_ops: dict[NodeId, _NodeOps] = {}
@@ -218,6 +219,9 @@ class StepRunner:
         # Param nodes load parameters: from their home (the executor's), else the module's own.
         params = dict(module.named_parameters(remove_duplicate=False))
         self.load_parameter = load_parameter or (lambda name: params[name].detach())
+        # A param node's group at once (a home reads it as one page), else name by name.
+        self.load_parameters = load_parameters or (
+            lambda names: [self.load_parameter(name) for name in names])
         self._loaded = frozenset(ph for node in graph.nodes if node.kind == "param"
                                  for ph in node.attrs["outputs"])
         self._read_last_by: dict[NodeId, list[NodeId]] | None = None  # reader -> inputs
@@ -314,8 +318,8 @@ class StepRunner:
 
     def _load_parameters(self, node) -> None:
         self.runs[node.id] = self.runs.get(node.id, 0) + 1
-        for placeholder, name in zip(node.attrs["outputs"], node.attrs["params"]):
-            value = self.load_parameter(name)
+        for placeholder, value in zip(node.attrs["outputs"],
+                                      self.load_parameters(node.attrs["params"])):
             self._hold(placeholder, value)
             self.env[placeholder] = value
 

@@ -147,10 +147,12 @@ class _Generator:
         self.runs[node_id] = self.runs.get(node_id, 0) + 1
         lines = ["t0 = _now()"]
         if node.kind == "param":
-            for placeholder, name in zip(node.attrs["outputs"], node.attrs["params"]):
-                self.resident[placeholder] = var = self.new()
-                lines.append(f"{var} = {self.code.const(self.runner.load_parameter)}"
-                             f"({self.code.const(name)})")
+            names = [self.new() for _ in node.attrs["outputs"]]
+            self.resident.update(zip(node.attrs["outputs"], names))
+            if names:
+                lines.append(f"{', '.join(names)}, = "
+                             f"{self.code.const(self.runner.load_parameters)}"
+                             f"({self.code.const(list(node.attrs['params']))})")
         else:
             lines += self.node_ops(node_id, first)
         lines.append(f"{'cs' if first else 'rs'} += _now() - t0")

@@ -164,7 +164,7 @@ class OverlappedPaging:
         outputs = node.attrs["outputs"]
         key = ("reading home", outputs[0] if outputs else ins.node, self._next())
         self.ledger.register(key, node.out_bytes)
-        future = self.pool.submit(_load, self.runner.load_parameter,
+        future = self.pool.submit(_load, self.runner.load_parameters,
                                   dict(zip(outputs, node.attrs["params"])), *self._ordered())
         self.arriving[ins.node] = Pending(future, where, (key,), home=True)
 
@@ -302,12 +302,13 @@ def _read(store: PageStore, node_id: Any, names: list[str], into: dict[str, torc
 
 def _load(load, names: dict[str, str], copies: CopyStream | None = None,
           issued: Any = None) -> tuple[dict, float]:
-    """A param node's group: each output (placeholder) loaded by its parameter's name."""
+    """A param node's group: each output (placeholder) loaded by its parameter's name, the
+    group at once (`load` takes the names)."""
     if copies is not None:
         with copies.after(issued):
             return _load(load, names)
     start = time.perf_counter()
-    values = {placeholder: load(name) for placeholder, name in names.items()}
+    values = dict(zip(names, load(list(names.values()))))
     return values, time.perf_counter() - start
 
 

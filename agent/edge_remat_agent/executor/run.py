@@ -154,7 +154,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
             restore_rng(resume, device)
         runner = StepRunner(captured.trace, captured.graph, module,
                             batches(0) if is_example(data) else captured.example_args,
-                            device, ledger, home.load if home else None)
+                            device, ledger, home.load if home else None,
+                            home.load_many if home else None)
         # What the kernel charges before the first step, before the arena exists.
         baseline = runtime_baseline(module)
         arena = open_arena(plan, captured.graph, device) if allocator == "arena" else None

@@ -102,7 +102,8 @@ def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool 
             sum(n.attrs.get("state_bytes", 0) + n.attrs.get("sum_bytes", 0)
                 for n in graph.nodes if "home" in n.attrs and n.kind == "update")
         _check_room(store, needed)
-        home = ParameterHome(store, module, list(homes), frozen)
+        groups = [node.attrs["params"] for node in graph.nodes if node.kind == "param"]
+        home = ParameterHome(store, module, list(homes), frozen, groups)
         try:  # the move out is set-up: the steps' own store errors are the interpreter's
             home.move_out()
         except PageStoreError as error:

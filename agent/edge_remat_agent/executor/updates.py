@@ -5,7 +5,8 @@ ParameterHome  the page store where parameter groups homed on a tier live betwee
                their optimizer state: moved out once before the first step, read by param
                nodes, written back by update nodes (a new version first, then the switch: a
                store's put replaces a page atomically, so a failed write leaves the old one),
-               and read back into the module at the end of a run when asked.
+               and read back into the module at the end of a run when asked. A group moves
+               as one (the store's put_many and get_many: one file on flash).
 FusedUpdates   one torch optimizer per update node, over that node's parameter group: stepping
                the groups one by one as their gradients complete gives bit for bit the one
                `optimizer.step()` of plain training (foreach off: every parameter's step is
@@ -43,45 +44,53 @@ class ParameterHome:
     succeeded, so a store that fills up mid-update leaves the whole group as it was."""
 
     def __init__(self, store: PageStore, module: nn.Module, names: list[str],
-                 frozen: Any = None):
+                 frozen: Any = None, groups: list[list[str]] | None = None):
         """`frozen`: where frozen parameters already live read-only (a weights.PagedWeights
-        over the weight page store): those are read from it and never written to `store`."""
+        over the weight page store): those are read from it and never written to `store`.
+        `groups`: the names each param node loads together (else one group each)."""
         self.store = store
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.names = list(names)
         self.frozen = frozen
         self.served = set(frozen.names) & set(self.names) if frozen is not None else set()
         self.versions: dict[tuple, int] = {}
+        self.groups = groups if groups is not None else [[name] for name in self.names]
 
     def move_out(self) -> None:
-        """Write every homed parameter to the store and release its RAM."""
+        """Write every homed parameter to the store, group by group, and release its RAM."""
+        moved = set()
+        for group in self.groups:
+            skip = moved | self.served
+            new = [name for name in dict.fromkeys(group) if name not in skip]
+            moved.update(new)
+            if new:
+                self.commit({("param", name): self.params[name].detach() for name in new})
         for name in self.names:
-            if name not in self.served:
-                self.commit({("param", name): self.params[name].detach()})
             self.params[name].data = _empty_like(self.params[name])
 
     def load(self, name: str) -> torch.Tensor:
-        if name in self.served:
-            return self.frozen.load(name)
-        return self.get(("param", name))
+        return self.load_many([name])[0]
+
+    def load_many(self, names: list[str]) -> list[torch.Tensor]:
+        """A param node's group: read together where the store can."""
+        stored = [name for name in names if name not in self.served]
+        values = dict(zip(stored, self.get_many([("param", name) for name in stored])))
+        return [self.frozen.load(name) if name in self.served else values[name]
+                for name in names]
 
     def get(self, key: tuple) -> torch.Tensor:
         return self.store.get((*key, self.versions[key]))
+
+    def get_many(self, keys: list[tuple]) -> list[torch.Tensor]:
+        return self.store.get_many([(*key, self.versions[key]) for key in keys]) if keys else []
 
     def has(self, key: tuple) -> bool:
         return key in self.versions
 
     def commit(self, values: dict[tuple, torch.Tensor]) -> None:
-        written = []
-        try:
-            for key, value in values.items():
-                version = self.versions.get(key, -1) + 1
-                self.store.put((*key, version), value)
-                written.append((key, version))
-        except BaseException:
-            for key, version in written:
-                self.store.discard((*key, version))
-            raise
+        written = [(key, self.versions.get(key, -1) + 1) for key in values]
+        # all or none: a failed write leaves every old version
+        self.store.put_many([((*key, version), values[key]) for key, version in written])
         for key, version in written:
             old = self.versions.get(key)
             self.versions[key] = version
@@ -182,8 +191,8 @@ class FusedUpdates:
                     self.sums.send(name, None)
 
     def _bring_sums(self, names: list[str]) -> None:
-        for name in names:
-            self.sums.bring(name, self.home.get(("sum", name)))
+        for name, value in zip(names, self.home.get_many([("sum", name) for name in names])):
+            self.sums.bring(name, value)
 
     def _send_sums_home(self, names: list[str]) -> None:
         """The group's sums written to its home and out of RAM (the optimizer does not write
@@ -253,8 +262,7 @@ class FusedUpdates:
         if name is None:
             self._optimizer_of[id(param)].state[param] = state
             return
-        for key, value in state.items():
-            self.home.commit({("state", name, key): value})
+        self.home.commit({("state", name, key): value for key, value in state.items()})
         self._state_keys[name] = list(state)
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -263,11 +271,14 @@ class FusedUpdates:
                 for t in state.values() if isinstance(t, torch.Tensor)]
 
     def _load_state(self, optimizer: torch.optim.Optimizer, names: list[str]) -> None:
+        # before the group's first step there is none: the optimizer makes its state
+        wanted = [(name, key) for name in names for key in self._state_keys.get(name, ())]
+        values = iter(self.home.get_many([("state", name, key) for name, key in wanted]))
         for name in names:
             keys = self._state_keys.get(name)
             if not keys:
-                continue  # before the group's first step: the optimizer makes its state
-            state = {key: self.home.get(("state", name, key)) for key in keys}
+                continue
+            state = {key: next(values) for key in keys}
             optimizer.state[self.params[name]] = state
             if self.ledger is not None:  # in RAM for the update: the node's workspace
                 for key, value in state.items():

@@ -18,6 +18,9 @@ class PageStore(abc.ABC):
                       bytes it occupies in the store
     get(key)          the tensor back: same dtype, shape and values, detached, on the device
                       it came from; the page stays until discarded (it may be paged in twice)
+    put_many(items)   put each (key, tensor), all or none; a store that can writes them at once
+                      (flash: one file, any page it replaces kept on failure)
+    get_many(keys)    get each, in order; a store that can reads them at once
     discard(key)      forget a page; True if there was one
     clear()           forget every page (end of step)
     pop(key)          get, then discard
@@ -45,6 +48,21 @@ class PageStore(abc.ABC):
     @property
     @abc.abstractmethod
     def bytes_held(self) -> int: ...
+
+    def put_many(self, items: list[tuple[Hashable, torch.Tensor]]) -> int:
+        total, written = 0, []
+        try:
+            for key, tensor in items:
+                total += self.put(key, tensor)
+                written.append(key)
+        except BaseException:
+            for key in written:  # none stays (a key it replaced is gone too)
+                self.discard(key)
+            raise
+        return total
+
+    def get_many(self, keys: list[Hashable]) -> list[torch.Tensor]:
+        return [self.get(key) for key in keys]
 
     def clear(self) -> None:
         for key in self.keys():

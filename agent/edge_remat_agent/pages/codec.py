@@ -199,8 +199,9 @@ def decode(data: bytes | bytearray | memoryview, key: Hashable, where: str) -> t
     return finish(tensor, view, header, key, where)
 
 
-def read_from(stream: BinaryIO, key: Hashable, where: str) -> torch.Tensor:
-    """A tensor read from an open page file, straight into the tensor's own memory."""
+def read_from(stream: BinaryIO, key: Hashable, where: str, to_end: bool = True) -> torch.Tensor:
+    """A tensor read from an open page file at its position, straight into the tensor's own
+    memory. `to_end`: the page ends the file (else more pages follow it in the file)."""
     header_len, header_crc = parse_prefix(stream.read(PREFIX.size), key, where)
     body = stream.read(header_len)
     if len(body) != header_len:
@@ -213,6 +214,6 @@ def read_from(stream: BinaryIO, key: Hashable, where: str) -> torch.Tensor:
         if not count:
             raise PageCorrupted(key, where, f"truncated: {filled} of {header.nbytes} payload bytes")
         filled += count
-    if stream.read(1):
+    if to_end and stream.read(1):
         raise PageCorrupted(key, where, "longer than its header says")
     return finish(tensor, view, header, key, where)

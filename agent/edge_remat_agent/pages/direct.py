@@ -90,7 +90,8 @@ def _write_block(fd: int, staging: mmap.mmap, nbytes: int, offset: int) -> int:
 
 
 class DirectReader:
-    """A read-only stream over an O_DIRECT descriptor: read(n), readinto(view), close()."""
+    """A read-only stream over an O_DIRECT descriptor: read(n), readinto(view), seek(n),
+    close()."""
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -110,6 +111,15 @@ class DirectReader:
             done += take
             self.position += take
         return done
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, position: int) -> int:
+        """Move to `position`; the staging buffer keeps what it holds (a later page of the
+        same blocks is read from it, not from the device again)."""
+        self.position = position
+        return position
 
     def read(self, n: int) -> bytes:
         buffer = bytearray(n)

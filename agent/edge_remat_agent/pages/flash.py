@@ -13,6 +13,13 @@ left alone, and so is everything not named like a store's directory: the rest is
 Where the filesystem cannot lock (e.g. some network mounts), nothing is locked and nothing
 removed. `FlashStore.cleaned_stale` says what was removed.
 
+`put_many` writes several pages into one file, back to back, with one fsync, and `get_many`
+reads them with one open and sequential reads (small pages share the device's reads): a
+parameter group and its optimizer state, written by each update and read by each param node,
+had a file per tensor, and its open, write, fsync and close each time (BERT-mini's layer, 16
+tensors, 3.2 MB: 29.2 ms written and read back one by one, 8.9 ms as one page, here). A file
+stays while any of its pages does.
+
 Files are kept for rewriting: a discarded or cleared page's file becomes a spare, and the next
 page of about its size (the same 4 KiB blocks) is written over it in place. A training step
 pages the same tensors every step, so from the second step on no page file is created,
@@ -36,7 +43,7 @@ from typing import Hashable
 import torch
 
 from .base import IndexedPageStore
-from .codec import EncodedPage, encode, read_from
+from .codec import encode, read_from
 from .direct import open_direct, write_direct
 from .errors import (PageCorrupted, PageMissing, PageStoreError, PageStoreFull, full_remedy,
                      page_dir_not_made)
@@ -86,7 +93,8 @@ class FlashStore(IndexedPageStore):
         self._finalizer = weakref.finalize(self, _remove_directory, self.directory, lock,
                                            os.getpid())
         self.cleaned_stale = remove_dead_stores(self.page_dir, keep=self.directory)
-        self._init_index()  # key -> (file, bytes); the lock guards it, file I/O runs outside
+        self._init_index()  # key -> (file, bytes, offset); the lock guards it, I/O runs outside
+        self._files: dict[str, list[int]] = {}  # file -> [its bytes, pages still in it]
         self._spares: dict[int, list[tuple[str, int]]] = {}  # 4 KiB blocks -> (file, bytes)
         self._spare_bytes = 0
         self._aged: set[str] = set()  # spares already spare at the last clear
@@ -107,15 +115,24 @@ class FlashStore(IndexedPageStore):
         return stats.f_bavail * stats.f_frsize
 
     def put(self, key: Hashable, tensor: torch.Tensor) -> int:
+        return self.put_many([(key, tensor)])
+
+    def put_many(self, items: list[tuple[Hashable, torch.Tensor]]) -> int:
+        """Every (key, tensor) as a page, all in one file written at once: whole or absent.
+        Returns the bytes they occupy."""
         if self._closed:
             raise PageStoreError(f"the page store in {self.directory} is closed")
-        page = encode(tensor)
-        needed = page.total_bytes
+        keys = [key for key, _ in items]
+        if not keys or len(set(keys)) != len(keys):
+            raise ValueError(f"put_many takes distinct keys, at least one: {keys!r}")
+        pages = [encode(tensor) for _, tensor in items]
+        needed = sum(page.total_bytes for page in pages)
+        named = keys[0] if len(keys) == 1 else tuple(keys)  # what errors name
         with self._lock:
-            replaced = self._index.get(key, (None, 0))[1]
+            replaced = sum(self._index[key][1] for key in keys if key in self._index)
             held_after = self._held - replaced + needed
             if self.capacity_bytes is not None and held_after > self.capacity_bytes:
-                raise PageStoreFull(key, self.page_dir, needed, free_bytes=self.free_bytes(),
+                raise PageStoreFull(named, self.page_dir, needed, free_bytes=self.free_bytes(),
                                     capacity_bytes=self.capacity_bytes, held_bytes=self._held,
                                     cause="over the store's capacity", remedy=FULL_REMEDY)
             self._held += needed  # reserved now, so a concurrent put sees it
@@ -124,31 +141,49 @@ class FlashStore(IndexedPageStore):
                 while self._spares and held_after + self._spare_bytes > self.capacity_bytes:
                     self._drop_spare()
             path = spare[0] if spare else os.path.join(
-                self.directory, f"{next(self._serial):06d}-{_file_safe(key)}.page")
+                self.directory, f"{next(self._serial):06d}-{_file_safe(keys[0])}.page")
+        parts = [part for page in pages for part in (page.header, page.payload)]
         try:
             try:
-                self._write(key, path, page, spare)
+                self._write(named, path, parts, needed, spare)
             except PageStoreFull:
                 if spare or not self._spares:
                     raise
                 with self._lock:  # the disk is full: the spares' room first, then once more
                     while self._spares:
                         self._drop_spare()
-                self._write(key, path, page, None)
+                self._write(named, path, parts, needed, None)
         except BaseException:
             with self._lock:
                 self._held -= needed
             raise
+        emptied = []
         with self._lock:
-            old = self._index.pop(key, None)
-            self._index[key] = (path, needed)
-            if old is not None:
-                self._held -= old[1]
-        if old is not None:
-            _unlink_quietly(old[0])
+            offset = 0
+            for key, page in zip(keys, pages):
+                old = self._index.pop(key, None)
+                self._index[key] = (path, page.total_bytes, offset)
+                offset += page.total_bytes
+                if old is not None:
+                    self._held -= old[1]
+                    if self._page_gone(old[0]):
+                        emptied.append(old[0])
+            self._files[path] = [needed, len(keys)]
+        for old_path in emptied:
+            _unlink_quietly(old_path)
         return needed
 
-    def _write(self, key: Hashable, path: str, page: EncodedPage,
+    def _page_gone(self, path: str) -> bool:
+        """One page of `path` forgotten (with the lock held): True when it was the file's last,
+        and the file is no longer counted."""
+        entry = self._files[path]
+        entry[1] -= 1
+        if entry[1]:
+            return False
+        del self._files[path]
+        return True
+
+    def _write(self, key: Hashable, path: str, parts: list, total: int,
                spare: tuple[str, int] | None) -> None:
         # A new file is written under a temporary name and renamed: whole or absent. A spare
         # is written over in place (no reader knows it until put indexes it); one a write
@@ -159,12 +194,11 @@ class FlashStore(IndexedPageStore):
             fd = os.open(partial, flags if spare else flags | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 # Around the page cache where it is to be dropped (see get).
-                if not (self.drop_cache and write_direct(fd, [page.header, page.payload],
-                                                         page.total_bytes)):
-                    _write_all(fd, page.header)
-                    _write_all(fd, page.payload)
-                    if spare and spare[1] != page.total_bytes:
-                        os.ftruncate(fd, page.total_bytes)  # a header longer or shorter
+                if not (self.drop_cache and write_direct(fd, parts, total)):
+                    for part in parts:
+                        _write_all(fd, part)
+                    if spare and spare[1] != total:
+                        os.ftruncate(fd, total)  # a header longer or shorter
                 if self.fsync:
                     _sync_data(fd)  # the data and the file's size: nothing else is needed back
                 if self.drop_cache:
@@ -177,33 +211,53 @@ class FlashStore(IndexedPageStore):
         except BaseException as error:
             _unlink_quietly(partial)
             if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
-                raise PageStoreFull(key, self.page_dir, page.total_bytes,
+                raise PageStoreFull(key, self.page_dir, total,
                                     free_bytes=self.free_bytes(), capacity_bytes=self.capacity_bytes,
-                                    held_bytes=self._held - page.total_bytes,
+                                    held_bytes=self._held - total,
                                     cause=os.strerror(error.errno), remedy=FULL_REMEDY) from error
             raise
 
     def get(self, key: Hashable) -> torch.Tensor:
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: list[Hashable]) -> list[torch.Tensor]:
+        """The pages under `keys`, in that order; each file opened once, its pages read in
+        the order they lie in it."""
         with self._lock:
-            path = self.path_of(key)
-        try:
-            # Read around the page cache where it is to be dropped: a buffered read held the
-            # whole page in the cache, charged to the run, until the drop after it.
-            direct = open_direct(path) if self.drop_cache else None
-            with direct or open(path, "rb", buffering=0) as stream:  # readinto the tensor
-                tensor = read_from(stream, key, path)
-                if self.drop_cache and direct is None:
-                    _drop_cached_pages(stream.fileno())
-        except FileNotFoundError:
-            raise PageCorrupted(key, path, "the page file has been removed") from None
-        return tensor
+            entries = [(self.path_of(key),) + self._index[key][1:] for key in keys]
+            file_bytes = {path: self._files[path][0] for path, _, _ in entries}
+        by_file: dict[str, list[int]] = {}
+        for k, (path, _, _) in enumerate(entries):
+            by_file.setdefault(path, []).append(k)
+        out: list[torch.Tensor | None] = [None] * len(keys)
+        for path, wanted in by_file.items():
+            wanted.sort(key=lambda k: entries[k][2])
+            try:
+                # Read around the page cache where it is to be dropped: a buffered read held
+                # the whole page in the cache, charged to the run, until the drop after it.
+                direct = open_direct(path) if self.drop_cache else None
+                with direct or open(path, "rb", buffering=0) as stream:  # readinto the tensor
+                    for k in wanted:
+                        _, nbytes, offset = entries[k]
+                        if stream.tell() != offset:
+                            stream.seek(offset)
+                        out[k] = read_from(stream, keys[k], path,
+                                           to_end=offset + nbytes == file_bytes[path])
+                    if self.drop_cache and direct is None:
+                        _drop_cached_pages(stream.fileno())
+            except FileNotFoundError:
+                raise PageCorrupted(keys[wanted[0]], path,
+                                    "the page file has been removed") from None
+        return out
 
     def discard(self, key: Hashable) -> bool:
         with self._lock:
             entry = self._forget(key, lambda entry: entry[1])
             if entry is None:
                 return False
-            self._keep_spare(*entry)
+            bundle_bytes = self._files[entry[0]][0]
+            if self._page_gone(entry[0]):  # its file's last page: the file is a spare
+                self._keep_spare(entry[0], bundle_bytes)
         return True
 
     def clear(self) -> None:
@@ -213,8 +267,9 @@ class FlashStore(IndexedPageStore):
             for spares in list(self._spares.values()):
                 for path, _ in [spare for spare in spares if spare[0] in self._aged]:
                     self._drop_spare(path)
-            for path, nbytes in self._index.values():
+            for path, (nbytes, _) in self._files.items():
                 self._keep_spare(path, nbytes)
+            self._files.clear()
             self._forget_all()
             self._aged = {path for spares in self._spares.values() for path, _ in spares}
             kept = {os.path.basename(path) for path in self._aged}
