@@ -56,8 +56,8 @@ def test_a_page_read_back_never_sits_in_the_page_cache(tmp_path, monkeypatch):
         at_end_of_read = []
         read_from = flash_module.read_from
 
-        def read_and_look(stream, key, where):
-            tensor = read_from(stream, key, where)
+        def read_and_look(stream, key, where, **options):
+            tensor = read_from(stream, key, where, **options)
             at_end_of_read.append(cached_bytes(path))
             return tensor
 
