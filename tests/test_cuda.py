@@ -31,7 +31,7 @@ def test_pinned_store_round_trips_on_a_side_stream():
     with torch.cuda.stream(side):
         store.put("a", value)
         into = torch.empty_strided(value.shape, value.stride(), device=CUDA)
-        with reading_into(lambda nbytes, dtype, shape, stride: into):
+        with reading_into(lambda nbytes, dtype, shape, stride, key: into):
             back = store.get("a")
     assert back is into and torch.equal(back, value) and back.stride() == value.stride()
     assert store.bytes_held == value.numel() * 4

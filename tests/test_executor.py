@@ -173,11 +173,33 @@ def test_a_plan_that_pages_without_its_tier_figures_is_refused(user_capture, tmp
                  captured=captured)
 
 
+@pytest.mark.parametrize("paging_io", ["sync", "overlap"])
+def test_a_nodes_outputs_are_paged_as_one_file(user_capture, tmp_path, paging_io):
+    """A page_out writes the node's outputs at once (flash: one file, one fsync) and its
+    page_in reads them at once: module-level BERT-mini's layer nodes keep 19 tensors each."""
+    class Recording(FlashStore):
+        def put_many(self, items):
+            writes.append(len(items))
+            return super().put_many(items)
+
+    writes: list[int] = []
+    captured = user_capture()
+    plan = with_paging(every_forward_recomputed(captured.graph), captured.graph, every=1)
+    with Recording(tmp_path) as store:
+        report = run_plan(captured.graph, plan, 1, None, captured=captured,
+                          stores={"flash": store}, paging_io=paging_io)
+    assert report["grad_check"]["bitwise_equal"]
+    outputs = [len(captured.graph.node(ins.node).attrs["outputs"]) for stage in plan.stages
+               for ins in stage if ins.op == "page_out"]
+    assert sorted(w for w in writes if w) == sorted(n for n in outputs if n)
+    assert max(writes) > 1
+
+
 def test_a_corrupted_page_is_detected(user_capture, tmp_path):
-    class Damaging(FlashStore):
-        def put(self, key, tensor):
-            size = super().put(key, tensor)
-            with open(self.path_of(key), "r+b") as page:
+    class Damaging(FlashStore):  # the file's last byte: its last page's payload
+        def put_many(self, items):
+            size = super().put_many(items)
+            with open(self.path_of(items[-1][0]), "r+b") as page:
                 page.seek(-1, 2)
                 last = page.read(1)
                 page.seek(-1, 2)

@@ -351,7 +351,7 @@ def test_pinned_store_keeps_values_and_layout_and_its_capacity():
     value = sample(torch.float32, (5, 6)).t()
     assert store.put("a", value) == 120
     into = torch.empty_strided(value.shape, value.stride())
-    with reading_into(lambda nbytes, dtype, shape, stride: into):
+    with reading_into(lambda nbytes, dtype, shape, stride, key: into):
         back = store.get("a")
     assert back is into and torch.equal(back.view(torch.int32), value.view(torch.int32))
     value.fill_(0)  # the page is a copy

@@ -2,7 +2,7 @@
 removes what a dead run left, never a live run's directory, never the user's files.
 
 The runs are really killed (SIGKILL, so nothing of theirs gets to clean up): an executor in a
-fresh interpreter, in the middle of a step with pages on flash (it only wraps FlashStore.put to
+fresh interpreter, in the middle of a step with pages on flash (it only wraps FlashStore.put_many to
 say when they are there), and bare page stores in forked processes. Nothing is mocked.
 """
 
@@ -30,10 +30,10 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock and SIGKI
 
 CHILD_TIMEOUT_S = 120  # a child that never says it is ready is killed, and the test fails
 
-# An executor that stops in the middle of its first step, with two pages on flash, says where
+# An executor that stops in the middle of its first step, with two page files on flash, says where
 # they are, and waits to be killed.
 EXECUTOR = r"""
-import sys, time
+import os, sys, time
 from edge_remat_agent.capture import capture_model
 from edge_remat_agent.executor import run_plan
 from edge_remat_agent.formats import load_plan
@@ -42,16 +42,16 @@ from edge_remat_agent.pages import flash
 example, plan_file, page_dir = sys.argv[1:]
 captured = capture_model(example, batch=4, image=16)
 sys.stdin.readline()  # the plan is written (the parent captured and planned meanwhile)
-put = flash.FlashStore.put
+put_many = flash.FlashStore.put_many
 
-def put_then_wait(self, key, tensor):
-    size = put(self, key, tensor)
-    if len(self.keys()) == 2:
+def put_then_wait(self, items):
+    size = put_many(self, items)
+    if sum(name.endswith(".page") for name in os.listdir(self.directory)) == 2:
         print(self.directory, flush=True)
         time.sleep(600)
     return size
 
-flash.FlashStore.put = put_then_wait
+flash.FlashStore.put_many = put_then_wait
 run_plan(captured.graph, load_plan(plan_file), 1000, page_dir, captured=captured,
          check_gradients=False)
 """

@@ -193,7 +193,8 @@ class Arena:
         return torch.empty(0, dtype=dtype, device=self.device).set_(
             self.storage, offset // dtype.itemsize, tuple(shape), tuple(stride))
 
-    def page_slot(self, nbytes: int, dtype: torch.dtype, shape, stride) -> torch.Tensor | None:
+    def page_slot(self, nbytes: int, dtype: torch.dtype, shape, stride,
+                  key=None) -> torch.Tensor | None:
         """Where a page being read goes (pages/codec.reading_into): the output range, else
         the workspace range (an update's optimizer state), else None (ATen allocates)."""
         if self._output is None or not self.reads_pages_into_slots:

@@ -167,15 +167,18 @@ class Interpreter:
             return
         store = self.stores[ins.tier]
         start = time.perf_counter()
+        unwritten = []
         for name, value in self.runner.outputs(ins.node).items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"its output {name} is a {type(value).__name__}, not a tensor: "
                                 "it cannot be paged")
             key = (ins.node, name)
             if key not in store:  # values are immutable within a step: the page still holds it
-                store.put(key, value)
-                self.counts.pages_written += 1
+                unwritten.append((key, value))
             self.counts.paged_bytes += value.untyped_storage().nbytes()
+        if unwritten:
+            store.put_many(unwritten)  # at once (flash: one file)
+            self.counts.pages_written += len(unwritten)
         self.runner.free(ins.node)
         self.counts.page_outs += 1
         self.counts.page_out_s += time.perf_counter() - start
@@ -193,7 +196,7 @@ class Interpreter:
         store = self.stores[ins.tier]
         start = time.perf_counter()
         names = self.graph.node(ins.node).attrs["outputs"]
-        values = {name: store.get((ins.node, name)) for name in names}
+        values = dict(zip(names, store.get_many([(ins.node, name) for name in names])))
         self.runner.restore_outputs(ins.node, values)
         self.counts.paged_bytes += sum(v.untyped_storage().nbytes() for v in values.values())
         self.counts.page_ins += 1

@@ -280,23 +280,21 @@ def _result(pending: Pending):
 
 def _read(store: PageStore, node_id: Any, names: list[str], into: dict[str, torch.Tensor],
           copies: CopyStream | None = None, issued: Any = None) -> tuple[dict, float]:
-    """Each page read into its tensor in `into` where the layout matches (else the store
-    allocates one here)."""
+    """The node's pages, read at once (flash: one file), each into its tensor in `into` where
+    the layout matches (else the store allocates one here)."""
     if copies is not None:
         with copies.after(issued):
             return _read(store, node_id, names, into)
     start = time.perf_counter()
-    values = {}
-    for name in names:
-        target = into.get(name)
 
-        def place(nbytes, dtype, shape, stride, target=target):
-            if target is not None and (target.dtype, tuple(target.shape), target.stride()) \
-                    == (dtype, tuple(shape), tuple(stride)):
-                return target
-            return None
-        with reading_into(place):
-            values[name] = store.get((node_id, name))
+    def place(nbytes, dtype, shape, stride, key):
+        target = into.get(key[1]) if isinstance(key, tuple) and len(key) == 2 else None
+        if target is not None and (target.dtype, tuple(target.shape), target.stride()) \
+                == (dtype, tuple(shape), tuple(stride)):
+            return target
+        return None
+    with reading_into(place):
+        values = dict(zip(names, store.get_many([(node_id, name) for name in names])))
     return values, time.perf_counter() - start
 
 
@@ -324,6 +322,5 @@ def _write(store: PageStore, items: list[tuple[tuple, torch.Tensor]],
         with copies.after(issued):
             return _write(store, items)
     start = time.perf_counter()
-    for key, value in items:
-        store.put(key, value)
+    store.put_many(items)  # the node's outputs at once (flash: one file)
     return len(items), time.perf_counter() - start

@@ -140,7 +140,7 @@ def parse_header(body: bytes, crc: int, key: Hashable, where: str) -> PageHeader
     return header
 
 
-# Where pages are read into: a function (nbytes, dtype, shape, stride) -> tensor or None, set
+# Where pages are read into: a function (nbytes, dtype, shape, stride, key) -> tensor or None, set
 # per thread by the arena executor (executor/arena.py) so that a page lands in its planned slot.
 _placement = threading.local()
 
@@ -155,17 +155,19 @@ def reading_into(place):
         _placement.place = previous
 
 
-def placed(nbytes: int, dtype: torch.dtype, shape: tuple, stride: tuple) -> torch.Tensor | None:
-    """The tensor the caller of `reading_into` gives for a page so laid out, or None."""
+def placed(nbytes: int, dtype: torch.dtype, shape: tuple, stride: tuple,
+           key: Hashable = None) -> torch.Tensor | None:
+    """The tensor the caller of `reading_into` gives for the page under `key`, so laid out,
+    or None."""
     place = getattr(_placement, "place", None)
-    return place(nbytes, dtype, shape, stride) if place else None
+    return place(nbytes, dtype, shape, stride, key) if place else None
 
 
 def allocate(header: PageHeader, key: Hashable, where: str) -> tuple[torch.Tensor, memoryview]:
     """An empty tensor laid out as the header says, and a view of its memory to fill."""
     if not is_dense(header.shape, header.stride):
         raise PageCorrupted(key, where, f"header stride {header.stride} is not a dense layout")
-    tensor = placed(header.nbytes, header.dtype, header.shape, header.stride)
+    tensor = placed(header.nbytes, header.dtype, header.shape, header.stride, key)
     if tensor is None or tensor.device.type != "cpu":  # the payload is read into host memory
         tensor = torch.empty_strided(header.shape, header.stride, dtype=header.dtype)
     view = memory_view(tensor)

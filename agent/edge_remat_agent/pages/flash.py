@@ -123,8 +123,10 @@ class FlashStore(IndexedPageStore):
         if self._closed:
             raise PageStoreError(f"the page store in {self.directory} is closed")
         keys = [key for key, _ in items]
-        if not keys or len(set(keys)) != len(keys):
-            raise ValueError(f"put_many takes distinct keys, at least one: {keys!r}")
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"put_many takes distinct keys: {keys!r}")
+        if not keys:
+            return 0
         pages = [encode(tensor) for _, tensor in items]
         needed = sum(page.total_bytes for page in pages)
         named = keys[0] if len(keys) == 1 else tuple(keys)  # what errors name

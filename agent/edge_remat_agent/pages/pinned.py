@@ -60,7 +60,7 @@ class PinnedStore(IndexedPageStore):
                 page, device = self._index[key]
             except KeyError:
                 raise PageMissing(key, WHERE) from None
-        into = placed(_nbytes(page), page.dtype, tuple(page.shape), page.stride())
+        into = placed(_nbytes(page), page.dtype, tuple(page.shape), page.stride(), key)
         if into is None or into.device != device:
             into = torch.empty_strided(page.shape, page.stride(), dtype=page.dtype,
                                        device=device)
