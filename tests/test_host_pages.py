@@ -210,7 +210,8 @@ def test_the_executor_pages_to_the_host_service_and_trains_bitwise(captured):
     assert tier["store"] == "ServiceStore" and service.address in tier["where"]
     assert tier["service"]["peak_bytes"] == seen["peak_bytes"]
     # the training process kept sizes only, never page bytes
-    assert all(isinstance(size, int) for size in store._index.values())
+    assert all(isinstance(size, int) and isinstance(offset, int)
+               for _, size, offset in store._index.values())
 
 
 def test_without_a_service_the_report_says_pages_stayed_in_process(captured):

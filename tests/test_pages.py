@@ -526,3 +526,30 @@ def test_put_many_takes_distinct_keys(tmp_path):
     with FlashStore(tmp_path) as flash:
         with pytest.raises(ValueError, match="distinct"):
             flash.put_many([("a", torch.ones(1)), ("a", torch.ones(1))])
+
+
+def test_link_sends_a_group_in_one_round_trip_and_the_host_forgets_it_with_its_last_page():
+    host, calls = MemoryStore(), []
+
+    def send(key, data):
+        calls.append(("send", key))
+        return host.put_bytes(key, data)
+
+    def fetch(key):
+        calls.append(("fetch", key))
+        return host.get_bytes(key)
+
+    link = LinkStore(send, fetch, host.drop_bytes)
+    values = group_of_tensors()
+    link.put_many(list(values.items()))
+    assert [op for op, _ in calls] == ["send"] and len(host) == 1
+    for name, restored in zip(values, link.get_many(list(values))):
+        assert_same(values[name], restored)
+    assert [op for op, _ in calls] == ["send", "fetch"]
+    for name in list(values)[:-1]:
+        link.discard(name)
+        assert len(host) == 1
+    link.discard("step")
+    assert len(host) == 0 and link.bytes_held == 0
+    link.put("alone", torch.ones(3))  # a page put alone goes under its own key, as before
+    assert calls[-1] == ("send", "alone")

@@ -8,11 +8,14 @@ drop(key)        forget `key` on the host (no error if it is not there)
 
 Keys are the executor's node ids, passed through unchanged. The bytes are whole pages from the
 codec (header + payload + CRC32), so the host needs no torch to keep them, and a page damaged
-on the way back is caught here.
+on the way back is caught here. `put_many` sends its pages as one body under a key of its own
+and `get_many` fetches it once (a node's outputs: one round trip each way, where a page each
+took one per output); the host forgets it when every page in it is discarded.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Hashable
 
 import torch
@@ -29,39 +32,86 @@ Drop = Callable[[Hashable], object]
 
 class LinkStore(IndexedPageStore):
     tier = "host"
+    BUNDLE = "edge-remat pages"  # the host keys of pages sent together: (BUNDLE, n)
 
     def __init__(self, send: Send, fetch: Fetch, drop: Drop, capacity_bytes: int | None = None,
                  where: str = "the host"):
         self.send, self.fetch, self.drop = send, fetch, drop
         self.capacity_bytes = capacity_bytes
         self.where = where
-        self._init_index()  # key -> bytes: what we believe the host holds for us
+        # key -> (its host key, bytes, offset there): what we believe the host holds for us
+        self._init_index()
+        self._sent: dict[Hashable, int] = {}  # host key -> pages of ours still in it
+        self._serial = itertools.count()
 
     def put(self, key: Hashable, tensor: torch.Tensor) -> int:
-        data = encode(tensor).to_bytes()
+        return self.put_many([(key, tensor)])
+
+    def put_many(self, items: list[tuple[Hashable, torch.Tensor]]) -> int:
+        keys = [key for key, _ in items]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"put_many takes distinct keys: {keys!r}")
+        if not keys:
+            return 0
+        pages = [encode(tensor).to_bytes() for _, tensor in items]
+        total = sum(len(page) for page in pages)
+        host_key = keys[0] if len(keys) == 1 else (self.BUNDLE, next(self._serial))
         with self._lock:
-            self._check_capacity(key, len(data), self._index.get(key, 0), self.where)
-        self.send(key, data)
+            replaced = sum(self._index[key][1] for key in keys if key in self._index)
+            self._check_capacity(keys[0] if len(keys) == 1 else tuple(keys), total, replaced,
+                                 self.where)
+        self.send(host_key, b"".join(pages))
+        emptied = []
         with self._lock:
-            self._held += len(data) - self._index.get(key, 0)
-            self._index[key] = len(data)
-        return len(data)
+            offset = 0
+            for key, page in zip(keys, pages):
+                old = self._forget(key, lambda entry: entry[1])
+                if old is not None and self._page_gone(old[0]) and old[0] != host_key:
+                    emptied.append(old[0])
+                self._index[key] = (host_key, len(page), offset)
+                offset += len(page)
+            self._held += total
+            self._sent[host_key] = len(keys)
+        for old_key in emptied:
+            self.drop(old_key)
+        return total
 
     def get(self, key: Hashable) -> torch.Tensor:
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: list[Hashable]) -> list[torch.Tensor]:
         with self._lock:
-            if key not in self._index:
-                raise PageMissing(key, self.where)
-        try:
-            data = self.fetch(key)
-        except KeyError:
-            raise PageMissing(key, self.where) from None
-        return decode(data, key, self.where)
+            for key in keys:
+                if key not in self._index:
+                    raise PageMissing(key, self.where)
+            entries = [self._index[key] for key in keys]
+        fetched: dict[Hashable, memoryview] = {}
+        out = []
+        for key, (host_key, nbytes, offset) in zip(keys, entries):
+            if host_key not in fetched:
+                try:
+                    fetched[host_key] = memoryview(self.fetch(host_key)).cast("B")
+                except KeyError:
+                    raise PageMissing(key, self.where) from None
+            out.append(decode(fetched[host_key][offset:offset + nbytes], key, self.where))
+        return out
 
     def discard(self, key: Hashable) -> bool:
         with self._lock:
-            if self._forget(key, int) is None:
+            entry = self._forget(key, lambda entry: entry[1])
+            if entry is None:
                 return False
-        self.drop(key)
+            emptied = self._page_gone(entry[0])
+        if emptied:
+            self.drop(entry[0])
+        return True
+
+    def _page_gone(self, host_key: Hashable) -> bool:
+        """One of our pages under `host_key` forgotten (lock held): True when it was the last."""
+        self._sent[host_key] -= 1
+        if self._sent[host_key]:
+            return False
+        del self._sent[host_key]
         return True
 
 
