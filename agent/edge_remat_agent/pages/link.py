@@ -21,7 +21,7 @@ from typing import Callable, Hashable
 import torch
 
 from .base import IndexedPageStore
-from .codec import decode, encode
+from .codec import EncodedPage, decode, encode
 from .errors import PageMissing
 from .service import WAIT_S, PageClient
 
@@ -53,14 +53,14 @@ class LinkStore(IndexedPageStore):
             raise ValueError(f"put_many takes distinct keys: {keys!r}")
         if not keys:
             return 0
-        pages = [encode(tensor).to_bytes() for _, tensor in items]
-        total = sum(len(page) for page in pages)
+        pages = [encode(tensor) for _, tensor in items]
+        total = sum(page.total_bytes for page in pages)
         host_key = keys[0] if len(keys) == 1 else (self.BUNDLE, next(self._serial))
         with self._lock:
             replaced = sum(self._index[key][1] for key in keys if key in self._index)
             self._check_capacity(keys[0] if len(keys) == 1 else tuple(keys), total, replaced,
                                  self.where)
-        self.send(host_key, b"".join(pages))
+        self.send(host_key, pages[0].to_bytes() if len(pages) == 1 else _joined(pages, total))
         emptied = []
         with self._lock:
             offset = 0
@@ -68,8 +68,8 @@ class LinkStore(IndexedPageStore):
                 old = self._forget(key, lambda entry: entry[1])
                 if old is not None and self._page_gone(old[0]) and old[0] != host_key:
                     emptied.append(old[0])
-                self._index[key] = (host_key, len(page), offset)
-                offset += len(page)
+                self._index[key] = (host_key, page.total_bytes, offset)
+                offset += page.total_bytes
             self._held += total
             self._sent[host_key] = len(keys)
         for old_key in emptied:
@@ -113,6 +113,16 @@ class LinkStore(IndexedPageStore):
             return False
         del self._sent[host_key]
         return True
+
+
+def _joined(pages: list[EncodedPage], total: int) -> bytearray:
+    """The pages back to back, copied once."""
+    body, at = bytearray(total), 0
+    for page in pages:
+        for part in (page.header, page.payload):
+            body[at:at + len(part)] = part
+            at += len(part)
+    return body
 
 
 class ServiceStore(LinkStore):
