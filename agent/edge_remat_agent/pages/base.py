@@ -8,6 +8,7 @@ from typing import Any, Callable, Hashable, Iterator
 
 import torch
 
+from .codec import EncodedPage, encode
 from .errors import PageStoreFull
 
 
@@ -134,3 +135,15 @@ class IndexedPageStore(PageStore):
     def _forget_all(self) -> None:
         self._index.clear()
         self._held = 0
+
+
+def encoded_items(items: list[tuple[Hashable, torch.Tensor]]
+                  ) -> tuple[list[Hashable], list[EncodedPage], int, Hashable]:
+    """What a store's put_many writes: (the keys, their encoded pages, the pages' bytes in all,
+    what an error names: the key, or the tuple of keys). ValueError where a key repeats."""
+    keys = [key for key, _ in items]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"put_many takes distinct keys: {keys!r}")
+    pages = [encode(tensor) for _, tensor in items]
+    return keys, pages, sum(page.total_bytes for page in pages), \
+        keys[0] if len(keys) == 1 else tuple(keys)

@@ -42,8 +42,8 @@ from typing import Hashable
 
 import torch
 
-from .base import IndexedPageStore
-from .codec import encode, read_from
+from .base import IndexedPageStore, encoded_items
+from .codec import read_from
 from .direct import open_direct, write_direct
 from .errors import (PageCorrupted, PageMissing, PageStoreError, PageStoreFull, full_remedy,
                      page_dir_not_made)
@@ -122,14 +122,9 @@ class FlashStore(IndexedPageStore):
         Returns the bytes they occupy."""
         if self._closed:
             raise PageStoreError(f"the page store in {self.directory} is closed")
-        keys = [key for key, _ in items]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"put_many takes distinct keys: {keys!r}")
+        keys, pages, needed, named = encoded_items(items)
         if not keys:
             return 0
-        pages = [encode(tensor) for _, tensor in items]
-        needed = sum(page.total_bytes for page in pages)
-        named = keys[0] if len(keys) == 1 else tuple(keys)  # what errors name
         with self._lock:
             replaced = sum(self._index[key][1] for key in keys if key in self._index)
             held_after = self._held - replaced + needed

@@ -20,8 +20,8 @@ from typing import Callable, Hashable
 
 import torch
 
-from .base import IndexedPageStore
-from .codec import EncodedPage, decode, encode
+from .base import IndexedPageStore, encoded_items
+from .codec import EncodedPage, decode
 from .errors import PageMissing
 from .service import WAIT_S, PageClient
 
@@ -48,18 +48,13 @@ class LinkStore(IndexedPageStore):
         return self.put_many([(key, tensor)])
 
     def put_many(self, items: list[tuple[Hashable, torch.Tensor]]) -> int:
-        keys = [key for key, _ in items]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"put_many takes distinct keys: {keys!r}")
+        keys, pages, total, named = encoded_items(items)
         if not keys:
             return 0
-        pages = [encode(tensor) for _, tensor in items]
-        total = sum(page.total_bytes for page in pages)
         host_key = keys[0] if len(keys) == 1 else (self.BUNDLE, next(self._serial))
         with self._lock:
             replaced = sum(self._index[key][1] for key in keys if key in self._index)
-            self._check_capacity(keys[0] if len(keys) == 1 else tuple(keys), total, replaced,
-                                 self.where)
+            self._check_capacity(named, total, replaced, self.where)
         self.send(host_key, pages[0].to_bytes() if len(pages) == 1 else _joined(pages, total))
         emptied = []
         with self._lock:
