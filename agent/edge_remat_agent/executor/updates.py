@@ -59,7 +59,7 @@ class ParameterHome:
     def move_out(self) -> None:
         """Write every homed parameter to the store, group by group, and release its RAM."""
         moved = set()
-        for group in self.groups:
+        for group in [*self.groups, *([name] for name in self.names)]:  # any in no group alone
             skip = moved | self.served
             new = [name for name in dict.fromkeys(group) if name not in skip]
             moved.update(new)
