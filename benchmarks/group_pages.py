@@ -59,21 +59,34 @@ def state_of(value: torch.Tensor, key: str) -> torch.Tensor:
     return torch.tensor(1.0) if key == "step" else torch.zeros_like(value)
 
 
-def one_step(store: FlashStore, groups, state_keys, version: int, grouped: bool) -> float:
-    """Seconds for one step of the home's traffic (see the module's docstring)."""
-    put_many = store.put_many if grouped else lambda items: PageStore.put_many(store, items)
-    get_many = store.get_many if grouped else lambda keys: PageStore.get_many(store, keys)
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def store_calls(store: FlashStore, grouped: bool):
+    """(put_many, get_many): the store's own, or PageStore's, which go page by page."""
+    if grouped:
+        return store.put_many, store.get_many
+    return (lambda items: PageStore.put_many(store, items),
+            lambda keys: PageStore.get_many(store, keys))
+
+
+def one_step(store: FlashStore, groups, states, state_keys, version: int,
+             grouped: bool) -> float:
+    """Seconds for one step of the home's traffic (see the module's docstring); `states`:
+    each group's optimizer state, the first step's (it has none to read)."""
+    put_many, get_many = store_calls(store, grouped)
     start = time.perf_counter()
-    for index, group in enumerate(groups):
+    for index, (group, first_state) in enumerate(zip(groups, states)):
         names = list(group)
+        state_names = [(name, key) for name in names for key in state_keys]
         values = get_many([("param", index, name, version) for name in names])
-        state = get_many([("state", index, name, key, version) for name in names
-                          for key in state_keys]) if version else \
-            [state_of(group[name], key) for name in names for key in state_keys]
+        state = get_many([("state", index, name, key, version) for name, key in state_names]) \
+            if version else first_state
         items = [(("param", index, name, version + 1), value)
                  for name, value in zip(names, values)]
-        items += [(("state", index, name, key, version + 1), value) for (name, key), value
-                  in zip([(n, k) for n in names for k in state_keys], state)]
+        items += [(("state", index, name, key, version + 1), value)
+                  for (name, key), value in zip(state_names, state)]
         put_many(items)
         for key, _ in items:
             store.discard((*key[:-1], version))
@@ -82,31 +95,27 @@ def one_step(store: FlashStore, groups, state_keys, version: int, grouped: bool)
 
 def bench(name: str, options: dict, args, flash) -> dict:
     groups, state_keys = groups_of(name, options)
-    tensors = sum(len(g) for g in groups)
-    param_bytes = sum(v.numel() * v.element_size() for g in groups for v in g.values())
-    state_bytes = sum(state_of(v, k).numel() * state_of(v, k).element_size()
-                      for g in groups for v in g.values() for k in state_keys)
+    states = [[state_of(value, key) for value in group.values() for key in state_keys]
+              for group in groups]
     times: dict[str, list[float]] = {way: [] for way in WAYS}
     for r in range(args.rounds):
         for way in (WAYS if r % 2 == 0 else WAYS[::-1]):
             with FlashStore(args.page_dir, fsync=True, drop_cache=True) as store:
                 grouped = way == "grouped"
-                put_many = store.put_many if grouped else \
-                    (lambda items: PageStore.put_many(store, items))
+                put_many, _ = store_calls(store, grouped)
                 for i, group in enumerate(groups):  # moved out before the first step
                     put_many([(("param", i, n, 0), v) for n, v in group.items()])
-                steps = [one_step(store, groups, state_keys, v, grouped)
+                steps = [one_step(store, groups, states, state_keys, v, grouped)
                          for v in range(args.steps)]
                 times[way].append(statistics.median(steps[1:]))  # the first makes the state
     median = {way: statistics.median(t) for way, t in times.items()}
     # the plan's charge: one read of the parameters, one of the state, one write of both
-    charged = sum(flash.read_cost(sum(v.numel() * v.element_size() for v in g.values()))[0]
-                  + flash.read_cost(sum(state_of(v, k).numel() * state_of(v, k).element_size()
-                                        for v in g.values() for k in state_keys))[0]
-                  + flash.write_cost(sum(v.numel() * v.element_size() for v in g.values())
-                                     * (1 + len(state_keys)))[0] for g in groups)
+    charged = sum(flash.read_cost(nbytes(g.values()))[0] + flash.read_cost(nbytes(state))[0]
+                  + flash.write_cost(nbytes(g.values()) + nbytes(state))[0]
+                  for g, state in zip(groups, states))
+    moved = sum(2 * (nbytes(g.values()) + nbytes(state)) for g, state in zip(groups, states))
     return {"model": name, "optimizer": options["optimizer"], "groups": len(groups),
-            "tensors": tensors, "moved_bytes": 2 * (param_bytes + state_bytes),
+            "tensors": sum(len(g) for g in groups), "moved_bytes": moved,
             "seconds": median, "charged_s": charged}
 
 

@@ -147,10 +147,10 @@ class _Generator:
         self.runs[node_id] = self.runs.get(node_id, 0) + 1
         lines = ["t0 = _now()"]
         if node.kind == "param":
-            names = [self.new() for _ in node.attrs["outputs"]]
-            self.resident.update(zip(node.attrs["outputs"], names))
-            if names:
-                lines.append(f"{', '.join(names)}, = "
+            variables = [self.new() for _ in node.attrs["outputs"]]
+            self.resident.update(zip(node.attrs["outputs"], variables))
+            if variables:
+                lines.append(f"{', '.join(variables)}, = "
                              f"{self.code.const(self.runner.load_parameters)}"
                              f"({self.code.const(list(node.attrs['params']))})")
         else:

@@ -286,9 +286,10 @@ def _read(store: PageStore, node_id: Any, names: list[str], into: dict[str, torc
         with copies.after(issued):
             return _read(store, node_id, names, into)
     start = time.perf_counter()
+    targets = {(node_id, name): tensor for name, tensor in into.items()}
 
     def place(nbytes, dtype, shape, stride, key):
-        target = into.get(key[1]) if isinstance(key, tuple) and len(key) == 2 else None
+        target = targets.get(key)
         if target is not None and (target.dtype, tuple(target.shape), target.stride()) \
                 == (dtype, tuple(shape), tuple(stride)):
             return target

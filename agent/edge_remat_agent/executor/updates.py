@@ -60,8 +60,8 @@ class ParameterHome:
         """Write every homed parameter to the store, group by group, and release its RAM."""
         moved = set()
         for group in [*self.groups, *([name] for name in self.names)]:  # any in no group alone
-            skip = moved | self.served
-            new = [name for name in dict.fromkeys(group) if name not in skip]
+            new = [name for name in dict.fromkeys(group)
+                   if name not in moved and name not in self.served]
             moved.update(new)
             if new:
                 self.commit({("param", name): self.params[name].detach() for name in new})
