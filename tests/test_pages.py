@@ -491,14 +491,30 @@ def test_flash_put_many_replacing_pages_drops_a_file_once_all_its_pages_are_repl
         assert len(os.listdir(flash.directory)) == 2
 
 
-def test_flash_put_many_over_capacity_keeps_the_old_pages(tmp_path):
-    with FlashStore(tmp_path, capacity_bytes=MiB) as flash:
-        flash.put_many([("a", torch.ones(1000)), ("b", torch.ones(1000))])
+def capped_store(kind: str, tmp_path, capacity: int):
+    if kind == "flash":
+        return FlashStore(tmp_path, capacity_bytes=capacity)
+    if kind == "link":
+        host = MemoryStore()
+        return LinkStore(host.put_bytes, host.get_bytes, host.drop_bytes, capacity_bytes=capacity)
+    return {"memory": MemoryStore, "pinned": PinnedStore}[kind](capacity_bytes=capacity)
+
+
+@pytest.mark.parametrize("kind", ["flash", "link", "memory", "pinned"])
+def test_put_many_over_capacity_keeps_the_pages_it_would_replace(tmp_path, kind):
+    # The in-memory stores put page by page: "a" is replaced before "b" fails, and put back.
+    with capped_store(kind, tmp_path, 100_000) as store:
+        store.put_many([("a", torch.ones(1000)), ("b", torch.ones(1000))])
+        held = store.bytes_held
         with pytest.raises(PageStoreFull) as error:
-            flash.put_many([("a", torch.zeros(200_000)), ("b", torch.zeros(200_000))])
-        assert "('a', 'b')" in str(error.value)
-        assert_same(torch.ones(1000), flash.get("a"))
-        assert len(os.listdir(flash.directory)) == 1
+            store.put_many([("a", torch.zeros(1000)), ("b", torch.zeros(200_000)),
+                            ("c", torch.zeros(10))])
+        assert "'b'" in str(error.value)
+        assert sorted(store.keys()) == ["a", "b"] and store.bytes_held == held
+        for restored in store.get_many(["a", "b"]):
+            assert_same(torch.ones(1000), restored)
+        if kind == "flash":
+            assert len(os.listdir(store.directory)) == 1
 
 
 @pytest.mark.parametrize("drop_cache", [False, True], ids=["cached", "uncached"])

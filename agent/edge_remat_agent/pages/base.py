@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Hashable, Iterator
 
 import torch
 
@@ -19,8 +19,8 @@ class PageStore(abc.ABC):
                       bytes it occupies in the store
     get(key)          the tensor back: same dtype, shape and values, detached, on the device
                       it came from; the page stays until discarded (it may be paged in twice)
-    put_many(items)   put each (key, tensor), all or none; a store that can writes them at once
-                      (flash: one file, any page it replaces kept on failure)
+    put_many(items)   put each (key, tensor), all or none, any page it replaces kept on
+                      failure; a store that can writes them at once (flash: one file)
     get_many(keys)    get each, in order; a store that can reads them at once
     discard(key)      forget a page; True if there was one
     clear()           forget every page (end of step)
@@ -97,6 +97,27 @@ class IndexedPageStore(PageStore):
     """A store that keeps its own index (key -> what it needs to find the page) and the bytes
     it holds, both guarded by one lock."""
 
+    @staticmethod
+    @abc.abstractmethod
+    def _entry_bytes(entry: Any) -> int:
+        """The bytes the page an index entry stands for occupies in the store."""
+
+    def put_many(self, items: list[tuple[Hashable, torch.Tensor]]) -> int:
+        # Page by page (the in-memory stores, whose index entries are the pages themselves):
+        # the entries of the keys it replaces are put back if a later page fails. Flash and
+        # the link write a group at once and have their own.
+        with self._lock:
+            before = {key: self._index[key] for key, _ in items if key in self._index}
+        try:
+            return super().put_many(items)
+        except BaseException:
+            with self._lock:
+                for key, entry in before.items():
+                    self._forget(key)
+                    self._index[key] = entry
+                    self._held += self._entry_bytes(entry)
+            raise
+
     def _init_index(self) -> None:
         self._index: dict[Hashable, Any] = {}
         self._held = 0
@@ -124,12 +145,17 @@ class IndexedPageStore(PageStore):
                                 held_bytes=self._held, cause="over the store's capacity",
                                 remedy="give the host tier more capacity, or plan with less")
 
-    def _forget(self, key: Hashable, nbytes: Callable[[Any], int]) -> Any:
-        """Key's entry out of the index and its bytes (`nbytes(entry)`) out of the count;
-        None where there is none."""
+    def _replaced_bytes(self, key: Hashable) -> int:
+        """The bytes a page put under `key` would replace (0 where there is none)."""
+        entry = self._index.get(key)
+        return 0 if entry is None else self._entry_bytes(entry)
+
+    def _forget(self, key: Hashable) -> Any:
+        """Key's entry out of the index and its bytes out of the count; None where there is
+        none."""
         entry = self._index.pop(key, None)
         if entry is not None:
-            self._held -= nbytes(entry)
+            self._held -= self._entry_bytes(entry)
         return entry
 
     def _forget_all(self) -> None:

@@ -101,6 +101,10 @@ class FlashStore(IndexedPageStore):
         self._serial = itertools.count()
         self._closed = False
 
+    @staticmethod
+    def _entry_bytes(entry: tuple[str, int, int]) -> int:
+        return entry[1]
+
     def path_of(self, key: Hashable) -> str:
         try:
             return self._index[key][0]
@@ -126,7 +130,7 @@ class FlashStore(IndexedPageStore):
         if not keys:
             return 0
         with self._lock:
-            replaced = sum(self._index[key][1] for key in keys if key in self._index)
+            replaced = sum(self._replaced_bytes(key) for key in keys)
             held_after = self._held - replaced + needed
             if self.capacity_bytes is not None and held_after > self.capacity_bytes:
                 raise PageStoreFull(named, self.page_dir, needed, free_bytes=self.free_bytes(),
@@ -249,7 +253,7 @@ class FlashStore(IndexedPageStore):
 
     def discard(self, key: Hashable) -> bool:
         with self._lock:
-            entry = self._forget(key, lambda entry: entry[1])
+            entry = self._forget(key)
             if entry is None:
                 return False
             bundle_bytes = self._files[entry[0]][0]

@@ -44,6 +44,10 @@ class LinkStore(IndexedPageStore):
         self._sent: dict[Hashable, int] = {}  # host key -> pages of ours still in it
         self._serial = itertools.count()
 
+    @staticmethod
+    def _entry_bytes(entry: tuple[Hashable, int, int]) -> int:
+        return entry[1]
+
     def put(self, key: Hashable, tensor: torch.Tensor) -> int:
         return self.put_many([(key, tensor)])
 
@@ -53,14 +57,14 @@ class LinkStore(IndexedPageStore):
             return 0
         host_key = keys[0] if len(keys) == 1 else (self.BUNDLE, next(self._serial))
         with self._lock:
-            replaced = sum(self._index[key][1] for key in keys if key in self._index)
+            replaced = sum(self._replaced_bytes(key) for key in keys)
             self._check_capacity(named, total, replaced, self.where)
         self.send(host_key, pages[0].to_bytes() if len(pages) == 1 else _joined(pages, total))
         emptied = []
         with self._lock:
             offset = 0
             for key, page in zip(keys, pages):
-                old = self._forget(key, lambda entry: entry[1])
+                old = self._forget(key)
                 if old is not None and self._page_gone(old[0]) and old[0] != host_key:
                     emptied.append(old[0])
                 self._index[key] = (host_key, page.total_bytes, offset)
@@ -93,7 +97,7 @@ class LinkStore(IndexedPageStore):
 
     def discard(self, key: Hashable) -> bool:
         with self._lock:
-            entry = self._forget(key, lambda entry: entry[1])
+            entry = self._forget(key)
             if entry is None:
                 return False
             emptied = self._page_gone(entry[0])

@@ -24,12 +24,14 @@ class MemoryStore(IndexedPageStore):
         self.capacity_bytes = capacity_bytes
         self._init_index()  # key -> the encoded page
 
+    _entry_bytes = staticmethod(len)  # an entry is the encoded page
+
     # Pages as opaque bytes (already encoded, checksummed): the host side of a link.
 
     def put_bytes(self, key: Hashable, data: bytes | bytearray | memoryview) -> int:
         data = bytes(data)
         with self._lock:
-            replaced = len(self._index.get(key, b""))
+            replaced = self._replaced_bytes(key)
             self._check_capacity(key, len(data), replaced, WHERE)
             self._index[key] = data
             self._held += len(data) - replaced
@@ -44,7 +46,7 @@ class MemoryStore(IndexedPageStore):
 
     def drop_bytes(self, key: Hashable) -> bool:
         with self._lock:
-            return self._forget(key, len) is not None
+            return self._forget(key) is not None
 
     # Pages as tensors: the PageStore interface.
 

@@ -35,13 +35,17 @@ class PinnedStore(IndexedPageStore):
         self.capacity_bytes = capacity_bytes
         self._init_index()  # key -> (the pinned tensor, the device it came from)
 
+    @staticmethod
+    def _entry_bytes(entry: tuple[torch.Tensor, torch.device]) -> int:
+        return _nbytes(entry[0])
+
     def put(self, key: Hashable, tensor: torch.Tensor) -> int:
         value = tensor.detach().resolve_conj().resolve_neg()
         if value.numel() == 0 or not is_dense(tuple(value.shape), value.stride()):
             value = value.contiguous()
         nbytes = value.numel() * value.element_size()
         with self._lock:
-            replaced = _nbytes(self._index[key][0]) if key in self._index else 0
+            replaced = self._replaced_bytes(key)
             self._check_capacity(key, nbytes, replaced, WHERE)
         page = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
                                    pin_memory=value.device.type == "cuda")
@@ -70,7 +74,7 @@ class PinnedStore(IndexedPageStore):
 
     def discard(self, key: Hashable) -> bool:
         with self._lock:
-            return self._forget(key, lambda entry: _nbytes(entry[0])) is not None
+            return self._forget(key) is not None
 
     def clear(self) -> None:
         with self._lock:
