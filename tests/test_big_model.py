@@ -42,19 +42,29 @@ def _make(name, shape, dtype):
     return init_tensor(name, shape, 4, dtype)
 
 
-def test_the_weight_file_is_aligned_indexed_and_read_back_exactly(tmp_path):
-    path, written = ensure_weight_file(str(tmp_path), "toy", 4, _tensors(), _make)
-    assert written["bytes"] == 4 * (15 + 7000 + 7)
-    file = WeightFile(path)
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "pread"])
+def test_the_weight_file_is_aligned_indexed_and_read_back_exactly(tmp_path, direct):
+    tensors = _tensors() + [("empty.weight", (0, 3), torch.float32),
+                            ("big.weight", (3, 700_001), torch.bfloat16)]  # past 4 MiB, odd
+    path, written = ensure_weight_file(str(tmp_path), "toy", 4, tensors, _make)
+    assert written["bytes"] == 4 * (15 + 7000 + 7) + 2 * 3 * 700_001
+    file = WeightFile(path, direct=direct)
     try:
+        assert file.direct == direct  # this machine's filesystem takes O_DIRECT
         assert all(row["offset"] % ALIGN == 0 for row in file.index.values())
-        for name, shape, dtype in _tensors():
-            assert torch.equal(file.read(name), _make(name, shape, dtype))
-        assert file.bytes_read == written["bytes"] and file.reads == 3
+        for name, shape, dtype in tensors:
+            value = file.read(name)
+            assert torch.equal(value, _make(name, shape, dtype)) and value.dtype == dtype
+            # storage of exactly the stored bytes (the plan counts it); O_DIRECT read into it
+            assert value.untyped_storage().nbytes() == value.numel() * value.element_size()
+            if direct and value.numel():
+                assert value.data_ptr() % ALIGN == 0
+            value.add_(1)  # a tensor of its own, writable
+        assert file.bytes_read == written["bytes"] and file.reads == len(tensors)
     finally:
         file.close()
     # written once: the second call finds it
-    assert ensure_weight_file(str(tmp_path), "toy", 4, _tensors(), _make) == (path, None)
+    assert ensure_weight_file(str(tmp_path), "toy", 4, tensors, _make) == (path, None)
 
 
 def test_a_foreign_or_cut_short_weight_file_is_refused_and_rewritten(tmp_path):

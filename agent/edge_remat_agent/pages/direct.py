@@ -30,24 +30,6 @@ def open_direct(path: str) -> "DirectReader | None":
     return DirectReader(fd)
 
 
-def pread_direct(fd: int, target, offset: int, staging) -> None:
-    """Fill `target` with the bytes at `offset` of the O_DIRECT descriptor `fd`, read as whole
-    aligned blocks into `staging` (aligned memory, a whole number of blocks) and copied out;
-    no more blocks than the range covers. OSError at the end of the file."""
-    target, staging = memoryview(target).cast("B"), memoryview(staging).cast("B")
-    done = 0
-    while done < target.nbytes:
-        at = offset + done
-        start = at - at % ALIGN
-        covering = -(-(at - start + target.nbytes - done) // ALIGN) * ALIGN
-        count = os.preadv(fd, [staging[:min(staging.nbytes, covering)]], start)
-        if count <= at - start:
-            raise OSError(0, f"unexpected end of file at byte {at}")
-        take = min(target.nbytes - done, count - (at - start))
-        target[done:done + take] = staging[at - start:at - start + take]
-        done += take
-
-
 def write_direct(fd: int, parts: list, total: int) -> bool:
     """Write `parts` (bytes-like, `total` bytes in all) from offset 0 of `fd` around the page
     cache; False, with nothing written, where the file cannot be switched to O_DIRECT."""
