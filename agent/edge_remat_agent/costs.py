@@ -16,6 +16,7 @@ from typing import Any
 
 from .formats import HOME, ComputeRates, FormatError, Graph, Node, Plan, Profile, Tier
 from .formats.graph import ram_homed_signature
+from .formats.graph_details import WEIGHT_FILE
 from .timeline import Timeline, TimelineRun, run_timeline
 
 # Modelled page tiers for a parameter home when no profile or command line gives figures:
@@ -273,12 +274,14 @@ def home_io_cost(node, tiers: dict[str, Tier]) -> tuple[float, float]:
 def home_transfer_cost(node, read_bytes: int, write_bytes: int,
                        tiers: dict[str, Tier]) -> tuple[float, float]:
     """Seconds and joules of reading and writing these bytes of the node's home tier (its
-    `attrs.io.tier`), in one read and one write as a node makes them."""
-    name = node.attrs["io"]["tier"]
-    tier = tiers.get(name) or ESTIMATED_TIERS.get(name)
+    `attrs.io.tier`), in one read and one write as a node makes them; a group from the frozen
+    weight file (`attrs.io.source`) at that file's read rate."""
+    io = node.attrs["io"]
+    tier = tiers.get(io["tier"]) or ESTIMATED_TIERS.get(io["tier"])
     if tier is None:
-        raise FormatError(f"node {node.id!r}", "attrs.io.tier", "flash or host", name)
-    read_s, read_j = tier.read_cost(read_bytes) if read_bytes else (0.0, 0.0)
+        raise FormatError(f"node {node.id!r}", "attrs.io.tier", "flash or host", io["tier"])
+    read = tier.weights_read_cost if io.get("source") == WEIGHT_FILE else tier.read_cost
+    read_s, read_j = read(read_bytes) if read_bytes else (0.0, 0.0)
     write_s, write_j = tier.write_cost(write_bytes) if write_bytes else (0.0, 0.0)
     return read_s + write_s, read_j + write_j
 

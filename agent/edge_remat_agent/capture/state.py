@@ -35,6 +35,8 @@ from torch import nn
 
 from ..formats import Node
 from ..formats.graph import SUMS_SUFFIX, update_signature
+from ..formats.graph_details import WEIGHT_FILE
+from ..weights.deferred import is_deferred
 from .estimate import Rates, round_time
 from .clip_nodes import norm_nodes
 from .optimizer import Optimizer
@@ -55,6 +57,9 @@ class ParamGroup:
     largest_bytes: int
     readers: set[int] = field(default_factory=set)  # planner node indices
     grads: dict[str, int] = field(default_factory=dict)  # gradient value -> producing node
+    # frozen, of a model built on `meta`: a run homing it reads it from the model's weight
+    # file (executor/stores.py), not from pages of its own
+    from_weight_file: bool = False
 
 
 def param_groups(trace: JointTrace, module: nn.Module, nodes: list[Node]) -> list[ParamGroup]:
@@ -74,6 +79,7 @@ def param_groups(trace: JointTrace, module: nn.Module, nodes: list[Node]) -> lis
     for value, name in trace.grads.items():
         grads_of.setdefault(name, []).append(value)
     tensors = dict(module.named_parameters(remove_duplicate=False))
+    deferred = is_deferred(module)
     groups: dict[tuple[int, bool], ParamGroup] = {}
     seen: set[int] = set()
     for placeholder, name in trace.params.items():
@@ -85,7 +91,9 @@ def param_groups(trace: JointTrace, module: nn.Module, nodes: list[Node]) -> lis
         group = groups.get(key)
         if group is None:
             label = nodes[key[0]].name + ("" if tensor.requires_grad else " (frozen)")
-            group = groups[key] = ParamGroup(label, [], [], 0, 0, tensor.requires_grad, 0)
+            group = groups[key] = ParamGroup(label, [], [], 0, 0, tensor.requires_grad, 0,
+                                             from_weight_file=deferred and
+                                             not tensor.requires_grad)
         nbytes = tensor.numel() * tensor.element_size()
         group.params.append(name)
         group.placeholders.append(placeholder)
@@ -193,7 +201,8 @@ def _param_node(key: str, group: ParamGroup, home: str) -> Node:
                 signature=f"load_params:{group.nbytes}",
                 attrs={"members": [], "outputs": list(group.placeholders), "reads": {},
                        "params": list(group.params), "home": home,
-                       "io": {"tier": home, "read_bytes": group.nbytes, "write_bytes": 0}})
+                       "io": {"tier": home, "read_bytes": group.nbytes, "write_bytes": 0,
+                              **({"source": WEIGHT_FILE} if group.from_weight_file else {})}})
 
 
 def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: str | None,

@@ -15,6 +15,10 @@ from typing import Callable
 
 from .fields import Reader
 
+# a param node's `attrs.io.source` where its group comes from the model's frozen weight file
+# (weights/store.py), which costs its own reads (the flash tier's weights_read_curve)
+WEIGHT_FILE = "weight file"
+
 
 def _count(r: Reader, key: str) -> None:  # bytes or nodes: an integer >= 0
     r.integer(key)
@@ -97,6 +101,7 @@ def _home_io(r: Reader, key: str) -> None:  # what a node reads and writes of it
     io.str("tier")
     io.integer("read_bytes")
     io.integer("write_bytes")
+    io.str("source", None, choices=(WEIGHT_FILE,))
 
 
 def _page_costs(r: Reader, key: str) -> None:  # a tier's costs given node by node (POET's)

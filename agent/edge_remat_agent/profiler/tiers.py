@@ -6,7 +6,9 @@ keep the measured times, from which the planner reads a transfer's cost (Tier's 
     tier = flash.fit()                                         # -> formats.profile.Tier
 
 A store's measurement also runs its IO beside a compute loop (contention.py): the tier's
-compute_share, what its IO costs compute where no core is spare.
+compute_share, what its IO costs compute where no core is spare. The flash's also times reads
+of a weight file (weights/store.py), the way a model's frozen weights come back: its
+weights_read_curve.
 
 Each size is repeated until the timed operations add up to `min_window_s` (10 ms by default),
 so a 4 KiB write is not one clock tick of noise. Payloads are random bytes, so a compressing
@@ -57,12 +59,20 @@ class SizePoint:
 
 
 @dataclass
+class ReadPoint:
+    nbytes: int
+    read_s: float  # mean time of one read of `nbytes`
+    reads: int  # how many were timed
+
+
+@dataclass
 class TierMeasurement:
     name: str  # "flash" or "host"
     method: str  # what exactly was timed, for the profile's record
     points: list[SizePoint] = field(default_factory=list)
     capacity_bytes: int | None = None
     contention: ComputeShare | None = None  # None (or its share None): not measured, share 0
+    weight_reads: list[ReadPoint] | None = None  # flash: reads of a weight file
 
     def write_line(self) -> LineFit:
         return fit_line([p.nbytes for p in self.points], [p.write_s for p in self.points])
@@ -81,13 +91,18 @@ class TierMeasurement:
                     write_curve=TransferCurve.measured([p.nbytes for p in self.points],
                                                        [p.write_s for p in self.points]),
                     read_curve=TransferCurve.measured([p.nbytes for p in self.points],
-                                                      [p.read_s for p in self.points]))
+                                                      [p.read_s for p in self.points]),
+                    weights_read_curve=TransferCurve.measured(
+                        [p.nbytes for p in self.weight_reads],
+                        [p.read_s for p in self.weight_reads]) if self.weight_reads else None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "points": [asdict(p) for p in self.points],
                 "write_fit": asdict(self.write_line()), "read_fit": asdict(self.read_line()),
                 "capacity_bytes": self.capacity_bytes,
-                **({"compute_share": self.contention.to_dict()} if self.contention else {})}
+                **({"compute_share": self.contention.to_dict()} if self.contention else {}),
+                **({"weight_reads": [asdict(p) for p in self.weight_reads]}
+                   if self.weight_reads else {})}
 
 
 def time_repeated(operation: Callable[[int], object], min_window_s: float,
@@ -165,8 +180,37 @@ def measure_flash(page_dir: str | os.PathLike, sizes: Sequence[int] = DEFAULT_SI
                   f"after each write and read (posix_fadvise DONTNEED"
                   f"{'' if hasattr(os, 'posix_fadvise') else ': not available here'})")
         measurement = measure_store(store, sizes, min_window_s, method, share_s)
+        measurement.weight_reads = measure_weight_reads(store.directory, sizes, min_window_s)
     measurement.capacity_bytes = capacity_bytes if capacity_bytes is not None else free
     return measurement
+
+
+def measure_weight_reads(folder: str, sizes: Sequence[int],
+                         min_window_s: float = MIN_WINDOW_S) -> list[ReadPoint]:
+    """Reads of a weight file in `folder`, one tensor of each size, as a run reads a model's
+    frozen weights (WeightFile.read: O_DIRECT where the filesystem takes it, else pread with
+    the cache dropped); the file is removed after."""
+    from ..weights.store import WeightFile, write_weight_file
+    if not sizes:
+        raise ValueError("no sizes to measure")
+    path = os.path.join(folder, "probe-weights")
+    tensors = [(f"probe-{nbytes}", (nbytes,), torch.uint8) for nbytes in sizes]
+    try:
+        write_weight_file(path, "probe", tensors, lambda name, shape, dtype:
+                          random_tensor(shape[0]))
+        file = WeightFile(path)
+        try:
+            file.read(tensors[0][0])  # first touches are not the tier's cost
+            points = []
+            for name, (nbytes,), _ in tensors:
+                read_s, reads = time_repeated(lambda i: file.read(name), min_window_s)
+                points.append(ReadPoint(nbytes, read_s, reads))
+        finally:
+            file.close()
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    return points
 
 
 def measure_link(send: Callable[[Hashable, bytes], object], fetch: Callable[[Hashable], object],
