@@ -25,8 +25,10 @@ def greedy(p: Problem, evict: str | None = None, retain: Retain | None = None,
 
     evict: None (fail when over budget), "dtr" (drop the tensor with the least
     cost / (size x staleness), recompute it on demand) or "belady" (page out the tensor whose next
-    use is farthest, to `page_tier`). Returns None when the budget cannot be met this way, or
-    not before `deadline` (a time.perf_counter() time).
+    use is farthest, to `page_tier`; a param node whose group lives on a page tier is dropped
+    instead and read from its home again when next used: the same read, and no write). Returns
+    None when the budget cannot be met this way, or not before `deadline` (a
+    time.perf_counter() time).
     """
     decisions: list[StageDecision] = []
     ram: set[int] = set()
@@ -61,7 +63,8 @@ def greedy(p: Problem, evict: str | None = None, retain: Retain | None = None,
                 return None
             prev = decisions[t - 1]
             prev.keep.discard(victim)
-            if evict == "belady" and victim not in tiers.get(page_tier, ()):
+            if evict == "belady" and victim not in tiers.get(page_tier, ()) \
+                    and not p.home_reads[victim]:
                 prev.page_out.append((victim, page_tier))
                 tiers.setdefault(page_tier, set()).add(victim)
             ram.discard(victim)

@@ -134,7 +134,7 @@ class Incumbent:
             return
         self.first_at = min(self.first_at or candidate.found_at, candidate.found_at)
         if self.best is None or self.best[0] is not p or \
-                candidate.evaluation.objective < self.best[1].evaluation.objective:
+                candidate.evaluation.rank < self.best[1].evaluation.rank:
             self.best = (p, candidate)
 
     def report(self, stop: KeyboardInterrupt, time_limit: float) -> SolveReport | None:
@@ -281,7 +281,7 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
         if given.evaluation.feasible:
             candidates.append(given)
             keep(given)
-    best_known = min(candidates, key=lambda c: c.evaluation.objective, default=None)
+    best_known = min(candidates, key=lambda c: c.evaluation.rank, default=None)
     # The first plan existed when the first baseline that fits finished, not when all did.
     first_plan = min(c.found_at for c in candidates) - started if candidates else None
     best_at = best_known.found_at - started if best_known else None
