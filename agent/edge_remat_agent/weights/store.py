@@ -6,7 +6,8 @@ Every tensor starts at a multiple of 4 KiB and its region is padded to one, so t
 read with O_DIRECT: the bytes go from the device straight into the tensor's own memory (an
 anonymous mapping, page-aligned, as O_DIRECT wants), never through the page cache, which a
 memory cgroup would charge to the board. Reading through an 8 MiB staging buffer and copying
-out, as this did before, ran at 0.6x the speed on this machine (benchmarks/weight_reads.py). The
+out, as this did before, took 1.4-1.7x as long for tensors of 64 and 256 MiB on this machine
+(at 1-8 MiB it was faster: a fresh mapping's page faults; benchmarks/weight_reads.py). The
 header indexes each tensor (offset, bytes, dtype, shape) and names what the file was made from
 (`key`: model, seed, and the shapes), so a file made for another model is never read.
 
