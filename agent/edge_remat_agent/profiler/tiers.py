@@ -196,8 +196,7 @@ def measure_weight_reads(folder: str, sizes: Sequence[int],
     path = os.path.join(folder, "probe-weights")
     tensors = [(f"probe-{nbytes}", (nbytes,), torch.uint8) for nbytes in sizes]
     try:
-        write_weight_file(path, "probe", tensors, lambda name, shape, dtype:
-                          random_tensor(shape[0]))
+        write_weight_file(path, "probe", tensors, _slices_of(random_tensor(max(sizes))))
         file = WeightFile(path)
         try:
             file.read(tensors[0][0])  # first touches are not the tier's cost
@@ -211,6 +210,12 @@ def measure_weight_reads(folder: str, sizes: Sequence[int],
         if os.path.exists(path):
             os.remove(path)
     return points
+
+
+def _slices_of(payload: torch.Tensor):
+    """A weight file's `make`: each tensor the start of one payload (one allocation, not one
+    a size: the profile job keeps no more heap after the probe)."""
+    return lambda name, shape, dtype: payload[:shape[0]]
 
 
 def measure_link(send: Callable[[Hashable, bytes], object], fetch: Callable[[Hashable], object],

@@ -31,6 +31,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from ..pages.codec import memory_view
+
 MAGIC = b"EDGE-REMAT-WTS1\n"
 ALIGN = 4096
 FORMAT = "edge-remat/weights"
@@ -75,7 +77,7 @@ def write_weight_file(path: str, key: str, tensors: list[tuple[str, tuple, torch
             for name, shape, dtype in tensors:
                 row = index[name]
                 value = make(name, tuple(shape), dtype).contiguous()
-                data = value.view(-1).view(torch.uint8).numpy().data
+                data = memory_view(value)
                 _write_all(fd, data, data_start + row["offset"])
                 os.fdatasync(fd)  # on the device, then out of the cache (RAM the board lacks)
                 _drop(fd, data_start + row["offset"], row["nbytes"])
@@ -181,7 +183,7 @@ class WeightFile:
                 value = _read_direct(self.fd, row["offset"], nbytes)
             else:
                 value = torch.empty(nbytes, dtype=torch.uint8)
-                _read_all(self.fd, value.numpy().data, row["offset"])
+                _read_all(self.fd, memory_view(value), row["offset"])
                 _drop(self.fd, row["offset"], nbytes)
         except OSError as error:
             raise WeightStoreError(f"reading {name} from {self.path} failed: "
