@@ -56,17 +56,17 @@ class Tier:
         return seconds, nbytes * self.write_j_per_byte
 
     def read_cost(self, nbytes: int) -> tuple[float, float]:
-        latency = self.latency_s if self.read_latency_s is None else self.read_latency_s
-        seconds = latency + nbytes / self.read_bytes_per_s if self.read_curve is None \
-            else self.read_curve.seconds(nbytes, latency)
-        return seconds, nbytes * self.read_j_per_byte
+        return self._read_off(self.read_curve, nbytes)
 
     def weights_read_cost(self, nbytes: int) -> tuple[float, float]:
         """A read of `nbytes` from the frozen weight file: off its own curve where measured."""
-        if self.weights_read_curve is None:
-            return self.read_cost(nbytes)
+        return self._read_off(self.weights_read_curve or self.read_curve, nbytes)
+
+    def _read_off(self, curve: "TransferCurve | None", nbytes: int) -> tuple[float, float]:
         latency = self.latency_s if self.read_latency_s is None else self.read_latency_s
-        return self.weights_read_curve.seconds(nbytes, latency), nbytes * self.read_j_per_byte
+        seconds = latency + nbytes / self.read_bytes_per_s if curve is None \
+            else curve.seconds(nbytes, latency)
+        return seconds, nbytes * self.read_j_per_byte
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items()
