@@ -262,12 +262,14 @@ def test_the_post_pass_keeps_to_the_plans_time_limit():
     layered graph of 2000 nodes at 35% with flash (about a thousand page-ins) took 19 s for
     one plan's post-pass, so `plan --time-limit 4` took 43 s (2026-12-05). Trials run from the
     base's state now take about 2 s there, so this plan keeps to its limit with or without the
-    pass's own deadline (tested below); it stays valid and never slower than stop-the-world."""
+    pass's own deadline (tested below); it stays valid and never slower than stop-the-world.
+    The limit is that run's 4 s: at 2 s the first plan came at 1.5 s alone, and under the
+    whole suite's load none came in time (CI, 2026-12-05)."""
     from edge_remat.planner.ordering import ORDER_SHARE
     from edge_remat.synthetic import random_layered
     graph = random_layered(2000, seed=1, w=0.31)
     flash = Tier(read_bytes_per_s=90e6, write_bytes_per_s=40e6)
-    limit = 2.0
+    limit = 4.0
     p = build_problem(graph, "0.35", paging="flash", tiers={"flash": flash},
                       order_time_s=ORDER_SHARE * limit)  # as `plan` gives it
     report = solve(p, "auto", time_limit=limit)
