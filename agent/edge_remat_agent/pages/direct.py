@@ -11,11 +11,15 @@ likewise: a buffered write held the page dirty in the cache until fsync and the 
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 
+import torch
+
 ALIGN = 4096
 STAGING = 1 << 20  # the most a read holds beyond its tensor; as fast as larger ones here
+MAX_READ = 1 << 30  # one read call at most (Linux caps a read near 2 GiB)
 
 
 def open_direct(path: str) -> "DirectReader | None":
@@ -71,9 +75,40 @@ def _write_block(fd: int, staging: mmap.mmap, nbytes: int, offset: int) -> int:
     return nbytes
 
 
+def read_aligned(fd: int, offset: int, nbytes: int, head: memoryview | None = None
+                 ) -> torch.Tensor:
+    """`nbytes` at `offset` (a multiple of ALIGN) of the O_DIRECT descriptor `fd`, read from
+    the device straight into page-aligned memory of their own (an anonymous mapping): a uint8
+    tensor whose storage is exactly `nbytes` and holds the mapping (unmapped with it). The
+    file may end anywhere after those bytes; EOFError where it ends before. `head`: their
+    first bytes, already read (whole blocks, or where the file ends), copied in.
+
+    One call reads it all: in 8 or 32 MiB calls one after the other, 256 MiB took 1.4x as long
+    here (the device gets fewer requests at once), more than a CRC32 worked out beside the
+    chunks could win back."""
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    padded = -(-nbytes // ALIGN) * ALIGN  # O_DIRECT reads whole blocks
+    flat = torch.frombuffer(mmap.mmap(-1, padded), dtype=torch.uint8, count=nbytes)
+    # The tensor holds the mapping; this view of it has no Python buffer to release.
+    view = memoryview((ctypes.c_char * padded).from_address(flat.data_ptr())).cast("B")
+    done = 0
+    if head is not None:
+        done = head.nbytes
+        view[:done] = head
+        if done < nbytes and done % ALIGN:  # the buffer held the file's end
+            raise EOFError(f"the file ends {done} bytes into {nbytes} at byte {offset}")
+    while done < nbytes:  # a short read ends the file: the next offset would be unaligned
+        count = os.preadv(fd, [view[done:done + min(padded - done, MAX_READ)]], offset + done)
+        if count <= 0:
+            raise EOFError(f"the file ends {done} bytes into {nbytes} at byte {offset}")
+        done += count
+    return flat
+
+
 class DirectReader:
     """A read-only stream over an O_DIRECT descriptor: read(n), readinto(view), seek(n),
-    close()."""
+    close(); and read_aligned(n), which skips the staging buffer where the position allows."""
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -93,6 +128,23 @@ class DirectReader:
             done += take
             self.position += take
         return done
+
+    def read_aligned(self, nbytes: int) -> torch.Tensor | None:
+        """The next `nbytes` straight from the device into memory of their own (see
+        `read_aligned`), or None where the position is not on a block boundary. What the
+        staging buffer already holds of them (read with the header before them) is copied, not
+        read again."""
+        if self.position % ALIGN:
+            return None
+        held = self._end - self.position if self._start <= self.position < self._end else 0
+        offset = self.position - self._start
+        # Both views released on the way out, an error too: closing the reader must not
+        # find them exported (a truncated page would raise BufferError in its place).
+        with memoryview(self._staging) as staged, \
+                staged[offset:offset + min(held, nbytes)] as head:
+            value = read_aligned(self.fd, self.position, nbytes, head=head if held else None)
+        self.position += nbytes
+        return value
 
     def tell(self) -> int:
         return self.position

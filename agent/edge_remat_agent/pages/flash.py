@@ -43,7 +43,7 @@ from typing import Hashable
 import torch
 
 from .base import IndexedPageStore, encoded_items
-from .codec import read_from
+from .codec import laid_out, read_from
 from .direct import open_direct, write_direct
 from .errors import (PageCorrupted, PageMissing, PageStoreError, PageStoreFull, full_remedy,
                      page_dir_not_made)
@@ -129,6 +129,9 @@ class FlashStore(IndexedPageStore):
         keys, pages, needed, named = encoded_items(items)
         if not keys:
             return 0
+        if self.drop_cache:  # read with O_DIRECT: large payloads on block boundaries
+            pages = laid_out(pages)
+            needed = sum(page.total_bytes for page in pages)
         with self._lock:
             replaced = sum(self._replaced_bytes(key) for key in keys)
             held_after = self._held - replaced + needed

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 import struct
 import threading
@@ -32,11 +31,10 @@ from typing import Callable, Iterable
 import torch
 
 from ..pages.codec import memory_view
+from ..pages.direct import ALIGN, MAX_READ, read_aligned
 
 MAGIC = b"EDGE-REMAT-WTS1\n"
-ALIGN = 4096
 FORMAT = "edge-remat/weights"
-MAX_READ = 1 << 30  # one read call at most (Linux caps a read near 2 GiB)
 
 
 class WeightStoreError(RuntimeError):
@@ -180,14 +178,14 @@ class WeightFile:
         start = time.perf_counter()
         try:
             if self.direct:
-                value = _read_direct(self.fd, row["offset"], nbytes)
+                value = read_aligned(self.fd, row["offset"], nbytes)
             else:
                 value = torch.empty(nbytes, dtype=torch.uint8)
                 _read_all(self.fd, memory_view(value), row["offset"])
                 _drop(self.fd, row["offset"], nbytes)
-        except OSError as error:
+        except (OSError, EOFError) as error:
             raise WeightStoreError(f"reading {name} from {self.path} failed: "
-                                   f"{error.strerror or error}") from error
+                                   f"{getattr(error, 'strerror', None) or error}") from error
         value = value.view(getattr(torch, row["dtype"])).view(row["shape"])
         seconds = time.perf_counter() - start
         with self._lock:
@@ -205,21 +203,6 @@ class WeightFile:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-
-
-def _read_direct(fd: int, offset: int, nbytes: int) -> torch.Tensor:
-    """`nbytes` at `offset` (a multiple of ALIGN, the region padded to one) of the O_DIRECT
-    descriptor `fd`, read into page-aligned memory of their own: a tensor whose storage is
-    exactly `nbytes` and holds the mapping (unmapped with it)."""
-    if nbytes == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    memory = mmap.mmap(-1, _padded(nbytes))
-    view = memoryview(memory)
-    try:
-        _read_all(fd, view, offset)
-    finally:
-        view.release()  # a mapping with a view exported cannot be closed
-    return torch.frombuffer(memory, dtype=torch.uint8, count=nbytes)
 
 
 def _read_all(fd: int, view: memoryview, offset: int) -> None:

@@ -34,8 +34,9 @@ QUICK_PARAMS = {"sizes": [64 * 2**10, 2**20, 8 * 2**20], "idle_s": 0.5, "busy_s"
 # a profile cached before is measured again rather than planned with the older figures
 # (2: tiers carry their measured transfer curves; 3: the board's measured compute rates; 4: an
 # update's timing windows no longer train the model the in-context steps are timed on; 5: the
-# flash's reads of a weight file, which a model's frozen weights cost).
-PROFILER_REVISION = 5
+# flash's reads of a weight file, which a model's frozen weights cost; 6: flash pages of
+# 32 MiB and more read straight into memory, not through a staging copy).
+PROFILER_REVISION = 6
 
 
 @dataclass
