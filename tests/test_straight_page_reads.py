@@ -118,3 +118,27 @@ def test_a_page_placed_by_the_caller_is_read_into_its_place(store):
     with reading_into(lambda nbytes, dtype, shape, stride, key: slot):
         read = store.get("x")
     assert read.data_ptr() == slot.data_ptr() and torch.equal(read, value)
+
+
+def test_a_page_read_straight_is_written_back_from_where_it_lies(store, monkeypatch):
+    """Its memory is page-aligned and its payload starts on a block boundary: its whole blocks
+    go to the device without the staging copy, and the file holds the same bytes."""
+    from edge_remat_agent.pages import direct
+    value = big()
+    store.put("x", value)
+    read = store.get("x")
+    read.mul_(2)
+    writes, real = [], direct._pwrite_all
+
+    def seen(fd, view, offset):
+        writes.append((direct._address(view), view.nbytes))
+        return real(fd, view, offset)
+    monkeypatch.setattr(direct, "_pwrite_all", seen)
+    store.put("x", read)
+    nbytes = read.numel() * read.element_size()
+    assert (read.data_ptr(), nbytes - nbytes % ALIGN) in writes
+    copy, before = read.clone(), len(writes)
+    store.put("copied", copy)  # malloc's memory: through the staging buffer
+    assert all(address != copy.data_ptr() for address, _ in writes[before:])
+    assert open(store.path_of("x"), "rb").read() == open(store.path_of("copied"), "rb").read()
+    assert torch.equal(store.get("x"), value * 2)
