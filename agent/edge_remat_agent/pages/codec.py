@@ -211,14 +211,10 @@ def check_layout(header: PageHeader, key: Hashable, where: str) -> None:
     """PageCorrupted unless the header's layout is dense and holds exactly its payload."""
     if not is_dense(header.shape, header.stride):
         raise PageCorrupted(key, where, f"header stride {header.stride} is not a dense layout")
-    holds = math.prod(header.shape) * _element_size(header.dtype)
+    holds = math.prod(header.shape) * header.dtype.itemsize
     if holds != header.nbytes:
         raise PageCorrupted(key, where, f"header says {header.nbytes} payload bytes, but "
                             f"{header.dtype} {list(header.shape)} holds {holds}")
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
 
 
 def moved_back(tensor: torch.Tensor, header: PageHeader) -> torch.Tensor:
