@@ -128,12 +128,12 @@ def test_a_page_read_straight_is_written_back_from_where_it_lies(store, monkeypa
     store.put("x", value)
     read = store.get("x")
     read.mul_(2)
-    writes, real = [], direct._pwrite_all
+    writes, real = [], direct.pwrite_all
 
     def seen(fd, view, offset):
         writes.append((direct._address(view), view.nbytes))
         return real(fd, view, offset)
-    monkeypatch.setattr(direct, "_pwrite_all", seen)
+    monkeypatch.setattr(direct, "pwrite_all", seen)
     store.put("x", read)
     nbytes = read.numel() * read.element_size()
     assert (read.data_ptr(), nbytes - nbytes % ALIGN) in writes

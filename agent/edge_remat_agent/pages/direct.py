@@ -59,7 +59,7 @@ def write_direct(fd: int, parts: list, total: int) -> bool:
                     offset += _write_block(fd, staging, filled, offset)
                     filled = 0
                 whole = view.nbytes - view.nbytes % ALIGN
-                offset += _pwrite_all(fd, view[:whole], offset)
+                offset += pwrite_all(fd, view[:whole], offset)
                 view = view[whole:]  # the tail goes through the staging buffer, padded
             while view.nbytes:
                 take = min(view.nbytes, STAGING - filled)
@@ -76,16 +76,21 @@ def write_direct(fd: int, parts: list, total: int) -> bool:
     return True
 
 
+def padded(nbytes: int) -> int:
+    """`nbytes` rounded up to whole blocks, as O_DIRECT reads and writes them."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
 def _write_block(fd: int, staging: mmap.mmap, nbytes: int, offset: int) -> int:
-    padded = -(-nbytes // ALIGN) * ALIGN
     # Released on the way out, an error too: a view the traceback kept would make closing
     # the staging buffer raise BufferError in place of the error (ENOSPC: a full flash).
-    with memoryview(staging) as whole, whole[:padded] as view:
-        _pwrite_all(fd, view, offset)
+    with memoryview(staging) as whole, whole[:padded(nbytes)] as view:
+        pwrite_all(fd, view, offset)
     return nbytes
 
 
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> int:
+def pwrite_all(fd: int, view: memoryview, offset: int) -> int:
+    """All of `view` written at `offset` of `fd`; returns its bytes."""
     done = 0
     while done < view.nbytes:
         done += os.pwrite(fd, view[done:done + MAX_READ], offset + done)
@@ -116,10 +121,10 @@ def read_aligned(fd: int, offset: int, nbytes: int, head: memoryview | None = No
     chunks could win back."""
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
-    padded = -(-nbytes // ALIGN) * ALIGN  # O_DIRECT reads whole blocks
-    flat = torch.frombuffer(mmap.mmap(-1, padded), dtype=torch.uint8, count=nbytes)
+    blocks = padded(nbytes)  # O_DIRECT reads whole blocks
+    flat = torch.frombuffer(mmap.mmap(-1, blocks), dtype=torch.uint8, count=nbytes)
     # The tensor holds the mapping; this view of it has no Python buffer to release.
-    view = memoryview((ctypes.c_char * padded).from_address(flat.data_ptr())).cast("B")
+    view = memoryview((ctypes.c_char * blocks).from_address(flat.data_ptr())).cast("B")
     done = 0
     if head is not None:
         done = head.nbytes
@@ -127,7 +132,7 @@ def read_aligned(fd: int, offset: int, nbytes: int, head: memoryview | None = No
         if done < nbytes and done % ALIGN:  # the buffer held the file's end
             raise EOFError(f"the file ends {done} bytes into {nbytes} at byte {offset}")
     while done < nbytes:  # a short read ends the file: the next offset would be unaligned
-        count = os.preadv(fd, [view[done:done + min(padded - done, MAX_READ)]], offset + done)
+        count = os.preadv(fd, [view[done:done + min(blocks - done, MAX_READ)]], offset + done)
         if count <= 0:
             raise EOFError(f"the file ends {done} bytes into {nbytes} at byte {offset}")
         done += count

@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..pages.codec import memory_view
-from ..pages.direct import ALIGN, MAX_READ, read_aligned
+from ..pages.direct import ALIGN, MAX_READ, padded, pwrite_all, read_aligned
 
 MAGIC = b"EDGE-REMAT-WTS1\n"
 FORMAT = "edge-remat/weights"
@@ -39,10 +39,6 @@ FORMAT = "edge-remat/weights"
 
 class WeightStoreError(RuntimeError):
     """A weight file that is missing, damaged, made for another model, or cannot be written."""
-
-
-def _padded(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 def layout_key(model: str, seed: int, tensors: Iterable[tuple[str, tuple, torch.dtype]]) -> str:
@@ -60,11 +56,11 @@ def write_weight_file(path: str, key: str, tensors: list[tuple[str, tuple, torch
         nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
         index[name] = {"offset": offset, "nbytes": nbytes, "dtype": str(dtype).split(".")[-1],
                        "shape": list(shape)}
-        offset += _padded(nbytes)
+        offset += padded(nbytes)
     # offsets count from the first aligned byte after the header
     header = json.dumps({"format": FORMAT, "version": 1, "alignment": ALIGN, "key": key,
                          "tensors": index}).encode()
-    data_start = _padded(len(MAGIC) + 8 + len(header))
+    data_start = padded(len(MAGIC) + 8 + len(header))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     temporary = f"{path}.{os.getpid()}.partial"
     start, written = time.perf_counter(), 0
@@ -76,7 +72,7 @@ def write_weight_file(path: str, key: str, tensors: list[tuple[str, tuple, torch
                 row = index[name]
                 value = make(name, tuple(shape), dtype).contiguous()
                 data = memory_view(value)
-                _write_all(fd, data, data_start + row["offset"])
+                pwrite_all(fd, data, data_start + row["offset"])
                 os.fdatasync(fd)  # on the device, then out of the cache (RAM the board lacks)
                 _drop(fd, data_start + row["offset"], row["nbytes"])
                 written += row["nbytes"]
@@ -144,11 +140,11 @@ class WeightFile:
             raise WeightStoreError(f"{path} was made for another model or seed (key "
                                    f"{header.get('key')}, expected {expect_key})")
         self.key, self.index = header["key"], header["tensors"]
-        data_start = _padded(len(MAGIC) + 8 + length)
+        data_start = padded(len(MAGIC) + 8 + length)
         for row in self.index.values():
             row["offset"] += data_start
         size = os.path.getsize(path)
-        if any(row["offset"] + _padded(row["nbytes"]) > size for row in self.index.values()):
+        if any(row["offset"] + padded(row["nbytes"]) > size for row in self.index.values()):
             raise WeightStoreError(f"{path} is shorter than its index says: written only in "
                                    "part; remove it and run again to rewrite it")
         self.direct = False
@@ -212,12 +208,6 @@ def _read_all(fd: int, view: memoryview, offset: int) -> None:
         if n <= 0:
             raise OSError(0, f"unexpected end of file at byte {offset + done}")
         done += n
-
-
-def _write_all(fd: int, view: memoryview, offset: int) -> None:
-    done, total = 0, len(view)
-    while done < total:
-        done += os.pwrite(fd, view[done:done + MAX_READ], offset + done)
 
 
 def _drop(fd: int, offset: int, length: int) -> None:
