@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -31,8 +29,8 @@ from edge_remat_agent.pages import codec
 from edge_remat_agent.pages.codec import encode, read_from
 from edge_remat_agent.pages.direct import open_direct, read_aligned, write_direct
 from edge_remat_agent.profiler.tiers import random_tensor
+from size_rounds import MiB, median_row, timed  # this script's neighbour
 
-MiB = 2**20
 SIZES = [MiB, 8 * MiB, 16 * MiB, 32 * MiB, 64 * MiB, 256 * MiB]
 QUICK = [MiB, 16 * MiB, 64 * MiB]
 WAYS = ("staged", "straight", "no crc")
@@ -76,11 +74,6 @@ def read_payload(path: str, start: int, nbytes: int) -> torch.Tensor:
         return read_aligned(reader.fd, start, nbytes)
 
 
-def timed(read) -> float:
-    begin = time.perf_counter()
-    read()
-    return time.perf_counter() - begin
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -114,9 +107,7 @@ def main() -> int:
           f"{STRAIGHT_FROM // MiB} MiB on")
     print(f"{'size':>8} " + " ".join(f"{way:>20}" for way in WAYS) + f" {'staged/straight':>16}")
     for n in sizes:
-        medians = {way: statistics.median(times[way, n]) for way in WAYS}
-        cells = " ".join(f"{medians[w] * 1e3:9.1f} ms ({n / medians[w] / 1e6:5.0f})"
-                         for w in WAYS)
+        medians, cells = median_row(times, WAYS, n)
         print(f"{n // MiB:>5} MiB {cells} {medians['staged'] / medians['straight']:16.2f}")
     return 0
 

@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
 from edge_remat_agent.pages import FlashStore
 from edge_remat_agent.pages.codec import STRAIGHT_READ_BYTES
 from edge_remat_agent.profiler.tiers import random_tensor
+from size_rounds import MiB, median_row, timed  # this script's neighbour
 
-MiB = 2**20
 SIZES = [32 * MiB, 64 * MiB, 256 * MiB]
 QUICK = SIZES[:2]
 WAYS = ("aligned", "malloc")
@@ -58,18 +56,14 @@ def main() -> int:
         for _ in range(rounds):
             for n in sizes:
                 for way in WAYS:
-                    start = time.perf_counter()
-                    store.put((way, n), sources[n][way])
-                    times[way, n].append(time.perf_counter() - start)
+                    times[way, n].append(timed(lambda: store.put((way, n), sources[n][way])))
         for n in sizes:  # the same bytes either way
             assert torch.equal(store.get(("aligned", n)), store.get(("malloc", n)))
     print(f"flash in {args.page_dir or tempfile.gettempdir()}, {rounds} interleaved rounds, "
           "median FlashStore.put with fsync (MB/s)")
     print(f"{'size':>8} " + " ".join(f"{way:>20}" for way in WAYS) + f" {'malloc/aligned':>15}")
     for n in sizes:
-        medians = {way: statistics.median(times[way, n]) for way in WAYS}
-        cells = " ".join(f"{medians[w] * 1e3:9.1f} ms ({n / medians[w] / 1e6:5.0f})"
-                         for w in WAYS)
+        medians, cells = median_row(times, WAYS, n)
         print(f"{n // MiB:>5} MiB {cells} {medians['malloc'] / medians['aligned']:15.2f}")
     return 0
 

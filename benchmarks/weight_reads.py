@@ -6,8 +6,9 @@ ways they could go, in interleaved rounds on this machine's flash.
   staged       O_DIRECT into an 8 MiB aligned staging buffer, copied out into the tensor: how
                WeightFile read before 2026-12-05 (written out here as the baseline)
   page         the same bytes as a flash page (FlashStore.get, page cache bypassed): a header,
-               a CRC32 over the payload and a 1 MiB staging copy; what the plan charged
-               frozen weights at before the profile timed the weight file
+               a CRC32 over the payload and, under 32 MiB, a 1 MiB staging copy (from
+               2026-12-06 larger pages are read straight in); what the plan charged frozen
+               weights at before the profile timed the weight file
 
 Printed per size: the median read of each way, its rate, the staged / weight-file ratio, and
 what a profile measured in this invocation charges a read of that size (the flash tier's
@@ -21,19 +22,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
 from edge_remat_agent.pages import FlashStore
 from edge_remat_agent.profiler import measure_flash
 from edge_remat_agent.profiler.tiers import random_tensor
+from size_rounds import MiB, median_row, timed  # this script's neighbour
 from edge_remat_agent.weights.store import ALIGN, WeightFile, write_weight_file
 
-MiB = 2**20
 SIZES = [MiB, 8 * MiB, 64 * MiB, 256 * MiB]
 QUICK = SIZES[:3]
 STAGING = 8 * MiB
@@ -55,11 +54,6 @@ def staged_read(file: WeightFile, name: str, staging: memoryview) -> torch.Tenso
         done += take
     return value
 
-
-def timed(read) -> float:
-    start = time.perf_counter()
-    read()
-    return time.perf_counter() - start
 
 
 def main() -> int:
@@ -101,9 +95,7 @@ def main() -> int:
     print(f"{'size':>8} {'weight file':>20} {'staged':>20} {'page':>20} {'staged/file':>12} "
           f"{'charged: file':>14} {'page':>9}")
     for n in sizes:
-        medians = {way: statistics.median(times[way, n]) for way in WAYS}
-        cells = " ".join(f"{medians[w] * 1e3:9.1f} ms ({n / medians[w] / 1e6:5.0f})"
-                         for w in WAYS)
+        medians, cells = median_row(times, WAYS, n)
         print(f"{n // MiB:>5} MiB {cells} {medians['staged'] / medians['weight file']:12.2f} "
               f"{tier.weights_read_cost(n)[0] * 1e3:11.1f} ms {tier.read_cost(n)[0] * 1e3:6.1f} ms")
     return 0
