@@ -75,3 +75,7 @@ def test_among_plans_of_equal_cost_the_one_moving_fewer_bytes_ranks_first():
     assert busy.sim.page_outs == 1 and busy.feasible
     assert busy.objective == pytest.approx(quiet.objective)
     assert quiet.rank < busy.rank
+    # an exact solver's plan that ties the plan known before it replaces that one only where
+    # it moves no more (solve's CP-SAT and MILP paths): the paging plan does not displace the
+    # quiet one, nor itself lose to a plan that pages the same
+    assert quiet.replaces(busy) and not busy.replaces(quiet) and busy.replaces(busy)

@@ -36,6 +36,21 @@ class Evaluation:
         step to flash took 16.7 s a step where one reading its weights again took 9.3 s)."""
         return self.objective, self.sim.io_busy_s or 0.0, self.sim.paged_bytes
 
+    def replaces(self, known: "Evaluation") -> bool:
+        """Whether an exact solver's plan with this evaluation is taken over `known`, one found
+        before it: a better objective, or one that ties it (within the solvers' relative
+        tolerance, which a rounded objective may miss by) with no more IO, as `rank` orders."""
+        if not self.feasible:
+            return False
+        if self.objective > known.objective * (1 + OBJECTIVE_TIE):
+            return False
+        if self.objective < known.objective * (1 - OBJECTIVE_TIE):
+            return True
+        return self.rank[1:] <= known.rank[1:]
+
+
+OBJECTIVE_TIE = 1e-9  # objectives within this relative distance tie
+
 
 def evaluate(p: Problem, decisions: list[StageDecision]) -> Evaluation:
     stages, _ = lower(p, decisions)

@@ -17,7 +17,7 @@ from . import isolated
 from .baselines import BASELINES
 from .bounds import SCOPE as BOUND_SCOPE, plain_objective, stage_lower_bound, with_io_timeline
 from .cover_bound import SCOPE as COVER_SCOPE
-from .evaluate import Evaluation, evaluate, with_page_outs_delayed
+from .evaluate import OBJECTIVE_TIE, Evaluation, evaluate, with_page_outs_delayed
 from .interrupt import PlanInterrupted, SearchInterrupted
 from .order_portfolio import (RESCUE_TRY_SHARE, OrdersAhead, cheaper_order,
                               first_order_that_plans)
@@ -597,11 +597,11 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
     if outcome.first_solution_s is not None:
         cp_first = offset + outcome.first_solution_s
         first_plan = cp_first if first_plan is None else min(first_plan, cp_first)
-    if found is not None and (best_known is None or found.evaluation.objective
-                              <= best_known.evaluation.objective * (1 + 1e-9)):
+    if found is not None and (best_known is None or
+                              found.evaluation.replaces(best_known.evaluation)):
         best_at = offset + (outcome.best_solution_s or 0.0)
         if best_known is not None and found.evaluation.objective >= \
-                best_known.evaluation.objective * (1 - 1e-9):
+                best_known.evaluation.objective * (1 - OBJECTIVE_TIE):
             best_at = known_at if known_at is not None else first_plan  # CP-SAT only
             # confirmed the plan known before it started
         return _report(p, found, outcome.status, outcome.bound, started, time_limit, summary,
@@ -678,8 +678,8 @@ def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
     bound = outcome.bound if outcome else None
     done = clock.perf_counter() - started
     scope = {"bound_scope": "stage model"}  # the MILP is the stage model, its bound one of it
-    if milp_best is not None and (best_known is None or milp_best.evaluation.objective
-                                  <= best_known.evaluation.objective * (1 + 1e-9)):
+    if milp_best is not None and (best_known is None or
+                                  milp_best.evaluation.replaces(best_known.evaluation)):
         return _report(p, milp_best, outcome.status, bound, started, time_limit, summary,
                        timing={"first_plan_s": first_plan if first_plan is not None else done,
                                "best_plan_s": done}, **scope)
