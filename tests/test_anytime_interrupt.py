@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -122,6 +123,51 @@ def test_ctrl_c_in_cp_sat_keeps_its_best_solution():
     assert kept.feasible
     # its best solution, no worse than the hint it started from
     assert kept.objective <= start.evaluation.objective * (1 + 1e-9)
+
+
+@pytest.mark.skipif(isolated.needs_isolation("ortools"),
+                    reason="highspy is loaded here: CP-SAT would run in a child process")
+def test_ctrl_c_pressed_again_while_cp_sat_stops_still_keeps_its_best_solution():
+    """QA: `timeout -s TERM` on `plan` exited 70 ("solve() has not been called", or "release
+    unlocked lock" from inside Event.wait) or aborted (134): an interrupt that lands while the
+    stopped search winds down left before the search had returned, and its solution was read
+    too early. Here the search's first solution is reported to a progress callback that takes
+    0.5 s (a slow terminal), so the search cannot return before it does, and a burst of
+    interrupts arrives meanwhile, every 2 ms."""
+    from edge_remat.planner.cpsat import solve_cpsat
+    p = build_problem(random_layered(150, seed=1), "0.7", order="given")
+    start = min((c for c in run_baselines(p, 30).values()
+                 if c is not None and c.evaluation.feasible),
+                key=lambda c: c.evaluation.objective)
+    reported = threading.Event()
+
+    def burst():
+        for _ in range(100):
+            _thread.interrupt_main()
+            time.sleep(0.002)
+        reported.wait()
+
+    bursts = []
+
+    def slow_progress(*figures):
+        if not bursts:
+            bursts.append(threading.Thread(target=burst))
+            bursts[0].start()
+            time.sleep(0.5)
+            reported.set()
+
+    caught = None
+    try:
+        solve_cpsat(p, 120, hint=start.decisions, workers=2, progress=slow_progress)
+    except KeyboardInterrupt as stop:
+        caught = stop
+    while bursts and bursts[0].is_alive():  # an interrupt of the burst may land here
+        try:
+            time.sleep(0.05)
+        except KeyboardInterrupt:
+            pass
+    assert isinstance(caught, SearchInterrupted), repr(caught)
+    assert evaluate(p, caught.found).feasible
 
 
 def test_with_one_heuristic_asked_ctrl_c_keeps_only_its_plan(monkeypatch):

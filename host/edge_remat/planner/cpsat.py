@@ -247,16 +247,17 @@ def solve_interruptibly(solver, model, callback) -> int:
         finally:
             done.set()
 
-    # Waiting on an Event, not on Thread.join: a join that Ctrl-C interrupts can leave the
-    # thread looking finished while CP-SAT's threads still run, and the exit then aborts.
+    # Polling an Event in sleeps, not Thread.join or Event.wait: a join that Ctrl-C interrupts
+    # can leave the thread looking finished while CP-SAT's threads still run, and an
+    # interrupt landing inside Event.wait's lock handling broke the lock ("release unlocked
+    # lock", exit 70, QA: `timeout -s TERM 6 plan` on rl250); is_set takes no lock.
     threading.Thread(target=search, name="cp-sat", daemon=True).start()
     try:
-        while not done.wait(0.1):
-            pass
+        while not done.is_set():
+            clock.sleep(POLL_S)
     except KeyboardInterrupt:
         solver.StopSearch()
-        while not done.wait(0.1):
-            pass
+        _wait_through_interrupts(done)  # leaving first aborts at exit, the search unread
         raise
     finally:
         if handler is not None and signal.getsignal(signal.SIGINT) is not handler:
@@ -264,6 +265,18 @@ def solve_interruptibly(solver, model, callback) -> int:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["code"]
+
+
+POLL_S = 0.05  # how often the waiting thread looks whether the search has returned
+
+
+def _wait_through_interrupts(done: threading.Event) -> None:
+    """Wait for the stopped search to return, through any further Ctrl-C or SIGTERM."""
+    while not done.is_set():
+        try:
+            clock.sleep(POLL_S)
+        except KeyboardInterrupt:
+            pass
 
 
 class _Listener:
