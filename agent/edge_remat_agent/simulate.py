@@ -65,6 +65,8 @@ class SimResult:
     # and update nodes (--params-home flash|host), IO that is not paging's.
     home_io_time_s: float = 0.0
     home_io_energy_j: float = 0.0
+    # with tier_capacity="count": the most bytes any tier held beyond its capacity (0: none)
+    tier_overflow_bytes: int = 0
 
     @property
     def time_s(self) -> float:
@@ -79,16 +81,24 @@ class SimResult:
     def summary(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("memory_trace")
+        out.pop("tier_overflow_bytes")  # a planner's candidate's measure; a plan has none
         out["time_s"], out["energy_j"] = self.time_s, self.energy_j
         return out
 
 
 def simulate(graph: Graph, costs: CostModel, stages: Stages,
-             budget_bytes: int | None = None, io: str = "sync") -> SimResult:
+             budget_bytes: int | None = None, io: str = "sync",
+             tier_capacity: str = "raise") -> SimResult:
     """Replay `stages`; raise PlanError on the first instruction that cannot run. `io`:
-    "sync" (paging stops compute) or "overlap" (paging on its own timeline)."""
+    "sync" (paging stops compute) or "overlap" (paging on its own timeline).
+    `tier_capacity`: "raise" (a page-out past a tier's capacity is a PlanError) or "count"
+    (it is measured in tier_overflow_bytes and the plan does not fit its budget: a planner's
+    candidate, not a plan to run)."""
     if io not in IO_MODES:
         raise ValueError(f"io must be one of {IO_MODES}, got {io!r}")
+    if tier_capacity not in ("raise", "count"):
+        raise ValueError(f"tier_capacity must be 'raise' or 'count', got {tier_capacity!r}")
+    overflow = 0
     sizes = [n.out_bytes for n in graph.nodes]
     workspace = costs.workspace(graph)  # a profile's where it measured one (costs.build_costs)
     deps = [[graph.index[d] for d in n.inputs] for n in graph.nodes]
@@ -154,8 +164,10 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
                     tier_bytes[tier] += sizes[i]
                     capacity = costs.tiers[tier].capacity_bytes
                     if capacity is not None and tier_bytes[tier] > capacity:
-                        raise fail(f"tier '{tier}' holds {tier_bytes[tier]} bytes, over its "
-                                   f"capacity of {capacity}")
+                        if tier_capacity == "raise":
+                            raise fail(f"tier '{tier}' holds {tier_bytes[tier]} bytes, over "
+                                       f"its capacity of {capacity}")
+                        overflow = max(overflow, tier_bytes[tier] - capacity)
                 t_paging += costs.tiers[tier].out_time_s[i]
                 e_paging += costs.tiers[tier].out_energy_j[i]
                 page_outs += 1
@@ -198,7 +210,8 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
         energy_static_j=costs.static_w * step_time, tdi_percent=tdi,
         computes=n_computes, recomputed=n_computes - len(graph), page_ins=page_ins,
         page_outs=page_outs, paged_bytes=paged_bytes, home_reads=home_reads,
-        fits_budget=None if budget_bytes is None else peak <= budget_bytes, memory_trace=trace,
+        fits_budget=None if budget_bytes is None else peak <= budget_bytes and not overflow,
+        tier_overflow_bytes=overflow, memory_trace=trace,
         io=io, step_time_s=timeline.step_time_s if timeline else None,
         io_busy_s=timeline.io_busy_s if timeline else None,
         io_wait_s=timeline.waited_s if timeline else None,

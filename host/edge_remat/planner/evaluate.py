@@ -75,10 +75,12 @@ def with_page_outs_delayed(p: Problem, evaluation: Evaluation) -> Evaluation:
 
 
 def _replayed(p: Problem, stages: Stages) -> Evaluation:
+    # a heuristic's page-outs past a tier's capacity (the room in a board's page folder) make
+    # a plan that does not fit, as RAM past the budget does: it used to stop planning there
     sim = simulate(p.graph, p.costs, stages, p.budget_bytes, io="overlap" if p.overlapped
-                   else "sync")
+                   else "sync", tier_capacity="count")
     deadline = p.deadline_s()
     used = p.deadline_time_of(sim)
     meets = deadline is None or used <= deadline * (1 + 1e-9)
-    return Evaluation(stages, sim, sim.peak_bytes <= p.budget_bytes, meets,
+    return Evaluation(stages, sim, bool(sim.fits_budget), meets,
                       p.objective_value(sim.time_s, sim.energy_j))

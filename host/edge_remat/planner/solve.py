@@ -339,8 +339,11 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
             raise NoPlan(f"unknown heuristic {asked!r} (known: {', '.join(BASELINES)})")
         chosen = baselines[asked]
         if chosen is None or not chosen.evaluation.feasible:
+            over = chosen.evaluation.sim.tier_overflow_bytes if chosen is not None else 0
             raise NoPlan(f"heuristic {asked!r} finds no schedule within the budget"
                          + (" and deadline" if p.deadline else "")
+                         + (f" (its schedule pages {over} bytes more than a tier's capacity "
+                            "holds)" if over else "")
                          # auto runs the exact solvers where the graph is small enough
                          # for them, and else names a budget that plans
                          + "; try --solver auto")
