@@ -300,6 +300,30 @@ def test_plot_out_unwritable(tmp_path):
                 f"{_unwritable_folder(tmp_path)}/plots"), BAD_INPUT, "--out")
 
 
+def test_plan_output_through_a_link_is_written_where_it_points(tmp_path):
+    # QA: -o LINK --force replaced the link with a regular file, the file it named untouched
+    graph = tiny_graph(tmp_path)
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "plan.json"
+    target.write_text("old plan")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    proc = cli("plan", "--graph", graph, "--budget", "0.8", "-o", link, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert '"edge-remat/plan"' in target.read_text()
+
+
+def test_plan_output_that_is_a_pipe_is_refused_even_with_force(tmp_path):
+    # QA: a FIFO (and, as root, /dev/full) became a regular file, and plan said "written"
+    graph = tiny_graph(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refused(cli("plan", "--graph", graph, "--budget", "0.8", "-o", fifo, "--force"),
+            BAD_INPUT, "not a regular file")
+    assert fifo.is_fifo()
+
+
 def test_plot_overwrites_its_pngs_only_with_force(tmp_path):
     # plot replaced existing PNGs in silence, where plan -o and graph -o refuse without --force
     graph = tiny_graph(tmp_path)

@@ -25,6 +25,11 @@ def output_file(path: "str | os.PathLike[str]", force: bool, option: str = "-o",
     if path.is_dir():
         raise UserError(f"{option} {path} is a folder: give a file name, e.g. "
                         f"{path / 'out.json'}")
+    if path.exists() and not path.is_file():
+        # the write replaces its file whole (a temporary file renamed over it): a FIFO or a
+        # device node (/dev/full, as root) became a regular file, said "written"
+        raise UserError(f"{option} {path} is not a regular file (a pipe, socket or device): "
+                        "give a file name")
     for input_option, given in (inputs or {}).items():
         # `plan --graph G -o G --force` replaced the graph with its plan: --force is for
         # someone's old output, not for the file this command is reading

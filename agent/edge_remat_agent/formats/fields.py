@@ -149,10 +149,14 @@ def dump_text(text: str, path: str | Path) -> None:
 
 def dump_bytes(data: bytes, path: str | Path) -> None:
     """Write atomically: a temporary file beside the target (same filesystem) renamed over it,
-    so a crash mid-write never leaves a truncated file; on failure the temporary file goes."""
+    so a crash mid-write never leaves a truncated file; on failure the temporary file goes.
+    A symbolic link is written through, as a shell's > does: the file it names is replaced
+    and the link stays (the rename once replaced the link itself)."""
     import os
     import tempfile
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as out:
