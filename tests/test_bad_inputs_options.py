@@ -324,6 +324,20 @@ def test_plan_output_that_is_a_pipe_is_refused_even_with_force(tmp_path):
     assert fifo.is_fifo()
 
 
+def test_a_sweep_overwrites_plans_in_its_folder_only_with_force(tmp_path):
+    # QA: a second sweep into the same folder replaced the first's plans in silence
+    graph = tiny_graph(tmp_path)
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "plan-0.90.json").write_text("someone's plan")
+    refused(cli("plan", "--graph", graph, "--sweep", "0.8:1:0.1", "-o", out), BAD_INPUT,
+            "already holds plan-0.90.json", "--force")
+    assert sorted(p.name for p in out.iterdir()) == ["plan-0.90.json"]
+    proc = cli("plan", "--graph", graph, "--sweep", "0.8:1:0.1", "-o", out, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert '"edge-remat/plan"' in (out / "plan-0.90.json").read_text()
+
+
 def test_plot_overwrites_its_pngs_only_with_force(tmp_path):
     # plot replaced existing PNGs in silence, where plan -o and graph -o refuse without --force
     graph = tiny_graph(tmp_path)

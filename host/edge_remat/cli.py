@@ -184,7 +184,8 @@ def plan(
     flash_tier = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
     if output is not None:  # `-o ''` too, which is refused
         inputs = {"--graph": graph, "--profile": profile}
-        (output_folder(output, "-o", inputs, writes=("plan-*.json",)) if sweep is not None
+        (output_folder(output, "-o", inputs, writes=("plan-*.json",), force=force)
+         if sweep is not None
          else output_file(output, force, inputs=inputs))
     g = load_graph_file(graph)
     prof = load_profile(profile) if profile else None

@@ -46,10 +46,11 @@ def output_file(path: "str | os.PathLike[str]", force: bool, option: str = "-o",
 
 def output_folder(path: "str | os.PathLike[str]", option: str = "--out",
                   inputs: "dict[str, str | None] | None" = None,
-                  writes: tuple[str, ...] = ()) -> Path:
+                  writes: tuple[str, ...] = (), force: bool | None = None) -> Path:
     """A folder the command will write its files into (made here when missing), where none
     of the command's `inputs` ({option: path}) lies at a path it `writes` (patterns relative
-    to the folder, fnmatch's: 'plan-*.json')."""
+    to the folder, fnmatch's: 'plan-*.json'). With `force` False, a folder that already holds
+    such files is refused (None: not checked, for commands whose files are theirs to renew)."""
     path = Path(_named(path, option, "a folder name"))
     if path.exists() and not path.is_dir():
         raise UserError(f"{option} {path} is a file, not a folder: give a folder name")
@@ -64,6 +65,15 @@ def output_folder(path: "str | os.PathLike[str]", option: str = "--out",
             raise UserError(f"{option} {path} is where this command writes {inside}, the "
                             f"{input_option} file it reads: writing there would replace it; "
                             "give another folder")
+    if force is False and path.is_dir():
+        # `plan --sweep -o D` replaced an earlier sweep's plans in silence, or left them
+        # mixed with its own, where `plan -o FILE` refuses without --force
+        held = sorted(p.name for p in path.iterdir()
+                      if any(fnmatch.fnmatch(p.name, pattern) for pattern in writes))
+        if held:
+            more = f" and {len(held) - 1} more" if len(held) > 1 else ""
+            raise UserError(f"{option} {path} already holds {held[0]}{more}: add --force to "
+                            "overwrite, or choose another folder")
     writable_folder(path, option)
     return path
 
