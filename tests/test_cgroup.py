@@ -187,3 +187,57 @@ def test_agent_stop_removes_the_emulated_boards_cgroup_once_empty(tmp_path, monk
     assert f"its memory cgroup {group.path} is left" in kept.stdout
     assert stopped.exit_code == 0 and "stopped" in stopped.stdout, stopped.output
     assert "cgroup" not in stopped.stdout and left is None
+
+
+@needs_cgroup
+def test_a_group_with_processes_keeps_its_limit_against_another(group):
+    """QA: `job-status --memory-limit` with another limit than the board's lowered a running
+    job's limit, and the kernel killed the job. A group with processes in it keeps its limit:
+    asking for another is refused, naming the one it has; the same one is accepted."""
+    from edge_remat.cgroup import CgroupInUse
+    proc = subprocess.Popen(group.exec_prefix() + ["sleep", "60"])
+    try:
+        for _ in range(100):
+            if group.pids():
+                break
+            __import__("time").sleep(0.02)
+        with pytest.raises(CgroupInUse) as refused:
+            MemoryCgroup.ensure(group.path.name, 48 * MIB)
+        assert refused.value.limit_bytes == 96 * MIB == group.limit_bytes()
+        assert MemoryCgroup.ensure(group.path.name, 96 * MIB).limit_bytes() == 96 * MIB
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@needs_cgroup
+def test_job_status_with_another_limit_is_refused_and_agent_stop_takes_the_limit(tmp_path):
+    """The CLI side of the above: the error says which limit reaches the board, and
+    `agent-stop --memory-limit` (QA: 'No such option') stops that agent and removes its
+    cgroup."""
+    from typer.testing import CliRunner
+    from helpers.board_fixtures import local_board
+    from edge_remat.cli import app
+    from edge_remat.devices import find_device
+    from edge_remat.transport.emulated import cgroup_name
+    runner = CliRunner()
+    with local_board(tmp_path, "small", memory_limit_bytes=150 * MIB):
+        name = cgroup_name(find_device("small"))
+        try:
+            assert runner.invoke(app, ["job", "sysinfo", "--device", "small"]).exit_code == 0
+            other = runner.invoke(app, ["job-status", "nosuch", "--device", "small",
+                                        "--memory-limit", "100MiB"])
+            limit = MemoryCgroup.existing(name).limit_bytes()
+            stopped = runner.invoke(app, ["agent-stop", "--device", "small",
+                                          "--memory-limit", "150MiB"])
+            left = MemoryCgroup.existing(name)
+        finally:
+            if (stray := MemoryCgroup.existing(name)) is not None:
+                stray.remove()
+    assert other.exit_code == 2, other.output
+    assert "already runs under a memory limit of 150.00 MiB" in other.output
+    assert "--memory-limit 150MiB" in other.output
+    assert limit == 150 * MIB
+    assert stopped.exit_code == 0 and "stopped" in stopped.stdout, stopped.output
+    assert left is None

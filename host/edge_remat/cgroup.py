@@ -33,6 +33,14 @@ class CgroupUnavailable(RuntimeError):
     """No memory cgroup can be made here; the message says why and what would fix it."""
 
 
+class CgroupInUse(CgroupUnavailable):
+    """The group exists, with processes in it, under another limit than the one asked for."""
+
+    def __init__(self, limit_bytes: int):
+        super().__init__(f"its processes run under a limit of {limit_bytes} bytes")
+        self.limit_bytes = limit_bytes
+
+
 def find_memory_hierarchy(mountinfo: str = MOUNTINFO) -> tuple[int, Path]:
     """(version, mount point) of the hierarchy that holds the memory controller."""
     v1, v2 = None, None
@@ -99,6 +107,12 @@ class MemoryCgroup:
             group = cls(parent / name, version)
             if group.path.is_dir() and not group.pids():
                 group.path.rmdir()  # an empty leftover: start afresh (a new peak)
+            elif group.path.is_dir() and \
+                    abs(group.limit_bytes() - int(limit_bytes)) >= os.sysconf("SC_PAGE_SIZE"):
+                # its processes (an agent, maybe a job) live under the limit they started
+                # with: `job-status --memory-limit` with another one lowered it under a
+                # running job, which the kernel then killed (QA)
+                raise CgroupInUse(group.limit_bytes())
             group.path.mkdir(exist_ok=True)
             group.set_limit(limit_bytes)
         except PermissionError as exc:

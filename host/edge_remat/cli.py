@@ -747,15 +747,19 @@ def job_cancel(
 def agent_stop(
     device: str = typer.Option(..., "--device", help="device name or config path"),
     if_idle: bool = typer.Option(False, "--if-idle", help="only when no job runs or waits"),
+    memory_limit: Optional[str] = typer.Option(None, "--memory-limit",
+                                               help=EMULATED_BOARD_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Stop the agent daemon on the board cleanly (a running job starts again at its next
     start); with --if-idle a busy agent is left running (exit 0, and it says so)."""
-    from .devices import find_device
     from .remote import stop_agent
     from .transport import Board
 
-    answer, line = stop_agent(Board(find_device(device), reconnect_timeout_s=0), if_idle)
+    # --memory-limit: the board `run --memory-limit` emulated, whose agent and cgroup were
+    # otherwise left for good (QA)
+    answer, line = stop_agent(Board(_device(device, memory_limit), reconnect_timeout_s=0),
+                              if_idle)
     print(json.dumps(answer) if as_json else line)
 
 

@@ -14,7 +14,7 @@ import os
 
 from edge_remat_agent.cgroup_memory import PEAK_FILE, RESTARTED_PEAK_SCOPE
 
-from ..cgroup import CgroupUnavailable, MemoryCgroup
+from ..cgroup import CgroupInUse, CgroupUnavailable, MemoryCgroup
 from ..devices import DeviceConfig, find_device
 from ..errors import UserError
 from ..units import fmt_bytes
@@ -89,6 +89,14 @@ def board_cgroup(device: DeviceConfig) -> MemoryCgroup:
     """The emulated board's cgroup, made (or its limit set) now."""
     try:
         return MemoryCgroup.ensure(cgroup_name(device), device.hardware.memory_limit_bytes)
+    except CgroupInUse as exc:
+        given = device.hardware.memory_limit_bytes
+        raise UserError(f"{device.name}'s agent already runs under a memory limit of "
+                        f"{fmt_bytes(exc.limit_bytes)}, not {fmt_bytes(given)}: give "
+                        f"--memory-limit {exc.limit_bytes // 2**20}MiB to reach it (another "
+                        "limit would resize it under its jobs), or stop it first "
+                        f"(edge-remat agent-stop --device {device.name} --memory-limit "
+                        f"{exc.limit_bytes // 2**20}MiB)") from None
     except CgroupUnavailable as exc:
         raise TransportError(f"cannot emulate {device.name}: {exc}") from None
 
