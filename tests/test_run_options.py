@@ -208,9 +208,31 @@ def test_outputs_an_earlier_run_left_and_this_one_did_not_write_are_removed(tmp_
     started = time.time()
     (tmp_path / "plan.json").write_text("this run")  # written again: kept
     said = []
-    _remove_earlier_outputs(tmp_path, started, said.append)
+    _remove_earlier_outputs(tmp_path, started, True, said.append)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "plan.json"]
     assert "memory.png, sweep.json" in said[0]
+
+
+def test_a_folder_that_held_no_runs_report_keeps_files_of_output_names(tmp_path):
+    """QA: `run --out DIR` removed someone's own sweep.json and memory.png from a folder no
+    run had used. Only a folder that held a run's report.json when the run started is one."""
+    import time
+
+    from edge_remat.run.orchestrate import _holds_a_run_report, _remove_earlier_outputs
+    earlier = time.time() - 60
+    for name in ("memory.png", "sweep.json"):
+        (tmp_path / name).write_text("mine")
+        os.utime(tmp_path / name, (earlier, earlier))
+    assert not _holds_a_run_report(tmp_path)
+    (tmp_path / "report.json").write_text('{"my": "own notes"}')
+    assert not _holds_a_run_report(tmp_path)  # a file of that name, not a run's report
+    said = []
+    _remove_earlier_outputs(tmp_path, time.time(), _holds_a_run_report(tmp_path), said.append)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.png", "report.json",
+                                                          "sweep.json"] and not said
+    (tmp_path / "report.json").write_text('{"status": "finished", "model": "mlp", '
+                                          '"device": "local"}')
+    assert _holds_a_run_report(tmp_path)
 
 
 def test_each_device_config_emulates_its_board_in_a_workdir_of_its_own(tmp_path):
@@ -296,3 +318,31 @@ def test_a_budget_above_the_plain_peak_is_said_in_words_not_a_percentage_over_10
                           plain_peak_bytes=int(20.5 * 2**20))
     line = next(x for x in report_text(report).splitlines() if x.startswith("plan "))
     assert "budget 221.00 MiB, above the plain peak of 20.50 MiB: no recomputation" in line
+
+
+@pytest.mark.slow  # a real run on the local board (~15 s); mounts a tmpfs (root)
+def test_a_full_disk_while_fetching_names_the_file_and_the_way_back_and_keeps_the_plan(
+        tmp_path):
+    """QA: with OUT on a full disk the run said only 'No space left on device (check the path
+    and its permissions)', removed the graph and plan it had written, and left weights.pt.part.
+    The disk is a real 2 MiB tmpfs, nearly filled."""
+    import subprocess
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs",
+                                            str(disk)], capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        (disk / "fill").write_bytes(b"\0" * (2 * 2**20 - 160 * 1024))
+        out = disk / "out"
+        proc = _run("--budget", "98%", "--profile", PROFILE, "--no-grad-check", "--out", out,
+                    cwd=tmp_path, timeout=300)
+        left = sorted(p.name for p in out.rglob("*"))
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    assert proc.returncode == BAD_INPUT and "Traceback" not in proc.stderr, proc.stderr
+    error = proc.stderr.strip().splitlines()[-1]
+    assert "No space left on device" in error and "weights.pt" in error, error
+    assert "edge-remat job-status run-" in error and f"--out {out}" in error, error
+    assert "graph.json" in left and "plan.json" in left, left
+    assert not [name for name in left if name.endswith(".part")], left

@@ -64,6 +64,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
                                           "--init": opts.init},
                         writes=RUN_OUTPUTS + (WEIGHTS_FILE, CHECKPOINT_FILE))
     started = time.time()
+    earlier_run = _holds_a_run_report(out)
     data = opts.data
     # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
     # 0.9); --lr overrides it for both, and --lr-schedule / --warmup schedule it for both.
@@ -79,7 +80,10 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
         except JobOutOfReach as exc:
             raise _link_lost(exc, opts, out) from None
         except Exception as exc:
-            if classify(exc)[0] == EXIT_BAD_INPUT:  # an infeasible budget, say: writes nothing
+            # an infeasible budget, say, writes nothing; what this machine's disk or
+            # permissions refused leaves the graph and plan written (QA: a full disk removed
+            # them, the trained weights still on the board)
+            if classify(exc)[0] == EXIT_BAD_INPUT and not isinstance(exc, OSError):
                 _remove_outputs_since(out, started)
             raise
         finally:
@@ -91,7 +95,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     dump_json(report, out / "report.json")
     from ..reports.run_report import report_text
     (out / "report.txt").write_text(report_text(report) + "\n")
-    _remove_earlier_outputs(out, started, say)
+    _remove_earlier_outputs(out, started, earlier_run, say)
     return report
 
 
@@ -103,9 +107,24 @@ RUN_OUTPUTS = ("graph.json", "plan.json", "report.json", "report.txt", "schedule
 # not write them again (--save none, a killed run), since they are what an earlier run trained.
 
 
-def _remove_earlier_outputs(out: Path, started: float, say: Say) -> None:
+def _holds_a_run_report(out: Path) -> bool:
+    """Whether `out` holds an earlier run's report.json (one of ours, not a file of that name)."""
+    from edge_remat_agent.formats.fields import load_json
+    try:
+        report = load_json(out / "report.json")
+    except (OSError, ValueError):
+        return False
+    return isinstance(report, dict) and {"status", "model", "device"} <= report.keys()
+
+
+def _remove_earlier_outputs(out: Path, started: float, earlier_run: bool, say: Say) -> None:
     """Once this run has written its report: removes the outputs an earlier run left in
-    `out` that this run did not replace (only files of RUN_OUTPUTS' names, older than it)."""
+    `out` that this run did not replace (only files of RUN_OUTPUTS' names, older than it),
+    where `out` held an earlier run's report when this run started. A folder that held
+    none is not a run's: files of those names there are the user's (QA: someone's
+    sweep.json and memory.png were removed)."""
+    if not earlier_run:
+        return
     before = started - 2.0  # a filesystem may keep times to the second (or two: FAT)
     stale = [out / name for name in RUN_OUTPUTS
              if (out / name).is_file() and (out / name).stat().st_mtime < before]

@@ -266,7 +266,10 @@ class Board:
         for name in names:
             if not isinstance(name, str) or "/" in name or name.startswith("."):
                 raise TransportError(f"job {record['id']} lists a bad output name {name!r}")
-            fetched.append(self.fetch(f"jobs/{record['id']}/files/{name}", dest / name))
+            try:
+                fetched.append(self.fetch(f"jobs/{record['id']}/files/{name}", dest / name))
+            except OSError as exc:  # this machine's disk (full, say): the board keeps them
+                raise _not_fetched(exc, record["id"], dest / name, self.device) from None
         return fetched
 
     def stat(self, remote: str, with_hash: bool = True) -> dict:
@@ -426,3 +429,16 @@ def dumps(record: dict) -> str:
 
 
 __all__ = ["Board", "make_transport", "summary", "build_agent_archive"]
+
+
+def _not_fetched(exc: OSError, job: str, local: Path, device) -> OSError:
+    """The error of a job's output that could not be written here, naming the file and how
+    to fetch the job's outputs again (QA: a full disk said only 'No space left on device',
+    with its .part left behind)."""
+    local.with_name(local.name + ".part").unlink(missing_ok=True)
+    limit = device.hardware.memory_limit_bytes
+    again = f"edge-remat job-status {job} --device {device.name}" + \
+        (f" --memory-limit {limit}" if limit and device.connection.kind == "local" else "") + \
+        f" --out {local.parent}"
+    return OSError(exc.errno, f"{exc.strerror or exc}; job {job}'s outputs stay on the board: "
+                   f"make room, then fetch them with `{again}`", str(local))
