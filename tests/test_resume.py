@@ -249,7 +249,9 @@ def test_the_training_identity_holds_the_trainable_dtype():
     ('{"jobs": [{"job": "run-1"}]}', "'jobs[0].device': expected a value"),
     ('{"jobs": [], "checkpoint_every": "x"}', "'checkpoint_every': expected an integer"),
     ('[1]', "'<root>': expected a JSON object"),
-], ids=["job-a-number", "job-without-device", "every-a-word", "a-list"])
+    # QA: a file cut short was read as none, and the run went on and wrote over it
+    ('{"jobs": 5', "checkpoint.json is not JSON"),
+], ids=["job-a-number", "job-without-device", "every-a-word", "a-list", "cut-short"])
 def test_a_damaged_checkpoint_record_is_refused_naming_its_field(tmp_path, record, field):
     # OUT/checkpoint.json's jobs say where --resume looks for a newer checkpoint than OUT's; a
     # damaged one was read as it was: `run --resume OUT` ended in an internal error

@@ -232,8 +232,10 @@ def check_checkpoint_options(opts: RunOptions) -> None:
         raise RunProblem(f"--resume {folder}: no such folder (give the --out folder of a run "
                          "made with --checkpoint-every)")
     if not any(os.path.isfile(os.path.join(folder, name)) for name in (RECORD, CHECKPOINT_FILE)):
-        raise RunProblem(f"--resume {folder}: no checkpoint there: the run in it was made "
-                         "without --checkpoint-every; run again with it")
+        raise RunProblem(f"--resume {folder}: no checkpoint there (neither {RECORD} nor "
+                         f"{CHECKPOINT_FILE}): the run in it was made without "
+                         "--checkpoint-every, or they were removed; run again with "
+                         "--checkpoint-every")
     if opts.out != run_default("out") and \
             os.path.realpath(opts.out) != os.path.realpath(folder):
         raise RunProblem(f"--resume {folder} writes into that folder, and --out gives "

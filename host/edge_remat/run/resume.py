@@ -74,23 +74,27 @@ def checkpoint_every(opts: RunOptions) -> int:
 
 
 def read_record(out: Path) -> dict:
-    """OUT/checkpoint.json ({} where there is none, or it is not JSON). One whose fields are
-    damaged is refused naming the field: its jobs say where a newer checkpoint than OUT's may
-    be, and were read as they were (a job that was a number: an internal error)."""
+    """OUT/checkpoint.json ({} where there is none). One that is not JSON, or whose fields
+    are damaged, is refused naming what is wrong: its jobs say where a newer checkpoint than
+    OUT's may be, and were read as they were (a job that was a number: an internal error; a
+    file cut short: read as none, and written over)."""
     from edge_remat_agent.formats import FormatError
     from edge_remat_agent.formats.fields import Reader
     try:
-        record = json.loads((out / RECORD).read_text())
-    except (OSError, ValueError):
+        text = (out / RECORD).read_text()
+    except OSError:
         return {}
     try:
+        record = json.loads(text)
         reader = Reader(record, str(out / RECORD))
         for k in range(len(reader.list("jobs", []))):
             job = reader.item("jobs", k)
             job.str("job"), job.str("device")
         reader.integer("checkpoint_every", 0)
-    except FormatError as error:
-        raise RunProblem(f"--resume {out}: {error}; remove {out / RECORD} to go on from "
+    except (FormatError, ValueError) as error:  # FormatError is one too
+        what = error if isinstance(error, FormatError) else \
+            f"{out / RECORD} is not JSON ({error})"
+        raise RunProblem(f"--resume {out}: {what}; remove {out / RECORD} to go on from "
                          f"{out / CHECKPOINT_FILE} alone") from None
     return record
 
