@@ -320,6 +320,32 @@ def test_a_budget_above_the_plain_peak_is_said_in_words_not_a_percentage_over_10
     assert "budget 221.00 MiB, above the plain peak of 20.50 MiB: no recomputation" in line
 
 
+def test_a_kernel_peak_below_the_runtime_baseline_measures_no_physical_memory():
+    """QA: under --memory-limit 1TiB (past this machine's RAM) the report read 'physical
+    memory of training (kernel peak - runtime baseline of 300.94 MiB): -33.18 MiB ... (-1.65x)'.
+    A peak below the baseline measured nothing, and no figure is given."""
+    from edge_remat.reports.run_report import build_report, report_text
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
+                          result={"steps": [], "runtime_baseline_bytes": 300 * 2**20},
+                          plan={"budget_bytes": 30 * 2**20,
+                                "predicted": {"peak_bytes": 20 * 2**20}},
+                          kernel_peak_bytes=267 * 2**20, memory_limit_bytes=2**40)
+    assert report["training_physical_bytes"] is None
+    assert "physical memory of training" not in report_text(report)
+
+
+@pytest.mark.slow  # a real run on the local board (~15 s, in a memory cgroup: root)
+def test_a_memory_limit_past_this_machines_ram_is_a_warning(tmp_path):
+    from edge_remat.cgroup import unavailable_reason
+    if (reason := unavailable_reason()) is not None:
+        pytest.skip(f"no memory cgroup: {reason}")
+    proc = _run("--budget", "98%", "--profile", PROFILE, "--no-grad-check", "--memory-limit",
+                "1TiB", "--out", tmp_path / "out", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: --memory-limit 1024.00 GiB is more than this machine's" in proc.stderr
+    assert "the limit never binds" in proc.stderr
+
+
 @pytest.mark.slow  # a real run on the local board (~15 s); mounts a tmpfs (root)
 def test_a_full_disk_while_fetching_names_the_file_and_the_way_back_and_keeps_the_plan(
         tmp_path):

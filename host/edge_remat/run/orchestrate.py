@@ -14,6 +14,7 @@ the board by design does not have.
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from ..devices import DeviceConfig
 from ..errors import EXIT_BAD_INPUT, Interrupted, classify, killed_by_memory
 from ..remote import full_result
 from ..transport import Board, JobFailed, JobOutOfReach
-from ..units import Budget, budget_against_plain
+from ..units import Budget, budget_against_plain, fmt_bytes
 from .job_end import ENDED_WELL, ended_well_status
 from .options import (RunOptions, RunProblem, check_data_fits, check_init_fits, check_options,
                       flash_allowed, for_board, paging_with_flash, run_data)
@@ -52,6 +53,12 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
 
     device = find_board(opts.device, opts.memory_limit)
     check_options(opts, device)
+    if opts.memory_limit and (ram := _this_machines_ram()) and opts.memory_limit > ram:
+        # QA: 1 TiB on a 24 GiB machine ran as if unlimited, and its report's figures read
+        # as a board's
+        say(f"warning: --memory-limit {fmt_bytes(opts.memory_limit)} is more than this "
+            f"machine's {fmt_bytes(ram)} of RAM: the limit never binds, so the run is not "
+            "that board's")
     opts = for_board(opts, device)
     if opts.resume:  # the resumed run's outputs go where the earlier run's are
         import dataclasses
@@ -105,6 +112,13 @@ RUN_OUTPUTS = ("graph.json", "plan.json", "report.json", "report.txt", "schedule
                "memory.png", "sweep.json", "sweep.png")
 # The trained weights (--save, OUT/weights.pt) are not among them: not removed when a run does
 # not write them again (--save none, a killed run), since they are what an earlier run trained.
+
+
+def _this_machines_ram() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
 
 
 def _holds_a_run_report(out: Path) -> bool:
