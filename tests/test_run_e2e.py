@@ -79,6 +79,19 @@ def test_plain_training_is_killed_by_the_limit_and_says_so_in_one_line(emulated)
 
 
 @needs_cgroup
+def test_with_json_a_killed_run_has_its_error_in_the_object_and_on_stderr(emulated):
+    # QA: exit 4 with `"status": "killed"` and no `error`, nor an `error:` line, against
+    # docs/errors.md's promise for every failure with --json
+    code, out, err = cli("run", "--device", "bench-emulated", *MODEL, "--plain",
+                         "--steps", 2, "--out", emulated / "plain-json", "--json")
+    assert code == 4, (out, err)
+    report = json.loads(out)
+    assert report["status"] == "killed"
+    assert report["error"].startswith("killed by the memory limit at step 1"), report["error"]
+    assert err.strip().splitlines()[-1] == f"error: {report['error']}"
+
+
+@needs_cgroup
 def test_the_planned_run_finishes_under_the_same_limit(emulated):
     # Data: the model's example batch every step (ResNet-18 has no bundled data set; digits are
     # 1x8x8). Five SGD steps (lr 0.01, momentum 0.9) on one fixed batch fit it: the loss falls

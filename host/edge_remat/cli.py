@@ -1126,6 +1126,9 @@ def run_command(
     report = run(options, say=to_stderr)
     killed = report["status"] == "killed"
     if as_json:
+        if killed:  # as every failure with --json: `error` in the object, the line on stderr
+            report = {**report, "error": _killed_line(report)}
+            to_stderr(f"error: {report['error']}")
         print(json.dumps(report, default=str))
     elif killed:
         typer.echo(_killed_line(report))
