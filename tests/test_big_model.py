@@ -264,9 +264,10 @@ def test_params_home_auto_moving_to_flash_plans_with_a_profile_of_the_flash_grap
 @pytest.mark.cgroup
 @pytest.mark.skipif(CGROUP is not None, reason=f"no memory cgroup: {CGROUP}")
 @pytest.mark.parametrize("limit, said", [
-    # 380 - 231 runtime - 160 headroom < 0: nothing left
+    # 380 - 231 runtime - 160 headroom < 0: nothing left, and the limit that leaves the floor
+    # (QA: it named none)
     ("380MiB", "leaves nothing for training after the runtime's own 231 MiB and 160 MiB "
-               "headroom"),
+               "headroom: give --memory-limit 658MiB or more"),
     # a budget of 209 MiB, below the floor (267 MiB): the limit that leaves the floor (908 MiB
     # while the weight store's read-ahead took 250 MiB more: plans now read ahead themselves)
     ("600MiB", "that budget is what the 600 MiB memory limit leaves after the runtime's own "

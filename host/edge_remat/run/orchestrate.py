@@ -426,9 +426,27 @@ def run_budget(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) ->
     taken, what = limit_overheads(chosen.profile)
     left = limit - taken
     if left <= 0:
-        raise RunProblem(f"the memory limit ({limit / 2**20:.0f} MiB) leaves nothing for "
-                         f"training after {what}")
+        raise NoRoomUnderLimit(f"the memory limit ({limit / 2**20:.0f} MiB) leaves nothing "
+                               f"for training after {what}")
     return Budget(bytes=left)
+
+
+class NoRoomUnderLimit(RunProblem):
+    """A memory limit that leaves no budget at all beside the runtime and its headroom."""
+
+
+def _with_floor(error: NoRoomUnderLimit, make_problem, chosen: ChosenProfile) -> RunProblem:
+    """The error naming the limit to give: the floor's, as a budget the limit leaves too
+    small names it (QA: this one named none)."""
+    from ..planner.problem import InfeasibleBudget
+    try:
+        make_problem("1B").check_budget()  # refused, naming the floor
+    except InfeasibleBudget as infeasible:
+        if infeasible.smallest_bytes:
+            taken, _ = limit_overheads(chosen.profile)
+            least = math.ceil((infeasible.smallest_bytes + taken) / 2**20)
+            return RunProblem(f"{error}: give --memory-limit {least}MiB or more")
+    return error
 
 
 def limit_overheads(profile: Profile | None) -> tuple[int, str]:
@@ -479,9 +497,12 @@ def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceC
     """Whether the budget is below the smallest one this graph can meet."""
     from ..planner.build import build_problem
     from ..planner.problem import InfeasibleBudget
-    problem = build_problem(graph, run_budget(opts, device, chosen),
-                            chosen.profile, opts.objective, opts.deadline, opts.paging,
-                            plain_peak=plain_peak)
+    try:
+        budget = run_budget(opts, device, chosen)
+    except NoRoomUnderLimit:
+        return True
+    problem = build_problem(graph, budget, chosen.profile, opts.objective, opts.deadline,
+                            opts.paging, plain_peak=plain_peak)
     try:
         problem.check_budget()
     except InfeasibleBudget:
@@ -522,7 +543,11 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
         return build_problem(graph, budget, chosen.profile, opts.objective, opts.deadline,
                              opts.paging, plain_peak=plain_peak)
 
-    problem = make_problem(run_budget(opts, device, chosen))
+    try:
+        budget = run_budget(opts, device, chosen)
+    except NoRoomUnderLimit as error:
+        raise _with_floor(error, make_problem, chosen) from None
+    problem = make_problem(budget)
     say(f"planning: {budget_against_plain(problem.budget_bytes, plain_peak)}, {opts.objective}")
     solved = solve(problem, opts.solver, opts.time_limit)
     from ..planner.arena import plan_arena
