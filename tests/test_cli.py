@@ -119,6 +119,10 @@ def test_plan_vgg16_then_simulate(cli, tmp_path):
     assert replay["valid"] is True and replay["fits_budget"] is True
     assert replay["peak_bytes"] == out["peak_bytes"]
     assert replay["tdi_percent"] == pytest.approx(out["tdi_percent"])
+    # replayed as it was scored (QA: nothing to page, so the plan said sync and no step
+    # time, and simulate said overlap with one)
+    assert replay["io"] == saved["predicted"]["io"] == "sync"
+    assert replay["step_time_s"] == saved["predicted"]["step_time_s"] is None
 
 
 @needs_shared

@@ -46,7 +46,10 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
                         f"({graph.fingerprint()}): give the graph it was planned for, or plan "
                         f"again with `edge-remat plan --graph {graph_name}`")
     costs = replay_costs(plan, graph, profile)
-    io = "overlap" if plan.problem.get("io") == "overlap" else "sync"  # as it was planned
+    # as it was scored: a plan with nothing to page is scored synchronously whatever its
+    # problem's io (QA: simulate said overlap with a step time where the plan said sync)
+    scored = plan.predicted.get("io") or plan.problem.get("io")
+    io = "overlap" if scored == "overlap" else "sync"
     return simulate(graph, costs, plan.stages, plan.budget_bytes, io=io)
 
 
