@@ -13,6 +13,8 @@ from helpers.bad_inputs import BAD_INPUT, cli, no_new_files, refused, tiny_graph
 # (case, how to break the tiny graph's JSON, words the error line must hold)
 GRAPH_CASES = [
     ("truncated", lambda g: json.dumps(g)[:40], ["valid JSON"]),
+    # QA: "expected valid JSON, got 'Expecting value'"
+    ("empty", lambda g: " \n", ["an empty file"]),
     ("a list", lambda g: json.dumps([g]), ["JSON object"]),
     ("wrong format", lambda g: json.dumps({**g, "format": "edge-remat/plan"}), ["format"]),
     ("future version", lambda g: json.dumps({**g, "version": 99}), ["version"]),

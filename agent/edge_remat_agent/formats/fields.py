@@ -128,6 +128,8 @@ def load_json(path: str | Path) -> Any:
     except UnicodeDecodeError as exc:
         raise FormatError(str(path), f"<byte {exc.start}>", "UTF-8 text (the file is cut short "
                           "or not JSON)", exc.reason) from None
+    if not text.strip():  # QA: "expected valid JSON, got 'Expecting value'"
+        raise FormatError(str(path), "<file>", "a JSON document", "an empty file")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
