@@ -234,6 +234,23 @@ def test_too_little_disk_is_refused_before_the_first_step(user_capture, tmp_path
         run_plan(captured.graph, plan, 1, str(tmp_path), captured=captured)
 
 
+def test_too_little_disk_for_flash_homed_parameters_names_their_remedy(tmp_path, monkeypatch):
+    """QA: parameters homed on flash that the page folder cannot hold were refused as
+    '(all pages of a step)' with the remedy 'plan with less paging', for a plan that pages
+    nothing. The refusal names them and --params-home ram."""
+    from edge_remat.planner.build import build_problem
+    from edge_remat.planner.solve import solve
+    from edge_remat_agent.executor import ExecutorError
+    monkeypatch.setattr(FlashStore, "free_bytes", lambda self: 100)  # a full disk's answer
+    captured = capture_model("mlp", params_home="flash")
+    plan = solve(build_problem(captured.graph, 1.0, paging="none"), "heuristic:keep-all").plan
+    with pytest.raises(ExecutorError) as refused:
+        run_plan(captured.graph, plan, 1, str(tmp_path / "pages"), captured=captured)
+    message = str(refused.value)
+    assert "parameters and optimizer state homed on flash" in message, message
+    assert "--params-home ram" in message and "less paging" not in message
+
+
 def test_running_out_of_memory_names_the_instruction(user_capture, monkeypatch):
     from edge_remat_agent.capture.replay import StepRunner
     captured = user_capture()

@@ -58,7 +58,8 @@ def open_stores(plan: Plan, graph: Graph, page_dir: str | None,
                 except PageStoreError as error:
                     raise ExecutorError(str(error)) from error
                 opened.append(store)
-                _check_room(store, paged_bytes_by_tier(plan, graph)["flash"])
+                _check_room(store, paged_bytes_by_tier(plan, graph)["flash"],
+                            "plan with less paging", "all pages of a step")
                 stores[tier] = store
             else:
                 on_cuda = device is not None and device.type == "cuda"
@@ -101,7 +102,10 @@ def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool 
         needed = sum(n.out_bytes for n in graph.nodes if n.kind == "param") + \
             sum(n.attrs.get("state_bytes", 0) + n.attrs.get("sum_bytes", 0)
                 for n in graph.nodes if "home" in n.attrs and n.kind == "update")
-        _check_room(store, needed)
+        # the parameters' home, which no plan pages (QA: the remedy said "plan with less
+        # paging" for a plan with no page-outs)
+        _check_room(store, needed, "keep the parameters in RAM (--params-home ram)",
+                    "the parameters and optimizer state homed on flash")
         groups = [node.attrs["params"] for node in graph.nodes if node.kind == "param"]
         home = ParameterHome(store, module, list(homes), frozen, groups)
         try:  # the move out is set-up: the steps' own store errors are the interpreter's
@@ -199,11 +203,11 @@ def host_link_store(plan: Plan, address: str | None,
                             "`edge-remat run`, which start the host's page service") from error
 
 
-def _check_room(store: FlashStore, needed: int) -> None:
-    """Refuse before the first step when the plan's pages cannot fit on that filesystem."""
+def _check_room(store: FlashStore, needed: int, last_resort: str, what: str) -> None:
+    """Refuse before the first step when `what` (`needed` bytes) cannot fit on that
+    filesystem; the remedy ends with `last_resort`."""
     free = store.free_bytes()
     if free is not None and needed > free:
         raise ExecutorError(str(PageStoreFull(
-            "(all pages of a step)", store.page_dir, needed, free_bytes=free,
-            cause="checked before the first step",
-            remedy=full_remedy("plan with less paging"))))
+            f"({what})", store.page_dir, needed, free_bytes=free,
+            cause="checked before the first step", remedy=full_remedy(last_resort))))
