@@ -598,3 +598,21 @@ def test_status_labels_do_not_contradict_themselves(cli, tmp_path):
         assert "proven optimal by cpsat" in rows["status"]
     if solver["status"] == "optimal" and solver["gap"] > 1e-6:
         assert "optimal in the solver's own model" in rows["gap"]
+
+
+def test_simulate_with_another_boards_profile_says_so(cli, tmp_path):
+    """QA: a plan made with the Pi 4's profile, replayed with the Orin Nano's, gave another
+    step time with no word of it (without --profile it says which profile made the plan)."""
+    graph = Path(__file__).resolve().parents[1] / "examples" / "graphs" / "tiny_cnn_train.json"
+    profiles = Path(__file__).resolve().parents[1] / "profiles"
+    plan = tmp_path / "plan.json"
+    made = cli("plan", "--graph", graph, "--budget", "0.9", "--profile", profiles / "rpi4.json",
+               "--time-limit", 3, "-o", plan)
+    assert made.returncode == 0, made.stderr
+    other = cli("simulate", plan, "--graph", graph, "--profile",
+                profiles / "jetson-orin-nano.json")
+    assert other.returncode == 0, other.stderr
+    assert "the plan was made with the profile 'Raspberry Pi 4" in other.stderr
+    assert "replayed here with 'Jetson Orin Nano" in other.stderr
+    same = cli("simulate", plan, "--graph", graph, "--profile", profiles / "rpi4.json")
+    assert "the plan was made with" not in same.stderr

@@ -406,6 +406,11 @@ def simulate(
     if planned_with and prof is None:
         to_stderr(f"note: the plan was made with the profile '{planned_with}' and is replayed "
                   "here with the graph's own costs; give --profile for its times and energy")
+    elif planned_with and prof is not None and prof.name and prof.name != planned_with:
+        # QA: another board's profile gave another time and said nothing of it
+        to_stderr(f"note: the plan was made with the profile '{planned_with}' and is replayed "
+                  f"here with '{prof.name}': its times and energy are that board's, not the "
+                  "plan's recorded ones")
     if (stale := recorded_figures_warning(p, plan_file, summary, prof)) is not None:
         to_stderr(stale)
     # A plan that breaks its own budget is bad input, not a job that failed on a board.
