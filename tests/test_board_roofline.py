@@ -96,7 +96,20 @@ def test_plan_says_a_profile_is_modelled_and_a_budget_above_its_board(graph, tmp
                    cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "is modelled: it times no operator" in done.stderr
+    assert "rescaled to the board's published compute rates" in done.stderr
     assert "warning: the budget" in done.stderr and "192.00 KiB" in done.stderr
+
+
+def test_the_modelled_note_says_a_graph_without_an_estimate_keeps_its_own_times(tmp_path):
+    """QA: a hand-written graph (no capture estimate) planned with the Pi 4's profile took the
+    same 1.473 s as without it, while the note said its times were rescaled."""
+    tiny = ROOT / "examples" / "graphs" / "tiny_cnn_train.json"
+    done = run_cli("plan", "--graph", str(tiny), "--budget", "1.0", "--profile",
+                   str(ROOT / "profiles" / "rpi4.json"), "--solver", "heuristic:keep-all",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "node times are the graph's own (it holds no capture's estimate" in done.stderr
+    assert "rescaled" not in done.stderr
 
 
 def test_run_refuses_a_plan_only_profile_before_any_work(tmp_path):

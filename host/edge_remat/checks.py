@@ -141,11 +141,16 @@ def note_profile_fit(profile: Optional[Profile], graph: Graph, profile_name: str
     if profile is None:
         return
     if not profile.ops:
+        from edge_remat_agent.costs import board_roofline
         figures = "measured" if profile.source == "measured" else "published"
-        rates = (f" rescaled to the board's {figures} compute rates" if profile.compute
-                 else " (the profile gives no compute rates)")
+        times = f"the capture's estimates rescaled to the board's {figures} compute rates" \
+            if board_roofline(graph, profile) is not None else \
+            "the capture's estimates (the profile gives no compute rates)" \
+            if not profile.compute else \
+            "the graph's own (it holds no capture's estimate to rescale)"  # QA: it said
+        # "rescaled" of a hand-written graph, whose times it left as they were
         say(f"note: {profile_name} is {profile.source}: it times no operator, so node times "
-            f"are the capture's estimates{rates}, not measured; measure them with "
+            f"are {times}, not measured; measure them with "
             "`edge-remat profile --device NAME --graph GRAPH` (on a board that holds a plain "
             "step of the graph)")
         return
