@@ -314,6 +314,13 @@ def test_plan_output_through_a_link_is_written_where_it_points(tmp_path):
     assert '"edge-remat/plan"' in target.read_text()
 
 
+def test_plan_output_dash_is_refused_not_written_as_a_file_named_dash(tmp_path):
+    graph = tiny_graph(tmp_path)
+    refused(cli("plan", "--graph", graph, "--budget", "0.8", "-o", "-", cwd=tmp_path),
+            BAD_INPUT, "not to stdout")
+    assert not (tmp_path / "-").exists()
+
+
 def test_plan_output_that_is_a_pipe_is_refused_even_with_force(tmp_path):
     # QA: a FIFO (and, as root, /dev/full) became a regular file, and plan said "written"
     graph = tiny_graph(tmp_path)

@@ -22,6 +22,9 @@ def output_file(path: "str | os.PathLike[str]", force: bool, option: str = "-o",
     ({option: path}) even with `force`, not someone's existing file unless `force`, in a
     folder that exists (made here) and can be written."""
     path = Path(_named(path, option, "a file name"))
+    if str(path) == "-":  # QA: it wrote a file named "-", where tools read "-" as stdout
+        raise UserError(f"{option} - would write a file named '-', not to stdout: give a file "
+                        "name (--json prints the summary on stdout)")
     if path.is_dir():
         raise UserError(f"{option} {path} is a folder: give a file name, e.g. "
                         f"{path / 'out.json'}")
