@@ -131,8 +131,11 @@ def solve_cpsat(p: Problem, time_limit: float = 60.0, hint: list[StageDecision] 
         if listener.first is None:
             raise
         # the stopped search still holds its best solution: Ctrl-C keeps it
-        raise SearchInterrupted(decisions_from_intervals(p, model.residencies(solver)),
-                                "cpsat") from None
+        try:
+            found = model.residencies(solver)
+        except RuntimeError:  # the search ended without one to read: a plain Ctrl-C
+            raise KeyboardInterrupt from None
+        raise SearchInterrupted(decisions_from_intervals(p, found), "cpsat") from None
     elapsed = clock.perf_counter() - started
 
     status_name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "timeout",
