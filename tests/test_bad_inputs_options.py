@@ -314,6 +314,14 @@ def test_plan_output_through_a_link_is_written_where_it_points(tmp_path):
     assert '"edge-remat/plan"' in target.read_text()
 
 
+def test_profile_refuses_an_unknown_model_before_reaching_the_board(tmp_path):
+    # QA: it failed on the board, exit 1, after the job was sent; run refuses it at once
+    before = tree(tmp_path)
+    refused(cli("profile", "--device", "local", "--model", "nosuchmodel", "--out",
+                tmp_path / "p", cwd=tmp_path), BAD_INPUT, "not a zoo model", "mlp")
+    no_new_files(before, tmp_path)
+
+
 def test_plan_output_dash_is_refused_not_written_as_a_file_named_dash(tmp_path):
     graph = tiny_graph(tmp_path)
     refused(cli("plan", "--graph", graph, "--budget", "0.8", "-o", "-", cwd=tmp_path),

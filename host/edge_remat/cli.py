@@ -959,6 +959,8 @@ def profile(
         raise UserError(str(exc)) from None
     if loaded is not None:
         check_runnable(loaded, graph)
+    if model is not None:
+        _check_profile_model(model, loaded, graph, to_stderr)
     output_folder(out)
     config = find_device(device)
     if config.hardware.page_dir and "page_dir" not in values:
@@ -986,6 +988,21 @@ def profile(
                 record["result"].update({"ops": len(load_profile(fetched[0]).ops),
                                          "nodes": timed["nodes"], FIGURES_KEY: timed})
         print_outcome(record, as_json, board)
+
+
+def _check_profile_model(model: str, loaded, graph_file, say) -> None:
+    """profile --model, checked here as `run` checks it (QA: an unknown name failed on the
+    board after the job was sent, exit 1), and said where it is not the --graph's model."""
+    if ":" not in model:
+        from edge_remat_agent.zoo import MODELS
+        if model not in MODELS:
+            raise UserError(f"--model {model!r} is not a zoo model and not MODULE:FACTORY; zoo "
+                            f"models: {', '.join(sorted(MODELS))}")
+    captured = ((loaded.capture.get("source") or {}).get("model") if loaded is not None
+                else None)
+    if captured and captured != model:
+        say(f"warning: --model {model} is not the model {graph_file} was captured from "
+            f"({captured}): the footprint measured is {model}'s")
 
 
 # -- end to end: `run` (logic in run/, reports/, transport/emulated.py) -------------------
