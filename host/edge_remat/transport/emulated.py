@@ -90,13 +90,14 @@ def board_cgroup(device: DeviceConfig) -> MemoryCgroup:
     try:
         return MemoryCgroup.ensure(cgroup_name(device), device.hardware.memory_limit_bytes)
     except CgroupInUse as exc:
-        given = device.hardware.memory_limit_bytes
+        given, held = device.hardware.memory_limit_bytes, exc.limit_bytes
+        # in MiB where it is a whole number of them, else in bytes, so that it reaches it
+        size = f"{held // 2**20}MiB" if held % 2**20 == 0 else str(held)
         raise UserError(f"{device.name}'s agent already runs under a memory limit of "
-                        f"{fmt_bytes(exc.limit_bytes)}, not {fmt_bytes(given)}: give "
-                        f"--memory-limit {exc.limit_bytes // 2**20}MiB to reach it (another "
-                        "limit would resize it under its jobs), or stop it first "
-                        f"(edge-remat agent-stop --device {device.name} --memory-limit "
-                        f"{exc.limit_bytes // 2**20}MiB)") from None
+                        f"{fmt_bytes(held)}, not {fmt_bytes(given)}: give --memory-limit "
+                        f"{size} to reach it (another limit would resize it under its jobs), "
+                        f"or stop it first (edge-remat agent-stop --device {device.name} "
+                        f"--memory-limit {size})") from None
     except CgroupUnavailable as exc:
         raise TransportError(f"cannot emulate {device.name}: {exc}") from None
 
