@@ -272,3 +272,13 @@ def test_a_checkpoint_record_reads_as_written(tmp_path):
                                               {"job": "run-1", "device": "bench"}],
                                      "checkpoint_every": 2}
     assert read_record(tmp_path / "none") == {}
+
+
+def test_a_resumed_runs_step_medians_name_its_absolute_steps():
+    """QA: a run resumed after step 2 listed its one step as 3 in the table, and its miss
+    line said 'step time: step 1'."""
+    from edge_remat.reports.run_report import steady_median
+    assert steady_median([0.5], after=2) == (0.5, "step 3")
+    assert steady_median([0.5, 0.2], after=2) == (0.2, "step 4")
+    assert steady_median([0.5, 0.2, 0.6], after=4) == (0.4, "median of steps 6-7")
+    assert steady_median([0.5, 0.2, 0.6]) == (0.4, "median of steps 2-3")

@@ -191,14 +191,17 @@ def misses(report: dict) -> list[str]:
     if measured and ledger:
         out.append(f"resident peak {fmt_bytes(measured)} is {fmt_bytes(measured - ledger)} above "
                    "the tensors: interpreter, torch, allocator slack (not in the plan's model)")
-    typical, which = steady_median(report.get("step_time_s", []), report.get("job_start"))
+    after = report.get("resumed_after_step") or 0
+    typical, which = steady_median(report.get("step_time_s", []), report.get("job_start"),
+                                   after)
     predicted_time = report.get("predicted_time_s")
     if typical and predicted_time:
         source = "" if (report.get("profile") or {}).get("name") else \
             " (no operator profile: times are the graph's FLOP estimate)"
         out.append(f"step time: {which} {typical:.3g} s against {predicted_time:.3g} s "
                    f"predicted ({typical / predicted_time:.2f}x){source}")
-    typical, which = steady_median(report.get("energy_j") or [], report.get("job_start"))
+    typical, which = steady_median(report.get("energy_j") or [], report.get("job_start"),
+                                   after)
     predicted_energy = report.get("predicted_energy_j")
     if typical and predicted_energy:
         out.append(f"energy: {which} {typical:.3g} J a step against {predicted_energy:.3g} J "
@@ -206,12 +209,15 @@ def misses(report: dict) -> list[str]:
     return out
 
 
-def steady_median(values: list, starts: Optional[list] = None) -> tuple[Optional[float], str]:
+def steady_median(values: list, starts: Optional[list] = None,
+                  after: int = 0) -> tuple[Optional[float], str]:
     """The median of the steps after the first, and words that say so: the first step pays
     what later ones do not (the ops' first calls, page files made, the runner's warm-up),
     and a plan predicts the steady step. With one step, that step. `starts`: the steps'
     job_start, where the board's daemon restarted the job: each start's first step pays the
-    warm-up again (and the gradient check), and is left out too."""
+    warm-up again (and the gradient check), and is left out too. `after`: the step the run
+    resumed after, so that the words name absolute steps (QA: a run resumed after step 2
+    said "step 1" of its step 3)."""
     numbers = [v for v in values if isinstance(v, (int, float))]
     if not numbers:
         return None, ""
@@ -221,12 +227,13 @@ def steady_median(values: list, starts: Optional[list] = None) -> tuple[Optional
                 if i not in firsts and isinstance(v, (int, float))]
         if kept:
             return statistics.median(values[i] for i in kept), (
-                f"median of steps {_ranges([i + 1 for i in kept])} (the first step of each of "
-                f"the job's {len(firsts)} starts left out)")
+                f"median of steps {_ranges([after + i + 1 for i in kept])} (the first step of "
+                f"each of the job's {len(firsts)} starts left out)")
     if len(numbers) == 1:
-        return numbers[0], "step 1"
+        return numbers[0], f"step {after + 1}"
     steady = numbers[1:]
-    which = "step 2" if len(steady) == 1 else f"median of steps 2-{len(numbers)}"
+    which = f"step {after + 2}" if len(steady) == 1 else \
+        f"median of steps {after + 2}-{after + len(numbers)}"
     return statistics.median(steady), which
 
 
