@@ -17,7 +17,7 @@ from edge_remat.synthetic import published_w, random_layered
 
 def test_the_named_budget_is_given_as_an_upper_end_with_the_floor_below():
     p = build_problem(random_layered(60, seed=1), "0.8", order="given")
-    hint = _budget_found_hint(p, time.perf_counter() + 5)
+    hint = _budget_found_hint(p, time.perf_counter() + 5).text
     named = int(re.search(r"try --budget (\d+)", hint).group(1))
     # the asked budget, below the named one, plans too: the named one is not the least
     assert named > p.budget_bytes
@@ -34,7 +34,7 @@ def test_the_floor_named_is_the_one_a_smaller_budget_is_refused_at():
     small, needing at least 24350: the same command gave two floors for one graph."""
     graph = random_layered(60, seed=1)
     p = build_problem(graph, "0.8", order="given")
-    hint = _budget_found_hint(p, time.perf_counter() + 5)
+    hint = _budget_found_hint(p, time.perf_counter() + 5).text
     floor = int(re.search(r"lies between the floor, (\d+) bytes", hint).group(1))
     build_problem(graph, str(floor), order="given").check_budget()  # not refused
     try:
@@ -60,6 +60,12 @@ def test_a_short_time_limit_names_the_budget_the_feasibility_phase_got_to():
     named = int(re.search(r"try --budget (\d+)", message).group(1))
     assert "the feasibility phase got the peak down to" in message, message
     assert p.budget_bytes < named < plain_peak_in_order(p)
+    # the budgets the words name are fields too, for --json (QA: only in the words)
+    from edge_remat.errors import classify
+    floor = int(re.search(r"lies between the floor, (\d+) bytes", message).group(1))
+    assert no_plan.value.hint.try_bytes == named and no_plan.value.hint.floor_bytes == floor
+    assert classify(no_plan.value)[2] == {"budget_floor_bytes": floor,
+                                          "budget_to_try_bytes": named}
     assert evaluate(p, solve(replace(p, budget_bytes=named), "auto", 10).decisions).sim \
         .peak_bytes <= named
 
@@ -70,6 +76,6 @@ def test_with_no_time_to_try_a_budget_the_hint_says_more_time_is_needed():
     looked: it says plainly that a larger --time-limit would find one."""
     from edge_remat.planner.solve import plain_peak_in_order
     p = build_problem(random_layered(60, seed=1), "0.8", order="given")
-    hint = _budget_found_hint(p, time.perf_counter())  # no time left
+    hint = _budget_found_hint(p, time.perf_counter()).text  # no time left
     assert f"try --budget {plain_peak_in_order(p)}, or give a larger --time-limit" in hint
     assert "tried no smaller budget" in hint and "found no smaller budget" not in hint

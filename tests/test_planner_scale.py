@@ -268,7 +268,7 @@ def test_the_budget_named_says_how_far_above_the_asked_one_it_is():
     graph = random_layered(60, seed=1)
     graph.fixed_bytes = 10_000  # the ladder steps on the room beyond it
     p = build_problem(graph, "0.8", order="given")
-    hint = _budget_found_hint(p, time.perf_counter() + 5)
+    hint = _budget_found_hint(p, time.perf_counter() + 5).text
     named = int(str(hint).split("--budget ")[1].split(",")[0])
     assert f"at {named} bytes ({named - p.budget_bytes} bytes, " in hint, hint
     assert "above this budget); the least budget that plans" in hint and "x the" not in hint

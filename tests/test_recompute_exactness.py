@@ -119,7 +119,7 @@ def test_the_budget_a_no_plan_error_suggests_plans():
     parametrized model, operator level, suggested 29,211 B, where it found none)."""
     from edge_remat.planner.solve import _budget_found_hint, solve
     graph = capture_model(user_model("make_parametrized"), operator_level=True).graph
-    hint = _budget_found_hint(_near_floor(graph), time.perf_counter() + 60)
+    hint = _budget_found_hint(_near_floor(graph), time.perf_counter() + 60).text
     budget = int(re.search(r"try --budget (\d+)", hint).group(1))
     plan = solve(build_problem(graph, budget, None, "time", None, "none", {}),
                  "heuristic:peak-search").plan

@@ -116,6 +116,9 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
         return (EXIT_BAD_INPUT if exc.code in _INPUT_CODES else EXIT_UNREACHABLE), str(exc), {}
     if isinstance(exc, TransportError):
         return EXIT_UNREACHABLE, str(exc), {}
+    if isinstance(exc, NoPlan) and exc.hint is not None:  # the budgets its words name
+        return EXIT_BAD_INPUT, str(exc), {"budget_floor_bytes": exc.hint.floor_bytes,
+                                          "budget_to_try_bytes": exc.hint.try_bytes}
     if isinstance(exc, (UserError, FormatError, UnitError, NoPlan, PlanError, ProblemError,
                         CaptureError, DeviceError)):
         return EXIT_BAD_INPUT, str(exc), {}

@@ -83,8 +83,23 @@ MILP_RETRY_MIN_S = 1.0
 Progress = Callable[[float, float, float], None]
 
 
+@dataclass
+class BudgetHint:
+    """What a "no plan" error proposes: its words, the proven floor and a budget to try
+    (one the feasibility phase planned at or got down to, else the plain schedule's peak)."""
+    text: str
+    floor_bytes: int
+    try_bytes: int
+
+
 class NoPlan(ValueError):
-    """No schedule was found (or exists) for this problem; the message says which and why."""
+    """No schedule was found (or exists) for this problem; the message says which and why,
+    and `hint`, where there is one, the budgets it names (for --json: QA found them only in
+    the words)."""
+
+    def __init__(self, message: str, hint: BudgetHint | None = None):
+        super().__init__(message)
+        self.hint = hint
 
 
 @dataclass
@@ -362,15 +377,15 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
             # the limit: then more time would not help, and the line must not say it did
             gave_up = spent < GAVE_UP_SHARE * time_limit
             announce(progress, "no plan: looking for a budget that plans")
+            hint = _budget_found_hint(p, started + time_limit, more_time_helps=not gave_up,
+                                      stopped_at=left_at[0] if left_at else None)
             raise NoPlan((f"no heuristic fits: they gave up after {spent:.0f} s of the "
                           f"{time_limit:g} s allowed, no move lowering the RAM over the budget"
                           if gave_up else f"no heuristic fits within {time_limit:g} s")
                          + (f" in any of {orders} memory-aware orders" if orders > 1 else "")
                          + ", and on a graph this large "
                          f"({p.n} nodes) the exact solvers find none from scratch; "
-                         + _budget_found_hint(p, started + time_limit,
-                                              more_time_helps=not gave_up,
-                                              stopped_at=left_at[0] if left_at else None))
+                         + hint.text, hint)
         return _report(p, best_known, "feasible", None, started, time_limit, summary,
                        timing={"first_plan_s": first_plan, "best_plan_s": best_at},
                        progress=progress, **order_details)
@@ -443,7 +458,7 @@ def _costs_plain(p: Problem, evaluation: Evaluation) -> bool:
 
 
 def _budget_found_hint(p: Problem, deadline: float, more_time_helps: bool = True,
-                       stopped_at=None) -> str:
+                       stopped_at=None) -> BudgetHint:
     """What to try next: a budget that plans (_smallest_budget_hint), and, where the plan may
     page to no tier, paging, which fits any budget from the floor up (Belady's evictor): on
     random layered graphs of 5000 nodes at 0.8, where recomputation alone found no plan on
@@ -451,14 +466,14 @@ def _budget_found_hint(p: Problem, deadline: float, more_time_helps: bool = True
     hint = _smallest_budget_hint(p, deadline, more_time_helps, stopped_at)
     if p.tiers:
         return hint
-    return (hint + ", or let the plan page what recomputation cannot free (--paging flash or "
-            "host, with a profile that measured it; for flash, --flash-read-bw and "
-            "--flash-write-bw also do): paging fits any budget that holds each node with its "
-            "inputs")
+    return replace(hint, text=hint.text + ", or let the plan page what recomputation cannot "
+                   "free (--paging flash or host, with a profile that measured it; for flash, "
+                   "--flash-read-bw and --flash-write-bw also do): paging fits any budget "
+                   "that holds each node with its inputs")
 
 
 def _smallest_budget_hint(p: Problem, deadline: float, more_time_helps: bool = True,
-                          stopped_at=None) -> str:
+                          stopped_at=None) -> BudgetHint:
     """What to try next: the smallest budget of LADDER_STEPS (x the room for tensors), from the
     top down, for which the feasibility phase finds a plan before the deadline (a perf_counter
     time), else the peak of the schedule the feasibility phase stopped at (`stopped_at`, an
@@ -492,20 +507,23 @@ def _smallest_budget_hint(p: Problem, deadline: float, more_time_helps: bool = T
     above = smallest - p.budget_bytes
     above_this = f"({above} bytes, {above / p.budget_bytes:.1%}, above this budget)"
     if found is not None:
-        return (f"the feasibility phase finds a plan at {smallest} bytes {above_this}"
-                + between.format(smallest) + f": try --budget {smallest}" + more_time)
+        return BudgetHint(f"the feasibility phase finds a plan at {smallest} bytes {above_this}"
+                          + between.format(smallest) + f": try --budget {smallest}"
+                          + more_time, floor, smallest)
     if smallest != plain:
-        return (f"the feasibility phase got the peak down to {smallest} bytes {above_this} "
-                "before it stopped" + between.format(smallest)
-                + f": try --budget {smallest}" + more_time)
+        return BudgetHint(f"the feasibility phase got the peak down to {smallest} bytes "
+                          f"{above_this} before it stopped" + between.format(smallest)
+                          + f": try --budget {smallest}" + more_time, floor, smallest)
     without = (f"the schedule without recomputation in this order fits {plain} bytes "
                f"({plain / p.budget_bytes:.3g}x this budget)")
     if not tried:  # the ladder had no time: a smaller budget may well plan
-        return (f"{without}, and the time left tried no smaller budget"
-                + between.format(plain) + f": try --budget {plain}, or give a larger "
-                "--time-limit (4 s or more) to learn a smaller budget that plans")
-    return (f"{without} and the feasibility phase found no smaller budget in time"
-            + between.format(plain) + f": try --budget {plain}{more_time}")
+        return BudgetHint(f"{without}, and the time left tried no smaller budget"
+                          + between.format(plain) + f": try --budget {plain}, or give a "
+                          "larger --time-limit (4 s or more) to learn a smaller budget that "
+                          "plans", floor, plain)
+    return BudgetHint(f"{without} and the feasibility phase found no smaller budget in time"
+                      + between.format(plain) + f": try --budget {plain}{more_time}",
+                      floor, plain)
 
 
 def _peak_that_plans(p: Problem, sched, plain: int) -> int | None:
@@ -619,9 +637,9 @@ def _solve_cpsat(p, remaining, workers, best_known, first_plan, started, time_li
     if outcome.status == "infeasible":
         raise _infeasible(p, "CP-SAT")
     announce(progress, "no plan: looking for a budget that plans")
+    hint = _budget_found_hint(p, _hint_deadline(started, time_limit))
     raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and "
-                 f"{_cpsat_none_why(outcome)}); "
-                 + _budget_found_hint(p, _hint_deadline(started, time_limit)))
+                 f"{_cpsat_none_why(outcome)}); " + hint.text, hint)
 
 
 def _kept_plan_note(solver: str, status: str) -> dict:
@@ -697,8 +715,9 @@ def _solve_milp(p, remaining, backend, workers, best_known, first_plan, started,
     why = {"failed": "the MILP solver failed",
            "build-timeout": "the MILP's model took the time to build, so it was not solved"}.get(
         outcome.status, "the MILP found none in time")
+    hint = _budget_found_hint(p, _hint_deadline(started, time_limit))
     raise NoPlan(f"no schedule found within {time_limit:g} s (no heuristic fits and {why}); "
-                 + _budget_found_hint(p, _hint_deadline(started, time_limit)))
+                 + hint.text, hint)
 
 
 def _fastest_within_budget(p: Problem, solver: str, time_limit: float, backend: str,
