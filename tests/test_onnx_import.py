@@ -137,6 +137,14 @@ def test_graph_warns_that_onnx_fixes_the_shapes(small_cnn):
         "batch" in result.stderr
 
 
+@pytest.mark.parametrize("option", [["--params-home", "flash"], ["--train", "fc.*"]])
+def test_graph_refuses_options_of_a_captured_step_with_onnx(small_cnn, option):
+    # QA: accepted and ignored, the graph unchanged (as --dtype and --accumulate are refused)
+    result = CliRunner().invoke(app, ["graph", "--onnx", str(small_cnn), *option])
+    assert result.exit_code == 2, result.output
+    assert f"{option[0]} shapes a captured model's training step" in result.output
+
+
 def test_a_file_that_fixes_its_batch_is_planned_at_that_batch_and_says_so(small_cnn, tmp_path):
     """torch.onnx.export without dynamic axes fixes the batch: every size is that batch's, so
     the graph's batch is the file's and --batch, which changes nothing, says so (it was shown

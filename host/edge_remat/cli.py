@@ -513,6 +513,13 @@ def graph(
     if onnx_file is not None and operator_level:
         raise UserError("--operator-level splits a captured model's ATen ops: use it with "
                         "--model, not --onnx")
+    if onnx_file is not None:  # QA: each was accepted and ignored, the graph unchanged
+        for option, given in (("--params-home", params_home != "ram"),
+                              ("--train", bool(train))):
+            if given:
+                raise UserError(f"{option} shapes a captured model's training step: use it "
+                                "with --model, not --onnx (an imported graph keeps its "
+                                "parameters in RAM and trains them all)")
     from .granularity import granularity_mistake
     if (mistake := granularity_mistake(operator_level, max_nodes, level)) is not None:
         raise UserError(mistake)  # they were dropped in silence
