@@ -616,3 +616,17 @@ def test_simulate_with_another_boards_profile_says_so(cli, tmp_path):
     assert "replayed here with 'Jetson Orin Nano" in other.stderr
     same = cli("simulate", plan, "--graph", graph, "--profile", profiles / "rpi4.json")
     assert "the plan was made with" not in same.stderr
+
+
+@needs_shared
+def test_a_bandwidth_beside_a_graph_in_cost_units_is_a_warning(cli, tmp_path):
+    """QA: on rl100 (cost units) --flash-read-bw made paging '0.0006767 cost units', nearly
+    free, with no word that seconds were set beside cost units."""
+    graph = GRAPHS / "rl100.json"
+    given = cli("plan", "--graph", graph, "--budget", "0.6", "--paging", "flash",
+                "--flash-read-bw", "90MB", "--flash-write-bw", "40MB", "--time-limit", 3)
+    assert given.returncode == 0, given.stderr
+    assert "node costs are cost units, not seconds; --flash-read-bw" in given.stderr
+    alone = cli("plan", "--graph", graph, "--budget", "0.6", "--time-limit", 3)
+    assert "cost units, not seconds" not in alone.stderr
+

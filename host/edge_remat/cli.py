@@ -196,6 +196,8 @@ def plan(
     for line in _unused_options(ctx, costs, paging, paging_time, solver, arena,
                                 sweep is not None, bool(flash_tier), objective):
         to_stderr(f"warning: {line}")
+    if (units := _units_mixed(g, prof, bool(flash_tier))) is not None:
+        to_stderr(f"warning: {units}")
 
     plain_peak = functools.cache(lambda: plain_peak_bytes(g, prof))  # once, for fractions
 
@@ -569,6 +571,18 @@ def _warn_slow_half(module) -> None:
     from .remote import to_stderr
     if (why := slow_half_kernels(module)) is not None:
         to_stderr(f"warning: {why}")
+
+
+def _units_mixed(g, prof, flash_given: bool) -> Optional[str]:
+    """Why seconds and watts mean nothing beside a graph whose node costs are cost units (a
+    published or synthetic graph), where a profile or a flash bandwidth brings them (QA:
+    paging became '0.0006767 cost units', nearly free, and energy 5 W x cost units)."""
+    from .reports.report import COST_UNIT_SOURCES
+    if g.cost_source not in COST_UNIT_SOURCES or not (flash_given or prof is not None):
+        return None
+    what = "--flash-read-bw / --flash-write-bw" if flash_given else "the profile"
+    return (f"{g.name}'s node costs are cost units, not seconds; {what} gives seconds (and "
+            "watts), so paging and energy set beside them are on another scale")
 
 
 def _shape_options_without_effect(model: Optional[str], image: Optional[int],
