@@ -402,6 +402,8 @@ def simulate(
     p = load_plan(plan_file)
     prof = load_profile(profile) if profile else None
     note_profile_fit(prof, g, str(profile), to_stderr)
+    if (units := _units_mixed(g, prof, False)) is not None:
+        to_stderr(f"warning: {units}")
     result = replay(p, g, plan_file, graph, prof)
     summary = result.summary()
     planned_with = p.problem.get("profile")
