@@ -628,7 +628,8 @@ def test_a_bandwidth_beside_a_graph_in_cost_units_is_a_warning(cli, tmp_path):
     assert given.returncode == 0, given.stderr
     assert "node costs are cost units, not seconds; --flash-read-bw" in given.stderr
     plan = tmp_path / "plan.json"
-    alone = cli("plan", "--graph", graph, "--budget", "0.6", "--time-limit", 3, "-o", plan)
+    alone = cli("plan", "--graph", graph, "--budget", "0.9", "--time-limit", 3, "-o", plan)
+    assert alone.returncode == 0, alone.stderr
     assert "cost units, not seconds" not in alone.stderr
     replayed = cli("simulate", plan, "--graph", graph, "--profile",
                    Path(__file__).resolve().parents[1] / "profiles" / "rpi4.json")
