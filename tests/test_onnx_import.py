@@ -123,6 +123,11 @@ def test_a_file_that_is_not_onnx_is_a_clear_error(tmp_path):
         graph_from_onnx(bad)
     result = CliRunner().invoke(app, ["graph", "--onnx", str(bad)])
     assert result.exit_code == 2 and result.output.startswith("error:")
+    # a JSON file given as ONNX: protobuf's two-line parse error, on one line (QA)
+    plan_like = tmp_path / "plan.json"
+    plan_like.write_text('{"format": "edge-remat/plan"}\n')
+    result = CliRunner().invoke(app, ["graph", "--onnx", str(plan_like)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     result = CliRunner().invoke(app, ["graph"])
     assert result.exit_code == 2 and "--model/--onnx" in result.output
 

@@ -164,7 +164,10 @@ def _load(source: str):
     except OSError as exc:  # missing, a folder: as every file read (not onnx's exception)
         raise unreadable_file(source, exc, "ONNX file") from None
     except Exception as exc:
-        raise FormatError(source, "<file>", f"an ONNX model ({type(exc).__name__}: {exc})") from exc
+        # on one line: protobuf's parse error spans two (QA)
+        said = " ".join(str(exc).split())
+        raise FormatError(source, "<file>", f"an ONNX model ({type(exc).__name__}: {said})") \
+            from exc
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as exc:
