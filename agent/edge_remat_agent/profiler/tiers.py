@@ -26,6 +26,7 @@ import torch
 
 from ..formats.profile import Tier, TransferCurve
 from ..pages import FlashStore, PageStore
+from ..pages.errors import PageStoreFull, full_remedy
 from .contention import MAX_S, ComputeShare, measure_compute_share
 from .fit import LineFit, fit_line
 
@@ -175,14 +176,43 @@ def measure_flash(page_dir: str | os.PathLike, sizes: Sequence[int] = DEFAULT_SI
     """
     with FlashStore(page_dir, fsync=fsync, drop_cache=True) as store:
         free = store.free_bytes()
+        sizes, bounded = sizes_that_fit(sizes, free, str(store.page_dir))
         method = (f"FlashStore put/get in {store.page_dir}, "
                   f"{'fsync after each write' if fsync else 'no fsync'}, page cache dropped "
                   f"after each write and read (posix_fadvise DONTNEED"
-                  f"{'' if hasattr(os, 'posix_fadvise') else ': not available here'})")
+                  f"{'' if hasattr(os, 'posix_fadvise') else ': not available here'})"
+                  + bounded)
         measurement = measure_store(store, sizes, min_window_s, method, share_s)
-        measurement.weight_reads = measure_weight_reads(store.directory, sizes, min_window_s)
+        # the weight file holds one tensor of each size at once
+        in_file = [n for k, n in enumerate(sizes) if free is None or
+                   sum(sizes[:k + 1]) <= free // FREE_SHARE]
+        measurement.weight_reads = measure_weight_reads(store.directory, in_file or sizes[:1],
+                                                        min_window_s)
     measurement.capacity_bytes = capacity_bytes if capacity_bytes is not None else free
     return measurement
+
+
+FREE_SHARE = 2  # the probes take at most 1/FREE_SHARE of the page folder's free space
+
+
+def sizes_that_fit(sizes: Sequence[int], free: int | None,
+                   where: str) -> tuple[tuple[int, ...], str]:
+    """The probe sizes a page folder with `free` bytes holds (one page of each at a time, with
+    room to spare), and words for the profile's method where that left some out. QA: a page
+    folder on a 2 MiB filesystem failed `profile` with PageStoreFull at its 4 MiB probe, while
+    `run` planned for that board."""
+    if free is None:
+        return tuple(sizes), ""
+    kept = tuple(n for n in sizes if n <= free // FREE_SHARE)
+    if not kept:
+        raise PageStoreFull("(the flash probes)", where, min(sizes), free_bytes=free,
+                            cause="measuring the flash tier",
+                            remedy=full_remedy("leave page_dir out of the device config to "
+                                               "profile without a flash tier"))
+    if len(kept) == len(sizes):
+        return kept, ""
+    return kept, (f"; sizes up to {kept[-1]} bytes, the page folder having {free} bytes "
+                  "free")
 
 
 def measure_weight_reads(folder: str, sizes: Sequence[int],
