@@ -381,6 +381,9 @@ def test_a_page_folder_that_cannot_be_made_says_which_field_to_change(tmp_path):
     with pytest.raises(ValueError, match=r"cannot hold pages: .*Remedy: point page_dir"):
         _check_page_dir(plan(Instruction("page_out", "n", "flash")), str(page_dir))
     _check_page_dir(plan(Instruction("compute", "n")), str(page_dir))  # no flash: fine
+    # a page_dir that is itself a file (QA: "File exists")
+    with pytest.raises(PageStoreError, match=r"a-file is a file, not a folder\. Remedy"):
+        FlashStore(str(tmp_path / "a-file"))
 
 
 def test_the_page_folder_check_before_the_capture_imports_no_torch(tmp_path):
