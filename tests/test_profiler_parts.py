@@ -127,23 +127,15 @@ def test_flash_probes_stay_within_a_small_page_folders_free_space(tmp_path):
     """QA: on a 2 MiB filesystem `profile` failed with PageStoreFull at its 4 MiB probe. The
     probes now stop at half the free space, and the method says so; a folder without room
     for the smallest is refused naming the remedy. The disk is a real 2 MiB tmpfs (root)."""
-    import subprocess
-
+    from helpers.small_disk import small_disk
     from edge_remat_agent.pages import PageStoreFull
     from edge_remat_agent.profiler.tiers import sizes_that_fit
     assert sizes_that_fit((4096, 16384), None, "x") == ((4096, 16384), "")
     with pytest.raises(PageStoreFull, match="leave page_dir out"):
         sizes_that_fit((4096,), 4000, "x")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs",
-                                            str(disk)], capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    try:
+    with small_disk(tmp_path / "disk") as disk:
         measurement = measure_flash(disk, (4096, 65536, 262144, 4 * 2**20),
                                     min_window_s=0.002, share_s=0)
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
     assert [p.nbytes for p in measurement.points] == [4096, 65536, 262144]
     assert "sizes up to 262144 bytes, the page folder having" in measurement.method
     assert_valid_tier(measurement.fit())
