@@ -14,12 +14,12 @@ the board by design does not have.
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from edge_remat_agent.cgroup_memory import ram_total_bytes
 from edge_remat_agent.daemon.worker import OOM_RAN
 from edge_remat_agent.formats import Profile
 from edge_remat_agent.formats.fields import dump_json
@@ -53,7 +53,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
 
     device = find_board(opts.device, opts.memory_limit)
     check_options(opts, device)
-    if opts.memory_limit and (ram := _this_machines_ram()) and opts.memory_limit > ram:
+    if opts.memory_limit and (ram := ram_total_bytes()) and opts.memory_limit > ram:
         # QA: 1 TiB on a 24 GiB machine ran as if unlimited, and its report's figures read
         # as a board's
         say(f"warning: --memory-limit {fmt_bytes(opts.memory_limit)} is more than this "
@@ -112,13 +112,6 @@ RUN_OUTPUTS = ("graph.json", "plan.json", "report.json", "report.txt", "schedule
                "memory.png", "sweep.json", "sweep.png")
 # The trained weights (--save, OUT/weights.pt) are not among them: not removed when a run does
 # not write them again (--save none, a killed run), since they are what an earlier run trained.
-
-
-def _this_machines_ram() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None
 
 
 def _holds_a_run_report(out: Path) -> bool:
