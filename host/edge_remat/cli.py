@@ -1016,11 +1016,9 @@ def profile(
 def _check_profile_model(model: str, loaded, graph_file, say) -> None:
     """profile --model, checked here as `run` checks it (QA: an unknown name failed on the
     board after the job was sent, exit 1), and said where it is not the --graph's model."""
-    if ":" not in model:
-        from edge_remat_agent.zoo import MODELS
-        if model not in MODELS:
-            raise UserError(f"--model {model!r} is not a zoo model and not MODULE:FACTORY; zoo "
-                            f"models: {', '.join(sorted(MODELS))}")
+    from edge_remat_agent.zoo import not_a_model
+    if (why := not_a_model(model)) is not None:
+        raise UserError(f"--model {model!r} is {why}")
     captured = ((loaded.capture.get("source") or {}).get("model") if loaded is not None
                 else None)
     if captured and captured != model:

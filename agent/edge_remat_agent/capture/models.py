@@ -94,10 +94,9 @@ def _load(spec: str, batch: int | None, image: int | None, seq: int | None,
 
 
 def _from_zoo(name, batch, image, seq, seed):
-    from ..zoo import MODELS, ZooError, build
-    if name not in MODELS:
-        raise CaptureError(name, "not a zoo model and not MODULE:FACTORY; zoo models: "
-                           + ", ".join(sorted(MODELS)))
+    from ..zoo import ZooError, build, not_a_model
+    if (why := not_a_model(name)) is not None:
+        raise CaptureError(name, why)
     try:
         return build(name, batch=batch, image=image, seq=seq, seed=seed)
     except ZooError as exc:

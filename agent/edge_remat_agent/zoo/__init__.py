@@ -100,5 +100,13 @@ def build(name, batch=None, image=None, seq=None, seed=0, **keywords):
             raise ZooError(f"{name}: {exc}") from exc
 
 
-__all__ = ["MODELS", "READS", "ZooError", "build", "options_without_effect",
+def not_a_model(name: str) -> str | None:
+    """Why `name` names no model, where it is neither in the zoo nor MODULE:FACTORY (the
+    capture's refusal, and the host's before a job is sent); None where it may."""
+    if ":" in name or name in MODELS:
+        return None
+    return "not a zoo model and not MODULE:FACTORY; zoo models: " + ", ".join(sorted(MODELS))
+
+
+__all__ = ["MODELS", "READS", "ZooError", "build", "not_a_model", "options_without_effect",
            "unread_shape_options"]
