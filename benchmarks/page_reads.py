@@ -74,7 +74,6 @@ def read_payload(path: str, start: int, nbytes: int) -> torch.Tensor:
         return read_aligned(reader.fd, start, nbytes)
 
 
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1, 16 and 64 MiB, 3 rounds")

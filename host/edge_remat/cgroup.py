@@ -107,12 +107,12 @@ class MemoryCgroup:
             group = cls(parent / name, version)
             if group.path.is_dir() and not group.pids():
                 group.path.rmdir()  # an empty leftover: start afresh (a new peak)
-            elif group.path.is_dir() and \
-                    abs(group.limit_bytes() - int(limit_bytes)) >= os.sysconf("SC_PAGE_SIZE"):
+            elif group.path.is_dir() and abs((held := group.limit_bytes()) - int(limit_bytes)) \
+                    >= os.sysconf("SC_PAGE_SIZE"):
                 # its processes (an agent, maybe a job) live under the limit they started
                 # with: `job-status --memory-limit` with another one lowered it under a
                 # running job, which the kernel then killed (QA)
-                raise CgroupInUse(group.limit_bytes())
+                raise CgroupInUse(held)
             group.path.mkdir(exist_ok=True)
             group.set_limit(limit_bytes)
         except PermissionError as exc:

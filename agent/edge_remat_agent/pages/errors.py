@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Hashable
 
 # What to do about a page folder that cannot hold pages (flash.py; the run job checks it
@@ -14,7 +15,6 @@ PAGE_DIR_REMEDY = (f"point page_dir at a writable folder on the board ({PAGE_DIR
 
 def page_dir_not_made(page_dir: str, error: OSError) -> str:
     """A page folder that cannot be made (or a store's folder in it), and what to do."""
-    import os
     if os.path.exists(page_dir) and not os.path.isdir(page_dir):  # QA: "File exists"
         return f"page_dir {page_dir} is a file, not a folder. Remedy: {PAGE_DIR_REMEDY}"
     return (f"cannot create a page directory under {page_dir}: {error.strerror or error}. "
