@@ -26,7 +26,7 @@ from .coarsen import Group, op_name
 from .estimate import DEFAULT_RATES, Rates, op_cost, round_time
 from .optimizer import Optimizer, fixed_memory, largest_trainable_bytes, trainable_elements
 from .state import param_groups, plan_state
-from .storage import (Storage, aliased_input, storage_nbytes, storages,
+from .storage import (Storage, aliased_input, storage_nbytes,
                       unpicked_result_nbytes)
 from .trace import JointTrace
 
@@ -49,7 +49,7 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
     their gradients are fixed memory (accumulation.py), but for groups homed on a tier, whose
     sums live there between their update nodes (state.py)."""
     fused = update == "fused"
-    store = storages(trace.graph_module)
+    store = trace.storages()
     groups = _gradient_views_with_their_storage(trace, groups, store)
     group_of = {name: i for i, g in enumerate(groups) for name in g.members}
     fixed_roots = {s.root for name, s in store.items() if trace.node(name).op == "placeholder"}
@@ -132,7 +132,7 @@ def _step_state_bytes(trace: JointTrace, store: dict[str, Storage]) -> int:
     schedule: the new batch-norm statistics (applied once, after the optimizer step), the loss
     and d(loss)/d(loss). Fixed memory, so that the plan's peak is the executor's: counted by
     their storages, as the executor's ledger counts them (a loss may keep a larger one).
-    `store`: storages(trace.graph_module)."""
+    `store`: trace.storages()."""
     names = [*trace.buffer_updates, trace.loss, trace.tangent]
     return sum({store[name].root: store[name].nbytes for name in names if name in store}.values())
 
@@ -177,7 +177,8 @@ def _planner_node(index: int, group: Group, links, outputs: list[str], trace: Jo
                      and store[name].root not in fixed_roots}
     out_bytes = sum(store[root].nbytes for root in own_out_roots)
     peak = _transient_peak(members, store, member_set, own_out_roots, fixed_roots)
-    costs = [op_cost(n, n.name in store and store[n.name].root != n.name, rates) for n in members]
+    costs = [_op_cost(trace, n, n.name in store and store[n.name].root != n.name, rates)
+             for n in members]
     attrs = {
         "members": list(group.members),
         "outputs": outputs,
@@ -199,12 +200,18 @@ def _planner_node(index: int, group: Group, links, outputs: list[str], trace: Jo
     if any(_draws_random_numbers(n) for n in members):
         attrs["random"] = True
     main = _main_op(members, costs)
+    structure = trace.memo(("structure", *group.members), lambda: _structure_hash(members))
     name = group.label or ((group.scope or "model") if group.kind == "forward" else
                            "loss" if group.kind == "loss" else f"{group.scope or 'loss'}.backward")
     return Node(id=index, name=name, kind=group.kind, op=main, inputs=sorted(inputs),
                 out_bytes=out_bytes, workspace_bytes=max(0, peak - out_bytes),
                 time_s=round_time(sum(c.time_s for c in costs)),
-                signature=f"{main}:{_structure_hash(members)}", attrs=attrs)
+                signature=f"{main}:{structure}", attrs=attrs)
+
+
+def _op_cost(trace: JointTrace, node: fx.Node, is_alias: bool, rates: Rates):
+    return trace.memo(("op_cost", node.name, is_alias, rates),
+                      lambda: op_cost(node, is_alias, rates))
 
 
 def _view_chain(node: fx.Node) -> tuple[list[str], fx.Node]:

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 from torch import fx
 
-from .storage import storages
 from .trace import SCOPE_KEY, JointTrace
 
 # Ops that are a layer's main work: at the finest level a module's ops are split before each one.
@@ -247,7 +246,7 @@ def _merge_forward_only_outputs(groups: list[Group], trace: JointTrace,
     there would keep the forward-only tensor alive until backward, which eager PyTorch does not.
     `may_merge(groups)`, where given, may refuse a merge.
     """
-    store = storages(trace.graph_module)
+    store = trace.storages()
     aliases: dict[str, list[fx.Node]] = {}
     for name, s in store.items():
         aliases.setdefault(s.root, []).append(trace.node(name))

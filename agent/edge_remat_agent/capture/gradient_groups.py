@@ -27,7 +27,6 @@ import operator
 from torch import fx
 
 from .coarsen import Group
-from .storage import storages
 from .trace import JointTrace
 
 
@@ -91,7 +90,7 @@ def _a_gradient(trace: JointTrace, node: fx.Node) -> bool:
 
 def _allocating(trace: JointTrace) -> dict[str, int]:
     """The values that own a storage (views own none), and its bytes."""
-    return {name: s.nbytes for name, s in storages(trace.graph_module).items()
+    return {name: s.nbytes for name, s in trace.storages().items()
             if s.root == name}
 
 

@@ -37,7 +37,6 @@ from ..formats import FormatError, Graph
 from ..formats.graph import check_order
 from .coarsen import (MAX_MERGE_SPAN, Group, _merge_forward_only_outputs, _ops,
                       _split_at_heavy_ops, op_name)
-from .storage import storages
 from .trace import JointTrace
 
 BuildGraph = Callable[[list[Group]], Graph]
@@ -185,7 +184,7 @@ class _Splitter:
     def __init__(self, trace: JointTrace):
         self.trace = trace
         self.ops = {op.node.name: op for op in _ops(trace)}
-        store = storages(trace.graph_module)
+        store = trace.storages()
         self.roots = {name: s.root for name, s in store.items()}
         self.allocates = {name for name, s in store.items() if s.root == name}
         for node in trace.compute_nodes:  # an op with several results allocates through them

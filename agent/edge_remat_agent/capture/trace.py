@@ -19,7 +19,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx.traceback as fx_traceback
@@ -61,6 +61,9 @@ class JointTrace:
     capture_s: float = 0.0
     roots: dict[str, str] | None = field(default=None, repr=False)  # see storage_roots
     _by_name: dict[str, fx.Node] = field(default_factory=dict, init=False, repr=False)
+    # What every assembly of a grouping computes again (refinement assembles the graph once per
+    # split): pure functions of the graph, forgotten when it changes (see `memo`).
+    _memo: dict = field(default_factory=dict, init=False, repr=False)
 
     @property
     def compute_nodes(self) -> list[fx.Node]:
@@ -74,6 +77,7 @@ class JointTrace:
     def graph_changed(self) -> None:
         """After a rewrite of the graph: names are looked up afresh, the code is regenerated."""
         self._by_name = {}
+        self._memo = {}
         self.graph_module.recompile()
 
     def constants(self) -> dict[str, torch.Tensor]:
@@ -83,12 +87,23 @@ class JointTrace:
         gm = self.graph_module
         return {n.name: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
 
+    def memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """compute(), kept under `key` until the graph changes: for values that depend on the
+        graph alone (and on what the key holds)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def storages(self) -> dict:
+        """storage.storages of the graph (value name -> Storage); the caller must not change it."""
+        from .storage import storages
+        return self.memo(("storages",), lambda: storages(self.graph_module))
+
     def storage_roots(self) -> dict[str, str]:
         """Tensor value name -> the value that owns its storage (storage.py; kept as given when
         the graph was rebuilt from a Program, whose nodes carry no fake values)."""
         if self.roots is None:
-            from .storage import storages
-            self.roots = {name: s.root for name, s in storages(self.graph_module).items()}
+            self.roots = {name: s.root for name, s in self.storages().items()}
         return self.roots
 
     def signature(self) -> dict[str, Any]:
