@@ -145,6 +145,17 @@ def test_parameters_after_the_steps_equal_plain_pytorch(label, spec, optimizer, 
         assert frozen and all(torch.equal(initial[n], actual[n]) for n in frozen)
 
 
+def test_the_ledger_counts_a_gradient_that_is_a_view_as_a_gradient(tmp_path):
+    """mlp's weight gradients are transposes of an mm's result: the ledger keys them by the mm,
+    and counted them as activations (the report's memory line said gradients 6.0 / 0.0 and
+    activations 0.0 / 6.0). At the peak, where the plan holds every gradient, both count alike."""
+    captured, plan, report = _planned("mlp", "sgd", "ram", 0.9, tmp_path, steps=1)
+    split = report["memory_by_class"]
+    assert report["steps"][0]["ledger_peak_bytes"] == report["predicted_peak_bytes"]
+    assert split["planned"]["gradients"] > 0
+    assert split["measured"] == split["planned"]
+
+
 def test_each_optimizers_state_bytes_are_what_torch_keeps():
     """The planner's optimizer state (copies of the trainable parameters, plus a step count per
     tensor) against the state torch's optimizer really holds after a step, for every optimizer

@@ -86,7 +86,12 @@ def planned_at(graph: Graph, stages: Stages, at: tuple[int, int],
 def ledger_classifier(trace) -> Callable[[Hashable], str]:
     """The class of an executor ledger key (capture.replay: ("value", name, i); executor.step:
     ("fixed", what, ...); executor.updates: ("state", group, key)) for a captured trace."""
-    params, grads = set(trace.params), set(trace.grads)
+    from .capture.replay import gradient_storages
+    params = set(trace.params)
+    # a gradient by the value it lives in: the ledger keys a gradient that is a view (a
+    # weight's transposed mm) by the value that allocated it, as the plan counts its bytes
+    grads, grad_elements = gradient_storages(trace)
+    grads |= set(trace.grads)
 
     def classify(key: Hashable) -> str:
         if not isinstance(key, tuple) or not key:
@@ -100,7 +105,7 @@ def ledger_classifier(trace) -> Callable[[Hashable], str]:
         name = key[1] if len(key) > 1 else None
         if name in params:
             return "parameters"
-        if name in grads:
+        if name in grads or (len(key) > 2 and key[2] in grad_elements.get(name, ())):
             return "gradients"
         if name in trace.buffers or name in trace.user_inputs:
             return "inputs"

@@ -211,7 +211,7 @@ class StepRunner:
         # Fused graphs plan gradients as node outputs; "step" graphs hold them as fixed memory.
         self.fused = graph.capture.get("update") == "fused"
         self._gradient_values, self._gradient_elements = (set(), {}) if self.fused else \
-            _gradient_storages(trace)
+            gradient_storages(trace)
         # Keep every gradient to the step's end (self.grads): what an optimizer step after the
         # backward needs, and the gradient check. A planned fused step turns this off: its
         # update nodes consume the gradients as they go (executor/step.py).
@@ -503,7 +503,7 @@ def _tensors(value: Any) -> list[tuple[int, torch.Tensor]]:
     return []
 
 
-def _gradient_storages(trace: JointTrace) -> tuple[set[str], dict[str, set[int]]]:
+def gradient_storages(trace: JointTrace) -> tuple[set[str], dict[str, set[int]]]:
     """Values that live in a gradient's storage, and for ops with several results (convolution
     backward), which result positions do: the ledger leaves them to the caller's fixed memory."""
     roots = trace.storage_roots()
