@@ -331,6 +331,48 @@ def test_ctrl_c_while_ray_starts_exits_130_with_ray_gone_and_no_token_notice(tmp
     assert _in_session(process.pid) == []  # before: the dashboard and runtime-env agents
 
 
+@pytest.mark.parametrize("moment", ["while Ray starts", "while tasks run"])
+def test_sigterm_is_an_interrupt_with_the_results_so_far_and_ray_gone(moment, tmp_path):
+    """SIGTERM (`timeout`, a batch scheduler) to the fleet's process alone. While tasks ran,
+    Ray's own handler dumped a crash report and exited 134 with no results.csv, its workers
+    left running; while Ray started, Ray's handler exited 15 saying nothing. Now each is the
+    Ctrl-C the other commands make of it: exit 130, its one line, Ray gone."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    path = tmp_path / "fleet.toml"
+    _one_mlp_on_one_board(path)  # with many budgets: tasks still run when the signal comes
+    path.write_text(path.read_text().replace('budgets = ["80%"]', f"budgets = {BUDGETS * 6}"
+                                             .replace("'", '"')))
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edge_remat", "fleet", "plan", str(path), "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+        start_new_session=True)
+    began = time.monotonic()
+
+    def ready() -> bool:
+        if moment == "while Ray starts":
+            return "raylet" in _in_session(process.pid)
+        return any((out / "mlp").glob("**/plan-*.json"))
+    while not ready():
+        assert process.poll() is None and time.monotonic() - began < 180, process.communicate()
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=180)
+    assert process.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    if moment == "while Ray starts":
+        assert last == "error: interrupted (SIGTERM)", err
+    else:
+        assert last.startswith("error: interrupted (SIGTERM) with "), err
+        assert "tasks recorded in" in last and (out / "results.csv").is_file()
+    assert "SIGTERM received" not in err  # no crash report
+    time.sleep(1)
+    assert _in_session(process.pid) == []
+
+
 def test_the_example_manifest_is_valid():
     from edge_remat.fleet.manifest import load_manifest
 

@@ -12,6 +12,7 @@ import os
 from typing import Any, Callable, NamedTuple, Optional
 
 from ..errors import UserError
+from ..planner.interrupt import sigterm_interrupt
 from .tasks import capture_outcome, plan_outcome
 
 RAY_EXTRA = "pip install -e '.[fleet]'"
@@ -76,17 +77,8 @@ class RayBackend:
             if address:
                 _check_reachable(address)
             try:
-                if address:
-                    ray.init(address=address, logging_level="warning",
-                             log_to_driver=False)
-                else:  # a local instance on this machine's cores, for this run only
-                    try:
-                        with _quiet_token_notice():
-                            ray.init(include_dashboard=False, logging_level="warning",
-                                     log_to_driver=False)
-                    except BaseException:  # Ctrl-C while it starts: its processes go too
-                        _stop_local_ray(ray)
-                        raise
+                with _sigterm_kept():
+                    self._start(ray, address)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = f"the Ray cluster at {address}" if address else "a local Ray instance"
                 raise UserError(f"cannot connect to {where}: {str(exc).splitlines()[0]} (check "
@@ -97,6 +89,18 @@ class RayBackend:
         # A crashed worker is a failed task, recorded; a re-run of the fleet tries it again.
         self._capture = ray.remote(capture_outcome)
         self._plan = ray.remote(plan_outcome)
+
+    @staticmethod
+    def _start(ray, address: Optional[str]) -> None:
+        if address:
+            ray.init(address=address, logging_level="warning", log_to_driver=False)
+            return
+        try:  # a local instance on this machine's cores, for this run only
+            with _quiet_token_notice():
+                ray.init(include_dashboard=False, logging_level="warning", log_to_driver=False)
+        except BaseException:  # Ctrl-C while it starts: its processes go too
+            _stop_local_ray(ray)
+            raise
 
     def share(self, value: Any) -> Any:
         """Put a value every task of a model or board reads in the object store, once."""
@@ -133,6 +137,28 @@ class RayBackend:
     def close(self) -> None:
         if self._started:
             _stop_local_ray(self.ray)
+
+
+@contextlib.contextmanager
+def _sigterm_kept():
+    """ray.init gives the driver a SIGTERM handler of its own, which exits with status 15
+    (SystemExit) and, once Ray runs, dumps a crash report (exit 134) with no results written.
+    The fleet's (SIGTERM as Ctrl-C: the results so far written, exit 130) comes back after it,
+    and a SIGTERM while Ray starts is that interrupt too."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    ours = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code != signal.SIGTERM:
+            raise
+        raise sigterm_interrupt() from None
+    finally:
+        signal.signal(signal.SIGTERM, ours)
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from ..errors import EXIT_JOB_FAILED, UserError, cli_errors
+from ..planner.interrupt import sigterm_as_ctrl_c
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Plan for a fleet: many models x boards x budgets, as Ray tasks.")
@@ -15,6 +16,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @app.command("plan")
 @cli_errors
+@sigterm_as_ctrl_c()  # SIGTERM stops the fleet as Ctrl-C does, while Ray starts too
 def plan_command(
     manifest_file: str = typer.Argument(..., metavar="MANIFEST.toml",
                                         help="models, boards (profiles or device configs), "

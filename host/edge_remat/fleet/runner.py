@@ -32,6 +32,7 @@ from edge_remat_agent.formats.fields import dump_json
 from edge_remat_agent.units import counted
 
 from ..errors import Interrupted
+from ..planner.interrupt import stopped_by
 from .manifest import Manifest, ModelEntry
 from .progress import Progress
 from .results import INFEASIBLE, failed_row, infeasible_text, is_failure, plan_row, write_results
@@ -169,7 +170,7 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
         progress.close()
         ordered = [rows[t] for t in tasks if t in rows]
         write_results(ordered, out, str(manifest.path))
-        raise Interrupted(f"interrupted (Ctrl-C) with {len(ordered)} of "
+        raise Interrupted(f"interrupted ({stopped_by()}) with {len(ordered)} of "
                           f"{counted(len(tasks), 'task')} "
                           f"recorded in {out}/results.csv; run the same command again to "
                           "resume") from None

@@ -37,6 +37,12 @@ def stopped_by() -> str:
     return _stopped_by[0]
 
 
+def sigterm_interrupt() -> KeyboardInterrupt:
+    """The interrupt a SIGTERM taken as Ctrl-C raises (its error line says SIGTERM)."""
+    _stopped_by[0] = "SIGTERM"
+    return KeyboardInterrupt()
+
+
 @contextlib.contextmanager
 def sigterm_as_ctrl_c():
     """Within it SIGTERM (`timeout`, a batch scheduler, systemd stopping a unit) stops
@@ -47,8 +53,7 @@ def sigterm_as_ctrl_c():
         return
 
     def interrupt(signum, frame):
-        _stopped_by[0] = "SIGTERM"
-        raise KeyboardInterrupt
+        raise sigterm_interrupt()
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
