@@ -88,6 +88,11 @@ CASES = [
     ("frozen-flash", USER_MODEL, "sgd", "flash", 0.4, ["head.*", "block2.*"], "none", STEPS),
     # an output head tied to the embedding: its reader loads the one tensor on flash
     ("tied-flash", user_model("make_tied_lm"), "sgd", "flash", 0.5, None, "none", STEPS),
+    # a bias tied under a name that reads nothing (BERT's masked-LM head): it trained not at
+    # all, its gradient kept under the name that reads it, which the updates did not use
+    ("tied-bias", user_model("make_shared_bias_head"), "sgd", "ram", 0.9, None, "none", STEPS),
+    ("tied-bias-flash", user_model("make_shared_bias_head"), "adamw", "flash", 0.9, None,
+     "none", STEPS),
     # upsampling traced as eager's kernels (their Python decompositions round differently)
     ("unet-upsampling", user_model("make_unet"), "sgd", "ram", 0.6, None, "none", STEPS),
     # a batch as a dict and a list: the graph's inputs are its leaves

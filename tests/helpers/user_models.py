@@ -29,6 +29,27 @@ def make_tied_lm(batch: int = 4, seq: int = 16, seed: int = 0):
     return TiedLM(), (torch.randint(0, 100, (batch, seq)),)
 
 
+class SharedBiasHead(nn.Module):
+    """As BERT's masked-LM head: a bias of its own that its decoder also holds (the decoder
+    reads it; the head's own name, the first, reads nothing)."""
+
+    def __init__(self, vocab=50, width=16):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(vocab))
+        self.emb = nn.Embedding(vocab, width)
+        self.decoder = nn.Linear(width, vocab)
+        self.decoder.bias = self.bias
+
+    def forward(self, ids):
+        logits = self.decoder(torch.tanh(self.emb(ids[:, :-1])))
+        return F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+
+
+def make_shared_bias_head(batch: int = 4, seq: int = 12, seed: int = 0):
+    torch.manual_seed(seed)
+    return SharedBiasHead(), (torch.randint(0, 50, (batch, seq)),)
+
+
 class SmallUNet(nn.Module):
     """A U-Net: concatenated skips, a transposed convolution and bilinear, bicubic and nearest
     upsampling, a pixel-wise binary cross-entropy."""

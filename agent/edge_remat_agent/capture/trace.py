@@ -277,6 +277,9 @@ def _sum_tied_gradients(trace: JointTrace, module: nn.Module) -> None:
     first_name = {id(p): name for name, p in reversed(list(params.items()))}
     for key, values in by_param.items():
         if len(values) < 2:
+            # one name reads it (BERT's MLM decoder reads the bias it shares with its head):
+            # its gradient is the first name's all the same, the name updated and saved
+            trace.grads[values[0]] = first_name[key]
             continue
         values.sort(key=order.__getitem__)
         total = trace.node(values[0])
