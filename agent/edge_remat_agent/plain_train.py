@@ -49,13 +49,16 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
 
     module, example_args = load_model(model, batch, image, seq, seed, dtype, train,
                                       trainable_dtype)
-    module.train()
+    # In the mode the model's factory gave it, as the planned run's capture traced it (a
+    # factory's eval() model: no dropout, batch norm's running statistics used and kept).
     # The optimizer (and --lr) and the batches a planned run uses too (executor/run.py):
     # both runs take the same steps on the same data.
     opt = torch_optimizer(optimizer, module, lr)
     schedule = ScheduledLr([opt], lr_schedule, warmup, steps)
     clip = None if clip_grad_norm is None else check_max_norm(clip_grad_norm)
     feed = batches(data, example_args, seed, module)
+    # the generator as the planned run seeds it before its first step: dropout draws alike
+    torch.manual_seed(seed)
     report: dict[str, Any] = {"model": model, "optimizer": optimizer,
                               "lr": opt.param_groups[0]["lr"], "data": data or "example",
                               "steps": 0, "loss": [], "step_time_s": [], "rss_peak_bytes": [],

@@ -50,6 +50,23 @@ def make_shared_bias_head(batch: int = 4, seq: int = 12, seed: int = 0):
     return SharedBiasHead(), (torch.randint(0, 50, (batch, seq)),)
 
 
+def make_eval_mode_model(batch: int = 4, seed: int = 0):
+    """A factory that returns its model in eval mode: dropout off, batch norm reading its
+    running statistics (and keeping them)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.5), nn.ReLU(),
+                          nn.Linear(16, 1))
+
+    class Regression(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def forward(self, x, y):
+            return F.mse_loss(self.net(x), y)
+    return Regression().eval(), (torch.randn(batch, 8), torch.randn(batch, 1))
+
+
 class SmallUNet(nn.Module):
     """A U-Net: concatenated skips, a transposed convolution and bilinear, bicubic and nearest
     upsampling, a pixel-wise binary cross-entropy."""
