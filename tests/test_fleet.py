@@ -373,6 +373,25 @@ def test_sigterm_is_an_interrupt_with_the_results_so_far_and_ray_gone(moment, tm
     assert _in_session(process.pid) == []
 
 
+def test_a_fleet_starts_ray_of_its_own_beside_one_already_running(local_ray, tmp_path):
+    """Without --ray-address a fleet starts a local instance for itself, though another runs
+    on this machine (here the tests' own, `local_ray`): ray.init without an address joined the
+    last one started, and the fleet's end then shut down what it took for its own."""
+    import subprocess
+    import sys
+    _one_mlp_on_one_board(tmp_path / "fleet.toml")
+    done = subprocess.run(
+        [sys.executable, "-m", "edge_remat", "fleet", "plan", str(tmp_path / "fleet.toml"),
+         "--out", str(tmp_path / "out"), "--json"], capture_output=True, text=True, env=env(),
+        timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "done"
+    ours = ray.get_runtime_context().get_job_id()
+    jobs = [job for job in ray._private.state.jobs() if job["JobID"] != ours]
+    assert jobs == []  # the fleet was no job of this instance
+    assert ray.get(ray.remote(lambda: 42).remote()) == 42  # and the instance still runs
+
+
 def test_the_example_manifest_is_valid():
     from edge_remat.fleet.manifest import load_manifest
 

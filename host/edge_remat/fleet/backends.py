@@ -73,12 +73,13 @@ class RayBackend:
                             "tasks one by one in this process)") from None
         self.ray = ray
         self._started = False
+        self._began: Optional[int] = None  # when the local instance it started began
         if not ray.is_initialized():
             if address:
                 _check_reachable(address)
             try:
                 with _sigterm_kept():
-                    self._start(ray, address)
+                    self._began = self._start(ray, address)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = f"the Ray cluster at {address}" if address else "a local Ray instance"
                 raise UserError(f"cannot connect to {where}: {str(exc).splitlines()[0]} (check "
@@ -91,16 +92,23 @@ class RayBackend:
         self._plan = ray.remote(plan_outcome)
 
     @staticmethod
-    def _start(ray, address: Optional[str]) -> None:
+    def _start(ray, address: Optional[str]) -> Optional[int]:
+        """Connect, or start a local instance; when one was started, when (_now_ticks)."""
         if address:
             ray.init(address=address, logging_level="warning", log_to_driver=False)
-            return
-        try:  # a local instance on this machine's cores, for this run only
+            return None
+        began = _now_ticks()
+        # A local instance on this machine's cores, for this run only: "local", for without an
+        # address ray.init joins the last instance started on this machine, if one still runs
+        # (another fleet's, a notebook's), which this run would then shut down as its own.
+        try:
             with _quiet_token_notice():
-                ray.init(include_dashboard=False, logging_level="warning", log_to_driver=False)
+                ray.init(address="local", include_dashboard=False, logging_level="warning",
+                         log_to_driver=False)
         except BaseException:  # Ctrl-C while it starts: its processes go too
-            _stop_local_ray(ray)
+            _stop_local_ray(ray, began)
             raise
+        return began
 
     def share(self, value: Any) -> Any:
         """Put a value every task of a model or board reads in the object store, once."""
@@ -135,8 +143,10 @@ class RayBackend:
                 pass
 
     def close(self) -> None:
-        if self._started:
-            _stop_local_ray(self.ray)
+        if self._started and self._began is not None:
+            _stop_local_ray(self.ray, self._began)
+        elif self._started:  # a cluster's: this driver leaves it
+            self.ray.shutdown()
 
 
 @contextlib.contextmanager
@@ -177,22 +187,24 @@ def _quiet_token_notice():
         log.setLevel(level)
 
 
-def _stop_local_ray(ray) -> None:
+def _stop_local_ray(ray, began: int) -> None:
     """Shut down the local instance this process started, and end what of it outlives
     ray.shutdown(): the raylet's agents (dashboard, runtime env) and workers, orphaned when a
     terminal's Ctrl-C killed the raylet, lived on for about a minute (70 s after a Ctrl-C while
     Ray started). They are this process's descendants, or, once orphaned, Ray's programs in its
-    process group (which a terminal's Ctrl-C reached): found before the shutdown, stopped
-    after it, and looked for again until none is left: a raylet still starting spawns its
-    agents until it is gone (1 Ctrl-C in 5 left both agents when the group was read once)."""
+    process group (which a terminal's Ctrl-C reached) started since `began` (_now_ticks
+    before ray.init: another instance in the group, started before, is not ours): found
+    before the shutdown, stopped after it, and looked for again until none is left: a raylet
+    still starting spawns its agents until it is gone (1 Ctrl-C in 5 left both agents when the
+    group was read once)."""
     ray_dir = os.path.dirname(ray.__file__)
-    ours = {**_descendants(os.getpid()), **_rays_in_my_group(ray_dir)}
+    ours = {**_descendants(os.getpid()), **_rays_in_my_group(ray_dir, began)}
     try:
         ray.shutdown()
     except BaseException:  # noqa: BLE001 - a second Ctrl-C, a half-started instance
         pass
     for _ in range(_STOP_ROUNDS):
-        ours.update(_rays_in_my_group(ray_dir))
+        ours.update(_rays_in_my_group(ray_dir, began))
         left = {pid: start for pid, start in ours.items() if _alive(pid, start)}
         if not left:
             return
@@ -238,9 +250,10 @@ def _descendants(root: int) -> dict:
     return found
 
 
-def _rays_in_my_group(ray_dir: str) -> dict:
+def _rays_in_my_group(ray_dir: str, began: int) -> dict:
     """{pid: start time} of Ray's programs (run from its package folder, or a worker that
-    renamed itself ray::...) in this process's group, other than this process."""
+    renamed itself ray::...) in this process's group started since `began`, other than this
+    process."""
     group, found = os.getpgid(0), {}
     for pid in _pids():
         if pid == os.getpid():
@@ -253,7 +266,8 @@ def _rays_in_my_group(ray_dir: str) -> dict:
         except OSError:
             continue
         stat = _stat(pid)
-        if stat and (ray_dir + os.sep in command or command.startswith("ray::")):
+        if stat and stat.started >= began and (ray_dir + os.sep in command
+                                               or command.startswith("ray::")):
             found[pid] = stat.started
     return found
 
@@ -263,6 +277,16 @@ def _pids() -> list[int]:
     if not os.path.isdir("/proc"):
         return []
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _now_ticks() -> int:
+    """Now, as /proc/PID/stat gives start times: clock ticks after boot (0 without /proc)."""
+    try:
+        with open("/proc/uptime") as handle:
+            uptime_s = float(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return int(uptime_s * os.sysconf("SC_CLK_TCK"))
 
 
 class _Stat(NamedTuple):
