@@ -780,3 +780,20 @@ def test_a_loss_reduced_in_its_elementwise_storage_is_counted_at_that_size(loss)
     assert storages(trace.graph_module)[trace.loss].nbytes == eager
     # The loss is held to the step's end: fixed memory at that size (d(loss)/d(loss) beside it)
     assert captured.graph.capture["fixed"]["step_state"] == eager + 4
+
+
+def test_a_forward_that_changes_python_state_is_said_by_graph():
+    """A KL warm-up switched on by a step counter in a module attribute: the capture keeps the
+    switch as it was, so from step 7 the run trained otherwise than eager PyTorch, though its
+    first step's check passed, and nothing was said. `graph` (and `run`) now warn, naming the
+    attribute; a model whose forward changes no Python state (the zoo's) gets no warning."""
+    from helpers.user_models import spec as user_model
+    from edge_remat_agent.capture.advice import capture_warnings
+    from edge_remat.cli import app
+
+    result = CliRunner().invoke(app, ["graph", "--model", user_model("make_late_switch")])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "changes Python state: step (0 -> " in warnings[0]
+    assert "keep such state in a tensor" in warnings[0]
+    assert capture_warnings(capture_model("digits-cnn", batch=2, image=8)) == []

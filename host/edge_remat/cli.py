@@ -545,7 +545,9 @@ def graph(
                                  update, params_home, train, operator_level=operator_level,
                                  clip_grad_norm=clip_grad_norm, accumulate=accumulate,
                                  dtype=dtype, trainable_dtype=trainable_dtype)
-        _warn_slow_half(captured.module)
+        from edge_remat_agent.capture.advice import capture_warnings
+        for line in capture_warnings(captured):
+            to_stderr(f"warning: {line}")
         g = captured.graph
     if output:
         g.save(output)
@@ -566,13 +568,6 @@ def _check_dtype(dtype: str, onnx_file: Optional[str] = None,
         raise UserError("--dtype and --trainable-dtype convert a captured model; an --onnx "
                         "graph keeps the file's own dtypes: leave them out, or capture the "
                         "model with --model")
-
-
-def _warn_slow_half(module) -> None:
-    from edge_remat_agent.capture.precision import slow_half_kernels
-    from .remote import to_stderr
-    if (why := slow_half_kernels(module)) is not None:
-        to_stderr(f"warning: {why}")
 
 
 def _units_mixed(g, prof, flash_given: bool) -> Optional[str]:

@@ -67,6 +67,28 @@ def make_eval_mode_model(batch: int = 4, seed: int = 0):
     return Regression().eval(), (torch.randn(batch, 8), torch.randn(batch, 1))
 
 
+class LateSwitch(nn.Module):
+    """A variational model whose KL term a step counter in a module attribute switches on
+    after 6 steps (a KL warm-up): Python state the forward changes and reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc, self.dec, self.step = nn.Linear(16, 16), nn.Linear(8, 16), 0
+
+    def forward(self, x):
+        self.step += 1
+        mu, log_var = self.enc(x).chunk(2, -1)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * log_var)
+        beta = 1.0 if self.step > 6 else 0.0
+        kl = -0.5 * torch.mean(1 + log_var - mu ** 2 - log_var.exp())
+        return F.mse_loss(self.dec(z), x) + beta * kl
+
+
+def make_late_switch(batch: int = 4, seed: int = 0):
+    torch.manual_seed(seed)
+    return LateSwitch(), (torch.randn(batch, 16),)
+
+
 class SmallUNet(nn.Module):
     """A U-Net: concatenated skips, a transposed convolution and bilinear, bicubic and nearest
     upsampling, a pixel-wise binary cross-entropy."""

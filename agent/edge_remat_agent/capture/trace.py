@@ -29,6 +29,7 @@ from torch._C import DispatchKey
 from .effects import drop_effect_tokens
 from .errors import CaptureError
 from .inexact import refuse_value_dependent_backwards
+from .python_state import changed_since, python_state
 
 SCOPE_KEY = "edge_remat_scope"  # our key inside node.meta["custom"]
 
@@ -59,6 +60,8 @@ class JointTrace:
     buffer_updates: dict[str, str]  # value name -> buffer name
     input_updates: dict[str, int] = field(default_factory=dict)  # value name -> user input index
     capture_s: float = 0.0
+    # plain module attributes the traced forward changed (python_state.py): for a warning
+    forward_changes: list[str] = field(default_factory=list)
     roots: dict[str, str] | None = field(default=None, repr=False)  # see storage_roots
     _by_name: dict[str, fx.Node] = field(default_factory=dict, init=False, repr=False)
     # What every assembly of a grouping computes again (refinement assembles the graph once per
@@ -129,10 +132,12 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
             _quiet_fake_tensor_log(), fx_traceback.preserve_node_meta(), \
             _scope_hooks(module, scopes), contextlib.ExitStack() as stack:
         handle = module.register_forward_hook(_loss_check(model))
+        before = python_state(module)
         try:
             joint = _export(stack, module, tuple(example_args), model, scopes)
         finally:
             handle.remove()
+        forward_changes = changed_since(before, module)
     drop_effect_tokens(model, joint.graph_module)
     refuse_value_dependent_backwards(model, joint.graph_module.graph, SCOPE_KEY)
     trace = _from_descriptors(model, joint.graph_module)
@@ -143,6 +148,7 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
     _keep_dropout_masks(trace)
     _copy_small_saved_outputs(trace)
     _size_opaque_workspaces(trace)
+    trace.forward_changes = forward_changes
     trace.capture_s = time.perf_counter() - start
     return trace
 

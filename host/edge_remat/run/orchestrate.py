@@ -245,9 +245,9 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     resumed = start_resume(board, opts, out, say) if opts.resume else None
     say(f"capturing {opts.model}'s training step")
     captured = capture("ram" if opts.params_home == "auto" else opts.params_home)
-    from edge_remat_agent.capture.precision import slow_half_kernels
-    if (slow := slow_half_kernels(captured.module)) is not None:
-        say(f"warning: {slow}")
+    from edge_remat_agent.capture.advice import capture_warnings
+    for line in capture_warnings(captured):
+        say(f"warning: {line}")
     check_data_fits(run_data(opts), captured.example_args, captured.module)
     graph = captured.graph
     graph_path = out / "graph.json"
