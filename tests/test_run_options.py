@@ -72,6 +72,18 @@ def test_an_infeasible_budget_leaves_no_files(tmp_path):
     no_new_files(before, tmp_path)
 
 
+def test_a_batch_of_another_dtype_is_named_with_its_dtype():
+    """Float values for integer token ids: the error showed the same shape twice, '(2, 8),
+    the model's example is (2, 8) torch.int64', and not what differed."""
+    import torch
+    from edge_remat_agent.data import DataError, _checked
+    example = (torch.zeros(2, 8, dtype=torch.long),)
+    with pytest.raises(DataError) as error:
+        next(_checked("data.py:ids_float", iter([(torch.rand(2, 8),)]), example, torch))
+    assert "argument 0 is (2, 8) torch.float32, the model's example is (2, 8) torch.int64" \
+        in str(error.value)
+
+
 def test_data_named_by_the_agents_own_table():
     from edge_remat_agent.data import DataError, check_data_spec
     for spec in ("example", "digits", "text", "my_pkg.data:batches", "data/mine.py:batches"):

@@ -154,8 +154,10 @@ def _checked(spec: str, source, example_args: tuple, torch) -> Iterator[tuple]:
             if isinstance(want, torch.Tensor) and (
                     not isinstance(got, torch.Tensor) or got.shape != want.shape
                     or got.dtype != want.dtype):
-                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-                raise DataError(f"data {spec!r}: argument {k} is {shape}, the model's example "
+                # its dtype too: a float batch for integer ids had the example's very shape
+                given = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) \
+                    else type(got).__name__
+                raise DataError(f"data {spec!r}: argument {k} is {given}, the model's example "
                                 f"is {tuple(want.shape)} {want.dtype}")
         yield args
 
