@@ -63,6 +63,18 @@ def test_found_by_name_by_prefix_and_by_path(configs):
         find_device(" ")
 
 
+def test_a_broken_config_leaves_the_others_found(configs):
+    """One config that is not TOML made every lookup by name or prefix fail with its error
+    (only a file name typed in full still worked)."""
+    (configs / "broken.toml").write_text('name = "broken\n')
+    assert find_device("jetson-orin").name == "jetson-orin-nano"  # a prefix
+    assert find_device("bench").name == "bench"
+    with pytest.raises(DeviceError, match="known: .*rpi4.* \\(not readable: broken\\)"):
+        find_device("nope")
+    with pytest.raises(FormatError, match="broken.toml"):  # the one it may mean: its error
+        find_device("bro")
+
+
 @pytest.mark.parametrize("body, field", [
     ('[connection]\nkind = "telnet"\n', "connection.kind"),
     ('[connection]\nkind = "ssh"\n', "connection.host"),
@@ -74,6 +86,9 @@ def test_found_by_name_by_prefix_and_by_path(configs):
     ('[connection]\nkind = "local"\n[hardware]\ntorch_device = "gpu"\n', "hardware.torch_device"),
     ('[connection]\nkind = "local"\nhots = "typo"\n', "connection.hots"),
     ('[connection\nkind = "local"\n', "<toml>"),
+    # 0 s: every SSH connect failed at once as "Operation now in progress", blaming the board
+    ('[connection]\nkind = "ssh"\nhost = "b"\nconnect_timeout_s = 0\n',
+     "connection.connect_timeout_s"),
 ])
 def test_bad_configs_name_the_file_and_the_field(tmp_path, body, field):
     path = tmp_path / "bad.toml"

@@ -157,11 +157,20 @@ def _emulator(r: Optional[Reader]) -> Optional[Emulator]:
                     memory_limit_bytes=r.integer("memory_limit_bytes", None, minimum=1 << 20))
 
 
+def _connect_timeout(r: Reader) -> float:
+    """Seconds to wait for the board to answer: 0 made every SSH connect fail at once, said as
+    "cannot reach ... Operation now in progress" (a socket with timeout 0 does not block)."""
+    seconds = r.number("connect_timeout_s", 10.0)
+    if seconds == 0:
+        raise r.error("connect_timeout_s", "a number of seconds > 0", seconds)
+    return seconds
+
+
 def _connection(r: Reader) -> Connection:
     kind = r.str("kind", choices=KINDS)
     common = {"python", "workdir", "kind", "connect_timeout_s", "reconnect_timeout_s"}
     values = dict(kind=kind, python=r.str("python", None), workdir=r.str("workdir", "~/edge-remat"),
-                  connect_timeout_s=r.number("connect_timeout_s", 10.0),
+                  connect_timeout_s=_connect_timeout(r),
                   reconnect_timeout_s=r.number("reconnect_timeout_s", 120.0))
     if kind == "ssh":
         r.reject_unknown(common | {"host", "port", "user", "key", "host_key_policy",
@@ -258,7 +267,17 @@ def find_device(name_or_path: str) -> DeviceConfig:
     by_stem = {p.stem: p for p in files}
     if name_or_path in by_stem:
         return load_device(by_stem[name_or_path])
-    devices = [load_device(p) for p in files]
+    # A config that cannot be read is no match by its `name` (unknown), but stops a lookup
+    # its file name could match: one broken file made every other name unknowable (QA).
+    devices, broken = [], {}
+    for path in files:
+        try:
+            devices.append(load_device(path))
+        except FormatError as error:
+            broken[path.stem] = error
+    if (error := next((e for stem, e in broken.items() if stem.startswith(name_or_path)),
+                      None)) is not None:
+        raise error
     exact = [d for d in devices if d.name == name_or_path]
     if len(exact) == 1:
         return exact[0]
@@ -267,6 +286,8 @@ def find_device(name_or_path: str) -> DeviceConfig:
     if len(prefixed) == 1:
         return prefixed[0]
     known = ", ".join(sorted(by_stem)) or "none"
+    if broken:
+        known += f" (not readable: {', '.join(sorted(broken))})"
     if prefixed:
         raise DeviceError(f"device {name_or_path!r} is ambiguous: it could be "
                           + ", ".join(sorted(d.path.stem for d in prefixed)))
