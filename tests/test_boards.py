@@ -207,6 +207,16 @@ def test_devices_check_of_an_unreachable_board_says_why(configs):
     code, out, err = cli("devices", "gone", "--check")
     assert code == 3 and "error: 1 of 1 board failed the check: gone" in err  # unreachable
     assert re.search(r"^gone: cannot reach 127\.0\.0\.1:1: Connection refused", out, re.M), out
+    # --json: the error contract's status and error (it had neither), stderr pointing at the
+    # JSON rather than at the lines "above" that --json does not print
+    code, out, err = cli("devices", "gone", "--check", "--json")
+    answer = json.loads(out)
+    assert code == 3 and answer["status"] == "failed"
+    assert answer["error"] == "1 of 1 board failed the check: gone"
+    assert "Connection refused" in answer["devices"][0]["check"]["error"]
+    assert err.strip() == ("error: 1 of 1 board failed the check: gone (why: each board's "
+                           "`check.error` in the JSON)")
+    assert json.loads(cli("devices", "bench", "--json")[1])["status"] == "done"
 
 
 def test_job_runs_and_prints_one_json_object(configs, tmp_path):

@@ -623,18 +623,21 @@ def devices(
     """List the device configs (device_configs/*.toml); --check connects to each board."""
     from .remote import device_rows, devices_table
 
+    from edge_remat_agent.units import counted
     rows = device_rows(names or [], check)
-    if as_json:
-        print(json.dumps({"devices": rows}))
+    failed = [r["name"] for r in rows if check and not r.get("check", {}).get("ok", False)]
+    # a board that cannot be reached or used: the status `deploy` would exit with
+    error = failed and (f"{len(failed)} of {counted(len(rows), 'board')} failed the check: "
+                        f"{', '.join(failed)}")
+    if as_json:  # the error contract's fields, as every command's --json has them
+        print(json.dumps({"status": "failed" if failed else "done", "devices": rows,
+                          **({"error": error} if failed else {})}))
     else:
         typer.echo(devices_table(rows, check))
-    failed = [r["name"] for r in rows if check and not r.get("check", {}).get("ok", False)]
-    if failed:  # a board that cannot be reached or used: the status `deploy` would exit with
-        from edge_remat_agent.units import counted
-
+    if failed:
         from .errors import EXIT_UNREACHABLE
-        typer.echo(f"error: {len(failed)} of {counted(len(rows), 'board')} failed the check: "
-                   f"{', '.join(failed)} (why: above)", err=True)
+        where = "each board's `check.error` in the JSON" if as_json else "above"
+        typer.echo(f"error: {error} (why: {where})", err=True)
         raise typer.Exit(EXIT_UNREACHABLE)
 
 
