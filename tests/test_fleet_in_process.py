@@ -155,3 +155,15 @@ def test_a_kept_plan_missing_its_solvers_figures_is_planned_again(tmp_path):
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith("1 task: 1 planned (0 kept from before), 0 infeasible")
     assert "status" in json.loads(path.read_text())["solver"]  # written again, whole
+
+
+def test_a_bare_budget_read_as_bytes_is_warned_of_as_plan_warns(tmp_path):
+    """`budgets = [50]` is 50 bytes, where 50% was almost surely meant: `plan --budget 50`
+    said so, the fleet planned it in silence (and found it infeasible)."""
+    manifest = small_fleet(tmp_path, [50, "97%"])
+    proc = cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray")
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: {manifest}: budgets[0] = 50 is read as 50 bytes (a bare "
+                        "number below 16 is a fraction of the plain peak, from 16 up bytes): "
+                        "for 50% of the plain peak, write 50%"]

@@ -48,6 +48,10 @@ def plan_command(
     if no_ray and ray_address:
         raise UserError("--no-ray and --ray-address contradict each other: give one of them")
     manifest = load_manifest(manifest_file)
+    from ..units import bare_bytes_note
+    for i, text in enumerate(manifest.budgets):  # as `plan --budget 50` warns of it
+        if (note := bare_bytes_note(text, f"budgets[{i}] =")) is not None:
+            to_stderr(f"warning: {manifest.path}: {note}")
     if no_ray:
         from .backends import InProcess
         backend = InProcess()
