@@ -797,3 +797,23 @@ def test_a_forward_that_changes_python_state_is_said_by_graph():
     assert len(warnings) == 1 and "changes Python state: step (0 -> " in warnings[0]
     assert "keep such state in a tensor" in warnings[0]
     assert capture_warnings(capture_model("digits-cnn", batch=2, image=8)) == []
+
+
+@pytest.mark.parametrize("frozen", [True, False], ids=["frozen", "no-parameters"])
+def test_a_model_with_nothing_to_train_is_refused_alike(frozen):
+    """All parameters frozen was refused; no parameters at all, with an input that requires
+    grad, was captured and 'trained' (compared 0 gradients, a constant loss)."""
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1) if frozen else None
+            if frozen:
+                self.lin.requires_grad_(False)
+
+        def forward(self, x):
+            return (self.lin(x) if frozen else x * 2.0).square().mean()
+
+    x = torch.randn(3, 4, requires_grad=not frozen)
+    with pytest.raises(CaptureError, match="the loss does not depend on any trainable "
+                                           "parameter"):
+        capture_module(Scale(), (x,), "scale")

@@ -126,6 +126,11 @@ def trace_joint(module: Any, example_args: Any, model: str = "model") -> JointTr
         raise CaptureError(model, "example_args must be a tuple of the forward's arguments, got "
                            f"{type(example_args).__name__}")
     _refuse_parameter_hooks(module, model)
+    if not any(p.requires_grad for p in module.parameters()):
+        # as a model whose parameters are all frozen is refused (_loss_check); an input that
+        # requires grad made a loss that did, and a run trained nothing, "compared 0"
+        raise CaptureError(model, "the loss does not depend on any trainable parameter (the "
+                           "model has none that requires grad)")
     scopes: list[str] = []
     start = time.perf_counter()
     with _TRACE_LOCK, _eager_composites(), _fresh_fake_dispatch_cache(), \
