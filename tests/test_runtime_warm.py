@@ -70,6 +70,21 @@ def test_the_simulator_and_the_planners_fixed_memory_count_it():
     assert simulate(graph, plan_costs(graph, again), again.stages).peak_bytes == plain + 300
 
 
+def test_a_refused_budget_names_it_apart_from_the_graphs_fixed_memory():
+    """'plus 1300 bytes of fixed memory' where the graph's fixed memory is 1000: the rest is
+    what the profile says the runtime's first calls keep (QA: 8,587,592 bytes said for a
+    graph of 99 KiB)."""
+    from edge_remat.planner.problem import InfeasibleBudget
+    with pytest.raises(InfeasibleBudget) as refused:
+        build_problem(chain(), FIXED + 10, profile(conv_s=300)).check_budget()
+    assert (f"plus {FIXED + 300} bytes of fixed memory ({FIXED} the graph's, 300 what the "
+            "runtime's first calls keep, from the profile)") in str(refused.value)
+    with pytest.raises(InfeasibleBudget) as refused:
+        build_problem(chain(), FIXED + 10).check_budget()
+    assert f"plus {FIXED} bytes of fixed memory" in str(refused.value)
+    assert "runtime" not in str(refused.value)
+
+
 def test_the_profile_format_carries_it_and_refuses_a_bad_value():
     measured = profile(conv_s=300)
     loaded = profile_from_dict(json.loads(json.dumps(measured.to_dict())))

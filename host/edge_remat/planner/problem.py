@@ -162,7 +162,11 @@ class Problem:
                                                       max(need, capacity))
         if game is None and proof is not None:  # the floor's search ran out of time first
             game = PebblingFloor(capacity + 1, proof)
+        warm = self.costs.runtime_warm_bytes  # not the graph's: the profile's (QA)
         fixed = f", plus {self.fixed} bytes of fixed memory" if self.fixed else ""
+        if warm:
+            fixed = (f", plus {self.fixed} bytes of fixed memory ({self.graph.fixed_bytes} the "
+                     f"graph's, {warm} what the runtime's first calls keep, from the profile)")
         if game is None:
             smallest, why = self.fixed + need, describe_floor(self.graph, k, self.workspace)
         else:
