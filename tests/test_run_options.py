@@ -377,3 +377,28 @@ def test_a_full_disk_while_fetching_names_the_file_and_the_way_back_and_keeps_th
     assert "edge-remat job-status run-" in error and f"--out {out}" in error, error
     assert "graph.json" in left and "plan.json" in left, left
     assert not [name for name in left if name.endswith(".part")], left
+
+
+@pytest.mark.parametrize("budget_mib, words", [
+    (232, "leave 155 MiB of the 600 MiB memory limit for the allocator's slack, less than the "
+          "160 MiB a run keeps: the limit may kill the run"),
+    (400, "and the runtime's own 213 MiB and 160 MiB headroom pass the 600 MiB memory limit: "
+          "the limit will likely kill the run"),
+    (200, None),
+])
+def test_a_budget_into_the_limits_headroom_may_kill_one_past_it_likely_will(budget_mib, words):
+    """The README's resnet18 at 65% (232 MiB beside a 213 MiB runtime under 600 MiB) was told
+    the limit 'will likely kill the run', and peaked at 480 MiB: only budget and runtime past
+    the limit are that; into the headroom, the allocator's slack decides."""
+    from types import SimpleNamespace
+    from edge_remat.run.orchestrate import _note_budget_past_limit
+    said = []
+    _note_budget_past_limit(
+        budget_mib * 2**20, SimpleNamespace(budget=f"{budget_mib}MiB"),
+        SimpleNamespace(hardware=SimpleNamespace(memory_limit_bytes=600 * 2**20)),
+        SimpleNamespace(profile=SimpleNamespace(runtime_baseline_bytes=213 * 2**20)),
+        said.append)
+    if words is None:
+        assert said == []
+    else:
+        assert len(said) == 1 and words in said[0] and "(227 MiB)" in said[0], said
