@@ -402,3 +402,26 @@ def test_a_budget_into_the_limits_headroom_may_kill_one_past_it_likely_will(budg
         assert said == []
     else:
         assert len(said) == 1 and words in said[0] and "(227 MiB)" in said[0], said
+
+
+def test_bad_input_after_profiling_removes_the_fetched_profile_too(tmp_path):
+    """Exit 2 writes nothing: a budget refused after the board was profiled left
+    OUT/profile/profile.json (the profile cache keeps the measurement). A profile folder
+    older than the run, or a file of the user's in it, stays."""
+    import time as clock
+    from edge_remat.run.orchestrate import _remove_outputs_since
+    out = tmp_path / "out"
+    (out / "profile").mkdir(parents=True)
+    mine = out / "profile" / "notes.txt"
+    mine.write_text("the user's")
+    old = clock.time() - 3600
+    os.utime(mine, (old, old))
+    started = clock.time()
+    (out / "profile" / "profile.json").write_text("{}")
+    (out / "graph.json").write_text("{}")
+    _remove_outputs_since(out, started)
+    assert sorted(p.name for p in out.rglob("*")) == ["notes.txt", "profile"]
+    mine.unlink()
+    (out / "profile" / "profile.json").write_text("{}")
+    _remove_outputs_since(out, started)
+    assert list(out.iterdir()) == []
