@@ -253,6 +253,18 @@ def test_train_patterns_freeze_the_rest_and_bad_patterns_are_refused():
     assert {p for n in updates for p in n.attrs["params"]} == set(trainable)
     with pytest.raises(CaptureError, match="match no parameter"):
         capture_model("mlp", batch=2, image=8, train=["nope.*"])
+    # a module's name alone: the pattern is on whole names, and the error says so (QA)
+    with pytest.raises(CaptureError, match="'net.4.\\*' would match net.4.weight, net.4.bias"):
+        capture_model("mlp", batch=2, image=8, train=["net.4"])
+
+
+def test_a_tied_parameter_is_trained_by_any_of_its_names():
+    """TiedLM's head shares the embedding's weight: `--train head.*` matched no parameter,
+    since only the first name (emb.weight) was looked at."""
+    from helpers.user_models import spec as user_model
+    captured = capture_model(user_model("make_tied_lm"), train=["head.*"])
+    trainable = [n for n, p in captured.module.named_parameters() if p.requires_grad]
+    assert trainable == ["emb.weight"]
 
 
 def test_the_graph_round_trips_through_its_file(resnet18, tmp_path):

@@ -11,20 +11,34 @@ from .errors import CaptureError
 
 def freeze_except(module: nn.Module, patterns: list[str], model: str) -> list[str]:
     """Set requires_grad False on every parameter no pattern matches (shell-style patterns on
-    the parameter's dotted name, e.g. `fc.*` or `*.bias`); return the trained names. A pattern
-    that matches nothing is an error: a typo would otherwise freeze the whole model."""
-    names = [name for name, _ in module.named_parameters()]
+    the parameter's whole dotted name, e.g. `fc.*` or `*.bias`, a tied parameter's every
+    name included); return the trained names. A pattern that matches nothing is an error: a
+    typo would otherwise freeze the whole model."""
+    every = list(module.named_parameters(remove_duplicate=False))
+    names = [name for name, _ in every]
     unmatched = [pat for pat in patterns if not any(fnmatchcase(n, pat) for n in names)]
     if unmatched:
         sample = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
         raise CaptureError(model, f"--train pattern(s) {', '.join(unmatched)} match no "
-                           f"parameter of the model (its parameters: {sample})")
+                           f"parameter of the model{_whole_name_hint(unmatched, names)} (its "
+                           f"parameters: {sample})")
+    kept = {id(param) for name, param in every if any(fnmatchcase(name, pat)
+                                                      for pat in patterns)}
     trained = []
     for name, param in module.named_parameters():
-        keep = any(fnmatchcase(name, pat) for pat in patterns)
-        param.requires_grad_(keep and param.requires_grad)
+        param.requires_grad_(id(param) in kept and param.requires_grad)
         if param.requires_grad:
             trained.append(name)
     if not trained:
         raise CaptureError(model, "--train leaves no trainable parameter")
     return trained
+
+
+def _whole_name_hint(unmatched: list[str], names: list[str]) -> str:
+    """For `--train head` where head.weight exists: a pattern matches a whole name."""
+    for pat in unmatched:
+        below = [n for n in names if n.startswith(pat + ".")]
+        if below:
+            return (f"; a pattern matches a parameter's whole dotted name: '{pat}.*' would "
+                    f"match {', '.join(below[:3])}{', ...' if len(below) > 3 else ''}")
+    return ""
