@@ -471,6 +471,16 @@ def test_a_factory_that_cannot_be_called_says_which_parameters_it_may_take(tmp_p
     assert "only batch, image, seq and seed" in said and "models.py line" not in said
 
 
+def test_a_model_file_with_a_syntax_error_names_its_line_once(tmp_path):
+    """It ended '(bad_models.py, line 5) (<frozen importlib._bootstrap> line 241)': Python's
+    own frozen module named as if it were the user's line."""
+    spec = _write(tmp_path, "def make(:\n    pass\n") + ":make"
+    with pytest.raises(CaptureError) as error:
+        capture_model(spec)
+    said = str(error.value)
+    assert said.endswith("raised SyntaxError: invalid syntax (bad_models.py, line 4)"), said
+
+
 def test_a_factory_that_raises_names_the_users_own_line(tmp_path):
     spec = _write(tmp_path, "def make():\n    raise TypeError('width must be even')\n")
     with pytest.raises(CaptureError, match=r"raised TypeError: width must be even "

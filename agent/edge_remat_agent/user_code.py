@@ -67,14 +67,21 @@ def import_user_module(module_part: str, prefix: str) -> ModuleType:
 def raised(exc: BaseException) -> str:
     """`ValueError: message (my_model.py line 12)`: the user's own line, where it was (not
     ours: a call that failed before any of the user's code ran names no line)."""
+    if isinstance(exc, SyntaxError):  # its message names the file and line already
+        return f"{type(exc).__name__}: {exc}"
     frame = users_frame(exc)
     where = f" ({Path(frame.filename).name} line {frame.lineno})" if frame else ""
     return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _nobodys(filename: str) -> bool:
+    """Python's own frozen modules (`<frozen importlib._bootstrap>`): no one's file to open."""
+    return filename.startswith("<frozen ")
 
 
 def users_frame(exc: BaseException):
     """The innermost frame of the traceback outside this package, or None."""
     ours = Path(__file__).resolve().parent
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if ours not in Path(f.filename).resolve().parents]
+              if ours not in Path(f.filename).resolve().parents and not _nobodys(f.filename)]
     return frames[-1] if frames else None
