@@ -29,7 +29,9 @@ def changed_since(before: dict[tuple[str, str], object], module: nn.Module) -> l
     changes = []
     for key, value in after.items():
         old = before.get(key, "unset")
-        if key not in before or type(old) is not type(value) or old != value:
+        # `is` first: an attribute that holds NaN, unchanged, is not unequal to itself
+        if key not in before or type(old) is not type(value) or not (old is value
+                                                                        or old == value):
             name, attr = key
             changes.append(f"{name + '.' if name else ''}{attr} ({old!r} -> {value!r})")
     return changes

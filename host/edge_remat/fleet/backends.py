@@ -168,7 +168,8 @@ def _sigterm_kept():
             raise
         raise sigterm_interrupt() from None
     finally:
-        signal.signal(signal.SIGTERM, ours)
+        if ours is not None:  # None: not set from Python, nothing of ours to put back
+            signal.signal(signal.SIGTERM, ours)
 
 
 @contextlib.contextmanager
