@@ -115,6 +115,19 @@ def test_devices_lists_every_config(configs):
         assert re.search(rf"^{re.escape(name)}\s", out, re.M), out
 
 
+def test_configs_sharing_a_name_are_said_with_the_one_a_run_takes(configs):
+    """Two rows named rpi4 in the listing, and nothing said of which `--device rpi4` reaches
+    (the file named rpi4.toml, before another config's `name`)."""
+    (configs / "shadow.toml").write_text('name = "rpi4"\n[connection]\nkind = "local"\n')
+    code, out, err = cli("devices")
+    assert code == 0
+    assert f"warning: 2 device configs are named 'rpi4' (" in err and "shadow.toml" in err
+    assert err.rstrip().endswith(f"--device rpi4 takes {REPO / 'device_configs' / 'rpi4.toml'},"
+                                 " whose file name it is")
+    assert find_device("rpi4").connection.kind == "ssh"
+    assert "warning" not in cli("devices", "bench")[2]
+
+
 def test_devices_shows_an_emulated_boards_limit_without_asking_it(configs):
     """`devices` said "(ask board)" for an emulated board though its config gives the limit;
     only --check showed it."""

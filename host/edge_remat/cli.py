@@ -634,6 +634,9 @@ def devices(
                           **({"error": error} if failed else {})}))
     else:
         typer.echo(devices_table(rows, check))
+    from .devices import shared_names
+    for note in shared_names([(r["name"], r["config"]) for r in rows if "kind" in r]):
+        typer.echo(f"warning: {note}", err=True)
     if failed:
         from .errors import EXIT_UNREACHABLE
         where = "each board's `check.error` in the JSON" if as_json else "above"

@@ -296,5 +296,24 @@ def find_device(name_or_path: str) -> DeviceConfig:
                       f"{where}; or pass a path to a .toml)")
 
 
+def shared_names(configs: list[tuple[str, str]]) -> list[str]:
+    """A note for each name that several configs give (name, path): which one `--device NAME`
+    takes, by find_device's rules (a file name first), or that it is ambiguous. A listing
+    showed two rows named rpi4 and said nothing of which one a run would reach (QA)."""
+    by_name: dict[str, list[Path]] = {}
+    for name, path in configs:
+        by_name.setdefault(name, []).append(Path(path))
+    notes = []
+    for name, paths in by_name.items():
+        if len(paths) < 2:
+            continue
+        named = [path for path in paths if path.stem == name]
+        takes = (f"--device {name} takes {named[0]}, whose file name it is" if named else
+                 f"--device {name} is ambiguous: give a config's path")
+        notes.append(f"{len(paths)} device configs are named {name!r} "
+                     f"({', '.join(map(str, paths))}): {takes}")
+    return notes
+
+
 def local_python(conn: Connection) -> str:
     return conn.python or sys.executable
