@@ -87,6 +87,19 @@ def test_help_is_fast(cli):
     assert loaded.stderr.strip().splitlines()[-1] == "[]", loaded.stderr
 
 
+def test_the_command_lists_give_each_summary_as_one_paragraph(cli):
+    """The fleet's `plan` row broke after "with the board's" and "a plot per": the
+    docstring's own line breaks, kept in --help's command lists."""
+    proc = cli("fleet", "--help")
+    assert proc.returncode == 0, proc.stderr
+    words = " ".join(line.strip("│ ") for line in proc.stdout.splitlines() if "│" in line)
+    assert "with the board's profile, check each plan" in " ".join(words.split())
+    from edge_remat.cli import app
+    from edge_remat.fleet.cli import app as fleet_app
+    for info in app.registered_commands + fleet_app.registered_commands:
+        assert info.short_help and "\n" not in info.short_help, info.name
+
+
 def test_plan_help(cli):
     proc = cli("plan", "--help")
     assert proc.returncode == 0, proc.stderr

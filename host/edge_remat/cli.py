@@ -1281,6 +1281,20 @@ def _killed_line(report: dict) -> str:
             f"memory than it has" + (f" ({detail})" if detail else ""))
 
 
+def _one_line_summaries(*typers: typer.Typer) -> None:
+    """--help's command lists show each command's first docstring paragraph with its line
+    breaks kept (rows that ended "with the board's", QA): each is given as one line."""
+    import inspect
+    for each in typers:
+        for info in each.registered_commands:
+            if info.short_help is None and info.callback is not None:
+                first = inspect.cleandoc(info.callback.__doc__ or "").split("\n\n")[0]
+                info.short_help = " ".join(first.split()) or None
+
+
+_one_line_summaries(app, fleet_app)
+
+
 def main() -> None:
     """Every command's failures end in cli_errors; what escapes them (typer's own machinery)
     still ends in one line here (--debug: after its traceback)."""
