@@ -98,6 +98,16 @@ def test_bad_configs_name_the_file_and_the_field(tmp_path, body, field):
     assert str(path) in str(err.value) and f"'{field}'" in str(err.value)
 
 
+def test_a_config_section_given_as_a_value_is_called_a_table(tmp_path):
+    """`connection = "local"` was told "expected a JSON object, got 'str'" in a TOML file."""
+    path = tmp_path / "c.toml"
+    path.write_text('connection = "local"\n')
+    with pytest.raises(FormatError) as err:
+        load_device(path)
+    assert "field 'connection': expected a table ([name] or name = {...}), got 'local'" \
+        in str(err.value)
+
+
 def test_serial_config_reads_port_and_baud(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text('[connection]\nkind = "serial"\nport = "/dev/ttyUSB0"\nbaud = 115200\n')

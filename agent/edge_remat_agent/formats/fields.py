@@ -12,12 +12,20 @@ from .errors import FormatError, unreadable_file
 _MISSING = object()
 
 
+def _an_object(source: str) -> str:
+    """What a nested object is called in the source's own format (a device config, a fleet
+    manifest: TOML; QA: `connection = "local"` was told "expected a JSON object")."""
+    return "a table ([name] or name = {...})" if str(source).endswith(".toml") \
+        else "a JSON object"
+
+
 class Reader:
     """Reads fields of one JSON object; errors name the file and the dotted field path."""
 
     def __init__(self, obj: Any, source: str, where: str = ""):
         if not isinstance(obj, dict):
-            raise FormatError(source, where or "<root>", "a JSON object", type(obj).__name__)
+            given = obj if isinstance(obj, (str, int, float, bool)) else type(obj).__name__
+            raise FormatError(source, where or "<root>", _an_object(source), given)
         self.obj = obj
         self.source = source
         self.where = where
@@ -80,7 +88,7 @@ class Reader:
         if value is default and default is not _MISSING:
             return value
         if not isinstance(value, dict):
-            raise self.error(key, "a JSON object", value)
+            raise self.error(key, _an_object(self.source), value)
         return value
 
     def list(self, key: str, default: Any = _MISSING) -> Any:
