@@ -131,7 +131,7 @@ def test_configs_sharing_a_name_are_said_with_the_one_a_run_takes(configs):
     (configs / "shadow.toml").write_text('name = "rpi4"\n[connection]\nkind = "local"\n')
     code, out, err = cli("devices")
     assert code == 0
-    assert f"warning: 2 device configs are named 'rpi4' (" in err and "shadow.toml" in err
+    assert "warning: 2 device configs are named 'rpi4' (" in err and "shadow.toml" in err
     assert err.rstrip().endswith(f"--device rpi4 takes {REPO / 'device_configs' / 'rpi4.toml'},"
                                  " whose file name it is")
     assert find_device("rpi4").connection.kind == "ssh"
