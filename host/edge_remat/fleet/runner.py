@@ -166,10 +166,10 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
                 (captured if kind == "capture" else planned)(item, outcome)
             progress.redraw()
     except KeyboardInterrupt:
-        backend.cancel(list(in_flight))
         progress.close()
         ordered = [rows[t] for t in tasks if t in rows]
-        write_results(ordered, out, str(manifest.path))
+        write_results(ordered, out, str(manifest.path))  # first: on disk whatever comes next
+        backend.cancel(list(in_flight))
         raise Interrupted(f"interrupted ({stopped_by()}) with {len(ordered)} of "
                           f"{counted(len(tasks), 'task')} "
                           f"recorded in {out}/results.csv; run the same command again to "
