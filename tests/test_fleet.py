@@ -342,8 +342,8 @@ def test_sigterm_is_an_interrupt_with_the_results_so_far_and_ray_gone(moment, tm
     import sys
     import time
     path = tmp_path / "fleet.toml"
-    _one_mlp_on_one_board(path)  # with many budgets: tasks still run when the signal comes
-    path.write_text(path.read_text().replace('budgets = ["80%"]', f"budgets = {BUDGETS * 6}"
+    _one_mlp_on_one_board(path)  # 60 tasks: most still to run when the signal comes
+    path.write_text(path.read_text().replace('budgets = ["80%"]', f"budgets = {BUDGETS * 20}"
                                              .replace("'", '"')))
     out = tmp_path / "out"
     process = subprocess.Popen(
