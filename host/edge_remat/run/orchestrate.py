@@ -147,16 +147,17 @@ def _remove_earlier_outputs(out: Path, started: float, earlier_run: bool, say: S
 def _remove_outputs_since(out: Path, started: float) -> None:
     """The outputs this run wrote (graph.json before a budget turned out infeasible, say), so
     that bad input leaves no files, as every command's exit status 2 promises."""
+    since = started - 2.0  # a filesystem may keep times to the second (or two: FAT)
     for name in RUN_OUTPUTS:
         path = out / name
-        if path.is_file() and path.stat().st_mtime >= started - 2.0:
+        if path.is_file() and path.stat().st_mtime >= since:
             path.unlink()
     # the board's profile fetched before planning refused the budget (QA): the profile cache
     # keeps it, so the next run does not measure it again
     fetched = out / "profile"
-    if fetched.is_dir() and fetched.stat().st_mtime >= started - 2.0:
+    if fetched.is_dir() and fetched.stat().st_mtime >= since:
         for path in fetched.iterdir():
-            if path.is_file() and path.stat().st_mtime >= started - 2.0:
+            if path.is_file() and path.stat().st_mtime >= since:
                 path.unlink()
         with contextlib.suppress(OSError):  # what is left there is not this run's
             fetched.rmdir()
