@@ -12,7 +12,7 @@ import os
 from typing import Any, Callable, NamedTuple, Optional
 
 from ..errors import UserError
-from ..planner.interrupt import sigterm_interrupt
+from ..planner.interrupt import sigterm_as_ctrl_c, sigterm_interrupt
 from .tasks import capture_outcome, plan_outcome
 
 RAY_EXTRA = "pip install -e '.[fleet]'"
@@ -161,23 +161,17 @@ class RayBackend:
 def _sigterm_kept():
     """ray.init gives the driver a SIGTERM handler of its own, which exits with status 15
     (SystemExit) and, once Ray runs, dumps a crash report (exit 134) with no results written.
-    The fleet's (SIGTERM as Ctrl-C: the results so far written, exit 130) comes back after it,
-    and a SIGTERM while Ray starts is that interrupt too."""
+    sigterm_as_ctrl_c puts the handler from before back after it (the fleet's: the results so
+    far written, exit 130), and a SIGTERM while Ray starts, Ray's SystemExit, is that
+    interrupt too."""
     import signal
-    import threading
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    ours = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    except SystemExit as exc:
-        if exc.code != signal.SIGTERM:
-            raise
-        raise sigterm_interrupt() from None
-    finally:
-        if ours is not None:  # None: not set from Python, nothing of ours to put back
-            signal.signal(signal.SIGTERM, ours)
+    with sigterm_as_ctrl_c():
+        try:
+            yield
+        except SystemExit as exc:
+            if exc.code != signal.SIGTERM:
+                raise
+            raise sigterm_interrupt() from None
 
 
 @contextlib.contextmanager

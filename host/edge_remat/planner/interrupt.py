@@ -59,4 +59,5 @@ def sigterm_as_ctrl_c():
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:  # None: set from C, not Python; nothing to put back
+            signal.signal(signal.SIGTERM, previous)
