@@ -322,6 +322,38 @@ def test_profile_refuses_an_unknown_model_before_reaching_the_board(tmp_path):
     no_new_files(before, tmp_path)
 
 
+def test_profile_refuses_a_model_file_of_this_machine_and_names_the_graph_route(tmp_path):
+    # QA: the board measured for 16 s, then failed with "No module named 'sq'"
+    (tmp_path / "sq.py").write_text("def make():\n    pass\n")
+    before = tree(tmp_path)
+    refused(cli("profile", "--device", "local", "--model", "sq.py:make", "--out",
+                tmp_path / "p", cwd=tmp_path), BAD_INPUT, "sq.py is a file here",
+            "edge-remat graph --model sq.py:make --output graph.json", "--graph graph.json")
+    no_new_files(before, tmp_path)
+
+
+def test_the_profiler_says_a_model_it_cannot_import_before_measuring_anything(tmp_path):
+    """The agent's own check, for a MODULE:FACTORY the board lacks: a ValueError (a job's
+    one-line error) before the flash is touched, where it came after all the measurements."""
+    from edge_remat_agent.profiler.measure import ProfileOptions, measure_profile
+    pages = tmp_path / "pages"
+    options = ProfileOptions(page_dir=str(pages), model="no_such_module_here:make",
+                             idle_s=0.0, busy_s=0.0)
+    with pytest.raises(ValueError, match="--model no_such_module_here:make: cannot import "
+                       "no_such_module_here.*builds --model to measure"):
+        measure_profile(options, say=lambda line: None)
+    assert not pages.exists()
+
+
+def test_the_profilers_footprint_builds_an_hf_spec_as_the_capture_does():
+    # it imported a module named 'hf' and failed after the measurements
+    from edge_remat_agent.profiler.measure import model_builder
+    config = ('hf:bert?config={"hidden_size":32,"num_hidden_layers":1,'
+              '"num_attention_heads":2,"intermediate_size":64,"vocab_size":100}')
+    module, args = model_builder(config)()
+    assert sum(p.numel() for p in module.parameters()) > 0 and args
+
+
 def test_plan_output_dash_is_refused_not_written_as_a_file_named_dash(tmp_path):
     graph = tiny_graph(tmp_path)
     refused(cli("plan", "--graph", graph, "--budget", "0.8", "-o", "-", cwd=tmp_path),

@@ -1020,6 +1020,15 @@ def _check_profile_model(model: str, loaded, graph_file, say) -> None:
     from edge_remat_agent.zoo import not_a_model
     if (why := not_a_model(model)) is not None:
         raise UserError(f"--model {model!r} is {why}")
+    from edge_remat_agent.user_code import names_file
+    module_part = model.rpartition(":")[0]
+    if names_file(module_part):  # QA: the board found no such module after the measurements
+        graph_command = f"edge-remat graph --model {model} --output graph.json"
+        raise UserError(f"--model {model}: {module_part} is a file here, and the board builds "
+                        "--model itself (to measure the runtime's memory with it); capture "
+                        f"its graph here and profile that (`{graph_command}`, then `edge-remat "
+                        "profile --device ... --graph graph.json`), as `run` does, or give a "
+                        "module the board can import")
     captured = ((loaded.capture.get("source") or {}).get("model") if loaded is not None
                 else None)
     if captured and captured != model:

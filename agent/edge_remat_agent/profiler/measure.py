@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -130,6 +129,8 @@ def measure_profile(options: ProfileOptions, progress=None, say: Callable[[str],
     (a line) as each phase starts: on a slow board (the emulated arm64 board: capture 6 min,
     the footprint's fresh torch import 1-2 min) each takes minutes."""
     check_power_sensor(options)
+    if options.model and not options.no_footprint:
+        model_builder(options.model)  # one the board cannot build: said before the capture
     from ..devices import unavailable
     if (why := unavailable(options.device)) is not None:
         raise ValueError(why)
@@ -195,6 +196,10 @@ def measure_board(options: ProfileOptions, say: Callable[[str], None] = to_stder
     `source`: the profiled graph's `capture.source`, which the footprint's model is built as."""
     from . import (board_identity, measure_flash, measure_power, measure_runtime_footprint,
                    measured_profile, sizes_between)
+    footprint = built_as = build = None
+    if not options.no_footprint and options.model:  # built first: a bad one fails at once
+        built_as = footprint_source(options, source)
+        build = model_builder(options.model, built_as)
     sizes = options.sizes or sizes_between(options.min_size, options.max_size)
     flash = None
     if options.page_dir:
@@ -207,10 +212,7 @@ def measure_board(options: ProfileOptions, say: Callable[[str], None] = to_stder
             if options.host_pages else None)
     say(f"power: sensor {options.sensor}, {options.idle_s} s idle, {options.busy_s} s busy")
     power = measure_power(options.sensor, idle_s=options.idle_s, busy_s=options.busy_s)
-    footprint = built_as = None
     if not options.no_footprint:
-        built_as = footprint_source(options, source) if options.model else None
-        build = model_builder(options.model, built_as) if built_as else None
         say("footprint: a fresh Python's memory, bare, after import torch"
             + (f" and after building {options.model}" if options.model else ""))
         footprint = measure_runtime_footprint(build)
@@ -292,17 +294,28 @@ def model_builder(spec: str, source: dict | None = None) -> Callable[[], Any]:
         if spec not in zoo.MODELS:
             raise ValueError(f"no zoo model {spec!r}: use one of {', '.join(zoo.MODELS)} "
                              "or module:function")
+    from ..capture.models import load_source_model
     named = source is not None and source.get("model") == spec
     if named and (":" not in spec or "dtype" in source or "trainable_dtype" in source):
-        from ..capture.models import load_source_model
         return functools.partial(load_source_model, dict(source))
     if ":" not in spec:
         return functools.partial(zoo.build, spec)
-    module_name, _, attribute = spec.partition(":")
-    target: Any = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        target = getattr(target, part)
-    return target
+    # hf: specs and MODULE:FACTORY (a module or a .py file) are built as a capture builds
+    # them; the module is imported here, so that one the board lacks is said before the
+    # measurements' seconds, not after them as a bare ModuleNotFoundError (QA)
+    from ..capture.hf import is_hf_spec
+    if not is_hf_spec(spec):
+        from ..user_code import UserCodeError, import_user_module
+        module_part, _, factory_name = spec.rpartition(":")
+        here = "on the board, which builds --model to measure the runtime's memory with it"
+        try:
+            module = import_user_module(module_part, "edge_remat_user_")
+        except UserCodeError as exc:
+            raise ValueError(f"--model {spec}: {exc}, {here}") from None
+        if not callable(getattr(module, factory_name, None)):
+            raise ValueError(f"--model {spec}: {module_part} has no callable named "
+                             f"{factory_name!r}, {here}")
+    return functools.partial(load_source_model, dict(source) if named else {"model": spec})
 
 
 def board_errors() -> tuple[type[BaseException], ...]:

@@ -293,8 +293,10 @@ def measure_runtime_footprint(build_model: Callable[[], Any] | None = None,
     done = subprocess.run([sys.executable, "-c", _PROBE], input=payload, capture_output=True,
                           timeout=timeout_s, env=env)
     if done.returncode != 0:
+        # the child's last line, its exception: a job's error is one line, not a traceback
+        said = done.stderr.decode(errors="replace").strip().splitlines()
         raise RuntimeError(f"footprint probe failed ({done.returncode}): "
-                           f"{done.stderr.decode(errors='replace').strip()[-2000:]}")
+                           + (said[-1] if said else "it said nothing"))
     return RuntimeFootprint(**json.loads(done.stdout.decode().strip().splitlines()[-1]))
 
 
