@@ -587,6 +587,8 @@ def _shape_options_without_effect(model: Optional[str], image: Optional[int],
     """Why each of --image and --seq given does nothing: the zoo's table says which one a
     model reads (zoo.READS), an hf: model's task does; an ONNX file fixes every shape but the
     batch."""
+    if image is None and seq is None:
+        return []  # nothing to say, and no torch to import for it (the zoo's and hf's tables)
     if model is not None:
         from edge_remat_agent.capture import hf
         from edge_remat_agent.zoo import options_without_effect
@@ -1138,7 +1140,6 @@ def run_command(
     and report planned against measured. Exit status 4: the run was killed (out of memory)."""
     from .remote import to_stderr
     from .run import RunOptions, run
-    from .reports.run_report import report_text
     from .units import Budget, parse_size
 
     limit = int(parse_size(memory_limit, "--memory-limit")) if memory_limit else None
@@ -1152,7 +1153,7 @@ def run_command(
     from edge_remat_agent.allocator import MALLOCS
     if malloc is not None and malloc not in MALLOCS:
         raise FormatError("command line", "--malloc", " or ".join(MALLOCS), malloc)
-    from edge_remat_agent.capture.state import PARAM_HOMES
+    from edge_remat_agent.formats.graph_details import PARAM_HOMES
     if params_home not in ("auto", *PARAM_HOMES):  # before any capture starts
         raise FormatError("command line", "--params-home", " or ".join(("auto", *PARAM_HOMES)),
                           params_home)
@@ -1177,6 +1178,7 @@ def run_command(
         checkpoint_every=checkpoint_every, stop_after=stop_after, resume=resume,
         stop_on_nonfinite=stop_on_nonfinite, extra={"malloc": malloc} if malloc else {})
     report = run(options, say=to_stderr)
+    from .reports.run_report import report_text  # imports torch: not before the checks above
     killed = report["status"] == "killed"
     if as_json:
         if killed:  # as every failure with --json: `error` in the object, the line on stderr

@@ -22,7 +22,7 @@ from ..grad_clip import check_max_norm
 from .gradient_groups import gradients_apart, weight_gradients_apart
 from .precision import dtype_source, refuse_fp16_adam
 from .optimizer import optimizer_named
-from .state import PARAM_HOMES, UPDATE_MODES
+from ..formats.graph_details import PARAM_HOMES, UPDATE_MODES
 from .refine import name_ops, refine, split_to_ops
 from .trace import TOOL, JointTrace, trace_joint
 from ..accumulation import ACCUMULATE_KEY, check_micro_batches

@@ -42,8 +42,6 @@ from .clip_nodes import norm_nodes
 from .optimizer import Optimizer
 from .trace import JointTrace
 
-UPDATE_MODES = ("fused", "step")
-PARAM_HOMES = ("ram", "flash")  # the executor homes parameters on flash (not yet the host)
 
 
 @dataclass

@@ -18,6 +18,10 @@ from .fields import Reader
 # a param node's `attrs.io.source` where its group comes from the model's frozen weight file
 # (weights/store.py), which costs its own reads (the flash tier's weights_read_curve)
 WEIGHT_FILE = "weight file"
+# a capture's update nodes and its parameters' homes (here, not in capture/: the host checks
+# the options before it imports torch)
+UPDATE_MODES = ("fused", "step")
+PARAM_HOMES = ("ram", "flash")  # the executor homes parameters on flash (not yet the host)
 
 
 def _count(r: Reader, key: str) -> None:  # bytes or nodes: an integer >= 0

@@ -40,6 +40,7 @@ from typing import Any, Callable, Optional
 
 from edge_remat_agent.capture import DEFAULT_LR, DTYPE_NAMES, mixed_dtype_problem
 from edge_remat_agent.formats import FormatError, Profile, load_profile
+from edge_remat_agent.formats.graph_details import PARAM_HOMES, UPDATE_MODES
 from edge_remat_agent.user_code import names_file, spec_file
 
 from ..errors import UserError
@@ -247,8 +248,8 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
             note(f"{where}.seed", f"expected a whole number, got {raw['seed']!r}")
         else:
             capture["seed"] = raw["seed"]
-    for key, allowed in (("optimizer", tuple(DEFAULT_LR)), ("params_home", ("ram", "flash")),
-                         ("update", ("fused", "step")), ("dtype", DTYPE_NAMES),
+    for key, allowed in (("optimizer", tuple(DEFAULT_LR)), ("params_home", PARAM_HOMES),
+                         ("update", UPDATE_MODES), ("dtype", DTYPE_NAMES),
                          ("trainable_dtype", DTYPE_NAMES)):
         if key in raw:
             if raw[key] not in allowed:
