@@ -146,6 +146,12 @@ def test_the_history_goes_on_through_a_second_resume_and_the_report_says_it_once
     lines = report_text(host).splitlines()
     assert [line for line in lines if changed in line] == \
         [f"lr        {changed} (--resume with another --lr)"]
+    # the misses number the steps from where the run went on (QA: steps 4-8 were "2-5")
+    resumed = build_report(mode="planned", status="finished", device="bench", model="example",
+                           steps=STEPS, result=third, plan=plan.to_dict(),
+                           resumed_after_step=3)
+    timed = [line for line in resumed["misses"] if line.startswith("step time: ")]
+    assert len(timed) == 1 and timed[0].startswith("step time: step 4 "), resumed["misses"]
     first = build_report(mode="planned", status="finished", device="bench", model="example",
                          steps=STEPS, result={**third, "optimizer": {"lr": LR_A}})
     assert first["lr_history"] is None and "--lr" not in report_text(first)

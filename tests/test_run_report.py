@@ -68,6 +68,52 @@ def test_the_plan_file_is_the_prediction_and_runtime_warm_memory_is_not_a_tensor
     assert "1.4 / 1.4" in step_line
 
 
+def test_the_report_names_the_optimizer_with_every_setting_it_stepped_with():
+    """QA: only the board's report named the optimizer, and AdamW's weight decay (torch's
+    default 0.01) nowhere: too little to train the same steps in plain PyTorch."""
+    import inspect
+
+    import torch
+    from edge_remat_agent.executor.run import _optimizer_description
+    from edge_remat_agent.formats import Graph
+    graph = Graph(name="g", nodes=[], capture={"optimizer": "adamw"})
+    planned = _optimizer_description(graph, 0.002, "cosine", 2)
+    assert planned["class"] == "torch.optim.AdamW" and planned["lr"] == 0.002
+    assert planned["weight_decay"] == 0.01 and planned["betas"] == [0.9, 0.999]
+    assert planned["eps"] == 1e-8 and planned["amsgrad"] is False
+    defaults = inspect.signature(torch.optim.AdamW).parameters
+    assert planned["weight_decay"] == defaults["weight_decay"].default
+    result = {"steps": [{"loss": 1.0, "step_time_s": 0.1}], "optimizer": planned}
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
+                          result=result)
+    assert report["optimizer"] == planned
+    plain = build_report(mode="plain", status="finished", device="b", model="m", steps=1,
+                         result={**result, "optimizer": "sgd-nesterov", "lr": 0.05})
+    assert plain["optimizer"] == {"name": "sgd-nesterov", "class": "torch.optim.SGD",
+                                  "momentum": 0.9, "dampening": 0, "weight_decay": 0,
+                                  "nesterov": True, "lr": 0.05, "foreach": False}
+    assert json.loads(json.dumps(report))["optimizer"] == planned
+
+
+def test_an_arena_fitted_plan_reports_the_budget_asked_and_where_it_was_planned():
+    # QA: `run --allocator arena --budget 82%` said "budget 11.45 MiB (81% of plain ...)",
+    # the lower budget --arena-fit planned at, as a share of another plain peak
+    mib = 2**20
+    plan = {"budget_bytes": 9 * mib, "predicted": {"peak_bytes": 9 * mib, "time_s": 1.0},
+            "arena": {"size_bytes": 9 * mib, "details": {"fit": {
+                "budget_bytes": 10 * mib, "planned_at_bytes": 9 * mib, "fits": True}}}}
+    result = {"steps": [{"loss": 1.0, "step_time_s": 1.0}]}
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
+                          result=result, plan=plan, plain_peak_bytes=20 * mib)
+    assert report["budget_bytes"] == 10 * mib and report["planned_at_bytes"] == 9 * mib
+    line = next(line for line in report_text(report).splitlines() if line.startswith("plan "))
+    assert "budget 10.00 MiB (50% of plain 20.00 MiB), the schedule planned at 9.00 MiB so " \
+        "that the arena fits it" in line, line
+    unfitted = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
+                            result=result, plan={**plan, "arena": None})
+    assert unfitted["budget_bytes"] == 9 * mib and "planned_at_bytes" not in unfitted
+
+
 def test_steady_median_leaves_the_first_step_out():
     assert steady_median([]) == (None, "")
     assert steady_median([1.5]) == (1.5, "step 1")

@@ -121,6 +121,23 @@ TORCH_OPTIMIZERS = {
 }
 
 
+# the settings that change the steps, where torch's own defaults stand unless named above
+HYPERPARAMETERS = ("momentum", "dampening", "nesterov", "betas", "eps", "weight_decay",
+                   "amsgrad")
+
+
+def optimizer_settings(name: str) -> dict[str, object]:
+    """Every setting the named optimizer steps with (torch's defaults included: AdamW's
+    weight decay 0.01, Adam's betas and eps), so that a report says enough to train the same
+    steps elsewhere (QA: AdamW's decay was nowhere to be read)."""
+    import inspect
+    cls, options = TORCH_OPTIMIZERS[name]
+    defaults = {key: value.default for key, value in inspect.signature(cls).parameters.items()
+                if key in HYPERPARAMETERS}
+    settings = {"class": f"torch.optim.{cls.__name__}", **defaults, **options}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
+
+
 def torch_optimizer(name: str, module: nn.Module, lr: float | None = None
                     ) -> torch.optim.Optimizer:
     """The optimizer a captured graph's update node stands for, over the trainable parameters;

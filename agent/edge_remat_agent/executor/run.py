@@ -18,7 +18,7 @@ from ..accumulation import GradientBuffers, micro_batches_of
 from ..allocator import give_back_freed_memory, map_large_blocks, steady_heap
 from ..capture import CaptureError, Captured
 from ..capture.errors import GraphMismatch
-from ..capture.optimizer import TORCH_OPTIMIZERS, torch_optimizer
+from ..capture.optimizer import TORCH_OPTIMIZERS, optimizer_settings, torch_optimizer
 from ..capture.replay import StepRunner
 from ..costs import plan_costs
 from ..devices import (allocated_peak, release_cached, reserved_peak, reset_peaks,
@@ -487,7 +487,7 @@ def _optimizer_description(graph: Graph, lr: float | None, lr_schedule: str = "c
     schedule, the gradients' clipping), and whether it steps group by group as gradients
     complete (fused) or once after the backward."""
     name = graph.capture.get("optimizer", "sgd")
-    cls, options = TORCH_OPTIMIZERS.get(name, (None, {}))
+    options = optimizer_settings(name) if name in TORCH_OPTIMIZERS else {}
     return {"name": name, **options, "lr": float(lr) if lr is not None else options.get("lr"),
             "lr_schedule": lr_schedule, "warmup": warmup,
             "clip_grad_norm": graph.capture.get("clip_grad_norm"),

@@ -134,11 +134,17 @@ def _gap_note(s: dict[str, Any]) -> str:
     return ""
 
 
+def asked_budget(plan_dict: dict[str, Any]) -> int | None:
+    """The budget asked: the plan's own, or, where --arena-fit planned the schedule lower so
+    that the arena fits, the one before that (the plan's is then the lower one)."""
+    arena = plan_dict.get("arena") or {"details": {}}
+    return arena["details"].get("fit", {}).get("budget_bytes", plan_dict.get("budget_bytes"))
+
+
 def arena_over_budget(plan_dict: dict[str, Any]) -> int:
     """Bytes by which the arena and fixed memory (what `run --allocator arena` allocates) pass
     the budget asked (the one before any --arena-fit re-planning); 0 where they fit."""
-    arena = plan_dict["arena"]
-    asked = arena["details"].get("fit", {}).get("budget_bytes", plan_dict["budget_bytes"])
+    arena, asked = plan_dict["arena"], asked_budget(plan_dict)
     footprint = arena["size_bytes"] + plan_dict["problem"]["fixed_bytes"]
     return max(0, footprint - asked)
 

@@ -19,6 +19,7 @@ from edge_remat_agent.run_command import device_memory_line, reference_words
 from edge_remat_agent.units import counted
 
 from ..units import budget_against_plain, fmt_bytes
+from .report import asked_budget
 
 # job_start: which start of the board's job trained the step (its daemon restarted it)
 STEP_FIELDS = ("loss", "step_time_s", "ledger_peak_bytes", "rss_peak_bytes", "energy_j",
@@ -71,10 +72,13 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
                  kernel_peak_bytes: Optional[int] = None, kernel_peak_source: str = "",
                  plain_peak_bytes: Optional[int] = None, profile: Optional[dict] = None,
                  grad_check: Any = None, data: str = "example",
-                 paths: Optional[dict] = None, micro_batches: int = 1) -> dict[str, Any]:
+                 paths: Optional[dict] = None, micro_batches: int = 1,
+                 resumed_after_step: Optional[int] = None) -> dict[str, Any]:
     """One object with everything the run showed; `plots` and `report` are filled in later.
     `micro_batches`: K of gradient accumulation, whose step is K passes of the plan (its
-    time and energy the plan's `accumulated_step`; its peak the plan's)."""
+    time and energy the plan's `accumulated_step`; its peak the plan's).
+    `resumed_after_step`: the step a resumed run went on from, which the misses' words number
+    their steps from (QA: set after them, a run resumed after step 3 said "steps 2-5")."""
     per_step = steps_from(result)
     predicted = (plan or {}).get("predicted", {})
     # K passes, each with its own work (a plan from before it said so: K times the pass)
@@ -107,7 +111,11 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "executor_allocator": (result or {}).get("executor_allocator"),
         "malloc": (result or {}).get("malloc"),  # the board's: requested, running (note)
         "arena_bytes": ((result or {}).get("arena") or {}).get("size_bytes"),
-        "budget_bytes": (plan or {}).get("budget_bytes"),
+        # the budget asked (QA: after --allocator arena re-planned lower so that its arena
+        # fits, the report called the lower one the budget, as a share of another plain peak)
+        "budget_bytes": asked_budget(plan) if plan else None,
+        **({"planned_at_bytes": plan["budget_bytes"]}
+           if plan and plan.get("budget_bytes") != asked_budget(plan) else {}),
         "plain_peak_bytes": plain_peak_bytes,
         "predicted_peak_bytes": predicted_peak,
         # Of the peak, what the ledger can see: all but the memory the ops' first calls leave
@@ -131,12 +139,27 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "memory_by_class": (result or {}).get("memory_by_class"),
         # the job's starts, where its board's daemon restarted it (executor.report.job_starts)
         "job_starts": ((result or {}).get("checkpoint") or {}).get("starts"),
+        "optimizer": optimizer_of(result),
         "lr_history": changed_lr(result),
         "plots": [],
         **(paths or {}),
+        **({"resumed_after_step": resumed_after_step} if resumed_after_step else {}),
     }
     report["misses"] = misses(report)
     return report
+
+
+def optimizer_of(result: Optional[dict]) -> Optional[dict]:
+    """The optimizer and every setting it stepped with (QA: only the board's report said it,
+    and without AdamW's weight decay); a plain run's result names it, with its --lr."""
+    described = (result or {}).get("optimizer")
+    if isinstance(described, dict):
+        return described
+    from edge_remat_agent.capture.optimizer import TORCH_OPTIMIZERS, optimizer_settings
+    if not isinstance(described, str) or described not in TORCH_OPTIMIZERS:
+        return None
+    return {"name": described, **optimizer_settings(described),
+            **({"lr": result["lr"]} if result.get("lr") is not None else {})}
 
 
 def changed_lr(result: Optional[dict]) -> Optional[list]:
@@ -289,6 +312,9 @@ def report_text(report: dict) -> str:
         plain = report.get("plain_peak_bytes")
         budget = budget_against_plain(report["budget_bytes"], plain) if plain else \
             f"budget {fmt_bytes(report['budget_bytes'])}"
+        if report.get("planned_at_bytes"):
+            budget += (f", the schedule planned at {fmt_bytes(report['planned_at_bytes'])} so "
+                       "that the arena fits it")
         lines.append(f"plan      {budget}, solver "
                      f"{report.get('solver')}, "
                      f"{counted(report.get('recomputed'), 'recomputation')}, "

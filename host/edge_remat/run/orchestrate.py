@@ -364,18 +364,18 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     if check_on_host and opts.check_gradients and outcome["status"] in ENDED_WELL:
         outcome["grad_check"] = host_gradient_check(graph, plan_path, say, captured,
                                                     board.name if no_room else None)
+    # the step the job's report goes on from (--resume's); a job its board's daemon restarted
+    # reports every step of the job, from its first start on (its report's job_starts)
+    picked_up = ((outcome.get("result") or {}).get("checkpoint") or {}).get("resumed_from_step")
     report = build_report(mode="planned", device=device.name, model=opts.model,
                           steps=opts.steps, data=data, plan=plan_dict,
                           memory_limit_bytes=device.hardware.memory_limit_bytes,
                           plain_peak_bytes=plain_peak, profile=chosen.summary(),
                           paths={"graph": str(graph_path), "plan": str(plan_path)},
-                          micro_batches=opts.accumulate, **outcome)
+                          micro_batches=opts.accumulate,
+                          resumed_after_step=(picked_up or resumed["steps_done"])
+                          if resumed or picked_up else None, **outcome)
     report["weights"] = _weights_into(out, outcome)
-    # the step the job's report goes on from (--resume's); a job its board's daemon restarted
-    # reports every step of the job, from its first start on (its report's job_starts)
-    picked_up = ((outcome.get("result") or {}).get("checkpoint") or {}).get("resumed_from_step")
-    if resumed or picked_up:
-        report["resumed_after_step"] = picked_up or resumed["steps_done"]
     if "identity" in params:
         report["checkpoint"] = keep_checkpoint(board, out, outcome, job_id)
         if report["checkpoint"] and outcome["status"] == "killed":
