@@ -327,9 +327,27 @@ def test_profile_refuses_a_model_file_of_this_machine_and_names_the_graph_route(
     (tmp_path / "sq.py").write_text("def make():\n    pass\n")
     before = tree(tmp_path)
     refused(cli("profile", "--device", "local", "--model", "sq.py:make", "--out",
-                tmp_path / "p", cwd=tmp_path), BAD_INPUT, "sq.py is a file here",
+                tmp_path / "p", cwd=tmp_path), BAD_INPUT, "names a file of this machine",
             "edge-remat graph --model sq.py:make --output graph.json", "--graph graph.json")
     no_new_files(before, tmp_path)
+
+
+def test_profile_keeps_its_graph_and_an_earlier_profile_in_its_out_folder(tmp_path):
+    # QA: `--graph D/profile.json --out D` replaced the graph with the profile (exit 0), and a
+    # second profile into D replaced the first in silence; plan, graph and plot refuse both
+    graph = tmp_path / "d" / "profile.json"
+    assert cli("graph", "--model", "mlp", "--output", graph).returncode == 0
+    before = graph.read_bytes()
+    refused(cli("profile", "--device", "local", "--graph", graph, "--out", graph.parent,
+                "--force", cwd=tmp_path), BAD_INPUT, "the --graph file it reads",
+            "would replace it")
+    assert graph.read_bytes() == before
+    earlier = tmp_path / "e" / "profile.json"
+    earlier.parent.mkdir()
+    earlier.write_text("{}")
+    refused(cli("profile", "--device", "local", "--out", earlier.parent, cwd=tmp_path),
+            BAD_INPUT, "already holds profile.json", "--force")
+    assert earlier.read_text() == "{}"
 
 
 def test_the_profiler_says_a_model_it_cannot_import_before_measuring_anything(tmp_path):

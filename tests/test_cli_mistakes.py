@@ -280,7 +280,12 @@ def test_run_names_every_parameter_home_before_it_captures(tmp_path):
 
 @pytest.mark.parametrize("param,words", [("bogus=1", ["unknown profile param 'bogus'"]),
                                          ("window_s=0", ["--window-s", "positive"]),
-                                         ("share_s=-1", ["--share-s", "0 or more"])])
+                                         ("share_s=-1", ["--share-s", "0 or more"]),
+                                         # QA: measured until killed, or an OverflowError
+                                         ("busy_s=inf", ["--busy-s", "at most 3600"]),
+                                         ("idle_s=1e400", ["--idle-s", "not inf"]),
+                                         ("min_size=128MiB", ["--min-size (128 MiB)",
+                                                              "--max-size (64 MiB)"])])
 def test_profile_params_the_board_would_refuse_are_refused_before_it_is_reached(tmp_path, param,
                                                                                   words):
     proc = cli("profile", "--device", "local", "--param", param, "--out", tmp_path / "p")

@@ -956,6 +956,7 @@ def profile(
     trainable_dtype: Optional[str] = typer.Option(None, "--trainable-dtype",
                                                   help=TRAINABLE_DTYPE_HELP),
     out: str = typer.Option("profiles", "--out", help="folder for the measured profile"),
+    force: bool = typer.Option(False, "--force", help="overwrite OUT/profile.json"),
     keep_running: bool = typer.Option(False, "--keep-running", help=KEEP_RUNNING_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -987,7 +988,9 @@ def profile(
         check_runnable(loaded, graph)
     if model is not None:
         _check_profile_model(model, loaded, graph, to_stderr)
-    output_folder(out)
+    # QA: `--graph D/profile.json --out D` replaced the graph with the profile, and a second
+    # profile into D replaced the first (minutes of a board's measuring) in silence
+    output_folder(out, inputs={"--graph": graph}, writes=("profile.json",), force=force)
     config = find_device(device)
     if config.hardware.page_dir and "page_dir" not in values:
         values["page_dir"] = config.hardware.page_dir
@@ -1026,7 +1029,7 @@ def _check_profile_model(model: str, loaded, graph_file, say) -> None:
     module_part = model.rpartition(":")[0]
     if names_file(module_part):  # QA: the board found no such module after the measurements
         graph_command = f"edge-remat graph --model {model} --output graph.json"
-        raise UserError(f"--model {model}: {module_part} is a file here, and the board builds "
+        raise UserError(f"--model {model} names a file of this machine, and the board builds "
                         "--model itself (to measure the runtime's memory with it); capture "
                         f"its graph here and profile that (`{graph_command}`, then `edge-remat "
                         "profile --device ... --graph graph.json`), as `run` does, or give a "

@@ -21,6 +21,7 @@ from .contention import MAX_S as SHARE_MAX_S
 SIZE_OPTIONS = {"min_size", "max_size", "flash_capacity"}
 NUMBER_OPTIONS = {"window_s", "idle_s", "busy_s", "op_window_s", "share_s"}
 FLAG_OPTIONS = {"no_fsync", "no_footprint"}
+MAX_WINDOW_S = 3600.0  # an hour for any one measurement: more is a mistake, not a profile
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,14 @@ class ProfileOptions:
         for name, least in (("window_s", None), ("op_window_s", None), ("share_s", 0.0),
                             ("idle_s", 0.0), ("busy_s", 0.0)):
             value = getattr(self, name)
-            if not (value > 0 if least is None else value >= least):  # nan fails both
+            # nan fails both; inf (QA: `--param busy_s=inf` measured until killed) the bound
+            if not (value > 0 if least is None else value >= least) or value > MAX_WINDOW_S:
                 wanted = "a positive number" if least is None else "0 or more"
                 raise ValueError(f"--{name.replace('_', '-')} must be {wanted} of seconds, "
-                                 f"not {value}")
+                                 f"at most {MAX_WINDOW_S:g}, not {value}")
+        if self.sizes is None and not 0 < self.min_size <= self.max_size:
+            raise ValueError(f"--min-size ({format_size(self.min_size)}) must be more than 0 "
+                             f"and no more than --max-size ({format_size(self.max_size)})")
         self._check_dtypes()
 
     def _check_dtypes(self) -> None:
