@@ -63,6 +63,24 @@ def test_found_by_name_by_prefix_and_by_path(configs):
         find_device(" ")
 
 
+def test_commands_a_message_names_take_the_device_as_it_can_be_found_again(configs, tmp_path):
+    # QA: a run given `--device ser/serial.toml` said to come back with `--device my-serial`,
+    # its `name`, which no search finds: the path is said instead
+    from edge_remat.devices import device_argument
+    from edge_remat.transport import Board
+    elsewhere = tmp_path / "elsewhere" / "serial board.toml"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text((configs / "bench.toml").read_text().replace(
+        'name = "bench"', 'name = "my-serial"'))
+    device = load_device(elsewhere)
+    assert device.name == "my-serial" and device_argument(device) == f"'{elsewhere}'"
+    assert device_argument(find_device("bench")) == "bench"
+    assert device_argument(find_device(str(configs / "bench.toml"))) == "bench"
+    back = Board(device).come_back("job-1")
+    assert f"job-status job-1 --device '{elsewhere}' --wait" in back
+    assert f"job-cancel job-1 --device '{elsewhere}'" in back
+
+
 def test_a_broken_config_leaves_the_others_found(configs):
     """One config that is not TOML made every lookup by name or prefix fail with its error
     (only a file name typed in full still worked)."""

@@ -179,6 +179,23 @@ def test_lr_may_change_on_a_resume_and_nothing_else_may():
         assert said is not None and words in said and "\n" not in said, said
 
 
+def test_a_checkpoint_of_another_model_or_of_deploy_is_said_as_such():
+    # QA: a checkpoint of mlp resumed as digits-cnn was said to differ in --batch, and a
+    # deploy's checkpoint resumed by run in --accumulate
+    from edge_remat.run import RunOptions
+    from edge_remat.run.resume import deploy_identity, training_identity
+    from edge_remat_agent.executor.save_choice import identity_mismatch
+    mlp = training_identity(RunOptions(device="bench", model="mlp", steps=6))
+    cnn = training_identity(RunOptions(device="bench", model="digits-cnn", batch=8, steps=6))
+    said = identity_mismatch(mlp, cnn)
+    assert said.startswith("the checkpoint's run had --model mlp, this run has digits-cnn"), said
+    deployed = deploy_identity(RunOptions(device="bench", model=None, steps=6), "g1")
+    said = identity_mismatch(deployed, mlp)
+    assert said.startswith("the checkpoint was written by `edge-remat deploy`, and this is "
+                           "`edge-remat run`: resume it with `edge-remat deploy ... --resume`")
+    assert "`edge-remat run ... --resume`" in identity_mismatch(mlp, deployed)
+
+
 def test_what_to_try_names_a_resume_only_from_a_checkpoint_before_the_diverged_update():
     """A run that stops at its first non-finite loss, at step 5, keeping its checkpoints:
     step 5's loss is the forward of the weights after step 4, so a resume with a smaller

@@ -296,6 +296,19 @@ def find_device(name_or_path: str) -> DeviceConfig:
                       f"{where}; or pass a path to a .toml)")
 
 
+def device_argument(device: DeviceConfig) -> str:
+    """What `--device` takes to find this config again, for the commands a message names: its
+    name where that finds this very file, else its path (QA: a run given `--device
+    ser/serial.toml` said to come back with `--device my-serial`, which no search finds)."""
+    try:
+        if os.path.realpath(find_device(device.name).path) == os.path.realpath(device.path):
+            return device.name
+    except (DeviceError, FormatError):
+        pass
+    import shlex
+    return shlex.quote(str(device.path))
+
+
 def shared_names(configs: list[tuple[str, str]]) -> list[str]:
     """A note for each name that several configs give (name, path): which one `--device NAME`
     takes, by find_device's rules (a file name first), or that it is ambiguous. A listing

@@ -26,14 +26,24 @@ CHECKPOINT_FILE = "checkpoint.pt"
 # its identity: --lr (the remedy of a run that diverged is to go on from its last good
 # checkpoint with a smaller one; the checkpoint's lr_history says which steps took which).
 MAY_CHANGE_ON_RESUME = ("--lr",)
+WHAT_TRAINS = ("--graph", "--model")
 
 
 def identity_mismatch(earlier: dict, now: dict) -> str | None:
     """The first option (a command-line name, e.g. "--batch") whose value differs between
     the run a checkpoint was written by (`earlier`) and the run resuming from it (`now`), in
     words; None when they agree. The identity is the options a resumed run must share with
-    its first part to train as one uninterrupted run would (MAY_CHANGE_ON_RESUME aside)."""
-    for option in sorted((set(earlier) | set(now)) - set(MAY_CHANGE_ON_RESUME)):
+    its first part to train as one uninterrupted run would (MAY_CHANGE_ON_RESUME aside).
+    What trains (the model, deploy's graph) is said before how (QA: a checkpoint of mlp,
+    resumed as digits-cnn, was said to differ in --batch)."""
+    if ("--graph" in earlier) != ("--graph" in now):  # deploy's identity names its graph
+        made, this = ("deploy", "run") if "--graph" in earlier else ("run", "deploy")
+        return (f"the checkpoint was written by `edge-remat {made}`, and this is `edge-remat "
+                f"{this}`: resume it with `edge-remat {made} ... --resume`, or start afresh "
+                "without --resume")
+    differing = sorted((set(earlier) | set(now)) - set(MAY_CHANGE_ON_RESUME),
+                       key=lambda option: (option not in WHAT_TRAINS, option))
+    for option in differing:
         if earlier.get(option) != now.get(option):
             return (f"the checkpoint's run had {option} {_shown(earlier.get(option))}, this "
                     f"run has {_shown(now.get(option))}: give {option} as it was (a resumed run "

@@ -377,7 +377,7 @@ def _board(raw: dict, where: str, here: Path, note) -> Optional[BoardEntry]:
 
 
 def _device_profile(device: str, where: str, note) -> Optional[Path]:
-    from ..devices import DeviceError, find_device
+    from ..devices import DeviceError, device_argument, find_device
     from ..run.profiles import modelled_profile_for
     try:
         config = find_device(device)
@@ -387,6 +387,6 @@ def _device_profile(device: str, where: str, note) -> Optional[Path]:
     path = modelled_profile_for(config)
     if path is None:
         note(f"{where}.device", f"{config.name} has no shipped profile: measure one with "
-                                f"`edge-remat profile --device {config.name}` and give it as "
+                                f"`edge-remat profile --device {device_argument(config)}` and give it as "
                                 "`profile`")
     return path

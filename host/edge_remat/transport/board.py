@@ -314,7 +314,8 @@ class Board:
 
     def come_back(self, job_id: str, out_dir: "str | Path | None" = None) -> str:
         """The commands that come back for a job this command no longer waits on."""
-        device = self.device.name
+        from ..devices import device_argument
+        device = device_argument(self.device)
         limit = self.device.hardware.memory_limit_bytes
         if limit and self.device.connection.kind == "local":  # an emulated board: its own agent
             device += f" --memory-limit {limit}"
@@ -437,7 +438,8 @@ def _not_fetched(exc: OSError, job: str, local: Path, device) -> OSError:
     with its .part left behind)."""
     local.with_name(local.name + ".part").unlink(missing_ok=True)
     limit = device.hardware.memory_limit_bytes
-    again = f"edge-remat job-status {job} --device {device.name}" + \
+    from ..devices import device_argument
+    again = f"edge-remat job-status {job} --device {device_argument(device)}" + \
         (f" --memory-limit {limit}" if limit and device.connection.kind == "local" else "") + \
         f" --out {local.parent}"
     return OSError(exc.errno, f"{exc.strerror or exc}; job {job}'s outputs stay on the board: "

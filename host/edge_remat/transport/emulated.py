@@ -15,7 +15,7 @@ import os
 from edge_remat_agent.cgroup_memory import PEAK_FILE, RESTARTED_PEAK_SCOPE
 
 from ..cgroup import CgroupInUse, CgroupUnavailable, MemoryCgroup
-from ..devices import DeviceConfig, find_device
+from ..devices import DeviceConfig, device_argument, find_device
 from ..errors import UserError
 from ..units import fmt_bytes
 from .errors import TransportError
@@ -96,7 +96,8 @@ def board_cgroup(device: DeviceConfig) -> MemoryCgroup:
         raise UserError(f"{device.name}'s agent already runs under a memory limit of "
                         f"{fmt_bytes(held)}, not {fmt_bytes(given)}: give --memory-limit "
                         f"{size} to reach it (another limit would resize it under its jobs), "
-                        f"or stop it first (edge-remat agent-stop --device {device.name} "
+                        f"or stop it first (edge-remat agent-stop --device "
+                        f"{device_argument(device)} "
                         f"--memory-limit {size})") from None
     except CgroupUnavailable as exc:
         raise TransportError(f"cannot emulate {device.name}: {exc}") from None
