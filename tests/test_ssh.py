@@ -179,6 +179,21 @@ def test_a_workdir_the_board_cannot_make_names_the_field_to_change(device, tmp_p
     assert "set workdir in the device config's [connection]" in message
 
 
+def test_an_agent_that_cannot_be_written_into_the_workdir_says_where_and_what_to_change(
+        device, tmp_path):
+    """The workdir is made, but its agents/ folder is a file: the copy fails as on a read-only
+    workdir (which root cannot stand for here). QA: that said only "[Errno 2] No such file"
+    or "Failure"."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "agents").write_text("not a folder")
+    with pytest.raises(TransportError) as err:
+        Board(device(workdir=str(workdir))).hello()
+    message = one_line(err.value)
+    assert "copying" in message and f"the agent is written into {workdir}/agents" in message
+    assert "set workdir in the device config's [connection]" in message
+
+
 def test_a_python_that_is_no_python_names_the_field_to_change(device):
     """QA: python = "/bin/true" said "failed (exit status 0): no output"."""
     with pytest.raises(TransportError) as err:

@@ -449,8 +449,13 @@ class SshTransport:
             if (free_now is not None and free_now < len(data) + DISK_MARGIN) or \
                     _is_no_space(exc):
                 raise BoardOutOfDisk(self._disk_message(free_now, len(data))) from None
+            # QA: a read-only workdir said only "[Errno 2] No such file" or "Failure"
+            folder = final.rsplit("/", 1)[0]
             raise TransportError(f"copying {final.rsplit('/', 1)[-1]} to {self.board} failed: "
-                                 f"{exc}") from None
+                                 f"{exc}; the agent is written into {folder} there: check that "
+                                 f"{self.device.connection.user or 'the SSH user'} may write "
+                                 "it, or set workdir in the device config's [connection] to a "
+                                 "folder that can be written") from None
 
     def _upload_by_exec(self, client, data: bytes, tmp: str, final: str) -> None:
         folder = final.rsplit("/", 1)[0]
