@@ -10,6 +10,7 @@ import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -180,6 +181,15 @@ def test_no_agent_on_the_line_is_a_clear_error(ptys, tmp_path):
 def test_missing_port_is_a_clear_error(tmp_path, ptys):
     with pytest.raises(BoardUnreachable, match="does not exist: is the board plugged in"):
         Board(serial_device(tmp_path, ptys, port=str(tmp_path / "ttyUSB9"))).hello()
+
+
+def test_a_port_that_is_no_serial_device_says_so(tmp_path, ptys):
+    # QA: "Could not configure port: (25, 'Inappropriate ioctl for device')"
+    (tmp_path / "a-file").write_text("")
+    for port in (tmp_path / "a-file", Path("/dev/null")):
+        with pytest.raises(BoardUnreachable, match="is not a serial device .* port in the "
+                           "device config's \\[connection\\]"):
+            Board(serial_device(tmp_path, ptys, port=str(port))).hello()
 
 
 def test_the_serial_setup_docs_boards_md_gives_serves_the_line(ptys, tmp_path):

@@ -97,6 +97,10 @@ def _open_error(device: str, exc: Exception) -> str:
                 "(`sudo usermod -aG dialout $USER`, then log in again)")
     if code in (errno.EBUSY, errno.EAGAIN) or "lock" in text.lower() or "busy" in text.lower():
         return f"serial port {device} is in use by another program (close it and retry)"
+    if code == errno.ENOTTY or "Inappropriate ioctl" in text:  # QA: /dev/null, a file
+        return (f"{device} is not a serial device (it takes no terminal settings): give "
+                "the board's serial line as port in the device config's [connection], e.g. "
+                "/dev/ttyUSB0")
     return f"cannot open serial port {device}: {text}"
 
 
