@@ -385,6 +385,7 @@ def test_a_full_disk_while_fetching_names_the_file_and_the_way_back_and_keeps_th
     (400, "and the runtime's own 213 MiB and 160 MiB headroom pass the 600 MiB memory limit: "
           "the limit will likely kill the run"),
     (200, None),
+    ((500, 7), None),  # QA: a plan that peaks far below its budget was told it would be killed
 ])
 def test_a_budget_into_the_limits_headroom_may_kill_one_past_it_likely_will(budget_mib, words):
     """The README's resnet18 at 65% (232 MiB beside a 213 MiB runtime under 600 MiB) was told
@@ -393,11 +394,12 @@ def test_a_budget_into_the_limits_headroom_may_kill_one_past_it_likely_will(budg
     from types import SimpleNamespace
     from edge_remat.run.orchestrate import _note_budget_past_limit
     said = []
+    budget_mib, peak_mib = budget_mib if isinstance(budget_mib, tuple) else (budget_mib, None)
     _note_budget_past_limit(
         budget_mib * 2**20, SimpleNamespace(budget=f"{budget_mib}MiB"),
         SimpleNamespace(hardware=SimpleNamespace(memory_limit_bytes=600 * 2**20)),
         SimpleNamespace(profile=SimpleNamespace(runtime_baseline_bytes=213 * 2**20)),
-        said.append)
+        said.append, peak_mib and peak_mib * 2**20)
     if words is None:
         assert said == []
     else:

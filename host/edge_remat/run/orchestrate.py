@@ -316,7 +316,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     from ..checks import note_budget_above_ram
     note_budget_above_ram(chosen.profile, plan_dict["budget_bytes"],
                           f"the profile of {device.name}", say)
-    _note_budget_past_limit(plan_dict["budget_bytes"], opts, device, chosen, say)
+    _note_budget_past_limit(plan_dict["budget_bytes"], opts, device, chosen, say,
+                            plan_dict["predicted"].get("peak_bytes"))
     require_kind(board, "run", "execute plans")
     limited = bool(device.hardware.memory_limit_bytes)
     # The board checks the plan's gradients against a plain eager step, which a board without
@@ -467,27 +468,33 @@ def limit_overheads(profile: Profile | None) -> tuple[int, str]:
 
 
 def _note_budget_past_limit(budget_bytes: int, opts: RunOptions, device: DeviceConfig,
-                            chosen: ChosenProfile, say: Say) -> None:
+                            chosen: ChosenProfile, say: Say,
+                            peak_bytes: Optional[int] = None) -> None:
     """A --budget that, with what the limit holds beside it, passes --memory-limit: said
     before the run (QA: --budget 90% under 1 GiB planned 824 MiB, and the board was killed
-    at step 1 with no word before)."""
+    at step 1 with no word before). `peak_bytes`: the plan's, which the run holds where it is
+    below the budget (QA: a 6.7 MiB model under 400 MiB, --budget 500MiB, was told the limit
+    would likely kill it)."""
     limit = device.hardware.memory_limit_bytes
     if opts.budget is None or not limit:
         return
     taken, what = limit_overheads(chosen.profile)
+    held = "the budget"
+    if peak_bytes is not None and peak_bytes < budget_bytes:
+        budget_bytes, held = peak_bytes, "the plan's peak"
     if budget_bytes + taken <= limit:
         return
     leave_out = (f"leave out --budget to plan for what the limit leaves "
                  f"({max(0, limit - taken) / 2**20:.0f} MiB)")
     runtime = taken - RUNTIME_HEADROOM_BYTES
     if budget_bytes + runtime > limit:
-        say(f"warning: the budget, {budget_bytes / 2**20:.0f} MiB, and {what} pass the "
+        say(f"warning: {held}, {budget_bytes / 2**20:.0f} MiB, and {what} pass the "
             f"{limit / 2**20:.0f} MiB memory limit: the limit will likely kill the run; "
             f"{leave_out}")
     else:  # into the headroom only: the allocator's slack decides (README's resnet18 at 65%
         # left 155 of 160 MiB and peaked 116 MiB under the limit)
         left = (limit - budget_bytes - runtime) / 2**20
-        say(f"warning: the budget, {budget_bytes / 2**20:.0f} MiB, and the runtime's own "
+        say(f"warning: {held}, {budget_bytes / 2**20:.0f} MiB, and the runtime's own "
             f"{runtime / 2**20:.0f} MiB leave {left:.0f} MiB of the "
             f"{limit / 2**20:.0f} MiB memory limit for the allocator's slack, less than the "
             f"{RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB a run keeps: the limit may kill the "
