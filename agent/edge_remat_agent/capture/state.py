@@ -43,7 +43,6 @@ from .optimizer import Optimizer
 from .trace import JointTrace
 
 
-
 @dataclass
 class ParamGroup:
     name: str  # the first reader's name, "(frozen)" added when frozen

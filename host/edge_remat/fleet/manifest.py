@@ -386,7 +386,7 @@ def _device_profile(device: str, where: str, note) -> Optional[Path]:
         return None
     path = modelled_profile_for(config)
     if path is None:
+        command = f"edge-remat profile --device {device_argument(config)}"
         note(f"{where}.device", f"{config.name} has no shipped profile: measure one with "
-                                f"`edge-remat profile --device {device_argument(config)}` and give it as "
-                                "`profile`")
+                                f"`{command}` and give it as `profile`")
     return path
