@@ -274,6 +274,28 @@ def test_a_checkpoint_record_reads_as_written(tmp_path):
     assert read_record(tmp_path / "none") == {}
 
 
+def test_a_checkpoint_the_come_back_fetched_into_out_board_is_resumed_from(tmp_path):
+    """QA: a run whose link was lost said to come back with `job-status ... --out OUT/board`;
+    that fetched OUT/board/checkpoint.pt, and `run --resume OUT` on another board said "no
+    checkpoint there". It is taken (the newer of the two where OUT has one too)."""
+    from edge_remat.run.resume import find_checkpoint
+    from edge_remat_agent.executor.checkpoint_step import FORMAT, META, checkpoint_step
+    (tmp_path / "board").mkdir()
+
+    def written(path, steps):
+        torch.save({META: {"format": FORMAT, "steps_done": steps}}, path)
+
+    class OtherBoard:  # no job of the run's record ran on it
+        name = "elsewhere"
+    said = []
+    written(tmp_path / "board" / "checkpoint.pt", 4)
+    assert find_checkpoint(OtherBoard(), tmp_path, said.append) is None
+    assert checkpoint_step(tmp_path / "checkpoint.pt") == 4 and "taking the checkpoint" in said[0]
+    written(tmp_path / "checkpoint.pt", 6)  # a later part's, kept in OUT
+    find_checkpoint(OtherBoard(), tmp_path, said.append)
+    assert checkpoint_step(tmp_path / "checkpoint.pt") == 6 and len(said) == 1
+
+
 def test_a_resumed_runs_step_medians_name_its_absolute_steps():
     """QA: a run resumed after step 2 listed its one step as 3 in the table, and its miss
     line said 'step time: step 1'."""

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Callable, Optional
 
 from edge_remat_agent.daemon.identity import file_sha256
+from edge_remat_agent.executor.checkpoint_step import checkpoint_step
 from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE, identity_mismatch
 
 from .job_end import ENDED_WELL
@@ -126,6 +128,13 @@ def find_checkpoint(board, out: Path, say: Callable[[str], None]) -> Optional[st
             say(f"{board.name}: fetching the checkpoint of job {entry['job']} into {local}")
             board.fetch(remote, local)
         return remote
+    # a job the link lost, whose outputs `job-status ... --out OUT/board` (the come-back the
+    # run named) fetched: its checkpoint is there (QA: "no checkpoint there", on another board)
+    came_back = out / "board" / CHECKPOINT_FILE
+    if came_back.is_file() and (not local.is_file() or
+                                (checkpoint_step(came_back) or 0) > (checkpoint_step(local) or 0)):
+        say(f"taking the checkpoint its job's outputs brought, {came_back}, as {local}")
+        shutil.copyfile(came_back, local)
     if not local.is_file():
         raise RunProblem(f"--resume {out}: no checkpoint there nor on {board.name} (the run "
                          "was stopped before its first one, or made without "
