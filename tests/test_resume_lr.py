@@ -194,6 +194,10 @@ def test_a_checkpoint_of_another_model_or_of_deploy_is_said_as_such():
     assert said.startswith("the checkpoint was written by `edge-remat deploy`, and this is "
                            "`edge-remat run`: resume it with `edge-remat deploy ... --resume`")
     assert "`edge-remat run ... --resume`" in identity_mismatch(mlp, deployed)
+    # the starting weights are held by their content's hash: said as such, not as a path
+    said = identity_mismatch({**mlp, "--init": "ab" * 32}, mlp)
+    assert "had --init (a file whose sha256 begins abababababab), this run has (not " \
+        "given)" in said, said
 
 
 def test_what_to_try_names_a_resume_only_from_a_checkpoint_before_the_diverged_update():

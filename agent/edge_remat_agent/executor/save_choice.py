@@ -27,6 +27,7 @@ CHECKPOINT_FILE = "checkpoint.pt"
 # checkpoint with a smaller one; the checkpoint's lr_history says which steps took which).
 MAY_CHANGE_ON_RESUME = ("--lr",)
 WHAT_TRAINS = ("--graph", "--model")
+BY_CONTENT = ("--init",)  # held by the sha256 of the file's content, not its path
 
 
 def identity_mismatch(earlier: dict, now: dict) -> str | None:
@@ -45,10 +46,16 @@ def identity_mismatch(earlier: dict, now: dict) -> str | None:
                        key=lambda option: (option not in WHAT_TRAINS, option))
     for option in differing:
         if earlier.get(option) != now.get(option):
-            return (f"the checkpoint's run had {option} {_shown(earlier.get(option))}, this "
-                    f"run has {_shown(now.get(option))}: give {option} as it was (a resumed run "
+            shown = _file_shown if option in BY_CONTENT else _shown
+            return (f"the checkpoint's run had {option} {shown(earlier.get(option))}, this "
+                    f"run has {shown(now.get(option))}: give {option} as it was (a resumed run "
                     "trains as the uninterrupted one would), or start afresh without --resume")
     return None
+
+
+def _file_shown(value) -> str:
+    """A file the identity holds by its content's sha256 (QA: the bare hash read as a path)."""
+    return "(not given)" if value is None else f"(a file whose sha256 begins {str(value)[:12]})"
 
 
 def _shown(value) -> str:
