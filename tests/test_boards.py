@@ -319,6 +319,19 @@ def test_a_job_quiet_for_a_while_is_shown_again_saying_how_long(configs, monkeyp
     assert lines[-1].startswith("job nap-quiet finished") and "still" not in lines[-1], lines
 
 
+def test_a_jobs_end_is_said_once_though_a_second_wait_sees_it_again():
+    """QA: a deploy's last line, and a profile's under a plan, came twice: a second wait on
+    the same job (after its outputs, or a reconnect) shows the same finished record again."""
+    from edge_remat.remote import progress_printer
+    said = []
+    show = progress_printer(said.append)
+    record = {"id": "job-1", "kind": "run", "state": "finished", "rev": 7,
+              "progress": {"fraction": 1.0, "message": "step 3/3"}}
+    show(record)
+    show(dict(record))
+    assert len(said) == 1 and said[0].startswith("job job-1 finished"), said
+
+
 def test_work_quiet_for_a_while_on_the_host_says_it_is_still_at_it(tmp_path):
     """The arm64 board's build stages (pip downloading 2.7 GB of wheels quietly, the rootfs's
     debootstrap between its stage lines) said nothing for minutes: each says, every QUIET_S,

@@ -36,7 +36,9 @@ def progress_printer(say: Callable[[str], None] = to_stderr) -> Callable[[dict],
 
     def show(record: dict) -> None:
         now = time.monotonic()
-        if record.get("rev") == seen["rev"] and record.get("state") not in TERMINAL_STATES:
+        if record.get("rev") == seen["rev"] and record.get("state") in TERMINAL_STATES:
+            return  # said once (QA: a deploy's last line came twice, its wait and its end)
+        if record.get("rev") == seen["rev"]:
             still = "queued" if record.get("state") == "queued" else "at it"
             say(f"{summary(record)} (still {still}: {fmt_duration(now - seen['since'])}; "
                 f"{fmt_duration(now - seen['began'])} since the job was sent)")
