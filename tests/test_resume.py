@@ -296,6 +296,21 @@ def test_a_checkpoint_the_come_back_fetched_into_out_board_is_resumed_from(tmp_p
     assert checkpoint_step(tmp_path / "checkpoint.pt") == 6 and len(said) == 1
 
 
+def test_a_complete_run_whose_outputs_never_came_says_how_to_fetch_them(tmp_path):
+    # QA: deploy --resume of a job that finished while the link was down said only that the
+    # run was complete; its folder had no weights.pt nor report, and nothing said where
+    from edge_remat.run.resume import _outputs_left_behind, note_job
+    note_job(tmp_path, "run-7", "bench", 2, resumed=False)
+    hint = _outputs_left_behind(tmp_path, deployed=True)
+    assert hint == (f"; its outputs are not in {tmp_path} (the link was lost before they "
+                    f"came): `edge-remat job-status run-7 --device bench --out {tmp_path}` "
+                    "fetches them")
+    assert f"--out {tmp_path / 'board'}`" in _outputs_left_behind(tmp_path, deployed=False)
+    (tmp_path / "run_report.json").write_text("{}")
+    assert _outputs_left_behind(tmp_path, deployed=True) == ""
+    assert _outputs_left_behind(tmp_path / "none", deployed=True) == ""
+
+
 def test_a_resumed_runs_step_medians_name_its_absolute_steps():
     """QA: a run resumed after step 2 listed its one step as 3 in the table, and its miss
     line said 'step time: step 1'."""

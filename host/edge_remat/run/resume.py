@@ -182,12 +182,26 @@ def check_checkpoint(opts: RunOptions, out: Path, identity: Optional[dict] = Non
         option = "--stop-after" if opts.stop_after else "--steps"
         raise RunProblem(f"--resume {out}: the run there is complete (its checkpoint is after "
                          f"step {last}, the last of this run): to train on, give {option} "
-                         f"more than {last}")
+                         f"more than {last}"
+                         + _outputs_left_behind(out, bool(identity and "--graph" in identity)))
     if checkpoint.steps_done > last:
         raise RunProblem(f"--resume {out}: its checkpoint is after step "
                          f"{checkpoint.steps_done}, and this run would stop at step {last}: "
                          f"give --steps more than {checkpoint.steps_done}")
     return {"steps_done": checkpoint.steps_done, "bytes": path.stat().st_size}
+
+
+def _outputs_left_behind(out: Path, deployed: bool) -> str:
+    """Where the run's last job finished while the link was down, so that its outputs never
+    came: the command that fetches them (QA: a deploy --resume said only that the run was
+    complete, and OUT had no weights.pt nor report). "" where they came."""
+    jobs = read_record(out).get("jobs", [])
+    folder = out if deployed else out / "board"  # deploy's --out holds the job's files
+    if not jobs or (folder / "run_report.json").is_file():
+        return ""
+    return (f"; its outputs are not in {folder} (the link was lost before they came): "
+            f"`edge-remat job-status {jobs[0]['job']} --device {jobs[0]['device']} --out "
+            f"{folder}` fetches them")
 
 
 def keep_checkpoint(board, out: Path, outcome: dict, job_id: str) -> Optional[dict]:
