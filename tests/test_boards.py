@@ -107,9 +107,6 @@ def test_a_broken_config_leaves_the_others_found(configs):
     # 0 s: every SSH connect failed at once as "Operation now in progress", blaming the board
     ('[connection]\nkind = "ssh"\nhost = "b"\nconnect_timeout_s = 0\n',
      "connection.connect_timeout_s"),
-    # QA: 1 MiB was taken, where --memory-limit needs 64 MiB (the agent cannot start below)
-    ('[connection]\nkind = "local"\n[hardware]\nmemory_limit_bytes = 1048576\n',
-     "hardware.memory_limit_bytes"),
 ])
 def test_bad_configs_name_the_file_and_the_field(tmp_path, body, field):
     path = tmp_path / "bad.toml"
