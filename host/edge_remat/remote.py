@@ -32,7 +32,7 @@ def progress_printer(say: Callable[[str], None] = to_stderr) -> Callable[[dict],
 
     from edge_remat_agent.diverged import LossWatch
     watch = LossWatch()
-    seen = {"rev": None, "since": 0.0, "began": time.monotonic()}
+    seen = {"rev": object(), "since": 0.0, "began": time.monotonic()}  # no record's rev yet
 
     def show(record: dict) -> None:
         now = time.monotonic()
