@@ -1044,7 +1044,7 @@ def _check_profile_model(model: str, loaded, graph_file, say) -> None:
 # -- end to end: `run` (logic in run/, reports/, transport/emulated.py) -------------------
 
 from .run.options import DEFAULT_DATA, run_default  # noqa: E402 - light (no torch)
-from .devices import MIN_MEMORY_LIMIT_BYTES  # noqa: E402 - light
+from .transport.emulated import MIN_MEMORY_LIMIT_BYTES  # noqa: E402 - light
 
 # --data's default, from the table `run` uses, so that the help cannot drift from it
 # --lr's defaults, from the optimizers' own table, so that the help cannot drift from them

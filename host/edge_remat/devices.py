@@ -202,16 +202,6 @@ def _port(r: Reader, key: str) -> Optional[int]:
     return value
 
 
-# The smallest limit `--memory-limit` gives a board: what its agent (the relay and the daemon,
-# no torch) needs to start, with margin: they peaked at 38 MiB here, and at 16 MiB the agent
-# died before it answered, a cryptic lost link. Above it, a job too big for the limit is
-# killed and said so (exit 4): a run's job takes about 280 MiB before the model's own memory
-# (Python and torch: this machine's profile's runtime_baseline_bytes, 231 MiB; a run of the
-# 18 MiB mlp peaked at 280 MiB). A config's memory_limit_bytes is not held to it: an agent
-# that cannot start in its limit says so and leaves no cgroup (test_cgroup.py, 8 MiB).
-MIN_MEMORY_LIMIT_BYTES = 64 * 2**20
-
-
 def _hardware(r: Optional[Reader]) -> Hardware:
     if r is None:
         return Hardware()

@@ -81,6 +81,7 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
     their steps from (QA: set after them, a run resumed after step 3 said "steps 2-5")."""
     per_step = steps_from(result)
     predicted = (plan or {}).get("predicted", {})
+    asked = asked_budget(plan) if plan else None
     # K passes, each with its own work (a plan from before it said so: K times the pass)
     step = predicted.get("accumulated_step") or {}
     figures = {name: (result or {}).get(name) for name in PLAN_FIGURES}
@@ -113,9 +114,9 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "arena_bytes": ((result or {}).get("arena") or {}).get("size_bytes"),
         # the budget asked (QA: after --allocator arena re-planned lower so that its arena
         # fits, the report called the lower one the budget, as a share of another plain peak)
-        "budget_bytes": asked_budget(plan) if plan else None,
+        "budget_bytes": asked,
         **({"planned_at_bytes": plan["budget_bytes"]}
-           if plan and plan.get("budget_bytes") != asked_budget(plan) else {}),
+           if plan and plan.get("budget_bytes") != asked else {}),
         "plain_peak_bytes": plain_peak_bytes,
         "predicted_peak_bytes": predicted_peak,
         # Of the peak, what the ledger can see: all but the memory the ops' first calls leave

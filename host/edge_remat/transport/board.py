@@ -314,11 +314,7 @@ class Board:
 
     def come_back(self, job_id: str, out_dir: "str | Path | None" = None) -> str:
         """The commands that come back for a job this command no longer waits on."""
-        from ..devices import device_argument
-        device = device_argument(self.device)
-        limit = self.device.hardware.memory_limit_bytes
-        if limit and self.device.connection.kind == "local":  # an emulated board: its own agent
-            device += f" --memory-limit {limit}"
+        device = device_options(self.device)
         fetch = f" --out {shlex.quote(str(out_dir))}" if out_dir is not None else ""
         return (f"`edge-remat job-status {job_id} --device {device} --wait{fetch}` comes back "
                 f"for it, `edge-remat job-cancel {job_id} --device {device}` stops it")
@@ -432,15 +428,22 @@ def dumps(record: dict) -> str:
 __all__ = ["Board", "make_transport", "summary", "build_agent_archive"]
 
 
+def device_options(device) -> str:
+    """`--device` as a command a message names reaches this board again: as it finds the
+    config, and an emulated board's limit beside it (its agent is its own)."""
+    from ..devices import device_argument
+    options = device_argument(device)
+    limit = device.hardware.memory_limit_bytes
+    if limit and device.connection.kind == "local":
+        options += f" --memory-limit {limit}"
+    return options
+
+
 def _not_fetched(exc: OSError, job: str, local: Path, device) -> OSError:
     """The error of a job's output that could not be written here, naming the file and how
     to fetch the job's outputs again (QA: a full disk said only 'No space left on device',
     with its .part left behind)."""
     local.with_name(local.name + ".part").unlink(missing_ok=True)
-    limit = device.hardware.memory_limit_bytes
-    from ..devices import device_argument
-    again = f"edge-remat job-status {job} --device {device_argument(device)}" + \
-        (f" --memory-limit {limit}" if limit and device.connection.kind == "local" else "") + \
-        f" --out {local.parent}"
+    again = f"edge-remat job-status {job} --device {device_options(device)} --out {local.parent}"
     return OSError(exc.errno, f"{exc.strerror or exc}; job {job}'s outputs stay on the board: "
                    f"make room, then fetch them with `{again}`", str(local))

@@ -15,12 +15,19 @@ import os
 from edge_remat_agent.cgroup_memory import PEAK_FILE, RESTARTED_PEAK_SCOPE
 
 from ..cgroup import CgroupInUse, CgroupUnavailable, MemoryCgroup
-from ..devices import MIN_MEMORY_LIMIT_BYTES, DeviceConfig, device_argument, find_device
+from ..devices import DeviceConfig, device_argument, find_device
 from ..errors import UserError
 from ..units import fmt_bytes
 from .errors import TransportError
 from .local import LocalTransport
 
+# The smallest limit `--memory-limit` gives a board: what its agent (the relay and the daemon,
+# no torch) needs to start, with margin: they peaked at 38 MiB here, and at 16 MiB the agent
+# died before it answered, a cryptic lost link. Above it, a job too big for the limit is
+# killed and said so (exit 4): a run's job takes about 280 MiB before the model's own memory
+# (Python and torch: this machine's profile's runtime_baseline_bytes, 231 MiB; a run of the
+# 18 MiB mlp peaked at 280 MiB).
+MIN_MEMORY_LIMIT_BYTES = 64 * 2**20
 
 
 def emulated_device(device: DeviceConfig, memory_limit_bytes: int) -> DeviceConfig:
