@@ -16,6 +16,7 @@ import random
 import time as clock
 from typing import Callable
 
+from ..errors import import_extension
 from .events import EventSchedule, drop_unneeded, from_decisions, recompute_cost
 from .feasible import Deadline, peak_search
 from .interrupt import SearchInterrupted
@@ -37,6 +38,9 @@ ACCEPT_WORSE = 0.003
 # round while that lasts; each solve gets EXACT_DTIME of CP-SAT's deterministic time (1-2 s at
 # 500 nodes on a shared 2-core host; the wall-clock cap EXACT_MAX_S only guards a slow machine).
 EXACT_WINDOW, EXACT_STALL, EXACT_EVERY, EXACT_DTIME, EXACT_MAX_S = 20, 60, 20, 0.25, 4.0
+# No exact round starts with less than this left: building a window's model alone took 0.3-1 s
+# on 1000 nodes, and one begun near the deadline ended 0.45 s past it.
+EXACT_MIN_S = 0.5
 
 
 def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
@@ -47,6 +51,8 @@ def improve(sched: EventSchedule, capacity: int, deadline: float, seed: int = 0,
     adds the exact rounds (it imports OR-Tools: never in a process that holds highspy).
     Ctrl-C raises SearchInterrupted with the best schedule so far, as stage decisions.
     `progress(change)` is told of each new best: its recompute cost less the start's."""
+    if exact:  # OR-Tools loaded now, not by the first exact round, which may be near the end
+        import_extension("ortools.sat.python.cp_model")
     p, rng = sched.p, random.Random(seed)
     widest = max(MIN_WINDOW + 4, p.n // WINDOW_DIVISOR)
     current, current_cost = sched, recompute_cost(sched)
@@ -119,7 +125,7 @@ def _exact_round(sched: EventSchedule, capacity: int, rng: random.Random,
     stage = rng.choices(range(p.n), weights=placed)[0]
     first = max(0, min(p.n - EXACT_WINDOW, stage - rng.randrange(EXACT_WINDOW)))
     seconds = min(EXACT_MAX_S, deadline - clock.perf_counter())
-    if seconds <= 0.05:
+    if seconds < EXACT_MIN_S:
         return None
     result = solve_window(sched, capacity, first, EXACT_WINDOW, seconds, EXACT_DTIME,
                           seed=rng.randrange(1 << 30))
@@ -159,19 +165,25 @@ def without_window(sched: EventSchedule, first: int, window: int) -> list[list[i
 def improve_decisions(p: Problem, decisions: list[StageDecision], time_limit: float,
                       seed: int = 0, exact: bool = False, rounds: int | None = None,
                       progress: Callable[[float], None] | None = None,
-                      ) -> tuple[list[StageDecision], dict]:
+                      until: float | None = None) -> tuple[list[StageDecision], dict]:
     """`improve` on a schedule given as stage decisions (recomputations only: a schedule that
     pages is returned as it is), with exact rounds if `exact` (call it through
     isolated.call("ortools", ...) from a process that may hold highspy); `rounds` ends it
-    after that many rounds (reproducible runs) if the time limit does not first."""
+    after that many rounds (reproducible runs) if the time limit does not first. `until`, a
+    perf_counter time (the caller's: the clock is the system's monotonic one), ends it sooner
+    than the time limit counted from its start, which in a child process comes after the
+    interpreter's start (0.3-0.5 s on 1000 nodes)."""
     if any(d.page_in or d.page_out for d in decisions):
         return decisions, {"windows_tried": 0, "skipped": "the schedule pages"}
     start = from_decisions(p, decisions)
     capacity = p.budget_bytes - p.fixed
     if start.excess(capacity) > 0:  # the event model is stricter than the stage lowering
         return decisions, {"windows_tried": 0, "skipped": "not within the event model"}
-    best, info = improve(start, capacity, clock.perf_counter() + time_limit, seed,
-                         rounds=rounds, exact=exact, progress=progress)
+    deadline = clock.perf_counter() + time_limit
+    if until is not None:
+        deadline = min(deadline, until)
+    best, info = improve(start, capacity, deadline, seed, rounds=rounds, exact=exact,
+                         progress=progress)
     if best is start:
         return decisions, info
     return decisions_from_intervals(p, best.residencies()), info

@@ -102,8 +102,10 @@ def delay_page_outs(p: Problem, stages: Stages, *, whole_runs: bool = False) -> 
     chosen plan only. ResNet-50 and GPT-2 small operator-level at 25% with rpi4's flash: steps
     1.6% and 1.3% shorter (benchmarks/overlap_pass.py)."""
     flat = [(s, ins) for s, stage in enumerate(stages) for ins in stage]
-    if not any(ins.op == "page_out" for _, ins in flat):
-        return stages
+    deadline = _hoisting_deadline.get()
+    if not any(ins.op == "page_out" for _, ins in flat) or \
+            deadline is not None and clock.perf_counter() > deadline:
+        return stages  # past the deadline, even the base's timeline (0.2 s on 2000 nodes)
     ops = _resolved(p, flat)
     trials = (_WholeRuns if whole_runs else _Trials)(p, ops, _makespan(p, ops))
     flat = _scan(p, flat, trials, lambda op: _delay_page_out if op[0] == PAGE_OUT else None)

@@ -46,11 +46,19 @@ LNS_MIN_NODES, LNS_SHARE = 300, 0.25
 # from scratch finds none either (1000 nodes at 0.8, seeds 2 and 3), so the time left goes to
 # finding a larger budget that plans (_budget_found_hint). The plan carries the combinatorial
 # bound. LNS_RESERVE of the time limit is left to validate and report (the covering bound,
-# below, takes up to half of it).
+# below, takes up to half of it), and at least _report_reserve: the report's own work
+# (delaying page-outs, the stage and covering bounds, the covering bound's child process where
+# OR-Tools is loaded) took 0.4-0.5 s on 1000 nodes and 0.75-1.2 s on 2000, where 0.24 s was
+# left for it, and a 4 s plan of 2000 nodes took 4.5-4.8 s here and 5.9 s under CI's load
+# (2026-12-06).
 LNS_ONLY_NODES, LNS_RESERVE = 450, 0.06
+# What the report's bounds take (REPORT_S, the covering bound's child start, and
+# BOUNDS_S_PER_NODE), and with an overlapped plan's delayed page-outs DELAY_S_PER_NODE more.
+REPORT_S, BOUNDS_S_PER_NODE, DELAY_S_PER_NODE = 0.45, 1e-4, 2e-4
 # Seeds of the LNS run side by side where cores are spare (each in a child process but the
-# first), the cheapest plan taken; a child gets its time less CHILD_START_S (an interpreter
-# and OR-Tools to load) and is given up STREAM_GRACE_S after the first stream ends.
+# first), the cheapest plan taken; every stream stops when the first does, so a child starts
+# only where the LNS has more than CHILD_START_S (an interpreter and OR-Tools to load), and is
+# given up STREAM_GRACE_S after the first stream ends.
 LNS_STREAMS, CHILD_START_S, STREAM_GRACE_S = 4, 1.5, 5.0
 # From LNS_ONLY_NODES, where the order is free, auto tries other seeds of the memory-aware
 # order for this share of the time limit and plans on in the one whose start is cheapest
@@ -339,8 +347,8 @@ def _solve_with(p: Problem, solver: str, time_limit: float, backend: str, worker
         ahead.close()  # tries not taken: their cores are the LNS's now
     if solver == "auto" and best_known is not None and p.n >= LNS_MIN_NODES:
         left = time_limit - (clock.perf_counter() - started)
-        share = left - LNS_RESERVE * time_limit if p.n >= LNS_ONLY_NODES \
-            else LNS_SHARE * time_limit
+        share = left - max(LNS_RESERVE * time_limit, _report_reserve(p)) \
+            if p.n >= LNS_ONLY_NODES else LNS_SHARE * time_limit
         announce(progress, "window LNS")
         improved = _improve_by_lns(p, best_known, max(0.0, min(share, left)), workers,
                                    progress=_since(started, progress))
@@ -557,6 +565,8 @@ def _improve_by_lns(p: Problem, start: Candidate, seconds: float, workers: int |
     `rounds`: each stream's (reproducible runs). `progress` is told each new best of the
     first stream, with the stage model's bound."""
     from .lns import improve_decisions
+    if seconds <= 0:  # no time left for it: its set-up alone took 0.25 s on 2000 nodes
+        return None
     if progress is not None:
         began, bound = clock.perf_counter(), stage_lower_bound(p)
 
@@ -565,19 +575,20 @@ def _improve_by_lns(p: Problem, start: Candidate, seconds: float, workers: int |
     else:
         told = None
     exact = have_cpsat()  # exact rounds, in a child process if this one holds highspy
-    streams = [isolated.Child(improve_decisions, (p, start.decisions,
-                                                  max(0.0, seconds - CHILD_START_S)),
-                              {"seed": seed, "exact": exact, "rounds": rounds},
+    until = clock.perf_counter() + seconds  # every stream stops then, a child's start counted
+    streams = [isolated.Child(improve_decisions, (p, start.decisions, seconds),
+                              {"seed": seed, "exact": exact, "rounds": rounds, "until": until},
                               what=f"LNS seed {seed}")
-               for seed in range(1, 1 + isolated.spare_cores(workers, LNS_STREAMS - 1))]
+               for seed in range(1, 1 + isolated.spare_cores(workers, LNS_STREAMS - 1))
+               if seconds > CHILD_START_S]  # else it would have no time once started
     try:
         results = [isolated.call("ortools", improve_decisions, p, start.decisions, seconds,
-                                 exact=True, rounds=rounds, progress=told) if exact
-                   else improve_decisions(p, start.decisions, seconds, rounds=rounds,
-                                          progress=told)]
+                                 exact=True, rounds=rounds, progress=told, until=until)
+                   if exact else improve_decisions(p, start.decisions, seconds, rounds=rounds,
+                                                   progress=told, until=until)]
         for child in streams:
             try:
-                results.append(child.result(timeout=CHILD_START_S + STREAM_GRACE_S))
+                results.append(child.result(timeout=STREAM_GRACE_S))
             except (RuntimeError, TimeoutError):
                 pass  # that stream's plan is lost, not this one's
     finally:
@@ -782,13 +793,21 @@ def _cover_bound(p: Problem, seconds: float) -> dict:
         return {"bound": None, "error": str(exc)}
 
 
+def _report_reserve(p: Problem, delaying: bool = True) -> float:
+    """The seconds _report's own work is expected to take on `p` (with the delaying of
+    page-outs, or only the bounds after it)."""
+    per_node = BOUNDS_S_PER_NODE + (DELAY_S_PER_NODE if delaying and p.overlapped else 0.0)
+    return (REPORT_S if p.n >= COVER_MIN_NODES else 0.0) + per_node * p.n
+
+
 def _report(p: Problem, chosen: Candidate, status: str, bound: float | None, started: float,
             time_limit: float, summary: dict[str, float | None], timing: dict | None = None,
             fallback: str | None = None, progress: Progress | None = None,
             **details) -> SolveReport:
     if p.overlapped and status != "interrupted":  # Ctrl-C wants out now
         announce(progress, "delaying page-outs")
-        chosen = replace(chosen, evaluation=with_page_outs_delayed(p, chosen.evaluation))
+        with hoisting_until(started + time_limit - _report_reserve(p, delaying=False)):
+            chosen = replace(chosen, evaluation=with_page_outs_delayed(p, chosen.evaluation))
     ev = chosen.evaluation
     value = ev.value
     # A bound always: the combinatorial stage-model bounds where they are stronger (they also
