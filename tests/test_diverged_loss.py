@@ -419,3 +419,7 @@ def test_deploy_stops_too(model, tmp_path, monkeypatch):
     settled = json.loads((lost / "report.json").read_text())
     assert settled["status"] == "stopped" and settled["job_state"] == "finished", settled
     assert settled["board_report"] == str(lost / "board" / "run_report.json")
+    # and its steps, as `run` would have said them (QA: steps_done and loss were missing)
+    assert settled["steps_done"] == 3 and settled["stopped_at_step"] == 3, settled
+    assert settled["loss"][:2] == [step["loss"] for step in report["steps"][:2]]
+    assert settled["nonfinite_loss"]["step"] == 3 and settled["measured_peak_bytes"] > 0

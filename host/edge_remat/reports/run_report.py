@@ -51,6 +51,20 @@ def steps_from(result: Optional[dict]) -> dict[str, list]:
             for name, values in out.items()}
 
 
+def step_figures(result: Optional[dict]) -> dict[str, Any]:
+    """What a job's result says of its steps: the per-step lists, how many were done, where
+    the loss left the finite numbers, and the peaks over the steps."""
+    per_step = steps_from(result)
+    return {
+        "steps_done": sum(1 for v in per_step["loss"] if v is not None),
+        # training diverged there: the board's words (its steps, what to try), else the losses'
+        "nonfinite_loss": board_nonfinite(result) or first_nonfinite_loss(per_step["loss"]),
+        "stopped_at_step": (result or {}).get("stopped_at_step"),  # --stop-on-nonfinite
+        **per_step,
+        "measured_peak_bytes": _max(per_step["rss_peak_bytes"]),
+        "tensor_peak_bytes": _max(per_step["ledger_peak_bytes"])}
+
+
 def _max(values: list) -> Optional[float]:
     numbers = [v for v in values if isinstance(v, (int, float))]
     return max(numbers) if numbers else None
@@ -79,7 +93,8 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
     time and energy the plan's `accumulated_step`; its peak the plan's).
     `resumed_after_step`: the step a resumed run went on from, which the misses' words number
     their steps from (QA: set after them, a run resumed after step 3 said "steps 2-5")."""
-    per_step = steps_from(result)
+    steps_seen = step_figures(result)
+    per_step = {name: steps_seen[name] for name in STEP_FIELDS}
     predicted = (plan or {}).get("predicted", {})
     asked = asked_budget(plan) if plan else None
     # K passes, each with its own work (a plan from before it said so: K times the pass)
@@ -92,13 +107,7 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "device": device, "model": model, "steps": steps,
         # What the board says it trained on; a board whose job does not say gets the request.
         "data": (result or {}).get("data") or f"{data} (requested; the board does not say)",
-        "steps_done": sum(1 for v in per_step["loss"] if v is not None),
-        # training diverged there: the board's words (its steps, what to try), else the losses'
-        "nonfinite_loss": board_nonfinite(result) or first_nonfinite_loss(per_step["loss"]),
-        "stopped_at_step": (result or {}).get("stopped_at_step"),  # --stop-on-nonfinite
-        **per_step,
-        "measured_peak_bytes": _max(per_step["rss_peak_bytes"]),
-        "tensor_peak_bytes": _max(per_step["ledger_peak_bytes"]),
+        **steps_seen,
         "memory_limit_bytes": memory_limit_bytes,
         "kernel_peak_bytes": kernel_peak_bytes, "kernel_peak_source": kernel_peak_source,
         # What the kernel charged before the first step (interpreter, torch, model code):

@@ -11,6 +11,7 @@ from typing import Optional
 from edge_remat_agent.formats.fields import dump_json
 
 from ..errors import killed_by_memory
+from ..remote import full_result
 from ..transport.errors import cancelled_by_host
 from .job_end import ENDED_WELL, ended_well_status
 
@@ -25,9 +26,9 @@ def final_status(record: dict) -> str:
 
 
 def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[Path]:
-    """Rewrite the `link_lost` run report of job `job_id`, ended as `record` says (in `out`, or its parent: the run's
-    OUT, where `out` is OUT/board) with the job's final state; its path, or None where there is
-    no such report."""
+    """Rewrite the `link_lost` run report of job `job_id`, ended as `record` says (in `out`, or
+    its parent: the run's OUT, where `out` is OUT/board) with the job's final state and the
+    steps its result gives; its path, or None where there is no such report."""
     for path in (out.parent / "report.json", out / "report.json"):
         try:
             report = json.loads(path.read_text())
@@ -42,6 +43,10 @@ def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[Path]:
                       message=f"the link was lost, and the job then ended on the board: "
                       f"{status}" + (f" ({record['error']})" if record.get("error") else ""),
                       job_state=record["state"])
+        result = full_result(record)  # the board's run_report.json where it was fetched
+        if result.get("steps") or result.get("per_step"):  # its steps, as `run` says them
+            from ..reports.run_report import step_figures  # imports torch: only here
+            report.update(step_figures(result))
         if status in ENDED_WELL and board_report.is_file():
             report["board_report"] = str(board_report)
         dump_json(report, path)
