@@ -246,9 +246,18 @@ def test_params_home_auto_moving_to_flash_plans_with_a_profile_of_the_flash_grap
         code, out, err = _cli("run", "--device", "auto-board", "--model", "mlp",
                               "--budget", "90%", "--steps", 1, "--reprofile", "--no-plots",
                               "--out", tmp_path / "run", "--json")
+        # A memory limit below the runtime's own (its profile cached: the limit is no part of
+        # the board's identity) leaves no budget with parameters anywhere: refused with the
+        # limit to give, without the flash graph's profile (QA: a second profile, 74 s in all)
+        no_room = _cli("run", "--device", "auto-board", "--memory-limit", "100MiB",
+                       "--model", "mlp", "--steps", 1, "--no-plots",
+                       "--out", tmp_path / "no-room") if CGROUP is None else None
     assert code == 0, (out, err)
     assert "capturing again with parameters and optimizer state homed on flash" in err
     assert err.count("profiling every graph node") == 2, err
+    if no_room is not None:
+        assert no_room[0] == 2 and no_room[2].count("\nprofile: ") == 1, no_room
+        assert "leaves nothing for training after the runtime's own" in no_room[2], no_room
     report = json.loads(out)
     assert report["status"] == "finished" and report["grad_check"]["bitwise_equal"] is True
     profile = load_profile(report["profile"]["path"])
