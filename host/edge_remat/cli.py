@@ -518,12 +518,15 @@ def graph(
         raise UserError("--operator-level splits a captured model's ATen ops: use it with "
                         "--model, not --onnx")
     if onnx_file is not None:  # QA: each was accepted and ignored, the graph unchanged
-        for option, given in (("--params-home", params_home != "ram"),
-                              ("--train", bool(train))):
+        for option, given, keeps in (
+                ("--params-home", params_home != "ram", "keeps its parameters in RAM"),
+                ("--train", bool(train), "trains all its parameters"),
+                ("--update", update != "fused", "has one optimizer step after the backward"),
+                ("--level", level is not None, "groups its ops by the heavy ones, Conv, "
+                 "MatMul and the like")):
             if given:
                 raise UserError(f"{option} shapes a captured model's training step: use it "
-                                "with --model, not --onnx (an imported graph keeps its "
-                                "parameters in RAM and trains them all)")
+                                f"with --model, not --onnx (an imported graph {keeps})")
     from .granularity import granularity_mistake
     if (mistake := granularity_mistake(operator_level, max_nodes, level)) is not None:
         raise UserError(mistake)  # they were dropped in silence
@@ -532,8 +535,10 @@ def graph(
     for line in _shape_options_without_effect(model, image, seq):
         to_stderr(f"warning: {line}")
     if onnx_file is not None:
-        from .importers.onnx_import import graph_from_onnx
-        g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes)
+        from .importers.onnx_import import graph_from_onnx, onnx_warnings
+        g = graph_from_onnx(onnx_file, batch, optimizer, max_nodes, seq)
+        for line in onnx_warnings(g):
+            to_stderr(f"warning: {line}")
         if batch is not None and g.batch != batch:
             to_stderr(f"warning: --batch {batch} has no effect: {onnx_file} fixes the batch at "
                       f"{g.batch} (no input dimension is symbolic); export it with a dynamic "
@@ -585,8 +590,8 @@ def _units_mixed(g, prof, flash_given: bool) -> Optional[str]:
 def _shape_options_without_effect(model: Optional[str], image: Optional[int],
                                   seq: Optional[int]) -> list[str]:
     """Why each of --image and --seq given does nothing: the zoo's table says which one a
-    model reads (zoo.READS), an hf: model's task does; an ONNX file fixes every shape but the
-    batch."""
+    model reads (zoo.READS), an hf: model's task does; an ONNX file's open input dimensions
+    take --batch and --seq (onnx_warnings says where --seq had none to set)."""
     if image is None and seq is None:
         return []  # nothing to say, and no torch to import for it (the zoo's and hf's tables)
     if model is not None:
@@ -595,8 +600,9 @@ def _shape_options_without_effect(model: Optional[str], image: Optional[int],
         if hf.is_hf_spec(model):
             return hf.options_without_effect(model, image, seq)
         return options_without_effect(model, image, seq)
-    return [f"--{option} has no effect with --onnx: the file fixes every shape but the batch"
-            for option, value in (("image", image), ("seq", seq)) if value is not None]
+    return [] if image is None else [
+        "--image has no effect with --onnx: the file's open input dimensions take --batch "
+        "(the leading one) and --seq (the others)"]
 
 
 from .fleet.cli import app as fleet_app  # noqa: E402 - `edge-remat fleet plan` (fleet/)

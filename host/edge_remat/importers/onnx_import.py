@@ -6,8 +6,11 @@ group; the ops after it join it). The backward is the mirror image, under the us
 a layer's backward reads its inputs and its outputs (what conv/matmul and activations save),
 produces gradients the size of its activation inputs, recomputes what it needs inside the layer
 (its workspace) and costs twice the layer's forward. A loss node reads the model's outputs.
-Dimensions that are symbolic or unknown (the batch, usually) are set to `--batch` (default 1);
-a file whose inputs name no symbolic dimension fixes its batch, and the graph says that one.
+An input's symbolic leading dimension (the batch) is set to `--batch` (default 1), its other
+symbolic dimensions (a sequence length, usually) to `--seq`, which such a file needs; a file
+whose inputs name no symbolic dimension fixes its batch, and the graph says that one. The
+dimensions a value inside the graph leaves to the data (NonZero's count) take `--batch` too,
+and onnx_warnings says so, as it says which values shape inference could not size at all.
 """
 
 from __future__ import annotations
@@ -24,10 +27,15 @@ from edge_remat_agent.formats import FormatError, Graph, Node
 from edge_remat_agent.formats.errors import unreadable_file
 from edge_remat_agent.formats.graph import check_order
 
+from ..errors import UserError
+
 HEAVY_OPS = {"Conv", "ConvTranspose", "ConvInteger", "Gemm", "MatMul", "MatMulInteger",
              "Einsum", "Attention", "MultiHeadAttention", "LSTM", "GRU", "RNN"}
 ALIAS_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}  # no new storage
 FLOAT_TYPES = {1, 10, 11, 16}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16: trainable initializers
+DTYPE_NAMES = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}
+# BatchNormalization's running mean and variance (inputs 3 and 4): buffers, never trained
+BUFFER_INPUTS = {"BatchNormalization": (3, 4)}
 
 
 @dataclass
@@ -36,14 +44,15 @@ class _Layer:
 
 
 def graph_from_onnx(path: str | Path, batch: int | None = None, optimizer: str = "sgd",
-                    max_nodes: int = 200) -> Graph:
+                    max_nodes: int = 200, seq: int | None = None) -> Graph:
     start = time.perf_counter()
     source = str(path)
     model = _load(source)
     g = model.graph
     _check_values(g, source)
-    sizes, shapes, assumed = _values(g, batch or 1)
     initializers = {t.name: t for t in g.initializer}
+    dims, seq_dims = _input_dims(g, initializers, batch or 1, seq, source)
+    sizes, shapes, assumed = _values(g, dims, batch or 1)
     ops = [n for n in g.node if n.op_type != "Constant"]
     constants = {out for n in g.node if n.op_type == "Constant" for out in n.output}
     if not ops:
@@ -75,8 +84,10 @@ def graph_from_onnx(path: str | Path, batch: int | None = None, optimizer: str =
         outs = produced & (boundaries | graph_outputs)
         own = {root.get(n, n) for n in outs if layer_of.get(root.get(n, n)) == i}
         out_bytes = sum(nbytes(r) for r in own)
-        inputs = sorted({layer_of[root.get(n, n)] for op in layer.ops for n in op.input
-                         if n in layer_of and layer_of[root.get(n, n)] != i})
+        # (an alias of an initializer or of a graph input belongs to no layer: QA, the
+        # exporter's Identity of a weight shared by two LayerNorms was a KeyError)
+        inputs = sorted({layer_of[r] for op in layer.ops for n in op.input
+                         if (r := root.get(n, n)) in layer_of and layer_of[r] != i})
         flops, moved = _layer_work(layer, sizes, shapes)
         peak = _transient_peak(layer, root, own, nbytes)
         nodes.append(Node(id=i, name=f"{layer.ops[0].name or layer.ops[0].op_type}",
@@ -89,26 +100,32 @@ def graph_from_onnx(path: str | Path, batch: int | None = None, optimizer: str =
         forward_outs.append(own)
     _add_loss_and_backward(nodes, layers, layer_of, root, forward_outs, graph_outputs,
                            initializers, constants, nbytes)
-    params = sum(nbytes(t.name) for t in initializers.values())
-    trainable = sum(nbytes(t.name) for t in initializers.values() if t.data_type in FLOAT_TYPES)
+    buffers = _buffers(ops, root)
+    trained = [t for t in initializers.values()
+               if t.data_type in FLOAT_TYPES and t.name not in buffers]
+    trainable = sum(nbytes(t.name) for t in trained)
     opt = OPTIMIZERS[optimizer]
-    elements = sum(math.prod(t.dims) for t in initializers.values() if t.data_type in FLOAT_TYPES)
-    largest = max((nbytes(t.name) for t in initializers.values()
-                   if t.data_type in FLOAT_TYPES), default=0)
+    elements = sum(math.prod(t.dims) for t in trained)
+    largest = max((nbytes(t.name) for t in trained), default=0)
     nodes.append(_update_node(len(nodes), opt, elements, largest))
-    fixed = {"parameters": params, "gradients": trainable,
-             "optimizer_state": opt.state_copies * trainable, "buffers": 0,
+    fixed = {"parameters": trainable, "gradients": trainable,
+             "optimizer_state": opt.state_copies * trainable,
+             # running statistics, and integer tensors (shapes, indices) kept in the file
+             "buffers": sum(nbytes(t.name) for t in initializers.values()) - trainable,
              "inputs": sum(nbytes(i.name) for i in g.input if i.name not in initializers)}
     fixed["total"] = sum(fixed.values())
     graph = Graph(nodes=nodes, name=Path(source).stem, fixed_bytes=fixed["total"],
-                  batch=_file_batch(g, initializers, shapes, assumed) or batch or 1, dtype="float32", cost_source="estimate", planning_only=True)
+                  batch=_file_batch(g, initializers, shapes, dims) or batch or 1,
+                  dtype=_dtype(trained, nbytes), cost_source="estimate", planning_only=True)
     check_order(graph, source)
     graph.capture = {
         "tool": f"onnx {_onnx_version()} (shape inference)", "model": source,
-        "source": {"onnx": source, "batch": batch}, "optimizer": optimizer,
+        "source": {"onnx": source, "batch": batch, "seq": seq}, "optimizer": optimizer,
         "opset": [f"{o.domain or 'ai.onnx'}:{o.version}" for o in model.opset_import],
         "captured_nodes": len(ops), "planner_nodes": len(nodes), "max_nodes": max_nodes,
-        "assumed_dims": assumed, "unknown_shapes": sorted(missing),
+        "assumed_dims": {**dims, **assumed}, "seq_dims": seq_dims, "data_dims": sorted(assumed),
+        "unknown_shapes": sorted(missing),
+        "unsized_ops": _makers(ops, missing),
         "saved_bytes": saved_bytes(nodes), "fixed": fixed,
         "estimate": DEFAULT_RATES.to_dict(),
         "capture_s": round(time.perf_counter() - start, 4),
@@ -144,11 +161,81 @@ def _check_values(g, source: str) -> None:
                 made[name] = where
 
 
-def _file_batch(g, initializers, shapes, assumed) -> int | None:
-    """The batch the file itself fixes: the first input's leading dimension, where no dimension
-    was symbolic (those took --batch). A file exported without a dynamic batch axis sized every
-    tensor at its own batch, so --batch does not change it (it was reported as the batch)."""
-    if assumed:
+def onnx_warnings(graph: Graph) -> list[str]:
+    """What the import guessed or could not size, and --seq given to a file without a
+    dimension for it: a line each (QA: a contrib op's values were planned as 0 bytes, and a
+    sequence length taken as the batch, without a word)."""
+    capture, lines = graph.capture or {}, []
+    source = capture.get("model", "the file")
+    if capture.get("unknown_shapes"):
+        lines.append(
+            f"onnx's shape inference could not size {len(capture['unknown_shapes'])} values "
+            f"of {source} (made by {', '.join(capture.get('unsized_ops') or ['?'])}): they "
+            "count 0 bytes, so plans of this graph hold less than the model needs")
+    data = capture.get("data_dims") or []
+    if data:
+        taken = capture["assumed_dims"][data[0]]
+        lines.append(f"{source} leaves {len(data)} dimensions to the data "
+                     f"({', '.join(data[:4])}{', ...' if len(data) > 4 else ''}): each is "
+                     f"taken as {taken} (--batch), a guess")
+    if (capture.get("source") or {}).get("seq") is not None and not capture.get("seq_dims"):
+        lines.append(f"--seq has no effect: {source} fixes every input dimension but the "
+                     "leading one (the batch)")
+    return lines
+
+
+def _input_dims(g, initializers, batch: int, seq: int | None, source: str
+                ) -> tuple[dict[str, int], list[str]]:
+    """The value of each symbolic dimension of the graph's inputs: --batch for a leading one,
+    --seq for the others (a file that has such a one needs it); and those that took --seq."""
+    dims: dict[str, int] = {}
+    seq_dims: list[str] = []
+    for value in g.input:
+        if value.name in initializers or not value.type.tensor_type.HasField("shape"):
+            continue
+        for axis, d in enumerate(value.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue
+            name = d.dim_param or f"{value.name}[{axis}]"
+            if axis == 0 or name in dims:
+                dims.setdefault(name, batch)
+            elif seq is None:
+                raise UserError(f"{source}: input {value.name!r} leaves its dimension {name!r} "
+                                f"(axis {axis}) open: give --seq N for it (--batch sets the "
+                                "leading one)")
+            else:
+                dims[name] = seq
+                seq_dims.append(name)
+    return dims, seq_dims
+
+
+def _buffers(ops, root: dict[str, str]) -> set[str]:
+    """The initializers that ops read as running statistics (BatchNormalization's)."""
+    return {root.get(op.input[k], op.input[k]) for op in ops
+            for k in BUFFER_INPUTS.get(op.op_type, ()) if k < len(op.input) and op.input[k]}
+
+
+def _dtype(trained, nbytes) -> str:
+    """The floating type holding most of the trained bytes (float32 where none is)."""
+    held: dict[str, int] = {}
+    for t in trained:
+        name = DTYPE_NAMES.get(t.data_type, "float32")
+        held[name] = held.get(name, 0) + nbytes(t.name)
+    return max(held, key=held.get) if held else "float32"
+
+
+def _makers(ops, values: set[str]) -> list[str]:
+    """The op types (with their domain) that made `values`."""
+    return sorted({f"{op.domain + '.' if op.domain else ''}{op.op_type}" for op in ops
+                   if any(out in values for out in op.output)})
+
+
+def _file_batch(g, initializers, shapes, dims) -> int | None:
+    """The batch the file itself fixes: the first input's leading dimension, where no input
+    dimension is symbolic (those took --batch and --seq; dimensions left to the data inside
+    the graph do not count). A file exported without a dynamic batch axis sized every tensor
+    at its own batch, so --batch does not change it (it was reported as the batch)."""
+    if dims:
         return None
     for value in g.input:
         dims = shapes.get(value.name)
@@ -180,8 +267,11 @@ def _onnx_version() -> str:
     return onnx.__version__
 
 
-def _values(g, batch: int) -> tuple[dict[str, int], dict[str, list[int]], dict[str, int]]:
-    """Bytes and shape of every value with a known type; symbolic or missing dims -> `batch`."""
+def _values(g, dims: dict[str, int], batch: int
+            ) -> tuple[dict[str, int], dict[str, list[int]], dict[str, int]]:
+    """Bytes and shape of every value with a known type, the inputs' symbolic dimensions
+    as `dims` gives them; and the other dimensions left open (to the data), each taken as
+    `batch`."""
     from onnx import helper
     sizes: dict[str, int] = {}
     shapes: dict[str, list[int]] = {}
@@ -193,15 +283,17 @@ def _values(g, batch: int) -> tuple[dict[str, int], dict[str, list[int]], dict[s
         tt = info.type.tensor_type
         if not tt.HasField("shape") or not tt.elem_type or info.name in sizes:
             continue
-        dims = []
-        for d in tt.shape.dim:
+        shape = []
+        for axis, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
-                dims.append(d.dim_value)
+                shape.append(d.dim_value)
+            elif (d.dim_param or f"{info.name}[{axis}]") in dims:
+                shape.append(dims[d.dim_param or f"{info.name}[{axis}]"])
             else:
-                assumed[d.dim_param or "?"] = batch
-                dims.append(batch)
-        shapes[info.name] = dims
-        sizes[info.name] = math.prod(dims) * _itemsize(helper, tt.elem_type)
+                assumed[d.dim_param or f"{info.name}[{axis}]"] = batch
+                shape.append(batch)
+        shapes[info.name] = shape
+        sizes[info.name] = math.prod(shape) * _itemsize(helper, tt.elem_type)
     return sizes, shapes, assumed
 
 
