@@ -116,6 +116,16 @@ def test_bad_configs_name_the_file_and_the_field(tmp_path, body, field):
     assert str(path) in str(err.value) and f"'{field}'" in str(err.value)
 
 
+def test_a_config_in_latin_1_is_said_to_be_no_utf8(tmp_path):
+    """QA: a comment with an accented letter in Latin-1 was an internal error (exit 70)."""
+    path = tmp_path / "latin.toml"
+    path.write_bytes('# carte \xe9mul\xe9e\n[connection]\nkind = "local"\n'.encode("latin-1"))
+    with pytest.raises(FormatError) as err:
+        load_device(path)
+    assert str(err.value) == f"{path}: field '<toml>': expected UTF-8 text (TOML files are " \
+        "UTF-8), got 'byte 0xe9 at offset 8'"
+
+
 def test_a_config_section_given_as_a_value_is_called_a_table(tmp_path):
     """`connection = "local"` was told "expected a JSON object, got 'str'" in a TOML file."""
     path = tmp_path / "c.toml"

@@ -22,3 +22,6 @@ def read_toml(path: Path, what: str) -> dict:
         raise unreadable_file(path, exc, what) from None
     except tomllib.TOMLDecodeError as exc:
         raise FormatError(str(path), "<toml>", "valid TOML", str(exc)) from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 (QA: a Latin-1 file was exit 70)
+        raise FormatError(str(path), "<toml>", "UTF-8 text (TOML files are UTF-8)",
+                          f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}") from None
