@@ -628,7 +628,12 @@ def test_simulate_with_another_boards_profile_says_so(cli, tmp_path):
     assert "the plan was made with the profile 'Raspberry Pi 4" in other.stderr
     assert "replayed here with 'Jetson Orin Nano" in other.stderr
     same = cli("simulate", plan, "--graph", graph, "--profile", profiles / "rpi4.json")
-    assert "the plan was made with" not in same.stderr
+    assert "the plan was made with" not in same.stderr and "warning" not in same.stderr
+    # QA: "valid plan" on a board whose RAM cannot hold the plan, where `plan` warns of it
+    small = cli("simulate", plan, "--graph", graph, "--profile", profiles / "cortex-m4.json")
+    assert small.returncode == 0 and "valid plan" in small.stdout, small.stderr
+    assert "warning: the plan's peak, " in small.stderr
+    assert "is more than the 192.00 KiB of RAM " in small.stderr
 
 
 @needs_shared

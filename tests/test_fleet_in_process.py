@@ -167,3 +167,27 @@ def test_a_bare_budget_read_as_bytes_is_warned_of_as_plan_warns(tmp_path):
     assert warnings == [f"warning: {manifest}: budgets[0] = 50 is read as 50 bytes (a bare "
                         "number below 16 is a fraction of the plain peak, from 16 up bytes): "
                         "for 50% of the plain peak, write 50%"]
+
+
+def test_a_plan_above_its_boards_ram_is_marked_and_said(tmp_path):
+    """QA: a 14.74 GiB plan of vgg16 for a 4 GiB rpi4 was "optimal" in the table and the
+    results without a word, where `plan --profile` warns of it. Kept plans are judged too."""
+    small = json.loads((REPO / "profiles" / "rpi4.json").read_text())
+    small["ram_total_bytes"] = 1000  # a board far too small for the tiny graph's plan
+    (tmp_path / "small.json").write_text(json.dumps(small))
+    manifest = small_fleet(tmp_path, ["97%"])
+    manifest.write_text(manifest.read_text() + f"""[[boards]]
+profile = "{tmp_path / 'small.json'}"
+name = "small"
+""")
+    for _ in range(2):  # planned, then kept from before
+        proc = cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray")
+        assert proc.returncode == 0, proc.stderr
+        rows = {line.split()[1]: line for line in proc.stdout.splitlines()
+                if line.startswith("tiny ")}
+        assert rows["small"].endswith("  > board RAM") and "> board RAM" not in rows["rpi4"]
+        assert "warning: 1 plan marked > board RAM: each peaks above the RAM of its board's " \
+            "profile and will not fit there (fits_board false in the results)" in proc.stdout
+    results = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    fits = {row["board"]: (row["fits_board"], row["board_ram_bytes"]) for row in results}
+    assert fits == {"rpi4": (True, 4 * 2**30), "small": (False, 1000)}

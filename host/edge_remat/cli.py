@@ -417,6 +417,10 @@ def simulate(
                   "plan's recorded ones")
     if (stale := recorded_figures_warning(p, plan_file, summary, prof)) is not None:
         to_stderr(stale)
+    if prof is not None:  # QA: "valid plan" for a 2.33 MiB plan on a 192 KiB board
+        from .checks import note_above_ram
+        note_above_ram(prof.ram_total_bytes, "the plan's peak", result.peak_bytes,
+                       str(profile), "plan again with a budget in bytes below it", to_stderr)
     # A plan that breaks its own budget is bad input, not a job that failed on a board.
     over = None if result.fits_budget else (f"the plan's peak, {result.peak_bytes} bytes, is "
                                             f"over its budget of {p.budget_bytes} bytes")

@@ -106,7 +106,13 @@ def summary_text(result, folder) -> str:
         seconds = row_units([row]) == ("s", "J")  # else the graph's cost units: no suffix
         lines.append(f"{start} {fmt_bytes(row['peak_bytes']):>10} "
                      f"{row['time_s']:>9.4g}{'s' if seconds else ' '} "
-                     f"{row['energy_j']:>8.4g}{'J' if seconds else ' '}")
+                     f"{row['energy_j']:>8.4g}{'J' if seconds else ' '}"
+                     + ("  > board RAM" if row.get("fits_board") is False else ""))
+    over_ram = [row for row in rows if row.get("fits_board") is False]
+    if over_ram:
+        lines += ["", f"warning: {counted(len(over_ram), 'plan')} marked > board RAM: each "
+                  "peaks above the RAM of its board's profile and will not fit there "
+                  "(fits_board false in the results)"]
     in_cost_units = sorted({row["model"] for row in rows if row_units([row])[0] != "s"})
     if in_cost_units:
         lines += ["", f"time and energy of {', '.join(in_cost_units)} are in the graph's cost "

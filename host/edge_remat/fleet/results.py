@@ -16,7 +16,7 @@ COLUMNS = ("model", "board", "budget", "deadline", "status", "solver", "budget_b
            "peak_bytes", "time_s", "energy_j", "tdi_percent", "recomputed", "page_ins",
            "page_outs", "lower_bound", "gap", "solve_time_s", "workers", "task_s", "resumed",
            "plan", "budget_floor_bytes", "smallest_feasible_budget_bytes",
-           "smallest_feasible_deadline", "error")
+           "smallest_feasible_deadline", "board_ram_bytes", "fits_board", "error")
 # A budget or deadline below what the graph allows is an answer of the sweep, not a failure:
 # its row gives the floor (the least bytes any schedule needs) or the smallest deadline met (as
 # `edge-remat plan --json` names them) and the why.
@@ -49,7 +49,11 @@ def row_units(rows: list[dict]) -> tuple[str, str]:
     return (units["time"], units["energy"]) if units else ("s", "J")
 
 
-def plan_row(task: PlanTask, plan: dict, seconds: Optional[float], resumed: bool) -> dict:
+def plan_row(task: PlanTask, plan: dict, seconds: Optional[float], resumed: bool,
+             board_ram_bytes: Optional[int]) -> dict:
+    """A planned task's row; `fits_board` whether its peak is within the board's RAM (the
+    profile's), None where the profile gives none (QA: a 14.74 GiB plan for a 4 GiB board
+    was "optimal" without a word)."""
     from ..reports.report import problem_cost_units
     pr, s = plan["predicted"], plan["solver"]
     # as `plan --json` names them: a graph file's cost units where its costs are not seconds
@@ -62,7 +66,9 @@ def plan_row(task: PlanTask, plan: dict, seconds: Optional[float], resumed: bool
             "lower_bound": s["lower_bound"], "gap": s["gap"],
             "solve_time_s": s["solve_time_s"], "workers": s.get("workers"),
             "task_s": seconds, "resumed": resumed, "plan": task.relpath,
-            **{key: None for key in SMALLEST}, "error": None}
+            **{key: None for key in SMALLEST}, "board_ram_bytes": board_ram_bytes,
+            "fits_board": None if not board_ram_bytes else pr["peak_bytes"] <= board_ram_bytes,
+            "error": None}
 
 
 def failed_row(task: PlanTask, outcome: dict) -> dict:

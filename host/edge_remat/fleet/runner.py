@@ -146,7 +146,8 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
             path = out / task.relpath
             path.parent.mkdir(parents=True, exist_ok=True)
             dump_json(outcome["plan"], path)
-            rows[task] = plan_row(task, outcome["plan"], outcome["seconds"], resumed=False)
+            rows[task] = plan_row(task, outcome["plan"], outcome["seconds"], resumed=False,
+                                  board_ram_bytes=_ram(boards[task.board].profile))
             progress.finished_task(task.label, outcome["seconds"])
         elif outcome["status"] in INFEASIBLE:
             rows[task] = failed_row(task, outcome)
@@ -180,6 +181,10 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
     files = write_results(ordered, out, str(manifest.path))
     return FleetResult(ordered, files, workers, in_flight_max, time.perf_counter() - started,
                        progress.slowest())
+
+
+def _ram(profile) -> Optional[int]:
+    return profile.ram_total_bytes if profile is not None else None
 
 
 def _say_profile_fit(graph: Graph, boards: list, say: Callable[[str], None]) -> None:
@@ -243,6 +248,7 @@ def _kept_row(task: PlanTask, graph: Graph, profile, manifest: Manifest,
         if not isinstance(value, float) and value != promised[key]:
             return None
     try:
-        return plan_row(task, plan.to_dict(), None, resumed=True)
+        return plan_row(task, plan.to_dict(), None, resumed=True,
+                        board_ram_bytes=_ram(profile))
     except KeyError:
         return None
