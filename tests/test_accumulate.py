@@ -96,8 +96,9 @@ CASES = [
     # K = 1: as before, no accumulation
     ("k1", USER_MODEL, "sgd", "ram", 0.6, "flash", 1, None, "cpsat"),
     # dropout (a draw per micro-batch) and batch norm (statistics after each), activations
-    # recomputed and paged to flash
-    ("k3-recompute-paging", USER_MODEL, "sgd", "ram", 0.7, "flash", 3, None, "cpsat"),
+    # recomputed and paged to flash (0.6: at 0.7 of the reference, which now holds a
+    # micro-batch's gradients beside the sums, nothing was paged)
+    ("k3-recompute-paging", USER_MODEL, "sgd", "ram", 0.6, "flash", 3, None, "cpsat"),
     # AdamW, parameters and optimizer state homed on flash, activations paged to flash
     ("k3-adamw-flash-paging", USER_MODEL, "adamw", "flash", 0.5, "flash", 3, None, None),
     # frozen parameters: read-only pages, no gradient, no buffer
@@ -168,8 +169,10 @@ def test_clipping_accumulated_gradients_clips_their_sums_as_plain_pytorch_does(h
 
 
 def test_the_buffers_are_the_trainable_gradients_and_frozen_ones_have_none():
-    """Only trainable parameters get a buffer (LoRA, --train); the plan's peak and its plain
-    reference grow by it once (plain PyTorch's .grad buffers are the sums)."""
+    """Only trainable parameters get a buffer (LoRA, --train); the plan's peak grows by it
+    once. Plain PyTorch's .grad buffers are the sums, and a micro-batch's gradients are
+    temporaries added into them: the plain reference grows by at most those (QA: it left
+    them out, and 100% of mlp with --accumulate 2 was below the floor)."""
     train = ["head.*"]
     once = capture_model(USER_MODEL, train=train, batch=4, image=16, refined=False)
     three = capture_model(USER_MODEL, train=train, batch=4, image=16, refined=False,
@@ -179,9 +182,19 @@ def test_the_buffers_are_the_trainable_gradients_and_frozen_ones_have_none():
     assert three.graph.capture["fixed"]["gradient_accumulators"] == head > 0
     assert three.graph.fixed_bytes - once.graph.fixed_bytes == head
     assert three.graph.capture["accumulate"] == 3 and "accumulate" not in once.graph.capture
-    assert plain_peak_bytes(three.graph) == plain_peak_bytes(once.graph)
+    assert plain_peak_bytes(once.graph) <= plain_peak_bytes(three.graph) <= \
+        plain_peak_bytes(once.graph) + head
     everything = fixed_memory(three.module, three.example_args, optimizer_named("sgd", "m"))
     assert head < everything["parameters"]
+
+
+def test_a_budget_of_the_whole_plain_peak_plans_with_accumulation():
+    """QA: with --accumulate 2, 100% of mlp's plain peak (21.23 MiB) was refused: its floor
+    was 27.18 MiB, the micro-batch's gradient beside the sums, which plain PyTorch holds too."""
+    from edge_remat.planner.solve import solve
+    graph = capture_model("mlp", accumulate=2).graph
+    report = solve(build_problem(graph, "100%"), "auto", time_limit=5)
+    assert report.plan.predicted["peak_bytes"] <= plain_peak_bytes(graph)
 
 
 def test_with_parameters_on_flash_the_sums_live_there_and_leave_fixed_memory():
