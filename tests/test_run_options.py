@@ -214,15 +214,20 @@ def test_outputs_an_earlier_run_left_and_this_one_did_not_write_are_removed(tmp_
 
     from edge_remat.run.orchestrate import _remove_earlier_outputs
     earlier = time.time() - 60
-    for name in ("memory.png", "sweep.json", "plan.json", "notes.txt"):
+    for name in ("memory.png", "sweep.json", "plan.json", "notes.txt", "weights.pt",
+                 "checkpoint.pt"):
         (tmp_path / name).write_text("earlier run")
         os.utime(tmp_path / name, (earlier, earlier))
     started = time.time()
     (tmp_path / "plan.json").write_text("this run")  # written again: kept
     said = []
     _remove_earlier_outputs(tmp_path, started, True, said.append)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "plan.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "notes.txt",
+                                                          "plan.json", "weights.pt"]
     assert "memory.png, sweep.json" in said[0]
+    # what an earlier run trained stays, and is said (QA: it stayed without a word)
+    assert said[1] == f"note: weights.pt, checkpoint.pt in {tmp_path} are an earlier run's, " \
+        "kept: this run did not write them again (remove them, or give another --out)"
 
 
 def test_a_folder_that_held_no_runs_report_keeps_files_of_output_names(tmp_path):

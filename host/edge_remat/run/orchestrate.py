@@ -104,7 +104,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     dump_json(report, out / "report.json")
     from ..reports.run_report import report_text
     (out / "report.txt").write_text(report_text(report) + "\n")
-    _remove_earlier_outputs(out, started, earlier_run, say)
+    _remove_earlier_outputs(out, started, earlier_run, say, resumed=bool(opts.resume))
     return report
 
 
@@ -113,7 +113,10 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
 RUN_OUTPUTS = ("graph.json", "plan.json", "report.json", "report.txt", "schedule.png",
                "memory.png", "sweep.json", "sweep.png")
 # The trained weights (--save, OUT/weights.pt) are not among them: not removed when a run does
-# not write them again (--save none, a killed run), since they are what an earlier run trained.
+# not write them again (--save none, a killed run), since they are what an earlier run trained;
+# nor its checkpoint. Those left are said (QA: a run with --save none said it removed the
+# earlier plots, and its report's weights were null beside the earlier weights.pt).
+KEPT_OUTPUTS = ("weights.pt", "checkpoint.pt", "checkpoint.json", "adapter")
 
 
 def _holds_a_run_report(out: Path) -> bool:
@@ -126,12 +129,14 @@ def _holds_a_run_report(out: Path) -> bool:
     return isinstance(report, dict) and {"status", "model", "device"} <= report.keys()
 
 
-def _remove_earlier_outputs(out: Path, started: float, earlier_run: bool, say: Say) -> None:
+def _remove_earlier_outputs(out: Path, started: float, earlier_run: bool, say: Say,
+                            resumed: bool = False) -> None:
     """Once this run has written its report: removes the outputs an earlier run left in
     `out` that this run did not replace (only files of RUN_OUTPUTS' names, older than it),
     where `out` held an earlier run's report when this run started. A folder that held
     none is not a run's: files of those names there are the user's (QA: someone's
-    sweep.json and memory.png were removed)."""
+    sweep.json and memory.png were removed). What an earlier run trained is kept, and said
+    but where this run resumed it (its checkpoint is this run's own)."""
     if not earlier_run:
         return
     before = started - 2.0  # a filesystem may keep times to the second (or two: FAT)
@@ -142,6 +147,13 @@ def _remove_earlier_outputs(out: Path, started: float, earlier_run: bool, say: S
     if stale:
         say(f"removed {', '.join(p.name for p in stale)} from {out}: an earlier run's, "
             "which this run did not write again")
+    kept = [name for name in KEPT_OUTPUTS
+            if not resumed and (out / name).exists() and (out / name).stat().st_mtime < before]
+    if kept:
+        say(f"note: {', '.join(kept)} in {out} {'is' if len(kept) == 1 else 'are'} an earlier "
+            "run's, kept: this run did not write "
+            f"{'it' if len(kept) == 1 else 'them'} again (remove "
+            f"{'it' if len(kept) == 1 else 'them'}, or give another --out)")
 
 
 def _remove_outputs_since(out: Path, started: float) -> None:
