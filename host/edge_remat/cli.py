@@ -747,8 +747,8 @@ def job_status(
         if out and record["state"] in TERMINAL_STATES:  # a run's report said link_lost
             settled = settle_lost_report(Path(out), job_id, record)
             if settled is not None:
-                to_stderr(f"{settled} now says how job {job_id} ended: "
-                          f"{final_status(record)} (it said link_lost)")
+                to_stderr(f"{settled[0]} now says how job {job_id} ended: "
+                          f"{final_status(record)} (it said {settled[1]})")
         if record["state"] == "failed":
             raise job_failed(record, f"job {job_id}", board.name, board.stale_agent_cause())
         print_outcome(record, as_json, board)

@@ -25,24 +25,35 @@ def final_status(record: dict) -> str:
     return "killed" if killed_by_memory(str(record.get("error"))) else "failed"
 
 
-def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[Path]:
-    """Rewrite the `link_lost` run report of job `job_id`, ended as `record` says (in `out`, or
-    its parent: the run's OUT, where `out` is OUT/board) with the job's final state and the
-    steps its result gives; its path, or None where there is no such report."""
+# A run report's status where the run ended and its job may have gone on (the words for it):
+# the link given up on, or Ctrl-C with --keep-running (QA: its report stayed "interrupted ...
+# keeps running" after the way back fetched the finished job)
+LEFT_RUNNING = {"link_lost": "the link was lost",
+                "interrupted": "the run was interrupted and its job kept running"}
+
+
+def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[tuple[Path, str]]:
+    """Rewrite the run report of job `job_id` that the run left saying the job may go on
+    (LEFT_RUNNING; an interrupted run's only where it did not cancel the job), ended as
+    `record` says (in `out`, or its parent: the run's OUT, where `out` is OUT/board) with the
+    job's final state and the steps its result gives; its path and the status it said, or
+    None where there is no such report. The earlier message stays under that status's key."""
     for path in (out.parent / "report.json", out / "report.json"):
         try:
             report = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(report, dict) or report.get("status") != "link_lost" \
-                or report.get("job") != job_id:
+        if not isinstance(report, dict) or report.get("job") != job_id:
+            continue
+        was = report.get("status")
+        if was not in LEFT_RUNNING or was == "interrupted" and report.get("cancelled"):
             continue
         status = final_status(record)
         board_report = out / "run_report.json"
-        report.update(status=status, link_lost=report.get("message"),
-                      message=f"the link was lost, and the job then ended on the board: "
-                      f"{status}" + (f" ({record['error']})" if record.get("error") else ""),
-                      job_state=record["state"])
+        report.update({was: report.get("message"), "status": status,
+                       "message": f"{LEFT_RUNNING[was]}, and the job then ended on the board: "
+                       f"{status}" + (f" ({record['error']})" if record.get("error") else ""),
+                       "job_state": record["state"]})
         result = full_result(record)  # the board's run_report.json where it was fetched
         if result.get("steps") or result.get("per_step"):  # its steps, as `run` says them
             from ..reports.run_report import step_figures  # imports torch: only here
@@ -50,5 +61,5 @@ def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[Path]:
         if status in ENDED_WELL and board_report.is_file():
             report["board_report"] = str(board_report)
         dump_json(report, path)
-        return path
+        return path, was
     return None
