@@ -2,10 +2,12 @@
 
 `--paging flash` lets the planner choose, per tensor, between keeping it, dropping and
 recomputing it, or writing it to the board's flash (its page directory) and reading it back
-before the backward pass needs it; with the energy objective and a budget of 70% of the plain
-peak it pages several tensors a step. The board's agent executes the page-outs and page-ins for
-real (checksummed files); the report counts them and shows the gradients still equal eager
-PyTorch's bit for bit.
+before the backward pass needs it, by the profile's figures for each: with the energy objective,
+a budget of 70% of the plain peak and profiles/this-machine.json it pages 9 tensors a step and
+recomputes none; where a board's freshly measured flash costs more than recomputing (as a
+profile of this machine once did), it recomputes instead, and the last line says which. The board's agent executes the page-outs and
+page-ins for real (checksummed files); the report counts them and shows the gradients still
+equal eager PyTorch's bit for bit.
 
     python examples/bert_mini_paging_to_flash.py --profile profiles/this-machine.json --steps 3
     python examples/bert_mini_paging_to_flash.py --device rpi5 --budget 60% --steps 10
