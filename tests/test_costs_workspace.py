@@ -111,3 +111,18 @@ def test_solvers_plan_with_the_profiles_workspace(solver):
     result = evaluate(p, decisions)
     assert result.fits_budget and result.sim.recomputed >= 1
     assert result.sim.peak_bytes <= 250
+
+
+def test_a_runs_plan_by_class_adds_up_to_the_peak_the_profile_gave_it():
+    """The board replays a plan with the graph's costs (it has no profile), and its memory by
+    class at the peak added up to another peak than the plan's (QA: 219.0 MiB beside 226.78
+    MiB): the host replaces it with the replay under the profile the plan was made with."""
+    from edge_remat.planner.solve import solve
+    from edge_remat.run.orchestrate import _planned_split_with
+    graph, measured = tiny(), profile(convolution_sig=300)
+    plan = solve(build_problem(graph, "100%", measured), "auto", time_limit=5).plan.to_dict()
+    outcome = {"result": {"memory_by_class": {"planned": {"activations": 0}}}}
+    _planned_split_with(measured, outcome, graph, plan)
+    split = outcome["result"]["memory_by_class"]["planned"]
+    assert sum(split.values()) == plan["predicted"]["peak_bytes"]
+    assert split["workspace"] == 300

@@ -446,3 +446,15 @@ def test_the_weight_stores_read_ahead_is_counted_beside_the_plan():
                          kernel_peak_bytes=int(694.48 * mib), kernel_peak_source="test")
     line = next(m for m in plain["misses"] if m.startswith("physical memory"))
     assert line.endswith("against 267.26 MiB predicted (1.66x, None executor)"), line
+
+
+def test_a_huge_loss_keeps_the_step_tables_columns():
+    """QA: --lr 1e6 gave a loss of 953731366778830848.0000, and the table's columns broke."""
+    result = {"steps": [{"loss": loss, "step_time_s": 1.0} for loss in
+                        (2.5, 9.5373136677883085e17, float("nan"))]}
+    report = build_report(mode="plain", status="finished", device="b", model="m", steps=3,
+                          result=result)
+    text = report_text(report)
+    rows = [line for line in text.splitlines() if line[:4].strip() in ("1", "2", "3")]
+    assert [row.split()[1] for row in rows] == ["2.5000", "9.54e+17", "nan"]
+    assert len({row.index(row.split()[2]) for row in rows}) == 1  # the next column aligned

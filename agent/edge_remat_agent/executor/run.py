@@ -26,7 +26,7 @@ from ..devices import (allocated_peak, release_cached, reserved_peak, reset_peak
 from ..diverged import Remedy, is_nonfinite, remedy_for
 from ..formats import HOME, Graph, Plan
 from ..lr_schedule import ScheduledLr, lr_factor, lr_history
-from ..memory_classes import CLASSES, ledger_classifier, planned_at
+from ..memory_classes import CLASSES, ledger_classifier, planned_by_class
 from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
 from ..profiler.allocations import AllocatorPeak
@@ -445,12 +445,10 @@ def capture_here(graph: Graph, traced: bytes | None = None, in_ram: bool = False
 def memory_by_class(graph: Graph, plan: Plan, sim: SimResult, records: list[dict]) -> dict:
     """Where the memory went: the plan's peak and the ledger's highest step peak, by class
     (memory_classes). The runtime is the kernel's figure (the host's report), not a tensor."""
-    workspace = [node.workspace_bytes for node in graph.nodes]  # as validate's cost model
     top = max(records, key=lambda r: r.get("ledger_peak_bytes") or 0)
     measured = top.get("ledger_peak_by_class") or {}
-    return {"classes": list(CLASSES),
-            "planned": planned_at(graph, plan.stages, sim.peak_at, workspace,
-                                  plan.runtime_warm_bytes),
+    return {"classes": list(CLASSES),  # replayed as validate replays it
+            "planned": planned_by_class(graph, plan, plan_costs(graph, plan), sim),
             "measured": {name: measured.get(name, 0) for name in CLASSES},
             "measured_step": top["step"]}
 

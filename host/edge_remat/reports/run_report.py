@@ -302,6 +302,14 @@ def _cell(value, fmt: str) -> str:
     return fmt.format(value)
 
 
+def loss_text(value) -> str:
+    """A loss in at most 8 characters: four decimals, or three digits where it is 1000 or
+    more (QA: --lr 1e6 gave 953731366778830848.0000, and the table's columns broke)."""
+    if not isinstance(value, (int, float)):
+        return "-" if value is None else str(value)
+    return f"{value:.4f}" if abs(value) < 1000 else f"{value:.3g}"
+
+
 def _mib(value) -> str:
     return "-" if value is None else f"{value / 2**20:.1f}"
 
@@ -346,7 +354,7 @@ def report_text(report: dict) -> str:
     before = report.get("resumed_after_step") or 0  # a resumed run's steps go on from there
     for k in range(len(report.get("loss", []))):
         lines.append(
-            f"{before + k + 1:>4}  {_cell(report['loss'][k], '{:.4f}'):>8}  "
+            f"{before + k + 1:>4}  {loss_text(report['loss'][k]):>8}  "
             f"{_cell(pred_t, '{:.3g}') + ' / ' + _cell(report['step_time_s'][k], '{:.3g}'):>15}  "
             f"{_mib(pred_tensors) + ' / ' + _mib(report['ledger_peak_bytes'][k]):>17}  "
             f"{_mib(report['rss_peak_bytes'][k]):>12}  "
@@ -383,8 +391,8 @@ def report_text(report: dict) -> str:
     losses = [v for v in report.get("loss", []) if isinstance(v, (int, float))]
     if len(losses) >= 2:
         trend = "down" if losses[-1] < losses[0] else "NOT down"
-        lines.append(f"loss          {losses[0]:.4f} -> {losses[-1]:.4f} ({trend}, "
-                     f"data: {report.get('data')})")
+        lines.append(f"loss          {loss_text(losses[0])} -> {loss_text(losses[-1])} "
+                     f"({trend}, data: {report.get('data')})")
     if report.get("nonfinite_loss"):
         lines.append(f"warning       {nonfinite_loss_warning(report['nonfinite_loss'])}")
     for miss in report.get("misses", []):

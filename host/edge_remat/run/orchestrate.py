@@ -383,6 +383,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     if check_on_host and opts.check_gradients and outcome["status"] in ENDED_WELL:
         outcome["grad_check"] = host_gradient_check(graph, plan_path, say, captured,
                                                     board.name if no_room else None)
+    _planned_split_with(chosen.profile, outcome, graph, plan_dict)
     # the step the job's report goes on from (--resume's); a job its board's daemon restarted
     # reports every step of the job, from its first start on (its report's job_starts)
     picked_up = ((outcome.get("result") or {}).get("checkpoint") or {}).get("resumed_from_step")
@@ -420,6 +421,20 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     if opts.plots:
         report["plots"] = _draw(graph, plan_path, report, out, chosen.profile)
     return report
+
+
+def _planned_split_with(profile: Profile | None, outcome: dict, graph, plan_dict: dict) -> None:
+    """The plan's memory by class at its peak, replayed with the profile it was made with:
+    the board replays the plan with the graph's own costs, whose peak falls elsewhere (QA:
+    its classes summed to 219.0 MiB beside a planned peak of 226.78 MiB)."""
+    split = (outcome.get("result") or {}).get("memory_by_class")
+    if not split or profile is None:
+        return
+    from edge_remat_agent.costs import plan_costs
+    from edge_remat_agent.formats import plan_from_dict
+    from edge_remat_agent.memory_classes import planned_by_class
+    plan = plan_from_dict(plan_dict)
+    split["planned"] = planned_by_class(graph, plan, plan_costs(graph, plan, profile))
 
 
 def _measured_for_another_graph(chosen: ChosenProfile, graph, say: Say) -> ChosenProfile:
