@@ -133,6 +133,11 @@ def test_a_file_that_is_not_onnx_is_a_clear_error(tmp_path):
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     result = CliRunner().invoke(app, ["graph"])
     assert result.exit_code == 2 and "--model/--onnx" in result.output
+    empty = tmp_path / "empty.onnx"  # QA: said to lack an operator, as if it were a model
+    empty.write_bytes(b"")
+    result = CliRunner().invoke(app, ["graph", "--onnx", str(empty)])
+    assert result.exit_code == 2 and result.output == f"error: {empty}: field '<file>': " \
+        "expected an ONNX model, got 'an empty file'\n", result.output
 
 
 def test_graph_warns_that_onnx_fixes_the_shapes(small_cnn):

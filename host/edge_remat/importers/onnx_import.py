@@ -246,6 +246,9 @@ def _file_batch(g, initializers, shapes, dims) -> int | None:
 
 def _load(source: str):
     import onnx
+    if Path(source).is_file() and Path(source).stat().st_size == 0:
+        # protobuf reads it as a model without operators, and it was said to lack one (QA)
+        raise FormatError(source, "<file>", "an ONNX model", "an empty file")
     try:
         model = onnx.load(source)
     except OSError as exc:  # missing, a folder: as every file read (not onnx's exception)
