@@ -99,6 +99,16 @@ def test_plan_arena_fit_on_the_command_line(tmp_path):
     assert result.exit_code == 0, result.output
     arena = json.loads(result.output)["arena"]
     assert arena["fit"]["fits"] and arena["size_bytes"] <= arena["fit"]["budget_bytes"]
+    # the table's budget is the one asked, the lower one beside it (QA: it showed the lower)
+    table = CliRunner().invoke(app, ["plan", "--graph", str(graph_file), "--budget", "0.8",
+                                     "--order", "given", "--solver", SOLVER, "--time-limit",
+                                     str(TIME_LIMIT), "--arena-fit"]).stdout
+    row = next(line for line in table.splitlines() if line.startswith("budget "))
+    asked = arena["fit"]["budget_bytes"]
+    assert f"({asked} B)" in row.split(";")[0], row
+    tries = arena["fit"]["tries"]
+    if len(tries) > 1:  # planned lower: said beside it
+        assert "so that the arena fits it" in row, row
 
 
 def test_ctrl_c_while_fitting_keeps_the_plan_at_the_budget_asked(monkeypatch):

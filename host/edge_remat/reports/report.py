@@ -50,15 +50,19 @@ def _home_io(predicted: dict[str, Any], key: str, unit: str) -> str:
 
 def plan_table(plan_dict: dict[str, Any]) -> str:
     s, pr = plan_dict["solver"], plan_dict["predicted"]
-    budget = plan_dict["budget_bytes"]
+    budget, asked = plan_dict["budget_bytes"], asked_budget(plan_dict)
     sec, joule = problem_cost_units(plan_dict.get("problem", {}))
     rows = [
         ("status", f"{s['status']} ({s['name']}" + (f", fallback from {s['fallback_from']}"
                                                     if s.get("fallback_from") else "")
                    + (f", proven optimal by {s['proven_optimal_by']}"
                       if s.get("proven_optimal_by") else "") + ")"),
-        ("budget", f"{fmt_bytes(budget)} ({budget} B)"),
-        ("predicted peak", f"{fmt_bytes(pr['peak_bytes'])} ({pr['peak_bytes'] / budget:.1%} "
+        # the budget asked (QA: --arena-fit's lower one was shown as the budget), and where
+        # the schedule was planned lower so that the arena fits, that one beside it
+        ("budget", f"{fmt_bytes(asked)} ({asked} B)" + (
+            f"; the schedule planned at {fmt_bytes(budget)} ({budget} B) so that the arena "
+            "fits it" if asked != budget else "")),
+        ("predicted peak", f"{fmt_bytes(pr['peak_bytes'])} ({pr['peak_bytes'] / asked:.1%} "
                            "of budget)"),
         ("TDI", f"{pr['tdi_percent']:.2f} %  ({counted(pr['recomputed'], 'recomputation')}"
                 + _order_note(plan_dict) + ")"),
