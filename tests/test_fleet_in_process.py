@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from helpers.bad_inputs import BAD_INPUT, cli, refused, tiny_graph
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,3 +192,21 @@ name = "small"
     results = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
     fits = {row["board"]: (row["fits_board"], row["board_ram_bytes"]) for row in results}
     assert fits == {"rpi4": (True, 4 * 2**30), "small": (False, 1000)}
+
+
+def test_names_shared_or_not_a_folder_name_are_said_once_as_written(tmp_path):
+    """QA: three boards named rpi4 said so twice, and `name = "../x"` became "x" without a word
+    (then "two entries are named 'x'", a name nobody wrote, beside a model named x)."""
+    from edge_remat.fleet.manifest import ManifestError, load_manifest
+    manifest = small_fleet(tmp_path, ["97%"])
+    text = manifest.read_text()
+    board = text[text.index("[[boards]]"):]
+    manifest.write_text(text + board + board + '[[models]]\ngraph = "tiny.json"\nname = "../x"\n'
+                        '[[models]]\ngraph = "tiny.json"\nname = "x"\n')
+    with pytest.raises(ManifestError) as caught:
+        load_manifest(manifest)
+    said = str(caught.value)
+    assert said.count("two entries are named 'rpi4'") == 1, said
+    assert "models[1].name: expected letters, digits, '.', '_' and '-' only (it names the " \
+        "entry's folder of results), got '../x'" in said
+    assert "named 'x'" not in said

@@ -148,10 +148,12 @@ def load_manifest(path: "str | Path") -> Manifest:
               if (b := _board(raw, f"boards[{i}]", here, note)) is not None]
     for kind, entries in (("models", models), ("boards", boards)):
         seen: set[str] = set()
-        for entry in entries:
-            if entry.name in seen:
-                note(kind, f"two entries are named {entry.name!r}: give each a distinct `name`")
-            seen.add(entry.name)
+        for name in [entry.name for entry in entries]:
+            if name in seen:  # once however many share it (QA: three said it twice)
+                continue
+            if sum(entry.name == name for entry in entries) > 1:
+                note(kind, f"two entries are named {name!r}: give each a distinct `name`")
+            seen.add(name)
     if mistakes:
         raise ManifestError(mistakes)
     return Manifest(path, models, boards, budgets, deadlines, settings, threads,
@@ -334,6 +336,10 @@ def _name(raw: dict, default: str, where: str, note) -> str:
     if name is not None and (not isinstance(name, str) or not name.strip()):
         note(f"{where}.name", f"expected a non-empty string, got {name!r}")
         name = None
+    elif name is not None and slug(name) != name:  # QA: '../x' became 'x' without a word
+        note(f"{where}.name", "expected letters, digits, '.', '_' and '-' only (it names the "
+             f"entry's folder of results), got {name!r}")
+        return name  # refused: kept as written, so that no other entry seems to share it
     return slug(name or _short_default(default))
 
 
