@@ -147,3 +147,17 @@ def test_a_binned_schedule_cell_is_the_most_notable_of_those_it_covers(planned):
     for r, row in enumerate(binned):
         for c, cell in enumerate(row):
             assert cell == full[2 * r:2 * r + 2, 3 * c:3 * c + 3].max()
+
+
+def test_a_sweep_without_a_plan_keeps_its_cost_axes_at_zero_and_up(tmp_path, monkeypatch):
+    """QA: with no budget planned the axes ran from -0.04 to 0.04 J and s."""
+    limits = []
+    save = plots._save
+
+    def kept(fig, path):
+        limits.extend(ax.get_ylim() for ax in fig.axes)
+        return save(fig, path)
+    monkeypatch.setattr(plots, "_save", kept)
+    plots.plot_sweep([{"budget_bytes": 2 * 2**20, "energy_j": None, "time_s": None}],
+                     tmp_path / "sweep.png")
+    assert len(limits) == 2 and all(low == 0 < high for low, high in limits), limits

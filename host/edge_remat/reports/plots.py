@@ -196,6 +196,7 @@ def plot_sweeps(series: "dict[str, Sequence[dict]]", path: "str | Path",
                       (bottom, f"time per step ({units[0]})")):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)  # costs are never negative (QA: with no plan, -0.04 to 0.04)
     if any_infeasible:
         top.plot([], [], color="#cb181d" if "" in series else "#636363", linestyle=":",
                  label="no plan (below the floor, or none found)")
