@@ -398,9 +398,15 @@ def test_a_sweep_overwrites_plans_in_its_folder_only_with_force(tmp_path):
     refused(cli("plan", "--graph", graph, "--sweep", "0.8:1:0.1", "-o", out), BAD_INPUT,
             "already holds plan-0.90.json", "--force")
     assert sorted(p.name for p in out.iterdir()) == ["plan-0.90.json"]
+    (out / "plan-0.50.json").write_text("an earlier sweep's plan")
     proc = cli("plan", "--graph", graph, "--sweep", "0.8:1:0.1", "-o", out, "--force")
     assert proc.returncode == 0, proc.stderr
     assert '"edge-remat/plan"' in (out / "plan-0.90.json").read_text()
+    # with --force the earlier sweep's other plans go too, said (QA: they stayed, read as this
+    # sweep's)
+    assert sorted(p.name for p in out.iterdir()) == ["plan-0.80.json", "plan-0.90.json",
+                                                     "plan-1.00.json"]
+    assert f"removed 1 plan of an earlier sweep from {out} (plan-0.50.json)" in proc.stderr
 
 
 def test_plot_overwrites_its_pngs_only_with_force(tmp_path):

@@ -347,7 +347,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
     planned = sum(point.report is not None for point in points)
     if not planned and not interrupted:  # an error, as for one budget: nothing written
         raise no_plan_error(points)
-    rows = []
+    rows, written = [], set()
     for point in points:
         row = {"fraction": point.fraction, "budget_bytes": point.budget_bytes,
                "status": point.status, "message": point.message or None,
@@ -363,7 +363,17 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
                 path.parent.mkdir(parents=True, exist_ok=True)
                 point.report.plan.save(path)
                 row["plan"] = str(path)
+                written.add(path.name)
         rows.append(row)
+    if output and written:  # an earlier sweep's plans (--force) would read as this one's (QA)
+        from .remote import to_stderr
+        earlier = sorted(p for p in Path(output).glob("plan-*.json") if p.name not in written)
+        for path in earlier:
+            path.unlink()
+        if earlier:
+            to_stderr(f"removed {counted(len(earlier), 'plan')} of an earlier sweep from "
+                      f"{output} ({', '.join(p.name for p in earlier[:3])}"
+                      f"{', ...' if len(earlier) > 3 else ''})")
     from .planner.interrupt import stopped_by
     stopped = (f"interrupted ({stopped_by()}) at budget {points[-1].fraction:g}; the "
                f"{len(points)} budget(s) above are what was solved"
