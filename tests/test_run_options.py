@@ -63,6 +63,24 @@ def test_bundled_data_that_cannot_feed_the_model_is_refused_before_the_profile(t
     no_new_files(before, tmp_path)
 
 
+@pytest.mark.parametrize("body, words", [
+    (DATA_FILE, ["gives 1 arguments; the model takes 2"]),
+    ("def batches(batch, seed):\n    raise OSError('no such dataset')\n",
+     ["failed on its first batch: OSError: no such dataset"]),
+])
+def test_a_data_function_that_cannot_feed_the_model_is_refused_before_the_profile(
+        tmp_path, body, words):
+    """QA: where the board reads this host's files, a MODULE:FUNCTION whose batches cannot feed
+    the model failed on the board after the profile and the plan (exit 1, no report)."""
+    (tmp_path / "mydata.py").write_text(body)
+    before = tree(tmp_path)
+    proc = _run("--budget", "100%", "--data", "mydata.py:batches", "--out", "out",
+                cwd=tmp_path)
+    refused(proc, BAD_INPUT, "cannot feed this model", *words)
+    assert "profil" not in proc.stderr and "planning" not in proc.stderr
+    no_new_files(before, tmp_path)
+
+
 def test_an_infeasible_budget_leaves_no_files(tmp_path):
     """Exit 2 writes nothing: the run had left the graph.json it captured before the budget
     turned out infeasible (mlp's floor is 95% of its plain peak)."""

@@ -60,12 +60,23 @@ def batches(spec: str | None, example_args: tuple, seed: int = 0,
     return _checked(spec, source, example_args, torch)
 
 
-def check_data_fits(spec: str, example_args: tuple, seed: int = 0, model=None) -> None:
+def check_data_fits(spec: str, example_args: tuple, seed: int = 0, model=None,
+                    user_data: bool = False) -> None:
     """The first batch of bundled data against the model's example arguments (DataError if
-    it cannot feed them). A MODULE:FUNCTION is left to where it runs: it may read data only
-    the board has."""
+    it cannot feed them). A MODULE:FUNCTION only with `user_data` (where it runs here as on
+    the board): it may read data only the board has."""
     if spec in NAMED_DATA and spec != "example":
         next(batches(spec, example_args, seed, model))
+    elif user_data and spec not in NAMED_DATA:
+        try:
+            next(batches(spec, example_args, seed, model))
+        except DataError:
+            raise
+        except StopIteration:
+            raise DataError(f"data {spec!r} gives no batch") from None
+        except Exception as error:  # the user's code: its error, in one line
+            raise DataError(f"data {spec!r} failed on its first batch: "
+                            f"{type(error).__name__}: {error}") from None
 
 
 def check_data_spec(spec: str) -> None:

@@ -303,13 +303,18 @@ def check_data(spec: str, device: DeviceConfig) -> None:
         raise RunProblem(str(exc)) from None
 
 
-def check_data_fits(spec: str, example_args: tuple, model=None) -> None:
+def check_data_fits(spec: str, example_args: tuple, model=None,
+                    device: Optional[DeviceConfig] = None) -> None:
     """Bundled data that cannot feed the model (digits for a 3x32x32 model, text for images)
     is refused once the capture has the model's example arguments, before the profile and the
-    plan, rather than on the board after them."""
+    plan, rather than on the board after them; a MODULE:FUNCTION too where the board reads
+    this host's files (QA: one that gave 1 argument for a model of 2 failed on the board, after
+    the profile and the plan)."""
     from edge_remat_agent.data import DataError, check_data_fits as first_batch_fits
+    from edge_remat_agent.user_code import spec_file
+    here = device is not None and spec_file(spec) is not None and shares_files(device)
     try:
-        first_batch_fits(spec, example_args, model=model)
+        first_batch_fits(spec, example_args, model=model, user_data=here)
     except DataError as error:
         raise RunProblem(f"--data {spec} cannot feed this model: {error}") from None
 

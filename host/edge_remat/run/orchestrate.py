@@ -272,7 +272,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     from edge_remat_agent.capture.advice import capture_warnings
     for line in capture_warnings(captured):
         say(f"warning: {line}")
-    check_data_fits(run_data(opts), captured.example_args, captured.module)
+    check_data_fits(run_data(opts), captured.example_args, captured.module, device)
     graph = captured.graph
     graph_path = out / "graph.json"
     graph.save(graph_path)
