@@ -150,10 +150,9 @@ def _remove_earlier_outputs(out: Path, started: float, earlier_run: bool, say: S
     kept = [name for name in KEPT_OUTPUTS
             if not resumed and (out / name).exists() and (out / name).stat().st_mtime < before]
     if kept:
-        say(f"note: {', '.join(kept)} in {out} {'is' if len(kept) == 1 else 'are'} an earlier "
-            "run's, kept: this run did not write "
-            f"{'it' if len(kept) == 1 else 'them'} again (remove "
-            f"{'it' if len(kept) == 1 else 'them'}, or give another --out)")
+        verb, them = ("is", "it") if len(kept) == 1 else ("are", "them")
+        say(f"note: {', '.join(kept)} in {out} {verb} an earlier run's, kept: this run did not "
+            f"write {them} again (remove {them}, or give another --out)")
 
 
 def _remove_outputs_since(out: Path, started: float) -> None:
