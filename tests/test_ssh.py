@@ -19,6 +19,7 @@ from edge_remat.devices import load_device
 from edge_remat.transport import (AuthRefused, Board, BoardMissingPython, BoardMissingTorch,
                                   BoardOutOfDisk, BoardUnreachable, HostKeyChanged,
                                   HostKeyUnknown, TransportError)
+from edge_remat.transport.errors import LinkLost
 from edge_remat.transport.zipapp import AgentArchive, archive_bytes
 
 pytestmark = [needs_sshd, pytest.mark.loopback]
@@ -201,6 +202,21 @@ def test_a_python_that_is_no_python_names_the_field_to_change(device):
     message = one_line(err.value)
     assert "`/bin/true` exited with status 0 and did not answer the probe" in message
     assert "set python in the device config's [connection]" in message
+
+
+def test_a_link_dropped_during_the_probe_is_a_lost_link_not_a_bad_python(device, tmp_path):
+    """QA: a connection dropped in the probe's first second said `python` "exited with status
+    -1 and did not answer the probe: set python ...". A `python` that kills its sshd session
+    stands for the drop: the probe's channel closes without an exit status; reconnecting is
+    tried, then given up in one line that says what happened."""
+    drops = tmp_path / "python-that-drops"
+    drops.write_text("#!/bin/sh\nkill -9 $PPID\nsleep 5\n")
+    drops.chmod(0o755)
+    with pytest.raises(LinkLost) as err:
+        Board(device(python=str(drops), reconnect_timeout_s=2)).hello()
+    message = one_line(err.value)
+    assert message.startswith("the connection closed while the probe of loopback (")
+    assert message.endswith("ran (gave up reconnecting after 2 s)") and "python" not in message
 
 
 def test_no_torch_on_the_board_says_what_to_install(device):

@@ -278,8 +278,9 @@ def _no_delay(sock) -> None:
             pass
 
 
-def run_command(client, command: str, timeout: float) -> "tuple[int, str, str]":
-    """(exit status, stdout, stderr) of one command on the board."""
+def run_command(client, command: str, timeout: float, what: str = "") -> "tuple[int, str, str]":
+    """(exit status, stdout, stderr) of one command on the board; `what` names it in the
+    LinkLost of a link that drops while it runs."""
     chan = client.get_transport().open_session(timeout=timeout)
     chan.settimeout(timeout)
     chan.exec_command(command)
@@ -303,6 +304,9 @@ def run_command(client, command: str, timeout: float) -> "tuple[int, str, str]":
             time.sleep(0.01)
     status = chan.recv_exit_status()
     chan.close()
+    if status == -1:  # paramiko's word for a channel closed without an exit status: the link
+        # dropped while it ran (QA: during the probe that read as a Python that is none)
+        raise LinkLost(f"the connection closed while {what or f'`{command[:60]}...`'} ran")
     return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
@@ -373,7 +377,8 @@ class SshTransport:
         workdir = shell_path(conn.workdir)
         command = (f"mkdir -p {workdir} && cd {workdir} && exec {shlex.quote(self.python)} -c "
                    f"{shlex.quote(PROBE)} {archive.name} {archive.sha256}")
-        status, out, err = run_command(client, command, timeout=conn.connect_timeout_s + 20)
+        status, out, err = run_command(client, command, timeout=conn.connect_timeout_s + 20,
+                                       what=f"the probe of {self.board}")
         family = self.device.hardware.family
         if status == 127 or (status != 0 and "not found" in err and self.python in err):
             raise BoardMissingPython(f"{self.board} has no `{self.python}`: "
