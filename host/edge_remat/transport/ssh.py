@@ -304,8 +304,11 @@ def run_command(client, command: str, timeout: float, what: str = "") -> "tuple[
             time.sleep(0.01)
     status = chan.recv_exit_status()
     chan.close()
-    if status == -1:  # paramiko's word for a channel closed without an exit status: the link
-        # dropped while it ran (QA: during the probe that read as a Python that is none)
+    transport = client.get_transport()
+    if status == -1 and (transport is None or not transport.is_active()):
+        # no exit status, and the link is down: it dropped while the command ran (QA: during
+        # the probe that read as a Python that is none). A command killed by a signal also
+        # has none, but its link stays up: that one is the command's failure.
         raise LinkLost(f"the connection closed while {what or f'`{command[:60]}...`'} ran")
     return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
