@@ -184,7 +184,7 @@ def plan(
     flash_tier = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
     if output is not None:  # `-o ''` too, which is refused
         inputs = {"--graph": graph, "--profile": profile}
-        (output_folder(output, "-o", inputs, writes=("plan-*.json",), force=force)
+        (output_folder(output, "-o", inputs, writes=(SWEEP_PLANS,), force=force)
          if sweep is not None
          else output_file(output, force, inputs=inputs))
     g = load_graph_file(graph)
@@ -327,6 +327,9 @@ def _arena_summary(plan_dict: dict) -> Optional[dict]:
                 if key in arena["details"]}}
 
 
+SWEEP_PLANS = "plan-*.json"  # a sweep's plan files in its -o folder (plan-0.30.json, ...)
+
+
 def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backend: str,
                 workers: Optional[int], output: Optional[str], as_json: bool,
                 objective: str) -> None:
@@ -367,7 +370,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
         rows.append(row)
     if output and written:  # an earlier sweep's plans (--force) would read as this one's (QA)
         from .remote import to_stderr
-        earlier = sorted(p for p in Path(output).glob("plan-*.json") if p.name not in written)
+        earlier = sorted(p for p in Path(output).glob(SWEEP_PLANS) if p.name not in written)
         for path in earlier:
             path.unlink()
         if earlier:

@@ -196,7 +196,7 @@ def _input_dims(g, initializers, batch: int, seq: int | None, source: str
         for axis, d in enumerate(value.type.tensor_type.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
                 continue
-            name = d.dim_param or f"{value.name}[{axis}]"
+            name = _dim_name(value.name, axis, d)
             if axis == 0 or name in dims:
                 dims.setdefault(name, batch)
             elif seq is None:
@@ -290,14 +290,19 @@ def _values(g, dims: dict[str, int], batch: int
         for axis, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
                 shape.append(d.dim_value)
-            elif (d.dim_param or f"{info.name}[{axis}]") in dims:
-                shape.append(dims[d.dim_param or f"{info.name}[{axis}]"])
-            else:
-                assumed[d.dim_param or f"{info.name}[{axis}]"] = batch
-                shape.append(batch)
+                continue
+            name = _dim_name(info.name, axis, d)
+            if name not in dims:
+                assumed[name] = batch
+            shape.append(dims.get(name, batch))
         shapes[info.name] = shape
         sizes[info.name] = math.prod(shape) * _itemsize(helper, tt.elem_type)
     return sizes, shapes, assumed
+
+
+def _dim_name(value: str, axis: int, dim) -> str:
+    """An open dimension's name: its own (dim_param), else the value's and the axis."""
+    return dim.dim_param or f"{value}[{axis}]"
 
 
 def _itemsize(helper, elem_type: int) -> int:

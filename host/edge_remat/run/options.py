@@ -294,10 +294,9 @@ def check_data(spec: str, device: DeviceConfig) -> None:
     """A data spec the board cannot read is refused here, not after the capture, the profile
     and the plan: the agent's own table of data names, and a data file this host can see."""
     from edge_remat_agent.data import DataError, check_data_spec, load_data_function
-    from edge_remat_agent.user_code import spec_file
     try:
         check_data_spec(spec)
-        if spec_file(spec) is not None and shares_files(device):
+        if _data_file_here(spec, device):
             load_data_function(spec)  # imported, not called: the file and the function exist
     except DataError as exc:
         raise RunProblem(str(exc)) from None
@@ -311,12 +310,17 @@ def check_data_fits(spec: str, example_args: tuple, model=None,
     this host's files (QA: one that gave 1 argument for a model of 2 failed on the board, after
     the profile and the plan)."""
     from edge_remat_agent.data import DataError, check_data_fits as first_batch_fits
-    from edge_remat_agent.user_code import spec_file
-    here = device is not None and spec_file(spec) is not None and shares_files(device)
+    here = device is not None and _data_file_here(spec, device)
     try:
         first_batch_fits(spec, example_args, model=model, user_data=here)
     except DataError as error:
         raise RunProblem(f"--data {spec} cannot feed this model: {error}") from None
+
+
+def _data_file_here(spec: str, device: DeviceConfig) -> bool:
+    """Whether `spec` is a data file that this host reads as the board does."""
+    from edge_remat_agent.user_code import spec_file
+    return spec_file(spec) is not None and shares_files(device)
 
 
 def shares_files(device: DeviceConfig) -> bool:

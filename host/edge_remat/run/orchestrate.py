@@ -114,9 +114,9 @@ RUN_OUTPUTS = ("graph.json", "plan.json", "report.json", "report.txt", "schedule
                "memory.png", "sweep.json", "sweep.png")
 # The trained weights (--save, OUT/weights.pt) are not among them: not removed when a run does
 # not write them again (--save none, a killed run), since they are what an earlier run trained;
-# nor its checkpoint. Those left are said (QA: a run with --save none said it removed the
-# earlier plots, and its report's weights were null beside the earlier weights.pt).
-KEPT_OUTPUTS = ("weights.pt", "checkpoint.pt", "checkpoint.json", "adapter")
+# nor its checkpoint, nor a PEFT adapter. Those left are said (QA: a run with --save none said
+# it removed the earlier plots, and its report's weights were null beside the earlier
+# weights.pt): _kept_outputs names them.
 
 
 def _holds_a_run_report(out: Path) -> bool:
@@ -147,12 +147,21 @@ def _remove_earlier_outputs(out: Path, started: float, earlier_run: bool, say: S
     if stale:
         say(f"removed {', '.join(p.name for p in stale)} from {out}: an earlier run's, "
             "which this run did not write again")
-    kept = [name for name in KEPT_OUTPUTS
+    kept = [name for name in _kept_outputs()
             if not resumed and (out / name).exists() and (out / name).stat().st_mtime < before]
     if kept:
         verb, them = ("is", "it") if len(kept) == 1 else ("are", "them")
         say(f"note: {', '.join(kept)} in {out} {verb} an earlier run's, kept: this run did not "
             f"write {them} again (remove {them}, or give another --out)")
+
+
+def _kept_outputs() -> tuple[str, ...]:
+    """The files (and the adapter's folder) an earlier run trained, which a run keeps."""
+    from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE, WEIGHTS_FILE
+
+    from .peft_adapter import ADAPTER_FOLDER
+    from .resume import RECORD
+    return (WEIGHTS_FILE, CHECKPOINT_FILE, RECORD, ADAPTER_FOLDER)
 
 
 def _remove_outputs_since(out: Path, started: float) -> None:
