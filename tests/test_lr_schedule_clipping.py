@@ -143,7 +143,7 @@ def test_parameters_after_5_steps_equal_plain_pytorchs(label, optimizer, home, u
         assert not all(torch.equal(unclipped[n], actual[n]) for n in actual)
     assert report["optimizer"]["lr_schedule"] == schedule
     assert report["optimizer"]["clip_grad_norm"] == clip
-    # the ledger's peak stays within the plan's (the clipped copies are the updates' workspace)
+    # the ledger's peak stays within the plan's (the gradients are clipped in place)
     assert all(s["ledger_peak_bytes"] <= report["predicted_peak_bytes"] for s in report["steps"])
 
 

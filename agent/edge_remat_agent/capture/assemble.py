@@ -83,7 +83,7 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
                 node.attrs["grad_bytes"] = sum(store[root].nbytes for root in own)
         state = plan_state(nodes, param_groups(trace, module, nodes), optimizer, params_home,
                            rates, clip_grad_norm, [name for name, _ in module.named_parameters()],
-                           accumulate)
+                           accumulate, _gradients_sharing_storage(trace, store, read_by_others))
         nodes, planned = state.nodes, state.planned
         for kind, nbytes in planned.items():
             fixed[kind] -= nbytes
@@ -93,6 +93,23 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
     graph = Graph(nodes=nodes, name=trace.model, fixed_bytes=fixed["total"],
                   batch=_batch(example_args), dtype=_dtype(module), cost_source="estimate")
     return graph, {"saved_bytes": saved, "fixed": fixed, "planned": planned}
+
+
+def _gradients_sharing_storage(trace: JointTrace, store: dict[str, Storage],
+                               read_by_others: set[str]) -> dict[str, int]:
+    """Gradient value -> its storage's bytes, for the gradients whose storage another value
+    that outlives its node also holds (another gradient, a value a later node reads) or that
+    is the step's input: clipping scales those on a copy, the rest in place (state.py)."""
+    held: dict[str, set[str]] = {}  # storage root -> the values on it that outlive their node
+    for name in read_by_others | set(trace.grads):
+        if name in store:
+            held.setdefault(store[name].root, set()).add(name)
+    shared = {}
+    for value in trace.grads:
+        root = store[value].root
+        if held[root] - {value} or trace.node(root).op == "placeholder":
+            shared[value] = store[value].nbytes
+    return shared
 
 
 def _gradient_views_with_their_storage(trace: JointTrace, groups: list[Group],

@@ -12,7 +12,8 @@ FusedUpdates   one torch optimizer per update node, over that node's parameter g
                `optimizer.step()` of plain training (foreach off: every parameter's step is
                computed on its own; capture/optimizer.py). With clipping (a graph captured
                with clip_grad_norm), the norm nodes compute the global norm and each update
-               steps with copies of its gradients scaled by it (grad_clip.py).
+               scales its gradients by it (grad_clip.py) in place, or copies where they are
+               read again (_step).
 """
 
 from __future__ import annotations
@@ -211,9 +212,19 @@ class FusedUpdates:
                 self.params[name].data = runner.env[self._placeholder[name]]
             self._load_state(optimizer, names)
         clip = node.attrs.get("clip_grad_norm")
-        for name, grad in grads.items():
-            # clipped on a copy: the step's gradient may be read again (the gradient check)
-            self.params[name].grad = grad if clip is None else self._copy(name, grad)
+        if clip is None:
+            for name, grad in grads.items():
+                self.params[name].grad = grad
+        else:
+            # Scaled in place, as torch's clip_grad_norm_ scales .grad, but on a copy where
+            # the gradient is read again: one whose storage another value holds (the plan
+            # counts its copy), or the step's gradients kept for the check (its cost, as
+            # the kept gradients are).
+            copies = set(node.attrs.get("clip_copies", ()))
+            checked = runner.keep_grads or (self.sums is not None and self.sums.checked)
+            for name, grad in grads.items():
+                self.params[name].grad = self._copy(name, grad, name in copies) \
+                    if checked or name in copies else grad
         try:
             if clip is not None:
                 clip_with_norm([self.params[name] for name in names], clip, self.grad_norm)
@@ -236,9 +247,9 @@ class FusedUpdates:
                 for name in names:
                     self.params[name].data = _empty_like(self.params[name])
 
-    def _copy(self, name: str, grad: torch.Tensor) -> torch.Tensor:
+    def _copy(self, name: str, grad: torch.Tensor, planned: bool) -> torch.Tensor:
         copy = grad.clone()
-        if self.ledger is not None:  # in RAM for the update: the node's workspace
+        if planned and self.ledger is not None:  # in RAM for the update: its workspace
             self.ledger.register_tensor(("clipped", name), copy)
             self._in_ledger.append(("clipped", name))
         return copy
