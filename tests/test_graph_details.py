@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.bad_inputs import BAD_INPUT, cli, no_new_files, refused, tree
+from helpers.user_models import HERE as USER_MODELS
 from edge_remat_agent.capture import capture_model
 from edge_remat_agent.formats import FormatError, graph_from_dict
 from edge_remat_agent.formats.graph_details import CAPTURE_CHECKS, NODE_CHECKS
@@ -29,7 +30,11 @@ def captured() -> dict:
     every = capture_model(USER_MODEL, optimizer="adamw", params_home="flash", batch=4, image=16,
                           clip_grad_norm=1.0, accumulate=2).graph
     plain = capture_model(USER_MODEL, batch=4, image=16).graph
-    return {"every": every.to_dict(), "plain": plain.to_dict()}
+    # accumulating without clipping (sums nodes), and clipping gradients that share a storage
+    summed = capture_model(USER_MODEL, batch=4, image=16, accumulate=2).graph
+    aliased = capture_model(f"{USER_MODELS}:make_aliased_gradients", clip_grad_norm=1.0).graph
+    return {"every": every.to_dict(), "plain": plain.to_dict(), "summed": summed.to_dict(),
+            "aliased": aliased.to_dict()}
 
 
 def test_every_detail_a_capture_writes_is_checked_and_a_capture_loads_as_it_was(captured):
@@ -39,7 +44,8 @@ def test_every_detail_a_capture_writes_is_checked_and_a_capture_loads_as_it_was(
         assert set(graph["capture"]) <= set(CAPTURE_CHECKS), sorted(
             set(graph["capture"]) - set(CAPTURE_CHECKS))
         assert graph_from_dict(copy.deepcopy(graph)).to_dict() == graph
-    assert {key for node in captured["every"]["nodes"] for key in node.get("attrs", {})} \
+    assert {key for graph in captured.values() for node in graph["nodes"]
+            for key in node.get("attrs", {})} \
         == set(NODE_CHECKS) - {"page_costs"}  # POET's problems alone give that one
 
 

@@ -4,11 +4,14 @@ plan, which stands for one micro-pass.
 Every pass runs the plan, but not every node does the same work in every pass
 (executor/updates.py):
 - an update node steps the optimizer, and reads and writes its group's state and parameters on
-  their home, in the last pass only; before it, it only adds the pass's gradients to the sums;
+  their home, in the last pass only; a group's sums node (clipping's group-norm node) adds the
+  pass's gradients to the sums in every pass (in graphs captured before sums nodes, the update
+  node adds them);
 - clipping's norm nodes take norms in the last pass only;
-- gradient sums homed on a tier come from the home in every pass but the first and go back in
-  every pass but the last (with clipping: the group-norm node writes them back in the last pass
-  too, and the update node reads them in the last pass only).
+- gradient sums homed on a tier come from the home in every pass but the first, and the node
+  that adds them writes them back in every pass; the update node reads them in the last pass
+  only (an update that adds them itself: every pass but the first, and writes them back in
+  every pass but the last).
 The plan counts each node's whole work in its one pass, the most a pass does; K times that
 counted the optimizer's step and its state's IO K times (gpt-mini, AdamW, parameters on flash,
 K = 4, a profile measured on the machine: 17.66 s a step against 10.3-11.7 s measured; this
@@ -25,7 +28,7 @@ from typing import Any
 
 from .costs import CostModel, home_transfer_cost
 from .formats import Graph, Node
-from .formats.graph import GROUP_NORMS_OP
+from .formats.graph import GRAD_SUMS_OP, GROUP_NORMS_OP, sums_added_apart
 
 
 def pass_transfers(node: Node, k: int, j: int) -> tuple[int, int]:
@@ -37,14 +40,14 @@ def pass_transfers(node: Node, k: int, j: int) -> tuple[int, int]:
     planned = io["read_bytes"], io["write_bytes"]
     sums = node.attrs.get("sum_bytes", 0)
     last, first = j == k - 1, j == 0
-    if node.op == GROUP_NORMS_OP:  # the sums in and out: none in at first
+    if node.op in (GROUP_NORMS_OP, GRAD_SUMS_OP):  # the sums in and out: none in at first
         return (0, sums) if first and not last else planned
     if node.kind != "update":
         return planned  # a param node loads its group in every pass
     if last:  # the step: state in and out, new parameters out; sums in, none back
-        return planned[0], planned[1] - (0 if "clip_grad_norm" in node.attrs else sums)
-    if "clip_grad_norm" in node.attrs or not sums:
-        return 0, 0  # only adds (clipping's group-norm node moves the sums)
+        return planned[0], planned[1] - (0 if sums_added_apart(node) else sums)
+    if sums_added_apart(node) or not sums:
+        return 0, 0  # only adds (the node that adds them moves the sums)
     return (0 if first else sums), sums
 
 

@@ -344,3 +344,19 @@ def make_bag_of_words_max(batch: int = 8, seed: int = 0):
 
 def spec(factory: str) -> str:
     return f"{HERE}:{factory}"
+
+
+class AliasedGradients(nn.Module):
+    """a's gradient and b's are one storage: b is read through a view of a's shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Parameter(torch.randn(4, 4)), nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        return ((self.a + self.b.view(4, 4)) * x).pow(2).sum()
+
+
+def make_aliased_gradients(seed: int = 0):
+    torch.manual_seed(seed)
+    return AliasedGradients(), (torch.randn(4, 4) * 3,)

@@ -29,6 +29,19 @@ class NormNodes:
     last_gradient: int  # the node index after which the norm node goes
 
 
+def gradient_pairs(group, nodes: list[Node], position: dict[str, int] | None = None
+                   ) -> tuple[list[list[str]], dict[str, object]]:
+    """A group's [gradient value, parameter name] pairs (in `position`'s order of the names,
+    else the capture's), and gradient value -> the id of the node that makes it."""
+    value_of, producer = {}, {}
+    for value, index in group.grads.items():
+        value_of[nodes[index].attrs["grads"][value]] = value  # the last, as updates assign
+        producer[value] = nodes[index].id
+    names = list(value_of) if position is None else \
+        sorted(value_of, key=lambda name: position.get(name, len(position)))
+    return [[value_of[name], name] for name in names], producer
+
+
 def norm_nodes(groups: list, nodes: list[Node], max_norm: float, param_order: list[str],
                rates: Rates) -> NormNodes:
     """`groups`: the trainable ParamGroups with gradients; `nodes`: planner nodes, ids =
@@ -36,20 +49,15 @@ def norm_nodes(groups: list, nodes: list[Node], max_norm: float, param_order: li
     position = {name: k for k, name in enumerate(param_order)}
     by_group: dict[int, Node] = {}
     for k, group in enumerate(groups):
-        value_of, producer = {}, {}
-        for value, index in group.grads.items():
-            value_of[nodes[index].attrs["grads"][value]] = value  # the last, as updates assign
-            producer[value] = nodes[index].id
-        names = sorted(value_of, key=lambda name: position.get(name, len(position)))
+        pairs, producer = gradient_pairs(group, nodes, position)
         time = max(2 * group.elements / rates.flops_per_s, group.nbytes / rates.bytes_per_s)
         by_group[k] = Node(
             id=f"grad_norms:{k}", name=f"{group.name}.grad_norms", kind="update",
             op=GROUP_NORMS_OP, inputs=sorted(set(producer.values()), key=str),
-            out_bytes=SCALAR_BYTES * len(names), workspace_bytes=0,
+            out_bytes=SCALAR_BYTES * len(pairs), workspace_bytes=0,
             time_s=round_time(time + rates.op_overhead_s),
             signature=f"{GROUP_NORMS_OP}:{group.elements}",
-            attrs={"members": [], "outputs": [], "reads": producer,
-                   "norm_grads": [[value_of[name], name] for name in names],
+            attrs={"members": [], "outputs": [], "reads": producer, "norm_grads": pairs,
                    "flops": 2 * group.elements, "bytes_moved": group.nbytes})
     order = sorted((name for node in by_group.values() for _, name in node.attrs["norm_grads"]),
                    key=lambda name: position.get(name, len(position)))

@@ -11,9 +11,12 @@ tensor:
     drops the RAM copy (the home keeps the value), and recomputing it reads it again. Its
     trainable groups' optimizer state lives at home too: the update node reads it, steps, and
     writes state and parameters back (new version first, then switch). Frozen groups are
-    read-only pages: read back, never written. Accumulating micro-batches, a homed group's
-    gradient sums live at home too: the update node reads them, adds the pass's gradients and
-    writes them back (accumulation.py), so no sum stays in RAM across the passes.
+    read-only pages: read back, never written.
+  - accumulating micro-batches, a node right after a group's last gradient adds the pass's
+    gradients into the group's sums (sum_nodes.py; with clipping, the group-norm node), and
+    the update node steps with the sums in the last pass. A homed group's sums live at home
+    too: that node reads them, adds and writes them back (accumulation.py), so no sum stays
+    in RAM across the passes.
 What stays fixed is the RAM-homed parameters and their optimizer state, buffers, the batch and the
 step state (graph.capture["fixed"] says how much of each).
 
@@ -39,6 +42,7 @@ from ..formats.graph_details import WEIGHT_FILE
 from ..weights.deferred import is_deferred
 from .estimate import Rates, round_time
 from .clip_nodes import norm_nodes
+from .sum_nodes import sum_nodes
 from .optimizer import Optimizer
 from .trace import JointTrace
 
@@ -129,6 +133,11 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
     clip = norm_nodes(trainable, nodes, clip_grad_norm, param_order or [], rates) \
         if clip_grad_norm is not None and trainable else None
     norm = clip.total if clip is not None else None
+    # Accumulating, each group's gradients go into its sums at a node of their own, which the
+    # update waits for: clipping's group-norm node, else a sums node (sum_nodes.py).
+    adders = clip.groups if clip is not None else \
+        sum_nodes(trainable, nodes, rates) if accumulate > 1 else {}
+    adder_of = {id(group): adders[k] for k, group in enumerate(trainable) if k in adders}
     users: list[set[int]] = [set() for _ in nodes]
     for index, node in enumerate(nodes):
         for dep in node.inputs:
@@ -165,7 +174,8 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
         update = _update_node(update_key, group, optimizer, param_key,
                               params_home if paged else None, nodes, rates, norm,
                               homed_sums and param_key is not None,
-                              {} if accumulate > 1 else shared_grads or {})
+                              {} if accumulate > 1 else shared_grads or {},
+                              adder_of.get(id(group)) if accumulate > 1 else None)
         if "sum_bytes" in update.attrs:
             planned["gradient_accumulators"] += update.attrs["sum_bytes"]
         if accumulate > 1:  # what each micro-pass adds into the sums (accumulated_step.py)
@@ -180,12 +190,13 @@ def plan_state(nodes: list[Node], groups: list[ParamGroup], optimizer: Optimizer
         planned["gradients"] += group.nbytes
         if paged:
             planned["optimizer_state"] += optimizer.state_bytes(group.nbytes, len(group.params))
-    norms: dict[int, list[Node]] = {}  # clipping's, after a node and before its updates
-    if clip is not None:
-        for k, group in enumerate(trainable):
-            norms.setdefault(max(group.grads.values()), []).append(clip.groups[k])
+    norms: dict[int, list[Node]] = {}  # the adders and clipping's, before the updates
+    for k, group in enumerate(trainable):
+        if k in adders:
+            norms.setdefault(max(group.grads.values()), []).append(adders[k])
             if homed_sums and group.readers:
-                _sums_through_the_home(clip.groups[k], group.nbytes, params_home)
+                _sums_through_the_home(adders[k], group.nbytes, params_home)
+    if clip is not None:
         norms[clip.last_gradient].append(clip.total)
     ordered: list[Node] = []
     for index, node in enumerate(nodes):
@@ -214,13 +225,17 @@ def _param_node(key: str, group: ParamGroup, home: str) -> Node:
 def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: str | None,
                  home: str | None, nodes: list[Node], rates: Rates,
                  norm: Node | None = None, homed_sums: bool = False,
-                 shared_grads: dict[str, int] | None = None) -> Node:
+                 shared_grads: dict[str, int] | None = None, adder: Node | None = None
+                 ) -> Node:
     flops = optimizer.flops_per_element * group.elements
     moved = optimizer.tensors_moved * group.nbytes
     time = max(flops / rates.flops_per_s, moved / rates.bytes_per_s) + rates.op_overhead_s
     state_bytes = optimizer.state_bytes(group.nbytes, len(group.params))
-    reads = {value: nodes[index].id for value, index in group.grads.items()}
-    inputs = sorted({nodes[index].id for index in group.grads.values()}, key=str)
+    if adder is None:
+        reads = {value: nodes[index].id for value, index in group.grads.items()}
+        inputs = sorted({nodes[index].id for index in group.grads.values()}, key=str)
+    else:  # the sums hold them (sum_nodes.py): the gradients are gone by the step
+        reads, inputs = {}, [] if norm is not None else [adder.id]  # the norm waits for it
     # gradient value -> parameter name, as the producing node's `grads` say
     update_grads = {value: nodes[index].attrs["grads"][value]
                     for value, index in group.grads.items()}
@@ -229,6 +244,8 @@ def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: s
              "bytes_moved": moved, "state_bytes": state_bytes}
     workspace = optimizer.temp_copies * group.largest_bytes
     attrs["temp_bytes"] = workspace  # the optimizer's own (plain training's step has them)
+    if adder is not None:
+        attrs["summed_apart"] = True
     if norm is not None:
         # The gradients are scaled in place, as torch's clip_grad_norm_ scales .grad, but
         # those whose storage another value holds: scaled copies of those (FusedUpdates.step)
@@ -248,14 +265,14 @@ def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: s
                        "write_bytes": state_bytes + group.nbytes}
         workspace += state_bytes
         if homed_sums:
-            # Accumulating: the group's gradient sums come from the home (but in the first
-            # micro-pass), take this pass's gradients, and go back (but in the last). The
-            # plan is one pass: it counts both ways, the most a pass moves. With clipping the
-            # group-norm node adds them (_sums_through_the_home), and this node reads them in
-            # the last pass only, to step with.
+            # Accumulating: the group's gradient sums live at the home. The node that adds
+            # the pass's gradients reads them from there (but in the first micro-pass) and
+            # writes them back (_sums_through_the_home), and this node reads them in the last
+            # pass only, to step with. (An update that adds them itself, `adder` None, reads
+            # and writes them in every pass: the plan is one pass and counts both ways.)
             attrs["sum_bytes"] = group.nbytes
             attrs["io"]["read_bytes"] += group.nbytes
-            if norm is None:
+            if adder is None:
                 attrs["io"]["write_bytes"] += group.nbytes
             workspace += group.nbytes
     return Node(id=key, name=f"{group.name}.update", kind="update",
@@ -266,15 +283,15 @@ def _update_node(key: str, group: ParamGroup, optimizer: Optimizer, param_key: s
                 attrs=attrs)
 
 
-def _sums_through_the_home(group_norms: Node, sum_bytes: int, home: str) -> None:
-    """Clipping a homed group's accumulated gradients: its group-norm node reads the sums
-    from the home (but in the first pass), adds the pass's gradients (and, in the last pass,
-    takes their norms) and writes them back for the update node, which steps after every
-    group's norm is known."""
-    group_norms.attrs.update(sum_bytes=sum_bytes,
-                             io={"tier": home, "read_bytes": sum_bytes, "write_bytes": sum_bytes})
-    group_norms.workspace_bytes += sum_bytes
-    group_norms.signature += f":{SUMS_SUFFIX}"
+def _sums_through_the_home(adder: Node, sum_bytes: int, home: str) -> None:
+    """A homed group's accumulated gradients: the node that adds them (its sums node, or
+    clipping's group-norm node, which in the last pass takes their norms too) reads the sums
+    from the home (but in the first pass), adds the pass's gradients and writes them back
+    for the update node, which steps with them in the last pass."""
+    adder.attrs.update(sum_bytes=sum_bytes,
+                       io={"tier": home, "read_bytes": sum_bytes, "write_bytes": sum_bytes})
+    adder.workspace_bytes += sum_bytes
+    adder.signature += f":{SUMS_SUFFIX}"
 
 
 def _renumber(nodes: list[Node]) -> None:

@@ -169,8 +169,9 @@ class _Generator:
         first = node.id not in self.runs
         self.runs[node.id] = self.runs.get(node.id, 0) + 1
         code = self.code
-        # the gradients it reads: its group's (an update or clipping's group-norm node)
-        grads = list(node.attrs.get("update_grads") or dict(node.attrs.get("norm_grads", [])))
+        # the gradients it reads: its group's (an update, clipping's group-norm node or a sums
+        # node; none for an update that steps with sums added apart)
+        grads = list(node.attrs.get("reads", {}))
         lines = ["t0 = _now()"]
         lines += [f"E[{code.const(name)}] = {self.value(name, {})}" for name in grads]
         lines.append(f"{code.const(self.step_group)}({code.const(node)}, "

@@ -27,7 +27,7 @@ from ..accumulation import GradientBuffers
 from ..capture.optimizer import torch_optimizer, torch_optimizer_over
 from ..capture.replay import StepRunner
 from ..formats import Graph, Node
-from ..formats.graph import CLIP_OP, GROUP_NORMS_OP
+from ..formats.graph import CLIP_OP, GRAD_SUMS_OP, GROUP_NORMS_OP, sums_added_apart
 from ..grad_clip import clip_with_norm, norm_of_norms, tensor_norms
 from ..pages import PageStore
 
@@ -137,12 +137,18 @@ class FusedUpdates:
                 self._placeholder.update(zip(node.attrs["params"], node.attrs["outputs"]))
         self.norms: dict[str, torch.Tensor] = {}  # parameter name -> its gradient's norm
         self.grad_norm: torch.Tensor | None = None  # the step's, from its norm node
+        # An accumulating graph run one pass without sums (the profiler): the gradients its
+        # sums nodes would add, handed as they are to the update that steps with them, until
+        # `release`.
+        self._hand_over = sums is None and any(n.attrs.get("summed_apart") for n in graph.nodes)
+        self._handed: dict[str, torch.Tensor] = {}
 
     def _norms(self, node: Node, runner: StepRunner) -> None:
         """Clipping's nodes (capture/clip_nodes.py): a group's gradients' norms, or the
-        global norm of all of them that the updates clip with."""
-        if node.op == GROUP_NORMS_OP:
-            pairs = node.attrs["norm_grads"]
+        global norm of all of them that the updates clip with; accumulating, a group's nodes
+        add its gradients into the sums (a sums node, capture/sum_nodes.py, does only that)."""
+        if node.op in (GROUP_NORMS_OP, GRAD_SUMS_OP):
+            pairs = node.attrs["norm_grads" if node.op == GROUP_NORMS_OP else "sum_grads"]
             names = [name for _, name in pairs]
             grads = [runner.env[value] for value, _ in pairs]
             homed_sums = self.sums is not None and "sum_bytes" in node.attrs
@@ -151,11 +157,15 @@ class FusedUpdates:
                     self._bring_sums(names)
                 for name, grad in zip(names, grads):
                     self.sums.add(name, grad)
-                if not self.sums.last:
+                if not self.sums.last or node.op == GRAD_SUMS_OP:
                     if homed_sums:
                         self._send_sums_home(names)
                     return
                 grads = [self.sums.sums[name] for name in names]
+            elif self._hand_over:
+                self._handed.update(zip(names, grads))
+            if node.op == GRAD_SUMS_OP:
+                return
             norms = tensor_norms(grads)
             self.norms.update(zip(names, norms))
             if homed_sums:  # back home until the update node steps with them
@@ -167,22 +177,30 @@ class FusedUpdates:
         """The optimizer's step for the node's parameter group, with the gradients the runner
         holds; a homed group's parameters are the values its param node loaded, and its state
         comes from and goes back to the home."""
-        if node.op in (GROUP_NORMS_OP, CLIP_OP):
+        if node.op in (GROUP_NORMS_OP, CLIP_OP, GRAD_SUMS_OP):
             return self._norms(node, runner)
-        grads = {name: runner.env[value] for value, name in node.attrs["update_grads"].items()}
         homed_sums = self.sums is not None and "sum_bytes" in node.attrs
         if self.sums is not None:  # accumulating: add, and step in the last micro-pass only
-            # clipping's group-norm node added the pass's gradients already (_norms)
-            added_before = "clip_grad_norm" in node.attrs
+            value_of = {name: value for value, name in node.attrs["update_grads"].items()}
+            names = list(value_of)
+            # a sums node or clipping's group-norm node added the pass's gradients (_norms)
+            added_before = sums_added_apart(node)
             if homed_sums and (self.sums.last if added_before else self.sums.index > 0):
-                self._bring_sums(list(grads))
-            for name, grad in grads.items():
-                self.sums.add(name, grad)
+                self._bring_sums(names)
+            if not added_before:
+                for name, value in value_of.items():
+                    self.sums.add(name, runner.env[value])
             if not self.sums.last:
                 if homed_sums and not added_before:
-                    self._send_sums_home(list(grads))
+                    self._send_sums_home(names)
                 return
-            grads = {name: self.sums.sums[name] for name in grads}
+            grads = {name: self.sums.sums[name] for name in names}
+        elif self._hand_over:
+            grads = {name: self._handed[name]
+                     for name in dict.fromkeys(node.attrs["update_grads"].values())}
+        else:
+            grads = {name: runner.env[value]
+                     for value, name in node.attrs["update_grads"].items()}
         self._step(node, runner, grads)
         if homed_sums:  # stepped with: out of RAM, to the home where the check reads them
             if self.sums.checked:
@@ -190,6 +208,12 @@ class FusedUpdates:
             else:
                 for name in grads:
                     self.sums.send(name, None)
+
+    def release(self, node: Node) -> None:
+        """The gradients handed to update node `node` dropped: the profiler, done with the
+        node (it times one step of it many times)."""
+        for name in node.attrs.get("update_grads", {}).values():
+            self._handed.pop(name, None)
 
     def _bring_sums(self, names: list[str]) -> None:
         for name, value in zip(names, self.home.get_many([("sum", name) for name in names])):

@@ -56,6 +56,16 @@ SUMS_SUFFIX = "sums"  # an update that reads and writes its group's gradient sum
 # gradient clipping's nodes (capture/clip_nodes.py): a group's norms, and the global norm
 GROUP_NORMS_OP = "grad_norms"
 CLIP_OP = "clip_grad_norm"
+# accumulating without clipping, the node that adds a group's gradients into its sums
+# (capture/sum_nodes.py)
+GRAD_SUMS_OP = "grad_sums"
+
+
+def sums_added_apart(node: Node) -> bool:
+    """Whether an accumulating graph's update node finds its group's gradients in the sums,
+    added by a node of their own (a sums node, or clipping's group-norm node), rather than
+    adding them itself (graphs captured before sums nodes)."""
+    return bool(node.attrs.get("summed_apart")) or "clip_grad_norm" in node.attrs
 
 
 def update_signature(optimizer: str, elements: int, home: str | None, clipped: bool,

@@ -81,7 +81,7 @@ def _node_ids(r: Reader, key: str) -> None:
             raise r.error(f"{key}[{i}]", "a node id (integer or string)", node_id)
 
 
-def _name_pairs(r: Reader, key: str) -> None:  # clipping's [gradient value, parameter] pairs
+def _name_pairs(r: Reader, key: str) -> None:  # [gradient value, parameter] pairs
     for i, pair in enumerate(_sequence(r, key)):
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2
                 and all(isinstance(x, str) for x in pair)):
@@ -155,12 +155,12 @@ NODE_CHECKS: dict[str, Callable[[Reader, str], None]] = {
     "home": _text, "loss": _text, "optimizer": _text, "scope": _text,
     "random": _flag,
     "members": _names, "ops": _names, "outputs": _names, "replays": _names, "params": _names,
-    "norm_order": _names,
+    "norm_order": _names, "clip_copies": _names,
     "param_readers": _node_ids,
     "buffer_updates": _name_map, "grads": _name_map, "update_grads": _name_map,
     "reads": _producers,
     "io": _home_io,
-    "norm_grads": _name_pairs,
+    "norm_grads": _name_pairs, "sum_grads": _name_pairs, "summed_apart": _flag,
     "page_costs": _page_costs,
 }
 

@@ -143,6 +143,8 @@ def measure_nodes(captured: Captured, min_window_s: float = MIN_WINDOW_S,
     for index, node in enumerate(graph.nodes):
         if node.kind == "update":
             measured = _measure_update(node, runner, module, optimizer, window, sensor, idle_w)
+            if isinstance(optimizer, FusedUpdates):
+                optimizer.release(node)
         else:
             measured = _measure_node(node, runner, ledger, window, sensor, idle_w, meter)
             runner.free_inputs_read_last(node.id)
@@ -208,6 +210,7 @@ def _plain_node(node: Node, runner: StepRunner, module: torch.nn.Module,
         _update_step(node, runner, module, optimizer)()
         if isinstance(optimizer, FusedUpdates):
             runner.free_inputs_read_last(node.id)
+            optimizer.release(node)
         else:
             optimizer.zero_grad(set_to_none=True)
     else:

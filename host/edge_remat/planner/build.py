@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from edge_remat_agent.costs import CostModel, build_costs
 from edge_remat_agent.formats import Graph, Profile, Tier
+from edge_remat_agent.formats.graph import CLIP_OP
 
 from ..units import Budget
 from .baselines import keep_all
@@ -48,7 +49,7 @@ def plain_reference(graph: Graph) -> Graph:
     param_ids = {n.id for n in params}
     # Without accumulation each gradient becomes its .grad (torch keeps the tensor); with it
     # the sums are the .grad buffers, and each micro-batch's gradient is a temporary added
-    # into them, here by its group's update node (which only adds: workspace 0) (QA: the
+    # into them, here by its group's kind-update nodes (which only add: workspace 0) (QA: the
     # reference left the temporaries out, and --budget 100% of mlp with --accumulate 2 was
     # 78% of the floor).
     fixed = graph.fixed_bytes + sum(n.out_bytes for n in params)
@@ -64,9 +65,11 @@ def plain_reference(graph: Graph) -> Graph:
         fixed += grad_bytes
         nodes.append(replace(node, inputs=[d for d in node.inputs if d not in param_ids],
                              out_bytes=node.out_bytes - grad_bytes))
-    # the one step comes last, after every reader: its readers (param nodes gone) need no check
+    # the one step comes last, after every reader: its readers (param nodes gone) need no check;
+    # accumulating with clipping it reads the global norm (kept above), which scales the sums
     attrs = {k: v for k, v in updates[-1].attrs.items() if k != "param_readers"}
-    nodes.append(replace(updates[-1], id="optimizer.step", name="optimizer.step", inputs=[],
+    norm = [n.id for n in graph.nodes if n.op == CLIP_OP] if sums else []
+    nodes.append(replace(updates[-1], id="optimizer.step", name="optimizer.step", inputs=norm,
                          workspace_bytes=max(n.attrs.get("temp_bytes", 0) for n in updates),
                          attrs=attrs))
     return Graph(nodes=nodes, name=graph.name, fixed_bytes=fixed, batch=graph.batch,
