@@ -10,7 +10,8 @@ Updates at one place now step smallest workspace first, and clipping scales in p
 gradients whose storage another value holds (`clip_copies`), which are scaled on copies.
 Accumulating (`--accumulate K`), an update node added the pass's gradients into the sums and
 then stepped, so it held them beside the optimizer's temporaries; now a sums node adds them
-right after the group's last gradient (capture/sum_nodes.py) and the update reads none.
+right after the group's last gradient (capture/sum_nodes.py) and the update reads none, and
+steps at the pass's end.
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ def test_accumulating_updates_step_with_the_sums_alone(clip):
                                                                  else "norm_grads"]}
         # right after the group's last gradient: its producers come just before it
         assert max(position[i] for i in adder.inputs) < position[adder.id] < position[update.id]
+    # the steps come at the pass's end, where it holds least, as plain PyTorch's one step
+    assert min(position[u.id] for u in updates) > max(
+        position[node.id] for node in graph.nodes if node.kind != "update")
     # the floor was the big layer's update with its gradient beside AdamW's temporaries:
     # 46.19 MiB against a plain peak of 40.19 MiB
     assert keep_all_peak_bytes(graph) <= plain_peak_bytes(graph)
