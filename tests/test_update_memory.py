@@ -127,3 +127,18 @@ def test_the_profiler_times_an_accumulating_graphs_updates_in_one_pass(clip):
     # the in-context step stepped the parameters with the handed gradients
     after = dict(captured.module.named_parameters())
     assert all(not torch.equal(before[name], after[name]) for name in before)
+
+
+def test_a_ram_groups_update_workspace_is_its_temporaries_not_optimizer_state():
+    """A RAM group's optimizer state is fixed memory; its update's workspace is AdamW's
+    temporaries. A homed group's update holds its state (and sums) in its workspace."""
+    from edge_remat_agent.memory_classes import workspace_classes
+    ram = capture_model("mlp", optimizer="adamw").graph
+    flash = capture_model("mlp", optimizer="adamw", params_home="flash").graph
+    for node in (n for n in ram.nodes if n.op == "adamw_update"):
+        assert workspace_classes(node, node.workspace_bytes) == {
+            "optimizer_state": 0, "gradients": 0, "workspace": node.attrs["temp_bytes"]}
+    for node in (n for n in flash.nodes if n.op == "adamw_update"):
+        assert workspace_classes(node, node.workspace_bytes) == {
+            "optimizer_state": node.attrs["state_bytes"], "gradients": 0,
+            "workspace": node.attrs["temp_bytes"]}
