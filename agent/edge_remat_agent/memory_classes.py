@@ -42,8 +42,8 @@ def output_classes(node: Node) -> dict[str, int]:
 def workspace_classes(node: Node, workspace: int) -> dict[str, int]:
     """A running node's workspace by class: a homed group's update node's holds its optimizer
     state, and the gradient sums it reads from the home (capture/state.py); a RAM group's
-    state is fixed memory, and its update's workspace the optimizer's temporaries (QA: mlp
-    with AdamW said 26 MiB of optimizer state planned, 12 of them AdamW's temporaries)."""
+    state is fixed memory, and its update's workspace the optimizer's temporaries (mlp with
+    AdamW's report said 26 MiB of optimizer state planned, 12 of them AdamW's temporaries)."""
     if node.kind != "update":
         return {"optimizer_state": 0, "gradients": 0, "workspace": workspace}
     state = min(int(node.attrs.get("state_bytes") or 0), workspace) \

@@ -15,9 +15,8 @@ tensor:
   - accumulating micro-batches, a node right after a group's last gradient adds the pass's
     gradients into the group's sums (sum_nodes.py; with clipping, the group-norm node), and
     the update node steps with the sums in the last pass, at the pass's end (a homed group's:
-    as without accumulation). A homed group's sums live at home
-    too: that node reads them, adds and writes them back (accumulation.py), so no sum stays
-    in RAM across the passes.
+    as without accumulation). A homed group's sums live at home too: that node reads them,
+    adds and writes them back (accumulation.py), so no sum stays in RAM across the passes.
 What stays fixed is the RAM-homed parameters and their optimizer state, buffers, the batch and the
 step state (graph.capture["fixed"] says how much of each).
 
