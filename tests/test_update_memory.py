@@ -54,7 +54,7 @@ def _plans_at_the_plain_peak(graph) -> bool:
 def test_updates_due_together_step_smallest_workspace_first():
     graph = capture_model(f"{__file__}:make_two_layers", optimizer="adamw").graph
     updates = [node for node in graph.nodes if node.kind == "update"]
-    # both are due after the big layer's backward, which reads the small layer's output
+    # both are due after the big layer's backward, which reads the small layer's backward output
     assert [node.name for node in updates] == ["small.update", "big.update"]
     assert keep_all_peak_bytes(graph) <= plain_peak_bytes(graph)
     assert _plans_at_the_plain_peak(graph)
