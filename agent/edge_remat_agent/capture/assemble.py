@@ -81,9 +81,12 @@ def assemble(trace: JointTrace, groups: list[Group], module: nn.Module, example_
             own = [root for root in grad_roots if group_of.get(root) == index]
             if own:
                 node.attrs["grad_bytes"] = sum(store[root].nbytes for root in own)
+        # only clipping reads them (refinement assembles the graph many times)
+        shared = _gradients_sharing_storage(trace, store, read_by_others) \
+            if clip_grad_norm is not None else None
         state = plan_state(nodes, param_groups(trace, module, nodes), optimizer, params_home,
                            rates, clip_grad_norm, [name for name, _ in module.named_parameters()],
-                           accumulate, _gradients_sharing_storage(trace, store, read_by_others))
+                           accumulate, shared)
         nodes, planned = state.nodes, state.planned
         for kind, nbytes in planned.items():
             fixed[kind] -= nbytes
