@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Optional
 
+from edge_remat_agent.cgroup_memory import ram_total_bytes
 from edge_remat_agent.units import format_size
 
 from .cgroup import CgroupUnavailable, MemoryCgroup, find_memory_hierarchy
@@ -394,7 +395,7 @@ class ArmBoard:
             return None
 
     def _ensure_group(self, memory_limit_bytes: Optional[int]) -> MemoryCgroup:
-        limit = memory_limit_bytes or _physical_ram()
+        limit = memory_limit_bytes or ram_total_bytes()
         try:
             return MemoryCgroup.ensure(self.cgroup_name, limit)
         except CgroupUnavailable as exc:
@@ -640,10 +641,6 @@ def _alive(pid) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _physical_ram() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _folder_size(path: Path, what: str) -> str:

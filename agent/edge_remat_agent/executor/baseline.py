@@ -24,6 +24,7 @@ import torch
 
 from ..cgroup_memory import (RESTARTED_PEAK_SCOPE, cgroup_memory_limit_bytes, cgroup_memory_peak,
                              cgroup_memory_usage, restart_cgroup_peak)
+from ..profiler.memory import current_rss_bytes
 
 
 def runtime_baseline(module: torch.nn.Module) -> dict[str, Any]:
@@ -63,8 +64,6 @@ def _resident_model_bytes(module: torch.nn.Module) -> int:
 
 def _rss_bytes() -> int | None:
     try:
-        with open("/proc/self/statm") as statm:
-            import os
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return current_rss_bytes()
     except (OSError, ValueError, IndexError):
         return None

@@ -324,10 +324,12 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         captured = capture("flash")
         graph = captured.graph
         graph.save(graph_path)
-        if _no_room_under_limit(opts, device, chosen):
-            # no budget at all, whatever the graph: the planning below refuses, naming the
-            # limit that the flash graph's floor needs (QA: after a second profile, 74 s in all
-            # for mlp under 100 MiB, where the first profile's runtime says it)
+        if _no_room_under_limit(opts, device, chosen) or \
+                _below_any_profiles_floor(graph, chosen, opts, device, plain_peak):
+            # no budget at all, whatever the graph, or none this graph meets whatever its
+            # profile measures: the planning below refuses, naming the floor or the limit
+            # (QA: after a second profile, 74 s in all for mlp under 100 MiB, where the first
+            # profile's runtime says it; 61 s for mlp at --budget 1%, 30 of them the second)
             chosen = dataclasses.replace(chosen, cached_at=None)
         else:
             if chosen.how in ("measured", "cached"):  # the graph's own nodes timed (or cached)
@@ -582,6 +584,19 @@ def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceC
     return False
 
 
+def _below_any_profiles_floor(graph, chosen: ChosenProfile, opts: RunOptions,
+                              device: DeviceConfig, plain_peak: int) -> bool:
+    """Whether the budget is below what the graph needs whatever a profile of it measures:
+    a node's inputs and output beside the graph's fixed memory (workspaces and the runtime's
+    warm-up, the profile's part of the floor, left out)."""
+    from edge_remat_agent.floor import floor_node
+
+    from ..planner.build import resolve_budget
+    budget = resolve_budget(run_budget(opts, device, chosen), graph, plain_peak, chosen.profile)
+    need, _ = floor_node(graph, [0] * len(graph.nodes))
+    return budget < graph.fixed_bytes + need
+
+
 def _with_flash_hint(error, capture, chosen: ChosenProfile, opts: RunOptions,
                      device: DeviceConfig, plain_peak: int, say: Say):
     """The planner's refusal of the budget, saying which --paging would home the parameters on
@@ -762,12 +777,14 @@ def host_gradient_check(graph, plan_path: Path, say: Say, captured=None,
     why_here = (f"on the host, {no_room_on} having no room for eager PyTorch's plain step"
                 if no_room_on else "on the host, outside the memory limit")
     from edge_remat_agent.formats import load_plan
+    from edge_remat_agent.user_code import prints_to_stderr
     try:
         from edge_remat_agent.executor import ExecutorError, run_plan
     except ImportError as exc:
         return {"status": "not checked", "why": f"no executor on this host ({exc})"}
     try:
-        with tempfile.TemporaryDirectory(prefix="edge-remat-gradcheck-") as pages:
+        with tempfile.TemporaryDirectory(prefix="edge-remat-gradcheck-") as pages, \
+                prints_to_stderr():  # the model's forward: stdout is the report's (--json)
             result = run_plan(graph, load_plan(plan_path), 1, pages, check_gradients=True,
                               captured=captured)
     except ExecutorError as exc:  # e.g. another torch here than on the board
