@@ -4,6 +4,8 @@ function (data/). MODULE is an importable module (`my_pkg.models`) or a Python f
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -24,6 +26,34 @@ def spec_file(spec: str) -> str | None:
     return module_part if colon and names_file(module_part) else None
 
 
+def source_digest(spec: str) -> str | None:
+    """sha256 of the source file a MODULE:NAME spec's MODULE is: the file it names, or a
+    top-level module's file as `python -m` would find it from the current folder (found, not
+    imported: a package's own code would run). None where there is none (a zoo name, a dotted
+    module name, a module not found). What the file imports is not included."""
+    module_part, colon, _ = spec.rpartition(":")
+    if not colon or spec.startswith("hf:"):
+        return None
+    path = module_part if names_file(module_part) else _top_level_module_file(module_part)
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+    except OSError:
+        return None
+
+
+def _top_level_module_file(name: str) -> str | None:
+    if not name.isidentifier():  # dotted: finding it imports its packages
+        return None
+    sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    finally:
+        sys.path.remove(os.getcwd())
+    return found.origin if found is not None and found.has_location else None
+
+
 def with_absolute_file(spec: str) -> str:
     """`dir/mine.py:NAME` -> `/cwd/dir/mine.py:NAME`: whatever reads the spec later (a board,
     a graph file's reader) works in another folder. Other specs are returned as they are."""
@@ -31,6 +61,22 @@ def with_absolute_file(spec: str) -> str:
     if path is None or os.path.isabs(path):
         return spec
     return os.path.abspath(path) + spec[len(path):]
+
+
+# What the user's code may raise where we call it: sys.exit() too, which is no Exception, and
+# which passed through as the process's own exit (QA: `graph` with a factory calling
+# sys.exit(0) wrote nothing and exited 0; `fleet plan --no-ray` ended silently, the models
+# after it never planned).
+USER_CODE_FAILURES = (Exception, SystemExit)
+
+
+@contextlib.contextmanager
+def prints_to_stderr():
+    """The user's print()s, while their code runs in this process, go to stderr: stdout is the
+    command's own (one JSON object with --json; QA: a model that printed in its factory and
+    forward put three lines before `graph --json`'s object, and json.load failed)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 def names_file(module_part: str) -> bool:
@@ -50,7 +96,7 @@ def import_user_module(module_part: str, prefix: str) -> ModuleType:
         sys.modules[name] = module  # dataclasses and pickling look modules up by name
         try:
             loader.loader.exec_module(module)
-        except Exception as exc:  # noqa: BLE001 - a SyntaxError or a raise in the user's file
+        except USER_CODE_FAILURES as exc:  # a SyntaxError, a raise or sys.exit in the file
             raise UserCodeError(f"importing {module_part} raised {raised(exc)}") from exc
         return module
     sys.path.insert(0, os.getcwd())
@@ -58,7 +104,7 @@ def import_user_module(module_part: str, prefix: str) -> ModuleType:
         return importlib.import_module(module_part)
     except ImportError as exc:
         raise UserCodeError(f"cannot import {module_part}: {exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - the module raised while it was imported
+    except USER_CODE_FAILURES as exc:  # the module raised (or exited) while it was imported
         raise UserCodeError(f"importing {module_part} raised {raised(exc)}") from exc
     finally:
         sys.path.remove(os.getcwd())
@@ -71,6 +117,8 @@ def raised(exc: BaseException) -> str:
         return f"{type(exc).__name__}: {exc}"
     frame = users_frame(exc)
     where = f" ({Path(frame.filename).name} line {frame.lineno})" if frame else ""
+    if isinstance(exc, SystemExit):  # str() is only the code: 0, or the message given
+        return f"SystemExit: it called sys.exit({exc.code!r}){where}"
     return f"{type(exc).__name__}: {exc}{where}"
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from ..user_code import UserCodeError, import_user_module, raised, users_frame
+from ..user_code import (USER_CODE_FAILURES, UserCodeError, import_user_module, raised,
+                         users_frame)
 from .errors import CaptureError
 
 FACTORY_OPTIONS = ("batch", "image", "seq", "seed")
@@ -87,7 +88,7 @@ def _load(spec: str, batch: int | None, image: int | None, seq: int | None,
                                + f"): {exc}; its parameters may be only batch, image, seq "
                                "and seed (by those names), each with a default or given "
                                "on the command line") from exc
-        except Exception as exc:  # noqa: BLE001 - the user's code: say what it raised
+        except USER_CODE_FAILURES as exc:  # the user's code: say what it raised
             raise _too_big(spec, kwargs, exc) or CaptureError(
                 spec, f"the factory raised {raised(exc)}") from exc
     return _check_result(spec, result)

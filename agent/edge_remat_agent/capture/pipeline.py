@@ -12,6 +12,7 @@ from torch import nn
 from ..formats import Graph
 from ..executor.saved_weights import state_dict_record
 from ..formats.graph import check_order
+from ..user_code import prints_to_stderr
 from .assemble import assemble
 from .coarsen import Group, coarsen
 from .estimate import DEFAULT_RATES
@@ -64,17 +65,19 @@ def capture_model(spec: str, batch: int | None = None, image: int | None = None,
     `params_home`), so that graphs of both homes share their compute nodes (capture_module)."""
     start = time.perf_counter()
     spec = canonical_spec(spec)  # the board rebuilds the model from it, in another directory
-    with deferred_weights():  # tracing needs shapes only: no model's weights in RAM
-        module, args = load_model(spec, batch, image, seq, seed, dtype, train, trainable_dtype)
-    _refuse_meta_weights(module, spec)
-    source = {"model": spec, "batch": batch, "image": image, "seq": seq, "seed": seed,
-              **dtype_source(dtype, trainable_dtype)}
-    if train is not None:
-        source["train"] = list(train)
-    return capture_module(module, args, spec, optimizer, max_nodes, level, source, start,
-                          update, params_home, refined, operator_level,
-                          clip_grad_norm=clip_grad_norm, accumulate=accumulate,
-                          grouped_for=grouped_for)
+    with prints_to_stderr():  # the factory's and forward's
+        with deferred_weights():  # tracing needs shapes only: no model's weights in RAM
+            module, args = load_model(spec, batch, image, seq, seed, dtype, train,
+                                      trainable_dtype)
+        _refuse_meta_weights(module, spec)
+        source = {"model": spec, "batch": batch, "image": image, "seq": seq, "seed": seed,
+                  **dtype_source(dtype, trainable_dtype)}
+        if train is not None:
+            source["train"] = list(train)
+        return capture_module(module, args, spec, optimizer, max_nodes, level, source, start,
+                              update, params_home, refined, operator_level,
+                              clip_grad_norm=clip_grad_norm, accumulate=accumulate,
+                              grouped_for=grouped_for)
 
 
 # Eager CPU GRUs add into and apply sigmoid to their gates in place, on strided views of the

@@ -30,6 +30,7 @@ from .effects import drop_effect_tokens
 from .errors import CaptureError
 from .inexact import refuse_value_dependent_backwards
 from .python_state import changed_since, python_state
+from ..user_code import USER_CODE_FAILURES, raised
 
 SCOPE_KEY = "edge_remat_scope"  # our key inside node.meta["custom"]
 
@@ -214,7 +215,7 @@ def _export(stack, module, args, model, scopes):
             return aot_export_joint_with_descriptors(stack, module, args)
     except CaptureError:
         raise
-    except Exception as exc:  # anything torch cannot trace: say which op and where
+    except USER_CODE_FAILURES as exc:  # anything torch cannot trace: say which op and where
         raise _explain(exc, model, scopes) from exc
 
 
@@ -229,7 +230,7 @@ _DYNAMIC_SHAPE_OPS = {
 }
 
 
-def _explain(exc: Exception, model: str, scopes: list[str]) -> CaptureError:
+def _explain(exc: BaseException, model: str, scopes: list[str]) -> CaptureError:
     from torch._subclasses import fake_tensor as ft
     func = getattr(exc, "func", None)
     op = str(func) if func is not None else None
@@ -263,6 +264,8 @@ def _explain(exc: Exception, model: str, scopes: list[str]) -> CaptureError:
         problem = (f"{type(exc).__name__}: {message.split(' Hint:')[0]} Plain PyTorch's "
                    "backward fails the same way: make that in-place op (x.add_(), x += y, "
                    "inplace=True) out-of-place")
+    elif isinstance(exc, SystemExit):  # the model's forward called sys.exit
+        problem = raised(exc)
     else:
         problem = f"{type(exc).__name__}: {message}"
         if op is None:

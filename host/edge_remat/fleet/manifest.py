@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional
 from edge_remat_agent.capture import DEFAULT_LR, DTYPE_NAMES, mixed_dtype_problem
 from edge_remat_agent.formats import FormatError, Profile, load_profile
 from edge_remat_agent.formats.graph_details import PARAM_HOMES, UPDATE_MODES
-from edge_remat_agent.user_code import names_file, spec_file
+from edge_remat_agent.user_code import names_file, source_digest, spec_file
 
 from ..errors import UserError
 from ..tomlfile import read_toml
@@ -82,8 +82,12 @@ class ModelEntry:
     graph_file: Optional[Path] = None
 
     def capture_args(self) -> dict[str, Any]:
-        """What the capture depends on: a graph captured with the same is reused."""
-        return {"model": self.spec, **self.capture}
+        """What the capture depends on: a graph captured with the same is reused. The model's
+        source file by its digest (QA: after the factory's file changed, a run again kept
+        the graph and plans of the model as it was)."""
+        digest = source_digest(self.spec) if self.spec else None
+        return {"model": self.spec, **self.capture,
+                **({"source_sha256": digest} if digest else {})}
 
 
 @dataclass
