@@ -271,6 +271,32 @@ def test_simulate_without_the_plans_profile_says_whose_costs_it_replays(tmp_path
                                               profile).stderr
 
 
+def test_simulate_pages_at_another_boards_tiers_and_says_where_it_keeps_the_plans(tmp_path):
+    """QA: simulate --profile replayed paging at the tier figures the plan recorded, whatever
+    the profile said: a Jetson's flash (30x the Pi's) gave the Pi's paging time, called the
+    Jetson's, and a Pi profile edited to a flash 1000x slower the same, without a word."""
+    graph = tiny_graph(tmp_path)
+    plan = tmp_path / "p.json"
+    pi, jetson = REPO / "profiles" / "rpi4.json", REPO / "profiles" / "jetson-orin-nano.json"
+    assert cli("plan", "--graph", graph, "--budget", "0.7", "--profile", pi, "--paging",
+               "flash", "--solver", "heuristic:paging", "-o", plan).returncode == 0
+
+    def paging_time(profile: Path) -> tuple[float, str]:
+        proc = cli("simulate", plan, "--graph", graph, "--profile", profile, "--json")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["paging_time_s"], proc.stderr
+
+    on_pi, said = paging_time(pi)
+    assert on_pi > 0 and "other figures" not in said
+    on_jetson, _ = paging_time(jetson)
+    assert 0 < on_jetson < on_pi / 5
+    slow = json.loads(pi.read_text())
+    slow["tiers"]["flash"]["read_bytes_per_s"] /= 1000
+    on_slow, said = paging_time(_written(tmp_path / "slow-pi.json", slow))
+    assert on_slow == on_pi  # the plan's own board: its figures are the plan's
+    assert "gives other figures for flash than the plan was made with" in said
+
+
 def test_run_names_every_parameter_home_before_it_captures(tmp_path):
     proc = cli("run", "--device", "local", "--model", "mlp", "--budget", "90%",
                "--params-home", "disk", "--out", tmp_path / "out")
@@ -433,6 +459,28 @@ def test_plot_refuses_a_sweep_whose_rows_are_not_figures(tmp_path, edit, words):
     refused(cli("plot", "--sweep", _written(tmp_path / "edited.json", sweep), "--out",
                 tmp_path / "plots"), BAD_INPUT, *words)
     assert not (tmp_path / "plots").exists()
+
+
+def test_plot_with_a_bad_sweep_writes_no_plan_plots_either(tmp_path):
+    """QA: schedule.png and memory.png were written before the sweep was refused, and the
+    same command with a mended sweep then wanted --force."""
+    graph = tiny_graph(tmp_path)
+    plan = tiny_plan(tmp_path, graph)
+    proc = cli("plan", "--graph", graph, "--sweep", "0.9:1.0:0.1", "--solver",
+               "heuristic:split", "--json")
+    assert proc.returncode == 0, proc.stderr
+    sweep = json.loads(proc.stdout)
+    good = _written(tmp_path / "sweep.json", sweep)
+    sweep["sweep"][-1]["energy_j"] = "x"
+    bad = _written(tmp_path / "bad.json", sweep)
+    out = tmp_path / "plots"
+    refused(cli("plot", "--plan", plan, "--graph", graph, "--sweep", bad, "--out", out),
+            BAD_INPUT, "energy_j")
+    assert not list(out.glob("*.png")) if out.exists() else True
+    proc = cli("plot", "--plan", plan, "--graph", graph, "--sweep", good, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.glob("*.png")) == ["memory.png", "schedule.png",
+                                                         "sweep.png"]
 
 
 def _written(path: Path, obj) -> Path:

@@ -29,9 +29,31 @@ def check_sizes(graph: Graph, source: str) -> None:
 
 
 def replay_costs(plan: Plan, graph: Graph, profile: Optional[Profile] = None):
-    """The costs a replay uses: the profile's where one is given, else the plan's own."""
+    """The costs a replay uses: the profile's where one is given, else the plan's own. Its
+    tiers: the plan's (the figures it was planned with, --flash-read-bw's too), but another
+    board's profile pages at that board's (QA: a Jetson's flash, 30x the Pi's, replayed the
+    Pi's paging time, said to be the Jetson's)."""
     from edge_remat_agent.costs import build_costs, plan_costs
-    return build_costs(graph, profile, plan.tiers) if profile else plan_costs(graph, plan)
+    if not profile:
+        return plan_costs(graph, plan)
+    return build_costs(graph, profile, {**plan.tiers, **profile.tiers}
+                       if another_boards_profile(plan, profile) else plan.tiers)
+
+
+def another_boards_profile(plan: Plan, profile: Profile) -> bool:
+    """Whether `profile` is of another board than the one the plan was made with."""
+    planned_with = plan.problem.get("profile")
+    return bool(planned_with and profile.name and profile.name != planned_with)
+
+
+def tiers_not_replayed(plan: Plan, profile: Profile) -> list[str]:
+    """The tiers whose figures in the profile of the plan's own board differ from the plan's,
+    which the replay keeps (QA: a profile edited to a flash 1000x slower, and too small for
+    one page, replayed the same paging time without a word)."""
+    if another_boards_profile(plan, profile):
+        return []
+    return [name for name, tier in plan.tiers.items()
+            if name in profile.tiers and profile.tiers[name] != tier]
 
 
 def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,

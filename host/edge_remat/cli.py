@@ -406,7 +406,8 @@ def simulate(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Replay a plan: check every instruction and add up peak RAM, time, energy and TDI."""
-    from .checks import note_profile_fit, recorded_figures_warning, replay, replay_costs
+    from .checks import (note_profile_fit, recorded_figures_warning, replay, replay_costs,
+                         tiers_not_replayed)
     from .importers.graph_import import load_graph_file
     from .remote import to_stderr
     from .reports.report import sim_table
@@ -428,6 +429,10 @@ def simulate(
         to_stderr(f"note: the plan was made with the profile '{planned_with}' and is replayed "
                   f"here with '{prof.name}': its times and energy are that board's, not the "
                   "plan's recorded ones")
+    if prof is not None and (kept := tiers_not_replayed(p, prof)):
+        to_stderr(f"note: {profile} gives other figures for {' and '.join(kept)} than the plan "
+                  "was made with; the replay pages at the plan's (plan again with this "
+                  "profile to page at its figures)")
     if (stale := recorded_figures_warning(p, plan_file, summary, prof)) is not None:
         to_stderr(stale)
     if prof is not None:  # QA: "valid plan" for a 2.33 MiB plan on a 192 KiB board
@@ -1255,15 +1260,19 @@ def plot_command(
     pngs = {name: output_file(Path(out) / f"{name}.png", force, "--out", inputs)
             for name in ((["schedule", "memory"] if plan_file is not None else [])
                          + (["sweep"] if sweep_file is not None else []))}
-    written = []
+    # every input read and checked before the first PNG is written (QA: a bad --sweep was
+    # refused after schedule.png and memory.png were written, and the retry then wanted --force)
     if plan_file is not None:
         g, p = load_graph_file(graph), load_plan(plan_file)
         replay(p, g, plan_file, graph)  # a plan for another graph draws nonsense: refused
         planned, plain = plots.memory_traces(g, p, load_profile(profile) if profile else None)
+    if sweep_file is not None:
+        rows, units = _sweep_rows(sweep_file)
+    written = []
+    if plan_file is not None:
         written += [plots.plot_schedule(g, p, pngs["schedule"]),
                     plots.plot_memory(planned, p.budget_bytes, pngs["memory"], plain=plain)]
     if sweep_file is not None:
-        rows, units = _sweep_rows(sweep_file)
         written.append(plots.plot_sweep(rows, pngs["sweep"], units=units))
     if as_json:
         print(json.dumps({"plots": [str(p) for p in written]}))
