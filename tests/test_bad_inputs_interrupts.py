@@ -256,6 +256,46 @@ def test_sigterm_in_run_writes_the_report_as_ctrl_c_does(tmp_path, bench):
     assert json.loads((out / "report.json").read_text())["status"] == "interrupted"
 
 
+SLOW_BATCHES = """
+import time
+
+import torch
+
+
+def batches(batch, seed):
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        time.sleep(0.5)  # each step waits: the Ctrl-C below lands mid-run
+        yield (torch.randn(batch, 3, 32, 32, generator=generator),
+               torch.randint(0, 10, (batch,), generator=generator))
+"""
+
+
+def test_ctrl_c_after_a_checkpoint_names_the_resume_and_a_fresh_run_keeps_it(tmp_path, bench):
+    """QA: Ctrl-C at step 3 of 6 (a checkpoint after step 2 on the board) said only "cancelled
+    job ..."; the same command again, without --resume, rewrote OUT's record with its own job
+    alone, and --resume OUT after that run's Ctrl-C found no checkpoint."""
+    data = tmp_path / "slow.py"
+    data.write_text(SLOW_BATCHES)
+    out = tmp_path / "run"
+    args = ("run", "--device", "bench", "--model", "mlp", "--budget", "0.9", "--steps", "6",
+            "--checkpoint-every", "2", "--data", f"{data}:batches", "--no-plots",
+            "--profile", REPO / "profiles" / "this-machine.json", "--time-limit", "5",
+            "--out", out)
+    proc = _start(*args)
+    first = _interrupt(proc, _wait_for_line(proc, "step 3/6", timeout=120))
+    refused(first, INTERRUPTED, "cancelled job", "its last checkpoint stays on bench",
+            f"--resume {out} goes on from it")
+    proc = _start(*args)  # again, without --resume: warned, and stopped before its first step
+    second = _interrupt(proc, _wait_for_line(proc, "running the plan", timeout=120))
+    assert "holds the checkpoint of an earlier run" in second.stderr, second.stderr
+    assert "its last checkpoint" not in second.stderr
+    resumed = cli("run", *args[1:], "--resume", out, "--json", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming after step 2" in resumed.stderr
+    assert json.loads(resumed.stdout)["status"] == "finished"
+
+
 def test_plan_survives_a_tiny_graph_with_cp_sat(tmp_path):
     """The threaded CP-SAT solve still returns plans (and exits 0) when nobody interrupts."""
     graph = tiny_graph(tmp_path)

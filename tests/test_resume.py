@@ -126,6 +126,8 @@ def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path, stopp
     with local_board(root, "bench"):
         uninterrupted = run(RunOptions(steps=6, out=str(whole), **GPT))
         assert first["checkpoint"]["step"] == 3 and (part / "checkpoint.pt").is_file()
+        assert first["message"].startswith("finished 3 steps; stopped there by --stop-after 3 "
+                                           "of --steps 6: the same command with --resume ")
         (part / "checkpoint.pt").unlink()
         said = []
         second = run(RunOptions(steps=6, resume=str(part), **GPT), say=said.append)
@@ -135,6 +137,14 @@ def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path, stopp
     assert "\n   4  " in table and "\n   6  " in table and "\n   1  " not in table, table
     assert _losses(first) + _losses(second) == _losses(uninterrupted)
     assert_same_outputs(whole, part)
+    # complete: a cosine schedule spans --steps, so more steps are another run (QA: "give
+    # --steps more than 6", which the resume then refused as "give --steps as it was")
+    from edge_remat.run.options import RunProblem
+    with local_board(root, "bench"), pytest.raises(
+            RunProblem, match=r"the run there is complete .*its --lr-schedule cosine ends at "
+                              r"step 6, so to train on start another run from its weights: "
+                              r"--init .*weights"):
+        run(RunOptions(steps=6, resume=str(whole), **GPT))
 
 
 @pytest.mark.slow

@@ -272,7 +272,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         return captured
 
     from .resume import (checkpoint_every, checkpoint_params, job_resume, keep_checkpoint,
-                         note_job, start_resume, with_resume_hint)
+                         note_job, start_resume, warn_of_earlier_checkpoint, with_resume_hint)
     # before the capture, the profile and the plan: a bad checkpoint is refused now
     resumed = start_resume(board, opts, out, say) if opts.resume else None
     say(f"capturing {opts.model}'s training step")
@@ -372,6 +372,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     from ..transport.host_pages import host_pages, plan_uses_host
     job_id = new_job_id("run")
     if "identity" in params:  # written before the job: a host that dies still finds it
+        if not opts.resume:
+            warn_of_earlier_checkpoint(board, out, say)
         note_job(out, job_id, device.name, every, bool(opts.resume))
     first = resumed["steps_done"] if resumed else 0
     to_run = (opts.stop_after or opts.steps) - first
@@ -387,9 +389,13 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         try:
             outcome = _train(board, device, "run", {**params, **page_params}, inputs, out,
                              first + to_run, say, job_id)
-        except JobFailed as failed:
+        except (JobFailed, Interrupted) as failed:
             raise with_resume_hint(failed, board, out, job_id) if "identity" in params \
                 else failed
+    if opts.stop_after and opts.stop_after < opts.steps and outcome["status"] == "finished":
+        # QA: "finished 3 steps", with no word of the 3 left or the way on
+        outcome["message"] += (f"; stopped there by --stop-after {opts.stop_after} of --steps "
+                               f"{opts.steps}: the same command with --resume {out} goes on")
     if check_on_host and opts.check_gradients and outcome["status"] in ENDED_WELL:
         outcome["grad_check"] = host_gradient_check(graph, plan_path, say, captured,
                                                     board.name if no_room else None)

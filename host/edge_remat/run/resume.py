@@ -18,7 +18,8 @@ from typing import Callable, Optional
 
 from edge_remat_agent.daemon.identity import file_sha256
 from edge_remat_agent.executor.checkpoint_step import checkpoint_step
-from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE, identity_mismatch
+from edge_remat_agent.executor.save_choice import (CHECKPOINT_FILE, WEIGHTS_FILE,
+                                                   identity_mismatch)
 
 from .job_end import ENDED_WELL
 from .options import RunOptions, RunProblem, run_data
@@ -103,10 +104,15 @@ def read_record(out: Path) -> dict:
 
 def note_job(out: Path, job_id: str, device: str, every: int, resumed: bool) -> None:
     """Before the job is submitted: OUT/checkpoint.json names it first (a fresh run starts
-    the list again: its checkpoints are not the earlier run's)."""
-    jobs = read_record(out).get("jobs", []) if resumed else []
+    the list again: its checkpoints are not the earlier run's, whose jobs it keeps apart as
+    `earlier_jobs`)."""
+    before = read_record(out)
+    jobs = before.get("jobs", []) if resumed else []
     record = {"jobs": [{"job": job_id, "device": device}] + list(jobs),
               "checkpoint_every": every}
+    earlier = before.get("earlier_jobs", []) + ([] if resumed else before.get("jobs", []))
+    if earlier:  # an earlier run's, started over: not this run's, but not forgotten
+        record["earlier_jobs"] = earlier
     tmp = out / (RECORD + ".tmp")
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, out / RECORD)
@@ -117,7 +123,10 @@ def find_checkpoint(board, out: Path, say: Callable[[str], None]) -> Optional[st
     where it has a newer one than this host); returns its path on the board where the board
     has it (the job reads it there), else None (the host's copy is pushed)."""
     local = out / CHECKPOINT_FILE
-    for entry in read_record(out).get("jobs", []):
+    record = read_record(out)
+    # this run's jobs first, newest first; then an earlier run's that this one started over
+    # from (a checkpoint it never made is no reason to lose that run's)
+    for entry in record.get("jobs", []) + record.get("earlier_jobs", []):
         if entry.get("device") != board.name:
             continue
         remote = f"jobs/{entry['job']}/files/{CHECKPOINT_FILE}"
@@ -180,9 +189,18 @@ def check_checkpoint(opts: RunOptions, out: Path, identity: Optional[dict] = Non
     last = opts.stop_after or opts.steps
     if checkpoint.steps_done == last:  # its outputs are the finished run's: nothing to make
         option = "--stop-after" if opts.stop_after else "--steps"
+        if option == "--steps" and opts.lr_schedule in DECAYING:
+            # --steps is the schedule's length, part of what a resume must keep (QA: this
+            # advice, followed, was refused as "give --steps as it was")
+            weights = out / WEIGHTS_FILE
+            train_on = (f"its --lr-schedule {opts.lr_schedule} ends at step {last}, so to "
+                        "train on start another run from its weights" +
+                        (f": --init {weights}" if weights.is_file() else
+                         f" (--init WEIGHTS.pt; it left no {weights})"))
+        else:
+            train_on = f"to train on, give {option} more than {last}"
         raise RunProblem(f"--resume {out}: the run there is complete (its checkpoint is after "
-                         f"step {last}, the last of this run): to train on, give {option} "
-                         f"more than {last}"
+                         f"step {last}, the last of this run): {train_on}"
                          + _outputs_left_behind(out, bool(identity and "--graph" in identity)))
     if checkpoint.steps_done > last:
         raise RunProblem(f"--resume {out}: its checkpoint is after step "
@@ -229,17 +247,51 @@ def keep_checkpoint(board, out: Path, outcome: dict, job_id: str) -> Optional[di
 
 def with_resume_hint(failed: Exception, board, out: Path, job_id: str) -> Exception:
     """A job that failed (SIGKILLed on the board, say: not by a memory limit, which becomes a
-    report) with its error saying that its last checkpoint stays on the board, where --resume
-    OUT finds it; the error as it was where the job left none."""
+    report) or was cancelled by Ctrl-C, with its error saying that its last checkpoint stays
+    on the board, where --resume OUT finds it; the error as it was where the job left none
+    (QA: Ctrl-C said only "cancelled job ...", and the same command again, without --resume,
+    left the checkpoint out of OUT's record)."""
+    from ..errors import Interrupted
     from ..transport import JobFailed
     from ..transport.errors import cancelled_by_host
+    if isinstance(failed, Interrupted):
+        if not failed.extra.get("cancelled") or not _checkpoint_on(board, job_id):
+            return failed
+        return Interrupted(f"{failed}; its last checkpoint stays on {board.name}: the same "
+                           f"command with --resume {out} goes on from it", **failed.extra)
     if not isinstance(failed, JobFailed) or cancelled_by_host(failed.record):
         return failed
-    try:
-        kept = board.stat(f"jobs/{job_id}/files/{CHECKPOINT_FILE}", with_hash=False)
-    except Exception:  # noqa: BLE001 - the board out of reach: the error as it was
-        return failed
-    if not kept.get("exists"):
+    if not _checkpoint_on(board, job_id):
         return failed
     return JobFailed(f"{failed}; its last checkpoint stays on {board.name}: the same command "
                      f"with --resume {out} goes on from it", failed.record)
+
+
+def _checkpoint_on(board, job_id: str) -> bool:
+    """Whether the job left a checkpoint on the board (False where the board is out of reach:
+    no hint then)."""
+    try:
+        return bool(board.stat(f"jobs/{job_id}/files/{CHECKPOINT_FILE}",
+                               with_hash=False).get("exists"))
+    except Exception:  # noqa: BLE001 - the board out of reach: the error as it was
+        return False
+
+
+def warn_of_earlier_checkpoint(board, out: Path, say: Callable[[str], None]) -> None:
+    """A run without --resume into an OUT whose record names a job with a checkpoint on this
+    board: this run starts over, and says where the earlier checkpoint stays (note_job keeps
+    that job in the record, as `earlier_jobs`). Not after a run that finished: run again,
+    a finished run starts over as asked."""
+    try:
+        ended = json.loads((out / "report.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        ended = None
+    if ended == "finished":
+        return
+    for entry in read_record(out).get("jobs", []):
+        if entry.get("device") == board.name and _checkpoint_on(board, entry.get("job", "")):
+            say(f"warning: {out} holds the checkpoint of an earlier run (job {entry['job']}); "
+                f"this run starts over from step 1 (--resume {out} goes on from that one "
+                f"instead); it stays on {board.name} as jobs/{entry['job']}/files/"
+                f"{CHECKPOINT_FILE}")
+            return
