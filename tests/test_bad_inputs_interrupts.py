@@ -475,6 +475,14 @@ def test_the_way_back_to_a_job_on_a_board_emulated_by_memory_limit_reaches_it(tm
                        environ=env())
             assert json.loads(done.stdout.splitlines()[-1])["status"] == "running", done
             assert cli(*shlex.split(cancel), environ=env()).returncode == 0
+            # the job over, the board's agent is stopped and its cgroup removed, as at a
+            # run's end (QA: after job-status --wait both stayed up an hour, the idle exit)
+            from edge_remat.cgroup import MemoryCgroup
+            from edge_remat.transport.emulated import cgroup_name
+            from edge_remat_agent.daemon.launcher import connect_daemon
+            from edge_remat_agent.daemon.layout import Layout
+            assert connect_daemon(Layout(device.connection.workdir)) is None
+            assert MemoryCgroup.existing(cgroup_name(device)) is None
         finally:
             stop_agent(device.connection.workdir)
             remove_board_cgroup(device)

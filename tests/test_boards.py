@@ -391,6 +391,12 @@ def test_agent_stop_stops_the_daemon(configs, tmp_path):
     code, out, _ = cli("agent-stop", "--device", "bench")
     assert code == 0 and "stopped" in out
     assert not (tmp_path / "board" / "agent.sock").exists()
+    # none runs now: said so, and none started to be stopped (QA: "agent on bench stopped",
+    # a daemon started and stopped in its log)
+    log = (tmp_path / "board" / "daemon.log").read_text()
+    code, out, _ = cli("agent-stop", "--device", "bench")
+    assert code == 0 and out.strip() == "no agent runs on bench: nothing to stop", out
+    assert (tmp_path / "board" / "daemon.log").read_text() == log
 
 
 def test_agent_stop_if_idle_leaves_a_busy_agent_running_and_exits_0(configs):

@@ -297,6 +297,26 @@ def test_simulate_pages_at_another_boards_tiers_and_says_where_it_keeps_the_plan
     assert "gives other figures for flash than the plan was made with" in said
 
 
+def test_simulate_gives_and_checks_a_step_of_micro_passes(tmp_path):
+    """QA: with --accumulate 2, simulate said nothing of the step of two passes that plan
+    printed, and an edited accumulated_step (7 passes, 99 s) replayed as a valid plan."""
+    graph, plan = tmp_path / "graph.json", tmp_path / "plan.json"
+    assert cli("graph", "--model", "mlp", "--accumulate", "2", "-o", graph).returncode == 0
+    assert cli("plan", "--graph", graph, "--budget", "100%", "--time-limit", "5", "-o", plan
+               ).returncode == 0
+    proc = cli("simulate", plan, "--graph", graph)
+    assert proc.returncode == 0 and "(2 micro-passes, --accumulate" in proc.stdout, proc
+    assert "records figures" not in proc.stderr
+    edited = json.loads(plan.read_text())
+    step = edited["predicted"]["accumulated_step"]
+    assert json.loads(cli("simulate", plan, "--graph", graph, "--json").stdout
+                      )["accumulated_step"] == step
+    step.update(micro_batches=7, time_s=99.0)
+    proc = cli("simulate", _written(tmp_path / "edited.json", edited), "--graph", graph)
+    assert "accumulated_step.micro_batches 7 (the replay: 2); accumulated_step.time_s 99 " \
+        in proc.stderr, proc.stderr
+
+
 def test_run_names_every_parameter_home_before_it_captures(tmp_path):
     proc = cli("run", "--device", "local", "--model", "mlp", "--budget", "90%",
                "--params-home", "disk", "--out", tmp_path / "out")

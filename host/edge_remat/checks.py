@@ -80,12 +80,30 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
 RECORDED_FIGURES = ("peak_bytes", "tdi_percent", "time_s", "energy_j")
 
 
+def replay_summary(plan: Plan, graph: Graph, result, profile: Optional[Profile] = None) -> dict:
+    """The replay's figures as the plan records its own: with --accumulate K, what a step of
+    K passes costs too (`accumulated_step`)."""
+    from edge_remat_agent.accumulated_step import accumulated_step
+    from edge_remat_agent.accumulation import micro_batches_of
+    summary = result.summary()
+    step = accumulated_step(graph, replay_costs(plan, graph, profile), plan.stages, result,
+                            micro_batches_of(graph))
+    if step is not None:
+        summary["accumulated_step"] = step
+    return summary
+
+
 def recorded_figures_differ(plan: Plan, summary: dict) -> list[str]:
     """The plan's recorded figures its replay (`summary`) does not give, e.g. 'peak_bytes 5
-    (the replay: 3280840)'; compare only where the replay used the costs the plan had."""
+    (the replay: 3280840)'; compare only where the replay used the costs the plan had. A
+    step of K passes' figures too (QA: an edited accumulated_step replayed without a word)."""
     differ = []
-    for key in RECORDED_FIGURES:
-        said, got = plan.predicted.get(key), summary.get(key)
+    recorded = plan.predicted.get("accumulated_step") or {}
+    replayed = summary.get("accumulated_step") or {}
+    pairs = [(key, plan.predicted.get(key), summary.get(key)) for key in RECORDED_FIGURES]
+    pairs += [(f"accumulated_step.{key}", recorded.get(key), replayed.get(key))
+              for key in ("micro_batches", "time_s", "energy_j") if recorded or replayed]
+    for key, said, got in pairs:
         if isinstance(said, (int, float)) and got is not None and \
                 not math.isclose(said, got, rel_tol=1e-6, abs_tol=1e-9):
             differ.append(f"{key} {_figure(said)} (the replay: {_figure(got)})")

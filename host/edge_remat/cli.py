@@ -407,7 +407,7 @@ def simulate(
 ) -> None:
     """Replay a plan: check every instruction and add up peak RAM, time, energy and TDI."""
     from .checks import (note_profile_fit, recorded_figures_warning, replay, replay_costs,
-                         tiers_not_replayed)
+                         replay_summary, tiers_not_replayed)
     from .importers.graph_import import load_graph_file
     from .remote import to_stderr
     from .reports.report import sim_table
@@ -419,7 +419,7 @@ def simulate(
     if (units := _units_mixed(g, prof, False)) is not None:
         to_stderr(f"warning: {units}")
     result = replay(p, g, plan_file, graph, prof)
-    summary = result.summary()
+    summary = replay_summary(p, g, result, prof)
     planned_with = p.problem.get("profile")
     if planned_with and prof is None:
         to_stderr(f"note: the plan was made with the profile '{planned_with}' and is replayed "
@@ -739,16 +739,12 @@ def job_status(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Come back for a job: its state, progress and result (the board keeps them)."""
-    from pathlib import Path
-
     from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
     from .errors import Interrupted
     from .outputs import output_folder
-    from .remote import print_outcome, progress_printer, to_stderr
-    from .run.come_back import final_status, settle_lost_report
+    from .remote import progress_printer, to_stderr
     from .transport import Board
-    from .transport.errors import job_failed
 
     if out is not None:  # `--out ''` too, which is refused
         output_folder(out)
@@ -760,16 +756,43 @@ def job_status(
             raise Interrupted(f"stopped waiting; job {job_id} keeps running on {board.name} "
                               f"(`edge-remat job-cancel {job_id} --device {device}` stops it)",
                               job=job_id, cancelled=False) from None
-        if out and record["state"] == "finished":
-            record["fetched"] = [str(p) for p in board.fetch_outputs(record, out)]
-        if out and record["state"] in TERMINAL_STATES:  # a run's report said link_lost
-            settled = settle_lost_report(Path(out), job_id, record)
-            if settled is not None:
-                to_stderr(f"{settled[0]} now says how job {job_id} ended: "
-                          f"{final_status(record)} (it said {settled[1]})")
-        if record["state"] == "failed":
-            raise job_failed(record, f"job {job_id}", board.name, board.stale_agent_cause())
-        print_outcome(record, as_json, board)
+        try:
+            _job_outcome(board, record, job_id, out, as_json)
+        finally:
+            if record["state"] in TERMINAL_STATES:
+                _retire_if_emulated(board)
+
+
+def _retire_if_emulated(board) -> None:
+    """An emulated board's agent and cgroup, once no job runs or waits there, are stopped and
+    removed, as a run's are at its end (QA: after `run --keep-running` and `job-status
+    --wait`, both stayed up an hour, the daemon's idle exit)."""
+    device = board.device
+    if device.hardware.memory_limit_bytes and device.connection.kind == "local":
+        from .transport.emulated import retire_emulated
+        retire_emulated(board, device, lambda line: None)
+
+
+def _job_outcome(board, record: dict, job_id: str, out: Optional[str], as_json: bool) -> None:
+    """job-status's answer for a job's record: its outputs fetched into `out` where it
+    finished, a failure as its exit status, else the record printed."""
+    from pathlib import Path
+
+    from edge_remat_agent.wire.protocol import TERMINAL_STATES
+
+    from .remote import print_outcome, to_stderr
+    from .run.come_back import final_status, settle_lost_report
+    from .transport.errors import job_failed
+    if out and record["state"] == "finished":
+        record["fetched"] = [str(p) for p in board.fetch_outputs(record, out)]
+    if out and record["state"] in TERMINAL_STATES:  # a run's report said link_lost
+        settled = settle_lost_report(Path(out), job_id, record)
+        if settled is not None:
+            to_stderr(f"{settled[0]} now says how job {job_id} ended: "
+                      f"{final_status(record)} (it said {settled[1]})")
+    if record["state"] == "failed":
+        raise job_failed(record, f"job {job_id}", board.name, board.stale_agent_cause())
+    print_outcome(record, as_json, board)
 
 
 @app.command("job-cancel")
@@ -791,6 +814,8 @@ def job_cancel(
         record = board.cancel(job_id)
         if record["state"] not in TERMINAL_STATES:
             record = board.wait(job_id, timeout_s=CANCEL_WAIT_S)
+        if record["state"] in TERMINAL_STATES:
+            _retire_if_emulated(board)
     if record["state"] == "finished":
         what = f"job {job_id} had already finished on {board.name}; nothing to cancel"
     elif record["state"] in TERMINAL_STATES:
@@ -854,7 +879,8 @@ def deploy(
 ) -> None:
     """Push the agent, the plan and the graph; run the plan on the board; fetch the report
     and the trained weights (weights.pt), and with --checkpoint-every the last checkpoint."""
-    from .checks import check_plan, check_runnable, note_plan_above_ram, recorded_figures_warning
+    from .checks import (check_plan, check_runnable, note_plan_above_ram,
+                         recorded_figures_warning, replay_summary)
     from .devices import find_device
     from .importers.graph_import import load_graph_file
     from .outputs import output_folder
@@ -886,9 +912,9 @@ def deploy(
     check_init_against_graph(init, g)
     # the board reports against the plan's recorded figures: an edited one ("100 B predicted
     # (OVER the prediction)") is said before the run, as `simulate` says it
-    stale = recorded_figures_warning(plan, plan_file, replayed.summary(), then="the run's "
-                                     "report compares the board's against the recorded ones; "
-                                     "plan again for true predictions")
+    stale = recorded_figures_warning(plan, plan_file, replay_summary(plan, g, replayed),
+                                     then="the run's report compares the board's against the "
+                                     "recorded ones; plan again for true predictions")
     if stale is not None:
         to_stderr(stale)
     from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE, WEIGHTS_FILE

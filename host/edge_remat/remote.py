@@ -196,6 +196,23 @@ def ram_cell(row: dict, result: Optional[dict]) -> str:
 
 # -- agent-stop ----------------------------------------------------------------------------
 
+def no_agent_here(device) -> bool:
+    """Whether a board on this machine (local, or emulated in a memory cgroup) has no agent
+    daemon: none answers on its workdir's socket, and none holds the workdir's lock (one
+    starting). False for a board reached over a link: only its relay can tell."""
+    if device.connection.kind != "local":
+        return False
+    from edge_remat_agent.daemon.launcher import connect_daemon
+    from edge_remat_agent.daemon.layout import Layout
+    from edge_remat_agent.daemon.runner import lock_is_held
+    layout = Layout(device.connection.workdir)
+    answered = connect_daemon(layout, timeout=1.0)
+    if answered is not None:
+        answered.close()
+        return False
+    return not lock_is_held(layout.lock_path)
+
+
 def stop_agent(board: Board, if_idle: bool) -> "tuple[dict, str]":
     """Stop the board's daemon; (the JSON answer, the line to print). A busy agent asked to stop
     only if idle is left running: what was asked happened, so it is no error. Stopping a busy
@@ -203,6 +220,11 @@ def stop_agent(board: Board, if_idle: bool) -> "tuple[dict, str]":
     from edge_remat_agent.wire.protocol import BUSY
 
     from .transport import AgentError
+    from .transport.emulated import remove_stopped_board_cgroup
+    if no_agent_here(board.device):  # QA: it started one to stop it, and said "stopped"
+        remove_stopped_board_cgroup(board.device)  # an emulated board's, left by a crash
+        return ({"status": "not_running"},
+                f"no agent runs on {board.name}: nothing to stop")
     hello = board.hello()
     running, queued = hello.get("running"), int(hello.get("queued") or 0)
     try:
@@ -216,7 +238,6 @@ def stop_agent(board: Board, if_idle: bool) -> "tuple[dict, str]":
                 f"agent on {board.name} left running: it is busy with {what} (--if-idle); "
                 "stop it without --if-idle to interrupt that")
     line = f"agent on {board.name} stopped"
-    from .transport.emulated import remove_stopped_board_cgroup
     if (kept := remove_stopped_board_cgroup(board.device)) is not None:
         line += f"; its memory cgroup {kept} is left: processes still run in it"
     if running:

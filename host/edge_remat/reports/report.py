@@ -206,7 +206,8 @@ def sim_table(summary: dict[str, Any], budget: int | None,
                         if summary.get("home_io_time_s") else "")),
             ("energy", f"{summary['energy_j']:.4g} {joule}"),
             ("recomputed", str(summary["recomputed"])),
-            ("paged", f"{summary['page_outs']} out, {summary['page_ins']} in")]
+            ("paged", f"{summary['page_outs']} out, {summary['page_ins']} in"),
+            *_accumulated_row(summary, sec, joule)]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
