@@ -131,6 +131,12 @@ def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path, stopp
         (part / "checkpoint.pt").unlink()
         said = []
         second = run(RunOptions(steps=6, resume=str(part), **GPT), say=said.append)
+        # refused at once (bad input: nothing left to train), it removes none of the finished
+        # run's outputs, though they were written in the two seconds before it, which it took
+        # for its own (report.txt went)
+        from edge_remat.run.options import RunProblem
+        with pytest.raises(RunProblem, match="the run there is complete"):
+            run(RunOptions(steps=6, resume=str(part), **GPT))
     assert any("fetching the checkpoint of job" in line for line in said), said
     assert second["message"] == "finished steps 4..6 (3 steps, resumed after step 3)"
     table = (part / "report.txt").read_text()
@@ -139,7 +145,6 @@ def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path, stopp
     assert_same_outputs(whole, part)
     # complete: a cosine schedule spans --steps, so more steps are another run (QA: "give
     # --steps more than 6", which the resume then refused as "give --steps as it was")
-    from edge_remat.run.options import RunProblem
     with local_board(root, "bench"), pytest.raises(
             RunProblem, match=r"the run there is complete .*its --lr-schedule cosine ends at "
                               r"step 6, so to train on start another run from its weights: "

@@ -228,18 +228,14 @@ def test_only_paging_that_allows_flash_may_home_parameters_there():
 
 
 def test_outputs_an_earlier_run_left_and_this_one_did_not_write_are_removed(tmp_path):
-    import time
-
-    from edge_remat.run.orchestrate import _remove_earlier_outputs
-    earlier = time.time() - 60
+    from edge_remat.run.orchestrate import _output_stamps, _remove_earlier_outputs
     for name in ("memory.png", "sweep.json", "plan.json", "notes.txt", "weights.pt",
                  "checkpoint.pt"):
-        (tmp_path / name).write_text("earlier run")
-        os.utime(tmp_path / name, (earlier, earlier))
-    started = time.time()
+        (tmp_path / name).write_text("earlier run")  # the same second as this run's start
+    at_start = _output_stamps(tmp_path)
     (tmp_path / "plan.json").write_text("this run")  # written again: kept
     said = []
-    _remove_earlier_outputs(tmp_path, started, True, said.append)
+    _remove_earlier_outputs(tmp_path, at_start, True, said.append)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "notes.txt",
                                                           "plan.json", "weights.pt"]
     assert "memory.png, sweep.json" in said[0]
@@ -253,7 +249,8 @@ def test_a_folder_that_held_no_runs_report_keeps_files_of_output_names(tmp_path)
     run had used. Only a folder that held a run's report.json when the run started is one."""
     import time
 
-    from edge_remat.run.orchestrate import _holds_a_run_report, _remove_earlier_outputs
+    from edge_remat.run.orchestrate import (_holds_a_run_report, _output_stamps,
+                                            _remove_earlier_outputs)
     earlier = time.time() - 60
     for name in ("memory.png", "sweep.json"):
         (tmp_path / name).write_text("mine")
@@ -262,7 +259,8 @@ def test_a_folder_that_held_no_runs_report_keeps_files_of_output_names(tmp_path)
     (tmp_path / "report.json").write_text('{"my": "own notes"}')
     assert not _holds_a_run_report(tmp_path)  # a file of that name, not a run's report
     said = []
-    _remove_earlier_outputs(tmp_path, time.time(), _holds_a_run_report(tmp_path), said.append)
+    _remove_earlier_outputs(tmp_path, _output_stamps(tmp_path), _holds_a_run_report(tmp_path),
+                            said.append)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.png", "report.json",
                                                           "sweep.json"] and not said
     (tmp_path / "report.json").write_text('{"status": "finished", "model": "mlp", '
@@ -335,6 +333,17 @@ def test_the_plain_comparison_runs_under_the_malloc_asked_for(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["malloc"] == {"requested": "jemalloc", "running": "jemalloc"}
+
+
+def test_a_plain_runs_report_names_its_schedule_and_clipping(tmp_path):
+    """QA: the plain run's `optimizer` (every setting it stepped with) left out the schedule
+    and the clipping, which it applied, and which a planned run's report names."""
+    proc = _run("--plain", "--lr-schedule", "cosine", "--clip-grad-norm", "0.5", "--out",
+                tmp_path / "out", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    optimizer = json.loads((tmp_path / "out" / "report.json").read_text())["optimizer"]
+    assert optimizer["name"] == "sgd" and optimizer["lr_schedule"] == "cosine"
+    assert optimizer["clip_grad_norm"] == 0.5 and optimizer["warmup"] == 0
 
 
 def test_a_budget_above_the_plain_peak_is_said_in_words_not_a_percentage_over_100():
@@ -433,20 +442,20 @@ def test_bad_input_after_profiling_removes_the_fetched_profile_too(tmp_path):
     """Exit 2 writes nothing: a budget refused after the board was profiled left
     OUT/profile/profile.json (the profile cache keeps the measurement). A profile folder
     older than the run, or a file of the user's in it, stays."""
-    import time as clock
-    from edge_remat.run.orchestrate import _remove_outputs_since
+    from edge_remat.run.orchestrate import _output_stamps, _remove_outputs_since
     out = tmp_path / "out"
     (out / "profile").mkdir(parents=True)
     mine = out / "profile" / "notes.txt"
     mine.write_text("the user's")
-    old = clock.time() - 3600
-    os.utime(mine, (old, old))
-    started = clock.time()
+    (out / "report.txt").write_text("an earlier run's, written a moment before this one")
+    at_start = _output_stamps(out)
     (out / "profile" / "profile.json").write_text("{}")
     (out / "graph.json").write_text("{}")
-    _remove_outputs_since(out, started)
-    assert sorted(p.name for p in out.rglob("*")) == ["notes.txt", "profile"]
+    _remove_outputs_since(out, at_start)
+    assert sorted(p.name for p in out.rglob("*")) == ["notes.txt", "profile", "report.txt"]
     mine.unlink()
+    (out / "report.txt").unlink()
+    at_start = _output_stamps(tmp_path / "fresh")  # a run into a folder it made
     (out / "profile" / "profile.json").write_text("{}")
-    _remove_outputs_since(out, started)
+    _remove_outputs_since(out, at_start)
     assert list(out.iterdir()) == []

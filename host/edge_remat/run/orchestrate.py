@@ -18,7 +18,6 @@ import dataclasses
 
 import math
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -72,7 +71,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
                                           "--data": spec_file(opts.data or ""),
                                           "--init": opts.init},
                         writes=RUN_OUTPUTS + (WEIGHTS_FILE, CHECKPOINT_FILE))
-    started = time.time()
+    at_start = _output_stamps(out)
     earlier_run = _holds_a_run_report(out)
     data = opts.data
     # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
@@ -93,7 +92,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
             # permissions refused leaves the graph and plan written (QA: a full disk removed
             # them, the trained weights still on the board)
             if classify(exc)[0] == EXIT_BAD_INPUT and not isinstance(exc, OSError):
-                _remove_outputs_since(out, started)
+                _remove_outputs_since(out, at_start)
             raise
         finally:
             if device.hardware.memory_limit_bytes:
@@ -104,7 +103,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     dump_json(report, out / "report.json")
     from ..reports.run_report import report_text
     (out / "report.txt").write_text(report_text(report) + "\n")
-    _remove_earlier_outputs(out, started, earlier_run, say, resumed=bool(opts.resume))
+    _remove_earlier_outputs(out, at_start, earlier_run, say, resumed=bool(opts.resume))
     return report
 
 
@@ -129,26 +128,53 @@ def _holds_a_run_report(out: Path) -> bool:
     return isinstance(report, dict) and {"status", "model", "device"} <= report.keys()
 
 
-def _remove_earlier_outputs(out: Path, started: float, earlier_run: bool, say: Say,
+def _output_stamps(out: Path) -> dict:
+    """What each path a run may write in `out` is as it starts: (mtime_ns, inode, size), which
+    tells this run's writes from an earlier run's. Times alone could not: a file an earlier
+    run wrote in the two seconds before this one (a filesystem may keep times to the second,
+    or two) was taken for this run's, and removed with its bad input (a script's `run` then
+    `run --resume` of the finished run: the first one's report.txt went)."""
+    fetched = out / "profile"
+    paths = [out / name for name in RUN_OUTPUTS + _kept_outputs()]
+    paths += [fetched, *fetched.iterdir()] if fetched.is_dir() else []
+    return {path: stamp for path in paths if (stamp := _stamp(path)) is not None}
+
+
+def _stamp(path: Path):
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_ino, st.st_size
+
+
+def _written_since(path: Path, at_start: dict) -> bool:
+    """Whether this run wrote `path` (it is there, and not as it was at the start)."""
+    stamp = _stamp(path)
+    return stamp is not None and stamp != at_start.get(path)
+
+
+def _remove_earlier_outputs(out: Path, at_start: dict, earlier_run: bool, say: Say,
                             resumed: bool = False) -> None:
     """Once this run has written its report: removes the outputs an earlier run left in
-    `out` that this run did not replace (only files of RUN_OUTPUTS' names, older than it),
-    where `out` held an earlier run's report when this run started. A folder that held
-    none is not a run's: files of those names there are the user's (QA: someone's
-    sweep.json and memory.png were removed). What an earlier run trained is kept, and said
-    but where this run resumed it (its checkpoint is this run's own)."""
+    `out` that this run did not replace (only files of RUN_OUTPUTS' names, as they were at
+    the start: `at_start`, _output_stamps'), where `out` held an earlier run's report when
+    this run started. A folder that held none is not a run's: files of those names there
+    are the user's (QA: someone's sweep.json and memory.png were removed). What an earlier
+    run trained is kept, and said but where this run resumed it (its checkpoint is this
+    run's own)."""
     if not earlier_run:
         return
-    before = started - 2.0  # a filesystem may keep times to the second (or two: FAT)
     stale = [out / name for name in RUN_OUTPUTS
-             if (out / name).is_file() and (out / name).stat().st_mtime < before]
+             if (out / name).is_file() and not _written_since(out / name, at_start)]
     for path in stale:
         path.unlink()
     if stale:
         say(f"removed {', '.join(p.name for p in stale)} from {out}: an earlier run's, "
             "which this run did not write again")
     kept = [name for name in _kept_outputs()
-            if not resumed and (out / name).exists() and (out / name).stat().st_mtime < before]
+            if not resumed and (out / name).exists() and not _written_since(out / name,
+                                                                            at_start)]
     if kept:
         verb, them = ("is", "it") if len(kept) == 1 else ("are", "them")
         say(f"note: {', '.join(kept)} in {out} {verb} an earlier run's, kept: this run did not "
@@ -164,23 +190,24 @@ def _kept_outputs() -> tuple[str, ...]:
     return (WEIGHTS_FILE, CHECKPOINT_FILE, RECORD, ADAPTER_FOLDER)
 
 
-def _remove_outputs_since(out: Path, started: float) -> None:
+def _remove_outputs_since(out: Path, at_start: dict) -> None:
     """The outputs this run wrote (graph.json before a budget turned out infeasible, say), so
-    that bad input leaves no files, as every command's exit status 2 promises."""
-    since = started - 2.0  # a filesystem may keep times to the second (or two: FAT)
+    that bad input leaves no files, as every command's exit status 2 promises; `at_start`:
+    _output_stamps' as the run started."""
     for name in RUN_OUTPUTS:
         path = out / name
-        if path.is_file() and path.stat().st_mtime >= since:
+        if path.is_file() and _written_since(path, at_start):
             path.unlink()
     # the board's profile fetched before planning refused the budget (QA): the profile cache
     # keeps it, so the next run does not measure it again
     fetched = out / "profile"
-    if fetched.is_dir() and fetched.stat().st_mtime >= since:
+    if fetched.is_dir():
         for path in fetched.iterdir():
-            if path.is_file() and path.stat().st_mtime >= since:
+            if path.is_file() and _written_since(path, at_start):
                 path.unlink()
-        with contextlib.suppress(OSError):  # what is left there is not this run's
-            fetched.rmdir()
+        if fetched not in at_start:
+            with contextlib.suppress(OSError):  # what is left there is not this run's
+                fetched.rmdir()
 
 
 def _interrupted(exc: BaseException, opts: RunOptions, out: Path,
@@ -240,6 +267,11 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
     report = build_report(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
                           data=data, memory_limit_bytes=device.hardware.memory_limit_bytes,
                           **outcome)
+    if isinstance(report.get("optimizer"), dict):
+        # the schedule and the clipping it stepped with, as a planned run's report says them
+        # (QA: a plain run's left them out, though it applied them)
+        report["optimizer"].update(lr_schedule=opts.lr_schedule, warmup=opts.warmup,
+                                   clip_grad_norm=opts.clip_grad_norm, update="step")
     _say_malloc(report, say)
     return report
 
