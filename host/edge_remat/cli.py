@@ -1290,8 +1290,12 @@ def plot_command(
     # refused after schedule.png and memory.png were written, and the retry then wanted --force)
     if plan_file is not None:
         g, p = load_graph_file(graph), load_plan(plan_file)
-        replay(p, g, plan_file, graph)  # a plan for another graph draws nonsense: refused
+        replayed = replay(p, g, plan_file, graph)  # a plan for another graph: refused
         planned, plain = plots.memory_traces(g, p, load_profile(profile) if profile else None)
+        if not replayed.fits_budget:  # drawn, as its memory plot shows it (QA: no word)
+            from .remote import to_stderr
+            to_stderr(f"warning: {plan_file} peaks at {replayed.peak_bytes} bytes, over its "
+                      f"budget of {p.budget_bytes} bytes (`edge-remat simulate` refuses it)")
     if sweep_file is not None:
         rows, units = _sweep_rows(sweep_file)
     written = []

@@ -11,6 +11,7 @@ from edge_remat_agent.costs import CostModel
 from edge_remat_agent.floor import describe_floor, floor_node, node_label
 from edge_remat_agent.formats import Graph
 from edge_remat_agent.pebbling import PebblingFloor, pebbling_floor, proves_too_small
+from edge_remat_agent.units import counted
 
 OBJECTIVES = ("time", "energy")
 PAGING_TIME_MODES = ("counted", "free")
@@ -178,10 +179,10 @@ class Problem:
                    f"of recomputation fits {game.bytes - 1} bytes")
         # `smallest` is a proven floor, not a budget known to plan: a schedule may need more
         raise InfeasibleBudget(
-            f"budget {self.budget_bytes} bytes is too small: every schedule needs at least "
-            f"{smallest} bytes (a lower bound; a budget there may still not plan): {why}{fixed}" + ("" if game is None else " (without paging: "
-                                                 "--paging flash or host lets a tensor come "
-                                                 "back without its inputs)"), smallest)
+            f"budget {counted(self.budget_bytes, 'byte')} is too small: every schedule needs "
+            f"at least {smallest} bytes (a lower bound; a budget there may still not plan): "
+            f"{why}{fixed}" + ("" if game is None else " (without paging: --paging flash or "
+                               "host lets a tensor come back without its inputs)"), smallest)
 
     def fingerprint(self) -> str:
         content = {"graph": self.source_graph.fingerprint(), "budget": self.budget_bytes,

@@ -127,6 +127,9 @@ def _gap_note(s: dict[str, Any]) -> str:
     gap = s.get("gap")
     if gap is None:
         return ""
+    if s.get("proven_optimal_by") and gap > 1e-6:  # QA: "costs scaled to integers" was said
+        return (f"  (optimal by its cost, as the status says; the bound, "
+                f"{s.get('bound_scope', 'the solver')}, does not reach it)")
     if s["status"] == "optimal" and gap > 1e-6:
         model = "paging counted stop-the-world" if "stop_the_world_bound" in s else \
             "costs scaled to integers"
