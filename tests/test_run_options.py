@@ -335,15 +335,28 @@ def test_the_plain_comparison_runs_under_the_malloc_asked_for(tmp_path):
     assert report["malloc"] == {"requested": "jemalloc", "running": "jemalloc"}
 
 
-def test_a_plain_runs_report_names_its_schedule_and_clipping(tmp_path):
-    """QA: the plain run's `optimizer` (every setting it stepped with) left out the schedule
-    and the clipping, which it applied, and which a planned run's report names."""
-    proc = _run("--plain", "--lr-schedule", "cosine", "--clip-grad-norm", "0.5", "--out",
-                tmp_path / "out", cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    optimizer = json.loads((tmp_path / "out" / "report.json").read_text())["optimizer"]
-    assert optimizer["name"] == "sgd" and optimizer["lr_schedule"] == "cosine"
+def test_a_plain_run_keeps_weights_equal_to_the_planned_runs_and_names_its_settings(tmp_path):
+    """QA: --plain saved no weights.pt, so plain and planned training could not be compared
+    file to file, and --save was refused with it; its report's `optimizer` (every setting it
+    stepped with) left out the schedule and the clipping, which it applied."""
+    import torch
+    same = ("--optimizer", "adamw", "--lr-schedule", "cosine", "--clip-grad-norm", "0.5",
+            "--steps", "2")
+    plain = _run("--plain", *same, "--out", tmp_path / "plain", cwd=tmp_path, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    planned = _run("--budget", "100%", "--profile", PROFILE, *same, "--out",
+                   tmp_path / "planned", cwd=tmp_path, timeout=300)
+    assert planned.returncode == 0, planned.stderr
+    report = json.loads((tmp_path / "plain" / "report.json").read_text())
+    optimizer = report["optimizer"]
+    assert optimizer["name"] == "adamw" and optimizer["lr_schedule"] == "cosine"
     assert optimizer["clip_grad_norm"] == 0.5 and optimizer["warmup"] == 0
+    assert report["weights"]["file"] == str(tmp_path / "plain" / "weights.pt")
+    mine, theirs = (torch.load(tmp_path / run / "weights.pt") for run in ("plain", "planned"))
+    assert mine.keys() == theirs.keys() and mine
+    assert all(torch.equal(mine[key], theirs[key]) for key in mine)
+    none = _run("--plain", "--save", "none", "--out", tmp_path / "none", cwd=tmp_path)
+    assert none.returncode == 0 and not (tmp_path / "none" / "weights.pt").exists(), none
 
 
 def test_a_budget_above_the_plain_peak_is_said_in_words_not_a_percentage_over_100():

@@ -27,14 +27,16 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
                 warmup: int = 0, clip_grad_norm: Optional[float] = None,
                 accumulate: int = 1, dtype: Optional[str] = None,
                 trainable_dtype: Optional[str] = None,
-                stop_on_nonfinite: bool = False) -> dict[str, Any]:
+                stop_on_nonfinite: bool = False,
+                on_trained: Optional[Callable[[Any], None]] = None) -> dict[str, Any]:
     """Train `steps` steps eagerly; `on_step(report so far)` after each. `train`: parameter
     name patterns to train (the rest frozen), `dtype` the model's (fp32 | bf16 | fp16) and
     `trainable_dtype` the trained parameters' (None: `dtype`), as the planned run's graph
     was captured; `lr_schedule`, `warmup` (lr_schedule.py) and
     `clip_grad_norm` (grad_clip.py) as the planned run's. `accumulate`: micro-batches per
     step, their gradients summed into `.grad`. `stop_on_nonfinite`: stop after the first step
-    whose loss is not finite (the report's `stopped_at_step`; None: it took every step)."""
+    whose loss is not finite (the report's `stopped_at_step`; None: it took every step).
+    `on_trained(module)` after the last step: the planned run's job saves its weights so."""
     import torch
 
     from .accumulation import check_micro_batches, mean_loss, scaled
@@ -93,6 +95,8 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
             report["stopped_at_step"] = step
             break
     report["torch_threads"] = torch.get_num_threads()
+    if on_trained is not None:
+        on_trained(module)
     return report
 
 
@@ -119,6 +123,10 @@ def plain_train_job(ctx, params: dict) -> dict:
         if ctx.cancelled:
             raise JobCancelled()
 
+    from .executor.save_choice import DEFAULT_SAVE, WEIGHTS_FILE, check_save_choice
+    from .executor.saved_weights import WeightsSaver
+    saved = WeightsSaver(ctx.files_dir / WEIGHTS_FILE,
+                         check_save_choice(str(params.get("save") or DEFAULT_SAVE)))
     report = train_plain(str(params["model"]), steps, optional("batch"), optional("image"),
                          optional("seq"), int(params.get("seed", 0)),
                          str(params.get("optimizer", "sgd")), optional("lr", float),
@@ -127,5 +135,8 @@ def plain_train_job(ctx, params: dict) -> dict:
                          int(params.get("warmup") or 0), optional("clip_grad_norm", float),
                          int(params.get("accumulate", 1)), params.get("dtype"),
                          params.get("trainable_dtype"),
-                         param_flag(params.get("stop_on_nonfinite", False)))
-    return {**report, "malloc": malloc, "nonfinite_loss": losses.found}
+                         param_flag(params.get("stop_on_nonfinite", False)), saved.save)
+    # the trained weights as a planned run saves them (QA: --plain kept none to compare)
+    return {**report, "malloc": malloc, "nonfinite_loss": losses.found,
+            "saved_weights": saved.figures, "saved_weights_error": saved.error,
+            "files": [WEIGHTS_FILE] if saved.figures else []}

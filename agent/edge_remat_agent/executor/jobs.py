@@ -119,14 +119,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     from .run import run_plan
     from .stores import host_link_store
     host = host_link_store(plan, params.get("host_pages"), params.get("host_pages_wait_s"))
-    saved: dict = {}
-
-    def save_trained(module, home) -> None:
-        from .saved_weights import save_weights
-        try:
-            saved["figures"] = save_weights(module, home, save, ctx.files_dir / WEIGHTS_FILE)
-        except OSError as error:  # a full disk, say: the run's report still comes back
-            saved["error"] = f"the trained weights were not saved: {error}"
+    from .saved_weights import WeightsSaver
+    saved = WeightsSaver(ctx.files_dir / WEIGHTS_FILE, save)
     try:
         report = run_plan(graph, plan, steps, page_dir, captured=captured,
                           check_gradients=param_flag(params.get("check_gradients", True)),
@@ -137,7 +131,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                           warmup=int(params.get("warmup") or 0),
                           stores=None if host is None else {"host": host},
                           allocator=str(params.get("allocator") or "glibc"),
-                          on_trained=save_trained, checkpointing=checkpointing,
+                          on_trained=saved.save, checkpointing=checkpointing,
                           stop_on_nonfinite=stop_on_nonfinite, remedy=remedy,
                           time_nodes=int(params.get("time_nodes") or 0),
                           map_large_allocations=not param_flag(params.get("keep_malloc_defaults",
@@ -146,14 +140,14 @@ def run_job(ctx: JobContext, params: dict) -> dict:
         if host is not None:
             host.close()
     report["malloc"] = malloc
-    report["saved_weights"] = saved.get("figures")
-    report["saved_weights_error"] = saved.get("error")
+    report["saved_weights"] = saved.figures
+    report["saved_weights_error"] = saved.error
     ctx.write_json("run_report.json", report)
-    files = ["run_report.json"] + ([WEIGHTS_FILE] if saved.get("figures") else []) + \
+    files = ["run_report.json"] + ([WEIGHTS_FILE] if saved.figures else []) + \
         ([CHECKPOINT_FILE] if checkpointing is not None and (checkpointing.written or
                                                             checkpointing.own) else [])
     return {"malloc": malloc, "files": files, "summary": report["summary"],
-            "saved_weights": saved.get("figures"), "checkpoint": report.get("checkpoint"),
+            "saved_weights": saved.figures, "checkpoint": report.get("checkpoint"),
             "grad_check": report["grad_check"], "steps": len(report["steps"]),
             "stopped_at_step": report["stopped_at_step"],
             "data": report["data"], "optimizer": report["optimizer"]}

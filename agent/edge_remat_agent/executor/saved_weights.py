@@ -75,6 +75,24 @@ def save_weights(module: nn.Module, home, which: str, path: "str | Path") -> dic
             "keys": "state_dict of " + type(state_root(module)[0]).__name__}
 
 
+class WeightsSaver:
+    """A training job's saving of its trained weights to `path` (`which`: --save's choice),
+    as its on_trained callback: `figures` (save_weights'), or `error` where the disk refused
+    them (a full disk, say: the job's report still comes back). The planned run's job and
+    plain training's share it."""
+
+    def __init__(self, path: "str | Path", which: str):
+        self.path, self.which = Path(path), which
+        self.figures: dict | None = None
+        self.error: str | None = None
+
+    def save(self, module: nn.Module, home=None) -> None:
+        try:
+            self.figures = save_weights(module, home, self.which, self.path)
+        except OSError as error:
+            self.error = f"the trained weights were not saved: {error}"
+
+
 def write_tensors(entries, path: Path, extra: dict | None = None) -> None:
     """torch.save's file of `entries` ((key, how to read its tensor), read one at a time) and
     `extra` (plain values under their own keys), written under a temporary name and renamed:

@@ -199,9 +199,8 @@ def check_weights_options(opts: RunOptions) -> None:
     from edge_remat_agent.executor.save_choice import SAVE_CHOICES
     if opts.save not in SAVE_CHOICES:
         raise RunProblem(f"unknown --save {opts.save!r}: use {' | '.join(SAVE_CHOICES)}")
-    if opts.plain and (opts.init or opts.save != "trained"):
-        raise RunProblem("--init and --save apply to the planned run, which saves its weights; "
-                         "leave them out with --plain")
+    if opts.plain and opts.init:
+        raise RunProblem("--init applies to the planned run; leave it out with --plain")
     if opts.init and not os.path.isfile(opts.init):
         raise RunProblem(f"--init {opts.init}: no such file (give a weights file a run saved, "
                          "OUT/weights.pt)")

@@ -254,7 +254,7 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
     from ..reports.run_report import build_report
     require_kind(board, "train-plain", "train plainly")
     params = {k: v for k, v in opts.model_info.items() if v is not None}
-    params.update(steps=opts.steps, data=data, **lr, **opts.nonfinite_params)
+    params.update(steps=opts.steps, data=data, save=opts.save, **lr, **opts.nonfinite_params)
     if opts.accumulate > 1:  # the same micro-batches and steps as a planned run's
         params["accumulate"] = opts.accumulate
     params.update(opts.extra)  # the board job's extra params (--malloc), as a planned run's
@@ -272,6 +272,10 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
         # (QA: a plain run's left them out, though it applied them)
         report["optimizer"].update(lr_schedule=opts.lr_schedule, warmup=opts.warmup,
                                    clip_grad_norm=opts.clip_grad_norm, update="step")
+    # its trained weights, as a planned run's: the two compare file to file (QA: none kept)
+    report["weights"] = _weights_into(out, outcome)
+    if (outcome.get("result") or {}).get("saved_weights_error"):
+        say(f"warning: {outcome['result']['saved_weights_error']}")
     _say_malloc(report, say)
     return report
 
