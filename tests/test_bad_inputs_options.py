@@ -16,7 +16,9 @@ pytestmark = pytest.mark.slow
 PLAN_OPTION_CASES = [
     ("budget 1e400", ["--budget", "1e400"], ["larger than any board"]),
     ("budget as words", ["--budget", "lots"], ["lots"]),
-    ("budget negative", ["--budget", "-5MiB"], ["budget"]),
+    ("budget negative", ["--budget", "-5MiB"], ["budget '-5MiB' must be positive"]),
+    # it said "cannot read budget '-1'", where 0 "must be positive"
+    ("budget negative fraction", ["--budget", "-1"], ["budget '-1' must be positive"]),
     ("budget zero", ["--budget", "0"], ["positive"]),
     ("budget 2000%", ["--budget", "2000%"], ["times the plain peak"]),
     ("budget and sweep", ["--budget", "0.8", "--sweep", "0.5:1:0.1"], ["exactly one"]),

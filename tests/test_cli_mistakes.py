@@ -526,6 +526,18 @@ def test_a_plan_optimal_by_its_cost_says_why_its_bound_is_below():
         "not reach it)"
 
 
+def test_plan_and_graph_without_an_output_say_nothing_was_written(tmp_path):
+    """QA: both did all the work and wrote nothing, with no word of it."""
+    proc = cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "1.0", "--solver",
+               "heuristic:split", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith(
+        "plan not written (no -o): give -o plan.json to keep it"), proc.stdout
+    proc = cli("graph", "--model", "mlp", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith(
+        "graph not written (no -o): give -o graph.json to keep it"), proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.json"]
+
+
 def _written(path: Path, obj) -> Path:
     path.write_text(json.dumps(obj))
     return path

@@ -258,8 +258,9 @@ def plan(
             **({"error": stopped} if stopped else {})}))
     else:
         typer.echo(plan_table(result))
-        if output:
-            typer.echo(f"plan written to {output}")
+        # without -o nothing is written: said, so the table is not taken for a saved plan (QA)
+        typer.echo(f"plan written to {output}" if output else
+                   "plan not written (no -o): give -o plan.json to keep it")
     _warn_arena_unfitted(result)
     if stopped:
         from .errors import EXIT_INTERRUPTED
@@ -583,8 +584,8 @@ def graph(
         print(json.dumps(summary))
     else:
         typer.echo(graph_table(summary))
-        if output:
-            typer.echo(f"graph written to {output}")
+        typer.echo(f"graph written to {output}" if output else
+                   "graph not written (no -o): give -o graph.json to keep it")
 
 
 def _check_dtype(dtype: str, onnx_file: Optional[str] = None,

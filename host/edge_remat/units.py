@@ -27,6 +27,8 @@ def parse_budget(text: str, option: str = "budget",
     usage = "a size (512MiB, 2GB, 736128)" if sizes_only else \
         "a fraction (0.8), a percentage (80%) or a size (512MiB, 2GB, 736128)"
     quantity = split_quantity(text)
+    if quantity is None and split_quantity(str(text).strip().removeprefix("-")) is not None:
+        raise UnitError(f"{option} {text!r} must be positive")  # as 0 is (QA: "cannot read")
     if quantity is None:
         raise UnitError(f"cannot read {option} {text!r}: use {usage}")
     value, unit = quantity
