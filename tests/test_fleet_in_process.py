@@ -210,3 +210,27 @@ def test_names_shared_or_not_a_folder_name_are_said_once_as_written(tmp_path):
     assert "models[1].name: expected letters, digits, '.', '_' and '-' only (it names the " \
         "entry's folder of results), got '../x'" in said
     assert "named 'x'" not in said
+
+
+def test_a_bad_graph_file_is_refused_before_any_graph_is_copied(tmp_path):
+    """QA: a truncated second graph file was refused (exit 2), but the first one's copy was
+    left in OUT."""
+    tiny_graph(tmp_path)
+    (tmp_path / "cut.json").write_text((tmp_path / "tiny.json").read_text()[:200])
+    manifest = tmp_path / "fleet.toml"
+    manifest.write_text(f"""
+budgets = ["97%"]
+[[models]]
+graph = "tiny.json"
+name = "whole"
+[[models]]
+graph = "cut.json"
+name = "cut"
+[[boards]]
+profile = "{REPO / 'profiles' / 'rpi4.json'}"
+name = "rpi4"
+""")
+    out = tmp_path / "out"
+    refused(cli("fleet", "plan", manifest, "--out", out, "--no-ray"), BAD_INPUT, "cut.json",
+            "valid JSON")
+    assert not (out / "whole").exists()

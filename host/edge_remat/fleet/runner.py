@@ -78,13 +78,19 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
     rows: dict[PlanTask, dict] = {}
     graphs: dict[str, Graph] = {}
     to_capture: list[ModelEntry] = []
+    # every graph file read before any is copied into the tree: a bad one is refused with
+    # nothing written (QA: the graphs read before it were left in OUT)
+    known = {model.name: _known_graph(model, out) for model in manifest.models}
     for model in manifest.models:
-        graph = _known_graph(model, out)
+        graph = known[model.name]
         if graph is None:
             to_capture.append(model)
-        else:
-            graphs[model.name] = graph
-            _say_profile_fit(graph, manifest.boards, say)
+            continue
+        if model.graph_file is not None:
+            (out / model.name).mkdir(parents=True, exist_ok=True)
+            graph.save(out / model.name / "graph.json")
+        graphs[model.name] = graph
+        _say_profile_fit(graph, manifest.boards, say)
     for task in tasks:
         if task.model in graphs:
             kept = _kept_row(task, graphs[task.model], boards[task.board].profile, manifest, out)
@@ -200,15 +206,12 @@ def _say_profile_fit(graph: Graph, boards: list, say: Callable[[str], None]) -> 
 
 
 def _known_graph(model: ModelEntry, out: Path) -> Optional[Graph]:
-    """A graph file the manifest names (copied into the tree), or one captured before with the
-    same settings; None: capture it."""
+    """A graph file the manifest names (read; its caller copies it into the tree), or one
+    captured before with the same settings; None: capture it."""
     from ..importers.graph_import import load_graph_file
     folder = out / model.name
     if model.graph_file is not None:
-        graph = load_graph_file(model.graph_file)
-        folder.mkdir(parents=True, exist_ok=True)
-        graph.save(folder / "graph.json")
-        return graph
+        return load_graph_file(model.graph_file)
     try:
         same = json.loads((folder / "capture.json").read_text()) == \
             json.loads(json.dumps(model.capture_args()))
