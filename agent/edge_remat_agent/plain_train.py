@@ -36,7 +36,8 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
     `clip_grad_norm` (grad_clip.py) as the planned run's. `accumulate`: micro-batches per
     step, their gradients summed into `.grad`. `stop_on_nonfinite`: stop after the first step
     whose loss is not finite (the report's `stopped_at_step`; None: it took every step).
-    `on_trained(module)` after the last step: the planned run's job saves its weights so."""
+    `on_trained(module)` after the last step (not after a stop at a loss that is not finite,
+    whose weights are diverged): the planned run's job saves its weights so."""
     import torch
 
     from .accumulation import check_micro_batches, mean_loss, scaled
@@ -95,7 +96,7 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
             report["stopped_at_step"] = step
             break
     report["torch_threads"] = torch.get_num_threads()
-    if on_trained is not None:
+    if on_trained is not None and report["stopped_at_step"] is None:  # not diverged weights
         on_trained(module)
     return report
 

@@ -213,6 +213,26 @@ def no_agent_here(device) -> bool:
     return not lock_is_held(layout.lock_path)
 
 
+# how long agent-stop waits for a daemon of this machine to be gone after it said it stops
+DAEMON_EXIT_WAIT_S = 10.0
+
+
+def _wait_for_exit(device) -> None:
+    """Until the daemon of a board on this machine has let go of its workdir's lock (it has
+    exited), at most DAEMON_EXIT_WAIT_S: "stopped" means gone (QA: the daemon was still in
+    `ps` just after, and an agent-stop at once after it found it still stopping)."""
+    if device.connection.kind != "local":
+        return
+    import time
+
+    from edge_remat_agent.daemon.layout import Layout
+    from edge_remat_agent.daemon.runner import lock_is_held
+    lock = Layout(device.connection.workdir).lock_path
+    deadline = time.monotonic() + DAEMON_EXIT_WAIT_S
+    while lock_is_held(lock) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def stop_agent(board: Board, if_idle: bool) -> "tuple[dict, str]":
     """Stop the board's daemon; (the JSON answer, the line to print). A busy agent asked to stop
     only if idle is left running: what was asked happened, so it is no error. Stopping a busy
@@ -237,6 +257,7 @@ def stop_agent(board: Board, if_idle: bool) -> "tuple[dict, str]":
         return ({"status": "left_running", "running": job, "queued": queued},
                 f"agent on {board.name} left running: it is busy with {what} (--if-idle); "
                 "stop it without --if-idle to interrupt that")
+    _wait_for_exit(board.device)
     line = f"agent on {board.name} stopped"
     if (kept := remove_stopped_board_cgroup(board.device)) is not None:
         line += f"; its memory cgroup {kept} is left: processes still run in it"
