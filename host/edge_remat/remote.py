@@ -225,12 +225,9 @@ def _wait_for_exit(device) -> None:
         return
     import time
 
+    from edge_remat_agent.daemon.launcher import wait_for_exit
     from edge_remat_agent.daemon.layout import Layout
-    from edge_remat_agent.daemon.runner import lock_is_held
-    lock = Layout(device.connection.workdir).lock_path
-    deadline = time.monotonic() + DAEMON_EXIT_WAIT_S
-    while lock_is_held(lock) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_exit(Layout(device.connection.workdir), time.monotonic() + DAEMON_EXIT_WAIT_S)
 
 
 def stop_agent(board: Board, if_idle: bool) -> "tuple[dict, str]":

@@ -94,7 +94,7 @@ def ensure_daemon(layout: Layout, timeout: float = 30.0) -> socket.socket:
                 or not _replace_if_idle(client):
             return sock  # the relay's own hello is answered; the rest of the stream is the host's
         sock.close()
-        _wait_for_exit(layout, deadline)
+        wait_for_exit(layout, deadline)
     raise DaemonUnavailable(f"no agent daemon answered on {layout.socket_path} within "
                             f"{timeout:g} s; see {layout.log_path}")
 
@@ -152,7 +152,7 @@ def _stop_unreachable(layout: Layout, if_idle: bool) -> str:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         pass  # gone meanwhile
-    _wait_for_exit(layout, time.monotonic() + 15)
+    wait_for_exit(layout, time.monotonic() + 15)
     if lock_is_held(layout.lock_path):
         raise RemoteError("unreachable", f"the agent daemon for {layout.root} (pid {pid}) "
                           "answers on no socket and did not stop on SIGTERM within 15 s")
@@ -160,7 +160,7 @@ def _stop_unreachable(layout: Layout, if_idle: bool) -> str:
             "(its socket file was removed)")
 
 
-def _wait_for_exit(layout: Layout, deadline: float) -> None:
+def wait_for_exit(layout: Layout, deadline: float) -> None:
     """Until the daemon has let go of the workdir's lock: it has finished stopping."""
     from .runner import lock_is_held
     while time.monotonic() < deadline and lock_is_held(layout.lock_path):
@@ -241,7 +241,7 @@ def stop_daemon(layout: Layout, if_idle: bool = False) -> str:
         client.call("stop", if_idle=if_idle)
     finally:
         client.close()
-    _wait_for_exit(layout, time.monotonic() + 15)
+    wait_for_exit(layout, time.monotonic() + 15)
     return f"agent daemon for {layout.root} stopped"
 
 

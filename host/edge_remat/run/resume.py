@@ -255,16 +255,15 @@ def with_resume_hint(failed: Exception, board, out: Path, job_id: str) -> Except
     from ..transport import JobFailed
     from ..transport.errors import cancelled_by_host
     if isinstance(failed, Interrupted):
-        if not failed.extra.get("cancelled") or not _checkpoint_on(board, job_id):
-            return failed
-        return Interrupted(f"{failed}; its last checkpoint stays on {board.name}: the same "
-                           f"command with --resume {out} goes on from it", **failed.extra)
-    if not isinstance(failed, JobFailed) or cancelled_by_host(failed.record):
+        hinted = failed.extra.get("cancelled")
+    else:
+        hinted = isinstance(failed, JobFailed) and not cancelled_by_host(failed.record)
+    if not hinted or not _checkpoint_on(board, job_id):
         return failed
-    if not _checkpoint_on(board, job_id):
-        return failed
-    return JobFailed(f"{failed}; its last checkpoint stays on {board.name}: the same command "
-                     f"with --resume {out} goes on from it", failed.record)
+    said = (f"{failed}; its last checkpoint stays on {board.name}: the same command with "
+            f"--resume {out} goes on from it")
+    return Interrupted(said, **failed.extra) if isinstance(failed, Interrupted) else \
+        JobFailed(said, failed.record)
 
 
 def _checkpoint_on(board, job_id: str) -> bool:
