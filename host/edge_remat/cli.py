@@ -746,6 +746,7 @@ def job_status(
     from .outputs import output_folder
     from .remote import progress_printer, to_stderr
     from .transport import Board
+    from .transport.emulated import retire_emulated
 
     if out is not None:  # `--out ''` too, which is refused
         output_folder(out)
@@ -760,18 +761,8 @@ def job_status(
         try:
             _job_outcome(board, record, job_id, out, as_json)
         finally:
-            if record["state"] in TERMINAL_STATES:
-                _retire_if_emulated(board)
-
-
-def _retire_if_emulated(board) -> None:
-    """An emulated board's agent and cgroup, once no job runs or waits there, are stopped and
-    removed, as a run's are at its end (QA: after `run --keep-running` and `job-status
-    --wait`, both stayed up an hour, the daemon's idle exit)."""
-    device = board.device
-    if device.hardware.memory_limit_bytes and device.connection.kind == "local":
-        from .transport.emulated import retire_emulated
-        retire_emulated(board, device, lambda line: None)
+            if record["state"] in TERMINAL_STATES:  # as at a run's end (QA: after run
+                retire_emulated(board)  # --keep-running and job-status --wait, both stayed up)
 
 
 def _job_outcome(board, record: dict, job_id: str, out: Optional[str], as_json: bool) -> None:
@@ -809,6 +800,7 @@ def job_cancel(
     from .remote import to_stderr
     from .transport import Board
     from .transport.board import CANCEL_WAIT_S
+    from .transport.emulated import retire_emulated
     from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
     with Board(_device(device, memory_limit), on_event=to_stderr) as board:
@@ -816,7 +808,7 @@ def job_cancel(
         if record["state"] not in TERMINAL_STATES:
             record = board.wait(job_id, timeout_s=CANCEL_WAIT_S)
         if record["state"] in TERMINAL_STATES:
-            _retire_if_emulated(board)
+            retire_emulated(board)
     if record["state"] == "finished":
         what = f"job {job_id} had already finished on {board.name}; nothing to cancel"
     elif record["state"] in TERMINAL_STATES:

@@ -63,11 +63,10 @@ def check_device(device: DeviceConfig) -> dict:
             hello = board.hello()
             info = board.sysinfo(device.hardware.page_dir)
             problems = unusable_because(board, info)
-            if device.hardware.memory_limit_bytes and device.connection.kind == "local":
-                # a check leaves no agent or memory cgroup behind on the emulated board (QA:
-                # both stayed up an hour, the daemon's idle exit), a busy one left as it is
-                from .transport.emulated import retire_emulated
-                retire_emulated(board, device, lambda line: None)
+            # a check leaves no agent or memory cgroup behind on an emulated board (QA: both
+            # stayed up an hour, the daemon's idle exit), a busy one left as it is
+            from .transport.emulated import retire_emulated
+            retire_emulated(board)
     except (TransportError, FormatError, OSError) as exc:
         return {"ok": False, "error": str(exc)}
     page_dir = info.get("page_dir") or {}

@@ -95,9 +95,8 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
                 _remove_outputs_since(out, at_start)
             raise
         finally:
-            if device.hardware.memory_limit_bytes:
-                from ..transport.emulated import retire_emulated
-                retire_emulated(board, device, say)
+            from ..transport.emulated import retire_emulated
+            retire_emulated(board, say)
     report["reconnects"] = board.reconnects
     report["report"] = str(out / "report.json")
     dump_json(report, out / "report.json")

@@ -432,10 +432,10 @@ def device_options(device) -> str:
     """`--device` as a command a message names reaches this board again: as it finds the
     config, and an emulated board's limit beside it (its agent is its own)."""
     from ..devices import device_argument
+    from .emulated import is_emulated_board
     options = device_argument(device)
-    limit = device.hardware.memory_limit_bytes
-    if limit and device.connection.kind == "local":
-        options += f" --memory-limit {limit}"
+    if is_emulated_board(device):
+        options += f" --memory-limit {device.hardware.memory_limit_bytes}"
     return options
 
 

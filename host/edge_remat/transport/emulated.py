@@ -158,11 +158,17 @@ def remove_board_cgroup(device: DeviceConfig) -> None:
 STOPPED_AGENT_EXIT_S = 10.0
 
 
+def is_emulated_board(device: DeviceConfig) -> bool:
+    """Whether `device` is a board this machine emulates in a memory cgroup (device configs
+    refuse a memory limit on any other kind)."""
+    return bool(device.hardware.memory_limit_bytes) and device.connection.kind == "local"
+
+
 def remove_stopped_board_cgroup(device: DeviceConfig) -> "str | None":
     """After its agent stopped cleanly, the emulated board's own cgroup (named for this device
     and workdir) is removed once empty; nothing is killed. None when it is gone (or the device
     has none); else the group's path, which something still runs in."""
-    if not device.hardware.memory_limit_bytes or device.connection.kind != "local":
+    if not is_emulated_board(device):
         return None
     try:
         group = MemoryCgroup.existing(cgroup_name(device))
@@ -173,16 +179,17 @@ def remove_stopped_board_cgroup(device: DeviceConfig) -> "str | None":
     return str(group.path)
 
 
-def retire_emulated(board, device: DeviceConfig, say) -> None:
-    """Stop the emulated board's agent and remove its cgroup, so that the next run (or check)
+def retire_emulated(board, say=lambda line: None) -> None:
+    """Stop an emulated board's agent and remove its cgroup, so that the next run (or check)
     starts afresh, but only when its daemon says no job runs or waits there: removing the
     cgroup kills every process in it, another host's job or one left running (--keep-running)
-    included. A board never reached, or that cannot be asked, is left as it is. `board`: an
-    open Board; `say(line)` tells why a busy board stays up."""
+    included. Any other board, one never reached, or one that cannot be asked, is left as it
+    is. `board`: an open Board; `say(line)` tells why a busy board stays up."""
     from edge_remat_agent.wire.protocol import BUSY
 
     from .errors import AgentError
-    if not board.connected:
+    device = board.device
+    if not is_emulated_board(device) or not board.connected:
         return  # connecting now would start an agent only to stop it
     try:
         board.stop_agent(if_idle=True)
