@@ -171,12 +171,11 @@ def test_ctrl_c_pressed_again_while_cp_sat_stops_still_keeps_its_best_solution()
 
 
 def test_with_one_heuristic_asked_ctrl_c_keeps_only_its_plan(monkeypatch):
-    """`--solver heuristic:descent` stopped while descent runs: the plans the other
-    heuristics made before it are not what was asked for, so nothing is kept."""
+    """`--solver heuristic:descent` stopped while descent runs: the plans other heuristics
+    could make are not what was asked for, so nothing is kept; and a heuristic asked for
+    runs alone (tests/test_asked_heuristic.py), so another's Ctrl-C cannot reach it."""
     from edge_remat.planner import baselines
     p = build_problem(random_layered(500, seed=0), "0.8", order="given")
-    names = list(baselines.BASELINES)
-    assert "peak-search" in names[:names.index("descent")]  # it plans this graph first
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
@@ -185,9 +184,8 @@ def test_with_one_heuristic_asked_ctrl_c_keeps_only_its_plan(monkeypatch):
     with pytest.raises(KeyboardInterrupt) as caught:
         solve(p, "heuristic:descent", time_limit=60, workers=1)
     assert not isinstance(caught.value, PlanInterrupted)
-    with pytest.raises(PlanInterrupted) as caught:
-        solve(p, "heuristic:peak-search", time_limit=60, workers=1)
-    assert caught.value.report.plan.solver["name"] == "heuristic:peak-search"
+    report = solve(p, "heuristic:peak-search", time_limit=60, workers=1)
+    assert report.plan.solver["name"] == "heuristic:peak-search"
 
 
 def test_the_lns_shows_its_progress_as_the_plan_improves():
