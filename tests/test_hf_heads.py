@@ -64,6 +64,26 @@ def test_a_classifier_that_finds_eos_tokens_by_value_is_refused_naming_the_cause
         load_hf(spec, batch=2, seq=16)
 
 
+LLAMA = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+         "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 64}
+
+
+def test_a_decoders_classifier_without_a_pad_token_names_its_remedies():
+    """A decoder classifies each sequence at its last token that is not pad_token_id, and
+    transformers refuses batches of more than one without it: capture failed with its bare
+    "Cannot handle batch sizes > 1 if no padding token is defined" (QA). Each remedy named
+    then trains."""
+    spec = f"hf:llama?task=seq-cls&config={json.dumps(LLAMA)}"
+    with pytest.raises(CaptureError, match=r'add "pad_token_id" to the config \(its '
+                                           r"eos_token_id, 2, is the usual choice\).*--batch 1"):
+        load_hf(spec, batch=2, seq=16)
+    module, args = load_hf(spec, batch=1, seq=16)
+    module(*args).backward()
+    padded = f"hf:llama?task=seq-cls&config={json.dumps({**LLAMA, 'pad_token_id': 2})}"
+    module, args = load_hf(padded, batch=2, seq=16)
+    module(*args).backward()
+
+
 @pytest.mark.parametrize("spec", ["hf:wav2vec2", "hf:hubert", "hf:wav2vec2?task=seq-cls"])
 def test_an_audio_encoder_is_refused_without_offering_tasks_it_has_no_head_for(spec):
     """wav2vec2's heads are CTC and audio classification: the error offered every task, none
@@ -134,3 +154,18 @@ def test_layerdrop_is_refused_naming_the_fields_to_set(model, fields):
     config = {"encoder_layerdrop": 0.1} if model == "bart" else {}
     with pytest.raises(CaptureError, match=f"LayerDrop .* set {fields} 0 in the config"):
         load_hf(f"hf:{model}?config={json.dumps(config)}", batch=2, seq=16)
+
+
+def test_train_patterns_match_a_transformers_models_own_names():
+    """weights.pt, checkpoints and transformers name the head `lm_head.weight`; `--train
+    lm_head.weight` matched nothing, only the wrapper's `model.lm_head.weight` did (QA). Both
+    now train the same parameter, and the error lists the model's own names."""
+    from edge_remat_agent.capture.models import load_model
+    spec = f"hf:llama?config={json.dumps(LLAMA)}"
+    for pattern in ("lm_head.weight", "model.lm_head.weight"):
+        module, _ = load_model(spec, batch=2, seq=8, train=[pattern])
+        assert [n for n, p in module.named_parameters() if p.requires_grad] == \
+            ["model.lm_head.weight"]
+    with pytest.raises(CaptureError, match=r"match no parameter.*its parameters: "
+                                           r"model\.embed_tokens\.weight"):
+        load_model(spec, batch=2, seq=8, train=["nope.*"])

@@ -267,6 +267,7 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
     model.train()
     if task in ("causal-lm", "masked-lm", "seq-cls", "seq2seq-lm"):
         _check_positions(spec, model, config, seq or 32)
+    _check_classifier_padding(transformers, spec, config, task, batch or 2)
     generator = torch.Generator().manual_seed(seed)
     args = _example_batch(spec, task, config, batch or 2, seq or 32, generator)
     causal = _attends_causally(transformers, config, task)
@@ -323,6 +324,24 @@ def _config_and_task(transformers, spec: str, image: int | None):
         _check_seq2seq(spec, config)
     _decoder_for_causal_lm(transformers, spec, config, task, overrides)
     return config, task
+
+
+def _check_classifier_padding(transformers, spec: str, config, task: str, batch: int) -> None:
+    """A decoder's sequence classifier reads each sequence's last token that is not the
+    config's pad_token_id; transformers refuses a batch of more than one where the config
+    names none (GPT-2's and Llama's do not), so it is said here with its remedies (QA: the
+    bare "Cannot handle batch sizes > 1 if no padding token is defined")."""
+    if task != "seq-cls" or batch < 2 or getattr(config, "pad_token_id", None) is not None \
+            or not _decoder_only(transformers, config):
+        return
+    eos = getattr(config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    usual = f" (its eos_token_id, {eos}, is the usual choice)" if isinstance(eos, int) else ""
+    raise CaptureError(spec, f"{config.model_type}'s sequence classifier takes each "
+                       "sequence's last token that is not the config's pad_token_id, and "
+                       "transformers trains a batch of more than one only where the config "
+                       f"names one: add \"pad_token_id\" to the config{usual}, as a tokenizer "
+                       "that pads would, or give --batch 1")
 
 
 def _check_no_layerdrop(spec: str, config) -> None:

@@ -29,18 +29,10 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..capture.own_names import state_root
 from .errors import BadInput
 from .save_choice import check_save_choice
 from .torch_file import load_torch_file
-
-
-def state_root(module: nn.Module) -> tuple[nn.Module, str]:
-    """The model whose state_dict() names the file uses, and the prefix of its names in
-    `module` (a transformers model wrapped by hf.TrainingLoss: its `model`, "model.")."""
-    if type(module).__name__ == "TrainingLoss" and isinstance(getattr(module, "model", None),
-                                                              nn.Module):
-        return module.model, "model."
-    return module, ""
 
 
 def _tensors(module: nn.Module, which: str) -> list[tuple[str, str, torch.Tensor]]:

@@ -15,7 +15,8 @@ def write_peft_adapter(module, weights: "str | Path", out: Path) -> Optional[str
     """OUT/adapter for an `hf:` model with a PEFT adapter (None for any other model): the
     trained tensors loaded into this host's copy of the model, saved by PEFT into a folder
     of another name and renamed into place."""
-    from edge_remat_agent.executor.saved_weights import read_weights_file, state_root
+    from edge_remat_agent.capture.own_names import state_root
+    from edge_remat_agent.executor.saved_weights import read_weights_file
     root, _ = state_root(module)
     if not (hasattr(root, "peft_config") and hasattr(root, "save_pretrained")):
         return None
