@@ -34,3 +34,22 @@ def test_a_plan_found_in_time_whose_search_ran_over_has_no_note():
                         solver="heuristic:peak-search")
     plan["solver"].update(time_limit_s=2.0, first_plan_s=0.4, solve_time_s=2.3)
     assert "time limit" not in _solve_time_row(plan)
+
+
+def test_joules_without_a_power_model_say_they_are_the_time_at_one_watt():
+    """Without a profile, energy_j was time_s, in J, and nothing said so (QA); with a
+    board's profile the energies are its own and carry no note."""
+    from pathlib import Path
+
+    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.formats.profile import load_profile
+    graph = capture_model("mlp", batch=2, image=8).graph
+    plan, _ = make_plan(graph, "1.0", time_limit=5, workers=1, solver="heuristic:split")
+    row = next(line for line in plan_table(plan).splitlines() if line.startswith("energy"))
+    assert row.endswith("no power model: computing at 1 W, so energy follows time "
+                        "(--profile: the board's)")
+    profile = load_profile(Path(__file__).resolve().parents[1] / "profiles" /
+                           "this-machine.json")
+    plan, _ = make_plan(graph, "1.0", profile=profile, time_limit=5, workers=1,
+                        solver="heuristic:split")
+    assert "no power model" not in plan_table(plan)

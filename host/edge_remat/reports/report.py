@@ -48,6 +48,15 @@ def _home_io(predicted: dict[str, Any], key: str, unit: str) -> str:
             + ", ") if value else ""
 
 
+def _power_note(plan_dict: dict[str, Any]) -> str:
+    """Where no power model costed the plan, its joules are 1 W x compute time (QA: energy_j
+    equal to time_s, the units J, nothing said)."""
+    costs = plan_dict.get("problem", {}).get("costs", {})
+    if costs.get("power_source") != "default" or costs.get("cost_source") in COST_UNIT_SOURCES:
+        return ""
+    return "; no power model: computing at 1 W, so energy follows time (--profile: the board's)"
+
+
 def plan_table(plan_dict: dict[str, Any]) -> str:
     s, pr = plan_dict["solver"], plan_dict["predicted"]
     budget, asked = plan_dict["budget_bytes"], asked_budget(plan_dict)
@@ -74,7 +83,8 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
         ("energy", f"{_num(pr['energy_j'])} {joule}  (compute {_num(pr['energy_compute_j'])}"
                    + (f" with parameters' home IO {_num(pr['home_io_energy_j'])}"
                       if pr.get("home_io_energy_j") else "") + ", paging "
-                   f"{_num(pr['energy_paging_j'])}, static {_num(pr['energy_static_j'])})"),
+                   f"{_num(pr['energy_paging_j'])}, static {_num(pr['energy_static_j'])})"
+                   + _power_note(plan_dict)),
         *_accumulated_row(pr, sec, joule),
         ("bound", _num(s.get("lower_bound"))),
         ("gap", _num(None if s.get("gap") is None else 100 * s["gap"], "{:.2f} %")
