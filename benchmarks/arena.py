@@ -51,6 +51,9 @@ sys.path[:0] = [str(ROOT / "host"), str(ROOT / "agent")]
 from edge_remat_agent.allocator import (MALLOCS, malloc_library,  # noqa: E402
                                         missing_malloc, preload_environment)
 
+from arguments import (comma_list, int_at_least, names_among,  # noqa: E402 - a neighbour
+                       non_negative_int, positive_float, positive_float_or, positive_int)
+
 MODELS = {"resnet18": dict(batch=64, image=32), "mobilenet_v2": dict(batch=32, image=64),
           "bert-mini": dict(batch=16, seq=128)}
 QUICK = {"resnet18": dict(batch=16, image=32), "mobilenet_v2": dict(batch=8, image=32),
@@ -243,17 +246,20 @@ def _memory_stat(path: Path) -> dict[str, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small shapes")
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--budgets", default="0.5,floor")
-    parser.add_argument("--steps", type=int, default=5, help="steps per run (>= 3)")
-    parser.add_argument("--rounds", type=int, default=1, help="runs per executor, alternating")
-    parser.add_argument("--time-limit", type=float, default=30.0, help="planner seconds")
+    parser.add_argument("--models", type=names_among(MODELS, "model"), default=",".join(MODELS))
+    parser.add_argument("--budgets", type=comma_list(positive_float_or("floor")),
+                        default="0.5,floor")
+    parser.add_argument("--steps", type=int_at_least(3), default=5, help="steps per run (>= 3)")
+    parser.add_argument("--rounds", type=positive_int, default=1,
+                        help="runs per executor, alternating")
+    parser.add_argument("--time-limit", type=positive_float, default=30.0,
+                        help="planner seconds")
     parser.add_argument("--workspace", choices=("measured", "graph"), default="measured",
                         help="each node's workspace: measured here (the op profiler's memory "
                              "pass) or the capture's figure")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch threads in each run (CPU time is summed over threads)")
-    parser.add_argument("--onednn-cache", type=int, default=None, metavar="N",
+    parser.add_argument("--onednn-cache", type=non_negative_int, default=None, metavar="N",
                         help="ONEDNN_PRIMITIVE_CACHE_CAPACITY for both executors' runs "
                              "(default: oneDNN's own, 1024)")
     parser.add_argument("--malloc", choices=MALLOCS, default="jemalloc",
@@ -289,10 +295,10 @@ def main() -> int:
     print(header)
     with tempfile.TemporaryDirectory(prefix="arena-bench-") as tmp:
         work = Path(tmp)
-        for name in args.models.split(","):
+        for name in args.models:
             measured = measured_memory(name, shapes[name], args.threads) \
                 if args.workspace == "measured" else None
-            for budget in args.budgets.split(","):
+            for budget in args.budgets:
                 row = plan_row(name, shapes[name], budget, work, args.time_limit, measured)
                 runs: dict[str, list[dict]] = {"glibc": [], "arena": []}
                 for r in range(args.rounds):

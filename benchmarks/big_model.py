@@ -29,6 +29,8 @@ sys.path[:0] = [str(REPO / "host"), str(REPO / "agent")]
 
 from edge_remat.devices import write_local_device  # noqa: E402
 
+from arguments import positive_int, positive_size, zoo_model  # noqa: E402 - a neighbour
+
 PROFILE = REPO / "profiles" / "this-machine.json"
 MiB, GiB = 2**20, 2**30
 
@@ -43,10 +45,10 @@ def board_config(root: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="tinyllama-1.1b-lora")
-    parser.add_argument("--limit", default="2GiB")
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--model", type=zoo_model, default="tinyllama-1.1b-lora")
+    parser.add_argument("--limit", type=positive_size, default="2GiB")  # bytes
+    parser.add_argument("--steps", type=positive_int, default=2)
+    parser.add_argument("--seq", type=positive_int, default=128)
     parser.add_argument("--root", default=os.path.join(tempfile.gettempdir(),
                                                         "edge-remat-big-model"))
     parser.add_argument("--no-plain", action="store_true")
@@ -54,9 +56,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from edge_remat.run import RunOptions, run
-    from edge_remat.units import parse_budget
 
-    limit = int(parse_budget(args.limit)[1])
+    limit = args.limit
     root = Path(args.root)
     device = board_config(root)
     common = dict(device=device, model=args.model, memory_limit=limit, seq=args.seq,

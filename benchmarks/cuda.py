@@ -43,6 +43,9 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's determin
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "host"), str(ROOT / "agent")]
 
+from arguments import (comma_list, names_among, positive_float,  # noqa: E402 - a neighbour
+                       positive_float_or, positive_int)
+
 MODELS = {"resnet18": dict(batch=64, image=64), "mobilenet_v2": dict(batch=32, image=64),
           "bert-mini": dict(batch=16, seq=128)}
 MIB = 2 ** 20
@@ -223,10 +226,11 @@ def _over(value, planned) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--budgets", default="0.5,0.25")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--time-limit", type=float, default=10.0)
+    parser.add_argument("--models", type=names_among(MODELS, "model"), default=",".join(MODELS))
+    parser.add_argument("--budgets", type=comma_list(positive_float_or("floor")),
+                        default="0.5,0.25")
+    parser.add_argument("--steps", type=positive_int, default=5)
+    parser.add_argument("--time-limit", type=positive_float, default=10.0)
     parser.add_argument("--paging", action="store_true",
                         help="also a plan paging to host memory at 30%%")
     parser.add_argument("--no-profile", action="store_true", help="skip the op profiler rows")
@@ -249,8 +253,8 @@ def main() -> int:
     print(f"\n{'model':14} {'budget':6} {'run':22} {'planned':>8} {'alloc':>8} {'/plan':>6} "
           f"{'reserved':>9} {'/plan':>6} {'step s':>8} {'/eager':>7} {'page-ins':>8} "
           f"gradient check", flush=True)
-    for name in args.models.split(","):
-        budgets = [(b, "none") for b in args.budgets.split(",")]
+    for name in args.models:
+        budgets = [(b, "none") for b in args.budgets]
         budgets += [("0.3", "host")] if args.paging else []
         for budget, paging in budgets:
             try:
@@ -270,7 +274,7 @@ def main() -> int:
     if not args.no_profile:
         print(f"\n{'model':14} {'nodes':>5} {'sum in-context s':>17} {'sum isolated s':>15} "
               f"{'eager step s':>13} {'ratio':>6}")
-        for name in args.models.split(","):
+        for name in args.models:
             p = profile_row(name, shapes[name], args.device)
             print(f"{p['model']:14} {p['nodes']:5} {p['sum_in_context_s']:17.4f} "
                   f"{p['sum_isolated_s']:15.4f} {p['eager_step_s']:13.4f} "

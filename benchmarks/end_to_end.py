@@ -141,6 +141,9 @@ from torch import nn
 
 from edge_remat_agent.profiler.allocations import quiet_native_stderr
 
+from arguments import (comma_list, existing_folder, names_among,  # this script's neighbour
+                       non_negative_float, non_negative_int, positive_float, positive_int)
+
 MODELS = [("resnet18", {"batch": 16, "image": 64}), ("bert-mini", {"batch": 16, "seq": 128})]
 QUICK = [("resnet18", {"batch": 8, "image": 32}), ("bert-mini", {"batch": 8, "seq": 64})]
 FRACTIONS = (0.5, 0.3, 0.0)  # 0.0: the lowest budget ours reaches (the planner's floor)
@@ -1138,23 +1141,26 @@ def _report(title, graph, plain, model_plain, budgets, eager, references, forms_
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, fewer compilations")
-    parser.add_argument("--models", help="comma-separated subset: resnet18,bert-mini")
-    parser.add_argument("--fractions", help="budget fractions of eager's activation peak, 0 "
+    parser.add_argument("--models", type=names_among((name for name, _ in MODELS), "model"),
+                        help="comma-separated subset: resnet18,bert-mini")
+    parser.add_argument("--fractions", type=comma_list(non_negative_float),
+                        help="budget fractions of eager's activation peak, 0 "
                         "for the lowest ours reaches, e.g. 0.5,0.3,0 (the default)")
-    parser.add_argument("--rounds", type=int, help="timed rounds (default 7; --quick 5)")
-    parser.add_argument("--paired", type=int, default=30, metavar="N",
+    parser.add_argument("--rounds", type=positive_int, help="timed rounds (default 7; --quick 5)")
+    parser.add_argument("--paired", type=non_negative_int, default=30, metavar="N",
                         help="the executor's own overhead measured again in N adjacent pairs "
                              "of steps, keep-all then eager (default 30; 0: not)")
-    parser.add_argument("--candidates", type=int, default=2,
+    parser.add_argument("--candidates", type=positive_int, default=2,
                         help="configurations per baseline that are timed in the rounds")
-    parser.add_argument("--knob-steps", type=int,
+    parser.add_argument("--knob-steps", type=non_negative_int,
                         help="bisection steps of the compile knob (default 2; --quick 1)")
-    parser.add_argument("--max-compiles", type=int,
+    parser.add_argument("--max-compiles", type=non_negative_int,
                         help="compilations per model at most (default 5; --quick 3)")
     parser.add_argument("--compile-backend", default="inductor",
                         choices=("inductor", "aot_eager_decomp_partition"))
-    parser.add_argument("--time-limit", type=float, help="solver seconds (default 20; quick 5)")
-    parser.add_argument("--context-steps", type=int, help="op profiler steps (default 3)")
+    parser.add_argument("--time-limit", type=positive_float,
+                        help="solver seconds (default 20; quick 5)")
+    parser.add_argument("--context-steps", type=positive_int, help="op profiler steps (default 3)")
     parser.add_argument("--granularity", default="best",
                         choices=("module", "operator", "best"),
                         help="ours on the module-level graph, the operator-level one (a node "
@@ -1164,8 +1170,8 @@ def main() -> int:
                         help="recompute only (none), let our plan page to flash too, "
                         "overlapped with compute (flash), or plan both ways and take per "
                         "budget the plan predicted faster (best, the default)")
-    parser.add_argument("--page-dir", default=tempfile.gettempdir())
-    parser.add_argument("--threads", type=int,
+    parser.add_argument("--page-dir", type=existing_folder, default=tempfile.gettempdir())
+    parser.add_argument("--threads", type=positive_int,
                         help="torch's intra-op threads for every method (default: torch's own; "
                              "1 on a loaded machine, where spinning threads wait on each other)")
     parser.add_argument("--json", help="also write the results here")
@@ -1175,8 +1181,7 @@ def main() -> int:
         print(_sac_ilp_probe_here(args.sac_probe))
         return 0
     quick = args.quick
-    args.fractions = ([float(f) for f in args.fractions.split(",")] if args.fractions
-                      else list(FRACTIONS))
+    args.fractions = args.fractions or list(FRACTIONS)
     args.rounds = args.rounds or (5 if quick else 7)
     args.knob_steps = args.knob_steps if args.knob_steps is not None else (1 if quick else 2)
     if args.max_compiles is None:
@@ -1203,7 +1208,7 @@ def main() -> int:
           "checkpoint_sequential(first (c+1)s modules, segments=c+1), the rest plain")
     results = []
     for name, options in (QUICK if quick else MODELS):
-        if args.models and name not in args.models.split(","):
+        if args.models and name not in args.models:
             continue
         results.append(bench_model(name, options, args, log))
     if args.json:

@@ -32,6 +32,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+# The neighbour arguments.py, also where a test loads this file by path (appended: the folder's
+# script names must not shadow installed modules in that process).
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parent))
+from arguments import (existing_folder, int_at_least, names_among,  # noqa: E402
+                       positive_float, positive_floats, positive_int)
+
 # Activations large enough against fixed memory (and the allocator's noise) for the resident
 # peak to show what the plan saves; --quick runs the sizes the tests use.
 RSS_MODELS = [("resnet18", dict(batch=64, image=32)), ("mobilenet_v2", dict(batch=32, image=64)),
@@ -46,13 +53,17 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller batches")
     parser.add_argument("--rss", action="store_true",
                         help="resident peaks of three models, each run in a fresh process")
-    parser.add_argument("--models", help="--rss: comma-separated subset, e.g. resnet18,bert-mini")
-    parser.add_argument("--budgets", default="1.0,0.5,0.3",
+    parser.add_argument("--models", type=names_among((name for name, _ in RSS_MODELS), "model"),
+                        help="--rss: comma-separated subset, e.g. resnet18,bert-mini")
+    parser.add_argument("--budgets", type=positive_floats, default="1.0,0.5,0.3",
                         help="fractions of the plain activation memory (default 1.0,0.5,0.3)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of runs (default 3)")
-    parser.add_argument("--steps", type=int, default=3, help="training steps per run")
-    parser.add_argument("--page-dir", default=tempfile.gettempdir())
-    parser.add_argument("--time-limit", type=float, default=10.0, help="solver seconds")
+    parser.add_argument("--rounds", type=positive_int, default=3,
+                        help="rounds of runs (default 3)")
+    # 2 steps at least: a run's step time is the median of the steps after its first
+    parser.add_argument("--steps", type=int_at_least(2), default=3,
+                        help="training steps per run")
+    parser.add_argument("--page-dir", type=existing_folder, default=tempfile.gettempdir())
+    parser.add_argument("--time-limit", type=positive_float, default=10.0, help="solver seconds")
     parser.add_argument("--worker", choices=("plain", "plan"), help=argparse.SUPPRESS)
     parser.add_argument("--graph", help=argparse.SUPPRESS)
     parser.add_argument("--plan", help=argparse.SUPPRESS)
@@ -117,7 +128,7 @@ def prediction_main(args, flash) -> int:
     print(f"# plain peak {_mib(plain_peak)} (with the graph's own workspaces "
           f"{_mib(plain_peak_bytes(graph))}), fixed {_mib(graph.fixed_bytes)}")
     plans = {}
-    for fraction in (float(f) for f in args.budgets.split(",")):
+    for fraction in args.budgets:
         budget = activation_budget(graph, plain_peak, fraction)
         for _ in range(FLOOR_TRIES):
             try:
@@ -223,7 +234,7 @@ def rss_main(args, flash) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for name, options in (RSS_QUICK if args.quick else RSS_MODELS):
-            if args.models and name not in args.models.split(","):
+            if args.models and name not in args.models:
                 continue
             rows.append(_bench(name, options, flash, Path(work), args))
             _print_row(rows[-1])

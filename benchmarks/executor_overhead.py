@@ -37,6 +37,8 @@ import tempfile
 
 import torch
 
+from arguments import names_among, positive_int  # this script's neighbour
+
 QUICK = {"resnet18": {"batch": 8, "image": 32}, "bert-mini": {"batch": 8, "seq": 64},
          "mobilenet_v2": {"batch": 8, "image": 32}}
 WARM_STEPS, TIMED_STEPS = 2, 3  # as benchmarks/end_to_end.py times ours
@@ -236,24 +238,21 @@ def runner_only(name: str, repeats: int = 15, steps: int = 20) -> dict[str, floa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="bert-mini,resnet18")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--profile", metavar="MODEL", help="cProfile the keep-all run instead")
+    parser.add_argument("--models", type=names_among(QUICK, "model"),
+                        default="bert-mini,resnet18")
+    parser.add_argument("--rounds", type=positive_int, default=7)
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--profile", metavar="MODEL", choices=list(QUICK),
+                        help="cProfile the keep-all run instead")
     parser.add_argument("--runner-only", action="store_true",
                         help="time the runner with the ops taken out instead")
-    parser.add_argument("--accumulate", type=int, default=1, metavar="K",
+    parser.add_argument("--accumulate", type=positive_int, default=1, metavar="K",
                         help="K micro-batches a step (the default mode); ours is also run "
                              "with every micro-pass measured")
-    parser.add_argument("--paired", type=int, metavar="N",
+    parser.add_argument("--paired", type=positive_int, metavar="N",
                         help="instead: N pairs of adjacent steps (ours, then eager) in one run")
     args = parser.parse_args()
-    models = args.models.split(",")
-    unknown = [m for m in models + ([args.profile] if args.profile else []) if m not in QUICK]
-    if unknown:
-        print(f"error: unknown model {unknown[0]!r}: use one of {', '.join(QUICK)}",
-              file=sys.stderr)
-        return 2
+    models = args.models
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as page_dir:
         if args.profile:

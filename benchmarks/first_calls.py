@@ -27,6 +27,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from arguments import non_negative_int, positive_int  # this script's neighbour
+
 MiB = 2**20
 
 
@@ -106,13 +108,12 @@ def eager(graph_path: str):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("graph", help="a graph file (edge-remat graph; a run's graph.json)")
-    parser.add_argument("--top", type=int, default=12, help="calls and nodes listed (default 12)")
-    parser.add_argument("--steps", type=int, default=2, help="steps measured (default 2)")
+    parser.add_argument("--top", type=non_negative_int, default=12,
+                        help="calls and nodes listed (default 12)")
+    parser.add_argument("--steps", type=positive_int, default=2, help="steps measured (default 2)")
     parser.add_argument("--eager", action="store_true",
                         help="plain PyTorch's step instead of the graph's nodes")
     args = parser.parse_args()
-    if args.steps < 1 or args.top < 0:
-        parser.error("--steps must be 1 or more, --top 0 or more")
     from edge_remat_agent.executor.errors import ExecutorError
     from edge_remat_agent.formats import FormatError
     from edge_remat_agent.profiler.memory import anonymous_resident_bytes

@@ -24,6 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "host"), str(REPO / "agent")]
 
+from arguments import checked_by, comma_list, positive_float, positive_ints  # noqa: E402
+from edge_remat.units import parse_budget  # noqa: E402
+
 BOARDS = {"rpi4": REPO / "profiles" / "rpi4.json",
           "orin-nano": REPO / "profiles" / "jetson-orin-nano.json"}
 
@@ -47,9 +50,11 @@ def write_manifest(folder: Path, batches: list[int], budgets: list[str],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--time-limit", type=float, default=6.0)
-    parser.add_argument("--budgets", default="55%,65%")
-    parser.add_argument("--batches", default="4,8")
+    parser.add_argument("--time-limit", type=positive_float, default=6.0)
+    # the budgets go into the manifest as written: read here as the manifest will read them
+    parser.add_argument("--budgets", type=comma_list(checked_by(parse_budget)),
+                        default="55%,65%")
+    parser.add_argument("--batches", type=positive_ints, default="4,8")
     args = parser.parse_args()
 
     from edge_remat.fleet.backends import InProcess, RayBackend
@@ -59,8 +64,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
         folder = Path(tmp)
         manifest = load_manifest(write_manifest(
-            folder, [int(b) for b in args.batches.split(",")], args.budgets.split(","),
-            args.time_limit))
+            folder, args.batches, args.budgets, args.time_limit))
         tasks = len(manifest.models) * len(manifest.boards) * len(manifest.budgets)
         print(f"{tasks} plan tasks ({len(manifest.models)} graphs x {len(manifest.boards)} "
               f"boards x {len(manifest.budgets)} budgets), CP-SAT time limit "

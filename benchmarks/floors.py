@@ -42,6 +42,8 @@ from edge_remat.planner.build import build_problem, plain_peak_bytes  # noqa: E4
 from edge_remat.planner.problem import ProblemError  # noqa: E402
 from edge_remat.planner.solve import NoPlan, solve  # noqa: E402
 
+from arguments import names_among, positive_float, positive_int  # noqa: E402 - a neighbour
+
 # The models and shapes, and its targets (smallest budget / plain peak).
 MODELS = {
     "resnet18": (dict(batch=64, image=32), "sgd", 0.15),
@@ -107,17 +109,17 @@ def run_at(captured, smallest: int, steps: int, time_limit: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--max-nodes", type=int, default=200)
+    parser.add_argument("--models", type=names_among(MODELS, "model"), default=",".join(MODELS))
+    parser.add_argument("--max-nodes", type=positive_int, default=200)
     parser.add_argument("--home", default="flash", choices=("ram", "flash"))
     parser.add_argument("--run", action="store_true",
                         help="plan without paging from 1.05x its floor up and train")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--time-limit", type=float, default=30.0)
+    parser.add_argument("--steps", type=positive_int, default=3)
+    parser.add_argument("--time-limit", type=positive_float, default=30.0)
     args = parser.parse_args()
     print(f"{'model':16} {'nodes':>5} {'plain peak':>11} {'floor':>10} {'floor/plain':>11} "
           f"{'target':>6} {'no paging':>10} {'/plain':>6}  what sets the floor")
-    for name in args.models.split(","):
+    for name in args.models:
         shape, optimizer, target = MODELS[name]
         captured, plain, smallest, no_paging, what, capture_s = floor_of(
             name, shape, optimizer, args.max_nodes, args.home)

@@ -22,6 +22,8 @@ from edge_remat_agent.capture import DEFAULT_MAX_NODES, capture_model
 from edge_remat_agent.floor import floor_node
 from edge_remat.planner.build import plain_peak_bytes
 
+from arguments import positive_ints  # this script's neighbour
+
 FULL = [("resnet18", dict(batch=64, image=32)), ("mobilenet_v2", dict(batch=32, image=64)),
         ("bert-mini", dict(batch=16, seq=128))]
 QUICK = [("resnet18", dict(batch=4, image=32)), ("mobilenet_v2", dict(batch=4, image=32)),
@@ -48,10 +50,11 @@ def row(model: str, sizes: dict, max_nodes: int | None) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes")
-    parser.add_argument("--max-nodes", default=f"{DEFAULT_MAX_NODES},2000",
+    parser.add_argument("--max-nodes", type=positive_ints,
+                        default=f"{DEFAULT_MAX_NODES},2000",
                         help="node budgets to compare with the module-level grouping")
     args = parser.parse_args()
-    budgets = [None] + [int(v) for v in args.max_nodes.split(",")]
+    budgets = [None] + args.max_nodes
     mb = 1e6
     print(f"{'model':<13} {'max_nodes':>9} {'ops':>5} {'nodes':>5} {'capture':>8} "
           f"{'plain MB':>9} {'fixed MB':>9} {'floor MB':>9} {'floor':>6} {'act MB':>7} "

@@ -33,6 +33,8 @@ from edge_remat_agent.pages import FlashStore
 from edge_remat_agent.pages.base import PageStore
 from edge_remat_agent.profiler import measure_flash
 
+from arguments import existing_folder, int_at_least, positive_int  # this script's neighbour
+
 MODELS = [("bert-mini", {"batch": 2, "seq": 16, "optimizer": "sgd"}),
           ("resnet18", {"batch": 2, "image": 32, "optimizer": "sgd"}),
           ("tinyllama-2l-lora", {"seq": 16, "optimizer": "adamw"})]
@@ -122,9 +124,11 @@ def bench(name: str, options: dict, args, flash) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="bert-mini only, fewer rounds")
-    parser.add_argument("--page-dir", default=tempfile.gettempdir())
-    parser.add_argument("--rounds", type=int, help="rounds of both ways (default 5; quick 3)")
-    parser.add_argument("--steps", type=int, default=4, help="steps a round (the first untimed)")
+    parser.add_argument("--page-dir", type=existing_folder, default=tempfile.gettempdir())
+    parser.add_argument("--rounds", type=positive_int,
+                        help="rounds of both ways (default 5; quick 3)")
+    parser.add_argument("--steps", type=int_at_least(2), default=4,  # one timed at least
+                        help="steps a round (the first untimed)")
     args = parser.parse_args()
     args.rounds = args.rounds or (3 if args.quick else 5)
     flash = measure_flash(args.page_dir, FLASH_SIZES, fsync=True).fit()

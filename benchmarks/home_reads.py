@@ -38,6 +38,8 @@ import torch  # noqa: E402
 
 from end_to_end import MODELS, QUICK  # noqa: E402
 from overlap import FLASH_SIZES, _share  # noqa: E402
+from arguments import (existing_folder, names_among, positive_float,  # noqa: E402
+                       positive_int)
 
 RUNS = ("in place", "ahead, sync", "ahead")
 
@@ -137,14 +139,16 @@ def print_row(row: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, fewer rounds")
-    parser.add_argument("--models", help="comma-separated subset: resnet18,bert-mini")
-    parser.add_argument("--fraction", type=float, default=0.4,
+    parser.add_argument("--models", type=names_among((name for name, _ in MODELS), "model"),
+                        help="comma-separated subset: resnet18,bert-mini")
+    parser.add_argument("--fraction", type=positive_float, default=0.4,
                         help="budget: this share of plain PyTorch's peak (default 0.4)")
-    parser.add_argument("--rounds", type=int, help="timed rounds (default 7; --quick 3)")
-    parser.add_argument("--time-limit", type=float, help="solver seconds (default 20; quick 5)")
-    parser.add_argument("--context-steps", type=int, help="op profiler steps (default 3)")
-    parser.add_argument("--page-dir", default=tempfile.gettempdir())
-    parser.add_argument("--threads", type=int, help="torch's intra-op threads")
+    parser.add_argument("--rounds", type=positive_int, help="timed rounds (default 7; --quick 3)")
+    parser.add_argument("--time-limit", type=positive_float,
+                        help="solver seconds (default 20; quick 5)")
+    parser.add_argument("--context-steps", type=positive_int, help="op profiler steps (default 3)")
+    parser.add_argument("--page-dir", type=existing_folder, default=tempfile.gettempdir())
+    parser.add_argument("--threads", type=positive_int, help="torch's intra-op threads")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -157,7 +161,7 @@ def main() -> int:
           f"{args.fraction:.0%} of plain PyTorch's peak")
     started = time.perf_counter()
     for name, options in (QUICK if args.quick else MODELS):
-        if args.models and name not in args.models.split(","):
+        if args.models and name not in args.models:
             continue
         print_row(bench_model(name, options, args, log))
         sys.stdout.flush()

@@ -40,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from end_to_end import MODELS, QUICK, MiB, eager_like, new_model  # noqa: E402
+from arguments import (existing_folder, names_among, non_negative_float,  # noqa: E402
+                       positive_float, positive_int)
 
 FLASH_SIZES = (64 * 2**10, 2**20, 16 * 2**20)
 
@@ -178,15 +180,17 @@ def print_row(row: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, fewer rounds")
-    parser.add_argument("--models", help="comma-separated subset: resnet18,bert-mini")
-    parser.add_argument("--fraction", type=float, default=0.3,
+    parser.add_argument("--models", type=names_among((name for name, _ in MODELS), "model"),
+                        help="comma-separated subset: resnet18,bert-mini")
+    parser.add_argument("--fraction", type=non_negative_float, default=0.3,
                         help="budget: fixed memory + this share of eager's activation peak")
-    parser.add_argument("--rounds", type=int, help="timed rounds (default 7; --quick 5)")
-    parser.add_argument("--time-limit", type=float, help="solver seconds (default 20; quick 5)")
-    parser.add_argument("--context-steps", type=int, help="op profiler steps (default 3)")
-    parser.add_argument("--page-dir", default=tempfile.gettempdir())
+    parser.add_argument("--rounds", type=positive_int, help="timed rounds (default 7; --quick 5)")
+    parser.add_argument("--time-limit", type=positive_float,
+                        help="solver seconds (default 20; quick 5)")
+    parser.add_argument("--context-steps", type=positive_int, help="op profiler steps (default 3)")
+    parser.add_argument("--page-dir", type=existing_folder, default=tempfile.gettempdir())
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--threads", type=int,
+    parser.add_argument("--threads", type=positive_int,
                         help="torch's intra-op threads (default: torch's own; 1 on a loaded "
                              "machine, where spinning threads wait on each other)")
     args = parser.parse_args()
@@ -205,7 +209,7 @@ def main() -> int:
     started = time.perf_counter()
     rows = []
     for name, options in (QUICK if args.quick else MODELS):
-        if args.models and name not in args.models.split(","):
+        if args.models and name not in args.models:
             continue
         rows.append(bench_model(name, options, args, log))
         print_row(rows[-1])

@@ -33,7 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_scaling import capture  # noqa: E402
+from arguments import names_among, none_or, positive_int  # noqa: E402
+from planner_scaling import LAYERED_SIZES, capture  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_BUDGETS = {"gpt2-small": "25%", "resnet50": "25%", "resnet18": "25%"}
@@ -97,21 +98,17 @@ def measure(label: str, p, repeats: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="500,1000,2000",
+    parser.add_argument("--sizes", type=none_or(LAYERED_SIZES), default="500,1000,2000",
                         help="random layered graph sizes (comma-separated; 'none')")
-    parser.add_argument("--models", default="gpt2-small,resnet50",
+    parser.add_argument("--models", type=none_or(names_among(MODEL_BUDGETS, "model")),
+                        default="gpt2-small,resnet50",
                         help=f"operator-level models: {', '.join(MODEL_BUDGETS)} or 'none'")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each way per case")
+    parser.add_argument("--repeats", type=positive_int, default=3,
+                        help="runs of each way per case")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir())
                         / "edge-remat-bench-graphs", help="where captured graphs are kept")
     args = parser.parse_args()
-    sizes = [] if args.sizes == "none" else [int(n) for n in args.sizes.split(",")]
-    models = [] if args.models == "none" else args.models.split(",")
-    unknown = [m for m in models if m not in MODEL_BUDGETS]
-    if unknown:
-        parser.error(f"unknown model {unknown[0]!r}: use one of {', '.join(MODEL_BUDGETS)}")
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+    sizes, models = args.sizes, args.models
     print(f"{'case':<22} {'page-ins':>8} {'instrs':>7} {'whole s':>9} {'trials s':>8} "
           f"{'ratio':>8} {'same':>6} {'step/unplaced':>10} {'powers of 2':>10} "
           f"{'delayed':>10} {'delay s':>8}")

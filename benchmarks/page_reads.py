@@ -29,7 +29,8 @@ from edge_remat_agent.pages import codec
 from edge_remat_agent.pages.codec import encode, read_from
 from edge_remat_agent.pages.direct import open_direct, read_aligned, write_direct
 from edge_remat_agent.profiler.tiers import random_tensor
-from size_rounds import MiB, median_row, timed  # this script's neighbour
+from arguments import existing_folder, positive_floats, positive_int  # this script's neighbours
+from size_rounds import MiB, median_row, timed
 
 SIZES = [MiB, 8 * MiB, 16 * MiB, 32 * MiB, 64 * MiB, 256 * MiB]
 QUICK = [MiB, 16 * MiB, 64 * MiB]
@@ -77,14 +78,17 @@ def read_payload(path: str, start: int, nbytes: int) -> torch.Tensor:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1, 16 and 64 MiB, 3 rounds")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--sizes", default=None, help="MiB, comma-separated (default "
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="interleaved rounds (default 5; --quick always runs 3)")
+    parser.add_argument("--sizes", type=positive_floats, default=None,
+                        help="MiB, comma-separated (default "
                         + ",".join(str(n // MiB) for n in SIZES) + ")")
-    parser.add_argument("--page-dir", default=None, help="a folder on the flash to measure")
+    parser.add_argument("--page-dir", type=existing_folder, default=None,
+                        help="a folder on the flash to measure")
     args = parser.parse_args()
     sizes, rounds = (QUICK, 3) if args.quick else (SIZES, args.rounds)
     if args.sizes:
-        sizes = [int(float(mib) * MiB) for mib in args.sizes.split(",")]
+        sizes = [int(mib * MiB) for mib in args.sizes]
     codec.STRAIGHT_READ_BYTES = 1  # 'straight' at every size, to show where it pays
     times = {(way, n): [] for way in WAYS for n in sizes}
     with tempfile.TemporaryDirectory(dir=args.page_dir, prefix="page-reads-") as folder:

@@ -17,20 +17,24 @@ import tempfile
 from edge_remat_agent.pages import MemoryStore
 from edge_remat_agent.profiler import measure_flash, measure_store, sizes_between
 from edge_remat_agent.profiler.identity import board_identity
-from edge_remat_agent.units import format_size, parse_size
+from edge_remat_agent.units import format_size
+
+from arguments import existing_folder, positive_float, positive_size  # this script's neighbour
 
 MB = 1e6
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--page-dir", default=tempfile.gettempdir(),
+    parser.add_argument("--page-dir", type=existing_folder, default=tempfile.gettempdir(),
                         help="directory on the filesystem to measure (default: the temp dir)")
-    parser.add_argument("--min-size", type=parse_size, default=4 * 2**10)
-    parser.add_argument("--max-size", type=parse_size, default=64 * 2**20)
-    parser.add_argument("--window-s", type=float, default=0.01)
+    parser.add_argument("--min-size", type=positive_size, default=4 * 2**10)
+    parser.add_argument("--max-size", type=positive_size, default=64 * 2**20)
+    parser.add_argument("--window-s", type=positive_float, default=0.01)
     parser.add_argument("--no-fsync", action="store_true")
     args = parser.parse_args()
+    if args.min_size > args.max_size:
+        parser.error(f"--min-size {args.min_size} B is above --max-size {args.max_size} B")
     sizes = sizes_between(args.min_size, args.max_size)
 
     identity = board_identity()

@@ -26,7 +26,8 @@ import torch
 from edge_remat_agent.pages import FlashStore
 from edge_remat_agent.pages.codec import STRAIGHT_READ_BYTES
 from edge_remat_agent.profiler.tiers import random_tensor
-from size_rounds import MiB, median_row, timed  # this script's neighbour
+from arguments import existing_folder, positive_int  # this script's neighbours
+from size_rounds import MiB, median_row, timed
 
 SIZES = [32 * MiB, 64 * MiB, 256 * MiB]
 QUICK = SIZES[:2]
@@ -36,8 +37,10 @@ WAYS = ("aligned", "malloc")
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="32 and 64 MiB, 3 rounds")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--page-dir", default=None, help="a folder on the flash to measure")
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="interleaved rounds (default 5; --quick always runs 3)")
+    parser.add_argument("--page-dir", type=existing_folder, default=None,
+                        help="a folder on the flash to measure")
     args = parser.parse_args()
     sizes, rounds = (QUICK, 3) if args.quick else (SIZES, args.rounds)
     times = {(way, n): [] for way in WAYS for n in sizes}

@@ -49,6 +49,13 @@ import tempfile
 import time
 from pathlib import Path
 
+# The neighbour arguments.py, also where a test loads this file by path (appended: the folder's
+# script names must not shadow installed modules in that process).
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parent))
+from arguments import (comma_list, int_at_least, names_among, non_negative_int,  # noqa: E402
+                       positive_float)
+
 # Operator-level graphs: the zoo model and the `edge-remat graph` options (issue 9's shapes).
 # Parameters live on flash, so that a budget below parameters + optimizer state is plannable.
 MODEL_GRAPHS = {
@@ -57,6 +64,10 @@ MODEL_GRAPHS = {
     "resnet18": ["--batch", "8", "--image", "32"],
 }
 CAPTURE_OPTIONS = ["--operator-level", "--params-home", "flash"]
+# Random layered graphs: the sizes planned by default, and what --sizes takes (3 nodes, the
+# least random_layered makes: source, sink and one more).
+DEFAULT_SIZES = [100, 250, 500, 1000, 2000, 5000]
+LAYERED_SIZES = comma_list(int_at_least(3))
 
 FRONTIER_STEPS = 6  # bisection tries of --frontier: the multiplier to within (1 - floor) / 64
 
@@ -275,31 +286,35 @@ def draw(rows: list[dict], path: Path, budget: float, time_limit: float) -> None
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", help="random layered graphs' node counts "
+    ap.add_argument("--sizes", type=LAYERED_SIZES, help="random layered graphs' node counts "
                     "(default 100,250,500,1000,2000,5000; none when only --graphs is given)")
-    ap.add_argument("--graphs", default="", help="operator-level graphs of zoo models, e.g. "
+    ap.add_argument("--graphs", type=names_among(MODEL_GRAPHS, "model"), default=[],
+                    help="operator-level graphs of zoo models, e.g. "
                     f"resnet50,gpt2-small (known: {', '.join(MODEL_GRAPHS)})")
     ap.add_argument("--cache", type=Path,
                     default=Path(tempfile.gettempdir()) / "edge-remat-planner-scaling",
                     help="where captured graphs are kept between runs")
-    ap.add_argument("--budget", type=float, default=0.8, help="multiplier of the plain peak")
-    ap.add_argument("--time-limit", type=float, default=90.0, help="per size, s (90)")
+    ap.add_argument("--budget", type=positive_float, default=0.8,
+                    help="multiplier of the plain peak")
+    ap.add_argument("--time-limit", type=positive_float, default=90.0, help="per size, s (90)")
     ap.add_argument("--solver", default="auto")
     ap.add_argument("--order", default="auto", choices=("auto", "given", "memory"),
                     help="execution order of the random layered graphs (planner/ordering.py): "
                          "given keeps the published order, as Checkmate's and Moccasin's "
                          "problem does")
-    ap.add_argument("--w", type=float, help="random layered graphs' width parameter (default: "
-                    "the published graph's of the nearest size, edge_remat.synthetic."
-                    "published_w: 500 nodes 0.36, 1000 and up 0.31)")
+    ap.add_argument("--w", type=positive_float,
+                    help="random layered graphs' width parameter (default: the published "
+                    "graph's of the nearest size, edge_remat.synthetic.published_w: 500 nodes "
+                    "0.36, 1000 and up 0.31)")
     ap.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)  # the child's
-    ap.add_argument("--seeds", default="1", help="random layered graphs' seeds, e.g. 0,1,2,3,4: "
-                    "each size is planned once per seed, and the median TDI per size printed")
+    ap.add_argument("--seeds", type=comma_list(non_negative_int), default="1",
+                    help="random layered graphs' seeds, e.g. 0,1,2,3,4: each size is planned "
+                    "once per seed, and the median TDI per size printed")
     ap.add_argument("--png", type=Path, default=Path("planner_scaling.png"))
     ap.add_argument("--json", type=Path, help="also write the rows here")
-    ap.add_argument("--frontier", type=float, metavar="S",
+    ap.add_argument("--frontier", type=positive_float, metavar="S",
                     help="also find the lowest budget planned within S s a try (rl graphs)")
-    ap.add_argument("--paging-cost", type=float, metavar="R",
+    ap.add_argument("--paging-cost", type=positive_float, metavar="R",
                     help="also page to a flash tier where the mean tensor takes R times the "
                          "mean node's compute, each way")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process's size
@@ -312,11 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                              args.paging_cost)))
         return 0
 
-    names = [x.strip() for x in args.graphs.split(",") if x.strip()]
-    if args.sizes is None:
-        args.sizes = "" if names else "100,250,500,1000,2000,5000"
-    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    names, seeds = args.graphs, args.seeds
+    sizes = args.sizes if args.sizes is not None else [] if names else DEFAULT_SIZES
     jobs = [(f"{n} seed {seed}", ["--one", str(n), "--seed", str(seed)])
             for n in sizes for seed in seeds]
     for name in names:
@@ -328,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
               f"plain peak {info['plain_peak_bytes'] / 2**20:.1f} MiB; {path}")
         jobs.append((name, ["--one-graph", str(path)]))
     widths = "published by size" if args.w is None else f"{args.w:g}"
-    print(f"# graph rl: random layered (seeds {args.seeds}, w {widths}); "
+    print(f"# graph rl: random layered (seeds {','.join(map(str, seeds))}, w {widths}); "
           f"budget {args.budget:g}x plain peak, "
           f"solver {args.solver}, order {args.order}, time limit {args.time_limit:g} s per graph, "
           f"{os.cpu_count()} cores; each graph in a fresh process")

@@ -24,8 +24,11 @@ from pathlib import Path
 
 from edge_remat.importers.graph_import import load_graph_file
 from edge_remat.planner.build import build_problem
-from edge_remat.planner.problem import InfeasibleBudget, InfeasibleDeadline
+from edge_remat.planner.problem import PAGING_TIME_MODES, InfeasibleBudget, InfeasibleDeadline
 from edge_remat.planner.solve import NoPlan, solve
+
+from arguments import (names_among, positive_float, positive_floats,  # this script's neighbour
+                       positive_int)
 
 DEFAULT_POET = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks" / "poet"
 
@@ -51,23 +54,29 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--poet", type=Path, default=DEFAULT_POET, help="folder of POET's files")
     ap.add_argument("--files", help="comma-separated file stems (default: all)")
-    ap.add_argument("--budgets", default="0.3,0.5,0.7", help="fractions of the plain peak")
-    ap.add_argument("--deadline", type=float, default=1.5, help="x the plain compute time")
-    ap.add_argument("--modes", default="counted,free", help="paging-time modes")
+    ap.add_argument("--budgets", type=positive_floats, default="0.3,0.5,0.7",
+                    help="fractions of the plain peak")
+    ap.add_argument("--deadline", type=positive_float, default=1.5,
+                    help="x the plain compute time")
+    ap.add_argument("--modes", type=names_among(PAGING_TIME_MODES, "mode"),
+                    default="counted,free", help="paging-time modes")
     ap.add_argument("--solver", default="auto", help="auto | cpsat | milp | heuristic:NAME")
-    ap.add_argument("--time-limit", type=float, default=30.0, help="per problem, s (30)")
-    ap.add_argument("--workers", type=int, default=None, help="solver threads (all cores)")
+    ap.add_argument("--time-limit", type=positive_float, default=30.0, help="per problem, s (30)")
+    ap.add_argument("--workers", type=positive_int, default=None, help="solver threads (all cores)")
     ap.add_argument("--json", type=Path, help="also write every row here")
     args = ap.parse_args(argv)
 
     files = sorted(p for p in args.poet.glob("*.json") if p.name != "schema.json")
-    if args.files:
-        wanted = {s.strip() for s in args.files.split(",")}
+    if args.files:  # the stems are known once --poet is read: checked here, not by a type
+        wanted = {s.strip() for s in args.files.split(",") if s.strip()}
+        unknown = sorted(wanted - {p.stem for p in files})
+        if unknown and files:
+            ap.error(f"argument --files: unknown file {unknown[0]!r} (known: "
+                     f"{', '.join(p.stem for p in files)})")
         files = [p for p in files if p.stem in wanted]
     if not files:
         raise SystemExit(f"no POET problem files in {args.poet}")
-    budgets = [float(x) for x in args.budgets.split(",")]
-    modes = [m.strip() for m in args.modes.split(",")]
+    budgets, modes = args.budgets, args.modes
     print(f"# POET problems from {args.poet}; objective energy, deadline {args.deadline:g}x, "
           f"paging to flash; solver {args.solver}, {args.time_limit:g} s per problem, "
           f"{os.cpu_count()} cores")

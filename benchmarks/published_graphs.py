@@ -35,6 +35,9 @@ from edge_remat.planner.solve import NoPlan, solve
 from edge_remat.synthetic import published_w, random_layered
 from edge_remat_agent.costs import build_costs
 
+from arguments import (comma_list, int_at_least, non_negative_int,  # this script's neighbour
+                       positive_float, positive_floats, positive_int)
+
 DEFAULT_SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 # The published graphs' short names (shared/benchmarks/README.md).
@@ -108,19 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--graphs", help="comma-separated subset, by file stem or alias "
                     "(rl100,rl250,fcn8_vgg_train,vgg16_train or RL1,RL2,CM1); default all")
-    ap.add_argument("--budgets", default="0.9,0.8,0.7",
+    ap.add_argument("--budgets", type=positive_floats, default="0.9,0.8,0.7",
                     help="comma-separated multipliers of the plain peak (default 0.9,0.8,0.7)")
-    ap.add_argument("--time-limit", type=float, default=60.0,
+    ap.add_argument("--time-limit", type=positive_float, default=60.0,
                     help="time limit of each solve, s, baselines included (60)")
     ap.add_argument("--solvers", default="cpsat",
                     help="comma-separated: cpsat, milp, auto (default cpsat)")
     ap.add_argument("--backend", choices=BACKENDS, default="cbc", help="MILP backend (cbc)")
-    ap.add_argument("--workers", "--threads", type=int, default=None,
+    ap.add_argument("--workers", "--threads", type=positive_int, default=None,
                     help="solver threads (default: all cores)")
-    ap.add_argument("--random-layered", default="",
+    ap.add_argument("--random-layered", default="",  # 3 nodes: the least random_layered takes
+                    type=comma_list(int_at_least(3), allow_empty=True),
                     help="also plan random layered graphs of these sizes, e.g. 1000 "
                          "(edge_remat.synthetic, seed 1, the published w of the nearest size)")
-    ap.add_argument("--milp-max-nodes", type=int, default=150,
+    ap.add_argument("--milp-max-nodes", type=non_negative_int, default=150,
                     help="skip the MILP on graphs with more nodes than this (150)")
     ap.add_argument("--shared", type=Path, default=DEFAULT_SHARED,
                     help=f"the shared/ folder (default {DEFAULT_SHARED})")
@@ -133,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no graphs in {graph_dir}")
     paths = parse_graphs(args.graphs, available) if args.graphs != "none" else []
     solvers = [x.strip() for x in args.solvers.split(",") if x.strip()]
-    sizes = [int(x) for x in args.random_layered.split(",") if x.strip()]
-    multipliers = [float(x) for x in args.budgets.split(",") if x.strip()]
+    sizes, multipliers = args.random_layered, args.budgets
 
     started = time.perf_counter()
     rows: list[dict] = []

@@ -46,9 +46,11 @@ from edge_remat.transport import Board  # noqa: E402
 from edge_remat.transport.serial import SerialTransport, open_serial_port  # noqa: E402
 from helpers.testbed import (LinkUnavailable, PtyPair, SshServer, agent_command,  # noqa: E402
                              stop_agent)
-from edge_remat_agent.units import format_size, parse_size  # noqa: E402
+from edge_remat_agent.units import format_size  # noqa: E402
 from edge_remat_agent.wire.serial_link import (ACK, DATA, DEFAULT_PAYLOAD, DEFAULT_WINDOW,
                                                encode_packet)
+
+from arguments import existing_folder, positive_int, positive_size  # noqa: E402 - a neighbour
 
 MB = 1e6
 BAUD = 921600
@@ -421,13 +423,13 @@ def _cpu() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=parse_size, default=None,
+    parser.add_argument("--size", type=positive_size, default=None,
                         help="bytes moved on each link (default: 32MiB over SSH, 1MiB serial)")
-    parser.add_argument("--ssh-size", type=parse_size, default=None)
-    parser.add_argument("--serial-size", type=parse_size, default=None)
-    parser.add_argument("--repeat", type=int, default=5, help="runs of each measurement")
+    parser.add_argument("--ssh-size", type=positive_size, default=None)
+    parser.add_argument("--serial-size", type=positive_size, default=None)
+    parser.add_argument("--repeat", type=positive_int, default=5, help="runs of each measurement")
     parser.add_argument("--only", choices=("ssh", "serial"), default=None)
-    parser.add_argument("--tmp", default=None, help="folder for the throwaway servers and "
+    parser.add_argument("--tmp", type=existing_folder, default=None, help="folder for the throwaway servers and "
                         "the boards' workdirs (default: a new temp dir)")
     args = parser.parse_args()
     ssh_size = args.ssh_size or args.size or 32 << 20

@@ -30,7 +30,8 @@ import torch
 from edge_remat_agent.pages import FlashStore
 from edge_remat_agent.profiler import measure_flash
 from edge_remat_agent.profiler.tiers import random_tensor
-from size_rounds import MiB, median_row, timed  # this script's neighbour
+from arguments import existing_folder, positive_int  # this script's neighbours
+from size_rounds import MiB, median_row, timed
 from edge_remat_agent.weights.store import ALIGN, WeightFile, write_weight_file
 
 SIZES = [MiB, 8 * MiB, 64 * MiB, 256 * MiB]
@@ -59,8 +60,10 @@ def staged_read(file: WeightFile, name: str, staging: memoryview) -> torch.Tenso
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1, 8 and 64 MiB, 3 rounds")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--page-dir", default=None, help="a folder on the flash to measure")
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="interleaved rounds (default 5; --quick always runs 3)")
+    parser.add_argument("--page-dir", type=existing_folder, default=None,
+                        help="a folder on the flash to measure")
     args = parser.parse_args()
     sizes, rounds = (QUICK, 3) if args.quick else (SIZES, args.rounds)
     with tempfile.TemporaryDirectory(dir=args.page_dir, prefix="weight-reads-") as folder:
