@@ -224,13 +224,20 @@ class PageClient:
     (a half-sent page is thrown away with its connection), and every operation is idempotent
     (put replaces the page under its key with the same bytes, get/stats read, drop/clear of
     what is gone is a no-op), so a request that reached the host before the drop and is
-    applied again changes nothing."""
+    applied again changes nothing.
+
+    Once it has given up, every later request fails at once with the same error: the cleanup
+    after it (dropping what is left) must not wait `wait_s` again for each page. `breaks`
+    counts the requests whose connection broke, whether or not it came back (a measurement's
+    times would hold that wait)."""
 
     def __init__(self, address: str, timeout_s: float = 60.0, wait_s: float = WAIT_S):
         self.address = address
         self.host, self.port = parse_address(address)
         self.timeout_s = timeout_s
         self.wait_s = wait_s
+        self.breaks = 0
+        self.lost: BaseException | None = None  # the break it gave up on, once it has
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
@@ -265,6 +272,8 @@ class PageClient:
         raw_key = str(key).encode()
         head = REQUEST.pack(op, len(raw_key), len(body)) + raw_key
         with self._lock:
+            if self.lost is not None:
+                raise self._gave_up(self.lost)
             deadline, pause = None, 0.0
             while True:
                 try:
@@ -272,8 +281,11 @@ class PageClient:
                 except (ConnectionError, OSError) as exc:
                     self._drop_socket()
                     now = time.monotonic()
-                    deadline = deadline or now + self.wait_s
+                    if deadline is None:
+                        self.breaks += 1
+                        deadline = now + self.wait_s
                     if now >= deadline:
+                        self.lost = exc
                         raise self._gave_up(exc) from exc
                     time.sleep(min(pause, deadline - now))
                     pause = min(max(2 * pause, FIRST_PAUSE_S), LONGEST_PAUSE_S)

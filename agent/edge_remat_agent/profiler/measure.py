@@ -213,8 +213,7 @@ def measure_board(options: ProfileOptions, say: Callable[[str], None] = to_stder
         flash = measure_flash(options.page_dir, sizes, options.window_s,
                               fsync=not options.no_fsync, capacity_bytes=options.flash_capacity,
                               share_s=options.share_s)
-    host = (measure_host_link(options.host_pages, sizes, options.window_s, options.share_s, say)
-            if options.host_pages else None)
+    host, not_measured = host_tier(options, sizes, say)
     say(f"power: sensor {options.sensor}, {options.idle_s} s idle, {options.busy_s} s busy")
     power = measure_power(options.sensor, idle_s=options.idle_s, busy_s=options.busy_s)
     if not options.no_footprint:
@@ -222,7 +221,8 @@ def measure_board(options: ProfileOptions, say: Callable[[str], None] = to_stder
             + (f" and after building {options.model}" if options.model else ""))
         footprint = measure_runtime_footprint(build)
     profile = measured_profile(board_identity(sensor=power.sensor), power, flash=flash,
-                               host=host, footprint=footprint, name=options.name)
+                               host=host, footprint=footprint, name=options.name,
+                               not_measured=not_measured)
     if built_as:  # which model, in which dtypes, the footprint's parameter bytes are
         profile.measurements["runtime_footprint"]["model"] = {
             key: built_as[key] for key in ("model", "dtype", "trainable_dtype")
@@ -275,17 +275,66 @@ def check_power_sensor(options: ProfileOptions) -> None:
         raise no_power_figures(reasons)
 
 
+# How long the host-link measurement waits for a lost page service: a few seconds, not a run's
+# whole reconnect window (pages/service.py WAIT_S, 150 s): a profile that waited that long and
+# then failed lost every measurement before it (QA: sshd killed during "host link").
+LINK_WAIT_S = 5.0
+LINK_TRIES = 2  # a link that broke and came back is measured again: its times held the wait
+
+
+class HostLinkLost(Exception):
+    """The host page service was lost during the host-link measurement: no `host` tier."""
+
+
+def host_tier(options: ProfileOptions, sizes, say: Callable[[str], None]):
+    """(the host-link measurement or None, the tiers not measured and why, or None). A lost
+    link leaves the host tier out and the profile goes on with its other measurements."""
+    if not options.host_pages:
+        return None, None
+    try:
+        return measure_host_link(options.host_pages, sizes, options.window_s, options.share_s,
+                                 say), None
+    except HostLinkLost as lost:
+        say(f"host link: not measured ({lost}); the profile goes on without the host tier "
+            "(profile again over a steady link to measure it)")
+        return None, {"host": str(lost)}
+
+
 def measure_host_link(address: str, sizes, window_s: float, share_s: float = SHARE_MAX_S,
-                      say: Callable[[str], None] = to_stderr):
+                      say: Callable[[str], None] = to_stderr,
+                      wait_s: float = LINK_WAIT_S):
     """The `host` tier: tensors paged to the host's page service and back through the store a
-    run uses (encoding and CRC32 included, as for the flash), over the agent's link."""
-    from ..pages.link import connect_store
-    from .tiers import measure_store
+    run uses (encoding and CRC32 included, as for the flash), over the agent's link. A page
+    service lost for more than `wait_s` is HostLinkLost; one that came back is measured again
+    (LINK_TRIES measurements in all)."""
     say(f"host link: {len(sizes)} sizes to the page service at {address}")
-    with connect_store(address) as store:
-        return measure_store(store, sizes, window_s,
-                             method=f"ServiceStore put/get to the host's page service "
-                                    f"({address})", share_s=share_s)
+    for _ in range(LINK_TRIES):
+        measurement = _link_measured_once(address, sizes, window_s, share_s, wait_s)
+        if measurement is not None:
+            return measurement
+        say("host link: the link dropped during the measurement and came back; measuring again")
+    raise HostLinkLost(f"the link to the host page service at {address} dropped during each of "
+                       f"{LINK_TRIES} measurements, whose times would hold its waits")
+
+
+def _link_measured_once(address: str, sizes, window_s: float, share_s: float, wait_s: float):
+    """One measurement on a connection of its own; None where the link broke under it and came
+    back. Its first request connects, so a link down at the start is waited for alike."""
+    from ..pages.link import ServiceStore
+    from ..pages.service import PageClient, PageServiceError
+    from .tiers import measure_store
+    client = PageClient(address, wait_s=wait_s)
+    try:
+        with ServiceStore(client) as store:
+            measurement = measure_store(store, sizes, window_s,
+                                        method=f"ServiceStore put/get to the host's page "
+                                               f"service ({address})", share_s=share_s)
+    except PageServiceError:
+        if client.lost is None:
+            raise  # the service answered, and refused: not a lost link
+        raise HostLinkLost(f"lost the link to the host page service at {address}: out of "
+                           f"reach for {wait_s:g} s ({client.lost})") from None
+    return None if client.breaks else measurement
 
 
 def model_builder(spec: str, source: dict | None = None) -> Callable[[], Any]:
@@ -340,4 +389,11 @@ def profile_summary(profile: Profile, output: str) -> dict[str, Any]:
             "idle_w": profile.idle_w, "active_w": profile.active_w,
             "sensor": profile.device.get("sensor"),
             "power_estimate": profile.device.get("power_estimate"),
-            "runtime_baseline_bytes": profile.runtime_baseline_bytes}
+            "runtime_baseline_bytes": profile.runtime_baseline_bytes,
+            **_not_measured(profile)}
+
+
+def _not_measured(profile: Profile) -> dict[str, Any]:
+    """The tiers asked for and not measured, and why (a lost host link), where there are any."""
+    not_measured = profile.measurements.get("tiers_not_measured")
+    return {"tiers_not_measured": not_measured} if not_measured else {}

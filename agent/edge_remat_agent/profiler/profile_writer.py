@@ -20,7 +20,10 @@ class ProfileIncomplete(ValueError):
 def measured_profile(identity: dict[str, Any], power: PowerMeasurement,
                      flash: TierMeasurement | None = None, host: TierMeasurement | None = None,
                      footprint: RuntimeFootprint | None = None,
-                     ops: dict[str, OpCost] | None = None, name: str | None = None) -> Profile:
+                     ops: dict[str, OpCost] | None = None, name: str | None = None,
+                     not_measured: dict[str, str] | None = None) -> Profile:
+    """`not_measured`: tier -> why, for a tier that was asked for and could not be measured
+    (a lost link to the host's page service): kept in the measurements, as the profile says."""
     if not power.measured:
         raise no_power_figures(power.reasons)
     tiers = {m.name: m.fit() for m in (flash, host) if m is not None}
@@ -29,6 +32,8 @@ def measured_profile(identity: dict[str, Any], power: PowerMeasurement,
         "power": power.to_dict(),
         "tiers": {m.name: m.to_dict() for m in (flash, host) if m is not None},
     }
+    if not_measured:
+        measurements["tiers_not_measured"] = dict(not_measured)
     if footprint is not None:
         measurements["runtime_footprint"] = footprint.to_dict()
     device = dict(identity, sensor=power.sensor, power_estimate=power.estimate)

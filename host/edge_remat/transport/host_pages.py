@@ -77,7 +77,9 @@ def link_pages(board, say: Callable[[str], None] = lambda m: None) -> Iterator[d
     holds for it."""
     with host_pages(board, board.device.connection.kind != "serial", say,
                     job_bound=False) as params:
-        # the profile's short link measurement fails rather than waits for a dropped link
+        # Not a run's wait: the measurement waits a few seconds of its own for a dropped link
+        # (profiler/measure.py LINK_WAIT_S), then the profile goes on without the host tier;
+        # waiting out the reconnect window, then failing, lost the whole profile (QA).
         params.pop("host_pages_wait_s", None)
         yield params
 
