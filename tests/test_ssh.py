@@ -163,6 +163,23 @@ def test_missing_key_file_is_a_clear_error(device, tmp_path):
         Board(device(key=str(tmp_path / "nope"))).hello()
 
 
+@pytest.mark.parametrize("case", ["garbage", "public key"])
+def test_a_key_file_that_is_no_private_key_is_named_not_the_board(device, sshd, tmp_path,
+                                                                  monkeypatch, case):
+    """QA: "cannot reach ...: not a valid OPENSSH private key file (is the board on, ...)"
+    while the board was fine and the local key file was the problem."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)  # no agent key to fall back on
+    key = tmp_path / "garbage"
+    key.write_text("not a key\n")
+    if case == "public key":
+        key = Path(f"{sshd.client_key}.pub")
+    with pytest.raises(AuthRefused) as err:
+        Board(device(key=str(key))).hello()
+    message = one_line(err.value)
+    assert f"SSH key {key}" in message and "is the board on" not in message
+    assert ("public key" if case == "public key" else "not a private key") in message
+
+
 def test_no_python_on_the_board_says_what_to_install(device):
     with pytest.raises(BoardMissingPython) as err:
         Board(device(python="/opt/no-such/python3", family="rpi")).hello()

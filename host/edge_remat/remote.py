@@ -23,11 +23,13 @@ def to_stderr(message: str) -> None:
     typer.echo(message, err=True)
 
 
-def progress_printer(say: Callable[[str], None] = to_stderr) -> Callable[[dict], None]:
+def progress_printer(say: Callable[[str], None] = to_stderr,
+                     since: str = "the job was sent") -> Callable[[dict], None]:
     """A job's progress callback: each update as one line; the same record again (Board.wait
-    repeats it after QUIET_S without news) says how long the job has been at it; and a
-    training job's first loss that is not finite as a `warning:` line (the run goes on; its
-    report says so too)."""
+    repeats it after QUIET_S without news) says how long the job has been at it, and how long
+    `since` this command began (job-status: "job-status began waiting", not the sending, which
+    another command did before: QA); and a training job's first loss that is not finite as a
+    `warning:` line (the run goes on; its report says so too)."""
     import time
 
     from edge_remat_agent.diverged import LossWatch
@@ -41,7 +43,7 @@ def progress_printer(say: Callable[[str], None] = to_stderr) -> Callable[[dict],
         if record.get("rev") == seen["rev"]:
             still = "queued" if record.get("state") == "queued" else "at it"
             say(f"{summary(record)} (still {still}: {fmt_duration(now - seen['since'])}; "
-                f"{fmt_duration(now - seen['began'])} since the job was sent)")
+                f"{fmt_duration(now - seen['began'])} since {since})")
             return
         seen.update(rev=record.get("rev"), since=now)
         say(summary(record))
@@ -138,10 +140,10 @@ def checked_at_once(devices: List[DeviceConfig]) -> List[dict]:
     """check_device of each, side by side. The checks run in daemon threads: a thread pool's
     threads are joined before the process exits, so a Ctrl-C waited out every board's
     connect_timeout_s (10.7 s for a silent port); now it ends the command at once."""
-    results: List[dict] = [{} for _ in devices]
+    results: List[dict] = [{"ok": False, "error": "the check did not finish"} for _ in devices]
 
     def check(k: int, device: DeviceConfig) -> None:
-        results[k] = check_device(device)
+        results[k] = check_without_raising(device)
     threads = [threading.Thread(target=check, args=(k, device), daemon=True,
                                 name=f"check {device.name}")
                for k, device in enumerate(devices)]
@@ -150,6 +152,17 @@ def checked_at_once(devices: List[DeviceConfig]) -> List[dict]:
     for thread in threads:
         thread.join()
     return results
+
+
+def check_without_raising(device: DeviceConfig) -> dict:
+    """check_device, where a bug in it is a failed check saying so (an exception escaping a
+    check's thread printed a thread traceback, and the check's empty result a KeyError)."""
+    from .errors import classify, traceback_if_debug
+    try:
+        return check_device(device)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the other boards' checks go on
+        traceback_if_debug(exc)
+        return {"ok": False, "error": classify(exc)[1]}
 
 
 def devices_table(rows: List[dict], check: bool) -> str:

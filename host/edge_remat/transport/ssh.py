@@ -70,13 +70,39 @@ class Hop:
     port: int
     user: Optional[str]
     key_files: List[str] = field(default_factory=list)
+    key_setting: str = ""  # where key_files were given, for a message; "" = the device's `key`
 
     def label(self) -> str:
         user = f"{self.user}@" if self.user else ""
         return f"{user}{self.hostname}:{self.port}"
 
 
-def _ssh_config(path: str, alias: str = ""):
+@dataclass
+class _SshConfigFile:
+    """The parsed ssh_config, with its path as the device config names it: an error in one of
+    its values names the file, the host entry and the value."""
+    path: str
+    parsed: object  # paramiko.SSHConfig
+
+    def lookup(self, alias: str) -> dict:
+        return self.parsed.lookup(alias)
+
+    def port(self, alias: str, line: str, text: str) -> int:
+        """`text`, from the `line` it came from in host `alias`'s entry, as a port number."""
+        if re.fullmatch(r"[0-9]{1,5}", text.strip()) and 0 < int(text) < 65536:
+            return int(text)
+        # bad input, as a file paramiko cannot parse (QA: int() raised out of a check thread)
+        raise SshConfigError(f"cannot use {self.path}: host {alias!r} has `{line}`, and "
+                             f"{text!r} is not a port number (1 to 65535): fix that line (`ssh "
+                             f"-G {alias}` shows how OpenSSH reads it), or give host, port, user "
+                             "and key in the device config and set ssh_config = \"none\"")
+
+
+def _ssh_config(path: str, alias: str = "") -> _SshConfigFile:
+    return _SshConfigFile(path, _parsed_ssh_config(path, alias))
+
+
+def _parsed_ssh_config(path: str, alias: str):
     """The ssh_config file, parsed. One paramiko cannot parse is an error for a device whose
     host it names; for any other device it is skipped (its settings are not needed there)."""
     import paramiko
@@ -103,28 +129,30 @@ def _names_host(path: str, alias: str) -> bool:
                                if line.strip().lower().startswith(("host ", "host=", "match")))
 
 
-def _hop(config, alias: str, port: Optional[int] = None, user: Optional[str] = None,
-         key: Optional[str] = None) -> "tuple[Hop, Optional[str]]":
+def _hop(config: _SshConfigFile, alias: str, port: Optional[int] = None,
+         user: Optional[str] = None, key: Optional[str] = None) -> "tuple[Hop, Optional[str]]":
     """Resolve an alias through ssh_config; explicit values win, as on ssh's command line."""
     found = config.lookup(alias)
     keys = [os.path.expanduser(key)] if key else [os.path.expanduser(k) for k in
                                                   found.get("identityfile", [])]
-    hop = Hop(alias=alias, hostname=found.get("hostname", alias),
-              port=int(port or found.get("port", 22)), user=user or found.get("user"),
-              key_files=keys)
+    if port is None and "port" in found:
+        port = config.port(alias, f"Port {found['port']}", found["port"])
+    hop = Hop(alias=alias, hostname=found.get("hostname", alias), port=port or 22,
+              user=user or found.get("user"), key_files=keys,
+              key_setting="" if key else f"the IdentityFile of {alias!r} in {config.path}")
     jump = found.get("proxyjump")
     return hop, (None if not jump or jump.lower() == "none" else jump)
 
 
-def _parse_jump(spec: str) -> "tuple[str, Optional[str], Optional[int]]":
+def _parse_jump(spec: str) -> "tuple[str, Optional[str], Optional[str]]":
+    """(host, user, port as written) of one ProxyJump entry, [user@]host[:port]."""
     user, _, rest = spec.rpartition("@")
     host, port = rest, None
     if rest.startswith("["):  # [v6::addr]:port
         host, _, tail = rest[1:].partition("]")
-        port = int(tail[1:]) if tail.startswith(":") else None
+        port = tail[1:] if tail.startswith(":") else None
     elif rest.count(":") == 1:
-        host, port_text = rest.split(":")
-        port = int(port_text)
+        host, port = rest.split(":")
     return host, (user or None), port
 
 
@@ -136,7 +164,7 @@ def resolve_route(device: DeviceConfig) -> "list[Hop]":
                      conn.user, conn.key, 0)
 
 
-def _route_to(config, alias: str, port: Optional[int], user: Optional[str],
+def _route_to(config: _SshConfigFile, alias: str, port: Optional[int], user: Optional[str],
               key: Optional[str], depth: int) -> "list[Hop]":
     target, jump = _hop(config, alias, port, user, key)
     if not jump:
@@ -146,14 +174,16 @@ def _route_to(config, alias: str, port: Optional[int], user: Optional[str],
                              "~/.ssh/config?)")
     route: "list[Hop]" = []
     for index, spec in enumerate(s.strip() for s in jump.split(",") if s.strip()):
-        host, jump_user, jump_port = _parse_jump(spec)
+        host, jump_user, port_text = _parse_jump(spec)
+        jump_port = None if port_text is None else config.port(alias, f"ProxyJump {jump}",
+                                                               port_text)
         if index == 0:  # the first jump host may need its own jump, as with ssh -J
             route += _route_to(config, host, jump_port, jump_user, None, depth + 1)
         else:
             route.append(_hop(config, host, jump_port, jump_user)[0])
     for hop in route:
         if not hop.key_files:
-            hop.key_files = list(target.key_files)
+            hop.key_files, hop.key_setting = list(target.key_files), target.key_setting
     return route + [target]
 
 
@@ -204,11 +234,8 @@ def _connect_hop(hop: Hop, device: DeviceConfig, sock=None):
             raise TransportError(f"cannot read {known_hosts}: {exc}") from None
     client.set_missing_host_key_policy(
         _HostKeyPolicy(conn.host_key_policy, known_hosts, hop, device))
-    for key_file in hop.key_files:
-        if not os.path.isfile(key_file):
-            raise AuthRefused(f"SSH key {key_file} (for {hop.label()}) does not exist: create "
-                              "one with `ssh-keygen -t ed25519` or fix `key` in "
-                              f"{device.path}")
+    _check_key_files_open(hop, device)
+    started = time.monotonic()
     try:
         client.connect(hop.hostname, port=hop.port, username=hop.user or None,
                        key_filename=hop.key_files or None, look_for_keys=not hop.key_files,
@@ -231,6 +258,7 @@ def _connect_hop(hop: Hop, device: DeviceConfig, sock=None):
                           "with `ssh-add KEY` first") from None
     except paramiko.AuthenticationException as exc:
         client.close()
+        _raise_if_a_key_is_unusable(hop, device)
         tried = ", ".join(hop.key_files) or "your default keys and ssh-agent"
         raise AuthRefused(
             f"{hop.label()} refused authentication ({exc}; tried {tried}): add the public key "
@@ -241,12 +269,17 @@ def _connect_hop(hop: Hop, device: DeviceConfig, sock=None):
         raise BoardUnreachable(f"cannot resolve host name {hop.hostname!r} ({exc.strerror}); "
                                f"check `host` in {device.path} or your ~/.ssh/config") from None
     except (OSError, paramiko.SSHException, EOFError) as exc:
+        authenticating = _session_is_up(client)
         client.close()
         if _not_ssh(exc):
+            said = _what_it_said(exc, hop, sock, time.monotonic() - started,
+                                 conn.connect_timeout_s)
             raise BoardUnreachable(
-                f"{hop.hostname}:{hop.port} accepted the connection but did not speak SSH "
-                f"within {conn.connect_timeout_s:g} s ({exc}): is that the board's sshd? "
-                f"check host and port in {device.path}") from None
+                f"{hop.hostname}:{hop.port} accepted the connection but did not speak SSH: "
+                f"{said}: is that the board's sshd? check host and port in "
+                f"{device.path}") from None
+        if authenticating:  # paramiko's words for a key file it could not load
+            _raise_if_a_key_is_unusable(hop, device)
         underlying = list((getattr(exc, "errors", None) or {}).values())  # NoValidConnections
         first = underlying[0] if underlying else exc
         reason = getattr(first, "strerror", None) or str(first) or type(first).__name__
@@ -256,6 +289,118 @@ def _connect_hop(hop: Hop, device: DeviceConfig, sock=None):
         client.get_transport().set_keepalive(int(max(conn.keepalive_s, 1)))
     _no_delay(client.get_transport().sock)
     return client
+
+
+def _key_setting(hop: Hop, device: DeviceConfig) -> str:
+    return hop.key_setting or f"`key` in {device.path}"
+
+
+def _private_key_path(key_file: str) -> str:
+    """The file paramiko reads for `key_file`: a certificate (KEY-cert.pub) stands for KEY."""
+    suffix = "-cert.pub"
+    return key_file[:-len(suffix)] if key_file.endswith(suffix) else key_file
+
+
+def _check_key_files_open(hop: Hop, device: DeviceConfig) -> None:
+    """Refuse, before connecting, a key file that cannot even be opened: paramiko raises
+    OSError out of connect for one (tries no other key), which read as an unreachable board."""
+    for key_file in hop.key_files:
+        path = _private_key_path(key_file)
+        setting = _key_setting(hop, device)
+        if os.path.isdir(path):
+            raise AuthRefused(f"SSH key {path} (for {hop.label()}) is a folder, not a key "
+                              f"file: set {setting} to the private key file in it (e.g. "
+                              f"{os.path.join(path, 'id_ed25519')})")
+        if not os.path.exists(path):
+            raise AuthRefused(f"SSH key {path} (for {hop.label()}) does not exist: create "
+                              f"one with `ssh-keygen -t ed25519` or fix {setting}")
+        try:
+            open(path, "rb").close()
+        except OSError as exc:
+            raise AuthRefused(f"cannot read SSH key {path} (for {hop.label()}): "
+                              f"{exc.strerror}: make it readable by you (`chmod 600`, owned "
+                              f"by you), or fix {setting}") from None
+
+
+def _raise_if_a_key_is_unusable(hop: Hop, device: DeviceConfig) -> None:
+    """After a failed login: a key file that is no private key paramiko can use is the cause to
+    name (paramiko said "not a valid OPENSSH private key file", read as an unreachable board).
+    Checked only then: with such a file, ssh-agent's keys may still log in, as with ssh."""
+    for key_file in hop.key_files:
+        why = _why_not_a_private_key(_private_key_path(key_file))
+        if why:
+            raise AuthRefused(f"SSH key {key_file} (for {hop.label()}) {why}: fix "
+                              f"{_key_setting(hop, device)}") from None
+
+
+PUBLIC_KEY = re.compile(rb"\s*((ssh|ecdsa|sk)-\S+\s+AAAA|---- BEGIN SSH2 PUBLIC KEY)")
+
+
+def _why_not_a_private_key(path: str) -> Optional[str]:
+    """Why paramiko cannot use this file as a private key, or None where it can (an encrypted
+    one too: the agent may hold it; connect says so itself)."""
+    import paramiko
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4096)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if PUBLIC_KEY.match(head):
+        private = path[:-len(".pub")] if path.endswith(".pub") else ""
+        guess = f" ({private}?)" if private and os.path.isfile(private) else ""
+        return f"is a public key, where the private key is needed{guess}"
+    for kind in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):  # as connect tries
+        try:
+            kind.from_private_key_file(path)
+            return None
+        except paramiko.PasswordRequiredException:
+            return None
+        except (paramiko.SSHException, ValueError, OSError):
+            continue
+    return ("is not a private key paramiko can read (RSA, ECDSA or Ed25519, as ssh-keygen "
+            "writes them)")
+
+
+def _session_is_up(client) -> bool:
+    """Whether the SSH session began (banner and key exchange done): a failure after that is a
+    login's, before it the network's or the server's."""
+    transport = client.get_transport()
+    return transport is not None and transport.is_active()
+
+
+def _what_it_said(exc: BaseException, hop: Hop, sock, waited_s: float,
+                  timeout_s: float) -> str:
+    """What a port that is not sshd did instead of greeting: what it sent (looked at again on
+    a fresh connection: paramiko keeps no copy of a line that is not SSH's), that it closed
+    the connection, or that it stayed silent for the whole timeout."""
+    # a close reads as EOF, or as a reset where paramiko's own greeting was still unread there
+    closed = isinstance(exc.__context__, (EOFError, ConnectionError))
+    if waited_s < timeout_s and sock is None:  # a direct hop: a jump host's channel is gone
+        first = _first_line(hop, min(timeout_s, 2.0))
+        if first and not first.startswith("SSH-"):  # an sshd that was busy then: no answer
+            return f"it answered {first!r}" + (" and closed the connection" if closed else "")
+    if closed:
+        return "it closed the connection without a word"
+    if waited_s < timeout_s:
+        return "it sent something that is not an SSH greeting"
+    return f"it sent nothing within {timeout_s:g} s"
+
+
+def _first_line(hop: Hop, timeout_s: float) -> str:
+    """The first line a port sends on a new connection ("" if none), cut to 80 characters."""
+    data = b""
+    try:
+        with socket.create_connection((hop.hostname, hop.port), timeout=timeout_s) as probe:
+            deadline = time.monotonic() + timeout_s
+            while b"\n" not in data and len(data) < 256 and time.monotonic() < deadline:
+                chunk = probe.recv(256)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:
+        pass
+    line = data.decode("utf-8", "replace").strip().splitlines()
+    return line[0][:80] if line else ""
 
 
 def _not_ssh(exc: BaseException) -> bool:
