@@ -526,6 +526,31 @@ def test_a_daemon_whose_python_is_gone_is_replaced_when_idle(tmp_path):
         stop_agent(workdir)
 
 
+def test_an_idle_daemon_of_another_python_is_replaced_by_the_configured_one(tmp_path):
+    """QA: with the device config's `python` changed, the daemon started before under the old
+    one kept answering for its idle hour (devices --check named the old interpreter). The
+    front end runs the configured Python: an idle daemon of another is replaced."""
+    from edge_remat_agent.daemon import launcher
+    from edge_remat_agent.daemon.layout import Layout
+    workdir = tmp_path / "board"
+    other = tmp_path / "other-python"
+    other.symlink_to(sys.executable)  # another path: another interpreter as far as it knows
+    old = subprocess.Popen([str(other), *agent_command()[1:], "serve", "--daemon",
+                            "--workdir", str(workdir)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (workdir / "agent.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client = Client(FrameStream(launcher.ensure_daemon(Layout(workdir), timeout=30)))
+        assert old.wait(15) is not None
+        assert client.hello("test")["executable"] == sys.executable
+    finally:
+        if old.poll() is None:
+            old.kill()
+        stop_agent(workdir)
+
+
 def test_out_of_disk_names_the_margin_it_keeps(tmp_path, monkeypatch):
     """A disk with room for the file but not for the 1 MiB kept free (its free space stands in
     for a nearly full board). QA: "the board has 1093632 bytes free ..., the file needs

@@ -90,7 +90,7 @@ def ensure_daemon(layout: Layout, timeout: float = 30.0) -> socket.socket:
             sock.close()
             time.sleep(0.1)
             continue
-        if (hello.get("build") == wanted and _interpreter_present(hello)) \
+        if (hello.get("build") == wanted and _runs_this_python(hello)) \
                 or not _replace_if_idle(client):
             return sock  # the relay's own hello is answered; the rest of the stream is the host's
         sock.close()
@@ -99,12 +99,15 @@ def ensure_daemon(layout: Layout, timeout: float = 30.0) -> socket.socket:
                             f"{timeout:g} s; see {layout.log_path}")
 
 
-def _interpreter_present(hello: dict) -> bool:
-    """Whether the daemon's Python is still on disk: a daemon started from a virtual
-    environment since deleted answers, but every job it starts fails (its Python is gone), so
-    an idle one is replaced like one of another build."""
+def _runs_this_python(hello: dict) -> bool:
+    """Whether the daemon runs the Python this front end runs (the board's configured one),
+    and that Python is still on disk. An idle daemon that does not is replaced like one of
+    another build: one started from a virtual environment since deleted answers, but every job
+    it starts fails; and one started before the device config named another Python (another
+    venv, a torch build) kept running the old one for its idle hour, `devices --check`
+    reporting the old interpreter (QA)."""
     executable = hello.get("executable")
-    return not executable or os.path.exists(executable)
+    return not executable or (executable == sys.executable and os.path.exists(executable))
 
 
 def _replace_if_idle(client: Client) -> bool:
