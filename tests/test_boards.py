@@ -103,7 +103,8 @@ def test_a_broken_config_leaves_the_others_found(configs):
     ('[connection]\nkind = "local"\n[hardware]\nsensor = "thermometer"\n', "hardware.sensor"),
     ('[connection]\nkind = "local"\n[hardware]\ntorch_device = "gpu"\n', "hardware.torch_device"),
     ('[connection]\nkind = "local"\nhots = "typo"\n', "connection.hots"),
-    ('[connection\nkind = "local"\n', "<toml>"),
+    # its line and column: in the message's tail they were cut off (QA)
+    ('[connection\nkind = "local"\n', "<toml line 1 col 12>"),
     # 0 s: every SSH connect failed at once as "Operation now in progress", blaming the board
     ('[connection]\nkind = "ssh"\nhost = "b"\nconnect_timeout_s = 0\n',
      "connection.connect_timeout_s"),
@@ -324,6 +325,18 @@ def test_a_job_quiet_for_a_while_is_shown_again_saying_how_long(configs, monkeyp
     assert all(line.startswith("job nap-quiet running") and "since the job was sent)" in line
                for line in still), still
     assert lines[-1].startswith("job nap-quiet finished") and "still" not in lines[-1], lines
+
+
+def test_job_status_counts_its_own_wait_not_the_sending():
+    """job-status --wait on a job another command sent said "1m30s since the job was sent"
+    of its own 1m30s, the job sent minutes before (QA): it names its own wait."""
+    from edge_remat.remote import progress_printer
+    said: list = []
+    show = progress_printer(said.append, since="job-status began waiting")
+    record = {"id": "j", "kind": "sleep", "state": "running", "rev": 3}
+    show(record)
+    show(record)
+    assert said[-1].endswith("since job-status began waiting)"), said
 
 
 def test_a_jobs_end_is_said_once_though_a_second_wait_sees_it_again():

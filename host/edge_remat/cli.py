@@ -554,6 +554,12 @@ def graph(
     if (mistake := granularity_mistake(operator_level, max_nodes, level)) is not None:
         raise UserError(mistake)  # they were dropped in silence
     max_nodes = DEFAULT_MAX_NODES if max_nodes is None else max_nodes
+    from edge_remat_agent.formats.graph_details import PARAM_HOMES
+    if params_home not in PARAM_HOMES:  # an option's mistake, not the model's (QA: "cannot
+        # capture model 'mlp': the parameters' home must be ...", where run takes auto)
+        raise FormatError("command line", "--params-home", " or ".join(PARAM_HOMES) + " (auto "
+                          "is run's: it picks by the budget, which a graph has none of)",
+                          params_home)
     from .remote import to_stderr
     for line in _shape_options_without_effect(model, image, seq):
         to_stderr(f"warning: {line}")
@@ -697,12 +703,14 @@ def job(
     from .outputs import output_folder
     from .remote import parse_inputs, parse_params, print_outcome, progress_printer, to_stderr
     from .transport import Board
+    from .transport.emulated import retired_at_exit
 
     values = parse_params(params, param)
     inputs = parse_inputs(input_file)
     if out is not None:  # `--out ''` too, which is refused
         output_folder(out)
-    with Board(find_device(device), on_event=to_stderr, keep_running=keep_running) as board:
+    with Board(find_device(device), on_event=to_stderr, keep_running=keep_running) as board, \
+            retired_at_exit(board):
         if detach:
             for name, local in inputs.items():
                 values[name] = board.push_input(local)
@@ -752,7 +760,8 @@ def job_status(
         output_folder(out)
     with Board(_device(device, memory_limit), on_event=to_stderr) as board:
         try:
-            record = (board.wait(job_id, None if as_json else progress_printer()) if wait
+            shown = None if as_json else progress_printer(since="job-status began waiting")
+            record = (board.wait(job_id, shown) if wait
                       else board.job(job_id))
         except KeyboardInterrupt:  # someone else's job, maybe: waiting stops, the job goes on
             raise Interrupted(f"stopped waiting; job {job_id} keeps running on {board.name} "
@@ -935,7 +944,9 @@ def deploy(
     from .transport.board import new_job_id
     from .transport.host_pages import host_pages, plan_uses_host
     from .profile_fit import plain_step_out_of_reach
-    with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
+    from .transport.emulated import retired_at_exit
+    with Board(config, on_event=to_stderr, keep_running=keep_running) as board, \
+            retired_at_exit(board):
         require_kind(board, "run", "execute plans")
         # the board checks the plan's gradients against a plain eager step after training,
         # which a board without room for one cannot hold: the host checks them, as run does
@@ -1043,7 +1054,9 @@ def profile(
         values["page_dir"] = config.hardware.page_dir
     from .transport.host_pages import link_pages
     from .profile_fit import plain_step_out_of_reach
-    with Board(config, on_event=to_stderr, keep_running=keep_running) as board:
+    from .transport.emulated import retired_at_exit
+    with Board(config, on_event=to_stderr, keep_running=keep_running) as board, \
+            retired_at_exit(board):
         require_kind(board, "profile", "profile boards")
         inputs = {"graph": graph} if graph else {}
         if loaded is not None and (why := plain_step_out_of_reach(board, loaded)):

@@ -8,6 +8,7 @@ device and its workdir, so two emulated boards (or two test runs) never share on
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -120,6 +121,9 @@ class EmulatedTransport(LocalTransport):
         self.wrap = self.cgroup.exec_prefix()
         try:
             session = super().open()
+        except TransportError as exc:
+            self._remove_cgroup_if_empty()
+            raise self._below_the_agents_least(exc) from None
         except BaseException:
             self._remove_cgroup_if_empty()
             raise
@@ -132,6 +136,17 @@ class EmulatedTransport(LocalTransport):
                 f"memory limit; stop it (`edge-remat-agent stop --workdir {self.workdir}`) and "
                 "try again")
         return session
+
+    def _below_the_agents_least(self, exc: TransportError) -> TransportError:
+        """A start that failed under a device config's limit below what the agent needs
+        (--memory-limit refuses one; a config's memory_limit_bytes may name it) says so:
+        alone it read as a lost link (QA: "the other end closed the connection")."""
+        limit = self.device.hardware.memory_limit_bytes
+        if limit >= MIN_MEMORY_LIMIT_BYTES:
+            return exc
+        return TransportError(f"{exc}; its memory_limit_bytes, {fmt_bytes(limit)}, is below "
+                              f"the {MIN_MEMORY_LIMIT_BYTES // 2**20} MiB an emulated board's "
+                              f"agent needs to start: raise it in {self.device.path}")
 
     def _remove_cgroup_if_empty(self) -> None:
         """An agent that did not start leaves the cgroup made for it, unless something still
@@ -203,6 +218,18 @@ def retire_emulated(board, say=lambda line: None) -> None:
     except (TransportError, OSError):
         return
     remove_board_cgroup(device)
+
+
+@contextlib.contextmanager
+def retired_at_exit(board):
+    """Within it `board` (open) is used; at its end, however it ends, an emulated board's agent
+    and cgroup go once no job is there (retire_emulated), as at a run's end (QA: profile,
+    deploy and job left the daemon and its cgroup up for the daemon's idle hour). Enter it
+    after the Board: a Ctrl-C's cancelling is done by then, and the link still open."""
+    try:
+        yield board
+    finally:
+        retire_emulated(board)
 
 
 class KernelWatch:
