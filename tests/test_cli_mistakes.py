@@ -324,6 +324,14 @@ def test_run_names_every_parameter_home_before_it_captures(tmp_path):
     assert "capturing" not in proc.stderr
 
 
+def test_graph_refuses_run_only_parameter_home_as_an_option_not_a_capture(tmp_path):
+    """QA: `graph --params-home auto` said "cannot capture model 'mlp': the parameters' home
+    must be one of ram, flash", a model's failure, for an option run takes and graph cannot."""
+    proc = cli("graph", "--model", "mlp", "--params-home", "auto", "-o", tmp_path / "g.json")
+    refused(proc, BAD_INPUT, "--params-home", "ram or flash", "auto is run's")
+    assert "cannot capture" not in proc.stderr
+
+
 @pytest.mark.parametrize("param,words", [("bogus=1", ["unknown profile param 'bogus'"]),
                                          ("window_s=0", ["--window-s", "positive"]),
                                          ("share_s=-1", ["--share-s", "0 or more"]),

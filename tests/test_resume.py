@@ -128,6 +128,8 @@ def test_run_resumed_from_the_board_equals_the_uninterrupted_run(tmp_path, stopp
         assert first["checkpoint"]["step"] == 3 and (part / "checkpoint.pt").is_file()
         assert first["message"].startswith("finished 3 steps; stopped there by --stop-after 3 "
                                            "of --steps 6: the same command with --resume ")
+        # the same command's --stop-after 3 would stop at once (QA): the line says so
+        assert first["message"].endswith(", without --stop-after or with a later step, goes on")
         (part / "checkpoint.pt").unlink()
         said = []
         second = run(RunOptions(steps=6, resume=str(part), **GPT), say=said.append)

@@ -467,7 +467,9 @@ def _check_model_type(transformers, spec: str, model_name: str) -> None:
     known = list(transformers.CONFIG_MAPPING.keys())
     if model_name in known:
         return
-    close = difflib.get_close_matches(model_name, known, n=4)
+    # a model type is lower case; the mapping also holds a class name or two (QA: "close:
+    # EvollaModel" for "notamodel")
+    close = difflib.get_close_matches(model_name, [k for k in known if k == k.lower()], n=4)
     hint = f"close: {', '.join(close)}; " if close else ""
     raise CaptureError(spec, f"transformers {transformers.__version__} does not know the model "
                        f"type {model_name!r} ({hint}{len(known)} types known): give a model "
@@ -519,9 +521,12 @@ def _tasks_it_has(transformers, config, heads: list[str]) -> str:
         return f"its tasks: {', '.join(heads)}"
     audio = [name for name, auto_name in _AUDIO_HEADS.items()
              if _has_head(transformers, config, auto_name)]
-    what = f"its heads are for {' and '.join(audio)}, audio tasks" if audio \
-        else "it has none"
-    return f"{what} edge-remat does not train (it trains {', '.join(TASKS)})"
+    if audio:
+        return (f"its heads are for {' and '.join(audio)}, audio tasks edge-remat does not "
+                f"train (it trains {', '.join(TASKS)})")
+    # (QA: "it has none edge-remat does not train" read garbled)
+    return ("transformers has no head for it among the tasks edge-remat trains "
+            f"({', '.join(TASKS)})")
 
 
 def _model(transformers, spec: str, model_name: str, config, auto_name: str) -> nn.Module:

@@ -434,7 +434,9 @@ def _classes_text(report: dict) -> list[str]:
     cells = [f"{name.replace('_', ' ')} {_mib(split['planned'].get(name))} / "
              f"{_mib(split['measured'].get(name))}" for name in split["classes"]
              if split["planned"].get(name) or split["measured"].get(name)]
-    lines = ["memory        MiB, plan / ledger at the peak: " + ", ".join(cells)]
+    # each at its own peak: two moments of the step, whose splits may differ wholly (QA: a
+    # plan's 18 MiB of optimizer state beside the ledger's 0 read as a ledger that missed it)
+    lines = ["memory        MiB, plan / ledger, each at its own peak: " + ", ".join(cells)]
     resident, tensors = report.get("measured_peak_bytes"), report.get("tensor_peak_bytes")
     if resident and tensors:
         lines.append(f"              runtime and allocator slack {_mib(resident - tensors)} "

@@ -241,8 +241,10 @@ def _report_stopped(status: str, message: str, extra: dict, opts: RunOptions,
         dump_json(report, out / "report.json")
     except OSError:
         return ""
-    return f"; wrote {out / 'report.json'}" + (f" ({counted(len(written), 'file')} before it)"
-                                               if written else "")
+    # (QA: "(2 files before it)" read as a riddle: which files, written when)
+    names = ", ".join(Path(p).name for p in written)
+    return f"; wrote {out / 'report.json'}" + (
+        f", beside what the run wrote before it stopped: {names}" if written else "")
 
 
 # -- the two kinds of run ------------------------------------------------------------------
@@ -430,7 +432,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     if opts.stop_after and opts.stop_after < opts.steps and outcome["status"] == "finished":
         # QA: "finished 3 steps", with no word of the 3 left or the way on
         outcome["message"] += (f"; stopped there by --stop-after {opts.stop_after} of --steps "
-                               f"{opts.steps}: the same command with --resume {out} goes on")
+                               f"{opts.steps}: the same command with --resume {out}, "
+                               "without --stop-after or with a later step, goes on")
     if check_on_host and opts.check_gradients and outcome["status"] in ENDED_WELL:
         outcome["grad_check"] = host_gradient_check(graph, plan_path, say, captured,
                                                     board.name if no_room else None)
