@@ -782,15 +782,14 @@ def _job_outcome(board, record: dict, job_id: str, out: Optional[str], as_json: 
     from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
     from .remote import print_outcome, to_stderr
-    from .run.come_back import final_status, settle_lost_report
+    from .run.come_back import settle_lost_report, settled_line
     from .transport.errors import job_failed
     if out and record["state"] == "finished":
         record["fetched"] = [str(p) for p in board.fetch_outputs(record, out)]
     if out and record["state"] in TERMINAL_STATES:  # a run's report said link_lost
         settled = settle_lost_report(Path(out), job_id, record)
         if settled is not None:
-            to_stderr(f"{settled[0]} now says how job {job_id} ended: "
-                      f"{final_status(record)} (it said {settled[1]})")
+            to_stderr(settled_line(*settled, job_id, record))
     if record["state"] == "failed":
         raise job_failed(record, f"job {job_id}", board.name, board.stale_agent_cause())
     print_outcome(record, as_json, board)

@@ -16,6 +16,26 @@ from ..transport.errors import cancelled_by_host
 from .job_end import ENDED_WELL, ended_well_status
 
 
+def settled_line(path: Path, was: str, job_id: str, record: dict) -> str:
+    """What job-status says of the run report it rewrote."""
+    if record.get("kind") == "profile":
+        return (f"{path} now says that the run's profile job {job_id} ended: "
+                f"{final_status(record)}; the run itself planned and trained nothing (it said "
+                f"{was})")
+    return f"{path} now says how job {job_id} ended: {final_status(record)} (it said {was})"
+
+
+def _settle_profile_stage(report: dict, was: str, record: dict) -> None:
+    """A run that lost its link while it profiled the board: the job that went on was the
+    profile, so the run stays as it ended, and the report says how the profile did (QA: it
+    was rewritten 'finished', the run never having planned or trained)."""
+    status = final_status(record)
+    report.update({"message": f"{report.get('message')}; its profile job then ended on the "
+                   f"board: {status}" + (f" ({record['error']})" if record.get("error") else "")
+                   + ": the run planned and trained nothing; the same command again starts it",
+                   "profile_job_state": record["state"]})
+
+
 def final_status(record: dict) -> str:
     """A run report's status for an ended job's record, as `run` would have said it."""
     if record["state"] != "failed":
@@ -48,6 +68,10 @@ def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[tuple[P
         was = report.get("status")
         if was not in LEFT_RUNNING or was == "interrupted" and report.get("cancelled"):
             continue
+        if record.get("kind") == "profile":
+            _settle_profile_stage(report, was, record)
+            dump_json(report, path)
+            return path, was
         status = final_status(record)
         board_report = out / "run_report.json"
         report.update({was: report.get("message"), "status": status,

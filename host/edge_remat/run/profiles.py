@@ -119,13 +119,7 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
                     fetched = _measure(twin, model, graph_path, out_dir, page_dir, say)
                 finally:  # a failed job too: the twin's agent would idle for an hour
                     twin.stop_agent()
-        try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(fetched, cached)
-        except OSError as exc:  # an unwritable HOME: measured again next time, no worse
-            say(f"warning: cannot cache the profile in {cached.parent} "
-                f"({exc.strerror or exc}); set XDG_CACHE_HOME to a writable folder")
-            cached = None
+        cached = _cache(fetched, cached, board.name, say)
         return _limited(ChosenProfile(load_profile(fetched), fetched, "measured", cached),
                         device)
     modelled = modelled_profile_for(device)
@@ -162,6 +156,27 @@ def _limited(chosen: ChosenProfile, device: DeviceConfig) -> ChosenProfile:
     if chosen.profile is not None and limit:
         chosen.profile.ram_total_bytes = limit
     return chosen
+
+
+def _cache(fetched: Path, cached: Path, board: str,
+           say: Callable[[str], None]) -> Optional[Path]:
+    """The measured profile copied into the cache (the copy's path), or None where it is not
+    cached: a tier it lost while measuring (the host link), so that the next run measures
+    again rather than refuse --paging host until --reprofile; or a cache folder that cannot
+    be written (an unwritable HOME: measured again next time, no worse)."""
+    missing = load_profile(fetched).measurements.get("tiers_not_measured")
+    if missing:
+        say(f"{board}: the profile is not cached: its {' and '.join(sorted(missing))} tier "
+            "was not measured")
+        return None
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(fetched, cached)
+    except OSError as exc:
+        say(f"warning: cannot cache the profile in {cached.parent} "
+            f"({exc.strerror or exc}); set XDG_CACHE_HOME to a writable folder")
+        return None
+    return cached
 
 
 def _measure(board, model: dict, graph_path: Path, out_dir: Path, page_dir: Optional[str],
