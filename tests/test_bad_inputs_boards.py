@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from helpers.bad_inputs import (BAD_INPUT, UNREACHABLE, cli, env, no_new_files, refused, tiny_graph,
                         tiny_plan, tree)
 from helpers.board_fixtures import local_bench_device, stop_agent
+from helpers.not_sshd import HTTP_REPLY, OneShotServer
 
 pytestmark = pytest.mark.loopback
 
@@ -46,36 +46,6 @@ def test_unknown_device_name(tmp_path):
 
 # --- SSH: ports that are not sshd, configs paramiko cannot read ----------------------------
 
-class FakeServer:
-    """A loopback port that answers HTTP (not SSH), or accepts and stays silent."""
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(4)
-        self.port = self.sock.getsockname()[1]
-        self.held: list = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            if self.mode == "http":
-                conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
-                conn.close()
-            else:
-                self.held.append(conn)
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
-
-
 def _ssh_config(tmp_path, port: int, host: str = "127.0.0.1", ssh_config: str = "none") -> str:
     key = tmp_path / "key"
     key.write_text("not a key")
@@ -97,7 +67,7 @@ ssh_config = "{ssh_config}"
 
 @pytest.mark.parametrize("mode", ["http", "silent"])
 def test_port_that_does_not_speak_ssh(tmp_path, mode):
-    server = FakeServer(mode)
+    server = OneShotServer(HTTP_REPLY if mode == "http" else None)
     try:
         started = time.monotonic()
         refused(cli("job", "sysinfo", "--device", _ssh_config(tmp_path, server.port)),

@@ -499,6 +499,18 @@ def test_a_daemon_whose_socket_was_removed_is_stopped_and_replaced(tmp_path, mon
         stop_agent(workdir)
 
 
+def daemon_run_by(python, workdir) -> subprocess.Popen:
+    """An agent daemon for `workdir` started by the interpreter at path `python`, once its
+    socket is there."""
+    daemon = subprocess.Popen([str(python), *agent_command()[1:], "serve", "--daemon",
+                               "--workdir", str(workdir)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (workdir / "agent.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return daemon
+
+
 def test_a_daemon_whose_python_is_gone_is_replaced_when_idle(tmp_path):
     # Started from a virtual environment since deleted (.ci/check-wheel's, a user's), it still
     # answered the host, and every job it started failed ("internal error in the agent").
@@ -507,13 +519,8 @@ def test_a_daemon_whose_python_is_gone_is_replaced_when_idle(tmp_path):
     workdir = tmp_path / "board"
     python = tmp_path / "venv-python"
     python.symlink_to(sys.executable)
-    stale = subprocess.Popen([str(python), *agent_command()[1:], "serve", "--daemon",
-                              "--workdir", str(workdir)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stale = daemon_run_by(python, workdir)
     try:
-        deadline = time.monotonic() + 30
-        while not (workdir / "agent.sock").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
         python.unlink()  # the environment is deleted
         client = Client(FrameStream(launcher.ensure_daemon(Layout(workdir), timeout=30)))
         assert stale.wait(15) is not None  # the stale daemon was stopped ...
@@ -535,13 +542,8 @@ def test_an_idle_daemon_of_another_python_is_replaced_by_the_configured_one(tmp_
     workdir = tmp_path / "board"
     other = tmp_path / "other-python"
     other.symlink_to(sys.executable)  # another path: another interpreter as far as it knows
-    old = subprocess.Popen([str(other), *agent_command()[1:], "serve", "--daemon",
-                            "--workdir", str(workdir)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    old = daemon_run_by(other, workdir)
     try:
-        deadline = time.monotonic() + 30
-        while not (workdir / "agent.sock").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
         client = Client(FrameStream(launcher.ensure_daemon(Layout(workdir), timeout=30)))
         assert old.wait(15) is not None
         assert client.hello("test")["executable"] == sys.executable

@@ -5,45 +5,13 @@ as "did not speak SSH within 10 s")."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
+from helpers.not_sshd import HTTP_REPLY, OneShotServer
 
 from edge_remat.devices import load_device
 from edge_remat.transport import Board, BoardUnreachable
-
-
-class OneShotServer:
-    """A loopback port whose every connection gets `reply` and is then closed (None: held
-    open, silent)."""
-
-    def __init__(self, reply):
-        self.reply = reply
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(4)
-        self.port = self.sock.getsockname()[1]
-        self.held = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            if self.reply is None:
-                self.held.append(conn)
-                continue
-            conn.sendall(self.reply)
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
 
 
 def unreachable(tmp_path, reply, timeout_s: int) -> "tuple[str, float]":
@@ -70,7 +38,7 @@ ssh_config = "none"
 
 
 def test_an_http_server_is_quoted_not_timed(tmp_path):
-    message, took = unreachable(tmp_path, b"HTTP/1.1 400 Bad Request\r\n\r\n", 10)
+    message, took = unreachable(tmp_path, HTTP_REPLY, 10)
     assert "did not speak SSH" in message and "'HTTP/1.1 400 Bad Request'" in message
     assert "closed the connection" in message and "within" not in message
     assert took < 5
