@@ -338,6 +338,7 @@ def _chosen_cached(tmp_path):
     ([2.0, 0.80, 0.82], 0.0155, True),    # 53x the other way
     ([0.9, 0.050, 0.052], 0.060, False),  # 0.85x: trusted
     ([0.050], 0.773, False),              # one step pays the warm-up: no verdict
+    ([0.9, 0.050], 0.773, False),         # nor one step after it, noise on a busy host (QA)
     # QA: mlp, 5.3x but 0.1 s a step: work the plan does not time, which a new profile would
     # miss again (forgetting it made every next run profile again)
     ([0.9, 0.126], 0.0237, False),

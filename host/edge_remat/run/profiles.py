@@ -223,6 +223,12 @@ PROFILE_TRUST_RATIO = 3.0
 PROFILE_TRUST_S = 0.25
 
 
+# Steps a run needs for that verdict: the first pays the warm-up, and one step after it alone
+# is noise on a busy host (QA: three of four 2-step runs forgot the profile they had just
+# measured, at 0.08x, 107x and 0.04x, the next run profiling again), so two at least.
+VERDICT_STEPS = 3
+
+
 def forget_if_far_off(report: dict, chosen: ChosenProfile,
                       say: Callable[[str], None]) -> None:
     """Take a cached profile whose prediction missed the steady steps by more than
@@ -232,8 +238,8 @@ def forget_if_far_off(report: dict, chosen: ChosenProfile,
     steps = report.get("step_time_s") or []
     typical, _ = steady_median(steps, report.get("job_start"))
     predicted = report.get("predicted_time_s")
-    if len(steps) < 2 or not typical or not predicted:
-        return  # a first step alone pays the warm-up: no verdict from it
+    if len(steps) < VERDICT_STEPS or not typical or not predicted:
+        return  # a first step pays the warm-up, and one step after it is no verdict either
     ratio = typical / predicted
     if 1 / PROFILE_TRUST_RATIO <= ratio <= PROFILE_TRUST_RATIO or \
             abs(typical - predicted) <= PROFILE_TRUST_S or not chosen.forget():
