@@ -14,6 +14,7 @@ from pathlib import Path
 
 from edge_remat.run.come_back import settle_lost_report, settled_line
 from edge_remat.run.profiles import _cache
+from edge_remat_agent.formats.profile import load_profile
 
 SHIPPED_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "this-machine.json"
 
@@ -59,6 +60,8 @@ def test_a_profile_that_lost_a_tier_is_not_cached(tmp_path):
     fetched.write_text(json.dumps(lost))
     said: list = []
     cached = tmp_path / "cache" / "key.json"
-    assert _cache(fetched, cached, "bench", said.append) is None and not cached.exists()
+    assert _cache(load_profile(fetched), fetched, cached, "bench", said.append) is None
+    assert not cached.exists()
     assert said == ["bench: the profile is not cached: its host tier was not measured"]
-    assert _cache(SHIPPED_PROFILE, cached, "bench", said.append) == cached and cached.is_file()
+    assert _cache(load_profile(SHIPPED_PROFILE), SHIPPED_PROFILE, cached, "bench",
+                  said.append) == cached and cached.is_file()

@@ -119,9 +119,9 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
                     fetched = _measure(twin, model, graph_path, out_dir, page_dir, say)
                 finally:  # a failed job too: the twin's agent would idle for an hour
                     twin.stop_agent()
-        cached = _cache(fetched, cached, board.name, say)
-        return _limited(ChosenProfile(load_profile(fetched), fetched, "measured", cached),
-                        device)
+        measured = load_profile(fetched)
+        cached = _cache(measured, fetched, cached, board.name, say)
+        return _limited(ChosenProfile(measured, fetched, "measured", cached), device)
     modelled = modelled_profile_for(device)
     if modelled is not None:
         say(f"{device.name}: its agent cannot measure; planning with the modelled {modelled.name}")
@@ -158,13 +158,14 @@ def _limited(chosen: ChosenProfile, device: DeviceConfig) -> ChosenProfile:
     return chosen
 
 
-def _cache(fetched: Path, cached: Path, board: str,
+def _cache(measured: Profile, fetched: Path, cached: Path, board: str,
            say: Callable[[str], None]) -> Optional[Path]:
-    """The measured profile copied into the cache (the copy's path), or None where it is not
-    cached: a tier it lost while measuring (the host link), so that the next run measures
-    again rather than refuse --paging host until --reprofile; or a cache folder that cannot
-    be written (an unwritable HOME: measured again next time, no worse)."""
-    missing = load_profile(fetched).measurements.get("tiers_not_measured")
+    """The measured profile (`measured`, read from `fetched`) copied into the cache (the
+    copy's path), or None where it is not cached: a tier it lost while measuring (the host
+    link), so that the next run measures again rather than refuse --paging host until
+    --reprofile; or a cache folder that cannot be written (an unwritable HOME: measured again
+    next time, no worse)."""
+    missing = measured.measurements.get("tiers_not_measured")
     if missing:
         say(f"{board}: the profile is not cached: its {' and '.join(sorted(missing))} tier "
             "was not measured")
