@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     graph_dir = args.shared / "benchmarks" / "graphs"
     available = sorted(graph_dir.glob("*.json"))
     if not available:
-        raise SystemExit(f"no graphs in {graph_dir}")
+        raise SystemExit(f"error: no graphs in {graph_dir}: give --shared, the folder that "
+                         "holds benchmarks/graphs (the project's ../shared)")
     paths = parse_graphs(args.graphs, available) if args.graphs != "none" else []
     solvers = [x.strip() for x in args.solvers.split(",") if x.strip()]
     sizes, multipliers = args.random_layered, args.budgets

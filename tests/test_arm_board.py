@@ -35,7 +35,7 @@ from edge_remat_agent.formats import FormatError
 REPO = Path(__file__).resolve().parents[1]
 # share_s=0: no compute share, which takes up to 4 s a tier (flash, the host link); it is
 # measured through the daemon in test_op_profiler and on its own in test_contention
-FAST_PROFILE = ["idle_s=0.1", "busy_s=0.1", "sizes=4KiB", "no_footprint=true", "share_s=0"]
+FAST_PROFILE = ["idle_s=0.1", "busy_s=0.1", "sizes=4KiB,8KiB", "no_footprint=true", "share_s=0"]
 
 
 def cli(*args):

@@ -110,6 +110,10 @@ PLAN_CASES = [
      ["zz"]),
     ("stages not a list", lambda p: p.update(stages={"a": 1}), ["stages"]),
     ("negative budget", lambda p: p.update(budget_bytes=-1), ["budget_bytes"]),
+    # QA: a float past any board's memory trained (deploy)
+    ("budget past 64 bits", lambda p: p.update(budget_bytes=1.5e300),
+     ["budget_bytes", "a size in bytes that fits in 64 bits"]),
+    ("budget of 2^63", lambda p: p.update(budget_bytes=2**63), ["budget_bytes", "64 bits"]),
 ]
 
 

@@ -294,6 +294,14 @@ def test_ctrl_c_after_a_checkpoint_names_the_resume_and_a_fresh_run_keeps_it(tmp
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming after step 2" in resumed.stderr
     assert json.loads(resumed.stdout)["status"] == "finished"
+    # deploy's Ctrl-C named no checkpoint either (QA), its plan the run's
+    deployed = tmp_path / "deployed"
+    proc = _start("deploy", out / "plan.json", "--graph", out / "graph.json", "--device",
+                  "bench", "--steps", "6", "--checkpoint-every", "2", "--data",
+                  f"{data}:batches", "--out", deployed)
+    refused(_interrupt(proc, _wait_for_line(proc, "step 3/6", timeout=120)), INTERRUPTED,
+            "cancelled job", "its last checkpoint stays on bench",
+            f"--resume {deployed} goes on from it")
 
 
 def test_plan_survives_a_tiny_graph_with_cp_sat(tmp_path):

@@ -327,6 +327,38 @@ def test_a_job_quiet_for_a_while_is_shown_again_saying_how_long(configs, monkeyp
     assert lines[-1].startswith("job nap-quiet finished") and "still" not in lines[-1], lines
 
 
+def test_a_jobs_state_line_comes_once_on_stderr_and_stdout_holds_its_result(configs):
+    """QA: `job echo` printed its last line twice, on stderr as progress and again on stdout
+    before the result, so stdout without --json was no JSON; job-status --wait the same."""
+    code, out, err = cli("job", "echo", "--device", "bench", "--param", "msg=hi",
+                         "--id", "echo-once")
+    assert code == 0, err
+    assert json.loads(out)["params"]["msg"] == "hi", out
+    assert [line for line in err.splitlines() if line.startswith("job echo-once finished")] \
+        == [err.strip().splitlines()[-1]], err
+    code, out, err = cli("job-status", "echo-once", "--device", "bench", "--wait")
+    assert code == 0 and json.loads(out)["params"]["msg"] == "hi", (out, err)
+    assert err.strip().splitlines()[-1].startswith("job echo-once finished"), err
+    code, out, _ = cli("job-status", "echo-once", "--device", "bench")  # no wait: no progress
+    assert code == 0 and out.startswith("job echo-once finished"), out
+
+
+def test_a_job_of_the_emulated_board_is_named_there_by_job_status_and_job_cancel(configs,
+                                                                                  tmp_path):
+    """QA: `job-status ID --device local` for a job of a `--memory-limit` run said "no job ...
+    (it may have been pruned)"; it lies in the emulated board's folder of its own. (A job
+    folder made here stands for the one such a run leaves; no limited agent runs, so the
+    limit to give is not known.)"""
+    (tmp_path / "board-limited" / "jobs" / "run-x1").mkdir(parents=True)
+    for command in (["job-status", "run-x1"], ["job-cancel", "run-x1"]):
+        code, out, err = cli(*command, "--device", "bench")
+        assert code != 0 and "no job 'run-x1'" in err, (out, err)
+        assert "job run-x1 ran on the board that `--memory-limit` emulates on bench (a folder " \
+               "of its own): give the --memory-limit its run was given to reach it" in err, err
+    code, out, err = cli("job-status", "run-x2", "--device", "bench")
+    assert code != 0 and "no job 'run-x2'" in err and "--memory-limit" not in err, err
+
+
 def test_job_status_counts_its_own_wait_not_the_sending():
     """job-status --wait on a job another command sent said "1m30s since the job was sent"
     of its own 1m30s, the job sent minutes before (QA): it names its own wait."""

@@ -339,7 +339,12 @@ def test_graph_refuses_run_only_parameter_home_as_an_option_not_a_capture(tmp_pa
                                          ("busy_s=inf", ["--busy-s", "at most 3600"]),
                                          ("idle_s=1e400", ["--idle-s", "not inf"]),
                                          ("min_size=128MiB", ["--min-size (128 MiB)",
-                                                              "--max-size (64 MiB)"])])
+                                                              "--max-size (64 MiB)"]),
+                                         # QA: one size fitted latency 0 and a bandwidth
+                                         # 100x too low, in silence
+                                         ("sizes=4KiB", ["--sizes gives 1 size", "two"]),
+                                         ("min_size=64MiB", ["less than --max-size (64 MiB)",
+                                                             "two sizes"])])
 def test_profile_params_the_board_would_refuse_are_refused_before_it_is_reached(tmp_path, param,
                                                                                   words):
     proc = cli("profile", "--device", "local", "--param", param, "--out", tmp_path / "p")
@@ -356,15 +361,15 @@ def test_the_agents_storage_profile_refuses_options_no_measurement_can_use(tmp_p
     import sys
     out = tmp_path / "profile.json"
     proc = subprocess.run([sys.executable, "-m", "edge_remat_agent", "profile-storage", *options,
-                           "-o", str(out), "--sizes", "4KiB", "--no-footprint"],
+                           "-o", str(out), "--sizes", "4KiB,8KiB", "--no-footprint"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     refused(proc, BAD_INPUT, *words)
     assert not out.exists()
 
 
 @pytest.mark.parametrize("command", [
-    ["profile-storage", "--page-dir", ".", "--sizes", "4KiB", "--no-footprint"],
-    ["profile", "--sizes", "4KiB", "--no-footprint"],
+    ["profile-storage", "--page-dir", ".", "--sizes", "4KiB,8KiB", "--no-footprint"],
+    ["profile", "--sizes", "4KiB,8KiB", "--no-footprint"],
     ["run", "plan.json", "--graph", "graph.json"]])
 def test_the_agents_commands_refuse_an_empty_output_name_before_any_work(tmp_path, command):
     """As the host's commands do (outputs.py, the same check): before, `profile -o ''` measured
@@ -472,10 +477,12 @@ def test_plot_names_the_kind_of_file_given_for_a_sweep(tmp_path):
     (lambda rows: rows.clear(), ["at least one budget's row"]),
     (lambda rows: rows[-1].update(budget_bytes=-5), ["budget_bytes", ">= 1"]),
     (lambda rows: rows[-1].update(time_s=None), ["time_s", "where the row has an energy"]),
-], ids=["energy as words", "no rows", "negative budget", "energy without a time"])
+    (lambda rows: [row.update(energy_j=None, time_s=None, status="infeasible") for row in rows],
+     ["no budget of the sweep has a plan", "nothing to draw"]),
+], ids=["energy as words", "no rows", "negative budget", "energy without a time", "no plan"])
 def test_plot_refuses_a_sweep_whose_rows_are_not_figures(tmp_path, edit, words):
     """A hand-edited sweep was drawn: "x" as a category among the energies (the axis out of
-    order), no rows as an empty chart, exit 0."""
+    order), no rows as an empty chart, exit 0; rows none of which planned, too (QA)."""
     graph = tiny_graph(tmp_path)
     proc = cli("plan", "--graph", graph, "--sweep", "0.9:1.0:0.1", "--solver",
                "heuristic:split", "--json")

@@ -578,7 +578,7 @@ def test_a_job_cancelled_between_its_own_checks_stops_at_once(daemon, tmp_path):
     profile job's idle-power window (30 s, no check inside) is cancelled."""
     client = daemon().client()
     job = client.call("submit", kind="profile",
-                      params={"sizes": [65536], "idle_s": 30, "busy_s": 0.1,
+                      params={"sizes": [4096, 65536], "idle_s": 30, "busy_s": 0.1,
                               "no_footprint": True})[0]["job"]
     log = tmp_path / "board" / "jobs" / job["id"] / "log.txt"
     deadline = time.monotonic() + 60

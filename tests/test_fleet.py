@@ -241,7 +241,7 @@ name = "rpi4"
 
 def test_a_bad_manifest_is_refused_one_line_per_mistake(tmp_path):
     (tmp_path / "bad.toml").write_text("""
-budgets = ["80%", "lots"]
+budgets = ["80%", "lots", "0.8"]
 colour = "blue"
 [plan]
 objective = "speed"
@@ -268,9 +268,10 @@ device = ""
     for word in ("colour", "budgets[1]", "plan.objective", "unknown solver 'magic'",
                  "time_limit must be", "models[0].batch", "no zoo model 'nosuchmodel'",
                  "boards[0]", "boards[1].profile: is empty",
-                 "boards[2].device: no device named (an empty name)"):
+                 "boards[2].device: no device named (an empty name)",
+                 "budgets[2]: '0.8' is budgets[0] ('80%') again"):  # QA: planned twice
         assert sum(word in line for line in errors) == 1, (word, errors)
-    assert len(errors) == 10  # every mistake at once, the zoo name's included
+    assert len(errors) == 11  # every mistake at once, the zoo name's included
     assert not (tmp_path / "out").exists()  # nothing made before the manifest is right
 
 
@@ -343,7 +344,8 @@ def test_sigterm_is_an_interrupt_with_the_results_so_far_and_ray_gone(moment, tm
     import time
     path = tmp_path / "fleet.toml"
     _one_mlp_on_one_board(path)  # 60 tasks: most still to run when the signal comes
-    path.write_text(path.read_text().replace('budgets = ["80%"]', f"budgets = {BUDGETS * 20}"
+    budgets = [f"{percent}%" for percent in range(50, 110)]  # each once: a manifest's rule
+    path.write_text(path.read_text().replace('budgets = ["80%"]', f"budgets = {budgets}"
                                              .replace("'", '"')))
     out = tmp_path / "out"
     process = subprocess.Popen(

@@ -181,9 +181,11 @@ def test_a_plan_above_its_boards_ram_is_marked_and_said(tmp_path):
 profile = "{tmp_path / 'small.json'}"
 name = "small"
 """)
-    for _ in range(2):  # planned, then kept from before
+    for again in (False, True):  # planned, then kept from before
         proc = cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray")
         assert proc.returncode == 0, proc.stderr
+        # QA: a resume that kept every task said how many ran at a time
+        assert ("at a time" in proc.stdout.splitlines()[0]) is not again, proc.stdout
         rows = {line.split()[1]: line for line in proc.stdout.splitlines()
                 if line.startswith("tiny ")}
         assert rows["small"].endswith("  > board RAM") and "> board RAM" not in rows["rpi4"]

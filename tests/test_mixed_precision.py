@@ -264,7 +264,8 @@ def test_combinations_that_make_no_sense_are_one_line(tmp_path):
             BAD_INPUT, "--trainable-dtype", "'float32'", "fp32, bf16, fp16")
     # full fine-tuning: nothing is frozen to hold in bf16
     refused(cli("graph", "--model", "mlp", "--dtype", "bf16", "--trainable-dtype", "fp32"),
-            BAD_INPUT, "every parameter trains", "--dtype fp32")
+            BAD_INPUT, "every parameter trains", "--dtype fp32",
+            "or train a LoRA adapter alone")  # QA: not "--train PATTERN", refused below
     # a trained layer that does not cast its input would meet bf16 with float32 weights
     refused(cli("graph", "--model", "mlp", "--dtype", "bf16", "--trainable-dtype", "fp32",
                 "--train", "net.0.*"), BAD_INPUT, "'net.0.weight'", "outside a LoRA adapter")

@@ -145,12 +145,13 @@ def test_profile_job_on_the_board_through_the_daemon_says_each_phase_as_it_start
     (folder / "bench.toml").write_text(
         f'name = "bench"\n[connection]\nkind = "local"\nworkdir = "{workdir}"\n')
     monkeypatch.setenv("EDGE_REMAT_DEVICE_CONFIGS", str(folder))
-    params = [arg for pair in ("sensor=model", "idle_s=0.1", "busy_s=0.1", "sizes=4KiB")
+    params = [arg for pair in ("sensor=model", "idle_s=0.1", "busy_s=0.1", "sizes=4KiB,8KiB")
               for arg in ("--param", pair)]
     try:
         result = CliRunner().invoke(app, ["profile", "--device", "bench", "--graph",
                                           str(graph_file), *params, "--out", str(tmp_path / "out")])
-        job = re.match(r"job (\S+) ", result.stdout)  # its first line: "job ID finished ..."
+        # its state line, said once, on stderr with the progress: "job ID finished ..."
+        job = re.search(r"^job (\S+) finished", result.stderr, re.MULTILINE)
         job = job.group(1) if job else "(none)"
         status = CliRunner().invoke(app, ["job-status", job, "--device", "bench", "--json"])
     finally:

@@ -84,7 +84,7 @@ def test_a_board_without_room_for_a_plain_step_profiles_its_rates_and_plans(tmp_
     with local_board(root, "small-board", memory_limit_bytes=400 * 2**20):
         code, out, err = cli("profile", "--device", "small-board", "--graph", graph,
                              "--param", "idle_s=0.1", "--param", "busy_s=0.1",
-                             "--param", "sizes=4KiB", "--param", "share_s=0",
+                             "--param", "sizes=4KiB,8KiB", "--param", "share_s=0",
                              "--out", root / "profiles", "--json")
     assert code == 0, (out, err)
     assert "a plain step of 'digits-cnn' needs about" in err and "not timed there" in err, err

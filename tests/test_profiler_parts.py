@@ -474,7 +474,7 @@ def test_profile_storage_command(tmp_path, capsys):
 
 
 def test_profile_storage_command_errors(tmp_path, capsys):
-    code = cli.main(["profile-storage", "--page-dir", str(tmp_path), "--sizes", "4KiB",
+    code = cli.main(["profile-storage", "--page-dir", str(tmp_path), "--sizes", "4KiB,8KiB",
                      "--window-s", "0.001", "--share-s", "0", "--sensor", "no-such-meter",
                      "--no-footprint",
                      "-o", str(tmp_path / "p.json")])
@@ -491,7 +491,7 @@ def test_a_sensor_that_gives_no_power_is_refused_before_anything_is_measured(
     """A measured profile needs power: before, the flash was timed first and the command then
     failed on the missing power figures, its work thrown away."""
     pages, out = tmp_path / "pages", tmp_path / "p.json"
-    code = cli.main(["profile-storage", "--page-dir", str(pages), "--sizes", "4KiB",
+    code = cli.main(["profile-storage", "--page-dir", str(pages), "--sizes", "4KiB,8KiB",
                      "--share-s", "0", "--sensor", sensor, "-o", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and says in err

@@ -313,6 +313,39 @@ def test_a_checkpoint_the_come_back_fetched_into_out_board_is_resumed_from(tmp_p
     assert checkpoint_step(tmp_path / "checkpoint.pt") == 6 and len(said) == 1
 
 
+def test_a_resume_beside_its_run_still_running_on_the_board_is_refused(tmp_path):
+    """QA: `run --resume OUT` while OUT's job still trained (left with --keep-running) said
+    "resuming after step 140", queued behind it, then failed on the board: the checkpoint it
+    read by then was after the last step. Refused on the host, with the ways to wait or stop;
+    once the job ended the resume goes on (here: to its next check, no checkpoint)."""
+    import time
+
+    from helpers.board_fixtures import local_board
+
+    from edge_remat.devices import find_device
+    from edge_remat.run.options import RunProblem
+    from edge_remat.run.resume import find_checkpoint, note_job
+    from edge_remat.transport import Board
+    from edge_remat_agent.wire.protocol import TERMINAL_STATES
+    out = tmp_path / "out"
+    out.mkdir()
+    with local_board(tmp_path, "bench"), Board(find_device("bench")) as board:
+        job = board.submit("sleep", {"seconds": 60, "steps": 60}, None)["id"]
+        note_job(out, job, board.name, 2, resumed=False)
+        with pytest.raises(RunProblem) as refused:
+            find_checkpoint(board, out, print)
+        assert f"its job {job} is still " in str(refused.value)
+        assert f"`edge-remat job-status {job} --device bench --wait --out {out / 'board'}`" \
+            in str(refused.value) and f"`edge-remat job-cancel {job} --device bench`" \
+            in str(refused.value)
+        board.cancel(job)
+        deadline = time.monotonic() + 120  # a busy host takes seconds
+        while board.job(job)["state"] not in TERMINAL_STATES and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with pytest.raises(RunProblem, match="no checkpoint there"):
+            find_checkpoint(board, out, print)
+
+
 def test_a_complete_run_whose_outputs_never_came_says_how_to_fetch_them(tmp_path):
     # QA: deploy --resume of a job that finished while the link was down said only that the
     # run was complete; its folder had no weights.pt nor report, and nothing said where

@@ -70,8 +70,11 @@ def test_plain_training_is_killed_by_the_limit_and_says_so_in_one_line(emulated)
     code, out, err = cli("run", "--device", "bench-emulated", *MODEL, "--plain",
                          "--steps", 2, "--out", emulated / "plain")
     assert code == 4, (out, err)
-    assert out.strip().count("\n") == 0, out
-    assert out.startswith("killed by the memory limit at step 1: plain PyTorch training"), out
+    # a failure's one line, on stderr as every other's (QA: it was on stdout, no `error:`)
+    assert out == "", out
+    killed = err.strip().splitlines()[-1]
+    assert killed.startswith("error: killed by the memory limit at step 1: plain PyTorch "
+                             "training"), err
     assert "Traceback" not in out + err
     report = json.loads((emulated / "plain" / "report.json").read_text())
     assert report["status"] == "killed" and report["killed_at_step"] == 1
@@ -164,7 +167,7 @@ def test_plain_gpt_training_is_killed_by_the_limit(emulated):
     code, out, err = cli("run", "--device", "bench-emulated", *GPT, "--plain", "--steps", 1,
                          "--out", emulated / "gpt-plain")
     assert code == 4, (out, err)
-    assert out.startswith("killed by the memory limit at step 1"), out
+    assert err.strip().splitlines()[-1].startswith("error: killed by the memory limit at step 1")
 
 
 @needs_cgroup
@@ -231,7 +234,7 @@ def test_a_board_too_small_to_capture_says_so_with_the_out_of_memory_status(tmp_
                              "--time-limit", 5, "--profile", PROFILE, "--no-plots",
                              "--out", tmp_path / "tiny")
     assert code == 4, (out, err)
-    assert "while capturing the graph on the board (before step 1)" in out, out
+    assert "while capturing the graph on the board (before step 1)" in err, err
     assert "warning: the budget" in err  # 50% of plain PyTorch is more than 150 MiB
     assert "Traceback" not in out + err
 

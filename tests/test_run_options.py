@@ -63,19 +63,21 @@ def test_bundled_data_that_cannot_feed_the_model_is_refused_before_the_profile(t
     no_new_files(before, tmp_path)
 
 
-@pytest.mark.parametrize("body, words", [
-    (DATA_FILE, ["gives 1 arguments; the model takes 2"]),
-    ("def batches(batch, seed):\n    raise OSError('no such dataset')\n",
+@pytest.mark.parametrize("body, spec, words", [
+    (DATA_FILE, "mydata.py:batches", ["gives 1 arguments; the model takes 2"]),
+    ("def batches(batch, seed):\n    raise OSError('no such dataset')\n", "mydata.py:batches",
      ["failed on its first batch: OSError: no such dataset"]),
-])
+    # QA: a module's name, not its file, was checked only on the board (exit 1, after it all)
+    (DATA_FILE, "mydata:batches", ["gives 1 arguments; the model takes 2"]),
+    (DATA_FILE, "operator:add", ["failed on its first batch: TypeError"]),
+], ids=["file, short batch", "file raises", "module, short batch", "an installed module's"])
 def test_a_data_function_that_cannot_feed_the_model_is_refused_before_the_profile(
-        tmp_path, body, words):
+        tmp_path, body, spec, words):
     """QA: where the board reads this host's files, a MODULE:FUNCTION whose batches cannot feed
     the model failed on the board after the profile and the plan (exit 1, no report)."""
     (tmp_path / "mydata.py").write_text(body)
     before = tree(tmp_path)
-    proc = _run("--budget", "100%", "--data", "mydata.py:batches", "--out", "out",
-                cwd=tmp_path)
+    proc = _run("--budget", "100%", "--data", spec, "--out", "out", cwd=tmp_path)
     refused(proc, BAD_INPUT, "cannot feed this model", *words)
     assert "profil" not in proc.stderr and "planning" not in proc.stderr
     no_new_files(before, tmp_path)
@@ -112,7 +114,9 @@ def test_data_named_by_the_agents_own_table():
 
 
 @pytest.mark.parametrize("spec,words", [("mydata.py:nope", ["no function named 'nope'"]),
-                                        ("missing.py:batches", ["no such file", "missing.py"])])
+                                        ("missing.py:batches", ["no such file", "missing.py"]),
+                                        ("mydata:nope", ["no function named 'nope'"]),
+                                        ("nomod:batches", ["cannot import nomod"])])
 def test_a_data_file_the_board_cannot_use_is_refused_on_the_host(tmp_path, spec, words):
     (tmp_path / "mydata.py").write_text(DATA_FILE)
     before = tree(tmp_path)
@@ -120,6 +124,27 @@ def test_a_data_file_the_board_cannot_use_is_refused_on_the_host(tmp_path, spec,
     refused(proc, BAD_INPUT, spec, *words)
     assert "capturing" not in proc.stderr
     no_new_files(before, tmp_path)
+
+
+def test_a_local_board_gets_a_data_module_of_this_folder_as_its_file(tmp_path, monkeypatch):
+    """The board's agent imports in a folder of its own, where `mydata:batches` of the user's
+    folder is no module; an installed module, a package or a file keeps its spec."""
+    from edge_remat.devices import find_device
+    from edge_remat.run.options import RunOptions, for_board
+    (tmp_path / "mydata.py").write_text(DATA_FILE)
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text(DATA_FILE)
+    monkeypatch.chdir(tmp_path)
+    local = find_device("local")
+    given = {"mydata:batches": f"{tmp_path / 'mydata.py'}:batches",
+             "json:loads": "json:loads", "mypkg:batches": "mypkg:batches",
+             "nomod:batches": "nomod:batches", "digits": "digits",
+             "mydata.py:batches": f"{tmp_path / 'mydata.py'}:batches"}
+    for spec, board_spec in given.items():
+        opts = RunOptions(device="local", model="mlp", data=spec)
+        assert for_board(opts, local).data == board_spec, spec
+    assert for_board(RunOptions(device="local", model="mlp", data="mydata:b"),
+                     find_device(str(_ssh_device(tmp_path)))).data == "mydata:b"
 
 
 def test_batches_come_from_a_data_file(tmp_path, monkeypatch):
@@ -355,8 +380,15 @@ def test_a_plain_run_keeps_weights_equal_to_the_planned_runs_and_names_its_setti
     mine, theirs = (torch.load(tmp_path / run / "weights.pt") for run in ("plain", "planned"))
     assert mine.keys() == theirs.keys() and mine
     assert all(torch.equal(mine[key], theirs[key]) for key in mine)
-    none = _run("--plain", "--save", "none", "--out", tmp_path / "none", cwd=tmp_path)
+    # QA: options only a plan reads ran plain PyTorch without a word
+    none = _run("--plain", "--save", "none", "--allocator", "arena", "--paging", "flash",
+                "--out", tmp_path / "none", cwd=tmp_path)
     assert none.returncode == 0 and not (tmp_path / "none" / "weights.pt").exists(), none
+    assert "warning: --paging, --time-limit, --allocator shape the plan, and --plain trains " \
+        "without one: ignored" in none.stderr, none.stderr
+    # (_run gives every run a --time-limit)
+    assert "warning: --time-limit shapes the plan, and --plain trains without one: ignored" \
+        in plain.stderr, plain.stderr
 
 
 def test_a_budget_above_the_plain_peak_is_said_in_words_not_a_percentage_over_100():
@@ -431,6 +463,11 @@ def test_a_full_disk_while_fetching_names_the_file_and_the_way_back_and_keeps_th
           "the limit will likely kill the run"),
     (200, None),
     ((500, 7), None),  # QA: a plan that peaks far below its budget was told it would be killed
+    # QA: a limit that leaves nothing beside the runtime was told to leave out --budget, to plan
+    # for "(0 MiB)", which was refused: the limit to give instead
+    ((8, None, 300), "leave 79 MiB of the 300 MiB memory limit for the allocator's slack, less "
+                     "than the 160 MiB a run keeps: the limit may kill the run; give "
+                     "--memory-limit 381MiB or more"),
 ])
 def test_a_budget_into_the_limits_headroom_may_kill_one_past_it_likely_will(budget_mib, words):
     """The README's resnet18 at 65% (232 MiB beside a 213 MiB runtime under 600 MiB) was told
@@ -439,16 +476,20 @@ def test_a_budget_into_the_limits_headroom_may_kill_one_past_it_likely_will(budg
     from types import SimpleNamespace
     from edge_remat.run.orchestrate import _note_budget_past_limit
     said = []
-    budget_mib, peak_mib = budget_mib if isinstance(budget_mib, tuple) else (budget_mib, None)
+    budget_mib, peak_mib, limit_mib = (budget_mib + (600,))[:3] if isinstance(budget_mib, tuple) \
+        else (budget_mib, None, 600)
     _note_budget_past_limit(
         budget_mib * 2**20, SimpleNamespace(budget=f"{budget_mib}MiB"),
-        SimpleNamespace(hardware=SimpleNamespace(memory_limit_bytes=600 * 2**20)),
+        SimpleNamespace(hardware=SimpleNamespace(memory_limit_bytes=limit_mib * 2**20)),
         SimpleNamespace(profile=SimpleNamespace(runtime_baseline_bytes=213 * 2**20)),
         said.append, peak_mib and peak_mib * 2**20)
     if words is None:
         assert said == []
-    else:
+    elif limit_mib == 600:
         assert len(said) == 1 and words in said[0] and "(227 MiB)" in said[0], said
+        assert f"give --memory-limit {budget_mib + 373}MiB or more, or leave out" in said[0]
+    else:
+        assert len(said) == 1 and words in said[0] and "leave out" not in said[0], said
 
 
 def test_bad_input_after_profiling_removes_the_fetched_profile_too(tmp_path):

@@ -30,7 +30,7 @@ pytest.importorskip("edge_remat_agent.executor.jobs", reason="needs the executor
 
 # share_s=0: no compute share, which takes up to 4 s a tier (flash, the host link); it is
 # measured through the daemon in test_op_profiler and on its own in test_contention
-FAST_PROFILE = ["idle_s=0.1", "busy_s=0.1", "sizes=4KiB", "no_footprint=true", "share_s=0"]
+FAST_PROFILE = ["idle_s=0.1", "busy_s=0.1", "sizes=4KiB,8KiB", "no_footprint=true", "share_s=0"]
 
 
 def cli(*args):

@@ -63,6 +63,21 @@ def with_absolute_file(spec: str) -> str:
     return os.path.abspath(path) + spec[len(path):]
 
 
+def module_file_spec(spec: str) -> str:
+    """`my_data:NAME`, where my_data is a module file in the current folder (found there as
+    under `python -m`), -> `/cwd/my_data.py:NAME`: a reader in another folder (a local board's
+    agent) finds it there too. Other specs (a file, a package, an installed module, a module
+    not found) are returned as they are."""
+    module_part, colon, name = spec.rpartition(":")
+    if not colon or names_file(module_part) or not module_part.isidentifier():
+        return spec
+    path = _top_level_module_file(module_part)
+    here = Path.cwd() / f"{module_part}.py"
+    if path is None or Path(path) != here:
+        return spec
+    return f"{here}:{name}"
+
+
 # What the user's code may raise where we call it: sys.exit() too, which is no Exception, and
 # which passed through as the process's own exit (QA: `graph` with a factory calling
 # sys.exit(0) wrote nothing and exited 0; `fleet plan --no-ray` ended silently, the models

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -718,9 +719,9 @@ def job(
             print(json.dumps({"status": record["state"], "job": record["id"]})
                   if as_json else record["id"])
             return
-        record = board.run_job(kind, values, inputs, out, job_id,
-                               on_update=None if as_json else progress_printer())
-        print_outcome(record, as_json, board)
+        shown = None if as_json else progress_printer()
+        record = board.run_job(kind, values, inputs, out, job_id, on_update=shown)
+        print_outcome(record, as_json, board, shown)
 
 
 EMULATED_BOARD_HELP = ("the board `run --memory-limit` emulated on this machine (its agent "
@@ -758,7 +759,8 @@ def job_status(
 
     if out is not None:  # `--out ''` too, which is refused
         output_folder(out)
-    with Board(_device(device, memory_limit), on_event=to_stderr) as board:
+    with Board(_device(device, memory_limit), on_event=to_stderr) as board, \
+            _emulated_twin_hinted(board, job_id):
         try:
             shown = None if as_json else progress_printer(since="job-status began waiting")
             record = (board.wait(job_id, shown) if wait
@@ -768,15 +770,32 @@ def job_status(
                               f"(`edge-remat job-cancel {job_id} --device {device}` stops it)",
                               job=job_id, cancelled=False) from None
         try:
-            _job_outcome(board, record, job_id, out, as_json)
+            _job_outcome(board, record, job_id, out, as_json, shown if wait else None)
         finally:
             if record["state"] in TERMINAL_STATES:  # as at a run's end (QA: after run
                 retire_emulated(board)  # --keep-running and job-status --wait, both stayed up)
 
 
-def _job_outcome(board, record: dict, job_id: str, out: Optional[str], as_json: bool) -> None:
+@contextlib.contextmanager
+def _emulated_twin_hinted(board, job_id: str):
+    """An unknown job that a `--memory-limit` run left on the board emulated on this device
+    (its own folder) is said to be there, with the option that reaches it."""
+    from .transport.emulated import emulated_twin_hint
+    from .transport.errors import AgentError
+    try:
+        yield
+    except AgentError as error:
+        hint = emulated_twin_hint(board.device, job_id) if error.code == "unknown_job" else None
+        if hint is None:
+            raise
+        raise AgentError(f"{error}; {hint}", error.code, error.details) from None
+
+
+def _job_outcome(board, record: dict, job_id: str, out: Optional[str], as_json: bool,
+                 shown=None) -> None:
     """job-status's answer for a job's record: its outputs fetched into `out` where it
-    finished, a failure as its exit status, else the record printed."""
+    finished, a failure as its exit status, else the record printed (its state line by
+    `shown`, the progress printer that waited for it, if one did)."""
     from pathlib import Path
 
     from edge_remat_agent.wire.protocol import TERMINAL_STATES
@@ -792,7 +811,7 @@ def _job_outcome(board, record: dict, job_id: str, out: Optional[str], as_json: 
             to_stderr(settled_line(*settled, job_id, record))
     if record["state"] == "failed":
         raise job_failed(record, f"job {job_id}", board.name, board.stale_agent_cause())
-    print_outcome(record, as_json, board)
+    print_outcome(record, as_json, board, shown)
 
 
 @app.command("job-cancel")
@@ -811,7 +830,8 @@ def job_cancel(
     from .transport.emulated import retire_emulated
     from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
-    with Board(_device(device, memory_limit), on_event=to_stderr) as board:
+    with Board(_device(device, memory_limit), on_event=to_stderr) as board, \
+            _emulated_twin_hinted(board, job_id):
         record = board.cancel(job_id)
         if record["state"] not in TERMINAL_STATES:
             record = board.wait(job_id, timeout_s=CANCEL_WAIT_S)
@@ -928,6 +948,7 @@ def deploy(
     note_plan_above_ram(config, replayed.peak_bytes, to_stderr)
     from .run.resume import (checkpoint_every as every_of, checkpoint_params, deploy_identity,
                              job_resume, note_job, start_resume, with_resume_hint)
+    from .errors import Interrupted
     from .transport import JobFailed
     every = every_of(opts)
     # the graph's capture seed, as run seeds its job: without one each job's dropout drew
@@ -961,11 +982,12 @@ def deploy(
         with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
             inputs = {"plan": plan_file, "graph": graph, **({"init": init} if init else {}),
                       **resume_inputs}
+            shown = None if as_json else progress_printer()
             try:
                 record = board.run_job("run", {**params, **resume_params, **page_params},
-                                       inputs, out, job_id=job_id,
-                                       on_update=None if as_json else progress_printer())
-            except JobFailed as failed:
+                                       inputs, out, job_id=job_id, on_update=shown)
+            except (JobFailed, Interrupted) as failed:  # Ctrl-C too, as run's (QA: it named
+                # no checkpoint)
                 raise with_resume_hint(failed, board, Path(out), job_id) \
                     if "identity" in params else failed
         if no_room and record.get("state") == "finished" and record.get("result"):
@@ -976,7 +998,7 @@ def deploy(
             if fetched is not None:
                 report = json.loads(fetched.read_text())
                 fetched.write_text(json.dumps(dict(report, grad_check=check), indent=1))
-        print_outcome(record, as_json, board)
+        print_outcome(record, as_json, board, shown)
     _exit_if_stopped(record.get("result"), steps)
     _exit_if_gradients_differ((record.get("result") or {}).get("grad_check"))
 
@@ -1061,9 +1083,10 @@ def profile(
         if loaded is not None and (why := plain_step_out_of_reach(board, loaded)):
             to_stderr(f"warning: {why}")
             inputs = {}
+        shown = None if as_json else progress_printer()
         with link_pages(board, to_stderr) as page_params:
             record = board.run_job("profile", {**page_params, **values}, inputs, out,
-                                   on_update=None if as_json else progress_printer())
+                                   on_update=shown)
         fetched = fetched_json(record)
         if loaded is not None and not inputs and fetched:  # no room: time them under a plan
             from .profile_under_plan import time_nodes_under_plan
@@ -1075,7 +1098,7 @@ def profile(
                 from .node_times import FIGURES_KEY
                 record["result"].update({"ops": len(load_profile(fetched[0]).ops),
                                          "nodes": timed["nodes"], FIGURES_KEY: timed})
-        print_outcome(record, as_json, board)
+        print_outcome(record, as_json, board, shown)
 
 
 def _check_profile_model(model: str, loaded, graph_file, say) -> None:
@@ -1247,8 +1270,8 @@ def run_command(
             report = {**report, "error": _killed_line(report)}
             to_stderr(f"error: {report['error']}")
         print(json.dumps(report, default=str))
-    elif killed:
-        typer.echo(_killed_line(report))
+    elif killed:  # a failure's line, as every other's: on stderr (QA: it was on stdout alone)
+        to_stderr(f"error: {_killed_line(report)}")
     else:
         typer.echo(report_text(report))
     if killed:
@@ -1333,6 +1356,10 @@ def _sweep_rows(path: str) -> tuple[list, tuple[str, str]]:
             if solved[0] != solved[1]:
                 raise row.error("time_s", "a time where the row has an energy, and none where "
                                 "it has none", row.raw("time_s", None))
+        if all(row.get("energy_j") is None for row in data["sweep"]):
+            # as `plan --sweep` refuses it (QA: an exit 0 and a chart with no line)
+            raise UserError(f"{path}: no budget of the sweep has a plan (every row says "
+                            f"\"no plan\"): nothing to draw; sweep larger budgets")
         units = sweep.child("units", None)
         return data["sweep"], ((units.str("time"), units.str("energy")) if units else ("s", "J"))
     if isinstance(data, dict):

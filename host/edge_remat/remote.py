@@ -331,14 +331,21 @@ def full_result(record: dict) -> dict:
     return json.loads(report.read_text()) if report else record.get("result") or {}
 
 
-def print_outcome(record: dict, as_json: bool, board: Board) -> None:
+def print_outcome(record: dict, as_json: bool, board: Board,
+                  progress: Optional[Callable[[dict], None]] = None) -> None:
+    """The job's outcome on stdout: one JSON object (--json), or its result. Its state line
+    goes to `progress`, which said the job's lines on stderr (a no-op where it said this
+    record's already: QA saw it twice, on stderr and stdout), else to stdout with the rest."""
     if as_json:
         print(json.dumps({"status": record["state"], "job": record["id"],
                           "result": record.get("result"), "error": record.get("error"),
                           "fetched": record.get("fetched", []), "reconnects": board.reconnects,
                           "device": board.name}, default=str))
         return
-    typer.echo(summary(record))
+    if progress is None:
+        typer.echo(summary(record))
+    else:
+        progress(record)
     if record.get("result") is not None:
         report = full_result(record)
         # The job's result carries the summary alone; the words need the board's whole report

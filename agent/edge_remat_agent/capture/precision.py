@@ -84,11 +84,12 @@ def _refuse_unmixable(module: nn.Module, name: str, trainable: str, model: str) 
     would meet a bf16 input with a float32 weight."""
     params = dict(module.named_parameters())
     trained = [n for n, p in params.items() if p.requires_grad]
-    if len(trained) == len(params):
+    if len(trained) == len(params):  # (QA: it said "--train PATTERN", refused next below)
         raise CaptureError(model, f"--trainable-dtype {trainable}: every parameter trains (full "
                            f"fine-tuning), so none would stay in --dtype {name}: give --dtype "
-                           f"{trainable} to train it all in {trainable}, or freeze the base (a "
-                           "LoRA model, --train PATTERN)")
+                           f"{trainable} to train it all in {trainable}, or train a LoRA "
+                           "adapter alone (a zoo *-lora model, hf: with adapter=): only "
+                           "adapters may train in another dtype")
     allowed = adapter_parameters(module) | saved_copy_parameters(module)
     outside = [n for n in trained if id(params[n]) not in allowed]
     if outside:

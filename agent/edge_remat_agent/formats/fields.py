@@ -10,6 +10,7 @@ from typing import Any
 from .errors import FormatError, unreadable_file
 
 _MISSING = object()
+MAX_SIZE = 2**63 - 1  # what a size in any format may be: the solvers' and torch's int64
 
 
 def _an_object(source: str) -> str:
@@ -73,6 +74,10 @@ class Reader:
             raise self.error(key, "an integer", value)
         if minimum is not None and value < minimum:
             raise self.error(key, f"an integer >= {minimum}", value)
+        if key.endswith("_bytes") and value > MAX_SIZE:  # every format's sizes (QA: a plan's
+            # budget_bytes of 1.5e300 trained); 2**62 stays, an unlimited budget in our plans
+            raise self.error(key, "a size in bytes that fits in 64 bits, not one larger than "
+                                  "any board's memory could be", value)
         return value
 
     def boolean(self, key: str, default: Any = _MISSING) -> Any:

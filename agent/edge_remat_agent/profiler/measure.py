@@ -63,9 +63,15 @@ class ProfileOptions:
                 wanted = "a positive number" if least is None else "0 or more"
                 raise ValueError(f"--{name.replace('_', '-')} must be {wanted} of seconds, "
                                  f"at most {MAX_WINDOW_S:g}, not {value}")
-        if self.sizes is None and not 0 < self.min_size <= self.max_size:
+        # a line, latency + bytes / bandwidth, needs two sizes (QA: one 4 KiB size fitted
+        # latency 0 and a bandwidth 100x too low, in silence)
+        if self.sizes is None and not 0 < self.min_size < self.max_size:
             raise ValueError(f"--min-size ({format_size(self.min_size)}) must be more than 0 "
-                             f"and no more than --max-size ({format_size(self.max_size)})")
+                             f"and less than --max-size ({format_size(self.max_size)}): the "
+                             f"latency and bandwidth fitted need two sizes at least")
+        if self.sizes is not None and len(set(self.sizes)) < 2:
+            raise ValueError(f"--sizes gives {len(set(self.sizes))} size: the latency and "
+                             f"bandwidth fitted need two at least (e.g. 4KiB,64MiB)")
         self._check_dtypes()
 
     def _check_dtypes(self) -> None:

@@ -86,10 +86,12 @@ def summary_text(result, folder) -> str:
     rows = result.rows
     resumed = sum(1 for row in rows if row["resumed"])
     planned = len(rows) - len(result.failed) - len(result.infeasible)
+    # how tasks ran where any did (QA: a resume that kept every task said "1 at a time")
+    ran = f" ({result.in_flight} at a time, {counted(result.workers, 'solver thread')} each)" \
+        if resumed < len(rows) else ""
     lines = [f"{counted(len(rows), 'task')}: {planned} planned ({resumed} kept from before), "
              f"{len(result.infeasible)} infeasible, {len(result.failed)} failed, in "
-             f"{result.seconds:.1f} s "
-             f"({result.in_flight} at a time, {counted(result.workers, 'solver thread')} each)"]
+             f"{result.seconds:.1f} s{ran}"]
     # budget @deadline: a deadline as a multiple of the plain time
     # the status column as wide as its widest entry ("infeasible_deadline" is 19)
     width = max([len("status")] + [len(row["status"]) for row in rows])

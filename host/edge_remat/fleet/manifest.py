@@ -128,8 +128,15 @@ def load_manifest(path: "str | Path") -> Manifest:
     for key in sorted(set(data) - TOP_KEYS):
         note(key, f"no such field (known: {', '.join(sorted(TOP_KEYS))})")
     budgets = _strings(data, "budgets", note, required=True)
+    read: dict = {}  # budget -> the first index that gave it
     for i, text in enumerate(budgets):
-        checked(f"budgets[{i}]", lambda text=text: parse_budget(text))
+        budget = checked(f"budgets[{i}]", lambda text=text: parse_budget(text))
+        if budget is not None and budget in read:  # QA: "150%" and "1.5" planned twice
+            first = read[budget]
+            note(f"budgets[{i}]", f"{text!r} is budgets[{first}] ({budgets[first]!r}) again: "
+                                  "list each budget once")
+        elif budget is not None:
+            read[budget] = i
     deadlines: list[Optional[float]] = [None]
     if "deadlines" in data:
         raw = data["deadlines"]

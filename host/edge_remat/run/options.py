@@ -184,6 +184,18 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
                              "board's own profile, measured or modelled")
 
 
+def plain_ignores(opts: RunOptions) -> list[str]:
+    """The options given that only a plan reads, which --plain (no plan) leaves unused (QA:
+    `--plain --allocator arena` or `--paging flash` ran plain PyTorch without a word)."""
+    defaults = RunOptions(device=opts.device, model=opts.model)
+    names = {"budget": "--budget", "deadline": "--deadline", "objective": "--objective",
+             "paging": "--paging", "solver": "--solver", "time_limit": "--time-limit",
+             "sweep": "--sweep", "allocator": "--allocator", "params_home": "--params-home",
+             "max_nodes": "--max-nodes", "profile": "--profile", "reprofile": "--reprofile"}
+    return [option for name, option in names.items()
+            if getattr(opts, name) != getattr(defaults, name)]
+
+
 def checked_max_norm(max_norm: float) -> float:
     """--clip-grad-norm's value, or one line saying what it must be (exit status 2)."""
     from edge_remat_agent.grad_clip import check_max_norm
@@ -291,12 +303,13 @@ def run_data(opts: RunOptions) -> str:
 
 def check_data(spec: str, device: DeviceConfig) -> None:
     """A data spec the board cannot read is refused here, not after the capture, the profile
-    and the plan: the agent's own table of data names, and a data file this host can see."""
+    and the plan: the agent's own table of data names, and data this host reads as the board
+    does (a file, or a module: QA, `--data nomod:fn` failed on the board after all of them)."""
     from edge_remat_agent.data import DataError, check_data_spec, load_data_function
     try:
         check_data_spec(spec)
-        if _data_file_here(spec, device):
-            load_data_function(spec)  # imported, not called: the file and the function exist
+        if _data_read_here(spec, device):
+            load_data_function(spec)  # imported, not called: the module and the function exist
     except DataError as exc:
         raise RunProblem(str(exc)) from None
 
@@ -309,17 +322,19 @@ def check_data_fits(spec: str, example_args: tuple, model=None,
     this host's files (QA: one that gave 1 argument for a model of 2 failed on the board, after
     the profile and the plan)."""
     from edge_remat_agent.data import DataError, check_data_fits as first_batch_fits
-    here = device is not None and _data_file_here(spec, device)
+    here = device is not None and _data_read_here(spec, device)
     try:
         first_batch_fits(spec, example_args, model=model, user_data=here)
     except DataError as error:
         raise RunProblem(f"--data {spec} cannot feed this model: {error}") from None
 
 
-def _data_file_here(spec: str, device: DeviceConfig) -> bool:
-    """Whether `spec` is a data file that this host reads as the board does."""
-    from edge_remat_agent.user_code import spec_file
-    return spec_file(spec) is not None and shares_files(device)
+def _data_read_here(spec: str, device: DeviceConfig) -> bool:
+    """Whether `spec` is the user's data (MODULE:FUNCTION) that this host reads as the board
+    does: any on a board that shares this host's files (for_board gives it a module of the
+    host's current folder as that module's file)."""
+    from edge_remat_agent.data import NAMED_DATA
+    return spec not in NAMED_DATA and shares_files(device)
 
 
 def shares_files(device: DeviceConfig) -> bool:
@@ -343,8 +358,12 @@ def paging_with_flash(paging: Optional[str]) -> str:
 def for_board(opts: RunOptions, device: DeviceConfig) -> RunOptions:
     """The options with the user's files (a MODULE:FACTORY model, a MODULE:FUNCTION data
     module) named by absolute paths: the board reads them in another working directory."""
+    data = absolute_file_spec(run_data(opts), "--data", device)
+    if shares_files(device):  # the board imports in its own folder, not in this one
+        from edge_remat_agent.user_code import module_file_spec
+        data = module_file_spec(data)
     return dataclasses.replace(opts, model=absolute_file_spec(opts.model, "--model", device),
-                               data=absolute_file_spec(run_data(opts), "--data", device))
+                               data=data)
 
 
 def absolute_file_spec(spec: str, option: str, device: DeviceConfig) -> str:

@@ -34,7 +34,7 @@ from ..transport import Board, JobFailed, JobOutOfReach
 from ..units import Budget, budget_against_plain, fmt_bytes
 from .job_end import ENDED_WELL, ended_well_status
 from .options import (RunOptions, RunProblem, check_data_fits, check_init_fits, check_options,
-                      flash_allowed, for_board, paging_with_flash, run_data)
+                      flash_allowed, for_board, paging_with_flash, plain_ignores, run_data)
 from .profiles import ChosenProfile, choose_profile, forget_if_far_off
 
 # With a memory limit and no --budget, the plan gets what is left after the runtime's own memory
@@ -61,6 +61,9 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
         say(f"warning: --memory-limit {fmt_bytes(opts.memory_limit)} is more than this "
             f"machine's {fmt_bytes(ram)} of RAM: the limit never binds, so the run is not "
             "that board's")
+    if opts.plain and (ignored := plain_ignores(opts)):
+        say(f"warning: {', '.join(ignored)} shape{'s' if len(ignored) == 1 else ''} the plan, "
+            "and --plain trains without one: ignored")
     opts = for_board(opts, device)
     if opts.resume:  # the resumed run's outputs go where the earlier run's are
         opts = dataclasses.replace(opts, out=opts.resume)
@@ -569,8 +572,12 @@ def _note_budget_past_limit(budget_bytes: int, opts: RunOptions, device: DeviceC
         budget_bytes, held = peak_bytes, "the plan's peak"
     if budget_bytes + taken <= limit:
         return
-    leave_out = (f"leave out --budget to plan for what the limit leaves "
-                 f"({max(0, limit - taken) / 2**20:.0f} MiB)")
+    # the limit this budget needs, and, where the limit leaves any room, planning for that
+    # (QA: "leave out --budget to plan for what the limit leaves (0 MiB)", which was refused)
+    room = limit - taken
+    leave_out = f"give --memory-limit {math.ceil((budget_bytes + taken) / 2**20)}MiB or more" \
+        + (f", or leave out --budget to plan for what the limit leaves "
+           f"({room / 2**20:.0f} MiB)" if room >= 2**20 else "")
     runtime = taken - RUNTIME_HEADROOM_BYTES
     if budget_bytes + runtime > limit:
         say(f"warning: {held}, {budget_bytes / 2**20:.0f} MiB, and {what} pass the "

@@ -118,12 +118,35 @@ def note_job(out: Path, job_id: str, device: str, every: int, resumed: bool) -> 
     os.replace(tmp, out / RECORD)
 
 
+def _refuse_a_job_still_running(board, out: Path, record: dict) -> None:
+    """A job of the run that is still queued or running on the board (left with
+    --keep-running, or by a host that died) goes on writing checkpoints: a resume beside it
+    would queue behind it and then read a checkpoint newer than the one it promised (QA:
+    "resuming after step 140", then failed on the board at step 300)."""
+    from ..transport.errors import AgentError
+    from edge_remat_agent.wire.protocol import TERMINAL_STATES
+    for entry in record.get("jobs", []):
+        if entry.get("device") != board.name:
+            continue
+        try:
+            state = board.job(entry["job"])["state"]
+        except AgentError as error:
+            if error.code == "unknown_job":  # pruned, or never reached the board
+                continue
+            raise
+        if state not in TERMINAL_STATES:
+            raise RunProblem(f"--resume {out}: its job {entry['job']} is still {state} on "
+                             f"{board.name}, writing checkpoints: let it end or stop it, then "
+                             f"resume; {board.come_back(entry['job'], out / 'board')}")
+
+
 def find_checkpoint(board, out: Path, say: Callable[[str], None]) -> Optional[str]:
     """OUT/checkpoint.pt made the newest checkpoint of the run in OUT (fetched from the board
     where it has a newer one than this host); returns its path on the board where the board
     has it (the job reads it there), else None (the host's copy is pushed)."""
     local = out / CHECKPOINT_FILE
     record = read_record(out)
+    _refuse_a_job_still_running(board, out, record)
     # this run's jobs first, newest first; then an earlier run's that this one started over
     # from (a checkpoint it never made is no reason to lose that run's)
     for entry in record.get("jobs", []) + record.get("earlier_jobs", []):
@@ -203,9 +226,12 @@ def check_checkpoint(opts: RunOptions, out: Path, identity: Optional[dict] = Non
                          f"step {last}, the last of this run): {train_on}"
                          + _outputs_left_behind(out, bool(identity and "--graph" in identity)))
     if checkpoint.steps_done > last:
+        # the option that stops it early is the one to raise (QA: "give --steps more than 2"
+        # to a run of --steps 3 --stop-after 1)
+        option = "--stop-after" if opts.stop_after else "--steps"
         raise RunProblem(f"--resume {out}: its checkpoint is after step "
                          f"{checkpoint.steps_done}, and this run would stop at step {last}: "
-                         f"give --steps more than {checkpoint.steps_done}")
+                         f"give {option} more than {checkpoint.steps_done}")
     return {"steps_done": checkpoint.steps_done, "bytes": path.stat().st_size}
 
 

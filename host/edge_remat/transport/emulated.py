@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+from pathlib import Path
 
 from edge_remat_agent.cgroup_memory import PEAK_FILE, RESTARTED_PEAK_SCOPE
 
@@ -79,6 +80,27 @@ def unlimited_twin(device: DeviceConfig) -> DeviceConfig:
     device = _beside_its_workdir(device, "-unlimited")
     hardware = dataclasses.replace(device.hardware, memory_limit_bytes=None)
     return dataclasses.replace(device, name=f"{device.name}-unlimited", hardware=hardware)
+
+
+def emulated_twin_hint(device: DeviceConfig, job_id: str) -> str | None:
+    """Where job `job_id` is unknown to `device` (local, without a limit of its own) but lies
+    in the folder of the board `--memory-limit` emulates on it: how to reach it there (QA:
+    job-status without --memory-limit said the job may have been pruned). None elsewhere."""
+    if device.connection.kind != "local" or device.hardware.memory_limit_bytes:
+        return None
+    twin = _beside_its_workdir(device, "-limited")
+    if not (Path(os.path.expanduser(twin.connection.workdir)) / "jobs" / job_id).is_dir():
+        return None
+    try:  # its agent's cgroup, while it runs, holds the limit to give
+        group = MemoryCgroup.existing(cgroup_name(twin))
+        limit = group.limit_bytes() if group is not None else None
+    except (CgroupUnavailable, OSError, ValueError):
+        limit = None
+    limit = limit if limit and limit < 1 << 60 else None  # "max": no limit there now
+    given = f"--memory-limit {limit // 2**20}MiB" if limit and limit % 2**20 == 0 else \
+        f"--memory-limit {limit}" if limit else "the --memory-limit its run was given"
+    return (f"job {job_id} ran on the board that `--memory-limit` emulates on {device.name} "
+            f"(a folder of its own): give {given} to reach it")
 
 
 def cgroup_name(device: DeviceConfig) -> str:
