@@ -269,6 +269,25 @@ def test_outputs_an_earlier_run_left_and_this_one_did_not_write_are_removed(tmp_
         "kept: this run did not write them again (remove them, or give another --out)"
 
 
+def test_a_profile_an_earlier_run_measured_goes_where_this_run_took_the_cached_one(tmp_path):
+    """QA: OUT/profile/profile.json of an earlier run that measured it stayed beside the
+    report of a later run that took the cached profile, said nowhere. One this run fetched
+    stays."""
+    from edge_remat.run.orchestrate import _output_stamps, _remove_earlier_outputs
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "profile.json").write_text("earlier run's")
+    said = []
+    _remove_earlier_outputs(tmp_path, _output_stamps(tmp_path), True, said.append)
+    assert not (tmp_path / "profile").exists()
+    assert said == [f"removed profile/profile.json from {tmp_path}: an earlier run's, which "
+                    "this run did not write again"]
+    (tmp_path / "profile").mkdir()
+    at_start = _output_stamps(tmp_path)
+    (tmp_path / "profile" / "profile.json").write_text("this run's")
+    _remove_earlier_outputs(tmp_path, at_start, True, said.append)
+    assert (tmp_path / "profile" / "profile.json").read_text() == "this run's" and len(said) == 1
+
+
 def test_a_folder_that_held_no_runs_report_keeps_files_of_output_names(tmp_path):
     """QA: `run --out DIR` removed someone's own sweep.json and memory.png from a folder no
     run had used. Only a folder that held a run's report.json when the run started is one."""

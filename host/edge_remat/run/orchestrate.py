@@ -169,11 +169,19 @@ def _remove_earlier_outputs(out: Path, at_start: dict, earlier_run: bool, say: S
         return
     stale = [out / name for name in RUN_OUTPUTS
              if (out / name).is_file() and not _written_since(out / name, at_start)]
+    # the profile an earlier run measured, where this one took the cached one (QA: a stale
+    # profile/profile.json beside this run's report, said nowhere)
+    fetched = out / "profile"
+    stale += [path for path in (fetched.iterdir() if fetched.is_dir() else ())
+              if path.is_file() and path in at_start and not _written_since(path, at_start)]
     for path in stale:
         path.unlink()
+    with contextlib.suppress(OSError):  # emptied: gone too (not where it holds anything)
+        if stale and fetched.is_dir() and not any(fetched.iterdir()):
+            fetched.rmdir()
     if stale:
-        say(f"removed {', '.join(p.name for p in stale)} from {out}: an earlier run's, "
-            "which this run did not write again")
+        say(f"removed {', '.join(str(p.relative_to(out)) for p in stale)} from {out}: an "
+            "earlier run's, which this run did not write again")
     kept = [name for name in _kept_outputs()
             if not resumed and (out / name).exists() and not _written_since(out / name,
                                                                             at_start)]
