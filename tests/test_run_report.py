@@ -112,6 +112,16 @@ def test_an_arena_fitted_plan_reports_the_budget_asked_and_where_it_was_planned(
     unfitted = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
                             result=result, plan={**plan, "arena": None})
     assert unfitted["budget_bytes"] == 9 * mib and "planned_at_bytes" not in unfitted
+    assert "arena_over_budget_bytes" not in report and "\narena " not in report_text(report)
+    # QA: an arena no schedule tried fits was said once while planning, then nowhere
+    over = {**plan, "budget_bytes": 10 * mib, "arena": {"size_bytes": 11 * mib, "details": {
+        "fit": {"budget_bytes": 10 * mib, "planned_at_bytes": 10 * mib, "fits": False,
+                "footprint_bytes": 11 * mib + 5}}}}
+    report = build_report(mode="planned", status="finished", device="b", model="m", steps=1,
+                          result=result, plan=over, plain_peak_bytes=20 * mib)
+    assert report["arena_over_budget_bytes"] == mib + 5
+    assert "arena     passes the budget by 1.00 MiB (fragmentation; no schedule tried fits " \
+        "it): the board may need that much more" in report_text(report).splitlines()
 
 
 def test_steady_median_leaves_the_first_step_out():

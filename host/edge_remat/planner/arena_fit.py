@@ -57,5 +57,6 @@ def fit_arena(graph: Graph, budget_bytes: int, report: SolveReport, layout: Aren
     report, layout = kept
     layout.details["fit"] = {
         "budget_bytes": budget_bytes, "planned_at_bytes": report.plan.budget_bytes,
-        "fits": footprint_bytes(report.plan, layout) <= budget_bytes, "tries": tries}
+        "fits": footprint_bytes(report.plan, layout) <= budget_bytes,
+        "footprint_bytes": footprint_bytes(report.plan, layout), "tries": tries}
     return kept

@@ -126,6 +126,7 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
         "budget_bytes": asked,
         **({"planned_at_bytes": plan["budget_bytes"]}
            if plan and plan.get("budget_bytes") != asked else {}),
+        **_arena_over(plan),
         "plain_peak_bytes": plain_peak_bytes,
         "predicted_peak_bytes": predicted_peak,
         # Of the peak, what the ledger can see: all but the memory the ops' first calls leave
@@ -314,6 +315,16 @@ def _mib(value) -> str:
     return "-" if value is None else f"{value / 2**20:.1f}"
 
 
+def _arena_over(plan: Optional[dict]) -> dict:
+    """How far the plan's arena (--allocator arena) passes the budget where no schedule tried
+    fits it: the board may need that much more (QA: said once while planning, then in neither
+    the table nor report.txt)."""
+    fit = (((plan or {}).get("arena") or {}).get("details") or {}).get("fit") or {}
+    if fit.get("fits", True) or not fit.get("footprint_bytes"):
+        return {}
+    return {"arena_over_budget_bytes": fit["footprint_bytes"] - fit["budget_bytes"]}
+
+
 def report_text(report: dict) -> str:
     """The table a person reads: header, one line per step, the kernel's peak, the misses."""
     limit = report.get("memory_limit_bytes")
@@ -340,6 +351,10 @@ def report_text(report: dict) -> str:
                      f"{counted(report.get('page_ins'), 'page-in')}"
                      + (f", {counted(report['home_reads'], 'parameter read')} from home ahead"
                         if report.get("home_reads") else ""))
+    if report.get("arena_over_budget_bytes"):
+        over = fmt_bytes(report["arena_over_budget_bytes"])
+        lines.append(f"arena     passes the budget by {over} (fragmentation; no schedule "
+                     "tried fits it): the board may need that much more")
     if report.get("micro_batches"):
         k = report["micro_batches"]
         lines.append(f"step      {k} micro-batches a step (--accumulate): the plan {k} times, "
