@@ -45,6 +45,16 @@ def keygen(path: Path) -> Path:
     return path
 
 
+def _thread_settings() -> str:
+    """An sshd_config line giving every session the thread counts set here (tests/conftest.py
+    sets one thread per xdist worker): a board over SSH then trains with the same reductions
+    as the plain step a test computes here to compare its weights bit for bit (with two
+    threads there and one here, a LoRA run's adapters differed in their last bits)."""
+    names = [f"{name}={os.environ[name]}" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+             if os.environ.get(name)]
+    return f"SetEnv {' '.join(names)}\n" if names else ""
+
+
 class SshServer:
     """sshd -D on 127.0.0.1:PORT, logging in the user running it with key auth only."""
 
@@ -82,7 +92,7 @@ AllowTcpForwarding yes
 Subsystem sftp internal-sftp
 ClientAliveInterval 5
 LogLevel VERBOSE
-""")
+{_thread_settings()}""")
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation dir
         with open(self.log, "wb") as log:
