@@ -126,7 +126,7 @@ def test_a_data_file_the_board_cannot_use_is_refused_on_the_host(tmp_path, spec,
     no_new_files(before, tmp_path)
 
 
-def test_a_local_board_gets_a_data_module_of_this_folder_as_its_file(tmp_path, monkeypatch):
+def test_a_local_board_gets_a_module_of_this_folder_as_its_file(tmp_path, monkeypatch):
     """The board's agent imports in a folder of its own, where `mydata:batches` of the user's
     folder is no module; an installed module, a package or a file keeps its spec."""
     from edge_remat.devices import find_device
@@ -145,6 +145,11 @@ def test_a_local_board_gets_a_data_module_of_this_folder_as_its_file(tmp_path, m
         assert for_board(opts, local).data == board_spec, spec
     assert for_board(RunOptions(device="local", model="mlp", data="mydata:b"),
                      find_device(str(_ssh_device(tmp_path)))).data == "mydata:b"
+    # a model's factory alike (QA: `--model mymod:make` of the user's folder was captured on
+    # the host, then failed on the local board: "cannot import mymod")
+    opts = RunOptions(device="local", model="mydata:batches", data="digits")
+    assert for_board(opts, local).model == f"{tmp_path / 'mydata.py'}:batches"
+    assert for_board(RunOptions(device="local", model="mlp"), local).model == "mlp"
 
 
 def test_batches_come_from_a_data_file(tmp_path, monkeypatch):

@@ -358,12 +358,13 @@ def paging_with_flash(paging: Optional[str]) -> str:
 def for_board(opts: RunOptions, device: DeviceConfig) -> RunOptions:
     """The options with the user's files (a MODULE:FACTORY model, a MODULE:FUNCTION data
     module) named by absolute paths: the board reads them in another working directory."""
+    model = absolute_file_spec(opts.model, "--model", device)
     data = absolute_file_spec(run_data(opts), "--data", device)
-    if shares_files(device):  # the board imports in its own folder, not in this one
+    if shares_files(device):  # the board imports in its own folder, not in this one (QA:
+        # `--model mymod:make` of this folder failed there after the capture and the plan)
         from edge_remat_agent.user_code import module_file_spec
-        data = module_file_spec(data)
-    return dataclasses.replace(opts, model=absolute_file_spec(opts.model, "--model", device),
-                               data=data)
+        model, data = module_file_spec(model), module_file_spec(data)
+    return dataclasses.replace(opts, model=model, data=data)
 
 
 def absolute_file_spec(spec: str, option: str, device: DeviceConfig) -> str:
