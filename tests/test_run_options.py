@@ -150,6 +150,8 @@ def test_a_local_board_gets_a_module_of_this_folder_as_its_file(tmp_path, monkey
     opts = RunOptions(device="local", model="mydata:batches", data="digits")
     assert for_board(opts, local).model == f"{tmp_path / 'mydata.py'}:batches"
     assert for_board(RunOptions(device="local", model="mlp"), local).model == "mlp"
+    (tmp_path / "hf.py").write_text(DATA_FILE)  # an hf: spec is no module, whatever is here
+    assert for_board(RunOptions(device="local", model="hf:gpt2"), local).model == "hf:gpt2"
 
 
 def test_batches_come_from_a_data_file(tmp_path, monkeypatch):

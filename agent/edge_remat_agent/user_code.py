@@ -69,7 +69,8 @@ def module_file_spec(spec: str) -> str:
     agent) finds it there too. Other specs (a file, a package, an installed module, a module
     not found) are returned as they are."""
     module_part, colon, name = spec.rpartition(":")
-    if not colon or names_file(module_part) or not module_part.isidentifier():
+    if not colon or spec.startswith("hf:") or names_file(module_part) or \
+            not module_part.isidentifier():
         return spec
     path = _top_level_module_file(module_part)
     here = Path.cwd() / f"{module_part}.py"
