@@ -346,6 +346,21 @@ def test_a_resume_beside_its_run_still_running_on_the_board_is_refused(tmp_path)
             find_checkpoint(board, out, print)
 
 
+def test_a_checkpoint_past_stop_after_names_stop_after(tmp_path):
+    """QA: a checkpoint after step 2, resumed with --steps 3 --stop-after 1, said "give --steps
+    more than 2": --steps was 3 already; --stop-after stopped it."""
+    from edge_remat.run.options import RunOptions, RunProblem
+    from edge_remat.run.resume import check_checkpoint, training_identity
+    from edge_remat_agent.executor.checkpoint import RNG, VERSION
+    from edge_remat_agent.executor.checkpoint_step import FORMAT, META
+    opts = RunOptions(device="local", model="mlp", steps=3, stop_after=1, resume=str(tmp_path))
+    torch.save({META: {"format": FORMAT, "version": VERSION, "steps_done": 2,
+                       "identity": training_identity(opts)},
+                RNG + "cpu": torch.get_rng_state()}, tmp_path / "checkpoint.pt")
+    with pytest.raises(RunProblem, match="would stop at step 1: give --stop-after more than 2"):
+        check_checkpoint(opts, tmp_path)
+
+
 def test_a_complete_run_whose_outputs_never_came_says_how_to_fetch_them(tmp_path):
     # QA: deploy --resume of a job that finished while the link was down said only that the
     # run was complete; its folder had no weights.pt nor report, and nothing said where
