@@ -55,8 +55,8 @@ def fit_arena(graph: Graph, budget_bytes: int, report: SolveReport, layout: Aren
         if over <= 0:
             kept = (retry, retry_layout)
     report, layout = kept
+    footprint = footprint_bytes(report.plan, layout)
     layout.details["fit"] = {
         "budget_bytes": budget_bytes, "planned_at_bytes": report.plan.budget_bytes,
-        "fits": footprint_bytes(report.plan, layout) <= budget_bytes,
-        "footprint_bytes": footprint_bytes(report.plan, layout), "tries": tries}
+        "fits": footprint <= budget_bytes, "footprint_bytes": footprint, "tries": tries}
     return kept

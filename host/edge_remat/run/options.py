@@ -188,12 +188,13 @@ def plain_ignores(opts: RunOptions) -> list[str]:
     """The options given that only a plan reads, which --plain (no plan) leaves unused (QA:
     `--plain --allocator arena` or `--paging flash` ran plain PyTorch without a word)."""
     defaults = RunOptions(device=opts.device, model=opts.model)
-    names = {"budget": "--budget", "deadline": "--deadline", "objective": "--objective",
-             "paging": "--paging", "solver": "--solver", "time_limit": "--time-limit",
-             "sweep": "--sweep", "allocator": "--allocator", "params_home": "--params-home",
-             "max_nodes": "--max-nodes", "profile": "--profile", "reprofile": "--reprofile"}
-    return [option for name, option in names.items()
+    return ["--" + name.replace("_", "-") for name in PLAN_ONLY_OPTIONS
             if getattr(opts, name) != getattr(defaults, name)]
+
+
+# RunOptions fields only a plan reads, each its command line's --name-with-dashes
+PLAN_ONLY_OPTIONS = ("budget", "deadline", "objective", "paging", "solver", "time_limit",
+                     "sweep", "allocator", "params_home", "max_nodes", "profile", "reprofile")
 
 
 def checked_max_norm(max_norm: float) -> float:

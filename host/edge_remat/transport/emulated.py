@@ -96,11 +96,16 @@ def emulated_twin_hint(device: DeviceConfig, job_id: str) -> str | None:
         limit = group.limit_bytes() if group is not None else None
     except (CgroupUnavailable, OSError, ValueError):
         limit = None
-    limit = limit if limit and limit < 1 << 60 else None  # "max": no limit there now
-    given = f"--memory-limit {limit // 2**20}MiB" if limit and limit % 2**20 == 0 else \
-        f"--memory-limit {limit}" if limit else "the --memory-limit its run was given"
+    given = f"--memory-limit {limit_argument(limit)}" if limit and limit < 1 << 60 else \
+        "the --memory-limit its run was given"  # (1 << 60 and more: "max", no limit now)
     return (f"job {job_id} ran on the board that `--memory-limit` emulates on {device.name} "
             f"(a folder of its own): give {given} to reach it")
+
+
+def limit_argument(limit_bytes: int) -> str:
+    """--memory-limit's value that gives `limit_bytes` exactly: in MiB where it is a whole
+    number of them, else in bytes."""
+    return f"{limit_bytes // 2**20}MiB" if limit_bytes % 2**20 == 0 else str(limit_bytes)
 
 
 def cgroup_name(device: DeviceConfig) -> str:
@@ -114,8 +119,7 @@ def board_cgroup(device: DeviceConfig) -> MemoryCgroup:
         return MemoryCgroup.ensure(cgroup_name(device), device.hardware.memory_limit_bytes)
     except CgroupInUse as exc:
         given, held = device.hardware.memory_limit_bytes, exc.limit_bytes
-        # in MiB where it is a whole number of them, else in bytes, so that it reaches it
-        size = f"{held // 2**20}MiB" if held % 2**20 == 0 else str(held)
+        size = limit_argument(held)
         raise UserError(f"{device.name}'s agent already runs under a memory limit of "
                         f"{fmt_bytes(held)}, not {fmt_bytes(given)}: give --memory-limit "
                         f"{size} to reach it (another limit would resize it under its jobs), "
