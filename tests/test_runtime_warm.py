@@ -182,24 +182,28 @@ def _in_a_fresh_process(what: str, level: str) -> int | None:
 
 @pytest.fixture(scope="module")
 def plain_first_step():
-    """What a plain first step leaves (_in_a_fresh_process("step", "module")), measured once
-    for both tests below: the reference each starts its range from."""
-    return _in_a_fresh_process("step", "module")
+    """What a plain first step leaves at each level (_in_a_fresh_process("step", LEVEL)),
+    measured once for both tests below: the reference each starts its range from."""
+    return {level: _in_a_fresh_process("step", level) for level in ("module", "operator")}
 
 
 @pytest.mark.slow
 def test_a_profile_charges_what_the_first_step_leaves_at_either_level(plain_first_step):
-    """The same ATen calls run at module and at operator level, and a plain first step leaves
-    what they leave (digits-cnn b256 here: 0.70 MB beyond the optimizer state). Each node's
-    own rise around its first call, clipped at zero and summed, charged 0.52 MB of it here
-    (and, in `run`'s profiles, gpt-tiny 0.78 MiB at module level, 1.18 MiB at operator
-    level: more nodes, more pages of noise summed); the profile now charges the first step's
-    measured whole, split over its nodes (0.78 MB at operator level here)."""
-    references = [plain_first_step]
-    if references[0] is None:
+    """A profile charges what a plain first step, run node by node at the profile's level,
+    leaves (digits-cnn b256 here: 0.64-0.68 MB beyond the optimizer state at module level,
+    0.81-0.83 MB at operator level, in three rounds of fresh processes: the operator-level
+    runner keeps more of its own). Each node's own rise around its first call, clipped at
+    zero and summed, charged 0.52 MB of it once (and, in `run`'s profiles, gpt-tiny 0.78 MiB
+    at module level, 1.18 MiB at operator level: more nodes, more pages of noise summed);
+    the profile now charges the first step's measured whole, split over its nodes (0.73-0.76
+    MB at module level, 0.79-0.81 MB at operator level, in the same rounds). Compared with
+    the module-level step, the operator-level charge missed the 20% range in CI (792-816
+    against 636-649 KB): the reference is the step at the same level."""
+    if plain_first_step["module"] is None:
         pytest.skip("no RssAnon in /proc/self/status here")
-    assert references[0] > 256 * 1024
     for level in ("module", "operator"):
+        references = [plain_first_step[level]]
+        assert references[0] > 256 * 1024
         charged = _measured_within("profile", level, references)
         assert _within(charged[-1], references), (level, charged, references)
 
@@ -211,7 +215,7 @@ def test_a_planned_runs_first_step_measures_what_a_plain_one_leaves(plain_first_
     plain first step leaves, and the executor keeps some of its own beside it (a second
     run_plan in one process, its ops warm, measured 96-108 KB; digits-cnn's planned first
     step 874-878 KB against 698-739 KB of a plain one, in three pairs of fresh processes)."""
-    references = [plain_first_step]
+    references = [plain_first_step["module"]]
     if references[0] is None:
         pytest.skip("no RssAnon in /proc/self/status here")
     charged = _measured_within("planned", "module", references, executors=EXECUTOR_KEEPS)
@@ -231,7 +235,7 @@ def _measured_within(what: str, level: str, references: list[int],
     every figure measured, the last one the verdict's."""
     charged = [_in_a_fresh_process(what, level)]
     while not _within(charged[-1], references, executors=executors) and len(charged) < TRIES:
-        references.append(_in_a_fresh_process("step", "module"))
+        references.append(_in_a_fresh_process("step", level))
         charged.append(_in_a_fresh_process(what, level))
     return charged
 
