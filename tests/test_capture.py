@@ -405,6 +405,21 @@ def test_the_board_recaptures_the_same_graph_from_the_file(user_model, tmp_path)
         recapture(changed)
 
 
+def test_a_graph_names_a_module_of_the_current_folder_by_its_file(tmp_path, monkeypatch):
+    """The board rebuilds the model from the graph's spec in a folder of its own, where
+    `mymod:make` of the user's folder is no module (QA: a graph of it deployed to a local
+    board failed there, "cannot import mymod"): the graph names its file."""
+    (tmp_path / "mymod.py").write_text(Path(EXAMPLE.rpartition(":")[0]).read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # as under `python -m`, the folder imports
+    captured = capture_model(f"mymod:{EXAMPLE.rpartition(':')[2]}", batch=2, image=8)
+    spec = captured.graph.capture["source"]["model"]
+    assert spec == f"{tmp_path / 'mymod.py'}:{EXAMPLE.rpartition(':')[2]}"
+    monkeypatch.chdir(Path(__file__).parent)  # elsewhere, the board rebuilds it
+    from edge_remat_agent.capture import recapture
+    assert recapture(captured.graph).graph.fingerprint() == captured.graph.fingerprint()
+
+
 def test_user_model_captures_plans_and_runs_the_plan(tmp_path, user_model):
     from edge_remat.cli import app
     graph_file, plan_file = tmp_path / "g.json", tmp_path / "p.json"

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from .errors import CaptureError
-from ..user_code import with_absolute_file
+from ..user_code import module_file_spec, with_absolute_file
 
 PREFIX = "hf:"
 TASKS = {  # task -> (Auto class, inputs the example batch gives, in order)
@@ -237,9 +237,11 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 def canonical_spec(spec: str) -> str:
     """The spec with local paths made absolute (the board rebuilds from it elsewhere): an hf:
-    spec's checkpoint, config and adapter, a MODULE:FACTORY's file."""
+    spec's checkpoint, config and adapter, a MODULE:FACTORY's file, a module of the current
+    folder as its file (QA: a graph of `mymod:make` deployed to a local board failed there,
+    "cannot import mymod", its agent working in another folder)."""
     if not is_hf_spec(spec):
-        return with_absolute_file(spec)
+        return with_absolute_file(module_file_spec(spec))
     model, options = parse_spec(spec)
     if _is_path(model):
         model = os.path.abspath(model)
