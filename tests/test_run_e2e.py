@@ -197,9 +197,10 @@ def test_over_ssh_a_dropped_connection_mid_run_reconnects_and_the_run_finishes(t
     config = ssh_device_config(tmp_path / "loopback.toml", sshd, tmp_path / "board",
                                "reconnect_timeout_s = 60\n")
     running = threading.Event()
-    dropped = []
+    dropped, said = [], []
 
     def say(message: str) -> None:
+        said.append(message)
         if "step 2/" in message and not dropped:
             running.set()
 
@@ -222,6 +223,10 @@ def test_over_ssh_a_dropped_connection_mid_run_reconnects_and_the_run_finishes(t
     assert report["status"] == "finished" and report["steps_done"] == 8
     assert report["reconnects"] >= 1
     assert report["grad_check"]["bitwise_equal"] is True  # checked on the board itself
+    # each step's progress in a size one reads ("peak 264644328 B" before)
+    import re
+    assert any(re.search(r"step \d/8: loss \S+, \S+ s, ledger peak [\d.]+ MiB", m)
+               for m in said), said[-3:]
 
 
 @needs_cgroup

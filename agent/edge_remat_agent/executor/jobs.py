@@ -45,6 +45,7 @@ from ..allocator import MALLOCS, missing_malloc, preload_environment, running_ma
 from ..daemon.layout import job_page_dir
 from ..daemon.registry import JobContext
 from ..diverged import LossTally, remedy_for
+from ..units import format_size
 
 # Set in the environment of a job process started again under a malloc: it is not restarted
 # twice, even where the preload did not take.
@@ -89,7 +90,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
             checkpointed["step"] = index + 1
         ctx.progress((index + 1) / total,
                      f"step {index + 1}/{total}: loss {record['loss']:.4g}, "
-                     f"{record['step_time_s']:.3g} s, peak {record['ledger_peak_bytes']} B",
+                     f"{record['step_time_s']:.3g} s, ledger peak "
+                     f"{format_size(record['ledger_peak_bytes'])}",
                      step=index + 1, loss=record["loss"], step_time_s=record["step_time_s"],
                      ledger_peak_bytes=record["ledger_peak_bytes"],
                      rss_peak_bytes=record["rss_peak_bytes"],
