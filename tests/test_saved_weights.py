@@ -264,6 +264,45 @@ def test_a_peft_model_also_gets_its_adapter_as_peft_reads_it(tmp_path):
                            torch.zeros_like(state[next(n for n in saved if "lora_B" in n)]))
 
 
+def test_the_adapter_is_written_after_a_host_check_of_parameters_homed_on_flash(tmp_path):
+    """Under a memory limit the host checks the plan's gradients with its own capture, whose
+    parameters a flash home leaves empty there: the adapter still holds the board's trained
+    tensors (QA: load_state_dict refused "[8, 64] into [0]", exit 70 after the run)."""
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+    from edge_remat.planner.build import build_problem
+    from edge_remat.planner.solve import solve
+    from edge_remat.run.orchestrate import host_gradient_check
+    from edge_remat.run.peft_adapter import write_peft_adapter
+    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.capture.own_names import state_root
+    config = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}
+    lora = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj", "v_proj"]}
+    captured = capture_model(f"hf:llama?config={json.dumps(config)}&adapter={json.dumps(lora)}",
+                             params_home="flash")
+    from edge_remat_agent.formats import load_profile
+    plan = solve(build_problem(captured.graph, "0.7", load_profile(PROFILE), paging="flash"),
+                 "auto", time_limit=5).plan
+    plan.save(tmp_path / "plan.json")
+    check = host_gradient_check(captured.graph, tmp_path / "plan.json", lambda _: None, captured)
+    assert check["bitwise_equal"] is True
+    root, _ = state_root(captured.module)
+    emptied = {n: p.shape for n, p in root.named_parameters() if p.requires_grad}
+    assert emptied and all(shape.numel() == 0 for shape in emptied.values())  # as the run left it
+    shapes = {n: torch.Size(t.shape) for n, t in load_model(
+        f"hf:llama?config={json.dumps(config)}&adapter={json.dumps(lora)}")[0].model
+        .state_dict().items() if ".lora_" in n}
+    trained = {n: torch.randn(shape) for n, shape in shapes.items()}
+    torch.save(trained, tmp_path / "weights.pt")
+    written = write_peft_adapter(captured.module, tmp_path / "weights.pt", tmp_path)
+    adapter = load_file(str(Path(written) / "adapter_model.safetensors"))
+    assert len(adapter) == len(trained) == 8
+    for name, value in trained.items():
+        key = name.replace(".default.", ".")
+        assert torch.equal(adapter[key], value), name
+
+
 def test_a_full_disk_leaves_no_half_written_weights_file(tiny_filesystem):
     """The run job catches the OSError and still hands back its report (saved_weights_error)."""
     module = torch.nn.Linear(1024, 1024)  # 4 MiB of weights for a 1 MiB filesystem
