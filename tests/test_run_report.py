@@ -469,3 +469,22 @@ def test_a_huge_loss_keeps_the_step_tables_columns():
     rows = [line for line in text.splitlines() if line[:4].strip() in ("1", "2", "3")]
     assert [row.split()[1] for row in rows] == ["2.5000", "9.54e+17", "nan"]
     assert len({row.index(row.split()[2]) for row in rows}) == 1  # the next column aligned
+
+
+@pytest.mark.slow
+def test_a_run_measures_the_runtimes_memory_with_a_factory_model_built(tmp_path):
+    """The profile a run measures builds the model in its footprint probe for a MODULE:FACTORY
+    and an hf: model too, not for zoo models alone: the runtime a budget from --memory-limit
+    leaves room for holds what the model's code imports (QA: hf:gpt2's profile counted torch
+    alone, 143 MiB; its run's baseline was 343 MiB, and the plan was killed at step 1)."""
+    from helpers.board_fixtures import local_board
+    from edge_remat.run import RunOptions, run
+    spec = f"{REPO / 'examples' / 'my_model.py'}:make_model"
+    with local_board(tmp_path, "bench"):
+        report = run(RunOptions(device="bench", model=spec, batch=4, image=8, budget="90%",
+                                steps=1, out=str(tmp_path / "out"), plots=False, time_limit=3))
+    assert report["profile"]["how"] == "measured", report["profile"]
+    footprint = json.loads(Path(report["profile"]["path"]).read_text())[
+        "measurements"]["runtime_footprint"]
+    assert footprint["model"]["model"] == spec
+    assert footprint["model_anon_bytes"] is not None and footprint["model_parameter_bytes"] > 0

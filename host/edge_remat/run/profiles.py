@@ -35,8 +35,9 @@ QUICK_PARAMS = {"sizes": [64 * 2**10, 2**20, 8 * 2**20], "idle_s": 0.5, "busy_s"
 # (2: tiers carry their measured transfer curves; 3: the board's measured compute rates; 4: an
 # update's timing windows no longer train the model the in-context steps are timed on; 5: the
 # flash's reads of a weight file, which a model's frozen weights cost; 6: flash pages of
-# 32 MiB and more read straight into memory, not through a staging copy).
-PROFILER_REVISION = 6
+# 32 MiB and more read straight into memory, not through a staging copy; 7: the runtime's
+# memory measured with an hf: or MODULE:FACTORY model built, not torch alone).
+PROFILER_REVISION = 7
 
 
 @dataclass
@@ -186,8 +187,10 @@ def _measure(board, model: dict, graph_path: Path, out_dir: Path, page_dir: Opti
     which a short planned run then times, profile_under_plan.py); the fetched file."""
     from ..profile_fit import plain_step_out_of_reach
     from ..remote import fetched_json
-    spec = model["model"]  # the footprint probe builds zoo models only
-    params = dict(QUICK_PARAMS, model=None if ":" in spec else spec)
+    # the footprint probe builds the model as the run will: an hf: model's runtime holds
+    # transformers too (QA: without it, a budget from --memory-limit missed ~200 MiB of gpt2's
+    # and the planned run was killed at step 1)
+    params = dict(QUICK_PARAMS, model=model["model"])
     inputs = {"graph": graph_path}
     why = plain_step_out_of_reach(board, graph_path)
     if why:
