@@ -419,6 +419,29 @@ def test_the_ram_graphs_profile_used_for_the_flash_graph_is_said_and_stays_cache
     assert cached.is_file() and report["misses"] == []
 
 
+
+def test_a_profile_that_times_the_flash_graphs_own_nodes_is_judged_by_its_steps(tmp_path):
+    """The profile job times the flash graph's own nodes (grouped for flash): a step time it
+    then misses far takes it out of the cache, as any measured profile's (QA: hf:bert's
+    predicted 2.04 s a step against 0.199 s, run after run, and stayed cached)."""
+    from edge_remat_agent.capture import capture_model
+    from edge_remat_agent.formats.profile import OpCost, Profile
+    from edge_remat.run.orchestrate import _measured_for_another_graph
+    from edge_remat.run.profiles import ChosenProfile, forget_if_far_off
+    graph = capture_model("mlp", batch=2, image=8, params_home="flash").graph
+    own = Profile("measured", {}, idle_w=0.0, active_w=1.0, name="board",
+                  ops={n.signature or n.op: OpCost(time_s=1e-3) for n in graph.nodes})
+    cached = tmp_path / "cache.json"
+    own.save(cached)
+    said = []
+    kept = _measured_for_another_graph(ChosenProfile(own, cached, "cached", cached), graph,
+                                       said.append)
+    assert said == []
+    report = {"step_time_s": [2.5, 0.199, 0.199], "predicted_time_s": 2.04, "misses": []}
+    forget_if_far_off(report, kept, said.append)
+    assert not cached.is_file() and "out of the profile cache" in report["misses"][0]
+
+
 def test_counts_of_one_are_singular():
     plan = {"budget_bytes": 100 * 2**20, "predicted": {"peak_bytes": 90 * 2**20, "time_s": 1.0,
                                                        "energy_j": 2.0, "recomputed": 1,
