@@ -53,3 +53,23 @@ def test_joules_without_a_power_model_say_they_are_the_time_at_one_watt():
     plan, _ = make_plan(graph, "1.0", profile=profile, time_limit=5, workers=1,
                         solver="heuristic:split")
     assert "no power model" not in plan_table(plan)
+
+
+
+def test_joules_without_a_power_model_say_what_the_io_costs():
+    """Flash traffic costs no joules unless --flash-energy-per-byte prices it: "energy
+    follows time" stood beside 2.49 s of time, 2.40 s of it the parameters' home IO, and
+    0.40 J (QA)."""
+    from edge_remat_agent.capture import capture_model
+    graph = capture_model("mlp", batch=2, image=8).graph
+    plan, _ = make_plan(graph, "1.0", time_limit=5, workers=1, solver="heuristic:split")
+
+    def energy_row(**predicted):
+        edited = dict(plan, predicted={**plan["predicted"], **predicted})
+        return next(x for x in plan_table(edited).splitlines() if x.startswith("energy"))
+    unpriced = energy_row(home_io_time_s=2.398, home_io_energy_j=0.0)
+    assert "energy follows the compute time, and paging and the parameters' home IO cost " \
+        "none (--flash-energy-per-byte prices them" in unpriced, unpriced
+    priced = energy_row(home_io_time_s=2.398, home_io_energy_j=0.03)
+    assert "moving bytes at the flash's joules per byte" in priced, priced
+    assert "follows" not in priced

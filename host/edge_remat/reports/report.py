@@ -54,6 +54,15 @@ def _power_note(plan_dict: dict[str, Any]) -> str:
     costs = plan_dict.get("problem", {}).get("costs", {})
     if costs.get("power_source") != "default" or costs.get("cost_source") in COST_UNIT_SOURCES:
         return ""
+    pr = plan_dict.get("predicted", {})
+    if pr.get("paging_time_s") or pr.get("home_io_time_s"):
+        # QA: "energy follows time" beside 2.49 s of time and 0.40 J, 2.40 s of it home IO
+        if pr.get("energy_paging_j") or pr.get("home_io_energy_j"):
+            return ("; no power model: computing at 1 W, moving bytes at the flash's joules "
+                    "per byte (--profile: the board's)")
+        return ("; no power model: computing at 1 W, so energy follows the compute time, and "
+                "paging and the parameters' home IO cost none (--flash-energy-per-byte prices "
+                "them; --profile: the board's)")
     return "; no power model: computing at 1 W, so energy follows time (--profile: the board's)"
 
 
