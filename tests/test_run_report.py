@@ -511,3 +511,21 @@ def test_a_run_measures_the_runtimes_memory_with_a_factory_model_built(tmp_path)
         "measurements"]["runtime_footprint"]
     assert footprint["model"]["model"] == spec
     assert footprint["model_anon_bytes"] is not None and footprint["model_parameter_bytes"] > 0
+
+
+def test_a_serial_board_is_planned_without_the_host_tier(tmp_path):
+    """A serial link carries no host pages: a profile with a host tier (measured over SSH for
+    the same board and cached, or given) loses it there, so no plan pages to the host (QA: a
+    run without --paging planned host pages, then the run job refused the plan, exit 3)."""
+    profile = json.loads((REPO / "profiles" / "this-machine.json").read_text())
+    profile["tiers"]["host"] = dict(profile["tiers"]["flash"])
+    given = tmp_path / "with_host.json"
+    given.write_text(json.dumps(profile))
+    serial = tmp_path / "serial.toml"
+    serial.write_text('name = "ser"\n[connection]\nkind = "serial"\nport = "/dev/ttyUSB7"\n')
+    ssh = tmp_path / "ssh.toml"
+    ssh.write_text('name = "net"\n[connection]\nkind = "ssh"\nhost = "board.local"\n')
+    tiers = {config.name: set(run_profiles.choose_profile(
+        None, load_device(config), {"model": "mlp"}, tmp_path / "g.json", tmp_path,
+        given=str(given)).profile.tiers) for config in (serial, ssh)}
+    assert tiers == {"serial.toml": {"flash"}, "ssh.toml": {"flash", "host"}}
