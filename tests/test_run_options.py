@@ -449,6 +449,27 @@ def test_a_kernel_peak_below_the_runtime_baseline_measures_no_physical_memory():
     assert "physical memory of training" not in report_text(report)
 
 
+
+def test_a_kernel_peak_the_board_could_not_restart_measures_no_physical_memory():
+    """QA: on emulated-arm64 the kernel's peak ran since its group began, the profile job's
+    included, and the report read 'physical memory of training ...: 517.49 MiB against
+    2.19 MiB predicted (236.75x)'. Where the job says the peak was not restarted at the
+    runtime baseline, no such figure; where it was, the figure as before."""
+    from edge_remat.reports.run_report import build_report, report_text
+
+    def report(restarted):
+        return build_report(
+            mode="planned", status="finished", device="b", model="m", steps=1,
+            result={"steps": [], "runtime_baseline_bytes": 850 * 2**20,
+                    "runtime_baseline": {"bytes": 850 * 2**20, "peak_restarted": restarted}},
+            plan={"budget_bytes": 3 * 2**20, "predicted": {"peak_bytes": 2 * 2**20}},
+            kernel_peak_bytes=1368 * 2**20, kernel_peak_source="since the group began")
+    unrestarted = report(False)
+    assert unrestarted["training_physical_bytes"] is None
+    assert "physical memory of training" not in report_text(unrestarted)
+    assert report(True)["training_physical_bytes"] == 518 * 2**20
+
+
 @pytest.mark.slow  # a real run on the local board (~15 s, in a memory cgroup: root)
 def test_a_memory_limit_past_this_machines_ram_is_a_warning(tmp_path):
     from edge_remat.cgroup import unavailable_reason
