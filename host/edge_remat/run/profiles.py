@@ -152,10 +152,14 @@ def _room_now(board, graph_path: Path, measuring_board) -> bool:
 
 
 def _limited(chosen: ChosenProfile, device: DeviceConfig) -> ChosenProfile:
-    """On an emulated board the RAM is the memory limit, whatever the machine has."""
+    """On an emulated board the RAM is the memory limit, whatever the machine has; over a
+    serial link there is no host tier, whatever the profile measured (one cached over SSH for
+    the same board, or given: QA, a plan paged to the host, then the run job refused it)."""
     limit = device.hardware.memory_limit_bytes
     if chosen.profile is not None and limit:
         chosen.profile.ram_total_bytes = limit
+    if chosen.profile is not None and device.connection.kind == "serial":
+        chosen.profile.tiers.pop("host", None)
     return chosen
 
 
