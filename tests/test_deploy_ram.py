@@ -51,3 +51,29 @@ def test_deploy_says_nothing_of_a_plan_within_the_boards_ram(mlp_plan, tmp_path)
                                XDG_CACHE_HOME=str(tmp_path / "cache")))
     assert proc.returncode == 0, proc.stderr
     assert "warning: the plan's predicted peak" not in proc.stderr
+
+
+def test_a_board_whose_config_names_no_ram_is_judged_by_what_its_agent_reports(tmp_path):
+    """Connected, deploy reads the board's own figures where its device config names no RAM
+    (QA: an 842 MiB plan went to an SSH board in a 450 MiB cgroup without a word, then was
+    killed). The sysinfo dicts stand in for the agent's reply (daemon/sysinfo.py's fields)."""
+    from edge_remat.checks import note_plan_above_board_ram
+    from edge_remat.devices import load_device
+    from edge_remat.devices import write_local_device
+    silent = load_device(write_local_device(tmp_path / "a", "silent", tmp_path / "board"))
+    named = load_device(write_local_device(tmp_path / "b", "named", tmp_path / "board",
+                                           ram_bytes=2**30))
+    mib = 2**20
+    said = []
+    note_plan_above_board_ram(silent, {"ram_limit_bytes": 450 * mib,
+                                       "ram_total_bytes": 24 << 30}, 842 * mib, said.append)
+    assert len(said) == 1 and said[0].startswith("warning: the plan's predicted peak, "
+                                                 "842.00 MiB, is more than the 450.00 MiB of "
+                                                 "RAM silent has (its memory limit)"), said
+    note_plan_above_board_ram(silent, {"ram_limit_bytes": None, "ram_total_bytes": 512 * mib},
+                              842 * mib, said.append)
+    assert len(said) == 2 and "512.00 MiB of RAM silent has: this plan" in said[1], said
+    note_plan_above_board_ram(silent, {"ram_limit_bytes": None, "ram_total_bytes": 24 << 30},
+                              842 * mib, said.append)
+    note_plan_above_board_ram(named, {"ram_limit_bytes": 450 * mib}, 842 * mib, said.append)
+    assert len(said) == 2  # room enough; a config that names RAM was judged before connecting

@@ -206,7 +206,8 @@ def note_budget_above_ram(profile: Optional[Profile], budget_bytes: int, profile
                           say: Callable[[str], None]) -> None:
     """A budget the profile's board cannot hold plans, but is no plan for that board."""
     note_above_ram(profile.ram_total_bytes if profile is not None else None, "the budget",
-                   budget_bytes, profile_name, "give a budget in bytes below it", say)
+                   budget_bytes, f"{profile_name} gives its board",
+                   "give a budget in bytes below it", say)
 
 
 def note_plan_above_ram(config, peak_bytes: int, say: Callable[[str], None]) -> None:
@@ -216,7 +217,20 @@ def note_plan_above_ram(config, peak_bytes: int, say: Callable[[str], None]) -> 
     ram = hardware.memory_limit_bytes or hardware.ram_bytes
     whose = f"the device config {config.name!r}" + (
         " (its memory limit)" if hardware.memory_limit_bytes else "")
-    note_above_ram(ram, "the plan's predicted peak", peak_bytes, whose,
+    note_above_ram(ram, "the plan's predicted peak", peak_bytes, f"{whose} gives its board",
+                   "plan again with a budget in bytes below it", say)
+
+
+def note_plan_above_board_ram(config, sysinfo: dict, peak_bytes: int,
+                              say: Callable[[str], None]) -> None:
+    """deploy, connected: where the device config names no RAM, what the board's agent says
+    it has (its memory-limited cgroup's limit, else the machine's RAM) (QA: an 842 MiB plan
+    went to a board of 450 MiB, its config silent, and was killed without a word before)."""
+    if config.hardware.memory_limit_bytes or config.hardware.ram_bytes:
+        return  # said before connecting (note_plan_above_ram)
+    limit = sysinfo.get("ram_limit_bytes")
+    note_above_ram(limit or sysinfo.get("ram_total_bytes"), "the plan's predicted peak",
+                   peak_bytes, f"{config.name} has" + (" (its memory limit)" if limit else ""),
                    "plan again with a budget in bytes below it", say)
 
 
@@ -224,7 +238,7 @@ def note_above_ram(ram_bytes: Optional[int], what: str, amount: int, whose: str,
                    say: Callable[[str], None]) -> None:
     if ram_bytes and amount > ram_bytes:
         say(f"warning: {what}, {fmt_bytes(amount)}, is more than the {fmt_bytes(ram_bytes)} "
-            f"of RAM {whose} gives its board: this plan will not fit there; {fix}")
+            f"of RAM {whose}: this plan will not fit there; {fix}")
 
 
 def check_solver_options(solver: str, time_limit: float, workers: Optional[int],

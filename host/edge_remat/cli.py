@@ -440,7 +440,8 @@ def simulate(
     if prof is not None:  # QA: "valid plan" for a 2.33 MiB plan on a 192 KiB board
         from .checks import note_above_ram
         note_above_ram(prof.ram_total_bytes, "the plan's peak", result.peak_bytes,
-                       str(profile), "plan again with a budget in bytes below it", to_stderr)
+                       f"{profile} gives its board", "plan again with a budget in bytes below it",
+                       to_stderr)
     # A plan that breaks its own budget is bad input, not a job that failed on a board.
     over = None if result.fits_budget else (f"the plan's peak, {result.peak_bytes} bytes, is "
                                             f"over its budget of {p.budget_bytes} bytes")
@@ -968,6 +969,8 @@ def deploy(
     with Board(config, on_event=to_stderr, keep_running=keep_running) as board, \
             retired_at_exit(board):
         require_kind(board, "run", "execute plans")
+        from .checks import note_plan_above_board_ram
+        note_plan_above_board_ram(config, board.sysinfo(), replayed.peak_bytes, to_stderr)
         # the board checks the plan's gradients against a plain eager step after training,
         # which a board without room for one cannot hold: the host checks them, as run does
         no_room = plain_step_out_of_reach(board, g) is not None
