@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from helpers.bad_inputs import (BAD_INPUT, UNREACHABLE, cli, env, no_new_files, refused, tiny_graph,
-                        tiny_plan, tree)
+from helpers.bad_inputs import (BAD_INPUT, JOB_FAILED, UNREACHABLE, cli, env, no_new_files,
+                                refused, tiny_graph, tiny_plan, tree)
 from helpers.board_fixtures import local_bench_device, stop_agent
 from helpers.not_sshd import HTTP_REPLY, OneShotServer
 
@@ -199,6 +199,42 @@ def test_deploy_out_is_a_file(tmp_path, bench):
 
 def test_job_kind_the_agent_lacks(tmp_path, bench):
     refused(cli("job", "teleport", "--device", "bench", timeout=120), BAD_INPUT, "teleport")
+
+
+JOB_PARAM_CASES = [
+    ("sleep", ["--param", "seconds=abc"], ["param 'seconds'", "'abc'", "number"]),
+    ("sleep", ["--param", "steps=2.5"], ["param 'steps'", "whole number"]),
+    ("run", [], ["the run job needs a plan file (param 'plan')"]),
+    ("profile", ["--param", "graph=/nonexistent.json"],
+     ["param 'graph'", "/nonexistent.json", "relative to the agent's workdir", "--input graph="]),
+    ("profile", ["--param", "graph=inputs/missing.json"],
+     ["param 'graph'", "inputs/missing.json", "no file"]),
+    ("profile", ["--param", "bogus=1"], ["unknown profile param 'bogus'"]),
+]
+
+
+@pytest.mark.parametrize("kind,args,words", JOB_PARAM_CASES,
+                         ids=[f"{c[0]}-{'-'.join(c[1]) or 'none'}" for c in JOB_PARAM_CASES])
+def test_a_job_param_the_board_refuses_is_bad_input_naming_it(tmp_path, bench, kind, args,
+                                                               words):
+    """QA: `job sleep --param seconds=abc` said "failed on local: ValueError: could not
+    convert string to float: 'abc'", exit 1 (a failed job), as did a run job with no plan and
+    a profile job given a path outside the workdir. The job's params are read through
+    JobParams, whose refusal the record marks bad input: exit 2, one line naming the param,
+    no exception class before it; --json's record says `bad_input`."""
+    line = refused(cli("job", kind, "--device", "bench", *args, timeout=120), BAD_INPUT, *words)
+    assert "Error:" not in line, line  # no ValueError: / BadParam: before the board's words
+    proc = cli("job", kind, "--device", "bench", "--json", *args, timeout=120)
+    record = json.loads(proc.stdout)["job"]
+    assert proc.returncode == BAD_INPUT and record["bad_input"] is True, proc.stdout
+    assert record["state"] == "failed" and not record["error"].startswith(("ValueError",
+                                                                           "BadParam"))
+
+
+def test_a_job_that_fails_with_good_params_is_still_a_failed_job(tmp_path, bench):
+    """Only a refused param is bad input: the job's own failure stays exit 1."""
+    refused(cli("job", "echo", "--device", "bench", "--param", "fail=boom", timeout=120),
+            JOB_FAILED, "RuntimeError: boom")
 
 
 def test_unwritable_home_still_reaches_the_board(tmp_path, bench):

@@ -102,17 +102,17 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
 
 
 def plain_train_job(ctx, params: dict) -> dict:
-    from .daemon.registry import JobCancelled
+    from .daemon.registry import JobCancelled, JobParams
     from .executor.jobs import param_flag, requested_malloc, start_under
+    read = JobParams(params, ctx, "train-plain")
+    model = str(read.required("model", "a model"))
+    steps, seed, lr = read.integer("steps", 10), read.integer("seed", 0), read.number("lr")
+    batch, image, seq = read.integer("batch"), read.integer("image"), read.integer("seq")
+    warmup, accumulate = read.integer("warmup", 0), read.integer("accumulate", 1)
+    clip_grad_norm = read.number("clip_grad_norm")
     # under the malloc asked for, as a planned run is: the comparison is like for like
     malloc = start_under(requested_malloc(params), ctx)
-
-    def optional(name: str, kind=int):
-        value = params.get(name)
-        return None if value is None else kind(value)
-
-    steps = int(params.get("steps", 10))
-    losses = LossTally(remedy_for(params, optional("lr", float)))
+    losses = LossTally(remedy_for(params, lr))
 
     def on_step(report: dict) -> None:
         step = report["steps"]
@@ -128,13 +128,11 @@ def plain_train_job(ctx, params: dict) -> dict:
     from .executor.saved_weights import WeightsSaver
     saved = WeightsSaver(ctx.files_dir / WEIGHTS_FILE,
                          check_save_choice(str(params.get("save") or DEFAULT_SAVE)))
-    report = train_plain(str(params["model"]), steps, optional("batch"), optional("image"),
-                         optional("seq"), int(params.get("seed", 0)),
-                         str(params.get("optimizer", "sgd")), optional("lr", float),
+    report = train_plain(model, steps, batch, image, seq, seed,
+                         str(params.get("optimizer", "sgd")), lr,
                          params.get("data"), on_step, params.get("train"),
                          str(params.get("lr_schedule") or "constant"),
-                         int(params.get("warmup") or 0), optional("clip_grad_norm", float),
-                         int(params.get("accumulate", 1)), params.get("dtype"),
+                         warmup, clip_grad_norm, accumulate, params.get("dtype"),
                          params.get("trainable_dtype"),
                          param_flag(params.get("stop_on_nonfinite", False)), saved.save)
     # the trained weights as a planned run saves them (QA: --plain kept none to compare)

@@ -6,7 +6,8 @@ exit status the same.
     1    a job failed on the board, a run's gradients differ from eager PyTorch's (on CUDA,
          from the captured step replayed plainly), or --stop-on-nonfinite stopped a run at a
          loss that is not finite
-    2    bad input: a file, an option, a model, a path to write (nothing was sent or written)
+    2    bad input: a file, an option, a model, a path to write (nothing was sent or written);
+         also a job whose params the board refused (the job's record says `bad_input`)
     3    the board or its link cannot be reached or used
     4    killed: the run ran out of memory (the memory limit, the board's OOM killer)
     70   an internal error (a bug): rerun with --debug and report the traceback
@@ -104,6 +105,9 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
                                           "smallest_feasible_deadline": exc.smallest_deadline}
     if isinstance(exc, JobFailed) and cancelled_by_host(exc.record or {}):
         return EXIT_INTERRUPTED, str(exc), {"status": "cancelled", "job": exc.record}
+    if isinstance(exc, JobFailed) and (exc.record or {}).get("bad_input"):
+        # a param the board's job refused (BadParam): bad input, its line naming the param
+        return EXIT_BAD_INPUT, str(exc), {"status": "failed", "job": exc.record}
     if isinstance(exc, JobFailed):
         killed = killed_by_memory(str((exc.record or {}).get("error")))
         return (EXIT_KILLED if killed else EXIT_JOB_FAILED), str(exc), \

@@ -7,7 +7,7 @@ import hashlib
 import json
 import time
 
-from .registry import JobCancelled, JobContext
+from .registry import JobCancelled, JobContext, JobParams
 
 
 def sysinfo_job(ctx: JobContext, params: dict) -> dict:
@@ -21,8 +21,9 @@ def echo_job(ctx: JobContext, params: dict) -> dict:
     if params.get("fail"):
         raise RuntimeError(str(params["fail"]))
     result = {"params": params, "files": ["echo.json"]}
-    if params.get("file"):
-        data = ctx.input_path(str(params["file"])).read_bytes()
+    file = JobParams(params, ctx, "echo").input_path("file")
+    if file is not None:
+        data = file.read_bytes()
         result["file_bytes"] = len(data)
         result["file_sha256"] = hashlib.sha256(data).hexdigest()
     ctx.write_json("echo.json", result)
@@ -34,8 +35,9 @@ def sleep_job(ctx: JobContext, params: dict) -> dict:
     """Sleeps `seconds` in `steps` steps, checkpointing each step, so it resumes (not restarts)
     after the agent itself was stopped. `starts` counts how often the job process began it:
     a dropped link must leave it at 1."""
-    seconds = float(params.get("seconds", 1.0))
-    steps = max(1, int(params.get("steps", 10)))
+    read = JobParams(params, ctx, "sleep")
+    seconds = read.number("seconds", 1.0)
+    steps = max(1, read.integer("steps", 10))
     checkpoint = ctx.state_dir / "sleep.json"
     state = {"step": 0, "starts": 0}
     if checkpoint.exists():

@@ -3,7 +3,9 @@
 A job function takes (ctx, params) and returns a JSON-able dict, its result:
 
     def profile_job(ctx: JobContext, params: dict) -> dict:
-        graph = ctx.input_path(params["graph"])        # a file the host pushed
+        read = JobParams(params, ctx, "profile")
+        graph = read.input_path("graph")               # a file the host pushed
+        seconds = read.number("idle_s", 1.0)
         for i, node in enumerate(nodes):
             if ctx.cancelled: raise JobCancelled()
             ctx.progress(i / len(nodes), f"node {node}")
@@ -17,12 +19,17 @@ job process imports the function when the job runs:
     register_job("profile", "edge_remat_agent.profiler.jobs:profile_job", needs_torch=True)
 
 A kind whose module is missing from this agent build fails its jobs with a clear error.
+
+Read params through JobParams: a param that is missing or wrong (not a number, a path outside
+the workdir) raises BadParam, which the job's record marks `bad_input` and the host answers
+with exit 2 (bad input), in one line that names the param, not with a failed job's exit 1.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -37,6 +44,77 @@ JobFunction = Callable[["JobContext", dict], dict]
 
 class JobCancelled(Exception):
     """Raised by a job that noticed ctx.cancelled."""
+
+
+class BadParam(ValueError):
+    """A job's param that is missing or wrong: bad input. The job process records its line as
+    it is (no class name before it) with `bad_input`, which the host exits 2 for."""
+
+
+class JobParams:
+    """A job's params read by type; each refusal is a BadParam that names the param. A param
+    given as null is one not given."""
+
+    def __init__(self, params: dict, ctx: "JobContext", kind: str):
+        self.params, self.ctx, self.kind = params, ctx, kind
+
+    def required(self, name: str, what: str) -> Any:
+        """The param's value; missing (or empty) is refused, saying it is `what`."""
+        value = self.params.get(name)
+        if value is None or value == "":
+            raise BadParam(f"the {self.kind} job needs {what} (param {name!r})")
+        return value
+
+    def number(self, name: str, default: Optional[float] = None) -> Optional[float]:
+        """A finite number (JSON's, or text that reads as one)."""
+        value = self.params.get(name)
+        if value is None:
+            return default
+        try:
+            number = float(value) if isinstance(value, (int, float, str)) \
+                and not isinstance(value, bool) else None
+        except (ValueError, OverflowError):
+            number = None
+        if number is None or not math.isfinite(number):
+            raise BadParam(f"param {name!r} is {value!r}: give a finite number")
+        return number
+
+    def integer(self, name: str, default: Optional[int] = None) -> Optional[int]:
+        """A whole number (JSON's, 3.0, or text that reads as one)."""
+        value = self.params.get(name)
+        if value is None:
+            return default
+        whole = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            whole = value
+        elif isinstance(value, float) and value.is_integer():
+            whole = int(value)
+        elif isinstance(value, str):
+            try:
+                whole = int(value.strip())
+            except ValueError:
+                pass
+        if whole is None:
+            raise BadParam(f"param {name!r} is {value!r}: give a whole number")
+        return whole
+
+    def input_path(self, name: str, what: Optional[str] = None) -> Optional[Path]:
+        """The file the param names in the agent's workdir (one the host pushed, or an earlier
+        job's output); with `what` it is required, else None where not given."""
+        if what is not None:
+            self.required(name, what)
+        elif not self.params.get(name):  # null or empty: not given
+            return None
+        relative = self.params[name]
+        push = f"give a file the host pushed (edge-remat job ... --input {name}=PATH)"
+        try:
+            path = self.ctx.input_path(relative)  # refuses a path outside the workdir
+        except ValueError as error:
+            raise BadParam(f"param {name!r}: {error}; {push}") from None
+        if not path.is_file():
+            raise BadParam(f"param {name!r}: {relative} is no file in the agent's workdir "
+                           f"{self.ctx.workdir}; {push}")
+        return path
 
 
 @dataclass

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 
 from .layout import Layout
-from .registry import JobCancelled, JobContext, get_kind
+from .registry import BadParam, JobCancelled, JobContext, get_kind
 from .store import read_json, write_json_atomic
 
 ALREADY_RUNNING = 3
@@ -80,11 +80,15 @@ def run_job_process(layout: Layout, job_id: str) -> int:
         json.dumps(result)  # a result that cannot be sent is the job's bug: say so here
         outcome = {"ok": True, "result": result}
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, none crashes us
-        # after a cancel, whatever the job made of the JobCancelled raised into it
-        outcome = {"ok": False, "cancelled": True, "error": "cancelled"} \
-            if isinstance(exc, JobCancelled) or ctx.cancelled else \
-            {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-             "traceback": traceback.format_exc(limit=20)}
+        if isinstance(exc, JobCancelled) or ctx.cancelled:
+            # after a cancel, whatever the job made of the JobCancelled raised into it
+            outcome = {"ok": False, "cancelled": True, "error": "cancelled"}
+        elif isinstance(exc, BadParam):  # bad input (the host's exit 2), in its own words
+            outcome = {"ok": False, "error": str(exc), "bad_input": True,
+                       "traceback": traceback.format_exc(limit=20)}
+        else:
+            outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                       "traceback": traceback.format_exc(limit=20)}
     ctx.flush()
     write_json_atomic(job_dir / "outcome.json", outcome)
     return 0

@@ -262,7 +262,8 @@ class Worker:
         else:
             self.store.update(record, state="failed", finished_s=now, pid=None,
                               error=str(outcome.get("error")),
-                              traceback=outcome.get("traceback"))
+                              traceback=outcome.get("traceback"),
+                              **({"bad_input": True} if outcome.get("bad_input") else {}))
 
     def _requeue(self, record: dict, why: str) -> None:
         restarts = int(record.get("restarts", 0)) + 1

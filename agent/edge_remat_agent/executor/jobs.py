@@ -43,7 +43,7 @@ from pathlib import Path
 
 from ..allocator import MALLOCS, missing_malloc, preload_environment, running_malloc
 from ..daemon.layout import job_page_dir
-from ..daemon.registry import JobContext
+from ..daemon.registry import BadParam, JobContext, JobParams
 from ..diverged import LossTally, remedy_for
 from ..units import format_size
 
@@ -55,31 +55,33 @@ CAPTURING = "capturing the graph on the board"  # the run job's progress until i
 
 def run_job(ctx: JobContext, params: dict) -> dict:
     from ..formats import load_graph, load_plan
-    for name in ("plan", "graph"):
-        if not params.get(name):
-            raise ValueError(f"the run job needs a {name} file (param {name!r})")
+    read = JobParams(params, ctx, "run")
+    plan_path = read.input_path("plan", "a plan file")
+    graph_path = read.input_path("graph", "a graph file")
+    steps = read.integer("steps", 10)
+    seed, lr = read.integer("seed"), read.number("lr")
+    warmup, time_nodes = read.integer("warmup", 0), read.integer("time_nodes", 0)
+    init, stop_after = read.input_path("init"), read.integer("stop_after")
+    read.integer("checkpoint_every"), read.input_path("resume")  # refused here, before the work
     malloc = start_under(requested_malloc(params), ctx)
-    graph = load_graph(ctx.input_path(str(params["graph"])))
-    plan = load_plan(ctx.input_path(str(params["plan"])))
-    steps = int(params.get("steps", 10))
+    graph = load_graph(graph_path)
+    plan = load_plan(plan_path)
     captured_for = graph.capture.get("optimizer", "sgd")
     if params.get("optimizer") and str(params["optimizer"]) != captured_for:
-        raise ValueError(f"the graph was captured for the {captured_for} optimizer, not "
-                         f"{params['optimizer']}: its update node (memory, cost) is that "
-                         "optimizer's. Capture again with that optimizer and plan again")
-    seed = None if params.get("seed") is None else int(params["seed"])
-    lr = None if params.get("lr") is None else float(params["lr"])
+        raise BadParam(f"the graph was captured for the {captured_for} optimizer, not "
+                       f"{params['optimizer']}: its update node (memory, cost) is that "
+                       "optimizer's. Capture again with that optimizer and plan again")
     page_dir = job_page_dir(params.get("page_dir"), ctx.workdir)
     from .save_choice import CHECKPOINT_FILE, DEFAULT_SAVE, WEIGHTS_FILE, check_save_choice
     save = check_save_choice(str(params.get("save") or DEFAULT_SAVE))
 
-    picked_up = _picked_up_step(ctx, steps, params.get("stop_after"))
-    completed = picked_up is not None and picked_up == int(params.get("stop_after") or steps)
+    picked_up = _picked_up_step(ctx, steps, stop_after)
+    completed = picked_up is not None and picked_up == (stop_after or steps)
     resumed = {} if picked_up is None else {"resumed_from_step": picked_up,
                                             **({"completed_before_restart": True}
                                                if completed else {})}
     stop_on_nonfinite = param_flag(params.get("stop_on_nonfinite", False))
-    remedy = remedy_for(graph.capture, lr, resume_out=_resume_out(params, stop_on_nonfinite))
+    remedy = remedy_for(graph.capture, lr, resume_out=_resume_out(read, stop_on_nonfinite))
     losses = LossTally(remedy)  # the progress's; the report's tally has the same remedy
     checkpointed = {"step": None}
 
@@ -104,11 +106,11 @@ def run_job(ctx: JobContext, params: dict) -> dict:
         f" (to save the outputs of its {picked_up} steps, trained before the restart)"
         if completed else f" (to resume after step {picked_up})" if resumed else ""),
         **resumed)
-    captured = _capture_before_torch(graph, ctx.input_path(str(params["graph"])))
-    if params.get("init") and captured is not None:
+    captured = _capture_before_torch(graph, graph_path)
+    if init is not None and captured is not None:
         from .saved_weights import load_weights
-        load_weights(captured.module, ctx.input_path(str(params["init"])))
-    checkpointing = _checkpointing(ctx, params, picked_up is not None)
+        load_weights(captured.module, init)
+    checkpointing = _checkpointing(ctx, read, picked_up is not None)
     if checkpointing is not None:  # the job's earlier starts' steps: their divergence counts
         history = checkpointing.history()
         if history["after_step"]:  # the checkpoint it began after (--resume's)
@@ -130,12 +132,12 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                           device=params.get("device", "cpu"), seed=seed,
                           data=params.get("data"), lr=lr,
                           lr_schedule=str(params.get("lr_schedule") or "constant"),
-                          warmup=int(params.get("warmup") or 0),
+                          warmup=warmup,
                           stores=None if host is None else {"host": host},
                           allocator=str(params.get("allocator") or "glibc"),
                           on_trained=saved.save, checkpointing=checkpointing,
                           stop_on_nonfinite=stop_on_nonfinite, remedy=remedy,
-                          time_nodes=int(params.get("time_nodes") or 0),
+                          time_nodes=time_nodes,
                           map_large_allocations=not param_flag(params.get("keep_malloc_defaults",
                                                                      False)))
     finally:
@@ -155,15 +157,15 @@ def run_job(ctx: JobContext, params: dict) -> dict:
             "data": report["data"], "optimizer": report["optimizer"]}
 
 
-def _resume_out(params: dict, stop_on_nonfinite: bool) -> "str | None":
+def _resume_out(read: JobParams, stop_on_nonfinite: bool) -> "str | None":
     """The folder a resume from this job's checkpoints names (the host's `out`, else OUT),
     where a stop at a non-finite loss keeps the checkpoint before it: the job stops there
     (stop_on_nonfinite) and checkpoints every N steps or goes on from one. Without the stop
     its newest checkpoint is of the diverged weights: None."""
-    if not stop_on_nonfinite or not (int(params.get("checkpoint_every") or 0)
-                                     or params.get("resume")):
+    if not stop_on_nonfinite or not (read.integer("checkpoint_every")
+                                     or read.input_path("resume")):
         return None
-    return str(params.get("out") or "OUT")
+    return str(read.params.get("out") or "OUT")
 
 
 def _picked_up_step(ctx: JobContext, steps: int, stop_after) -> "int | None":
@@ -177,20 +179,20 @@ def _picked_up_step(ctx: JobContext, steps: int, stop_after) -> "int | None":
     return step if step is not None and 0 < step <= int(stop_after or steps) else None
 
 
-def _checkpointing(ctx: JobContext, params: dict, own: bool = False):
+def _checkpointing(ctx: JobContext, read: JobParams, own: bool = False):
     """The job's checkpoints (files/checkpoint.pt) and the checkpoint it resumes from (`own`:
     its own newest, else params' resume); None without checkpoint_every, stop_after and
     resume. Read after the capture (torch)."""
-    every = int(params.get("checkpoint_every") or 0)
-    stop_after = None if params.get("stop_after") is None else int(params["stop_after"])
-    if not (every or stop_after or params.get("resume")):
+    every, stop_after = read.integer("checkpoint_every", 0), read.integer("stop_after")
+    resume_path = read.input_path("resume")
+    if not (every or stop_after or resume_path):
         return None
     from .checkpoint import Checkpointing, read_checkpoint
     from .save_choice import CHECKPOINT_FILE
     resume = read_checkpoint(ctx.files_dir / CHECKPOINT_FILE) if own else \
-        read_checkpoint(ctx.input_path(str(params["resume"]))) if params.get("resume") else None
+        read_checkpoint(resume_path) if resume_path is not None else None
     return Checkpointing(path=ctx.files_dir / CHECKPOINT_FILE, every=every,
-                         identity=dict(params.get("identity") or {}), resume=resume,
+                         identity=dict(read.params.get("identity") or {}), resume=resume,
                          stop_after=stop_after, own=own)
 
 
@@ -212,7 +214,7 @@ def requested_malloc(params: dict) -> str:
     allocator = str(params.get("allocator") or "glibc")
     malloc = str(params.get("malloc") or ("jemalloc" if allocator == "arena" else "glibc"))
     if malloc not in MALLOCS:
-        raise ValueError(f"unknown malloc {malloc!r}: use {', '.join(MALLOCS)}")
+        raise BadParam(f"unknown malloc {malloc!r}: use {', '.join(MALLOCS)}")
     return malloc
 
 

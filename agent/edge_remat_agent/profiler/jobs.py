@@ -9,17 +9,21 @@ by the host into its --out folder) and returns the profile's summary.
 from __future__ import annotations
 
 from ..daemon.layout import job_page_dir
-from ..daemon.registry import JobContext
+from ..daemon.registry import BadParam, JobContext, JobParams
 
 
 def profile_job(ctx: JobContext, params: dict) -> dict:
     from .measure import ProfileOptions, measure_profile, profile_summary, to_stderr
     from .profile_writer import write_profile
     options = dict(params)
-    if options.get("graph"):
-        options["graph"] = str(ctx.input_path(str(options["graph"])))
+    graph = JobParams(params, ctx, "profile").input_path("graph")
+    if graph is not None:
+        options["graph"] = str(graph)
     options["page_dir"] = job_page_dir(options.get("page_dir"), ctx.workdir)
-    profile_options = ProfileOptions.from_params(options)
+    try:
+        profile_options = ProfileOptions.from_params(options)
+    except ValueError as error:  # names the param, as the agent's own profile options
+        raise BadParam(str(error)) from None
 
     def progress(index: int, total: int, node) -> None:
         ctx.check_cancelled()
