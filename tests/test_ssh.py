@@ -131,6 +131,23 @@ def test_unknown_host_key_with_strict_policy_says_how_to_trust_it(device, sshd):
     assert 'host_key_policy = "accept-new"' in message and "SHA256:" in message
 
 
+@pytest.mark.skipif(shutil.which("ssh-keyscan") is None, reason="needs ssh-keyscan")
+def test_the_unknown_host_key_remedy_works_on_an_account_with_no_ssh_folder(device, tmp_path):
+    """QA: the remedy `ssh-keyscan -p PORT HOST >> ~/.ssh/known_hosts` failed 'No such file or
+    directory' where ~/.ssh did not exist (a fresh account). The line it gives is run as a
+    user would paste it, and the board is then trusted under the strict policy."""
+    known_hosts = tmp_path / "fresh-home" / ".ssh" / "known_hosts"
+    dev = device(host_key_policy="strict", known_hosts=str(known_hosts))
+    with pytest.raises(HostKeyUnknown) as err:
+        Board(dev).hello()
+    remedy = one_line(err.value).split("`")[1]
+    assert remedy.endswith(f">> {known_hosts}"), remedy  # the path as it printed before
+    pasted = subprocess.run(["bash", "-c", remedy], capture_output=True, text=True, timeout=60)
+    assert pasted.returncode == 0 and known_hosts.is_file(), (remedy, pasted.stderr)
+    with Board(dev) as board:
+        assert board.hello()["protocol"] == 1
+
+
 def test_accept_new_records_the_key_and_strict_then_trusts_it(device, sshd, tmp_path):
     with Board(device(host_key_policy="accept-new")) as board:
         board.hello()

@@ -214,10 +214,12 @@ class _HostKeyPolicy:
             client.get_host_keys().add(hostname, key.get_name(), key)
             return
         port_flag = f"-p {self.hop.port} " if self.hop.port != 22 else ""
+        # its folder made first: on a fresh account there is no ~/.ssh for `>>` to append in
+        folder, file = (shlex.quote(str(p)) for p in (self.known_hosts.parent, self.known_hosts))
         raise HostKeyUnknown(
             f"unknown host key for {hostname} ({key.get_name()} {fingerprint(key)}): after "
-            f"checking it is the board's, trust it with `ssh-keyscan {port_flag}"
-            f"{self.hop.hostname} >> {self.known_hosts}`, or set host_key_policy = "
+            f"checking it is the board's, trust it with `mkdir -p -m 700 {folder} && "
+            f"ssh-keyscan {port_flag}{self.hop.hostname} >> {file}`, or set host_key_policy = "
             f"\"accept-new\" in {self.device.path}")
 
 
