@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -170,12 +172,33 @@ def test_opening_the_port_does_not_assert_dtr_or_rts(ptys):
         port.close()
 
 
-def test_no_agent_on_the_line_is_a_clear_error(ptys, tmp_path):
+def test_no_agent_on_the_line_is_a_clear_error_whose_remedy_starts_one(ptys, tmp_path):
+    """QA: the remedy said `edge-remat-agent serve --serial DEVICE ...`, a command a serial
+    board does not have: docs/boards.md has it copy the archive by hand and run `python3
+    agent.pyz serve --serial ...`. The line is run as given on a "board" whose PATH holds
+    python3 and the system's tools only, the archive beside it, and the host then connects."""
     started = time.monotonic()
     with pytest.raises(BoardUnreachable) as err:
         Board(serial_device(tmp_path, ptys, connect_timeout_s=1)).hello()
-    assert "edge-remat-agent serve --serial" in str(err.value)
     assert time.monotonic() - started < 5
+    remedy = str(err.value).split("`")[1].replace("DEVICE", ptys.board_end)
+    assert "python3 agent.pyz serve --serial" in remedy, remedy
+    board, tools = tmp_path / "board-user", tmp_path / "board-bin"
+    board.mkdir()
+    tools.mkdir()
+    (tools / "python3").symlink_to(sys.executable)
+    shutil.copy(build_agent_archive().path, board / "agent.pyz")
+    environ = {"PATH": f"{tools}:/usr/bin:/bin", "HOME": str(board)}
+    proc = subprocess.Popen(["bash", "-c", f"exec {remedy}"], cwd=board, env=environ,
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agent.log", "wb"))
+    try:
+        with Board(serial_device(tmp_path, ptys)) as connected:
+            assert connected.hello()["protocol"] == 1
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        stop_agent(board / "edge-remat")
+    assert (board / "edge-remat" / "agents").is_dir()  # the workdir docs/boards.md names
 
 
 def test_missing_port_is_a_clear_error(tmp_path, ptys):

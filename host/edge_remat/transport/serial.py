@@ -1,11 +1,11 @@
 """Serial transport (pyserial): the reliable link of edge_remat_agent.wire.serial_link over a
 USB-serial adapter or a USB gadget port, with the agent pushed in chunks over the same link.
 
-The board runs `edge-remat-agent serve --serial /dev/ttyGS0` (from a systemd unit, say). On
-connect the host opens a link session (RESET, with the link version), says hello, and when the
-board's agent is another build than the host's, sends its archive in chunks, points
-agent.current at it and asks the idle daemon to stop; the board's relay then starts the new
-build for the next session.
+The board runs `python3 agent.pyz serve --serial /dev/ttyGS0` (docs/boards.md; from a systemd
+unit, say). On connect the host opens a link session (RESET, with the link version), says
+hello, and when the board's agent is another build than the host's, sends its archive in
+chunks, points agent.current at it and asks the idle daemon to stop; the board's relay then
+starts the new build for the next session.
 """
 
 from __future__ import annotations
@@ -144,10 +144,14 @@ class SerialTransport:
             link_session = self.link.connect(timeout=conn.connect_timeout_s)
         except (TimeoutError, ConnectionError) as exc:
             self.close()
+            # as docs/boards.md has the board run it: a serial board has the archive copied
+            # by hand, no installed `edge-remat-agent` command
             raise BoardUnreachable(
                 f"no agent answers on {conn.device} at {conn.baud} baud ({exc}): start "
-                f"`edge-remat-agent serve --serial DEVICE --baud {conn.baud}` on the board "
-                "(DEVICE is its end of the line, e.g. /dev/ttyGS0 or /dev/ttyAMA0)") from None
+                f"`python3 agent.pyz serve --serial DEVICE --baud {conn.baud} --workdir "
+                "~/edge-remat` on the board (DEVICE is its end of the line, e.g. /dev/ttyGS0 "
+                "or /dev/ttyAMA0; agent.pyz is the agent archive, copied there once by hand: "
+                "docs/boards.md, 'A board on a serial line')") from None
         session = AgentSession(FrameStream(link_session), board=self.board,
                                family=self.device.hardware.family, on_close=self.close)
         session.get_chunk = chunk_for(conn.baud, GET_CHUNK)
