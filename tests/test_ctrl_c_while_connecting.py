@@ -1,7 +1,9 @@
-"""Ctrl-C while a command connects to a board ends it at once (exit 130, one line), also where
-the command was started with SIGINT ignored, as a shell without job control starts `cmd &`
-(QA: `devices silent --check` and `deploy --device silent`, SIGINT at 2 s and 3 s, waited out
-connect_timeout_s = 30 and exited 3; a serial line with no agent the same). Through the real
+"""Ctrl-C while a command connects to a board ends it at once (exit 130, one line). Where the
+command was started with SIGINT ignored, as a shell without job control starts a script's
+`cmd &` (so that Ctrl-C at the terminal leaves it running), SIGINT is left ignored, there as in
+the board job's wait, and SIGTERM ends it at once (QA, starting commands so: `deploy` and `devices
+--check`, SIGINT at 2 s and 3 s, waited out connect_timeout_s = 30, while the job's wait alone
+took SIGINT). Through the real
 `edge-remat` entry point (`python -m edge_remat`), against a real port that never speaks."""
 
 from __future__ import annotations
@@ -27,21 +29,27 @@ def _ignoring_sigint():
 
 
 def _interrupted_while_connecting(config, sigint_ignored: bool) -> float:
-    """`devices CONFIG --check`, SIGINT 2 s in (connecting by then): seconds to its end."""
-    proc = subprocess.Popen([*ENTRY, "devices", str(config), "--check"], stdout=subprocess.PIPE,
+    """`job sleep --device CONFIG`, SIGINT 2 s in (connecting by then), and where SIGINT is
+    ignored, SIGTERM a second later: seconds from the signal that ends it to its end."""
+    proc = subprocess.Popen([*ENTRY, "job", "sleep", "--device", str(config), "--param",
+                             "seconds=1"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env(),
                             preexec_fn=_ignoring_sigint if sigint_ignored else None)
     time.sleep(2.0)
-    started = time.monotonic()
     proc.send_signal(signal.SIGINT)
+    if sigint_ignored:
+        time.sleep(1.0)
+        assert proc.poll() is None, "an ignored SIGINT stopped it"
+        proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
     try:
         out, err = proc.communicate(timeout=8)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"SIGINT did not stop it within 8 s: {out}{err}") from None
+        raise AssertionError(f"the signal did not stop it within 8 s: {out}{err}") from None
     refused(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), INTERRUPTED,
-            "interrupted (Ctrl-C)")
+            "interrupted (SIGTERM)" if sigint_ignored else "interrupted (Ctrl-C)")
     return time.monotonic() - started
 
 

@@ -345,6 +345,10 @@ class Board:
         not cut the cancelling short, a second Ctrl-C does."""
         again = self.come_back(job_id, out_dir)
         stop = f"interrupted ({stopped_by()})"  # Ctrl-C, or SIGTERM as Ctrl-C
+        if not self._connected_once:  # still connecting: no job was sent, nothing to cancel
+            # (QA: `job` cancelled over the link it had not made yet, up to 10 s more)
+            return Interrupted(f"{stop} while connecting to {self.name}, before job {job_id} "
+                               "was sent; nothing runs there", job=job_id, cancelled=True)
         if self.keep_running:
             return Interrupted(f"{stop}; job {job_id} keeps running on {self.name}: "
                                + again, job=job_id, cancelled=False)
@@ -398,8 +402,12 @@ def echoes_ignored(window_s: float):
         if callable(interrupt):
             interrupt(signum, frame)
         raise KeyboardInterrupt
-    signums = [signal.SIGINT] + ([signal.SIGTERM] if callable(signal.getsignal(signal.SIGTERM))
-                                 else [])
+    # SIGINT only where it is not ignored: a shell without job control starts a script's
+    # `cmd &` with it ignored, so that Ctrl-C at the terminal leaves the command running, as
+    # it does while connecting (QA: the wait alone took it); SIGTERM stops it either way
+    signums = ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+               else []) + ([signal.SIGTERM] if callable(signal.getsignal(signal.SIGTERM))
+                           else [])
     previous = {signum: signal.signal(signum, handler) for signum in signums}
     try:
         yield
