@@ -66,6 +66,23 @@ def emulated(tmp_path_factory, request):
 
 
 @needs_cgroup
+def test_a_deployed_plan_the_limit_kills_says_its_step_and_what_to_do(emulated):
+    """deploy of a plan above the board's limit: its line says at which step and what to do,
+    as run's does (QA: "the job process died: it was killed by SIGKILL (the kernel's
+    out-of-memory killer ran meanwhile)", no step, no remedy)."""
+    graph, plan = emulated / "big_graph.json", emulated / "big_plan.json"
+    assert cli("graph", "--model", "resnet18", "--batch", 160, "--image", 32, "-o", graph)[0] == 0
+    assert cli("plan", "--graph", graph, "--budget", "100%", "--time-limit", 3, "-o", plan)[0] == 0
+    code, out, err = cli("deploy", plan, "--graph", graph, "--device", "bench-emulated",
+                         "--steps", 2, "--out", emulated / "big")
+    assert code == 4, (out, err)
+    assert err.strip().splitlines()[-1].startswith(
+        "error: killed by the memory limit at step 1: the plan needs more memory than "
+        "bench-emulated has; plan again with a lower budget"), err
+    assert "Traceback" not in out + err
+
+
+@needs_cgroup
 def test_plain_training_is_killed_by_the_limit_and_says_so_in_one_line(emulated):
     code, out, err = cli("run", "--device", "bench-emulated", *MODEL, "--plain",
                          "--steps", 2, "--out", emulated / "plain")

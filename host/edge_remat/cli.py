@@ -986,11 +986,16 @@ def deploy(
             inputs = {"plan": plan_file, "graph": graph, **({"init": init} if init else {}),
                       **resume_inputs}
             shown = None if as_json else progress_printer()
+            from .run.orchestrate import killed_failure
+            from .transport.emulated import KernelWatch
+            watch = KernelWatch.for_device(config)
             try:
                 record = board.run_job("run", {**params, **resume_params, **page_params},
                                        inputs, out, job_id=job_id, on_update=shown)
             except (JobFailed, Interrupted) as failed:  # Ctrl-C too, as run's (QA: it named
                 # no checkpoint)
+                if isinstance(failed, JobFailed):
+                    failed = killed_failure(failed, steps, board.name, watch.killed())
                 raise with_resume_hint(failed, board, Path(out), job_id) \
                     if "identity" in params else failed
         if no_room and record.get("state") == "finished" and record.get("result"):

@@ -773,22 +773,42 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
                            "(--stop-on-nonfinite)" if stopped else finished_message(result, steps),
                 "result": result, **watch.readings(result)}
     except JobFailed as exc:
-        error = str(exc.record.get("error"))
-        if not (watch.killed() or killed_by_memory(error)):
+        if not (watch.killed() or killed_by_memory(str(exc.record.get("error")))):
             raise
-        progress = exc.record.get("progress") or {}
-        at = completed_steps(progress, steps) + 1
-        why = ("killed by the memory limit" if watch.killed() else
-               "killed by SIGKILL (the board's out-of-memory killer"
-               + ("" if OOM_RAN in error else "?") + ")"
-               if "SIGKILL" in error else "out of memory")
-        from edge_remat_agent.executor.jobs import CAPTURING
-        when = f"while {CAPTURING} (before step 1)" \
-            if str(progress.get("message") or "").startswith(CAPTURING) \
-            else f"at step {at}" if at <= steps else \
-            f"after step {steps}, while saving the trained weights (--save none leaves them)"
-        return {"status": "killed", "killed_at_step": at, "message": f"{why} {when}",
-                "result": progress.get("data") or {}, **watch.readings()}
+        at, message = killed_words(exc.record, steps, watch.killed())
+        return {"status": "killed", "killed_at_step": at, "message": message,
+                "result": (exc.record.get("progress") or {}).get("data") or {},
+                **watch.readings()}
+
+
+def killed_failure(failed: JobFailed, steps: int, board: str, by_limit: bool) -> JobFailed:
+    """deploy's failed job, where it ran out of memory, in run's words: at which step, and
+    what to do (QA: "the job process died: it was killed by SIGKILL (...)", no step, no
+    remedy); any other failure as it was."""
+    if not (by_limit or killed_by_memory(str(failed.record.get("error")))):
+        return failed
+    _, words = killed_words(failed.record, steps, by_limit)
+    return JobFailed(f"{words}: the plan needs more memory than {board} has; plan again with "
+                     "a lower budget", failed.record)
+
+
+def killed_words(record: dict, steps: int, by_limit: bool) -> tuple[int, str]:
+    """(the step, words) of a job that ran out of memory: "killed by the memory limit at
+    step 3" (`by_limit`: the emulated board's group counted the kill), else by what its error
+    says; while capturing, or after the last step, where it was then."""
+    error = str(record.get("error"))
+    progress = record.get("progress") or {}
+    at = completed_steps(progress, steps) + 1
+    why = ("killed by the memory limit" if by_limit else
+           "killed by SIGKILL (the board's out-of-memory killer"
+           + ("" if OOM_RAN in error else "?") + ")"
+           if "SIGKILL" in error else "out of memory")
+    from edge_remat_agent.executor.jobs import CAPTURING
+    when = f"while {CAPTURING} (before step 1)" \
+        if str(progress.get("message") or "").startswith(CAPTURING) \
+        else f"at step {at}" if at <= steps else \
+        f"after step {steps}, while saving the trained weights (--save none leaves them)"
+    return at, f"{why} {when}"
 
 
 def finished_message(result: dict, last: int) -> str:
