@@ -75,3 +75,24 @@ def test_ctrl_c_while_a_serial_line_has_no_agent(tmp_path, sigint_ignored):
         config.write_text(f'name = "noagent"\n[connection]\nkind = "serial"\n'
                           f'port = "{ptys.host_end}"\nbaud = 115200\nconnect_timeout_s = 30\n')
         assert _interrupted_while_connecting(config, sigint_ignored) < 3
+
+
+def test_sigterm_while_devices_check_connects(tmp_path):
+    """`devices --check` waits on its boards as the job commands do: SIGTERM ends it as Ctrl-C
+    does, exit 130 and one line (it ended by the signal's default action, no line)."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    config = tmp_path / "silent.toml"
+    config.write_text(f'name = "silent"\n[connection]\nkind = "ssh"\nhost = "127.0.0.1"\n'
+                      f"port = {silent.getsockname()[1]}\nconnect_timeout_s = 30\n"
+                      f'ssh_config = "none"\nknown_hosts = "{tmp_path / "known_hosts"}"\n')
+    try:
+        proc = subprocess.Popen([*ENTRY, "devices", str(config), "--check"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env())
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=8)
+    finally:
+        silent.close()
+    refused(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), INTERRUPTED,
+            "interrupted (SIGTERM)")

@@ -652,6 +652,7 @@ def version() -> None:
 
 @app.command()
 @cli_errors
+@sigterm_as_ctrl_c()  # --check waits on boards: SIGTERM stops it as Ctrl-C does (exit 130)
 def devices(
     names: list[str] = typer.Argument(None, metavar="[NAME]...",
                                       help="device names or config paths (default: all)"),
