@@ -62,7 +62,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     seed, lr = read.integer("seed"), read.number("lr")
     warmup, time_nodes = read.integer("warmup", 0), read.integer("time_nodes", 0)
     init, stop_after = read.input_path("init"), read.integer("stop_after")
-    read.integer("checkpoint_every"), read.input_path("resume")  # refused here, before the work
+    every, resume_path = read.integer("checkpoint_every", 0), read.input_path("resume")
     malloc = start_under(requested_malloc(params), ctx)
     graph = load_graph(graph_path)
     plan = load_plan(plan_path)
@@ -81,7 +81,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                                             **({"completed_before_restart": True}
                                                if completed else {})}
     stop_on_nonfinite = param_flag(params.get("stop_on_nonfinite", False))
-    remedy = remedy_for(graph.capture, lr, resume_out=_resume_out(read, stop_on_nonfinite))
+    remedy = remedy_for(graph.capture, lr, resume_out=_resume_out(
+        params, stop_on_nonfinite and bool(every or resume_path)))
     losses = LossTally(remedy)  # the progress's; the report's tally has the same remedy
     checkpointed = {"step": None}
 
@@ -110,7 +111,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     if init is not None and captured is not None:
         from .saved_weights import load_weights
         load_weights(captured.module, init)
-    checkpointing = _checkpointing(ctx, read, picked_up is not None)
+    checkpointing = _checkpointing(ctx, every, stop_after, resume_path,
+                                   dict(params.get("identity") or {}), picked_up is not None)
     if checkpointing is not None:  # the job's earlier starts' steps: their divergence counts
         history = checkpointing.history()
         if history["after_step"]:  # the checkpoint it began after (--resume's)
@@ -157,15 +159,12 @@ def run_job(ctx: JobContext, params: dict) -> dict:
             "data": report["data"], "optimizer": report["optimizer"]}
 
 
-def _resume_out(read: JobParams, stop_on_nonfinite: bool) -> "str | None":
+def _resume_out(params: dict, keeps_the_checkpoint: bool) -> "str | None":
     """The folder a resume from this job's checkpoints names (the host's `out`, else OUT),
-    where a stop at a non-finite loss keeps the checkpoint before it: the job stops there
-    (stop_on_nonfinite) and checkpoints every N steps or goes on from one. Without the stop
+    where a stop at a non-finite loss keeps the checkpoint before it (`keeps_the_checkpoint`:
+    the job stops there, and checkpoints every N steps or goes on from one). Without the stop
     its newest checkpoint is of the diverged weights: None."""
-    if not stop_on_nonfinite or not (read.integer("checkpoint_every")
-                                     or read.input_path("resume")):
-        return None
-    return str(read.params.get("out") or "OUT")
+    return str(params.get("out") or "OUT") if keeps_the_checkpoint else None
 
 
 def _picked_up_step(ctx: JobContext, steps: int, stop_after) -> "int | None":
@@ -179,12 +178,11 @@ def _picked_up_step(ctx: JobContext, steps: int, stop_after) -> "int | None":
     return step if step is not None and 0 < step <= int(stop_after or steps) else None
 
 
-def _checkpointing(ctx: JobContext, read: JobParams, own: bool = False):
+def _checkpointing(ctx: JobContext, every: int, stop_after: "int | None",
+                   resume_path: "Path | None", identity: dict, own: bool = False):
     """The job's checkpoints (files/checkpoint.pt) and the checkpoint it resumes from (`own`:
-    its own newest, else params' resume); None without checkpoint_every, stop_after and
+    its own newest, else `resume_path`); None without checkpoint_every, stop_after and
     resume. Read after the capture (torch)."""
-    every, stop_after = read.integer("checkpoint_every", 0), read.integer("stop_after")
-    resume_path = read.input_path("resume")
     if not (every or stop_after or resume_path):
         return None
     from .checkpoint import Checkpointing, read_checkpoint
@@ -192,7 +190,7 @@ def _checkpointing(ctx: JobContext, read: JobParams, own: bool = False):
     resume = read_checkpoint(ctx.files_dir / CHECKPOINT_FILE) if own else \
         read_checkpoint(resume_path) if resume_path is not None else None
     return Checkpointing(path=ctx.files_dir / CHECKPOINT_FILE, every=every,
-                         identity=dict(read.params.get("identity") or {}), resume=resume,
+                         identity=identity, resume=resume,
                          stop_after=stop_after, own=own)
 
 
