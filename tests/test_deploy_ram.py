@@ -65,15 +65,19 @@ def test_a_board_whose_config_names_no_ram_is_judged_by_what_its_agent_reports(t
                                            ram_bytes=2**30))
     mib = 2**20
     said = []
-    note_plan_above_board_ram(silent, {"ram_limit_bytes": 450 * mib,
-                                       "ram_total_bytes": 24 << 30}, 842 * mib, said.append)
+    note_plan_above_board_ram(silent, lambda: {"ram_limit_bytes": 450 * mib,
+                                               "ram_total_bytes": 24 << 30}, 842 * mib,
+                              said.append)
     assert len(said) == 1 and said[0].startswith("warning: the plan's predicted peak, "
                                                  "842.00 MiB, is more than the 450.00 MiB of "
                                                  "RAM silent has (its memory limit)"), said
-    note_plan_above_board_ram(silent, {"ram_limit_bytes": None, "ram_total_bytes": 512 * mib},
-                              842 * mib, said.append)
+    note_plan_above_board_ram(silent, lambda: {"ram_limit_bytes": None,
+                                               "ram_total_bytes": 512 * mib}, 842 * mib,
+                              said.append)
     assert len(said) == 2 and "512.00 MiB of RAM silent has: this plan" in said[1], said
-    note_plan_above_board_ram(silent, {"ram_limit_bytes": None, "ram_total_bytes": 24 << 30},
-                              842 * mib, said.append)
-    note_plan_above_board_ram(named, {"ram_limit_bytes": 450 * mib}, 842 * mib, said.append)
+    note_plan_above_board_ram(silent, lambda: {"ram_limit_bytes": None,
+                                               "ram_total_bytes": 24 << 30}, 842 * mib,
+                              said.append)
+    note_plan_above_board_ram(named, lambda: {"ram_limit_bytes": 450 * mib}, 842 * mib,
+                              said.append)
     assert len(said) == 2  # room enough; a config that names RAM was judged before connecting

@@ -221,13 +221,15 @@ def note_plan_above_ram(config, peak_bytes: int, say: Callable[[str], None]) -> 
                    "plan again with a budget in bytes below it", say)
 
 
-def note_plan_above_board_ram(config, sysinfo: dict, peak_bytes: int,
+def note_plan_above_board_ram(config, read_sysinfo: Callable[[], dict], peak_bytes: int,
                               say: Callable[[str], None]) -> None:
     """deploy, connected: where the device config names no RAM, what the board's agent says
     it has (its memory-limited cgroup's limit, else the machine's RAM) (QA: an 842 MiB plan
-    went to a board of 450 MiB, its config silent, and was killed without a word before)."""
+    went to a board of 450 MiB, its config silent, and was killed without a word before).
+    `read_sysinfo` asks the board, only then: a round trip over a slow link."""
     if config.hardware.memory_limit_bytes or config.hardware.ram_bytes:
         return  # said before connecting (note_plan_above_ram)
+    sysinfo = read_sysinfo()
     limit = sysinfo.get("ram_limit_bytes")
     note_above_ram(limit or sysinfo.get("ram_total_bytes"), "the plan's predicted peak",
                    peak_bytes, f"{config.name} has" + (" (its memory limit)" if limit else ""),

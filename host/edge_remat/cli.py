@@ -971,7 +971,7 @@ def deploy(
             retired_at_exit(board):
         require_kind(board, "run", "execute plans")
         from .checks import note_plan_above_board_ram
-        note_plan_above_board_ram(config, board.sysinfo(), replayed.peak_bytes, to_stderr)
+        note_plan_above_board_ram(config, board.sysinfo, replayed.peak_bytes, to_stderr)
         # the board checks the plan's gradients against a plain eager step after training,
         # which a board without room for one cannot hold: the host checks them, as run does
         no_room = plain_step_out_of_reach(board, g) is not None
