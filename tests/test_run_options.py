@@ -560,3 +560,37 @@ def test_bad_input_after_profiling_removes_the_fetched_profile_too(tmp_path):
     (out / "profile" / "profile.json").write_text("{}")
     _remove_outputs_since(out, at_start)
     assert list(out.iterdir()) == []
+
+
+# -- run --arena: the layout --allocator arena runs in -------------------------------------
+
+def test_an_unknown_run_arena_is_refused_before_any_work(tmp_path):
+    before = tree(tmp_path)
+    proc = _run("--budget", "90%", "--allocator", "arena", "--arena", "none", cwd=tmp_path,
+                timeout=60)
+    refused(proc, BAD_INPUT, "--arena", "'none'", "best-fit | cpsat")
+    assert "capturing" not in proc.stderr
+    no_new_files(before, tmp_path)
+
+
+def test_run_lays_its_arena_out_with_cpsat_when_asked_and_says_where_it_is_unused(tmp_path):
+    """`plan --arena cpsat` packs tighter than best fit, and `run` had no way to ask for it:
+    its arena was always best fit, re-planned cheaper until the looser layout fit."""
+    asked = _run("--budget", "90%", "--profile", PROFILE, "--allocator", "arena", "--arena",
+                 "cpsat", "--arena-time-limit", 3, "--out", tmp_path / "cpsat", "--steps", 2,
+                 cwd=tmp_path, timeout=300)
+    assert asked.returncode == 0, asked.stderr
+    assert "--arena" not in asked.stderr, asked.stderr
+    arena = json.loads((tmp_path / "cpsat" / "plan.json").read_text())["arena"]
+    assert arena["method"] == "cpsat" and arena["details"]["fit"]["fits"]
+    report = json.loads((tmp_path / "cpsat" / "report.json").read_text())
+    assert report["executor_allocator"] == "arena"
+    assert report["grad_check"]["bitwise_equal"] is True
+    # with the glibc allocator no arena is run in: the plan keeps the report's best fit
+    glibc = _run("--budget", "90%", "--profile", PROFILE, "--arena", "cpsat", "--out",
+                 tmp_path / "glibc", cwd=tmp_path, timeout=300)
+    assert glibc.returncode == 0, glibc.stderr
+    assert "warning: --arena and --arena-time-limit lay out the arena that --allocator arena " \
+        "runs in, and this run allocates with glibc: ignored" in glibc.stderr, glibc.stderr
+    assert json.loads((tmp_path / "glibc" / "plan.json").read_text())["arena"]["method"] == \
+        "best-fit"

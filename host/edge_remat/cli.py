@@ -1211,6 +1211,12 @@ def run_command(
     allocator: str = typer.Option(run_default("allocator"), "--allocator", help="glibc (tensors from the C "
                                   "library's malloc) | arena (every planned tensor at its "
                                   "planned offset in one arena)"),
+    arena: str = typer.Option(run_default("arena"), "--arena", help="how --allocator arena's "
+                              "arena is laid out: best-fit | cpsat (exact, within "
+                              "--arena-time-limit: a tighter arena, fewer re-plans)"),
+    arena_time_limit: float = typer.Option(run_default("arena_time_limit"),
+                                           "--arena-time-limit",
+                                           help="seconds for the cpsat arena layout"),
     malloc: Optional[str] = typer.Option(None, "--malloc", help="the board's malloc for the "
                                          "run's process: glibc | jemalloc | tcmalloc "
                                          "(preloaded; default: jemalloc with --allocator "
@@ -1268,7 +1274,8 @@ def run_command(
         dtype=dtype, trainable_dtype=trainable_dtype, profile=profile_file,
         reprofile=reprofile, paging=paging, solver=solver, time_limit=time_limit, sweep=sweep,
         out=out, plots=not no_plots, keep_running=keep_running,
-        check_gradients=not no_grad_check, allocator=allocator, save=save, init=init,
+        check_gradients=not no_grad_check, allocator=allocator, arena=arena,
+        arena_time_limit=arena_time_limit, save=save, init=init,
         checkpoint_every=checkpoint_every, stop_after=stop_after, resume=resume,
         stop_on_nonfinite=stop_on_nonfinite, extra={"malloc": malloc} if malloc else {})
     report = run(options, say=to_stderr)

@@ -58,6 +58,8 @@ class RunOptions:
     keep_running: bool = False  # Ctrl-C leaves the board's job running instead of cancelling
     extra: dict = field(default_factory=dict)  # more params for the board's job
     allocator: str = "glibc"  # the executor's: glibc | arena (the plan's arena layout)
+    arena: str = "best-fit"  # how the arena is laid out: best-fit | cpsat (planner/arena.py)
+    arena_time_limit: float = 10.0  # seconds for the cpsat layout
     save: str = "trained"  # the trained weights fetched to OUT/weights.pt: trained | all | none
     init: Optional[str] = None  # a weights file (a run's weights.pt) the model starts from
     checkpoint_every: Optional[int] = None  # a checkpoint after every N-th step (run/resume.py)
@@ -168,6 +170,7 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     if (mistake := granularity_mistake(opts.operator_level, opts.max_nodes, None)):
         raise RunProblem(mistake)
     check_solver_options(opts.solver, opts.time_limit, None)
+    check_arena_options(opts)
     if opts.params_home == "flash" and not flash_allowed(opts.paging):
         raise RunProblem(f"--params-home flash reads the parameters from flash every step, "
                          f"which is paging, and --paging {opts.paging} rules flash out: use "
@@ -194,7 +197,37 @@ def plain_ignores(opts: RunOptions) -> list[str]:
 
 # RunOptions fields only a plan reads, each its command line's --name-with-dashes
 PLAN_ONLY_OPTIONS = ("budget", "deadline", "objective", "paging", "solver", "time_limit",
-                     "sweep", "allocator", "params_home", "max_nodes", "profile", "reprofile")
+                     "sweep", "allocator", "arena", "arena_time_limit", "params_home",
+                     "max_nodes", "profile", "reprofile")
+
+# --arena's choices: the arena a run's executor allocates from is laid out, never "none"
+RUN_ARENA_METHODS = ("best-fit", "cpsat")
+
+
+def check_arena_options(opts: RunOptions) -> None:
+    """--arena and --arena-time-limit: their values."""
+    if opts.arena not in RUN_ARENA_METHODS:
+        raise RunProblem(f"unknown --arena {opts.arena!r}: use {' | '.join(RUN_ARENA_METHODS)}")
+    if not opts.arena_time_limit > 0:
+        raise RunProblem(f"--arena-time-limit must be seconds above 0, not "
+                         f"{opts.arena_time_limit:g}")
+
+
+def arena_ignores(opts: RunOptions) -> list[str]:
+    """Warnings for the arena options that the run given leaves unused, as `plan`'s (a run
+    with the glibc allocator lays its plan's arena out best-fit, for the report alone)."""
+    defaults = RunOptions(device=opts.device, model=opts.model)
+    arena_typed = opts.arena != defaults.arena
+    limit_typed = opts.arena_time_limit != defaults.arena_time_limit
+    if opts.plain or not (arena_typed or limit_typed):
+        return []
+    if opts.allocator != "arena":
+        return ["--arena and --arena-time-limit lay out the arena that --allocator arena runs "
+                "in, and this run allocates with glibc: ignored (add --allocator arena)"]
+    if limit_typed and opts.arena != "cpsat":
+        return [f"--arena-time-limit is unused: it limits --arena cpsat's layout, and --arena "
+                f"{opts.arena} solves none"]
+    return []
 
 
 def checked_max_norm(max_norm: float) -> float:

@@ -33,8 +33,9 @@ from ..remote import full_result
 from ..transport import Board, JobFailed, JobOutOfReach
 from ..units import Budget, budget_against_plain, fmt_bytes
 from .job_end import ENDED_WELL, ended_well_status
-from .options import (RunOptions, RunProblem, check_data_fits, check_init_fits, check_options,
-                      flash_allowed, for_board, paging_with_flash, plain_ignores, run_data)
+from .options import (RunOptions, RunProblem, arena_ignores, check_data_fits, check_init_fits,
+                      check_options, flash_allowed, for_board, paging_with_flash, plain_ignores,
+                      run_data)
 from .profiles import ChosenProfile, choose_profile, forget_if_far_off
 
 # With a memory limit and no --budget, the plan gets what is left after the runtime's own memory
@@ -64,6 +65,8 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     if opts.plain and (ignored := plain_ignores(opts)):
         say(f"warning: {', '.join(ignored)} shape{'s' if len(ignored) == 1 else ''} the plan, "
             "and --plain trains without one: ignored")
+    for line in arena_ignores(opts):
+        say(f"warning: {line}")
     opts = for_board(opts, device)
     if opts.resume:  # the resumed run's outputs go where the earlier run's are
         opts = dataclasses.replace(opts, out=opts.resume)
@@ -700,8 +703,11 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
     solved = solve(problem, opts.solver, opts.time_limit)
     from ..planner.arena import plan_arena
 
-    def lay_out(plan):  # best fit, milliseconds
-        return plan_arena(graph, plan, problem.costs)
+    # the glibc allocator's run lays the arena out for the report alone: best fit, milliseconds
+    method = opts.arena if opts.allocator == "arena" else "best-fit"
+
+    def lay_out(plan):
+        return plan_arena(graph, plan, problem.costs, method, opts.arena_time_limit)
 
     layout = lay_out(solved.plan)
     if opts.allocator == "arena":  # the board pays the arena: it must fit the budget
@@ -715,7 +721,7 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
                                    lay_out)
         fit = layout.details["fit"]
         if len(fit["tries"]) > 1:
-            say(_describe_fit(fit))
+            say(_describe_fit(fit, opts.arena))
     solved.plan.arena = layout
     plan_dict = solved.plan.to_dict()
     plan_path = out / "plan.json"
@@ -725,7 +731,7 @@ def _plan(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
     return plan_dict, plan_path
 
 
-def _describe_fit(fit: dict) -> str:
+def _describe_fit(fit: dict, method: str) -> str:
     """One line on re-planning for the arena (planner/arena_fit.py)."""
     first = fit["tries"][0]
     over = (first["footprint_bytes"] - fit["budget_bytes"]) / 2**20
@@ -734,7 +740,8 @@ def _describe_fit(fit: dict) -> str:
                 f"(fragmentation); planned again at {fit['planned_at_bytes'] / 2**20:.1f} MiB, "
                 f"where it fits")
     return (f"arena: the plan's arena passes the budget by {over:.2f} MiB (fragmentation); "
-            f"no lower budget tried fits it, so the board may need that much more")
+            f"no lower budget tried fits it, so the board may need that much more"
+            f"{'' if method == 'cpsat' else ' (--arena cpsat packs tighter)'}")
 
 
 def _sweep(make_problem, opts: RunOptions, out: Path, say: Say) -> None:
