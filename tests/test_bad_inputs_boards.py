@@ -231,6 +231,24 @@ def test_a_job_param_the_board_refuses_is_bad_input_naming_it(tmp_path, bench, k
                                                                            "BadParam"))
 
 
+def test_a_run_job_whose_input_the_executor_refuses_is_bad_input(tmp_path, bench):
+    """A run on the board that the executor refuses before anything ran (its BadInput: here a
+    graph that the board's capture of the model does not reproduce, as one made with another
+    torch; also a batch the model cannot take, an unknown allocator) is bad input, as a refused
+    param is: exit 2, the board's words with no class name before them. It was a failed job,
+    exit 1, "PlanMismatch: ..."."""
+    graph = tiny_graph(tmp_path, capture=CAPTURED)  # says mlp, and is not mlp's graph
+    plan = tiny_plan(tmp_path, graph)
+    args = ("job", "run", "--device", "bench", "--input", f"plan={plan}", "--input",
+            f"graph={graph}")
+    line = refused(cli(*args, timeout=180), BAD_INPUT, "re-capturing gave a different graph",
+                   "Remedy: capture the graph with the same torch")
+    assert "PlanMismatch" not in line and "BadInput" not in line, line
+    proc = cli(*args, "--json", timeout=180)
+    record = json.loads(proc.stdout)["job"]
+    assert proc.returncode == BAD_INPUT and record["bad_input"] is True, proc.stdout
+
+
 def test_a_job_that_fails_with_good_params_is_still_a_failed_job(tmp_path, bench):
     """Only a refused param is bad input: the job's own failure stays exit 1."""
     refused(cli("job", "echo", "--device", "bench", "--param", "fail=boom", timeout=120),

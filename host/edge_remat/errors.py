@@ -7,7 +7,8 @@ exit status the same.
          from the captured step replayed plainly), or --stop-on-nonfinite stopped a run at a
          loss that is not finite
     2    bad input: a file, an option, a model, a path to write (nothing was sent or written);
-         also a job whose params the board refused (the job's record says `bad_input`)
+         also a job whose input the board refused: a param, a plan for another graph, data
+         the model cannot take (the job's record says `bad_input`)
     3    the board or its link cannot be reached or used
     4    killed: the run ran out of memory (the memory limit, the board's OOM killer)
     70   an internal error (a bug): rerun with --debug and report the traceback
@@ -106,7 +107,8 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
     if isinstance(exc, JobFailed) and cancelled_by_host(exc.record or {}):
         return EXIT_INTERRUPTED, str(exc), {"status": "cancelled", "job": exc.record}
     if isinstance(exc, JobFailed) and (exc.record or {}).get("bad_input"):
-        # a param the board's job refused (BadParam): bad input, its line naming the param
+        # input the board's job refused (InputRefused: a param, a plan for another graph, a
+        # batch the model cannot take): bad input, in the board's words
         return EXIT_BAD_INPUT, str(exc), {"status": "failed", "job": exc.record}
     if isinstance(exc, JobFailed):
         killed = killed_by_memory(str((exc.record or {}).get("error")))

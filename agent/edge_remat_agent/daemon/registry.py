@@ -46,9 +46,14 @@ class JobCancelled(Exception):
     """Raised by a job that noticed ctx.cancelled."""
 
 
-class BadParam(ValueError):
-    """A job's param that is missing or wrong: bad input. The job process records its line as
-    it is (no class name before it) with `bad_input`, which the host exits 2 for."""
+class InputRefused(Exception):
+    """A job's input that is wrong (a param, or what a param names: a plan for another graph,
+    a batch the model cannot take): nothing ran. The job process records its line as it is
+    (no class name before it) with `bad_input`, which the host exits 2 for."""
+
+
+class BadParam(ValueError, InputRefused):
+    """A job's param that is missing or wrong: bad input (InputRefused)."""
 
 
 class JobParams:

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 
 from .layout import Layout
-from .registry import BadParam, JobCancelled, JobContext, get_kind
+from .registry import InputRefused, JobCancelled, JobContext, get_kind
 from .store import read_json, write_json_atomic
 
 ALREADY_RUNNING = 3
@@ -83,7 +83,7 @@ def run_job_process(layout: Layout, job_id: str) -> int:
         if isinstance(exc, JobCancelled) or ctx.cancelled:
             # after a cancel, whatever the job made of the JobCancelled raised into it
             outcome = {"ok": False, "cancelled": True, "error": "cancelled"}
-        elif isinstance(exc, BadParam):  # bad input (the host's exit 2), in its own words
+        elif isinstance(exc, InputRefused):  # bad input (the host's exit 2), in its own words
             outcome = {"ok": False, "error": str(exc), "bad_input": True,
                        "traceback": traceback.format_exc(limit=20)}
         else:

@@ -3,6 +3,7 @@ traceback; the daemon's job record carries the same line."""
 
 from __future__ import annotations
 
+from ..daemon.registry import InputRefused
 from ..formats import Graph, Instruction
 
 
@@ -10,8 +11,9 @@ class ExecutorError(RuntimeError):
     """Base class: a run that cannot start or cannot go on."""
 
 
-class BadInput(ExecutorError):
-    """The run's inputs are wrong (plan, graph, batches, options): nothing ran."""
+class BadInput(ExecutorError, InputRefused):
+    """The run's inputs are wrong (plan, graph, batches, options): nothing ran. A board's job
+    that raises it is refused as a bad param is (InputRefused)."""
 
 
 class PlanMismatch(BadInput):

@@ -95,8 +95,8 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
     gradient check on it: node_timing.py); the report's `node_times` has them."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
-    if (why := unavailable(device)) is not None:
-        raise BadInput(why)
+    if (why := unavailable(device)) is not None:  # the board's torch, not the input: as
+        raise ExecutorError(why)  # the profile job's, a failed job
     check_lr_schedule(lr_schedule, warmup, steps)
     checkpointing = checkpointing or Checkpointing()
     resume = checkpointing.resume
@@ -309,8 +309,8 @@ def run_plain(graph: Graph, steps: int, data: Any = None, progress: Progress | N
     the ledger is not kept (None)."""
     if steps < 1:
         raise BadInput(f"steps must be at least 1, got {steps}")
-    if (why := unavailable(device)) is not None:
-        raise BadInput(why)
+    if (why := unavailable(device)) is not None:  # the board's torch, not the input: as
+        raise ExecutorError(why)  # the profile job's, a failed job
     check_lr_schedule(lr_schedule, warmup, steps)
     if model is None:
         from ..capture.models import load_source_model
