@@ -780,9 +780,10 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
                            "(--stop-on-nonfinite)" if stopped else finished_message(result, steps),
                 "result": result, **watch.readings(result)}
     except JobFailed as exc:
-        if not (watch.killed() or killed_by_memory(str(exc.record.get("error")))):
+        by_limit = watch.killed()
+        if not ran_out_of_memory(exc.record, by_limit):
             raise
-        at, message = killed_words(exc.record, steps, watch.killed())
+        at, message = killed_words(exc.record, steps, by_limit)
         return {"status": "killed", "killed_at_step": at, "message": message,
                 "result": (exc.record.get("progress") or {}).get("data") or {},
                 **watch.readings()}
@@ -792,11 +793,17 @@ def killed_failure(failed: JobFailed, steps: int, board: str, by_limit: bool) ->
     """deploy's failed job, where it ran out of memory, in run's words: at which step, and
     what to do (QA: "the job process died: it was killed by SIGKILL (...)", no step, no
     remedy); any other failure as it was."""
-    if not (by_limit or killed_by_memory(str(failed.record.get("error")))):
+    if not ran_out_of_memory(failed.record, by_limit):
         return failed
     _, words = killed_words(failed.record, steps, by_limit)
     return JobFailed(f"{words}: the plan needs more memory than {board} has; plan again with "
                      "a lower budget", failed.record)
+
+
+def ran_out_of_memory(record: dict, by_limit: bool) -> bool:
+    """Whether a failed job ran out of memory: the emulated board's group counted the kill
+    (`by_limit`), or its error says so."""
+    return by_limit or killed_by_memory(str(record.get("error")))
 
 
 def killed_words(record: dict, steps: int, by_limit: bool) -> tuple[int, str]:
