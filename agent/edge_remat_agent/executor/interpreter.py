@@ -77,6 +77,11 @@ class Interpreter:
         # (node id, its call) -> None, wrapped around each compute when set (a first step's
         # memory meter: profiler/first_step.py)
         self.around_compute: Callable[[Any, Callable[[], None]], None] | None = None
+        # the flat index of the instruction where the plan peaks, when set: the ledger's split
+        # by class just after it, into `held_at_watch` (the report sets plan and ledger side
+        # by side at one moment of the step, not each at its own peak)
+        self.watch_at: int | None = None
+        self.held_at_watch: dict[str, int] | None = None
 
     def run(self, stages: Stages) -> StepCounts:
         self.counts = StepCounts(overlapped=self.overlap is not None)
@@ -98,6 +103,8 @@ class Interpreter:
                         raise self._explain(failed.error, *failed.where) from failed.error
                     except Exception as error:  # noqa: BLE001 - each becomes one clear line
                         raise self._explain(error, s, k, ins) from error
+                    if index == self.watch_at and self.runner.ledger is not None:
+                        self.held_at_watch = dict(self.runner.ledger.live_by_class)
                     index += 1
             if self.paging is not None:
                 try:

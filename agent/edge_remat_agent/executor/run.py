@@ -26,7 +26,7 @@ from ..devices import (allocated_peak, release_cached, reserved_peak, reset_peak
 from ..diverged import Remedy, is_nonfinite, remedy_for
 from ..formats import HOME, Graph, Plan
 from ..lr_schedule import ScheduledLr, lr_factor, lr_history
-from ..memory_classes import CLASSES, ledger_classifier, planned_by_class
+from ..memory_classes import CLASSES, ledger_classifier, planned_at, planned_by_class
 from ..pages import PageStore
 from ..profiler import LiveTensorLedger, StepMeter
 from ..profiler.allocations import AllocatorPeak
@@ -162,6 +162,7 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
         placement = None if arena is None else ArenaPlacement(arena, runner, captured.graph)
         planned = PlannedStep(runner, captured.graph, plan, module, optimizer, opened, ledger,
                               overlap, placement, sums, time_nodes)
+        planned.interpreter.watch_at = flat_index(plan.stages, sim.peak_at)
         for i in range(start, last):
             schedule.at(i)
             planned.timing = planned.node_times.wanted(i - start)
@@ -201,6 +202,9 @@ def run_plan(graph: Graph, plan: Plan, steps: int, page_dir: str | None = None, 
                                        allocated_peak(device), reserved_peak(device)))
             records[-1]["job_start"] = this_start
             records[-1]["ledger_peak_by_class"] = dict(ledger.peak_by_class)
+            if (held := planned.interpreter.held_at_watch) is not None:  # the first step's
+                records[-1]["ledger_at_plan_peak_by_class"] = held
+                planned.interpreter.watch_at = planned.interpreter.held_at_watch = None
             if arena is not None:
                 records[-1]["arena"] = arena.counts.to_dict()
             if counted is not None and counted.measured:
@@ -444,13 +448,30 @@ def capture_here(graph: Graph, traced: bytes | None = None, in_ram: bool = False
 
 def memory_by_class(graph: Graph, plan: Plan, sim: SimResult, records: list[dict]) -> dict:
     """Where the memory went: the plan's peak and the ledger's highest step peak, by class
-    (memory_classes). The runtime is the kernel's figure (the host's report), not a tensor."""
+    (memory_classes), and both just after the instruction where the plan peaks
+    (`at_plan_peak`, from the first step, run instruction by instruction as every first step
+    is: compiled steps keep no such moment). The runtime is the kernel's figure (the host's report), not a tensor."""
     top = max(records, key=lambda r: r.get("ledger_peak_bytes") or 0)
     measured = top.get("ledger_peak_by_class") or {}
-    return {"classes": list(CLASSES),  # replayed as validate replays it
-            "planned": planned_by_class(graph, plan, plan_costs(graph, plan), sim),
-            "measured": {name: measured.get(name, 0) for name in CLASSES},
-            "measured_step": top["step"]}
+    costs = plan_costs(graph, plan)
+    split = {"classes": list(CLASSES),  # replayed as validate replays it
+             "planned": planned_by_class(graph, plan, costs, sim),
+             "measured": {name: measured.get(name, 0) for name in CLASSES},
+             "measured_step": top["step"]}
+    held = [r for r in records if "ledger_at_plan_peak_by_class" in r]
+    if held:
+        split["at_plan_peak"] = {
+            "at": list(sim.peak_at), "step": held[0]["step"],
+            "planned": planned_at(graph, plan.stages, sim.peak_at, costs.workspace(graph),
+                                  plan.runtime_warm_bytes),
+            "measured": {name: held[0]["ledger_at_plan_peak_by_class"].get(name, 0)
+                         for name in CLASSES}}
+    return split
+
+
+def flat_index(stages, at: tuple[int, int]) -> int:
+    """Instruction (stage, position) as its index in the step's one run of instructions."""
+    return sum(len(stage) for stage in stages[:at[0]]) + at[1]
 
 
 def validate(graph: Graph, plan: Plan) -> SimResult:

@@ -456,17 +456,32 @@ def _classes_text(report: dict) -> list[str]:
     split = report.get("memory_by_class")
     if not split:
         return []
-    cells = [f"{name.replace('_', ' ')} {_mib(split['planned'].get(name))} / "
-             f"{_mib(split['measured'].get(name))}" for name in split["classes"]
-             if split["planned"].get(name) or split["measured"].get(name)]
     # each at its own peak: two moments of the step, whose splits may differ wholly (QA: a
-    # plan's 18 MiB of optimizer state beside the ledger's 0 read as a ledger that missed it)
-    lines = ["memory        MiB, plan / ledger, each at its own peak: " + ", ".join(cells)]
+    # plan's 18 MiB of optimizer state beside the ledger's 0 read as a ledger that missed it;
+    # its 0.1 MiB of gradients beside the ledger's 16.3 as a plan that forgot them), so also
+    # both at one moment, where the board's replay of the plan (the graph's costs) peaks
+    lines = ["memory        MiB, plan / ledger, each at its own peak: "
+             + _class_cells(split["classes"], split["planned"], split["measured"])]
+    if (moment := split.get("at_plan_peak")) is not None:
+        stage, position = moment["at"]
+        unseen = " (the ledger sees no workspace)" \
+            if (moment["planned"].get("workspace") or 0) >= 2**20 / 20 else ""  # shown 0.1+
+        lines.append(f"              both at stage {stage}, instruction {position} of step "
+                     f"{moment['step']}, where the board's replay of the plan peaks: "
+                     + _class_cells(split["classes"], moment["planned"], moment["measured"])
+                     + unseen)
     resident, tensors = report.get("measured_peak_bytes"), report.get("tensor_peak_bytes")
     if resident and tensors:
         lines.append(f"              runtime and allocator slack {_mib(resident - tensors)} "
                      "(process peak minus tensors: not planned)")
     return lines
+
+
+def _class_cells(classes: list, planned: dict, measured: dict) -> str:
+    """"activations 3.1 / 3.0, ...": each class either side holds, plan / ledger (MiB)."""
+    return ", ".join(f"{name.replace('_', ' ')} {_mib(planned.get(name))} / "
+                     f"{_mib(measured.get(name))}" for name in classes
+                     if planned.get(name) or measured.get(name))
 
 
 def _grad_text(check: Any) -> str:

@@ -500,9 +500,13 @@ def _planned_split_with(profile: Profile | None, outcome: dict, graph, plan_dict
         return
     from edge_remat_agent.costs import plan_costs
     from edge_remat_agent.formats import plan_from_dict
-    from edge_remat_agent.memory_classes import planned_by_class
+    from edge_remat_agent.memory_classes import planned_at, planned_by_class
     plan = plan_from_dict(plan_dict)
-    split["planned"] = planned_by_class(graph, plan, plan_costs(graph, plan, profile))
+    costs = plan_costs(graph, plan, profile)
+    split["planned"] = planned_by_class(graph, plan, costs)
+    if (moment := split.get("at_plan_peak")) is not None:  # the board's moment, these costs
+        moment["planned"] = planned_at(graph, plan.stages, tuple(moment["at"]),
+                                       costs.workspace(graph), plan.runtime_warm_bytes)
 
 
 def _measured_for_another_graph(chosen: ChosenProfile, graph, say: Say) -> ChosenProfile:
