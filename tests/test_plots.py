@@ -161,3 +161,26 @@ def test_a_sweep_without_a_plan_keeps_its_cost_axes_at_zero_and_up(tmp_path, mon
     plots.plot_sweep([{"budget_bytes": 2 * 2**20, "energy_j": None, "time_s": None}],
                      tmp_path / "sweep.png")
     assert len(limits) == 2 and all(low == 0 < high for low, high in limits), limits
+
+
+def test_a_sweeps_highest_marker_has_room_above_it_and_the_legend_is_beside_the_axes(
+        tmp_path, monkeypatch):
+    """QA: from 0, a sweep over a narrow range kept the autoscaled top, a margin of that range:
+    the top markers were cut in half; and the fleet's legend sat on a board's points."""
+    kept = []
+    save = plots._save
+
+    def keep(fig, path):
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            anchor = legend and legend.get_bbox_to_anchor().transformed(ax.transAxes.inverted())
+            kept.append((ax.get_ylim(), anchor))
+        return save(fig, path)
+    monkeypatch.setattr(plots, "_save", keep)
+    rows = [{"budget_bytes": b * 2**20, "energy_j": 1.0 + b / 1000, "time_s": 2.0 + b / 1000}
+            for b in (10, 20, 30)]
+    plots.plot_sweeps({"rpi4": rows, "orin-nano": rows}, tmp_path / "sweep.png")
+    (energy, anchor), (time, _) = kept
+    assert energy[0] == 0 and energy[1] >= 1.07 * 1.03, energy
+    assert time[0] == 0 and time[1] >= 1.07 * 2.03, time
+    assert anchor is not None and anchor.x0 > 1.0, anchor  # right of the axes, not on them

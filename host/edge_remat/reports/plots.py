@@ -180,6 +180,7 @@ def plot_sweeps(series: "dict[str, Sequence[dict]]", path: "str | Path",
     plt = _pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     any_infeasible = False
+    highest = {"energy_j": 0.0, "time_s": 0.0}
     for k, (label, rows) in enumerate(series.items()):
         colour = SERIES_COLOURS[k % len(SERIES_COLOURS)]
         solved = sorted((r for r in rows if r.get("energy_j") is not None
@@ -189,19 +190,23 @@ def plot_sweeps(series: "dict[str, Sequence[dict]]", path: "str | Path",
         for ax, key in ((top, "energy_j"), (bottom, "time_s")):
             ax.plot([r["budget_bytes"] / MIB for r in solved], [r[key] for r in solved],
                     marker="o", color=colour, label=label or None)
+            highest[key] = max([highest[key], *(r[key] for r in solved)])
             for r in infeasible:
                 ax.axvline(r["budget_bytes"] / MIB, color=colour if label else "#cb181d",
                            linestyle=":", alpha=0.6)
-    for ax, label in ((top, f"energy per step ({units[1]})"),
-                      (bottom, f"time per step ({units[0]})")):
+    for ax, label, key in ((top, f"energy per step ({units[1]})", "energy_j"),
+                           (bottom, f"time per step ({units[0]})", "time_s")):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)  # costs are never negative (QA: with no plan, -0.04 to 0.04)
+        # costs are never negative (QA: with no plan, -0.04 to 0.04); the axis from 0 keeps
+        # the autoscaled top, a margin of the values' narrow range: room above the highest
+        # marker (QA: the top markers and line were cut in half)
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1.08 * highest[key]) if highest[key] else None)
     if any_infeasible:
         top.plot([], [], color="#cb181d" if "" in series else "#636363", linestyle=":",
                  label="no plan (below the floor, or none found)")
-    if any_infeasible or any(series):
-        top.legend(fontsize="small")
+    if any_infeasible or any(series):  # beside the axes: inside, it hid a board's points (QA)
+        top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     bottom.set_xlabel("memory budget (MiB)")
     top.set_title(title or "cost of training against the memory budget")
     return _save(fig, path)
