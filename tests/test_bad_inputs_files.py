@@ -123,6 +123,15 @@ def test_broken_plan(tmp_path, case, change, words):
     refused(cli("simulate", bad, "--graph", graph), BAD_INPUT, *words)
 
 
+def test_a_plan_far_over_its_budget_says_by_what_factor_not_a_huge_percentage(tmp_path):
+    """QA: a plan edited to a 10-byte budget read "38051280.0% of budget"."""
+    graph, bad = _plan_with(tmp_path, lambda p: p.update(budget_bytes=10))
+    proc = cli("simulate", bad, "--graph", graph)
+    refused(proc, BAD_INPUT, "over its budget of 10")
+    assert "x the budget of 10 B)" in proc.stdout.splitlines()[0], proc.stdout
+    assert "%" not in proc.stdout.splitlines()[0], proc.stdout
+
+
 def test_plan_for_another_graph(tmp_path):
     graph = tiny_graph(tmp_path)
     plan = tiny_plan(tmp_path, graph)

@@ -80,8 +80,8 @@ def plan_table(plan_dict: dict[str, Any]) -> str:
         ("budget", f"{fmt_bytes(asked)} ({asked} B)" + (
             f"; the schedule planned at {fmt_bytes(budget)} ({budget} B) so that the arena "
             "fits it" if asked != budget else "")),
-        ("predicted peak", f"{fmt_bytes(pr['peak_bytes'])} ({pr['peak_bytes'] / asked:.1%} "
-                           "of budget)"),
+        ("predicted peak", f"{fmt_bytes(pr['peak_bytes'])} "
+                           f"({share_of_budget(pr['peak_bytes'], asked)})"),
         ("TDI", f"{pr['tdi_percent']:.2f} %  ({counted(pr['recomputed'], 'recomputation')}"
                 + _order_note(plan_dict) + ")"),
         ("time", f"{_num(pr['time_s'])} {sec}  (" + _home_io(pr, "home_io_time_s", sec)
@@ -218,11 +218,19 @@ def arena_fit_note(plan_dict: dict[str, Any]) -> str:
             f"({why}): try {todo}")
 
 
+def share_of_budget(peak: int, budget: int) -> str:
+    """"79.2% of budget"; far over it, a factor (QA: a plan edited to a 10-byte budget read
+    "38051280.0% of budget")."""
+    share = peak / budget
+    return f"{share:.1%} of budget" if share <= 10 else f"{share:,.0f}x the budget of " \
+        f"{fmt_bytes(budget)}"
+
+
 def sim_table(summary: dict[str, Any], budget: int | None,
               cost_source: str | None = None) -> str:
     sec, joule = cost_units(cost_source)
     rows = [("peak", fmt_bytes(summary["peak_bytes"]) + (
-        f" ({summary['peak_bytes'] / budget:.1%} of budget)" if budget else "")),
+        f" ({share_of_budget(summary['peak_bytes'], budget)})" if budget else "")),
             ("TDI", f"{summary['tdi_percent']:.2f} %"),
             ("time", f"{summary['time_s']:.4g} {sec}"
                      + (f" (parameters' home IO {summary['home_io_time_s']:.4g} {sec})"
