@@ -233,6 +233,26 @@ profile = "{REPO / 'profiles' / 'rpi4.json'}"
 name = "rpi4"
 """)
     out = tmp_path / "out"
-    refused(cli("fleet", "plan", manifest, "--out", out, "--no-ray"), BAD_INPUT, "cut.json",
-            "valid JSON")
+    refused(cli("fleet", "plan", manifest, "--out", out, "--no-ray"), BAD_INPUT,
+            "models[1].graph: ", "cut.json", "valid JSON")
     assert not (out / "whole").exists()
+
+
+def test_a_graph_field_naming_no_graph_file_is_said_with_the_field(tmp_path):
+    """QA: a manifest whose `graph =` named a plan file was refused naming the file alone
+    ('p.json: field 'format': expected ...'), where every other mistake names the manifest's
+    field (`fleet.toml: models[0]...`); it is now said with the manifest's other mistakes."""
+    manifest = small_fleet(tmp_path, ["97%"])
+    assert cli("plan", "--graph", tmp_path / "tiny.json", "--budget", "97%", "--solver",
+               "heuristic:split", "-o", tmp_path / "p.json").returncode == 0
+    manifest.write_text(manifest.read_text().replace('graph = "tiny.json"', 'graph = "p.json"')
+                        .replace("[plan]", 'colour = "blue"\n[plan]'))
+    proc = cli("fleet", "plan", manifest, "--out", tmp_path / "out", "--no-ray")
+    assert proc.returncode == BAD_INPUT and "Traceback" not in proc.stderr, proc.stderr
+    colour, graph = proc.stderr.splitlines()  # every mistake at once
+    assert colour.startswith(f"error: {manifest}: colour: no such field")
+    assert graph == (f"error: {manifest}: models[0].graph: {tmp_path / 'p.json'}: field "
+                     "'format': expected 'edge-remat/graph', 'poet-benchmark-problem/1', or a "
+                     "networkx node-link graph (with 'nodes' and 'links'), got "
+                     "'edge-remat/plan'")
+    assert not (tmp_path / "out").exists()

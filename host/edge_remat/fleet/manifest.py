@@ -34,12 +34,12 @@ Paths are relative to the manifest's folder. Every mistake is reported, each on 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from edge_remat_agent.capture import DEFAULT_LR, DTYPE_NAMES, mixed_dtype_problem
-from edge_remat_agent.formats import FormatError, Profile, load_profile
+from edge_remat_agent.formats import FormatError, Graph, Profile, load_profile
 from edge_remat_agent.formats.graph_details import PARAM_HOMES, UPDATE_MODES
 from edge_remat_agent.user_code import names_file, source_digest, spec_file
 
@@ -80,6 +80,7 @@ class ModelEntry:
     spec: Optional[str]  # what capture_model builds; None when a graph file is given
     capture: dict[str, Any]  # capture_model's keyword arguments
     graph_file: Optional[Path] = None
+    graph: Optional[Graph] = field(default=None, repr=False)  # the graph file's, read
 
     def capture_args(self) -> dict[str, Any]:
         """What the capture depends on: a graph captured with the same is reused. The model's
@@ -307,7 +308,10 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
         if not file.is_file():
             note(f"{where}.graph", f"no such file {file}")
             return None
-        return ModelEntry(_name(raw, file.stem, where, note), None, {}, file)
+        graph = _graph_file(file, f"{where}.graph", note)
+        if graph is None:
+            return None
+        return ModelEntry(_name(raw, file.stem, where, note), None, {}, file, graph)
     if ":" not in spec:  # a zoo name: checked now, not after the other tasks have run
         from edge_remat_agent.zoo import MODELS
         if spec not in MODELS:
@@ -320,6 +324,20 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
         note(f"{where}.model", f"no such file {file} (paths are relative to the manifest)")
         return None
     return ModelEntry(_name(raw, spec, where, note), spec, capture)
+
+
+def _graph_file(file: Path, where: str, note) -> Optional[Graph]:
+    """The graph in a manifest's `graph` file, read now, with every other mistake (QA: a plan
+    file given there was refused naming the file alone, 'p.json: field 'format': ...', not
+    the manifest's field, as every other mistake is)."""
+    from ..errors import classify
+    from ..importers.graph_import import load_graph_file
+    try:
+        return load_graph_file(file)
+    except (FormatError, UnitError, UserError, ValueError, OSError, OverflowError,
+            MemoryError) as exc:
+        note(where, classify(exc)[1])
+        return None
 
 
 def _local_spec(spec: str, here: Path) -> str:

@@ -78,8 +78,8 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
     rows: dict[PlanTask, dict] = {}
     graphs: dict[str, Graph] = {}
     to_capture: list[ModelEntry] = []
-    # every graph file read before any is copied into the tree: a bad one is refused with
-    # nothing written (QA: the graphs read before it were left in OUT)
+    # every graph file a manifest names was read with it (load_manifest): a bad one is refused
+    # with nothing written (QA: the graphs read before it were left in OUT)
     known = {model.name: _known_graph(model, out) for model in manifest.models}
     for model in manifest.models:
         graph = known[model.name]
@@ -206,12 +206,12 @@ def _say_profile_fit(graph: Graph, boards: list, say: Callable[[str], None]) -> 
 
 
 def _known_graph(model: ModelEntry, out: Path) -> Optional[Graph]:
-    """A graph file the manifest names (read; its caller copies it into the tree), or one
-    captured before with the same settings; None: capture it."""
+    """A graph file the manifest names (read with it; the caller copies it into the tree),
+    or one captured before with the same settings; None: capture it."""
     from ..importers.graph_import import load_graph_file
     folder = out / model.name
     if model.graph_file is not None:
-        return load_graph_file(model.graph_file)
+        return model.graph
     try:
         same = json.loads((folder / "capture.json").read_text()) == \
             json.loads(json.dumps(model.capture_args()))
