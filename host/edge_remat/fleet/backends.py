@@ -74,18 +74,25 @@ class RayBackend:
         self.ray = ray
         self._started = False
         self._began: Optional[int] = None  # when the local instance it started began
-        if not ray.is_initialized():
-            if address:
-                _check_reachable(address)
-            try:
-                with _sigterm_kept():
-                    self._began = self._start(ray, address)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                where = f"the Ray cluster at {address}" if address else "a local Ray instance"
-                raise UserError(f"cannot connect to {where}: {str(exc).splitlines()[0]} (check "
-                                "the address `ray status` prints on the head node, or leave "
-                                "out --ray-address)") from None
-            self._started = True
+        self._kinds: dict = {}  # handle -> "capture" | "plan": a dead worker's words
+        self._loud = _quiet_raylet_notices()  # until close: stdout stays the command's own
+        try:
+            if not ray.is_initialized():
+                if address:
+                    _check_reachable(address)
+                try:
+                    with _sigterm_kept():
+                        self._began = self._start(ray, address)
+                except (ConnectionError, RuntimeError, ValueError) as exc:
+                    where = f"the Ray cluster at {address}" if address else \
+                        "a local Ray instance"
+                    raise UserError(f"cannot connect to {where}: {str(exc).splitlines()[0]} "
+                                    "(check the address `ray status` prints on the head node, "
+                                    "or leave out --ray-address)") from None
+                self._started = True
+        except BaseException:
+            self._loud()
+            raise
         self.cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         # A crashed worker is a failed task, recorded; a re-run of the fleet tries it again.
         self._capture = ray.remote(capture_outcome)
@@ -115,25 +122,30 @@ class RayBackend:
         return self.ray.put(value)
 
     def submit_capture(self, spec: str, capture: dict):
-        return self._capture.options(num_cpus=1, max_retries=0).remote(spec, capture)
+        handle = self._capture.options(num_cpus=1, max_retries=0).remote(spec, capture)
+        self._kinds[handle] = "capture"
+        return handle
 
     def submit_plan(self, graph, profile, budget, deadline, settings, workers: int):
-        return self._plan.options(num_cpus=workers, max_retries=0).remote(graph, profile, budget, deadline,
-                                                           settings, workers)
+        handle = self._plan.options(num_cpus=workers, max_retries=0).remote(
+            graph, profile, budget, deadline, settings, workers)
+        self._kinds[handle] = "plan"
+        return handle
 
     def wait(self, handles: list, timeout_s: float) -> list:
         done, _ = self.ray.wait(handles, num_returns=1, timeout=timeout_s)
         return done
 
     def result(self, handle) -> dict:
-        from .tasks import failure
+        kind = self._kinds.pop(handle, "plan")
         try:
             return self.ray.get(handle)
         except self.ray.exceptions.RayError as exc:  # the worker died: a solver crash, OOM
-            outcome = failure(RuntimeError(f"the task's Ray worker failed: "
-                                           f"{_first_line(exc)}"))
-            outcome["status"] = "crashed"
-            return outcome
+            # the task itself never raises (tasks.py): its worker's end is no bug of ours,
+            # and its words say what ended it and what to try, not "internal error"
+            # (QA); seconds: the driver's own count (runner.py)
+            return {"ok": False, "status": "crashed", "error": worker_died(self.ray, exc, kind),
+                    "seconds": None}
 
     def cancel(self, handles: list) -> None:
         """Stop the tasks still running. A local instance of this run's own is shut down next,
@@ -151,10 +163,36 @@ class RayBackend:
                 pass
 
     def close(self) -> None:
-        if self._started and self._began is not None:
-            _stop_local_ray(self.ray, self._began)
-        elif self._started:  # a cluster's: this driver leaves it
-            self.ray.shutdown()
+        try:
+            if self._started and self._began is not None:
+                _stop_local_ray(self.ray, self._began)
+            elif self._started:  # a cluster's: this driver leaves it
+                self.ray.shutdown()
+        finally:
+            self._loud()
+
+
+# What a task's worker was doing, and what to try when it died doing it.
+_DOING = {"capture": ("capturing the model", "try a smaller batch, or capture it alone with "
+                      "`edge-remat graph` to see how it ends"),
+          "plan": ("planning it", "run fewer tasks at once (--threads N: more solver threads "
+                   "per task, fewer tasks in flight), or plan it alone with `edge-remat plan`")}
+
+
+def worker_died(ray, exc: BaseException, kind: str) -> str:
+    """One line for a task whose Ray worker ended before it returned: killed by Ray's memory
+    monitor, killed by a signal or crashed (the system's out-of-memory killer, a crash in a
+    model's or a solver's native code: a task never raises), or Ray's own failure."""
+    doing, remedy = _DOING[kind]
+    if isinstance(exc, ray.exceptions.OutOfMemoryError):
+        return (f"Ray killed the worker {doing}: this machine ran low on memory (Ray's memory "
+                f"monitor); {remedy}")
+    if isinstance(exc, ray.exceptions.WorkerCrashedError):
+        return (f"the Ray worker {doing} was killed by a signal or crashed (most often the "
+                f"system's out-of-memory killer: see `dmesg`); {remedy}")
+    if isinstance(exc, (ray.exceptions.NodeDiedError, ray.exceptions.LocalRayletDiedError)):
+        return f"the Ray node of the worker {doing} died: {_first_line(exc)}"
+    return f"the Ray worker {doing} failed: {_first_line(exc)}"
 
 
 @contextlib.contextmanager
@@ -172,6 +210,35 @@ def _sigterm_kept():
             if exc.code != signal.SIGTERM:
                 raise
             raise sigterm_interrupt() from None
+
+
+def _quiet_raylet_notices() -> Callable[[], None]:
+    """Keep Ray's messages to the driver off stdout, which is the command's own (a table, or
+    `--json`'s one object): when a worker dies the raylet's notice ('(raylet) A worker died or
+    was killed while executing a task by an unexpected system error. ...', many lines) was
+    printed on stdout, before the JSON object (QA). The task's row and its `failed:` line
+    say it in one line: the notices are dropped (with --debug, on stderr), and anything else
+    Ray would print on stdout goes to stderr. Ray prints them from a thread of its own
+    through ray._private.worker.print_to_stdstream, looked up at each call (Ray 2.60); gives
+    back what puts it back."""
+    try:
+        from ray._private import worker
+        original = worker.print_to_stdstream
+    except (ImportError, AttributeError):  # another Ray: as it prints
+        return lambda: None
+
+    def to_stderr(data, ignore_prefix):
+        from ..errors import debug_enabled
+        if data.get("pid") == "raylet" and not debug_enabled():
+            return
+        original({**data, "is_err": True}, ignore_prefix)
+
+    worker.print_to_stdstream = to_stderr
+
+    def restore() -> None:
+        if worker.print_to_stdstream is to_stderr:
+            worker.print_to_stdstream = original
+    return restore
 
 
 @contextlib.contextmanager

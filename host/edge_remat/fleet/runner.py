@@ -106,7 +106,7 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
     progress = Progress(len(tasks), len(rows), say, live)
     queue = deque([("capture", m) for m in to_capture]
                   + [("plan", t) for t in to_plan if t.model in graphs])
-    in_flight: dict = {}  # handle -> (kind, item, label)
+    in_flight: dict = {}  # handle -> (kind, item, when it was submitted)
 
     def submit(kind, item) -> None:
         if kind == "capture":
@@ -117,7 +117,7 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
                                          shared_profiles[item.board], item.budget,
                                          item.deadline, manifest.plan, workers)
             label = item.label
-        in_flight[handle] = (kind, item, label)
+        in_flight[handle] = (kind, item, time.perf_counter())
         progress.started(label)
 
     def captured(model: ModelEntry, outcome: dict) -> None:
@@ -157,19 +157,21 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
             progress.finished_task(task.label, outcome["seconds"])
         elif outcome["status"] in INFEASIBLE:
             rows[task] = failed_row(task, outcome)
-            progress.finished_task(task.label, outcome["seconds"] or 0.0,
+            progress.finished_task(task.label, outcome.get("seconds") or 0.0,
                                    infeasible=infeasible_text(rows[task]))
         else:
             rows[task] = failed_row(task, outcome)
-            progress.finished_task(task.label, outcome["seconds"] or 0.0, outcome["error"])
+            progress.finished_task(task.label, outcome.get("seconds") or 0.0, outcome["error"])
 
     try:
         while queue or in_flight:
             while queue and len(in_flight) < in_flight_max:
                 submit(*queue.popleft())
             for handle in backend.wait(list(in_flight), timeout_s=1.0):
-                kind, item, _ = in_flight.pop(handle)
+                kind, item, submitted = in_flight.pop(handle)
                 outcome = backend.result(handle)
+                if outcome.get("seconds") is None:  # a dead worker's: as long as it ran
+                    outcome["seconds"] = time.perf_counter() - submitted
                 (captured if kind == "capture" else planned)(item, outcome)
             progress.redraw()
     except KeyboardInterrupt:
