@@ -86,6 +86,12 @@ def _keys(task: PlanTask) -> dict:
 
 def write_results(rows: list[dict], out: Path, manifest: str) -> list[Path]:
     """results.json, results.csv and OUT/MODEL/sweep.png for each model with a plan."""
+    return [*write_tables(rows, out, manifest), *plot_models(rows, out)]
+
+
+def write_tables(rows: list[dict], out: Path, manifest: str) -> list[Path]:
+    """results.json and results.csv (OUT made if need be)."""
+    out.mkdir(parents=True, exist_ok=True)
     json_path, csv_path = out / "results.json", out / "results.csv"
     dump_json({"format": "edge-remat/fleet-results", "version": 1, "manifest": manifest,
                "rows": rows}, json_path)
@@ -95,7 +101,7 @@ def write_results(rows: list[dict], out: Path, manifest: str) -> list[Path]:
     writer.writerows({key: ("" if row.get(key) is None else row[key]) for key in COLUMNS}
                      for row in rows)
     dump_text(text.getvalue(), csv_path)
-    return [json_path, csv_path, *plot_models(rows, out)]
+    return [json_path, csv_path]
 
 
 def plot_models(rows: list[dict], out: Path) -> list[Path]:

@@ -35,7 +35,8 @@ from ..errors import Interrupted
 from ..planner.interrupt import stopped_by
 from .manifest import Manifest, ModelEntry
 from .progress import Progress
-from .results import INFEASIBLE, failed_row, infeasible_text, is_failure, plan_row, write_results
+from .results import (INFEASIBLE, failed_row, infeasible_text, is_failure, plan_row,
+                      write_results, write_tables)
 from .tasks import PlanTask
 
 
@@ -120,6 +121,12 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
         in_flight[handle] = (kind, item, time.perf_counter())
         progress.started(label)
 
+    def record() -> None:
+        """results.csv and results.json of the tasks recorded so far, rewritten as each task
+        ends (the plots at the end): what a run that dies leaves (--no-ray, whose process a
+        task's SIGKILL ends, left none, QA), as an interrupted one does."""
+        write_tables([rows[t] for t in tasks if t in rows], out, str(manifest.path))
+
     def captured(model: ModelEntry, outcome: dict) -> None:
         progress.stopped(f"capturing {model.name}")
         mine = [t for t in tasks if t.model == model.name]
@@ -138,13 +145,18 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
         _say_profile_fit(graph, manifest.boards, say)
         graphs[model.name] = graph
         shared_graphs[model.name] = backend.share(graph)
+        more = []
         for task in mine:
             kept = _kept_row(task, graph, boards[task.board].profile, manifest, out)
             if kept is not None:
                 rows[task] = kept
                 progress.resumed += 1
             else:
-                queue.append(("plan", task))
+                more.append(("plan", task))
+        if backend.parallel:
+            queue.extend(more)
+        else:  # one at a time: the model's plans before the next capture, so that a model
+            queue.extendleft(reversed(more))  # that kills the process leaves them recorded
         progress.redraw()
 
     def planned(task: PlanTask, outcome: dict) -> None:
@@ -173,6 +185,7 @@ def run_fleet(manifest: Manifest, out: Path, backend, threads: Optional[int] = N
                 if outcome.get("seconds") is None:  # a dead worker's: as long as it ran
                     outcome["seconds"] = time.perf_counter() - submitted
                 (captured if kind == "capture" else planned)(item, outcome)
+                record()
             progress.redraw()
     except KeyboardInterrupt:
         progress.close()
