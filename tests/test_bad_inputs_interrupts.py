@@ -304,6 +304,37 @@ def test_ctrl_c_after_a_checkpoint_names_the_resume_and_a_fresh_run_keeps_it(tmp
             f"--resume {deployed} goes on from it")
 
 
+def test_a_run_whose_job_is_cancelled_elsewhere_writes_its_report_with_the_last_step(
+        tmp_path, bench):
+    """QA: `job-cancel` from another terminal at step 3 ended the run with exit 130 and no
+    OUT/report.json, the steps' losses lost; a Ctrl-C's report had no step either. Both now
+    write the report, with the job and its last step (its loss) as the board said it."""
+    data = tmp_path / "slow.py"
+    data.write_text(SLOW_BATCHES)
+    out = tmp_path / "run"
+    args = ("run", "--device", "bench", "--model", "mlp", "--budget", "0.9", "--steps", "30",
+            "--data", f"{data}:batches", "--no-plots", "--profile",
+            REPO / "profiles" / "this-machine.json", "--time-limit", "5")
+    proc = _start(*args, "--out", out)
+    seen = _wait_for_line(proc, "step 3/30", timeout=120)
+    job = next(word for line in seen for word in line.split() if word.startswith("run-"))
+    cancel = cli("job-cancel", job, "--device", "bench", environ=env())
+    assert cancel.returncode == 0, cancel.stderr
+    stdout, err = proc.communicate(timeout=60)
+    refused(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, err), INTERRUPTED,
+            "cancelled by the host", "report.json")
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "cancelled" and report["job"] == job, report
+    assert report["last_step"]["step"] >= 3 and report["last_step"]["loss"] > 0, report
+    # Ctrl-C's report says the last step too
+    out = tmp_path / "interrupted"
+    proc = _start(*args, "--out", out)
+    refused(_interrupt(proc, _wait_for_line(proc, "step 2/30", timeout=120)), INTERRUPTED,
+            "cancelled job", "report.json")
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "interrupted" and report["last_step"]["step"] >= 2, report
+
+
 def test_plan_survives_a_tiny_graph_with_cp_sat(tmp_path):
     """The threaded CP-SAT solve still returns plans (and exits 0) when nobody interrupts."""
     graph = tiny_graph(tmp_path)

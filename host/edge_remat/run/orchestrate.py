@@ -31,6 +31,7 @@ from ..devices import DeviceConfig
 from ..errors import EXIT_BAD_INPUT, Interrupted, classify, killed_by_memory
 from ..remote import full_result
 from ..transport import Board, JobFailed, JobOutOfReach
+from ..transport.errors import cancelled_by_host
 from ..units import Budget, budget_against_plain, fmt_bytes
 from .job_end import ENDED_WELL, ended_well_status
 from .options import (RunOptions, RunProblem, arena_ignores, check_data_fits, check_init_fits,
@@ -94,6 +95,8 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
         except JobOutOfReach as exc:
             raise _link_lost(exc, opts, out) from None
         except Exception as exc:
+            if isinstance(exc, JobFailed) and cancelled_by_host(exc.record or {}):
+                raise _cancelled(exc, opts, out) from None
             # an infeasible budget, say, writes nothing; what this machine's disk or
             # permissions refused leaves the graph and plan written (QA: a full disk removed
             # them, the trained weights still on the board)
@@ -235,6 +238,17 @@ def _interrupted(exc: BaseException, opts: RunOptions, out: Path,
         Interrupted(f"interrupted ({stopped_by()}) {when}")
     where = _report_stopped("interrupted", str(stopped), stopped.extra, opts, out)
     return Interrupted(str(stopped) + where, **stopped.extra)
+
+
+def _cancelled(exc: JobFailed, opts: RunOptions, out: Path) -> JobFailed:
+    """The job cancelled from elsewhere (`job-cancel`, another terminal): OUT/report.json says
+    so, as a Ctrl-C's does (QA: none was written; the steps' losses were lost), with the
+    job's last step."""
+    from ..transport.board import last_step
+    record = exc.record or {}
+    where = _report_stopped("cancelled", str(exc), {"job": record.get("id"),
+                                                    **last_step(record)}, opts, out)
+    return JobFailed(str(exc) + where, record)
 
 
 def _link_lost(exc: JobOutOfReach, opts: RunOptions, out: Path) -> JobOutOfReach:

@@ -374,7 +374,7 @@ class Board:
         state = "cancelled" if record["state"] in TERMINAL_STATES else "asked to cancel"
         why = f" ({self.not_kept})" if self.not_kept else ""
         return Interrupted(f"{stop}; {state} job {job_id} on {self.name}{why}", job=job_id,
-                           cancelled=True)
+                           cancelled=True, **last_step(record))
 
     def stop_agent(self, if_idle: bool = False) -> None:
         self.session().stop(if_idle=if_idle)
@@ -455,3 +455,10 @@ def _not_fetched(exc: OSError, job: str, local: Path, device) -> OSError:
     again = f"edge-remat job-status {job} --device {device_options(device)} --out {local.parent}"
     return OSError(exc.errno, f"{exc.strerror or exc}; job {job}'s outputs stay on the board: "
                    f"make room, then fetch them with `{again}`", str(local))
+
+
+def last_step(record: dict) -> dict:
+    """{"last_step": ...}: a training job's last step as its progress said it (step, loss,
+    time, peaks), for the report of a run stopped before its end; {} where it said none."""
+    data = (record.get("progress") or {}).get("data") or {}
+    return {"last_step": data} if "step" in data else {}
