@@ -132,6 +132,24 @@ def test_a_plan_far_over_its_budget_says_by_what_factor_not_a_huge_percentage(tm
     assert "%" not in proc.stdout.splitlines()[0], proc.stdout
 
 
+def test_a_floor_mostly_of_training_state_held_in_ram_says_to_home_it_on_flash(tmp_path):
+    """QA: hf:gpt2 at 50% named a floor of 1.46 GB, 995 MB of it fixed memory (parameters,
+    gradients, optimizer state held in RAM), and nothing to do about it; captured with
+    --params-home flash its floor was 463 MB. A graph whose floor is mostly that state says
+    so; one whose fixed memory is small does not."""
+    state = {"parameters": 4_000_000, "gradients": 4_000_000, "optimizer_state": 4_000_000}
+    heavy = tiny_graph(tmp_path, "heavy.json", fixed_bytes=12_000_000,
+                       capture={"fixed": state})
+    line = refused(cli("plan", "--graph", heavy, "--budget", "12500000B", "-o",
+                       tmp_path / "p.json"), BAD_INPUT, "too small")
+    assert "12000000 bytes of it are the parameters, their gradients and the optimizer " \
+        "state" in line and "`edge-remat graph --params-home flash`" in line, line
+    light = tiny_graph(tmp_path, "light.json")
+    line = refused(cli("plan", "--graph", light, "--budget", "1000B", "-o",
+                       tmp_path / "p.json"), BAD_INPUT, "too small")
+    assert "--params-home" not in line, line
+
+
 def test_plan_for_another_graph(tmp_path):
     graph = tiny_graph(tmp_path)
     plan = tiny_plan(tmp_path, graph)
