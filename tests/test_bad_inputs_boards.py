@@ -204,6 +204,15 @@ def test_job_kind_the_agent_lacks(tmp_path, bench):
 JOB_PARAM_CASES = [
     ("sleep", ["--param", "seconds=abc"], ["param 'seconds'", "'abc'", "number"]),
     ("sleep", ["--param", "steps=2.5"], ["param 'steps'", "whole number"]),
+    # QA: -5 was time.sleep's "ValueError: sleep length must be non-negative", 1e300 and
+    # 1e12 its "OverflowError: timestamp out of range", failed jobs (exit 1)
+    ("sleep", ["--param", "seconds=-5"], ["param 'seconds'", "-5", "from 0 to 604800"]),
+    ("sleep", ["--param", "seconds=1e300"], ["param 'seconds'", "from 0 to 604800"]),
+    ("sleep", ["--param", "seconds=1e12"], ["param 'seconds'", "from 0 to 604800"]),
+    ("sleep", ["--param", "steps=0"], ["param 'steps'", "from 1 to 100000"]),
+    ("train-plain", ["--param", "model=mlp", "--param", "accumulate=0"],
+     ["param 'accumulate'", "of at least 1"]),
+    ("train-plain", ["--param", "model=mlp", "--param", "warmup=50"], ["--warmup 50"]),
     ("run", [], ["the run job needs a plan file (param 'plan')"]),
     ("profile", ["--param", "graph=/nonexistent.json"],
      ["param 'graph'", "/nonexistent.json", "relative to the agent's workdir", "--input graph="]),
@@ -231,6 +240,19 @@ def test_a_job_param_the_board_refuses_is_bad_input_naming_it(tmp_path, bench, k
                                                                            "BadParam"))
 
 
+def test_a_detached_sleep_of_absurd_length_ends_as_bad_input(tmp_path, bench):
+    """QA: `job sleep --param seconds=1e12 --detach` was accepted and its job then failed
+    with OverflowError; its record now says bad_input and job-status exits 2 naming it."""
+    proc = cli("job", "sleep", "--device", "bench", "--param", "seconds=1e12", "--detach",
+               timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().splitlines()[-1]
+    refused(cli("job-status", job_id, "--device", "bench", "--wait", timeout=120), BAD_INPUT,
+            "param 'seconds'", "from 0 to 604800")
+    status = cli("job-status", job_id, "--device", "bench", "--json", timeout=120)
+    assert json.loads(status.stdout)["job"]["bad_input"] is True, status.stdout
+
+
 def test_a_run_job_whose_input_the_executor_refuses_is_bad_input(tmp_path, bench):
     """A run on the board that the executor refuses before anything ran (its BadInput: here a
     graph that the board's capture of the model does not reproduce, as one made with another
@@ -242,6 +264,7 @@ def test_a_run_job_whose_input_the_executor_refuses_is_bad_input(tmp_path, bench
     args = ("job", "run", "--device", "bench", "--input", f"plan={plan}", "--input",
             f"graph={graph}")
     line = refused(cli(*args, timeout=180), BAD_INPUT, "re-capturing gave a different graph",
+                   "the file has 5 nodes, the capture here", "or a graph file edited by hand",
                    "Remedy: capture the graph with the same torch")
     assert "PlanMismatch" not in line and "BadInput" not in line, line
     proc = cli(*args, "--json", timeout=180)

@@ -261,9 +261,27 @@ def recapture(graph: Graph) -> Captured:
     again = _capture_as_recorded(graph)
     if again.graph.fingerprint() != graph.fingerprint():
         raise GraphMismatch(graph.name, "re-capturing gave a different graph (fingerprint "
-                           f"{again.graph.fingerprint()} instead of {graph.fingerprint()}): "
-                           "another torch version or model code?")
+                           f"{again.graph.fingerprint()} instead of {graph.fingerprint()}; "
+                           f"{first_difference(graph, again.graph)}): another torch version "
+                           "or model code, or a graph file edited by hand?")
     return again
+
+
+def first_difference(given: Graph, captured: Graph) -> str:
+    """Where the graph file and this machine's capture first differ, in what the fingerprint
+    covers: the node count, fixed memory, or a node's field (QA: a file with every size
+    halved by hand was blamed on torch or the model code, naming nothing)."""
+    if len(given.nodes) != len(captured.nodes):
+        return f"the file has {len(given.nodes)} nodes, the capture here {len(captured.nodes)}"
+    if given.fixed_bytes != captured.fixed_bytes:
+        return (f"fixed_bytes is {given.fixed_bytes} in the file, {captured.fixed_bytes} "
+                "captured here")
+    for mine, theirs in zip(given.nodes, captured.nodes):
+        for name in ("id", "inputs", "out_bytes", "workspace_bytes", "time_s", "energy_j"):
+            if getattr(mine, name) != getattr(theirs, name):
+                return (f"node {mine.id!r}'s {name} is {getattr(mine, name)!r} in the file, "
+                        f"{getattr(theirs, name)!r} captured here")
+    return "the same nodes, in another form"
 
 
 def recapture_in_ram(graph: Graph) -> Captured:
