@@ -236,6 +236,31 @@ def test_energy_with_the_power_of_a_profile_or_of_the_graph_is_no_warning(tmp_pa
     assert run.returncode == 0 and "warning" not in run.stderr, run.stderr
 
 
+def test_energy_with_a_profile_of_zero_watts_is_a_warning(tmp_path):
+    """QA: a profile whose idle_w and active_w were 0 planned every budget at 0 J, "proven
+    optimal", without a word. (Paging's energy per byte zeroed too: where paging costs energy
+    the objective still chooses, and no warning comes.)"""
+    profile = json.loads((REPO / "profiles" / "jetson-nano.json").read_text())
+
+    def zero(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                node[key] = 0.0 if key in ("idle_w", "active_w", "read_j_per_byte",
+                                           "write_j_per_byte") else zero(value)
+        elif isinstance(node, list):
+            return [zero(item) for item in node]
+        return node
+    (tmp_path / "zero.json").write_text(json.dumps(zero(profile)))
+    run = cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.9", "--solver",
+              "heuristic:split", "--objective", "energy", "--profile", tmp_path / "zero.json",
+              "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["energy_j"] == 0
+    warnings = [line for line in run.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and "is 0 W, idle and busy" in warnings[0] and \
+        "every plan costs 0 J" in warnings[0], run.stderr
+
+
 def test_memory_limit_on_a_remote_board_is_bad_input(tmp_path):
     refused(cli("run", "--device", "rpi4", "--memory-limit", "600MiB", "--model", "mlp",
                 "--out", tmp_path), BAD_INPUT, "--memory-limit", "--device local")

@@ -301,6 +301,14 @@ def _unused_options(ctx: typer.Context, costs, paging, paging_time, solver, aren
                       "energies in the graph) compute is costed at 1 W and idle power at 0, so "
                       "the energies shown are not a board's; give --profile with the board's "
                       "power")
+    elif objective == "energy" and not costs.static_w and not any(costs.energy_j) and not any(
+            t.out_energy_j[i] or t.in_energy_j[i] for t in costs.tiers.values()
+            for i in range(len(t.out_energy_j))):
+        # QA: a profile with idle_w and active_w of 0 gave 0 J and "proven optimal", no word
+        unused.append(f"--objective energy has no power to count: the costs' power "
+                      f"({costs.power_source}) is 0 W, idle and busy, and paging costs no "
+                      "energy, so every plan costs 0 J and any fitting plan is optimal; give a "
+                      "profile with the board's power, or --objective time")
     return unused
 
 
