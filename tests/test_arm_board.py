@@ -200,6 +200,7 @@ def test_profile_and_run_on_the_emulated_arm64_board(arm64_board, tmp_path):
                          "--out", tmp_path / "profiles", "--json")
     profile_s = time.monotonic() - started
     assert code == 0, (out, err)
+    assert "already built" not in err, err  # no news to a command that starts it (QA)
     # the profile job kept its capture on the board (capture/kept.py), for the run's job below
     captures = arm64_board.rootfs / "home" / "board" / "edge-remat" / "captures"
     kept = {path.name: path.stat() for path in captures.glob("*.pickle")}

@@ -336,7 +336,9 @@ class ArmBoard:
     def start(self, say: Say = print, memory_limit_bytes: Optional[int] = None) -> dict:
         """Build if needed, then run sshd (idempotent: a running board is kept; its memory
         limit is set to this one)."""
-        self.build(say)
+        # a board already built is no news to every command that starts it (QA: each
+        # emulated-arm64 command, `job-status --json` too, said "already built" on stderr)
+        self.build(say if not self.built() else lambda line: None)
         with self._lock():
             state = self.state()
             group = self._ensure_group(memory_limit_bytes)
