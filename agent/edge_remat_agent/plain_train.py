@@ -102,14 +102,25 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
 
 
 def plain_train_job(ctx, params: dict) -> dict:
-    from .daemon.registry import JobCancelled, JobParams
-    from .executor.jobs import param_flag, requested_malloc, start_under
+    from .daemon.registry import BadParam, JobCancelled, JobParams
+    from .executor.jobs import SEED_RANGE, param_flag, requested_malloc, start_under
     read = JobParams(params, ctx, "train-plain")
     model = str(read.required("model", "a model"))
-    steps, seed, lr = read.integer("steps", 10), read.integer("seed", 0), read.number("lr")
-    batch, image, seq = read.integer("batch"), read.integer("image"), read.integer("seq")
-    warmup, accumulate = read.integer("warmup", 0), read.integer("accumulate", 1)
+    steps = read.integer("steps", 10, minimum=1)
+    seed, lr = read.integer("seed", 0, **SEED_RANGE), read.number("lr", minimum=0)
+    batch, image, seq = (read.integer(name, minimum=1) for name in ("batch", "image", "seq"))
+    warmup = read.integer("warmup", 0, minimum=0)
+    accumulate = read.integer("accumulate", 1, minimum=1)
     clip_grad_norm = read.number("clip_grad_norm")
+    lr_schedule = str(params.get("lr_schedule") or "constant")
+    from .grad_clip import check_max_norm
+    from .lr_schedule import check_schedule
+    try:  # before torch and the model: bad input (exit 2), not a failed job's ValueError
+        check_schedule(lr_schedule, warmup, steps)
+        if clip_grad_norm is not None:
+            check_max_norm(clip_grad_norm)
+    except ValueError as error:
+        raise BadParam(str(error)) from None
     # under the malloc asked for, as a planned run is: the comparison is like for like
     malloc = start_under(requested_malloc(params), ctx)
     losses = LossTally(remedy_for(params, lr))
@@ -131,8 +142,7 @@ def plain_train_job(ctx, params: dict) -> dict:
     report = train_plain(model, steps, batch, image, seq, seed,
                          str(params.get("optimizer", "sgd")), lr,
                          params.get("data"), on_step, params.get("train"),
-                         str(params.get("lr_schedule") or "constant"),
-                         warmup, clip_grad_norm, accumulate, params.get("dtype"),
+                         lr_schedule, warmup, clip_grad_norm, accumulate, params.get("dtype"),
                          params.get("trainable_dtype"),
                          param_flag(params.get("stop_on_nonfinite", False)), saved.save)
     # the trained weights as a planned run saves them (QA: --plain kept none to compare)

@@ -5,7 +5,7 @@ A job function takes (ctx, params) and returns a JSON-able dict, its result:
     def profile_job(ctx: JobContext, params: dict) -> dict:
         read = JobParams(params, ctx, "profile")
         graph = read.input_path("graph")               # a file the host pushed
-        seconds = read.number("idle_s", 1.0)
+        seconds = read.number("idle_s", 1.0, minimum=0, maximum=3600)
         for i, node in enumerate(nodes):
             if ctx.cancelled: raise JobCancelled()
             ctx.progress(i / len(nodes), f"node {node}")
@@ -20,9 +20,10 @@ job process imports the function when the job runs:
 
 A kind whose module is missing from this agent build fails its jobs with a clear error.
 
-Read params through JobParams: a param that is missing or wrong (not a number, a path outside
-the workdir) raises BadParam, which the job's record marks `bad_input` and the host answers
-with exit 2 (bad input), in one line that names the param, not with a failed job's exit 1.
+Read params through JobParams: a param that is missing or wrong (not a number, a number outside
+the minimum and maximum its job gives, a path outside the workdir) raises BadParam, which the
+job's record marks `bad_input` and the host answers with exit 2 (bad input), in one line that
+names the param, not with a failed job's exit 1.
 """
 
 from __future__ import annotations
@@ -70,8 +71,11 @@ class JobParams:
             raise BadParam(f"the {self.kind} job needs {what} (param {name!r})")
         return value
 
-    def number(self, name: str, default: Optional[float] = None) -> Optional[float]:
-        """A finite number (JSON's, or text that reads as one)."""
+    def number(self, name: str, default: Optional[float] = None, *,
+               minimum: Optional[float] = None,
+               maximum: Optional[float] = None) -> Optional[float]:
+        """A finite number (JSON's, or text that reads as one), within [minimum, maximum]
+        where given (a sleep of -5 s or 1e300 s is refused here, not left to fail the job)."""
         value = self.params.get(name)
         if value is None:
             return default
@@ -81,11 +85,16 @@ class JobParams:
         except (ValueError, OverflowError):
             number = None
         if number is None or not math.isfinite(number):
-            raise BadParam(f"param {name!r} is {value!r}: give a finite number")
+            raise BadParam(f"param {name!r} is {value!r}: give a finite number"
+                           + _range_words(minimum, maximum))
+        self._check_range(name, value, number, "a number", minimum, maximum)
         return number
 
-    def integer(self, name: str, default: Optional[int] = None) -> Optional[int]:
-        """A whole number (JSON's, 3.0, or text that reads as one)."""
+    def integer(self, name: str, default: Optional[int] = None, *,
+                minimum: Optional[int] = None,
+                maximum: Optional[int] = None) -> Optional[int]:
+        """A whole number (JSON's, 3.0, or text that reads as one), within [minimum, maximum]
+        where given."""
         value = self.params.get(name)
         if value is None:
             return default
@@ -100,8 +109,17 @@ class JobParams:
             except ValueError:
                 pass
         if whole is None:
-            raise BadParam(f"param {name!r} is {value!r}: give a whole number")
+            raise BadParam(f"param {name!r} is {value!r}: give a whole number"
+                           + _range_words(minimum, maximum))
+        self._check_range(name, value, whole, "a whole number", minimum, maximum)
         return whole
+
+    def _check_range(self, name: str, value: Any, number: float, what: str,
+                     minimum: Optional[float], maximum: Optional[float]) -> None:
+        if (minimum is not None and number < minimum) or \
+                (maximum is not None and number > maximum):
+            raise BadParam(f"param {name!r} is {value!r}: give {what}"
+                           + _range_words(minimum, maximum))
 
     def input_path(self, name: str, what: Optional[str] = None) -> Optional[Path]:
         """The file the param names in the agent's workdir (one the host pushed, or an earlier
@@ -120,6 +138,20 @@ class JobParams:
             raise BadParam(f"param {name!r}: {relative} is no file in the agent's workdir "
                            f"{self.ctx.workdir}; {push}")
         return path
+
+
+def _range_words(minimum: Optional[float], maximum: Optional[float]) -> str:
+    """' from 0 to 604800', ' of at least 1', ' of at most 9', or '' (no bounds)."""
+    def text(bound: float) -> str:
+        return f"{bound:g}" if isinstance(bound, float) and not bound.is_integer() \
+            else str(int(bound))
+    if minimum is not None and maximum is not None:
+        return f" from {text(minimum)} to {text(maximum)}"
+    if minimum is not None:
+        return f" of at least {text(minimum)}"
+    if maximum is not None:
+        return f" of at most {text(maximum)}"
+    return ""
 
 
 @dataclass

@@ -51,6 +51,8 @@ from ..units import format_size
 # twice, even where the preload did not take.
 RESTARTED_UNDER = "EDGE_REMAT_RESTARTED_UNDER"
 CAPTURING = "capturing the graph on the board"  # the run job's progress until it trains
+# the seeds torch.manual_seed takes (1e30 was its RuntimeError, a failed job)
+SEED_RANGE = {"minimum": -2 ** 63, "maximum": 2 ** 64 - 1}
 
 
 def run_job(ctx: JobContext, params: dict) -> dict:
@@ -58,11 +60,13 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     read = JobParams(params, ctx, "run")
     plan_path = read.input_path("plan", "a plan file")
     graph_path = read.input_path("graph", "a graph file")
-    steps = read.integer("steps", 10)
-    seed, lr = read.integer("seed"), read.number("lr")
-    warmup, time_nodes = read.integer("warmup", 0), read.integer("time_nodes", 0)
-    init, stop_after = read.input_path("init"), read.integer("stop_after")
-    every, resume_path = read.integer("checkpoint_every", 0), read.input_path("resume")
+    steps = read.integer("steps", 10, minimum=1)
+    seed, lr = read.integer("seed", **SEED_RANGE), read.number("lr", minimum=0)
+    warmup = read.integer("warmup", 0, minimum=0)
+    time_nodes = read.integer("time_nodes", 0, minimum=0)
+    init, stop_after = read.input_path("init"), read.integer("stop_after", minimum=1)
+    every = read.integer("checkpoint_every", 0, minimum=0)
+    resume_path = read.input_path("resume")
     malloc = start_under(requested_malloc(params), ctx)
     graph = load_graph(graph_path)
     plan = load_plan(plan_path)
