@@ -43,6 +43,15 @@ CANCEL_WAIT_S = 10.0  # and how long to wait for the cancelled job to end
 ECHO_S = 0.5
 
 
+STILL_TRYING_S = 30.0  # while reconnecting, a line at most this often after the first
+
+
+def still_trying_every_s(reconnect_timeout_s: float) -> float:
+    """How often a reconnect loop says it is still trying: every 30 s (a quarter of the
+    default 120 s it tries for), more often for a shorter timeout, never under 5 s."""
+    return min(STILL_TRYING_S, max(5.0, reconnect_timeout_s / 4))
+
+
 def make_transport(device: DeviceConfig, archive: Optional[AgentArchive] = None,
                    on_event: Callable[[str], None] = lambda message: None):
     kind = device.connection.kind
@@ -154,6 +163,7 @@ class Board:
 
     def _retrying(self, what: str, action: Callable[[AgentSession], object]):
         deadline: Optional[float] = None
+        began, said, causes = 0.0, 0.0, set()
         pause = 0.2
         while True:
             try:
@@ -163,12 +173,24 @@ class Board:
                     raise  # never reached it at all: no point in retrying for minutes
                 self.close()
                 now = time.monotonic()
-                deadline = deadline or now + self.reconnect_timeout_s
+                if deadline is None:
+                    began, deadline = now, now + self.reconnect_timeout_s
                 if now >= deadline:
                     raise LinkLost(f"{exc} (gave up reconnecting after "
                                    f"{self.reconnect_timeout_s:g} s)") from None
                 self.reconnects += 1
-                self.on_event(f"{self.name}: {exc}; reconnecting to {what}")
+                # Each cause once (the link lost, then sshd refusing); then a short line now
+                # and then, not the same line at each try (QA: 27 identical lines in the
+                # 120 s before it gave up).
+                if str(exc) not in causes:
+                    causes.add(str(exc))
+                    self.on_event(f"{self.name}: {exc}; reconnecting to {what}")
+                    said = now
+                elif now - said >= still_trying_every_s(self.reconnect_timeout_s):
+                    self.on_event(f"{self.name}: still reconnecting to {what} "
+                                  f"({now - began:.0f} s so far; gives up in "
+                                  f"{deadline - now:.0f} s)")
+                    said = now
                 time.sleep(pause)
                 pause = min(pause * 2, 5.0)
 
