@@ -842,19 +842,39 @@ def job_cancel(
 
     with Board(_device(device, memory_limit), on_event=to_stderr) as board, \
             _emulated_twin_hinted(board, job_id):
-        record = board.cancel(job_id)
+        # A job that had ended before this cancel (finished, failed, cancelled before): the
+        # cancel has nothing to do, which is no error of its own: a plain line saying so, exit
+        # 0 (QA: a failed job's error was printed as the cancel's answer, with exit 0).
+        record = board.job(job_id)
+        already = record["state"] in TERMINAL_STATES
+        if not already:
+            record = board.cancel(job_id)
         if record["state"] not in TERMINAL_STATES:
             record = board.wait(job_id, timeout_s=CANCEL_WAIT_S)
         if record["state"] in TERMINAL_STATES:
             retire_emulated(board)
-    if record["state"] == "finished":
-        what = f"job {job_id} had already finished on {board.name}; nothing to cancel"
-    elif record["state"] in TERMINAL_STATES:
-        what = f"job {job_id} on {board.name}: {record.get('error') or record['state']}"
-    else:
-        what = f"job {job_id} on {board.name} was asked to stop and is still {record['state']}"
-    print(json.dumps({"status": record["state"], "job": job_id, "error": record.get("error")})
-          if as_json else what)
+    print(json.dumps({"status": record["state"], "job": job_id, "error": record.get("error"),
+                      "already_ended": already})
+          if as_json else _cancel_line(record, job_id, board.name, already))
+
+
+def _cancel_line(record: dict, job_id: str, board: str, already: bool) -> str:
+    """job-cancel's answer: never an `error:` line, for the cancel did not fail."""
+    from edge_remat_agent.wire.protocol import TERMINAL_STATES
+
+    from .transport.errors import cancelled_by_host
+    state, error = record["state"], record.get("error")
+    if state not in TERMINAL_STATES:
+        return f"job {job_id} on {board} was asked to stop and is still {state}"
+    if state == "finished":
+        return f"job {job_id} had already finished on {board}; nothing to cancel"
+    if cancelled_by_host(record):
+        return (f"job {job_id} on {board} had already been cancelled; nothing to cancel"
+                if already else f"job {job_id} on {board}: {error}")
+    if already:
+        return (f"job {job_id} had already failed on {board}; nothing to cancel (it failed: "
+                f"{error or 'no reason recorded'})")
+    return f"job {job_id} on {board} failed as it was stopped: {error or state}"
 
 
 @app.command("agent-stop")
