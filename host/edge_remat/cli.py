@@ -716,6 +716,11 @@ def job(
     from .transport import Board
     from .transport.emulated import retired_at_exit
 
+    from edge_remat_agent.daemon.layout import JOB_ID, JOB_ID_RULE
+
+    from .errors import UserError
+    if job_id is not None and not JOB_ID.match(job_id):  # before connecting: nothing is sent
+        raise UserError(f"--id {job_id!r}: {JOB_ID_RULE}")
     values = parse_params(params, param)
     inputs = parse_inputs(input_file)
     if out is not None:  # `--out ''` too, which is refused

@@ -29,6 +29,9 @@ _log = logging.getLogger(__name__)
 
 DEFAULT_WORKDIR = "~/edge-remat"
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# JOB_ID in words (QA: '.hidden' was refused by a message that listed '.' as allowed)
+JOB_ID_RULE = ("a job id starts with a letter or digit, then letters, digits, '-', '_' or "
+               "'.', at most 64 characters in all")
 WRITABLE_TOP = ("inputs", "agents", "agent.current")
 
 

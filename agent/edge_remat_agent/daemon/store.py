@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..wire.protocol import STATES, TERMINAL_STATES
-from .layout import JOB_ID, Layout
+from .layout import JOB_ID, JOB_ID_RULE, Layout
 
 _log = logging.getLogger(__name__)
 KEEP_FINISHED = 200
@@ -81,8 +81,7 @@ class JobStore:
     def create(self, kind: str, params: dict, job_id: Optional[str] = None) -> dict:
         job_id = job_id or self.new_id()
         if not JOB_ID.match(job_id):
-            raise ValueError(f"bad job id {job_id!r} (letters, digits, '-', '_', '.'; "
-                             "at most 64)")
+            raise ValueError(f"bad job id {job_id!r}: {JOB_ID_RULE}")
         self._order += 1
         record = {"id": job_id, "kind": kind, "params": params, "state": "queued",
                   "order": self._order, "created_s": time.time(), "started_s": None,
