@@ -47,7 +47,7 @@ def parse_budget(text: str, option: str = "budget",
                         f"{FRACTION_LIMIT - 1}00%, or a size such as 512MiB")
     if unit not in SIZE_UNITS:
         raise UnitError(f"unknown size unit {unit!r} in {option} {text!r} (known: "
-                        f"{KNOWN_UNITS})")
+                        f"{KNOWN_UNITS}; k, M, G and T are kB, MB, GB and TB)")
     if value <= 0:
         raise UnitError(f"{option} {text!r} must be positive")
     if not math.isfinite(value) or value * SIZE_UNITS[unit] > MAX_BYTES:
@@ -56,15 +56,33 @@ def parse_budget(text: str, option: str = "budget",
     return "bytes", value * SIZE_UNITS[unit]
 
 
+# The short decimal units (`4M`), which users often write for the binary ones (MiB).
+SHORT_DECIMAL = {"k": ("kB", "KiB"), "m": ("MB", "MiB"), "g": ("GB", "GiB"), "t": ("TB", "TiB")}
+
+
 def bare_bytes_note(text: str, option: str = "--budget") -> str | None:
     """A warning for a bare number from FRACTION_LIMIT to 100 (`--budget 50`): read as that
-    many bytes, which no model trains in, where a percentage was almost surely meant."""
+    many bytes, which no model trains in, where a percentage was almost surely meant; and for
+    a size with a short decimal unit (`--budget 4M`): 4,000,000 bytes, where 4 MiB
+    (4,194,304) is often meant."""
     quantity = split_quantity(str(text))
+    if quantity is not None and quantity[1] in SHORT_DECIMAL:
+        return _short_decimal_note(text, option, *quantity)
     if quantity is None or quantity[1] != "" or not FRACTION_LIMIT <= quantity[0] <= 100:
         return None
     return (f"{option} {text} is read as {quantity[0]:g} bytes (a bare number below "
             f"{FRACTION_LIMIT} is a fraction of the plain peak, from {FRACTION_LIMIT} up bytes): "
             f"for {quantity[0]:g}% of the plain peak, write {quantity[0]:g}%")
+
+
+def _short_decimal_note(text: str, option: str, value: float, unit: str) -> str | None:
+    decimal, binary = SHORT_DECIMAL[unit]
+    read = value * SIZE_UNITS[unit]
+    if not (math.isfinite(read) and 0 < read <= MAX_BYTES):
+        return None  # refused anyway, in its own line
+    meant = value * SIZE_UNITS[binary.lower()]
+    return (f"{option} {text} is read as {read:,.0f} bytes ({value:g} {decimal}, decimal "
+            f"units): for {value:g} {binary} ({meant:,.0f} bytes), write {value:g}{binary}")
 
 
 def parse_size(text: str, option: str) -> float:
