@@ -214,6 +214,7 @@ def plan(
             _plan_sweep(make_problem, sweep, solver, time_limit, backend, workers, output,
                         as_json, objective)
         return
+    from .planner.problem import InfeasibleBudget, training_state_remedy
     from .planner.status_line import status_line
     interrupted = False
     try:
@@ -225,6 +226,9 @@ def plan(
                                        backend, workers, progress, plain, io=paging_io,
                                        arena=arena, arena_time_limit=arena_time_limit,
                                        order=order, arena_fit=arena_fit, costs=costs)
+    except InfeasibleBudget as error:  # what lowers a floor of RAM-held training state
+        raise InfeasibleBudget(str(error) + training_state_remedy(g, error.smallest_bytes),
+                               error.smallest_bytes) from None
     except PlanInterrupted as stop:  # Ctrl-C or SIGTERM: the best plan so far is written
         result, report, interrupted = stop.report.plan.to_dict(), stop.report, True
     except KeyboardInterrupt:  # before any plan within the budget: say so, and what helps

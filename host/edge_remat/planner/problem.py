@@ -31,6 +31,21 @@ class InfeasibleBudget(ProblemError):
         self.smallest_bytes = smallest_bytes
 
 
+def training_state_remedy(graph: Graph, smallest: int | None) -> str:
+    """`plan`'s words where parameters, gradients and optimizer state held in RAM are most of
+    the floor: what lowers it (QA: hf:gpt2 at 50% named a floor of 1.46 GB, 995 MB of it fixed,
+    and nothing to do; with the state homed on flash the floor was 463 MB). `run` homes them
+    itself, and says its own remedy."""
+    fixed = graph.capture.get("fixed") or {}
+    held = sum(int(fixed.get(name) or 0) for name in ("parameters", "gradients",
+                                                      "optimizer_state"))
+    if not smallest or 2 * held < smallest:
+        return ""
+    return (f"; {held} bytes of it are the parameters, their gradients and the optimizer "
+            "state, held in RAM for the whole step: capture with `edge-remat graph "
+            "--params-home flash` to plan them too (`edge-remat run` does so by itself)")
+
+
 class InfeasibleDeadline(ProblemError):
     """Schedules fit the budget, but none meets the deadline; carries the smallest deadline (a
     multiple of the plain time) that the fastest schedule found meets."""
@@ -182,21 +197,7 @@ class Problem:
             f"budget {counted(self.budget_bytes, 'byte')} is too small: every schedule needs "
             f"at least {smallest} bytes (a lower bound; a budget there may still not plan): "
             f"{why}{fixed}" + ("" if game is None else " (without paging: --paging flash or "
-                               "host lets a tensor come back without its inputs)")
-            + self._training_state_remedy(smallest), smallest)
-
-    def _training_state_remedy(self, smallest: int) -> str:
-        """Where parameters, gradients and optimizer state held in RAM are most of the floor,
-        what lowers it (QA: hf:gpt2 at 50% named a floor of 1.46 GB, 995 MB of it fixed, and
-        nothing to do; with the state homed on flash the floor was 463 MB)."""
-        fixed = self.graph.capture.get("fixed") or {}
-        held = sum(int(fixed.get(name) or 0) for name in ("parameters", "gradients",
-                                                          "optimizer_state"))
-        if 2 * held < smallest:
-            return ""
-        return (f"; {held} bytes of it are the parameters, their gradients and the optimizer "
-                "state, held in RAM for the whole step: capture with `edge-remat graph "
-                "--params-home flash` to plan them too (`edge-remat run` does so by itself)")
+                               "host lets a tensor come back without its inputs)"), smallest)
 
     def fingerprint(self) -> str:
         content = {"graph": self.source_graph.fingerprint(), "budget": self.budget_bytes,
