@@ -168,12 +168,15 @@ def asked_budget(plan_dict: dict[str, Any]) -> int | None:
     return arena["details"].get("fit", {}).get("budget_bytes", plan_dict.get("budget_bytes"))
 
 
+def arena_footprint(plan_dict: dict[str, Any]) -> int:
+    """What `run --allocator arena` allocates for the plan: its arena and fixed memory."""
+    return plan_dict["arena"]["size_bytes"] + plan_dict["problem"]["fixed_bytes"]
+
+
 def arena_over_budget(plan_dict: dict[str, Any]) -> int:
     """Bytes by which the arena and fixed memory (what `run --allocator arena` allocates) pass
     the budget asked (the one before any --arena-fit re-planning); 0 where they fit."""
-    arena, asked = plan_dict["arena"], asked_budget(plan_dict)
-    footprint = arena["size_bytes"] + plan_dict["problem"]["fixed_bytes"]
-    return max(0, footprint - asked)
+    return max(0, arena_footprint(plan_dict) - asked_budget(plan_dict))
 
 
 def arena_fit_note(plan_dict: dict[str, Any]) -> str:
@@ -187,7 +190,7 @@ def arena_fit_note(plan_dict: dict[str, Any]) -> str:
         return "yes, with fixed memory" + (
             f" (--arena-fit planned the schedule at {fit['planned_at_bytes']} B)" if lowered
             else "")
-    footprint = arena["size_bytes"] + plan_dict["problem"]["fixed_bytes"]
+    footprint = arena_footprint(plan_dict)
     # an optimal layout "1.000x the planned peak" that still passes the budget read as a
     # contradiction: where the excess is no more than the storages' alignment, say so
     # (the layout's lower bound counts each storage at its aligned size, the peak at its own)

@@ -336,7 +336,8 @@ def _arena_footprint(plan: Optional[dict], allocator: Optional[str]) -> dict:
     arena = (plan or {}).get("arena")
     if allocator != "arena" or not arena or not arena.get("size_bytes"):
         return {}
-    return {"arena_footprint_bytes": arena["size_bytes"] + plan["problem"]["fixed_bytes"]}
+    from .report import arena_footprint
+    return {"arena_footprint_bytes": arena_footprint(plan)}
 
 
 def _arena_over(plan: Optional[dict]) -> dict:

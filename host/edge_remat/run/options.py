@@ -216,9 +216,8 @@ def check_arena_options(opts: RunOptions) -> None:
 def arena_ignores(opts: RunOptions) -> list[str]:
     """Warnings for the arena options that the run given leaves unused, as `plan`'s (a run
     with the glibc allocator lays its plan's arena out best-fit, for the report alone)."""
-    defaults = RunOptions(device=opts.device, model=opts.model)
-    arena_typed = opts.arena != defaults.arena
-    limit_typed = opts.arena_time_limit != defaults.arena_time_limit
+    arena_typed = opts.arena != run_default("arena")
+    limit_typed = opts.arena_time_limit != run_default("arena_time_limit")
     if opts.plain or not (arena_typed or limit_typed):
         return []
     if opts.allocator != "arena":
