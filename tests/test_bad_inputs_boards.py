@@ -272,6 +272,19 @@ def test_a_run_job_whose_input_the_executor_refuses_is_bad_input(tmp_path, bench
     assert proc.returncode == BAD_INPUT and record["bad_input"] is True, proc.stdout
 
 
+def test_a_run_jobs_bad_schedule_is_refused_before_the_capture(tmp_path, bench):
+    """A warmup longer than the run was refused by run_plan, after the board had captured the
+    model (seconds to a minute on a board); it is now refused with the params, as train-plain
+    refuses it. The graph here is not the model's, so a refusal after the capture would name
+    the capture's mismatch instead."""
+    graph = tiny_graph(tmp_path, capture=CAPTURED)
+    plan = tiny_plan(tmp_path, graph)
+    line = refused(cli("job", "run", "--device", "bench", "--input", f"plan={plan}", "--input",
+                       f"graph={graph}", "--param", "steps=5", "--param", "warmup=50",
+                       timeout=180), BAD_INPUT, "--warmup 50", "5 steps")
+    assert "re-capturing" not in line, line
+
+
 def test_a_job_that_fails_with_good_params_is_still_a_failed_job(tmp_path, bench):
     """Only a refused param is bad input: the job's own failure stays exit 1."""
     refused(cli("job", "echo", "--device", "bench", "--param", "fail=boom", timeout=120),

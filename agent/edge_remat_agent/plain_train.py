@@ -103,7 +103,8 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
 
 def plain_train_job(ctx, params: dict) -> dict:
     from .daemon.registry import BadParam, JobCancelled, JobParams
-    from .executor.jobs import SEED_RANGE, param_flag, requested_malloc, start_under
+    from .executor.jobs import (SEED_RANGE, param_flag, refuse_bad_schedule, requested_malloc,
+                                start_under)
     read = JobParams(params, ctx, "train-plain")
     model = str(read.required("model", "a model"))
     steps = read.integer("steps", 10, minimum=1)
@@ -114,9 +115,8 @@ def plain_train_job(ctx, params: dict) -> dict:
     clip_grad_norm = read.number("clip_grad_norm")
     lr_schedule = str(params.get("lr_schedule") or "constant")
     from .grad_clip import check_max_norm
-    from .lr_schedule import check_schedule
+    refuse_bad_schedule(lr_schedule, warmup, steps)
     try:  # before torch and the model: bad input (exit 2), not a failed job's ValueError
-        check_schedule(lr_schedule, warmup, steps)
         if clip_grad_norm is not None:
             check_max_norm(clip_grad_norm)
     except ValueError as error:

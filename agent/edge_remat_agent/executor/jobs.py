@@ -63,6 +63,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
     steps = read.integer("steps", 10, minimum=1)
     seed, lr = read.integer("seed", **SEED_RANGE), read.number("lr", minimum=0)
     warmup = read.integer("warmup", 0, minimum=0)
+    lr_schedule = str(params.get("lr_schedule") or "constant")
+    refuse_bad_schedule(lr_schedule, warmup, steps)
     time_nodes = read.integer("time_nodes", 0, minimum=0)
     init, stop_after = read.input_path("init"), read.integer("stop_after", minimum=1)
     every = read.integer("checkpoint_every", 0, minimum=0)
@@ -137,7 +139,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                           progress=progress, sensor=params.get("sensor", "auto"),
                           device=params.get("device", "cpu"), seed=seed,
                           data=params.get("data"), lr=lr,
-                          lr_schedule=str(params.get("lr_schedule") or "constant"),
+                          lr_schedule=lr_schedule,
                           warmup=warmup,
                           stores=None if host is None else {"host": host},
                           allocator=str(params.get("allocator") or "glibc"),
@@ -161,6 +163,16 @@ def run_job(ctx: JobContext, params: dict) -> dict:
             "grad_check": report["grad_check"], "steps": len(report["steps"]),
             "stopped_at_step": report["stopped_at_step"],
             "data": report["data"], "optimizer": report["optimizer"]}
+
+
+def refuse_bad_schedule(schedule: str, warmup: int, steps: int) -> None:
+    """The learning-rate schedule's params, checked before the job captures or trains (that
+    takes seconds to a minute on a board): a refusal is bad input (BadParam)."""
+    from ..lr_schedule import check_schedule
+    try:
+        check_schedule(schedule, warmup, steps)
+    except ValueError as error:
+        raise BadParam(str(error)) from None
 
 
 def _resume_out(params: dict, keeps_the_checkpoint: bool) -> "str | None":
