@@ -317,6 +317,26 @@ Host jumped-board
         assert len(board.transport._clients) == 2  # through the jump host
 
 
+def test_a_proxy_jump_given_as_an_ssh_uri_goes_through_the_jump_host(device, sshd, tmp_path):
+    """`ProxyJump ssh://user@host:port` (OpenSSH's URI form) reaches the board through the
+    jump host as that user; before, the user was read as "ssh://USER" and refused."""
+    config = tmp_path / "ssh_config"
+    config.write_text(f"""\
+Host uri-jumped-board
+    HostName 127.0.0.1
+    Port {sshd.port}
+    User {sshd.user}
+    IdentityFile {sshd.client_key}
+    ProxyJump ssh://{sshd.user}@127.0.0.1:{sshd.port}
+""")
+    with Board(device(host="uri-jumped-board", port=None, user=None, key=None,
+                      ssh_config=str(config), reconnect_timeout_s=0)) as board:
+        assert board.hello()["protocol"] == 1
+        jump, target = board.transport._clients
+        assert jump.get_transport().get_username() == sshd.user  # not "ssh://" + user
+        assert target.get_transport().get_username() == sshd.user
+
+
 def test_dropped_connection_mid_job_reconnects_and_resumes_the_same_job(device, sshd):
     events, updates = [], []
     progressed = threading.Event()

@@ -74,6 +74,46 @@ def test_good_ports_still_resolve(tmp_path):
         ("gate", 2200, "admin"), ("10.0.0.2", 2222, "nobody")]
 
 
+def resolved(tmp_path, jump: str) -> "list[tuple]":
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host myboard\n  HostName 10.0.0.2\n  ProxyJump {jump}\n")
+    return [(hop.hostname, hop.port, hop.user)
+            for hop in resolve_route(load_device(write_device(tmp_path, str(config))))]
+
+
+def test_a_proxy_jump_given_as_an_ssh_uri_is_read_as_openssh_reads_it(tmp_path):
+    """QA: `ProxyJump ssh://admin@gate:2200`, which OpenSSH takes, made the jump host's user
+    "ssh://admin" (the entry was cut at its last '@')."""
+    board = ("10.0.0.2", 22, "nobody")
+    assert resolved(tmp_path, "ssh://admin@gate:2200") == [("gate", 2200, "admin"), board]
+    assert resolved(tmp_path, "ssh://gate") == [("gate", 22, None), board]
+    assert resolved(tmp_path, "ssh://gate:2200/") == [("gate", 2200, None), board]
+    # an IPv6 address in brackets; the user URL-encoded, `;` parameters after it ignored
+    assert resolved(tmp_path, "ssh://ops%40lab;fingerprint=x@[2001:db8::1]:2201") == [
+        ("2001:db8::1", 2201, "ops@lab"), board]
+    # a chain, in OpenSSH's order (the first entry is reached first), forms mixed
+    assert resolved(tmp_path, "ssh://a@gate:2200,b@[::1]:2201,ssh://c@inner") == [
+        ("gate", 2200, "a"), ("::1", 2201, "b"), ("inner", 22, "c"), board]
+
+
+@pytest.mark.parametrize("jump, why", [
+    ("ssh://admin@gate:2200/boards", "has a path ('/boards')"),
+    ("ssh://@gate", "empty user"),
+    ("ssh://admin@", "no valid host name"),
+    ("ssh://admin@[::1:2200", "no closing ']'"),
+    ("ssh://admin@[gate]:2200", "no IP address in its [brackets]"),
+    ("ssh://admin@gate:notaport", "'notaport' is not a port number"),
+    ("ssh://admin@gate:70000", "'70000' is not a port number"),
+    ("sftp://admin@gate", "sftp:// is no ssh:// URI"),
+    ("gate,ssh://admin@g@te", "no valid host name ('g@te')"),
+])
+def test_a_malformed_proxy_jump_is_one_line_naming_the_config_line(tmp_path, jump, why):
+    message = route_error(tmp_path, "Host other\n  User x\n"
+                                    f"Host myboard\n  HostName 10.0.0.2\n  ProxyJump {jump}\n")
+    assert f"line 5: host 'myboard' has `ProxyJump {jump}`" in message, message
+    assert why in message and "ssh -G myboard" in message
+
+
 def test_devices_check_with_a_bad_port_in_home_ssh_config(tmp_path):
     """QA: a thread traceback, then `internal error (KeyError: 'ok')`, exit 70; with --json
     `"check": {}` and the traceback on stderr."""

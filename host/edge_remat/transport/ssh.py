@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import errno
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
+from urllib.parse import unquote_plus
 
 from ..devices import DeviceConfig
 from .errors import (AuthRefused, BoardMissingPython, BoardOutOfDisk, BoardUnreachable,
@@ -92,10 +94,28 @@ class _SshConfigFile:
         if re.fullmatch(r"[0-9]{1,5}", text.strip()) and 0 < int(text) < 65536:
             return int(text)
         # bad input, as a file paramiko cannot parse (QA: int() raised out of a check thread)
-        raise SshConfigError(f"cannot use {self.path}: host {alias!r} has `{line}`, and "
-                             f"{text!r} is not a port number (1 to 65535): fix that line (`ssh "
-                             f"-G {alias}` shows how OpenSSH reads it), or give host, port, user "
-                             "and key in the device config and set ssh_config = \"none\"")
+        raise self.bad_line(alias, line, f"{text!r} is not a port number (1 to 65535)")
+
+    def bad_line(self, alias: str, line: str, why: str) -> SshConfigError:
+        """The one-line error for a value of host `alias`'s entry that cannot be used: the
+        file (and the line's number, where the line is found in it), the line and why."""
+        return SshConfigError(f"cannot use {self._where(line)}: host {alias!r} has `{line}`, "
+                              f"and {why}: fix that line (`ssh -G {alias}` shows how OpenSSH "
+                              "reads it), or give host, port, user and key in the device "
+                              "config and set ssh_config = \"none\"")
+
+    def _where(self, line: str) -> str:
+        keyword, _, value = line.partition(" ")
+        try:
+            with open(os.path.expanduser(self.path), errors="replace") as handle:
+                for number, text in enumerate(handle, 1):
+                    found = re.match(r"\s*(\w+)(?:\s*=\s*|\s+)(.*?)\s*$", text)
+                    if found and found.group(1).lower() == keyword.lower() and \
+                            found.group(2).strip('"') == value:
+                        return f"{self.path} line {number}"
+        except OSError:
+            pass
+        return self.path
 
 
 def _ssh_config(path: str, alias: str = "") -> _SshConfigFile:
@@ -144,16 +164,79 @@ def _hop(config: _SshConfigFile, alias: str, port: Optional[int] = None,
     return hop, (None if not jump or jump.lower() == "none" else jump)
 
 
+class _BadJump(ValueError):
+    """A ProxyJump entry that is neither [user@]host[:port] nor ssh://[user@]host[:port]."""
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # OpenSSH's valid_domain, in a URI
+
+
 def _parse_jump(spec: str) -> "tuple[str, Optional[str], Optional[str]]":
-    """(host, user, port as written) of one ProxyJump entry, [user@]host[:port]."""
-    user, _, rest = spec.rpartition("@")
+    """(host, user, port as written, None when not given) of one ProxyJump entry: as OpenSSH
+    reads it, an ssh:// URI (ssh://[user@]host[:port][/], the user URL-encoded, `;`
+    parameters after it ignored, an IPv6 address in brackets) or [user@]host[:port]
+    ([v6::addr]:port). One that is neither raises _BadJump, saying why. (OpenSSH 9.2 refuses
+    an address in brackets in the URI form, which its host-name check does not let through;
+    it is taken here, as the URI form means it.)"""
+    scheme = _SCHEME.match(spec)
+    if scheme:
+        if scheme.group(1).lower() != "ssh":
+            raise _BadJump(f"{scheme.group(1)}:// is no ssh:// URI (ProxyJump takes "
+                           "[user@]host[:port] or ssh://[user@]host[:port])")
+        return _parse_ssh_uri(spec, spec[scheme.end():])
+    user, at, rest = spec.rpartition("@")
+    if at and not user:
+        raise _BadJump(f"{spec!r} has an empty user before '@'")
     host, port = rest, None
     if rest.startswith("["):  # [v6::addr]:port
-        host, _, tail = rest[1:].partition("]")
-        port = tail[1:] if tail.startswith(":") else None
+        host, bracket, tail = rest[1:].partition("]")
+        if not bracket or (tail and not tail.startswith(":")):
+            raise _BadJump(f"{spec!r} has no closing ']' after its IPv6 address, or text "
+                           "after it that is not :PORT")
+        port = tail[1:] if tail else None
     elif rest.count(":") == 1:
         host, port = rest.split(":")
-    return host, (user or None), port
+    if not host:
+        raise _BadJump(f"{spec!r} names no host")
+    return host, (user or None), (port or None)
+
+
+def _parse_ssh_uri(spec: str, rest: str) -> "tuple[str, Optional[str], Optional[str]]":
+    """ssh://[user[;params]@]host[:port][/] after its scheme, as OpenSSH's parse_uri."""
+    user = None
+    userinfo, at, hostport = rest.partition("@")
+    if not at:
+        hostport = rest
+    else:
+        userinfo = userinfo.split(";", 1)[0]  # connection parameters: ignored, as by OpenSSH
+        if not userinfo:
+            raise _BadJump(f"{spec!r} has an empty user before '@'")
+        if re.search(r"%(?![0-9A-Fa-f]{2})", userinfo):
+            raise _BadJump(f"{spec!r} has a '%' in its user that is no %XX escape")
+        user = unquote_plus(userinfo)
+    if hostport.startswith("["):
+        host, bracket, tail = hostport[1:].partition("]")
+        if not bracket:
+            raise _BadJump(f"{spec!r} has no closing ']' after its IPv6 address")
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise _BadJump(f"{spec!r} has no IP address in its [brackets]") from None
+    else:
+        cut = re.search(r"[:/]", hostport)
+        host, tail = (hostport[:cut.start()], hostport[cut.start():]) if cut else (hostport, "")
+        if not _HOST_NAME.fullmatch(host) or ".." in host:
+            raise _BadJump(f"{spec!r} has no valid host name" + (f" ({host!r})" if host else ""))
+    port = None
+    if tail.startswith(":"):
+        port, slash, path = tail[1:].partition("/")
+        tail = slash + path
+    if tail not in ("", "/"):
+        raise _BadJump(f"{spec!r} has a path ({tail!r}), which an ssh:// URI in ProxyJump "
+                       "may not have" if tail.startswith("/") else
+                       f"{spec!r} has {tail!r} after its host, where :PORT or nothing goes")
+    return host, user, (port or None)
 
 
 def resolve_route(device: DeviceConfig) -> "list[Hop]":
@@ -174,7 +257,10 @@ def _route_to(config: _SshConfigFile, alias: str, port: Optional[int], user: Opt
                              "~/.ssh/config?)")
     route: "list[Hop]" = []
     for index, spec in enumerate(s.strip() for s in jump.split(",") if s.strip()):
-        host, jump_user, port_text = _parse_jump(spec)
+        try:
+            host, jump_user, port_text = _parse_jump(spec)
+        except _BadJump as exc:
+            raise config.bad_line(alias, f"ProxyJump {jump}", str(exc)) from None
         jump_port = None if port_text is None else config.port(alias, f"ProxyJump {jump}",
                                                                port_text)
         if index == 0:  # the first jump host may need its own jump, as with ssh -J
