@@ -165,6 +165,114 @@ def test_a_link_that_stays_down_is_one_error_with_a_remedy():
         assert "\n" not in message
 
 
+class UnsteadyRelay(Relay):
+    """A Relay whose link can hang and come back, and move slowly. hang(): what the bridged
+    connections carry is lost on the way, silently (no reset, no close: a link that drops
+    packets), and a connection made meanwhile is held, unread; heal(): the held ones are
+    bridged (their bytes were never read, so none is lost) and the link carries again.
+    `rate_bps`: at most that many bytes a second each way."""
+
+    def __init__(self, target: tuple[str, int], rate_bps: float | None = None):
+        self.rate_bps, self.hung, self._held = rate_bps, False, []
+        self._lock = threading.Lock()
+        super().__init__(target)
+
+    def hang(self) -> None:
+        self.hung = True
+
+    def heal(self) -> None:
+        with self._lock:
+            self.hung = False
+            held, self._held = self._held, []
+        for board_end in held:
+            self._bridge(board_end)
+
+    def _accept(self, listener) -> None:
+        while True:
+            try:
+                board_end, _ = listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self.hung:
+                    self._held.append(board_end)
+                    self._socks.append(board_end)
+                    continue
+            self._bridge(board_end)
+
+    def _bridge(self, board_end) -> None:
+        host_end = socket.create_connection(self.target)
+        self._socks += [board_end, host_end]
+        for a, b in ((board_end, host_end), (host_end, board_end)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst) -> None:
+        try:
+            while data := src.recv(16 << 10):
+                if self.hung:
+                    continue  # lost on the way
+                if self.rate_bps:
+                    time.sleep(len(data) / self.rate_bps)
+                dst.sendall(data)
+        except OSError:
+            pass
+
+
+def test_a_hung_link_is_noticed_in_seconds_and_the_request_retried():
+    """A link that hangs (packets lost, no reset) is a break once a request gets no reply for
+    REQUEST_FLOOR_S, and the request is sent again on a new connection, as after a drop (QA:
+    the board's page client waited out its 60 s socket timeout on one request before its
+    reconnect logic began)."""
+    with PageService() as service:
+        relay = UnsteadyRelay((service.host, service.port))
+        client = PageClient(f"127.0.0.1:{relay.port}", wait_s=60).connect()
+        page = bytes(range(256)) * 512
+        client.send("a", page)
+        relay.hang()
+        outcome: dict = {}
+
+        def fetch():
+            try:
+                outcome["page"] = client.fetch("a")
+            except Exception as exc:  # noqa: BLE001 - said by the assertion below
+                outcome["error"] = exc
+
+        started = time.monotonic()
+        fetcher = threading.Thread(target=fetch, daemon=True)
+        fetcher.start()
+        try:
+            while client.breaks == 0 and time.monotonic() - started < 30:
+                time.sleep(0.05)
+            noticed = time.monotonic() - started
+            assert client.breaks == 1, f"a hung link was not noticed in {noticed:.0f} s"
+            assert noticed < 15  # REQUEST_FLOOR_S, 10 s
+        finally:
+            relay.heal()  # the link is back: the request sent again goes through
+            fetcher.join(30)
+        assert outcome.get("page") == page, outcome
+        assert client.breaks == 1 and client.lost is None
+        relay.cut()
+        client.close()
+
+
+def test_a_slow_link_that_moves_bytes_is_never_cut():
+    """A page that takes several times the request floor to cross a slow link (a Pi on a slow
+    link moving a large page) goes through without a break: each chunk the link takes or
+    gives restarts the clock, and the reply to a page sent may wait for the page's bytes at
+    SLOWEST_LINK_BPS on top of the floor."""
+    with PageService() as service:
+        relay = UnsteadyRelay((service.host, service.port), rate_bps=128 << 10)
+        client = PageClient(f"127.0.0.1:{relay.port}", timeout_s=1.0, wait_s=0.5).connect()
+        page = bytes(range(256)) * (384 * 4)  # 384 KiB: 3 s each way
+        started = time.monotonic()
+        client.send("big", page)
+        assert client.fetch("big") == page
+        assert time.monotonic() - started >= 5.0  # it was slow: 5-6 s against a 1 s floor
+        assert client.breaks == 0
+        relay.cut()
+        client.close()
+
+
 # -- the executor pages to host through the service ---------------------------------------------
 
 def host_plan(captured):

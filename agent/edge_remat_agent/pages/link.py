@@ -23,7 +23,7 @@ import torch
 from .base import IndexedPageStore, encoded_items
 from .codec import EncodedPage, decode
 from .errors import PageMissing
-from .service import WAIT_S, PageClient
+from .service import REQUEST_FLOOR_S, WAIT_S, PageClient
 
 Send = Callable[[Hashable, bytes], object]
 Fetch = Callable[[Hashable], bytes | bytearray | memoryview]
@@ -140,7 +140,7 @@ class ServiceStore(LinkStore):
 
 
 def connect_store(address: str, capacity_bytes: int | None = None,
-                  timeout_s: float = 60.0, wait_s: float = WAIT_S) -> ServiceStore:
+                  timeout_s: float = REQUEST_FLOOR_S, wait_s: float = WAIT_S) -> ServiceStore:
     """A `host` store over the page service at HOST:PORT, connected now (so that an unreachable
     service is one clear error before the first step); a request whose link drops later waits
     up to `wait_s` for it to come back (PageClient)."""

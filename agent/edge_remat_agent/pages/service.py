@@ -39,6 +39,14 @@ MAX_KEY_BYTES = 4096
 # host passes its board's own window in the run job's `host_pages_wait_s` param.
 WAIT_S = 150.0
 FIRST_PAUSE_S, LONGEST_PAUSE_S = 0.05, 5.0
+# A link that hangs (packets lost without a reset: no error ever comes) is noticed by time
+# alone. A request waits at most REQUEST_FLOOR_S for the link to take its next bytes or give
+# the next bytes of the reply, and for the reply's first byte REQUEST_FLOOR_S plus the time
+# the request's bytes need at SLOWEST_LINK_BPS (a page sent may sit in the buffers along an
+# SSH forward, a few MB, until the link has carried it). Before, one fixed 60 s socket
+# timeout made a hung link cost a minute before the reconnect logic began.
+REQUEST_FLOOR_S = 10.0
+SLOWEST_LINK_BPS = 64 << 10  # 0.5 Mbit/s: below a Pi's weak Wi-Fi; an 8 MiB page: 138 s
 
 
 class PageServiceError(PageStoreError):
@@ -226,16 +234,23 @@ class PageClient:
     what is gone is a no-op), so a request that reached the host before the drop and is
     applied again changes nothing.
 
+    A link that hangs rather than breaks (packets lost, no reset) counts as broken once a
+    request stops moving: no bytes taken or given for `timeout_s`, or no reply begun within
+    `timeout_s` plus its request's bytes at `slowest_bps` (REQUEST_FLOOR_S, SLOWEST_LINK_BPS).
+    A slow link that moves bytes is never cut: each chunk it takes or gives restarts the clock.
+
     Once it has given up, every later request fails at once with the same error: the cleanup
     after it (dropping what is left) must not wait `wait_s` again for each page. `breaks`
     counts the requests whose connection broke, whether or not it came back (a measurement's
     times would hold that wait)."""
 
-    def __init__(self, address: str, timeout_s: float = 60.0, wait_s: float = WAIT_S):
+    def __init__(self, address: str, timeout_s: float = REQUEST_FLOOR_S, wait_s: float = WAIT_S,
+                 slowest_bps: float = SLOWEST_LINK_BPS):
         self.address = address
         self.host, self.port = parse_address(address)
         self.timeout_s = timeout_s
         self.wait_s = wait_s
+        self.slowest_bps = slowest_bps
         self.breaks = 0
         self.lost: BaseException | None = None  # the break it gave up on, once it has
         self._sock: socket.socket | None = None
@@ -292,11 +307,43 @@ class PageClient:
 
     def _round_trip(self, head: bytes, body: bytes | memoryview) -> tuple[int, bytes]:
         sock = self._connect()
-        sock.sendall(head)
+        self._send(sock, head)
         if len(body):
-            sock.sendall(body)
-        status, length = REPLY.unpack(_recv_exact(sock, REPLY.size))
-        return status, _recv_exact(sock, length) if length else b""
+            self._send(sock, body)
+        # its bytes may still be on the way (buffers along a forward): time for them to cross
+        first_s = self.timeout_s + (len(head) + len(body)) / self.slowest_bps
+        status, length = REPLY.unpack(self._recv(sock, REPLY.size, first_s))
+        return status, self._recv(sock, length, self.timeout_s) if length else b""
+
+    def _send(self, sock: socket.socket, data: bytes | memoryview) -> None:
+        """All of `data`, each send waiting at most timeout_s for the link to take more."""
+        view = memoryview(data).cast("B")
+        sock.settimeout(self.timeout_s)
+        while len(view):
+            try:
+                view = view[sock.send(view):]
+            except socket.timeout:
+                raise TimeoutError(f"the link took no bytes of a request for "
+                                   f"{self.timeout_s:g} s (a hung link?)") from None
+
+    def _recv(self, sock: socket.socket, n: int, first_s: float) -> bytes:
+        """n bytes: the first within first_s, each later chunk within timeout_s."""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got, wait_s = 0, first_s
+        while got < n:
+            sock.settimeout(wait_s)
+            try:
+                k = sock.recv_into(view[got:], n - got)
+            except socket.timeout:
+                raise TimeoutError((f"no reply from the page service for {wait_s:.1f} s"
+                                    if not got else f"the reply stopped for {wait_s:.1f} s")
+                                   + " (a hung link?)") from None
+            if not k:
+                raise ConnectionError("the other end closed the connection")
+            got += k
+            wait_s = self.timeout_s
+        return bytes(buf)
 
     def _gave_up(self, exc: BaseException) -> PageServiceError:
         return PageServiceError(
