@@ -124,6 +124,59 @@ def test_pulled_cable_mid_job_reconnects_and_resumes_the_same_job(board_agent, p
         assert board.reconnects >= 1
 
 
+def test_a_front_end_killed_and_started_again_is_noticed_in_seconds(ptys, tmp_path):
+    """The board's `serve --serial` killed mid-job and started again 2 s later, the line (socat)
+    up throughout: the host's wait, which nothing would answer, ends within seconds (a PING
+    answered by FIN "no such session" from the new front end, or silence after PONGs), and
+    it reconnects to the same job. QA: 40 s, `did not answer a 'wait' request within 40 s`."""
+    workdir = tmp_path / "board"
+    log = open(tmp_path / "agent.log", "ab")
+
+    def front_end():
+        return subprocess.Popen(agent_command() + ["serve", "--serial", ptys.board_end,
+                                                   "--workdir", str(workdir)],
+                                stdout=subprocess.DEVNULL, stderr=log)
+
+    running = threading.Event()
+    events: list = []
+
+    def on_update(record):
+        if record.get("state") == "running":
+            running.set()
+
+    proc = front_end()
+    try:
+        with Board(serial_device(tmp_path, ptys), on_event=events.append) as board:
+            board.hello()
+            outcome: dict = {}
+            # one step: no progress to answer the host's 'wait' early, so the host sits
+            # waiting for its answer (up to 10 s + 30 s) when the front end is killed
+            runner = threading.Thread(target=lambda: outcome.update(board.run_job(
+                "sleep", {"seconds": 15.0, "steps": 1}, on_update=on_update)), daemon=True)
+            runner.start()
+            assert running.wait(30), "the job never started"
+            time.sleep(1.0)  # the host's 'wait' request is on the board, its answer due
+            proc.kill()
+            proc.wait()
+            killed = time.monotonic()
+            time.sleep(2.0)
+            proc = front_end()  # started again within 5 s
+            while board.reconnects == 0 and time.monotonic() - killed < 30:
+                time.sleep(0.05)
+            noticed = time.monotonic() - killed
+            assert board.reconnects >= 1, f"not noticed in {noticed:.0f} s: {events}"
+            assert noticed < 8, events
+            runner.join(60)
+            assert outcome.get("state") == "finished", events
+            assert outcome["result"]["starts"] == 1 and outcome["result"]["resumed_from"] == 0
+            assert not any("did not answer" in event for event in events), events
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+        stop_agent(workdir)
+
+
 class CorruptingPort(PySerialPort):
     """The host's real pty end, flipping a byte in every 4th DATA packet it sends."""
 

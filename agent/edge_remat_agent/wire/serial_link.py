@@ -21,6 +21,14 @@ Packets on the wire:
   payload) and RESET_ACK confirms it. Sequence numbers restart with every session, and packets
   of an older session are ignored, so a host that reconnects after a dropped link never mixes
   with leftovers of the last one. FIN closes a session early (best effort).
+- Keepalive: a host waiting for an answer it has heard nothing of for `keepalive_s` sends PING;
+  the board answers PONG for the session it holds, and for one it does not hold (its agent
+  was killed and started again, and holds none) FIN with NO_SESSION as payload, so the host
+  knows at once. A board that has answered a PING and then stays silent for `dead_after_s`
+  is gone (its agent killed, not yet back). Peers of link version ERs1 from before keepalive
+  ignore both kinds: a host that never hears a PONG waits as before, for its request's
+  timeout (QA: a board's front end killed and started again within 5 s was noticed after
+  40 s, when a 'wait' request timed out; now within a second of its start).
 
 The "port" is anything with read(max) -> bytes (b"" when nothing arrived for a short while),
 write(data) and close(): pyserial's Serial on the host, `TtyPort` on the board, or a test double.
@@ -41,6 +49,8 @@ from . import cobs
 from .framing import ConnectionClosed
 
 DATA, ACK, RESET, RESET_ACK, FIN = 1, 2, 3, 4, 5
+PING, PONG = 6, 7  # keepalive: a peer before them ignores both, as any kind it does not know
+NO_SESSION = b"no such session"  # a FIN's payload: the board holds no session of that number
 LINK_VERSION = b"ERs1"
 _HEAD = struct.Struct(">BII")
 _CRC = struct.Struct(">I")
@@ -73,6 +83,14 @@ def decode_packet(encoded: bytes) -> "tuple[int, int, int, bytes]":
         raise PacketError("CRC32 mismatch")
     kind, session, seq = _HEAD.unpack(body[:_HEAD.size])
     return kind, session, seq, body[_HEAD.size:]
+
+
+def keepalive_for(ack_timeout: float) -> "tuple[float, float]":
+    """(keepalive_s, dead_after_s): a host probes after 1 s of silence (two ACK timeouts on a
+    slow line), and takes a board that answers probes as gone after 5 s of silence (three
+    probes' worth on a slow line: every packet on the line, DATA too, counts as heard)."""
+    keepalive_s = max(1.0, 2.0 * ack_timeout)
+    return keepalive_s, max(5.0, 3.0 * keepalive_s)
 
 
 def ack_timeout_for(baud: int, payload: int = DEFAULT_PAYLOAD) -> float:
@@ -117,23 +135,59 @@ class LinkSession:
         self._fast_resent = -1  # the packet last resent on repeated ACKs (once each)
         self._timeout: Optional[float] = None
         self._send_lock = threading.Lock()
+        # keepalive (under link.cond): when a packet of this session was last heard and a
+        # PING last sent; whether the peer has answered one; a close that is a lost link
+        self._heard = self._probed = time.monotonic()
+        self._answers_probes = False
+        self._lost = False
 
     # -- the socket-like face --------------------------------------------------------------
     def settimeout(self, seconds: Optional[float]) -> None:
         self._timeout = seconds
 
     def recv(self, count: int) -> bytes:
-        cond = self.link.cond
+        """What has arrived, up to `count` bytes; b"" once the session is closed, and
+        ConnectionClosed once the peer is known gone (keepalive, NO_SESSION). A host that
+        waits PINGs the board after keepalive_s of silence (the module's docstring)."""
+        link = self.link
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        with cond:
-            while not self._rx and self.closed_reason is None:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"no data on the serial link for {self._timeout:g} s")
-                cond.wait(left)
-            data = bytes(self._rx[:count])
-            del self._rx[:count]
-            return data
+        while True:
+            with link.cond:
+                probe = self._wait_for_data(deadline)
+                if not probe:
+                    if not self._rx and self._lost:
+                        raise ConnectionClosed(f"serial link lost: {self.closed_reason}")
+                    data = bytes(self._rx[:count])
+                    del self._rx[:count]
+                    return data
+            link._write_packet(PING, self.id, 0)
+
+    def _wait_for_data(self, deadline: Optional[float]) -> bool:
+        """Wait (link.cond held) for data or the session's end: False then, True when a PING
+        is due first (its time noted; the caller sends it without the lock)."""
+        link = self.link
+        while not self._rx and self.closed_reason is None:
+            now = time.monotonic()
+            left = None if deadline is None else deadline - now
+            if left is not None and left <= 0:
+                raise TimeoutError(f"no data on the serial link for {self._timeout:g} s")
+            if link.keepalive_s:
+                quiet = now - self._heard
+                if self._answers_probes and quiet >= link.dead_after_s:
+                    self._lost = True
+                    self._mark_closed(f"the board stopped answering (nothing heard for "
+                                      f"{quiet:.0f} s; it had answered keepalive probes)")
+                    break
+                due = max(self._heard, self._probed) + link.keepalive_s
+                if now >= due:
+                    self._probed = now
+                    return True
+                wake = due - now
+                if self._answers_probes:
+                    wake = min(wake, self._heard + link.dead_after_s - now)
+                left = wake if left is None else min(left, wake)
+            link.cond.wait(left)
+        return False
 
     def sendall(self, data: bytes) -> None:
         """Returns once every byte is acknowledged; raises ConnectionClosed when the link
@@ -252,13 +306,16 @@ class SerialLink:
 
     def __init__(self, port: Any, *, role: str, payload_bytes: int = DEFAULT_PAYLOAD,
                  ack_timeout: float = 0.25, retries: int = 20, version: bytes = LINK_VERSION,
-                 window: int = DEFAULT_WINDOW):
+                 window: int = DEFAULT_WINDOW, keepalive: bool = True):
         if role not in ("host", "board"):
             raise ValueError("role must be 'host' or 'board'")
         self.port = port
         self.role = role
         self.payload_bytes = payload_bytes
         self.ack_timeout = ack_timeout
+        # the host probes a board it waits on (keepalive_for); a board only answers
+        self.keepalive_s, self.dead_after_s = keepalive_for(ack_timeout) \
+            if keepalive and role == "host" else (None, None)
         self.retries = retries
         self.window = window
         self.version = version
@@ -292,8 +349,11 @@ class SerialLink:
                                    min(self.ack_timeout, max(deadline - time.monotonic(), 0)))
                 if self.failure is not None:
                     raise ConnectionClosed(self.failure)
-                if self.session is not None:
-                    return self.session
+                session = self.session
+            if session is not None:
+                if self.keepalive_s:  # learn now whether the board answers probes
+                    self._write_packet(PING, session.id, 0)
+                return session
         raise TimeoutError(f"no agent answered on the serial line within {timeout:g} s")
 
     # -- board side ------------------------------------------------------------------------
@@ -391,13 +451,28 @@ class SerialLink:
                 self._pending_session = 0
                 self.cond.notify_all()
             elif current is None or session_id != current.id or current.closed_reason:
+                if self.role == "board" and kind in (DATA, PING):
+                    # a host still on a session this agent does not hold (it was started
+                    # again): say so, rather than leave the host to its timeout
+                    self._write_packet(FIN, session_id, 0, NO_SESSION)
                 return  # a leftover of an older session
-            elif kind == DATA:
-                current._on_data(seq, payload)
-            elif kind == ACK:
-                current._on_ack(seq)
-            elif kind == FIN:
-                current._mark_closed("closed by the other end")
+            else:
+                current._heard = time.monotonic()
+                if kind == DATA:
+                    current._on_data(seq, payload)
+                elif kind == ACK:
+                    current._on_ack(seq)
+                elif kind == PING:
+                    self._write_packet(PONG, session_id, 0)
+                elif kind == PONG:
+                    current._answers_probes = True
+                    self.cond.notify_all()
+                elif kind == FIN and payload == NO_SESSION:
+                    current._lost = True
+                    current._mark_closed("the board's agent holds no such session (it was "
+                                         "started again)")
+                elif kind == FIN:
+                    current._mark_closed("closed by the other end")
 
     def _on_reset(self, session_id: int, version: bytes) -> None:
         # Called with cond held.
