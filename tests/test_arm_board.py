@@ -256,3 +256,19 @@ def test_profile_and_run_on_the_emulated_arm64_board(arm64_board, tmp_path):
     assert "emulated arm64 board" in text and "timings are qemu's" in text
     print(f"arm64 board: profile {profile_s:.0f} s, run {run_s:.0f} s, steps "
           f"{', '.join(f'{s:.2f}' for s in report['step_time_s'])} s", file=sys.stderr)
+
+
+@pytest.mark.arm
+def test_a_model_file_of_the_host_runs_on_the_board_that_lacks_it(arm64_board, tmp_path):
+    """The board's root filesystem is not the host's: the model file the graph names (under
+    this test's tmp_path) is not on it. It failed there with "no such file" unless copied to
+    the same path by hand; the host now pushes it with the job (test_pushed_copies.py)."""
+    from helpers.user_model_file import captured_and_planned
+    model_file, graph, plan = captured_and_planned(tmp_path)
+    assert not (arm64_board.rootfs / str(model_file).lstrip("/")).exists()
+    code, out, err = cli("deploy", plan, "--device", "emulated-arm64", "--graph", graph,
+                         "--steps", 1, "--out", tmp_path / "out", "--json")
+    assert code == 0, (out, err)
+    report = json.loads((tmp_path / "out" / "run_report.json").read_text())
+    assert report["grad_check"]["bitwise_equal"] is True
+

@@ -8,11 +8,18 @@ import contextlib
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
+
+
+# The user's files that the host pushed to a board where they are not at the paths their
+# specs name: JSON {host path: the copy's path on this board}, in the environment so that a
+# capture's child process reads them too (use_pushed_copies, on_this_board).
+PUSHED_COPIES = "EDGE_REMAT_PUSHED_COPIES"
 
 
 class UserCodeError(Exception):
@@ -99,14 +106,30 @@ def names_file(module_part: str) -> bool:
     return module_part.endswith(".py") or os.sep in module_part or "/" in module_part
 
 
+def use_pushed_copies(copies: dict[str, str]) -> None:
+    """Read the user's files that are missing here from these copies (host path -> path here),
+    in this process and the processes it starts."""
+    os.environ[PUSHED_COPIES] = json.dumps(copies)
+
+
+def on_this_board(path: str) -> str:
+    """The file a spec names, as this machine reads it: the path itself where it is here,
+    else the copy the host pushed of it, where it pushed one (a board that does not share
+    the host's files)."""
+    if os.path.exists(path):
+        return path
+    copies = json.loads(os.environ.get(PUSHED_COPIES) or "{}")
+    return copies.get(path, path)
+
+
 def import_user_module(module_part: str, prefix: str) -> ModuleType:
     """The module, from its file (registered as `prefix` + the file's stem) or by name, the
     current folder importable as under `python -m`."""
     if names_file(module_part):
-        path = Path(module_part)
+        path = Path(on_this_board(module_part))
         if not path.is_file():
             raise UserCodeError(f"no such file: {module_part}")
-        name = prefix + path.stem
+        name = prefix + Path(module_part).stem  # the same name from a pushed copy
         loader = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(loader)
         sys.modules[name] = module  # dataclasses and pickling look modules up by name

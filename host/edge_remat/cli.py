@@ -638,9 +638,10 @@ def _shape_options_without_effect(model: Optional[str], image: Optional[int],
     if image is None and seq is None:
         return []  # nothing to say, and no torch to import for it (the zoo's and hf's tables)
     if model is not None:
-        from edge_remat_agent.capture import hf
+        from edge_remat_agent.capture.hf_spec import is_hf_spec
         from edge_remat_agent.zoo import options_without_effect
-        if hf.is_hf_spec(model):
+        if is_hf_spec(model):
+            from edge_remat_agent.capture import hf
             return hf.options_without_effect(model, image, seq)
         return options_without_effect(model, image, seq)
     return [] if image is None else [
@@ -732,9 +733,7 @@ def job(
     with Board(find_device(device), on_event=to_stderr, keep_running=keep_running) as board, \
             retired_at_exit(board):
         if detach:
-            for name, local in inputs.items():
-                values[name] = board.push_input(local)
-            record = board.submit(kind, values, job_id)
+            record = board.submit(kind, board.push_inputs(values, inputs), job_id)
             print(json.dumps({"status": record["state"], "job": record["id"]})
                   if as_json else record["id"])
             return

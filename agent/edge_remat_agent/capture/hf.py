@@ -32,7 +32,6 @@ import difflib
 import json
 import os
 import sys
-import urllib.parse
 import warnings
 from typing import Any
 
@@ -40,9 +39,9 @@ import torch
 from torch import nn
 
 from .errors import CaptureError
-from ..user_code import module_file_spec, with_absolute_file
+from ..user_code import on_this_board
+from .hf_spec import is_path, parse_spec
 
-PREFIX = "hf:"
 TASKS = {  # task -> (Auto class, inputs the example batch gives, in order)
     "causal-lm": ("AutoModelForCausalLM", ("input_ids", "attention_mask", "labels")),
     "seq2seq-lm": ("AutoModelForSeq2SeqLM", ("input_ids", "attention_mask", "labels")),
@@ -56,7 +55,6 @@ TASKS = {  # task -> (Auto class, inputs the example batch gives, in order)
 # and mBART's Auto masked-LM class is their seq2seq one, trained on its own labels).
 _DEFAULT_ORDER = ("speech-seq2seq", "image-cls", "seq2seq-lm", "masked-lm", "causal-lm",
                   "seq-cls")
-_OPTIONS = ("config", "adapter", "task")
 # Model types whose positions transformers counts from the 2D padding mask: they get them as
 # `position_ids` beside the 4D mask (TrainingLoss).
 POSITIONS_FROM_PADDING = frozenset({"opt"})
@@ -88,7 +86,6 @@ SEQ2SEQ_READS_VALUES = {
 STARTS_FROM_LABELS = frozenset({"mbart", "plbart"})
 # The attention layer types (the config's `layer_types`) whose masks TrainingLoss builds.
 FULL, SLIDING = "full_attention", "sliding_attention"
-_READABLE = "/:,{}[]\" "  # left as they are in a canonical spec: paths and inline JSON
 
 
 class TrainingLoss(nn.Module):
@@ -213,44 +210,6 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     and a hidden one 0: GPT-J saw the tokens after each one."""
     return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device),
                        torch.finfo(dtype).min)
-
-
-def is_hf_spec(spec: str) -> bool:
-    return spec.startswith(PREFIX)
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """`hf:MODEL?k=v&...` -> (MODEL, options); unknown options are an error."""
-    body = spec[len(PREFIX):]
-    model, _, query = body.partition("?")
-    options = dict(urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=False)) \
-        if query else {}
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if not model:
-        raise CaptureError(spec, "name the model after hf: (a model type such as gpt2, or a "
-                           "local checkpoint directory)")
-    if unknown:
-        raise CaptureError(spec, f"unknown option {', '.join(unknown)}; an hf: spec takes "
-                           + ", ".join(_OPTIONS))
-    return model, options
-
-
-def canonical_spec(spec: str) -> str:
-    """The spec with local paths made absolute (the board rebuilds from it elsewhere): an hf:
-    spec's checkpoint, config and adapter, a MODULE:FACTORY's file, a module of the current
-    folder as its file (QA: a graph of `mymod:make` deployed to a local board failed there,
-    "cannot import mymod", its agent working in another folder)."""
-    if not is_hf_spec(spec):
-        return with_absolute_file(module_file_spec(spec))
-    model, options = parse_spec(spec)
-    if _is_path(model):
-        model = os.path.abspath(model)
-    for key in ("config", "adapter"):
-        if key in options and not options[key].lstrip().startswith("{"):
-            options[key] = os.path.abspath(options[key])
-    query = "&".join(f"{k}={urllib.parse.quote(options[k], safe=_READABLE)}"
-                     for k in _OPTIONS if k in options)
-    return PREFIX + model + (f"?{query}" if query else "")
 
 
 def load_hf(spec: str, batch: int | None = None, image: int | None = None,
@@ -421,16 +380,13 @@ def _require(package: str, spec: str):
                            "'.[hf]' (or pip install transformers peft)") from None
 
 
-def _is_path(model: str) -> bool:
-    return os.sep in model or "/" in model or model.startswith(".") or os.path.isdir(model)
-
-
 def _json_option(spec: str, options: dict[str, str], key: str) -> dict[str, Any]:
     value = options.get(key)
     if value is None:
         return {}
     text = value
     if not value.lstrip().startswith("{"):
+        value = on_this_board(value)
         path = os.path.join(value, "adapter_config.json") if os.path.isdir(value) else value
         try:
             with open(path, encoding="utf-8") as handle:
@@ -450,7 +406,7 @@ def _json_option(spec: str, options: dict[str, str], key: str) -> dict[str, Any]
 
 def _config(transformers, spec: str, model_name: str, overrides: dict[str, Any]):
     try:
-        if _is_path(model_name):
+        if is_path(model_name):
             if not os.path.isfile(os.path.join(model_name, "config.json")):
                 raise CaptureError(spec, f"{model_name} is not a checkpoint directory (no "
                                    "config.json in it)")
@@ -538,7 +494,7 @@ def _model(transformers, spec: str, model_name: str, config, auto_name: str) -> 
     if cls is None:
         cls = _head_class(auto, config)
     try:
-        if _is_path(model_name) and _has_weights(model_name):
+        if is_path(model_name) and _has_weights(model_name):
             return (cls or auto).from_pretrained(model_name, config=config)
         if cls is not None:
             return cls(config)

@@ -53,7 +53,8 @@ MAX_EXTENT = 2**63 - 1
 
 def _load(spec: str, batch: int | None, image: int | None, seq: int | None,
           seed: int) -> tuple[torch.nn.Module, tuple]:
-    from .hf import is_hf_spec, load_hf
+    from .hf import load_hf
+    from .hf_spec import is_hf_spec
     for name, value in (("batch", batch), ("image", image), ("seq", seq)):
         if value is not None and value > MAX_EXTENT:
             raise CaptureError(spec, f"--{name} {value} does not fit a tensor's 64-bit "

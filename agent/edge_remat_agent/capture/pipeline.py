@@ -16,7 +16,7 @@ from ..user_code import prints_to_stderr
 from .assemble import assemble
 from .coarsen import Group, coarsen
 from .estimate import DEFAULT_RATES
-from .hf import canonical_spec
+from .hf_spec import canonical_spec
 from .models import load_model
 from .errors import CaptureError
 from ..grad_clip import check_max_norm

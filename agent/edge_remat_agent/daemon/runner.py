@@ -72,9 +72,12 @@ def run_job_process(layout: Layout, job_id: str) -> int:
         kind = get_kind(str(record.get("kind")))
         if kind is None:
             raise LookupError(f"this agent has no job kind {record.get('kind')!r}")
+        params = dict(record.get("params") or {})
+        from .pushed_copies import PARAM, use_pushed_copies_param
+        use_pushed_copies_param(ctx, params.pop(PARAM, None))
         in_job[0] = True
         try:
-            result = kind.function()(ctx, dict(record.get("params") or {}))
+            result = kind.function()(ctx, params)
         finally:
             in_job[0] = False
         json.dumps(result)  # a result that cannot be sent is the job's bug: say so here

@@ -363,7 +363,7 @@ def model_builder(spec: str, source: dict | None = None) -> Callable[[], Any]:
     # hf: specs and MODULE:FACTORY (a module or a .py file) are built as a capture builds
     # them; the module is imported here, so that one the board lacks is said before the
     # measurements' seconds, not after them as a bare ModuleNotFoundError (QA)
-    from ..capture.hf import is_hf_spec
+    from ..capture.hf_spec import is_hf_spec
     if not is_hf_spec(spec):
         from ..user_code import UserCodeError, import_user_module
         module_part, _, factory_name = spec.rpartition(":")

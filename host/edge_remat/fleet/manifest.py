@@ -345,7 +345,7 @@ def _local_spec(spec: str, here: Path) -> str:
     relative to the manifest's folder; made absolute here, as the tasks run elsewhere."""
     if spec.startswith("hf:"):
         import os
-        from edge_remat_agent.capture.hf import canonical_spec
+        from edge_remat_agent.capture.hf_spec import canonical_spec
         cwd = os.getcwd()
         os.chdir(here)  # canonical_spec resolves against the working folder
         try:

@@ -407,7 +407,7 @@ def absolute_file_spec(spec: str, option: str, device: DeviceConfig) -> str:
     them (an SSH board needs the same files at the same paths): `--plain` sends the spec to
     the board without a capture, which then read `config=small.json` in its own folder."""
     # the agent's rules for what names a file, and for making it absolute
-    from edge_remat_agent.capture.hf import canonical_spec, is_hf_spec
+    from edge_remat_agent.capture.hf_spec import canonical_spec, is_hf_spec
     from edge_remat_agent.user_code import spec_file, with_absolute_file
     if is_hf_spec(spec):
         return canonical_spec(spec)

@@ -216,6 +216,21 @@ class Board:
         self._retrying(f"send {local.name}", lambda s: s.put_file(local, remote))
         return remote
 
+    def push_inputs(self, params: dict, inputs: Dict[str, "str | Path"]) -> dict:
+        """`params` with each input pushed (params[name] = its path on the board) and, to a
+        board that does not share this machine's files, the user's files the job's specs name
+        (pushed_files.py): a model file need not be copied to the board by hand."""
+        pushed = dict(params)
+        for name, local in inputs.items():
+            pushed[name] = self.push_input(local)
+        if self.device.connection.kind != "local":
+            from edge_remat_agent.daemon.pushed_copies import PARAM
+            from .pushed_files import user_files
+            files = user_files(params, inputs)
+            if files:
+                pushed[PARAM] = {path: self.push_input(path) for path in files}
+        return pushed
+
     def submit(self, kind: str, params: dict, job_id: Optional[str] = None) -> dict:
         job_id = job_id or new_job_id(kind)
         params = with_torch_device(kind, params, self.device.hardware)
@@ -311,9 +326,7 @@ class Board:
                 on_update: Optional[Callable[[dict], None]] = None) -> dict:
         """Push inputs (each becomes params[name] = its path on the board), submit, wait
         through dropped links, fetch the outputs. Raises JobFailed if the job failed."""
-        params = dict(params or {})
-        for name, local in (inputs or {}).items():
-            params[name] = self.push_input(local)
+        params = self.push_inputs(params or {}, inputs or {})
         job_id = self.last_job = job_id or new_job_id(kind)
         # armed before the first Ctrl-C: its echo, however soon, finds the guard in place
         with echoes_ignored(ECHO_S):
