@@ -292,3 +292,23 @@ def test_the_serial_setup_docs_boards_md_gives_serves_the_line(ptys, tmp_path):
         proc.terminate()
         proc.wait(10)
         stop_agent(workdir)
+
+
+def test_a_serial_profile_says_why_it_has_no_host_tier(board_agent, ptys, tmp_path):
+    """A serial link forwards no port to the host's page service, so its profile has no host
+    tier; QA found it missing with nothing said. The profile now says so as it starts."""
+    import json
+
+    from helpers.bad_inputs import cli
+    serial_device(tmp_path, ptys)
+    graph = tmp_path / "graph.json"
+    assert cli("graph", "--model", "mlp", "--batch", 4, "-o", graph).returncode == 0
+    fast = ["idle_s=0.1", "busy_s=0.1", "sizes=4KiB,8KiB", "no_footprint=true", "share_s=0"]
+    proc = cli("profile", "--device", tmp_path / "serial.toml", "--graph", graph,
+               *[a for p in fast for a in ("--param", p)], "--out", tmp_path / "profiles",
+               timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "serial-loop: the host tier is not measured: a serial link cannot carry host " \
+           "pages" in proc.stderr, proc.stderr
+    profile = json.loads((tmp_path / "profiles" / "profile.json").read_text())
+    assert "host" not in profile["tiers"] and "flash" in profile["tiers"]

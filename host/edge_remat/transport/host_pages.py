@@ -75,8 +75,11 @@ def link_pages(board, say: Callable[[str], None] = lambda m: None) -> Iterator[d
     `host_pages` param, so the profile measures the `host` tier), nothing over serial. The
     profile times the link first, in seconds, and needs the service no more: --keep-running
     holds for it."""
-    with host_pages(board, board.device.connection.kind != "serial", say,
-                    job_bound=False) as params:
+    serial = board.device.connection.kind == "serial"
+    if serial:  # QA: the profile had no host tier, and nothing said why
+        say(f"{board.name}: the host tier is not measured: a serial link cannot carry host "
+            "pages (plans page to flash; reach the board over SSH for the host tier)")
+    with host_pages(board, not serial, say, job_bound=False) as params:
         # Not a run's wait: the measurement waits a few seconds of its own for a dropped link
         # (profiler/measure.py LINK_WAIT_S), then the profile goes on without the host tier;
         # waiting out the reconnect window, then failing, lost the whole profile (QA).
