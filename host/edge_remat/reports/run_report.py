@@ -266,9 +266,9 @@ def _heap_slack(report: dict, above: int) -> str:
     the same MiB at any budget (docs/memory.md, "The glibc executor's heap slack")."""
     if report.get("executor_allocator") != "glibc" or above <= 0:
         return ""
-    return (f"; the {fmt_bytes(above)} above the plan is the C heap's slack beyond the "
-            "tensors: glibc keeps freed tensors under its 1 MiB mmap threshold resident, "
-            "not in the plan; --allocator arena lays them out in the plan's arena")
+    return (f"; the {fmt_bytes(above)} above the plan is most likely the C heap's slack "
+            "beyond the tensors: glibc keeps freed tensors under its 1 MiB mmap threshold "
+            "resident, not in the plan; --allocator arena lays them out in the plan's arena")
 
 
 def steady_median(values: list, starts: Optional[list] = None,
