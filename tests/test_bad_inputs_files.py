@@ -99,11 +99,14 @@ def _free_twice(plan: dict) -> None:
     stage.append({"op": "free", "node": "a"})
 
 
+# QA: the replay's refusal named neither the plan file nor what to do
+REPLAY_REFUSED = ["bad-plan.json: invalid plan", "edited or damaged",
+                  "plan again with `edge-remat plan --graph"]
 PLAN_CASES = [
-    ("frees a tensor twice", _free_twice, ["invalid plan"]),
+    ("frees a tensor twice", _free_twice, REPLAY_REFUSED),
     ("computes before its inputs", lambda p: p["stages"].insert(0, [{"op": "compute",
                                                                       "node": "ga"}]),
-     ["invalid plan"]),
+     REPLAY_REFUSED),
     ("unknown instruction", lambda p: p["stages"][0].insert(0, {"op": "teleport", "node": "a"}),
      ["teleport"]),
     ("unknown node", lambda p: p["stages"][0].insert(0, {"op": "compute", "node": "zz"}),

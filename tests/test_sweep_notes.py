@@ -33,3 +33,17 @@ def test_json_rows_keep_each_budgets_own_message(tmp_path):
                "--solver", "heuristic:peak-search", "--json")
     rows = {row["fraction"]: row for row in json.loads(done.stdout)["sweep"]}
     assert "15588 bytes" in rows[0.3]["message"] and "20784 bytes" in rows[0.4]["message"]
+
+
+def test_the_table_columns_stay_aligned_with_a_long_solver_name(tmp_path):
+    """QA: `heuristic:keep-all` (18 characters) pushed its row's last column out of line with
+    the header's (the solver column was 16 wide)."""
+    graph = tmp_path / "rl60.json"
+    random_layered(60, seed=1).save(graph)
+    done = cli("plan", "--graph", graph, "--sweep", "0.9:1.1:0.1", "--time-limit", "1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("budget"))
+    rows = [line for line in lines if line[:7].strip().replace(".", "").isdigit()]
+    assert any("heuristic:keep-all" in row for row in rows), done.stdout
+    assert rows and all(len(row) == len(header) for row in rows), done.stdout

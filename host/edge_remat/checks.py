@@ -60,7 +60,7 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
            profile: Optional[Profile] = None):
     """The simulator's replay of `plan` on `graph` (PlanError names a bad instruction); a plan
     made for another graph is refused first, by fingerprint."""
-    from edge_remat_agent.simulate import simulate
+    from edge_remat_agent.simulate import PlanError, simulate
 
     if plan.graph_fingerprint and plan.graph_fingerprint != graph.fingerprint():
         raise UserError(f"{plan_name} was made for another graph (its graph_fingerprint is "
@@ -72,7 +72,12 @@ def replay(plan: Plan, graph: Graph, plan_name: str, graph_name: str,
     # problem's io (QA: simulate said overlap with a step time where the plan said sync)
     scored = plan.predicted.get("io") or plan.problem.get("io")
     io = "overlap" if scored == "overlap" else "sync"
-    return simulate(graph, costs, plan.stages, plan.budget_bytes, io=io)
+    try:
+        return simulate(graph, costs, plan.stages, plan.budget_bytes, io=io)
+    except PlanError as error:  # QA: the line named neither the file nor what to do
+        raise UserError(f"{plan_name}: {error}; a plan the planner writes replays, so this one "
+                        f"was edited or damaged: plan again with `edge-remat plan --graph "
+                        f"{graph_name}`") from None
 
 
 # The plan's `predicted` figures set against its replay's (the simulator's own figures, so a

@@ -259,22 +259,24 @@ def sweep_table(points, objective: str) -> str:
     energy, time = ("energy", "time") if units else ("energy J", "time s")
     # the status column as wide as its widest entry ("infeasible_deadline" is 19)
     width = max([11] + [len(point.status) for point in points])
+    # the solver column as wide as its widest name ("heuristic:keep-all" is 18)
+    named = max([16] + [len(p.report.plan.solver["name"]) for p in points if p.report])
     header = (f"{'budget':>7}  {'bytes':>12}  {'TDI %':>7}  {energy:>10}  {time:>10}  "
-              f"{'status':<{width}}  {'gap %':>6}  {'solver':<16}  {'solve s':>7}")
+              f"{'status':<{width}}  {'gap %':>6}  {'solver':<{named}}  {'solve s':>7}")
     lines = [f"# objective: {objective}" + ("; energy and time in the graph file's cost units"
                                             if units else ""), header, "-" * len(header)]
     for point in points:
         if point.report is None:
             lines.append(f"{point.fraction:>7.2f}  {_num(point.budget_bytes, '{:d}'):>12}  "
                          f"{'-':>7}  {'-':>10}  {'-':>10}  {point.status:<{width}}  {'-':>6}  "
-                         f"{'-':<16}  {'-':>7}")
+                         f"{'-':<{named}}  {'-':>7}")
             continue
         plan = point.report.plan
         pr, s = plan.predicted, plan.solver
         gap = None if s.get("gap") is None else 100 * s["gap"]
         lines.append(f"{point.fraction:>7.2f}  {plan.budget_bytes:>12d}  "
                      f"{pr['tdi_percent']:>7.2f}  {pr['energy_j']:>10.4g}  {pr['time_s']:>10.4g}  "
-                     f"{s['status']:<{width}}  {_num(gap, '{:.2f}'):>6}  {s['name']:<16}  "
+                     f"{s['status']:<{width}}  {_num(gap, '{:.2f}'):>6}  {s['name']:<{named}}  "
                      f"{s['solve_time_s']:>7.2f}")
     return "\n".join(lines + _sweep_notes(points))
 
