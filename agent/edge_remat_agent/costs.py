@@ -138,7 +138,9 @@ def build_costs(graph: Graph, profile: Profile | None = None,
     workspaces, workspace_from_profile = [], 0
     io_times, io_energies = [], []
     idle_w = profile.idle_w if profile else 0.0
-    dynamic_w = (profile.active_w - profile.idle_w) if profile else DEFAULT_ACTIVE_W
+    # marginal compute power: never below 0 (a profile's busy power within noise of idle),
+    # else compute would earn energy and --objective energy favour recomputation
+    dynamic_w = max(0.0, profile.active_w - profile.idle_w) if profile else DEFAULT_ACTIVE_W
     have_time = [n.time_s is not None for n in graph.nodes]
     unit_costs = not any(have_time)
     roofline = board_roofline(graph, profile)

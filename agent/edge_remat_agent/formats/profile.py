@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import FormatError
 from .fields import Reader, check_header, dump_json, load_json
 
 VERSIONS = (1,)
@@ -207,6 +208,16 @@ _TIER_FIELDS = {"read_bytes_per_s", "write_bytes_per_s", "latency_s", "read_j_pe
                 "compute_share", "write_curve", "read_curve", "weights_read_curve"}
 
 
+POWER_NOISE = 0.05  # of idle power: how far a measured busy power may read below idle
+
+
+def power_noise_w(idle_w: float) -> float:
+    """How far below idle a profile's busy power may read and still be taken (as idle: its
+    marginal compute power is 0, costs.py): a sensor's noise, 5% of idle power (at least
+    0.01 W). Beyond it the profile is refused."""
+    return max(POWER_NOISE * idle_w, 0.01)
+
+
 def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
     r = Reader(obj, source)
     check_header(r, "profile", VERSIONS)
@@ -230,8 +241,16 @@ def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
                           workspace_bytes=o.integer("workspace_bytes", None),
                           persistent_bytes=o.integer("persistent_bytes", None))
     device = r.object("device", None) or {}
+    idle_w, active_w = power.number("idle_w"), power.number("active_w")
+    if idle_w - active_w > power_noise_w(idle_w):
+        # QA: idle 10, active 1 planned "compute -8.017 J", and --objective energy would have
+        # favoured recomputing; a busy board draws no less than an idle one
+        raise FormatError(source, "power.active_w", f"a busy power no lower than idle_w "
+                          f"({idle_w:g} W) beyond noise ({power_noise_w(idle_w):g} W)", active_w,
+                          "a busy board draws at least its idle power: measure both again "
+                          "(edge-remat profile) or correct power.idle_w / power.active_w")
     return Profile(source=r.str("source", choices=("measured", "modelled")), device=device,
-                   idle_w=power.number("idle_w"), active_w=power.number("active_w"),
+                   idle_w=idle_w, active_w=active_w,
                    tiers=tiers, ops=ops, ram_total_bytes=r.integer("ram_total_bytes", None),
                    runtime_baseline_bytes=r.integer("runtime_baseline_bytes", None),
                    published_sources=list(r.list("published_sources", [])),

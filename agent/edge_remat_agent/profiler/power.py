@@ -31,6 +31,10 @@ class PowerMeasurement:
     busy_s: float = 0.0
     busy_threads: int = 0
     sensor_description: dict[str, Any] | None = None
+    # where the busy window read below the idle one (noise: 9.84 W idle, 10.0 busy was seen
+    # close to it): what it read, active_w being written as idle_w, and why
+    busy_read_w: float | None = None
+    note: str | None = None
 
     @property
     def measured(self) -> bool:
@@ -96,6 +100,21 @@ def measure_power(sensor: str | PowerSensor = "auto", *, root: str | os.PathLike
     with EnergyMeter(chosen, period_s) as busy:
         busy_loop(busy_s, threads)
     description = chosen.describe()
-    return PowerMeasurement(idle.mean_power_w, busy.mean_power_w, chosen.name,
-                            bool(description.get("estimate", False)), reasons, idle.duration_s,
-                            busy.duration_s, threads, description)
+    return power_read(idle.mean_power_w, busy.mean_power_w, chosen.name,
+                      bool(description.get("estimate", False)), reasons, idle.duration_s,
+                      busy.duration_s, threads, description)
+
+
+def power_read(idle_w: float, busy_w: float, *args: Any) -> PowerMeasurement:
+    """The measurement from the two windows' mean power. A busy window below the idle one is
+    noise (a busy board draws no less): active_w is written as idle_w, and the profile keeps
+    what the busy window read and says so (`busy_read_w`, `note`), never a busy power below
+    idle, which a profile is refused for beyond noise and would cost compute below 0 J."""
+    measured = PowerMeasurement(idle_w, busy_w, *args)
+    if busy_w is not None and idle_w is not None and busy_w < idle_w:
+        measured.active_w, measured.busy_read_w = idle_w, busy_w
+        measured.note = (f"the busy window read {busy_w:.3f} W, below the idle window's "
+                         f"{idle_w:.3f} W (noise): active_w is written as idle_w, so compute "
+                         "costs no energy above idle; measure again on a quiet board for a "
+                         "busy figure")
+    return measured
