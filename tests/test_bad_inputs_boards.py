@@ -137,6 +137,18 @@ def test_deploy_steps_zero(tmp_path, bench):
                     extra=["--steps", "0"])
 
 
+def test_deploy_out_empty_is_refused_not_read_as_this_folder(tmp_path, bench):
+    """QA: `deploy --out ''` wrote run_report.json and weights.pt into the current folder;
+    every other command refuses an empty --out."""
+    graph = tiny_graph(tmp_path, capture=CAPTURED)
+    plan = tiny_plan(tmp_path, graph)
+    before = tree(tmp_path)
+    refused(cli("deploy", plan, "--device", "bench", "--graph", graph, "--out", "",
+                cwd=tmp_path), BAD_INPUT, "--out")
+    assert not bench.exists(), "something was sent to the board"
+    no_new_files(before, tmp_path)
+
+
 def test_deploy_plan_for_another_graph(tmp_path, bench):
     graph = tiny_graph(tmp_path, capture=CAPTURED)
     other = tiny_graph(tmp_path, "other.json", capture=CAPTURED, fixed_bytes=7)

@@ -959,7 +959,7 @@ def deploy(
                       lr_schedule=lr_schedule, warmup=warmup, checkpoint_every=checkpoint_every,
                       resume=resume, out=run_default("out") if out is None else out,
                       stop_on_nonfinite=stop_on_nonfinite)
-    out = resume or out or "."
+    out = resume or ("." if out is None else out)  # '' is refused as every --out is
     check_weights_options(opts)
     from .run.options import check_checkpoint_options
     check_checkpoint_options(opts)
