@@ -137,6 +137,23 @@ def test_deploy_steps_zero(tmp_path, bench):
                     extra=["--steps", "0"])
 
 
+def test_deploy_steps_beyond_any_run(tmp_path, bench):
+    """QA: --steps 99999999999999999999 (beyond 2^64) was taken and trained forever at 0%."""
+    graph = tiny_graph(tmp_path, capture=CAPTURED)
+    _deploy_refused(tmp_path, bench, tiny_plan(tmp_path, graph), graph, "--steps",
+                    "99999999999999999999", "10,000,000", extra=["--steps",
+                                                                 "99999999999999999999"])
+
+
+def test_run_steps_beyond_any_run(tmp_path, bench):
+    before = tree(tmp_path)
+    refused(cli("run", "--device", "bench", "--model", "mlp", "--budget", "50%", "--steps",
+                "99999999999999999999", "--out", tmp_path / "out"), BAD_INPUT, "--steps",
+            "10,000,000")
+    assert not bench.exists(), "something was sent to the board"
+    no_new_files(before, tmp_path)
+
+
 def test_deploy_out_empty_is_refused_not_read_as_this_folder(tmp_path, bench):
     """QA: `deploy --out ''` wrote run_report.json and weights.pt into the current folder;
     every other command refuses an empty --out."""
@@ -226,6 +243,10 @@ JOB_PARAM_CASES = [
      ["param 'accumulate'", "of at least 1"]),
     ("train-plain", ["--param", "model=mlp", "--param", "warmup=50"], ["--warmup 50"]),
     ("run", [], ["the run job needs a plan file (param 'plan')"]),
+    # QA: `deploy --steps 99999999999999999999` trained forever at 0%: the board bounds it too
+    ("run", ["--param", "steps=99999999999999999999"], ["param 'steps'", "from 1 to 10000000"]),
+    ("train-plain", ["--param", "model=mlp", "--param", "steps=99999999999999999999"],
+     ["param 'steps'", "from 1 to 10000000"]),
     ("profile", ["--param", "graph=/nonexistent.json"],
      ["param 'graph'", "/nonexistent.json", "relative to the agent's workdir", "--input graph="]),
     ("profile", ["--param", "graph=inputs/missing.json"],

@@ -17,6 +17,21 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+# The most steps a run (deploy, run, the board's run and train-plain jobs) takes: ten million.
+# QA: `deploy --steps 99999999999999999999` (beyond 2^64) was taken and trained forever at 0%;
+# a run's report keeps a record of every step, so a count near this is already a lot.
+MAX_STEPS = 10_000_000
+
+
+def steps_refusal(steps: int, option: str = "--steps") -> "str | None":
+    """Why `steps` is no number of steps to train (None: it is one)."""
+    if steps < 1:
+        return f"{option} must be at least 1, not {steps}"
+    if steps > MAX_STEPS:
+        return (f"{option} {steps} is more than {MAX_STEPS:,} steps, the most a run takes: "
+                "give fewer steps")
+    return None
+
 SCHEDULES = ("constant", "linear", "cosine")
 
 

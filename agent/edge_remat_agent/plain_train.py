@@ -107,7 +107,8 @@ def plain_train_job(ctx, params: dict) -> dict:
                                 start_under)
     read = JobParams(params, ctx, "train-plain")
     model = str(read.required("model", "a model"))
-    steps = read.integer("steps", 10, minimum=1)
+    from .lr_schedule import MAX_STEPS
+    steps = read.integer("steps", 10, minimum=1, maximum=MAX_STEPS)
     seed, lr = read.integer("seed", 0, **SEED_RANGE), read.number("lr", minimum=0)
     batch, image, seq = (read.integer(name, minimum=1) for name in ("batch", "image", "seq"))
     warmup = read.integer("warmup", 0, minimum=0)

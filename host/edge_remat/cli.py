@@ -948,8 +948,9 @@ def deploy(
     from .transport import Board
 
     # Everything the host can check, before anything is sent (the board checks again).
-    if steps < 1:
-        raise UserError(f"--steps must be at least 1, not {steps}")
+    from edge_remat_agent.lr_schedule import steps_refusal
+    if (refusal := steps_refusal(steps)) is not None:
+        raise UserError(refusal)
     from pathlib import Path
 
     from .run.options import (RunOptions, absolute_file_spec, check_data,

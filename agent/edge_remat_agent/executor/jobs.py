@@ -45,6 +45,7 @@ from ..allocator import MALLOCS, missing_malloc, preload_environment, running_ma
 from ..daemon.layout import job_page_dir
 from ..daemon.registry import BadParam, JobContext, JobParams
 from ..diverged import LossTally, remedy_for
+from ..lr_schedule import MAX_STEPS
 from ..units import format_size
 
 # Set in the environment of a job process started again under a malloc: it is not restarted
@@ -58,9 +59,9 @@ SEED_RANGE = {"minimum": -2 ** 63, "maximum": 2 ** 64 - 1}
 def run_job(ctx: JobContext, params: dict) -> dict:
     from ..formats import load_graph, load_plan
     read = JobParams(params, ctx, "run")
+    steps = read.integer("steps", 10, minimum=1, maximum=MAX_STEPS)  # 1e20: trained forever
     plan_path = read.input_path("plan", "a plan file")
     graph_path = read.input_path("graph", "a graph file")
-    steps = read.integer("steps", 10, minimum=1)
     seed, lr = read.integer("seed", **SEED_RANGE), read.number("lr", minimum=0)
     warmup = read.integer("warmup", 0, minimum=0)
     lr_schedule = str(params.get("lr_schedule") or "constant")

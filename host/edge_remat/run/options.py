@@ -144,8 +144,9 @@ def check_options(opts: RunOptions, device: DeviceConfig) -> None:
     if opts.optimizer not in DEFAULT_LR:
         raise RunProblem(f"unknown optimizer {opts.optimizer!r} ({' | '.join(DEFAULT_LR)})")
     check_dtypes(opts.dtype, opts.trainable_dtype)
-    if opts.steps < 1:
-        raise RunProblem(f"--steps must be at least 1, not {opts.steps}")
+    from edge_remat_agent.lr_schedule import steps_refusal
+    if (refusal := steps_refusal(opts.steps)) is not None:
+        raise RunProblem(refusal)
     from edge_remat_agent.accumulation import check_micro_batches
     try:
         check_micro_batches(opts.accumulate)
