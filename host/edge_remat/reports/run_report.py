@@ -488,7 +488,8 @@ def _classes_text(report: dict) -> list[str]:
     # each at its own peak: two moments of the step, whose splits may differ wholly (QA: a
     # plan's 18 MiB of optimizer state beside the ledger's 0 read as a ledger that missed it;
     # its 0.1 MiB of gradients beside the ledger's 16.3 as a plan that forgot them), so also
-    # both at one moment, where the board's replay of the plan (the graph's costs) peaks
+    # both at one moment, where the plan peaks (its predicted peak_at: the board watches the
+    # ledger there, so the plan's split is the same in both lines)
     lines = ["memory        MiB, plan / ledger, each at its own peak: "
              + _class_cells(split["classes"], split["planned"], split["measured"])]
     if (moment := split.get("at_plan_peak")) is not None:
@@ -496,7 +497,7 @@ def _classes_text(report: dict) -> list[str]:
         unseen = " (the ledger sees no workspace)" \
             if (moment["planned"].get("workspace") or 0) >= 2**20 / 20 else ""  # shown 0.1+
         lines.append(f"              both at stage {stage}, instruction {position} of step "
-                     f"{moment['step']}, where the board's replay of the plan peaks: "
+                     f"{moment['step']}, where the plan peaks: "
                      + _class_cells(split["classes"], moment["planned"], moment["measured"])
                      + unseen)
     resident, tensors = report.get("measured_peak_bytes"), report.get("tensor_peak_bytes")

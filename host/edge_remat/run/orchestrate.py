@@ -518,7 +518,7 @@ def _planned_split_with(profile: Profile | None, outcome: dict, graph, plan_dict
     plan = plan_from_dict(plan_dict)
     costs = plan_costs(graph, plan, profile)
     split["planned"] = planned_by_class(graph, plan, costs)
-    if (moment := split.get("at_plan_peak")) is not None:  # the board's moment, these costs
+    if (moment := split.get("at_plan_peak")) is not None:  # the plan's peak, these costs
         moment["planned"] = planned_at(graph, plan.stages, tuple(moment["at"]),
                                        costs.workspace(graph), plan.runtime_warm_bytes)
 
