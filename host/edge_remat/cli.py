@@ -1459,13 +1459,19 @@ _one_line_summaries(app, fleet_app)
 def main() -> None:
     """Every command's failures end in cli_errors; what escapes them (typer's own machinery)
     still ends in one line here (--debug: after its traceback)."""
-    from .errors import last_resort, leave_quietly, quiet_libraries, stdout_closed
-    from .errors import EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED, is_cli_machinery, take_debug_flag
-    from .errors import broken_pipes_reach_us
+    from .entry import INTERRUPTED_LINE, ctrl_c_after_imports
+    ctrl_c_after_imports()  # as the `edge-remat` entry does (`python -m edge_remat.cli`)
+    try:  # a Ctrl-C put off by these imports lands after them, before any command
+        from .errors import last_resort, leave_quietly, quiet_libraries, stdout_closed
+        from .errors import EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED, is_cli_machinery
+        from .errors import broken_pipes_reach_us, take_debug_flag
 
-    take_debug_flag(sys.argv)
-    quiet_libraries()
-    broken_pipes_reach_us()
+        take_debug_flag(sys.argv)
+        quiet_libraries()
+        broken_pipes_reach_us()
+    except KeyboardInterrupt:
+        sys.stderr.write(INTERRUPTED_LINE)
+        sys.exit(130)
     try:
         code = app(prog_name="edge-remat", standalone_mode=False)
     except SystemExit as exc:  # typer ends a broken pipe outside a command (--help) in exit 1
@@ -1495,7 +1501,8 @@ def main() -> None:
         if stdout_closed(exc):
             leave_quietly(code or EXIT_STDOUT_CLOSED)  # a failure keeps its own status
         sys.exit(last_resort(exc))
-    sys.exit(code)
+    from .entry import status_with_ctrl_c_put_off
+    sys.exit(status_with_ctrl_c_put_off(code))
 
 
 if __name__ == "__main__":
