@@ -2,18 +2,20 @@
 
 `--paging flash` lets the planner choose, per tensor, between keeping it, dropping and
 recomputing it, or writing it to the board's flash (its page directory) and reading it back
-before the backward pass needs it, by the profile's figures for each: with the energy objective,
-a budget of 70% of the plain peak and profiles/this-machine.json it pages 9 tensors a step and
-recomputes none; where a board's freshly measured flash costs more than recomputing (as a
-profile of this machine once did), it recomputes instead, and the last line says which. The board's agent executes the page-outs and
-page-ins for real (checksummed files); the report counts them and shows the gradients still
-equal eager PyTorch's bit for bit.
+before the backward pass needs it, by the profile's figures for each: where the board's
+measured flash costs less than recomputing it pages, where it costs more it recomputes, and
+the last line says which. The board's agent executes the page-outs and page-ins for real
+(checksummed files); the report counts them and shows the gradients still equal eager
+PyTorch's bit for bit.
 
-    python examples/bert_mini_paging_to_flash.py --profile profiles/this-machine.json --steps 3
+    python examples/bert_mini_paging_to_flash.py --steps 3
     python examples/bert_mini_paging_to_flash.py --device rpi5 --budget 60% --steps 10
 
-Without --profile the board is profiled first (its flash's bandwidth included; cached for later
-runs). The data is the model's example batch (random token ids and labels) every step.
+The board is profiled for this model first (every node of its graph, its flash's bandwidth;
+cached for later runs, as is a profile `edge-remat profile --device local --graph G` measured
+of the same graph). --profile FILE names one; profiles/this-machine.json is not one for this
+model: it timed digits-cnn's graph, none of BERT-mini's nodes, so their times would be
+estimates. The data is the model's example batch (random token ids and labels) every step.
 """
 
 import argparse
