@@ -78,12 +78,84 @@ def cache_dir() -> Path:
     return Path(base) / "edge-remat" / "profiles"
 
 
+def board_identity(board: dict) -> dict:
+    """What makes a board the same board for its profiles (not an emulated memory limit)."""
+    return {k: board.get(k) for k in ("hostname", "board", "machine", "system", "cpu_count",
+                                      "ram_total_bytes", "torch", "python")}
+
+
 def cache_key(board: dict, model: dict) -> str:
     """The same board (its identity, not an emulated memory limit) and model share a profile."""
-    identity = {k: board.get(k) for k in ("hostname", "board", "machine", "system", "cpu_count",
-                                           "ram_total_bytes", "torch", "python")}
-    content = {"board": identity, "model": model, "profiler": PROFILER_REVISION}
+    content = {"board": board_identity(board), "model": model, "profiler": PROFILER_REVISION}
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# -- profiles that `edge-remat profile --graph` measured -------------------------------------
+# Indexed by board and graph fingerprint, so that a run of the same graph on the same board
+# plans with one rather than measure again (QA: `profile --device local --graph g.json --out P`
+# and then `run` of the same model and batch measured again, ~30 s, with no word of P).
+PROFILED_INDEX = "profiled-graphs.json"
+PROFILED_KEPT = 64  # the newest entries; a file moved or removed is dropped as it is seen
+
+
+def _board_key(board) -> str:
+    content = {"board": board_identity(board.sysinfo()), "profiler": PROFILER_REVISION}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _profiled_entries() -> list:
+    try:
+        entries = json.loads((cache_dir() / PROFILED_INDEX).read_text())
+        return [e for e in entries if isinstance(e, dict) and Path(str(e.get("path"))).is_file()]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def remember_profiled(board, fetched: "list[str | Path]") -> None:
+    """A profile a board's profile job measured of a graph (its `measurements.ops`
+    graph_fingerprint), noted in the cache's index for runs of that graph on that board
+    (choose_profile). Nothing is noted where it cannot be: no index is no worse than before."""
+    for path in fetched:
+        path = Path(path).resolve()
+        if path.name != "profile.json":
+            continue
+        try:
+            measured = load_profile(path)
+            fingerprint = (measured.measurements.get("ops") or {}).get("graph_fingerprint")
+            if not fingerprint or not measured.ops or \
+                    measured.measurements.get("tiers_not_measured"):
+                continue
+            entries = [e for e in _profiled_entries() if e.get("path") != str(path)]
+            entries.append({"path": str(path), "board": _board_key(board),
+                            "graph_fingerprint": fingerprint})
+            cache_dir().mkdir(parents=True, exist_ok=True)
+            index = cache_dir() / PROFILED_INDEX
+            temporary = index.with_suffix(f".{os.getpid()}.tmp")
+            temporary.write_text(json.dumps(entries[-PROFILED_KEPT:], indent=1))
+            os.replace(temporary, index)
+        except (OSError, FormatError, ValueError):
+            continue
+
+
+def _profiled_earlier(board, graph_path: Path) -> "tuple[Profile, Path] | None":
+    """The newest profile `edge-remat profile` measured of this very graph (its fingerprint)
+    on this board (its identity and the profiler's revision), if one is still where it was."""
+    entries = _profiled_entries()
+    if not entries:
+        return None
+    try:
+        from edge_remat_agent.formats import load_graph
+        fingerprint = load_graph(graph_path).fingerprint()
+    except (OSError, FormatError, ValueError):
+        return None
+    key = _board_key(board)
+    for entry in reversed(entries):
+        if entry.get("board") == key and entry.get("graph_fingerprint") == fingerprint:
+            try:
+                return load_profile(entry["path"]), Path(entry["path"])
+            except (OSError, FormatError):
+                continue
+    return None
 
 
 MODELLED_FOR = {"android-termux": "android-phone"}  # device config -> modelled profile
@@ -110,6 +182,12 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
             return _limited(ChosenProfile(profile, cached, "cached", cached), device)
         say(f"{board.name}: the cached profile timed no nodes (there was no room for a plain "
             "step when it was measured); there is now, so it is measured again")
+    elif not reprofile and (earlier := _profiled_earlier(board, graph_path)) is not None:
+        profile, path = earlier
+        say(f"{board.name}: planning with {path}, which `edge-remat profile` measured of this "
+            f"graph on this board (--profile {path} names it; --reprofile measures again)")
+        cached = _cache(profile, path, cached, board.name, say)
+        return _limited(ChosenProfile(profile, path, "cached", cached), device)
     if "profile" in board.hello().get("job_kinds", {}):
         page_dir = device.hardware.page_dir
         if measuring_board is None:
