@@ -717,7 +717,8 @@ def job(
     """Run a job on the board's agent; survives dropped links (reconnects, same job)."""
     from .devices import find_device
     from .outputs import output_folder
-    from .remote import parse_inputs, parse_params, print_outcome, progress_printer, to_stderr
+    from .remote import (job_sent_line, parse_inputs, parse_params, print_outcome,
+                         progress_printer, to_stderr)
     from .transport import Board
     from .transport.emulated import retired_at_exit
 
@@ -737,7 +738,7 @@ def job(
             print(json.dumps({"status": record["state"], "job": record["id"]})
                   if as_json else record["id"])
             return
-        shown = None if as_json else progress_printer()
+        shown = job_sent_line(board) if as_json else progress_printer()
         record = board.run_job(kind, values, inputs, out, job_id, on_update=shown)
         print_outcome(record, as_json, board, shown)
 
@@ -758,7 +759,8 @@ def _device(name: str, memory_limit: Optional[str]):
 @cli_errors
 @sigterm_as_ctrl_c()  # SIGTERM stops waiting as Ctrl-C does
 def job_status(
-    job_id: str = typer.Argument(..., metavar="ID"),
+    job_id: Optional[str] = typer.Argument(None, metavar="[ID]", help="the job (left out: "
+                                           "list the board's jobs)"),
     device: str = typer.Option(..., "--device", help="device name or config path"),
     wait: bool = typer.Option(False, "--wait", help="wait until the job is done"),
     out: Optional[str] = typer.Option(None, "--out", help="fetch its output files here"),
@@ -766,7 +768,8 @@ def job_status(
                                                help=EMULATED_BOARD_HELP),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Come back for a job: its state, progress and result (the board keeps them)."""
+    """Come back for a job: its state, progress and result (the board keeps them); without
+    an ID, the board's jobs, one a line (the id a `job-cancel` from another shell needs)."""
     from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
     from .errors import Interrupted
@@ -775,6 +778,13 @@ def job_status(
     from .transport import Board
     from .transport.emulated import retire_emulated
 
+    if job_id is None:
+        if wait or out is not None:
+            raise UserError(f"{'--wait' if wait else '--out'} needs a job ID: give one "
+                            "(`edge-remat job-status --device D` lists them)")
+        with Board(_device(device, memory_limit), on_event=to_stderr) as board:
+            _list_jobs(board, as_json)
+        return
     if out is not None:  # `--out ''` too, which is refused
         output_folder(out)
     with Board(_device(device, memory_limit), on_event=to_stderr) as board, \
@@ -792,6 +802,22 @@ def job_status(
         finally:
             if record["state"] in TERMINAL_STATES:  # as at a run's end (QA: after run
                 retire_emulated(board)  # --keep-running and job-status --wait, both stayed up)
+
+
+def _list_jobs(board, as_json: bool) -> None:
+    """`job-status --device D`: the board's jobs, oldest first, as `job ID STATE [N%] [what]`
+    lines (or --json's {"jobs": [records]})."""
+    from .transport.board import summary
+    jobs = sorted(board.jobs(), key=lambda record: (record.get("created_s") or 0,
+                                                    str(record.get("id"))))
+    if as_json:
+        from .transport.errors import as_reported
+        print(json.dumps({"status": "ok", "device": board.name,
+                          "jobs": [as_reported(record) for record in jobs]}, default=str))
+    elif not jobs:
+        typer.echo(f"no jobs on {board.name}")
+    for record in jobs if not as_json else ():
+        typer.echo(summary(record))
 
 
 @contextlib.contextmanager
@@ -943,8 +969,8 @@ def deploy(
     from .devices import find_device
     from .importers.graph_import import load_graph_file
     from .outputs import output_folder
-    from .remote import (fetched_file, print_outcome, require_kind, progress_printer,
-                         to_stderr)
+    from .remote import (fetched_file, job_sent_line, print_outcome, require_kind,
+                         progress_printer, to_stderr)
     from .transport import Board
 
     # Everything the host can check, before anything is sent (the board checks again).
@@ -1023,7 +1049,7 @@ def deploy(
         with host_pages(board, plan_uses_host(plan), to_stderr) as page_params:
             inputs = {"plan": plan_file, "graph": graph, **({"init": init} if init else {}),
                       **resume_inputs}
-            shown = None if as_json else progress_printer()
+            shown = job_sent_line(board) if as_json else progress_printer()
             from .run.orchestrate import killed_failure
             from .transport.emulated import KernelWatch
             watch = KernelWatch.for_device(config)
@@ -1090,8 +1116,8 @@ def profile(
     from .devices import find_device
     from .importers.graph_import import load_graph_file
     from .outputs import output_folder
-    from .remote import (fetched_json, parse_params, print_outcome, require_kind,
-                         progress_printer, to_stderr)
+    from .remote import (fetched_json, job_sent_line, parse_params, print_outcome,
+                         require_kind, progress_printer, to_stderr)
     from .transport import Board
 
     values = parse_params(None, param)
@@ -1129,7 +1155,7 @@ def profile(
         if loaded is not None and (why := plain_step_out_of_reach(board, loaded)):
             to_stderr(f"warning: {why}")
             inputs = {}
-        shown = None if as_json else progress_printer()
+        shown = job_sent_line(board) if as_json else progress_printer()
         with link_pages(board, to_stderr) as page_params:
             record = board.run_job("profile", {**page_params, **values}, inputs, out,
                                    on_update=shown)

@@ -105,7 +105,9 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
         return EXIT_BAD_INPUT, str(exc), {"status": "infeasible_deadline",
                                           "smallest_feasible_deadline": exc.smallest_deadline}
     if isinstance(exc, JobFailed) and cancelled_by_host(exc.record or {}):
-        return EXIT_INTERRUPTED, str(exc), {"status": "cancelled", "job": exc.record}
+        from .transport.errors import as_reported
+        return EXIT_INTERRUPTED, str(exc), {"status": "cancelled",
+                                            "job": as_reported(exc.record)}
     if isinstance(exc, JobFailed) and (exc.record or {}).get("bad_input"):
         # input the board's job refused (InputRefused: a param, a plan for another graph, a
         # batch the model cannot take): bad input, in the board's words

@@ -54,6 +54,24 @@ def progress_printer(say: Callable[[str], None] = to_stderr,
     return show
 
 
+def job_sent_line(board, say: Callable[[str], None] = to_stderr) -> Callable[[dict], None]:
+    """--json's progress callback: stdout keeps its one JSON object, and stderr says once,
+    as the job is sent, its id and how to follow or cancel it from another shell (QA: with
+    --json stderr was silent until the end, and no command named the running job)."""
+    from .transport.board import device_options
+    said: list = []
+
+    def show(record: dict) -> None:
+        if said:
+            return
+        said.append(record["id"])
+        device = device_options(board.device)
+        say(f"job {record['id']} sent to {board.name} (`edge-remat job-status {record['id']} "
+            f"--device {device} --wait` follows it, `edge-remat job-cancel {record['id']} "
+            f"--device {device}` stops it)")
+    return show
+
+
 # -- devices -------------------------------------------------------------------------------
 
 def check_device(device: DeviceConfig) -> dict:

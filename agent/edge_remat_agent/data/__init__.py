@@ -130,7 +130,15 @@ def _seq_length(example_args: tuple) -> int:
     for arg in example_args:
         if hasattr(arg, "shape") and len(arg.shape) == 2:
             return int(arg.shape[1])
-    raise DataError("data 'text' feeds models that take token ids [batch, seq]")
+    takes = ", ".join(f"[{', '.join(map(str, arg.shape))}]"
+                      + (f" {str(arg.dtype).replace('torch.', '')}" if hasattr(arg, "dtype")
+                         else "")
+                      for arg in example_args if hasattr(arg, "shape")) or "no tensors"
+    # QA: the line had no remedy (deploy --data text of a digits-cnn graph)
+    raise DataError(f"data 'text' feeds language models, which take token ids [batch, seq]; "
+                    f"this model takes {takes}: use --data example (the graph's example "
+                    "batch), digits (8x8 digit images, for an image classifier) or your own "
+                    "MODULE:FUNCTION")
 
 
 def _text_layout(model) -> str:

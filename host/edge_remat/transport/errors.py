@@ -75,6 +75,16 @@ def cancelled_by_host(record: dict) -> bool:
         CANCELLED)
 
 
+def as_reported(record: dict) -> dict:
+    """A job's record as the host's commands print it: a job the host cancelled is in state
+    "cancelled", as its status and every line say (the agent keeps it as "failed", its error
+    "cancelled by the host"); `board_state` keeps the board's word. QA: a cancelled `deploy
+    --json` said "status": "cancelled" beside a job record whose state was "failed"."""
+    if not cancelled_by_host(record):
+        return record
+    return {**record, "state": "cancelled", "board_state": record.get("state")}
+
+
 def job_failed(record: dict, job: str, board: str, cause: str = "") -> JobFailed:
     """The error for a job that ended failed (`job`: "job ID" or "job ID (kind)"); one the host
     cancelled says so (classify gives it exit status 130, interrupted, not 1). `cause`: what
