@@ -371,10 +371,49 @@ def print_outcome(record: dict, as_json: bool, board: Board,
         if record.get("kind") == "run" and "summary" in report and "model" in report:
             from edge_remat_agent.run_command import summary_text  # as the board's own `run`
             typer.echo(summary_text(report))
+        elif record.get("kind") == "profile" and isinstance(record["result"], dict):
+            typer.echo(profile_text(record["result"]))
         else:
             typer.echo(json.dumps(record["result"], indent=1, default=str))
     for path in record.get("fetched", []):
         typer.echo(f"fetched {path}")
+
+
+# The profile job's summary (profiler.measure.profile_summary), as `profile` prints it.
+_PROFILE_SAID = ("files", "output", "source", "name", "ops", "nodes", "graph", "tiers",
+                 "idle_w", "active_w", "sensor", "power_estimate", "runtime_baseline_bytes",
+                 "tiers_not_measured")
+
+
+def profile_text(result: dict) -> str:
+    """`profile`'s outcome as lines, label and value, as the other commands' tables (QA: it
+    printed the job's raw JSON dict; --json prints that)."""
+    from .units import fmt_bytes
+
+    def number(value) -> str:
+        return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+    rows = [("profile", f"{result.get('output')} ({result.get('name')}, "
+                        f"{result.get('source')})")]
+    timed = f", {result['nodes']} graph nodes timed" if result.get("nodes") else ""
+    rows.append(("operators", f"{result.get('ops', 0)} measured{timed}"
+                 + (f" ({result['graph']})" if result.get("graph") else "")))
+    rows.append(("tiers", ", ".join(result.get("tiers") or ()) or "none"))
+    for tier, why in (result.get("tiers_not_measured") or {}).items():
+        rows.append(("not measured", f"{tier}: {why}"))
+    if result.get("idle_w") is not None:
+        how = "estimated from the board's model, no sensor" if result.get("power_estimate") \
+            else f"sensor {result.get('sensor')}"
+        rows.append(("power", f"idle {number(result['idle_w'])} W, active "
+                              f"{number(result.get('active_w'))} W ({how})"))
+    if result.get("runtime_baseline_bytes") is not None:
+        rows.append(("runtime", f"{fmt_bytes(result['runtime_baseline_bytes'])} (the "
+                                "runtime's own memory, before the model)"))
+    for key, value in result.items():  # what a later profiler adds, said as it is
+        if key not in _PROFILE_SAID:
+            shown = value if isinstance(value, (str, int, float)) else \
+                json.dumps(value, default=str)
+            rows.append((key.replace("_", " "), str(shown)))
+    return "\n".join(f"{label:<15} {value}" for label, value in rows)
 
 
 def require_kind(board: Board, kind: str, what: str) -> None:
