@@ -1005,6 +1005,7 @@ def deploy(
         to_stderr(stale)
     from edge_remat_agent.executor.save_choice import CHECKPOINT_FILE, WEIGHTS_FILE
     output_folder(out, inputs={"--init": init}, writes=(WEIGHTS_FILE, CHECKPOINT_FILE))
+    earlier = _earlier_deploy_outputs(Path(out), resumed=bool(resume))
     config = find_device(device)
     if data is not None:  # a board that reads its own disk needs the file's path there
         data = absolute_file_spec(data, "--data", config)
@@ -1070,9 +1071,57 @@ def deploy(
             if fetched is not None:
                 report = json.loads(fetched.read_text())
                 fetched.write_text(json.dumps(dict(report, grad_check=check), indent=1))
+        _say_earlier_outputs_kept(Path(out), earlier)
         print_outcome(record, as_json, board, shown)
     _exit_if_stopped(record.get("result"), steps)
     _exit_if_gradients_differ((record.get("result") or {}).get("grad_check"))
+
+
+# What a deploy writes into --out (the board's report, the trained weights, the checkpoint
+# and the record --resume reads).
+DEPLOY_OUTPUTS = ("run_report.json", "weights.pt", "checkpoint.pt", "checkpoint.json")
+
+
+def _earlier_deploy_outputs(out, resumed: bool) -> dict:
+    """Before anything is sent: a folder that holds a `run`'s outputs (its report.json) is
+    refused, for a deploy's files there would mix two trainings; an earlier deploy's outputs
+    (not where --resume goes on from them) are said, as a warning line naming them, to be
+    replaced; returns them, as (mtime_ns, inode, size), for _say_earlier_outputs_kept. QA:
+    deploy wrote over an earlier deploy's weights.pt and run_report.json, and into a `run`
+    folder, in silence."""
+    from .remote import to_stderr
+    from .run.orchestrate import _holds_a_run_report
+    if resumed or not out.is_dir():
+        return {}
+    if _holds_a_run_report(out):
+        raise UserError(f"--out {out} holds the outputs of `edge-remat run` (report.json): a "
+                        "deploy's run_report.json and weights.pt there would mix two "
+                        "trainings; give another --out")
+    earlier = {}
+    for name in DEPLOY_OUTPUTS:
+        with contextlib.suppress(OSError):
+            st = (out / name).stat()
+            earlier[name] = (st.st_mtime_ns, st.st_ino, st.st_size)
+    if earlier:
+        to_stderr(f"warning: --out {out} holds an earlier deploy's {', '.join(earlier)}: this "
+                  "deploy writes over them (give another --out to keep them)")
+    return earlier
+
+
+def _say_earlier_outputs_kept(out, earlier: dict) -> None:
+    """The earlier deploy's files this one did not write again (--save none, no
+    --checkpoint-every), said as run says them: they are not this deploy's."""
+    from .remote import to_stderr
+    kept = []
+    for name, stamp in earlier.items():
+        with contextlib.suppress(OSError):
+            st = (out / name).stat()
+            if (st.st_mtime_ns, st.st_ino, st.st_size) == stamp:
+                kept.append(name)
+    if kept:
+        verb, them = ("is", "it") if len(kept) == 1 else ("are", "them")
+        to_stderr(f"note: {', '.join(kept)} in {out} {verb} an earlier deploy's, kept: this "
+                  f"deploy did not write {them} again (remove {them}, or give another --out)")
 
 
 def _exit_if_stopped(report, steps: int) -> None:
