@@ -169,19 +169,22 @@ def test_ctrl_c_before_any_plan_says_nothing_was_written_and_what_helps(tmp_path
 
 def test_ctrl_c_during_a_sweep_keeps_the_budgets_solved(tmp_path):
     """The first budget is below the floor (settled at once), the second is solving when
-    Ctrl-C comes: both are in the table, the second's best plan so far is written."""
+    Ctrl-C comes, the third never starts: the first two are in the table (sweep.json beside
+    the plans, which `plot --sweep DIR` reads), the second's best plan so far is written, and
+    the count is of every budget asked (QA: "2 plans of 2 budgets" for 8 asked)."""
     graph = tmp_path / "big.json"
     random_dag(120, 3, max_inputs=3, max_size=50).save(graph)
     out = tmp_path / "plans"
-    proc = _start("plan", "--graph", graph, "--sweep", "0.01:0.51:0.5", "--solver", "cpsat",
-                  "--time-limit", "120", "-o", out, "--json")
+    proc = _start("plan", "--graph", graph, "--sweep", "0.01:1.01:0.5", "--solver", "cpsat",
+                  "--time-limit", "120", "-o", out)
     time.sleep(8)
     result = _interrupt(proc, [])
-    refused(result, INTERRUPTED, "at budget 0.51", "2 budget(s)", "best found so far",
-            json_out=True)
-    rows = json.loads(result.stdout)["sweep"]
-    assert [row["status"] for row in rows] == ["infeasible", "interrupted"]
-    assert sorted(p.name for p in out.iterdir()) == ["plan-0.51.json"]
+    refused(result, INTERRUPTED, "at budget 0.51", "2 budget(s)", "best found so far")
+    assert f"1 plan of 3 budgets written to {out}/" in result.stdout, result.stdout
+    table = json.loads((out / "sweep.json").read_text())
+    assert table["status"] == "interrupted"
+    assert [row["status"] for row in table["sweep"]] == ["infeasible", "interrupted"]
+    assert sorted(p.name for p in out.iterdir()) == ["plan-0.51.json", "sweep.json"]
     replayed = cli("simulate", out / "plan-0.51.json", "--graph", graph, "--json")
     assert replayed.returncode == 0 and json.loads(replayed.stdout)["valid"], replayed.stderr
 

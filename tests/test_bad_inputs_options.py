@@ -407,7 +407,7 @@ def test_a_sweep_overwrites_plans_in_its_folder_only_with_force(tmp_path):
     # with --force the earlier sweep's other plans go too, said (QA: they stayed, read as this
     # sweep's)
     assert sorted(p.name for p in out.iterdir()) == ["plan-0.80.json", "plan-0.90.json",
-                                                     "plan-1.00.json"]
+                                                     "plan-1.00.json", "sweep.json"]
     assert f"removed 1 plan of an earlier sweep from {out} (plan-0.50.json)" in proc.stderr
 
 

@@ -517,8 +517,12 @@ def test_a_sweep_where_no_budget_plans_is_an_error_and_writes_nothing(cli, tmp_p
     some = cli("plan", "--graph", graph, "--sweep", "0.05:1.0:0.95", "--time-limit", "10",
                "-o", out)
     assert some.returncode == 0, some.stderr
-    assert f"1 plan of 2 budgets written to {out}/" in some.stdout
-    assert [p.name for p in out.iterdir()] == ["plan-1.00.json"]
+    assert f"1 plan of 2 budgets written to {out}/, with the table in sweep.json" \
+        in some.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["plan-1.00.json", "sweep.json"]
+    # the folder is what `plot --sweep` takes (QA: only --json's stdout could be drawn)
+    drawn = cli("plot", "--sweep", out, "--out", tmp_path / "drawn")
+    assert drawn.returncode == 0 and (tmp_path / "drawn" / "sweep.png").is_file(), drawn.stderr
 
 
 def test_a_budget_that_misses_the_deadline_is_a_row_of_the_sweep(cli, tmp_path):
@@ -533,7 +537,7 @@ def test_a_budget_that_misses_the_deadline_is_a_row_of_the_sweep(cli, tmp_path):
     assert [r["status"] for r in rows] == ["infeasible", "infeasible_deadline", "optimal"]
     assert rows[1]["smallest_feasible_deadline"] > 1.0
     assert "smallest deadline that can be met" in rows[1]["message"]
-    assert [p.name for p in out.iterdir()] == ["plan-1.00.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["plan-1.00.json", "sweep.json"]
     table = cli(*sweep)
     assert table.returncode == 0 and "infeasible_deadline" in table.stdout
     # where no budget meets it, the sweep is the error a single budget's would be

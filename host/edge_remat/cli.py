@@ -185,7 +185,7 @@ def plan(
     flash_tier = _tiers(flash_read_bw, flash_write_bw, flash_latency, flash_energy_per_byte)
     if output is not None:  # `-o ''` too, which is refused
         inputs = {"--graph": graph, "--profile": profile}
-        (output_folder(output, "-o", inputs, writes=(SWEEP_PLANS,), force=force)
+        (output_folder(output, "-o", inputs, writes=(SWEEP_PLANS, SWEEP_TABLE), force=force)
          if sweep is not None
          else output_file(output, force, inputs=inputs))
     g = load_graph_file(graph)
@@ -342,6 +342,7 @@ def _arena_summary(plan_dict: dict) -> Optional[dict]:
 
 
 SWEEP_PLANS = "plan-*.json"  # a sweep's plan files in its -o folder (plan-0.30.json, ...)
+SWEEP_TABLE = "sweep.json"  # beside them: what --json prints, which `plot --sweep DIR` reads
 
 
 def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backend: str,
@@ -354,8 +355,9 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
 
     from .sweep import SweepInterrupted, no_plan_error, parse_sweep, run_sweep, smallest_feasible
 
+    budgets = parse_sweep(sweep)
     try:
-        points, interrupted = run_sweep(make_problem, parse_sweep(sweep), solver, time_limit,
+        points, interrupted = run_sweep(make_problem, budgets, solver, time_limit,
                                         backend, workers), False
     except SweepInterrupted as stop:  # Ctrl-C: the budgets solved so far are kept
         if not stop.points:
@@ -396,15 +398,19 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
                f"{len(points)} budget(s) above are what was solved"
                + (" (the last one's plan is the best found so far)"
                   if points[-1].status == "interrupted" else "")) if interrupted else None
+    table = {"objective": objective, "sweep": rows,
+             "units": dict(zip(("time", "energy"), sweep_cost_units(points))),
+             **({"status": "interrupted", "error": stopped} if stopped else {})}
+    if output and planned:  # QA: `plot --sweep DIR` had nothing to read but --json's stdout
+        (Path(output) / SWEEP_TABLE).write_text(json.dumps(table, indent=1) + "\n")
     if as_json:
-        print(json.dumps({"objective": objective, "sweep": rows,
-                          "units": dict(zip(("time", "energy"), sweep_cost_units(points))),
-                          **({"status": "interrupted", "error": stopped} if stopped else {})}))
+        print(json.dumps(table))
     else:
         typer.echo(sweep_table(points, objective))
         if output and planned:
-            typer.echo(f"{counted(planned, 'plan')} of {counted(len(points), 'budget')} "
-                       f"written to {output}/")
+            # of every budget asked (QA: interrupted at the third of 8, "2 plans of 2 budgets")
+            typer.echo(f"{counted(planned, 'plan')} of {counted(len(budgets), 'budget')} "
+                       f"written to {output}/, with the table in {SWEEP_TABLE}")
     if stopped:
         from .errors import EXIT_INTERRUPTED
         typer.echo(f"error: {stopped}", err=True)
@@ -1414,8 +1420,9 @@ def plot_command(
     plan_file: Optional[str] = typer.Option(None, "--plan", help="a plan: schedule.png and "
                                             "memory.png"),
     graph: Optional[str] = typer.Option(None, "--graph", help="the graph the plan was made for"),
-    sweep_file: Optional[str] = typer.Option(None, "--sweep", help="the output of `edge-remat "
-                                             "plan --sweep ... --json`: sweep.png"),
+    sweep_file: Optional[str] = typer.Option(None, "--sweep", help="the folder `edge-remat plan "
+                                             "--sweep ... -o DIR` wrote, or the JSON its --json "
+                                             "prints: sweep.png"),
     out: str = typer.Option(".", "--out", help="folder for the PNG files"),
     profile: Optional[str] = typer.Option(None, "--profile", help="the profile the plan was "
                                           "made with: its workspaces in the memory traces"),
@@ -1469,7 +1476,15 @@ def plot_command(
 def _sweep_rows(path: str) -> tuple[list, tuple[str, str]]:
     """The rows of a budget sweep's JSON and its (time, energy) units (seconds and joules
     where it says none); another file (a plan, a graph) is named as what it is."""
+    from pathlib import Path
+
     from edge_remat_agent.formats.fields import Reader, load_json
+    if Path(path).is_dir():  # the folder `plan --sweep -o DIR` wrote
+        table = Path(path) / SWEEP_TABLE
+        if not table.is_file():
+            raise UserError(f"{path} holds no {SWEEP_TABLE}: give the folder `edge-remat plan "
+                            "--sweep ... -o DIR` wrote, or the JSON its --json prints")
+        path = str(table)
     data = load_json(path)
     if isinstance(data, dict) and isinstance(data.get("sweep"), list):
         # each row's figures checked as a plan's are: a hand-edited "x" was drawn as a
