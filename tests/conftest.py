@@ -28,7 +28,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest  # noqa: E402 - after the path, like the helpers it imports
 
+from helpers.board_fixtures import local_bench_device, stop_agent  # noqa: E402
 from helpers.executor_plans import user_capturer, zoo_capturer  # noqa: E402
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    """A local board named "bench" (EDGE_REMAT_DEVICE_CONFIGS) with its workdir under
+    tmp_path: the workdir; its agent is stopped afterwards."""
+    folder, workdir = local_bench_device(tmp_path, monkeypatch)
+    yield workdir
+    stop_agent(workdir)
 
 
 # The executor tests' captures, made once per test module that asks for them.

@@ -13,7 +13,6 @@ import pytest
 
 from helpers.bad_inputs import (BAD_INPUT, JOB_FAILED, UNREACHABLE, cli, env, no_new_files,
                                 refused, tiny_graph, tiny_plan, tree)
-from helpers.board_fixtures import local_bench_device, stop_agent
 from helpers.not_sshd import HTTP_REPLY, OneShotServer
 
 pytestmark = pytest.mark.loopback
@@ -114,13 +113,6 @@ def test_unparsable_ssh_config_does_not_break_other_boards(tmp_path):
 # --- refused on the host before deploy sends anything ----------------------------------------
 
 CAPTURED = {"source": {"model": "mlp"}}  # says which model: what the executor needs
-
-
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    folder, workdir = local_bench_device(tmp_path, monkeypatch)
-    yield workdir
-    stop_agent(workdir)
 
 
 def _deploy_refused(tmp_path, workdir, plan, graph, *words, extra=()):

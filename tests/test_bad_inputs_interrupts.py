@@ -15,17 +15,10 @@ import pytest
 
 from helpers.bad_inputs import (BAD_INPUT, COMMAND, INTERRUPTED, JOB_FAILED, REPO, UNREACHABLE,
                                 cli, env, refused, tiny_graph)
-from helpers.board_fixtures import local_bench_device, needs_sshd, stop_agent
+from helpers.board_fixtures import needs_sshd, stop_agent
 from helpers.small_graphs import random_dag
 
 pytestmark = [pytest.mark.slow, pytest.mark.loopback]
-
-
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    folder, workdir = local_bench_device(tmp_path, monkeypatch)
-    yield workdir
-    stop_agent(workdir)
 
 
 def _start(*args) -> subprocess.Popen:

@@ -17,7 +17,6 @@ import textwrap
 import pytest
 
 from helpers.bad_inputs import INTERRUPTED, env, refused, tiny_graph, tiny_plan, tree
-from helpers.board_fixtures import local_bench_device, stop_agent
 
 pytestmark = pytest.mark.loopback
 
@@ -44,13 +43,6 @@ SIGINT_INSIDE = textwrap.dedent("""
 def _edge_remat_interrupted_in(module: str, *args, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", SIGINT_INSIDE, module, *map(str, args)],
                           capture_output=True, text=True, timeout=180, env=env(), cwd=cwd)
-
-
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    folder, workdir = local_bench_device(tmp_path, monkeypatch)
-    yield workdir
-    stop_agent(workdir)
 
 
 CAPTURED = {"source": {"model": "mlp"}}

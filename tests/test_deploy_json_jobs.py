@@ -15,7 +15,6 @@ import threading
 import pytest
 
 from helpers.bad_inputs import BAD_INPUT, COMMAND, INTERRUPTED, cli, env, refused
-from helpers.board_fixtures import local_bench_device, stop_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.loopback]
 
@@ -31,13 +30,6 @@ def digits(tmp_path_factory):
                "-o", plan)
     assert proc.returncode == 0, proc.stderr
     return graph, plan
-
-
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    folder, workdir = local_bench_device(tmp_path, monkeypatch)
-    yield workdir
-    stop_agent(workdir)
 
 
 def test_a_json_deploy_names_its_job_which_another_shell_lists_and_cancels(tmp_path, bench,

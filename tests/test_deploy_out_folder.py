@@ -12,17 +12,9 @@ import subprocess
 import pytest
 
 from helpers.bad_inputs import BAD_INPUT, COMMAND, INTERRUPTED, cli, env, refused, tree
-from helpers.board_fixtures import local_bench_device, stop_agent
 from test_deploy_json_jobs import digits  # noqa: F401 - fixture: a digits-cnn graph and plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.loopback]
-
-
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    folder, workdir = local_bench_device(tmp_path, monkeypatch)
-    yield workdir
-    stop_agent(workdir)
 
 
 def _deploy(digits, out, *extra):

@@ -9,16 +9,8 @@ import json
 import pytest
 
 from helpers.bad_inputs import JOB_FAILED, cli, env
-from helpers.board_fixtures import local_bench_device, stop_agent
 
 pytestmark = pytest.mark.loopback
-
-
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    folder, workdir = local_bench_device(tmp_path, monkeypatch)
-    yield workdir
-    stop_agent(workdir)
 
 
 def _cancel(job_id: str, *extra: str):

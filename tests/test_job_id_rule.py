@@ -10,20 +10,13 @@ import subprocess
 import pytest
 
 from helpers.bad_inputs import BAD_INPUT, cli, env, refused
-from helpers.board_fixtures import agent_command, local_bench_device, stop_agent
+from helpers.board_fixtures import agent_command
 from edge_remat_agent.wire.framing import FrameStream
 from edge_remat_agent.wire.protocol import Client, RemoteError
 
 pytestmark = pytest.mark.loopback
 
 RULE = "starts with a letter or digit"
-
-
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    folder, workdir = local_bench_device(tmp_path, monkeypatch)
-    yield workdir
-    stop_agent(workdir)
 
 
 @pytest.mark.parametrize("job_id", [".hidden", "-x", "a" * 65, "a/b"])

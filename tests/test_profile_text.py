@@ -9,18 +9,10 @@ import json
 import pytest
 
 from helpers.bad_inputs import cli
-from helpers.board_fixtures import local_bench_device, stop_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.loopback]
 
 QUICK = ["idle_s=0.1", "busy_s=0.1", "sizes=4KiB,8KiB", "no_footprint=true", "share_s=0"]
-
-
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    folder, workdir = local_bench_device(tmp_path, monkeypatch)
-    yield workdir
-    stop_agent(workdir)
 
 
 def test_profile_prints_lines_not_a_json_dict(tmp_path, bench):

@@ -26,15 +26,8 @@ from edge_remat.transport import Board
 from edge_remat.transport.errors import JobFailed
 from edge_remat.transport.pushed_files import user_files
 from helpers.bad_inputs import cli
-from helpers.board_fixtures import local_bench_device, loopback_ssh_board, needs_sshd, stop_agent
+from helpers.board_fixtures import loopback_ssh_board, needs_sshd
 from helpers.user_model_file import MODEL, captured_and_planned
-
-@pytest.fixture
-def bench(tmp_path, monkeypatch):
-    folder, workdir = local_bench_device(tmp_path, monkeypatch)
-    yield workdir
-    stop_agent(workdir)
-
 
 def test_a_board_without_the_model_file_runs_it_from_the_pushed_copy(tmp_path, bench):
     model_file, graph, plan = captured_and_planned(tmp_path)
