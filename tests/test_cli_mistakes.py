@@ -434,6 +434,26 @@ def test_the_agents_commands_refuse_an_empty_value(tmp_path, command, words):
     assert proc.stderr.strip().splitlines() == [line]
 
 
+@pytest.mark.parametrize("steps,words", [
+    ("0", "--steps must be at least 1, not 0"),
+    ("99999999999999999999", "is more than 10,000,000 steps"),
+])
+def test_the_agents_run_refuses_a_step_count_no_run_takes(tmp_path, steps, words):
+    """As deploy and run refuse it (MAX_STEPS): `edge-remat-agent run --steps 0` captured the
+    model and trained nothing, and a count past 2^64 would have trained forever."""
+    import subprocess
+    import sys
+    from helpers.bad_inputs import env
+    graph = tiny_graph(tmp_path)
+    tiny_plan(tmp_path, graph)
+    graph.rename(tmp_path / "graph.json")
+    proc = subprocess.run([sys.executable, "-m", "edge_remat_agent", "run", "plan.json",
+                           "--graph", "graph.json", "--steps", steps],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env())
+    line = refused(proc, BAD_INPUT, words)
+    assert proc.stderr.strip().splitlines() == [line]
+
+
 def test_an_error_no_agent_command_foresaw_is_one_line(monkeypatch, capsys):
     # e.g. a model whose own code raises in the gradient check's eager step (an hf model fed
     # more tokens than it has positions): one line, and the traceback on request

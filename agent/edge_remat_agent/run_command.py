@@ -62,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
     if (empty := empty_name(args.output, "-o", "a file name")) is not None:
         print(f"error: {empty}", file=sys.stderr)  # before the work, not when writing after it
         return 2
+    from .lr_schedule import steps_refusal
+    if (refusal := steps_refusal(args.steps)) is not None:  # 0 ran nothing, 1e12 forever
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     try:
         graph, plan = load_graph(args.graph), load_plan(args.plan)
     except (FormatError, OSError, ValueError) as error:
