@@ -46,4 +46,5 @@ def test_cancelling_twice_says_the_second_time_that_it_was_cancelled_already(tmp
     second = _cancel("nap-1").stdout.strip()
     assert second == "job nap-1 on bench had already been cancelled; nothing to cancel", second
     record = json.loads(_cancel("nap-1", "--json").stdout)
-    assert record["already_ended"] is True, record
+    # cancelled, as deploy --json and job-status say it (the agent keeps it as failed)
+    assert record["already_ended"] is True and record["status"] == "cancelled", record

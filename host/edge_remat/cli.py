@@ -893,8 +893,9 @@ def job_cancel(
             record = board.wait(job_id, timeout_s=CANCEL_WAIT_S)
         if record["state"] in TERMINAL_STATES:
             retire_emulated(board)
-    print(json.dumps({"status": record["state"], "job": job_id, "error": record.get("error"),
-                      "already_ended": already})
+    from .transport.errors import as_reported
+    print(json.dumps({"status": as_reported(record)["state"], "job": job_id,
+                      "error": record.get("error"), "already_ended": already})
           if as_json else _cancel_line(record, job_id, board.name, already))
 
 
