@@ -107,10 +107,17 @@ class Relay:
                 board_end, _ = listener.accept()
             except OSError:
                 return
-            host_end = socket.create_connection(self.target)
-            self._socks += [board_end, host_end]
-            for a, b in ((board_end, host_end), (host_end, board_end)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            self._admit(board_end)
+
+    def _admit(self, board_end) -> None:
+        """A connection the board made: bridged to the service at once."""
+        self._bridge(board_end)
+
+    def _bridge(self, board_end) -> None:
+        host_end = socket.create_connection(self.target)
+        self._socks += [board_end, host_end]
+        for a, b in ((board_end, host_end), (host_end, board_end)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     @staticmethod
     def _pump(src, dst) -> None:
@@ -187,24 +194,13 @@ class UnsteadyRelay(Relay):
         for board_end in held:
             self._bridge(board_end)
 
-    def _accept(self, listener) -> None:
-        while True:
-            try:
-                board_end, _ = listener.accept()
-            except OSError:
+    def _admit(self, board_end) -> None:
+        with self._lock:
+            if self.hung:
+                self._held.append(board_end)
+                self._socks.append(board_end)
                 return
-            with self._lock:
-                if self.hung:
-                    self._held.append(board_end)
-                    self._socks.append(board_end)
-                    continue
-            self._bridge(board_end)
-
-    def _bridge(self, board_end) -> None:
-        host_end = socket.create_connection(self.target)
-        self._socks += [board_end, host_end]
-        for a, b in ((board_end, host_end), (host_end, board_end)):
-            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+        self._bridge(board_end)
 
     def _pump(self, src, dst) -> None:
         try:
