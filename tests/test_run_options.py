@@ -300,23 +300,23 @@ def test_a_folder_that_held_no_runs_report_keeps_files_of_output_names(tmp_path)
     run had used. Only a folder that held a run's report.json when the run started is one."""
     import time
 
-    from edge_remat.run.orchestrate import (_holds_a_run_report, _output_stamps,
+    from edge_remat.run.orchestrate import (holds_a_run_report, _output_stamps,
                                             _remove_earlier_outputs)
     earlier = time.time() - 60
     for name in ("memory.png", "sweep.json"):
         (tmp_path / name).write_text("mine")
         os.utime(tmp_path / name, (earlier, earlier))
-    assert not _holds_a_run_report(tmp_path)
+    assert not holds_a_run_report(tmp_path)
     (tmp_path / "report.json").write_text('{"my": "own notes"}')
-    assert not _holds_a_run_report(tmp_path)  # a file of that name, not a run's report
+    assert not holds_a_run_report(tmp_path)  # a file of that name, not a run's report
     said = []
-    _remove_earlier_outputs(tmp_path, _output_stamps(tmp_path), _holds_a_run_report(tmp_path),
+    _remove_earlier_outputs(tmp_path, _output_stamps(tmp_path), holds_a_run_report(tmp_path),
                             said.append)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.png", "report.json",
                                                           "sweep.json"] and not said
     (tmp_path / "report.json").write_text('{"status": "finished", "model": "mlp", '
                                           '"device": "local"}')
-    assert _holds_a_run_report(tmp_path)
+    assert holds_a_run_report(tmp_path)
 
 
 def test_each_device_config_emulates_its_board_in_a_workdir_of_its_own(tmp_path):

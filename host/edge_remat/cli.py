@@ -1093,42 +1093,35 @@ def _earlier_deploy_outputs(out, resumed: bool) -> dict:
     """Before anything is sent: a folder that holds a `run`'s outputs (its report.json) is
     refused, for a deploy's files there would mix two trainings; an earlier deploy's outputs
     (not where --resume goes on from them) are said, as a warning line naming them, to be
-    replaced; returns them, as (mtime_ns, inode, size), for _say_earlier_outputs_kept. QA:
-    deploy wrote over an earlier deploy's weights.pt and run_report.json, and into a `run`
-    folder, in silence."""
+    replaced; returns them, {path: file_stamp}, for _say_earlier_outputs_kept. QA: deploy
+    wrote over an earlier deploy's weights.pt and run_report.json, and into a `run` folder,
+    in silence."""
+    from .outputs import file_stamp
     from .remote import to_stderr
-    from .run.orchestrate import _holds_a_run_report
+    from .run.orchestrate import holds_a_run_report
     if resumed or not out.is_dir():
         return {}
-    if _holds_a_run_report(out):
+    if holds_a_run_report(out):
         raise UserError(f"--out {out} holds the outputs of `edge-remat run` (report.json): a "
                         "deploy's run_report.json and weights.pt there would mix two "
                         "trainings; give another --out")
-    earlier = {}
-    for name in DEPLOY_OUTPUTS:
-        with contextlib.suppress(OSError):
-            st = (out / name).stat()
-            earlier[name] = (st.st_mtime_ns, st.st_ino, st.st_size)
+    earlier = {path: stamp for path in (out / name for name in DEPLOY_OUTPUTS)
+               if (stamp := file_stamp(path)) is not None}
     if earlier:
-        to_stderr(f"warning: --out {out} holds an earlier deploy's {', '.join(earlier)}: this "
-                  "deploy writes over them (give another --out to keep them)")
+        to_stderr(f"warning: --out {out} holds an earlier deploy's "
+                  f"{', '.join(path.name for path in earlier)}: this deploy writes over them "
+                  "(give another --out to keep them)")
     return earlier
 
 
 def _say_earlier_outputs_kept(out, earlier: dict) -> None:
     """The earlier deploy's files this one did not write again (--save none, no
     --checkpoint-every), said as run says them: they are not this deploy's."""
+    from .outputs import kept_note, written_since
     from .remote import to_stderr
-    kept = []
-    for name, stamp in earlier.items():
-        with contextlib.suppress(OSError):
-            st = (out / name).stat()
-            if (st.st_mtime_ns, st.st_ino, st.st_size) == stamp:
-                kept.append(name)
+    kept = [path.name for path in earlier if path.exists() and not written_since(path, earlier)]
     if kept:
-        verb, them = ("is", "it") if len(kept) == 1 else ("are", "them")
-        to_stderr(f"note: {', '.join(kept)} in {out} {verb} an earlier deploy's, kept: this "
-                  f"deploy did not write {them} again (remove {them}, or give another --out)")
+        to_stderr(kept_note(kept, out, "deploy"))
 
 
 def _exit_if_stopped(report, steps: int) -> None:

@@ -137,3 +137,30 @@ def _first_file(folder: Path) -> Path:
         if parent.exists() and not parent.is_dir():
             return parent
     return folder
+
+
+def file_stamp(path: Path):
+    """(mtime_ns, inode, size) of a file, or None where there is none: what tells a command's
+    own write of an output from an earlier command's (times alone cannot: a filesystem may
+    keep them to the second, or two)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_ino, st.st_size
+
+
+def written_since(path: Path, at_start: dict) -> bool:
+    """Whether `path` was written since `at_start` ({path: file_stamp} as the command began):
+    it is there, and not as it was then."""
+    stamp = file_stamp(path)
+    return stamp is not None and stamp != at_start.get(path)
+
+
+def kept_note(kept: list[str], out: Path, command: str) -> str:
+    """The line for an earlier `command`'s outputs in `out` that this one did not write again
+    (its trained weights, its checkpoint): kept, and not this command's."""
+    verb, them = ("is", "it") if len(kept) == 1 else ("are", "them")
+    return (f"note: {', '.join(kept)} in {out} {verb} an earlier {command}'s, kept: this "
+            f"{command} did not write {them} again (remove {them}, or give another --out)")
+

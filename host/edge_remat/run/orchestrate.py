@@ -29,6 +29,7 @@ from edge_remat_agent.units import counted
 
 from ..devices import DeviceConfig
 from ..errors import EXIT_BAD_INPUT, Interrupted, classify, killed_by_memory
+from ..outputs import file_stamp, kept_note, written_since
 from ..remote import full_result
 from ..transport import Board, JobFailed, JobOutOfReach
 from ..transport.errors import cancelled_by_host
@@ -79,7 +80,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
                                           "--init": opts.init},
                         writes=RUN_OUTPUTS + (WEIGHTS_FILE, CHECKPOINT_FILE))
     at_start = _output_stamps(out)
-    earlier_run = _holds_a_run_report(out)
+    earlier_run = holds_a_run_report(out)
     data = opts.data
     # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
     # 0.9); --lr overrides it for both, and --lr-schedule / --warmup schedule it for both.
@@ -126,7 +127,7 @@ RUN_OUTPUTS = ("graph.json", "plan.json", "report.json", "report.txt", "schedule
 # weights.pt): _kept_outputs names them.
 
 
-def _holds_a_run_report(out: Path) -> bool:
+def holds_a_run_report(out: Path) -> bool:
     """Whether `out` holds an earlier run's report.json (one of ours, not a file of that name)."""
     from edge_remat_agent.formats.fields import load_json
     try:
@@ -145,21 +146,7 @@ def _output_stamps(out: Path) -> dict:
     fetched = out / "profile"
     paths = [out / name for name in RUN_OUTPUTS + _kept_outputs()]
     paths += [fetched, *fetched.iterdir()] if fetched.is_dir() else []
-    return {path: stamp for path in paths if (stamp := _stamp(path)) is not None}
-
-
-def _stamp(path: Path):
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_ino, st.st_size
-
-
-def _written_since(path: Path, at_start: dict) -> bool:
-    """Whether this run wrote `path` (it is there, and not as it was at the start)."""
-    stamp = _stamp(path)
-    return stamp is not None and stamp != at_start.get(path)
+    return {path: stamp for path in paths if (stamp := file_stamp(path)) is not None}
 
 
 def _remove_earlier_outputs(out: Path, at_start: dict, earlier_run: bool, say: Say,
@@ -174,12 +161,12 @@ def _remove_earlier_outputs(out: Path, at_start: dict, earlier_run: bool, say: S
     if not earlier_run:
         return
     stale = [out / name for name in RUN_OUTPUTS
-             if (out / name).is_file() and not _written_since(out / name, at_start)]
+             if (out / name).is_file() and not written_since(out / name, at_start)]
     # the profile an earlier run measured, where this one took the cached one (QA: a stale
     # profile/profile.json beside this run's report, said nowhere)
     fetched = out / "profile"
     stale += [path for path in (fetched.iterdir() if fetched.is_dir() else ())
-              if path.is_file() and path in at_start and not _written_since(path, at_start)]
+              if path.is_file() and path in at_start and not written_since(path, at_start)]
     for path in stale:
         path.unlink()
     with contextlib.suppress(OSError):  # emptied: gone too (not where it holds anything)
@@ -189,12 +176,10 @@ def _remove_earlier_outputs(out: Path, at_start: dict, earlier_run: bool, say: S
         say(f"removed {', '.join(str(p.relative_to(out)) for p in stale)} from {out}: an "
             "earlier run's, which this run did not write again")
     kept = [name for name in _kept_outputs()
-            if not resumed and (out / name).exists() and not _written_since(out / name,
+            if not resumed and (out / name).exists() and not written_since(out / name,
                                                                             at_start)]
     if kept:
-        verb, them = ("is", "it") if len(kept) == 1 else ("are", "them")
-        say(f"note: {', '.join(kept)} in {out} {verb} an earlier run's, kept: this run did not "
-            f"write {them} again (remove {them}, or give another --out)")
+        say(kept_note(kept, out, "run"))
 
 
 def _kept_outputs() -> tuple[str, ...]:
@@ -212,14 +197,14 @@ def _remove_outputs_since(out: Path, at_start: dict) -> None:
     _output_stamps' as the run started."""
     for name in RUN_OUTPUTS:
         path = out / name
-        if path.is_file() and _written_since(path, at_start):
+        if path.is_file() and written_since(path, at_start):
             path.unlink()
     # the board's profile fetched before planning refused the budget (QA): the profile cache
     # keeps it, so the next run does not measure it again
     fetched = out / "profile"
     if fetched.is_dir():
         for path in fetched.iterdir():
-            if path.is_file() and _written_since(path, at_start):
+            if path.is_file() and written_since(path, at_start):
                 path.unlink()
         if fetched not in at_start:
             with contextlib.suppress(OSError):  # what is left there is not this run's
