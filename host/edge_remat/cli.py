@@ -746,6 +746,9 @@ def job(
             return
         shown = job_sent_line(board) if as_json else progress_printer()
         record = board.run_job(kind, values, inputs, out, job_id, on_update=shown)
+        if kind == "profile" and out is not None:  # as `profile` does
+            from .run.profiles import remember_profiled
+            remember_profiled(board, record["fetched"])
         print_outcome(record, as_json, board, shown)
 
 
@@ -1208,6 +1211,8 @@ def profile(
         with link_pages(board, to_stderr) as page_params:
             record = board.run_job("profile", {**page_params, **values}, inputs, out,
                                    on_update=shown)
+        from .run.profiles import remember_profiled
+        remember_profiled(board, record["fetched"])  # for a later run of that graph here
         fetched = fetched_json(record)
         if loaded is not None and not inputs and fetched:  # no room: time them under a plan
             from .profile_under_plan import time_nodes_under_plan

@@ -284,6 +284,7 @@ def _measure(board, model: dict, graph_path: Path, out_dir: Path, page_dir: Opti
     with link_pages(board, say) as page_params:
         record = board.run_job("profile", {**params, **page_params}, inputs,
                                out_dir / "profile")
+    remember_profiled(board, record["fetched"])
     fetched = fetched_json(record)
     if not fetched:
         raise RuntimeError(f"the profile job on {board.name} returned no profile file")

@@ -345,9 +345,6 @@ class Board:
                 record["fetched"] = [str(p) for p in self.fetch_outputs(record, out_dir)]
             except LinkLost as exc:
                 raise self.out_of_reach(job_id, exc, out_dir) from None
-            if kind == "profile":  # for a later run of the same graph here (run/profiles.py)
-                from ..run.profiles import remember_profiled
-                remember_profiled(self, record["fetched"])
         return record
 
     def come_back(self, job_id: str, out_dir: "str | Path | None" = None) -> str:
