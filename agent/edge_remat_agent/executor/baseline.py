@@ -44,21 +44,24 @@ def runtime_baseline(module: torch.nn.Module) -> dict[str, Any]:
     limited = cgroup_memory_limit_bytes() is not None
     before = _charged(limited)[0]
     give_back_freed_memory()  # the heap's free chunks are the steps' to pay (module docstring)
-    group = cgroup_memory_usage() if limited else None
-    charged, source = group or (_rss_bytes(), "process resident set (no memory-limited cgroup)")
+    charged, source, from_cgroup = _charged(limited)
     model = _resident_model_bytes(module)
-    restarted = group is not None and restart_cgroup_peak()
+    restarted = from_cgroup and restart_cgroup_peak()
     return {"bytes": None if charged is None else max(0, charged - model),
             "charged_bytes": charged, "resident_model_bytes": model, "source": source,
-            "peak_restarted": restarted, "from_cgroup": group is not None,
+            "peak_restarted": restarted, "from_cgroup": from_cgroup,
             # what the allocator held free and gave back just before: not the runtime's
             "given_back_bytes": None if before is None or charged is None
             else max(0, before - charged)}
 
 
-def _charged(limited: bool) -> tuple[int | None, str]:
+def _charged(limited: bool) -> tuple[int | None, str, bool]:
+    """What the kernel charges now, where it was read, and whether from the memory-limited
+    cgroup (else the process's resident set)."""
     group = cgroup_memory_usage() if limited else None
-    return group or (_rss_bytes(), "")
+    if group is not None:
+        return group[0], group[1], True
+    return _rss_bytes(), "process resident set (no memory-limited cgroup)", False
 
 
 def group_peak(baseline: dict[str, Any]) -> dict[str, Any] | None:
