@@ -261,8 +261,9 @@ def test_a_job_param_the_board_refuses_is_bad_input_naming_it(tmp_path, bench, k
     proc = cli("job", kind, "--device", "bench", "--json", *args, timeout=120)
     record = json.loads(proc.stdout)["job"]
     assert proc.returncode == BAD_INPUT and record["bad_input"] is True, proc.stdout
-    assert record["state"] == "failed" and not record["error"].startswith(("ValueError",
-                                                                           "BadParam"))
+    # the host's word for it, as the status says (the board's is kept: board_state)
+    assert record["state"] == "bad_input" and record["board_state"] == "failed", record
+    assert not record["error"].startswith(("ValueError", "BadParam")), record
 
 
 def test_a_detached_sleep_of_absurd_length_ends_as_bad_input(tmp_path, bench):

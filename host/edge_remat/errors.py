@@ -87,7 +87,7 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
     from .planner.problem import InfeasibleBudget, InfeasibleDeadline, ProblemError
     from .planner.solve import NoPlan
     from .transport import AgentError, JobFailed, JobOutOfReach, TransportError
-    from .transport.errors import SshConfigError, cancelled_by_host
+    from .transport.errors import SshConfigError, as_reported
     from .units import UnitError
 
     if isinstance(exc, Interrupted):
@@ -104,14 +104,13 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
     if isinstance(exc, InfeasibleDeadline):
         return EXIT_BAD_INPUT, str(exc), {"status": "infeasible_deadline",
                                           "smallest_feasible_deadline": exc.smallest_deadline}
-    if isinstance(exc, JobFailed) and cancelled_by_host(exc.record or {}):
-        from .transport.errors import as_reported
-        return EXIT_INTERRUPTED, str(exc), {"status": "cancelled",
-                                            "job": as_reported(exc.record)}
-    if isinstance(exc, JobFailed) and (exc.record or {}).get("bad_input"):
+    job = as_reported(exc.record or {}) if isinstance(exc, JobFailed) else {}
+    if job.get("state") == "cancelled":
+        return EXIT_INTERRUPTED, str(exc), {"status": "cancelled", "job": job}
+    if job.get("state") == "bad_input":
         # input the board's job refused (InputRefused: a param, a plan for another graph, a
         # batch the model cannot take): bad input, in the board's words
-        return EXIT_BAD_INPUT, str(exc), {"status": "failed", "job": exc.record}
+        return EXIT_BAD_INPUT, str(exc), {"status": "bad_input", "job": job}
     if isinstance(exc, JobFailed):
         killed = killed_by_memory(str((exc.record or {}).get("error")))
         return (EXIT_KILLED if killed else EXIT_JOB_FAILED), str(exc), \

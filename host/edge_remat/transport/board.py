@@ -26,7 +26,7 @@ from ..devices import DeviceConfig, with_torch_device
 from ..errors import Interrupted
 from ..planner.interrupt import stopped_by
 from .errors import (AgentError, BoardMissingTorch, BoardUnreachable, JobOutOfReach, LinkLost,
-                     TransportError, cancelled_by_host, job_failed)
+                     TransportError, as_reported, job_failed)
 from .hints import torch_hint
 from .session import AgentSession, file_sha256
 from .zipapp import AgentArchive, build_agent_archive
@@ -460,7 +460,7 @@ def summary(record: dict) -> str:
     fraction = progress.get("fraction")
     done = f" {fraction * 100:.0f}%" if isinstance(fraction, (int, float)) else ""
     message = f" {progress.get('message')}" if progress.get("message") else ""
-    state = "cancelled" if cancelled_by_host(record) else record["state"]
+    state = as_reported(record)["state"]  # the host's word: cancelled, bad_input
     return f"job {record['id']} {state}{done}{message}"
 
 

@@ -75,14 +75,25 @@ def cancelled_by_host(record: dict) -> bool:
         CANCELLED)
 
 
+def refused_as_bad_input(record: dict) -> bool:
+    """Whether a failed job is one whose input the board refused (a param, or what it names:
+    InputRefused), which the agent records as failed with `bad_input`; nothing ran."""
+    return record.get("state") == "failed" and bool(record.get("bad_input"))
+
+
 def as_reported(record: dict) -> dict:
-    """A job's record as the host's commands print it: a job the host cancelled is in state
-    "cancelled", as its status and every line say (the agent keeps it as "failed", its error
-    "cancelled by the host"); `board_state` keeps the board's word. QA: a cancelled `deploy
-    --json` said "status": "cancelled" beside a job record whose state was "failed"."""
-    if not cancelled_by_host(record):
+    """A job's record as the host's commands print it, the one mapping of the agent's states
+    to the host's: a job the host cancelled is in state "cancelled", one whose input the
+    board refused "bad_input", as its status and every line say (the agent keeps both as
+    "failed": its error "cancelled by the host", its `bad_input` flag); `board_state` keeps
+    the board's word. QA: a cancelled `deploy --json` said "status": "cancelled" beside a job
+    record whose state was "failed"; a refused param's said "status": "failed", exit 2, beside
+    a record saying `bad_input`."""
+    state = ("cancelled" if cancelled_by_host(record)
+             else "bad_input" if refused_as_bad_input(record) else record.get("state"))
+    if state == record.get("state"):
         return record
-    return {**record, "state": "cancelled", "board_state": record.get("state")}
+    return {**record, "state": state, "board_state": record.get("state")}
 
 
 def job_failed(record: dict, job: str, board: str, cause: str = "") -> JobFailed:
