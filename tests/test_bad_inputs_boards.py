@@ -266,15 +266,17 @@ def test_a_job_param_the_board_refuses_is_bad_input_naming_it(tmp_path, bench, k
     assert not record["error"].startswith(("ValueError", "BadParam")), record
 
 
-def test_a_detached_sleep_of_absurd_length_ends_as_bad_input(tmp_path, bench):
+def test_a_detached_job_whose_file_the_board_refuses_ends_as_bad_input(tmp_path, bench):
     """QA: `job sleep --param seconds=1e12 --detach` was accepted and its job then failed
-    with OverflowError; its record now says bad_input and job-status exits 2 naming it."""
-    proc = cli("job", "sleep", "--device", "bench", "--param", "seconds=1e12", "--detach",
-               timeout=120)
+    with OverflowError. Such a param is now refused at submit (test_detach_refuses_bad_params);
+    a file only the board can look for is refused there, its record says bad_input and
+    job-status exits 2 naming it."""
+    proc = cli("job", "profile", "--device", "bench", "--param", "graph=inputs/missing.json",
+               "--detach", timeout=120)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().splitlines()[-1]
     refused(cli("job-status", job_id, "--device", "bench", "--wait", timeout=120), BAD_INPUT,
-            "param 'seconds'", "from 0 to 604800")
+            "param 'graph'", "inputs/missing.json", "no file")
     status = cli("job-status", job_id, "--device", "bench", "--json", timeout=120)
     assert json.loads(status.stdout)["job"]["bad_input"] is True, status.stdout
 

@@ -101,29 +101,44 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
     return report
 
 
-def plain_train_job(ctx, params: dict) -> dict:
-    from .daemon.registry import BadParam, JobCancelled, JobParams
-    from .executor.jobs import (SEED_RANGE, param_flag, refuse_bad_schedule, requested_malloc,
-                                start_under)
-    read = JobParams(params, ctx, "train-plain")
-    model = str(read.required("model", "a model"))
-    from .lr_schedule import MAX_STEPS
-    steps = read.integer("steps", 10, minimum=1, maximum=MAX_STEPS)
-    seed, lr = read.integer("seed", 0, **SEED_RANGE), read.number("lr", minimum=0)
-    batch, image, seq = (read.integer(name, minimum=1) for name in ("batch", "image", "seq"))
-    warmup = read.integer("warmup", 0, minimum=0)
-    accumulate = read.integer("accumulate", 1, minimum=1)
-    clip_grad_norm = read.number("clip_grad_norm")
-    lr_schedule = str(params.get("lr_schedule") or "constant")
+def plain_train_params(read) -> dict:
+    """The train-plain job's params as it reads them first, before torch and the model (a
+    JobParams; registry.refuse_bad_params reads them where the job is submitted): each that
+    is wrong is bad input (BadParam, exit 2), not a failed job's ValueError."""
+    from .daemon.registry import BadParam
+    from .executor.jobs import SEED_RANGE, refuse_bad_schedule, requested_malloc
+    from .executor.save_choice import DEFAULT_SAVE, check_save_choice
     from .grad_clip import check_max_norm
-    refuse_bad_schedule(lr_schedule, warmup, steps)
-    try:  # before torch and the model: bad input (exit 2), not a failed job's ValueError
-        if clip_grad_norm is not None:
-            check_max_norm(clip_grad_norm)
+    from .lr_schedule import MAX_STEPS
+    given = {"model": str(read.required("model", "a model")),
+             "steps": read.integer("steps", 10, minimum=1, maximum=MAX_STEPS),
+             "seed": read.integer("seed", 0, **SEED_RANGE),
+             "lr": read.number("lr", minimum=0),
+             **{name: read.integer(name, minimum=1) for name in ("batch", "image", "seq")},
+             "warmup": read.integer("warmup", 0, minimum=0),
+             "accumulate": read.integer("accumulate", 1, minimum=1),
+             "clip_grad_norm": read.number("clip_grad_norm"),
+             "lr_schedule": str(read.params.get("lr_schedule") or "constant")}
+    refuse_bad_schedule(given["lr_schedule"], given["warmup"], given["steps"])
+    try:
+        if given["clip_grad_norm"] is not None:
+            check_max_norm(given["clip_grad_norm"])
     except ValueError as error:
         raise BadParam(str(error)) from None
+    return {**given, "malloc": requested_malloc(read.params),
+            "save": check_save_choice(str(read.params.get("save") or DEFAULT_SAVE))}
+
+
+def plain_train_job(ctx, params: dict) -> dict:
+    from .daemon.registry import JobCancelled, JobParams
+    from .executor.jobs import param_flag, start_under
+    given = plain_train_params(JobParams(params, ctx, "train-plain"))
+    model, steps, seed, lr = given["model"], given["steps"], given["seed"], given["lr"]
+    batch, image, seq = given["batch"], given["image"], given["seq"]
+    warmup, accumulate = given["warmup"], given["accumulate"]
+    clip_grad_norm, lr_schedule = given["clip_grad_norm"], given["lr_schedule"]
     # under the malloc asked for, as a planned run is: the comparison is like for like
-    malloc = start_under(requested_malloc(params), ctx)
+    malloc = start_under(given["malloc"], ctx)
     losses = LossTally(remedy_for(params, lr))
 
     def on_step(report: dict) -> None:
@@ -136,10 +151,9 @@ def plain_train_job(ctx, params: dict) -> dict:
         if ctx.cancelled:
             raise JobCancelled()
 
-    from .executor.save_choice import DEFAULT_SAVE, WEIGHTS_FILE, check_save_choice
+    from .executor.save_choice import WEIGHTS_FILE
     from .executor.saved_weights import WeightsSaver
-    saved = WeightsSaver(ctx.files_dir / WEIGHTS_FILE,
-                         check_save_choice(str(params.get("save") or DEFAULT_SAVE)))
+    saved = WeightsSaver(ctx.files_dir / WEIGHTS_FILE, given["save"])
     report = train_plain(model, steps, batch, image, seq, seed,
                          str(params.get("optimizer", "sgd")), lr,
                          params.get("data"), on_step, params.get("train"),

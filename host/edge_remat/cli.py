@@ -724,7 +724,7 @@ def job(
     from .devices import find_device
     from .outputs import output_folder
     from .remote import (job_sent_line, parse_inputs, parse_params, print_outcome,
-                         progress_printer, to_stderr)
+                         progress_printer, refuse_bad_job_params, to_stderr)
     from .transport import Board
     from .transport.emulated import retired_at_exit
 
@@ -735,6 +735,8 @@ def job(
         raise UserError(f"--id {job_id!r}: {JOB_ID_RULE}")
     values = parse_params(params, param)
     inputs = parse_inputs(input_file)
+    if detach:  # no one waits for its record: what the board would refuse is refused now
+        refuse_bad_job_params(kind, values, inputs)
     if out is not None:  # `--out ''` too, which is refused
         output_folder(out)
     with Board(find_device(device), on_event=to_stderr, keep_running=keep_running) as board, \

@@ -332,6 +332,20 @@ def parse_inputs(pairs: List[str]) -> Dict[str, Path]:
     return inputs
 
 
+def refuse_bad_job_params(kind: str, params: dict, inputs: Dict[str, Path]) -> None:
+    """A job submitted and left (`job --detach`): its params read as the board's job first
+    reads them (registry.refuse_bad_params, the same code), so that one the board would refuse
+    is refused here, before anything is sent, in the board's words (exit 2), not later in its
+    record only. Each --input counts as its param given; the board checks the file."""
+    from edge_remat_agent.daemon.registry import InputRefused, refuse_bad_params
+
+    from .errors import UserError
+    try:
+        refuse_bad_params(kind, {**params, **{name: str(path) for name, path in inputs.items()}})
+    except InputRefused as error:
+        raise UserError(str(error)) from None
+
+
 def fetched_json(record: dict) -> "list[Path]":
     """The JSON files a job's outputs brought here (a profile job's profile.json)."""
     return [Path(p) for p in record.get("fetched", []) if str(p).endswith(".json")]

@@ -35,14 +35,19 @@ SLEEP_MAX_S = 7 * 24 * 3600  # a week: the sleep job is a test of the plumbing
 SLEEP_MAX_STEPS = 100_000  # each step writes a checkpoint
 
 
+def sleep_params(read: JobParams) -> "tuple[float, int]":
+    """The sleep's seconds and steps (registry.refuse_bad_params reads them where the job is
+    submitted). Bounded: -5 was time.sleep's ValueError and 1e300 its OverflowError, a failed
+    job."""
+    return (read.number("seconds", 1.0, minimum=0, maximum=SLEEP_MAX_S),
+            read.integer("steps", 10, minimum=1, maximum=SLEEP_MAX_STEPS))
+
+
 def sleep_job(ctx: JobContext, params: dict) -> dict:
     """Sleeps `seconds` (0 to a week) in `steps` steps (1 to 100,000), checkpointing each step, so it resumes (not restarts)
     after the agent itself was stopped. `starts` counts how often the job process began it:
     a dropped link must leave it at 1."""
-    read = JobParams(params, ctx, "sleep")
-    # bounded: -5 was time.sleep's ValueError and 1e300 its OverflowError, a failed job
-    seconds = read.number("seconds", 1.0, minimum=0, maximum=SLEEP_MAX_S)
-    steps = read.integer("steps", 10, minimum=1, maximum=SLEEP_MAX_STEPS)
+    seconds, steps = sleep_params(JobParams(params, ctx, "sleep"))
     checkpoint = ctx.state_dir / "sleep.json"
     state = {"step": 0, "starts": 0}
     if checkpoint.exists():

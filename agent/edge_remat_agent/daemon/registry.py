@@ -24,6 +24,12 @@ Read params through JobParams: a param that is missing or wrong (not a number, a
 the minimum and maximum its job gives, a path outside the workdir) raises BadParam, which the
 job's record marks `bad_input` and the host answers with exit 2 (bad input), in one line that
 names the param, not with a failed job's exit 1.
+
+A kind's params that are wrong whatever the board (a number out of its bounds, a missing one)
+are read by one function of its own, given to register_job as `params=` ("module:function",
+taking a JobParams), which the job calls first: refuse_bad_params runs the same function where
+the job is submitted (the host, before `job --detach` sends it), so that a job that would be
+refused is refused there, in the board's words, and not only later in its record.
 """
 
 from __future__ import annotations
@@ -59,9 +65,10 @@ class BadParam(ValueError, InputRefused):
 
 class JobParams:
     """A job's params read by type; each refusal is a BadParam that names the param. A param
-    given as null is one not given."""
+    given as null is one not given. Without a ctx (read where the job is submitted, not on
+    the board) the files params name are not looked at: input_path gives None."""
 
-    def __init__(self, params: dict, ctx: "JobContext", kind: str):
+    def __init__(self, params: dict, ctx: "Optional[JobContext]", kind: str):
         self.params, self.ctx, self.kind = params, ctx, kind
 
     def required(self, name: str, what: str) -> Any:
@@ -128,6 +135,8 @@ class JobParams:
             self.required(name, what)
         elif not self.params.get(name):  # null or empty: not given
             return None
+        if self.ctx is None:  # the file is the board's to check
+            return None
         relative = self.params[name]
         push = f"give a file the host pushed (edge-remat job ... --input {name}=PATH)"
         try:
@@ -160,12 +169,19 @@ class JobKind:
     target: Union[str, JobFunction]
     needs_torch: bool = False
     description: str = ""
+    # reads the params that are wrong whatever the board (module docstring); None: no such
+    params: Union[str, Callable[[JobParams], Any], None] = None
 
     def function(self) -> JobFunction:
-        if callable(self.target):
-            return self.target
-        module_name, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module_name), attr)
+        return _imported(self.target)
+
+
+def _imported(target: Union[str, Callable]) -> Callable:
+    """A "module:function" target, imported (only when a job or a check needs it)."""
+    if callable(target):
+        return target
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 _KINDS: Dict[str, JobKind] = {}
@@ -174,10 +190,21 @@ _loaded = False
 
 
 def register_job(kind: str, target: Union[str, JobFunction], *, needs_torch: bool = False,
-                 description: str = "") -> None:
+                 description: str = "",
+                 params: Union[str, Callable[[JobParams], Any], None] = None) -> None:
     if not kind or not all(c.isalnum() or c in "-_." for c in kind):
         raise ValueError(f"bad job kind {kind!r}")
-    _KINDS[kind] = JobKind(kind, target, needs_torch, description)
+    _KINDS[kind] = JobKind(kind, target, needs_torch, description, params)
+
+
+def refuse_bad_params(kind: str, params: dict) -> None:
+    """Read a job's params as its job first reads them, where the job is submitted: a param
+    that is wrong whatever the board raises the BadParam the board's job would raise, in the
+    same words (the files they name are the board's to check). A kind this build lacks, or
+    one without such a reader, is left to the board."""
+    found = get_kind(kind)
+    if found is not None and found.params is not None:
+        _imported(found.params)(JobParams(params, None, kind))
 
 
 def load_plugins() -> None:

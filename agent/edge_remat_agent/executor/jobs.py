@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..allocator import MALLOCS, missing_malloc, preload_environment, running_malloc
@@ -58,19 +59,12 @@ SEED_RANGE = {"minimum": -2 ** 63, "maximum": 2 ** 64 - 1}
 
 def run_job(ctx: JobContext, params: dict) -> dict:
     from ..formats import load_graph, load_plan
-    read = JobParams(params, ctx, "run")
-    steps = read.integer("steps", 10, minimum=1, maximum=MAX_STEPS)  # 1e20: trained forever
-    plan_path = read.input_path("plan", "a plan file")
-    graph_path = read.input_path("graph", "a graph file")
-    seed, lr = read.integer("seed", **SEED_RANGE), read.number("lr", minimum=0)
-    warmup = read.integer("warmup", 0, minimum=0)
-    lr_schedule = str(params.get("lr_schedule") or "constant")
-    refuse_bad_schedule(lr_schedule, warmup, steps)
-    time_nodes = read.integer("time_nodes", 0, minimum=0)
-    init, stop_after = read.input_path("init"), read.integer("stop_after", minimum=1)
-    every = read.integer("checkpoint_every", 0, minimum=0)
-    resume_path = read.input_path("resume")
-    malloc = start_under(requested_malloc(params), ctx)
+    given = run_params(JobParams(params, ctx, "run"))
+    steps, plan_path, graph_path = given.steps, given.plan, given.graph
+    seed, lr, warmup, lr_schedule = given.seed, given.lr, given.warmup, given.lr_schedule
+    time_nodes, init, stop_after = given.time_nodes, given.init, given.stop_after
+    every, resume_path, save = given.checkpoint_every, given.resume, given.save
+    malloc = start_under(given.malloc, ctx)
     graph = load_graph(graph_path)
     plan = load_plan(plan_path)
     captured_for = graph.capture.get("optimizer", "sgd")
@@ -79,8 +73,7 @@ def run_job(ctx: JobContext, params: dict) -> dict:
                        f"{params['optimizer']}: its update node (memory, cost) is that "
                        "optimizer's. Capture again with that optimizer and plan again")
     page_dir = job_page_dir(params.get("page_dir"), ctx.workdir)
-    from .save_choice import CHECKPOINT_FILE, DEFAULT_SAVE, WEIGHTS_FILE, check_save_choice
-    save = check_save_choice(str(params.get("save") or DEFAULT_SAVE))
+    from .save_choice import CHECKPOINT_FILE, WEIGHTS_FILE
 
     picked_up = _picked_up_step(ctx, steps, stop_after)
     completed = picked_up is not None and picked_up == (stop_after or steps)
@@ -164,6 +157,46 @@ def run_job(ctx: JobContext, params: dict) -> dict:
             "grad_check": report["grad_check"], "steps": len(report["steps"]),
             "stopped_at_step": report["stopped_at_step"],
             "data": report["data"], "optimizer": report["optimizer"]}
+
+
+@dataclass
+class RunParams:
+    """The run job's params as it reads them first, before its files and torch."""
+    steps: int
+    plan: "Path | None"  # None where read off the board (the files are the board's)
+    graph: "Path | None"
+    seed: "int | None"
+    lr: "float | None"
+    warmup: int
+    lr_schedule: str
+    time_nodes: int
+    init: "Path | None"
+    stop_after: "int | None"
+    checkpoint_every: int
+    resume: "Path | None"
+    malloc: str
+    save: str
+
+
+def run_params(read: JobParams) -> RunParams:
+    """Read the run job's params; each that is wrong is refused (BadParam), on the board and
+    where the job is submitted alike (registry.refuse_bad_params)."""
+    from .save_choice import DEFAULT_SAVE, check_save_choice
+    steps = read.integer("steps", 10, minimum=1, maximum=MAX_STEPS)  # 1e20: trained forever
+    plan, graph = read.input_path("plan", "a plan file"), read.input_path("graph", "a graph file")
+    seed, lr = read.integer("seed", **SEED_RANGE), read.number("lr", minimum=0)
+    warmup = read.integer("warmup", 0, minimum=0)
+    lr_schedule = str(read.params.get("lr_schedule") or "constant")
+    refuse_bad_schedule(lr_schedule, warmup, steps)
+    return RunParams(steps=steps, plan=plan, graph=graph, seed=seed, lr=lr, warmup=warmup,
+                     lr_schedule=lr_schedule,
+                     time_nodes=read.integer("time_nodes", 0, minimum=0),
+                     init=read.input_path("init"),
+                     stop_after=read.integer("stop_after", minimum=1),
+                     checkpoint_every=read.integer("checkpoint_every", 0, minimum=0),
+                     resume=read.input_path("resume"),
+                     malloc=requested_malloc(read.params),
+                     save=check_save_choice(str(read.params.get("save") or DEFAULT_SAVE)))
 
 
 def refuse_bad_schedule(schedule: str, warmup: int, steps: int) -> None:

@@ -12,18 +12,26 @@ from ..daemon.layout import job_page_dir
 from ..daemon.registry import BadParam, JobContext, JobParams
 
 
-def profile_job(ctx: JobContext, params: dict) -> dict:
-    from .measure import ProfileOptions, measure_profile, profile_summary, to_stderr
-    from .profile_writer import write_profile
-    options = dict(params)
-    graph = JobParams(params, ctx, "profile").input_path("graph")
+def profile_options(read: JobParams):
+    """The profile job's options from its params (a JobParams; registry.refuse_bad_params reads
+    them where the job is submitted, its page_dir and graph as the board would read them)."""
+    from .measure import ProfileOptions
+    options = dict(read.params)
+    graph = read.input_path("graph")
     if graph is not None:
         options["graph"] = str(graph)
-    options["page_dir"] = job_page_dir(options.get("page_dir"), ctx.workdir)
+    options["page_dir"] = job_page_dir(options.get("page_dir"),
+                                       read.ctx.workdir if read.ctx is not None else ".")
     try:
-        profile_options = ProfileOptions.from_params(options)
+        return ProfileOptions.from_params(options)
     except ValueError as error:  # names the param, as the agent's own profile options
         raise BadParam(str(error)) from None
+
+
+def profile_job(ctx: JobContext, params: dict) -> dict:
+    from .measure import measure_profile, profile_summary, to_stderr
+    from .profile_writer import write_profile
+    options = profile_options(JobParams(params, ctx, "profile"))
 
     def progress(index: int, total: int, node) -> None:
         ctx.check_cancelled()
@@ -35,6 +43,6 @@ def profile_job(ctx: JobContext, params: dict) -> dict:
         ctx.check_cancelled()
         ctx.progress(0.0, message)
 
-    profile = measure_profile(profile_options, progress, phase)
+    profile = measure_profile(options, progress, phase)
     write_profile(profile, ctx.files_dir / "profile.json")
     return {"files": ["profile.json"], **profile_summary(profile, "profile.json")}
