@@ -8,6 +8,7 @@ documented with.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import subprocess
@@ -66,13 +67,19 @@ def test_the_resnet18_examples_plain_run_takes_no_profile():
     assert not planned.plain and planned.profile == "p.json" and planned.budget is None
 
 
-@pytest.mark.parametrize("name", ["finetune_resnet18_emulated.py", "bert_mini_paging_to_flash.py"])
+@pytest.mark.parametrize("name", ["finetune_resnet18_emulated.py", "bert_mini_paging_to_flash.py",
+                                  "finetune_1b_lora_2gib.py"])
 def test_the_training_examples_recommend_no_profile_of_another_graph(name):
-    """QA: profiles/this-machine.json, which both recommended, timed digits-cnn's graph and
-    "measured 0 of 137/179 nodes" of theirs."""
+    """QA: profiles/this-machine.json, which they recommended (the 1.1B one planned with it
+    too), timed digits-cnn's graph and "measured 0 of 137/179/125 nodes" of theirs."""
     profile = json.loads((EXAMPLES.parent / "profiles" / "this-machine.json").read_text())
     assert profile["measurements"]["ops"]["graph"] == "digits-cnn"
     assert "--profile profiles/this-machine.json" not in load(name).__doc__
+    module = ast.parse((EXAMPLES / name).read_text())
+    strings = [node.value for node in ast.walk(module) if isinstance(node, ast.Constant)
+               and isinstance(node.value, str) and node.value != ast.get_docstring(module,
+                                                                                   clean=False)]
+    assert not [s for s in strings if "this-machine" in s], "the code plans with it"
 
 
 def test_the_bert_example_pages_to_flash_with_its_options():
