@@ -6,7 +6,17 @@ before the backward pass needs it, by the profile's figures for each: where the 
 measured flash costs less than recomputing it pages, where it costs more it recomputes, and
 the last line says which. The board's agent executes the page-outs and page-ins for real
 (checksummed files); the report counts them and shows the gradients still equal eager
-PyTorch's bit for bit.
+PyTorch's bit for bit. Which it does turns on the flash's `compute_share` in the profile
+(what its IO takes from compute where no core is spare). Measured 2026-12-07 on the shared
+2-core host, `python examples/bert_mini_paging_to_flash.py --steps 3` twice, each run profiling
+the board first (load average 5-8), the budget 70% (156.4 MiB of plain 223.5 MiB):
+  - share 0 (its pairs' slowdowns -45 to 1.1: noise under the load, clipped): 14 tensors paged
+    out and back a step, 63.56 MiB, none recomputed; steps 3.44-4.85 s, 3.05 s predicted;
+  - share 0.92: none paged, 11 recomputations; steps 2.70-2.80 s, 3.66 s predicted.
+Both trained with the gradients equal to eager PyTorch's bit for bit. The share decided it:
+`edge-remat plan` of each run's graph with its profile's share swapped for the other's gives
+the other's choice (at 0: 14 page-outs, no recomputation; at 0.92: 11 recomputations, and 1
+page-out with the first run's other figures).
 
     python examples/bert_mini_paging_to_flash.py --steps 3
     python examples/bert_mini_paging_to_flash.py --device rpi5 --budget 60% --steps 10
