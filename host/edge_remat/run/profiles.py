@@ -48,9 +48,12 @@ class ChosenProfile:
     cached_at: Optional[Path] = None  # its copy in the profile cache, if it has one
 
     def forget(self) -> bool:
-        """Take the profile out of the cache (the next run measures again); whether it was."""
+        """Take the profile out of the cache (the next run measures again); whether it was.
+        The index of profiles `edge-remat profile` measured forgets it too, which offered it
+        again to the next run (QA): its cached copy has the very bytes of the file noted."""
         if self.cached_at is None or not self.cached_at.is_file():
             return False
+        forget_profiled(_file_digest(self.cached_at))
         self.cached_at.unlink()
         return True
 
@@ -128,13 +131,37 @@ def remember_profiled(board, fetched: "list[str | Path]") -> None:
             entries = [e for e in _profiled_entries() if e.get("path") != str(path)]
             entries.append({"path": str(path), "board": _board_key(board),
                             "graph_fingerprint": fingerprint})
-            cache_dir().mkdir(parents=True, exist_ok=True)
-            index = cache_dir() / PROFILED_INDEX
-            temporary = index.with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_text(json.dumps(entries[-PROFILED_KEPT:], indent=1))
-            os.replace(temporary, index)
+            _write_profiled(entries)
         except (OSError, FormatError, ValueError):
             continue
+
+
+def _write_profiled(entries: list) -> None:
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    index = cache_dir() / PROFILED_INDEX
+    temporary = index.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(entries[-PROFILED_KEPT:], indent=1))
+    os.replace(temporary, index)
+
+
+def forget_profiled(digest: "str | None") -> None:
+    """Drop the index's entries whose profile file holds these bytes (`digest`, _file_digest):
+    a profile a run found far off its steps is not offered again; the file itself stays where
+    `edge-remat profile` wrote it. Where the index cannot be written, it is left as it is."""
+    entries = _profiled_entries() if digest is not None else []
+    kept = [e for e in entries if _file_digest(Path(e["path"])) != digest]
+    if len(kept) < len(entries):
+        try:
+            _write_profiled(kept)
+        except OSError:
+            pass
+
+
+def _file_digest(path: Path) -> "str | None":
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _profiled_earlier(board, graph_path: Path) -> "tuple[Profile, Path] | None":
