@@ -87,8 +87,11 @@ def check_device(device: DeviceConfig) -> dict:
             # stayed up an hour, the daemon's idle exit), a busy one left as it is
             from .transport.emulated import retire_emulated
             retire_emulated(board)
-    except (TransportError, FormatError, OSError) as exc:
+    except (TransportError, FormatError) as exc:
         return {"ok": False, "error": str(exc)}
+    except OSError as exc:  # in the words every command's line gives (QA: "[Errno 2] ...")
+        from .errors import classify
+        return {"ok": False, "error": classify(exc)[1]}
     page_dir = info.get("page_dir") or {}
     result = {"ok": not problems, "python": info.get("python"), "torch": info.get("torch"),
               "ram_total_bytes": info.get("ram_total_bytes"),

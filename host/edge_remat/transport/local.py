@@ -5,6 +5,7 @@ it starts, and every job that daemon runs, inherit it."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -45,9 +46,13 @@ class LocalTransport:
             raise BoardMissingPython(f"{self.board} has no `{python}`: "
                                      f"{python_hint(self.device.hardware.family)}")
         workdir = self.workdir
-        target = self._install(workdir, archive)
         stderr_path = workdir / "relay.log"
-        with open(stderr_path, "wb") as stderr:
+        try:
+            target = self._install(workdir, archive)
+            stderr = open(stderr_path, "wb")
+        except OSError as exc:
+            raise self._workdir_unusable(exc) from None
+        with stderr:
             self._proc = subprocess.Popen(
                 self.wrap + [python, str(target), "serve", "--stdio", "--workdir", str(workdir)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=str(workdir),
@@ -65,6 +70,23 @@ class LocalTransport:
                                  f"{lines[-1] if lines else exc}") from None
         return session
 
+    def _workdir_unusable(self, exc: OSError) -> TransportError:
+        """A workdir the agent cannot be put in (one under /proc, a read-only or full disk),
+        said as an SSH board's is, exit 3: the board cannot be used as configured. QA: `devices
+        --check` said "[Errno 2] No such file or directory: '/proc/xwd'" (exit 3), deploy
+        "/proc/xwd: No such file ... (check the path and its permissions)" (exit 2)."""
+        workdir = self.device.connection.workdir
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return BoardOutOfDisk(f"{self.board} is out of disk in its workdir {workdir}: free "
+                                  "some space, or set workdir in [connection] of "
+                                  f"{self.device.path} to a larger partition")
+        made = self.workdir / "agents"  # the folder made first, and those it is made in
+        named = exc.filename and Path(os.path.abspath(exc.filename)) not in (made, *made.parents)
+        where = f"{exc.filename}: " if named else ""
+        return TransportError(f"{self.board} cannot use its workdir {workdir} ({where}"
+                              f"{exc.strerror or exc}): set workdir in [connection] of "
+                              f"{self.device.path} to a folder you can create and write")
+
     def _install(self, workdir: Path, archive: AgentArchive) -> Path:
         agents = workdir / "agents"
         agents.mkdir(parents=True, exist_ok=True)
@@ -72,7 +94,9 @@ class LocalTransport:
         if not (target.is_file() and file_sha256(target) == archive.sha256):
             if shutil.disk_usage(agents).free < archive.size + (1 << 20):
                 raise BoardOutOfDisk(f"{self.board} is out of disk in {workdir}: the agent "
-                                     f"needs {archive.size} bytes plus 1 MiB")
+                                     f"needs {archive.size} bytes plus 1 MiB: free some space, "
+                                     f"or set workdir in [connection] of {self.device.path} "
+                                     "to a larger partition")
             tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
             shutil.copyfile(archive.path, tmp)
             os.replace(tmp, target)
