@@ -161,13 +161,28 @@ class Board:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _reconnected(self) -> AgentSession:
+        """The session, connecting again where the link was lost. An error retrying cannot
+        fix (the host key CHANGED, authentication refused, a reconnect hook's) is marked
+        `reconnecting`: the board was reached before, so a job sent then may still run there
+        (run_job names it and the way back)."""
+        if self._session is not None or not self._connected_once:
+            return self.session()
+        try:
+            return self.session()
+        except (LinkLost, BoardUnreachable, AgentError):
+            raise
+        except TransportError as exc:
+            exc.reconnecting = True
+            raise
+
     def _retrying(self, what: str, action: Callable[[AgentSession], object]):
         deadline: Optional[float] = None
         began, said, causes = 0.0, 0.0, set()
         pause = 0.2
         while True:
             try:
-                return action(self.session())
+                return action(self._reconnected())
             except (LinkLost, BoardUnreachable) as exc:
                 if isinstance(exc, BoardUnreachable) and not self._connected_once:
                     raise  # never reached it at all: no point in retrying for minutes
@@ -337,6 +352,8 @@ class Board:
                 raise self.interrupted(job_id, out_dir) from None
             except LinkLost as exc:  # reconnecting gave up; the job goes on without us
                 raise self.out_of_reach(job_id, exc, out_dir) from None
+            except TransportError as exc:
+                raise self._lost_on_reconnect(job_id, exc, out_dir) from None
         if record["state"] == "failed":
             raise job_failed(record, f"job {record['id']} ({kind})", self.name,
                              self.stale_agent_cause())
@@ -345,7 +362,21 @@ class Board:
                 record["fetched"] = [str(p) for p in self.fetch_outputs(record, out_dir)]
             except LinkLost as exc:
                 raise self.out_of_reach(job_id, exc, out_dir) from None
+            except TransportError as exc:
+                raise self._lost_on_reconnect(job_id, exc, out_dir) from None
         return record
+
+    def _lost_on_reconnect(self, job_id: str, exc: TransportError,
+                           out_dir: "str | Path | None" = None) -> TransportError:
+        """A transport error while job `job_id` was sent, waited on or fetched: where
+        reconnecting failed on what retrying cannot fix (`reconnecting`: the host key CHANGED,
+        authentication refused, a reconnect hook's error), the job goes on on the board as when
+        reconnecting times out: the error's own reason, then the job and the way back
+        (JobOutOfReach, so that `run` writes its link_lost report). QA: exit 3 with neither,
+        and no report. Any other (the agent's refusal, a bad output name) stays as it is."""
+        if not getattr(exc, "reconnecting", False):
+            return exc
+        return self.out_of_reach(job_id, exc, out_dir, reconnecting=True)
 
     def come_back(self, job_id: str, out_dir: "str | Path | None" = None) -> str:
         """The commands that come back for a job this command no longer waits on."""
@@ -354,12 +385,17 @@ class Board:
         return (f"`edge-remat job-status {job_id} --device {device} --wait{fetch}` comes back "
                 f"for it, `edge-remat job-cancel {job_id} --device {device}` stops it")
 
-    def out_of_reach(self, job_id: str, lost: LinkLost,
-                     out_dir: "str | Path | None" = None) -> JobOutOfReach:
+    def out_of_reach(self, job_id: str, lost: TransportError,
+                     out_dir: "str | Path | None" = None,
+                     reconnecting: bool = False) -> JobOutOfReach:
         """Giving up on the link while job `job_id` ran: the job may go on (the board keeps
-        it), so the error names it and the way back, as Ctrl-C with --keep-running does."""
-        return JobOutOfReach(f"{lost}; job {job_id} may still run on {self.name}: "
-                             + self.come_back(job_id, out_dir), job=job_id)
+        it), so the error names it and the way back, as Ctrl-C with --keep-running does.
+        `reconnecting`: `lost` is why a reconnect failed (its remedy first), not a timeout."""
+        when = (f" (reconnecting after the link to {self.name} dropped)" if reconnecting
+                else "")
+        fixed = "once that is fixed, " if reconnecting else ""
+        return JobOutOfReach(f"{lost}{when}; job {job_id} may still run on {self.name}: "
+                             + fixed + self.come_back(job_id, out_dir), job=job_id)
 
     @contextlib.contextmanager
     def cancelled_on_interrupt(self, why: str):
