@@ -143,8 +143,9 @@ def test_a_local_board_gets_a_module_of_this_folder_as_its_file(tmp_path, monkey
     for spec, board_spec in given.items():
         opts = RunOptions(device="local", model="mlp", data=spec)
         assert for_board(opts, local).data == board_spec, spec
+    # a board with a disk of its own gets the file with the job (pushed_files.py)
     assert for_board(RunOptions(device="local", model="mlp", data="mydata:b"),
-                     find_device(str(_ssh_device(tmp_path)))).data == "mydata:b"
+                     find_device(str(_ssh_device(tmp_path)))).data == f"{tmp_path}/mydata.py:b"
     # a model's factory alike (QA: `--model mymod:make` of the user's folder was captured on
     # the host, then failed on the local board: "cannot import mymod")
     opts = RunOptions(device="local", model="mydata:batches", data="digits")
@@ -178,16 +179,21 @@ def test_relative_files_are_made_absolute_for_a_local_board(tmp_path, monkeypatc
     assert (kept.model, kept.data) == ("digits-cnn", "digits")
 
 
-@pytest.mark.parametrize("option,spec", [("--model", "my_model.py:make_model"),
-                                         ("--data", "mydata.py:batches")])
-def test_a_relative_file_for_a_remote_board_is_refused_before_connecting(tmp_path, option,
-                                                                          spec):
-    device = _ssh_device(tmp_path)
-    before = tree(tmp_path)
-    proc = cli("run", "--device", device, "--model", "mlp", "--budget", "98%", option, spec,
-               cwd=tmp_path, timeout=60)
-    refused(proc, BAD_INPUT, option, spec, "absolute path")
-    no_new_files(before, tmp_path)
+def test_relative_files_are_made_absolute_for_a_remote_board(tmp_path, monkeypatch):
+    """An SSH board gets the user's files with the job and reads its copy of each: a relative
+    path is this host's file, named absolute (it was refused: "give the absolute path the
+    file has on the board"); a path only the board has stays as given."""
+    from edge_remat.devices import find_device
+    from edge_remat.run.options import RunOptions, for_board
+    monkeypatch.chdir(tmp_path)
+    far = find_device(str(_ssh_device(tmp_path)))
+    opts = for_board(RunOptions(device="far-board", model="my_model.py:make_model",
+                                data="sub/mydata.py:batches"), far)
+    assert opts.model == f"{tmp_path}/my_model.py:make_model"
+    assert opts.data == f"{tmp_path}/sub/mydata.py:batches"
+    kept = for_board(RunOptions(device="far-board", model="/srv/m.py:make",
+                                data="/srv/data.py:batches"), far)
+    assert (kept.model, kept.data) == ("/srv/m.py:make", "/srv/data.py:batches")
 
 
 @pytest.mark.parametrize("paging", ["host", "both"])

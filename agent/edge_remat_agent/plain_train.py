@@ -45,7 +45,9 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
     check_micro_batches(accumulate)
     from .capture.models import load_model
     from .capture.optimizer import torch_optimizer
-    from .data import batches
+    from .data import DataError, batches
+    from .executor.batches import _data_errors
+    from .executor.errors import BadBatch
     from .grad_clip import check_max_norm, clip_all
     from .lr_schedule import ScheduledLr
     from .profiler.memory import PeakRssSampler, current_rss_bytes
@@ -59,7 +61,12 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
     opt = torch_optimizer(optimizer, module, lr)
     schedule = ScheduledLr([opt], lr_schedule, warmup, steps)
     clip = None if clip_grad_norm is None else check_max_norm(clip_grad_norm)
-    feed = batches(data, example_args, seed, module)
+    # data that cannot feed the model (its function's error before a first batch too) is
+    # the job's bad input, as the planned run's (executor/batches.py)
+    try:
+        feed = _data_errors(batches(data, example_args, seed, module), DataError)
+    except DataError as error:
+        raise BadBatch(str(error)) from None
     # the generator as the planned run seeds it before its first step: dropout draws alike
     torch.manual_seed(seed)
     report: dict[str, Any] = {"model": model, "optimizer": optimizer,

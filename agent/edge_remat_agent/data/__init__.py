@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from ..user_code import UserCodeError, import_user_module, names_file
+from ..user_code import USER_CODE_FAILURES, UserCodeError, import_user_module, names_file
 from .digits import digits_batches, load_digits
 from .text import SMALLEST_VOCAB, text_batches
 
@@ -39,6 +39,11 @@ DATA_SPECS = NAMED_DATA + ("MODULE:FUNCTION",)
 
 class DataError(ValueError):
     """A data spec that cannot feed this model (unknown name, shapes that do not match)."""
+
+
+class DataFunctionFailed(DataError):
+    """The user's MODULE:FUNCTION raised (or exited) before its first batch: the run's input
+    is wrong, nothing trained (a board's job refuses it as bad input, as the host does)."""
 
 
 def batches(spec: str | None, example_args: tuple, seed: int = 0,
@@ -56,7 +61,7 @@ def batches(spec: str | None, example_args: tuple, seed: int = 0,
     elif spec == "text":
         source = text_batches(batch, _seq_length(example_args), seed, _text_layout(model))
     else:
-        source = iter(load_data_function(spec)(batch, seed))
+        source = _first_batch_said(spec, load_data_function(spec), batch, seed)
     return _checked(spec, source, example_args, torch)
 
 
@@ -68,15 +73,7 @@ def check_data_fits(spec: str, example_args: tuple, seed: int = 0, model=None,
     if spec in NAMED_DATA and spec != "example":
         next(batches(spec, example_args, seed, model))
     elif user_data and spec not in NAMED_DATA:
-        try:
-            next(batches(spec, example_args, seed, model))
-        except DataError:
-            raise
-        except StopIteration:
-            raise DataError(f"data {spec!r} gives no batch") from None
-        except Exception as error:  # the user's code: its error, in one line
-            raise DataError(f"data {spec!r} failed on its first batch: "
-                            f"{type(error).__name__}: {error}") from None
+        next(batches(spec, example_args, seed, model))
 
 
 def check_data_spec(spec: str) -> None:
@@ -112,6 +109,25 @@ def _import_data_module(spec: str, module_part: str):
     except UserCodeError as exc:
         hint = "" if names_file(module_part) else " (a Python file? give its path, ending in .py)"
         raise DataError(f"data {spec!r}: {exc}{hint}") from None
+
+
+def _first_batch_said(spec: str, function: Callable, batch: int,
+                      seed: int) -> Iterator[tuple]:
+    """FUNCTION(batch, seed)'s batches; none at all, or its error before the first, in one
+    line as a DataError (QA: over SSH the board's run failed on "RuntimeError: data boom",
+    exit 1, where the host refused it for a local board, exit 2). Later errors are its own."""
+    try:
+        source = iter(function(batch, seed))
+        first = next(source)
+    except StopIteration:
+        raise DataError(f"data {spec!r} gives no batch") from None
+    except DataError:
+        raise
+    except USER_CODE_FAILURES as error:  # the user's code: its error, in one line
+        raise DataFunctionFailed(f"data {spec!r} failed on its first batch: "
+                                 f"{type(error).__name__}: {error}") from None
+    yield first
+    yield from source
 
 
 def _repeat(args: tuple) -> Iterator[tuple]:
@@ -188,5 +204,6 @@ def _in_dtype_of(got, want, torch):
     return got
 
 
-__all__ = ["DATA_SPECS", "NAMED_DATA", "DataError", "batches", "check_data_fits", "check_data_spec",
-           "digits_batches", "load_data_function", "load_digits", "text_batches"]
+__all__ = ["DATA_SPECS", "NAMED_DATA", "DataError", "DataFunctionFailed", "batches",
+           "check_data_fits", "check_data_spec", "digits_batches", "load_data_function",
+           "load_digits", "text_batches"]

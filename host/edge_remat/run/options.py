@@ -338,7 +338,8 @@ def run_data(opts: RunOptions) -> str:
 def check_data(spec: str, device: DeviceConfig) -> None:
     """A data spec the board cannot read is refused here, not after the capture, the profile
     and the plan: the agent's own table of data names, and data this host reads as the board
-    does (a file, or a module: QA, `--data nomod:fn` failed on the board after all of them)."""
+    does (a file, or a module: QA, `--data nomod:fn` failed on the board after all of them;
+    over SSH, `--data mine.py:nofn` and `--data mymod:fn` of this folder did)."""
     from edge_remat_agent.data import DataError, check_data_spec, load_data_function
     try:
         check_data_spec(spec)
@@ -353,27 +354,40 @@ def check_data_fits(spec: str, example_args: tuple, model=None,
     """Bundled data that cannot feed the model (digits for a 3x32x32 model, text for images)
     is refused once the capture has the model's example arguments, before the profile and the
     plan, rather than on the board after them; a MODULE:FUNCTION too where the board reads
-    this host's files (QA: one that gave 1 argument for a model of 2 failed on the board, after
-    the profile and the plan)."""
-    from edge_remat_agent.data import DataError, check_data_fits as first_batch_fits
+    this host's code (QA: one that gave 1 argument for a model of 2 failed on the board, after
+    the profile and the plan). On a board with a disk of its own (SSH, serial) the function
+    may read data only that board has: its own error here is left to the board, whose job
+    refuses it as bad input in the same words; a batch that cannot feed the model is refused."""
+    from edge_remat_agent.data import DataError, DataFunctionFailed
+    from edge_remat_agent.data import check_data_fits as first_batch_fits
     here = device is not None and _data_read_here(spec, device)
     try:
         first_batch_fits(spec, example_args, model=model, user_data=here)
     except DataError as error:
+        if isinstance(error, DataFunctionFailed) and not shares_files(device):
+            return  # the board draws its own first batch, and says so if it fails
         raise RunProblem(f"--data {spec} cannot feed this model: {error}") from None
 
 
 def _data_read_here(spec: str, device: DeviceConfig) -> bool:
     """Whether `spec` is the user's data (MODULE:FUNCTION) that this host reads as the board
-    does: any on a board that shares this host's files (for_board gives it a module of the
-    host's current folder as that module's file)."""
+    does: any on a board that shares this host's files; on any other, one whose file is here
+    (a file, or a module of the current folder: for_board names it by its file), which is
+    pushed with the job, the board running this host's copy (transport/pushed_files.py). A
+    module installed elsewhere, or a path only the board has, is the board's to check."""
     from edge_remat_agent.data import NAMED_DATA
-    return spec not in NAMED_DATA and shares_files(device)
+    from edge_remat_agent.user_code import module_file_spec, spec_file
+    if spec in NAMED_DATA:
+        return False
+    if shares_files(device):
+        return True
+    path = spec_file(module_file_spec(spec))
+    return path is not None and os.path.isfile(path)
 
 
-def shares_files(device: DeviceConfig) -> bool:
+def shares_files(device: Optional[DeviceConfig]) -> bool:
     """A local board (emulated ones included) reads this host's files; others have their own."""
-    return device.connection.kind == "local"
+    return device is not None and device.connection.kind == "local"
 
 
 def flash_allowed(paging: Optional[str]) -> bool:
@@ -391,33 +405,24 @@ def paging_with_flash(paging: Optional[str]) -> str:
 
 def for_board(opts: RunOptions, device: DeviceConfig) -> RunOptions:
     """The options with the user's files (a MODULE:FACTORY model, a MODULE:FUNCTION data
-    module) named by absolute paths: the board reads them in another working directory."""
+    module) named by absolute paths, a module of this folder by its file: a local board reads
+    them in another working directory, and any other gets them with the job (pushed_files.py)
+    and reads its copy of each (QA: `--model mymod:make` of this folder failed on a local
+    board after the capture and the plan; `--data mymod:fn` over SSH likewise)."""
     model = absolute_file_spec(opts.model, "--model", device)
     data = absolute_file_spec(run_data(opts), "--data", device)
-    if shares_files(device):  # the board imports in its own folder, not in this one (QA:
-        # `--model mymod:make` of this folder failed there after the capture and the plan)
-        from edge_remat_agent.user_code import module_file_spec
-        model, data = module_file_spec(model), module_file_spec(data)
     return dataclasses.replace(opts, model=model, data=data)
 
 
 def absolute_file_spec(spec: str, option: str, device: DeviceConfig) -> str:
-    """`dir/mine.py:NAME` -> `/cwd/dir/mine.py:NAME` for a board that shares this host's files;
-    a relative path is refused for one that does not (it would mean the board's own folder).
-    An hf: spec's config, adapter and checkpoint paths are made absolute as the capture makes
-    them (an SSH board needs the same files at the same paths): `--plain` sends the spec to
-    the board without a capture, which then read `config=small.json` in its own folder."""
+    """`dir/mine.py:NAME` -> `/cwd/dir/mine.py:NAME`, `mymod:NAME` of the current folder ->
+    `/cwd/mymod.py:NAME`, for any board: one that shares this host's files reads them in
+    another folder, and one that does not gets the file with the job and reads that copy where
+    the path is not on its disk (transport/pushed_files.py; QA: a relative file was refused
+    for an SSH board after the files came to be pushed). An hf: spec's config, adapter and
+    checkpoint paths are made absolute as the capture makes them: `--plain` sends the spec to
+    the board without a capture, which then read `config=small.json` in its own folder.
+    `option` and `device` are kept for the callers: every board gets the same spec."""
     # the agent's rules for what names a file, and for making it absolute
-    from edge_remat_agent.capture.hf_spec import canonical_spec, is_hf_spec
-    from edge_remat_agent.user_code import spec_file, with_absolute_file
-    if is_hf_spec(spec):
-        return canonical_spec(spec)
-    path = spec_file(spec)
-    if path is None or os.path.isabs(path):
-        return spec
-    if not shares_files(device):
-        raise RunProblem(f"{option} {spec}: {device.name} is reached over "
-                         f"{device.connection.kind} and reads {path} from its own disk, where "
-                         f"a relative path means nothing; give the absolute path the file has "
-                         f"on the board (and, for a model, the same one on this host)")
-    return with_absolute_file(spec)
+    from edge_remat_agent.capture.hf_spec import canonical_spec
+    return canonical_spec(spec)
