@@ -682,7 +682,10 @@ def _profile(captured, args, log):
         log(f"  flash: write {tiers['flash'].write_cost(MiB)[0] * 1e3:.2f} ms, read "
             f"{tiers['flash'].read_cost(MiB)[0] * 1e3:.2f} ms a MiB; compute share "
             f"{tiers['flash'].compute_share:.2f} (the IO thread's CPU "
-            f"{flash.contention.io_cpu_per_io_s or 0:.2f} s per IO second)")
+            f"{flash.contention.io_cpu_per_io_s or 0:.2f} s per IO second"
+            # where the pairs were too noisy, the share is that CPU figure: said (contention.py)
+            + (f"; {flash.contention.note}" if flash.contention.source != "measured" else "")
+            + ")")
     log(f"  op profiler: {len(captured.graph)} planner nodes "
         f"({'operator' if captured.graph.capture.get('operator_level') else 'module'}-level) "
         f"timed in {time.perf_counter() - start:.0f} s")

@@ -17,6 +17,10 @@ Both trained with the gradients equal to eager PyTorch's bit for bit. The share 
 `edge-remat plan` of each run's graph with its profile's share swapped for the other's gives
 the other's choice (at 0: 14 page-outs, no recomputation; at 0.92: 11 recomputations, and 1
 page-out with the first run's other figures).
+A share that noisy is no longer planned with: the profiler now pools the pairs and, where
+they are too noisy or too few, takes the IO thread's own CPU per IO second instead (0.05-0.36
+on this host with torch's 2 threads) and says so; with 0.19-0.7 the first run's graph still
+pages 14 tensors (docs/paging.md, "compute_share").
 
     python examples/bert_mini_paging_to_flash.py --steps 3
     python examples/bert_mini_paging_to_flash.py --device rpi5 --budget 60% --steps 10

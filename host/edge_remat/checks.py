@@ -215,6 +215,21 @@ def note_budget_above_ram(profile: Optional[Profile], budget_bytes: int, profile
                    "give a budget in bytes below it", say)
 
 
+def note_share_fallback(profile: Optional[Profile], plan_dict: dict, profile_name: str,
+                        say: Callable[[str], None]) -> None:
+    """A tier the plan could page to whose compute_share is the profiler's fallback (the IO
+    thread's CPU per IO second, or 1, where the pairs measured beside compute were too noisy
+    or too few), said: that figure decides paging against recomputing, and a user reading the
+    plan should know it was not measured beside compute (profiler/contention.py)."""
+    from edge_remat_agent.profiler.contention import share_notes
+    if profile is None:
+        return
+    planned = set(plan_dict.get("tiers") or ())
+    for note in share_notes(profile.measurements):
+        if note.split(" ", 1)[0] in planned:
+            say(f"note: {profile_name}: {note}")
+
+
 def note_plan_above_ram(config, peak_bytes: int, say: Callable[[str], None]) -> None:
     """deploy: a plan whose predicted peak the device config's board cannot hold (its memory
     limit where it has one) is said before it is shipped, as `run` says its budget."""

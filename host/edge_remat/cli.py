@@ -140,7 +140,7 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Solve for the cheapest schedule that fits the memory budget; write it as a plan."""
-    from .checks import note_budget_above_ram, note_profile_fit
+    from .checks import note_budget_above_ram, note_profile_fit, note_share_fallback
     from .importers.graph_import import load_graph_file
     from .outputs import output_file, output_folder
     from .planner.build import PAGING_CHOICES, build_problem, plain_peak_bytes
@@ -237,6 +237,7 @@ def plan(
                           "found, so nothing was written: let it run longer, or give a larger "
                           "--budget, which plans sooner") from None
     note_budget_above_ram(prof, result["budget_bytes"], str(profile), to_stderr)
+    note_share_fallback(prof, result, str(profile), to_stderr)
     if output:
         report.plan.save(output)
     stopped = (f"interrupted ({stopped_by()}); the plan "

@@ -396,7 +396,15 @@ def profile_summary(profile: Profile, output: str) -> dict[str, Any]:
             "sensor": profile.device.get("sensor"),
             "power_estimate": profile.device.get("power_estimate"),
             "runtime_baseline_bytes": profile.runtime_baseline_bytes,
-            **_not_measured(profile)}
+            **_not_measured(profile), **_share_fallback(profile)}
+
+
+def _share_fallback(profile: Profile) -> dict[str, Any]:
+    """Tiers whose compute_share is the fallback, not the one measured beside compute, and
+    why (contention.py), where there are any: host's `profile` prints it as a row."""
+    from .contention import share_notes
+    notes = share_notes(profile.measurements)
+    return {"compute_share": "; ".join(notes)} if notes else {}
 
 
 def _not_measured(profile: Profile) -> dict[str, Any]:

@@ -391,9 +391,10 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     except InfeasibleBudget as error:
         error = _with_flash_hint(error, capture, chosen, opts, device, plain_peak, say)
         raise _with_limit_hint(error, opts, device, chosen) from None
-    from ..checks import note_budget_above_ram
+    from ..checks import note_budget_above_ram, note_share_fallback
     note_budget_above_ram(chosen.profile, plan_dict["budget_bytes"],
                           f"the profile of {device.name}", say)
+    note_share_fallback(chosen.profile, plan_dict, f"the profile of {device.name}", say)
     _note_budget_past_limit(plan_dict["budget_bytes"], opts, device, chosen, say,
                             plan_dict["predicted"].get("peak_bytes"))
     require_kind(board, "run", "execute plans")
