@@ -99,11 +99,35 @@ def test_run_refuses_a_memory_limit_the_agent_cannot_start_in(tmp_path, limit, s
 @pytest.mark.parametrize("read,write,words", [
     ("0", "0", ["--flash-read-bw '0' must be positive"]),
     ("90MB", "0", ["--flash-write-bw '0' must be positive"]),
-    ("90MB", "50%", ["--flash-write-bw '50%'", "a size"]),
-], ids=["read zero", "write zero", "write fraction"])
+    ("90MB", "50%", ["--flash-write-bw '50%' is a percentage", "bytes a second (90MB/s"]),
+    # QA: a bandwidth was said as a memory size: "larger than any board's memory", "a size"
+    ("1e30", "90MB", ["--flash-read-bw '1e30' is faster than any flash or link",
+                      "at most 2^60 bytes a second"]),
+    ("90MB", "fast", ["cannot read --flash-write-bw 'fast'", "bytes a second (90MB/s"]),
+    ("90MB", "-4MB/s", ["--flash-write-bw '-4MB/s' must be positive"]),
+    ("90MB/h", "90MB", ["cannot read --flash-read-bw '90MB/h'", "bytes a second"]),
+], ids=["read zero", "write zero", "write fraction", "read 1e30", "write words",
+        "write negative", "read per hour"])
 def test_plan_names_the_flash_bandwidth_it_cannot_read(tmp_path, read, write, words):
-    refused(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.8", "--flash-read-bw",
-                read, "--flash-write-bw", write), BAD_INPUT, *words)
+    line = refused(cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "0.8",
+                       "--flash-read-bw", read, "--flash-write-bw", write), BAD_INPUT, *words)
+    assert "memory" not in line and "a size" not in line, line
+
+
+@pytest.mark.parametrize("read,write,figures", [
+    ("90MB/s", "40MB/s", (90e6, 40e6)),  # QA: "use a size (512MiB, ...)"
+    ("1.2 GB/s", "500MiB/s", (1.2e9, 500 * 2**20)),
+    ("90MBps", "40mb/sec", (90e6, 40e6)),
+    ("90MB", "40000000", (90e6, 40e6)),
+])
+def test_a_bandwidth_is_read_as_a_rate_as_users_write_one(tmp_path, read, write, figures):
+    plan = tmp_path / "plan.json"
+    run = cli("plan", "--graph", tiny_graph(tmp_path), "--budget", "1.0", "--paging", "flash",
+              "--flash-read-bw", read, "--flash-write-bw", write, "--solver",
+              "heuristic:split", "-o", plan)
+    assert run.returncode == 0, run.stderr
+    tier = json.loads(plan.read_text())["tiers"]["flash"]
+    assert (tier["read_bytes_per_s"], tier["write_bytes_per_s"]) == figures
 
 
 def test_a_small_bare_bandwidth_is_bytes_a_second_not_a_fraction(tmp_path):

@@ -66,9 +66,9 @@ def _tiers(read_bw, write_bw, latency, energy_per_byte) -> dict[str, Tier]:
     from edge_remat_agent.formats.fields import Reader
     from edge_remat_agent.formats.profile import tier_from
 
-    from .units import parse_size
-    fields = {"read_bytes_per_s": parse_size(read_bw, "--flash-read-bw"),  # bytes a second
-              "write_bytes_per_s": parse_size(write_bw, "--flash-write-bw"),
+    from .units import parse_rate
+    fields = {"read_bytes_per_s": parse_rate(read_bw, "--flash-read-bw"),  # bytes a second
+              "write_bytes_per_s": parse_rate(write_bw, "--flash-write-bw"),
               "latency_s": latency, "read_j_per_byte": energy_per_byte,
               "write_j_per_byte": energy_per_byte}
     fields = {key: value for key, value in fields.items() if value is not None}
@@ -123,8 +123,10 @@ def plan(
     backend: str = typer.Option("cbc", "--backend", help="MILP backend: cbc | highs"),
     workers: Optional[int] = typer.Option(None, "--workers", "--threads",
                                           help="solver threads (default: all cores)"),
-    flash_read_bw: Optional[str] = typer.Option(None, "--flash-read-bw", help="bytes/s, e.g. 90MB"),
-    flash_write_bw: Optional[str] = typer.Option(None, "--flash-write-bw", help="bytes/s"),
+    flash_read_bw: Optional[str] = typer.Option(None, "--flash-read-bw",
+                                                help="bytes a second, e.g. 90MB/s"),
+    flash_write_bw: Optional[str] = typer.Option(None, "--flash-write-bw",
+                                                 help="bytes a second, e.g. 40MB/s"),
     flash_latency: Optional[float] = typer.Option(None, "--flash-latency", help="seconds"),
     flash_energy_per_byte: Optional[float] = typer.Option(None, "--flash-energy-per-byte",
                                                           help="joules per byte moved"),

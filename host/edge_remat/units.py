@@ -86,8 +86,44 @@ def _short_decimal_note(text: str, option: str, value: float, unit: str) -> str 
 
 
 def parse_size(text: str, option: str) -> float:
-    """A size option ('600MiB', or '90MB' a second): bytes; the messages name the option."""
+    """A size option ('600MiB'): bytes; the messages name the option. A rate: parse_rate."""
     return parse_budget(text, option, sizes_only=True)[1]
+
+
+# A rate's "per second", as users write it after a size: 90MB/s, 90 MB/sec, 90MBps.
+_PER_SECOND = ("/s", "/sec", "ps")
+RATE_USAGE = "bytes a second (90MB/s, 1.2GB/s, 500MiB/s, 90000000)"
+
+
+def parse_rate(text: str, option: str) -> float:
+    """A bandwidth option ('90MB/s', '90MB' or '90000000'): bytes a second, said as a rate in
+    the messages (QA: `--flash-read-bw 1e30` was 'larger than any board's memory', and
+    `--flash-write-bw 90MB/s` was told to give 'a size (512MiB, ...)')."""
+    size = str(text).strip()
+    negative = size.startswith("-")
+    size = size.removeprefix("-")
+    for suffix in _PER_SECOND:
+        if size.lower().endswith(suffix) and split_quantity(size[:-len(suffix)]) is not None:
+            size = size[:-len(suffix)]
+            break
+    quantity = split_quantity(size)
+    if quantity is not None and negative:
+        raise UnitError(f"{option} {text!r} must be positive: give {RATE_USAGE}")
+    if quantity is None or negative:
+        raise UnitError(f"cannot read {option} {text!r}: give {RATE_USAGE}")
+    value, unit = quantity
+    if unit == "%":
+        raise UnitError(f"{option} {text!r} is a percentage: give {RATE_USAGE}")
+    if unit not in SIZE_UNITS:
+        raise UnitError(f"unknown unit {unit!r} in {option} {text!r} (known: {KNOWN_UNITS}, "
+                        f"each optionally /s; k, M, G and T are kB, MB, GB and TB): give "
+                        f"{RATE_USAGE}")
+    if value <= 0:
+        raise UnitError(f"{option} {text!r} must be positive: give {RATE_USAGE}")
+    if not math.isfinite(value) or value * SIZE_UNITS[unit] > MAX_BYTES:
+        raise UnitError(f"{option} {text!r} is faster than any flash or link: give at most "
+                        f"2^60 bytes a second ({MAX_BYTES:.3g})")
+    return value * SIZE_UNITS[unit]
 
 
 @dataclass(frozen=True)
