@@ -247,6 +247,10 @@ def check_weights_options(opts: RunOptions) -> None:
         raise RunProblem(f"unknown --save {opts.save!r}: use {' | '.join(SAVE_CHOICES)}")
     if opts.plain and opts.init:
         raise RunProblem("--init applies to the planned run; leave it out with --plain")
+    if opts.init and os.path.isdir(opts.init):  # QA: a folder was "no such file"
+        inside = os.path.join(opts.init, "weights.pt")
+        raise RunProblem(f"--init {opts.init} is a folder: give the weights file a run saved in "
+                         "its --out, " + (inside if os.path.isfile(inside) else "OUT/weights.pt"))
     if opts.init and not os.path.isfile(opts.init):
         raise RunProblem(f"--init {opts.init}: no such file (give a weights file a run saved, "
                          "OUT/weights.pt)")
