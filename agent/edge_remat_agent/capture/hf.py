@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import json
 import os
 import sys
 import warnings
@@ -39,8 +38,8 @@ import torch
 from torch import nn
 
 from .errors import CaptureError
-from ..user_code import on_this_board
 from .hf_spec import is_path, parse_spec
+from .hf_spec import json_option as _json_option
 
 TASKS = {  # task -> (Auto class, inputs the example batch gives, in order)
     "causal-lm": ("AutoModelForCausalLM", ("input_ids", "attention_mask", "labels")),
@@ -378,30 +377,6 @@ def _require(package: str, spec: str):
     except ImportError:
         raise CaptureError(spec, f"needs the Python package {package!r}: pip install -e "
                            "'.[hf]' (or pip install transformers peft)") from None
-
-
-def _json_option(spec: str, options: dict[str, str], key: str) -> dict[str, Any]:
-    value = options.get(key)
-    if value is None:
-        return {}
-    text = value
-    if not value.lstrip().startswith("{"):
-        value = on_this_board(value)
-        path = os.path.join(value, "adapter_config.json") if os.path.isdir(value) else value
-        try:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-        except OSError as exc:
-            raise CaptureError(spec, f"cannot read the {key} file {path}: "
-                               f"{exc.strerror or exc}") from None
-    try:
-        loaded = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CaptureError(spec, f"the {key} is not valid JSON ({exc.msg} at line {exc.lineno})"
-                           ) from None
-    if not isinstance(loaded, dict):
-        raise CaptureError(spec, f"the {key} must be a JSON object of fields")
-    return loaded
 
 
 def _config(transformers, spec: str, model_name: str, overrides: dict[str, Any]):

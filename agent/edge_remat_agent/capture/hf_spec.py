@@ -7,10 +7,12 @@ hf.py builds the model from it."""
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.parse
+from typing import Any
 
-from ..user_code import module_file_spec, spec_file, with_absolute_file
+from ..user_code import module_file_spec, on_this_board, spec_file, with_absolute_file
 from .errors import CaptureError
 
 PREFIX = "hf:"
@@ -47,6 +49,46 @@ def path_options(options: dict[str, str]) -> dict[str, str]:
     """The options that name a file or folder (config, adapter), not inline JSON."""
     return {key: options[key] for key in PATH_OPTIONS
             if key in options and not options[key].lstrip().startswith("{")}
+
+
+def json_option(spec: str, options: dict[str, str], key: str) -> dict[str, Any]:
+    """The fields an option gives (config, adapter): inline JSON, a JSON file, or a folder's
+    adapter_config.json; {} where the option is not given."""
+    value = options.get(key)
+    if value is None:
+        return {}
+    text = value
+    if not value.lstrip().startswith("{"):
+        value = on_this_board(value)
+        path = os.path.join(value, "adapter_config.json") if os.path.isdir(value) else value
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise CaptureError(spec, f"cannot read the {key} file {path}: "
+                               f"{exc.strerror or exc}") from None
+    try:
+        loaded = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CaptureError(spec, f"the {key} is not valid JSON ({exc.msg} at line {exc.lineno})"
+                           ) from None
+    if not isinstance(loaded, dict):
+        raise CaptureError(spec, f"the {key} must be a JSON object of fields")
+    return loaded
+
+
+def check_spec(spec: str) -> None:
+    """What the capture reads of an hf: spec before transformers does, checked here, without
+    torch (CaptureError in the capture's words): the spec parses, a checkpoint folder has its
+    config.json, the config and the adapter (inline, a file, a folder) read as JSON objects.
+    For a host that checks a spec it captures later (a fleet manifest: QA, `config=nope.json`
+    was a failed task, not a manifest error). Whether transformers takes the fields is the
+    capture's to say."""
+    model, options = parse_spec(spec)
+    if is_path(model) and not os.path.isfile(os.path.join(model, "config.json")):
+        raise CaptureError(spec, f"{model} is not a checkpoint directory (no config.json in it)")
+    for key in PATH_OPTIONS:
+        json_option(spec, options, key)
 
 
 def canonical_spec(spec: str) -> str:

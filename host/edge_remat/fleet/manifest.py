@@ -318,7 +318,14 @@ def _model(raw: dict, where: str, here: Path, note) -> Optional[ModelEntry]:
             note(f"{where}.model", f"no zoo model {spec!r}: give one of "
                                    f"{', '.join(sorted(MODELS))}, MODULE:FACTORY or hf:...")
             return None
-    spec = _local_spec(spec, here)
+    try:
+        spec = _local_spec(spec, here)
+        if spec.startswith("hf:"):  # its files (a config, an adapter, a checkpoint) now too
+            from edge_remat_agent.capture.hf_spec import check_spec
+            check_spec(spec)  # QA: `config=nope.json` was a failed capture, exit 1
+    except ValueError as exc:  # CaptureError: the spec in the capture's own words
+        note(f"{where}.model", str(exc))
+        return None
     file = spec_file(spec)  # MODULE:FACTORY with a file: checked now, as a zoo name is
     if file is not None and not Path(file).is_file():
         note(f"{where}.model", f"no such file {file} (paths are relative to the manifest)")
