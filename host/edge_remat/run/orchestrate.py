@@ -247,7 +247,11 @@ def _report_stopped(status: str, message: str, extra: dict, opts: RunOptions,
                     out: Path) -> str:
     """OUT/report.json for a run that stopped before its report: why, and what was written
     before it. Returns the words for the error line that say where it is."""
+    # and the profile the run fetched into OUT/profile (QA: left out of the list)
+    profile = out / "profile"
     written = sorted(str(p) for p in out.iterdir() if p.is_file() and p.name != "report.json")
+    written += sorted(str(p) for p in (profile.iterdir() if profile.is_dir() else ())
+                      if p.is_file())
     report = {"status": status, "message": message, "model": opts.model,
               "device": opts.device, "written": written, **extra}
     try:
@@ -255,7 +259,7 @@ def _report_stopped(status: str, message: str, extra: dict, opts: RunOptions,
     except OSError:
         return ""
     # (QA: "(2 files before it)" read as a riddle: which files, written when)
-    names = ", ".join(Path(p).name for p in written)
+    names = ", ".join(str(Path(p).relative_to(out)) for p in written)
     return f"; wrote {out / 'report.json'}" + (
         f", beside what the run wrote before it stopped: {names}" if written else "")
 

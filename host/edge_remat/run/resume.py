@@ -118,11 +118,13 @@ def note_job(out: Path, job_id: str, device: str, every: int, resumed: bool) -> 
     os.replace(tmp, out / RECORD)
 
 
-def _refuse_a_job_still_running(board, out: Path, record: dict) -> None:
+def _refuse_a_job_still_running(board, out: Path, record: dict, deployed: bool = False) -> None:
     """A job of the run that is still queued or running on the board (left with
     --keep-running, or by a host that died) goes on writing checkpoints: a resume beside it
     would queue behind it and then read a checkpoint newer than the one it promised (QA:
-    "resuming after step 140", then failed on the board at step 300)."""
+    "resuming after step 140", then failed on the board at step 300). The way back fetches
+    its outputs where the run keeps them: OUT/board, or deploy's --out itself (`deployed`;
+    QA: deploy was told OUT/board, and then found its outputs not in OUT)."""
     from ..transport.errors import AgentError
     from edge_remat_agent.wire.protocol import TERMINAL_STATES
     for entry in record.get("jobs", []):
@@ -137,16 +139,23 @@ def _refuse_a_job_still_running(board, out: Path, record: dict) -> None:
         if state not in TERMINAL_STATES:
             raise RunProblem(f"--resume {out}: its job {entry['job']} is still {state} on "
                              f"{board.name}, writing checkpoints: let it end or stop it, then "
-                             f"resume; {board.come_back(entry['job'], out / 'board')}")
+                             f"resume; {board.come_back(entry['job'], _job_files(out, deployed))}")
 
 
-def find_checkpoint(board, out: Path, say: Callable[[str], None]) -> Optional[str]:
+def _job_files(out: Path, deployed: bool) -> Path:
+    """Where a job's output files go: deploy's --out itself, run's OUT/board."""
+    return out if deployed else out / "board"
+
+
+def find_checkpoint(board, out: Path, say: Callable[[str], None],
+                    deployed: bool = False) -> Optional[str]:
     """OUT/checkpoint.pt made the newest checkpoint of the run in OUT (fetched from the board
     where it has a newer one than this host); returns its path on the board where the board
-    has it (the job reads it there), else None (the host's copy is pushed)."""
+    has it (the job reads it there), else None (the host's copy is pushed). `deployed`: OUT
+    is deploy's (the job's files in OUT itself, not OUT/board)."""
     local = out / CHECKPOINT_FILE
     record = read_record(out)
-    _refuse_a_job_still_running(board, out, record)
+    _refuse_a_job_still_running(board, out, record, deployed)
     # this run's jobs first, newest first; then an earlier run's that this one started over
     # from (a checkpoint it never made is no reason to lose that run's)
     for entry in record.get("jobs", []) + record.get("earlier_jobs", []):
@@ -168,10 +177,33 @@ def find_checkpoint(board, out: Path, say: Callable[[str], None]) -> Optional[st
         say(f"taking the checkpoint its job's outputs brought, {came_back}, as {local}")
         shutil.copyfile(came_back, local)
     if not local.is_file():
+        elsewhere = _jobs_elsewhere(record, board.name)
+        if elsewhere:
+            raise RunProblem(f"--resume {out}: no checkpoint there nor on {board.name}; "
+                             f"{elsewhere}, and brings the newest into {local}, from which "
+                             f"--resume {out} then goes on on any board")
         raise RunProblem(f"--resume {out}: no checkpoint there nor on {board.name} (the run "
                          "was stopped before its first one, or made without "
                          "--checkpoint-every): run it again without --resume")
     return None
+
+
+def _jobs_elsewhere(record: dict, here: str) -> str:
+    """Where OUT's record names jobs on other boards than `here`: the words for where their
+    checkpoints stay and how to go on from them (QA: a deploy stopped on `loop`, resumed on
+    `local`, was told to run again without --resume, its progress thrown away). '' where
+    it names none."""
+    boards: dict = {}
+    for entry in record.get("jobs", []) + record.get("earlier_jobs", []):
+        device = entry.get("device")
+        if device and device != here:
+            boards.setdefault(device, []).append(entry.get("job"))
+    if not boards:
+        return ""
+    where = ", ".join(f"{device} ({', '.join(jobs)})" for device, jobs in boards.items())
+    newest = next(iter(boards))  # the record lists its jobs newest first
+    return (f"its jobs ran on {where}, which keeps their checkpoints: the same command with "
+            f"--device {newest} goes on from there")
 
 
 def start_resume(board, opts: RunOptions, out: Path, say: Callable[[str], None],
@@ -179,7 +211,7 @@ def start_resume(board, opts: RunOptions, out: Path, say: Callable[[str], None],
     """--resume OUT, once the board is reached: its newest checkpoint found (fetched from the
     board where newer) and checked. Returns the checkpoint's figures and `at`: its path on the
     board where the job reads it there (else the host's copy is pushed: job_resume)."""
-    at = find_checkpoint(board, out, say)
+    at = find_checkpoint(board, out, say, bool(identity and "--graph" in identity))
     figures = check_checkpoint(opts, out, identity)
     say(f"resuming after step {figures['steps_done']} from {out / CHECKPOINT_FILE}")
     return {**figures, "at": at}
@@ -240,7 +272,7 @@ def _outputs_left_behind(out: Path, deployed: bool) -> str:
     came: the command that fetches them (QA: a deploy --resume said only that the run was
     complete, and OUT had no weights.pt nor report). "" where they came."""
     jobs = read_record(out).get("jobs", [])
-    folder = out if deployed else out / "board"  # deploy's --out holds the job's files
+    folder = _job_files(out, deployed)  # deploy's --out holds the job's files
     if not jobs or (folder / "run_report.json").is_file():
         return ""
     return (f"; its outputs are not in {folder} (the link was lost before they came): "
@@ -279,15 +311,21 @@ def with_resume_hint(failed: Exception, board, out: Path, job_id: str) -> Except
     left the checkpoint out of OUT's record)."""
     from ..errors import Interrupted
     from ..transport import JobFailed
-    from ..transport.errors import cancelled_by_host
+    from ..transport.errors import RUN_AGAIN, cancelled_by_host
     if isinstance(failed, Interrupted):
         hinted = failed.extra.get("cancelled")
     else:
-        hinted = isinstance(failed, JobFailed) and not cancelled_by_host(failed.record)
+        hinted = isinstance(failed, JobFailed)
     if not hinted or not _checkpoint_on(board, job_id):
         return failed
-    said = (f"{failed}; its last checkpoint stays on {board.name}: the same command with "
-            f"--resume {out} goes on from it")
+    resume = (f"its last checkpoint stays on {board.name}: the same command with "
+              f"--resume {out} goes on from it")
+    said = str(failed)
+    if isinstance(failed, JobFailed) and cancelled_by_host(failed.record) and \
+            said.endswith(RUN_AGAIN):  # cancelled from elsewhere (job-cancel): QA, no hint
+        said = said[:-len(RUN_AGAIN)] + resume
+    else:
+        said = f"{said}; {resume}"
     return Interrupted(said, **failed.extra) if isinstance(failed, Interrupted) else \
         JobFailed(said, failed.record)
 

@@ -96,14 +96,19 @@ def as_reported(record: dict) -> dict:
     return {**record, "state": state, "board_state": record.get("state")}
 
 
+# What a cancelled job's error says to do; where its run left a checkpoint, --resume instead
+# (run/resume.py with_resume_hint)
+RUN_AGAIN = "run it again to have its results"
+
+
 def job_failed(record: dict, job: str, board: str, cause: str = "") -> JobFailed:
     """The error for a job that ended failed (`job`: "job ID" or "job ID (kind)"); one the host
     cancelled says so (classify gives it exit status 130, interrupted, not 1). `cause`: what
     the host knows first (the board's agent is another build), said before the board's error,
     whose own remedy may point elsewhere."""
     if cancelled_by_host(record):
-        return JobFailed(f"{job} on {board} was {record['error']}: it did not finish; run it "
-                         "again to have its results", record)
+        return JobFailed(f"{job} on {board} was {record['error']}: it did not finish; "
+                         f"{RUN_AGAIN}", record)
     if cause:
         return JobFailed(f"{job} failed on {board}: {cause}; the board said: "
                          f"{record.get('error')}", record)
