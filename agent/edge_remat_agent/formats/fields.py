@@ -20,6 +20,15 @@ def _an_object(source: str) -> str:
         else "a JSON object"
 
 
+def _finite(value: int | float) -> bool:
+    """A JSON integer too large for a float (10**400) is not a finite number either
+    (math.isfinite raised OverflowError, an error that named no file)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 class Reader:
     """Reads fields of one JSON object; errors name the file and the dotted field path."""
 
@@ -58,7 +67,7 @@ class Reader:
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
             raise self.error(key, "a finite number", value)
         if minimum is not None and value < minimum:
             raise self.error(key, f"a number >= {minimum:g}", value)
@@ -152,10 +161,75 @@ def load_json(path: str | Path) -> Any:
         # read needs: bad input like any JSON that does not parse, not an internal error
         raise FormatError(str(path), "<json>", "valid JSON",
                           "arrays or objects nested too deeply to read") from None
+    except ValueError:  # an integer longer than Python converts (sys.get_int_max_str_digits,
+        # 4300 digits): bad input too (QA: exit 70 in every command that reads JSON)
+        raise _too_many_digits(text, str(path)) from None
 
 
-def dump_json(obj: Any, path: str | Path) -> None:
-    dump_text(json.dumps(obj, indent=1) + "\n", path)
+def _too_many_digits(text: str, source: str) -> FormatError:
+    """The error for a JSON integer longer than Python converts, naming its field: the text is
+    parsed again with such integers kept as their digit counts (nothing else raises so)."""
+    limit = _int_digits_limit()
+
+    class Digits(int):
+        pass
+
+    def parse_int(digits: str) -> int:
+        return Digits(len(digits.lstrip("-"))) if len(digits) > limit else int(digits)
+
+    try:
+        where, digits = _first(json.loads(text, parse_int=parse_int), Digits) or ("<json>", 0)
+    except (ValueError, RecursionError):
+        where, digits = "<json>", 0
+    got = f"an integer of {digits} digits" if digits else "an integer too long to read"
+    return FormatError(source, where, f"a number of at most {limit} digits (sizes fit in 64 "
+                       "bits: 19 digits)", got)
+
+
+def _int_digits_limit() -> int:
+    import sys
+    return getattr(sys, "get_int_max_str_digits", lambda: 4300)() or 4300
+
+
+def _first(value: Any, wanted: type, where: str = "") -> tuple[str, Any] | None:
+    """The dotted path and value of the first item in `value` of type `wanted` (or failing
+    `wanted` where it is a predicate), depth first in the document's order; None if none."""
+    if isinstance(value, dict):
+        items = ((f"{where}.{key}" if where else str(key), item) for key, item in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{where}[{i}]", item) for i, item in enumerate(value))
+    else:
+        hit = wanted(value) if not isinstance(wanted, type) else isinstance(value, wanted)
+        return (where or "<root>", value) if hit else None
+    for path, item in items:
+        found = _first(item, wanted, path)
+        if found is not None:
+            return found
+    return None
+
+
+class NotFiniteJSON(ValueError):
+    """A value that strict JSON cannot hold (NaN, inf) reached a writer of a format that its
+    reader refuses it in: a defect upstream (inputs are bounded on load so that figures stay
+    finite), said with the file and the field rather than as json's bare ValueError."""
+
+
+def dump_json(obj: Any, path: str | Path, finite: bool = False) -> None:
+    """`finite`: refuse NaN and infinities (NotFiniteJSON, nothing written), as every format
+    the tool reads back strictly must (graph, plan, profile: Reader.number refuses them; QA:
+    a plan with Infinity and NaN was written, then refused by simulate). Reports keep them:
+    a run's diverged loss is a measurement, written as JSON's common Infinity/NaN and read
+    back by run --resume."""
+    try:
+        text = json.dumps(obj, indent=1, allow_nan=not finite)
+    except ValueError:
+        if not finite:
+            raise
+        where, value = _first(obj, lambda v: isinstance(v, float) and not math.isfinite(v)) \
+            or ("<json>", None)
+        raise NotFiniteJSON(f"cannot write {path}: field '{where}' is {value}, not a finite "
+                            "number, which JSON cannot hold (nothing was written)") from None
+    dump_text(text + "\n", path)
 
 
 def dump_text(text: str, path: str | Path) -> None:
@@ -166,23 +240,35 @@ def dump_bytes(data: bytes, path: str | Path) -> None:
     """Write atomically: a temporary file beside the target (same filesystem) renamed over it,
     so a crash mid-write never leaves a truncated file; on failure the temporary file goes.
     A symbolic link is written through, as a shell's > does: the file it names is replaced
-    and the link stays (the rename once replaced the link itself)."""
+    and the link stays (the rename once replaced the link itself).
+    An OSError names `path` as given (a failed write or close names no file: QA, a full disk
+    said only 'No space left on device'; mkstemp's names the temporary file), and one of a
+    full disk (ENOSPC, EDQUOT) carries `needed_bytes`, the size it could not write."""
+    import errno
     import os
     import tempfile
+    shown = str(path)
     path = Path(path)
     if path.is_symlink():
         path = Path(os.path.realpath(path))
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(handle, "wb") as out:
             out.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # as an ordinary write would make it, not mkstemp's 0600
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    except BaseException as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if not isinstance(exc, OSError) or exc.errno is None:
+            raise
+        named = OSError(exc.errno, exc.strerror or str(exc), shown)  # FileNotFoundError, ...
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            named.needed_bytes = len(data)
+        raise named from exc

@@ -85,7 +85,7 @@ class Plan:
                 **({"arena": self.arena.to_dict()} if self.arena is not None else {})}
 
     def save(self, path: str | Path) -> None:
-        dump_json(self.to_dict(), path)
+        dump_json(self.to_dict(), path, finite=True)
 
 
 _FIELDS = {"format", "version", "fingerprint", "graph_fingerprint", "budget_bytes", "objective",
