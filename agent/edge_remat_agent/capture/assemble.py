@@ -22,6 +22,7 @@ import torch
 from torch import fx, nn
 
 from ..formats import Graph, Node
+from ..formats.graph import DTYPES
 from .coarsen import Group, op_name
 from .estimate import DEFAULT_RATES, Rates, op_cost, round_time
 from .optimizer import Optimizer, fixed_memory, largest_trainable_bytes, trainable_elements
@@ -337,8 +338,11 @@ def _batch(example_args) -> int | None:
 
 
 def _dtype(module: nn.Module) -> str | None:
+    """The floating dtype most of the parameters are in (one of formats.graph.DTYPES, which
+    the graph's loader accepts: integer or float8 parameters are not counted); None if none."""
     counts: dict[str, int] = {}
     for p in module.parameters():
         key = str(p.dtype).replace("torch.", "")
-        counts[key] = counts.get(key, 0) + p.numel()
+        if key in DTYPES:
+            counts[key] = counts.get(key, 0) + p.numel()
     return max(counts, key=counts.get) if counts else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .fields import Reader
+from .profile import TIER_NAMES
 
 # a param node's `attrs.io.source` where its group comes from the model's frozen weight file
 # (weights/store.py), which costs its own reads (the flash tier's weights_read_curve)
@@ -100,19 +101,28 @@ def _producers(r: Reader, key: str) -> None:  # a value's name -> the node that 
             raise r.error(f"{key}.{name}", "a node id (integer or string)", node_id)
 
 
+def _home(r: Reader, key: str) -> None:  # the page tier a group's parameters live on
+    # (capture/state.py; the executor homes them on flash, the planner plans either; QA: an
+    # update node homed on "disk" was planned and trained without a word)
+    r.str(key, choices=TIER_NAMES)
+
+
 def _home_io(r: Reader, key: str) -> None:  # what a node reads and writes of its home tier
     io = r.child(key)
-    io.str("tier")
+    io.str("tier", choices=TIER_NAMES)
     io.integer("read_bytes")
     io.integer("write_bytes")
     io.str("source", None, choices=(WEIGHT_FILE,))
+
+
+PAGE_COST_FIGURES = ("out_time_s", "out_energy_j", "in_time_s", "in_energy_j")
 
 
 def _page_costs(r: Reader, key: str) -> None:  # a tier's costs given node by node (POET's)
     tiers = r.child(key)
     for tier in tiers.obj:
         costs = tiers.child(tier)
-        for figure in ("out_time_s", "out_energy_j", "in_time_s", "in_energy_j"):
+        for figure in PAGE_COST_FIGURES:
             costs.number(figure)
 
 
@@ -152,7 +162,7 @@ def _state_dict(r: Reader, key: str) -> None:  # the model's tensors: name -> sh
 NODE_CHECKS: dict[str, Callable[[Reader, str], None]] = {
     "bytes_moved": _amount, "flops": _amount, "clip_grad_norm": _amount, "max_norm": _amount,
     "grad_bytes": _count, "state_bytes": _count, "sum_bytes": _count, "temp_bytes": _count,
-    "home": _text, "loss": _text, "optimizer": _text, "scope": _text,
+    "home": _home, "loss": _text, "optimizer": _text, "scope": _text,
     "random": _flag,
     "members": _names, "ops": _names, "outputs": _names, "replays": _names, "params": _names,
     "norm_order": _names, "clip_copies": _names,

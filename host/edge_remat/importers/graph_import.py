@@ -15,7 +15,7 @@ from typing import Any
 
 from edge_remat_agent.formats import FormatError, Graph, Node, graph_from_dict
 from edge_remat_agent.formats.fields import Reader, load_json
-from edge_remat_agent.formats.graph import check_order
+from edge_remat_agent.formats.graph import check_bounds, check_order
 
 _COST_KEYS = ("duration", "cost_cpu")
 _SIZE_KEYS = ("out_cost", "cost_ram")
@@ -25,6 +25,7 @@ def load_graph_file(path: str | Path) -> Graph:
     """The graph in `path`, whatever its dialect, with sizes a board can hold (checks.py)."""
     from ..checks import check_sizes
     graph = _load_any(path)
+    check_bounds(graph, str(path))  # the published dialects' too (our format's on load)
     check_sizes(graph, str(path))
     return graph
 
