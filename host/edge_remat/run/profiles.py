@@ -1,10 +1,11 @@
 """Which device profile a run plans with: given, cached, measured now, or modelled.
 
 In that order: `--profile FILE`; a profile this host measured earlier on the same board for the
-same model (cached under ~/.cache/edge-remat/profiles, keyed by the board's identity and the
-model); a fresh measurement by the board's agent (its "profile" job: every graph node, flash,
-power, the runtime's memory); and where the agent cannot measure, the modelled profile shipped
-for the board's kind (profiles/NAME.json), which every report then calls modelled.
+same model (cached under ~/.cache/edge-remat/profiles, keyed by the board's identity, its page
+folder and the model); a fresh measurement by the board's agent (its "profile" job: every graph
+node, the flash in the page folder the run pages to, power, the runtime's memory); and where
+the agent cannot measure, the modelled profile shipped for the board's kind
+(profiles/NAME.json), which every report then calls modelled.
 
 An emulated board is this machine with less RAM: its hardware is measured outside the memory
 limit (the operator profiler runs nodes on real inputs and may need more than the limit) by
@@ -24,6 +25,7 @@ from typing import Callable, Optional
 from edge_remat_agent.formats import FormatError, Profile, load_profile
 
 from ..devices import DeviceConfig
+from ..page_folder import page_dir_params, page_folder
 from ..shipped import shipped_dir
 from ..transport.host_pages import link_pages
 
@@ -87,9 +89,12 @@ def board_identity(board: dict) -> dict:
                                       "ram_total_bytes", "torch", "python")}
 
 
-def cache_key(board: dict, model: dict) -> str:
-    """The same board (its identity, not an emulated memory limit) and model share a profile."""
-    content = {"board": board_identity(board), "model": model, "profiler": PROFILER_REVISION}
+def cache_key(board: dict, model: dict, folder: Optional[str] = None) -> str:
+    """The same board (its identity, not an emulated memory limit), page folder (`folder`,
+    page_folder: the flash the profile measured; QA, a config paging to a 20 MiB tmpfs planned
+    with the root disk's flash measured for another config) and model share a profile."""
+    content = {"board": board_identity(board), "model": model, "profiler": PROFILER_REVISION,
+               **({"page_folder": folder} if folder is not None else {})}
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -101,8 +106,13 @@ PROFILED_INDEX = "profiled-graphs.json"
 PROFILED_KEPT = 64  # the newest entries; a file moved or removed is dropped as it is seen
 
 
-def _board_key(board) -> str:
-    content = {"board": board_identity(board.sysinfo()), "profiler": PROFILER_REVISION}
+def _board_key(board, folder: Optional[str] = None) -> str:
+    """The board (its identity) and the page folder its profiles measured (default: the one
+    its device config gives, page_folder), with the profiler's revision."""
+    if folder is None:
+        folder = page_folder(board.device)
+    content = {"board": board_identity(board.sysinfo()), "profiler": PROFILER_REVISION,
+               "page_folder": folder}
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -114,10 +124,11 @@ def _profiled_entries() -> list:
         return []
 
 
-def remember_profiled(board, fetched: "list[str | Path]") -> None:
+def remember_profiled(board, fetched: "list[str | Path]", folder: Optional[str] = None) -> None:
     """A profile a board's profile job measured of a graph (its `measurements.ops`
-    graph_fingerprint), noted in the cache's index for runs of that graph on that board
-    (choose_profile). Nothing is noted where it cannot be: no index is no worse than before."""
+    graph_fingerprint), noted in the cache's index for runs of that graph on that board and
+    page folder (`folder`, default the board's config's: page_folder; choose_profile). Nothing
+    is noted where it cannot be: no index is no worse than before."""
     for path in fetched:
         path = Path(path).resolve()
         if path.name != "profile.json":
@@ -129,7 +140,7 @@ def remember_profiled(board, fetched: "list[str | Path]") -> None:
                     measured.measurements.get("tiers_not_measured"):
                 continue
             entries = [e for e in _profiled_entries() if e.get("path") != str(path)]
-            entries.append({"path": str(path), "board": _board_key(board),
+            entries.append({"path": str(path), "board": _board_key(board, folder),
                             "graph_fingerprint": fingerprint})
             _write_profiled(entries)
         except (OSError, FormatError, ValueError):
@@ -164,9 +175,11 @@ def _file_digest(path: Path) -> "str | None":
         return None
 
 
-def _profiled_earlier(board, graph_path: Path) -> "tuple[Profile, Path] | None":
+def _profiled_earlier(board, graph_path: Path,
+                      folder: Optional[str] = None) -> "tuple[Profile, Path] | None":
     """The newest profile `edge-remat profile` measured of this very graph (its fingerprint)
-    on this board (its identity and the profiler's revision), if one is still where it was."""
+    on this board (its identity and the profiler's revision) in page folder `folder` (default
+    the board's config's, page_folder), if one is still where it was."""
     entries = _profiled_entries()
     if not entries:
         return None
@@ -175,7 +188,7 @@ def _profiled_earlier(board, graph_path: Path) -> "tuple[Profile, Path] | None":
         fingerprint = load_graph(graph_path).fingerprint()
     except (OSError, FormatError, ValueError):
         return None
-    key = _board_key(board)
+    key = _board_key(board, folder)
     for entry in reversed(entries):
         if entry.get("board") == key and entry.get("graph_fingerprint") == fingerprint:
             try:
@@ -201,7 +214,8 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
     the one that measures it, when that is another (an emulated board's unlimited twin)."""
     if given:
         return _limited(ChosenProfile(load_profile(given), Path(given), "given"), device)
-    key = cache_key(board.sysinfo(), model)
+    folder = page_folder(device)  # where the run pages: its profile's flash is measured there
+    key = cache_key(board.sysinfo(), model, folder)
     cached = cache_dir() / f"{key}.json"
     profile = _cached(cached, say) if not reprofile else None
     if profile is not None:
@@ -209,20 +223,24 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
             return _limited(ChosenProfile(profile, cached, "cached", cached), device)
         say(f"{board.name}: the cached profile timed no nodes (there was no room for a plain "
             "step when it was measured); there is now, so it is measured again")
-    elif not reprofile and (earlier := _profiled_earlier(board, graph_path)) is not None:
+    elif not reprofile and \
+            (earlier := _profiled_earlier(board, graph_path, folder)) is not None:
         profile, path = earlier
         say(f"{board.name}: planning with {path}, which `edge-remat profile` measured of this "
             f"graph on this board (--profile {path} names it; --reprofile measures again)")
         cached = _cache(profile, path, cached, board.name, say)
         return _limited(ChosenProfile(profile, path, "cached", cached), device)
     if "profile" in board.hello().get("job_kinds", {}):
-        page_dir = device.hardware.page_dir
+        # the run's page folder, measured by the board that measures (an emulated board's
+        # twin, on this machine, in the emulated board's folder)
+        pages = page_dir_params(device) if measuring_board is None else \
+            {"page_dir": os.path.abspath(os.path.expanduser(folder))}
         if measuring_board is None:
-            fetched = _measure(board, model, graph_path, out_dir, page_dir, say)
+            fetched = _measure(board, model, graph_path, out_dir, pages, folder, say)
         else:
             with measuring_board() as twin:
                 try:
-                    fetched = _measure(twin, model, graph_path, out_dir, page_dir, say)
+                    fetched = _measure(twin, model, graph_path, out_dir, pages, folder, say)
                 finally:  # a failed job too: the twin's agent would idle for an hour
                     twin.stop_agent()
         measured = load_profile(fetched)
@@ -290,16 +308,18 @@ def _cache(measured: Profile, fetched: Path, cached: Path, board: str,
     return cached
 
 
-def _measure(board, model: dict, graph_path: Path, out_dir: Path, page_dir: Optional[str],
+def _measure(board, model: dict, graph_path: Path, out_dir: Path, pages: dict, folder: str,
              say: Callable[[str], None]) -> Path:
     """The board's profile job (a board without room for a plain step: without the nodes,
-    which a short planned run then times, profile_under_plan.py); the fetched file."""
+    which a short planned run then times, profile_under_plan.py); the fetched file. `pages`:
+    the jobs' page_dir param (page_dir_params), the flash the run pages to, noted in the
+    index of profiled graphs as `folder` (page_folder)."""
     from ..profile_fit import plain_step_out_of_reach
     from ..remote import fetched_json
     # the footprint probe builds the model as the run will: an hf: model's runtime holds
     # transformers too (QA: without it, a budget from --memory-limit missed ~200 MiB of gpt2's
     # and the planned run was killed at step 1)
-    params = dict(QUICK_PARAMS, model=model["model"])
+    params = dict(QUICK_PARAMS, model=model["model"], **pages)
     inputs = {"graph": graph_path}
     why = plain_step_out_of_reach(board, graph_path)
     if why:
@@ -311,7 +331,7 @@ def _measure(board, model: dict, graph_path: Path, out_dir: Path, page_dir: Opti
     with link_pages(board, say) as page_params:
         record = board.run_job("profile", {**params, **page_params}, inputs,
                                out_dir / "profile")
-    remember_profiled(board, record["fetched"])
+    remember_profiled(board, record["fetched"], folder)
     fetched = fetched_json(record)
     if not fetched:
         raise RuntimeError(f"the profile job on {board.name} returned no profile file")
@@ -323,7 +343,7 @@ def _measure(board, model: dict, graph_path: Path, out_dir: Path, page_dir: Opti
         from ..profile_under_plan import time_nodes_under_plan
         from ..remote import progress_printer
         time_nodes_under_plan(board, load_graph(graph_path), str(graph_path), fetched[0],
-                              page_dir, say, progress_printer(say))
+                              pages.get("page_dir"), say, progress_printer(say))
     return fetched[0]
 
 
