@@ -405,7 +405,8 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
              "units": dict(zip(("time", "energy"), sweep_cost_units(points))),
              **({"status": "interrupted", "error": stopped} if stopped else {})}
     if output and planned:  # QA: `plot --sweep DIR` had nothing to read but --json's stdout
-        (Path(output) / SWEEP_TABLE).write_text(json.dumps(table, indent=1) + "\n")
+        from edge_remat_agent.formats.fields import dump_json  # atomic; a failure names it
+        dump_json(table, Path(output) / SWEEP_TABLE)
     if as_json:
         print(json.dumps(table))
     else:
@@ -1085,7 +1086,8 @@ def deploy(
             fetched = fetched_file(record, "run_report.json")  # the summary is read from it
             if fetched is not None:
                 report = json.loads(fetched.read_text())
-                fetched.write_text(json.dumps(dict(report, grad_check=check), indent=1))
+                from edge_remat_agent.formats.fields import dump_text  # atomic, names the file
+                dump_text(json.dumps(dict(report, grad_check=check), indent=1), fetched)
         _say_earlier_outputs_kept(Path(out), earlier)
         print_outcome(record, as_json, board, shown)
     _exit_if_stopped(record.get("result"), steps)
@@ -1466,11 +1468,19 @@ def plot_command(
     if sweep_file is not None:
         rows, units = _sweep_rows(sweep_file)
     written = []
-    if plan_file is not None:
-        written += [plots.plot_schedule(g, p, pngs["schedule"]),
-                    plots.plot_memory(planned, p.budget_bytes, pngs["memory"], plain=plain)]
-    if sweep_file is not None:
-        written.append(plots.plot_sweep(rows, pngs["sweep"], units=units))
+    new = [png for png in pngs.values() if not png.exists()]
+    try:
+        if plan_file is not None:
+            written += [plots.plot_schedule(g, p, pngs["schedule"]),
+                        plots.plot_memory(planned, p.budget_bytes, pngs["memory"], plain=plain)]
+        if sweep_file is not None:
+            written.append(plots.plot_sweep(rows, pngs["sweep"], units=units))
+    except BaseException:
+        # a plot that fails leaves none of the PNGs it made (QA: a full disk after
+        # schedule.png, whose retry then wanted --force); each is whole (plots._save)
+        for png in new:
+            png.unlink(missing_ok=True)
+        raise
     if as_json:
         print(json.dumps({"plots": [str(p) for p in written]}))
     else:

@@ -132,6 +132,8 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
     if isinstance(exc, OverflowError):
         return EXIT_BAD_INPUT, f"a number is too large ({exc}): give sizes in bytes below " \
                                "2^60 and finite figures", {}
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+        return EXIT_BAD_INPUT, *disk_full(exc)
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
         return EXIT_BAD_INPUT, f"{where}{exc.strerror or exc} (check the path and its " \
@@ -141,6 +143,42 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
                                "it?)", {}
     return EXIT_INTERNAL, (f"internal error ({type(exc).__name__}: {exc}); rerun with --debug "
                            "for the traceback and report it"), {}
+
+
+# A write that found no room: the disk is full, or the user's quota on it is used up.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(exc: OSError) -> "tuple[str, dict]":
+    """The line (and JSON fields) of a write that found the disk full: the file, and what was
+    to be written and is free there where known (dump_bytes' `needed_bytes`), and what to do;
+    not "check the path and its permissions", which sent users after a path that was right.
+    A writer that put its own remedy in the error (a run's fetch: how to fetch the job's
+    outputs again) keeps its words."""
+    from .units import fmt_bytes
+    where = f"{exc.filename}: " if exc.filename else ""
+    said = exc.strerror or str(exc)
+    if said != os.strerror(exc.errno):
+        return f"{where}{said}", {}
+    needed = getattr(exc, "needed_bytes", None)
+    free = None
+    if exc.filename:  # its folder, or the nearest one above (a command removes those it made)
+        folder = os.path.dirname(os.path.abspath(os.fsdecode(exc.filename)))
+        while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)
+        try:
+            found = os.statvfs(folder)
+            free = found.f_bavail * found.f_frsize
+        except OSError:
+            pass
+    figures = [f"{fmt_bytes(needed)} to write"] if needed is not None else []
+    figures += [f"{fmt_bytes(free)} free there"] if free is not None else []
+    full = "the disk quota is used up" if exc.errno == errno.EDQUOT else "the disk is full"
+    line = (f"{where}{said}: {full}" + (f" ({', '.join(figures)})" if figures else "")
+            + ": make room on it, or write elsewhere")
+    extra = {key: value for key, value in (("needed_bytes", needed), ("free_bytes", free))
+             if value is not None}
+    return line, extra
 
 
 def ctrl_c_behind(exc: BaseException) -> bool:

@@ -218,9 +218,20 @@ def _fraction_axis(values: Sequence) -> list[float]:
 
 
 def _save(fig, path: "str | Path") -> Path:
+    """Draw into memory, then write the file as every JSON file is (dump_bytes: a temporary
+    file beside it, renamed over it): QA, a full disk left a 0-byte schedule.png, which the
+    retry then refused as an existing file, and an error that named no file."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from edge_remat_agent.formats.fields import dump_bytes
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-    plt.close(fig)
+    image = io.BytesIO()
+    try:
+        fig.savefig(image, format=path.suffix.lstrip(".").lower() or "png", dpi=110,
+                    bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    dump_bytes(image.getvalue(), path)
     return path

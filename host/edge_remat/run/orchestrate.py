@@ -24,7 +24,7 @@ from typing import Callable, Optional
 from edge_remat_agent.cgroup_memory import ram_total_bytes
 from edge_remat_agent.daemon.worker import OOM_RAN
 from edge_remat_agent.formats import Profile
-from edge_remat_agent.formats.fields import dump_json
+from edge_remat_agent.formats.fields import dump_json, dump_text
 from edge_remat_agent.units import counted
 
 from ..devices import DeviceConfig
@@ -111,7 +111,7 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     report["report"] = str(out / "report.json")
     dump_json(report, out / "report.json")
     from ..reports.run_report import report_text
-    (out / "report.txt").write_text(report_text(report) + "\n")
+    dump_text(report_text(report) + "\n", out / "report.txt")  # atomic; a failure names it
     _remove_earlier_outputs(out, at_start, earlier_run, say, resumed=bool(opts.resume))
     return report
 

@@ -11,7 +11,6 @@ format) and the resumed job then reads where it lies, without sending it back.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Callable, Optional
@@ -113,9 +112,8 @@ def note_job(out: Path, job_id: str, device: str, every: int, resumed: bool) -> 
     earlier = before.get("earlier_jobs", []) + ([] if resumed else before.get("jobs", []))
     if earlier:  # an earlier run's, started over: not this run's, but not forgotten
         record["earlier_jobs"] = earlier
-    tmp = out / (RECORD + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, out / RECORD)
+    from edge_remat_agent.formats.fields import dump_text  # atomic; a failure names the file
+    dump_text(json.dumps(record, indent=1), out / RECORD)
 
 
 def _refuse_a_job_still_running(board, out: Path, record: dict, deployed: bool = False) -> None:
