@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from edge_remat_agent.formats import load_profile
+from edge_remat_agent.formats.profile import share_notes
 from edge_remat_agent.pages import MemoryStore
 from edge_remat_agent.profiler import PowerMeasurement, measure_flash, measured_profile
 # the module, not its names: against the code before, each test fails on its own count
@@ -171,5 +172,5 @@ def test_a_profile_from_before_the_fallback_loads_and_says_nothing(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(profile))
     loaded = load_profile(tmp_path / "old.json")
     assert loaded.tiers["flash"].compute_share == 0.31
-    assert contention.share_notes(loaded.measurements) == []
+    assert share_notes(loaded.measurements) == []
     assert "compute_share" not in profile_summary(loaded, "old.json")

@@ -221,7 +221,7 @@ def note_share_fallback(profile: Optional[Profile], plan_dict: dict, profile_nam
     thread's CPU per IO second, or 1, where the pairs measured beside compute were too noisy
     or too few), said: that figure decides paging against recomputing, and a user reading the
     plan should know it was not measured beside compute (profiler/contention.py)."""
-    from edge_remat_agent.profiler.contention import share_notes
+    from edge_remat_agent.formats.profile import share_notes
     if profile is None:
         return
     planned = set(plan_dict.get("tiers") or ())

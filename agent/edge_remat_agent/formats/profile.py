@@ -313,3 +313,17 @@ def _curve_from(r: Reader, key: str) -> TransferCurve | None:
 
 def load_profile(path: str | Path) -> Profile:
     return profile_from_dict(load_json(path), str(path))
+
+
+def share_notes(measurements: dict) -> list[str]:
+    """A profile's tiers whose compute_share is not the one measured beside compute, in words
+    (from its `measurements` record, which profiler/contention.py writes; none for profiles
+    before the fallback existed). Here, not beside the measurement: `plan` reads it and
+    imports no torch."""
+    notes = []
+    for name, tier in sorted((measurements.get("tiers") or {}).items()):
+        record = tier.get("compute_share") if isinstance(tier, dict) else None
+        if isinstance(record, dict) and record.get("source", "measured") != "measured":
+            notes.append(f"{name} compute_share {record.get('share', 0):.2f} is a fallback, "
+                         f"not measured beside compute: {record.get('note')}")
+    return notes

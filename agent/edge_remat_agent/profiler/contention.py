@@ -21,7 +21,7 @@ thread's own CPU seconds per second of IO (io_cpu_per_io_s, measured in the same
 the IO takes where every CPU second it uses would have been compute's (and where no IO could
 be timed at all, 1: the solvers' own stop-the-world model, never 0). `source` and `note` say
 which was used and why; the profile keeps them (TierMeasurement.to_dict), and `profile`,
-`plan` and `run` say so (share_notes).
+`plan` and `run` say so (formats/profile.py share_notes).
 """
 
 from __future__ import annotations
@@ -239,14 +239,3 @@ def measure_compute_share(store: PageStore, page_bytes: int = PAGE_BYTES, rounds
                f"is at most {TRUSTED_WIDTH} wide, else the IO thread's CPU per IO second",
         **judged(pairs, io_cpu))
 
-
-def share_notes(measurements: dict) -> list[str]:
-    """A profile's tiers whose compute_share is not the one measured beside compute, in words
-    (from its `measurements` record; none for profiles before the fallback existed)."""
-    notes = []
-    for name, tier in sorted((measurements.get("tiers") or {}).items()):
-        record = tier.get("compute_share") if isinstance(tier, dict) else None
-        if isinstance(record, dict) and record.get("source", "measured") != "measured":
-            notes.append(f"{name} compute_share {record.get('share', 0):.2f} is a fallback, "
-                         f"not measured beside compute: {record.get('note')}")
-    return notes

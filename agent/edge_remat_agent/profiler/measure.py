@@ -402,7 +402,7 @@ def profile_summary(profile: Profile, output: str) -> dict[str, Any]:
 def _share_fallback(profile: Profile) -> dict[str, Any]:
     """Tiers whose compute_share is the fallback, not the one measured beside compute, and
     why (contention.py), where there are any: host's `profile` prints it as a row."""
-    from .contention import share_notes
+    from ..formats.profile import share_notes
     notes = share_notes(profile.measurements)
     return {"compute_share": "; ".join(notes)} if notes else {}
 
