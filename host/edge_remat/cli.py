@@ -1041,8 +1041,8 @@ def deploy(
                     **({"data": data} if data is not None else {}),
                     **checkpoint_params(opts, every,
                                         deploy_identity(opts, plan.graph_fingerprint), out)}
-    if config.hardware.page_dir:  # the board's flash, as its device config says
-        params["page_dir"] = config.hardware.page_dir
+    from .page_folder import page_dir_params
+    params.update(page_dir_params(config))  # the board's flash, as its device config says
     from .transport.board import new_job_id
     from .transport.host_pages import host_pages, plan_uses_host
     from .profile_fit import plain_step_out_of_reach
@@ -1202,8 +1202,8 @@ def profile(
     # profile into D replaced the first (minutes of a board's measuring) in silence
     output_folder(out, inputs={"--graph": graph}, writes=("profile.json",), force=force)
     config = find_device(device)
-    if config.hardware.page_dir and "page_dir" not in values:
-        values["page_dir"] = config.hardware.page_dir
+    from .page_folder import page_dir_params
+    values = {**page_dir_params(config), **values}  # a --param page_dir=... wins
     from .transport.host_pages import link_pages
     from .profile_fit import plain_step_out_of_reach
     from .transport.emulated import retired_at_exit

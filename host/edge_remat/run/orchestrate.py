@@ -417,8 +417,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
               "check_gradients": opts.check_gradients and not check_on_host,
               "allocator": opts.allocator, "save": opts.save, **opts.nonfinite_params,
               **opts.extra}
-    if device.hardware.page_dir:
-        params["page_dir"] = device.hardware.page_dir
+    from ..page_folder import page_dir_params
+    params.update(page_dir_params(device))
     every = checkpoint_every(opts)
     params.update(checkpoint_params(opts, every, out=out))
     resume_params, resume_inputs = job_resume(out, resumed)
