@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers.bad_inputs import (BAD_INPUT, COMMAND, INTERRUPTED, JOB_FAILED, REPO, UNREACHABLE,
-                                cli, env, refused, tiny_graph)
+                                cli, env, refused, tiny_graph, wait_for_line)
 from helpers.board_fixtures import needs_sshd, stop_agent
 from helpers.small_graphs import random_dag
 
@@ -24,20 +24,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.loopback]
 def _start(*args) -> subprocess.Popen:
     return subprocess.Popen([*COMMAND, *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env())
-
-
-def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 60) -> list:
-    """stderr lines until one holds `needle` (the job's progress: it runs on the board)."""
-    seen, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return seen
-    proc.kill()
-    raise AssertionError(f"never saw {needle!r}: {seen}")
 
 
 def _interrupt(proc: subprocess.Popen, seen: list) -> subprocess.CompletedProcess:
@@ -54,7 +40,7 @@ def _state(job_id: str, device: str = "bench") -> dict:
 def test_ctrl_c_cancels_the_board_job(tmp_path, bench):
     proc = _start("job", "sleep", "--device", "bench", "--id", "nap-1", "--param", "seconds=60",
                   "--param", "steps=60")
-    seen = _wait_for_line(proc, "step 1/60")
+    seen = wait_for_line(proc, "step 1/60")
     started = time.monotonic()
     done = _interrupt(proc, seen)
     line = refused(done, INTERRUPTED, "cancelled job nap-1")
@@ -68,7 +54,7 @@ def test_ctrl_c_cancels_the_board_job(tmp_path, bench):
 def test_sigterm_cancels_the_board_job_as_ctrl_c_does(tmp_path, bench):
     proc = _start("job", "sleep", "--device", "bench", "--id", "nap-term", "--param",
                   "seconds=60", "--param", "steps=60")
-    seen = _wait_for_line(proc, "step 1/60")
+    seen = wait_for_line(proc, "step 1/60")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     refused(subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err),
@@ -80,7 +66,7 @@ def test_sigterm_cancels_the_board_job_as_ctrl_c_does(tmp_path, bench):
 def test_ctrl_c_with_keep_running_then_job_cancel(tmp_path, bench):
     proc = _start("job", "sleep", "--device", "bench", "--id", "nap-2", "--param", "seconds=60",
                   "--param", "steps=60", "--keep-running")
-    seen = _wait_for_line(proc, "step 1/60")
+    seen = wait_for_line(proc, "step 1/60")
     refused(_interrupt(proc, seen), INTERRUPTED, "keeps running",
             "job-status nap-2", "job-cancel nap-2")
     assert _state("nap-2")["status"] in ("running", "queued")
@@ -95,7 +81,7 @@ def test_ctrl_c_while_waiting_for_someone_elses_job(tmp_path, bench):
                  "--param", "seconds=60", "--param", "steps=60", environ=env())
     assert submit.returncode == 0, submit.stderr
     proc = _start("job-status", "nap-3", "--device", "bench", "--wait")
-    seen = _wait_for_line(proc, "step 1/60")
+    seen = wait_for_line(proc, "step 1/60")
     refused(_interrupt(proc, seen), INTERRUPTED, "stopped waiting", "keeps running")
     assert _state("nap-3")["status"] == "running"  # not ours to cancel
     assert cli("job-cancel", "nap-3", "--device", "bench", environ=env()).returncode == 0
@@ -234,7 +220,7 @@ def test_ctrl_c_in_run_before_the_board_writes_a_report(tmp_path, bench):
     out = tmp_path / "run"
     proc = _start("run", "--device", "bench", "--model", "mlp", "--budget", "0.9",
                   "--steps", "2", "--out", out)
-    _wait_for_line(proc, "capturing")
+    wait_for_line(proc, "capturing")
     refused(_interrupt(proc, []), INTERRUPTED, "before any job ran on the board", "report.json")
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "interrupted"
@@ -244,7 +230,7 @@ def test_sigterm_in_run_writes_the_report_as_ctrl_c_does(tmp_path, bench):
     out = tmp_path / "run"
     proc = _start("run", "--device", "bench", "--model", "mlp", "--budget", "0.9",
                   "--steps", "2", "--out", out)
-    _wait_for_line(proc, "capturing")
+    wait_for_line(proc, "capturing")
     proc.send_signal(signal.SIGTERM)
     stdout, err = proc.communicate(timeout=60)
     refused(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, err), INTERRUPTED,
@@ -279,11 +265,11 @@ def test_ctrl_c_after_a_checkpoint_names_the_resume_and_a_fresh_run_keeps_it(tmp
             "--profile", REPO / "profiles" / "this-machine.json", "--time-limit", "5",
             "--out", out)
     proc = _start(*args)
-    first = _interrupt(proc, _wait_for_line(proc, "step 3/6", timeout=120))
+    first = _interrupt(proc, wait_for_line(proc, "step 3/6", timeout=120))
     refused(first, INTERRUPTED, "cancelled job", "its last checkpoint stays on bench",
             f"--resume {out} goes on from it")
     proc = _start(*args)  # again, without --resume: warned, and stopped before its first step
-    second = _interrupt(proc, _wait_for_line(proc, "running the plan", timeout=120))
+    second = _interrupt(proc, wait_for_line(proc, "running the plan", timeout=120))
     assert "holds the checkpoint of an earlier run" in second.stderr, second.stderr
     assert "its last checkpoint" not in second.stderr
     resumed = cli("run", *args[1:], "--resume", out, "--json", timeout=300)
@@ -295,7 +281,7 @@ def test_ctrl_c_after_a_checkpoint_names_the_resume_and_a_fresh_run_keeps_it(tmp
     proc = _start("deploy", out / "plan.json", "--graph", out / "graph.json", "--device",
                   "bench", "--steps", "6", "--checkpoint-every", "2", "--data",
                   f"{data}:batches", "--out", deployed)
-    refused(_interrupt(proc, _wait_for_line(proc, "step 3/6", timeout=120)), INTERRUPTED,
+    refused(_interrupt(proc, wait_for_line(proc, "step 3/6", timeout=120)), INTERRUPTED,
             "cancelled job", "its last checkpoint stays on bench",
             f"--resume {deployed} goes on from it")
 
@@ -312,7 +298,7 @@ def test_a_run_whose_job_is_cancelled_elsewhere_writes_its_report_with_the_last_
             "--data", f"{data}:batches", "--no-plots", "--profile",
             REPO / "profiles" / "this-machine.json", "--time-limit", "5")
     proc = _start(*args, "--out", out)
-    seen = _wait_for_line(proc, "step 3/30", timeout=120)
+    seen = wait_for_line(proc, "step 3/30", timeout=120)
     job = next(word for line in seen for word in line.split() if word.startswith("run-"))
     cancel = cli("job-cancel", job, "--device", "bench", environ=env())
     assert cancel.returncode == 0, cancel.stderr
@@ -325,7 +311,7 @@ def test_a_run_whose_job_is_cancelled_elsewhere_writes_its_report_with_the_last_
     # Ctrl-C's report says the last step too
     out = tmp_path / "interrupted"
     proc = _start(*args, "--out", out)
-    refused(_interrupt(proc, _wait_for_line(proc, "step 2/30", timeout=120)), INTERRUPTED,
+    refused(_interrupt(proc, wait_for_line(proc, "step 2/30", timeout=120)), INTERRUPTED,
             "cancelled job", "report.json")
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "interrupted" and report["last_step"]["step"] >= 2, report
@@ -416,7 +402,7 @@ def test_a_run_that_ends_on_an_emulated_board_leaves_another_hosts_job(tmp_path,
     assert submit.returncode == 0, submit.stderr
     proc = _start("run", "--device", EMULATED, "--model", "mlp", "--plain", "--steps", "2",
                   "--out", tmp_path / "run-a")
-    seen = _wait_for_line(proc, " queued")
+    seen = wait_for_line(proc, " queued")
     result = _interrupt(proc, seen)
     refused(result, INTERRUPTED, "cancelled job")
     record = _job_record(emulated, "host-b")
@@ -430,7 +416,7 @@ def test_run_keep_running_on_an_emulated_board_leaves_its_job_running(tmp_path, 
     import re
     proc = _start("run", "--device", EMULATED, "--model", "mlp", "--plain", "--steps",
                   "1000000", "--keep-running", "--out", tmp_path / "run")
-    seen = _wait_for_line(proc, "/1000000:")  # a step done (progress may skip some)
+    seen = wait_for_line(proc, "/1000000:")  # a step done (progress may skip some)
     line = refused(_interrupt(proc, seen), INTERRUPTED, "keeps running", "job-status")
     job_id = re.search(r"job (\S+) keeps running", line).group(1)
     record = _job_record(emulated, job_id)
@@ -459,7 +445,7 @@ def test_giving_up_on_the_link_names_the_job_and_the_way_back(tmp_path, monkeypa
     try:
         proc = _start("run", "--device", "loopback", "--model", "mlp", "--plain",
                       "--steps", "1000000", "--out", out)
-        seen = _wait_for_line(proc, "/1000000:")  # a step done (progress may skip some)
+        seen = wait_for_line(proc, "/1000000:")  # a step done (progress may skip some)
         sshd.stop()
         stdout, err = proc.communicate(timeout=120)
         line = refused(subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
@@ -502,7 +488,7 @@ def test_the_way_back_to_a_job_on_a_board_emulated_by_memory_limit_reaches_it(tm
             proc = _start("run", "--device", "plain-local", "--memory-limit", "1GiB",
                           "--model", "mlp", "--plain", "--steps", "1000000", "--keep-running",
                           "--out", tmp_path / "run")
-            seen = _wait_for_line(proc, "/1000000:")
+            seen = wait_for_line(proc, "/1000000:")
             line = refused(_interrupt(proc, seen), INTERRUPTED, "keeps running")
             status, cancel = re.findall(r"`edge-remat ([^`]+)`", line)
             assert "--memory-limit 1073741824" in status, line
@@ -567,7 +553,7 @@ def test_ctrl_c_while_a_job_reports_no_progress_cancels_within_seconds(tmp_path,
     host's 10 s long poll on the same connection, then the job sat out its SIGTERM grace."""
     proc = _start("job", "sleep", "--device", "bench", "--id", "nap-2", "--param", "seconds=60",
                   "--param", "steps=1")
-    seen = _wait_for_line(proc, "running")
+    seen = wait_for_line(proc, "running")
     time.sleep(1.0)  # the host is in its long poll now
     started = time.monotonic()
     done = _interrupt(proc, seen)
@@ -585,7 +571,7 @@ def test_two_sigints_at_once_cancel_the_board_job_as_one_does(tmp_path, bench, a
     echo, not a second Ctrl-C, even when it lands before the cancelling has begun."""
     proc = _start("job", "sleep", "--device", "bench", "--id", "nap-twice", "--param",
                   "seconds=60", "--param", "steps=60")
-    seen = _wait_for_line(proc, "step 1/60")
+    seen = wait_for_line(proc, "step 1/60")
     proc.send_signal(signal.SIGINT)
     time.sleep(apart_s)
     proc.send_signal(signal.SIGINT)

@@ -10,26 +10,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 
 import pytest
-from helpers.bad_inputs import COMMAND, UNREACHABLE, env, refused
+from helpers.bad_inputs import COMMAND, UNREACHABLE, env, refused, wait_for_line
 from helpers.board_fixtures import SshServer, keygen, needs_sshd, ssh_device_config, stop_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.loopback, needs_sshd]
-
-
-def _until(proc: subprocess.Popen, needle: str, timeout: float = 90) -> list:
-    seen, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return seen
-    proc.kill()
-    raise AssertionError(f"never saw {needle!r}: {seen}")
 
 
 def _refused_on_reconnect(tmp_path, monkeypatch, args, needle, change) -> tuple:
@@ -46,7 +32,7 @@ def _refused_on_reconnect(tmp_path, monkeypatch, args, needle, change) -> tuple:
     try:
         proc = subprocess.Popen([*COMMAND, *map(str, args)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env())
-        seen = _until(proc, needle)
+        seen = wait_for_line(proc, needle, timeout=90)
         sshd.stop()
         change(sshd)
         sshd.start()

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -28,6 +29,21 @@ def cli(*args, cwd: "Path | str | None" = None, timeout: float = 120,
         environ: Optional[dict] = None) -> subprocess.CompletedProcess:
     return subprocess.run([*COMMAND, *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, timeout=timeout, env=environ or env())
+
+
+def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 60) -> list:
+    """stderr lines of `proc` until one holds `needle` (a job's progress: it runs on the
+    board); the process is killed and the test fails with what it said if none does."""
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return seen
+    proc.kill()
+    raise AssertionError(f"never saw {needle!r}: {seen}")
 
 
 def tree(folder: Path) -> set:
