@@ -30,3 +30,15 @@ def test_profile_prints_lines_not_a_json_dict(tmp_path, bench):
     assert as_json.returncode == 0, as_json.stderr
     answer = json.loads(as_json.stdout)
     assert answer["status"] == "finished" and answer["result"]["source"] == "measured", answer
+
+
+def test_a_finished_profile_is_listed_done_not_at_0_percent(tmp_path, bench):
+    """QA: `profile` without --graph ended "finished 0% compute: ...", and job-status listed
+    it so: its phases had reported 0 of the whole, the last of them after the end."""
+    params = [a for p in QUICK for a in ("--param", p)]
+    proc = cli("profile", "--device", "bench", *params, "--out", tmp_path / "p", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    listed = cli("job-status", "--device", "bench")
+    assert listed.returncode == 0, listed.stderr
+    ours = [line for line in listed.stdout.splitlines() if "profile-" in line]
+    assert ours and "finished 100% profile measured" in ours[-1], listed.stdout

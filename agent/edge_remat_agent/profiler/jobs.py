@@ -41,8 +41,9 @@ def profile_job(ctx: JobContext, params: dict) -> dict:
     def phase(message: str) -> None:  # each phase's line to the host: some take minutes
         to_stderr(message)
         ctx.check_cancelled()
-        ctx.progress(0.0, message)
+        ctx.progress(None, message)  # no share of the whole: a phase after the nodes is not 0%
 
     profile = measure_profile(options, progress, phase)
+    ctx.progress(1.0, "profile measured")  # QA: a finished profile was listed "finished 0%"
     write_profile(profile, ctx.files_dir / "profile.json")
     return {"files": ["profile.json"], **profile_summary(profile, "profile.json")}
