@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from edge_remat_agent.formats import FormatError, Profile, load_profile
+from edge_remat_agent.formats.fields import dump_text
 
 from ..devices import DeviceConfig
 from ..page_folder import page_dir_params, page_folder
@@ -149,10 +150,7 @@ def remember_profiled(board, fetched: "list[str | Path]", folder: Optional[str] 
 
 def _write_profiled(entries: list) -> None:
     cache_dir().mkdir(parents=True, exist_ok=True)
-    index = cache_dir() / PROFILED_INDEX
-    temporary = index.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(entries[-PROFILED_KEPT:], indent=1))
-    os.replace(temporary, index)
+    dump_text(json.dumps(entries[-PROFILED_KEPT:], indent=1), cache_dir() / PROFILED_INDEX)
 
 
 def forget_profiled(digest: "str | None") -> None:
