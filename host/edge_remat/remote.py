@@ -206,12 +206,22 @@ def devices_table(rows: List[dict], check: bool) -> str:
             else:
                 line += ["-"] * 5
             if not result["ok"]:
-                notes.append(f"{row['name']}: {result['error']}")
+                notes.append(failed_check_line(row["name"], result["error"]))
         lines.append(line)
     widths = [max(len(str(l[i])) for l in lines) for i in range(len(head))]
     text = "\n".join("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip()
                      for l in lines)
     return text + ("\n" + "\n".join(notes) if notes else "")
+
+
+def failed_check_line(name: str, error: str) -> str:
+    """The line under the table for a board that failed its check: `NAME: why`, or the error
+    as it is where it already begins with the board (the transport's own words: "x (this
+    machine) is out of disk ...", "x has no torch ..."). QA: a local board whose workdir was
+    full printed "x: x (this machine) is out of disk in ...", the name twice."""
+    if error.startswith((f"{name} ", f"{name}'s ", f"{name}:")):
+        return error
+    return f"{name}: {error}"
 
 
 def ram_cell(row: dict, result: Optional[dict]) -> str:
