@@ -134,6 +134,8 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
                                "2^60 and finite figures", {}
     if isinstance(exc, OSError) and exc.errno in DISK_FULL:
         return EXIT_BAD_INPUT, *disk_full(exc)
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        return EXIT_BAD_INPUT, *file_too_large(exc)
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
         return EXIT_BAD_INPUT, f"{where}{exc.strerror or exc} (check the path and its " \
@@ -177,6 +179,41 @@ def disk_full(exc: OSError) -> "tuple[str, dict]":
     line = (f"{where}{said}: {full}" + (f" ({', '.join(figures)})" if figures else "")
             + ": make room on it, or write elsewhere")
     extra = {key: value for key, value in (("needed_bytes", needed), ("free_bytes", free))
+             if value is not None}
+    return line, extra
+
+
+def file_too_large(exc: OSError) -> "tuple[str, dict]":
+    """The line (and JSON fields) of a write refused as too large (EFBIG): the file would pass
+    this process's file-size limit (RLIMIT_FSIZE, `ulimit -f`) or the largest file its
+    filesystem holds (FAT32's 4 GiB). QA, under `ulimit -f 1`: plan -o said "p.json: File
+    too large (check the path and its permissions)", and the path was right. A writer's own
+    remedy stays, as disk_full keeps it."""
+    from .units import fmt_bytes
+    where = f"{exc.filename}: " if exc.filename else ""
+    said = exc.strerror or str(exc)
+    if said != os.strerror(exc.errno):
+        return f"{where}{said}", {}
+    needed = getattr(exc, "needed_bytes", None)
+    try:
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        limit = None if limit == resource.RLIM_INFINITY else limit
+    except (ImportError, OSError, ValueError):  # no such limit here
+        limit = None
+    if limit is not None and needed is not None and needed <= limit:
+        limit = None  # the file fits the limit: the filesystem refused it
+    figures = [f"{fmt_bytes(needed)} to write"] if needed is not None else []
+    if limit is not None:
+        figures.append(f"the limit, `ulimit -f`, is {fmt_bytes(limit)}")
+        remedy = "raise the limit (`ulimit -f unlimited`) in the shell that starts the command"
+    else:  # no limit of ours: the filesystem's own (FAT32: 4 GiB)
+        remedy = "write it to a filesystem that holds files this large (not FAT32: 4 GiB)"
+    line = (f"{where}{said}: the file is larger than its filesystem or this process's "
+            "file-size limit allows" + (f" ({'; '.join(figures)})" if figures else "")
+            + f": {remedy}")
+    extra = {key: value for key, value in (("needed_bytes", needed),
+                                           ("file_size_limit_bytes", limit))
              if value is not None}
     return line, extra
 

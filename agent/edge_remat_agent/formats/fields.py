@@ -243,7 +243,8 @@ def dump_bytes(data: bytes, path: str | Path) -> None:
     and the link stays (the rename once replaced the link itself).
     An OSError names `path` as given (a failed write or close names no file: QA, a full disk
     said only 'No space left on device'; mkstemp's names the temporary file), and one of a
-    full disk (ENOSPC, EDQUOT) carries `needed_bytes`, the size it could not write."""
+    full disk (ENOSPC, EDQUOT) or of a file too large (EFBIG) carries `needed_bytes`, the size
+    it could not write."""
     import errno
     import os
     import tempfile
@@ -269,6 +270,6 @@ def dump_bytes(data: bytes, path: str | Path) -> None:
         if not isinstance(exc, OSError) or exc.errno is None:
             raise
         named = OSError(exc.errno, exc.strerror or str(exc), shown)  # FileNotFoundError, ...
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             named.needed_bytes = len(data)
         raise named from exc
