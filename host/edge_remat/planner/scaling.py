@@ -20,10 +20,27 @@ class Scale:
     exact: bool
 
     def up(self, value: float) -> int:
-        return 0 if value == 0 else math.ceil(value / self.unit - (1e-9 if self.exact else 0))
+        if value == 0:
+            return 0
+        whole = self._whole(value)
+        if whole is not None:
+            return -(-whole[0] // whole[1])
+        return math.ceil(value / self.unit - (1e-9 if self.exact else 0))
 
     def down(self, value: float) -> int:
+        whole = self._whole(value)
+        if whole is not None:
+            return whole[0] // whole[1]
         return math.floor(value / self.unit + (1e-9 if self.exact else 0))
+
+    def _whole(self, value: float) -> tuple[int, int] | None:
+        """Value and unit as integers where both are whole (byte counts): integer division
+        then rounds exactly, where a float tolerance would round a budget one byte short of
+        a unit above 1 GB up to the whole unit, and a plan could pass it."""
+        if (self.exact and float(self.unit).is_integer()
+                and float(value).is_integer() and abs(value) < 2**63):
+            return int(value), int(self.unit)
+        return None
 
     def describe(self) -> dict:
         return {"unit": self.unit, "exact": self.exact}
