@@ -10,7 +10,7 @@ the field (helpers/bad_inputs.py):
 - a graph whose sizes add up past 2**53 bytes (MAX_GRAPH_BYTES; at 2**60 a size its plain
   peak passed the planner's 2**62 "no budget" and keep_all found nothing, "TypeError: object
   of type 'NoneType' has no len()"), whatever the solver;
-- a node time or energy past 1e18 (MAX_NODE_FIGURE: 1e308 s a node planned a step of inf s,
+- a node time or energy past 1e18 (MAX_FIGURE: 1e308 s a node planned a step of inf s,
   TDI NaN, and wrote a plan of Infinity and NaN that simulate refused); the plan writer
   refuses NaN and infinities (NotFiniteJSON) instead of writing them;
 - a graph's `dtype` or a node's `attrs.home` (`attrs.io.tier`) that is no dtype or tier.

@@ -468,7 +468,7 @@ def test_plan_tiers_from_before_they_had_a_field(tmp_path, tiny):
     bad = plan.to_dict()
     bad["tiers"]["flash"]["write_bytes_per_s"] = 0
     expect_format_error(load_plan, write(tmp_path, "p2.json", bad),
-                        "tiers.flash.write_bytes_per_s", "bandwidth > 0")
+                        "tiers.flash.write_bytes_per_s", "a bandwidth from 1 to 2**60 bytes/s")
 
 
 @pytest.mark.parametrize("field, value, expected", [
@@ -527,7 +527,7 @@ def test_profile_errors(tmp_path):
     bad = copy.deepcopy(profile)
     bad["tiers"]["flash"]["read_bytes_per_s"] = 0
     expect_format_error(load_profile, write(tmp_path, "p1.json", bad),
-                        "tiers.flash.read_bytes_per_s", "bandwidth > 0")
+                        "tiers.flash.read_bytes_per_s", "a bandwidth from 1 to 2**60 bytes/s")
     bad = copy.deepcopy(profile)
     bad["tiers"]["tape"] = bad["tiers"]["flash"]
     expect_format_error(load_profile, write(tmp_path, "p2.json", bad), "tiers.tape", "flash or host")

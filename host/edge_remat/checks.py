@@ -1,6 +1,7 @@
 """What the host checks before anything goes to the board (the board checks again, as a second
 line): a plan against its graph (fingerprint, every instruction, peak against its own budget),
-a graph the executor can run, a profile against the graph it costs, sizes no board can hold."""
+a graph the executor can run, a profile against the graph it costs (the bounds of what a graph
+may hold are checked on load: formats/graph.py check_bounds)."""
 
 from __future__ import annotations
 
@@ -12,20 +13,7 @@ from edge_remat_agent.costs import profile_key_for
 from edge_remat_agent.formats import Graph, Plan, Profile
 
 from .errors import UserError
-from .units import MAX_BYTES, fmt_bytes
-
-
-def check_sizes(graph: Graph, source: str) -> None:
-    """Byte counts no board can hold would overflow the solvers' integer arithmetic."""
-    for node in graph.nodes:
-        for what, value in (("out_bytes", node.out_bytes),
-                            ("workspace_bytes", node.workspace_bytes)):
-            if value > MAX_BYTES:
-                raise UserError(f"{source}: node {node.id!r} has {what} = {value}, larger than "
-                                f"any board's memory (at most {MAX_BYTES} bytes): fix the graph")
-    if graph.fixed_bytes > MAX_BYTES:
-        raise UserError(f"{source}: fixed_bytes = {graph.fixed_bytes} is larger than any "
-                        f"board's memory (at most {MAX_BYTES} bytes): fix the graph")
+from .units import fmt_bytes
 
 
 def replay_costs(plan: Plan, graph: Graph, profile: Optional[Profile] = None):
@@ -136,7 +124,6 @@ def check_plan(plan: Plan, graph: Graph, plan_name: str, graph_name: str):
     """Refuse, on the host, a plan the board would refuse or that would break its promise:
     made for another graph, an invalid instruction, a peak over its own budget. Returns the
     replay."""
-    check_sizes(graph, graph_name)
     if not plan.graph_fingerprint:
         raise UserError(f"{plan_name} does not say which graph it was made for (no "
                         f"graph_fingerprint): make it with `edge-remat plan --graph "

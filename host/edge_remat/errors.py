@@ -130,8 +130,8 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
                         CaptureError, DeviceError)):
         return EXIT_BAD_INPUT, str(exc), {}
     if isinstance(exc, OverflowError):
-        return EXIT_BAD_INPUT, f"a number is too large ({exc}): give sizes in bytes below " \
-                               "2^60 and finite figures", {}
+        return EXIT_BAD_INPUT, f"a number is too large ({exc}): give sizes in bytes of at most " \
+                               "2^53 and finite figures", {}
     if isinstance(exc, OSError) and exc.errno in DISK_FULL:
         return EXIT_BAD_INPUT, *disk_full(exc)
     if isinstance(exc, OSError) and exc.errno == errno.EFBIG:

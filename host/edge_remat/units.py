@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from edge_remat_agent.formats.fields import MAX_GRAPH_BYTES, MAX_RATE
 from edge_remat_agent.units import KNOWN_UNITS, SIZE_UNITS, split_quantity
 
 # A bare number below this is a fraction of the plain schedule's peak, above it a byte count:
 # no budget is a handful of bytes, and no fraction is this large.
 FRACTION_LIMIT = 16
-# No board has an exabyte; above this, integer arithmetic in the solvers would overflow.
-MAX_BYTES = 2**60
+# A size given here (a budget, a memory limit) is at most what a graph may hold, MAX_GRAPH_BYTES
+# (2**53 bytes, 8 PiB), a rate at most MAX_RATE (2**60 bytes a second): the bounds every file
+# read is held to (formats/fields.py), so that no option plans what no file could.
 
 
 class UnitError(ValueError):
@@ -50,9 +52,9 @@ def parse_budget(text: str, option: str = "budget",
                         f"{KNOWN_UNITS}; k, M, G and T are kB, MB, GB and TB)")
     if value <= 0:
         raise UnitError(f"{option} {text!r} must be positive")
-    if not math.isfinite(value) or value * SIZE_UNITS[unit] > MAX_BYTES:
+    if not math.isfinite(value) or value * SIZE_UNITS[unit] > MAX_GRAPH_BYTES:
         raise UnitError(f"{option} {text!r} is larger than any board's memory (at most "
-                        f"{MAX_BYTES} bytes, {MAX_BYTES // SIZE_UNITS['tib']} TiB)")
+                        f"{MAX_GRAPH_BYTES} bytes, {MAX_GRAPH_BYTES // SIZE_UNITS['tib']} TiB)")
     return "bytes", value * SIZE_UNITS[unit]
 
 
@@ -78,7 +80,7 @@ def bare_bytes_note(text: str, option: str = "--budget") -> str | None:
 def _short_decimal_note(text: str, option: str, value: float, unit: str) -> str | None:
     decimal, binary = SHORT_DECIMAL[unit]
     read = value * SIZE_UNITS[unit]
-    if not (math.isfinite(read) and 0 < read <= MAX_BYTES):
+    if not (math.isfinite(read) and 0 < read <= MAX_GRAPH_BYTES):
         return None  # refused anyway, in its own line
     meant = value * SIZE_UNITS[binary.lower()]
     return (f"{option} {text} is read as {read:,.0f} bytes ({value:g} {decimal}, decimal "
@@ -120,9 +122,9 @@ def parse_rate(text: str, option: str) -> float:
                         f"{RATE_USAGE}")
     if value <= 0:
         raise UnitError(f"{option} {text!r} must be positive: give {RATE_USAGE}")
-    if not math.isfinite(value) or value * SIZE_UNITS[unit] > MAX_BYTES:
+    if not math.isfinite(value) or value * SIZE_UNITS[unit] > MAX_RATE:
         raise UnitError(f"{option} {text!r} is faster than any flash or link: give at most "
-                        f"2^60 bytes a second ({MAX_BYTES:.3g})")
+                        f"2^60 bytes a second ({MAX_RATE:.3g})")
     return value * SIZE_UNITS[unit]
 
 

@@ -11,6 +11,38 @@ from .errors import FormatError, unreadable_file
 
 _MISSING = object()
 MAX_SIZE = 2**63 - 1  # what a size in any format may be: the solvers' and torch's int64
+# What the figures planned with may be, so that every one planned from them stays exact and
+# finite (QA: a graph of 2**60-byte tensors, whose plain peak passed the planner's 2**62 "no
+# budget", and one of 1e308-second nodes, whose step time was inf and TDI NaN, were internal
+# errors or plans of Infinity and NaN; a profile's op of 1e300 s planned a step of 2e300 s):
+# - bytes: a graph's fixed_bytes, every node's out_bytes and workspace_bytes, and the optimizer
+#   state of groups homed on a page tier (plain training holds it in RAM), all together at most
+#   2**53 (8 PiB, hundreds of times the RAM of the largest servers), and a size given at the
+#   command line (a budget, a memory limit) as well. Any step's memory is a part of that total,
+#   and below 2**53 every byte count is exact as a float too, as the planner takes them through
+#   floats (a fractional budget, CP-SAT's scaling, the reports): at 2**60 a node, --budget 100%
+#   came out 46 bytes under the plain peak and CP-SAT's plan failed its replay.
+MAX_GRAPH_BYTES = 2**53
+# - seconds and joules: a graph node's time_s and energy_j (and a tier's per-node page costs), a
+#   profile's op times and energies, latencies, watts and joules a byte, at most 1e18 (32
+#   billion years; published graphs' unit-free costs, Checkmate's FLOP counts, reach 1e12). A
+#   schedule runs a node at most once per stage, so even a million-node graph's step sums to
+#   under 1e30, far inside a float's range (1.8e308), and what is derived from it (TDI, energy
+#   at a profile's watts, the bounds) stays finite.
+MAX_FIGURE = 1e18
+# - rates, bytes (or FLOPs) a second: from 1 (a page of MAX_GRAPH_BYTES then takes under 1e16
+#   s; QA: a flash of 1e-300 B/s was "cannot convert float infinity to integer", naming no
+#   file) to 2**60 (faster than any flash, link or memory bus).
+MIN_RATE, MAX_RATE = 1, 2**60
+
+
+def check_figure(source: str, where: str, value: float | None, unit: str,
+                 per: str = "") -> None:
+    """A figure of seconds or joules (`unit`, e.g. "s", "J", "W") within MAX_FIGURE: else a
+    FormatError naming the file and the field. `per`: what it is a figure of (" a node")."""
+    if value is not None and value > MAX_FIGURE:
+        raise FormatError(source, where, f"at most 1e18 {unit}{per} (so that a step's sums "
+                          "stay finite numbers)", value)
 
 
 def _an_object(source: str) -> str:
@@ -71,6 +103,19 @@ class Reader:
             raise self.error(key, "a finite number", value)
         if minimum is not None and value < minimum:
             raise self.error(key, f"a number >= {minimum:g}", value)
+        return value
+
+    def figure(self, key: str, unit: str, default: Any = _MISSING) -> Any:
+        """A number >= 0 of seconds or joules (`unit`) within MAX_FIGURE (check_figure)."""
+        value = self.number(key, default)
+        check_figure(self.source, self._path(key), value, unit)
+        return value
+
+    def rate(self, key: str, what: str = "a bandwidth", unit: str = "bytes/s") -> Any:
+        """A rate (`unit`) from MIN_RATE to MAX_RATE."""
+        value = self.number(key)
+        if not MIN_RATE <= value <= MAX_RATE:
+            raise self.error(key, f"{what} from {MIN_RATE} to 2**60 {unit}", value)
         return value
 
     def integer(self, key: str, default: Any = _MISSING, minimum: int | None = 0) -> Any:

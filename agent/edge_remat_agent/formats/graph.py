@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Union
 
 from .errors import FormatError
-from .fields import Reader, check_header, dump_json, load_json
+from .fields import (MAX_GRAPH_BYTES, Reader, check_figure, check_header, dump_json,
+                     load_json)
 from .graph_details import PAGE_COST_FIGURES, check_capture, check_node_attrs
 
 NodeId = Union[int, str]
@@ -21,23 +22,6 @@ VERSIONS = (1,)
 # A graph's `dtype`: the floating type most of its parameters train in, by torch's name (a
 # capture's, capture/assemble.py) or ONNX's (importers/onnx_import.py); null where unknown.
 DTYPES = ("float32", "float16", "bfloat16", "float64")
-# What a graph may hold, so that every figure planned from it stays exact and finite (QA: a
-# graph of 2**60-byte tensors, whose plain peak passed the planner's 2**62 "no budget", and
-# one of 1e308-second nodes, whose step time was inf and TDI NaN, were internal errors or
-# plans of Infinity and NaN):
-# - bytes: fixed_bytes, every node's out_bytes and workspace_bytes, and the optimizer state of
-#   groups homed on a page tier (plain training holds it in RAM), all together at most 2**53
-#   (8 PiB, hundreds of times the RAM of the largest servers). Any step's memory is a part of
-#   that total, and below 2**53 every byte count is exact as a float too, as the planner takes
-#   them through floats (a fractional budget, CP-SAT's scaling, the reports): at 2**60 a node,
-#   --budget 100% came out 46 bytes under the plain peak and CP-SAT's plan failed its replay.
-MAX_GRAPH_BYTES = 2**53
-# - seconds and joules: each node's time_s and energy_j (and a tier's per-node page costs) at
-#   most 1e18 (32 billion years; published graphs' unit-free costs, Checkmate's FLOP counts,
-#   reach 1e12). A schedule runs a node at most once per stage, so even a million-node graph's
-#   step sums to under 1e30, far inside a float's range (1.8e308), and what is derived from
-#   it (TDI, energy at a profile's watts, the bounds) stays finite.
-MAX_NODE_FIGURE = 1e18
 
 
 @dataclass
@@ -192,9 +176,9 @@ def graph_from_dict(obj: Any, source: str = "<graph>") -> Graph:
 
 
 def check_bounds(graph: Graph, source: str) -> None:
-    """The graph's sizes, times and energies within MAX_GRAPH_BYTES and MAX_NODE_FIGURE (see
-    there why): a FormatError naming the field that passes them. Every reader of a graph file
-    (our format, the published dialects: importers/graph_import.py) runs it."""
+    """The graph's sizes, times and energies within MAX_GRAPH_BYTES and MAX_FIGURE (fields.py,
+    see there why): a FormatError naming the field that passes them. Every reader of a graph
+    file (our format, the published dialects: importers/graph_import.py) runs it."""
     sizes = [("fixed_bytes", graph.fixed_bytes)]
     for i, node in enumerate(graph.nodes):
         sizes += [(f"nodes[{i}].out_bytes", node.out_bytes),
@@ -217,10 +201,8 @@ def check_bounds(graph: Graph, source: str) -> None:
             figures += [(f"attrs.page_costs.{tier}.{key}", costs[key])
                         for key in PAGE_COST_FIGURES if key in costs]
         for key, value in figures:
-            if value is not None and value > MAX_NODE_FIGURE:
-                unit = "s" if key.endswith("_s") else "J"
-                raise FormatError(source, f"nodes[{i}].{key}", f"at most 1e18 {unit} a node "
-                                  "(so that a step's sums stay finite numbers)", value)
+            check_figure(source, f"nodes[{i}].{key}", value, "s" if key.endswith("_s") else "J",
+                         " a node")
 
 
 def _check_param_readers(graph: Graph, source: str) -> None:

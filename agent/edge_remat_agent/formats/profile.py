@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import FormatError
-from .fields import Reader, check_header, dump_json, load_json
+from .fields import Reader, check_figure, check_header, dump_json, load_json
 
 VERSIONS = (1,)
 TIER_NAMES = ("flash", "host")
@@ -197,7 +197,7 @@ class Profile:
                 **({"measurements": self.measurements} if self.measurements else {})}
 
     def save(self, path: str | Path) -> None:
-        dump_json(self.to_dict(), path)
+        dump_json(self.to_dict(), path, finite=True)  # read back strictly, as plans and graphs
 
 
 _FIELDS = {"format", "version", "name", "source", "device", "power", "tiers", "ops",
@@ -236,12 +236,13 @@ def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
         o = ops_r.child(sig)
         o.reject_unknown({"time_s", "energy_j", "out_bytes", "workspace_bytes",
                           "persistent_bytes"})
-        ops[sig] = OpCost(time_s=o.number("time_s"), energy_j=o.number("energy_j", None),
+        ops[sig] = OpCost(time_s=o.figure("time_s", "s"),
+                          energy_j=o.figure("energy_j", "J", None),
                           out_bytes=o.integer("out_bytes", None),
                           workspace_bytes=o.integer("workspace_bytes", None),
                           persistent_bytes=o.integer("persistent_bytes", None))
     device = r.object("device", None) or {}
-    idle_w, active_w = power.number("idle_w"), power.number("active_w")
+    idle_w, active_w = power.figure("idle_w", "W"), power.figure("active_w", "W")
     if idle_w - active_w > power_noise_w(idle_w):
         # QA: idle 10, active 1 planned "compute -8.017 J", and --objective energy would have
         # favoured recomputing; a busy board draws no less than an idle one
@@ -264,31 +265,24 @@ def _compute_from(r: Reader) -> ComputeRates | None:
         return None
     c = r.child("compute")
     c.reject_unknown({"flops_per_s", "bytes_per_s", "op_overhead_s"})
-    rates = ComputeRates(flops_per_s=c.number("flops_per_s"), bytes_per_s=c.number("bytes_per_s"),
-                         op_overhead_s=c.number("op_overhead_s", None))
-    for key in ("flops_per_s", "bytes_per_s"):
-        if getattr(rates, key) <= 0:
-            raise c.error(key, "a rate > 0", getattr(rates, key))
-    if rates.op_overhead_s is not None and rates.op_overhead_s < 0:
-        raise c.error("op_overhead_s", "seconds >= 0", rates.op_overhead_s)
-    return rates
+    return ComputeRates(flops_per_s=c.rate("flops_per_s", "a rate", "FLOP/s"),
+                        bytes_per_s=c.rate("bytes_per_s"),
+                        op_overhead_s=c.figure("op_overhead_s", "s", None))
 
 
 def tier_from(r: Reader) -> Tier:
     r.reject_unknown(_TIER_FIELDS)
-    tier = Tier(read_bytes_per_s=r.number("read_bytes_per_s"),
-                write_bytes_per_s=r.number("write_bytes_per_s"),
-                latency_s=r.number("latency_s", 0.0), read_j_per_byte=r.number("read_j_per_byte", 0.0),
-                write_j_per_byte=r.number("write_j_per_byte", 0.0),
+    tier = Tier(read_bytes_per_s=r.rate("read_bytes_per_s"),
+                write_bytes_per_s=r.rate("write_bytes_per_s"),
+                latency_s=r.figure("latency_s", "s", 0.0),
+                read_j_per_byte=r.figure("read_j_per_byte", "J", 0.0),
+                write_j_per_byte=r.figure("write_j_per_byte", "J", 0.0),
                 capacity_bytes=r.integer("capacity_bytes", None),
-                read_latency_s=r.number("read_latency_s", None),
-                write_latency_s=r.number("write_latency_s", None),
+                read_latency_s=r.figure("read_latency_s", "s", None),
+                write_latency_s=r.figure("write_latency_s", "s", None),
                 compute_share=r.number("compute_share", 0.0, minimum=None),
                 write_curve=_curve_from(r, "write_curve"), read_curve=_curve_from(r, "read_curve"),
                 weights_read_curve=_curve_from(r, "weights_read_curve"))
-    for key in ("read_bytes_per_s", "write_bytes_per_s"):
-        if getattr(tier, key) <= 0:
-            raise r.error(key, "a bandwidth > 0 bytes/s", getattr(tier, key))
     if not 0.0 <= tier.compute_share <= 1.0:
         raise r.error("compute_share", "a share of compute lost per second of IO, from 0 (a "
                       "spare core) to 1 (IO stops compute)", tier.compute_share)
@@ -305,9 +299,11 @@ def _curve_from(r: Reader, key: str) -> TransferCurve | None:
                            all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                for x in row) for row in rows):
         raise r.error(key, expected, rows)
+    for i, (_, seconds) in enumerate(rows):
+        check_figure(r.source, f"{r._path(key)}[{i}][1]", seconds, "s")
     try:
         return TransferCurve(tuple((int(n), float(t)) for n, t in rows))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: a float past 2**63 bytes
         raise r.error(key, expected, rows) from None
 
 
