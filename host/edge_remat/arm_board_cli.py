@@ -5,7 +5,6 @@ Every failure is one `error:` line (exit status 1; 2 for bad arguments; 130 inte
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -14,6 +13,7 @@ from edge_remat_agent.units import format_size, parse_size
 
 from .arm_board import ArmBoard, ArmBoardError
 from .errors import EXIT_INTERRUPTED
+from .outputs import print_json
 
 
 def _say(message: str) -> None:
@@ -78,7 +78,7 @@ def main(argv: "list[str] | None" = None) -> int:
 
 def _print_status(status: dict, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(status, indent=1))
+        print_json(status, indent=1)
         return
     built = status["built"]
     print(f"folder:  {status['dir']}")

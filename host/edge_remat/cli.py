@@ -16,6 +16,7 @@ from edge_remat_agent.capture import DTYPE_HELP, TRAINABLE_DTYPE_HELP
 from edge_remat_agent.formats import FormatError, Tier, load_plan, load_profile
 
 from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_KILLED, UserError, cli_errors, fail
+from .outputs import print_json
 from .planner.interrupt import sigterm_as_ctrl_c
 from .units import FRACTION_LIMIT
 
@@ -247,7 +248,7 @@ def plan(
                + " is the best found so far, within the budget") if interrupted else None
     if as_json:
         pr, s = result["predicted"], result["solver"]
-        print(json.dumps({
+        print_json({
             "status": s["status"], "solver": s["name"], "budget_bytes": result["budget_bytes"],
             "peak_bytes": pr["peak_bytes"], "tdi_percent": pr["tdi_percent"],
             "time_s": pr["time_s"], "energy_j": pr["energy_j"],
@@ -263,7 +264,7 @@ def plan(
             **({"accumulated_step": pr["accumulated_step"]} if "accumulated_step" in pr else {}),
             "units": dict(zip(("time", "energy"), problem_cost_units(result.get("problem", {})))),
             "arena": _arena_summary(result), "plan": output,
-            **({"error": stopped} if stopped else {})}))
+            **({"error": stopped} if stopped else {})})
     else:
         typer.echo(plan_table(result))
         # without -o nothing is written: said, so the table is not taken for a saved plan (QA)
@@ -408,7 +409,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
         from edge_remat_agent.formats.fields import dump_json  # atomic; a failure names it
         dump_json(table, Path(output) / SWEEP_TABLE)
     if as_json:
-        print(json.dumps(table))
+        print_json(table)
     else:
         typer.echo(sweep_table(points, objective))
         if output and planned:
@@ -471,7 +472,7 @@ def simulate(
         replayed = {"valid": True, "budget_bytes": p.budget_bytes, **summary}
         if over:
             fail(over, EXIT_BAD_INPUT, as_json=True, **replayed)
-        print(json.dumps(replayed))
+        print_json(replayed)
     else:
         typer.echo(sim_table(summary, p.budget_bytes, replay_costs(p, g, prof).cost_source))
         typer.echo("valid plan" + ("" if result.fits_budget else
@@ -611,7 +612,7 @@ def graph(
         g.save(output)
     summary = graph_summary(g, plain_peak_bytes(g), output)
     if as_json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         typer.echo(graph_table(summary))
         typer.echo(f"graph written to {output}" if output else
@@ -693,8 +694,8 @@ def devices(
     error = failed and (f"{len(failed)} of {counted(len(rows), 'board')} failed the check: "
                         f"{', '.join(failed)}")
     if as_json:  # the error contract's fields, as every command's --json has them
-        print(json.dumps({"status": "failed" if failed else "done", "devices": rows,
-                          **({"error": error} if failed else {})}))
+        print_json({"status": "failed" if failed else "done", "devices": rows,
+                    **({"error": error} if failed else {})})
     else:
         typer.echo(devices_table(rows, check))
     from .devices import shared_names
@@ -747,8 +748,10 @@ def job(
             retired_at_exit(board):
         if detach:
             record = board.submit(kind, board.push_inputs(values, inputs), job_id)
-            print(json.dumps({"status": record["state"], "job": record["id"]})
-                  if as_json else record["id"])
+            if as_json:
+                print_json({"status": record["state"], "job": record["id"]})
+            else:
+                print(record["id"])
             return
         shown = job_sent_line(board) if as_json else progress_printer()
         record = board.run_job(kind, values, inputs, out, job_id, on_update=shown)
@@ -827,8 +830,8 @@ def _list_jobs(board, as_json: bool) -> None:
                                                     str(record.get("id"))))
     if as_json:
         from .transport.errors import as_reported
-        print(json.dumps({"status": "ok", "device": board.name,
-                          "jobs": [as_reported(record) for record in jobs]}, default=str))
+        print_json({"status": "ok", "device": board.name,
+                    "jobs": [as_reported(record) for record in jobs]})
     elif not jobs:
         typer.echo(f"no jobs on {board.name}")
     for record in jobs if not as_json else ():
@@ -903,9 +906,11 @@ def job_cancel(
         if record["state"] in TERMINAL_STATES:
             retire_emulated(board)
     from .transport.errors import as_reported
-    print(json.dumps({"status": as_reported(record)["state"], "job": job_id,
-                      "error": record.get("error"), "already_ended": already})
-          if as_json else _cancel_line(record, job_id, board.name, already))
+    if as_json:
+        print_json({"status": as_reported(record)["state"], "job": job_id,
+                    "error": record.get("error"), "already_ended": already})
+    else:
+        print(_cancel_line(record, job_id, board.name, already))
 
 
 def _cancel_line(record: dict, job_id: str, board: str, already: bool) -> str:
@@ -945,7 +950,10 @@ def agent_stop(
     # otherwise left for good (QA)
     answer, line = stop_agent(Board(_device(device, memory_limit), reconnect_timeout_s=0),
                               if_idle)
-    print(json.dumps(answer) if as_json else line)
+    if as_json:
+        print_json(answer)
+    else:
+        print(line)
 
 
 @app.command()
@@ -1409,7 +1417,7 @@ def run_command(
         if killed:  # as every failure with --json: `error` in the object, the line on stderr
             report = {**report, "error": _killed_line(report)}
             to_stderr(f"error: {report['error']}")
-        print(json.dumps(report, default=str))
+        print_json(report)
     elif killed:  # a failure's line, as every other's: on stderr (QA: it was on stdout alone)
         to_stderr(f"error: {_killed_line(report)}")
     else:
@@ -1482,7 +1490,7 @@ def plot_command(
             png.unlink(missing_ok=True)
         raise
     if as_json:
-        print(json.dumps({"plots": [str(p) for p in written]}))
+        print_json({"plots": [str(p) for p in written]})
     else:
         typer.echo("\n".join(f"wrote {p}" for p in written))
 
@@ -1591,7 +1599,7 @@ def main() -> None:
             where = getattr(getattr(exc, "ctx", None), "command_path", None) or "edge-remat"
             message = f"{exc.format_message()} (see `{where} --help`)"
             if "--json" in sys.argv[1:]:  # a script reads stdout: it gets the error there too
-                print(json.dumps({"status": "error", "error": message}))
+                print_json({"status": "error", "error": message})
             typer.echo(f"error: {message}", err=True)
             sys.exit(getattr(exc, "exit_code", 2))
         if is_cli_machinery(exc) and type(exc).__name__ == "Abort":  # Ctrl-C at a prompt

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import json
 import os
 import sys
 from typing import NoReturn
@@ -293,10 +292,12 @@ def leave_quietly(code: int = EXIT_STDOUT_CLOSED) -> NoReturn:
 def fail(message: str, code: int, as_json: bool = False, **extra) -> None:
     """Print the one line (and, with --json, one object on stdout); exit with `code`."""
     import typer
+
+    from .outputs import print_json  # outputs imports this module
     if as_json:
         obj = {"status": "error", "error": message, **extra}
         try:
-            print(json.dumps(obj, default=str))
+            print_json(obj)
         except BrokenPipeError as exc:  # no one reads the object: the line still tells
             if not stdout_closed(exc):
                 raise

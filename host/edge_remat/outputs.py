@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -164,3 +166,20 @@ def kept_note(kept: list[str], out: Path, command: str) -> str:
     return (f"note: {', '.join(kept)} in {out} {verb} an earlier {command}'s, kept: this "
             f"{command} did not write {them} again (remove {them}, or give another --out)")
 
+
+def print_json(obj: object, indent: "int | None" = None) -> None:
+    """Print `obj` on stdout as strict JSON (RFC 8259, what jq and JSON.parse read), as every
+    command's --json does: a number that is not finite (a diverged run's loss) is null, as
+    JavaScript's JSON.stringify writes it, not Python's NaN or Infinity, which strict readers
+    refuse (QA: plan --json printed Infinity); what JSON has no type for is its str()."""
+    print(json.dumps(_finite_or_null(obj), indent=indent, default=str, allow_nan=False))
+
+
+def _finite_or_null(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(item) for item in value]
+    return value

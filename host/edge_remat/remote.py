@@ -14,6 +14,7 @@ from edge_remat_agent.formats import FormatError
 from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
 from .devices import DeviceConfig, config_files, load_device
+from .outputs import print_json
 from .transport import Board, TransportError
 from .transport.board import summary
 from .units import fmt_bytes, fmt_duration
@@ -382,10 +383,10 @@ def print_outcome(record: dict, as_json: bool, board: Board,
     goes to `progress`, which said the job's lines on stderr (a no-op where it said this
     record's already: QA saw it twice, on stderr and stdout), else to stdout with the rest."""
     if as_json:
-        print(json.dumps({"status": record["state"], "job": record["id"],
-                          "result": record.get("result"), "error": record.get("error"),
-                          "fetched": record.get("fetched", []), "reconnects": board.reconnects,
-                          "device": board.name}, default=str))
+        print_json({"status": record["state"], "job": record["id"],
+                    "result": record.get("result"), "error": record.get("error"),
+                    "fetched": record.get("fetched", []), "reconnects": board.reconnects,
+                    "device": board.name})
         return
     if progress is None:
         typer.echo(summary(record))
@@ -401,7 +402,7 @@ def print_outcome(record: dict, as_json: bool, board: Board,
         elif record.get("kind") == "profile" and isinstance(record["result"], dict):
             typer.echo(profile_text(record["result"]))
         else:
-            typer.echo(json.dumps(record["result"], indent=1, default=str))
+            print_json(record["result"], indent=1)
     for path in record.get("fetched", []):
         typer.echo(f"fetched {path}")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 import typer
@@ -40,7 +39,7 @@ def plan_command(
     Exit status 1: some tasks failed (each is in the table with its error)."""
     from pathlib import Path
 
-    from ..outputs import output_folder
+    from ..outputs import output_folder, print_json
     from ..remote import to_stderr
     from .manifest import load_manifest
     from .runner import run_fleet
@@ -66,12 +65,12 @@ def plan_command(
         backend.close()
     failed = result.failed
     if as_json:
-        print(json.dumps({"status": "failed" if failed else "done", "out": str(folder),
-                          "tasks": len(result.rows), "failed": len(failed),
-                          "infeasible": len(result.infeasible),
-                          "workers_per_task": result.workers, "in_flight": result.in_flight,
-                          "seconds": result.seconds, "rows": result.rows,
-                          "files": [str(p) for p in result.files]}))
+        print_json({"status": "failed" if failed else "done", "out": str(folder),
+                    "tasks": len(result.rows), "failed": len(failed),
+                    "infeasible": len(result.infeasible),
+                    "workers_per_task": result.workers, "in_flight": result.in_flight,
+                    "seconds": result.seconds, "rows": result.rows,
+                    "files": [str(p) for p in result.files]})
     else:
         typer.echo(summary_text(result, folder))
     if failed:
