@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .formats import HOME, ComputeRates, FormatError, Graph, Node, Plan, Profile, Tier
-from .formats.graph import ram_homed_signature
+from .formats.graph import homed_bytes, ram_homed_signature
 from .formats.graph_details import WEIGHT_FILE
 from .timeline import Timeline, TimelineRun, run_timeline
 
@@ -40,8 +40,11 @@ class TierCosts:
     out_energy_j: list[float]
     in_time_s: list[float]
     in_energy_j: list[float]
-    capacity_bytes: int | None = None
+    capacity_bytes: int | None = None  # what page-outs may hold: the tier's, less its home
     compute_share: float = 0.0  # compute lost per second of this tier's IO beside it (Tier's)
+    # What the parameters homed on this tier need of its capacity (formats.graph.homed_bytes):
+    # taken off capacity_bytes, as the home and the page-outs fill one folder.
+    home_bytes: int = 0
 
 
 @dataclass
@@ -177,7 +180,8 @@ def build_costs(graph: Graph, profile: Profile | None = None,
         io_times.append(io_time)
         io_energies.append(io_energy)
     sizes = [n.out_bytes for n in graph.nodes]
-    tier_costs = {name: tier_costs_from(tier, sizes) for name, tier in all_tiers.items()}
+    tier_costs = {name: tier_costs_from(tier, sizes, sum(homed_bytes(graph, name)))
+                  for name, tier in all_tiers.items()}
     tier_costs.update(_per_node_tiers(graph, exclude=set(all_tiers)))
     if profile:
         said = f"({profile.source})" in profile.name  # "... (modelled)" names say it already
@@ -302,9 +306,15 @@ def _per_node_tiers(graph: Graph, exclude: set[str]) -> dict[str, TierCosts]:
     return out
 
 
-def tier_costs_from(tier: Tier, sizes: list[int]) -> TierCosts:
+def tier_costs_from(tier: Tier, sizes: list[int], home_bytes: int = 0) -> TierCosts:
+    """`home_bytes`: what parameters homed on the tier need of its capacity; page-outs get
+    the rest (none where they need it all). Before, page-outs had the whole capacity, and
+    `--params-home flash --paging flash` filled the page folder mid-step."""
     writes = [tier.write_cost(s) for s in sizes]
     reads = [tier.read_cost(s) for s in sizes]
+    capacity = tier.capacity_bytes
+    if capacity is not None:
+        capacity = max(0, capacity - home_bytes)
     return TierCosts([w[0] for w in writes], [w[1] for w in writes],
-                     [r[0] for r in reads], [r[1] for r in reads], tier.capacity_bytes,
-                     tier.compute_share)
+                     [r[0] for r in reads], [r[1] for r in reads], capacity,
+                     tier.compute_share, home_bytes)

@@ -165,8 +165,10 @@ def simulate(graph: Graph, costs: CostModel, stages: Stages,
                     capacity = costs.tiers[tier].capacity_bytes
                     if capacity is not None and tier_bytes[tier] > capacity:
                         if tier_capacity == "raise":
+                            home = costs.tiers[tier].home_bytes
+                            left = f" (what {home} bytes homed there leave)" if home else ""
                             raise fail(f"tier '{tier}' holds {tier_bytes[tier]} bytes, over "
-                                       f"its capacity of {capacity}")
+                                       f"its capacity of {capacity}{left}")
                         overflow = max(overflow, tier_bytes[tier] - capacity)
                 t_paging += costs.tiers[tier].out_time_s[i]
                 e_paging += costs.tiers[tier].out_energy_j[i]

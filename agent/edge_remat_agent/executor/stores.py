@@ -19,9 +19,10 @@ from typing import Iterator
 import torch
 
 from ..formats import HOME, Graph, Plan
+from ..formats.graph import homed_bytes
 from ..pages import (FlashStore, LinkStore, MemoryStore, PageStore, PageStoreError,
                      PageStoreFull, PinnedStore)
-from ..pages.errors import full_remedy, page_dir_not_made
+from ..pages.errors import FLASH_CAPACITY_REMEDY, full_remedy, page_dir_not_made
 from ..pages.folder import make_page_dir
 from .errors import BadInput, ExecutorError
 from .updates import ParameterHome, homed_parameters
@@ -100,11 +101,18 @@ def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool 
         raise ExecutorError(str(error)) from error
     try:
         held, written = homed_bytes(graph)
-        # the parameters' home, which no plan pages (QA: the remedy said "plan with less
-        # paging" for a plan with no page-outs)
-        _check_room(store, held + written, "keep the parameters in RAM (--params-home ram)",
-                    "the parameters and optimizer state homed on flash, and the largest "
-                    "group's new version an update writes beside them")
+        # the home and the plan's page-outs fill one folder: checked apart, each fitted and
+        # together they filled the disk mid-step. The remedy names paging only for a plan
+        # that pages (QA: "plan with less paging" for a plan with no page-outs).
+        paged = paged_bytes_by_tier(plan, graph).get("flash", 0) if plan is not None else 0
+        what = ("the parameters and optimizer state homed on flash, and the largest group's "
+                "new version an update writes beside them")
+        last_resort = "keep the parameters in RAM (--params-home ram)"
+        if paged:
+            what = (f"{what}: {held + written} bytes; and the plan's page-outs at their most: "
+                    f"{paged} bytes")
+            last_resort += f", or {FLASH_CAPACITY_REMEDY}"
+        _check_room(store, held + written + paged, last_resort, what)
         groups = [node.attrs["params"] for node in graph.nodes if node.kind == "param"]
         home = ParameterHome(store, module, list(homes), frozen, groups)
         try:  # the move out is set-up: the steps' own store errors are the interpreter's
@@ -116,28 +124,6 @@ def open_parameter_home(graph: Graph, module, page_dir: str | None, fsync: bool 
         store.close()
         if frozen is not None:
             frozen.close()
-
-
-def homed_bytes(graph: Graph) -> tuple[int, int]:
-    """What the parameters' home on flash holds: (the parameters, optimizer state and gradient
-    sums kept there, the most an update writes beside them). An update writes its group's new
-    versions (parameters and state; the sums apart) before it lets the old ones go, so a full
-    flash leaves the group as it was (updates.ParameterHome): the home needs the largest
-    group's new version on top. QA: 14.7 MB held passed the check before the first step on a
-    20 MiB folder, and step 1's update of a 12.6 MB group (weight and momentum) found it full."""
-    param_node = {name: node for node in graph.nodes if node.kind == "param"
-                  for name in node.attrs["params"]}
-    held = sum(node.out_bytes for node in graph.nodes if node.kind == "param")
-    written = 0
-    for node in graph.nodes:
-        if node.kind != "update" or "home" not in node.attrs:
-            continue
-        state, sums = node.attrs.get("state_bytes", 0), node.attrs.get("sum_bytes", 0)
-        held += state + sums
-        loaded = {param_node[name].id: param_node[name].out_bytes
-                  for name in node.attrs["params"] if name in param_node}
-        written = max(written, sum(loaded.values()) + state, sums)
-    return held, written
 
 
 def _frozen_from_weight_store(graph: Graph, module, page_dir: str | None,

@@ -14,7 +14,7 @@ from typing import Any, Union
 from .errors import FormatError
 from .fields import (MAX_GRAPH_BYTES, Reader, check_figure, check_header, dump_json,
                      load_json)
-from .graph_details import PAGE_COST_FIGURES, check_capture, check_node_attrs
+from .graph_details import PAGE_COST_FIGURES, WEIGHT_FILE, check_capture, check_node_attrs
 
 NodeId = Union[int, str]
 KINDS = ("forward", "loss", "backward", "update", "param")
@@ -93,6 +93,34 @@ def ram_homed_signature(node: Node) -> str | None:
         return ":".join([optimizer_update, elements, "ram",
                          *(part for part in rest if part != SUMS_SUFFIX)])
     return ":".join(parts[:-1]) if parts[-1] == SUMS_SUFFIX else None
+
+
+def homed_bytes(graph: "Graph", tier: str = "flash") -> tuple[int, int]:
+    """What the parameters' home on `tier` holds: (the parameters, optimizer state and gradient
+    sums kept there, the most an update writes beside them). An update writes its group's new
+    versions (parameters and state; the sums apart) before it lets the old ones go, so a full
+    flash leaves the group as it was (executor/updates.py ParameterHome): the home needs the
+    largest group's new version on top. QA: 14.7 MB held passed the check before the first
+    step on a 20 MiB folder, and step 1's update of a 12.6 MB group (weight and momentum)
+    found it full. Frozen groups read from the model's weight file (`attrs.io.source`) are
+    not counted: that file is in the page folder already, and the home writes none of them.
+    The executor checks the free space for it and the planner holds page-outs to the flash
+    capacity left beside it: one figure for both."""
+    param_node = {name: node for node in graph.nodes if node.kind == "param"
+                  for name in node.attrs.get("params", ())}  # a synthetic graph's: none
+    held = sum(node.out_bytes for node in graph.nodes if node.kind == "param"
+               and node.attrs.get("home") == tier
+               and node.attrs.get("io", {}).get("source") != WEIGHT_FILE)
+    written = 0
+    for node in graph.nodes:
+        if node.kind != "update" or node.attrs.get("home") != tier:
+            continue
+        state, sums = node.attrs.get("state_bytes", 0), node.attrs.get("sum_bytes", 0)
+        held += state + sums
+        loaded = {param_node[name].id: param_node[name].out_bytes
+                  for name in node.attrs.get("params", ()) if name in param_node}
+        written = max(written, sum(loaded.values()) + state, sums)
+    return held, written
 
 
 @dataclass

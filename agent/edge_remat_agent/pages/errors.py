@@ -13,6 +13,19 @@ PAGE_DIR_REMEDY = (f"point page_dir at a writable folder on the board ({PAGE_DIR
                    "`edge-remat devices NAME --check` checks it")
 
 
+# A plan holds its page-outs, with the parameters homed on flash, to the profile's flash
+# capacity (tiers.flash.capacity_bytes: the free space in the page folder when it was measured,
+# or the profile job's flash_capacity), which no plan or run option sets (QA: the remedy was
+# "plan with a smaller flash capacity"). Here, not in flash.py: the planner says it too, and
+# imports no torch.
+FLASH_CAPACITY_REMEDY = (
+    "plan for the room there is: plans hold their page-outs and the parameters homed on flash "
+    "to the profile's flash capacity (tiers.flash.capacity_bytes), the free space when it was "
+    "measured, so measure it again (`edge-remat run --reprofile`), or measure a profile for "
+    "less (`edge-remat profile --device NAME --param flash_capacity=SIZE --out DIR`) and plan "
+    "with it (`--profile DIR/profile.json`)")
+
+
 def page_dir_not_made(page_dir: str, error: OSError) -> str:
     """A page folder that cannot be made (or a store's folder in it), and what to do."""
     if os.path.exists(page_dir) and not os.path.isdir(page_dir):  # QA: "File exists"

@@ -45,8 +45,8 @@ import torch
 from .base import IndexedPageStore, encoded_items
 from .codec import laid_out, read_from
 from .direct import open_direct, write_direct
-from .errors import (PageCorrupted, PageMissing, PageStoreError, PageStoreFull, full_remedy,
-                     page_dir_not_made)
+from .errors import (FLASH_CAPACITY_REMEDY, PageCorrupted, PageMissing, PageStoreError,
+                     PageStoreFull, full_remedy, page_dir_not_made)
 from .folder import make_page_dir
 
 try:
@@ -55,15 +55,6 @@ except ImportError:  # not POSIX (Windows): nothing is locked, so nothing is eve
     fcntl = None
 
 DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-# A plan holds its page-outs to the profile's flash capacity (tiers.flash.capacity_bytes: the
-# free space in the page folder when it was measured, or the profile job's flash_capacity),
-# which no plan or run option sets (QA: the remedy was "plan with a smaller flash capacity").
-FLASH_CAPACITY_REMEDY = (
-    "plan for the room there is: plans hold their page-outs to the profile's flash capacity "
-    "(tiers.flash.capacity_bytes), the free space when it was measured, so measure it again "
-    "(`edge-remat run --reprofile`), or measure a profile for less (`edge-remat profile "
-    "--device NAME --param flash_capacity=SIZE --out DIR`) and plan with it (`--profile "
-    "DIR/profile.json`)")
 FULL_REMEDY = full_remedy(FLASH_CAPACITY_REMEDY)
 STORE_PREFIX = "edge-remat-pages-"
 # The only names a store gives its directory, and the only ones a store ever removes.

@@ -97,6 +97,22 @@ def paging_tiers(paging: str | None, costs: CostModel) -> tuple[str, ...]:
     raise ProblemError(f"--paging must be one of {', '.join(PAGING_CHOICES)}, got {paging!r}")
 
 
+def _check_flash_home(costs: CostModel) -> None:
+    """Refuse parameters homed on flash that need more than the flash capacity: page-outs get
+    what the home leaves (build_costs), and here it leaves nothing, not even for the home."""
+    flash, figures = costs.tiers.get("flash"), costs.tier_figures.get("flash")
+    capacity = figures.capacity_bytes if figures is not None else None
+    if flash is None or capacity is None or flash.home_bytes <= capacity:
+        return
+    from edge_remat_agent.pages.errors import FLASH_CAPACITY_REMEDY
+    raise ProblemError(
+        f"the parameters and optimizer state homed on flash, with the largest group's new "
+        f"version an update writes beside them, need {flash.home_bytes} bytes, more than the "
+        f"flash capacity of {capacity} bytes: that leaves nothing for them, nor for "
+        f"page-outs. Remedy: keep the parameters in RAM (--params-home ram), or "
+        f"{FLASH_CAPACITY_REMEDY}")
+
+
 def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile | None = None,
                   objective: str = "time", deadline: float | None = None,
                   paging: str | None = None, tiers: dict[str, Tier] | None = None,
@@ -119,6 +135,7 @@ def build_problem(graph: Graph, budget: Budget | str | float, profile: Profile |
                            "whose ops draw random numbers and update state in its order; "
                            "plan it in its own order (--order given or auto)")
     costs = costs or build_costs(graph, profile, tiers)
+    _check_flash_home(costs)
     chosen = paging_tiers(paging, costs)
     reference = graph.capture.get("reference_peak_bytes", plain_peak)
     problem = Problem(graph, costs, resolve_budget(budget, graph, reference, profile),
