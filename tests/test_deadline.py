@@ -14,6 +14,7 @@ from helpers.exact_problems import problem
 from edge_remat.planner.evaluate import evaluate
 from edge_remat.planner.problem import InfeasibleDeadline
 from edge_remat.planner.solve import deadline_free_problem, solve
+from edge_remat.units import round_up
 
 pytestmark = pytest.mark.slow
 
@@ -32,10 +33,11 @@ def test_smallest_deadline_is_the_fastest_schedule(solver):
     assert expected > 1.0  # the budget forces recomputation, which costs time
     with pytest.raises(InfeasibleDeadline) as caught:
         solve(p, solver, time_limit=30)
-    assert caught.value.smallest_deadline == pytest.approx(expected, rel=1e-9)
+    assert caught.value.achieved == pytest.approx(expected, rel=1e-9)
+    assert caught.value.smallest_deadline == round_up(expected)  # as printed
     assert "proven" in str(caught.value)
     # ... and it really is achievable: at that deadline there is a plan that meets it
-    p.deadline = caught.value.smallest_deadline * (1 + 1e-9)
+    p.deadline = caught.value.achieved * (1 + 1e-9)
     assert solve(p, solver, time_limit=30).evaluation.feasible
 
 
@@ -60,7 +62,7 @@ def test_paging_time_modes_have_their_own_smallest_deadline():
                     static_w=0.1, paging_time=mode)
         with pytest.raises(InfeasibleDeadline) as caught:
             solve(p, "cpsat", time_limit=30)
-        smallest[mode] = caught.value.smallest_deadline
+        smallest[mode] = caught.value.achieved
         p.deadline = smallest[mode] * (1 + 1e-9)
         assert solve(p, "cpsat", time_limit=30).evaluation.feasible
     assert smallest["free"] == pytest.approx(1.0)  # free paging replaces every recomputation
@@ -85,3 +87,27 @@ def test_cli_names_the_smallest_deadline_and_exits_2(tmp_path):
     assert [line for line in lines if not line.startswith("warning: ")] == lines[-1:]
     assert lines[-1].startswith("error:") and "smallest deadline" in lines[-1]
     assert "Traceback" not in proc.stderr
+
+
+def test_the_json_deadline_is_the_printed_one_and_met_when_passed_back(tmp_path):
+    """QA: --json gave the unrounded smallest deadline (1.1907211560840243); passed back, the
+    plan on its edge came as 'feasible (cpsat, fallback from auto found no plan that meets the
+    deadline; ...)'. Now --json names the figure the line prints, rounded up, and passed back
+    it plans, and nothing says it was not met."""
+    graph = training_chain(4, 1)
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps(graph.to_dict()))
+    budget = problem(graph, 0.5).budget_bytes
+    args = [sys.executable, "-m", "edge_remat.cli", "plan", "--graph", str(path), "--budget",
+            str(budget), "--objective", "energy", "--json"]
+    proc = subprocess.run(args + ["--deadline", "1.0"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    named = json.loads(proc.stdout)["smallest_feasible_deadline"]
+    assert f"can be met is {named:g}x" in proc.stderr  # the figure the line gives
+    again = subprocess.run(args + ["--deadline", repr(named)], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr
+    plan = json.loads(again.stdout.splitlines()[-1])
+    assert "found no plan that meets the deadline;" not in again.stdout + again.stderr
+    assert plan["status"] in ("optimal", "feasible")

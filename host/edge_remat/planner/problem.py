@@ -48,11 +48,13 @@ def training_state_remedy(graph: Graph, smallest: int | None) -> str:
 
 class InfeasibleDeadline(ProblemError):
     """Schedules fit the budget, but none meets the deadline; carries the smallest deadline (a
-    multiple of the plain time) that the fastest schedule found meets."""
+    multiple of the plain time) that the fastest schedule found meets: `smallest_deadline` as
+    the message prints it, rounded up (passed back, it is met), and `achieved`, exact."""
 
-    def __init__(self, message: str, smallest_deadline: float):
+    def __init__(self, message: str, smallest_deadline: float, achieved: float | None = None):
         super().__init__(message)
         self.smallest_deadline = smallest_deadline
+        self.achieved = smallest_deadline if achieved is None else achieved
 
 
 @dataclass
