@@ -336,6 +336,11 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         say(f"warning: {line}")
     check_data_fits(run_data(opts), captured.example_args, captured.module, device)
     graph = captured.graph
+    # The board is reached before anything is written into OUT: one that cannot be reached
+    # ran nothing, and OUT stays as the run found it (QA: an SSH board on a closed port left
+    # OUT/graph.json behind, or an earlier run's replaced; the board was first reached by
+    # the profile, or after planning where the profile was given or cached)
+    board.hello()
     graph_path = out / "graph.json"
     graph.save(graph_path)
     if device.hardware.memory_limit_bytes:
