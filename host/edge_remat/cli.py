@@ -357,9 +357,11 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
     from .reports.report import sweep_cost_units, sweep_table
     from edge_remat_agent.units import counted
 
-    from .sweep import SweepInterrupted, no_plan_error, parse_sweep, run_sweep, smallest_feasible
+    from .sweep import (SweepInterrupted, fraction_labels, no_plan_error, parse_sweep,
+                        run_sweep, smallest_feasible)
 
     budgets = parse_sweep(sweep)
+    labels = fraction_labels(budgets)  # of every budget asked: an interrupted sweep's too
     try:
         points, interrupted = run_sweep(make_problem, budgets, solver, time_limit,
                                         backend, workers), False
@@ -370,9 +372,13 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
     planned = sum(point.report is not None for point in points)
     if not planned and not interrupted:  # an error, as for one budget: nothing written
         raise no_plan_error(points)
+    names = [f"plan-{labels[point.fraction]}.json" for point in points if point.report]
+    if len(set(names)) != len(names):  # one plan written over another (QA: 0.505 and 0.51)
+        raise RuntimeError(f"two budgets of the sweep would write one plan file: {names}")
     rows, written = [], set()
     for point in points:
-        row = {"fraction": point.fraction, "budget_bytes": point.budget_bytes,
+        row = {"fraction": point.fraction, "label": labels[point.fraction],
+               "budget_bytes": point.budget_bytes,
                "status": point.status, "message": point.message or None,
                **smallest_feasible(point)}
         if point.report is not None:
@@ -382,7 +388,7 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
                        lower_bound=s["lower_bound"], gap=s["gap"],
                        solve_time_s=s["solve_time_s"])
             if output:
-                path = Path(output) / f"plan-{point.fraction:.2f}.json"
+                path = Path(output) / f"plan-{labels[point.fraction]}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 point.report.plan.save(path)
                 row["plan"] = str(path)
@@ -411,10 +417,11 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
     if as_json:
         print_json(table)
     else:
-        typer.echo(sweep_table(points, objective))
+        typer.echo(sweep_table(points, objective, labels))
         if output and planned:
-            # of every budget asked (QA: interrupted at the third of 8, "2 plans of 2 budgets")
-            typer.echo(f"{counted(planned, 'plan')} of {counted(len(budgets), 'budget')} "
+            # of every budget asked (QA: interrupted at the third of 8, "2 plans of 2 budgets");
+            # the files written, one a plan (QA: "5 plans" were 3 files)
+            typer.echo(f"{counted(len(written), 'plan')} of {counted(len(budgets), 'budget')} "
                        f"written to {output}/, with the table in {SWEEP_TABLE}")
     if stopped:
         from .errors import EXIT_INTERRUPTED

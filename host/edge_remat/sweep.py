@@ -57,7 +57,26 @@ def parse_sweep(text: str) -> list[float]:
         raise UnitError(f"sweep {text!r} is too wide: fractions up to {MAX_FRACTION:g} of the "
                         f"plain peak, at most {MAX_POINTS} budgets")
     count = int(round((stop - start) / step + 1e-9)) + 1
-    return [round(start + k * step, 10) for k in range(count) if start + k * step <= stop + 1e-9]
+    # once each: a step finer than the rounding gives one budget several times
+    return list(dict.fromkeys(round(start + k * step, 10) for k in range(count)
+                              if start + k * step <= stop + 1e-9))
+
+
+LABEL_DECIMALS = 2  # plan-0.30.json, ...: as many as every sweep of a step of 0.01 or more
+MAX_LABEL_DECIMALS = 10  # parse_sweep's rounding: each of its fractions said exactly in as many
+
+
+def fraction_labels(fractions: list[float]) -> dict[float, str]:
+    """Each budget's label in the table, its plan file's name and sweep.json: two decimals
+    (0.30), or the fewest beyond that which say every budget of the sweep as it is, and so
+    tell them apart (QA: 0.505 and 0.51 were both "0.51", and the first's plan file was
+    overwritten by the second's)."""
+    for decimals in range(LABEL_DECIMALS, MAX_LABEL_DECIMALS + 1):
+        labels = {fraction: f"{fraction:.{decimals}f}" for fraction in fractions}
+        if all(float(label) == fraction for fraction, label in labels.items()) and \
+                len(set(labels.values())) == len(labels):
+            return labels
+    return {fraction: repr(fraction) for fraction in fractions}  # not from parse_sweep
 
 
 def run_sweep(make_problem: Callable[[Budget], Problem], fractions: list[float], solver: str,

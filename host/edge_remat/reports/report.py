@@ -253,35 +253,41 @@ def sweep_cost_units(points) -> tuple[str, str]:
     return problem_cost_units(planned.problem) if planned is not None else ("s", "J")
 
 
-def sweep_table(points, objective: str) -> str:
-    """One line per budget of a sweep: what the plan costs and how sure the solver is."""
+def sweep_table(points, objective: str, labels: dict[float, str] | None = None) -> str:
+    """One line per budget of a sweep: what the plan costs and how sure the solver is.
+    `labels`: each budget's, as its plan file is named (sweep.fraction_labels of the whole
+    sweep; by default of these points)."""
+    if labels is None:
+        from ..sweep import fraction_labels
+        labels = fraction_labels([point.fraction for point in points])
+    label = max([7] + [len(labels[point.fraction]) for point in points])
     units = sweep_cost_units(points)[0] != "s"
     energy, time = ("energy", "time") if units else ("energy J", "time s")
     # the status column as wide as its widest entry ("infeasible_deadline" is 19)
     width = max([11] + [len(point.status) for point in points])
     # the solver column as wide as its widest name ("heuristic:keep-all" is 18)
     named = max([16] + [len(p.report.plan.solver["name"]) for p in points if p.report])
-    header = (f"{'budget':>7}  {'bytes':>12}  {'TDI %':>7}  {energy:>10}  {time:>10}  "
+    header = (f"{'budget':>{label}}  {'bytes':>12}  {'TDI %':>7}  {energy:>10}  {time:>10}  "
               f"{'status':<{width}}  {'gap %':>6}  {'solver':<{named}}  {'solve s':>7}")
     lines = [f"# objective: {objective}" + ("; energy and time in the graph file's cost units"
                                             if units else ""), header, "-" * len(header)]
     for point in points:
         if point.report is None:
-            lines.append(f"{point.fraction:>7.2f}  {_num(point.budget_bytes, '{:d}'):>12}  "
+            lines.append(f"{labels[point.fraction]:>{label}}  {_num(point.budget_bytes, '{:d}'):>12}  "
                          f"{'-':>7}  {'-':>10}  {'-':>10}  {point.status:<{width}}  {'-':>6}  "
                          f"{'-':<{named}}  {'-':>7}")
             continue
         plan = point.report.plan
         pr, s = plan.predicted, plan.solver
         gap = None if s.get("gap") is None else 100 * s["gap"]
-        lines.append(f"{point.fraction:>7.2f}  {plan.budget_bytes:>12d}  "
+        lines.append(f"{labels[point.fraction]:>{label}}  {plan.budget_bytes:>12d}  "
                      f"{pr['tdi_percent']:>7.2f}  {pr['energy_j']:>10.4g}  {pr['time_s']:>10.4g}  "
                      f"{s['status']:<{width}}  {_num(gap, '{:.2f}'):>6}  {s['name']:<{named}}  "
                      f"{s['solve_time_s']:>7.2f}")
-    return "\n".join(lines + _sweep_notes(points))
+    return "\n".join(lines + _sweep_notes(points, labels))
 
 
-def _sweep_notes(points) -> list[str]:
+def _sweep_notes(points, labels: dict[float, str]) -> list[str]:
     """Each budget's message under the table, said once: budgets whose message differs from
     an earlier one's only in its figures (the same long 'no plan' explanation at each budget)
     are named on one line after it."""
@@ -292,12 +298,12 @@ def _sweep_notes(points) -> list[str]:
                 point)
     notes = []
     for said, alike in first.values():
-        notes.append(f"{said.fraction:.2f}: {said.message}")
+        notes.append(f"{labels[said.fraction]}: {said.message}")
         rest = alike[1:]
         if rest:
             own = "" if all(p.message == said.message for p in rest) else \
                 f", with {'its' if len(rest) == 1 else 'their'} own figures (--json has " \
                 "each budget's message)"
-            notes.append(", ".join(f"{p.fraction:.2f}" for p in rest)
-                         + f": the same as {said.fraction:.2f}{own}")
+            notes.append(", ".join(labels[p.fraction] for p in rest)
+                         + f": the same as {labels[said.fraction]}{own}")
     return notes
