@@ -34,6 +34,24 @@ def another_boards_profile(plan: Plan, profile: Profile) -> bool:
     return bool(planned_with and profile.name and profile.name != planned_with)
 
 
+def replayed_profile_note(plan: Plan, profile: Optional[Profile],
+                          figures: str = "times and energy") -> Optional[str]:
+    """The note where a replay (simulate's figures, plot's memory traces) uses other costs
+    than the plan was made with, or None: the graph's own where the plan had a profile and none
+    is given, another board's where the profile is of another. `figures`: what of the replay
+    the profile changes."""
+    planned_with = plan.problem.get("profile")
+    if planned_with and profile is None:
+        return (f"note: the plan was made with the profile '{planned_with}' and is replayed "
+                f"here with the graph's own costs; give --profile for its {figures}")
+    if planned_with and profile is not None and profile.name and profile.name != planned_with:
+        # QA: another board's profile gave another time and said nothing of it
+        return (f"note: the plan was made with the profile '{planned_with}' and is replayed "
+                f"here with '{profile.name}': its {figures} are that board's, not the plan's "
+                "recorded ones")
+    return None
+
+
 def tiers_not_replayed(plan: Plan, profile: Profile) -> list[str]:
     """The tiers whose figures in the profile of the plan's own board differ from the plan's,
     which the replay keeps (QA: a profile edited to a flash 1000x slower, and too small for

@@ -439,7 +439,7 @@ def simulate(
 ) -> None:
     """Replay a plan: check every instruction and add up peak RAM, time, energy and TDI."""
     from .checks import (note_profile_fit, recorded_figures_warning, replay, replay_costs,
-                         replay_summary, tiers_not_replayed)
+                         replay_summary, replayed_profile_note, tiers_not_replayed)
     from .importers.graph_import import load_graph_file
     from .remote import to_stderr
     from .reports.report import sim_table
@@ -452,15 +452,8 @@ def simulate(
         to_stderr(f"warning: {units}")
     result = replay(p, g, plan_file, graph, prof)
     summary = replay_summary(p, g, result, prof)
-    planned_with = p.problem.get("profile")
-    if planned_with and prof is None:
-        to_stderr(f"note: the plan was made with the profile '{planned_with}' and is replayed "
-                  "here with the graph's own costs; give --profile for its times and energy")
-    elif planned_with and prof is not None and prof.name and prof.name != planned_with:
-        # QA: another board's profile gave another time and said nothing of it
-        to_stderr(f"note: the plan was made with the profile '{planned_with}' and is replayed "
-                  f"here with '{prof.name}': its times and energy are that board's, not the "
-                  "plan's recorded ones")
+    if (other_costs := replayed_profile_note(p, prof)) is not None:
+        to_stderr(other_costs)
     if prof is not None and (kept := tiers_not_replayed(p, prof)):
         to_stderr(f"note: {profile} gives other figures for {' and '.join(kept)} than the plan "
                   "was made with; the replay pages at the plan's (plan again with this "
@@ -1435,6 +1428,9 @@ def run_command(
     _exit_if_gradients_differ(report.get("grad_check"))
 
 
+PLOTTED_FIGURES = "workspaces in the memory traces"  # what plot's --profile changes
+
+
 @app.command("plot")
 @cli_errors
 def plot_command(
@@ -1455,7 +1451,7 @@ def plot_command(
     from pathlib import Path
 
     from .reports import plots
-    from .checks import replay
+    from .checks import replay, replayed_profile_note
     from .importers.graph_import import load_graph_file
     from .outputs import output_file, output_folder
 
@@ -1473,11 +1469,15 @@ def plot_command(
     # every input read and checked before the first PNG is written (QA: a bad --sweep was
     # refused after schedule.png and memory.png were written, and the retry then wanted --force)
     if plan_file is not None:
+        from .remote import to_stderr
         g, p = load_graph_file(graph), load_plan(plan_file)
         replayed = replay(p, g, plan_file, graph)  # a plan for another graph: refused
-        planned, plain = plots.memory_traces(g, p, load_profile(profile) if profile else None)
+        prof = load_profile(profile) if profile else None
+        planned, plain = plots.memory_traces(g, p, prof)
+        # as simulate says it (QA: the legend's planned peak was not the plan's, no word)
+        if (other_costs := replayed_profile_note(p, prof, PLOTTED_FIGURES)) is not None:
+            to_stderr(other_costs)
         if not replayed.fits_budget:  # drawn, as its memory plot shows it (QA: no word)
-            from .remote import to_stderr
             to_stderr(f"warning: {plan_file} peaks at {replayed.peak_bytes} bytes, over its "
                       f"budget of {p.budget_bytes} bytes (`edge-remat simulate` refuses it)")
     if sweep_file is not None:
