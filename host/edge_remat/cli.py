@@ -251,8 +251,14 @@ def plan(
         print_json({
             "status": s["status"], "solver": s["name"], "budget_bytes": result["budget_bytes"],
             "peak_bytes": pr["peak_bytes"], "tdi_percent": pr["tdi_percent"],
-            "time_s": pr["time_s"], "energy_j": pr["energy_j"],
-            "energy_compute_j": pr["energy_compute_j"], "energy_paging_j": pr["energy_paging_j"],
+            # the table's figures: time and energy with their parts (QA: energy_j was not
+            # compute + paging, with no static energy nor paging time to tell why)
+            "time_s": pr["time_s"], "paging_time_s": pr["paging_time_s"],
+            "paging_hidden_share": pr.get("paging_hidden_share"),
+            "home_io_time_s": pr.get("home_io_time_s", 0.0), "home_reads": pr.get("home_reads", 0),
+            "energy_j": pr["energy_j"], "energy_compute_j": pr["energy_compute_j"],
+            "home_io_energy_j": pr.get("home_io_energy_j", 0.0),
+            "energy_paging_j": pr["energy_paging_j"], "energy_static_j": pr["energy_static_j"],
             "recomputed": pr["recomputed"], "page_ins": pr["page_ins"],
             "page_outs": pr["page_outs"], "lower_bound": s["lower_bound"], "gap": s["gap"],
             "solve_time_s": s["solve_time_s"], "baselines": s["baselines"],
