@@ -5,12 +5,18 @@ importlib's own weakref callback is printed and swallowed (the deploy then train
 and one inside numpy's import left it half-initialised ("ImportError: cannot load module
 more than once per process"). Here a Ctrl-C that lands inside an import is taken once the
 import is done (ctrl_c_after_imports), and one that escapes the CLI ends as any interrupt
-does: one line, exit status 130."""
+does: one line, exit status 130. One before main runs, in the console script's own imports
+(`from edge_remat.entry import main`), is held by the package's first import
+(edge_remat/__init__.py) and ends the command here the same way. One before that, while
+Python reads its `site` (the .pth files), is the interpreter's own."""
 
 from __future__ import annotations
 
 import signal
 import sys
+# threading here, not in the handler: a Ctrl-C that came inside threading's own import
+# found it there partly initialised ("no attribute 'Timer'", a traceback)
+import threading
 import time
 
 EXIT_INTERRUPTED = 130  # errors.EXIT_INTERRUPTED, whose module is not imported yet
@@ -55,7 +61,6 @@ class CtrlCAfterImports:
     def _again(self) -> None:
         if self.again_pending:  # a second Ctrl-C meanwhile: the one interrupt to come
             return
-        import threading
         self.again_pending = True
         timer = threading.Timer(AGAIN_S, signal.pthread_kill,
                                 (threading.main_thread().ident, signal.SIGINT))
@@ -64,10 +69,19 @@ class CtrlCAfterImports:
 
 
 def ctrl_c_after_imports() -> None:
-    """Install CtrlCAfterImports where Ctrl-C is Python's own (not where the command was
-    started with SIGINT ignored, nor twice)."""
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    """Install CtrlCAfterImports where Ctrl-C is Python's own, or held by the package's first
+    import (edge_remat._ctrl_c_held) (not where the command was started with SIGINT ignored,
+    nor twice)."""
+    from . import _ctrl_c_held
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _ctrl_c_held):
         signal.signal(signal.SIGINT, CtrlCAfterImports())
+
+
+def ctrl_c_held_before() -> bool:
+    """Whether a Ctrl-C came while the package's first import held it (the console script's
+    imports, before main): the command then ends at once, as interrupted."""
+    from . import _ctrl_c_held
+    return _ctrl_c_held.pressed
 
 
 def status_with_ctrl_c_put_off(code: int) -> int:
@@ -86,8 +100,10 @@ def status_with_ctrl_c_put_off(code: int) -> int:
 
 
 def main() -> None:
-    ctrl_c_after_imports()
     try:
+        ctrl_c_after_imports()
+        if ctrl_c_held_before():  # in the console script's imports: nothing has run
+            raise KeyboardInterrupt
         from .cli import main as run_cli
     except KeyboardInterrupt:
         sys.stderr.write(INTERRUPTED_LINE)
