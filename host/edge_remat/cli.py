@@ -1477,9 +1477,12 @@ def plot_command(
     if plan_file is not None:
         from .remote import to_stderr
         g, p = load_graph_file(graph), load_plan(plan_file)
-        replayed = replay(p, g, plan_file, graph)  # a plan for another graph: refused
         prof = load_profile(profile) if profile else None
-        planned, plain = plots.memory_traces(g, p, prof)
+        # a plan for another graph: refused; the trace drawn and the warning below are of
+        # this one replay, at the profile's costs as simulate's (QA: the warning replayed the
+        # plan without the profile, so a plot drawn over the budget line had no word)
+        replayed = replay(p, g, plan_file, graph, prof)
+        planned, plain = replayed.memory_trace, plots.plain_trace(g, prof)
         # as simulate says it (QA: the legend's planned peak was not the plan's, no word)
         if (other_costs := replayed_profile_note(p, prof, PLOTTED_FIGURES)) is not None:
             to_stderr(other_costs)

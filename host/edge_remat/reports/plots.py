@@ -108,18 +108,25 @@ def memory_traces(graph: Graph, plan: Plan,
     """RAM at each instruction (tensors + fixed memory) of the plan and of plain PyTorch's
     schedule (`plain_reference`, what a fractional budget is a fraction of), with the
     profile's workspaces where the plan was made with it: the peaks the reports name."""
-    from edge_remat_agent.costs import build_costs, plan_costs
+    from edge_remat_agent.costs import plan_costs
     from edge_remat_agent.simulate import simulate
+    planned = simulate(graph, plan_costs(graph, plan, profile), plan.stages).memory_trace
+    return planned, plain_trace(graph, profile)
+
+
+def plain_trace(graph: Graph, profile: Optional[Profile] = None) -> list[int]:
+    """RAM at each instruction of plain PyTorch's schedule (`plain_reference`), with the
+    profile's workspaces: memory_traces' second, for a caller that replayed the plan itself
+    (plot: the replay its over-budget warning reads)."""
+    from edge_remat_agent.costs import build_costs
 
     from ..planner.baselines import keep_all
     from ..planner.build import plain_reference
     from ..planner.evaluate import evaluate
     from ..planner.problem import Problem
-    planned = simulate(graph, plan_costs(graph, plan, profile), plan.stages).memory_trace
     reference = plain_reference(graph)
     unlimited = Problem(reference, build_costs(reference, profile), budget_bytes=2**62)
-    plain = evaluate(unlimited, keep_all(unlimited)).sim.memory_trace
-    return planned, plain
+    return evaluate(unlimited, keep_all(unlimited)).sim.memory_trace
 
 
 def _mib(nbytes: float) -> str:
