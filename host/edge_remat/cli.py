@@ -410,7 +410,9 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
                       f"{output} ({', '.join(p.name for p in earlier[:3])}"
                       f"{', ...' if len(earlier) > 3 else ''})")
     from .planner.interrupt import stopped_by
-    stopped = (f"interrupted ({stopped_by()}) at budget {points[-1].fraction:g}; the "
+    # the budget as the table, its plan file and sweep.json say it (QA: 'at budget 0.9' over
+    # a table of 0.900 and plan-0.900.json)
+    stopped = (f"interrupted ({stopped_by()}) at budget {labels[points[-1].fraction]}; the "
                f"{len(points)} budget(s) above are what was solved"
                + (" (the last one's plan is the best found so far)"
                   if points[-1].status == "interrupted" else "")) if interrupted else None
