@@ -18,17 +18,19 @@ MAX_SIZE = 2**63 - 1  # what a size in any format may be: the solvers' and torch
 # - bytes: a graph's fixed_bytes, every node's out_bytes and workspace_bytes, and the optimizer
 #   state of groups homed on a page tier (plain training holds it in RAM), all together at most
 #   2**53 (8 PiB, hundreds of times the RAM of the largest servers), and a size given at the
-#   command line (a budget, a memory limit) as well. Any step's memory is a part of that total,
-#   and below 2**53 every byte count is exact as a float too, as the planner takes them through
-#   floats (a fractional budget, CP-SAT's scaling, the reports): at 2**60 a node, --budget 100%
-#   came out 46 bytes under the plain peak and CP-SAT's plan failed its replay.
+#   command line (a budget, a memory limit) and each size in a profile (Reader.size: its RAM,
+#   runtime memory, a tier's capacity, an op's sizes) as well. Any step's memory is a part of
+#   that total, and below 2**53 every byte count is exact as a float too, as the planner takes
+#   them through floats (a fractional budget, CP-SAT's scaling, the reports): at 2**60 a node,
+#   --budget 100% came out 46 bytes under the plain peak and CP-SAT's plan failed its replay.
 MAX_GRAPH_BYTES = 2**53
 # - seconds and joules: a graph node's time_s and energy_j (and a tier's per-node page costs), a
 #   profile's op times and energies, latencies, watts and joules a byte, at most 1e18 (32
 #   billion years; published graphs' unit-free costs, Checkmate's FLOP counts, reach 1e12). A
 #   schedule runs a node at most once per stage, so even a million-node graph's step sums to
 #   under 1e30, far inside a float's range (1.8e308), and what is derived from it (TDI, energy
-#   at a profile's watts, the bounds) stays finite.
+#   at a profile's watts, the bounds) stays finite. A node's attrs.flops too, at most 1e18
+#   (a board's roofline divides it by the board's rate, at least 1 a second: costs.py).
 MAX_FIGURE = 1e18
 # - rates, bytes (or FLOPs) a second: from 1 (a page of MAX_GRAPH_BYTES then takes under 1e16
 #   s; QA: a flash of 1e-300 B/s was "cannot convert float infinity to integer", naming no
@@ -132,6 +134,17 @@ class Reader:
             # budget_bytes of 1.5e300 trained); 2**62 stays, an unlimited budget in our plans
             raise self.error(key, "a size in bytes that fits in 64 bits, not one larger than "
                                   "any board's memory could be", value)
+        return value
+
+    def size(self, key: str, default: Any = _MISSING) -> Any:
+        """A size in bytes (an integer >= 0) within MAX_GRAPH_BYTES, the bound of a graph's
+        sizes (see there why): a profile's RAM, runtime memory, a tier's capacity and an op's
+        sizes (QA: capped only at 2**63-1 each, a workspace of 2**60 was taken and planned)."""
+        value = self.integer(key, default)
+        if value is not default and value > MAX_GRAPH_BYTES:
+            raise self.error(key, "a size of at most 2**53 bytes (8 PiB, far more than any "
+                                  "board's memory; byte counts stay exact as floats below it)",
+                             value)
         return value
 
     def boolean(self, key: str, default: Any = _MISSING) -> Any:

@@ -204,9 +204,9 @@ def graph_from_dict(obj: Any, source: str = "<graph>") -> Graph:
 
 
 def check_bounds(graph: Graph, source: str) -> None:
-    """The graph's sizes, times and energies within MAX_GRAPH_BYTES and MAX_FIGURE (fields.py,
-    see there why): a FormatError naming the field that passes them. Every reader of a graph
-    file (our format, the published dialects: importers/graph_import.py) runs it."""
+    """The graph's sizes, times, energies and FLOPs within MAX_GRAPH_BYTES and MAX_FIGURE
+    (fields.py, see there why): a FormatError naming the field that passes them. Every reader
+    of a graph file (our format, the published dialects: importers/graph_import.py) runs it."""
     sizes = [("fixed_bytes", graph.fixed_bytes)]
     for i, node in enumerate(graph.nodes):
         sizes += [(f"nodes[{i}].out_bytes", node.out_bytes),
@@ -231,6 +231,9 @@ def check_bounds(graph: Graph, source: str) -> None:
         for key, value in figures:
             check_figure(source, f"nodes[{i}].{key}", value, "s" if key.endswith("_s") else "J",
                          " a node")
+        flops = node.attrs.get("flops")  # a board's roofline divides it (costs.board_roofline)
+        if isinstance(flops, (int, float)) and not isinstance(flops, bool):
+            check_figure(source, f"nodes[{i}].attrs.flops", flops, "FLOPs", " a node")
 
 
 def _check_param_readers(graph: Graph, source: str) -> None:

@@ -238,9 +238,9 @@ def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
                           "persistent_bytes"})
         ops[sig] = OpCost(time_s=o.figure("time_s", "s"),
                           energy_j=o.figure("energy_j", "J", None),
-                          out_bytes=o.integer("out_bytes", None),
-                          workspace_bytes=o.integer("workspace_bytes", None),
-                          persistent_bytes=o.integer("persistent_bytes", None))
+                          out_bytes=o.size("out_bytes", None),
+                          workspace_bytes=o.size("workspace_bytes", None),
+                          persistent_bytes=o.size("persistent_bytes", None))
     device = r.object("device", None) or {}
     idle_w, active_w = power.figure("idle_w", "W"), power.figure("active_w", "W")
     if idle_w - active_w > power_noise_w(idle_w):
@@ -252,8 +252,8 @@ def profile_from_dict(obj: Any, source: str = "<profile>") -> Profile:
                           "(edge-remat profile) or correct power.idle_w / power.active_w")
     return Profile(source=r.str("source", choices=("measured", "modelled")), device=device,
                    idle_w=idle_w, active_w=active_w,
-                   tiers=tiers, ops=ops, ram_total_bytes=r.integer("ram_total_bytes", None),
-                   runtime_baseline_bytes=r.integer("runtime_baseline_bytes", None),
+                   tiers=tiers, ops=ops, ram_total_bytes=r.size("ram_total_bytes", None),
+                   runtime_baseline_bytes=r.size("runtime_baseline_bytes", None),
                    published_sources=list(r.list("published_sources", [])),
                    name=r.str("name", "profile"),
                    measurements=r.object("measurements", None) or {},
@@ -277,7 +277,7 @@ def tier_from(r: Reader) -> Tier:
                 latency_s=r.figure("latency_s", "s", 0.0),
                 read_j_per_byte=r.figure("read_j_per_byte", "J", 0.0),
                 write_j_per_byte=r.figure("write_j_per_byte", "J", 0.0),
-                capacity_bytes=r.integer("capacity_bytes", None),
+                capacity_bytes=r.size("capacity_bytes", None),
                 read_latency_s=r.figure("read_latency_s", "s", None),
                 write_latency_s=r.figure("write_latency_s", "s", None),
                 compute_share=r.number("compute_share", 0.0, minimum=None),
