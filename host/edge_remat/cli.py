@@ -925,7 +925,7 @@ def _cancel_line(record: dict, job_id: str, board: str, already: bool) -> str:
     """job-cancel's answer: never an `error:` line, for the cancel did not fail."""
     from edge_remat_agent.wire.protocol import TERMINAL_STATES
 
-    from .transport.errors import cancelled_by_host
+    from .transport.errors import cancelled_by_host, killed_out_of_memory
     state, error = record["state"], record.get("error")
     if state not in TERMINAL_STATES:
         return f"job {job_id} on {board} was asked to stop and is still {state}"
@@ -934,6 +934,9 @@ def _cancel_line(record: dict, job_id: str, board: str, already: bool) -> str:
     if cancelled_by_host(record):
         return (f"job {job_id} on {board} had already been cancelled; nothing to cancel"
                 if already else f"job {job_id} on {board}: {error}")
+    if already and killed_out_of_memory(record):  # its state, as job-status says it
+        return (f"job {job_id} had already been killed on {board} (out of memory); nothing "
+                f"to cancel ({error})")
     if already:
         return (f"job {job_id} had already failed on {board}; nothing to cancel (it failed: "
                 f"{error or 'no reason recorded'})")

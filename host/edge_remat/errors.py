@@ -110,10 +110,10 @@ def classify(exc: BaseException) -> "tuple[int, str, dict]":
         # input the board's job refused (InputRefused: a param, a plan for another graph, a
         # batch the model cannot take): bad input, in the board's words
         return EXIT_BAD_INPUT, str(exc), {"status": "bad_input", "job": job}
+    if job.get("state") == "killed":  # out of memory: the record says so too (as_reported)
+        return EXIT_KILLED, str(exc), {"status": "killed", "job": job}
     if isinstance(exc, JobFailed):
-        killed = killed_by_memory(str((exc.record or {}).get("error")))
-        return (EXIT_KILLED if killed else EXIT_JOB_FAILED), str(exc), \
-            {"status": "killed" if killed else "failed", "job": exc.record}
+        return EXIT_JOB_FAILED, str(exc), {"status": "failed", "job": job}
     if isinstance(exc, JobOutOfReach):
         return EXIT_UNREACHABLE, str(exc), {"job": exc.job}
     if isinstance(exc, SshConfigError):

@@ -10,9 +10,8 @@ from typing import Optional
 
 from edge_remat_agent.formats.fields import dump_json
 
-from ..errors import killed_by_memory
 from ..remote import full_result
-from ..transport.errors import cancelled_by_host
+from ..transport.errors import as_reported
 from .job_end import ENDED_WELL, ended_well_status
 
 
@@ -40,9 +39,8 @@ def final_status(record: dict) -> str:
     """A run report's status for an ended job's record, as `run` would have said it."""
     if record["state"] != "failed":
         return ended_well_status(record.get("result") or {})
-    if cancelled_by_host(record):
-        return "cancelled"
-    return "killed" if killed_by_memory(str(record.get("error"))) else "failed"
+    state = as_reported(record)["state"]  # cancelled, killed (out of memory) or failed
+    return state if state in ("cancelled", "killed") else "failed"
 
 
 # A run report's status where the run ended and its job may have gone on (the words for it):

@@ -81,16 +81,28 @@ def refused_as_bad_input(record: dict) -> bool:
     return record.get("state") == "failed" and bool(record.get("bad_input"))
 
 
+def killed_out_of_memory(record: dict) -> bool:
+    """Whether a failed job ran out of memory: killed by the board's out-of-memory killer (a
+    SIGKILL the agent did not find came from elsewhere) or the executor's OutOfMemory, as
+    its error says (errors.killed_by_memory: the exit status 4 reads it too)."""
+    from ..errors import killed_by_memory
+    return record.get("state") == "failed" and killed_by_memory(str(record.get("error")))
+
+
 def as_reported(record: dict) -> dict:
     """A job's record as the host's commands print it, the one mapping of the agent's states
     to the host's: a job the host cancelled is in state "cancelled", one whose input the
-    board refused "bad_input", as its status and every line say (the agent keeps both as
-    "failed": its error "cancelled by the host", its `bad_input` flag); `board_state` keeps
-    the board's word. QA: a cancelled `deploy --json` said "status": "cancelled" beside a job
-    record whose state was "failed"; a refused param's said "status": "failed", exit 2, beside
-    a record saying `bad_input`."""
+    board refused "bad_input", one that ran out of memory (the memory limit, the board's
+    out-of-memory killer) "killed", as its status and every line say (the agent keeps all
+    three as "failed": its error "cancelled by the host", its `bad_input` flag, its error
+    "killed by SIGKILL (the kernel's out-of-memory killer ran meanwhile)"); `board_state`
+    keeps the board's word. QA: a cancelled `deploy --json` said "status": "cancelled" beside
+    a job record whose state was "failed"; a refused param's said "status": "failed", exit 2,
+    beside a record saying `bad_input`; an out-of-memory kill's `job-status ID --json` said
+    "status": "killed", exit 4, beside a record and a list saying "failed"."""
     state = ("cancelled" if cancelled_by_host(record)
-             else "bad_input" if refused_as_bad_input(record) else record.get("state"))
+             else "bad_input" if refused_as_bad_input(record)
+             else "killed" if killed_out_of_memory(record) else record.get("state"))
     if state == record.get("state"):
         return record
     return {**record, "state": state, "board_state": record.get("state")}
@@ -109,6 +121,9 @@ def job_failed(record: dict, job: str, board: str, cause: str = "") -> JobFailed
     if cancelled_by_host(record):
         return JobFailed(f"{job} on {board} was {record['error']}: it did not finish; "
                          f"{RUN_AGAIN}", record)
+    if killed_out_of_memory(record) and not cause:
+        return JobFailed(f"{job} was killed on {board}: it ran out of memory: "
+                         f"{record.get('error')}", record)
     if cause:
         return JobFailed(f"{job} failed on {board}: {cause}; the board said: "
                          f"{record.get('error')}", record)
