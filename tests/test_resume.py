@@ -258,7 +258,7 @@ def test_the_training_identity_holds_the_trainable_dtype():
     mixed = training_identity(RunOptions(trainable_dtype="fp32", **lora))
     said = identity_mismatch(mixed, training_identity(RunOptions(**lora)))
     assert said is not None and said.startswith(
-        "the checkpoint's run had --trainable-dtype fp32, this run has (not given)")
+        "the checkpoint's run had --trainable-dtype fp32, this run has bf16")  # --dtype's
 
 
 @pytest.mark.parametrize("record,field", [

@@ -42,6 +42,7 @@ def identity_mismatch(earlier: dict, now: dict) -> str | None:
         return (f"the checkpoint was written by `edge-remat {made}`, and this is `edge-remat "
                 f"{this}`: resume it with `edge-remat {made} ... --resume`, or start afresh "
                 "without --resume")
+    earlier, now = _effective(earlier), _effective(now)
     differing = sorted((set(earlier) | set(now)) - set(MAY_CHANGE_ON_RESUME),
                        key=lambda option: (option not in WHAT_TRAINS, option))
     for option in differing:
@@ -51,6 +52,23 @@ def identity_mismatch(earlier: dict, now: dict) -> str | None:
                     f"run has {shown(now.get(option))}: give {option} as it was (a resumed run "
                     "trains as the uninterrupted one would), or start afresh without --resume")
     return None
+
+
+def _effective(identity: dict) -> dict:
+    """The identity at the values the run trains at, not as typed: a zoo model's shapes
+    not given are its defaults, and the one it does not read is none (zoo_shapes); a
+    --trainable-dtype not given is --dtype's. (QA: `--batch 256 --image 24`, digits-cnn's
+    defaults, was refused against the run that gave neither.) A checkpoint written before
+    this holds the options as given, and is compared the same way."""
+    from ..zoo_shapes import effective_shape
+    resolved = dict(identity)
+    if "--model" in identity:
+        shape = effective_shape(identity["--model"], identity.get("--batch"),
+                                identity.get("--image"), identity.get("--seq"))
+        resolved.update({f"--{name}": value for name, value in shape.items()})
+    if "--trainable-dtype" in identity and resolved["--trainable-dtype"] is None:
+        resolved["--trainable-dtype"] = identity.get("--dtype") or "fp32"
+    return resolved
 
 
 def _file_shown(value) -> str:

@@ -14,6 +14,7 @@ import torch
 
 import functools
 
+from ..zoo_shapes import effective_shape
 from . import bert, digits, gpt, llama, mlp, mobilenet, recurrent, resnet, vgg
 
 
@@ -90,6 +91,9 @@ def build(name, batch=None, image=None, seq=None, seed=0, **keywords):
         # The example batch has its own generator: it does not depend on how
         # many random numbers the init consumed.
         generator = torch.Generator().manual_seed(seed)
+        # the defaults every run trains at (zoo_shapes: a resume compares options at them)
+        shape = effective_shape(name, batch, image, seq)
+        batch, image, seq = shape["batch"], shape["image"] or image, shape["seq"] or seq
         try:
             if name in SEEDED:
                 keywords.setdefault("seed", seed)
