@@ -72,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     from .executor import BadInput, ExecutorError, run_plan
+    from .executor.stores import host_pages_refusal
+    unhosted = host_pages_refusal(plan, None, args.device, where="this command has none")
+    if unhosted is not None:  # the run job's rule: host pages never held in this process
+        print(f"error: {unhosted}", file=sys.stderr)
+        return 2
 
     from .diverged import LossTally, LossWatch, remedy_for
     # this command has no --lr: its graph's optimizer's own rate, which deploy's --lr changes

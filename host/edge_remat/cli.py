@@ -736,10 +736,12 @@ def job(
     """Run a job on the board's agent; survives dropped links (reconnects, same job)."""
     from .devices import find_device
     from .outputs import output_folder
-    from .remote import (job_sent_line, parse_inputs, parse_params, print_outcome,
-                         progress_printer, refuse_bad_job_params, to_stderr)
+    from .remote import (host_page_outs, job_sent_line, parse_inputs, parse_params,
+                         print_outcome, progress_printer, refuse_bad_job_params,
+                         refuse_detached_host_pages, to_stderr)
     from .transport import Board
     from .transport.emulated import retired_at_exit
+    from .transport.host_pages import host_pages
 
     from edge_remat_agent.daemon.layout import JOB_ID, JOB_ID_RULE
 
@@ -750,6 +752,7 @@ def job(
     inputs = parse_inputs(input_file)
     if detach:  # no one waits for its record: what the board would refuse is refused now
         refuse_bad_job_params(kind, values, inputs)
+        refuse_detached_host_pages(kind, values, inputs, device)  # no one holds its pages
     if out is not None:  # `--out ''` too, which is refused
         output_folder(out)
     with Board(find_device(device), on_event=to_stderr, keep_running=keep_running) as board, \
@@ -761,8 +764,12 @@ def job(
             else:
                 print(record["id"])
             return
-        shown = job_sent_line(board) if as_json else progress_printer()
-        record = board.run_job(kind, values, inputs, out, job_id, on_update=shown)
+        # a plan that pages to the host: its page service for the job's life, as deploy's
+        with host_pages(board, host_page_outs(kind, values, inputs) > 0,
+                        to_stderr) as page_params:
+            shown = job_sent_line(board) if as_json else progress_printer()
+            record = board.run_job(kind, {**values, **page_params}, inputs, out, job_id,
+                                   on_update=shown)
         if kind == "profile" and out is not None:  # as `profile` does
             from .run.profiles import remember_profiled
             remember_profiled(board, record["fetched"])

@@ -360,6 +360,44 @@ def refuse_bad_job_params(kind: str, params: dict, inputs: Dict[str, Path]) -> N
         raise UserError(str(error)) from None
 
 
+def host_page_outs(kind: str, params: dict, inputs: Dict[str, Path]) -> int:
+    """How many pages a `run` job's plan (its --input plan, a file here) sends to the host: its
+    job needs the host's page service for its life, as deploy's does. 0 for another kind, a
+    plan given as a board path or one whose host pages go to a service the params name (the
+    board refuses a plan paging to host without one), or a file that is no plan (the board's
+    to refuse, in its words)."""
+    plan = inputs.get("plan")
+    if kind != "run" or plan is None or params.get("host_pages"):
+        return 0
+    try:
+        stages = json.loads(plan.read_text()).get("stages") or []
+        return sum(1 for stage in stages for ins in stage
+                   if isinstance(ins, dict) and ins.get("op") == "page_out"
+                   and ins.get("tier") == "host")
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0
+
+
+def refuse_detached_host_pages(kind: str, params: dict, inputs: Dict[str, Path],
+                               device: str) -> None:
+    """`job run --detach` of a plan that pages to the host: the host's page service lives only
+    as long as the command that starts it, and a detached job has none, so it is refused
+    before anything is sent (exit 2), with the command that holds the service for the job.
+    QA: the board kept the 58 pages in its own RAM (RSS 644 MiB, not deploy's 391)."""
+    outs = host_page_outs(kind, params, inputs)
+    if not outs:
+        return
+    from .errors import UserError
+    graph = inputs.get("graph")
+    raise UserError(
+        f"job run --detach: the plan {inputs['plan']} pages to the host ({outs} page-out"
+        f"{'s' if outs != 1 else ''}), whose page service lives only as long as the command "
+        "that starts it, and nothing would hold it for a detached job. Run it with "
+        f"`edge-remat deploy {inputs['plan']} --device {device} --graph "
+        f"{graph if graph is not None else 'GRAPH'}` (or `job run` without --detach), or plan "
+        "again with --paging flash (or none)")
+
+
 def fetched_json(record: dict) -> "list[Path]":
     """The JSON files a job's outputs brought here (a profile job's profile.json)."""
     return [Path(p) for p in record.get("fetched", []) if str(p).endswith(".json")]

@@ -193,6 +193,27 @@ def describe_stores(stores: dict[str, PageStore]) -> dict[str, dict]:
     return out
 
 
+def host_pages_refusal(plan: Plan, address: str | None, device: str | None = "cpu",
+                       where: str = "the run job's param host_pages") -> str | None:
+    """Why a run on a board is refused: its plan pages to `host` and no host page service was
+    given (`where` names how one is given), so each page would stay in the training process's
+    own memory and free none of the board's RAM: an out-of-memory kill the plan said it
+    avoided (QA: `job run` of such a plan trained at 644 MiB RSS, the report's note the only
+    word). None where the run may go on: no host pages, a service given, or a CUDA device,
+    whose `host` tier is pinned host memory (it frees the device's). The one rule of every
+    board-side entry (the run job, `edge-remat-agent run`); run_plan, the library, still
+    defaults to a MemoryStore, which its report says frees no RAM."""
+    if address or "host" not in plan.tiers_used() or str(device or "cpu").startswith("cuda"):
+        return None
+    outs = sum(1 for ins in plan.instructions() if ins.op == "page_out" and ins.tier == "host")
+    return (f"the plan pages to the host ({outs} page-out{'s' if outs != 1 else ''}) but no "
+            f"host page service was given ({where}): its pages would stay in this board's "
+            "own memory and free none of its RAM. Remedy: run the plan with `edge-remat "
+            "deploy PLAN --device D --graph G` (or `edge-remat run`, or `edge-remat job run` "
+            "without --detach), which start the host's page service for the job, or plan "
+            "again with --paging flash (or none)")
+
+
 def host_link_store(plan: Plan, address: str | None,
                     wait_s: float | None = None) -> PageStore | None:
     """The `host` store over the page service at `address` (HOST:PORT, as the host passes it
