@@ -66,11 +66,27 @@ def job_sent_line(board, say: Callable[[str], None] = to_stderr) -> Callable[[di
         if said:
             return
         said.append(record["id"])
+        if board.device.connection.kind == "serial":
+            say(serial_sent_line(record["id"], board))
+            return
         device = device_options(board.device)
         say(f"job {record['id']} sent to {board.name} (`edge-remat job-status {record['id']} "
             f"--device {device} --wait` follows it, `edge-remat job-cancel {record['id']} "
             f"--device {device}` stops it)")
     return show
+
+
+def serial_sent_line(job_id: str, board) -> str:
+    """The sent line over a serial link, which this command holds while it waits: no other
+    command can open the port until it ends (QA: the job-status and job-cancel commands this
+    line offered failed 'in use by another program', exit 3, and the job was never cancelled),
+    so it says what stops the job from here, and when the other commands reach it."""
+    port = board.device.connection.device
+    ctrl_c = ("Ctrl-C here leaves the job running (--keep-running) and names the `job-status` "
+              "and `job-cancel` commands that reach it then" if board.keep_running
+              else "Ctrl-C here cancels the job")
+    return (f"job {job_id} sent to {board.name} (this command holds the serial port {port} "
+            f"while it waits, so no other command reaches the board until it ends: {ctrl_c})")
 
 
 # -- devices -------------------------------------------------------------------------------

@@ -70,6 +70,8 @@ def open_serial_port(device: str, baud: int):
         except (serial.SerialException, OSError, ValueError) as exc:
             message = _open_error(device, exc)
             if "in use" not in message or attempt == 4:
+                if "in use" in message:
+                    message = held_by(device) or message
                 raise BoardUnreachable(message) from None
             time.sleep(0.1)  # our own previous connection may still be letting go
     _keep_lines_on_close(port)
@@ -102,6 +104,90 @@ def _open_error(device: str, exc: Exception) -> str:
                 "the board's serial line as port in the device config's [connection], e.g. "
                 "/dev/ttyUSB0")
     return f"cannot open serial port {device}: {text}"
+
+
+def held_by(device: str) -> Optional[str]:
+    """Who holds the serial port `device`, from /proc (no lsof): the process with the lock
+    pyserial's exclusive open takes (/proc/locks), else those with it open (/proc/PID/fd);
+    the line for a port in use that names it, and for another edge-remat command (a deploy
+    waiting on its job holds the board's only link) what frees it. None where no other
+    process is seen holding it (another user's, whose fds are not ours to read; no /proc)."""
+    import os
+    try:
+        target = os.path.realpath(device)
+        stat = os.stat(target)
+    except OSError:
+        return None
+    holders = _lockers(stat) or _openers(target)
+    found = []
+    for pid in holders:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                argv = [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        command = _edge_remat_command(argv)
+        if command is not None:
+            return (f"serial port {device} is held by a running `edge-remat {command}` (pid "
+                    f"{pid}), which keeps the board's link while it waits on its job: press "
+                    "Ctrl-C there (it cancels the job; with --keep-running it leaves it "
+                    "running and names the commands that reach it), then retry")
+        found.append(f"{os.path.basename(argv[0]) if argv else '?'}, pid {pid}")
+    if not found:
+        return None
+    return (f"serial port {device} is in use by another program ({'; '.join(found[:3])}): "
+            "close it and retry")
+
+
+def _lockers(stat) -> "list[int]":
+    """The pids /proc/locks names as holding a lock on the file of `stat` (MAJ:MIN:INODE,
+    the device numbers in hex)."""
+    import os
+    key = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    pids = []
+    try:
+        with open("/proc/locks") as handle:
+            for line in handle:
+                fields = line.split()
+                if "->" not in fields and len(fields) >= 6 and fields[5] == key:
+                    pids.append(int(fields[4]))
+    except (OSError, ValueError):
+        return []
+    return [pid for pid in pids if pid != os.getpid()]
+
+
+def _openers(target: str) -> "list[int]":
+    """The pids with `target` open, where their /proc/PID/fd can be read."""
+    import os
+    pids = []
+    try:
+        names = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+    for name in names:
+        if int(name) == os.getpid():
+            continue
+        try:
+            if any(os.readlink(f"/proc/{name}/fd/{fd}") == target
+                   for fd in os.listdir(f"/proc/{name}/fd")):
+                pids.append(int(name))
+        except OSError:
+            continue
+    return pids
+
+
+def _edge_remat_command(argv: "list[str]") -> Optional[str]:
+    """The edge-remat subcommand (with its first argument) of a process's argv, or None when
+    the process is no edge-remat command (the console script, `-m edge_remat[.cli]`)."""
+    for index, arg in enumerate(argv):
+        name = arg.rsplit("/", 1)[-1]
+        if name == "edge-remat" or (arg in ("edge_remat", "edge_remat.cli", "edge_remat.entry")
+                                    and index and argv[index - 1] == "-m"):
+            rest = argv[index + 1:]
+            if not rest:
+                return "command"
+            return " ".join(rest[:2]) if rest[0] == "job" else rest[0]  # `job sleep`
+    return None
 
 
 class SerialTransport:
