@@ -5,7 +5,12 @@ of digits-cnn is killed at step 1. One killed run serves the module's tests.
 - The job is "killed" wherever the host says it: job-status's list and lines, its --json status
   and the job record's state (the board's word, "failed", kept as board_state), exit 4. QA: the
   list said 'job train-plain-... failed' and the record's state "failed" beside "status":
-  "killed", exit 4 (as cancelled and bad_input were before transport.errors.as_reported)."""
+  "killed", exit 4 (as cancelled and bad_input were before transport.errors.as_reported).
+- The killed run's report says the cgroup's peak and limit, which the board's agent read as it
+  found the job killed (daemon/oom.group_memory_at_kill), and says what killed it in one
+  wording. QA: report.json had kernel_peak_bytes and memory_limit_bytes None, report.txt no
+  peak nor limit, its header "killed by SIGKILL (the board's out-of-memory killer)" and its
+  table's row "killed by the memory limit"."""
 
 from __future__ import annotations
 
@@ -101,3 +106,33 @@ def test_a_job_the_oom_killer_killed_is_killed_in_the_list_the_record_and_its_st
     code, said, err = cli("job-cancel", job_id, "--device", config)
     assert code == 0 and said.startswith(f"job {job_id} had already been killed on loopback "
                                          "(out of memory); nothing to cancel"), (said, err)
+
+
+def test_the_killed_runs_report_says_the_boards_cgroup_peak_and_limit_in_one_wording(killed_run):
+    config, out, code, stdout, stderr = killed_run
+    assert code == KILLED, (stdout, stderr)
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "killed" and report["killed_at_step"] == 1, report
+    assert report["memory_limit_bytes"] == LIMIT, report
+    # killed at the limit: the group's high-water mark is there (a page or so below, at most)
+    assert LIMIT - 16 * 2**20 <= report["kernel_peak_bytes"] <= LIMIT, report
+    source = report["kernel_peak_source"]
+    assert "max_usage_in_bytes" in source or "memory.peak" in source, source
+    assert "when the job was killed" in source and "read by the board's agent" in source, source
+    why = "killed by SIGKILL (the board's out-of-memory killer)"
+    assert report["message"] == f"{why} at step 1" and report["killed_by"] == why, report
+    text = (out / "report.txt").read_text().splitlines()
+    assert text[0] == (f"plain PyTorch run of digits-cnn on loopback (600.00 MiB memory "
+                       f"limit): {why} at step 1"), text
+    assert f"   1  {why}" in text, text
+    assert not any("killed by the memory limit" in line for line in text), text
+    [peak] = [line for line in text if line.startswith("kernel peak")]
+    assert "of the 600.00 MiB limit (" in peak, peak
+    # the run's line says the limit and the peak too
+    assert err_line(stderr).endswith("needs more memory than it has (600.00 MiB limit; kernel "
+                                     f"peak {report['kernel_peak_bytes'] / 2**20:.2f} MiB)"), \
+        stderr
+
+
+def err_line(stderr: str) -> str:
+    return stderr.strip().splitlines()[-1]

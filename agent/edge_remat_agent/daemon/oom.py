@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ..cgroup_memory import cgroup_memory_limit_bytes, cgroup_memory_peak
+
 VMSTAT = Path("/proc/vmstat")
 
 
@@ -28,3 +30,25 @@ def oom_killer_ran(before: Optional[int], after: Optional[int]) -> Optional[bool
     if before is None or after is None:
         return None
     return after > before
+
+
+def group_memory_at_kill(root: str = "/") -> dict:
+    """What the board's own memory cgroup says as the daemon finds a job process killed by
+    SIGKILL (the job and the daemon share the group: a board's sessions, an emulated board):
+    its limit (`memory_limit_bytes`) and its high-water mark (`kernel_peak`: {"bytes",
+    "source"}, as a finished run job reports its own: executor/baseline.group_peak); {} where
+    the daemon runs in no memory-limited group (an unlimited group is only a unit of
+    accounting). The job's own process cannot say them: it was killed. QA: a plain run the
+    out-of-memory killer killed on an SSH board in a 600 MiB cgroup reported neither."""
+    limit = cgroup_memory_limit_bytes(root)
+    if limit is None:
+        return {}
+    figures: dict = {"memory_limit_bytes": limit}
+    peak = cgroup_memory_peak(root)
+    if peak is not None:
+        figures["kernel_peak"] = {
+            "bytes": peak[0],
+            "source": f"{peak[1]}, its high-water mark when the job was killed, since the "
+                      "group began or since a run job's runtime baseline restarted it; read by "
+                      "the board's agent: everything in its group"}
+    return figures

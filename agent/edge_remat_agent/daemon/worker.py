@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from .layout import Layout
-from .oom import oom_killer_ran, oom_kills
+from .oom import group_memory_at_kill, oom_killer_ran, oom_kills
 from .runner import ALREADY_RUNNING, lock_is_held
 from .store import JobStore, read_json
 
@@ -248,11 +248,13 @@ class Worker:
                                   f" (killed after it ignored SIGTERM for {STOP_GRACE_S:g} s)"
                                   if status == -signal.SIGKILL else ""))
         elif outcome is None:
+            # killed: the group's limit and high-water mark, which the job can no longer say
+            group = group_memory_at_kill() if status == -signal.SIGKILL else {}
             self.store.update(record, state="failed", finished_s=now, pid=None,
                               error="the job process died: " + describe_exit(
                                   status, oom_killer_ran(record.get("oom_kills_at_start"),
                                                          oom_kills()))
-                                    + _log_tail(job_dir / "log.txt"))
+                                    + _log_tail(job_dir / "log.txt"), **group)
         elif outcome.get("ok"):
             self.store.update(record, state="finished", finished_s=now, pid=None,
                               result=outcome.get("result"), error=None)

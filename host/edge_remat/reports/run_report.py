@@ -82,6 +82,7 @@ def _total(values: list) -> Optional[float]:
 def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
                  result: Optional[dict], plan: Optional[dict] = None,
                  killed_at_step: Optional[int] = None, message: str = "",
+                 killed_by: Optional[str] = None,
                  memory_limit_bytes: Optional[int] = None,
                  kernel_peak_bytes: Optional[int] = None, kernel_peak_source: str = "",
                  plain_peak_bytes: Optional[int] = None, profile: Optional[dict] = None,
@@ -104,6 +105,8 @@ def build_report(*, mode: str, status: str, device: str, model: str, steps: int,
     predicted_peak = predicted.get("peak_bytes") or figures["predicted_peak_bytes"]
     report: dict[str, Any] = {
         "status": status, "mode": mode, "message": message, "killed_at_step": killed_at_step,
+        # what killed it, as the message says it: the table's row reads it
+        **({"killed_by": killed_by} if killed_by else {}),
         "device": device, "model": model, "steps": steps,
         # What the board says it trained on; a board whose job does not say gets the request.
         "data": (result or {}).get("data") or f"{data} (requested; the board does not say)",
@@ -414,7 +417,8 @@ def report_text(report: dict) -> str:
             f"{_mib(report['rss_peak_bytes'][k]):>12}  "
             f"{_cell(pred_e, '{:.3g}') + ' / ' + _cell(report['energy_j'][k], '{:.3g}'):>15}")
     if report.get("killed_at_step"):
-        lines.append(f"{report['killed_at_step']:>4}  killed by the memory limit")
+        lines.append(f"{report['killed_at_step']:>4}  "
+                     f"{report.get('killed_by') or 'killed by the memory limit'}")
     starts = starts_text(report.get("job_starts"))
     if starts:
         lines.append(f"starts    {starts} (medians leave each start's first step out)")

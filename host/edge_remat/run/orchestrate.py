@@ -283,7 +283,7 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
             "the device, so their times and memory do not compare")
     outcome = _train(board, device, "train-plain", params, None, out, opts.steps, say)
     report = build_report(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
-                          data=data, memory_limit_bytes=device.hardware.memory_limit_bytes,
+                          data=data, memory_limit_bytes=memory_limit(device, outcome),
                           **outcome)
     if isinstance(report.get("optimizer"), dict):
         # the schedule and the clipping it stepped with, as a planned run's report says them
@@ -466,7 +466,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     picked_up = ((outcome.get("result") or {}).get("checkpoint") or {}).get("resumed_from_step")
     report = build_report(mode="planned", device=device.name, model=opts.model,
                           steps=opts.steps, data=data, plan=plan_dict,
-                          memory_limit_bytes=device.hardware.memory_limit_bytes,
+                          memory_limit_bytes=memory_limit(device, outcome),
                           plain_peak_bytes=plain_peak, profile=chosen.summary(),
                           paths={"graph": str(graph_path), "plan": str(plan_path)},
                           micro_batches=opts.accumulate,
@@ -797,9 +797,20 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
         if not ran_out_of_memory(exc.record, by_limit):
             raise
         at, message = killed_words(exc.record, steps, by_limit)
+        # the kernel's peak: the emulated board's group, else what the board's agent read of
+        # its own group as it found the job killed (QA: an SSH board's said none)
         return {"status": "killed", "killed_at_step": at, "message": message,
+                "killed_by": killed_cause(exc.record, by_limit),
                 "result": (exc.record.get("progress") or {}).get("data") or {},
-                **watch.readings()}
+                "board_limit_bytes": exc.record.get("memory_limit_bytes"),
+                **watch.readings({"kernel_peak": exc.record.get("kernel_peak")})}
+
+
+def memory_limit(device: DeviceConfig, outcome: dict) -> Optional[int]:
+    """The run's memory limit: the emulated board's, else the one the board's agent read of
+    its own cgroup as it found a job killed (`board_limit_bytes`, taken out of `outcome`)."""
+    board = outcome.pop("board_limit_bytes", None)
+    return device.hardware.memory_limit_bytes or board
 
 
 def killed_failure(failed: JobFailed, steps: int, board: str, by_limit: bool) -> JobFailed:
@@ -819,17 +830,25 @@ def ran_out_of_memory(record: dict, by_limit: bool) -> bool:
     return by_limit or killed_by_memory(str(record.get("error")))
 
 
+def killed_cause(record: dict, by_limit: bool) -> str:
+    """What killed a job that ran out of memory, in the words of its line, its report's
+    message and its table's row alike (`killed_by`; QA: the header of an SSH board's
+    report.txt said "killed by SIGKILL (the board's out-of-memory killer)", its row "killed by
+    the memory limit")."""
+    error = str(record.get("error"))
+    return ("killed by the memory limit" if by_limit else
+            "killed by SIGKILL (the board's out-of-memory killer"
+            + ("" if OOM_RAN in error else "?") + ")"
+            if "SIGKILL" in error else "out of memory")
+
+
 def killed_words(record: dict, steps: int, by_limit: bool) -> tuple[int, str]:
     """(the step, words) of a job that ran out of memory: "killed by the memory limit at
     step 3" (`by_limit`: the emulated board's group counted the kill), else by what its error
     says; while capturing, or after the last step, where it was then."""
-    error = str(record.get("error"))
     progress = record.get("progress") or {}
     at = completed_steps(progress, steps) + 1
-    why = ("killed by the memory limit" if by_limit else
-           "killed by SIGKILL (the board's out-of-memory killer"
-           + ("" if OOM_RAN in error else "?") + ")"
-           if "SIGKILL" in error else "out of memory")
+    why = killed_cause(record, by_limit)
     from edge_remat_agent.executor.jobs import CAPTURING
     when = f"while {CAPTURING} (before step 1)" \
         if str(progress.get("message") or "").startswith(CAPTURING) \
