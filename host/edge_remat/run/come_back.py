@@ -77,11 +77,87 @@ def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[tuple[P
                        f"{status}" + (f" ({record['error']})" if record.get("error") else ""),
                        "job_state": record["state"]})
         result = full_result(record)  # the board's run_report.json where it was fetched
-        if result.get("steps") or result.get("per_step"):  # its steps, as `run` says them
+        if status in ENDED_WELL and isinstance(report.get("come_back"), dict):
+            report = _completed(report, status, result, path.parent, out)
+        elif result.get("steps") or result.get("per_step"):  # its steps, as `run` says them
             from ..reports.run_report import step_figures  # imports torch: only here
             report.update(step_figures(result))
         if status in ENDED_WELL and board_report.is_file():
             report["board_report"] = str(board_report)
         dump_json(report, path)
+        if "come_back" in report.get("completed_from", ()):
+            from edge_remat_agent.formats.fields import dump_text
+
+            from ..reports.run_report import report_text
+            dump_text(report_text(report) + "\n", path.parent / "report.txt")
         return path, was
     return None
+
+
+def _completed(report: dict, status: str, result: dict, run_out: Path, fetched: Path) -> dict:
+    """The report the run would have written had it waited for its job (orchestrate's
+    build_report), from what the host knew once the job was sent (the stopped report's
+    `come_back`: the plan in OUT/plan.json, the profile, the options) and the job's result;
+    the trained weights moved from the fetch to OUT, the plots drawn. What only the waiting
+    run could know is null with a note (a gradient check the host was to make). The stopped
+    report's words stay: its status's key, `written`, `job`. QA: after --keep-running and
+    job-status --wait --out OUT/board, report.json had steps null and no grad_check,
+    predicted_*, recomputed, page_ins, plots nor profile, and weights.pt stayed in OUT/board."""
+    from ..reports.run_report import build_report  # imports torch: only here
+    from .orchestrate import _draw, _weights_into
+    known = dict(report["come_back"])
+    notes = []
+    plan = None
+    plan_file = known.pop("plan_file", None)
+    if plan_file:
+        try:
+            plan = json.loads(Path(plan_file).read_text())
+        except (OSError, ValueError) as error:
+            notes.append(f"the plan {plan_file} could not be read ({error}): its figures are "
+                         "null")
+    schedule = known.pop("schedule", None)
+    plots = known.pop("plots", False)
+    host_check = known.pop("host_grad_check", False)
+    kernel = result.get("kernel_peak") or {}
+    full = build_report(**known, plan=plan, status=status,
+                        message=report["message"],
+                        result=result,
+                        kernel_peak_bytes=kernel.get("bytes"),
+                        kernel_peak_source=kernel.get("source", ""))
+    if schedule and isinstance(full.get("optimizer"), dict):
+        full["optimizer"].update(schedule)
+    if host_check:
+        notes.append("grad_check is null: the host was to check the gradients after the job "
+                     "(the board had no room for a plain step beside it), and the run stopped "
+                     "before; `run` again checks them")
+    if run_out / "board" == fetched:
+        full["weights"] = _weights_into(run_out, {"status": status, "result": result})
+    else:
+        full["weights"] = None
+        notes.append(f"weights: fetched into {fetched}, not the run's {run_out / 'board'}; "
+                     "left there")
+    if plots and plan is not None and status == "finished":
+        try:
+            full["plots"] = _draw(_load_graph(known), Path(plan_file), full, run_out,
+                                  _load_profile(known))
+        except Exception as error:  # noqa: BLE001 - the report comes first
+            notes.append(f"plots: not drawn ({type(error).__name__}: {error})")
+    keep = {k: report[k] for k in ("job", "written", "link_lost", "interrupted", "reconnects")
+            if k in report}
+    full.update(keep, message=report["message"], job_state=report.get("job_state"),
+                report=str(run_out / "report.json"),
+                completed_from=["come_back", "the job's result"], notes=notes)
+    return full
+
+
+def _load_graph(known: dict):
+    from edge_remat_agent.formats import load_graph
+    return load_graph((known.get("paths") or {})["graph"])
+
+
+def _load_profile(known: dict):
+    path = (known.get("profile") or {}).get("path")
+    if not path:
+        return None
+    from edge_remat_agent.formats import load_profile
+    return load_profile(path)

@@ -85,16 +85,19 @@ def run(opts: RunOptions, say: Say = lambda message: None) -> dict:
     # Both jobs train with the optimizer the graph was captured for (SGD: lr 0.01, momentum
     # 0.9); --lr overrides it for both, and --lr-schedule / --warmup schedule it for both.
     lr = opts.lr_params
+    # what the host knows of the report it would write once the job is sent (come_back.py
+    # completes it from the job's end, where a run that stopped first left the job running)
+    known: dict = {}
     with Board(device, on_event=say, keep_running=opts.keep_running) as board:
         try:
             if opts.plain:
-                report = _run_plain(board, device, opts, data, lr, out, say)
+                report = _run_plain(board, device, opts, data, lr, out, say, known)
             else:
-                report = _run_planned(board, device, opts, data, lr, out, say)
+                report = _run_planned(board, device, opts, data, lr, out, say, known)
         except (KeyboardInterrupt, Interrupted) as exc:
-            raise _interrupted(exc, opts, out, board.last_job) from None
+            raise _interrupted(exc, opts, out, board.last_job, known) from None
         except JobOutOfReach as exc:
-            raise _link_lost(exc, opts, out) from None
+            raise _link_lost(exc, opts, out, known) from None
         except Exception as exc:
             if isinstance(exc, JobFailed) and cancelled_by_host(exc.record or {}):
                 raise _cancelled(exc, opts, out) from None
@@ -212,7 +215,7 @@ def _remove_outputs_since(out: Path, at_start: dict) -> None:
 
 
 def _interrupted(exc: BaseException, opts: RunOptions, out: Path,
-                 last_job: "str | None") -> Interrupted:
+                 last_job: "str | None", known: Optional[dict] = None) -> Interrupted:
     """Ctrl-C: OUT/report.json says so and lists what was written before it. A bare
     KeyboardInterrupt came while no job ran on the board (waiting on one answers with an
     Interrupted that says what became of it): before the first, or after `last_job` ended."""
@@ -221,7 +224,7 @@ def _interrupted(exc: BaseException, opts: RunOptions, out: Path,
         else "before any job ran on the board"
     stopped = exc if isinstance(exc, Interrupted) else \
         Interrupted(f"interrupted ({stopped_by()}) {when}")
-    where = _report_stopped("interrupted", str(stopped), stopped.extra, opts, out)
+    where = _report_stopped("interrupted", str(stopped), stopped.extra, opts, out, known)
     return Interrupted(str(stopped) + where, **stopped.extra)
 
 
@@ -236,24 +239,28 @@ def _cancelled(exc: JobFailed, opts: RunOptions, out: Path) -> JobFailed:
     return JobFailed(str(exc) + where, record)
 
 
-def _link_lost(exc: JobOutOfReach, opts: RunOptions, out: Path) -> JobOutOfReach:
+def _link_lost(exc: JobOutOfReach, opts: RunOptions, out: Path,
+               known: Optional[dict] = None) -> JobOutOfReach:
     """Reconnecting gave up while the job ran: OUT/report.json says so and names the job,
     which may go on on the board."""
-    where = _report_stopped("link_lost", str(exc), {"job": exc.job}, opts, out)
+    where = _report_stopped("link_lost", str(exc), {"job": exc.job}, opts, out, known)
     return JobOutOfReach(str(exc) + where, job=exc.job)
 
 
 def _report_stopped(status: str, message: str, extra: dict, opts: RunOptions,
-                    out: Path) -> str:
+                    out: Path, known: Optional[dict] = None) -> str:
     """OUT/report.json for a run that stopped before its report: why, and what was written
-    before it. Returns the words for the error line that say where it is."""
+    before it, and (`come_back`) what the host knew of the report it would have written once
+    its job was sent, from which the way back (come_back.py) completes it where the job went
+    on. Returns the words for the error line that say where it is."""
     # and the profile the run fetched into OUT/profile (QA: left out of the list)
     profile = out / "profile"
     written = sorted(str(p) for p in out.iterdir() if p.is_file() and p.name != "report.json")
     written += sorted(str(p) for p in (profile.iterdir() if profile.is_dir() else ())
                       if p.is_file())
     report = {"status": status, "message": message, "model": opts.model,
-              "device": opts.device, "written": written, **extra}
+              "device": opts.device, "written": written, **extra,
+              **({"come_back": known} if known else {})}
     try:
         dump_json(report, out / "report.json")
     except OSError:
@@ -267,7 +274,7 @@ def _report_stopped(status: str, message: str, extra: dict, opts: RunOptions,
 # -- the two kinds of run ------------------------------------------------------------------
 
 def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, lr: dict,
-               out: Path, say: Say) -> dict:
+               out: Path, say: Say, known: Optional[dict] = None) -> dict:
     from ..remote import require_kind
     from ..reports.run_report import build_report
     require_kind(board, "train-plain", "train plainly")
@@ -281,6 +288,11 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
         say(f"warning: plain training runs on {board.name}'s CPU, not its "
             f"{device.hardware.torch_device} device (torch_device): a planned run there uses "
             "the device, so their times and memory do not compare")
+    if known is not None:  # build_report's, as below, and the optimizer's words
+        known.update(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
+                     data=data, memory_limit_bytes=device.hardware.memory_limit_bytes,
+                     schedule={"lr_schedule": opts.lr_schedule, "warmup": opts.warmup,
+                               "clip_grad_norm": opts.clip_grad_norm, "update": "step"})
     outcome = _train(board, device, "train-plain", params, None, out, opts.steps, say)
     report = build_report(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
                           data=data, memory_limit_bytes=memory_limit(device, outcome),
@@ -306,7 +318,7 @@ def _say_malloc(report: dict, say: Say) -> None:
 
 
 def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str, lr: dict,
-                 out: Path, say: Say) -> dict:
+                 out: Path, say: Say, known: Optional[dict] = None) -> dict:
     from edge_remat_agent.capture import DEFAULT_MAX_NODES, capture_model
 
     from ..planner.build import plain_peak_bytes
@@ -440,6 +452,16 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     from .timed_in_run import keep_run_times, steps_to_time
     if time_nodes := steps_to_time(chosen, to_run):  # a profile without them: time them now
         params["time_nodes"] = time_nodes
+    if known is not None:  # build_report's, as below: the plan is OUT/plan.json
+        known.update(mode="planned", device=device.name, model=opts.model, steps=opts.steps,
+                     data=data, plan_file=str(plan_path),
+                     memory_limit_bytes=device.hardware.memory_limit_bytes,
+                     plain_peak_bytes=plain_peak, profile=chosen.summary(),
+                     paths={"graph": str(graph_path), "plan": str(plan_path)},
+                     micro_batches=opts.accumulate,
+                     resumed_after_step=resumed["steps_done"] if resumed else None,
+                     plots=opts.plots,
+                     host_grad_check=bool(check_on_host and opts.check_gradients))
     with host_pages(board, plan_uses_host(plan_dict), say) as page_params:
         say(f"{board.name}: running the plan for {counted(to_run, 'step')}"
             + (f" (steps {first + 1} to {first + to_run} of {opts.steps})"
