@@ -213,10 +213,15 @@ def note_profile_fit(profile: Optional[Profile], graph: Graph, profile_name: str
 
 
 def note_budget_above_ram(profile: Optional[Profile], budget_bytes: int, profile_name: str,
-                          say: Callable[[str], None]) -> None:
-    """A budget the profile's board cannot hold plans, but is no plan for that board."""
-    note_above_ram(profile.ram_total_bytes if profile is not None else None, "the budget",
-                   budget_bytes, f"{profile_name} gives its board",
+                          say: Callable[[str], None], peak_bytes: Optional[int] = None) -> None:
+    """A plan the profile's board cannot hold: its predicted peak (`peak_bytes`; the budget
+    where not given) past the board's RAM. A budget past it is no such plan where the plan
+    peaks below (QA: `run --budget 2GiB` on a board of 600 MiB was told "this plan will not
+    fit there", and its plan of 318 MiB finished)."""
+    amount, what = (budget_bytes, "the budget") if peak_bytes is None else \
+        (peak_bytes, "the plan's predicted peak")
+    note_above_ram(profile.ram_total_bytes if profile is not None else None, what,
+                   amount, f"{profile_name} gives its board",
                    "give a budget in bytes below it", say)
 
 

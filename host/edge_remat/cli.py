@@ -239,7 +239,8 @@ def plan(
         raise Interrupted(f"interrupted ({stopped_by()}) before any plan within the budget was "
                           "found, so nothing was written: let it run longer, or give a larger "
                           "--budget, which plans sooner") from None
-    note_budget_above_ram(prof, result["budget_bytes"], str(profile), to_stderr)
+    note_budget_above_ram(prof, result["budget_bytes"], str(profile), to_stderr,
+                          result["predicted"].get("peak_bytes"))
     note_share_fallback(prof, result, str(profile), to_stderr)
     if output:
         report.plan.save(output)

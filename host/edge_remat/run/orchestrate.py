@@ -412,9 +412,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     except InfeasibleBudget as error:
         error = _with_flash_hint(error, capture, chosen, opts, device, plain_peak, say)
         raise _with_limit_hint(error, opts, device, chosen) from None
-    from ..checks import note_budget_above_ram, note_share_fallback
-    note_budget_above_ram(chosen.profile, plan_dict["budget_bytes"],
-                          f"the profile of {device.name}", say)
+    from ..checks import note_share_fallback
     note_share_fallback(chosen.profile, plan_dict, f"the profile of {device.name}", say)
     _note_budget_past_limit(plan_dict["budget_bytes"], opts, device, chosen, say,
                             plan_dict["predicted"].get("peak_bytes"))
@@ -608,39 +606,51 @@ def limit_overheads(profile: Profile | None) -> tuple[int, str]:
 def _note_budget_past_limit(budget_bytes: int, opts: RunOptions, device: DeviceConfig,
                             chosen: ChosenProfile, say: Say,
                             peak_bytes: Optional[int] = None) -> None:
-    """A --budget that, with what the limit holds beside it, passes --memory-limit: said
+    """A --budget that, with what the board holds beside it, passes the board's memory: said
     before the run (QA: --budget 90% under 1 GiB planned 824 MiB, and the board was killed
-    at step 1 with no word before). `peak_bytes`: the plan's, which the run holds where it is
-    below the budget (QA: a 6.7 MiB model under 400 MiB, --budget 500MiB, was told the limit
-    would likely kill it)."""
+    at step 1 with no word before). The memory is the emulated board's limit
+    (--memory-limit), else the RAM the profile measured (an SSH board's, its cgroup's limit
+    where it runs in one: QA, pi600's 600 MiB, a plan of 259 MiB beside its 341 MiB runtime
+    peaked at 600 MiB with no word), under one rule. `peak_bytes`: the plan's, which the run
+    holds where it is below the budget (QA: a 6.7 MiB model under 400 MiB, --budget 500MiB,
+    was told the limit would likely kill it; pi600's --budget 2GiB, a plan of 318 MiB, was
+    told it would not fit its 600 MiB of RAM, and finished)."""
     limit = device.hardware.memory_limit_bytes
-    if opts.budget is None or not limit:
+    ram = None if limit else getattr(chosen.profile, "ram_total_bytes", None)
+    if not (limit or ram) or opts.budget is None:  # a budget derived from the limit fits it
         return
     taken, what = limit_overheads(chosen.profile)
     held = "the budget"
     if peak_bytes is not None and peak_bytes < budget_bytes:
         budget_bytes, held = peak_bytes, "the plan's peak"
-    if budget_bytes + taken <= limit:
+    memory = limit or ram
+    if budget_bytes + taken <= memory:
         return
-    # the limit this budget needs, and, where the limit leaves any room, planning for that
-    # (QA: "leave out --budget to plan for what the limit leaves (0 MiB)", which was refused)
-    room = limit - taken
-    leave_out = f"give --memory-limit {math.ceil((budget_bytes + taken) / 2**20)}MiB or more" \
-        + (f", or leave out --budget to plan for what the limit leaves "
-           f"({room / 2**20:.0f} MiB)" if room >= 2**20 else "")
+    room = memory - taken
+    if limit:
+        # the limit this budget needs, and, where the limit leaves any room, planning for that
+        # (QA: "leave out --budget to plan for what the limit leaves (0 MiB)", which was refused)
+        fix = f"give --memory-limit {math.ceil((budget_bytes + taken) / 2**20)}MiB or more" \
+            + (f", or leave out --budget to plan for what the limit leaves "
+               f"({room / 2**20:.0f} MiB)" if room >= 2**20 else "")
+        where, killer = f"{limit / 2**20:.0f} MiB memory limit", "the limit"
+    else:
+        fix = (f"give --budget {room // 2**20}MiB or less, what its RAM leaves after them"
+               if room >= 2**20 else "its RAM leaves nothing for training after them: use a "
+               "board with more RAM")
+        where = f"{ram / 2**20:.0f} MiB of RAM the profile of {device.name} gives its board"
+        killer = "the board's out-of-memory killer"
     runtime = taken - RUNTIME_HEADROOM_BYTES
-    if budget_bytes + runtime > limit:
+    if budget_bytes + runtime > memory:
         say(f"warning: {held}, {budget_bytes / 2**20:.0f} MiB, and {what} pass the "
-            f"{limit / 2**20:.0f} MiB memory limit: the limit will likely kill the run; "
-            f"{leave_out}")
+            f"{where}: {killer} will likely kill the run; {fix}")
     else:  # into the headroom only: the allocator's slack decides (README's resnet18 at 65%
         # left 155 of 160 MiB and peaked 116 MiB under the limit)
-        left = (limit - budget_bytes - runtime) / 2**20
+        left = (memory - budget_bytes - runtime) / 2**20
         say(f"warning: {held}, {budget_bytes / 2**20:.0f} MiB, and the runtime's own "
-            f"{runtime / 2**20:.0f} MiB leave {left:.0f} MiB of the "
-            f"{limit / 2**20:.0f} MiB memory limit for the allocator's slack, less than the "
-            f"{RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB a run keeps: the limit may kill the "
-            f"run; {leave_out}")
+            f"{runtime / 2**20:.0f} MiB leave {left:.0f} MiB of the {where} for the "
+            f"allocator's slack, less than the {RUNTIME_HEADROOM_BYTES / 2**20:.0f} MiB a run "
+            f"keeps: {killer} may kill the run; {fix}")
 
 
 def _with_limit_hint(error, opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile):
