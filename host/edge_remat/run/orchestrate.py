@@ -390,7 +390,13 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     # then meets the planner's usual refusal, which names the floor).
     if opts.params_home == "auto" and flash_allowed(opts.paging) and \
             _below_floor(graph, chosen, opts, device, plain_peak):
-        say("the budget is below what parameters in RAM allow: capturing again with "
+        no_room = _no_room_words(opts, device, chosen)
+        # a limit that leaves no budget at all is refused whatever the graph; the flash graph,
+        # whose floor is the lowest, names the limit to give (QA: "the budget is below what
+        # parameters in RAM allow" for a --memory-limit 300MiB that left nothing to budget)
+        say(f"{no_room}: capturing again with parameters and optimizer state homed on flash "
+            "(their lowest floor) to name the memory limit to give" if no_room else
+            "the budget is below what parameters in RAM allow: capturing again with "
             "parameters and optimizer state homed on flash (--params-home flash)")
         captured = capture("flash")
         graph = captured.graph
@@ -670,11 +676,17 @@ def _with_limit_hint(error, opts: RunOptions, device: DeviceConfig, chosen: Chos
 
 def _no_room_under_limit(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) -> bool:
     """Whether the memory limit leaves no budget beside the runtime that the profile measured."""
+    return bool(_no_room_words(opts, device, chosen))
+
+
+def _no_room_words(opts: RunOptions, device: DeviceConfig, chosen: ChosenProfile) -> str:
+    """What the memory limit leaves no budget after, in the refusal's words ("the memory
+    limit (300 MiB) leaves nothing for training after ..."); '' where it leaves one."""
     try:
         run_budget(opts, device, chosen)
-    except NoRoomUnderLimit:
-        return True
-    return False
+    except NoRoomUnderLimit as error:
+        return str(error)
+    return ""
 
 
 def _below_floor(graph, chosen: ChosenProfile, opts: RunOptions, device: DeviceConfig,
