@@ -107,28 +107,33 @@ class Stalls(threading.Thread):
 
 
 def test_a_measurement_under_stalls_falls_back_and_is_said(tmp_path, one_thread):
-    """Real stores, a real compute loop, a real flash tier: with stalls beside it the pairs'
-    interval is too wide, and the share is the IO thread's CPU per IO second, recorded in the
-    profile with why, and said by `profile` and by `plan`."""
+    """Real stores, a real compute loop, a real flash tier, stalls beside them, and half a
+    second for the pairs, which holds fewer than MIN_ROUNDS: the share is a fallback (the IO
+    thread's CPU per IO second, or 1 where no IO was timed), recorded in the profile with why,
+    and said by `profile` and by `plan`. (With 2 s, a host at load 4-7 once gave 12 steady
+    pairs under the stalls, 0.77-0.93, and the measured share was rightly trusted: the stalls
+    alone do not make a measurement untrusted, so the time does.)"""
     stalls = Stalls()
     stalls.start()
     try:
-        noisy = contention.measure_compute_share(MemoryStore(), page_bytes=64 * 2**10, max_s=2)
-        flash = measure_flash(tmp_path / "pages", (4096, 65536), min_window_s=0.001, share_s=2)
+        noisy = contention.measure_compute_share(MemoryStore(), page_bytes=64 * 2**10, max_s=0.5)
+        flash = measure_flash(tmp_path / "pages", (4096, 65536), min_window_s=0.001, share_s=0.5)
     finally:
         stalls.stop.set()
         stalls.join()
     for measured in (noisy, flash.contention):
-        assert measured.source == "io_cpu", (measured.measured, measured.interval)
-        assert measured.share == contention.clipped(measured.io_cpu_per_io_s)
-        assert "too few to judge" in measured.note or "too noisy" in measured.note
+        assert len(measured.pairs) < contention.MIN_ROUNDS, measured.pairs
+        assert measured.share == (contention.clipped(measured.io_cpu_per_io_s)
+                                  if measured.source == "io_cpu" else 1.0), measured.source
+        assert measured.source in ("io_cpu", "stop_the_world")
+        assert "too few to judge" in measured.note
     assert flash.fit().compute_share == flash.contention.share
     power = PowerMeasurement(idle_w=1.0, active_w=2.0, sensor="model", estimate=True)
     profile = measured_profile({"machine": "x86_64"}, power, flash=flash)
     profile.save(tmp_path / "p.json")
     loaded = load_profile(tmp_path / "p.json")
     record = loaded.measurements["tiers"]["flash"]["compute_share"]
-    assert record["source"] == "io_cpu" and record["note"] == flash.contention.note
+    assert record["source"] == flash.contention.source and record["note"] == flash.contention.note
     assert record["pairs"] == flash.contention.pairs
     said = profile_summary(loaded, "p.json")["compute_share"]
     assert said.startswith(f"flash compute_share {record['share']:.2f} is a fallback")
@@ -141,7 +146,8 @@ def test_a_measurement_under_stalls_falls_back_and_is_said(tmp_path, one_thread)
     assert planned.returncode == 0, planned.stderr
     assert json.loads(planned.stdout.splitlines()[-1])["status"] in ("optimal", "feasible")
     assert f"compute_share {record['share']:.2f} is a fallback" in planned.stderr
-    assert "so the IO thread's own CPU per second of IO instead" in planned.stderr
+    assert (", so the IO thread's own CPU per second of IO instead" if record["source"] ==
+            "io_cpu" else "IO counted as stopping compute") in planned.stderr
 
 
 def test_a_measurement_keeps_its_pairs_and_says_which_figure_it_used(tmp_path, one_thread):
