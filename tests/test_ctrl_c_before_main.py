@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from helpers.bad_inputs import INTERRUPTED, REPO, env, refused
+from helpers.bad_inputs import INTERRUPTED, REPO, SIGINT_INSIDE_IMPORT, env, refused
 
 # what pip writes for [project.scripts] edge-remat = "edge_remat.entry:main"
 CONSOLE_SCRIPT = """# -*- coding: utf-8 -*-
@@ -29,20 +29,6 @@ if __name__ == '__main__':
     sys.exit(main())
 """
 
-# sends SIGINT to this process from inside the import of argv[1], the first time it is asked
-# for, and goes on importing (every run lands it at the same place)
-SIGINT_INSIDE = """import os, signal, time
-TARGET = sys.argv.pop(1)
-class SigintInside:
-    fired = False
-    def find_spec(self, name, path=None, target=None):
-        if name == TARGET and not self.fired:
-            self.fired = True
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)  # Python takes the signal here, inside the import
-        return None
-sys.meta_path.insert(0, SigintInside())
-"""
 
 
 def console_script(folder, before: str = ""):
@@ -53,7 +39,7 @@ def console_script(folder, before: str = ""):
 
 @pytest.mark.parametrize("module", ["edge_remat_agent", "edge_remat.entry"])
 def test_ctrl_c_in_the_console_script_s_imports_is_one_line(tmp_path, module):
-    script = console_script(tmp_path, SIGINT_INSIDE)
+    script = console_script(tmp_path, SIGINT_INSIDE_IMPORT)
     proc = subprocess.run([sys.executable, str(script), module, "devices"],
                           capture_output=True, text=True, timeout=60, env=env())
     line = refused(proc, INTERRUPTED, "interrupted")

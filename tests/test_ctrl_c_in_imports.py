@@ -16,24 +16,14 @@ import textwrap
 
 import pytest
 
-from helpers.bad_inputs import INTERRUPTED, env, refused, tiny_graph, tiny_plan, tree
+from helpers.bad_inputs import (INTERRUPTED, SIGINT_INSIDE_IMPORT, env, refused, tiny_graph,
+                                tiny_plan, tree)
 
 pytestmark = pytest.mark.loopback
 
 # The `edge-remat` console script, with a finder that sends SIGINT to this process from
 # inside the import of argv[1] (the first time it is asked for) and goes on importing.
-SIGINT_INSIDE = textwrap.dedent("""
-    import os, signal, sys, time
-    TARGET = sys.argv.pop(1)
-    class SigintInside:
-        fired = False
-        def find_spec(self, name, path=None, target=None):
-            if name == TARGET and not self.fired:
-                self.fired = True
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.1)  # Python takes the signal here, inside the import
-            return None
-    sys.meta_path.insert(0, SigintInside())
+SIGINT_INSIDE = SIGINT_INSIDE_IMPORT + textwrap.dedent("""
     sys.argv[0] = "edge-remat"
     from edge_remat.entry import main
     main()
