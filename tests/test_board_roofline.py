@@ -97,7 +97,8 @@ def test_plan_says_a_profile_is_modelled_and_a_budget_above_its_board(graph, tmp
     assert done.returncode == 0, done.stderr
     assert "is modelled: it times no operator" in done.stderr
     assert "rescaled to the board's published compute rates" in done.stderr
-    assert "warning: the budget" in done.stderr and "192.00 KiB" in done.stderr
+    # the plan (keep-all, at its plain peak) is past the board's RAM: said of the plan (85d4dc0)
+    assert "warning: the plan's predicted peak" in done.stderr and "192.00 KiB" in done.stderr
 
 
 def test_the_modelled_note_says_a_graph_without_an_estimate_keeps_its_own_times(tmp_path):
