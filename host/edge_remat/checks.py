@@ -44,7 +44,7 @@ def replayed_profile_note(plan: Plan, profile: Optional[Profile],
     if planned_with and profile is None:
         return (f"note: the plan was made with the profile '{planned_with}' and is replayed "
                 f"here with the graph's own costs; give --profile for its {figures}")
-    if planned_with and profile is not None and profile.name and profile.name != planned_with:
+    if profile is not None and another_boards_profile(plan, profile):
         # QA: another board's profile gave another time and said nothing of it
         return (f"note: the plan was made with the profile '{planned_with}' and is replayed "
                 f"here with '{profile.name}': its {figures} are that board's, not the plan's "
