@@ -1,8 +1,9 @@
 """The zoo's default shapes, without torch: what `--batch` and the one shape option a zoo model
-reads (`--image` or `--seq`, zoo.READS) come to when not given. zoo.build fills them in from
-here, so these are the values every run of a zoo model trains at; a resumed run's options are
-compared at them (executor/save_choice.identity_mismatch: `--batch 256` to digits-cnn is the
-run that gave no --batch)."""
+reads (`--image` or `--seq`; zoo.READS is read off this table) come to when not given.
+zoo.build fills them in from here and the zoo's factories have none of their own, so these
+are the values every run of a zoo model trains at; a resumed run's options are compared at
+them (executor/save_choice.identity_mismatch: `--batch 256` to digits-cnn is the run that
+gave no --batch)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ SHAPE_DEFAULTS: dict[str, tuple[int, str, int]] = {
     "resnet18-imagenet": (8, "image", 224),
     "resnet50": (8, "image", 32),
     "resnet50-imagenet": (8, "image", 224),
+    # its stem is the ImageNet one (stride 2, 32x downsampling overall)
     "mobilenet_v2": (8, "image", 224),
     "vgg11": (8, "image", 32),
     "vgg16": (8, "image", 32),
@@ -24,9 +26,9 @@ SHAPE_DEFAULTS: dict[str, tuple[int, str, int]] = {
     "gpt-tiny": (4, "seq", 32),
     "gpt-mini": (4, "seq", 128),
     "gpt-tiny-lora": (4, "seq", 32),
-    "conv-gru": (8, "seq", 100),
+    "conv-gru": (8, "seq", 100),  # spectrogram frames: one second at 10 ms
     "lstm-lm": (8, "seq", 64),
-    "digits-cnn": (256, "image", 24),
+    "digits-cnn": (256, "image", 24),  # the side it enlarges the 8x8 digits to
     "tinyllama-1.1b-lora": (1, "seq", 128),
     "tinyllama-2l-lora": (1, "seq", 128),
     "llama-tiny-lora": (2, "seq", 16),

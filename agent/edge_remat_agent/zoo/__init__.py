@@ -7,14 +7,16 @@ loss, because the executor fine-tunes and only ever needs loss.backward().
     module(*args).backward()
 
 Factories take ``(batch, image, seq, generator, **keywords)``; arguments that do
-not apply to a family (``image`` for text, ``seq`` for images) are ignored.
+not apply to a family (``image`` for text, ``seq`` for images) are ignored. They have
+no defaults of their own: build fills in each model's from zoo_shapes.SHAPE_DEFAULTS,
+the one table of them (importable without torch: a resume compares options at them).
 """
 
 import torch
 
 import functools
 
-from ..zoo_shapes import effective_shape
+from ..zoo_shapes import SHAPE_DEFAULTS, effective_shape
 from . import bert, digits, gpt, llama, mlp, mobilenet, recurrent, resnet, vgg
 
 
@@ -51,11 +53,9 @@ MODELS = {
 SEEDED = {"tinyllama-1.1b-lora", "tinyllama-2l-lora", "llama-tiny-lora"}  # take `seed`
 # The one shape option each model reads (`image`: the side of its input images; `seq`: its
 # sequence length, digits-cnn's image the size it enlarges the 8x8 digits to): every factory
-# takes both, so the other one given has no effect (`graph` and `run` warn of it).
-READS = {name: "image" for name in ("mlp", "resnet18", "resnet18-imagenet", "resnet50",
-                                     "resnet50-imagenet", "mobilenet_v2", "vgg11", "vgg16",
-                                     "digits-cnn")}
-READS.update({name: "seq" for name in MODELS if name not in READS})
+# takes both, so the other one given has no effect (`graph` and `run` warn of it). Read off
+# zoo_shapes' table, which names it beside its default.
+READS = {name: reads for name, (_batch, reads, _size) in SHAPE_DEFAULTS.items()}
 
 
 def options_without_effect(name: str, image: int | None, seq: int | None) -> list[str]:

@@ -73,7 +73,6 @@ def _init(module):
 
 
 def _make(layers, hidden, heads, batch, seq, generator, vocab=30522, num_classes=2, max_positions=512):
-    batch, seq = batch or 8, seq or 128
     if seq > max_positions:
         raise ValueError(f"seq {seq} is longer than max_positions {max_positions}")
     model = BertClassifier(layers, hidden, heads, vocab, max_positions, num_classes=num_classes)
@@ -82,13 +81,13 @@ def _make(layers, hidden, heads, batch, seq, generator, vocab=30522, num_classes
     return model, (input_ids, labels)
 
 
-def bert_tiny(batch=None, image=None, seq=None, generator=None, **kw):
+def bert_tiny(batch, image, seq, generator, **kw):
     return _make(2, 128, 2, batch, seq, generator, **kw)
 
 
-def bert_mini(batch=None, image=None, seq=None, generator=None, **kw):
+def bert_mini(batch, image, seq, generator, **kw):
     return _make(4, 256, 4, batch, seq, generator, **kw)
 
 
-def bert_base(batch=None, image=None, seq=None, generator=None, **kw):
+def bert_base(batch, image, seq, generator, **kw):
     return _make(12, 768, 12, batch, seq, generator, **kw)

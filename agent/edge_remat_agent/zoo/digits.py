@@ -37,10 +37,9 @@ class DigitsCNN(nn.Module):
         return F.cross_entropy(self.head(features), labels)
 
 
-def digits_cnn(batch=None, image=None, seq=None, generator=None, *, width=16, depth=16):
-    """Example batch: `batch` real digits drawn with `generator` (default batch 256, image 24)."""
+def digits_cnn(batch, image, seq, generator, *, width=16, depth=16):
+    """Example batch: `batch` real digits drawn with `generator`."""
     from ..data import load_digits
-    batch, image = batch or 256, image or 24
     model = DigitsCNN(image, width, depth)
     images, labels = load_digits()
     pick = torch.randint(0, len(labels), (batch,), generator=generator)

@@ -67,9 +67,8 @@ def _init(module):
         nn.init.zeros_(module.bias)
 
 
-def gpt2_small(batch=None, image=None, seq=None, generator=None, *, vocab=50257, n_ctx=None):
+def gpt2_small(batch, image, seq, generator, *, vocab=50257, n_ctx=None):
     """``seq`` is the context length; ``n_ctx`` (e.g. 1024, GPT-2's) may make the table longer."""
-    batch, seq = batch or 8, seq or 128
     n_ctx = n_ctx or seq
     if seq > n_ctx:
         raise ValueError(f"seq {seq} is longer than n_ctx {n_ctx}")
@@ -79,18 +78,16 @@ def gpt2_small(batch=None, image=None, seq=None, generator=None, *, vocab=50257,
     return model, (tokens[:, :-1].clone(), tokens[:, 1:].clone())
 
 
-def gpt_tiny(batch=None, image=None, seq=None, generator=None, *, vocab=1000):
+def gpt_tiny(batch, image, seq, generator, *, vocab=1000):
     """A two-layer GPT of the same code (hidden 64), for fast tests."""
-    batch, seq = batch or 4, seq or 32
     model = GPT(layers=2, hidden=64, heads=4, vocab=vocab, n_ctx=seq)
     tokens = torch.randint(0, vocab, (batch, seq + 1), generator=generator)
     return model, (tokens[:, :-1].clone(), tokens[:, 1:].clone())
 
 
-def gpt_mini(batch=None, image=None, seq=None, generator=None, *, vocab=8000):
+def gpt_mini(batch, image, seq, generator, *, vocab=8000):
     """A six-layer GPT of the same code (hidden 768, 48M parameters): big enough that its weights,
     gradients and AdamW state (~750 MiB) dominate a small board's memory, small enough for CI."""
-    batch, seq = batch or 4, seq or 128
     model = GPT(layers=6, hidden=768, heads=12, vocab=vocab, n_ctx=seq)
     tokens = torch.randint(0, vocab, (batch, seq + 1), generator=generator)
     return model, (tokens[:, :-1].clone(), tokens[:, 1:].clone())
@@ -101,7 +98,7 @@ def with_lora(factory, rank=8):
     (qkv and its output), everything else frozen: the usual language-model LoRA."""
     from .lora import add_lora
 
-    def build(batch=None, image=None, seq=None, generator=None, **keywords):
+    def build(batch, image, seq, generator, **keywords):
         model, args = factory(batch, image, seq, generator, **keywords)
         return add_lora(model, ("attention.qkv", "attention.proj"), rank), args
     build.__doc__ = f"{factory.__name__} with rank-{rank} LoRA adapters on attention."

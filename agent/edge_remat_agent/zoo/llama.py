@@ -164,16 +164,16 @@ def adapt(model: nn.Module, rank: int) -> None:
             setattr(attn, name, LoRALinear(getattr(attn, name), rank, 16.0, init=False))
 
 
-def tinyllama_lora(batch=None, image=None, seq=None, generator=None, *, seed=0, deferred=None,
+def tinyllama_lora(batch, image, seq, generator, *, seed=0, deferred=None,
                    layers=None, vocab=None):
     """TinyLlama-1.1B's shape (22 layers, hidden 2048) with r=8 LoRA on q and v, ~4.4 GB of
     fp32 weights; `layers` (the CI's variant) and `vocab` scale it down."""
     shape = dict(TINYLLAMA, layers=layers or TINYLLAMA["layers"],
                  vocab=vocab or TINYLLAMA["vocab"])
-    return build_llama(shape, 8, batch or 1, seq or 128, generator, seed, deferred)
+    return build_llama(shape, 8, batch, seq, generator, seed, deferred)
 
 
-def llama_tiny_lora(batch=None, image=None, seq=None, generator=None, *, seed=0, deferred=None):
+def llama_tiny_lora(batch, image, seq, generator, *, seed=0, deferred=None):
     """The same code at a toy shape (2 layers, hidden 64), for fast tests."""
     shape = dict(layers=2, hidden=64, intermediate=160, heads=4, kv_heads=2, vocab=512)
-    return build_llama(shape, 8, batch or 2, seq or 16, generator, seed, deferred)
+    return build_llama(shape, 8, batch, seq, generator, seed, deferred)

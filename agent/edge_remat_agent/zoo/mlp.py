@@ -19,8 +19,7 @@ class MLP(nn.Module):
         return F.cross_entropy(self.net(images.flatten(1)), labels)
 
 
-def mlp(batch=None, image=None, seq=None, generator=None, *, hidden=(512, 512), num_classes=10):
-    batch, image = batch or 8, image or 32
+def mlp(batch, image, seq, generator, *, hidden=(512, 512), num_classes=10):
     model = MLP(3 * image * image, hidden, num_classes)
     images = torch.randn(batch, 3, image, image, generator=generator)
     labels = torch.randint(0, num_classes, (batch,), generator=generator)

@@ -51,9 +51,7 @@ class MobileNetV2(nn.Module):
         return F.cross_entropy(self.classifier(x), labels)
 
 
-def mobilenet_v2(batch=None, image=None, seq=None, generator=None, *, num_classes=10):
-    # Its stem is the ImageNet one (stride 2, 32x downsampling overall), so 224 by default.
-    batch, image = batch or 8, image or 224
+def mobilenet_v2(batch, image, seq, generator, *, num_classes=10):
     model = MobileNetV2(num_classes)
     images = torch.randn(batch, 3, image, image, generator=generator)
     labels = torch.randint(0, num_classes, (batch,), generator=generator)

@@ -33,15 +33,13 @@ class LSTMLanguageModel(nn.Module):
         return F.cross_entropy(self.head(out).flatten(0, 1), targets.flatten())
 
 
-def conv_gru(batch=None, image=None, seq=None, generator=None, *, mels=40, classes=12):
-    """``seq`` is the number of spectrogram frames (default 100: one second at 10 ms)."""
-    batch, frames = batch or 8, seq or 100
-    features = torch.randn(batch, mels, frames, generator=generator)
+def conv_gru(batch, image, seq, generator, *, mels=40, classes=12):
+    """``seq`` is the number of spectrogram frames."""
+    features = torch.randn(batch, mels, seq, generator=generator)
     labels = torch.randint(0, classes, (batch,), generator=generator)
     return ConvGRU(mels=mels, classes=classes), (features, labels)
 
 
-def lstm_lm(batch=None, image=None, seq=None, generator=None, *, vocab=256):
-    batch, seq = batch or 8, seq or 64
+def lstm_lm(batch, image, seq, generator, *, vocab=256):
     tokens = torch.randint(0, vocab, (batch, seq + 1), generator=generator)
     return LSTMLanguageModel(vocab=vocab), (tokens[:, :-1].clone(), tokens[:, 1:].clone())

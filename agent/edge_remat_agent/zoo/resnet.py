@@ -73,24 +73,23 @@ class ResNet(nn.Module):
 
 
 def _make(block, depths, imagenet_stem, batch, image, generator, num_classes=10):
-    batch, image = batch or 8, image or (224 if imagenet_stem else 32)
     model = ResNet(block, depths, num_classes, imagenet_stem)
     images = torch.randn(batch, 3, image, image, generator=generator)
     labels = torch.randint(0, num_classes, (batch,), generator=generator)
     return model, (images, labels)
 
 
-def resnet18(batch=None, image=None, seq=None, generator=None, **kw):
+def resnet18(batch, image, seq, generator, **kw):
     return _make(BasicBlock, (2, 2, 2, 2), False, batch, image, generator, **kw)
 
 
-def resnet18_imagenet(batch=None, image=None, seq=None, generator=None, **kw):
+def resnet18_imagenet(batch, image, seq, generator, **kw):
     return _make(BasicBlock, (2, 2, 2, 2), True, batch, image, generator, **kw)
 
 
-def resnet50(batch=None, image=None, seq=None, generator=None, **kw):
+def resnet50(batch, image, seq, generator, **kw):
     return _make(Bottleneck, (3, 4, 6, 3), False, batch, image, generator, **kw)
 
 
-def resnet50_imagenet(batch=None, image=None, seq=None, generator=None, **kw):
+def resnet50_imagenet(batch, image, seq, generator, **kw):
     return _make(Bottleneck, (3, 4, 6, 3), True, batch, image, generator, **kw)

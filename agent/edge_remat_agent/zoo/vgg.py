@@ -39,7 +39,6 @@ class VGG(nn.Module):
 
 
 def _make(name, batch, image, generator, num_classes=10, batch_norm=False):
-    batch, image = batch or 8, image or 32
     if image % 32:
         raise ValueError(f"image side must be a multiple of 32 (five 2x pools), got {image}")
     model = VGG(_CONFIGS[name], image, num_classes, batch_norm)
@@ -48,9 +47,9 @@ def _make(name, batch, image, generator, num_classes=10, batch_norm=False):
     return model, (images, labels)
 
 
-def vgg11(batch=None, image=None, seq=None, generator=None, **kw):
+def vgg11(batch, image, seq, generator, **kw):
     return _make("vgg11", batch, image, generator, **kw)
 
 
-def vgg16(batch=None, image=None, seq=None, generator=None, **kw):
+def vgg16(batch, image, seq, generator, **kw):
     return _make("vgg16", batch, image, generator, **kw)
