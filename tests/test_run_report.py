@@ -243,6 +243,35 @@ def test_a_measured_profile_is_cached_and_reused(tmp_path, monkeypatch):
     assert other.how == "measured"  # another model: measured again
 
 
+def test_a_zoo_models_default_given_shares_the_profile_of_the_run_that_gave_none(
+        tmp_path, monkeypatch):
+    """The cache keys a zoo model's options as it trains (zoo_shapes.effective_shape), not as
+    typed. QA: `run --device local --model mlp` and the same run with --batch 8 (mlp's default)
+    each measured the board's profile (~20 s), though they train the same graph."""
+    from edge_remat.run.options import RunOptions
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    device = load_device(REPO / "device_configs" / "rpi4.toml")
+    board = FakeBoard(["profile"], REPO / "profiles" / "this-machine.json")
+
+    def how(**given):
+        info = RunOptions(device="rpi4", **{"model": "mlp", **given}).model_info
+        return run_profiles.choose_profile(board, device, info, tmp_path / "g.json",
+                                           tmp_path).how
+
+    assert how() == "measured" and board.jobs == ["profile"]
+    # its defaults given, and --seq, which mlp does not read: the same graph, one profile
+    assert (how(batch=8), how(image=32), how(batch=8, image=32, seq=64)) == ("cached",) * 3
+    assert board.jobs == ["profile"]
+    assert how(batch=4) == "measured" and how(batch=4, seq=64) == "cached"  # another graph
+    assert how(model="digits-cnn", batch=256, image=24) == "measured"
+    assert how(model="digits-cnn") == "cached" and len(board.jobs) == 3
+    # a model not in the zoo: its factory's defaults are its own, its options kept as given
+    factory = {"model": "mypkg.models:make", "batch": None, "image": None, "seq": None}
+    keys = {run_profiles.cache_key(board.sysinfo(), dict(factory, **given))
+            for given in ({}, {"batch": 8}, {"seq": 64})}
+    assert len(keys) == 3
+
+
 def test_a_damaged_cached_profile_is_measured_again_and_said(tmp_path, monkeypatch):
     # A cached profile damaged on disk stopped every run on that board ("field
     # 'ram_total_bytes': expected an integer") until someone found and removed the file.

@@ -3,7 +3,8 @@ reads (`--image` or `--seq`; zoo.READS is read off this table) come to when not 
 zoo.build fills them in from here and the zoo's factories have none of their own, so these
 are the values every run of a zoo model trains at; a resumed run's options are compared at
 them (executor/save_choice.identity_mismatch: `--batch 256` to digits-cnn is the run that
-gave no --batch)."""
+gave no --batch), and the run's profile cache keys a zoo model at them (run/profiles.py:
+model_key)."""
 
 from __future__ import annotations
 

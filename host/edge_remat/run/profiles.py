@@ -93,10 +93,27 @@ def board_identity(board: dict) -> dict:
 def cache_key(board: dict, model: dict, folder: Optional[str] = None) -> str:
     """The same board (its identity, not an emulated memory limit), page folder (`folder`,
     page_folder: the flash the profile measured; QA, a config paging to a 20 MiB tmpfs planned
-    with the root disk's flash measured for another config) and model share a profile."""
-    content = {"board": board_identity(board), "model": model, "profiler": PROFILER_REVISION,
+    with the root disk's flash measured for another config) and model (as it trains:
+    model_key) share a profile."""
+    content = {"board": board_identity(board), "model": model_key(model),
+               "profiler": PROFILER_REVISION,
                **({"page_folder": folder} if folder is not None else {})}
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def model_key(model: dict) -> dict:
+    """The run's model options (`model`: RunOptions.model_info) as the cache keys them: a zoo
+    model's --batch and shape option at its default, or one it does not read, are as if not
+    given (zoo_shapes.effective_shape), as they train the same graph. QA: `run --model mlp`
+    and the same run with --batch 8 (mlp's default) each measured the board (~20 s). Written
+    as not given, not as the default's value, so that the profiles cached of runs that gave
+    none keep their keys; a model not in the zoo keeps what was given."""
+    from edge_remat_agent.zoo_shapes import effective_shape
+    name, shape = model.get("model"), ("batch", "image", "seq")
+    trains = effective_shape(name, *(model.get(option) for option in shape))
+    default = effective_shape(name, None, None, None)
+    return {**model, **{option: None if trains[option] == default[option] else trains[option]
+                        for option in shape if option in model}}
 
 
 # -- profiles that `edge-remat profile --graph` measured -------------------------------------
