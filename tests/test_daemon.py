@@ -19,7 +19,8 @@ import pytest
 
 from helpers.board_fixtures import agent_command, stop_agent
 from edge_remat.errors import killed_by_memory
-from edge_remat_agent.daemon.oom import oom_killer_ran, oom_kills
+from edge_remat_agent.daemon.oom import (group_memory_at_kill, group_memory_limit,
+                                          oom_killer_ran, oom_kills)
 from edge_remat_agent.daemon.worker import NOT_OOM, OOM_RAN, describe_exit
 from edge_remat_agent.wire.framing import FrameStream, PipeChannel
 from edge_remat_agent.wire.protocol import Client, RemoteError
@@ -204,6 +205,23 @@ def test_the_out_of_memory_count_is_read_from_vmstat(tmp_path):
     assert oom_kills(vmstat) is None
     assert oom_killer_ran(7, 8) is True and oom_killer_ran(7, 7) is False
     assert oom_killer_ran(None, 8) is None
+
+
+def test_the_boards_own_group_gives_its_limit_and_at_a_kill_its_peak(tmp_path):
+    # A fixture tree stands in for / of a board whose sessions run in a 600 MiB cgroup (v1)
+    limit = 600 * 2**20
+    files = {"proc/meminfo": "MemTotal: 8000000 kB\n", "proc/self/cgroup": "4:memory:/pi600\n",
+             "sys/fs/cgroup/memory/pi600/memory.limit_in_bytes": f"{limit}\n",
+             "sys/fs/cgroup/memory/pi600/memory.max_usage_in_bytes": f"{limit - 4096}\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert group_memory_limit(str(tmp_path)) == {"memory_limit_bytes": limit}
+    killed = group_memory_at_kill(str(tmp_path))
+    assert killed["memory_limit_bytes"] == limit and killed["kernel_peak"]["bytes"] == limit - 4096
+    (tmp_path / "sys/fs/cgroup/memory/pi600/memory.limit_in_bytes").write_text(
+        "9223372036854771712\n")  # v1's "no limit": a unit of accounting, nothing to say
+    assert group_memory_limit(str(tmp_path)) == {} == group_memory_at_kill(str(tmp_path))
 
 
 def test_each_sigkill_story_is_told_and_read_by_the_host():

@@ -327,6 +327,11 @@ def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the
         assert "read by the board's agent" in report["kernel_peak_source"], report
         assert "since the runtime baseline" in report["kernel_peak_source"], report
         assert report["runtime_baseline_bytes"] < report["kernel_peak_bytes"] <= SMALL_SSH_LIMIT
+        # and the group's limit, which the agent read as the job ended (QA: null, finished)
+        assert report["memory_limit_bytes"] == SMALL_SSH_LIMIT, report
+        header = (tmp_path / "out" / "report.txt").read_text().splitlines()[0]
+        assert header.startswith("planned run of digits-cnn on loopback (450.00 MiB memory "
+                                 "limit): finished"), header
         check = report["grad_check"]
         assert check["bitwise_equal"] is True, check
         assert check["where"].startswith("on the host, loopback having no room"), check

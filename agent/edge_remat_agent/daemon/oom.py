@@ -32,6 +32,15 @@ def oom_killer_ran(before: Optional[int], after: Optional[int]) -> Optional[bool
     return after > before
 
 
+def group_memory_limit(root: str = "/") -> dict:
+    """The limit of the board's own memory cgroup (`memory_limit_bytes`), which the job shares,
+    for the record of a job that ended, finished or killed: the limit it ran under, which a
+    host that holds no group of the board (one over SSH) cannot read. {} where the daemon runs
+    in no memory-limited group. QA: a finished run on such a board reported none."""
+    limit = cgroup_memory_limit_bytes(root)
+    return {} if limit is None else {"memory_limit_bytes": limit}
+
+
 def group_memory_at_kill(root: str = "/") -> dict:
     """What the board's own memory cgroup says as the daemon finds a job process killed by
     SIGKILL (the job and the daemon share the group: a board's sessions, an emulated board):
@@ -40,10 +49,9 @@ def group_memory_at_kill(root: str = "/") -> dict:
     the daemon runs in no memory-limited group (an unlimited group is only a unit of
     accounting). The job's own process cannot say them: it was killed. QA: a plain run the
     out-of-memory killer killed on an SSH board in a 600 MiB cgroup reported neither."""
-    limit = cgroup_memory_limit_bytes(root)
-    if limit is None:
+    figures = group_memory_limit(root)
+    if not figures:
         return {}
-    figures: dict = {"memory_limit_bytes": limit}
     peak = cgroup_memory_peak(root)
     if peak is not None:
         figures["kernel_peak"] = {

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from .layout import Layout
-from .oom import group_memory_at_kill, oom_killer_ran, oom_kills
+from .oom import group_memory_at_kill, group_memory_limit, oom_killer_ran, oom_kills
 from .runner import ALREADY_RUNNING, lock_is_held
 from .store import JobStore, read_json
 
@@ -257,7 +257,7 @@ class Worker:
                                     + _log_tail(job_dir / "log.txt"), **group)
         elif outcome.get("ok"):
             self.store.update(record, state="finished", finished_s=now, pid=None,
-                              result=outcome.get("result"), error=None)
+                              result=outcome.get("result"), error=None, **group_memory_limit())
         elif outcome.get("cancelled"):
             self.store.update(record, state="failed", finished_s=now, pid=None,
                               error=CANCELLED)

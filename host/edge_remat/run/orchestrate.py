@@ -288,15 +288,14 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
         say(f"warning: plain training runs on {board.name}'s CPU, not its "
             f"{device.hardware.torch_device} device (torch_device): a planned run there uses "
             "the device, so their times and memory do not compare")
-    if known is not None:  # build_report's, as below, and the optimizer's words
-        known.update(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
-                     data=data, memory_limit_bytes=device.hardware.memory_limit_bytes,
+    report_args = dict(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
+                       data=data, memory_limit_bytes=device.hardware.memory_limit_bytes)
+    if known is not None:  # build_report's, and the optimizer's words
+        known.update(report_args,
                      schedule={"lr_schedule": opts.lr_schedule, "warmup": opts.warmup,
                                "clip_grad_norm": opts.clip_grad_norm, "update": "step"})
     outcome = _train(board, device, "train-plain", params, None, out, opts.steps, say)
-    report = build_report(mode="plain", device=device.name, model=opts.model, steps=opts.steps,
-                          data=data, memory_limit_bytes=memory_limit(device, outcome),
-                          **outcome)
+    report = build_report(**with_run_limit(report_args, outcome), **outcome)
     if isinstance(report.get("optimizer"), dict):
         # the schedule and the clipping it stepped with, as a planned run's report says them
         # (QA: a plain run's left them out, though it applied them)
@@ -456,13 +455,13 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     from .timed_in_run import keep_run_times, steps_to_time
     if time_nodes := steps_to_time(chosen, to_run):  # a profile without them: time them now
         params["time_nodes"] = time_nodes
-    if known is not None:  # build_report's, as below: the plan is OUT/plan.json
-        known.update(mode="planned", device=device.name, model=opts.model, steps=opts.steps,
-                     data=data, plan_file=str(plan_path),
-                     memory_limit_bytes=device.hardware.memory_limit_bytes,
-                     plain_peak_bytes=plain_peak, profile=chosen.summary(),
-                     paths={"graph": str(graph_path), "plan": str(plan_path)},
-                     micro_batches=opts.accumulate,
+    report_args = dict(mode="planned", device=device.name, model=opts.model, steps=opts.steps,
+                       data=data, memory_limit_bytes=device.hardware.memory_limit_bytes,
+                       plain_peak_bytes=plain_peak, profile=chosen.summary(),
+                       paths={"graph": str(graph_path), "plan": str(plan_path)},
+                       micro_batches=opts.accumulate)
+    if known is not None:  # build_report's: the plan is OUT/plan.json
+        known.update(report_args, plan_file=str(plan_path),
                      resumed_after_step=resumed["steps_done"] if resumed else None,
                      plots=opts.plots,
                      host_grad_check=bool(check_on_host and opts.check_gradients))
@@ -490,12 +489,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     # the step the job's report goes on from (--resume's); a job its board's daemon restarted
     # reports every step of the job, from its first start on (its report's job_starts)
     picked_up = ((outcome.get("result") or {}).get("checkpoint") or {}).get("resumed_from_step")
-    report = build_report(mode="planned", device=device.name, model=opts.model,
-                          steps=opts.steps, data=data, plan=plan_dict,
-                          memory_limit_bytes=memory_limit(device, outcome),
-                          plain_peak_bytes=plain_peak, profile=chosen.summary(),
-                          paths={"graph": str(graph_path), "plan": str(plan_path)},
-                          micro_batches=opts.accumulate,
+    report = build_report(**with_run_limit(report_args, outcome), plan=plan_dict,
                           resumed_after_step=(picked_up or resumed["steps_done"])
                           if resumed or picked_up else None, **outcome)
     report["weights"] = _weights_into(out, outcome)
@@ -835,7 +829,8 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
         return {"status": ended_well_status(result),
                 "message": f"stopped at step {stopped} of {steps}: the loss is not finite "
                            "(--stop-on-nonfinite)" if stopped else finished_message(result, steps),
-                "result": result, **watch.readings(result)}
+                "result": result, "board_limit_bytes": record.get("memory_limit_bytes"),
+                **watch.readings(result)}
     except JobFailed as exc:
         by_limit = watch.killed()
         if not ran_out_of_memory(exc.record, by_limit):
@@ -850,11 +845,13 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
                 **watch.readings({"kernel_peak": exc.record.get("kernel_peak")})}
 
 
-def memory_limit(device: DeviceConfig, outcome: dict) -> Optional[int]:
-    """The run's memory limit: the emulated board's, else the one the board's agent read of
-    its own cgroup as it found a job killed (`board_limit_bytes`, taken out of `outcome`)."""
+def with_run_limit(report_args: dict, outcome: dict) -> dict:
+    """build_report's `report_args` with the memory limit the job ran under: the emulated
+    board's (the device config's, in `report_args`), else the one the board's agent read of
+    its own cgroup as the job ended, finished or killed (`board_limit_bytes`, taken out of
+    `outcome`)."""
     board = outcome.pop("board_limit_bytes", None)
-    return device.hardware.memory_limit_bytes or board
+    return {**report_args, "memory_limit_bytes": report_args["memory_limit_bytes"] or board}
 
 
 def killed_failure(failed: JobFailed, steps: int, board: str, by_limit: bool) -> JobFailed:
