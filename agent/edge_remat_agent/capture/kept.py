@@ -50,8 +50,10 @@ def kept_folder() -> Path | None:
     return Path(chosen) if chosen else None
 
 
-def capture_key(graph_json: str, in_ram: bool) -> str | None:
-    """The answer's key, or None where the model's code lies outside what a key can see."""
+def capture_key(graph_json: str, in_ram: bool, code: str | None = None) -> str | None:
+    """The answer's key, or None where the model's code lies outside what a key can see.
+    `code`: the agent build the key is made for (default: this code's, identity.code_digest),
+    for a host that hands its own trace to a board running that build (handed.py)."""
     try:
         graph = json.loads(graph_json)
         source = (graph.get("capture") or {}).get("source") or {}
@@ -75,7 +77,7 @@ def capture_key(graph_json: str, in_ram: bool) -> str | None:
     # two captures of one model that took another time
     timed = {**graph, "capture": {k: v for k, v in graph["capture"].items() if k not in TIMES}}
     canonical = json.dumps(timed, sort_keys=True, separators=(",", ":"))
-    for part in (canonical, str(bool(in_ram)), code_digest(), str(torch_version()),
+    for part in (canonical, str(bool(in_ram)), code or code_digest(), str(torch_version()),
                  sys.version, platform.machine()):
         digest.update(part.encode())
         digest.update(b"\0")

@@ -25,7 +25,8 @@ path on the board, pushed or an earlier job's files/checkpoint.pt, to go on from
 checkpoint's), stop_on_nonfinite (stop after the first step whose loss is not finite:
 diverged.py; the result's stopped_at_step names it, and the last checkpoint before it stays),
 out (the host's folder of the run's outputs, which its --resume names: what to try after a
-stop names it). A job its daemon starts again
+stop names it), traced and traced_key (the host's own trace of the graph, kept where it is this
+board's: capture/handed.py). A job its daemon starts again
 (stopped or killed mid-job) goes on from its own newest files/checkpoint.pt where it wrote one,
 and its progress then says resumed_from_step (the host says so); its report holds every step
 of the job, each record's job_start saying which start trained it. Started again after its
@@ -59,7 +60,8 @@ SEED_RANGE = {"minimum": -2 ** 63, "maximum": 2 ** 64 - 1}
 
 def run_job(ctx: JobContext, params: dict) -> dict:
     from ..formats import load_graph, load_plan
-    given = run_params(JobParams(params, ctx, "run"))
+    read = JobParams(params, ctx, "run")
+    given = run_params(read)
     steps, plan_path, graph_path = given.steps, given.plan, given.graph
     seed, lr, warmup, lr_schedule = given.seed, given.lr, given.warmup, given.lr_schedule
     time_nodes, init, stop_after = given.time_nodes, given.init, given.stop_after
@@ -113,6 +115,8 @@ def run_job(ctx: JobContext, params: dict) -> dict:
         f" (to save the outputs of its {picked_up} steps, trained before the restart)"
         if completed else f" (to resume after step {picked_up})" if resumed else ""),
         **resumed)
+    from ..capture.handed import keep_handed
+    keep_handed(read, graph_path)  # the host's own trace, where it is this board's
     captured = _capture_before_torch(graph, graph_path)
     if init is not None and captured is not None:
         from .saved_weights import load_weights

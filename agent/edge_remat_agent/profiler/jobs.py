@@ -2,7 +2,8 @@
 
 params: graph (optional, the pushed graph's board path) and any option of
 `edge-remat-agent profile` by its long name (page_dir, sensor, idle_s, busy_s, op_window_s,
-sizes, no_footprint, ...). page_dir defaults to <workdir>/pages. Writes profile.json (fetched
+sizes, no_footprint, ...), and traced and traced_key (the host's own trace of the graph, kept
+where it is this board's: capture/handed.py). page_dir defaults to <workdir>/pages. Writes profile.json (fetched
 by the host into its --out folder) and returns the profile's summary.
 """
 
@@ -15,8 +16,10 @@ from ..daemon.registry import BadParam, JobContext, JobParams
 def profile_options(read: JobParams):
     """The profile job's options from its params (a JobParams; registry.refuse_bad_params reads
     them where the job is submitted, its page_dir and graph as the board would read them)."""
+    from ..capture.handed import PARAMS as HANDED
     from .measure import ProfileOptions
-    options = dict(read.params)
+    # the host's own trace of the graph, if it handed one (profile_job), is no option
+    options = {k: v for k, v in read.params.items() if k not in HANDED}
     graph = read.input_path("graph")
     if graph is not None:
         options["graph"] = str(graph)
@@ -31,7 +34,10 @@ def profile_options(read: JobParams):
 def profile_job(ctx: JobContext, params: dict) -> dict:
     from .measure import measure_profile, profile_summary, to_stderr
     from .profile_writer import write_profile
-    options = profile_options(JobParams(params, ctx, "profile"))
+    from ..capture.handed import keep_handed
+    read = JobParams(params, ctx, "profile")
+    options = profile_options(read)
+    keep_handed(read, options.graph)  # the host's own trace, where it is this board's
 
     def progress(index: int, total: int, node) -> None:
         ctx.check_cancelled()

@@ -336,6 +336,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         check_init_fits(opts, captured.module)  # the host's gradient check starts from it too
         return captured
 
+    from .handed import HandedCapture
     from .resume import (checkpoint_every, checkpoint_params, job_resume, keep_checkpoint,
                          note_job, start_resume, warn_of_earlier_checkpoint, with_resume_hint)
     # before the capture, the profile and the plan: a bad checkpoint is refused now
@@ -369,7 +370,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         nodes and none of its updates, and the plan missed most of the first step's
         warm-up. Cached apart: the same model grouped for flash has other nodes to time."""
         return choose_profile(board, device, {**opts.model_info, "grouped_for": "flash"},
-                              graph_path, out, opts.profile, opts.reprofile, twin, say)
+                              graph_path, out, opts.profile, opts.reprofile, twin, say,
+                              HandedCapture(captured, graph_path))
 
     flash_homed = opts.params_home == "flash"
     if flash_homed:
@@ -378,7 +380,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
             chosen = _measured_for_another_graph(chosen, graph, say)
     else:
         chosen = choose_profile(board, device, opts.model_info, graph_path, out, opts.profile,
-                                opts.reprofile, twin, say)
+                                opts.reprofile, twin, say, HandedCapture(captured, graph_path))
     say(f"profile: {chosen.describe()}")
     if chosen.how == "given":
         from ..checks import note_profile_fit
@@ -472,8 +474,10 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
         inputs = {"plan": plan_path, "graph": graph_path,
                   **({"init": opts.init} if opts.init else {}), **resume_inputs}
         try:
-            outcome = _train(board, device, "run", {**params, **page_params}, inputs, out,
-                             first + to_run, say, job_id)
+            with HandedCapture(captured, graph_path).to(board) as (handed_params, handed):
+                outcome = _train(board, device, "run", {**params, **page_params,
+                                                        **handed_params},
+                                 {**inputs, **handed}, out, first + to_run, say, job_id)
         except (JobFailed, Interrupted) as failed:
             raise with_resume_hint(failed, board, out, job_id) if "identity" in params \
                 else failed

@@ -14,6 +14,7 @@ limit (the operator profiler runs nodes on real inputs and may need more than th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -224,9 +225,11 @@ def modelled_profile_for(device: DeviceConfig) -> Optional[Path]:
 def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, out_dir: Path,
                    given: Optional[str] = None, reprofile: bool = False,
                    measuring_board: Optional[Callable[[], object]] = None,
-                   say: Callable[[str], None] = lambda message: None) -> ChosenProfile:
+                   say: Callable[[str], None] = lambda message: None,
+                   handed=None) -> ChosenProfile:
     """`board` is the connected transport.Board the run trains on; `measuring_board()` opens
-    the one that measures it, when that is another (an emulated board's unlimited twin)."""
+    the one that measures it, when that is another (an emulated board's unlimited twin).
+    `handed`: the host's capture of the graph (handed.HandedCapture), for the profile job."""
     if given:
         return _limited(ChosenProfile(load_profile(given), Path(given), "given"), device)
     folder = page_folder(device)  # where the run pages: its profile's flash is measured there
@@ -251,11 +254,12 @@ def choose_profile(board, device: DeviceConfig, model: dict, graph_path: Path, o
         pages = page_dir_params(device) if measuring_board is None else \
             {"page_dir": os.path.abspath(os.path.expanduser(folder))}
         if measuring_board is None:
-            fetched = _measure(board, model, graph_path, out_dir, pages, folder, say)
+            fetched = _measure(board, model, graph_path, out_dir, pages, folder, say, handed)
         else:
             with measuring_board() as twin:
                 try:
-                    fetched = _measure(twin, model, graph_path, out_dir, pages, folder, say)
+                    fetched = _measure(twin, model, graph_path, out_dir, pages, folder, say,
+                                       handed)
                 finally:  # a failed job too: the twin's agent would idle for an hour
                     twin.stop_agent()
         measured = load_profile(fetched)
@@ -324,11 +328,12 @@ def _cache(measured: Profile, fetched: Path, cached: Path, board: str,
 
 
 def _measure(board, model: dict, graph_path: Path, out_dir: Path, pages: dict, folder: str,
-             say: Callable[[str], None]) -> Path:
+             say: Callable[[str], None], handed=None) -> Path:
     """The board's profile job (a board without room for a plain step: without the nodes,
     which a short planned run then times, profile_under_plan.py); the fetched file. `pages`:
     the jobs' page_dir param (page_dir_params), the flash the run pages to, noted in the
-    index of profiled graphs as `folder` (page_folder)."""
+    index of profiled graphs as `folder` (page_folder). `handed`: the host's capture of the
+    graph (handed.HandedCapture), which a board of this machine's kind need not trace again."""
     from ..profile_fit import plain_step_out_of_reach
     from ..remote import fetched_json
     # the footprint probe builds the model as the run will: an hf: model's runtime holds
@@ -343,9 +348,11 @@ def _measure(board, model: dict, graph_path: Path, out_dir: Path, pages: dict, f
         inputs, params["model"] = {}, None
     else:
         say(f"{board.name}: profiling every graph node, the flash, power and memory")
-    with link_pages(board, say) as page_params:
-        record = board.run_job("profile", {**params, **page_params}, inputs,
-                               out_dir / "profile")
+    hand = handed.to(board) if handed is not None and inputs else \
+        contextlib.nullcontext(({}, {}))
+    with link_pages(board, say) as page_params, hand as (handed_params, handed_inputs):
+        record = board.run_job("profile", {**params, **page_params, **handed_params},
+                               {**inputs, **handed_inputs}, out_dir / "profile")
     remember_profiled(board, record["fetched"], folder)
     fetched = fetched_json(record)
     if not fetched:
