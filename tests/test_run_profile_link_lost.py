@@ -52,6 +52,25 @@ def test_a_runs_training_job_is_still_settled_with_its_end(tmp_path):
                                                              "link_lost)")
 
 
+def test_the_way_back_reports_the_limit_the_board_ran_the_job_under(tmp_path):
+    """An SSH board in a memory cgroup of its own: its config names no limit, the job's record
+    does (the board's daemon read its group's, 60fceab); the settled report says it, as `run`
+    would have. QA: it stayed null."""
+    out = tmp_path / "run"
+    _lost_report(out, "run-1")
+    limit = 450 * 2**20
+    record = {"id": "run-1", "kind": "run", "state": "finished", "result": {},
+              "memory_limit_bytes": limit}
+    path, _ = settle_lost_report(out / "board", "run-1", record)
+    assert json.loads(path.read_text())["memory_limit_bytes"] == limit
+    # an emulated board's limit (its config's, in the report already) stays
+    report = json.loads((out / "report.json").read_text())
+    (out / "report.json").write_text(json.dumps({**report, "status": "link_lost",
+                                                  "memory_limit_bytes": 300 * 2**20}))
+    path, _ = settle_lost_report(out / "board", "run-1", record)
+    assert json.loads(path.read_text())["memory_limit_bytes"] == 300 * 2**20
+
+
 def test_a_profile_that_lost_a_tier_is_not_cached(tmp_path):
     lost = json.loads(SHIPPED_PROFILE.read_text())
     lost.setdefault("measurements", {})["tiers_not_measured"] = {

@@ -72,6 +72,9 @@ def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[tuple[P
             return path, was
         status = final_status(record)
         board_report = out / "run_report.json"
+        from .orchestrate import with_run_limit  # the limit the job ran under, as run says it
+        report.update(with_run_limit({"memory_limit_bytes": report.get("memory_limit_bytes")},
+                                     {"board_limit_bytes": record.get("memory_limit_bytes")}))
         report.update({was: report.get("message"), "status": status,
                        "message": f"{LEFT_RUNNING[was]}, and the job then ended on the board: "
                        f"{status}" + (f" ({record['error']})" if record.get("error") else ""),
@@ -105,7 +108,8 @@ def _completed(report: dict, status: str, result: dict, run_out: Path, fetched: 
     predicted_*, recomputed, page_ins, plots nor profile, and weights.pt stayed in OUT/board."""
     from ..reports.run_report import build_report  # imports torch: only here
     from .orchestrate import _draw, _weights_into
-    known = dict(report["come_back"])
+    # the run's arguments, with the limit the job ran under (settle_lost_report's)
+    known = {**report["come_back"], "memory_limit_bytes": report.get("memory_limit_bytes")}
     notes = []
     plan = None
     plan_file = known.pop("plan_file", None)

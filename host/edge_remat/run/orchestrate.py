@@ -855,7 +855,7 @@ def with_run_limit(report_args: dict, outcome: dict) -> dict:
     its own cgroup as the job ended, finished or killed (`board_limit_bytes`, taken out of
     `outcome`)."""
     board = outcome.pop("board_limit_bytes", None)
-    return {**report_args, "memory_limit_bytes": report_args["memory_limit_bytes"] or board}
+    return {**report_args, "memory_limit_bytes": report_args.get("memory_limit_bytes") or board}
 
 
 def killed_failure(failed: JobFailed, steps: int, board: str, by_limit: bool) -> JobFailed:
