@@ -46,16 +46,16 @@ def test_the_key_is_the_one_the_board_keeps_its_own_trace_under(mlp):
     captured, path = mlp
     handed = HandedCapture(captured, path)
     text = path.read_text()
-    assert handed._key_for(this_machine("b" * 64)) == kept.capture_key(text, False, "b" * 64)
+    assert handed._key_for(this_machine("b" * 64), text) == kept.capture_key(text, False, "b" * 64)
     # a board running this very code keys it as this process does
-    assert handed._key_for(this_machine(code_digest())) == kept.capture_key(text, False)
+    assert handed._key_for(this_machine(code_digest()), text) == kept.capture_key(text, False)
     for other in ({"torch": "2.0.0"}, {"python": "3.9.1"}, {"machine": "aarch64"},
                   {"build": ""}):
-        assert handed._key_for({**this_machine(), **other}) is None, other
+        assert handed._key_for({**this_machine(), **other}, text) is None, other
     with_file = dataclasses.replace(captured, graph=graph_from_dict(
         {**captured.graph.to_dict(), "capture": {**captured.graph.capture, "source": {
             **captured.graph.capture["source"], "model": "/tmp/my_model.py:build"}}}))
-    assert HandedCapture(with_file, path)._key_for(this_machine()) is None
+    assert HandedCapture(with_file, path)._key_for(this_machine(), text) is None
 
 
 class Read:

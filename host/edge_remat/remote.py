@@ -382,14 +382,12 @@ def host_page_outs(kind: str, params: dict, inputs: Dict[str, Path]) -> int:
     plan given as a board path or one whose host pages go to a service the params name (the
     board refuses a plan paging to host without one), or a file that is no plan (the board's
     to refuse, in its words)."""
+    from .transport.host_pages import host_page_outs as counted
     plan = inputs.get("plan")
     if kind != "run" or plan is None or params.get("host_pages"):
         return 0
     try:
-        stages = json.loads(plan.read_text()).get("stages") or []
-        return sum(1 for stage in stages for ins in stage
-                   if isinstance(ins, dict) and ins.get("op") == "page_out"
-                   and ins.get("tier") == "host")
+        return counted(json.loads(plan.read_text()))
     except (OSError, ValueError, AttributeError, TypeError):
         return 0
 

@@ -205,7 +205,7 @@ def host_pages_refusal(plan: Plan, address: str | None, device: str | None = "cp
     defaults to a MemoryStore, which its report says frees no RAM."""
     if address or "host" not in plan.tiers_used() or str(device or "cpu").startswith("cuda"):
         return None
-    outs = sum(1 for ins in plan.instructions() if ins.op == "page_out" and ins.tier == "host")
+    outs = plan.page_outs_to("host")
     return (f"the plan pages to the host ({outs} page-out{'s' if outs != 1 else ''}) but no "
             f"host page service was given ({where}): its pages would stay in this board's "
             "own memory and free none of its RAM. Remedy: run the plan with `edge-remat "

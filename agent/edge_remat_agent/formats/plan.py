@@ -69,6 +69,10 @@ class Plan:
         """The tiers the plan pages out to."""
         return {ins.tier for ins in self.instructions() if ins.op == "page_out"}
 
+    def page_outs_to(self, tier: str) -> int:
+        """How many page-outs the plan sends to `tier`."""
+        return sum(1 for ins in self.instructions() if ins.op == "page_out" and ins.tier == tier)
+
     @property
     def runtime_warm_bytes(self) -> int:
         """What the ops' first calls leave to the process, as the plan counted it in its fixed

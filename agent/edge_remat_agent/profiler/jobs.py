@@ -3,8 +3,8 @@
 params: graph (optional, the pushed graph's board path) and any option of
 `edge-remat-agent profile` by its long name (page_dir, sensor, idle_s, busy_s, op_window_s,
 sizes, no_footprint, ...), and traced and traced_key (the host's own trace of the graph, kept
-where it is this board's: capture/handed.py). page_dir defaults to <workdir>/pages. Writes profile.json (fetched
-by the host into its --out folder) and returns the profile's summary.
+where it is this board's: capture/handed.py). page_dir defaults to <workdir>/pages. Writes
+profile.json (fetched by the host into its --out folder) and returns the profile's summary.
 """
 
 from __future__ import annotations

@@ -73,8 +73,7 @@ def settle_lost_report(out: Path, job_id: str, record: dict) -> Optional[tuple[P
         status = final_status(record)
         board_report = out / "run_report.json"
         from .orchestrate import with_run_limit  # the limit the job ran under, as run says it
-        report.update(with_run_limit({"memory_limit_bytes": report.get("memory_limit_bytes")},
-                                     {"board_limit_bytes": record.get("memory_limit_bytes")}))
+        report = with_run_limit(report, record.get("memory_limit_bytes"))
         report.update({was: report.get("message"), "status": status,
                        "message": f"{LEFT_RUNNING[was]}, and the job then ended on the board: "
                        f"{status}" + (f" ({record['error']})" if record.get("error") else ""),

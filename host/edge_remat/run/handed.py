@@ -31,22 +31,23 @@ class HandedCapture:
         ({}, {}) where the board's trace could differ; the answer's file lasts the block."""
         # a serial link moves 11-92 KB/s (115200-921600 baud): the answer (100-300 KB) costs
         # about what tracing saves
+        graph_json = self.graph_path.read_text()  # the graph as the board reads it
         key = None if board.device.connection.kind == "serial" else \
-            self._key_for(board.hello())
+            self._key_for(board.hello(), graph_json)
         if key is None:
             yield {}, {}
             return
         from edge_remat_agent.capture.program import program_of
-        # the graph as the board reads it (the file), as its own trace would answer
-        answer = {"graph": json.loads(self.graph_path.read_text()),
-                  "program": program_of(self.captured.trace)}
+        # the graph file's, as the board's own trace would answer
+        answer = {"graph": json.loads(graph_json), "program": program_of(self.captured.trace)}
         with tempfile.TemporaryDirectory(prefix="edge-remat-traced-") as folder:
             path = Path(folder) / "traced.pickle"
             path.write_bytes(pickle.dumps(answer))
             yield {TRACED_KEY: key}, {TRACED: path}
 
-    def _key_for(self, hello: dict) -> "str | None":
-        """The key the board keeps its own trace of the graph under, as this host makes it
+    def _key_for(self, hello: dict, graph_json: str) -> "str | None":
+        """The key the board keeps its own trace of the graph (`graph_json`, the file's text)
+        under, as this host makes it
         (kept.capture_key with the board's agent build), or None where the board runs another
         torch, Python or machine, or the key cannot see the model's code (a file's, hf:)."""
         from edge_remat_agent.capture.kept import capture_key
@@ -58,7 +59,4 @@ class HandedCapture:
         model = str((self.captured.graph.capture.get("source") or {}).get("model", ""))
         if ":" in model:  # a file's model: the board keys the pushed copy, not this file
             return None
-        try:
-            return capture_key(self.graph_path.read_text(), False, build)
-        except OSError:
-            return None
+        return capture_key(graph_json, False, build)

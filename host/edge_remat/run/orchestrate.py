@@ -295,7 +295,8 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
                      schedule={"lr_schedule": opts.lr_schedule, "warmup": opts.warmup,
                                "clip_grad_norm": opts.clip_grad_norm, "update": "step"})
     outcome = _train(board, device, "train-plain", params, None, out, opts.steps, say)
-    report = build_report(**with_run_limit(report_args, outcome), **outcome)
+    report = build_report(**with_run_limit(report_args, outcome.pop("board_limit_bytes", None)),
+                          **outcome)
     if isinstance(report.get("optimizer"), dict):
         # the schedule and the clipping it stepped with, as a planned run's report says them
         # (QA: a plain run's left them out, though it applied them)
@@ -493,7 +494,8 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     # the step the job's report goes on from (--resume's); a job its board's daemon restarted
     # reports every step of the job, from its first start on (its report's job_starts)
     picked_up = ((outcome.get("result") or {}).get("checkpoint") or {}).get("resumed_from_step")
-    report = build_report(**with_run_limit(report_args, outcome), plan=plan_dict,
+    report = build_report(**with_run_limit(report_args, outcome.pop("board_limit_bytes", None)),
+                          plan=plan_dict,
                           resumed_after_step=(picked_up or resumed["steps_done"])
                           if resumed or picked_up else None, **outcome)
     report["weights"] = _weights_into(out, outcome)
@@ -849,13 +851,13 @@ def _train(board: Board, device: DeviceConfig, kind: str, params: dict,
                 **watch.readings({"kernel_peak": exc.record.get("kernel_peak")})}
 
 
-def with_run_limit(report_args: dict, outcome: dict) -> dict:
-    """build_report's `report_args` with the memory limit the job ran under: the emulated
-    board's (the device config's, in `report_args`), else the one the board's agent read of
-    its own cgroup as the job ended, finished or killed (`board_limit_bytes`, taken out of
-    `outcome`)."""
-    board = outcome.pop("board_limit_bytes", None)
-    return {**report_args, "memory_limit_bytes": report_args.get("memory_limit_bytes") or board}
+def with_run_limit(report_args: dict, board_limit: Optional[int]) -> dict:
+    """build_report's `report_args` (or a report) with the memory limit the job ran under: the
+    emulated board's (the device config's, in `report_args`), else the one the board's agent
+    read of its own cgroup as the job ended, finished or killed (`board_limit`: the job
+    record's, _train's outcome's `board_limit_bytes`)."""
+    return {**report_args,
+            "memory_limit_bytes": report_args.get("memory_limit_bytes") or board_limit}
 
 
 def killed_failure(failed: JobFailed, steps: int, board: str, by_limit: bool) -> JobFailed:

@@ -30,10 +30,17 @@ FORWARD_AGAIN_S = 30.0  # _forward's pauses (7.5 s in all) and a margin for the 
 
 def plan_uses_host(plan) -> bool:
     """Whether a plan (a Plan, or the dict of a plan file) pages anything out to `host`."""
+    return host_page_outs(plan) > 0
+
+
+def host_page_outs(plan) -> int:
+    """How many pages a plan (a Plan, or the dict of a plan file, whose instructions that are
+    no dict count none) sends to `host`."""
     if isinstance(plan, dict):
-        return any(ins.get("op") == "page_out" and ins.get("tier") == "host"
-                   for stage in plan.get("stages") or [] for ins in stage)
-    return any(ins.op == "page_out" and ins.tier == "host" for ins in plan.instructions())
+        return sum(1 for stage in plan.get("stages") or [] for ins in stage
+                   if isinstance(ins, dict) and ins.get("op") == "page_out"
+                   and ins.get("tier") == "host")
+    return plan.page_outs_to("host")
 
 
 NOT_KEPT = "not kept running: it pages to this host's page service, which ends with this command"
