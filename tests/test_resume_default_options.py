@@ -65,3 +65,18 @@ def test_a_resume_at_the_models_default_shapes_goes_on(tmp_path):
     assert other.exit_code == 2, (other.stdout, other.stderr)
     assert "the checkpoint's run had --batch 256, this run has 128: give --batch as it was" \
         in other.stderr, other.stderr
+
+
+def test_an_hf_models_default_batch_and_seq_given_resume_the_run_that_gave_neither():
+    """capture/hf.py trains an hf: model at --batch 2 --seq 32 when not given: a resume
+    that gives them is the same run (before: refused, "had --batch (not given), this run has
+    2"); another value is still refused."""
+    from edge_remat.run import RunOptions
+    from edge_remat.run.resume import training_identity
+    from edge_remat_agent.executor.save_choice import identity_mismatch
+    base = dict(device="bench", model="hf:gpt2", steps=6)
+    earlier = training_identity(RunOptions(**base))
+    assert identity_mismatch(earlier, training_identity(RunOptions(batch=2, seq=32, **base))) \
+        is None
+    said = identity_mismatch(earlier, training_identity(RunOptions(seq=16, **base)))
+    assert said is not None and "--seq 32, this run has 16" in said, said

@@ -272,6 +272,22 @@ def test_a_zoo_models_default_given_shares_the_profile_of_the_run_that_gave_none
     assert len(keys) == 3
 
 
+def test_an_hf_models_default_batch_and_seq_given_share_the_profile_of_the_run_that_gave_none():
+    """An hf: model trains at --batch 2 --seq 32 when given neither (capture/hf.py, at
+    zoo_shapes.HF_BATCH/HF_SEQ); given as those they key the same profile. QA: `run --model
+    hf:gpt2 --batch 2` measured the board's profile again (its key held the 2 as typed)."""
+    from edge_remat_agent.zoo_shapes import HF_BATCH, HF_SEQ
+    sysinfo = FakeBoard(["profile"], REPO / "profiles" / "this-machine.json").sysinfo()
+    hf = {"model": "hf:gpt2", "batch": None, "image": None, "seq": None}
+
+    def key(**given):
+        return run_profiles.cache_key(sysinfo, dict(hf, **given))
+
+    assert (HF_BATCH, HF_SEQ) == (2, 32)
+    assert key() == key(batch=2) == key(seq=32) == key(batch=2, seq=32)
+    assert len({key(), key(batch=4), key(seq=16), key(image=64)}) == 4
+
+
 def test_a_damaged_cached_profile_is_measured_again_and_said(tmp_path, monkeypatch):
     # A cached profile damaged on disk stopped every run on that board ("field
     # 'ram_total_bytes': expected an integer") until someone found and removed the file.

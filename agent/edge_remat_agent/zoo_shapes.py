@@ -35,12 +35,21 @@ SHAPE_DEFAULTS: dict[str, tuple[int, str, int]] = {
     "llama-tiny-lora": (2, "seq", 16),
 }
 
+# An hf: model's (capture/hf.py) --batch and --seq when not given; its --image is its
+# config's image_size, which only the config says.
+HF_BATCH, HF_SEQ = 2, 32
+
 
 def effective_shape(name: str, batch: int | None, image: int | None,
                     seq: int | None) -> dict:
     """{"batch", "image", "seq"} as zoo model `name` trains at: each not given its default,
-    and the shape option it does not read None (it has no effect). A model not in the zoo (a
-    factory's or a transformers model's own defaults) keeps what was given."""
+    and the shape option it does not read None (it has no effect). An hf: model's --batch and
+    --seq not given are HF_BATCH and HF_SEQ (which of --image and --seq it reads only its
+    config says: both stay). A factory's model keeps what was given (its defaults are its
+    own)."""
+    from .capture.hf_spec import is_hf_spec
+    if is_hf_spec(name):
+        return {"batch": batch or HF_BATCH, "image": image, "seq": seq or HF_SEQ}
     if name not in SHAPE_DEFAULTS:
         return {"batch": batch, "image": image, "seq": seq}
     default_batch, reads, default_size = SHAPE_DEFAULTS[name]

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..zoo_shapes import HF_BATCH, HF_SEQ
 from .errors import CaptureError
 from .hf_spec import is_path, parse_spec
 from .hf_spec import json_option as _json_option
@@ -216,6 +217,7 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
     """Build `(module, example_args)` for an hf: spec (weights from `seed` unless a checkpoint
     directory has them)."""
     transformers = _require("transformers", spec)
+    batch, seq = batch or HF_BATCH, seq or HF_SEQ
     model_name, options = parse_spec(spec)
     config, task = _config_and_task(transformers, spec, image)
     auto_name, input_names = TASKS[task]
@@ -226,14 +228,14 @@ def load_hf(spec: str, batch: int | None = None, image: int | None = None,
             model = _with_adapter(spec, model, options["adapter"])
     model.train()
     if task in ("causal-lm", "masked-lm", "seq-cls", "seq2seq-lm"):
-        _check_positions(spec, model, config, seq or 32)
-    _check_classifier_padding(transformers, spec, config, task, batch or 2)
+        _check_positions(spec, model, config, seq)
+    _check_classifier_padding(transformers, spec, config, task, batch)
     generator = torch.Generator().manual_seed(seed)
-    args = _example_batch(spec, task, config, batch or 2, seq or 32, generator)
+    args = _example_batch(spec, task, config, batch, seq, generator)
     causal = _attends_causally(transformers, config, task)
     encoder_decoder = _trains_a_seq2seq_lm(transformers, config, task)
     if encoder_decoder:
-        _check_windows_cover(spec, config, seq or 32)
+        _check_windows_cover(spec, config, seq)
     return TrainingLoss(model, input_names, causal=causal,
                         positions_from_padding=config.model_type in POSITIONS_FROM_PADDING,
                         task=task, vocab_size=getattr(config, "vocab_size", None),
