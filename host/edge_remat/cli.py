@@ -279,9 +279,8 @@ def plan(
                    "plan not written (no -o): give -o plan.json to keep it")
     _warn_arena_unfitted(result)
     if stopped:
-        from .errors import EXIT_INTERRUPTED
-        typer.echo(f"error: {stopped}", err=True)
-        raise typer.Exit(EXIT_INTERRUPTED)
+        from .errors import EXIT_INTERRUPTED, fail
+        fail(stopped, EXIT_INTERRUPTED)
 
 
 def _unused_options(ctx: typer.Context, costs, paging, paging_time, solver, arena,
@@ -433,9 +432,8 @@ def _plan_sweep(make_problem, sweep: str, solver: str, time_limit: float, backen
             typer.echo(f"{counted(len(written), 'plan')} of {counted(len(budgets), 'budget')} "
                        f"written to {output}/, with the table in {SWEEP_TABLE}")
     if stopped:
-        from .errors import EXIT_INTERRUPTED
-        typer.echo(f"error: {stopped}", err=True)
-        raise typer.Exit(EXIT_INTERRUPTED)
+        from .errors import EXIT_INTERRUPTED, fail
+        fail(stopped, EXIT_INTERRUPTED)
 
 
 @app.command()
@@ -1605,7 +1603,7 @@ def main() -> None:
     try:  # a Ctrl-C put off by these imports lands after them, before any command
         from .errors import last_resort, leave_quietly, quiet_libraries, stdout_closed
         from .errors import EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED, is_cli_machinery
-        from .errors import broken_pipes_reach_us, take_debug_flag
+        from .errors import broken_pipes_reach_us, error_line_said, take_debug_flag
 
         take_debug_flag(sys.argv)
         quiet_libraries()
@@ -1636,6 +1634,10 @@ def main() -> None:
             sys.exit(EXIT_INTERRUPTED)
         sys.exit(last_resort(exc))
     code = code if isinstance(code, int) else 0
+    if code == EXIT_INTERRUPTED and not error_line_said():
+        # typer (0.2x) ends a Ctrl-C that lands in its own machinery, outside every command's
+        # handling (parsing the options, a command's set-up), in this status without a word
+        sys.stderr.write(INTERRUPTED_LINE)
     try:  # what is still buffered: a reader that has gone (`| head`) shows here, not at exit
         sys.stdout.flush()
     except OSError as exc:

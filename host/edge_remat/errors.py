@@ -290,7 +290,9 @@ def leave_quietly(code: int = EXIT_STDOUT_CLOSED) -> NoReturn:
 
 
 def fail(message: str, code: int, as_json: bool = False, **extra) -> None:
-    """Print the one line (and, with --json, one object on stdout); exit with `code`."""
+    """Print the one line (and, with --json, one object on stdout); exit with `code`. Every
+    command's failure, and its interruption, ends here (error_line_said)."""
+    global _error_line_said
     import typer
 
     from .outputs import print_json  # outputs imports this module
@@ -302,7 +304,16 @@ def fail(message: str, code: int, as_json: bool = False, **extra) -> None:
             if not stdout_closed(exc):
                 raise
     typer.echo(f"error: {message}", err=True)
+    _error_line_said = True
     raise typer.Exit(code)
+
+
+_error_line_said = False
+
+
+def error_line_said() -> bool:
+    """Whether this process's command has said its one error line (fail)."""
+    return _error_line_said
 
 
 def run_script(main) -> None:
