@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..wire.protocol import BAD_REQUEST, OFFSET, OUT_OF_DISK
 from .identity import file_sha256
+from .inputs import note_asked_after
 from .layout import Layout
 
 MAX_CHUNK = 4 << 20
@@ -61,7 +62,9 @@ def stat_file(layout: Layout, request: dict) -> dict:
         if request.get("hash", True):
             info["sha256"] = file_sha256(path)
     sha = request.get("sha256")
-    if isinstance(sha, str) and len(sha) == 64:
+    if isinstance(sha, str) and len(sha) == 64:  # a push asks: it may find the file there
+        if info["exists"]:
+            note_asked_after(layout, path)
         part = _part_path(path, sha.lower())
         info["partial"] = part.stat().st_size if part.exists() else 0
     return info

@@ -8,7 +8,8 @@
       agents/<sha>.pyz    agent archives pushed by the host, named by content, never rewritten
                           (old ones removed by a daemon starting: archives.py)
       agent.current       the name of the archive the board should run
-      inputs/             files the host pushed (plans, graphs)
+      inputs/             files the host pushed (plans, graphs), named by content; those
+                          no kept job names are removed after a day unused (inputs.py)
       captures/           graphs this board traced, kept for its next jobs (capture/kept.py)
       jobs/<id>/          one job: job.json (daemon), progress.json + outcome.json (job
                           process), running.lock (held while the job process lives),

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..wire.protocol import STATES, TERMINAL_STATES
+from .inputs import prune_inputs
 from .layout import JOB_ID, JOB_ID_RULE, Layout
 
 _log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class JobStore:
             self.records[record["id"]] = record
             self._order = max(self._order, int(record.get("order", 0)))
         self._prune()
+        prune_inputs(self.layout, self.records.values())  # those the pruned jobs alone named
 
     def new_id(self) -> str:
         return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
