@@ -39,6 +39,7 @@ from helpers.board_fixtures import (SshServer, local_board, needs_sshd,
 from helpers.e2e_settings import BUDGET, LIMIT_MIB, MODEL, STEPS
 from edge_remat.cli import app
 from edge_remat.cgroup import unavailable_reason
+from edge_remat.units import fmt_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.loopback, pytest.mark.cgroup]
 
@@ -364,6 +365,30 @@ def test_an_ssh_board_without_room_for_a_plain_step_trains_and_is_checked_on_the
     costs = build_costs(graph, load_profile(cached))
     assert costs.cost_source == "profile"
     assert costs.runtime_warm_bytes == timed["runtime_warm_bytes"] > 0, timed
+
+
+@needs_sshd
+@needs_cgroup
+def test_plain_training_on_an_ssh_board_in_a_cgroup_reports_the_boards_kernel_peak(
+        tmp_path, monkeypatch):
+    """Plain training on a board the host holds no cgroup of reads the board's own group as a
+    planned run does: its limit, its kernel peak restarted at the runtime baseline, and the
+    physical memory of training between the two, the figure a planned run's compares with
+    (before: the limit alone)."""
+    from edge_remat.run import RunOptions, run
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with small_ssh_board(tmp_path) as config:
+        report = run(RunOptions(device=str(config), model="mlp", plain=True, steps=2,
+                                out=str(tmp_path / "plain"), plots=False), say=lambda _: None)
+    assert report["status"] == "finished" and report["memory_limit_bytes"] == SMALL_SSH_LIMIT
+    assert "read by the board's agent" in report["kernel_peak_source"], report
+    assert "since the runtime baseline" in report["kernel_peak_source"], report
+    assert report["runtime_baseline_bytes"] < report["kernel_peak_bytes"] <= SMALL_SSH_LIMIT
+    physical = report["kernel_peak_bytes"] - report["runtime_baseline_bytes"]
+    assert report["training_physical_bytes"] == physical, report
+    text = (tmp_path / "plain" / "report.txt").read_text()
+    assert f"training      {fmt_bytes(physical)} physical (kernel peak - runtime baseline" \
+        in text, text
 
 
 @needs_sshd

@@ -46,6 +46,7 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
     from .capture.models import load_model
     from .capture.optimizer import torch_optimizer
     from .data import DataError, batches
+    from .executor.baseline import group_peak, runtime_baseline
     from .executor.batches import _data_errors
     from .executor.errors import BadBatch
     from .grad_clip import check_max_norm, clip_all
@@ -69,11 +70,15 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
         raise BadBatch(str(error)) from None
     # the generator as the planned run seeds it before its first step: dropout draws alike
     torch.manual_seed(seed)
+    # what the kernel charges before step 1, and its peak restarted there, as the planned
+    # run reads them (executor/baseline.py): the two runs' physical memory compares alike
+    baseline = runtime_baseline(module)
     report: dict[str, Any] = {"model": model, "optimizer": optimizer,
                               "lr": opt.param_groups[0]["lr"], "data": data or "example",
                               "steps": 0, "loss": [], "step_time_s": [], "rss_peak_bytes": [],
                               "rss_start_bytes": current_rss_bytes(),
-                              "stopped_at_step": None}
+                              "runtime_baseline_bytes": baseline["bytes"],
+                              "runtime_baseline": baseline, "stopped_at_step": None}
     for step in range(1, steps + 1):
         args = next(feed)
         schedule.at(step - 1)
@@ -103,6 +108,9 @@ def train_plain(model: str, steps: int, batch: Optional[int] = None,
             report["stopped_at_step"] = step
             break
     report["torch_threads"] = torch.get_num_threads()
+    # the board's own kernel peak, for a host that holds no cgroup of it (an SSH board's)
+    if (kernel_peak := group_peak(baseline)) is not None:
+        report["kernel_peak"] = kernel_peak
     if on_trained is not None and report["stopped_at_step"] is None:  # not diverged weights
         on_trained(module)
     return report

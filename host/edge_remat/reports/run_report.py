@@ -430,6 +430,12 @@ def report_text(report: dict) -> str:
         share = f" of the {fmt_bytes(limit)} limit" if limit else ""
         lines.append(f"kernel peak   {fmt_bytes(report['kernel_peak_bytes'])}{share} "
                      f"({report.get('kernel_peak_source')})")
+    if report["mode"] == "plain" and report.get("training_physical_bytes"):
+        # a planned run's is set against its plan (misses); a plain run's is the figure the
+        # planned run's compares with
+        lines.append(f"training      {fmt_bytes(report['training_physical_bytes'])} physical "
+                     "(kernel peak - runtime baseline of "
+                     f"{fmt_bytes(report['runtime_baseline_bytes'])})")
     if report.get("measured_peak_bytes") is not None:
         above = report.get("kernel_peak_bytes") is not None and \
             report["measured_peak_bytes"] > report["kernel_peak_bytes"]
