@@ -1637,6 +1637,9 @@ def main() -> None:
     if code == EXIT_INTERRUPTED and not error_line_said():
         # typer (0.2x) ends a Ctrl-C that lands in its own machinery, outside every command's
         # handling (parsing the options, a command's set-up), in this status without a word
+        if "--json" in sys.argv[1:]:  # as fail's object (errors.classify's interrupt)
+            said = INTERRUPTED_LINE.removeprefix("error: ").strip()
+            print_json({"status": "interrupted", "error": said})
         sys.stderr.write(INTERRUPTED_LINE)
     try:  # what is still buffered: a reader that has gone (`| head`) shows here, not at exit
         sys.stdout.flush()
