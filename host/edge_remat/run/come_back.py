@@ -106,7 +106,7 @@ def _completed(report: dict, status: str, result: dict, run_out: Path, fetched: 
     job-status --wait --out OUT/board, report.json had steps null and no grad_check,
     predicted_*, recomputed, page_ins, plots nor profile, and weights.pt stayed in OUT/board."""
     from ..reports.run_report import build_report  # imports torch: only here
-    from .orchestrate import _draw, _weights_into
+    from .out_files import draw_plots, trained_weights_into
     # the run's arguments, with the limit the job ran under (settle_lost_report's)
     known = {**report["come_back"], "memory_limit_bytes": report.get("memory_limit_bytes")}
     notes = []
@@ -134,14 +134,14 @@ def _completed(report: dict, status: str, result: dict, run_out: Path, fetched: 
                      "(the board had no room for a plain step beside it), and the run stopped "
                      "before; `run` again checks them")
     if run_out / "board" == fetched:
-        full["weights"] = _weights_into(run_out, {"status": status, "result": result})
+        full["weights"] = trained_weights_into(run_out, {"status": status, "result": result})
     else:
         full["weights"] = None
         notes.append(f"weights: fetched into {fetched}, not the run's {run_out / 'board'}; "
                      "left there")
     if plots and plan is not None and status == "finished":
         try:
-            full["plots"] = _draw(_load_graph(known), Path(plan_file), full, run_out,
+            full["plots"] = draw_plots(_load_graph(known), Path(plan_file), full, run_out,
                                   _load_profile(known))
         except Exception as error:  # noqa: BLE001 - the report comes first
             notes.append(f"plots: not drawn ({type(error).__name__}: {error})")

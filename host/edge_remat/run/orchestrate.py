@@ -35,6 +35,7 @@ from ..transport import Board, JobFailed, JobOutOfReach
 from ..transport.errors import cancelled_by_host
 from ..units import Budget, budget_against_plain, fmt_bytes
 from .job_end import ENDED_WELL, ended_well_status
+from .out_files import draw_plots, trained_weights_into
 from .options import (RunOptions, RunProblem, arena_ignores, check_data_fits, check_init_fits,
                       check_options, flash_allowed, for_board, paging_with_flash, plain_ignores,
                       run_data)
@@ -303,7 +304,7 @@ def _run_plain(board: Board, device: DeviceConfig, opts: RunOptions, data: str, 
         report["optimizer"].update(lr_schedule=opts.lr_schedule, warmup=opts.warmup,
                                    clip_grad_norm=opts.clip_grad_norm, update="step")
     # its trained weights, as a planned run's: the two compare file to file (QA: none kept)
-    report["weights"] = _weights_into(out, outcome)
+    report["weights"] = trained_weights_into(out, outcome)
     if (outcome.get("result") or {}).get("saved_weights_error"):
         say(f"warning: {outcome['result']['saved_weights_error']}")
     _say_malloc(report, say)
@@ -498,7 +499,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
                           plan=plan_dict,
                           resumed_after_step=(picked_up or resumed["steps_done"])
                           if resumed or picked_up else None, **outcome)
-    report["weights"] = _weights_into(out, outcome)
+    report["weights"] = trained_weights_into(out, outcome)
     if "identity" in params:
         report["checkpoint"] = keep_checkpoint(board, out, outcome, job_id)
         if report["checkpoint"] and outcome["status"] == "killed":
@@ -522,7 +523,7 @@ def _run_planned(board: Board, device: DeviceConfig, opts: RunOptions, data: str
     else:
         forget_if_far_off(report, chosen, say)
     if opts.plots:
-        report["plots"] = _draw(graph, plan_path, report, out, chosen.profile)
+        report["plots"] = draw_plots(graph, plan_path, report, out, chosen.profile)
     return report
 
 
@@ -919,20 +920,6 @@ def finished_message(result: dict, last: int) -> str:
             f"after step {first}" + (f"; {restarted}" if restarted else "") + ")")
 
 
-def _weights_into(out: Path, outcome: dict) -> Optional[dict]:
-    """The trained weights the board's job saved, moved from OUT/board to OUT (a rename:
-    the fetch wrote them whole under a temporary name first), with the board's figures of
-    them; None when it saved none (--save none, a killed run)."""
-    from edge_remat_agent.executor.save_choice import WEIGHTS_FILE
-    saved = (outcome.get("result") or {}).get("saved_weights")
-    fetched = out / "board" / WEIGHTS_FILE
-    if outcome.get("status") != "finished" or not saved or not fetched.is_file():
-        return None
-    target = out / WEIGHTS_FILE
-    fetched.replace(target)
-    return {**saved, "file": str(target)}
-
-
 def completed_steps(progress: dict, steps: int) -> int:
     data = progress.get("data") or {}
     if isinstance(data.get("step"), int):
@@ -969,29 +956,3 @@ def host_gradient_check(graph, plan_path: Path, say: Say, captured=None,
     where = f"{why_here}: the same plan, the example batch"
     return dict(check, where=where) if isinstance(check, dict) else \
         {"result": check, "where": where}
-
-
-# -- plots ---------------------------------------------------------------------------------
-
-def _draw(graph, plan_path: Path, report: dict, out: Path, profile=None) -> list[str]:
-    from edge_remat_agent.formats import load_plan
-
-    from ..reports import plots
-    plan = load_plan(plan_path)
-    planned, plain = plots.memory_traces(graph, plan, profile)
-    measured = {"tensor_peak_bytes": report.get("tensor_peak_bytes"),
-                "process_peak_bytes": report.get("measured_peak_bytes"),
-                "kernel_peak_bytes": report.get("kernel_peak_bytes"),
-                "limit_bytes": report.get("memory_limit_bytes")}
-    paths = [plots.plot_schedule(graph, plan, out / "schedule.png",
-                                 f"{report['model']}: schedule at "
-                                 f"{plan.budget_bytes / 2**20:.0f} MiB"),
-             plots.plot_memory(planned, plan.budget_bytes, out / "memory.png", plain=plain,
-                               measured=measured, title=f"{report['model']} on "
-                               f"{report['device']}: memory over one step")]
-    sweep = out / "sweep.json"
-    if sweep.is_file():
-        import json
-        rows = json.loads(sweep.read_text())["sweep"]
-        paths.append(plots.plot_sweep(rows, out / "sweep.png", f"{report['model']}: budget sweep"))
-    return [str(p) for p in paths]
