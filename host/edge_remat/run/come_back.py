@@ -142,7 +142,7 @@ def _completed(report: dict, status: str, result: dict, run_out: Path, fetched: 
     if plots and plan is not None and status == "finished":
         try:
             full["plots"] = draw_plots(_load_graph(known), Path(plan_file), full, run_out,
-                                  _load_profile(known))
+                                       _load_profile(known))
         except Exception as error:  # noqa: BLE001 - the report comes first
             notes.append(f"plots: not drawn ({type(error).__name__}: {error})")
     keep = {k: report[k] for k in ("job", "written", "link_lost", "interrupted", "reconnects")
