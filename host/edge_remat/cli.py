@@ -1603,9 +1603,11 @@ def main() -> None:
     try:  # a Ctrl-C put off by these imports lands after them, before any command
         from .errors import last_resort, leave_quietly, quiet_libraries, stdout_closed
         from .errors import EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED, is_cli_machinery
-        from .errors import broken_pipes_reach_us, error_line_said, take_debug_flag
+        from .errors import broken_pipes_reach_us, classify, error_line_said, say_failure
+        from .errors import take_debug_flag
 
         take_debug_flag(sys.argv)
+        as_json = "--json" in sys.argv[1:]  # a script reads stdout: errors go there too
         quiet_libraries()
         broken_pipes_reach_us()
     except KeyboardInterrupt:
@@ -1624,10 +1626,7 @@ def main() -> None:
             sys.exit(getattr(exc, "exit_code", 2))
         if is_cli_machinery(exc) and hasattr(exc, "format_message"):  # a usage error
             where = getattr(getattr(exc, "ctx", None), "command_path", None) or "edge-remat"
-            message = f"{exc.format_message()} (see `{where} --help`)"
-            if "--json" in sys.argv[1:]:  # a script reads stdout: it gets the error there too
-                print_json({"status": "error", "error": message})
-            typer.echo(f"error: {message}", err=True)
+            say_failure(f"{exc.format_message()} (see `{where} --help`)", as_json)
             sys.exit(getattr(exc, "exit_code", 2))
         if is_cli_machinery(exc) and type(exc).__name__ == "Abort":  # Ctrl-C at a prompt
             typer.echo("error: interrupted (Ctrl-C)", err=True)
@@ -1636,11 +1635,10 @@ def main() -> None:
     code = code if isinstance(code, int) else 0
     if code == EXIT_INTERRUPTED and not error_line_said():
         # typer (0.2x) ends a Ctrl-C that lands in its own machinery, outside every command's
-        # handling (parsing the options, a command's set-up), in this status without a word
-        if "--json" in sys.argv[1:]:  # as fail's object (errors.classify's interrupt)
-            said = INTERRUPTED_LINE.removeprefix("error: ").strip()
-            print_json({"status": "interrupted", "error": said})
-        sys.stderr.write(INTERRUPTED_LINE)
+        # handling (parsing the options, a command's set-up), in this status without a word:
+        # said as a command's interruption is
+        _, message, extra = classify(KeyboardInterrupt())
+        say_failure(message, as_json, **extra)
     try:  # what is still buffered: a reader that has gone (`| head`) shows here, not at exit
         sys.stdout.flush()
     except OSError as exc:

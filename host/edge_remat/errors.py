@@ -290,8 +290,16 @@ def leave_quietly(code: int = EXIT_STDOUT_CLOSED) -> NoReturn:
 
 
 def fail(message: str, code: int, as_json: bool = False, **extra) -> None:
-    """Print the one line (and, with --json, one object on stdout); exit with `code`. Every
-    command's failure, and its interruption, ends here (error_line_said)."""
+    """Say the failure (say_failure); exit with `code`. Every command's failure, and its
+    interruption, ends here."""
+    import typer
+    say_failure(message, as_json, **extra)
+    raise typer.Exit(code)
+
+
+def say_failure(message: str, as_json: bool = False, **extra) -> None:
+    """Print the one line (and, with --json, one object on stdout), and note that it was said
+    (error_line_said): fail's, and cli.main's for what ends outside every command."""
     global _error_line_said
     import typer
 
@@ -305,14 +313,13 @@ def fail(message: str, code: int, as_json: bool = False, **extra) -> None:
                 raise
     typer.echo(f"error: {message}", err=True)
     _error_line_said = True
-    raise typer.Exit(code)
 
 
 _error_line_said = False
 
 
 def error_line_said() -> bool:
-    """Whether this process's command has said its one error line (fail)."""
+    """Whether this process's command has said its one error line (say_failure)."""
     return _error_line_said
 
 
