@@ -25,17 +25,17 @@ def keep_handed(read, graph_path: "Path | None") -> bool:
     """Keep the answer a job's params hand over (`read`: the job's JobParams) where its key is
     this board's for the graph at `graph_path`; whether it was kept."""
     import sys
-    from .kept import capture_key, keep_answer, kept_answer, kept_folder
+    from .kept import answer_under, capture_key, keep_under, kept_folder
     answer_path = read.input_path(TRACED)
     key = read.params.get(TRACED_KEY)
     folder = kept_folder()
     if answer_path is None or graph_path is None or folder is None or not isinstance(key, str):
         return False
-    graph_json = Path(graph_path).read_text()
-    if capture_key(graph_json, False) != key:  # traced under another torch, Python or build
+    # traced under another torch, Python or agent build: another key
+    if capture_key(Path(graph_path).read_text(), False) != key:
         return False
-    if kept_answer(folder, graph_json, False) is None:  # one kept already is the same answer
-        keep_answer(folder, graph_json, False, answer_path.read_bytes())
+    if answer_under(folder, key) is None:  # one kept already is the same answer
+        keep_under(folder, key, answer_path.read_bytes())
     print(HANDED_LINE, file=sys.stderr)  # the job's log
     return True
 

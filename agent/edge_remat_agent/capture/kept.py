@@ -86,8 +86,11 @@ def capture_key(graph_json: str, in_ram: bool, code: str | None = None) -> str |
 
 def kept_answer(folder: Path | None, graph_json: str, in_ram: bool) -> bytes | None:
     key = capture_key(graph_json, in_ram) if folder is not None else None
-    if key is None:
-        return None
+    return None if key is None else answer_under(folder, key)
+
+
+def answer_under(folder: Path, key: str) -> bytes | None:
+    """The answer kept under `key` (capture_key's), or None."""
     path = folder / f"{key}.pickle"
     try:
         kept = path.read_bytes()
@@ -104,8 +107,12 @@ def kept_answer(folder: Path | None, graph_json: str, in_ram: bool) -> bytes | N
 def keep_answer(folder: Path | None, graph_json: str, in_ram: bool, answer: bytes) -> None:
     """Keep a successful answer (written whole or not at all); a full disk keeps nothing."""
     key = capture_key(graph_json, in_ram) if folder is not None else None
-    if key is None:
-        return
+    if key is not None:
+        keep_under(folder, key, answer)
+
+
+def keep_under(folder: Path, key: str, answer: bytes) -> None:
+    """keep_answer's, under `key` (capture_key's)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         dump_bytes(hashlib.sha256(answer).digest() + answer, folder / f"{key}.pickle")
